@@ -1,0 +1,128 @@
+/* kernels/kn_backend.h — the kernel backend table: one const table of function pointers
+ * with two instances, the plain-C reference (kn_backend_cpu, the executable specification)
+ * and CUDA (kn_backend_cuda, NULL in a CPU-only build). Model code is written once against
+ * the table, so the whole target forward runs on either.
+ *
+ * Conventions shared by every entry:
+ * - Pointers are in the backend's memory (host for cpu, device for cuda), allocated with
+ *   the table's alloc. Activations are F32, row-major; "rows" are tokens (T) or token-heads.
+ * - Weight matrices are [N, K] (out features × in features, PyTorch Linear layout) in F32
+ *   or BF16; small parameters (norm weights, conv weights, A_log, dt_bias) are F32.
+ * - Packed sequences: cu_seqlens[0..n_seq] (I32, in backend memory) with cu_seqlens[0] = 0
+ *   and cu_seqlens[n_seq] = T; every op that mixes tokens stays inside one sequence.
+ * - Ops enqueue on the context's stream and may return before completion; download and
+ *   sync complete everything before them. Outputs are written (=), never accumulated,
+ *   except add (x += y).
+ * - A context is used by one thread at a time. */
+#ifndef KN_BACKEND_H
+#define KN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cm_dtype.h"
+#include "cm_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kn_ctx kn_ctx;
+
+/* GEMM precision on backends that have a choice (cuda). The cpu backend always computes
+ * in fp32 with fp64 accumulation. */
+typedef enum kn_gemm_mode {
+    KN_GEMM_MODE_BF16 = 0, /* inputs rounded to bf16, bf16 weights, fp32 accumulate and output */
+    KN_GEMM_MODE_F32,      /* fp32 inputs and weights (bf16 weights widened), fp32 math, no TF32 */
+} kn_gemm_mode;
+
+typedef struct kn_ctx_config {
+    int          device;    /* cuda device ordinal; ignored by cpu */
+    kn_gemm_mode gemm_mode;
+} kn_ctx_config;
+#define KN_CTX_CONFIG_DEFAULT {0, KN_GEMM_MODE_BF16}
+
+typedef struct kn_backend {
+    const char *name; /* "cpu", "cuda" */
+
+    // ---- context and memory
+    cm_status (*ctx_create)(kn_ctx **out, const kn_ctx_config *cfg);
+    void (*ctx_destroy)(kn_ctx **ctx); /* NULL-safe; sets *ctx = NULL */
+    cm_status (*alloc)(kn_ctx *ctx, void **out, size_t bytes); /* zero-filled */
+    void (*free)(kn_ctx *ctx, void *p);                        /* NULL-safe */
+    cm_status (*upload)(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
+    cm_status (*download)(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes); /* blocks */
+    cm_status (*sync)(kn_ctx *ctx);
+
+    // ---- elementwise and data movement
+    /* dst[r, 0:cols] = src[r, 0:cols] for r < rows, with leading dimensions in elements (F32). */
+    cm_status (*copy2d)(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
+                        int64_t rows, int64_t cols);
+    /* x[i] += y[i] */
+    cm_status (*add)(kn_ctx *ctx, float *x, const float *y, int64_t n);
+    /* out[i] = silu(gate[i]) * up[i] */
+    cm_status (*swiglu)(kn_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+
+    // ---- embedding and GEMM
+    /* out[t, :] = table[ids[t], :]; table [V, C] in tdt (F32 or BF16). Ids must be < V
+     * (validated by the caller, before upload). */
+    cm_status (*embed)(kn_ctx *ctx, float *out, const int32_t *ids, const void *table, cm_dtype tdt,
+                       int64_t T, int64_t C);
+    /* out[M, N] = inp[M, K] · W[N, K]ᵀ; W in wdt (F32 or BF16). */
+    cm_status (*gemm)(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
+                      int64_t N, int64_t K);
+
+    // ---- norms
+    /* Per row of C: y = x · rsqrt(mean(x²) + eps) · (w or 1 + w). one_plus selects the
+     * zero-centred Qwen3.5 form (1 + w); 0 gives the plain-w form. out may equal inp. */
+    cm_status (*rmsnorm)(kn_ctx *ctx, float *out, const float *inp, const float *w, int64_t rows, int64_t C,
+                         float eps, int one_plus);
+    /* GDN output norm, per row of C: y = w · (x · rsqrt(mean(x²) + eps)) · silu(z). */
+    cm_status (*rmsnorm_gated)(kn_ctx *ctx, float *out, const float *x, const float *z, const float *w,
+                               int64_t rows, int64_t C, float eps);
+    /* Per row of C: y = x · rsqrt(sum(x²) + eps). out may equal inp. */
+    cm_status (*l2norm)(kn_ctx *ctx, float *out, const float *inp, int64_t rows, int64_t C, float eps);
+
+    // ---- attention pieces
+    /* In place on x [T, n_heads, head_dim]: NeoX half-split RoPE on the first rot_dim dims of
+     * each head (rot_dim even, ≤ head_dim), inv_freq[i] = theta^(-2i/rot_dim), pair (i, i +
+     * rot_dim/2), angle pos[t]·inv_freq[i]; the other dims pass through. pos is I32 [T]. */
+    cm_status (*rope)(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim,
+                      int rot_dim, float theta);
+    /* Causal GQA attention within each packed sequence, then the output gate:
+     * out[t, h, :] = softmax_s≤t(q[t,h]·k[s,h/(nq/nkv)] · scale) · v  ⊙ sigmoid(gate[t, h, :]).
+     * q, gate, out: [T, nq, hd]; k, v: [T, nkv, hd]; gate may be NULL (no gate). */
+    cm_status (*attention)(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                           const float *gate, const int32_t *cu_seqlens, int n_seq, int64_t T, int nq, int nkv,
+                           int hd, float scale);
+
+    // ---- gated deltanet pieces
+    /* Causal depthwise conv over time within each sequence, then SiLU:
+     * out[t, c] = silu(Σ_{j<K} w[c, j] · x[t - (K-1) + j, c]), x before the sequence start = 0.
+     * x, out: [T, C] (out ≠ x); w: [C, K]. */
+    cm_status (*conv1d_silu)(kn_ctx *ctx, float *out, const float *x, const float *w, const int32_t *cu_seqlens,
+                             int n_seq, int64_t T, int64_t C, int K);
+    /* g[t, h] = -exp(A_log[h]) · softplus(a[t, h] + dt_bias[h]) (softplus threshold 20);
+     * beta[t, h] = sigmoid(b[t, h]). a, b, g, beta: [T, nv]. */
+    cm_status (*gdn_gate)(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b, const float *A_log,
+                          const float *dt_bias, int64_t T, int nv);
+    /* Chunked (64) gated delta rule, zero state at every sequence start; per sequence and
+     * v-head h (qk-head h / (nv/nk)), for each token t in order:
+     *   S = exp(g_t)·S;  u = beta_t·(v_t − Sᵀk_t);  S += k_t uᵀ;  o_t = Sᵀ(q_t · scale).
+     * q, k: [T, nk, dk] (already l2-normalised); v, out: [T, nv, dv]; g, beta: [T, nv]. */
+    cm_status (*gated_delta_rule)(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                                  const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
+                                  int64_t T, int nk, int nv, int dk, int dv, float scale);
+} kn_backend;
+
+const kn_backend *kn_backend_cpu(void);
+/* NULL when this build has no CUDA backend. */
+const kn_backend *kn_backend_cuda(void);
+/* "cpu" or "cuda" → the table; CM_ERR_UNSUPPORTED with a message when cuda is not built in,
+ * CM_ERR_INVALID_ARG for any other name. */
+cm_status kn_backend_get(const char *name, const kn_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KN_BACKEND_H */

@@ -1,0 +1,72 @@
+/* tests/tst.h — the test harness: checks that count failures, a closeness check that prints
+ * the first mismatches and the max errors (llm.c validate_result), skip, and the report.
+ * Header-only; one test executable includes it once. */
+#ifndef TST_H
+#define TST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int tst_failures = 0;
+static int tst_checks   = 0;
+
+#define TST_CHECK(cond)                                                                                      \
+    do {                                                                                                     \
+        tst_checks++;                                                                                        \
+        if (!(cond)) {                                                                                       \
+            tst_failures++;                                                                                  \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);                         \
+        }                                                                                                    \
+    } while (0)
+
+/* Elementwise |got - ref| <= atol + rtol·|ref|; prints up to 5 mismatches and the maxima. */
+#define TST_CLOSE(name, got, ref, n, atol, rtol) tst_close_(__FILE__, __LINE__, (name), (got), (ref), (n), (atol), (rtol))
+
+static inline int tst_close_(const char *file, int line, const char *name, const float *got, const float *ref,
+                             long n, double atol, double rtol) {
+    int    bad = 0;
+    double max_abs = 0, max_rel = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        double r = d / (fabs((double)ref[i]) + 1e-30);
+        if (d > max_abs || isnan(d)) max_abs = isnan(d) ? INFINITY : d;
+        if (r > max_rel) max_rel = r;
+        if (!(d <= atol + rtol * fabs((double)ref[i]))) {
+            if (bad < 5) fprintf(stderr, "  %s[%ld]: got %.8g ref %.8g\n", name, i, got[i], ref[i]);
+            bad++;
+        }
+    }
+    tst_checks++;
+    if (bad) {
+        tst_failures++;
+        fprintf(stderr, "%s:%d: %s: %d of %ld differ (max abs %.3g, max rel %.3g)\n", file, line, name, bad, n,
+                max_abs, max_rel);
+    }
+    return bad == 0;
+}
+
+/* Relative L2 error ||got - ref|| / ||ref|| in double. */
+static inline double tst_rel_l2(const float *got, const double *ref, long n) {
+    double num = 0, den = 0;
+    for (long i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num) / (sqrt(den) + 1e-300);
+}
+
+#define TST_SKIP(...)                                                                                        \
+    do {                                                                                                     \
+        fprintf(stderr, "skipped: " __VA_ARGS__);                                                            \
+        fprintf(stderr, "\n");                                                                               \
+        exit(77);                                                                                            \
+    } while (0)
+
+static inline int tst_report(void) {
+    fprintf(stderr, "%d checks, %d failed\n", tst_checks, tst_failures);
+    return tst_failures ? 1 : 0;
+}
+
+#endif /* TST_H */
