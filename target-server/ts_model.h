@@ -1,0 +1,66 @@
+/* target-server/ts_model.h — the frozen hybrid Qwen target (Qwen3.5/3.6: Gated DeltaNet +
+ * gated attention) loaded from a Hugging Face model directory onto one kernel backend, and
+ * its forward over packed sequences with per-layer capture (DESIGN §4).
+ *
+ * The model owns its weights (in backend memory) and a workspace that grows to the largest
+ * batch seen; it borrows the backend and the context, which must outlive it. One thread
+ * at a time. */
+#ifndef TS_MODEL_H
+#define TS_MODEL_H
+
+#include <stdint.h>
+
+#include "cm_cfg.h"
+#include "cm_status.h"
+#include "kn_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_model ts_model;
+
+typedef struct ts_model_config {
+    const char       *dir;         /* model directory: config.json + safetensors (sharded or single) */
+    const kn_backend *backend;     /* borrowed */
+    kn_ctx           *ctx;         /* borrowed */
+    int               n_layers;    /* load layers [0, n_layers); -1 = all */
+    int               load_head;   /* load the final norm and the LM head */
+    int               bf16_weights;/* store GEMM weights as BF16 (F32 checkpoints are rounded) */
+} ts_model_config;
+
+/* Loads the config and the weights the forward needs; layers beyond n_layers, model.visual.*
+ * and mtp.* are never read. Errors name the directory, the tensor and the fix. Caller
+ * destroys with ts_model_destroy. */
+cm_status ts_model_load(ts_model **out, const ts_model_config *cfg);
+void      ts_model_destroy(ts_model **m); /* NULL-safe */
+const cm_target_cfg *ts_model_cfg(const ts_model *m);
+int                  ts_model_n_loaded_layers(const ts_model *m);
+
+/* Checks a packed batch against the model: 0 ≤ input_ids[t] < vocab_size, cu_seqlens[0] = 0,
+ * strictly increasing, cu_seqlens[n_seq] = T. CM_ERR_INVALID_ARG with the first offending
+ * index and value. */
+cm_status ts_batch_validate(const cm_target_cfg *cfg, const int32_t *input_ids, int64_t T,
+                            const int32_t *cu_seqlens, int n_seq);
+
+/* What a forward captures; host buffers owned by the caller. layer_out[i] receives the output
+ * of decoder layer layers[i] (before the final norm) as F32 [T, D]; final_norm [T, D] and
+ * logits [T, V] are computed only when non-NULL (they need every layer and load_head). */
+typedef struct ts_capture {
+    int     n_layers;
+    const int *layers;   /* ascending, unique, < loaded layers */
+    float **layer_out;   /* n_layers host buffers of T·D floats */
+    float  *final_norm;  /* NULL or T·D floats */
+    float  *logits;      /* NULL or T·V floats */
+} ts_capture;
+
+/* Runs the forward over one packed batch (host arrays; validated with ts_batch_validate)
+ * and stops after the last layer the capture needs. Blocks until the outputs are on the
+ * host. */
+cm_status ts_model_forward(ts_model *m, const int32_t *input_ids, int64_t T, const int32_t *cu_seqlens,
+                           int n_seq, const ts_capture *cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TS_MODEL_H */

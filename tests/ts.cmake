@@ -1,0 +1,10 @@
+# target-server tests: the dump against the Transformers oracle (cpu: unit; cuda: gpu), and
+# bad input through the real command line.
+add_unit_test(test_ts_dump test_ts_dump.c LIBS kn ARGS cpu TIMEOUT 300)
+add_dependencies(test_ts_dump target-server)
+add_test(NAME test_ts_dump_cuda_bf16 COMMAND test_ts_dump cuda bf16)
+add_test(NAME test_ts_dump_cuda_fp32 COMMAND test_ts_dump cuda fp32)
+set_tests_properties(test_ts_dump_cuda_bf16 test_ts_dump_cuda_fp32 PROPERTIES
+                     TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS gpu)
+add_unit_test(test_ts_badinput test_ts_badinput.c LIBS kn TIMEOUT 300)
+add_dependencies(test_ts_badinput target-server)

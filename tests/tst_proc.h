@@ -1,0 +1,50 @@
+/* tests/tst_proc.h — running a program of the build as a real child process: argv, exit
+ * status, and its stderr captured to a file for checking messages. Sanitizer exit codes are
+ * moved away from 1 so "exit 1 with a message" cannot be mistaken for a sanitizer report. */
+#ifndef TST_PROC_H
+#define TST_PROC_H
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* Runs argv (argv[0] a path), stderr into err_path. Returns the exit status, or 128 + signal. */
+static inline int tst_run(char *const argv[], const char *err_path) {
+    setenv("ASAN_OPTIONS", "exitcode=86", 1);
+    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        fprintf(stderr, "cannot start '%s': %s\n", argv[0], strerror(rc));
+        return -1;
+    }
+    int status;
+    if (waitpid(pid, &status, 0) < 0) return -1;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return 128 + WTERMSIG(status);
+}
+
+/* Reads a whole small text file into a static buffer ("" if unreadable). */
+static inline const char *tst_slurp(const char *path) {
+    static char buf[1 << 16];
+    buf[0]  = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) return buf;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n]   = '\0';
+    fclose(f);
+    return buf;
+}
+
+#endif /* TST_PROC_H */
