@@ -1,0 +1,2 @@
+# common/ (libcm) unit tests: dtype conversions, safetensors reader/writer, config parsing.
+add_unit_test(test_cm_dtype       test_cm_dtype.c       LABELS unit)
