@@ -1,0 +1,56 @@
+/* kernels/kn_backend.c — the cpu backend table (the ref/ functions) and lookup by name.
+ * In a build without CUDA this file also defines kn_backend_cuda() as NULL; with CUDA,
+ * kernels/kn_backend_cuda.c defines it. The tables are const and shared by all threads. */
+#include "kn_backend.h"
+
+#include <string.h>
+
+#include "kn_ref.h"
+
+static const kn_backend cpu_backend = {
+    .name             = "cpu",
+    .ctx_create       = kn_ref_ctx_create,
+    .ctx_destroy      = kn_ref_ctx_destroy,
+    .alloc            = kn_ref_alloc,
+    .free             = kn_ref_free,
+    .upload           = kn_ref_upload,
+    .download         = kn_ref_download,
+    .sync             = kn_ref_sync,
+    .copy2d           = kn_ref_copy2d,
+    .add              = kn_ref_add,
+    .swiglu           = kn_ref_swiglu,
+    .embed            = kn_ref_embed,
+    .gemm             = kn_ref_gemm,
+    .rmsnorm          = kn_ref_rmsnorm,
+    .rmsnorm_gated    = kn_ref_rmsnorm_gated,
+    .l2norm           = kn_ref_l2norm,
+    .rope             = kn_ref_rope,
+    .attention        = kn_ref_attention,
+    .conv1d_silu      = kn_ref_conv1d_silu,
+    .gdn_gate         = kn_ref_gdn_gate,
+    .gated_delta_rule = kn_ref_gated_delta_rule,
+};
+
+const kn_backend *kn_backend_cpu(void) { return &cpu_backend; }
+
+#ifndef TANDEM_HAVE_CUDA
+const kn_backend *kn_backend_cuda(void) { return NULL; }
+#endif
+
+cm_status kn_backend_get(const char *name, const kn_backend **out) {
+    if (!out) return CM_FAIL(CM_ERR_INVALID_ARG, "kn_backend_get: out is NULL");
+    *out = NULL;
+    if (!name) return CM_FAIL(CM_ERR_INVALID_ARG, "no backend name given (use \"cpu\" or \"cuda\")");
+    if (strcmp(name, "cpu") == 0) {
+        *out = kn_backend_cpu();
+        return CM_OK;
+    }
+    if (strcmp(name, "cuda") == 0) {
+#ifdef TANDEM_HAVE_CUDA
+        *out = kn_backend_cuda();
+        if (*out) return CM_OK;
+#endif
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "this build has no cuda backend (rebuild where nvcc is found)");
+    }
+    return CM_FAIL(CM_ERR_INVALID_ARG, "unknown backend '%s' (use \"cpu\" or \"cuda\")", name);
+}

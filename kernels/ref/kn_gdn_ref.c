@@ -1,0 +1,200 @@
+/* kernels/ref/kn_gdn_ref.c — reference Gated DeltaNet core: the gate (g = −e^{A_log} ·
+ * softplus(a + dt_bias), beta = sigmoid(b)) and the gated delta rule in its chunked WY/UT form
+ * (qwen_hybrid.md §3.1, as FLA chunk_gated_delta_rule and HF torch_chunk_gated_delta_rule),
+ * all in double. Per sequence and v-head h (qk-head h / (nv/nk)), from a zero state S [dk, dv],
+ * for each chunk of L ≤ 64 tokens (chunks restart at every sequence start):
+ *   γ_r = Σ_{i≤r} g_i (local),  A[r, j] = β_r e^{γ_r−γ_j} (k_r·k_j) for j < r (only j < r is
+ *   ever exponentiated, so no 0·inf), T = (I + A)^{-1} by forward substitution,
+ *   U = T diag(β) V,  W = T diag(β e^γ) K,  δ = U − W S,
+ *   o_r = e^{γ_r} (q_r S) + Σ_{j≤r} e^{γ_r−γ_j} (q_r·k_j) δ_j   (q scaled by `scale`),
+ *   S ← e^{γ_{L−1}} S + Σ_j e^{γ_{L−1}−γ_j} k_j δ_jᵀ.
+ * This equals the per-token recurrence of kn_backend.h exactly in real arithmetic; the test
+ * checks it against that recurrence. (sequence, v-head) pairs run in parallel under OpenMP,
+ * each thread with its own double scratch. */
+#include "kn_ref.h"
+
+#include <stdlib.h>
+
+#define CH KN_REF_GDN_CHUNK
+
+cm_status kn_ref_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b, const float *A_log,
+                          const float *dt_bias, int64_t T, int nv) {
+    KN_REF_CHECK(ctx, "gdn_gate: ctx is NULL");
+    KN_REF_CHECK(T >= 0 && nv > 0, "gdn_gate: bad shape T=%lld nv=%d (T >= 0, nv > 0)", (long long)T, nv);
+    if (T == 0) return CM_OK;
+    KN_REF_CHECK(g && beta && a && b && A_log && dt_bias, "gdn_gate: g, beta, a, b, A_log or dt_bias is NULL");
+    for (int64_t t = 0; t < T; t++) {
+        for (int h = 0; h < nv; h++) {
+            int64_t i = t * nv + h;
+            g[i]      = (float)(-exp((double)A_log[h]) * kn_ref_softplus((double)a[i] + (double)dt_bias[h]));
+            beta[i]   = (float)kn_ref_sigmoid(b[i]);
+        }
+    }
+    return CM_OK;
+}
+
+/* Per-thread scratch for one (sequence, v-head) task. */
+typedef struct gdn_scratch {
+    double *S;     /* [dk, dv] state at the chunk start */
+    double *A;     /* [CH, CH] strictly lower: β_r e^{γ_r−γ_j} k_r·k_j */
+    double *Ti;    /* [CH, CH] (I + A)^{-1}, unit lower-triangular */
+    double *U;     /* [CH, dv] */
+    double *W;     /* [CH, dk] */
+    double *D;     /* [CH, dv] δ, the new values */
+    double  gam[CH], bet[CH];
+} gdn_scratch;
+
+static void scratch_free(gdn_scratch *sc) {
+    free(sc->S);
+    free(sc->A);
+    free(sc->Ti);
+    free(sc->U);
+    free(sc->W);
+    free(sc->D);
+}
+
+static int scratch_alloc(gdn_scratch *sc, int dk, int dv) {
+    sc->S  = malloc((size_t)dk * dv * sizeof(double));
+    sc->A  = malloc((size_t)CH * CH * sizeof(double));
+    sc->Ti = malloc((size_t)CH * CH * sizeof(double));
+    sc->U  = malloc((size_t)CH * dv * sizeof(double));
+    sc->W  = malloc((size_t)CH * dk * sizeof(double));
+    sc->D  = malloc((size_t)CH * dv * sizeof(double));
+    return sc->S && sc->A && sc->Ti && sc->U && sc->W && sc->D;
+}
+
+static double dot_f(const float *x, const float *y, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)x[i] * (double)y[i];
+    return s;
+}
+
+/* One (sequence [bos, eos), v-head h) pair. Strides: q, k rows are nk·dk floats per token,
+ * v, out rows nv·dv, g, beta rows nv. */
+static void gdn_one(gdn_scratch *sc, float *out, const float *q, const float *k, const float *v, const float *g,
+                    const float *beta, int64_t bos, int64_t eos, int h, int kh, int nk, int nv, int dk, int dv,
+                    double scale) {
+    double *S = sc->S, *A = sc->A, *Ti = sc->Ti, *U = sc->U, *W = sc->W, *D = sc->D;
+    for (int64_t i = 0; i < (int64_t)dk * dv; i++) S[i] = 0;
+#define KROW(t) (k + ((t) * nk + kh) * (int64_t)dk)
+#define QROW(t) (q + ((t) * nk + kh) * (int64_t)dk)
+#define VROW(t) (v + ((t) * nv + h) * (int64_t)dv)
+
+    for (int64_t s0 = bos; s0 < eos; s0 += CH) {
+        const int L = (int)(eos - s0 < CH ? eos - s0 : CH);
+        for (int r = 0; r < L; r++) {
+            sc->gam[r] = (r ? sc->gam[r - 1] : 0.0) + (double)g[(s0 + r) * nv + h];
+            sc->bet[r] = beta[(s0 + r) * nv + h];
+        }
+        // A, strictly lower, then T = (I + A)^{-1}: row r of (I + A)T = e_r gives
+        // T[r, j] = −Σ_{m=j}^{r−1} A[r, m] T[m, j] for j < r.
+        for (int r = 0; r < L; r++)
+            for (int j = 0; j < r; j++)
+                A[r * CH + j] = sc->bet[r] * exp(sc->gam[r] - sc->gam[j]) * dot_f(KROW(s0 + r), KROW(s0 + j), dk);
+        for (int r = 0; r < L; r++) {
+            for (int j = 0; j < r; j++) {
+                double acc = 0;
+                for (int m = j; m < r; m++) acc += A[r * CH + m] * Ti[m * CH + j];
+                Ti[r * CH + j] = -acc;
+            }
+            Ti[r * CH + r] = 1.0;
+        }
+        // U = T diag(β) V, W = T diag(β e^γ) K, δ = U − W S.
+        for (int r = 0; r < L; r++) {
+            double *u = U + (int64_t)r * dv, *w = W + (int64_t)r * dk, *d = D + (int64_t)r * dv;
+            for (int c = 0; c < dv; c++) u[c] = 0;
+            for (int i = 0; i < dk; i++) w[i] = 0;
+            for (int j = 0; j <= r; j++) {
+                const float *vj = VROW(s0 + j), *kj = KROW(s0 + j);
+                double       tu = Ti[r * CH + j] * sc->bet[j];
+                double       tw = tu * exp(sc->gam[j]);
+                for (int c = 0; c < dv; c++) u[c] += tu * (double)vj[c];
+                for (int i = 0; i < dk; i++) w[i] += tw * (double)kj[i];
+            }
+            for (int c = 0; c < dv; c++) d[c] = u[c];
+            for (int i = 0; i < dk; i++) {
+                const double *Si = S + (int64_t)i * dv;
+                for (int c = 0; c < dv; c++) d[c] -= w[i] * Si[c];
+            }
+        }
+        // Outputs: inter-chunk (q_r S, decayed by e^{γ_r}) plus intra-chunk (causal, incl. j = r).
+        // U is free now and holds the output row being accumulated.
+        for (int r = 0; r < L; r++) {
+            const float *qr = QROW(s0 + r);
+            double      *o  = U;
+            double       er = exp(sc->gam[r]);
+            for (int c = 0; c < dv; c++) o[c] = 0;
+            for (int i = 0; i < dk; i++) {
+                double        qi = (double)qr[i] * scale * er;
+                const double *Si = S + (int64_t)i * dv;
+                for (int c = 0; c < dv; c++) o[c] += qi * Si[c];
+            }
+            for (int j = 0; j <= r; j++) {
+                double        qk = dot_f(qr, KROW(s0 + j), dk) * scale * exp(sc->gam[r] - sc->gam[j]);
+                const double *dj = D + (int64_t)j * dv;
+                for (int c = 0; c < dv; c++) o[c] += qk * dj[c];
+            }
+            float *orow = out + ((s0 + r) * nv + h) * (int64_t)dv;
+            for (int c = 0; c < dv; c++) orow[c] = (float)o[c];
+        }
+        // State at the chunk end.
+        const double glast = sc->gam[L - 1], elast = exp(glast);
+        for (int64_t i = 0; i < (int64_t)dk * dv; i++) S[i] *= elast;
+        for (int j = 0; j < L; j++) {
+            const float  *kj = KROW(s0 + j);
+            const double *dj = D + (int64_t)j * dv;
+            double        ej = exp(glast - sc->gam[j]);
+            for (int i = 0; i < dk; i++) {
+                double  ki = ej * (double)kj[i];
+                double *Si = S + (int64_t)i * dv;
+                for (int c = 0; c < dv; c++) Si[c] += ki * dj[c];
+            }
+        }
+    }
+#undef KROW
+#undef QROW
+#undef VROW
+}
+
+cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                                  const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq, int64_t T,
+                                  int nk, int nv, int dk, int dv, float scale) {
+    KN_REF_CHECK(ctx, "gated_delta_rule: ctx is NULL");
+    KN_REF_CHECK(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
+                 "gated_delta_rule: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d", (long long)T, nk, nv, dk, dv);
+    KN_REF_CHECK(nv % nk == 0, "gated_delta_rule: nv=%d must be a multiple of nk=%d", nv, nk);
+    CM_TRY(kn_ref_seqlens_check("gated_delta_rule", cu_seqlens, n_seq, T));
+    if (T == 0) return CM_OK;
+    KN_REF_CHECK(out && q && k && v && g && beta, "gated_delta_rule: out, q, k, v, g or beta is NULL");
+
+    const int     ratio   = nv / nk;
+    const int64_t n_tasks = (int64_t)n_seq * nv;
+    int           failed  = 0;
+
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        gdn_scratch sc;
+        int         ok = scratch_alloc(&sc, dk, dv);
+        if (!ok) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic)
+#endif
+        for (int64_t task = 0; task < n_tasks; task++) {
+            if (!ok) continue;
+            const int s = (int)(task / nv), h = (int)(task % nv);
+            gdn_one(&sc, out, q, k, v, g, beta, cu_seqlens[s], cu_seqlens[s + 1], h, h / ratio, nk, nv, dk, dv,
+                    (double)scale);
+        }
+        scratch_free(&sc);
+    }
+    if (failed)
+        return CM_FAIL(CM_ERR_NOMEM, "gated_delta_rule: cannot allocate scratch for dk=%d dv=%d", dk, dv);
+    return CM_OK;
+}

@@ -1,0 +1,90 @@
+/* kernels/ref/kn_ref.h — the plain-C reference kernels: the executable specification that
+ * kn_backend_cpu() exposes and that every CUDA kernel is tested against. Each function has
+ * the signature of its kn_backend entry (see kn_backend.h for shapes and semantics).
+ * Numerics: F32 storage; dot products, norms, softmax, the conv and the whole gated delta
+ * rule run in double and round once on store. softplus(x) = x for x > 20, else log1p(e^x);
+ * sigmoid(x) = 1/(1 + e^-x); silu(x) = x·sigmoid(x). Arguments are validated: bad shapes or
+ * NULL pointers give CM_ERR_INVALID_ARG with a message, never a crash. The cpu kn_ctx holds
+ * only its config; ops run synchronously on the calling thread (OpenMP inside when built). */
+#ifndef KN_REF_H
+#define KN_REF_H
+
+#include <math.h>
+
+#include "kn_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- context and memory (kn_memory_ref.c); alloc is 64-byte aligned and zero-filled
+cm_status kn_ref_ctx_create(kn_ctx **out, const kn_ctx_config *cfg);
+void      kn_ref_ctx_destroy(kn_ctx **ctx);
+cm_status kn_ref_alloc(kn_ctx *ctx, void **out, size_t bytes);
+void      kn_ref_free(kn_ctx *ctx, void *p);
+cm_status kn_ref_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
+cm_status kn_ref_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes);
+cm_status kn_ref_sync(kn_ctx *ctx);
+cm_status kn_ref_copy2d(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,
+                        int64_t cols);
+
+/* Checks a packed-sequence table: cu[0] = 0, non-decreasing, cu[n_seq] = T. op names the
+ * caller in the message. */
+cm_status kn_ref_seqlens_check(const char *op, const int32_t *cu_seqlens, int n_seq, int64_t T);
+
+// ---- elementwise (kn_elementwise_ref.c)
+cm_status kn_ref_add(kn_ctx *ctx, float *x, const float *y, int64_t n);
+cm_status kn_ref_swiglu(kn_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+
+// ---- embedding (kn_embed_ref.c) and GEMM (kn_gemm_ref.c)
+cm_status kn_ref_embed(kn_ctx *ctx, float *out, const int32_t *ids, const void *table, cm_dtype tdt, int64_t T,
+                       int64_t C);
+/* Each output is one double-accumulated dot product of a row of inp with a row of W (BF16
+ * widened exactly); tiles of rows run in parallel under OpenMP. */
+cm_status kn_ref_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M, int64_t N,
+                      int64_t K);
+
+// ---- norms (kn_norm_ref.c)
+cm_status kn_ref_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float *w, int64_t rows, int64_t C, float eps,
+                         int one_plus);
+cm_status kn_ref_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const float *z, const float *w, int64_t rows,
+                               int64_t C, float eps);
+cm_status kn_ref_l2norm(kn_ctx *ctx, float *out, const float *inp, int64_t rows, int64_t C, float eps);
+
+// ---- attention pieces (kn_rope_ref.c, kn_attention_ref.c)
+/* inv_freq[i] is rounded to F32 as Hugging Face computes it (1 / theta^((2i)/rot_dim) in
+ * float32), the angle pos·inv_freq is rounded to F32 (HF's float32 product), and cos, sin
+ * and the rotation are then evaluated in double. */
+cm_status kn_ref_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim, int rot_dim,
+                      float theta);
+/* Two-pass softmax in double with max subtraction; parallel over (token, head). */
+cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v, const float *gate,
+                           const int32_t *cu_seqlens, int n_seq, int64_t T, int nq, int nkv, int hd, float scale);
+
+// ---- gated deltanet pieces (kn_conv1d_ref.c, kn_gdn_ref.c)
+cm_status kn_ref_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const float *w, const int32_t *cu_seqlens,
+                             int n_seq, int64_t T, int64_t C, int K);
+cm_status kn_ref_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b, const float *A_log,
+                          const float *dt_bias, int64_t T, int nv);
+/* The chunked WY/UT form (qwen_hybrid.md §3.1) with chunks of KN_REF_GDN_CHUNK tokens that
+ * restart at every sequence start, all in double; parallel over (sequence, v-head). */
+#define KN_REF_GDN_CHUNK 64
+cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                                  const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq, int64_t T,
+                                  int nk, int nv, int dk, int dv, float scale);
+
+// ---- scalar functions shared by the reference files
+static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static inline double kn_ref_silu(double x) { return x / (1.0 + exp(-x)); }
+static inline double kn_ref_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+
+/* Argument validation: returns CM_ERR_INVALID_ARG with the formatted message when cond is false. */
+#define KN_REF_CHECK(cond, ...)                                                                              \
+    do {                                                                                                     \
+        if (!(cond)) return CM_FAIL(CM_ERR_INVALID_ARG, __VA_ARGS__);                                        \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KN_REF_H */
