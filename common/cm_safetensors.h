@@ -76,8 +76,10 @@ void      cm_st_writer_destroy(cm_st_writer **w); /* NULL-safe */
 cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape,
                            const void *data);
 cm_status cm_st_writer_set_metadata(cm_st_writer *w, const char *key, const char *value);
-/* Writes the file atomically: path.tmp, fsync, rename (header padded to 8 bytes, tensors in
- * insertion order, each data offset aligned to 8 bytes). */
+/* Writes the file atomically: path.tmp, fsync, rename. The header JSON lists tensors in
+ * insertion order and is padded with spaces to a multiple of 8 bytes; the data is contiguous
+ * (the safetensors library rejects gaps between tensors), ordered by element size 8, 4, 2, 1
+ * (insertion order within a size), so every tensor is aligned to its element size. */
 cm_status cm_st_writer_write(cm_st_writer *w, const char *path);
 
 #ifdef __cplusplus

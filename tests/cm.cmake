@@ -1,2 +1,3 @@
 # common/ (libcm) unit tests: dtype conversions, safetensors reader/writer, config parsing.
 add_unit_test(test_cm_dtype       test_cm_dtype.c       LABELS unit)
+add_unit_test(test_cm_safetensors test_cm_safetensors.c LABELS unit)
