@@ -13,14 +13,17 @@ static int seq_of(const int32_t *cu, int n_seq, int64_t t) {
     int lo = 0, hi = n_seq - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= t) lo = mid;
-        else hi = mid - 1;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
 
-cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v, const float *gate,
-                           const int32_t *cu_seqlens, int n_seq, int64_t T, int nq, int nkv, int hd, float scale) {
+cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                           const float *gate, const int32_t *cu_seqlens, int n_seq, int64_t T, int nq,
+                           int nkv, int hd, float scale) {
     KN_REF_CHECK(ctx, "attention: ctx is NULL");
     KN_REF_CHECK(T >= 0 && nq > 0 && nkv > 0 && hd > 0, "attention: bad shape T=%lld nq=%d nkv=%d hd=%d",
                  (long long)T, nq, nkv, hd);
@@ -62,9 +65,7 @@ cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float 
             double mx = -INFINITY;
             for (int64_t s = bos; s <= t; s++) {
                 const float *kr = k + (s * nkv + kvh) * hd;
-                double       d  = 0;
-                for (int c = 0; c < hd; c++) d += (double)qr[c] * (double)kr[c];
-                p[s - bos] = d * (double)scale;
+                p[s - bos]      = kn_ref_dot(qr, kr, hd) * (double)scale;
                 if (p[s - bos] > mx) mx = p[s - bos];
             }
             double sum = 0;
@@ -85,6 +86,8 @@ cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float 
         free(acc);
         free(p);
     }
-    if (failed) return CM_FAIL(CM_ERR_NOMEM, "attention: cannot allocate scratch for %lld scores", (long long)max_len);
+    if (failed)
+        return CM_FAIL(CM_ERR_NOMEM, "attention: cannot allocate scratch for %lld scores",
+                       (long long)max_len);
     return CM_OK;
 }

@@ -5,8 +5,8 @@
  * out must not overlap x (the op reads earlier tokens after writing later rows). */
 #include "kn_ref.h"
 
-cm_status kn_ref_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const float *w, const int32_t *cu_seqlens,
-                             int n_seq, int64_t T, int64_t C, int K) {
+cm_status kn_ref_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const float *w,
+                             const int32_t *cu_seqlens, int n_seq, int64_t T, int64_t C, int K) {
     KN_REF_CHECK(ctx, "conv1d_silu: ctx is NULL");
     KN_REF_CHECK(T >= 0 && C > 0 && K > 0, "conv1d_silu: bad shape T=%lld C=%lld K=%d (T >= 0, C > 0, K > 0)",
                  (long long)T, (long long)C, K);

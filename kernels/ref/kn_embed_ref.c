@@ -5,10 +5,11 @@
 
 #include <string.h>
 
-cm_status kn_ref_embed(kn_ctx *ctx, float *out, const int32_t *ids, const void *table, cm_dtype tdt, int64_t T,
-                       int64_t C) {
+cm_status kn_ref_embed(kn_ctx *ctx, float *out, const int32_t *ids, const void *table, cm_dtype tdt,
+                       int64_t T, int64_t C) {
     KN_REF_CHECK(ctx, "embed: ctx is NULL");
-    KN_REF_CHECK(T >= 0 && C >= 0, "embed: bad shape T=%lld C=%lld (must be >= 0)", (long long)T, (long long)C);
+    KN_REF_CHECK(T >= 0 && C >= 0, "embed: bad shape T=%lld C=%lld (must be >= 0)", (long long)T,
+                 (long long)C);
     if (tdt != CM_DTYPE_F32 && tdt != CM_DTYPE_BF16)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "embed: table dtype %s is not supported (use F32 or BF16)",
                        cm_dtype_name(tdt));

@@ -17,12 +17,13 @@
 
 #define CH KN_REF_GDN_CHUNK
 
-cm_status kn_ref_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b, const float *A_log,
-                          const float *dt_bias, int64_t T, int nv) {
+cm_status kn_ref_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b,
+                          const float *A_log, const float *dt_bias, int64_t T, int nv) {
     KN_REF_CHECK(ctx, "gdn_gate: ctx is NULL");
     KN_REF_CHECK(T >= 0 && nv > 0, "gdn_gate: bad shape T=%lld nv=%d (T >= 0, nv > 0)", (long long)T, nv);
     if (T == 0) return CM_OK;
-    KN_REF_CHECK(g && beta && a && b && A_log && dt_bias, "gdn_gate: g, beta, a, b, A_log or dt_bias is NULL");
+    KN_REF_CHECK(g && beta && a && b && A_log && dt_bias,
+                 "gdn_gate: g, beta, a, b, A_log or dt_bias is NULL");
     for (int64_t t = 0; t < T; t++) {
         for (int h = 0; h < nv; h++) {
             int64_t i = t * nv + h;
@@ -35,12 +36,12 @@ cm_status kn_ref_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, co
 
 /* Per-thread scratch for one (sequence, v-head) task. */
 typedef struct gdn_scratch {
-    double *S;     /* [dk, dv] state at the chunk start */
-    double *A;     /* [CH, CH] strictly lower: β_r e^{γ_r−γ_j} k_r·k_j */
-    double *Ti;    /* [CH, CH] (I + A)^{-1}, unit lower-triangular */
-    double *U;     /* [CH, dv] */
-    double *W;     /* [CH, dk] */
-    double *D;     /* [CH, dv] δ, the new values */
+    double *S;  /* [dk, dv] state at the chunk start */
+    double *A;  /* [CH, CH] strictly lower: β_r e^{γ_r−γ_j} k_r·k_j */
+    double *Ti; /* [CH, CH] (I + A)^{-1}, unit lower-triangular */
+    double *U;  /* [CH, dv] */
+    double *W;  /* [CH, dk] */
+    double *D;  /* [CH, dv] δ, the new values */
     double  gam[CH], bet[CH];
 } gdn_scratch;
 
@@ -63,22 +64,16 @@ static int scratch_alloc(gdn_scratch *sc, int dk, int dv) {
     return sc->S && sc->A && sc->Ti && sc->U && sc->W && sc->D;
 }
 
-static double dot_f(const float *x, const float *y, int n) {
-    double s = 0;
-    for (int i = 0; i < n; i++) s += (double)x[i] * (double)y[i];
-    return s;
-}
-
 /* One (sequence [bos, eos), v-head h) pair. Strides: q, k rows are nk·dk floats per token,
  * v, out rows nv·dv, g, beta rows nv. */
-static void gdn_one(gdn_scratch *sc, float *out, const float *q, const float *k, const float *v, const float *g,
-                    const float *beta, int64_t bos, int64_t eos, int h, int kh, int nk, int nv, int dk, int dv,
-                    double scale) {
+static void gdn_one(gdn_scratch *sc, float *out, const float *q, const float *k, const float *v,
+                    const float *g, const float *beta, int64_t bos, int64_t eos, int h, int kh, int nk,
+                    int nv, int dk, int dv, double scale) {
     double *S = sc->S, *A = sc->A, *Ti = sc->Ti, *U = sc->U, *W = sc->W, *D = sc->D;
     for (int64_t i = 0; i < (int64_t)dk * dv; i++) S[i] = 0;
-#define KROW(t) (k + ((t) * nk + kh) * (int64_t)dk)
-#define QROW(t) (q + ((t) * nk + kh) * (int64_t)dk)
-#define VROW(t) (v + ((t) * nv + h) * (int64_t)dv)
+#define KROW(t) (k + ((t)*nk + kh) * (int64_t)dk)
+#define QROW(t) (q + ((t)*nk + kh) * (int64_t)dk)
+#define VROW(t) (v + ((t)*nv + h) * (int64_t)dv)
 
     for (int64_t s0 = bos; s0 < eos; s0 += CH) {
         const int L = (int)(eos - s0 < CH ? eos - s0 : CH);
@@ -90,7 +85,8 @@ static void gdn_one(gdn_scratch *sc, float *out, const float *q, const float *k,
         // T[r, j] = −Σ_{m=j}^{r−1} A[r, m] T[m, j] for j < r.
         for (int r = 0; r < L; r++)
             for (int j = 0; j < r; j++)
-                A[r * CH + j] = sc->bet[r] * exp(sc->gam[r] - sc->gam[j]) * dot_f(KROW(s0 + r), KROW(s0 + j), dk);
+                A[r * CH + j] =
+                    sc->bet[r] * exp(sc->gam[r] - sc->gam[j]) * kn_ref_dot(KROW(s0 + r), KROW(s0 + j), dk);
         for (int r = 0; r < L; r++) {
             for (int j = 0; j < r; j++) {
                 double acc = 0;
@@ -130,7 +126,7 @@ static void gdn_one(gdn_scratch *sc, float *out, const float *q, const float *k,
                 for (int c = 0; c < dv; c++) o[c] += qi * Si[c];
             }
             for (int j = 0; j <= r; j++) {
-                double        qk = dot_f(qr, KROW(s0 + j), dk) * scale * exp(sc->gam[r] - sc->gam[j]);
+                double        qk = kn_ref_dot(qr, KROW(s0 + j), dk) * scale * exp(sc->gam[r] - sc->gam[j]);
                 const double *dj = D + (int64_t)j * dv;
                 for (int c = 0; c < dv; c++) o[c] += qk * dj[c];
             }
@@ -157,8 +153,8 @@ static void gdn_one(gdn_scratch *sc, float *out, const float *q, const float *k,
 }
 
 cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
-                                  const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq, int64_t T,
-                                  int nk, int nv, int dk, int dv, float scale) {
+                                  const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
+                                  int64_t T, int nk, int nv, int dk, int dv, float scale) {
     KN_REF_CHECK(ctx, "gated_delta_rule: ctx is NULL");
     KN_REF_CHECK(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
                  "gated_delta_rule: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d", (long long)T, nk, nv, dk, dv);
@@ -189,8 +185,8 @@ cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const
         for (int64_t task = 0; task < n_tasks; task++) {
             if (!ok) continue;
             const int s = (int)(task / nv), h = (int)(task % nv);
-            gdn_one(&sc, out, q, k, v, g, beta, cu_seqlens[s], cu_seqlens[s + 1], h, h / ratio, nk, nv, dk, dv,
-                    (double)scale);
+            gdn_one(&sc, out, q, k, v, g, beta, cu_seqlens[s], cu_seqlens[s + 1], h, h / ratio, nk, nv, dk,
+                    dv, (double)scale);
         }
         scratch_free(&sc);
     }

@@ -1,10 +1,9 @@
 /* kernels/ref/kn_gemm_ref.c — reference GEMM: out[M, N] = inp[M, K] · W[N, K]ᵀ, W in F32 or
- * BF16. Every output is one dot product over K of F32 values (BF16 widened exactly); the
- * products are exact in double and the sum is accumulated in double (four partial sums,
- * for instruction-level parallelism) and rounded once. Work is split into tiles of
- * GEMM_MB inp rows × GEMM_NB W rows, run in parallel under OpenMP; a BF16 tile of W is
- * widened once per tile into a per-thread buffer, so the inner loop is F32 × F32. This is
- * fast enough for CPU training of small drafters; it is not a tuned BLAS. */
+ * BF16. Every output is one kn_ref_dot over K of F32 values (BF16 widened exactly): exact
+ * products, a double sum, one rounding. Work is split into tiles of GEMM_MB inp rows ×
+ * GEMM_NB W rows, run in parallel under OpenMP; a BF16 tile of W is widened once per tile
+ * into a per-thread buffer, so the inner loop is F32 × F32. Fast enough for CPU training of
+ * small drafters; not a tuned BLAS. */
 #include "kn_ref.h"
 
 #include <stdlib.h>
@@ -12,21 +11,8 @@
 #define GEMM_MB 16
 #define GEMM_NB 16
 
-static double dot_f32(const float *a, const float *b, int64_t K) {
-    double  s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    int64_t k  = 0;
-    for (; k + 4 <= K; k += 4) {
-        s0 += (double)a[k + 0] * (double)b[k + 0];
-        s1 += (double)a[k + 1] * (double)b[k + 1];
-        s2 += (double)a[k + 2] * (double)b[k + 2];
-        s3 += (double)a[k + 3] * (double)b[k + 3];
-    }
-    for (; k < K; k++) s0 += (double)a[k] * (double)b[k];
-    return (s0 + s1) + (s2 + s3);
-}
-
-cm_status kn_ref_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M, int64_t N,
-                      int64_t K) {
+cm_status kn_ref_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
+                      int64_t N, int64_t K) {
     KN_REF_CHECK(ctx, "gemm: ctx is NULL");
     KN_REF_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: bad shape M=%lld N=%lld K=%lld (each must be >= 0)",
                  (long long)M, (long long)N, (long long)K);
@@ -73,11 +59,13 @@ cm_status kn_ref_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, 
             }
             for (int64_t m = m0; m < m1; m++) {
                 const float *a = inp + m * K;
-                for (int64_t n = n0; n < n1; n++) out[m * N + n] = (float)dot_f32(a, wt + (n - n0) * K, K);
+                for (int64_t n = n0; n < n1; n++) out[m * N + n] = (float)kn_ref_dot(a, wt + (n - n0) * K, K);
             }
         }
         free(wbuf);
     }
-    if (failed) return CM_FAIL(CM_ERR_NOMEM, "gemm: cannot allocate a %d x %lld widening buffer", GEMM_NB, (long long)K);
+    if (failed)
+        return CM_FAIL(CM_ERR_NOMEM, "gemm: cannot allocate a %d x %lld widening buffer", GEMM_NB,
+                       (long long)K);
     return CM_OK;
 }

@@ -10,11 +10,11 @@ static double sum_sq(const float *x, int64_t C) {
     return s;
 }
 
-cm_status kn_ref_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float *w, int64_t rows, int64_t C, float eps,
-                         int one_plus) {
+cm_status kn_ref_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float *w, int64_t rows, int64_t C,
+                         float eps, int one_plus) {
     KN_REF_CHECK(ctx, "rmsnorm: ctx is NULL");
-    KN_REF_CHECK(rows >= 0 && C > 0, "rmsnorm: bad shape rows=%lld C=%lld (rows >= 0, C > 0)", (long long)rows,
-                 (long long)C);
+    KN_REF_CHECK(rows >= 0 && C > 0, "rmsnorm: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
+                 (long long)rows, (long long)C);
     KN_REF_CHECK(eps >= 0, "rmsnorm: eps=%g must be >= 0", (double)eps);
     if (rows == 0) return CM_OK;
     KN_REF_CHECK(out && inp && w, "rmsnorm: out, inp or w is NULL");
@@ -30,8 +30,8 @@ cm_status kn_ref_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float 
     return CM_OK;
 }
 
-cm_status kn_ref_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const float *z, const float *w, int64_t rows,
-                               int64_t C, float eps) {
+cm_status kn_ref_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const float *z, const float *w,
+                               int64_t rows, int64_t C, float eps) {
     KN_REF_CHECK(ctx, "rmsnorm_gated: ctx is NULL");
     KN_REF_CHECK(rows >= 0 && C > 0, "rmsnorm_gated: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
                  (long long)rows, (long long)C);
@@ -43,7 +43,8 @@ cm_status kn_ref_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const fl
         const float *zr   = z + r * C;
         float       *y    = out + r * C;
         double       rstd = 1.0 / sqrt(sum_sq(xr, C) / (double)C + (double)eps);
-        for (int64_t c = 0; c < C; c++) y[c] = (float)((double)w[c] * ((double)xr[c] * rstd) * kn_ref_silu(zr[c]));
+        for (int64_t c = 0; c < C; c++)
+            y[c] = (float)((double)w[c] * ((double)xr[c] * rstd) * kn_ref_silu(zr[c]));
     }
     return CM_OK;
 }

@@ -25,8 +25,8 @@ void      kn_ref_free(kn_ctx *ctx, void *p);
 cm_status kn_ref_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
 cm_status kn_ref_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes);
 cm_status kn_ref_sync(kn_ctx *ctx);
-cm_status kn_ref_copy2d(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld, int64_t rows,
-                        int64_t cols);
+cm_status kn_ref_copy2d(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
+                        int64_t rows, int64_t cols);
 
 /* Checks a packed-sequence table: cu[0] = 0, non-decreasing, cu[n_seq] = T. op names the
  * caller in the message. */
@@ -37,46 +37,62 @@ cm_status kn_ref_add(kn_ctx *ctx, float *x, const float *y, int64_t n);
 cm_status kn_ref_swiglu(kn_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
 
 // ---- embedding (kn_embed_ref.c) and GEMM (kn_gemm_ref.c)
-cm_status kn_ref_embed(kn_ctx *ctx, float *out, const int32_t *ids, const void *table, cm_dtype tdt, int64_t T,
-                       int64_t C);
+cm_status kn_ref_embed(kn_ctx *ctx, float *out, const int32_t *ids, const void *table, cm_dtype tdt,
+                       int64_t T, int64_t C);
 /* Each output is one double-accumulated dot product of a row of inp with a row of W (BF16
  * widened exactly); tiles of rows run in parallel under OpenMP. */
-cm_status kn_ref_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M, int64_t N,
-                      int64_t K);
+cm_status kn_ref_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
+                      int64_t N, int64_t K);
 
 // ---- norms (kn_norm_ref.c)
-cm_status kn_ref_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float *w, int64_t rows, int64_t C, float eps,
-                         int one_plus);
-cm_status kn_ref_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const float *z, const float *w, int64_t rows,
-                               int64_t C, float eps);
+cm_status kn_ref_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float *w, int64_t rows, int64_t C,
+                         float eps, int one_plus);
+cm_status kn_ref_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const float *z, const float *w,
+                               int64_t rows, int64_t C, float eps);
 cm_status kn_ref_l2norm(kn_ctx *ctx, float *out, const float *inp, int64_t rows, int64_t C, float eps);
 
 // ---- attention pieces (kn_rope_ref.c, kn_attention_ref.c)
 /* inv_freq[i] is rounded to F32 as Hugging Face computes it (1 / theta^((2i)/rot_dim) in
  * float32), the angle pos·inv_freq is rounded to F32 (HF's float32 product), and cos, sin
  * and the rotation are then evaluated in double. */
-cm_status kn_ref_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim, int rot_dim,
-                      float theta);
+cm_status kn_ref_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim,
+                      int rot_dim, float theta);
 /* Two-pass softmax in double with max subtraction; parallel over (token, head). */
-cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v, const float *gate,
-                           const int32_t *cu_seqlens, int n_seq, int64_t T, int nq, int nkv, int hd, float scale);
+cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                           const float *gate, const int32_t *cu_seqlens, int n_seq, int64_t T, int nq,
+                           int nkv, int hd, float scale);
 
 // ---- gated deltanet pieces (kn_conv1d_ref.c, kn_gdn_ref.c)
-cm_status kn_ref_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const float *w, const int32_t *cu_seqlens,
-                             int n_seq, int64_t T, int64_t C, int K);
-cm_status kn_ref_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b, const float *A_log,
-                          const float *dt_bias, int64_t T, int nv);
+cm_status kn_ref_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const float *w,
+                             const int32_t *cu_seqlens, int n_seq, int64_t T, int64_t C, int K);
+cm_status kn_ref_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b,
+                          const float *A_log, const float *dt_bias, int64_t T, int nv);
 /* The chunked WY/UT form (qwen_hybrid.md §3.1) with chunks of KN_REF_GDN_CHUNK tokens that
  * restart at every sequence start, all in double; parallel over (sequence, v-head). */
 #define KN_REF_GDN_CHUNK 64
 cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
-                                  const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq, int64_t T,
-                                  int nk, int nv, int dk, int dv, float scale);
+                                  const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
+                                  int64_t T, int nk, int nv, int dk, int dv, float scale);
 
 // ---- scalar functions shared by the reference files
 static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double kn_ref_silu(double x) { return x / (1.0 + exp(-x)); }
 static inline double kn_ref_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+
+/* Σ a[i]·b[i] over F32 inputs: the products are exact in double, the sum is accumulated in
+ * double over four interleaved partial sums (for instruction-level parallelism). */
+static inline double kn_ref_dot(const float *a, const float *b, int64_t n) {
+    double  s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += (double)a[i + 0] * (double)b[i + 0];
+        s1 += (double)a[i + 1] * (double)b[i + 1];
+        s2 += (double)a[i + 2] * (double)b[i + 2];
+        s3 += (double)a[i + 3] * (double)b[i + 3];
+    }
+    for (; i < n; i++) s0 += (double)a[i] * (double)b[i];
+    return (s0 + s1) + (s2 + s3);
+}
 
 /* Argument validation: returns CM_ERR_INVALID_ARG with the formatted message when cond is false. */
 #define KN_REF_CHECK(cond, ...)                                                                              \

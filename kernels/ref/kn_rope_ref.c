@@ -6,8 +6,8 @@
  * rot_dim/2) for i < rot_dim/2; dims [rot_dim, head_dim) pass through untouched. */
 #include "kn_ref.h"
 
-cm_status kn_ref_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim, int rot_dim,
-                      float theta) {
+cm_status kn_ref_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim,
+                      int rot_dim, float theta) {
     KN_REF_CHECK(ctx, "rope: ctx is NULL");
     KN_REF_CHECK(T >= 0 && n_heads > 0 && head_dim > 0, "rope: bad shape T=%lld n_heads=%d head_dim=%d",
                  (long long)T, n_heads, head_dim);
