@@ -17,7 +17,6 @@ import math
 import os
 import platform
 import shutil
-import sys
 import tempfile
 
 import torch
