@@ -11,7 +11,7 @@
 #include "tst.h"
 #include "tst_proc.h"
 
-static char tmp[256];
+static char tmp[64];
 static char bin[1024];
 static char single_model[1024]; /* a fixture model with one model.safetensors */
 static char sharded_model[1024];/* a fixture model with model.safetensors.index.json */
@@ -139,7 +139,7 @@ int main(void) {
     if (!single_model[0] || !sharded_model[0]) return tst_report();
     cm_target_cfg cfg;
     TST_CHECK(cm_target_cfg_load(&cfg, single_model) == CM_OK);
-    char dir[512], path[1200], input[512];
+    char dir[256], path[2048], input[256];
 
     /* sharded checkpoints: a missing shard, a truncated shard */
     {
@@ -156,7 +156,7 @@ int main(void) {
         snprintf(dir, sizeof dir, "%s/missing-shard", tmp);
         copy_dir_files(sharded_model, dir, files);
         /* the other shards are copied, the named one is not */
-        char ls[1400];
+        char ls[4096];
         snprintf(ls, sizeof ls, "cd '%s' && for f in model-*.safetensors; do [ \"$f\" = '%s' ] || cp \"$f\" '%s/'; done",
                  sharded_model, shard_name, dir);
         TST_CHECK(system(ls) == 0);

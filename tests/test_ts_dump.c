@@ -26,7 +26,7 @@ static double rel_l2_f32_f64(const float *got, const void *ref_data, cm_dtype re
 }
 
 static void check_fixture(const char *fix, const char *device, const char *precision, double tol) {
-    char model[1024], input[1024], ref_path[1024], out[1024], err[1024];
+    char model[2048], input[2048], ref_path[2048], out[256], err[256];
     snprintf(model, sizeof model, "%s/model", fix);
     snprintf(input, sizeof input, "%s/input.safetensors", fix);
     snprintf(ref_path, sizeof ref_path, "%s/ref.safetensors", fix);
@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
     int            n = 0;
     struct dirent *e;
     while ((e = readdir(d)) && n < 64) {
-        char ref[1200];
+        char ref[2048];
         snprintf(ref, sizeof ref, "%s/%s/ref.safetensors", root, e->d_name);
         if (e->d_name[0] != '.' && access(ref, R_OK) == 0) names[n++] = strdup(e->d_name);
     }
@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
             }
     }
     for (int i = 0; i < n; i++) {
-        char fix[1200];
+        char fix[1400];
         snprintf(fix, sizeof fix, "%s/%s", root, names[i]);
         check_fixture(fix, device, precision, tol);
         free(names[i]);
