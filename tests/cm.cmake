@@ -1,3 +1,4 @@
 # common/ (libcm) unit tests: dtype conversions, safetensors reader/writer, config parsing.
 add_unit_test(test_cm_dtype       test_cm_dtype.c       LABELS unit)
 add_unit_test(test_cm_safetensors test_cm_safetensors.c LABELS unit)
+add_unit_test(test_cm_cfg         test_cm_cfg.c         LABELS unit)
