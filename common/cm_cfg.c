@@ -10,10 +10,10 @@
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdint.h>
 #include <sys/stat.h>
 
 #define CFG_MAX_BYTES ((size_t)16 << 20) /* config.json files are a few KB */
@@ -23,10 +23,11 @@
 
 cm_status cm_read_text_file(const char *path, size_t max_bytes, char **out) {
     *out = NULL;
-    cm_status st  = CM_OK;
+    cm_status st = CM_OK;
     char     *buf = NULL;
-    FILE     *fp  = fopen(path, "rb");
-    if (!fp) return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    FILE     *fp = fopen(path, "rb");
+    if (!fp)
+        return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fileno(fp), &sb) != 0) {
         st = CM_FAIL(CM_ERR_IO, "cannot stat '%s': %s", path, strerror(errno));
@@ -42,7 +43,7 @@ cm_status cm_read_text_file(const char *path, size_t max_bytes, char **out) {
         goto fail;
     }
     size_t size = (size_t)sb.st_size;
-    buf         = malloc(size + 1);
+    buf = malloc(size + 1);
     if (!buf) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes to read '%s'", size + 1, path);
         goto fail;
@@ -65,17 +66,21 @@ fail:
 /* DIR → DIR/config.json; a file path is used as is. */
 static cm_status cfg_read(const char *path, char **text, char *file, size_t file_len) {
     struct stat sb;
-    if (stat(path, &sb) != 0) return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    int n = S_ISDIR(sb.st_mode) ? snprintf(file, file_len, "%s/config.json", path) : snprintf(file, file_len, "%s", path);
-    if (n < 0 || (size_t)n >= file_len) return CM_FAIL(CM_ERR_INVALID_ARG, "path too long: '%s'", path);
+    if (stat(path, &sb) != 0)
+        return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    int n = S_ISDIR(sb.st_mode) ? snprintf(file, file_len, "%s/config.json", path)
+                                : snprintf(file, file_len, "%s", path);
+    if (n < 0 || (size_t)n >= file_len)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "path too long: '%s'", path);
     return cm_read_text_file(file, CFG_MAX_BYTES, text);
 }
 
 static cm_status cfg_parse_json(const char *json, const char *origin, cJSON **root) {
     const char *end = NULL;
-    *root           = cJSON_ParseWithOpts(json, &end, 1);
+    *root = cJSON_ParseWithOpts(json, &end, 1);
     if (!*root)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': malformed JSON near byte %td", origin, end ? end - json : (ptrdiff_t)0);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': malformed JSON near byte %td", origin,
+                       end ? end - json : (ptrdiff_t)0);
     if (!cJSON_IsObject(*root)) {
         cJSON_Delete(*root);
         *root = NULL;
@@ -100,11 +105,16 @@ static const cJSON *cfg_item(const cfg_obj *o, const char *key) {
 }
 
 static const char *json_kind(const cJSON *it) {
-    if (cJSON_IsBool(it)) return "a boolean";
-    if (cJSON_IsNumber(it)) return "a number";
-    if (cJSON_IsString(it)) return "a string";
-    if (cJSON_IsArray(it)) return "an array";
-    if (cJSON_IsObject(it)) return "an object";
+    if (cJSON_IsBool(it))
+        return "a boolean";
+    if (cJSON_IsNumber(it))
+        return "a number";
+    if (cJSON_IsString(it))
+        return "a string";
+    if (cJSON_IsArray(it))
+        return "an array";
+    if (cJSON_IsObject(it))
+        return "an object";
     return "something else";
 }
 
@@ -115,12 +125,13 @@ static cm_status cfg_missing(const cfg_obj *o, const char *key) {
 /* Reads an integer field into *out; sets *found. Non-integers and values outside int fail. */
 static cm_status cfg_int_opt(const cfg_obj *o, const char *key, int *out, int *found) {
     const cJSON *it = cfg_item(o, key);
-    *found          = it != NULL;
-    if (!it) return CM_OK;
+    *found = it != NULL;
+    if (!it)
+        return CM_OK;
     double d = cJSON_IsNumber(it) ? it->valuedouble : NAN;
     if (!cJSON_IsNumber(it) || !isfinite(d) || d != floor(d) || d < INT_MIN || d > INT_MAX)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be an integer, found %s", o->origin, o->prefix, key,
-                       cJSON_IsNumber(it) ? "a fraction or an out-of-range number" : json_kind(it));
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be an integer, found %s", o->origin, o->prefix,
+                       key, cJSON_IsNumber(it) ? "a fraction or an out-of-range number" : json_kind(it));
     *out = (int)d;
     return CM_OK;
 }
@@ -130,31 +141,34 @@ static cm_status cfg_pos(const cfg_obj *o, const char *key, int required, int de
     int found;
     *out = def;
     CM_TRY(cfg_int_opt(o, key, out, &found));
-    if (!found && required) return cfg_missing(o, key);
+    if (!found && required)
+        return cfg_missing(o, key);
     if (found && *out <= 0)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be positive, found %d", o->origin, o->prefix, key,
-                       *out);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be positive, found %d", o->origin, o->prefix,
+                       key, *out);
     return CM_OK;
 }
 
 static cm_status cfg_double_opt(const cfg_obj *o, const char *key, double *out, int *found) {
     const cJSON *it = cfg_item(o, key);
-    *found          = it != NULL;
-    if (!it) return CM_OK;
+    *found = it != NULL;
+    if (!it)
+        return CM_OK;
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be a finite number, found %s", o->origin, o->prefix,
-                       key, cJSON_IsNumber(it) ? "a non-finite number" : json_kind(it));
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be a finite number, found %s", o->origin,
+                       o->prefix, key, cJSON_IsNumber(it) ? "a non-finite number" : json_kind(it));
     *out = it->valuedouble;
     return CM_OK;
 }
 
 static cm_status cfg_bool(const cfg_obj *o, const char *key, int def, int *out) {
     const cJSON *it = cfg_item(o, key);
-    *out            = def;
-    if (!it) return CM_OK;
+    *out = def;
+    if (!it)
+        return CM_OK;
     if (!cJSON_IsBool(it))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be true or false, found %s", o->origin, o->prefix,
-                       key, json_kind(it));
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be true or false, found %s", o->origin,
+                       o->prefix, key, json_kind(it));
     *out = cJSON_IsTrue(it) ? 1 : 0;
     return CM_OK;
 }
@@ -164,10 +178,11 @@ static cm_status cfg_sub(const cfg_obj *o, const char *key, char *prefix, size_t
     const cJSON *it = cfg_item(o, key);
     snprintf(prefix, prefix_len, "%s%s.", o->prefix, key);
     *sub = (cfg_obj){o->origin, NULL, prefix};
-    if (!it) return CM_OK;
+    if (!it)
+        return CM_OK;
     if (!cJSON_IsObject(it))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be an object, found %s", o->origin, o->prefix, key,
-                       json_kind(it));
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be an object, found %s", o->origin, o->prefix,
+                       key, json_kind(it));
     sub->obj = it;
     return CM_OK;
 }
@@ -177,22 +192,23 @@ static cm_status cfg_eps(const cfg_obj *o, float *out) {
     int    found;
     CM_TRY(cfg_double_opt(o, "rms_norm_eps", &eps, &found));
     if (!(eps > 0 && eps < 1))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%srms_norm_eps' must be in (0, 1), found %g", o->origin, o->prefix,
-                       eps);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%srms_norm_eps' must be in (0, 1), found %g", o->origin,
+                       o->prefix, eps);
     *out = (float)eps;
     return CM_OK;
 }
 
 /* The value of a field that may live in two places (e.g. rope_theta at the top level of the
  * text config and in rope_parameters): either may be absent; if both are set they must agree. */
-static cm_status cfg_double_either(const cfg_obj *a, const cfg_obj *b, const char *key, double def, double *out) {
+static cm_status cfg_double_either(const cfg_obj *a, const cfg_obj *b, const char *key, double def,
+                                   double *out) {
     double va = def, vb = def;
     int    fa, fb;
     CM_TRY(cfg_double_opt(a, key, &va, &fa));
     CM_TRY(cfg_double_opt(b, key, &vb, &fb));
     if (fa && fb && va != vb)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': '%s%s' (%g) and '%s%s' (%g) disagree; keep one", a->origin, a->prefix, key,
-                       va, b->prefix, key, vb);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': '%s%s' (%g) and '%s%s' (%g) disagree; keep one", a->origin,
+                       a->prefix, key, va, b->prefix, key, vb);
     *out = fa ? va : fb ? vb : def;
     return CM_OK;
 }
@@ -202,10 +218,11 @@ static cm_status cfg_int_either(const cfg_obj *a, const cfg_obj *b, const char *
     CM_TRY(cfg_int_opt(a, key, &va, &fa));
     CM_TRY(cfg_int_opt(b, key, &vb, &fb));
     if (fa && fb && va != vb)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': '%s%s' (%d) and '%s%s' (%d) disagree; keep one", a->origin, a->prefix, key,
-                       va, b->prefix, key, vb);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': '%s%s' (%d) and '%s%s' (%d) disagree; keep one", a->origin,
+                       a->prefix, key, va, b->prefix, key, vb);
     *found = fa || fb;
-    if (*found) *out = fa ? va : vb;
+    if (*found)
+        *out = fa ? va : vb;
     return CM_OK;
 }
 
@@ -215,13 +232,14 @@ static cm_status cfg_rope_type(const cfg_obj *rope) {
     static const char *keys[] = {"rope_type", "type"};
     for (int i = 0; i < 2; i++) {
         const cJSON *it = cfg_item(rope, keys[i]);
-        if (!it) continue;
+        if (!it)
+            continue;
         if (!cJSON_IsString(it))
-            return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be a string, found %s", rope->origin, rope->prefix,
-                           keys[i], json_kind(it));
+            return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be a string, found %s", rope->origin,
+                           rope->prefix, keys[i], json_kind(it));
         if (strcmp(it->valuestring, "default") != 0)
-            return CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': %s%s '%s' is not supported (only 'default' RoPE)", rope->origin,
-                           rope->prefix, keys[i], it->valuestring);
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': %s%s '%s' is not supported (only 'default' RoPE)",
+                           rope->origin, rope->prefix, keys[i], it->valuestring);
     }
     return CM_OK;
 }
@@ -231,23 +249,25 @@ static cm_status cfg_heads(const cfg_obj *o, int hidden, int *n_heads, int *n_kv
     CM_TRY(cfg_pos(o, "num_attention_heads", 1, 0, n_heads));
     CM_TRY(cfg_pos(o, "num_key_value_heads", 0, *n_heads, n_kv));
     if (*n_heads % *n_kv != 0)
-        return CM_FAIL(CM_ERR_FORMAT,
-                       "'%s': %snum_attention_heads %d is not a multiple of %snum_key_value_heads %d (GQA groups "
-                       "must be whole)",
-                       o->origin, o->prefix, *n_heads, o->prefix, *n_kv);
+        return CM_FAIL(
+            CM_ERR_FORMAT,
+            "'%s': %snum_attention_heads %d is not a multiple of %snum_key_value_heads %d (GQA groups "
+            "must be whole)",
+            o->origin, o->prefix, *n_heads, o->prefix, *n_kv);
     int found;
     CM_TRY(cfg_int_opt(o, "head_dim", head_dim, &found));
     if (!found) {
         if (hidden % *n_heads != 0)
-            return CM_FAIL(CM_ERR_FORMAT,
-                           "'%s': %shead_dim is absent and hidden_size %d is not a multiple of num_attention_heads "
-                           "%d; set head_dim",
-                           o->origin, o->prefix, hidden, *n_heads);
+            return CM_FAIL(
+                CM_ERR_FORMAT,
+                "'%s': %shead_dim is absent and hidden_size %d is not a multiple of num_attention_heads "
+                "%d; set head_dim",
+                o->origin, o->prefix, hidden, *n_heads);
         *head_dim = hidden / *n_heads;
     }
     if (*head_dim <= 0)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%shead_dim' must be positive, found %d", o->origin, o->prefix,
-                       *head_dim);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%shead_dim' must be positive, found %d", o->origin,
+                       o->prefix, *head_dim);
     return CM_OK;
 }
 
@@ -255,23 +275,25 @@ static cm_status cfg_heads(const cfg_obj *o, int hidden, int *n_heads, int *n_kv
 static cm_status cfg_layer_types(const cfg_obj *o, const cJSON *arr, int n, const char *const *names,
                                  const cm_layer_type *types, int n_names, cm_layer_type *out) {
     if (!cJSON_IsArray(arr))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%slayer_types' must be an array of strings, found %s", o->origin,
-                       o->prefix, json_kind(arr));
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%slayer_types' must be an array of strings, found %s",
+                       o->origin, o->prefix, json_kind(arr));
     int len = cJSON_GetArraySize(arr);
     if (len != n)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': %slayer_types has %d entries but num_hidden_layers is %d; give one per layer",
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s': %slayer_types has %d entries but num_hidden_layers is %d; give one per layer",
                        o->origin, o->prefix, len, n);
-    int          i  = 0;
+    int          i = 0;
     const cJSON *it = NULL;
     cJSON_ArrayForEach(it, arr) {
         int k = n_names;
         if (cJSON_IsString(it))
-            for (k = 0; k < n_names && strcmp(it->valuestring, names[k]) != 0; k++) {}
+            for (k = 0; k < n_names && strcmp(it->valuestring, names[k]) != 0; k++) {
+            }
         if (k == n_names)
-            return CM_FAIL(CM_ERR_FORMAT, "'%s': %slayer_types[%d] is %s%s%s; expected '%s' or '%s'", o->origin,
-                           o->prefix, i, cJSON_IsString(it) ? "'" : "",
-                           cJSON_IsString(it) ? it->valuestring : json_kind(it), cJSON_IsString(it) ? "'" : "",
-                           names[0], names[1]);
+            return CM_FAIL(CM_ERR_FORMAT, "'%s': %slayer_types[%d] is %s%s%s; expected '%s' or '%s'",
+                           o->origin, o->prefix, i, cJSON_IsString(it) ? "'" : "",
+                           cJSON_IsString(it) ? it->valuestring : json_kind(it),
+                           cJSON_IsString(it) ? "'" : "", names[0], names[1]);
         out[i++] = types[k];
     }
     return CM_OK;
@@ -279,17 +301,19 @@ static cm_status cfg_layer_types(const cfg_obj *o, const cJSON *arr, int n, cons
 
 static cm_status cfg_model_type(const cfg_obj *o, const char **out) {
     const cJSON *it = cfg_item(o, "model_type");
-    if (!it) return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field '%smodel_type'; supported: qwen3_5, qwen3_5_text",
-                            o->origin, o->prefix);
+    if (!it)
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field '%smodel_type'; supported: qwen3_5, qwen3_5_text",
+                       o->origin, o->prefix);
     if (!cJSON_IsString(it))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%smodel_type' must be a string, found %s", o->origin, o->prefix,
-                       json_kind(it));
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%smodel_type' must be a string, found %s", o->origin,
+                       o->prefix, json_kind(it));
     *out = it->valuestring;
     return CM_OK;
 }
 
 static int is_later_family(const char *mt) {
-    return strcmp(mt, "qwen3_next") == 0 || strcmp(mt, "qwen3_5_moe") == 0 || strcmp(mt, "qwen3_5_moe_text") == 0;
+    return strcmp(mt, "qwen3_next") == 0 || strcmp(mt, "qwen3_5_moe") == 0 ||
+           strcmp(mt, "qwen3_5_moe_text") == 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -313,17 +337,19 @@ static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_
     // layer pattern: explicit list, else every interval-th layer is full attention
     static const char *const   names[] = {"linear_attention", "full_attention"};
     static const cm_layer_type types[] = {CM_LAYER_TYPE_LINEAR_ATTENTION, CM_LAYER_TYPE_FULL_ATTENTION};
-    const cJSON               *lt      = cfg_item(tx, "layer_types");
+    const cJSON               *lt = cfg_item(tx, "layer_types");
     if (lt) {
         CM_TRY(cfg_layer_types(tx, lt, cfg->n_layers, names, types, 2, cfg->layer_types));
     } else {
         int interval;
         CM_TRY(cfg_pos(tx, "full_attention_interval", 0, 4, &interval));
         for (int i = 0; i < cfg->n_layers; i++)
-            cfg->layer_types[i] = (i + 1) % interval == 0 ? CM_LAYER_TYPE_FULL_ATTENTION : CM_LAYER_TYPE_LINEAR_ATTENTION;
+            cfg->layer_types[i] =
+                (i + 1) % interval == 0 ? CM_LAYER_TYPE_FULL_ATTENTION : CM_LAYER_TYPE_LINEAR_ATTENTION;
     }
     int has_linear = 0;
-    for (int i = 0; i < cfg->n_layers; i++) has_linear |= cfg->layer_types[i] == CM_LAYER_TYPE_LINEAR_ATTENTION;
+    for (int i = 0; i < cfg->n_layers; i++)
+        has_linear |= cfg->layer_types[i] == CM_LAYER_TYPE_LINEAR_ATTENTION;
 
     // gated attention
     CM_TRY(cfg_heads(tx, cfg->hidden_size, &cfg->n_heads, &cfg->n_kv_heads, &cfg->head_dim));
@@ -342,17 +368,19 @@ static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_
     if (!(cfg->rope_theta > 0))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': rope_theta must be positive, found %g", origin, cfg->rope_theta);
     if (!(factor > 0 && factor <= 1))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': partial_rotary_factor must be in (0, 1], found %g", origin, factor);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': partial_rotary_factor must be in (0, 1], found %g", origin,
+                       factor);
     double rd = cfg->head_dim * factor;
     if (fabs(rd - nearbyint(rd)) > 1e-6 || (int)nearbyint(rd) % 2 != 0)
-        return CM_FAIL(CM_ERR_FORMAT,
-                       "'%s': head_dim %d × partial_rotary_factor %g = %g is not an even integer (RoPE rotates "
-                       "dimension pairs)",
-                       origin, cfg->head_dim, factor, rd);
+        return CM_FAIL(
+            CM_ERR_FORMAT,
+            "'%s': head_dim %d × partial_rotary_factor %g = %g is not an even integer (RoPE rotates "
+            "dimension pairs)",
+            origin, cfg->head_dim, factor, rd);
     cfg->rotary_dim = (int)nearbyint(rd);
     if (cfg->rotary_dim < 2)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': head_dim %d × partial_rotary_factor %g rotates no dimensions", origin,
-                       cfg->head_dim, factor);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': head_dim %d × partial_rotary_factor %g rotates no dimensions",
+                       origin, cfg->head_dim, factor);
 
     // gated deltanet (required when any layer uses it)
     CM_TRY(cfg_pos(tx, "linear_num_key_heads", has_linear, 0, &cfg->lin_n_k_heads));
@@ -361,54 +389,64 @@ static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_
     CM_TRY(cfg_pos(tx, "linear_value_head_dim", has_linear, 0, &cfg->lin_v_head_dim));
     CM_TRY(cfg_pos(tx, "linear_conv_kernel_dim", has_linear, 0, &cfg->lin_conv_kernel));
     if (cfg->lin_n_k_heads > 0 && cfg->lin_n_v_heads % cfg->lin_n_k_heads != 0)
-        return CM_FAIL(CM_ERR_FORMAT,
-                       "'%s': %slinear_num_value_heads %d must be a positive multiple of linear_num_key_heads %d",
-                       origin, tx->prefix, cfg->lin_n_v_heads, cfg->lin_n_k_heads);
+        return CM_FAIL(
+            CM_ERR_FORMAT,
+            "'%s': %slinear_num_value_heads %d must be a positive multiple of linear_num_key_heads %d",
+            origin, tx->prefix, cfg->lin_n_v_heads, cfg->lin_n_k_heads);
     if ((cfg->lin_n_k_heads > 0) != (cfg->lin_n_v_heads > 0))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': %slinear_num_key_heads and linear_num_value_heads must be set together",
-                       origin, tx->prefix);
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s': %slinear_num_key_heads and linear_num_value_heads must be set together", origin,
+                       tx->prefix);
     return CM_OK;
 }
 
 cm_status cm_target_cfg_parse(cm_target_cfg *cfg, const char *json, const char *origin) {
     memset(cfg, 0, sizeof *cfg);
-    if (!origin) origin = "config.json";
+    if (!origin)
+        origin = "config.json";
     cJSON    *root = NULL;
-    cm_status st   = CM_OK;
+    cm_status st = CM_OK;
     CM_TRY(cfg_parse_json(json, origin, &root));
     cfg_obj     top = {origin, root, ""};
-    cfg_obj     tx  = top;
+    cfg_obj     tx = top;
     char        tx_prefix[32];
     const char *mt = NULL, *text_mt = NULL;
     CM_TRY_GOTO(cfg_model_type(&top, &mt), st, fail);
     if (strcmp(mt, "qwen3_5") == 0) {
         CM_TRY_GOTO(cfg_sub(&top, "text_config", tx_prefix, sizeof tx_prefix, &tx), st, fail);
         if (!tx.obj) {
-            st = CM_FAIL(CM_ERR_FORMAT, "'%s': model_type 'qwen3_5' needs a 'text_config' object with the text model",
+            st = CM_FAIL(CM_ERR_FORMAT,
+                         "'%s': model_type 'qwen3_5' needs a 'text_config' object with the text model",
                          origin);
             goto fail;
         }
         text_mt = "qwen3_5_text";
-        if (cfg_item(&tx, "model_type")) CM_TRY_GOTO(cfg_model_type(&tx, &text_mt), st, fail);
+        if (cfg_item(&tx, "model_type"))
+            CM_TRY_GOTO(cfg_model_type(&tx, &text_mt), st, fail);
         if (is_later_family(text_mt)) {
-            st = CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': text_config.model_type '%s' is not supported yet; supported: "
-                         "qwen3_5_text", origin, text_mt);
+            st = CM_FAIL(CM_ERR_UNSUPPORTED,
+                         "'%s': text_config.model_type '%s' is not supported yet; supported: "
+                         "qwen3_5_text",
+                         origin, text_mt);
             goto fail;
         }
         if (strcmp(text_mt, "qwen3_5_text") != 0) {
-            st = CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': unknown text_config.model_type '%s'; supported: qwen3_5_text",
-                         origin, text_mt);
+            st = CM_FAIL(CM_ERR_UNSUPPORTED,
+                         "'%s': unknown text_config.model_type '%s'; supported: qwen3_5_text", origin,
+                         text_mt);
             goto fail;
         }
         cfg->nested = 1;
     } else if (strcmp(mt, "qwen3_5_text") == 0) {
         text_mt = mt;
     } else if (is_later_family(mt)) {
-        st = CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': model_type '%s' is not supported yet; supported: qwen3_5, qwen3_5_text",
-                     origin, mt);
+        st = CM_FAIL(CM_ERR_UNSUPPORTED,
+                     "'%s': model_type '%s' is not supported yet; supported: qwen3_5, qwen3_5_text", origin,
+                     mt);
         goto fail;
     } else {
-        st = CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': unknown model_type '%s'; supported: qwen3_5, qwen3_5_text", origin, mt);
+        st = CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': unknown model_type '%s'; supported: qwen3_5, qwen3_5_text",
+                     origin, mt);
         goto fail;
     }
     cfg->family = CM_TARGET_FAMILY_QWEN3_5;
@@ -442,26 +480,34 @@ static void default_taps(int n_target_layers, int n_taps, int *ids) {
         return;
     }
     double start = 1, span = (double)(n_target_layers - 3) - start;
-    for (int i = 0; i < n_taps; i++) ids[i] = (int)nearbyint(start + i * span / (n_taps - 1));
+    for (int i = 0; i < n_taps; i++)
+        ids[i] = (int)nearbyint(start + i * span / (n_taps - 1));
 }
 
 static cm_status drafter_architectures(const cfg_obj *o) {
     const cJSON *arch = cfg_item(o, "architectures");
     if (!arch)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field 'architectures'; a DFlash drafter config lists "
-                       "\"DFlashDraftModel\"", o->origin);
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s': missing field 'architectures'; a DFlash drafter config lists "
+                       "\"DFlashDraftModel\"",
+                       o->origin);
     if (!cJSON_IsArray(arch))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': field 'architectures' must be an array of strings, found %s", o->origin,
-                       json_kind(arch));
-    const cJSON *it    = NULL;
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': field 'architectures' must be an array of strings, found %s",
+                       o->origin, json_kind(arch));
+    const cJSON *it = NULL;
     const char  *first = NULL;
     cJSON_ArrayForEach(it, arch) {
-        if (!cJSON_IsString(it)) continue;
-        if (strcmp(it->valuestring, "DFlashDraftModel") == 0) return CM_OK;
-        if (!first) first = it->valuestring;
+        if (!cJSON_IsString(it))
+            continue;
+        if (strcmp(it->valuestring, "DFlashDraftModel") == 0)
+            return CM_OK;
+        if (!first)
+            first = it->valuestring;
     }
-    return CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': architectures has no \"DFlashDraftModel\" (found '%s'); not a DFlash "
-                   "drafter config", o->origin, first ? first : "");
+    return CM_FAIL(CM_ERR_UNSUPPORTED,
+                   "'%s': architectures has no \"DFlashDraftModel\" (found '%s'); not a DFlash "
+                   "drafter config",
+                   o->origin, first ? first : "");
 }
 
 static cm_status drafter_taps(cm_drafter_cfg *cfg, const cfg_obj *dc) {
@@ -469,24 +515,29 @@ static cm_status drafter_taps(cm_drafter_cfg *cfg, const cfg_obj *dc) {
     int          derived = arr == NULL;
     if (derived) {
         if (cfg->n_layers > CM_CFG_MAX_TAPS)
-            return CM_FAIL(CM_ERR_FORMAT, "'%s': set dflash_config.target_layer_ids (%d layers is more than %d taps)",
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': set dflash_config.target_layer_ids (%d layers is more than %d taps)",
                            dc->origin, cfg->n_layers, CM_CFG_MAX_TAPS);
         cfg->n_taps = cfg->n_layers;
         default_taps(cfg->num_target_layers, cfg->n_taps, cfg->target_layer_ids);
     } else {
         if (!cJSON_IsArray(arr))
-            return CM_FAIL(CM_ERR_FORMAT, "'%s': field 'dflash_config.target_layer_ids' must be an array of integers, "
-                           "found %s", dc->origin, json_kind(arr));
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': field 'dflash_config.target_layer_ids' must be an array of integers, "
+                           "found %s",
+                           dc->origin, json_kind(arr));
         int n = cJSON_GetArraySize(arr);
         if (n < 1 || n > CM_CFG_MAX_TAPS)
-            return CM_FAIL(CM_ERR_FORMAT, "'%s': dflash_config.target_layer_ids has %d entries; expected 1 to %d",
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': dflash_config.target_layer_ids has %d entries; expected 1 to %d",
                            dc->origin, n, CM_CFG_MAX_TAPS);
-        int          i  = 0;
+        int          i = 0;
         const cJSON *it = NULL;
         cJSON_ArrayForEach(it, arr) {
             double d = cJSON_IsNumber(it) ? it->valuedouble : NAN;
             if (!(d == floor(d) && fabs(d) < 1e9))
-                return CM_FAIL(CM_ERR_FORMAT, "'%s': dflash_config.target_layer_ids[%d] must be an integer, found %s",
+                return CM_FAIL(CM_ERR_FORMAT,
+                               "'%s': dflash_config.target_layer_ids[%d] must be an integer, found %s",
                                dc->origin, i, json_kind(it));
             cfg->target_layer_ids[i++] = (int)d;
         }
@@ -495,7 +546,8 @@ static cm_status drafter_taps(cm_drafter_cfg *cfg, const cfg_obj *dc) {
     for (int i = 0; i < cfg->n_taps; i++) {
         int id = cfg->target_layer_ids[i];
         if (id < 0 || id >= cfg->num_target_layers)
-            return CM_FAIL(CM_ERR_FORMAT, "'%s': %s target layer id %d (tap %d) is outside [0, num_target_layers = %d)%s",
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': %s target layer id %d (tap %d) is outside [0, num_target_layers = %d)%s",
                            dc->origin, derived ? "derived" : "dflash_config.target_layer_ids:", id, i,
                            cfg->num_target_layers, derived ? "; set dflash_config.target_layer_ids" : "");
     }
@@ -532,38 +584,52 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     // layer types: full (non-causal block) or sliding (causal within the block, window W)
     static const char *const   names[] = {"full_attention", "sliding_attention"};
     static const cm_layer_type types[] = {CM_LAYER_TYPE_FULL_ATTENTION, CM_LAYER_TYPE_SLIDING_ATTENTION};
-    const cJSON               *lt      = cfg_item(top, "layer_types");
-    for (int i = 0; i < cfg->n_layers; i++) cfg->layer_types[i] = CM_LAYER_TYPE_FULL_ATTENTION;
-    if (lt) CM_TRY(cfg_layer_types(top, lt, cfg->n_layers, names, types, 2, cfg->layer_types));
+    const cJSON               *lt = cfg_item(top, "layer_types");
+    for (int i = 0; i < cfg->n_layers; i++)
+        cfg->layer_types[i] = CM_LAYER_TYPE_FULL_ATTENTION;
+    if (lt)
+        CM_TRY(cfg_layer_types(top, lt, cfg->n_layers, names, types, 2, cfg->layer_types));
     int window = 0, found;
     CM_TRY(cfg_int_opt(top, "sliding_window", &window, &found));
     for (int i = 0; i < cfg->n_layers; i++) {
-        if (cfg->layer_types[i] != CM_LAYER_TYPE_SLIDING_ATTENTION) continue;
+        if (cfg->layer_types[i] != CM_LAYER_TYPE_SLIDING_ATTENTION)
+            continue;
         if (!found)
-            return CM_FAIL(CM_ERR_FORMAT, "'%s': layer_types[%d] is 'sliding_attention' but sliding_window is not set; "
-                           "set sliding_window > 0", origin, i);
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': layer_types[%d] is 'sliding_attention' but sliding_window is not set; "
+                           "set sliding_window > 0",
+                           origin, i);
         if (window <= 0)
-            return CM_FAIL(CM_ERR_FORMAT, "'%s': layer_types[%d] is 'sliding_attention' but sliding_window is %d; "
-                           "set sliding_window > 0", origin, i, window);
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': layer_types[%d] is 'sliding_attention' but sliding_window is %d; "
+                           "set sliding_window > 0",
+                           origin, i, window);
         cfg->sliding_window = window;
     }
 
     // DFlash fields
     CM_TRY(cfg_int_either(top, &dc, "block_size", &cfg->block_size, &found));
-    if (!found) return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field 'block_size' (top level or in dflash_config)", origin);
+    if (!found)
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field 'block_size' (top level or in dflash_config)",
+                       origin);
     if (cfg->block_size < 2)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': block_size %d must be at least 2 (slot 0 holds the anchor token)", origin,
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s': block_size %d must be at least 2 (slot 0 holds the anchor token)", origin,
                        cfg->block_size);
     CM_TRY(cfg_int_either(&dc, top, "mask_token_id", &cfg->mask_token_id, &found));
     if (!found)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field 'dflash_config.mask_token_id' (the target token id of "
-                       "<|MASK|>)", origin);
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s': missing field 'dflash_config.mask_token_id' (the target token id of "
+                       "<|MASK|>)",
+                       origin);
     if (cfg->mask_token_id < 0 || cfg->mask_token_id >= cfg->vocab_size)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': dflash_config.mask_token_id %d is outside the vocabulary [0, %d)", origin,
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s': dflash_config.mask_token_id %d is outside the vocabulary [0, %d)", origin,
                        cfg->mask_token_id, cfg->vocab_size);
     CM_TRY(cfg_int_either(top, &dc, "num_target_layers", &cfg->num_target_layers, &found));
     if (!found)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field 'num_target_layers' (top level or in dflash_config)", origin);
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s': missing field 'num_target_layers' (top level or in dflash_config)", origin);
     if (cfg->num_target_layers <= 0)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': num_target_layers must be positive, found %d", origin,
                        cfg->num_target_layers);
@@ -572,11 +638,12 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
 
 cm_status cm_drafter_cfg_parse(cm_drafter_cfg *cfg, const char *json, const char *origin) {
     memset(cfg, 0, sizeof *cfg);
-    if (!origin) origin = "config.json";
+    if (!origin)
+        origin = "config.json";
     cJSON *root = NULL;
     CM_TRY(cfg_parse_json(json, origin, &root));
     cfg_obj   top = {origin, root, ""};
-    cm_status st  = drafter_fill(cfg, &top);
+    cm_status st = drafter_fill(cfg, &top);
     cJSON_Delete(root);
     return st;
 }

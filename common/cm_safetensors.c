@@ -46,7 +46,7 @@ typedef struct st_file {
 } st_file;
 
 struct cm_st {
-    char                *origin;  /* the file or directory, for messages */
+    char                *origin; /* the file or directory, for messages */
     st_file             *files;
     int                  n_files;
     cm_st_tensor        *tensors; /* copies of the file entries; names borrowed from files */
@@ -81,17 +81,20 @@ static int cmp_by_name(const void *a, const void *b) {
 static cm_status index_build(const cm_st_tensor *t, int n, const cm_st_tensor ***out, const char **dup) {
     *dup = NULL;
     *out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
-    if (!*out) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the index of %d tensors", n);
-    for (int i = 0; i < n; i++) (*out)[i] = &t[i];
+    if (!*out)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the index of %d tensors", n);
+    for (int i = 0; i < n; i++)
+        (*out)[i] = &t[i];
     qsort(*out, (size_t)n, sizeof **out, cmp_by_name);
     for (int i = 1; i < n && !*dup; i++)
-        if (strcmp((*out)[i - 1]->name, (*out)[i]->name) == 0) *dup = (*out)[i]->name;
+        if (strcmp((*out)[i - 1]->name, (*out)[i]->name) == 0)
+            *dup = (*out)[i]->name;
     return CM_OK;
 }
 
 static const cm_st_tensor *index_find(const cm_st_tensor *const *idx, int n, const char *name) {
-    cm_st_tensor        key  = {.name = name};
-    const cm_st_tensor *pkey = &key;
+    cm_st_tensor               key = {.name = name};
+    const cm_st_tensor        *pkey = &key;
     const cm_st_tensor *const *hit = bsearch(&pkey, idx, (size_t)n, sizeof *idx, cmp_by_name);
     return hit ? *hit : NULL;
 }
@@ -100,8 +103,10 @@ static const cm_st_tensor *index_find(const cm_st_tensor *const *idx, int n, con
 // one file: map, parse and validate the header
 
 static void file_release(st_file *f) {
-    if (!f) return;
-    for (int i = 0; i < f->n_tensors; i++) free((char *)f->tensors[i].name);
+    if (!f)
+        return;
+    for (int i = 0; i < f->n_tensors; i++)
+        free((char *)f->tensors[i].name);
     for (int i = 0; i < f->n_meta; i++) {
         free(f->meta[i].key);
         free(f->meta[i].value);
@@ -109,72 +114,81 @@ static void file_release(st_file *f) {
     free(f->tensors);
     free(f->by_name);
     free(f->meta);
-    if (f->map) munmap(f->map, f->size);
+    if (f->map)
+        munmap(f->map, f->size);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
 
 /* A JSON number holding an integer in [0, 2^53]. */
 static int json_u64(const cJSON *it, uint64_t *out) {
-    if (!cJSON_IsNumber(it)) return 0;
+    if (!cJSON_IsNumber(it))
+        return 0;
     double d = it->valuedouble;
-    if (!(d >= 0 && d <= ST_JSON_EXACT_MAX) || d != floor(d)) return 0;
+    if (!(d >= 0 && d <= ST_JSON_EXACT_MAX) || d != floor(d))
+        return 0;
     *out = (uint64_t)d;
     return 1;
 }
 
 static cm_status parse_metadata(st_file *f, const cJSON *obj, const char *note) {
-    if (f->meta) return ST_FAIL(CM_ERR_FORMAT, note, "'%s': header has '__metadata__' twice", f->path);
+    if (f->meta)
+        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': header has '__metadata__' twice", f->path);
     if (!cJSON_IsObject(obj))
         return ST_FAIL(CM_ERR_FORMAT, note, "'%s': '__metadata__' must be an object of strings", f->path);
-    int n   = cJSON_GetArraySize(obj);
+    int n = cJSON_GetArraySize(obj);
     f->meta = calloc((size_t)(n > 0 ? n : 1), sizeof *f->meta);
-    if (!f->meta) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the metadata of '%s'", f->path);
+    if (!f->meta)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the metadata of '%s'", f->path);
     const cJSON *it = NULL;
     cJSON_ArrayForEach(it, obj) {
         if (!cJSON_IsString(it))
             return ST_FAIL(CM_ERR_FORMAT, note, "'%s': __metadata__ value of '%s' must be a string", f->path,
                            it->string);
         st_meta *m = &f->meta[f->n_meta++];
-        m->key     = strdup(it->string);
-        m->value   = strdup(it->valuestring);
-        if (!m->key || !m->value) return CM_FAIL(CM_ERR_NOMEM, "cannot copy the metadata of '%s'", f->path);
+        m->key = strdup(it->string);
+        m->value = strdup(it->valuestring);
+        if (!m->key || !m->value)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot copy the metadata of '%s'", f->path);
     }
     return CM_OK;
 }
 
-static cm_status parse_entry(st_file *f, const cJSON *e, const uint8_t *data, size_t data_size, const char *note) {
+static cm_status parse_entry(st_file *f, const cJSON *e, const uint8_t *data, size_t data_size,
+                             const char *note) {
     const char   *name = e->string;
-    cm_st_tensor *t    = &f->tensors[f->n_tensors];
+    cm_st_tensor *t = &f->tensors[f->n_tensors];
     char          shape_buf[160];
-    if (name[0] == '\0') return ST_FAIL(CM_ERR_FORMAT, note, "'%s': header has a tensor with an empty name", f->path);
+    if (name[0] == '\0')
+        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': header has a tensor with an empty name", f->path);
     if (!cJSON_IsObject(e))
-        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' is not an object with dtype, shape and data_offsets",
-                       f->path, name);
+        return ST_FAIL(CM_ERR_FORMAT, note,
+                       "'%s': tensor '%s' is not an object with dtype, shape and data_offsets", f->path,
+                       name);
 
     const cJSON *jd = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     if (!cJSON_IsString(jd))
         return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' has no dtype string", f->path, name);
     if (cm_dtype_parse(jd->valuestring, &t->dtype) != CM_OK)
-        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' has unknown dtype '%s' (known: %s)", f->path, name,
-                       jd->valuestring, ST_KNOWN_DTYPES);
+        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' has unknown dtype '%s' (known: %s)", f->path,
+                       name, jd->valuestring, ST_KNOWN_DTYPES);
 
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(e, "shape");
     if (!cJSON_IsArray(js))
         return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' has no shape array", f->path, name);
     int nd = cJSON_GetArraySize(js);
     if (nd > CM_ST_MAX_DIMS)
-        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' shape has %d dims, more than the %d supported", f->path,
-                       name, nd, CM_ST_MAX_DIMS);
+        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' shape has %d dims, more than the %d supported",
+                       f->path, name, nd, CM_ST_MAX_DIMS);
     uint64_t     numel = 1;
     int          overflow = 0;
-    const cJSON *it    = NULL;
-    t->n_dims          = 0;
+    const cJSON *it = NULL;
+    t->n_dims = 0;
     cJSON_ArrayForEach(it, js) {
         uint64_t v;
         if (!json_u64(it, &v))
-            return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' shape[%d] is not a non-negative integer", f->path,
-                           name, t->n_dims);
+            return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' shape[%d] is not a non-negative integer",
+                           f->path, name, t->n_dims);
         overflow |= __builtin_mul_overflow(numel, v, &numel);
         t->shape[t->n_dims++] = (int64_t)v;
     }
@@ -182,51 +196,64 @@ static cm_status parse_entry(st_file *f, const cJSON *e, const uint8_t *data, si
     overflow |= __builtin_mul_overflow(numel, (uint64_t)cm_dtype_size(t->dtype), &nbytes);
     cm_shape_str(shape_buf, sizeof shape_buf, t->n_dims, t->shape);
     if (overflow)
-        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' shape %s overflows 64-bit sizes", f->path, name,
-                       shape_buf);
+        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' shape %s overflows 64-bit sizes", f->path,
+                       name, shape_buf);
 
     const cJSON *jo = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     uint64_t     b = 0, end = 0;
     if (!cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2 || !json_u64(cJSON_GetArrayItem(jo, 0), &b) ||
         !json_u64(cJSON_GetArrayItem(jo, 1), &end))
-        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' data_offsets must be [begin, end], two non-negative "
-                       "integers", f->path, name);
+        return ST_FAIL(CM_ERR_FORMAT, note,
+                       "'%s': tensor '%s' data_offsets must be [begin, end], two non-negative "
+                       "integers",
+                       f->path, name);
     if (b > end)
-        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' data_offsets [%llu, %llu] end before they begin",
-                       f->path, name, (unsigned long long)b, (unsigned long long)end);
+        return ST_FAIL(CM_ERR_FORMAT, note,
+                       "'%s': tensor '%s' data_offsets [%llu, %llu] end before they begin", f->path, name,
+                       (unsigned long long)b, (unsigned long long)end);
     if (end > data_size)
-        return ST_FAIL(CM_ERR_IO, note, "'%s': tensor '%s' data_offsets [%llu, %llu] lie outside the data area of %zu "
-                       "bytes (truncated file?)", f->path, name, (unsigned long long)b, (unsigned long long)end,
-                       data_size);
+        return ST_FAIL(CM_ERR_IO, note,
+                       "'%s': tensor '%s' data_offsets [%llu, %llu] lie outside the data area of %zu "
+                       "bytes (truncated file?)",
+                       f->path, name, (unsigned long long)b, (unsigned long long)end, data_size);
     if (end - b != nbytes)
-        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': tensor '%s' data_offsets [%llu, %llu] hold %llu bytes but shape %s "
-                       "of %s needs %llu", f->path, name, (unsigned long long)b, (unsigned long long)end,
-                       (unsigned long long)(end - b), shape_buf, cm_dtype_name(t->dtype), (unsigned long long)nbytes);
+        return ST_FAIL(CM_ERR_FORMAT, note,
+                       "'%s': tensor '%s' data_offsets [%llu, %llu] hold %llu bytes but shape %s "
+                       "of %s needs %llu",
+                       f->path, name, (unsigned long long)b, (unsigned long long)end,
+                       (unsigned long long)(end - b), shape_buf, cm_dtype_name(t->dtype),
+                       (unsigned long long)nbytes);
 
-    t->data   = data + b;
+    t->data = data + b;
     t->nbytes = (size_t)nbytes;
-    t->file   = f->path;
-    t->name   = strdup(name);
-    if (!t->name) return CM_FAIL(CM_ERR_NOMEM, "cannot copy a tensor name of '%s'", f->path);
+    t->file = f->path;
+    t->name = strdup(name);
+    if (!t->name)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot copy a tensor name of '%s'", f->path);
     f->n_tensors++;
     return CM_OK;
 }
 
 static cm_status file_parse(st_file *f, const char *note) {
     const uint8_t *bytes = f->map;
-    uint64_t       n     = 0;
-    for (int i = 7; i >= 0; i--) n = (n << 8) | bytes[i];
+    uint64_t       n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | bytes[i];
     if (n > f->size - 8)
-        return ST_FAIL(CM_ERR_IO, note, "'%s': header length %llu exceeds the file size %zu (truncated or not a "
-                       "safetensors file)", f->path, (unsigned long long)n, f->size);
+        return ST_FAIL(CM_ERR_IO, note,
+                       "'%s': header length %llu exceeds the file size %zu (truncated or not a "
+                       "safetensors file)",
+                       f->path, (unsigned long long)n, f->size);
     if (n > ST_MAX_HEADER)
-        return ST_FAIL(CM_ERR_FORMAT, note, "'%s': header length %llu exceeds the %llu-byte limit (not a safetensors "
-                       "file?)", f->path, (unsigned long long)n, (unsigned long long)ST_MAX_HEADER);
-    const char    *hdr       = (const char *)bytes + 8;
-    const uint8_t *data      = bytes + 8 + n;
+        return ST_FAIL(CM_ERR_FORMAT, note,
+                       "'%s': header length %llu exceeds the %llu-byte limit (not a safetensors "
+                       "file?)",
+                       f->path, (unsigned long long)n, (unsigned long long)ST_MAX_HEADER);
+    const char    *hdr = (const char *)bytes + 8;
+    const uint8_t *data = bytes + 8 + n;
     size_t         data_size = f->size - 8 - (size_t)n;
 
-    const char *end  = NULL;
+    const char *end = NULL;
     cJSON      *root = cJSON_ParseWithLengthOpts(hdr, (size_t)n, &end, 0);
     if (!root)
         return ST_FAIL(CM_ERR_FORMAT, note, "'%s': header JSON is malformed near byte %td of %llu", f->path,
@@ -234,8 +261,9 @@ static cm_status file_parse(st_file *f, const char *note) {
     cm_status st = CM_OK;
     for (const char *p = end; p < hdr + n; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            st = ST_FAIL(CM_ERR_FORMAT, note, "'%s': header JSON is malformed: stray bytes after it at byte %td of %llu",
-                         f->path, p - hdr, (unsigned long long)n);
+            st = ST_FAIL(CM_ERR_FORMAT, note,
+                         "'%s': header JSON is malformed: stray bytes after it at byte %td of %llu", f->path,
+                         p - hdr, (unsigned long long)n);
             goto fail;
         }
     }
@@ -244,7 +272,7 @@ static cm_status file_parse(st_file *f, const char *note) {
         goto fail;
     }
     int n_items = cJSON_GetArraySize(root);
-    f->tensors  = calloc((size_t)(n_items > 0 ? n_items : 1), sizeof *f->tensors);
+    f->tensors = calloc((size_t)(n_items > 0 ? n_items : 1), sizeof *f->tensors);
     if (!f->tensors) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the tensor table of '%s'", f->path);
         goto fail;
@@ -258,7 +286,8 @@ static cm_status file_parse(st_file *f, const char *note) {
     }
     const char *dup;
     CM_TRY_GOTO(index_build(f->tensors, f->n_tensors, &f->by_name, &dup), st, fail);
-    if (dup) st = ST_FAIL(CM_ERR_FORMAT, note, "'%s': duplicate tensor '%s' in the header", f->path, dup);
+    if (dup)
+        st = ST_FAIL(CM_ERR_FORMAT, note, "'%s': duplicate tensor '%s' in the header", f->path, dup);
 fail:
     cJSON_Delete(root);
     return st;
@@ -269,9 +298,11 @@ fail:
 static cm_status file_open(st_file *f, const char *path, const char *note) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
-    if (!f->path) return CM_FAIL(CM_ERR_NOMEM, "cannot copy the path '%s'", path);
+    if (!f->path)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot copy the path '%s'", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ST_FAIL(CM_ERR_IO, note, "cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0)
+        return ST_FAIL(CM_ERR_IO, note, "cannot open '%s': %s", path, strerror(errno));
     cm_status   st = CM_OK;
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
@@ -283,15 +314,17 @@ static cm_status file_open(st_file *f, const char *path, const char *note) {
         goto fail;
     }
     if (sb.st_size < 8) {
-        st = ST_FAIL(CM_ERR_IO, note, "'%s': file size %lld is smaller than the 8-byte header length (truncated or "
-                     "not a safetensors file)", path, (long long)sb.st_size);
+        st = ST_FAIL(CM_ERR_IO, note,
+                     "'%s': file size %lld is smaller than the 8-byte header length (truncated or "
+                     "not a safetensors file)",
+                     path, (long long)sb.st_size);
         goto fail;
     }
     f->size = (size_t)sb.st_size;
-    f->map  = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (f->map == MAP_FAILED) {
         f->map = NULL;
-        st     = ST_FAIL(CM_ERR_IO, note, "cannot mmap '%s': %s", path, strerror(errno));
+        st = ST_FAIL(CM_ERR_IO, note, "cannot mmap '%s': %s", path, strerror(errno));
         goto fail;
     }
     close(fd);
@@ -306,18 +339,22 @@ fail:
 
 static cm_status st_alloc(cm_st **out, const char *origin, int n_files) {
     cm_st *st = calloc(1, sizeof *st);
-    if (!st) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a safetensors set");
-    *out       = st;
+    if (!st)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a safetensors set");
+    *out = st;
     st->origin = strdup(origin);
-    st->files  = calloc((size_t)(n_files > 0 ? n_files : 1), sizeof *st->files);
-    if (!st->origin || !st->files) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a safetensors set");
+    st->files = calloc((size_t)(n_files > 0 ? n_files : 1), sizeof *st->files);
+    if (!st->origin || !st->files)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a safetensors set");
     return CM_OK;
 }
 
 void cm_st_destroy(cm_st **pst) {
-    if (!pst || !*pst) return;
+    if (!pst || !*pst)
+        return;
     cm_st *st = *pst;
-    for (int i = 0; i < st->n_files; i++) file_release(&st->files[i]);
+    for (int i = 0; i < st->n_files; i++)
+        file_release(&st->files[i]);
     free(st->files);
     free(st->tensors);
     free(st->by_name);
@@ -327,20 +364,21 @@ void cm_st_destroy(cm_st **pst) {
 }
 
 cm_status cm_st_open_file(cm_st **out, const char *path) {
-    *out         = NULL;
+    *out = NULL;
     cm_st    *st = NULL;
     cm_status rc = CM_OK;
     CM_TRY_GOTO(st_alloc(&st, path, 1), rc, fail);
     st->n_files = 1;
     CM_TRY_GOTO(file_open(&st->files[0], path, NULL), rc, fail);
-    st_file *f    = &st->files[0];
+    st_file *f = &st->files[0];
     st->n_tensors = f->n_tensors;
-    st->tensors   = malloc((size_t)(f->n_tensors > 0 ? f->n_tensors : 1) * sizeof *st->tensors);
+    st->tensors = malloc((size_t)(f->n_tensors > 0 ? f->n_tensors : 1) * sizeof *st->tensors);
     if (!st->tensors) {
         rc = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the tensor table of '%s'", path);
         goto fail;
     }
-    if (f->n_tensors) memcpy(st->tensors, f->tensors, (size_t)f->n_tensors * sizeof *st->tensors);
+    if (f->n_tensors)
+        memcpy(st->tensors, f->tensors, (size_t)f->n_tensors * sizeof *st->tensors);
     const char *dup;
     CM_TRY_GOTO(index_build(st->tensors, st->n_tensors, &st->by_name, &dup), rc, fail);
     *out = st;
@@ -356,26 +394,28 @@ static int plain_file_name(const char *s) {
 }
 
 static cm_status open_sharded(cm_st **out, const char *dir, const char *index_path) {
-    char        *text     = NULL;
-    cJSON       *root     = NULL;
-    cm_st       *st       = NULL;
-    const char **shards   = NULL; /* distinct shard names, in order of first mention */
+    char        *text = NULL;
+    cJSON       *root = NULL;
+    cm_st       *st = NULL;
+    const char **shards = NULL;   /* distinct shard names, in order of first mention */
     const char **first_of = NULL; /* a tensor of each shard, for messages */
     int         *shard_of = NULL; /* each weight_map entry's shard */
     int          n_shards = 0, i = 0;
-    const cJSON *e        = NULL;
+    const cJSON *e = NULL;
     const char  *dup;
-    cm_status    rc       = CM_OK;
+    cm_status    rc = CM_OK;
     CM_TRY(cm_read_text_file(index_path, ST_MAX_INDEX, &text));
     const char *end = NULL;
-    root            = cJSON_ParseWithOpts(text, &end, 1);
+    root = cJSON_ParseWithOpts(text, &end, 1);
     if (!root) {
-        rc = CM_FAIL(CM_ERR_FORMAT, "'%s': malformed JSON near byte %td", index_path, end ? end - text : (ptrdiff_t)0);
+        rc = CM_FAIL(CM_ERR_FORMAT, "'%s': malformed JSON near byte %td", index_path,
+                     end ? end - text : (ptrdiff_t)0);
         goto fail;
     }
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(root) || !cJSON_IsObject(map)) {
-        rc = CM_FAIL(CM_ERR_FORMAT, "'%s': missing object 'weight_map' {tensor name: shard file}", index_path);
+        rc =
+            CM_FAIL(CM_ERR_FORMAT, "'%s': missing object 'weight_map' {tensor name: shard file}", index_path);
         goto fail;
     }
     int n_map = cJSON_GetArraySize(map);
@@ -383,7 +423,7 @@ static cm_status open_sharded(cm_st **out, const char *dir, const char *index_pa
         rc = CM_FAIL(CM_ERR_FORMAT, "'%s': weight_map is empty", index_path);
         goto fail;
     }
-    shards   = calloc((size_t)n_map, sizeof *shards);
+    shards = calloc((size_t)n_map, sizeof *shards);
     first_of = calloc((size_t)n_map, sizeof *first_of);
     shard_of = calloc((size_t)n_map, sizeof *shard_of);
     if (!shards || !first_of || !shard_of) {
@@ -392,14 +432,16 @@ static cm_status open_sharded(cm_st **out, const char *dir, const char *index_pa
     }
     cJSON_ArrayForEach(e, map) {
         if (!cJSON_IsString(e) || !plain_file_name(e->valuestring)) {
-            rc = CM_FAIL(CM_ERR_FORMAT, "'%s': weight_map entry '%s' must name a shard file in the model directory",
+            rc = CM_FAIL(CM_ERR_FORMAT,
+                         "'%s': weight_map entry '%s' must name a shard file in the model directory",
                          index_path, e->string);
             goto fail;
         }
         int s = 0;
-        while (s < n_shards && strcmp(shards[s], e->valuestring) != 0) s++;
+        while (s < n_shards && strcmp(shards[s], e->valuestring) != 0)
+            s++;
         if (s == n_shards) {
-            shards[n_shards]     = e->valuestring;
+            shards[n_shards] = e->valuestring;
             first_of[n_shards++] = e->string;
         }
         shard_of[i++] = s;
@@ -428,8 +470,10 @@ static cm_status open_sharded(cm_st **out, const char *dir, const char *index_pa
         st_file            *f = &st->files[shard_of[i++]];
         const cm_st_tensor *t = index_find(f->by_name, f->n_tensors, e->string);
         if (!t) {
-            rc = CM_FAIL(CM_ERR_FORMAT, "tensor '%s' is listed in '%s' for shard '%s', but that shard does not hold "
-                         "it (incomplete or mismatched shard)", e->string, index_path, f->path);
+            rc = CM_FAIL(CM_ERR_FORMAT,
+                         "tensor '%s' is listed in '%s' for shard '%s', but that shard does not hold "
+                         "it (incomplete or mismatched shard)",
+                         e->string, index_path, f->path);
             goto fail;
         }
         st->tensors[st->n_tensors++] = *t;
@@ -440,7 +484,7 @@ static cm_status open_sharded(cm_st **out, const char *dir, const char *index_pa
         goto fail;
     }
     *out = st;
-    st   = NULL;
+    st = NULL;
 fail:
     free(shard_of);
     free(first_of);
@@ -455,16 +499,20 @@ cm_status cm_st_open_dir(cm_st **out, const char *dir) {
     *out = NULL;
     struct stat sb;
     char        path[4096];
-    if (stat(dir, &sb) != 0) return CM_FAIL(CM_ERR_IO, "cannot open model directory '%s': %s", dir, strerror(errno));
-    if (!S_ISDIR(sb.st_mode)) return CM_FAIL(CM_ERR_IO, "'%s' is not a directory", dir);
+    if (stat(dir, &sb) != 0)
+        return CM_FAIL(CM_ERR_IO, "cannot open model directory '%s': %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return CM_FAIL(CM_ERR_IO, "'%s' is not a directory", dir);
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, ST_INDEX_NAME) >= sizeof path)
         return CM_FAIL(CM_ERR_INVALID_ARG, "path too long: '%s'", dir);
-    if (stat(path, &sb) == 0) return open_sharded(out, dir, path);
-    if (errno != ENOENT) return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (stat(path, &sb) == 0)
+        return open_sharded(out, dir, path);
+    if (errno != ENOENT)
+        return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     snprintf(path, sizeof path, "%s/%s", dir, ST_SINGLE_NAME);
     if (stat(path, &sb) != 0 && errno == ENOENT)
-        return CM_FAIL(CM_ERR_IO, "cannot open model weights in '%s': neither %s nor %s exists", dir, ST_INDEX_NAME,
-                       ST_SINGLE_NAME);
+        return CM_FAIL(CM_ERR_IO, "cannot open model weights in '%s': neither %s nor %s exists", dir,
+                       ST_INDEX_NAME, ST_SINGLE_NAME);
     cm_status rc = cm_st_open_file(out, path);
     if (rc == CM_OK) {
         free((*out)->origin);
@@ -477,9 +525,13 @@ cm_status cm_st_open_dir(cm_st **out, const char *dir) {
     return rc;
 }
 
-int cm_st_count(const cm_st *st) { return st->n_tensors; }
+int cm_st_count(const cm_st *st) {
+    return st->n_tensors;
+}
 
-const cm_st_tensor *cm_st_at(const cm_st *st, int i) { return i >= 0 && i < st->n_tensors ? &st->tensors[i] : NULL; }
+const cm_st_tensor *cm_st_at(const cm_st *st, int i) {
+    return i >= 0 && i < st->n_tensors ? &st->tensors[i] : NULL;
+}
 
 const cm_st_tensor *cm_st_find(const cm_st *st, const char *name) {
     return index_find(st->by_name, st->n_tensors, name);
@@ -488,7 +540,8 @@ const cm_st_tensor *cm_st_find(const cm_st *st, const char *name) {
 const char *cm_st_metadata(const cm_st *st, const char *key) {
     for (int f = 0; f < st->n_files; f++)
         for (int i = 0; i < st->files[f].n_meta; i++)
-            if (strcmp(st->files[f].meta[i].key, key) == 0) return st->files[f].meta[i].value;
+            if (strcmp(st->files[f].meta[i].key, key) == 0)
+                return st->files[f].meta[i].value;
     return NULL;
 }
 
@@ -501,24 +554,29 @@ static char *want_str(char *buf, size_t len, int n_dims, const int64_t *want) {
         else
             off += (size_t)snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)want[i]);
     }
-    if (off < len) snprintf(buf + off, len - off, "]");
+    if (off < len)
+        snprintf(buf + off, len - off, "]");
     return buf;
 }
 
 cm_status cm_st_expect(const cm_st *st, const char *name, int n_dims, const int64_t *want,
                        const cm_st_tensor **out) {
-    if (out) *out = NULL;
+    if (out)
+        *out = NULL;
     const cm_st_tensor *t = cm_st_find(st, name);
-    if (!t) return CM_FAIL(CM_ERR_FORMAT, "missing tensor '%s' (looked in %s)", name, st->origin);
+    if (!t)
+        return CM_FAIL(CM_ERR_FORMAT, "missing tensor '%s' (looked in %s)", name, st->origin);
     int ok = t->n_dims == n_dims;
-    for (int i = 0; ok && i < n_dims; i++) ok = want[i] < 0 || want[i] == t->shape[i];
+    for (int i = 0; ok && i < n_dims; i++)
+        ok = want[i] < 0 || want[i] == t->shape[i];
     if (!ok) {
         char got_s[160], want_s[160];
         return CM_FAIL(CM_ERR_FORMAT, "tensor '%s' has shape %s, expected %s (in %s)", name,
                        cm_shape_str(got_s, sizeof got_s, t->n_dims, t->shape),
                        want_str(want_s, sizeof want_s, n_dims, want), t->file);
     }
-    if (out) *out = t;
+    if (out)
+        *out = t;
     return CM_OK;
 }
 
@@ -534,13 +592,17 @@ cm_status cm_st_read(const cm_st *st, const char *name, int n_dims, const int64_
     const cm_st_tensor *t;
     CM_TRY(cm_st_expect(st, name, n_dims, want, &t));
     if (!cm_dtype_is_float(t->dtype))
-        return CM_FAIL(CM_ERR_FORMAT, "tensor '%s' has dtype %s, expected a float dtype (F32, F64, BF16, F16, "
-                       "F8_E4M3) (in %s)", name, cm_dtype_name(t->dtype), t->file);
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "tensor '%s' has dtype %s, expected a float dtype (F32, F64, BF16, F16, "
+                       "F8_E4M3) (in %s)",
+                       name, cm_dtype_name(t->dtype), t->file);
     if (!cm_dtype_is_float(dst_dt))
-        return CM_FAIL(CM_ERR_INVALID_ARG, "cannot read tensor '%s' into %s: the destination must be a float dtype",
-                       name, cm_dtype_name(dst_dt));
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot read tensor '%s' into %s: the destination must be a float dtype", name,
+                       cm_dtype_name(dst_dt));
     size_t esize = cm_dtype_size(t->dtype), n = t->nbytes / esize;
-    if ((uintptr_t)t->data % esize == 0) return cm_convert(dst, dst_dt, t->data, t->dtype, n);
+    if ((uintptr_t)t->data % esize == 0)
+        return cm_convert(dst, dst_dt, t->data, t->dtype, n);
     // a file may place a tensor at any byte offset: bounce through an aligned buffer
     _Alignas(8) unsigned char buf[1 << 14];
     size_t                    chunk = sizeof buf / esize;
@@ -574,12 +636,14 @@ struct cm_st_writer {
 
 cm_status cm_st_writer_create(cm_st_writer **out) {
     *out = calloc(1, sizeof **out);
-    if (!*out) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a safetensors writer");
+    if (!*out)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a safetensors writer");
     return CM_OK;
 }
 
 void cm_st_writer_destroy(cm_st_writer **pw) {
-    if (!pw || !*pw) return;
+    if (!pw || !*pw)
+        return;
     cm_st_writer *w = *pw;
     for (int i = 0; i < w->n; i++) {
         free(w->entries[i].name);
@@ -598,53 +662,63 @@ void cm_st_writer_destroy(cm_st_writer **pw) {
 cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape,
                            const void *data) {
     if (!name || !name[0] || strcmp(name, "__metadata__") == 0)
-        return CM_FAIL(CM_ERR_INVALID_ARG, "bad tensor name '%s' for a safetensors file", name ? name : "(null)");
+        return CM_FAIL(CM_ERR_INVALID_ARG, "bad tensor name '%s' for a safetensors file",
+                       name ? name : "(null)");
     if ((unsigned)dt >= CM_DTYPE_COUNT)
         return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': bad dtype %d", name, (int)dt);
     if (n_dims < 0 || n_dims > CM_ST_MAX_DIMS)
-        return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': %d dims, expected 0 to %d", name, n_dims, CM_ST_MAX_DIMS);
+        return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': %d dims, expected 0 to %d", name, n_dims,
+                       CM_ST_MAX_DIMS);
     uint64_t numel = 1, nbytes;
     int      overflow = 0;
     for (int i = 0; i < n_dims; i++) {
-        if (shape[i] < 0) return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': negative extent in shape", name);
+        if (shape[i] < 0)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': negative extent in shape", name);
         overflow |= __builtin_mul_overflow(numel, (uint64_t)shape[i], &numel);
     }
     overflow |= __builtin_mul_overflow(numel, (uint64_t)cm_dtype_size(dt), &nbytes);
     if (overflow || nbytes > (uint64_t)SIZE_MAX / 2)
         return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': shape too large", name);
-    if (nbytes > 0 && !data) return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': no data", name);
+    if (nbytes > 0 && !data)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': no data", name);
     for (int i = 0; i < w->n; i++)
         if (strcmp(w->entries[i].name, name) == 0)
             return CM_FAIL(CM_ERR_INVALID_ARG, "duplicate tensor name '%s' in a safetensors writer", name);
     if (w->n == w->cap) {
         int       cap = w->cap ? 2 * w->cap : 16;
-        st_entry *ne  = realloc(w->entries, (size_t)cap * sizeof *ne);
-        if (!ne) return CM_FAIL(CM_ERR_NOMEM, "cannot grow the safetensors writer to %d tensors", cap);
+        st_entry *ne = realloc(w->entries, (size_t)cap * sizeof *ne);
+        if (!ne)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot grow the safetensors writer to %d tensors", cap);
         w->entries = ne;
-        w->cap     = cap;
+        w->cap = cap;
     }
     st_entry *e = &w->entries[w->n];
     memset(e, 0, sizeof *e);
-    e->name   = strdup(name);
-    e->data   = malloc(nbytes ? (size_t)nbytes : 1);
+    e->name = strdup(name);
+    e->data = malloc(nbytes ? (size_t)nbytes : 1);
     if (!e->name || !e->data) {
         free(e->name);
         free(e->data);
-        return CM_FAIL(CM_ERR_NOMEM, "cannot copy tensor '%s' (%llu bytes)", name, (unsigned long long)nbytes);
+        return CM_FAIL(CM_ERR_NOMEM, "cannot copy tensor '%s' (%llu bytes)", name,
+                       (unsigned long long)nbytes);
     }
-    if (nbytes) memcpy(e->data, data, (size_t)nbytes);
-    e->dtype  = dt;
+    if (nbytes)
+        memcpy(e->data, data, (size_t)nbytes);
+    e->dtype = dt;
     e->n_dims = n_dims;
-    for (int i = 0; i < n_dims; i++) e->shape[i] = shape[i];
+    for (int i = 0; i < n_dims; i++)
+        e->shape[i] = shape[i];
     e->nbytes = (size_t)nbytes;
     w->n++;
     return CM_OK;
 }
 
 cm_status cm_st_writer_set_metadata(cm_st_writer *w, const char *key, const char *value) {
-    if (!key || !value) return CM_FAIL(CM_ERR_INVALID_ARG, "metadata key and value must not be NULL");
+    if (!key || !value)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "metadata key and value must not be NULL");
     char *v = strdup(value);
-    if (!v) return CM_FAIL(CM_ERR_NOMEM, "cannot copy metadata '%s'", key);
+    if (!v)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot copy metadata '%s'", key);
     for (int i = 0; i < w->n_meta; i++) {
         if (strcmp(w->meta[i].key, key) == 0) {
             free(w->meta[i].value);
@@ -654,12 +728,12 @@ cm_status cm_st_writer_set_metadata(cm_st_writer *w, const char *key, const char
     }
     if (w->n_meta == w->cap_meta) {
         int      cap = w->cap_meta ? 2 * w->cap_meta : 8;
-        st_meta *nm  = realloc(w->meta, (size_t)cap * sizeof *nm);
+        st_meta *nm = realloc(w->meta, (size_t)cap * sizeof *nm);
         if (!nm) {
             free(v);
             return CM_FAIL(CM_ERR_NOMEM, "cannot grow the metadata table");
         }
-        w->meta     = nm;
+        w->meta = nm;
         w->cap_meta = cap;
     }
     char *k = strdup(key);
@@ -674,27 +748,33 @@ cm_status cm_st_writer_set_metadata(cm_st_writer *w, const char *key, const char
 /* Header JSON with every entry's offsets; w->entries[].offset must be set. NULL on OOM. */
 static char *writer_header(const cm_st_writer *w) {
     cJSON *root = cJSON_CreateObject();
-    char  *out  = NULL;
-    if (!root) return NULL;
+    char  *out = NULL;
+    if (!root)
+        return NULL;
     if (w->n_meta) {
         cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
-        if (!m) goto done;
+        if (!m)
+            goto done;
         for (int i = 0; i < w->n_meta; i++)
-            if (!cJSON_AddStringToObject(m, w->meta[i].key, w->meta[i].value)) goto done;
+            if (!cJSON_AddStringToObject(m, w->meta[i].key, w->meta[i].value))
+                goto done;
     }
     for (int i = 0; i < w->n; i++) {
-        const st_entry *e  = &w->entries[i];
+        const st_entry *e = &w->entries[i];
         cJSON          *jt = cJSON_AddObjectToObject(root, e->name);
         cJSON          *js = jt ? cJSON_AddArrayToObject(jt, "shape") : NULL;
-        if (!jt || !cJSON_AddStringToObject(jt, "dtype", cm_dtype_name(e->dtype)) || !js) goto done;
+        if (!jt || !cJSON_AddStringToObject(jt, "dtype", cm_dtype_name(e->dtype)) || !js)
+            goto done;
         for (int d = 0; d < e->n_dims; d++) {
             cJSON *v = cJSON_CreateNumber((double)e->shape[d]);
-            if (!v || !cJSON_AddItemToArray(js, v)) goto done;
+            if (!v || !cJSON_AddItemToArray(js, v))
+                goto done;
         }
         cJSON *jo = cJSON_AddArrayToObject(jt, "data_offsets");
-        cJSON *b  = cJSON_CreateNumber((double)e->offset);
+        cJSON *b = cJSON_CreateNumber((double)e->offset);
         cJSON *en = cJSON_CreateNumber((double)(e->offset + e->nbytes));
-        if (!jo || !b || !cJSON_AddItemToArray(jo, b) || !en || !cJSON_AddItemToArray(jo, en)) goto done;
+        if (!jo || !b || !cJSON_AddItemToArray(jo, b) || !en || !cJSON_AddItemToArray(jo, en))
+            goto done;
     }
     out = cJSON_PrintUnformatted(root);
 done:
@@ -706,8 +786,10 @@ static int write_all(int fd, const void *buf, size_t len) {
     const unsigned char *p = buf;
     while (len > 0) {
         ssize_t k = write(fd, p, len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
         p += k;
         len -= (size_t)k;
     }
@@ -719,7 +801,8 @@ cm_status cm_st_writer_write(cm_st_writer *w, const char *path) {
     uint64_t off = 0;
     for (size_t size = 8; size >= 1; size /= 2) {
         for (int i = 0; i < w->n; i++) {
-            if (cm_dtype_size(w->entries[i].dtype) != size) continue;
+            if (cm_dtype_size(w->entries[i].dtype) != size)
+                continue;
             w->entries[i].offset = off;
             off += w->entries[i].nbytes;
         }
@@ -728,10 +811,12 @@ cm_status cm_st_writer_write(cm_st_writer *w, const char *path) {
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
         return CM_FAIL(CM_ERR_INVALID_ARG, "path too long: '%s'", path);
     char *hdr = writer_header(w);
-    if (!hdr) return CM_FAIL(CM_ERR_NOMEM, "cannot build the header of '%s'", path);
+    if (!hdr)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot build the header of '%s'", path);
     size_t  hlen = strlen(hdr), padded = (hlen + 7) / 8 * 8;
     uint8_t len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     static const char spaces[8] = "        ";
 
     cm_status st = CM_OK;
@@ -750,7 +835,7 @@ cm_status cm_st_writer_write(cm_st_writer *w, const char *path) {
         goto fail;
     }
     int rc_close = close(fd);
-    fd           = -1;
+    fd = -1;
     if (rc_close != 0) {
         st = CM_FAIL(CM_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
         goto fail;
@@ -770,7 +855,8 @@ cm_status cm_st_writer_write(cm_st_writer *w, const char *path) {
     free(hdr);
     return CM_OK;
 fail:
-    if (fd >= 0) close(fd);
+    if (fd >= 0)
+        close(fd);
     unlink(tmp);
     free(hdr);
     return st;

@@ -14,20 +14,22 @@
 #include "cm_cfg.h"
 #include "tst.h"
 
-#define DATA TANDEM_TEST_DATA "/data/cm"
+#define DATA   TANDEM_TEST_DATA "/data/cm"
 #define ORIGIN "fixture/config.json"
 
 static int fails_with(cm_status got, cm_status want, const char *const *words) {
     int ok = got != CM_OK && (want == CM_OK || got == want);
-    for (int i = 0; words[i]; i++) ok = ok && strstr(cm_last_error(), words[i]) != NULL;
-    if (!ok || getenv("TST_VERBOSE")) fprintf(stderr, "  %s: %s\n", cm_status_str(got), cm_last_error());
+    for (int i = 0; words[i]; i++)
+        ok = ok && strstr(cm_last_error(), words[i]) != NULL;
+    if (!ok || getenv("TST_VERBOSE"))
+        fprintf(stderr, "  %s: %s\n", cm_status_str(got), cm_last_error());
     return ok;
 }
-#define TST_FAILS(call, want, ...)                                                                            \
-    do {                                                                                                      \
-        cm_clear_error();                                                                                     \
-        const char *words_[] = {__VA_ARGS__, NULL};                                                           \
-        TST_CHECK(fails_with((call), (want), words_));                                                        \
+#define TST_FAILS(call, want, ...)                                                                           \
+    do {                                                                                                     \
+        cm_clear_error();                                                                                    \
+        const char *words_[] = {__VA_ARGS__, NULL};                                                          \
+        TST_CHECK(fails_with((call), (want), words_));                                                       \
     } while (0)
 
 static cJSON *load_json(const char *path) {
@@ -38,7 +40,8 @@ static cJSON *load_json(const char *path) {
     }
     cJSON *j = cJSON_Parse(text);
     free(text);
-    if (!j) exit(1);
+    if (!j)
+        exit(1);
     return j;
 }
 
@@ -51,7 +54,7 @@ static cJSON *edit(cJSON *root, const char *path, const char *value) {
     char *key = buf, *dot;
     while ((dot = strchr(key, '.')) != NULL) {
         *dot = '\0';
-        obj  = cJSON_GetObjectItemCaseSensitive(obj, key);
+        obj = cJSON_GetObjectItemCaseSensitive(obj, key);
         if (!obj) {
             fprintf(stderr, "edit: no object on the path '%s'\n", path);
             exit(1);
@@ -61,7 +64,8 @@ static cJSON *edit(cJSON *root, const char *path, const char *value) {
     cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
     if (value) {
         cJSON *v = cJSON_Parse(value);
-        if (!v) exit(1);
+        if (!v)
+            exit(1);
         cJSON_AddItemToObject(obj, key, v);
     }
     return root;
@@ -70,7 +74,7 @@ static cJSON *edit(cJSON *root, const char *path, const char *value) {
 /* Parses an (edited) JSON tree and frees it. */
 static cm_status target_of(cJSON *j, cm_target_cfg *cfg) {
     char     *text = cJSON_PrintUnformatted(j);
-    cm_status st   = cm_target_cfg_parse(cfg, text, ORIGIN);
+    cm_status st = cm_target_cfg_parse(cfg, text, ORIGIN);
     free(text);
     cJSON_Delete(j);
     return st;
@@ -78,15 +82,21 @@ static cm_status target_of(cJSON *j, cm_target_cfg *cfg) {
 
 static cm_status drafter_of(cJSON *j, cm_drafter_cfg *cfg) {
     char     *text = cJSON_PrintUnformatted(j);
-    cm_status st   = cm_drafter_cfg_parse(cfg, text, ORIGIN);
+    cm_status st = cm_drafter_cfg_parse(cfg, text, ORIGIN);
     free(text);
     cJSON_Delete(j);
     return st;
 }
 
-static cJSON *nested(void) { return load_json(DATA "/qwen3_6_27b/config.json"); }
-static cJSON *flat(void) { return load_json(DATA "/qwen3_5_tiny_flat/config.json"); }
-static cJSON *dflash(void) { return load_json(DATA "/dflash_qwen3_6_27b/config.json"); }
+static cJSON *nested(void) {
+    return load_json(DATA "/qwen3_6_27b/config.json");
+}
+static cJSON *flat(void) {
+    return load_json(DATA "/qwen3_5_tiny_flat/config.json");
+}
+static cJSON *dflash(void) {
+    return load_json(DATA "/dflash_qwen3_6_27b/config.json");
+}
 
 // ---- target
 
@@ -97,7 +107,8 @@ static void check_27b(const cm_target_cfg *c) {
     TST_CHECK(c->vocab_size == 248320 && c->rms_norm_eps == 1e-6f && c->tie_word_embeddings == 0);
     int bad = 0;
     for (int i = 0; i < 64; i++)
-        bad += c->layer_types[i] != ((i % 4 == 3) ? CM_LAYER_TYPE_FULL_ATTENTION : CM_LAYER_TYPE_LINEAR_ATTENTION);
+        bad += c->layer_types[i] !=
+               ((i % 4 == 3) ? CM_LAYER_TYPE_FULL_ATTENTION : CM_LAYER_TYPE_LINEAR_ATTENTION);
     TST_CHECK(bad == 0);
     TST_CHECK(c->n_heads == 24 && c->n_kv_heads == 4 && c->head_dim == 256);
     TST_CHECK(c->rotary_dim == 64 && c->rope_theta == 1e7 && c->attn_output_gate == 1);
@@ -111,30 +122,38 @@ static void test_target_good(void) {
     TST_CHECK(cm_target_cfg_load(&c, DATA "/qwen3_6_27b") == CM_OK);
     check_27b(&c);
     // layer_types derived from full_attention_interval (default 4): the same pattern
-    TST_CHECK(target_of(edit(edit(nested(), "text_config.layer_types", NULL), "text_config.full_attention_interval",
-                             NULL), &c) == CM_OK);
+    TST_CHECK(target_of(edit(edit(nested(), "text_config.layer_types", NULL),
+                             "text_config.full_attention_interval", NULL),
+                        &c) == CM_OK);
     check_27b(&c);
     // older spelling: rope_theta and partial_rotary_factor at the top of the text config
     cJSON *j = edit(nested(), "text_config.rope_parameters", NULL);
-    TST_CHECK(target_of(edit(edit(j, "text_config.rope_theta", "10000000"), "text_config.partial_rotary_factor",
-                             "0.25"), &c) == CM_OK);
+    TST_CHECK(target_of(edit(edit(j, "text_config.rope_theta", "10000000"),
+                             "text_config.partial_rotary_factor", "0.25"),
+                        &c) == CM_OK);
     check_27b(&c);
     // both spellings present and agreeing is fine
     TST_CHECK(target_of(edit(nested(), "text_config.rope_theta", "1e7"), &c) == CM_OK);
     check_27b(&c);
     // mRoPE's rope_scaling of older configs (type default) is accepted
-    TST_CHECK(target_of(edit(nested(), "text_config.rope_scaling", "{\"type\": \"default\", \"mrope_section\": [11, "
-                             "11, 10]}"), &c) == CM_OK);
+    TST_CHECK(target_of(edit(nested(), "text_config.rope_scaling",
+                             "{\"type\": \"default\", \"mrope_section\": [11, "
+                             "11, 10]}"),
+                        &c) == CM_OK);
     // no rope anywhere: theta 10000, factor 1
     TST_CHECK(target_of(edit(nested(), "text_config.rope_parameters", NULL), &c) == CM_OK);
     TST_CHECK(c.rope_theta == 10000.0 && c.rotary_dim == 256);
     // tie_word_embeddings: the text config wins, else the top level
     TST_CHECK(target_of(edit(nested(), "text_config.tie_word_embeddings", "true"), &c) == CM_OK &&
               c.tie_word_embeddings == 1);
-    TST_CHECK(target_of(edit(edit(nested(), "text_config.tie_word_embeddings", NULL), "tie_word_embeddings", "true"),
-                        &c) == CM_OK && c.tie_word_embeddings == 1);
-    TST_CHECK(target_of(edit(edit(nested(), "text_config.tie_word_embeddings", NULL), "tie_word_embeddings", NULL),
-                        &c) == CM_OK && c.tie_word_embeddings == 0);
+    TST_CHECK(target_of(edit(edit(nested(), "text_config.tie_word_embeddings", NULL), "tie_word_embeddings",
+                             "true"),
+                        &c) == CM_OK &&
+              c.tie_word_embeddings == 1);
+    TST_CHECK(
+        target_of(edit(edit(nested(), "text_config.tie_word_embeddings", NULL), "tie_word_embeddings", NULL),
+                  &c) == CM_OK &&
+        c.tie_word_embeddings == 0);
     // attn_output_gate off; null counts as absent (default on)
     TST_CHECK(target_of(edit(nested(), "text_config.attn_output_gate", "false"), &c) == CM_OK &&
               c.attn_output_gate == 0);
@@ -145,21 +164,27 @@ static void test_target_good(void) {
     TST_CHECK(cm_target_cfg_load(&c, DATA "/qwen3_5_tiny_flat/config.json") == CM_OK);
     TST_CHECK(c.nested == 0 && strcmp(c.model_type, "qwen3_5_text") == 0);
     TST_CHECK(c.hidden_size == 32 && c.n_layers == 4 && c.intermediate_size == 64 && c.vocab_size == 128);
-    TST_CHECK(c.layer_types[0] == CM_LAYER_TYPE_LINEAR_ATTENTION && c.layer_types[1] == CM_LAYER_TYPE_FULL_ATTENTION);
-    TST_CHECK(c.layer_types[2] == CM_LAYER_TYPE_LINEAR_ATTENTION && c.layer_types[3] == CM_LAYER_TYPE_FULL_ATTENTION);
+    TST_CHECK(c.layer_types[0] == CM_LAYER_TYPE_LINEAR_ATTENTION &&
+              c.layer_types[1] == CM_LAYER_TYPE_FULL_ATTENTION);
+    TST_CHECK(c.layer_types[2] == CM_LAYER_TYPE_LINEAR_ATTENTION &&
+              c.layer_types[3] == CM_LAYER_TYPE_FULL_ATTENTION);
     TST_CHECK(c.n_heads == 4 && c.n_kv_heads == 2 && c.head_dim == 16 && c.rotary_dim == 4);
     TST_CHECK(c.rope_theta == 1e6 && c.rms_norm_eps == 1e-5f && c.tie_word_embeddings == 1);
-    TST_CHECK(c.lin_n_k_heads == 2 && c.lin_n_v_heads == 4 && c.lin_k_head_dim == 8 && c.lin_v_head_dim == 16);
+    TST_CHECK(c.lin_n_k_heads == 2 && c.lin_n_v_heads == 4 && c.lin_k_head_dim == 8 &&
+              c.lin_v_head_dim == 16);
     // head_dim defaults to hidden / heads; num_key_value_heads to the heads
     TST_CHECK(target_of(edit(flat(), "head_dim", NULL), &c) == CM_OK && c.head_dim == 8 && c.rotary_dim == 2);
     TST_CHECK(target_of(edit(flat(), "num_key_value_heads", NULL), &c) == CM_OK && c.n_kv_heads == 4);
     // an explicit list, all full attention: the linear-attention fields become optional
-    cJSON *all_full = edit(flat(), "layer_types", "[\"full_attention\", \"full_attention\", \"full_attention\", "
-                                                  "\"full_attention\"]");
+    cJSON      *all_full = edit(flat(), "layer_types",
+                                "[\"full_attention\", \"full_attention\", \"full_attention\", "
+                                     "\"full_attention\"]");
     const char *lin[] = {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                          "linear_value_head_dim", "linear_conv_kernel_dim"};
-    for (int i = 0; i < 5; i++) edit(all_full, lin[i], NULL);
-    TST_CHECK(target_of(all_full, &c) == CM_OK && c.lin_n_k_heads == 0 && c.layer_types[0] == CM_LAYER_TYPE_FULL_ATTENTION);
+    for (int i = 0; i < 5; i++)
+        edit(all_full, lin[i], NULL);
+    TST_CHECK(target_of(all_full, &c) == CM_OK && c.lin_n_k_heads == 0 &&
+              c.layer_types[0] == CM_LAYER_TYPE_FULL_ATTENTION);
 }
 
 static void test_target_bad(void) {
@@ -173,13 +198,16 @@ static void test_target_bad(void) {
               "model_type 'qwen3_5_moe' is not supported yet");
     TST_FAILS(target_of(edit(flat(), "model_type", "\"qwen3_5_moe_text\""), &c), CM_ERR_UNSUPPORTED,
               "'qwen3_5_moe_text' is not supported yet");
-    TST_FAILS(target_of(edit(nested(), "text_config.model_type", "\"qwen3_5_moe_text\""), &c), CM_ERR_UNSUPPORTED,
-              "text_config.model_type 'qwen3_5_moe_text' is not supported yet");
+    TST_FAILS(target_of(edit(nested(), "text_config.model_type", "\"qwen3_5_moe_text\""), &c),
+              CM_ERR_UNSUPPORTED, "text_config.model_type 'qwen3_5_moe_text' is not supported yet");
     TST_FAILS(target_of(edit(nested(), "text_config.model_type", "\"llama\""), &c), CM_ERR_UNSUPPORTED,
               "unknown text_config.model_type 'llama'");
-    TST_FAILS(target_of(edit(nested(), "model_type", NULL), &c), CM_ERR_FORMAT, ORIGIN, "missing field 'model_type'");
-    TST_FAILS(target_of(edit(nested(), "model_type", "5"), &c), CM_ERR_FORMAT, "'model_type' must be a string");
-    TST_FAILS(target_of(edit(nested(), "text_config", NULL), &c), CM_ERR_FORMAT, "needs a 'text_config' object");
+    TST_FAILS(target_of(edit(nested(), "model_type", NULL), &c), CM_ERR_FORMAT, ORIGIN,
+              "missing field 'model_type'");
+    TST_FAILS(target_of(edit(nested(), "model_type", "5"), &c), CM_ERR_FORMAT,
+              "'model_type' must be a string");
+    TST_FAILS(target_of(edit(nested(), "text_config", NULL), &c), CM_ERR_FORMAT,
+              "needs a 'text_config' object");
     TST_FAILS(target_of(edit(nested(), "text_config", "[]"), &c), CM_ERR_FORMAT,
               "field 'text_config' must be an object");
 
@@ -213,14 +241,17 @@ static void test_target_bad(void) {
               "num_attention_heads 24 is not a multiple of text_config.num_key_value_heads 5");
     TST_FAILS(target_of(edit(nested(), "text_config.linear_num_value_heads", "40"), &c), CM_ERR_FORMAT,
               "linear_num_value_heads 40 must be a positive multiple of linear_num_key_heads 16");
-    TST_FAILS(target_of(edit(edit(edit(flat(), "head_dim", NULL), "num_attention_heads", "5"), "num_key_value_heads",
-                             "5"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(edit(edit(edit(flat(), "head_dim", NULL), "num_attention_heads", "5"),
+                             "num_key_value_heads", "5"),
+                        &c),
+              CM_ERR_FORMAT,
               "head_dim is absent and hidden_size 32 is not a multiple of num_attention_heads 5");
 
     // layer types
     cJSON *j = nested();
     cJSON_DeleteItemFromArray(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "text_config"), "layer_types"), 0);
-    TST_FAILS(target_of(j, &c), CM_ERR_FORMAT, "text_config.layer_types has 63 entries but num_hidden_layers is 64");
+    TST_FAILS(target_of(j, &c), CM_ERR_FORMAT,
+              "text_config.layer_types has 63 entries but num_hidden_layers is 64");
     j = nested();
     cJSON_ReplaceItemInArray(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "text_config"), "layer_types"), 2,
                              cJSON_CreateString("mamba"));
@@ -235,10 +266,11 @@ static void test_target_bad(void) {
               "'full_attention_interval' must be positive");
 
     // rope
-    TST_FAILS(target_of(edit(nested(), "text_config.rope_theta", "1000000"), &c), CM_ERR_FORMAT,
-              "'text_config.rope_parameters.rope_theta' (1e+07) and 'text_config.rope_theta' (1e+06) disagree");
-    TST_FAILS(target_of(edit(nested(), "text_config.rope_parameters.rope_type", "\"yarn\""), &c), CM_ERR_UNSUPPORTED,
-              "text_config.rope_parameters.rope_type 'yarn' is not supported");
+    TST_FAILS(
+        target_of(edit(nested(), "text_config.rope_theta", "1000000"), &c), CM_ERR_FORMAT,
+        "'text_config.rope_parameters.rope_theta' (1e+07) and 'text_config.rope_theta' (1e+06) disagree");
+    TST_FAILS(target_of(edit(nested(), "text_config.rope_parameters.rope_type", "\"yarn\""), &c),
+              CM_ERR_UNSUPPORTED, "text_config.rope_parameters.rope_type 'yarn' is not supported");
     TST_FAILS(target_of(edit(nested(), "text_config.rope_parameters.partial_rotary_factor", "0.3"), &c),
               CM_ERR_FORMAT, "head_dim 256 × partial_rotary_factor 0.3 = 76.8 is not an even integer");
     TST_FAILS(target_of(edit(nested(), "text_config.rope_parameters.partial_rotary_factor", "1.5"), &c),
@@ -275,7 +307,8 @@ static void test_target_bad(void) {
     char *text = NULL;
     TST_FAILS(cm_read_text_file(sub, 8, &text), CM_ERR_IO, "more than the 8-byte limit");
     TST_CHECK(text == NULL);
-    TST_CHECK(cm_read_text_file(sub, 100, &text) == CM_OK && text && strcmp(text, "{\"model_type\": \"llama\"}") == 0);
+    TST_CHECK(cm_read_text_file(sub, 100, &text) == CM_OK && text &&
+              strcmp(text, "{\"model_type\": \"llama\"}") == 0);
     free(text);
     unlink(sub);
     rmdir(dir);
@@ -286,22 +319,27 @@ static void test_target_bad(void) {
 static void test_drafter_good(void) {
     cm_drafter_cfg d;
     TST_CHECK(cm_drafter_cfg_load(&d, DATA "/dflash_qwen3_6_27b") == CM_OK);
-    TST_CHECK(d.hidden_size == 5120 && d.n_layers == 5 && d.intermediate_size == 17408 && d.vocab_size == 248320);
+    TST_CHECK(d.hidden_size == 5120 && d.n_layers == 5 && d.intermediate_size == 17408 &&
+              d.vocab_size == 248320);
     TST_CHECK(d.n_heads == 32 && d.n_kv_heads == 8 && d.head_dim == 128 && d.rms_norm_eps == 1e-6f);
     TST_CHECK(d.rope_theta == 1e7 && d.max_position_embeddings == 262144);
     TST_CHECK(d.tie_word_embeddings == 0 && d.attention_bias == 0);
-    for (int i = 0; i < 4; i++) TST_CHECK(d.layer_types[i] == CM_LAYER_TYPE_SLIDING_ATTENTION);
+    for (int i = 0; i < 4; i++)
+        TST_CHECK(d.layer_types[i] == CM_LAYER_TYPE_SLIDING_ATTENTION);
     TST_CHECK(d.layer_types[4] == CM_LAYER_TYPE_FULL_ATTENTION && d.sliding_window == 2048);
     TST_CHECK(d.block_size == 16 && d.mask_token_id == 248070 && d.num_target_layers == 64);
     const int taps[] = {1, 16, 31, 46, 61};
     TST_CHECK(d.n_taps == 5);
-    for (int i = 0; i < 5; i++) TST_CHECK(d.target_layer_ids[i] == taps[i]);
+    for (int i = 0; i < 5; i++)
+        TST_CHECK(d.target_layer_ids[i] == taps[i]);
 
     // block_size only in one of its two places; rope_theta in rope_parameters
     TST_CHECK(drafter_of(edit(dflash(), "block_size", NULL), &d) == CM_OK && d.block_size == 16);
-    TST_CHECK(drafter_of(edit(dflash(), "dflash_config.block_size", NULL), &d) == CM_OK && d.block_size == 16);
+    TST_CHECK(drafter_of(edit(dflash(), "dflash_config.block_size", NULL), &d) == CM_OK &&
+              d.block_size == 16);
     TST_CHECK(drafter_of(edit(edit(dflash(), "rope_theta", NULL), "rope_parameters",
-                              "{\"rope_type\": \"default\", \"rope_theta\": 1000000}"), &d) == CM_OK &&
+                              "{\"rope_type\": \"default\", \"rope_theta\": 1000000}"),
+                         &d) == CM_OK &&
               d.rope_theta == 1e6);
     // defaults: all layers full (no window), head_dim = hidden / heads, kv heads = heads
     TST_CHECK(drafter_of(edit(dflash(), "layer_types", NULL), &d) == CM_OK);
@@ -311,21 +349,29 @@ static void test_drafter_good(void) {
     TST_CHECK(drafter_of(edit(dflash(), "max_position_embeddings", NULL), &d) == CM_OK &&
               d.max_position_embeddings == 32768);
     // mask_token_id at the top level (vLLM accepts it there)
-    TST_CHECK(drafter_of(edit(edit(dflash(), "dflash_config.mask_token_id", NULL), "mask_token_id", "151669"), &d) ==
-              CM_OK && d.mask_token_id == 151669);
+    TST_CHECK(drafter_of(edit(edit(dflash(), "dflash_config.mask_token_id", NULL), "mask_token_id", "151669"),
+                         &d) == CM_OK &&
+              d.mask_token_id == 151669);
     // num_target_layers inside dflash_config
-    TST_CHECK(drafter_of(edit(edit(dflash(), "num_target_layers", NULL), "dflash_config.num_target_layers", "64"),
-                         &d) == CM_OK && d.num_target_layers == 64);
+    TST_CHECK(
+        drafter_of(edit(edit(dflash(), "num_target_layers", NULL), "dflash_config.num_target_layers", "64"),
+                   &d) == CM_OK &&
+        d.num_target_layers == 64);
     // explicit taps of another length than the layer count
-    TST_CHECK(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[1, 6, 11, 16, 22, 27, 32, 37]"), &d) ==
-              CM_OK && d.n_taps == 8 && d.target_layer_ids[7] == 37);
+    TST_CHECK(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[1, 6, 11, 16, 22, 27, 32, 37]"),
+                         &d) == CM_OK &&
+              d.n_taps == 8 && d.target_layer_ids[7] == 37);
 
     // default taps: build_target_layer_ids(Lt, Ld) of dflash.md §1.2, Python rounding
     struct {
         int lt, ld, ids[8];
     } def[] = {
-        {64, 5, {1, 16, 31, 46, 61}}, {36, 5, {1, 9, 17, 25, 33}}, {32, 5, {1, 8, 15, 22, 29}},
-        {40, 5, {1, 10, 19, 28, 37}}, {7, 5, {1, 2, 2, 3, 4}} /* 2.5 rounds to 2 */, {40, 1, {20}},
+        {64, 5, {1, 16, 31, 46, 61}},
+        {36, 5, {1, 9, 17, 25, 33}},
+        {32, 5, {1, 8, 15, 22, 29}},
+        {40, 5, {1, 10, 19, 28, 37}},
+        {7, 5, {1, 2, 2, 3, 4}} /* 2.5 rounds to 2 */,
+        {40, 1, {20}},
     };
     for (size_t k = 0; k < sizeof def / sizeof def[0]; k++) {
         char lt[16], ld[16];
@@ -334,7 +380,8 @@ static void test_drafter_good(void) {
         cJSON *j = edit(edit(dflash(), "dflash_config.target_layer_ids", NULL), "num_target_layers", lt);
         edit(edit(j, "num_hidden_layers", ld), "layer_types", NULL);
         TST_CHECK(drafter_of(j, &d) == CM_OK && d.n_taps == def[k].ld);
-        for (int i = 0; i < def[k].ld; i++) TST_CHECK(d.target_layer_ids[i] == def[k].ids[i]);
+        for (int i = 0; i < def[k].ld; i++)
+            TST_CHECK(d.target_layer_ids[i] == def[k].ids[i]);
     }
 }
 
@@ -344,7 +391,8 @@ static void test_drafter_bad(void) {
               "missing field 'architectures'", "DFlashDraftModel");
     TST_FAILS(drafter_of(edit(dflash(), "architectures", "[\"Qwen3ForCausalLM\"]"), &d), CM_ERR_UNSUPPORTED,
               "architectures has no \"DFlashDraftModel\" (found 'Qwen3ForCausalLM')");
-    TST_FAILS(drafter_of(edit(dflash(), "hidden_size", NULL), &d), CM_ERR_FORMAT, "missing field 'hidden_size'");
+    TST_FAILS(drafter_of(edit(dflash(), "hidden_size", NULL), &d), CM_ERR_FORMAT,
+              "missing field 'hidden_size'");
     TST_FAILS(drafter_of(edit(dflash(), "num_attention_heads", "30"), &d), CM_ERR_FORMAT,
               "num_attention_heads 30 is not a multiple of num_key_value_heads 8");
 
@@ -365,30 +413,34 @@ static void test_drafter_bad(void) {
               "missing field 'dflash_config.mask_token_id'");
 
     // taps
-    TST_FAILS(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[1, 16, 31, 46, 64]"), &d), CM_ERR_FORMAT,
-              "target layer id 64 (tap 4) is outside [0, num_target_layers = 64)");
+    TST_FAILS(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[1, 16, 31, 46, 64]"), &d),
+              CM_ERR_FORMAT, "target layer id 64 (tap 4) is outside [0, num_target_layers = 64)");
     TST_FAILS(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[-1, 16]"), &d), CM_ERR_FORMAT,
               "target layer id -1 (tap 0)");
     TST_FAILS(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[]"), &d), CM_ERR_FORMAT,
               "target_layer_ids has 0 entries");
     TST_FAILS(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[1, \"x\"]"), &d), CM_ERR_FORMAT,
               "target_layer_ids[1] must be an integer");
-    TST_FAILS(drafter_of(edit(edit(dflash(), "dflash_config.target_layer_ids", NULL), "num_target_layers", "2"), &d),
+    TST_FAILS(drafter_of(
+                  edit(edit(dflash(), "dflash_config.target_layer_ids", NULL), "num_target_layers", "2"), &d),
               CM_ERR_FORMAT, "derived target layer id", "set dflash_config.target_layer_ids");
     TST_FAILS(drafter_of(edit(dflash(), "num_target_layers", NULL), &d), CM_ERR_FORMAT,
               "missing field 'num_target_layers'");
     TST_FAILS(drafter_of(edit(dflash(), "dflash_config.num_target_layers", "48"), &d), CM_ERR_FORMAT,
               "'num_target_layers' (64) and 'dflash_config.num_target_layers' (48) disagree");
-    TST_FAILS(drafter_of(edit(dflash(), "dflash_config", "[]"), &d), CM_ERR_FORMAT, "'dflash_config' must be an object");
+    TST_FAILS(drafter_of(edit(dflash(), "dflash_config", "[]"), &d), CM_ERR_FORMAT,
+              "'dflash_config' must be an object");
 
     // layer types and the sliding window
     TST_FAILS(drafter_of(edit(dflash(), "sliding_window", "null"), &d), CM_ERR_FORMAT,
               "layer_types[0] is 'sliding_attention' but sliding_window is not set");
     TST_FAILS(drafter_of(edit(dflash(), "sliding_window", "0"), &d), CM_ERR_FORMAT,
               "sliding_window is 0; set sliding_window > 0");
-    TST_FAILS(drafter_of(edit(dflash(), "layer_types", "[\"full_attention\", \"causal\", \"full_attention\", "
-                              "\"full_attention\", \"full_attention\"]"), &d), CM_ERR_FORMAT,
-              "layer_types[1] is 'causal'; expected 'full_attention' or 'sliding_attention'");
+    TST_FAILS(drafter_of(edit(dflash(), "layer_types",
+                              "[\"full_attention\", \"causal\", \"full_attention\", "
+                              "\"full_attention\", \"full_attention\"]"),
+                         &d),
+              CM_ERR_FORMAT, "layer_types[1] is 'causal'; expected 'full_attention' or 'sliding_attention'");
     TST_FAILS(drafter_of(edit(dflash(), "layer_types", "[\"full_attention\"]"), &d), CM_ERR_FORMAT,
               "layer_types has 1 entries but num_hidden_layers is 5");
     TST_FAILS(drafter_of(edit(dflash(), "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}"), &d),

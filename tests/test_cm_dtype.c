@@ -18,9 +18,12 @@ static double ref_bf16(unsigned c) {
     int      s = (c >> 15) & 1, e = (c >> 7) & 0xff;
     unsigned m = c & 0x7f;
     double   v;
-    if (e == 0xff) v = m ? NAN : INFINITY;
-    else if (e == 0) v = ldexp((double)m, -126 - 7);
-    else v = ldexp(1.0 + m / 128.0, e - 127);
+    if (e == 0xff)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp((double)m, -126 - 7);
+    else
+        v = ldexp(1.0 + m / 128.0, e - 127);
     return s ? -v : v;
 }
 
@@ -28,9 +31,12 @@ static double ref_f16(unsigned c) {
     int      s = (c >> 15) & 1, e = (c >> 10) & 0x1f;
     unsigned m = c & 0x3ff;
     double   v;
-    if (e == 0x1f) v = m ? NAN : INFINITY;
-    else if (e == 0) v = ldexp((double)m, -24);
-    else v = ldexp(1.0 + m / 1024.0, e - 15);
+    if (e == 0x1f)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp((double)m, -24);
+    else
+        v = ldexp(1.0 + m / 1024.0, e - 15);
     return s ? -v : v;
 }
 
@@ -38,9 +44,12 @@ static double ref_f8(unsigned c) { /* E4M3 "fn": no infinities, S.1111.111 is Na
     int      s = (c >> 7) & 1, e = (c >> 3) & 0xf;
     unsigned m = c & 0x7;
     double   v;
-    if (e == 0xf && m == 7) v = NAN;
-    else if (e == 0) v = ldexp((double)m, -9);
-    else v = ldexp(1.0 + m / 8.0, e - 7);
+    if (e == 0xf && m == 7)
+        v = NAN;
+    else if (e == 0)
+        v = ldexp((double)m, -9);
+    else
+        v = ldexp(1.0 + m / 8.0, e - 7);
     return s ? -v : v;
 }
 
@@ -50,38 +59,49 @@ static unsigned ref_nearest(double a, double (*val)(unsigned), unsigned top) {
     unsigned lo = 0, hi = top;
     while (hi - lo > 1) {
         unsigned mid = (lo + hi) / 2;
-        if (val(mid) <= a) lo = mid;
-        else hi = mid;
+        if (val(mid) <= a)
+            lo = mid;
+        else
+            hi = mid;
     }
     double dl = a - val(lo), dh = val(hi) - a;
-    if (dl < dh) return lo;
-    if (dh < dl) return hi;
+    if (dl < dh)
+        return lo;
+    if (dh < dl)
+        return hi;
     return (lo & 1) ? hi : lo;
 }
 
 /* For rounding, infinity sits where the next exponent would start (RNE overflows past the
  * midpoint between the largest finite value and that power of two). */
-static double bf16_ext(unsigned c) { return c == 0x7f80u ? ldexp(1.0, 128) : ref_bf16(c); }
-static double f16_ext(unsigned c) { return c == 0x7c00u ? 65536.0 : ref_f16(c); }
+static double bf16_ext(unsigned c) {
+    return c == 0x7f80u ? ldexp(1.0, 128) : ref_bf16(c);
+}
+static double f16_ext(unsigned c) {
+    return c == 0x7c00u ? 65536.0 : ref_f16(c);
+}
 
 static unsigned ref_to_bf16(float f) {
     unsigned sign = signbit(f) ? 0x8000u : 0;
-    double   a    = fabs((double)f);
-    if (isinf(a)) return sign | 0x7f80u;
+    double   a = fabs((double)f);
+    if (isinf(a))
+        return sign | 0x7f80u;
     return sign | ref_nearest(a, bf16_ext, 0x7f80u);
 }
 
 static unsigned ref_to_f16(float f) {
     unsigned sign = signbit(f) ? 0x8000u : 0;
-    double   a    = fabs((double)f);
-    if (a >= 65536.0) return sign | 0x7c00u;
+    double   a = fabs((double)f);
+    if (a >= 65536.0)
+        return sign | 0x7c00u;
     return sign | ref_nearest(a, f16_ext, 0x7c00u);
 }
 
 static unsigned ref_to_f8(float f) {
     unsigned sign = signbit(f) ? 0x80u : 0;
-    double   a    = fabs((double)f);
-    if (a >= 448.0) return sign | 0x7eu; /* saturate */
+    double   a = fabs((double)f);
+    if (a >= 448.0)
+        return sign | 0x7eu; /* saturate */
     return sign | ref_nearest(a, ref_f8, 0x7eu);
 }
 
@@ -100,7 +120,8 @@ static float f32_of(uint32_t u) {
 }
 
 static int same_value(double got, double ref) { /* NaN matches NaN; zeros compare signs */
-    if (isnan(ref)) return isnan(got);
+    if (isnan(ref))
+        return isnan(got);
     return got == ref && signbit(got) == signbit(ref);
 }
 
@@ -111,10 +132,14 @@ static void test_names(void) {
         cm_dtype dt = CM_DTYPE_COUNT;
         TST_CHECK(cm_dtype_parse(cm_dtype_name((cm_dtype)i), &dt) == CM_OK && dt == (cm_dtype)i);
     }
-    static const struct { cm_dtype dt; size_t size; int is_float; } want[] = {
-        {CM_DTYPE_F32, 4, 1}, {CM_DTYPE_F64, 8, 1}, {CM_DTYPE_BF16, 2, 1}, {CM_DTYPE_F16, 2, 1},
-        {CM_DTYPE_F8_E4M3, 1, 1}, {CM_DTYPE_I64, 8, 0}, {CM_DTYPE_I32, 4, 0}, {CM_DTYPE_I16, 2, 0},
-        {CM_DTYPE_I8, 1, 0}, {CM_DTYPE_U8, 1, 0}, {CM_DTYPE_BOOL, 1, 0},
+    static const struct {
+        cm_dtype dt;
+        size_t   size;
+        int      is_float;
+    } want[] = {
+        {CM_DTYPE_F32, 4, 1},     {CM_DTYPE_F64, 8, 1}, {CM_DTYPE_BF16, 2, 1}, {CM_DTYPE_F16, 2, 1},
+        {CM_DTYPE_F8_E4M3, 1, 1}, {CM_DTYPE_I64, 8, 0}, {CM_DTYPE_I32, 4, 0},  {CM_DTYPE_I16, 2, 0},
+        {CM_DTYPE_I8, 1, 0},      {CM_DTYPE_U8, 1, 0},  {CM_DTYPE_BOOL, 1, 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         TST_CHECK(cm_dtype_size(want[i].dt) == want[i].size);
@@ -133,9 +158,11 @@ static void test_bf16(void) {
     int bad_dec = 0, bad_enc = 0;
     for (unsigned c = 0; c < 0x10000u; c++) {
         float f = cm_bf16_to_f32((uint16_t)c);
-        if (!same_value(f, ref_bf16(c))) bad_dec++;
+        if (!same_value(f, ref_bf16(c)))
+            bad_dec++;
         uint16_t back = cm_f32_to_bf16(f);
-        if (isnan(ref_bf16(c)) ? !(isnan(cm_bf16_to_f32(back)) && (back & 0x8000u) == (c & 0x8000u)) : back != c)
+        if (isnan(ref_bf16(c)) ? !(isnan(cm_bf16_to_f32(back)) && (back & 0x8000u) == (c & 0x8000u))
+                               : back != c)
             bad_enc++;
     }
     TST_CHECK(bad_dec == 0);
@@ -144,13 +171,16 @@ static void test_bf16(void) {
     // every midpoint between neighbours (ties to even) and the floats on either side of it
     int bad_mid = 0;
     for (unsigned c = 0; c < 0x7f7fu; c++) {
-        float lo = cm_bf16_to_f32((uint16_t)c), hi = cm_bf16_to_f32((uint16_t)(c + 1));
-        float mid = (float)(((double)lo + (double)hi) / 2); /* 9 significant bits: exact */
-        float below = nextafterf(mid, 0.0f), above = nextafterf(mid, INFINITY);
+        float    lo = cm_bf16_to_f32((uint16_t)c), hi = cm_bf16_to_f32((uint16_t)(c + 1));
+        float    mid = (float)(((double)lo + (double)hi) / 2); /* 9 significant bits: exact */
+        float    below = nextafterf(mid, 0.0f), above = nextafterf(mid, INFINITY);
         unsigned even = (c & 1) ? c + 1 : c;
-        if (cm_f32_to_bf16(mid) != even || ref_to_bf16(mid) != even) bad_mid++;
-        if (cm_f32_to_bf16(below) != c || cm_f32_to_bf16(above) != c + 1) bad_mid++;
-        if (cm_f32_to_bf16(-mid) != (even | 0x8000u)) bad_mid++;
+        if (cm_f32_to_bf16(mid) != even || ref_to_bf16(mid) != even)
+            bad_mid++;
+        if (cm_f32_to_bf16(below) != c || cm_f32_to_bf16(above) != c + 1)
+            bad_mid++;
+        if (cm_f32_to_bf16(-mid) != (even | 0x8000u))
+            bad_mid++;
     }
     TST_CHECK(bad_mid == 0);
 
@@ -158,8 +188,10 @@ static void test_bf16(void) {
     int bad_rand = 0;
     for (int i = 0; i < 200000; i++) {
         float f = f32_of(rng_u32());
-        if (isnan(f)) continue;
-        if (cm_f32_to_bf16(f) != ref_to_bf16(f)) bad_rand++;
+        if (isnan(f))
+            continue;
+        if (cm_f32_to_bf16(f) != ref_to_bf16(f))
+            bad_rand++;
     }
     TST_CHECK(bad_rand == 0);
 
@@ -169,9 +201,9 @@ static void test_bf16(void) {
     TST_CHECK(isnan(cm_bf16_to_f32(cm_f32_to_bf16(NAN))));
     TST_CHECK(isnan(cm_bf16_to_f32(cm_f32_to_bf16(f32_of(0x7f800001u))))); /* sNaN with low payload only */
     TST_CHECK(cm_f32_to_bf16(-0.0f) == 0x8000u);
-    TST_CHECK(cm_f32_to_bf16(f32_of(0x00000001u)) == 0x0000u); /* tiniest f32 subnormal rounds to 0 */
-    TST_CHECK(cm_f32_to_bf16(f32_of(0x00018000u)) == 0x0002u); /* 1.5 × 2^-133: tie, to even (2) */
-    TST_CHECK(cm_f32_to_bf16(1.0f + ldexpf(1.0f, -8)) == 0x3f80u); /* tie at 1 + 2^-8 → 1.0 (even) */
+    TST_CHECK(cm_f32_to_bf16(f32_of(0x00000001u)) == 0x0000u);         /* tiniest f32 subnormal rounds to 0 */
+    TST_CHECK(cm_f32_to_bf16(f32_of(0x00018000u)) == 0x0002u);         /* 1.5 × 2^-133: tie, to even (2) */
+    TST_CHECK(cm_f32_to_bf16(1.0f + ldexpf(1.0f, -8)) == 0x3f80u);     /* tie at 1 + 2^-8 → 1.0 (even) */
     TST_CHECK(cm_f32_to_bf16(1.0f + 3 * ldexpf(1.0f, -8)) == 0x3f82u); /* tie → 1 + 2^-6 (even) */
 }
 
@@ -179,9 +211,11 @@ static void test_f16(void) {
     int bad_dec = 0, bad_enc = 0;
     for (unsigned c = 0; c < 0x10000u; c++) {
         float f = cm_f16_to_f32((uint16_t)c);
-        if (!same_value(f, ref_f16(c))) bad_dec++;
+        if (!same_value(f, ref_f16(c)))
+            bad_dec++;
         uint16_t back = cm_f32_to_f16(f);
-        if (isnan(ref_f16(c)) ? !(isnan(cm_f16_to_f32(back)) && (back & 0x8000u) == (c & 0x8000u)) : back != c)
+        if (isnan(ref_f16(c)) ? !(isnan(cm_f16_to_f32(back)) && (back & 0x8000u) == (c & 0x8000u))
+                              : back != c)
             bad_enc++;
     }
     TST_CHECK(bad_dec == 0);
@@ -193,9 +227,12 @@ static void test_f16(void) {
         float    mid = (float)((lo + hi) / 2);
         float    below = nextafterf(mid, 0.0f), above = nextafterf(mid, INFINITY);
         unsigned even = (c & 1) ? c + 1 : c;
-        if (cm_f32_to_f16(mid) != even || ref_to_f16(mid) != even) bad_mid++;
-        if (cm_f32_to_f16(below) != c || cm_f32_to_f16(above) != c + 1) bad_mid++;
-        if (cm_f32_to_f16(-mid) != (even | 0x8000u)) bad_mid++;
+        if (cm_f32_to_f16(mid) != even || ref_to_f16(mid) != even)
+            bad_mid++;
+        if (cm_f32_to_f16(below) != c || cm_f32_to_f16(above) != c + 1)
+            bad_mid++;
+        if (cm_f32_to_f16(-mid) != (even | 0x8000u))
+            bad_mid++;
     }
     TST_CHECK(bad_mid == 0);
 
@@ -204,7 +241,8 @@ static void test_f16(void) {
         /* exponents near the f16 range, where all the cases are */
         uint32_t u = (rng_u32() & 0x807fffffu) | ((uint32_t)(100 + rng_u32() % 50) << 23);
         float    f = f32_of(u);
-        if (cm_f32_to_f16(f) != ref_to_f16(f)) bad_rand++;
+        if (cm_f32_to_f16(f) != ref_to_f16(f))
+            bad_rand++;
     }
     TST_CHECK(bad_rand == 0);
 
@@ -215,19 +253,19 @@ static void test_f16(void) {
     TST_CHECK(cm_f32_to_f16(INFINITY) == 0x7c00u);
     TST_CHECK(isnan(cm_f16_to_f32(cm_f32_to_f16(NAN))));
     TST_CHECK(isnan(cm_f16_to_f32(cm_f32_to_f16(f32_of(0x7f800001u)))));
-    TST_CHECK(cm_f32_to_f16(ldexpf(1.0f, -24)) == 0x0001u);       /* smallest subnormal */
-    TST_CHECK(cm_f32_to_f16(ldexpf(1.0f, -25)) == 0x0000u);       /* half of it: tie, to 0 */
-    TST_CHECK(cm_f32_to_f16(ldexpf(3.0f, -25)) == 0x0002u);       /* 1.5 units: tie, to 2 */
+    TST_CHECK(cm_f32_to_f16(ldexpf(1.0f, -24)) == 0x0001u); /* smallest subnormal */
+    TST_CHECK(cm_f32_to_f16(ldexpf(1.0f, -25)) == 0x0000u); /* half of it: tie, to 0 */
+    TST_CHECK(cm_f32_to_f16(ldexpf(3.0f, -25)) == 0x0002u); /* 1.5 units: tie, to 2 */
     TST_CHECK(cm_f32_to_f16(nextafterf(ldexpf(1.0f, -25), 1.0f)) == 0x0001u);
-    TST_CHECK(cm_f32_to_f16(ldexpf(1023.5f, -24)) == 0x0400u);    /* rounds up into the normals */
-    TST_CHECK(cm_f32_to_f16(-ldexpf(1.0f, -30)) == 0x8000u);      /* underflow keeps the sign */
+    TST_CHECK(cm_f32_to_f16(ldexpf(1023.5f, -24)) == 0x0400u); /* rounds up into the normals */
+    TST_CHECK(cm_f32_to_f16(-ldexpf(1.0f, -30)) == 0x8000u);   /* underflow keeps the sign */
     TST_CHECK(cm_f16_to_f32(0x3c00u) == 1.0f && cm_f16_to_f32(0xc000u) == -2.0f);
 }
 
 static void test_f8(void) {
     int bad = 0;
     for (unsigned c = 0; c < 256; c++) {
-        float  f   = cm_f8e4m3_to_f32((uint8_t)c);
+        float  f = cm_f8e4m3_to_f32((uint8_t)c);
         double ref = ref_f8(c);
         if (!same_value(f, ref)) {
             bad++;
@@ -248,9 +286,12 @@ static void test_f8(void) {
         float    mid = (float)((lo + hi) / 2);
         float    below = nextafterf(mid, 0.0f), above = nextafterf(mid, INFINITY);
         unsigned even = (c & 1) ? c + 1 : c;
-        if (cm_f32_to_f8e4m3(mid) != even || ref_to_f8(mid) != even) bad_mid++;
-        if (cm_f32_to_f8e4m3(below) != c || cm_f32_to_f8e4m3(above) != c + 1) bad_mid++;
-        if (cm_f32_to_f8e4m3(-mid) != (even | 0x80u)) bad_mid++;
+        if (cm_f32_to_f8e4m3(mid) != even || ref_to_f8(mid) != even)
+            bad_mid++;
+        if (cm_f32_to_f8e4m3(below) != c || cm_f32_to_f8e4m3(above) != c + 1)
+            bad_mid++;
+        if (cm_f32_to_f8e4m3(-mid) != (even | 0x80u))
+            bad_mid++;
     }
     TST_CHECK(bad_mid == 0);
 
@@ -258,7 +299,8 @@ static void test_f8(void) {
     for (int i = 0; i < 200000; i++) {
         uint32_t u = (rng_u32() & 0x807fffffu) | ((uint32_t)(110 + rng_u32() % 30) << 23);
         float    f = f32_of(u);
-        if (cm_f32_to_f8e4m3(f) != ref_to_f8(f)) bad_rand++;
+        if (cm_f32_to_f8e4m3(f) != ref_to_f8(f))
+            bad_rand++;
     }
     TST_CHECK(bad_rand == 0);
 
@@ -269,34 +311,36 @@ static void test_f8(void) {
     TST_CHECK(cm_f32_to_f8e4m3(INFINITY) == 0x7e && cm_f32_to_f8e4m3(-INFINITY) == 0xfe);
     TST_CHECK(cm_f32_to_f8e4m3(NAN) == 0x7f || cm_f32_to_f8e4m3(NAN) == 0xff);
     TST_CHECK(isnan(cm_f8e4m3_to_f32(cm_f32_to_f8e4m3(NAN))));
-    TST_CHECK(cm_f32_to_f8e4m3(ldexpf(1.0f, -10)) == 0x00);     /* half the smallest subnormal: to 0 */
-    TST_CHECK(cm_f32_to_f8e4m3(ldexpf(3.0f, -10)) == 0x02);     /* 1.5 units: tie, to 2 */
-    TST_CHECK(cm_f32_to_f8e4m3(ldexpf(7.5f, -9)) == 0x08);      /* rounds up into the normals */
+    TST_CHECK(cm_f32_to_f8e4m3(ldexpf(1.0f, -10)) == 0x00); /* half the smallest subnormal: to 0 */
+    TST_CHECK(cm_f32_to_f8e4m3(ldexpf(3.0f, -10)) == 0x02); /* 1.5 units: tie, to 2 */
+    TST_CHECK(cm_f32_to_f8e4m3(ldexpf(7.5f, -9)) == 0x08);  /* rounds up into the normals */
     TST_CHECK(cm_f32_to_f8e4m3(-ldexpf(1.0f, -12)) == 0x80);
-    TST_CHECK(cm_f32_to_f8e4m3(1.0625f) == 0x38);               /* tie between 1 and 1.125: even */
-    TST_CHECK(cm_f32_to_f8e4m3(1.1875f) == 0x3a);               /* tie between 1.125 and 1.25: even */
+    TST_CHECK(cm_f32_to_f8e4m3(1.0625f) == 0x38); /* tie between 1 and 1.125: even */
+    TST_CHECK(cm_f32_to_f8e4m3(1.1875f) == 0x3a); /* tie between 1.125 and 1.25: even */
 }
 
 static void test_convert(void) {
     // values exact in every float dtype (all are f8 codes), so every pair converts losslessly
-    static const float vals[] = {0.0f, -0.0f, 1.0f, -1.5f, 448.0f, -448.0f, 0.001953125f, 0.015625f, 3.25f, 240.0f};
+    static const float vals[] = {0.0f,    -0.0f,        1.0f,      -1.5f, 448.0f,
+                                 -448.0f, 0.001953125f, 0.015625f, 3.25f, 240.0f};
     enum { N = sizeof vals / sizeof vals[0] };
     static const cm_dtype fl[] = {CM_DTYPE_F32, CM_DTYPE_F64, CM_DTYPE_BF16, CM_DTYPE_F16, CM_DTYPE_F8_E4M3};
-    int bad = 0;
+    int                   bad = 0;
     for (int a = 0; a < 5; a++) {
         for (int b = 0; b < 5; b++) {
             _Alignas(8) unsigned char src[N * 8], mid[N * 8];
-            float back[N];
+            float                     back[N];
             TST_CHECK(cm_convert(src, fl[a], vals, CM_DTYPE_F32, N) == CM_OK);
             TST_CHECK(cm_convert(mid, fl[b], src, fl[a], N) == CM_OK);
             TST_CHECK(cm_convert(back, CM_DTYPE_F32, mid, fl[b], N) == CM_OK);
-            for (int i = 0; i < N; i++) bad += !same_value(back[i], vals[i]);
+            for (int i = 0; i < N; i++)
+                bad += !same_value(back[i], vals[i]);
         }
     }
     TST_CHECK(bad == 0);
 
     // rounding happens once, in the narrowing step
-    double d[3] = {1.0 + ldexp(1.0, -9), 65519.0, 1e300};
+    double   d[3] = {1.0 + ldexp(1.0, -9), 65519.0, 1e300};
     uint16_t h[3];
     TST_CHECK(cm_convert(h, CM_DTYPE_BF16, d, CM_DTYPE_F64, 3) == CM_OK);
     TST_CHECK(h[0] == 0x3f80u && h[2] == 0x7f80u);

@@ -29,7 +29,8 @@ static void write_bytes(const char *path, const void *data, size_t len) {
         perror(path);
         exit(1);
     }
-    if (len && fwrite(data, 1, len, fp) != len) exit(1);
+    if (len && fwrite(data, 1, len, fp) != len)
+        exit(1);
     fclose(fp);
 }
 
@@ -37,12 +38,14 @@ static void write_bytes(const char *path, const void *data, size_t len) {
  * text, then data_len bytes of the pattern i & 0xff. */
 static void write_raw(const char *path, uint64_t n_field, const char *hdr, size_t data_len) {
     size_t   hlen = strlen(hdr);
-    uint64_t n    = n_field == UINT64_MAX ? hlen : n_field;
-    size_t   len  = 8 + hlen + data_len;
-    uint8_t *buf  = malloc(len);
-    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)(n >> (8 * i));
+    uint64_t n = n_field == UINT64_MAX ? hlen : n_field;
+    size_t   len = 8 + hlen + data_len;
+    uint8_t *buf = malloc(len);
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)(n >> (8 * i));
     memcpy(buf + 8, hdr, hlen);
-    for (size_t i = 0; i < data_len; i++) buf[8 + hlen + i] = (uint8_t)i;
+    for (size_t i = 0; i < data_len; i++)
+        buf[8 + hlen + i] = (uint8_t)i;
     write_bytes(path, buf, len);
     free(buf);
 }
@@ -50,23 +53,25 @@ static void write_raw(const char *path, uint64_t n_field, const char *hdr, size_
 /* A non-OK status with the expected code (or any, if want == CM_OK) and every word in the message. */
 static int fails_with(cm_status got, cm_status want, const char *const *words) {
     int ok = got != CM_OK && (want == CM_OK || got == want);
-    for (int i = 0; words[i]; i++) ok = ok && strstr(cm_last_error(), words[i]) != NULL;
-    if (!ok || getenv("TST_VERBOSE")) fprintf(stderr, "  %s: %s\n", cm_status_str(got), cm_last_error());
+    for (int i = 0; words[i]; i++)
+        ok = ok && strstr(cm_last_error(), words[i]) != NULL;
+    if (!ok || getenv("TST_VERBOSE"))
+        fprintf(stderr, "  %s: %s\n", cm_status_str(got), cm_last_error());
     return ok;
 }
-#define TST_FAILS(call, want, ...)                                                                            \
-    do {                                                                                                      \
-        cm_clear_error();                                                                                     \
-        const char *words_[] = {__VA_ARGS__, NULL};                                                           \
-        TST_CHECK(fails_with((call), (want), words_));                                                        \
+#define TST_FAILS(call, want, ...)                                                                           \
+    do {                                                                                                     \
+        cm_clear_error();                                                                                    \
+        const char *words_[] = {__VA_ARGS__, NULL};                                                          \
+        TST_CHECK(fails_with((call), (want), words_));                                                       \
     } while (0)
 
 /* Opens a raw file, which must fail with want and the words. */
-#define TST_FILE_FAILS(path, want, ...)                                                                       \
-    do {                                                                                                      \
-        cm_st *st_ = NULL;                                                                                    \
-        TST_FAILS(cm_st_open_file(&st_, (path)), (want), __VA_ARGS__);                                        \
-        TST_CHECK(st_ == NULL);                                                                               \
+#define TST_FILE_FAILS(path, want, ...)                                                                      \
+    do {                                                                                                     \
+        cm_st *st_ = NULL;                                                                                   \
+        TST_FAILS(cm_st_open_file(&st_, (path)), (want), __VA_ARGS__);                                       \
+        TST_CHECK(st_ == NULL);                                                                              \
     } while (0)
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -84,7 +89,7 @@ typedef struct spec {
 } spec;
 
 static const spec specs[] = {
-    {"model.embed.weight", CM_DTYPE_BF16, 2, {3, 5}},   /* 30 bytes: not a multiple of 8 */
+    {"model.embed.weight", CM_DTYPE_BF16, 2, {3, 5}}, /* 30 bytes: not a multiple of 8 */
     {"a.f32", CM_DTYPE_F32, 2, {4, 3}},
     {"odd.u8", CM_DTYPE_U8, 1, {7}},
     {"b.f16", CM_DTYPE_F16, 3, {2, 3, 1}},
@@ -99,7 +104,8 @@ enum { N_SPECS = sizeof specs / sizeof specs[0] };
 
 static size_t spec_bytes(const spec *s) {
     size_t n = cm_dtype_size(s->dt);
-    for (int d = 0; d < s->n_dims; d++) n *= (size_t)s->shape[d];
+    for (int d = 0; d < s->n_dims; d++)
+        n *= (size_t)s->shape[d];
     return n;
 }
 
@@ -107,11 +113,13 @@ static size_t spec_bytes(const spec *s) {
 static void spec_fill(const spec *s, int seed, void *out) {
     size_t n = spec_bytes(s) / cm_dtype_size(s->dt);
     float *f = malloc((n ? n : 1) * sizeof *f);
-    for (size_t i = 0; i < n; i++) f[i] = (float)((int)(i * 7 + seed) % 23 - 11) * 0.25f;
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)((int)(i * 7 + seed) % 23 - 11) * 0.25f;
     if (cm_dtype_is_float(s->dt)) {
         TST_CHECK(cm_convert(out, s->dt, f, CM_DTYPE_F32, n) == CM_OK);
     } else {
-        for (size_t i = 0; i < spec_bytes(s); i++) ((uint8_t *)out)[i] = (uint8_t)(i * 13 + seed);
+        for (size_t i = 0; i < spec_bytes(s); i++)
+            ((uint8_t *)out)[i] = (uint8_t)(i * 13 + seed);
     }
     free(f);
 }
@@ -119,7 +127,8 @@ static void spec_fill(const spec *s, int seed, void *out) {
 static int cmp_ptr(const void *a, const void *b) { /* by start, empty tensors first */
     const cm_st_tensor *ta = *(const cm_st_tensor *const *)a, *tb = *(const cm_st_tensor *const *)b;
     const uint8_t      *x = ta->data, *y = tb->data;
-    if (x != y) return x < y ? -1 : 1;
+    if (x != y)
+        return x < y ? -1 : 1;
     return (ta->nbytes > tb->nbytes) - (ta->nbytes < tb->nbytes);
 }
 
@@ -130,7 +139,8 @@ static void test_round_trip(void) {
     uint8_t data[N_SPECS][256];
     for (int i = 0; i < N_SPECS; i++) {
         spec_fill(&specs[i], i, data[i]);
-        TST_CHECK(cm_st_writer_add(w, specs[i].name, specs[i].dt, specs[i].n_dims, specs[i].shape, data[i]) == CM_OK);
+        TST_CHECK(cm_st_writer_add(w, specs[i].name, specs[i].dt, specs[i].n_dims, specs[i].shape, data[i]) ==
+                  CM_OK);
     }
     TST_CHECK(cm_st_writer_set_metadata(w, "format", "np") == CM_OK);
     TST_CHECK(cm_st_writer_set_metadata(w, "format", "pt") == CM_OK); /* replaces */
@@ -145,7 +155,8 @@ static void test_round_trip(void) {
     uint8_t len8[8];
     TST_CHECK(fp && fread(len8, 1, 8, fp) == 8);
     uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = (n << 8) | len8[i];
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | len8[i];
     TST_CHECK(n % 8 == 0);
     fseek(fp, 0, SEEK_END);
     long file_size = ftell(fp);
@@ -153,7 +164,8 @@ static void test_round_trip(void) {
 
     cm_st *st = NULL;
     TST_CHECK(cm_st_open_file(&st, path) == CM_OK);
-    if (!st) return;
+    if (!st)
+        return;
     TST_CHECK(cm_st_count(st) == N_SPECS);
     const cm_st_tensor *by_data[N_SPECS];
     for (int i = 0; i < N_SPECS; i++) {
@@ -161,7 +173,8 @@ static void test_round_trip(void) {
         TST_CHECK(t && strcmp(t->name, specs[i].name) == 0);
         TST_CHECK(cm_st_find(st, specs[i].name) == t);
         TST_CHECK(t->dtype == specs[i].dt && t->n_dims == specs[i].n_dims);
-        for (int d = 0; d < specs[i].n_dims; d++) TST_CHECK(t->shape[d] == specs[i].shape[d]);
+        for (int d = 0; d < specs[i].n_dims; d++)
+            TST_CHECK(t->shape[d] == specs[i].shape[d]);
         TST_CHECK(t->nbytes == spec_bytes(&specs[i]));
         TST_CHECK(t->nbytes == 0 || memcmp(t->data, data[i], t->nbytes) == 0);
         TST_CHECK((uintptr_t)t->data % cm_dtype_size(t->dtype) == 0); /* natural alignment */
@@ -173,7 +186,7 @@ static void test_round_trip(void) {
     // data is contiguous and covers the data area exactly (the safetensors library requires it)
     qsort(by_data, N_SPECS, sizeof by_data[0], cmp_ptr);
     const uint8_t *area = (const uint8_t *)by_data[0]->data;
-    size_t         off  = 0;
+    size_t         off = 0;
     for (int i = 0; i < N_SPECS; i++) {
         TST_CHECK((const uint8_t *)by_data[i]->data == area + off);
         off += by_data[i]->nbytes;
@@ -188,14 +201,18 @@ static void test_round_trip(void) {
     float         got[16];
     uint16_t      h[16];
     TST_CHECK(cm_st_read(st, "model.embed.weight", 2, sh35, got, CM_DTYPE_F32) == CM_OK);
-    for (int i = 0; i < 15; i++) TST_CHECK(got[i] == cm_bf16_to_f32(((uint16_t *)data[0])[i]));
+    for (int i = 0; i < 15; i++)
+        TST_CHECK(got[i] == cm_bf16_to_f32(((uint16_t *)data[0])[i]));
     TST_CHECK(cm_st_read(st, "model.embed.weight", 2, any2, got, CM_DTYPE_F32) == CM_OK);
     TST_CHECK(cm_st_read(st, "a.f32", 2, sh43, h, CM_DTYPE_BF16) == CM_OK);
-    for (int i = 0; i < 12; i++) TST_CHECK(h[i] == cm_f32_to_bf16(((float *)data[1])[i]));
+    for (int i = 0; i < 12; i++)
+        TST_CHECK(h[i] == cm_f32_to_bf16(((float *)data[1])[i]));
     TST_CHECK(cm_st_read(st, "c.f8", 1, sh5, got, CM_DTYPE_F32) == CM_OK);
-    for (int i = 0; i < 5; i++) TST_CHECK(got[i] == cm_f8e4m3_to_f32(data[4][i]));
+    for (int i = 0; i < 5; i++)
+        TST_CHECK(got[i] == cm_f8e4m3_to_f32(data[4][i]));
     TST_CHECK(cm_st_read(st, "e.f64", 2, sh22, h, CM_DTYPE_F16) == CM_OK);
-    for (int i = 0; i < 4; i++) TST_CHECK(h[i] == cm_f32_to_f16((float)((double *)data[6])[i]));
+    for (int i = 0; i < 4; i++)
+        TST_CHECK(h[i] == cm_f32_to_f16((float)((double *)data[6])[i]));
     float one = -1;
     TST_CHECK(cm_st_read(st, "scalar", 0, NULL, &one, CM_DTYPE_F32) == CM_OK && one == ((float *)data[8])[0]);
     const cm_st_tensor *t = NULL;
@@ -225,10 +242,11 @@ static void test_unaligned(void) {
     tmp_path(path, "unaligned.safetensors");
     const char *hdr = "{\"pad\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
                       "\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[1,13]}}";
-    size_t  hlen = strlen(hdr), padded = (hlen + 7) / 8 * 8;
-    uint8_t buf[512];
+    size_t      hlen = strlen(hdr), padded = (hlen + 7) / 8 * 8;
+    uint8_t     buf[512];
     memset(buf, ' ', sizeof buf);
-    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     memcpy(buf + 8, hdr, hlen);
     const float w[3] = {0.5f, -3.0f, 1e-3f};
     buf[8 + padded] = 7;
@@ -236,16 +254,19 @@ static void test_unaligned(void) {
     write_bytes(path, buf, 8 + padded + 13);
     cm_st *st = NULL;
     TST_CHECK(cm_st_open_file(&st, path) == CM_OK);
-    if (!st) return;
+    if (!st)
+        return;
     float    got[3];
     double   gd[3];
     uint16_t gh[3];
     TST_CHECK(cm_st_read(st, "w", 1, (const int64_t[]){3}, got, CM_DTYPE_F32) == CM_OK);
     TST_CHECK(memcmp(got, w, sizeof w) == 0);
     TST_CHECK(cm_st_read(st, "w", 1, (const int64_t[]){3}, gd, CM_DTYPE_F64) == CM_OK);
-    for (int i = 0; i < 3; i++) TST_CHECK(gd[i] == (double)w[i]);
+    for (int i = 0; i < 3; i++)
+        TST_CHECK(gd[i] == (double)w[i]);
     TST_CHECK(cm_st_read(st, "w", 1, (const int64_t[]){-1}, gh, CM_DTYPE_BF16) == CM_OK);
-    for (int i = 0; i < 3; i++) TST_CHECK(gh[i] == cm_f32_to_bf16(w[i]));
+    for (int i = 0; i < 3; i++)
+        TST_CHECK(gh[i] == cm_f32_to_bf16(w[i]));
     cm_st_destroy(&st);
 }
 
@@ -292,8 +313,9 @@ static void test_sharded(void) {
     make_sharded(dir, GOOD_INDEX);
     cm_st *st = NULL;
     TST_CHECK(cm_st_open_dir(&st, dir) == CM_OK);
-    if (!st) return;
-    TST_CHECK(cm_st_count(st) == 4);                /* 'extra' is not in the map: ignored */
+    if (!st)
+        return;
+    TST_CHECK(cm_st_count(st) == 4); /* 'extra' is not in the map: ignored */
     TST_CHECK(cm_st_find(st, "extra") == NULL);
     const char *names[] = {"a", "b", "c", "d"};
     const char *files[] = {SHARD1, SHARD1, SHARD2, SHARD3};
@@ -308,7 +330,8 @@ static void test_sharded(void) {
         TST_CHECK(v[0] == want0[i] && v[3] == 2.0f);
     }
     TST_CHECK(cm_st_metadata(st, "format") && strcmp(cm_st_metadata(st, "format"), "pt") == 0);
-    TST_FAILS(cm_st_expect(st, "nope", 1, (const int64_t[]){1}, NULL), CM_ERR_FORMAT, "missing tensor 'nope'", dir);
+    TST_FAILS(cm_st_expect(st, "nope", 1, (const int64_t[]){1}, NULL), CM_ERR_FORMAT, "missing tensor 'nope'",
+              dir);
     cm_st_destroy(&st);
 
     // a directory with a single model.safetensors
@@ -318,8 +341,9 @@ static void test_sharded(void) {
     snprintf(p, sizeof p, "%s/model.safetensors", single);
     write_tensor_file(p, (const char *const[]){"x", "y"}, 2, 3.0f);
     TST_CHECK(cm_st_open_dir(&st, single) == CM_OK && st && cm_st_count(st) == 2);
-    if (st) TST_FAILS(cm_st_expect(st, "z", 1, (const int64_t[]){1}, NULL), CM_ERR_FORMAT, "missing tensor 'z'",
-                      single);
+    if (st)
+        TST_FAILS(cm_st_expect(st, "z", 1, (const int64_t[]){1}, NULL), CM_ERR_FORMAT, "missing tensor 'z'",
+                  single);
     cm_st_destroy(&st);
 }
 
@@ -331,7 +355,8 @@ static void test_bad_dirs(void) {
     TST_FAILS(cm_st_open_dir(&st, dir), CM_ERR_IO, "cannot open model directory", "no-such-dir");
     tmp_path(dir, "empty-dir");
     mkdir(dir, 0755);
-    TST_FAILS(cm_st_open_dir(&st, dir), CM_ERR_IO, "empty-dir", "model.safetensors.index.json", "model.safetensors");
+    TST_FAILS(cm_st_open_dir(&st, dir), CM_ERR_IO, "empty-dir", "model.safetensors.index.json",
+              "model.safetensors");
 
     // missing shard: named with its directory, the index and a tensor that lives in it
     tmp_path(dir, "missing-shard");
@@ -339,8 +364,10 @@ static void test_bad_dirs(void) {
     snprintf(p, sizeof p, "%s/%s", dir, SHARD2);
     unlink(p);
     char want[700];
-    snprintf(want, sizeof want, "cannot open '%s/%s': No such file or directory (listed in "
-             "model.safetensors.index.json for tensor 'c')", dir, SHARD2);
+    snprintf(want, sizeof want,
+             "cannot open '%s/%s': No such file or directory (listed in "
+             "model.safetensors.index.json for tensor 'c')",
+             dir, SHARD2);
     TST_FAILS(cm_st_open_dir(&st, dir), CM_ERR_IO, want);
     TST_CHECK(st == NULL);
 
@@ -351,7 +378,8 @@ static void test_bad_dirs(void) {
     struct stat sb;
     stat(p, &sb);
     TST_CHECK(truncate(p, sb.st_size - 4) == 0);
-    TST_FAILS(cm_st_open_dir(&st, dir), CM_OK, SHARD3, "tensor 'd' data_offsets [0, 16] lie outside the data area of 12",
+    TST_FAILS(cm_st_open_dir(&st, dir), CM_OK, SHARD3,
+              "tensor 'd' data_offsets [0, 16] lie outside the data area of 12",
               "listed in model.safetensors.index.json for tensor 'd'");
     // truncated inside the header
     TST_CHECK(truncate(p, 20) == 0);
@@ -362,8 +390,8 @@ static void test_bad_dirs(void) {
     tmp_path(dir, "misassigned");
     make_sharded(dir, "{\"weight_map\": {\"a\": \"model-00001-of-00003.safetensors\", "
                       "\"d\": \"model-00002-of-00003.safetensors\"}}");
-    TST_FAILS(cm_st_open_dir(&st, dir), CM_ERR_FORMAT, "tensor 'd' is listed in", "model.safetensors.index.json",
-              SHARD2, "does not hold it");
+    TST_FAILS(cm_st_open_dir(&st, dir), CM_ERR_FORMAT, "tensor 'd' is listed in",
+              "model.safetensors.index.json", SHARD2, "does not hold it");
 
     // broken indexes
     struct {
@@ -377,7 +405,8 @@ static void test_bad_dirs(void) {
         {"{\"weight_map\": {\"a\": 3}}", "weight_map entry 'a'"},
         {"{\"weight_map\": {\"a\": \"../model-00001-of-00003.safetensors\"}}", "weight_map entry 'a'"},
         {"{\"weight_map\": {\"a\": \"/etc/passwd\"}}", "weight_map entry 'a'"},
-        {"{\"weight_map\": {\"a\": \"model-00001-of-00003.safetensors\", \"a\": \"model-00001-of-00003.safetensors\"}}",
+        {"{\"weight_map\": {\"a\": \"model-00001-of-00003.safetensors\", \"a\": "
+         "\"model-00001-of-00003.safetensors\"}}",
          "duplicate tensor 'a' in weight_map"},
     };
     for (size_t i = 0; i < sizeof bad_index / sizeof bad_index[0]; i++) {
@@ -408,18 +437,22 @@ static void test_bad_files(void) {
     char junk[992];
     memset(junk, 'x', sizeof junk);
     uint8_t buf[1000];
-    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)(123456789ull >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)(123456789ull >> (8 * i));
     memcpy(buf + 8, junk, sizeof junk);
     write_bytes(path, buf, sizeof buf);
-    snprintf(want, sizeof want, "'%s': header length 123456789 exceeds the file size 1000 (truncated or not a "
-             "safetensors file)", path);
+    snprintf(want, sizeof want,
+             "'%s': header length 123456789 exceeds the file size 1000 (truncated or not a "
+             "safetensors file)",
+             path);
     TST_FILE_FAILS(path, CM_ERR_IO, want);
 
     // a header length over the 100 MB bound (in a sparse file that is large enough to hold it)
     tmp_path(path, "huge.safetensors");
     write_raw(path, ((uint64_t)100 << 20) + 1, "{}", 0);
     TST_CHECK(truncate(path, (off_t)110 << 20) == 0);
-    TST_FILE_FAILS(path, CM_ERR_FORMAT, "huge.safetensors", "header length 104857601 exceeds the 104857600-byte limit");
+    TST_FILE_FAILS(path, CM_ERR_FORMAT, "huge.safetensors",
+                   "header length 104857601 exceeds the 104857600-byte limit");
 
     const char *T = "{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}";
     char        hdr[1024];
@@ -435,37 +468,86 @@ static void test_bad_files(void) {
         {"trailing", "{}xx", 0, CM_ERR_FORMAT, {"header JSON is malformed", "stray bytes"}},
         {"not-object", "[1, 2]", 0, CM_ERR_FORMAT, {"header JSON is not an object"}},
         {"entry-not-object", "{\"a\": [1]}", 0, CM_ERR_FORMAT, {"tensor 'a' is not an object"}},
-        {"no-dtype", "{\"a\": {\"shape\": [1], \"data_offsets\": [0, 4]}}", 4, CM_ERR_FORMAT,
+        {"no-dtype",
+         "{\"a\": {\"shape\": [1], \"data_offsets\": [0, 4]}}",
+         4,
+         CM_ERR_FORMAT,
          {"tensor 'a' has no dtype"}},
-        {"unknown-dtype", "{\"a.weight\": {\"dtype\": \"F7\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4,
-         CM_ERR_FORMAT, {"tensor 'a.weight' has unknown dtype 'F7'", "known: F32"}},
-        {"no-shape", "{\"a\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}", 4, CM_ERR_FORMAT,
+        {"unknown-dtype",
+         "{\"a.weight\": {\"dtype\": \"F7\", \"shape\": [1], \"data_offsets\": [0, 4]}}",
+         4,
+         CM_ERR_FORMAT,
+         {"tensor 'a.weight' has unknown dtype 'F7'", "known: F32"}},
+        {"no-shape",
+         "{\"a\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}",
+         4,
+         CM_ERR_FORMAT,
          {"tensor 'a' has no shape"}},
-        {"negative-shape", "{\"a\": {\"dtype\": \"F32\", \"shape\": [-1, 4], \"data_offsets\": [0, 4]}}", 4,
-         CM_ERR_FORMAT, {"tensor 'a' shape[0] is not a non-negative integer"}},
-        {"fraction-shape", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 4,
-         CM_ERR_FORMAT, {"shape[0] is not a non-negative integer"}},
-        {"many-dims", "{\"a\": {\"dtype\": \"U8\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 1]}}", 1,
-         CM_ERR_FORMAT, {"9 dims, more than the 8"}},
-        {"overflow", "{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, 4]}}",
-         4, CM_ERR_FORMAT, {"tensor 'a' shape [4294967296, 4294967296] overflows"}},
-        {"size-mismatch", "{\"a\": {\"dtype\": \"F32\", \"shape\": [2, 2], \"data_offsets\": [0, 12]}}", 16,
-         CM_ERR_FORMAT, {"tensor 'a' data_offsets [0, 12] hold 12 bytes", "shape [2, 2] of F32 needs 16"}},
-        {"outside", "{\"a.weight\": {\"dtype\": \"F32\", \"shape\": [16], \"data_offsets\": [0, 64]}}", 32,
-         CM_ERR_IO, {"tensor 'a.weight' data_offsets [0, 64] lie outside the data area of 32 bytes"}},
-        {"reversed", "{\"a\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [8, 4]}}", 16, CM_ERR_FORMAT,
+        {"negative-shape",
+         "{\"a\": {\"dtype\": \"F32\", \"shape\": [-1, 4], \"data_offsets\": [0, 4]}}",
+         4,
+         CM_ERR_FORMAT,
+         {"tensor 'a' shape[0] is not a non-negative integer"}},
+        {"fraction-shape",
+         "{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}",
+         4,
+         CM_ERR_FORMAT,
+         {"shape[0] is not a non-negative integer"}},
+        {"many-dims",
+         "{\"a\": {\"dtype\": \"U8\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 1]}}",
+         1,
+         CM_ERR_FORMAT,
+         {"9 dims, more than the 8"}},
+        {"overflow",
+         "{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, 4]}}",
+         4,
+         CM_ERR_FORMAT,
+         {"tensor 'a' shape [4294967296, 4294967296] overflows"}},
+        {"size-mismatch",
+         "{\"a\": {\"dtype\": \"F32\", \"shape\": [2, 2], \"data_offsets\": [0, 12]}}",
+         16,
+         CM_ERR_FORMAT,
+         {"tensor 'a' data_offsets [0, 12] hold 12 bytes", "shape [2, 2] of F32 needs 16"}},
+        {"outside",
+         "{\"a.weight\": {\"dtype\": \"F32\", \"shape\": [16], \"data_offsets\": [0, 64]}}",
+         32,
+         CM_ERR_IO,
+         {"tensor 'a.weight' data_offsets [0, 64] lie outside the data area of 32 bytes"}},
+        {"reversed",
+         "{\"a\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [8, 4]}}",
+         16,
+         CM_ERR_FORMAT,
          {"tensor 'a' data_offsets [8, 4] end before they begin"}},
-        {"offsets-arity", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 4, CM_ERR_FORMAT,
+        {"offsets-arity",
+         "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}",
+         4,
+         CM_ERR_FORMAT,
          {"tensor 'a' data_offsets must be [begin, end]"}},
-        {"offsets-negative", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [-4, 0]}}", 4,
-         CM_ERR_FORMAT, {"tensor 'a' data_offsets must be [begin, end]"}},
+        {"offsets-negative",
+         "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [-4, 0]}}",
+         4,
+         CM_ERR_FORMAT,
+         {"tensor 'a' data_offsets must be [begin, end]"}},
         {"duplicate", NULL, 16, CM_ERR_FORMAT, {"duplicate tensor 'w'"}},
-        {"empty-name", "{\"\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}", 1, CM_ERR_FORMAT,
+        {"empty-name",
+         "{\"\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}",
+         1,
+         CM_ERR_FORMAT,
          {"empty name"}},
-        {"metadata-value", "{\"__metadata__\": {\"format\": 1}}", 0, CM_ERR_FORMAT,
+        {"metadata-value",
+         "{\"__metadata__\": {\"format\": 1}}",
+         0,
+         CM_ERR_FORMAT,
          {"__metadata__ value of 'format' must be a string"}},
-        {"metadata-array", "{\"__metadata__\": [\"pt\"]}", 0, CM_ERR_FORMAT, {"'__metadata__' must be an object"}},
-        {"metadata-twice", "{\"__metadata__\": {}, \"__metadata__\": {}}", 0, CM_ERR_FORMAT,
+        {"metadata-array",
+         "{\"__metadata__\": [\"pt\"]}",
+         0,
+         CM_ERR_FORMAT,
+         {"'__metadata__' must be an object"}},
+        {"metadata-twice",
+         "{\"__metadata__\": {}, \"__metadata__\": {}}",
+         0,
+         CM_ERR_FORMAT,
          {"'__metadata__' twice"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -505,9 +587,10 @@ static void test_expect(void) {
     // argument checks
     TST_FAILS(cm_st_writer_add(w, "x", CM_DTYPE_F32, 1, (const int64_t[]){1}, f), CM_ERR_INVALID_ARG,
               "duplicate tensor name 'x'");
-    TST_FAILS(cm_st_writer_add(w, "neg", CM_DTYPE_F32, 1, (const int64_t[]){-2}, f), CM_ERR_INVALID_ARG, "negative");
-    TST_FAILS(cm_st_writer_add(w, "__metadata__", CM_DTYPE_F32, 1, (const int64_t[]){1}, f), CM_ERR_INVALID_ARG,
-              "bad tensor name");
+    TST_FAILS(cm_st_writer_add(w, "neg", CM_DTYPE_F32, 1, (const int64_t[]){-2}, f), CM_ERR_INVALID_ARG,
+              "negative");
+    TST_FAILS(cm_st_writer_add(w, "__metadata__", CM_DTYPE_F32, 1, (const int64_t[]){1}, f),
+              CM_ERR_INVALID_ARG, "bad tensor name");
     TST_FAILS(cm_st_writer_add(w, "deep", CM_DTYPE_F32, 9, (const int64_t[]){1, 1, 1, 1, 1, 1, 1, 1, 1}, f),
               CM_ERR_INVALID_ARG, "9 dims");
     TST_FAILS(cm_st_writer_add(w, "nodata", CM_DTYPE_F32, 1, (const int64_t[]){2}, NULL), CM_ERR_INVALID_ARG,
@@ -519,15 +602,18 @@ static void test_expect(void) {
 
     cm_st *st = NULL;
     TST_CHECK(cm_st_open_file(&st, path) == CM_OK);
-    if (!st) return;
+    if (!st)
+        return;
     const cm_st_tensor *t = (const cm_st_tensor *)1;
     TST_FAILS(cm_st_expect(st, "x", 2, (const int64_t[]){3, 16}, &t), CM_ERR_FORMAT,
               "tensor 'x' has shape [3, 4], expected [3, 16] (in ", "expect.safetensors");
     TST_CHECK(t == NULL);
-    TST_FAILS(cm_st_expect(st, "x", 1, (const int64_t[]){12}, NULL), CM_ERR_FORMAT, "has shape [3, 4], expected [12]");
-    TST_FAILS(cm_st_expect(st, "x", 3, (const int64_t[]){3, 4, -1}, NULL), CM_ERR_FORMAT, "expected [3, 4, *]");
-    TST_FAILS(cm_st_expect(st, "y", 1, (const int64_t[]){1}, NULL), CM_ERR_FORMAT, "missing tensor 'y' (looked in ",
-              "expect.safetensors");
+    TST_FAILS(cm_st_expect(st, "x", 1, (const int64_t[]){12}, NULL), CM_ERR_FORMAT,
+              "has shape [3, 4], expected [12]");
+    TST_FAILS(cm_st_expect(st, "x", 3, (const int64_t[]){3, 4, -1}, NULL), CM_ERR_FORMAT,
+              "expected [3, 4, *]");
+    TST_FAILS(cm_st_expect(st, "y", 1, (const int64_t[]){1}, NULL), CM_ERR_FORMAT,
+              "missing tensor 'y' (looked in ", "expect.safetensors");
     TST_CHECK(cm_st_expect(st, "x", 2, (const int64_t[]){-1, 4}, &t) == CM_OK && t && t->nbytes == 48);
     TST_FAILS(cm_st_expect_dtype(t, CM_DTYPE_I32), CM_ERR_FORMAT, "tensor 'x' has dtype F32, expected I32",
               "expect.safetensors");
@@ -536,7 +622,8 @@ static void test_expect(void) {
               "tensor 'ids' has dtype I32, expected a float dtype");
     TST_FAILS(cm_st_read(st, "x", 2, (const int64_t[]){3, 4}, ids, CM_DTYPE_I32), CM_ERR_INVALID_ARG,
               "destination must be a float dtype");
-    TST_FAILS(cm_st_read(st, "x", 2, (const int64_t[]){4, 3}, out, CM_DTYPE_F32), CM_ERR_FORMAT, "has shape [3, 4]");
+    TST_FAILS(cm_st_read(st, "x", 2, (const int64_t[]){4, 3}, out, CM_DTYPE_F32), CM_ERR_FORMAT,
+              "has shape [3, 4]");
     TST_FAILS(cm_st_read(st, "nope", 1, (const int64_t[]){1}, out, CM_DTYPE_F32), CM_ERR_FORMAT,
               "missing tensor 'nope'");
     cm_st_destroy(&st);
