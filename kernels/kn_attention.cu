@@ -1,0 +1,160 @@
+/* kernels/kn_attention.cu — causal GQA attention within each packed sequence, then the
+ * optional output gate: out[t, h] = softmax_{bos≤s≤t}(scale·q[t,h]·k[s,h/(nq/nkv)]) · v ⊙
+ * sigmoid(gate[t, h]). A simple, correct kernel (not the fast one): one block of 4 warps per
+ * (token, q head). Lane l holds dims l, l+32, … (hd ≤ 256, so ≤ 8 per lane) of q and of an
+ * fp32 output accumulator; warp w takes keys bos+w, bos+w+4, …: a coalesced read of the key
+ * row, a shuffle-reduced dot product, and an online-softmax update (running max m, sum l,
+ * acc rescaled by e^{m_old − m_new}). The 4 warps' (m, l, acc) are merged through shared
+ * memory at the end. All math fp32 with expf; O(len²) work per sequence, no score matrix.
+ * The token's sequence start is a binary search of cu_seqlens (device memory, checked by
+ * the caller before upload; clamped here so a bad table cannot cause a wild read). */
+#include "kn_cuda.h"
+#include "kn_cuda_ops.h"
+
+#include <math.h>
+
+#define ATT_WARPS  4
+#define ATT_MAX_HD 256
+
+// ----------------------------------------------------------------------------
+// kernels
+
+static __device__ __forceinline__ int64_t att_seq_start(const int32_t *cu, int n_seq, int64_t t) {
+    int lo = 0, hi = n_seq - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    int64_t bos = cu[lo];
+    return bos < 0 ? 0 : (bos > t ? t : bos);
+}
+
+/* NJ = dims per lane = ceil(hd / 32). grid (T, nq), block 32·ATT_WARPS. */
+template <int NJ>
+static __global__ void attention_kernel(float *out, const float *q, const float *k, const float *v,
+                                        const float *gate, const int32_t *cu, int n_seq, int nq, int nkv,
+                                        int hd, float scale) {
+    __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
+    __shared__ float sh_acc[ATT_WARPS][ATT_MAX_HD];
+
+    const int64_t t = blockIdx.x;
+    const int     h = blockIdx.y;
+    const int     kvh = h / (nq / nkv);
+    const int     lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t bos = att_seq_start(cu, n_seq, t);
+
+    const float *qr = q + (t * nq + h) * (int64_t)hd;
+    float        qv[NJ], acc[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        int d = lane + 32 * j;
+        qv[j] = d < hd ? qr[d] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t s = bos + warp; s <= t; s += ATT_WARPS) {
+        const float *kr = k + (s * nkv + kvh) * (int64_t)hd;
+        const float *vr = v + (s * nkv + kvh) * (int64_t)hd;
+        float        dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int d = lane + 32 * j;
+            if (d < hd)
+                dot += qv[j] * kr[d];
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        float score = dot * scale;
+        float m_new = fmaxf(m, score);
+        float corr = expf(m - m_new); /* 0 on the first key (m = -inf) */
+        float p = expf(score - m_new);
+        l = l * corr + p;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int d = lane + 32 * j;
+            acc[j] = acc[j] * corr + (d < hd ? p * vr[d] : 0.0f);
+        }
+        m = m_new;
+    }
+
+    if (lane == 0) {
+        sh_m[warp] = m;
+        sh_l[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        int d = lane + 32 * j;
+        if (d < hd)
+            sh_acc[warp][d] = acc[j];
+    }
+    __syncthreads();
+
+    float mx = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++)
+        mx = fmaxf(mx, sh_m[w]);
+    float wt[ATT_WARPS], denom = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) {
+        wt[w] = sh_m[w] == -INFINITY ? 0.0f : expf(sh_m[w] - mx); /* warps that saw no key weigh 0 */
+        denom += wt[w] * sh_l[w];
+    }
+    float       *o = out + (t * nq + h) * (int64_t)hd;
+    const float *gr = gate ? gate + (t * nq + h) * (int64_t)hd : NULL;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float num = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            num += wt[w] * sh_acc[w][d];
+        float y = num / denom;
+        if (gr)
+            y *= 1.0f / (1.0f + expf(-gr[d]));
+        o[d] = y;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+cm_status kn_cuda_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                            const float *gate, const int32_t *cu_seqlens, int n_seq, int64_t T, int nq,
+                            int nkv, int hd, float scale) {
+    KN_CUDA_CHECK_ARG(ctx, "attention: ctx is NULL");
+    KN_CUDA_CHECK_ARG(T >= 0 && nq > 0 && nkv > 0 && hd > 0, "attention: bad shape T=%lld nq=%d nkv=%d hd=%d",
+                      (long long)T, nq, nkv, hd);
+    KN_CUDA_CHECK_ARG(nq % nkv == 0, "attention: nq=%d must be a multiple of nkv=%d", nq, nkv);
+    KN_CUDA_CHECK_ARG(n_seq >= 0, "attention: n_seq=%d must be >= 0", n_seq);
+    KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "attention: T=%lld tokens but n_seq=0 sequences", (long long)T);
+    if (hd > ATT_MAX_HD)
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "attention: head dim %d is not supported by the cuda backend (max %d)", hd,
+                       ATT_MAX_HD);
+    if (nq > 65535)
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "attention: nq=%d heads is not supported by the cuda backend (max 65535)", nq);
+    KN_CUDA_CHECK_ARG(T <= INT32_MAX, "attention: T=%lld exceeds the grid limit %d", (long long)T, INT32_MAX);
+    if (T == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out && q && k && v && cu_seqlens, "attention: out, q, k, v or cu_seqlens is NULL");
+
+    dim3 grid((unsigned int)T, (unsigned int)nq);
+    dim3 block(32 * ATT_WARPS);
+    switch ((hd + 31) / 32) {
+#define ATT_CASE(nj)                                                                                         \
+    case nj:                                                                                                 \
+        attention_kernel<nj>                                                                                 \
+            <<<grid, block, 0, ctx->stream>>>(out, q, k, v, gate, cu_seqlens, n_seq, nq, nkv, hd, scale);    \
+        break;
+        ATT_CASE(1)
+        ATT_CASE(2)
+        ATT_CASE(3)
+        ATT_CASE(4)
+        ATT_CASE(5)
+        ATT_CASE(6)
+        ATT_CASE(7)
+        ATT_CASE(8)
+#undef ATT_CASE
+    }
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}

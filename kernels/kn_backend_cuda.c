@@ -1,0 +1,35 @@
+/* kernels/kn_backend_cuda.c — the cuda backend table: the kn_cuda_* launchers (kn_*.cu)
+ * behind the kn_backend contract. Compiled only in builds with CUDA (kn_backend.c defines
+ * kn_backend_cuda() as NULL otherwise). The table is const and shared by all threads; its
+ * contexts are not (one thread at a time per kn_ctx). */
+#include "kn_backend.h"
+
+#include "kn_cuda_ops.h"
+
+static const kn_backend cuda_backend = {
+    .name = "cuda",
+    .ctx_create = kn_cuda_ctx_create,
+    .ctx_destroy = kn_cuda_ctx_destroy,
+    .alloc = kn_cuda_alloc,
+    .free = kn_cuda_free,
+    .upload = kn_cuda_upload,
+    .download = kn_cuda_download,
+    .sync = kn_cuda_sync,
+    .copy2d = kn_cuda_copy2d,
+    .add = kn_cuda_add,
+    .swiglu = kn_cuda_swiglu,
+    .embed = kn_cuda_embed,
+    .gemm = kn_cuda_gemm,
+    .rmsnorm = kn_cuda_rmsnorm,
+    .rmsnorm_gated = kn_cuda_rmsnorm_gated,
+    .l2norm = kn_cuda_l2norm,
+    .rope = kn_cuda_rope,
+    .attention = kn_cuda_attention,
+    .conv1d_silu = kn_cuda_conv1d_silu,
+    .gdn_gate = kn_cuda_gdn_gate,
+    .gated_delta_rule = kn_cuda_gated_delta_rule,
+};
+
+const kn_backend *kn_backend_cuda(void) {
+    return &cuda_backend;
+}

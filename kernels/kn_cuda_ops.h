@@ -1,0 +1,65 @@
+/* kernels/kn_cuda_ops.h — the CUDA launchers behind kn_backend_cuda(): one per kn_backend
+ * entry, with the entry's signature and semantics (kn_backend.h). Pointers are device memory
+ * from kn_cuda_alloc; every op validates its arguments on the host (CM_ERR_INVALID_ARG with
+ * a message), enqueues on ctx->stream and returns before completion, except download and
+ * sync (and upload, which waits so that host_src may be reused at once). Shape products are
+ * computed in int64. Declarations only; the table is in kn_backend_cuda.c. */
+#ifndef KN_CUDA_OPS_H
+#define KN_CUDA_OPS_H
+
+#include "kn_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- context and memory (kn_memory.cu)
+/* CM_ERR_UNSUPPORTED when no cuda device is present (or the driver is missing) and when the
+ * ordinal is out of range; CM_ERR_CUDA / CM_ERR_CUBLAS for other failures. */
+cm_status kn_cuda_ctx_create(kn_ctx **out, const kn_ctx_config *cfg);
+void      kn_cuda_ctx_destroy(kn_ctx **ctx);
+cm_status kn_cuda_alloc(kn_ctx *ctx, void **out, size_t bytes);
+void      kn_cuda_free(kn_ctx *ctx, void *p);
+cm_status kn_cuda_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
+cm_status kn_cuda_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes);
+cm_status kn_cuda_sync(kn_ctx *ctx);
+cm_status kn_cuda_copy2d(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
+                         int64_t rows, int64_t cols);
+
+// ---- elementwise (kn_elementwise.cu)
+cm_status kn_cuda_add(kn_ctx *ctx, float *x, const float *y, int64_t n);
+cm_status kn_cuda_swiglu(kn_ctx *ctx, float *out, const float *gate, const float *up, int64_t n);
+
+// ---- embedding (kn_embed.cu) and GEMM (kn_gemm.cu)
+cm_status kn_cuda_embed(kn_ctx *ctx, float *out, const int32_t *ids, const void *table, cm_dtype tdt,
+                        int64_t T, int64_t C);
+cm_status kn_cuda_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
+                       int64_t N, int64_t K);
+
+// ---- norms (kn_norm.cu)
+cm_status kn_cuda_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float *w, int64_t rows, int64_t C,
+                          float eps, int one_plus);
+cm_status kn_cuda_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const float *z, const float *w,
+                                int64_t rows, int64_t C, float eps);
+cm_status kn_cuda_l2norm(kn_ctx *ctx, float *out, const float *inp, int64_t rows, int64_t C, float eps);
+
+// ---- attention pieces (kn_rope.cu, kn_attention.cu)
+cm_status kn_cuda_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim,
+                       int rot_dim, float theta);
+cm_status kn_cuda_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                            const float *gate, const int32_t *cu_seqlens, int n_seq, int64_t T, int nq,
+                            int nkv, int hd, float scale);
+
+// ---- gated deltanet pieces (kn_conv1d.cu, kn_gdn.cu)
+cm_status kn_cuda_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const float *w,
+                              const int32_t *cu_seqlens, int n_seq, int64_t T, int64_t C, int K);
+cm_status kn_cuda_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b,
+                           const float *A_log, const float *dt_bias, int64_t T, int nv);
+cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                                   const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
+                                   int64_t T, int nk, int nv, int dk, int dv, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KN_CUDA_OPS_H */

@@ -1,0 +1,182 @@
+/* kernels/kn_gdn.cu — the Gated DeltaNet core: the gate (g = −e^{A_log}·softplus(a + dt_bias),
+ * beta = sigmoid(b), one thread per (token, v-head), fp32) and the gated delta rule.
+ *
+ * gated_delta_rule runs the per-token recurrence of kn_backend.h directly (the chunked
+ * WY form is the same function; the fast chunked kernel is a later change): per token,
+ * S = e^g·S; u = β(v − Sᵀk); S += k uᵀ; o = Sᵀ(q·scale). One block per (sequence, v-head,
+ * 32-column tile of dv); the fp32 state tile S[dk, 32] lives in registers: lane = column,
+ * warp w of 8 owns rows w, w+8, …, so dk ≤ 256 needs ≤ 32 registers of state per thread.
+ * Tokens are staged 16 at a time into shared memory (k, q·scale zero-padded to 8·NR rows,
+ * the tile's v columns, g, beta; coalesced loads). Per token two block reductions over the
+ * 8 row groups (shared memory, double-buffered so each token costs two barriers): Sᵀk, then
+ * the output Sᵀq. The state starts at zero for every sequence and never leaves the chip.
+ * Sequential over tokens, parallel over n_seq·nv·ceil(dv/32) blocks: correct, not yet fast. */
+#include "kn_cuda.h"
+#include "kn_cuda_ops.h"
+
+#define GDN_WARPS  8  /* row groups */
+#define GDN_CH     16 /* tokens staged per shared-memory load */
+#define GDN_MAX_DK 256
+
+// ----------------------------------------------------------------------------
+// kernels
+
+static __global__ void gdn_gate_kernel(float *g, float *beta, const float *a, const float *b,
+                                       const float *A_log, const float *dt_bias, int64_t n, int nv) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        int   h = (int)(i % nv);
+        float x = a[i] + dt_bias[h];
+        float sp = x > 20.0f ? x : log1pf(expf(x));
+        g[i] = -expf(A_log[h]) * sp;
+        beta[i] = 1.0f / (1.0f + expf(-b[i]));
+    }
+}
+
+/* NR = state rows per thread; 8·NR ≥ dk. grid (n_seq·nv, ceil(dv/32)), block 32·GDN_WARPS.
+ * Dynamic shared memory: k_s, q_s [GDN_CH][8·NR], v_s [GDN_CH][32], g_s, b_s [GDN_CH]. */
+template <int NR>
+static __global__ void gated_delta_rule_kernel(float *out, const float *q, const float *k, const float *v,
+                                               const float *g, const float *beta, const int32_t *cu,
+                                               int64_t T, int nk, int nv, int dk, int dv, float scale) {
+    constexpr int           DKP = GDN_WARPS * NR;
+    extern __shared__ float smem[];
+    float                  *k_s = smem;
+    float                  *q_s = k_s + GDN_CH * DKP;
+    float                  *v_s = q_s + GDN_CH * DKP;
+    float                  *g_s = v_s + GDN_CH * 32;
+    float                  *b_s = g_s + GDN_CH;
+    __shared__ float        red_kv[GDN_WARPS][32], red_o[GDN_WARPS][32];
+
+    const int seq = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk);
+    const int col0 = blockIdx.y * 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int64_t   bos = cu[seq], eos = cu[seq + 1];
+    bos = bos < 0 ? 0 : (bos > T ? T : bos);
+    eos = eos < bos ? bos : (eos > T ? T : eos);
+
+    float S[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        S[r] = 0.0f;
+
+    for (int64_t t0 = bos; t0 < eos; t0 += GDN_CH) {
+        const int L = (int)(eos - t0 < GDN_CH ? eos - t0 : GDN_CH);
+        for (int idx = threadIdx.x; idx < GDN_CH * DKP; idx += blockDim.x) {
+            int     tau = idx / DKP, i = idx % DKP;
+            int64_t off = ((t0 + tau) * nk + kh) * (int64_t)dk + i;
+            bool    ok = tau < L && i < dk;
+            k_s[idx] = ok ? k[off] : 0.0f;
+            q_s[idx] = ok ? q[off] * scale : 0.0f;
+        }
+        for (int idx = threadIdx.x; idx < GDN_CH * 32; idx += blockDim.x) {
+            int tau = idx / 32, c = col0 + idx % 32;
+            v_s[idx] = tau < L && c < dv ? v[((t0 + tau) * nv + h) * (int64_t)dv + c] : 0.0f;
+        }
+        for (int tau = threadIdx.x; tau < GDN_CH; tau += blockDim.x) {
+            g_s[tau] = tau < L ? g[(t0 + tau) * nv + h] : 0.0f;
+            b_s[tau] = tau < L ? beta[(t0 + tau) * nv + h] : 0.0f;
+        }
+        __syncthreads();
+
+        for (int tau = 0; tau < L; tau++) {
+            const float *kt = k_s + tau * DKP, *qt = q_s + tau * DKP;
+            float        p = 0.0f;
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                p += S[r] * kt[warp + GDN_WARPS * r];
+            red_kv[warp][lane] = p;
+            __syncthreads();
+            float kv = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GDN_WARPS; w++)
+                kv += red_kv[w][lane];
+            const float decay = expf(g_s[tau]);
+            const float u = b_s[tau] * (v_s[tau * 32 + lane] - decay * kv);
+            float       po = 0.0f;
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                S[r] = decay * S[r] + kt[warp + GDN_WARPS * r] * u;
+                po += S[r] * qt[warp + GDN_WARPS * r];
+            }
+            red_o[warp][lane] = po;
+            __syncthreads();
+            if (warp == 0 && col0 + lane < dv) {
+                float o = 0.0f;
+#pragma unroll
+                for (int w = 0; w < GDN_WARPS; w++)
+                    o += red_o[w][lane];
+                out[((t0 + tau) * nv + h) * (int64_t)dv + col0 + lane] = o;
+            }
+        }
+        /* the last token's second barrier already ordered every read of the staged chunk
+         * before the next chunk's writes */
+    }
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+cm_status kn_cuda_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b,
+                           const float *A_log, const float *dt_bias, int64_t T, int nv) {
+    KN_CUDA_CHECK_ARG(ctx, "gdn_gate: ctx is NULL");
+    KN_CUDA_CHECK_ARG(T >= 0 && nv > 0, "gdn_gate: bad shape T=%lld nv=%d (T >= 0, nv > 0)", (long long)T,
+                      nv);
+    if (T == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(g && beta && a && b && A_log && dt_bias,
+                      "gdn_gate: g, beta, a, b, A_log or dt_bias is NULL");
+    int64_t n = T * nv;
+    int64_t blocks = (n + 255) / 256;
+    gdn_gate_kernel<<<(unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20)), 256, 0, ctx->stream>>>(
+        g, beta, a, b, A_log, dt_bias, n, nv);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                                   const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
+                                   int64_t T, int nk, int nv, int dk, int dv, float scale) {
+    KN_CUDA_CHECK_ARG(ctx, "gated_delta_rule: ctx is NULL");
+    KN_CUDA_CHECK_ARG(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
+                      "gated_delta_rule: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d", (long long)T, nk, nv, dk,
+                      dv);
+    KN_CUDA_CHECK_ARG(nv % nk == 0, "gated_delta_rule: nv=%d must be a multiple of nk=%d", nv, nk);
+    KN_CUDA_CHECK_ARG(n_seq >= 0, "gated_delta_rule: n_seq=%d must be >= 0", n_seq);
+    KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "gated_delta_rule: T=%lld tokens but n_seq=0 sequences",
+                      (long long)T);
+    if (dk > GDN_MAX_DK)
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "gated_delta_rule: dk=%d is not supported by the cuda backend (max %d)", dk,
+                       GDN_MAX_DK);
+    KN_CUDA_CHECK_ARG((int64_t)n_seq * nv <= INT32_MAX && dv <= 65535 * 32,
+                      "gated_delta_rule: n_seq·nv=%lld or dv=%d exceeds the cuda grid limits",
+                      (long long)n_seq * nv, dv);
+    if (T == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out && q && k && v && g && beta && cu_seqlens,
+                      "gated_delta_rule: out, q, k, v, g, beta or cu_seqlens is NULL");
+
+    dim3 grid((unsigned int)(n_seq * nv), (unsigned int)((dv + 31) / 32));
+    dim3 block(32 * GDN_WARPS);
+    int  nr = 1;
+    while (GDN_WARPS * nr < dk)
+        nr *= 2;
+    size_t smem = (size_t)(2 * GDN_CH * GDN_WARPS * nr + GDN_CH * 32 + 2 * GDN_CH) * sizeof(float);
+    switch (nr) {
+#define GDN_CASE(n)                                                                                          \
+    case n:                                                                                                  \
+        gated_delta_rule_kernel<n><<<grid, block, smem, ctx->stream>>>(out, q, k, v, g, beta, cu_seqlens, T, \
+                                                                       nk, nv, dk, dv, scale);               \
+        break;
+        GDN_CASE(1)
+        GDN_CASE(2)
+        GDN_CASE(4)
+        GDN_CASE(8)
+        GDN_CASE(16)
+        GDN_CASE(32)
+#undef GDN_CASE
+    }
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}

@@ -1,0 +1,165 @@
+/* kernels/kn_gemm.cu — out[M, N] = inp[M, K] · W[N, K]ᵀ through cuBLASLt. cuBLAS is
+ * column-major, so it computes the transpose: outᵀ (N×M, ld N) = Wᵀ·inpᵀ with A = W (stored
+ * K×N, ld K, op T) and B = inp (stored K×M, ld K, op N). Modes (ctx->gemm_mode):
+ * - BF16: inp is rounded to bf16 (nearest even) into the ctx scratch by a streaming kernel,
+ *   BF16 weights are used as stored (F32 weights are rounded into scratch too); bf16
+ *   products with fp32 accumulation (CUBLAS_COMPUTE_32F) and fp32 output.
+ * - F32: fp32 operands (BF16 weights widened exactly into scratch), CUBLAS_COMPUTE_32F: true
+ *   fp32 math, no TF32.
+ * The algorithm is cublasLtMatmulAlgoGetHeuristic's first answer for the shape and the
+ * operands' actual alignment (no autotuning, no cache); descriptors are made per call.
+ * Writes out (beta = 0); K = 0 gives zeros. */
+#include "kn_cuda.h"
+#include "kn_cuda_ops.h"
+
+#include <cuda_bf16.h>
+
+// ----------------------------------------------------------------------------
+// kernels
+
+static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+static __global__ void bf16_to_f32_kernel(float *dst, const uint16_t *src, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = __uint_as_float((unsigned int)src[i] << 16);
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+static unsigned int conv_grid(int64_t n) {
+    int64_t blocks = (n + 255) / 256;
+    return (unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20));
+}
+
+/* Largest power of two (up to 256) that divides the address: what cuBLASLt may assume. */
+static uint32_t ptr_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t  al = 256;
+    while (al > 1 && (a & (al - 1)))
+        al >>= 1;
+    return al;
+}
+
+typedef struct gemm_descs {
+    cublasLtMatmulDesc_t       op;
+    cublasLtMatrixLayout_t     a, b, c;
+    cublasLtMatmulPreference_t pref;
+} gemm_descs;
+
+static void gemm_descs_release(gemm_descs *d) {
+    if (d->pref)
+        cublasLtMatmulPreferenceDestroy(d->pref);
+    if (d->c)
+        cublasLtMatrixLayoutDestroy(d->c);
+    if (d->b)
+        cublasLtMatrixLayoutDestroy(d->b);
+    if (d->a)
+        cublasLtMatrixLayoutDestroy(d->a);
+    if (d->op)
+        cublasLtMatmulDescDestroy(d->op);
+}
+
+/* D (N×M col-major) = op(A)·B with A = w_op (K×N, op T), B = in_op (K×M); ab_type is the
+ * type of both operands. */
+static cm_status gemm_lt(kn_ctx *ctx, gemm_descs *d, float *out, const void *in_op, const void *w_op,
+                         cudaDataType_t ab_type, int64_t M, int64_t N, int64_t K) {
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    KN_CUBLAS(cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    KN_CUBLAS(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    KN_CUBLAS(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->a, ab_type, (uint64_t)K, (uint64_t)N, K));
+    KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->b, ab_type, (uint64_t)K, (uint64_t)M, K));
+    KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N));
+
+    KN_CUBLAS(cublasLtMatmulPreferenceCreate(&d->pref));
+    uint64_t ws = ctx->lt_ws_bytes;
+    uint32_t al_a = ptr_align(w_op), al_b = ptr_align(in_op), al_c = ptr_align(out);
+    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                   sizeof ws));
+    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                   sizeof al_a));
+    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                   sizeof al_b));
+    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                   sizeof al_c));
+    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                                   sizeof al_c));
+
+    cublasLtMatmulHeuristicResult_t heur;
+    int                             n_found = 0;
+    KN_CUBLAS(
+        cublasLtMatmulAlgoGetHeuristic(ctx->lt, d->op, d->a, d->b, d->c, d->c, d->pref, 1, &heur, &n_found));
+    if (n_found == 0)
+        return CM_FAIL(CM_ERR_CUBLAS,
+                       "gemm: cuBLASLt has no algorithm for M=%lld N=%lld K=%lld (%s operands)", (long long)M,
+                       (long long)N, (long long)K, ab_type == CUDA_R_16BF ? "bf16" : "f32");
+    const float alpha = 1.0f, beta = 0.0f;
+    KN_CUBLAS(cublasLtMatmul(ctx->lt, d->op, &alpha, w_op, d->a, in_op, d->b, &beta, out, d->c, out, d->c,
+                             &heur.algo, ctx->lt_ws, ctx->lt_ws_bytes, ctx->stream));
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+static size_t round_up_256(size_t x) {
+    return (x + 255) / 256 * 256;
+}
+
+cm_status kn_cuda_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
+                       int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "gemm: ctx is NULL");
+    KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "gemm: bad shape M=%lld N=%lld K=%lld (must be >= 0)",
+                      (long long)M, (long long)N, (long long)K);
+    if (wdt != CM_DTYPE_F32 && wdt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "gemm: weight dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(wdt));
+    if (M == 0 || N == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out, "gemm: out is NULL");
+    if (K == 0) {
+        KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * sizeof(float), ctx->stream));
+        return CM_OK;
+    }
+    KN_CUDA_CHECK_ARG(inp && w, "gemm: inp or w is NULL");
+
+    size_t         n_in = (size_t)M * (size_t)K, n_w = (size_t)N * (size_t)K;
+    const void    *in_op = inp, *w_op = w;
+    cudaDataType_t ab_type;
+    if (ctx->gemm_mode == KN_GEMM_MODE_BF16) {
+        ab_type = CUDA_R_16BF;
+        size_t in_size = round_up_256(n_in * sizeof(__nv_bfloat16));
+        size_t w_size = wdt == CM_DTYPE_F32 ? n_w * sizeof(__nv_bfloat16) : 0;
+        CM_TRY(kn_cuda_scratch_reserve(ctx, in_size + w_size));
+        __nv_bfloat16 *in_bf = (__nv_bfloat16 *)ctx->scratch;
+        f32_to_bf16_kernel<<<conv_grid((int64_t)n_in), 256, 0, ctx->stream>>>(in_bf, inp, (int64_t)n_in);
+        KN_CUDA_LAUNCHED(ctx);
+        in_op = in_bf;
+        if (wdt == CM_DTYPE_F32) {
+            __nv_bfloat16 *w_bf = (__nv_bfloat16 *)((char *)ctx->scratch + in_size);
+            f32_to_bf16_kernel<<<conv_grid((int64_t)n_w), 256, 0, ctx->stream>>>(w_bf, (const float *)w,
+                                                                                 (int64_t)n_w);
+            KN_CUDA_LAUNCHED(ctx);
+            w_op = w_bf;
+        }
+    } else {
+        ab_type = CUDA_R_32F;
+        if (wdt == CM_DTYPE_BF16) {
+            CM_TRY(kn_cuda_scratch_reserve(ctx, n_w * sizeof(float)));
+            float *w_f = (float *)ctx->scratch;
+            bf16_to_f32_kernel<<<conv_grid((int64_t)n_w), 256, 0, ctx->stream>>>(w_f, (const uint16_t *)w,
+                                                                                 (int64_t)n_w);
+            KN_CUDA_LAUNCHED(ctx);
+            w_op = w_f;
+        }
+    }
+
+    gemm_descs d = {0};
+    cm_status  st = gemm_lt(ctx, &d, out, in_op, w_op, ab_type, M, N, K);
+    gemm_descs_release(&d);
+    return st;
+}

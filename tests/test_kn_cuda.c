@@ -1,0 +1,778 @@
+/* tests/test_kn_cuda.c — the cuda backend against the cpu reference, entry by entry, through
+ * the kn_backend tables: random inputs from a fixed seed, the same call on both, and an
+ * elementwise comparison |cuda − cpu| ≤ atol + rtol·|cpu| (GEMM: ≤ tol·Σ_k|a·b|, the
+ * rounding bound of a dot product) on at least 3 shapes per op, odd sizes included. Every
+ * comparison prints its max abs error and its worst error/tolerance ratio, so a failing run
+ * on a GPU machine says which op, which shape and how far. Tolerances: exact for data
+ * movement and embed; 1e-5 relative for fp32 ops; GEMM 1e-5 (F32 mode, and BF16 mode on
+ * bf16-exact inputs), 1e-2 (BF16 mode on general inputs). Also bad arguments. Label gpu:
+ * exits 77 when the build has no cuda backend or the machine has no cuda device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kn_backend.h"
+#include "tst.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+/* ASan's default shadow-gap protection makes the CUDA driver fail to initialise, and the
+ * driver keeps allocations until exit: let it start, and do not report its leaks. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) {
+    return "protect_shadow_gap=0";
+}
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) {
+    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublasLt.so\nleak:libcublas.so\n";
+}
+#endif
+
+static const kn_backend *cpu, *gpu;
+static kn_ctx           *cctx;   /* cpu */
+static kn_ctx           *gctx;   /* cuda, KN_GEMM_MODE_F32: every op but the bf16 GEMMs */
+static kn_ctx           *gctx16; /* cuda, KN_GEMM_MODE_BF16 */
+
+// ----------------------------------------------------------------------------
+// helpers: random numbers, paired buffers, comparisons
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static double urand(void) { /* uniform in [0, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static float *rand_f32(long n, double lo, double hi) {
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!x) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    for (long i = 0; i < n; i++)
+        x[i] = (float)(lo + (hi - lo) * urand());
+    return x;
+}
+
+static float *zeros_f32(long n) {
+    float *x = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (!x) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    return x;
+}
+
+static uint16_t bf16_round(float f) { /* nearest even; inputs here are finite */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float    f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Reports a failed call (the status and cm_last_error) and counts it. */
+static int call_ok(cm_status st, const char *what) {
+    if (st != CM_OK)
+        fprintf(stderr, "  %s failed: %s: %s\n", what, cm_status_str(st), cm_last_error());
+    TST_CHECK(st == CM_OK);
+    return st == CM_OK;
+}
+
+/* One host array mirrored on both backends. */
+typedef struct dbuf {
+    void  *c, *g;
+    size_t bytes;
+} dbuf;
+
+static dbuf dbuf_put(const void *host, size_t bytes) {
+    dbuf b = {NULL, NULL, bytes};
+    if (cpu->alloc(cctx, &b.c, bytes) != CM_OK || gpu->alloc(gctx, &b.g, bytes) != CM_OK) {
+        fprintf(stderr, "alloc of %zu bytes failed: %s\n", bytes, cm_last_error());
+        exit(1);
+    }
+    if (host &&
+        (cpu->upload(cctx, b.c, host, bytes) != CM_OK || gpu->upload(gctx, b.g, host, bytes) != CM_OK)) {
+        fprintf(stderr, "upload of %zu bytes failed: %s\n", bytes, cm_last_error());
+        exit(1);
+    }
+    /* the zero fill is ordered on gctx's stream; gctx16 uses these buffers too */
+    if (gpu->sync(gctx) != CM_OK) {
+        fprintf(stderr, "sync failed: %s\n", cm_last_error());
+        exit(1);
+    }
+    return b;
+}
+
+static void dbuf_free(dbuf *b) {
+    cpu->free(cctx, b->c);
+    gpu->free(gctx, b->g);
+    b->c = b->g = NULL;
+}
+
+/* Downloads both sides of b (n floats from element offset off) into fresh host arrays. */
+static void dbuf_get(const dbuf *b, long off, long n, float **c_out, float **g_out) {
+    *c_out = zeros_f32(n);
+    *g_out = zeros_f32(n);
+    if (cpu->download(cctx, *c_out, (const float *)b->c + off, (size_t)n * sizeof(float)) != CM_OK ||
+        gpu->download(gctx, *g_out, (const float *)b->g + off, (size_t)n * sizeof(float)) != CM_OK) {
+        fprintf(stderr, "download failed: %s\n", cm_last_error());
+        exit(1);
+    }
+}
+
+/* |got − ref| ≤ atol + rtol·|ref| elementwise; prints the max abs error and the worst
+ * error/tolerance ratio (≤ 1 passes) for every comparison. */
+static void compare(const char *name, const float *got, const float *ref, long n, double atol, double rtol) {
+    double max_abs = 0, worst = 0, max_ref = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        if (isnan(d))
+            d = INFINITY;
+        double tol = atol + rtol * fabs((double)ref[i]);
+        if (fabs((double)ref[i]) > max_ref)
+            max_ref = fabs((double)ref[i]);
+        if (d > max_abs)
+            max_abs = d;
+        if (tol > 0 ? d / tol > worst : d > 0)
+            worst = tol > 0 ? d / tol : INFINITY;
+    }
+    int ok = TST_CLOSE(name, got, ref, n, atol, rtol);
+    printf("%-58s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", name, n, max_ref, max_abs, worst,
+           ok ? "ok" : "FAIL");
+}
+
+/* Compares dbuf b (n floats) between the backends. */
+static void compare_buf(const char *name, const dbuf *b, long n, double atol, double rtol) {
+    float *c, *g;
+    dbuf_get(b, 0, n, &c, &g);
+    compare(name, g, c, n, atol, rtol);
+    free(c);
+    free(g);
+}
+
+// ----------------------------------------------------------------------------
+// context, memory, data movement
+
+static void test_memory(void) {
+    void *p = NULL;
+    TST_CHECK(call_ok(gpu->alloc(gctx, &p, 1001), "alloc"));
+    unsigned char back[1001], src[1001];
+    memset(back, 0xab, sizeof back);
+    TST_CHECK(call_ok(gpu->download(gctx, back, p, sizeof back), "download"));
+    int zero = 1;
+    for (int i = 0; i < 1001; i++)
+        zero &= back[i] == 0;
+    TST_CHECK(zero);
+    for (int i = 0; i < 1001; i++)
+        src[i] = (unsigned char)(i * 7 + 3);
+    TST_CHECK(call_ok(gpu->upload(gctx, p, src, sizeof src), "upload"));
+    TST_CHECK(call_ok(gpu->download(gctx, back, p, sizeof back), "download"));
+    TST_CHECK(memcmp(src, back, sizeof src) == 0);
+    TST_CHECK(call_ok(gpu->sync(gctx), "sync"));
+    gpu->free(gctx, p);
+    gpu->free(gctx, NULL);
+
+    void *z = NULL;
+    TST_CHECK(call_ok(gpu->alloc(gctx, &z, 0), "alloc 0") && z != NULL);
+    gpu->free(gctx, z);
+    TST_CHECK(call_ok(gpu->upload(gctx, NULL, NULL, 0), "upload 0"));
+    TST_CHECK(call_ok(gpu->download(gctx, NULL, NULL, 0), "download 0"));
+
+    kn_ctx *none = NULL;
+    gpu->ctx_destroy(&none);
+    gpu->ctx_destroy(NULL);
+    printf("%-58s ok\n", "memory: alloc zero-fill, upload/download, alloc 0");
+}
+
+static void test_copy2d(void) {
+    static const long shapes[][4] = {
+        {1, 1, 1, 1}, {7, 13, 29, 17}, {130, 257, 300, 263}}; /* rows cols src_ld dst_ld */
+    for (int s = 0; s < 3; s++) {
+        long   rows = shapes[s][0], cols = shapes[s][1], sld = shapes[s][2], dld = shapes[s][3];
+        float *src = rand_f32(rows * sld, -1, 1), *dst0 = rand_f32(rows * dld, 5, 6);
+        dbuf   bs = dbuf_put(src, (size_t)(rows * sld) * sizeof(float));
+        dbuf   bd = dbuf_put(dst0, (size_t)(rows * dld) * sizeof(float));
+        call_ok(cpu->copy2d(cctx, bd.c, dld, bs.c, sld, rows, cols), "cpu copy2d");
+        call_ok(gpu->copy2d(gctx, bd.g, dld, bs.g, sld, rows, cols), "cuda copy2d");
+        char name[96];
+        snprintf(name, sizeof name, "copy2d rows=%ld cols=%ld src_ld=%ld dst_ld=%ld", rows, cols, sld, dld);
+        compare_buf(name, &bd, rows * dld, 0, 0); /* exact, including the untouched columns */
+        dbuf_free(&bs);
+        dbuf_free(&bd);
+        free(src);
+        free(dst0);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// elementwise and embedding
+
+static void test_elementwise(void) {
+    static const long ns[] = {1, 1000, 100003};
+    for (int s = 0; s < 3; s++) {
+        long   n = ns[s];
+        float *x = rand_f32(n, -3, 3), *y = rand_f32(n, -3, 3);
+        dbuf   bx = dbuf_put(x, (size_t)n * sizeof(float)), by = dbuf_put(y, (size_t)n * sizeof(float));
+        dbuf   bo = dbuf_put(NULL, (size_t)n * sizeof(float));
+        char   name[96];
+        call_ok(cpu->swiglu(cctx, bo.c, bx.c, by.c, n), "cpu swiglu");
+        call_ok(gpu->swiglu(gctx, bo.g, bx.g, by.g, n), "cuda swiglu");
+        snprintf(name, sizeof name, "swiglu n=%ld", n);
+        compare_buf(name, &bo, n, 1e-6, 1e-5);
+        call_ok(cpu->add(cctx, bx.c, by.c, n), "cpu add");
+        call_ok(gpu->add(gctx, bx.g, by.g, n), "cuda add");
+        snprintf(name, sizeof name, "add n=%ld", n);
+        compare_buf(name, &bx, n, 0, 0); /* one correctly rounded fp32 sum on both */
+        dbuf_free(&bx);
+        dbuf_free(&by);
+        dbuf_free(&bo);
+        free(x);
+        free(y);
+    }
+}
+
+static void test_embed(void) {
+    static const long shapes[][3] = {{1, 1, 1}, {7, 33, 50}, {130, 257, 1000}}; /* T C V */
+    for (int s = 0; s < 3; s++) {
+        long      T = shapes[s][0], C = shapes[s][1], V = shapes[s][2];
+        float    *tab = rand_f32(V * C, -2, 2);
+        uint16_t *tab16 = malloc((size_t)(V * C) * sizeof(uint16_t));
+        int32_t  *ids = malloc((size_t)T * sizeof(int32_t));
+        if (!tab16 || !ids)
+            exit(1);
+        for (long i = 0; i < V * C; i++)
+            tab16[i] = bf16_round(tab[i]);
+        for (long t = 0; t < T; t++)
+            ids[t] = (int32_t)(urand() * (double)V);
+        ids[T - 1] = (int32_t)(V - 1);
+        dbuf bt = dbuf_put(tab, (size_t)(V * C) * sizeof(float)), bt16 = dbuf_put(tab16, (size_t)(V * C) * 2);
+        dbuf bi = dbuf_put(ids, (size_t)T * sizeof(int32_t)),
+             bo = dbuf_put(NULL, (size_t)(T * C) * sizeof(float));
+        char name[96];
+        call_ok(cpu->embed(cctx, bo.c, bi.c, bt.c, CM_DTYPE_F32, T, C), "cpu embed f32");
+        call_ok(gpu->embed(gctx, bo.g, bi.g, bt.g, CM_DTYPE_F32, T, C), "cuda embed f32");
+        snprintf(name, sizeof name, "embed F32 T=%ld C=%ld V=%ld", T, C, V);
+        compare_buf(name, &bo, T * C, 0, 0);
+        call_ok(cpu->embed(cctx, bo.c, bi.c, bt16.c, CM_DTYPE_BF16, T, C), "cpu embed bf16");
+        call_ok(gpu->embed(gctx, bo.g, bi.g, bt16.g, CM_DTYPE_BF16, T, C), "cuda embed bf16");
+        snprintf(name, sizeof name, "embed BF16 T=%ld C=%ld V=%ld", T, C, V);
+        compare_buf(name, &bo, T * C, 0, 0);
+        dbuf_free(&bt);
+        dbuf_free(&bt16);
+        dbuf_free(&bi);
+        dbuf_free(&bo);
+        free(tab);
+        free(tab16);
+        free(ids);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// GEMM
+
+/* |got − ref| ≤ tol·bound elementwise, bound[m, n] = Σ_k |inp[m, k]·w[n, k]| (+ a denormal
+ * floor): the rounding-error bound of a dot product, meaningful even where ref ≈ 0. */
+static void compare_bound(const char *name, const float *got, const float *ref, const double *bound, long n,
+                          double tol) {
+    double max_abs = 0, worst = 0, max_ref = 0;
+    int    bad = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        if (isnan(d))
+            d = INFINITY;
+        double lim = tol * bound[i] + 1e-30;
+        if (fabs((double)ref[i]) > max_ref)
+            max_ref = fabs((double)ref[i]);
+        if (d > max_abs)
+            max_abs = d;
+        if (d / lim > worst)
+            worst = d / lim;
+        if (!(d <= lim)) {
+            if (bad < 5)
+                fprintf(stderr, "  %s[%ld]: got %.8g ref %.8g (limit %.3g)\n", name, i, got[i], ref[i], lim);
+            bad++;
+        }
+    }
+    TST_CHECK(bad == 0);
+    printf("%-58s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", name, n, max_ref, max_abs, worst,
+           bad ? "FAIL" : "ok");
+}
+
+/* One shape: W in F32 and BF16, each through the F32-mode and BF16-mode contexts. inp_off
+ * shifts the input pointer by that many floats to exercise unaligned operands. */
+static void gemm_case(long M, long N, long K, long inp_off, int bf16_exact) {
+    float    *inp = rand_f32(M * K + inp_off, -1, 1), *w = rand_f32(N * K, -1, 1);
+    uint16_t *w16 = malloc((size_t)(N * K > 0 ? N * K : 1) * sizeof(uint16_t));
+    if (!w16)
+        exit(1);
+    if (bf16_exact)
+        for (long i = 0; i < M * K + inp_off; i++)
+            inp[i] = bf16_widen(bf16_round(inp[i]));
+    for (long i = 0; i < N * K; i++) {
+        w16[i] = bf16_round(w[i]);
+        if (bf16_exact)
+            w[i] = bf16_widen(w16[i]);
+    }
+    double *bound = malloc((size_t)(M * N > 0 ? M * N : 1) * sizeof(double));
+    if (!bound)
+        exit(1);
+    for (long m = 0; m < M; m++)
+        for (long n = 0; n < N; n++) {
+            double s = 0;
+            for (long k = 0; k < K; k++)
+                s += fabs((double)inp[inp_off + m * K + k] * (double)w[n * K + k]);
+            bound[m * N + n] = s;
+        }
+    dbuf         bin = dbuf_put(inp, (size_t)(M * K + inp_off) * sizeof(float));
+    dbuf         bw = dbuf_put(w, (size_t)(N * K) * sizeof(float)), bw16 = dbuf_put(w16, (size_t)(N * K) * 2);
+    dbuf         bo = dbuf_put(NULL, (size_t)(M * N) * sizeof(float));
+    const float *in_c = (const float *)bin.c + inp_off, *in_g = (const float *)bin.g + inp_off;
+
+    for (int wi = 0; wi < 2; wi++) {
+        cm_dtype    wdt = wi ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+        const void *wc = wi ? bw16.c : bw.c, *wg = wi ? bw16.g : bw.g;
+        /* the cpu reference: exact products of the f32 (or bf16-widened) values, double sums */
+        call_ok(cpu->gemm(cctx, bo.c, in_c, wc, wdt, M, N, K), "cpu gemm");
+        float *ref = zeros_f32(M * N), *got = zeros_f32(M * N);
+        cpu->download(cctx, ref, bo.c, (size_t)(M * N) * sizeof(float));
+        /* with BF16 weights the bound uses the bf16 values the reference saw */
+        char name[112];
+        for (int mode = 0; mode < 2; mode++) {
+            kn_ctx *g = mode ? gctx16 : gctx;
+            call_ok(gpu->gemm(g, bo.g, in_g, wg, wdt, M, N, K), mode ? "cuda gemm bf16" : "cuda gemm f32");
+            call_ok(gpu->download(g, got, bo.g, (size_t)(M * N) * sizeof(float)), "download");
+            /* F32 mode: fp32 math, error ~ eps·sqrt(K)·bound. BF16 mode rounds inputs (2^-9
+             * each), unless they are bf16 already. */
+            double tol = mode == 0 || bf16_exact ? 1e-5 : 1e-2;
+            snprintf(name, sizeof name, "gemm %s-mode W=%s M=%ld N=%ld K=%ld%s%s", mode ? "BF16" : "F32",
+                     wi ? "BF16" : "F32", M, N, K, inp_off ? " inp+1" : "", bf16_exact ? " bf16-exact" : "");
+            compare_bound(name, got, ref, bound, M * N, tol);
+        }
+        free(ref);
+        free(got);
+    }
+    dbuf_free(&bin);
+    dbuf_free(&bw);
+    dbuf_free(&bw16);
+    dbuf_free(&bo);
+    free(inp);
+    free(w);
+    free(w16);
+    free(bound);
+}
+
+static void test_gemm(void) {
+    gemm_case(1, 1, 1, 0, 0);
+    gemm_case(7, 13, 29, 0, 0);
+    gemm_case(7, 13, 29, 1, 0);
+    gemm_case(130, 257, 96, 0, 0);
+    gemm_case(33, 65, 1000, 0, 0);
+    gemm_case(130, 257, 96, 0, 1);
+    gemm_case(7, 13, 29, 1, 1);
+
+    /* K = 0: zeros, whatever out held */
+    float *junk = rand_f32(12, 1, 2);
+    dbuf   bo = dbuf_put(junk, 12 * sizeof(float));
+    call_ok(cpu->gemm(cctx, bo.c, bo.c, bo.c, CM_DTYPE_F32, 3, 4, 0), "cpu gemm K=0");
+    call_ok(gpu->gemm(gctx16, bo.g, bo.g, bo.g, CM_DTYPE_F32, 3, 4, 0), "cuda gemm K=0");
+    gpu->sync(gctx16);
+    compare_buf("gemm M=3 N=4 K=0 (zeros)", &bo, 12, 0, 0);
+    dbuf_free(&bo);
+    free(junk);
+}
+
+// ----------------------------------------------------------------------------
+// norms
+
+static void test_norms(void) {
+    static const long shapes[][2] = {{1, 1}, {7, 33}, {130, 1000}, {3, 5120}}; /* rows C */
+    char              name[96];
+    for (int s = 0; s < 4; s++) {
+        long   rows = shapes[s][0], C = shapes[s][1];
+        float *x = rand_f32(rows * C, -2, 2), *z = rand_f32(rows * C, -4, 4), *w = rand_f32(C, -0.5, 1.5);
+        dbuf   bx = dbuf_put(x, (size_t)(rows * C) * sizeof(float)), bz = dbuf_put(z, (size_t)(rows * C) * 4);
+        dbuf   bw = dbuf_put(w, (size_t)C * sizeof(float)), bo = dbuf_put(NULL, (size_t)(rows * C) * 4);
+        for (int one_plus = 0; one_plus < 2; one_plus++) {
+            call_ok(cpu->rmsnorm(cctx, bo.c, bx.c, bw.c, rows, C, 1e-6f, one_plus), "cpu rmsnorm");
+            call_ok(gpu->rmsnorm(gctx, bo.g, bx.g, bw.g, rows, C, 1e-6f, one_plus), "cuda rmsnorm");
+            snprintf(name, sizeof name, "rmsnorm rows=%ld C=%ld one_plus=%d", rows, C, one_plus);
+            compare_buf(name, &bo, rows * C, 1e-6, 1e-5);
+        }
+        call_ok(cpu->rmsnorm_gated(cctx, bo.c, bx.c, bz.c, bw.c, rows, C, 1e-6f), "cpu rmsnorm_gated");
+        call_ok(gpu->rmsnorm_gated(gctx, bo.g, bx.g, bz.g, bw.g, rows, C, 1e-6f), "cuda rmsnorm_gated");
+        snprintf(name, sizeof name, "rmsnorm_gated rows=%ld C=%ld", rows, C);
+        compare_buf(name, &bo, rows * C, 1e-6, 1e-5);
+        call_ok(cpu->l2norm(cctx, bo.c, bx.c, rows, C, 1e-6f), "cpu l2norm");
+        call_ok(gpu->l2norm(gctx, bo.g, bx.g, rows, C, 1e-6f), "cuda l2norm");
+        snprintf(name, sizeof name, "l2norm rows=%ld C=%ld", rows, C);
+        compare_buf(name, &bo, rows * C, 1e-6, 1e-5);
+        /* in place (out == inp) */
+        call_ok(cpu->rmsnorm(cctx, bx.c, bx.c, bw.c, rows, C, 1e-6f, 1), "cpu rmsnorm in place");
+        call_ok(gpu->rmsnorm(gctx, bx.g, bx.g, bw.g, rows, C, 1e-6f, 1), "cuda rmsnorm in place");
+        call_ok(cpu->l2norm(cctx, bx.c, bx.c, rows, C, 1e-6f), "cpu l2norm in place");
+        call_ok(gpu->l2norm(gctx, bx.g, bx.g, rows, C, 1e-6f), "cuda l2norm in place");
+        snprintf(name, sizeof name, "rmsnorm+l2norm in place rows=%ld C=%ld", rows, C);
+        compare_buf(name, &bx, rows * C, 1e-6, 1e-5);
+        dbuf_free(&bx);
+        dbuf_free(&bz);
+        dbuf_free(&bw);
+        dbuf_free(&bo);
+        free(x);
+        free(z);
+        free(w);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// attention pieces
+
+/* Packed sequence table for lens; returns T. cu has n + 1 entries. */
+static long make_seqs(const int *lens, int n, int32_t *cu) {
+    cu[0] = 0;
+    for (int i = 0; i < n; i++)
+        cu[i + 1] = cu[i] + lens[i];
+    return cu[n];
+}
+
+static void test_rope(void) {
+    static const struct {
+        long  T;
+        int   nh, hd, rot;
+        float theta;
+        int   pos_max;
+    } cases[] = {{1, 1, 2, 2, 1e4f, 1},
+                 {7, 3, 32, 8, 1e7f, 200},
+                 {130, 5, 256, 64, 1e7f, 262143},
+                 {65, 2, 30, 30, 1e6f, 4096}};
+    for (int s = 0; s < 4; s++) {
+        long     T = cases[s].T;
+        int      nh = cases[s].nh, hd = cases[s].hd, rot = cases[s].rot;
+        float   *x = rand_f32(T * nh * hd, -2, 2);
+        int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+        if (!pos)
+            exit(1);
+        for (long t = 0; t < T; t++)
+            pos[t] = (int32_t)(urand() * cases[s].pos_max);
+        pos[T - 1] = cases[s].pos_max - 1;
+        dbuf bx = dbuf_put(x, (size_t)(T * nh * hd) * sizeof(float)), bp = dbuf_put(pos, (size_t)T * 4);
+        call_ok(cpu->rope(cctx, bx.c, bp.c, T, nh, hd, rot, cases[s].theta), "cpu rope");
+        call_ok(gpu->rope(gctx, bx.g, bp.g, T, nh, hd, rot, cases[s].theta), "cuda rope");
+        char name[96];
+        snprintf(name, sizeof name, "rope T=%ld heads=%d hd=%d rot=%d theta=%g pos<%d", T, nh, hd, rot,
+                 (double)cases[s].theta, cases[s].pos_max);
+        compare_buf(name, &bx, T * nh * hd, 1e-6, 1e-5);
+        dbuf_free(&bx);
+        dbuf_free(&bp);
+        free(x);
+        free(pos);
+    }
+}
+
+static void attention_case(const int *lens, int n_seq, int nq, int nkv, int hd, int gated) {
+    int32_t cu[16];
+    long    T = make_seqs(lens, n_seq, cu);
+    float  *q = rand_f32(T * nq * hd, -1, 1), *k = rand_f32(T * nkv * hd, -1, 1),
+          *v = rand_f32(T * nkv * hd, -1, 1);
+    float *gate = rand_f32(T * nq * hd, -3, 3);
+    /* spread the scores a little more than unit-variance q·k/sqrt(hd) would */
+    for (long i = 0; i < T * nq * hd; i++)
+        q[i] *= 2.0f;
+    dbuf  bq = dbuf_put(q, (size_t)(T * nq * hd) * 4), bk = dbuf_put(k, (size_t)(T * nkv * hd) * 4);
+    dbuf  bv = dbuf_put(v, (size_t)(T * nkv * hd) * 4), bg = dbuf_put(gate, (size_t)(T * nq * hd) * 4);
+    dbuf  bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4), bo = dbuf_put(NULL, (size_t)(T * nq * hd) * 4);
+    float scale = 1.0f / sqrtf((float)hd);
+    call_ok(
+        cpu->attention(cctx, bo.c, bq.c, bk.c, bv.c, gated ? bg.c : NULL, bc.c, n_seq, T, nq, nkv, hd, scale),
+        "cpu attention");
+    call_ok(
+        gpu->attention(gctx, bo.g, bq.g, bk.g, bv.g, gated ? bg.g : NULL, bc.g, n_seq, T, nq, nkv, hd, scale),
+        "cuda attention");
+    char name[112];
+    snprintf(name, sizeof name, "attention T=%ld n_seq=%d nq=%d nkv=%d hd=%d%s", T, n_seq, nq, nkv, hd,
+             gated ? " gated" : "");
+    compare_buf(name, &bo, T * nq * hd, 2e-6, 1e-5);
+    dbuf_free(&bq);
+    dbuf_free(&bk);
+    dbuf_free(&bv);
+    dbuf_free(&bg);
+    dbuf_free(&bc);
+    dbuf_free(&bo);
+    free(q);
+    free(k);
+    free(v);
+    free(gate);
+}
+
+static void test_attention(void) {
+    static const int packed[] = {1, 63, 64, 65, 200};
+    static const int one[] = {5};
+    static const int small[] = {3, 1, 2};
+    attention_case(packed, 5, 3, 3, 32, 1);  /* group 1 */
+    attention_case(packed, 5, 6, 2, 64, 1);  /* group 3 */
+    attention_case(packed, 5, 3, 1, 256, 0); /* group 3, no gate */
+    attention_case(packed, 5, 2, 2, 256, 1); /* group 1 */
+    attention_case(one, 1, 2, 1, 48, 1);     /* hd not a multiple of 32 */
+    attention_case(small, 3, 3, 1, 1, 0);    /* hd 1 */
+}
+
+// ----------------------------------------------------------------------------
+// gated deltanet pieces
+
+static void conv_case(const int *lens, int n_seq, long C, int K) {
+    int32_t cu[16];
+    long    T = make_seqs(lens, n_seq, cu);
+    float  *x = rand_f32(T * C, -2, 2), *w = rand_f32(C * K, -1, 1);
+    dbuf    bx = dbuf_put(x, (size_t)(T * C) * 4), bw = dbuf_put(w, (size_t)(C * K) * 4);
+    dbuf    bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4), bo = dbuf_put(NULL, (size_t)(T * C) * 4);
+    call_ok(cpu->conv1d_silu(cctx, bo.c, bx.c, bw.c, bc.c, n_seq, T, C, K), "cpu conv1d_silu");
+    call_ok(gpu->conv1d_silu(gctx, bo.g, bx.g, bw.g, bc.g, n_seq, T, C, K), "cuda conv1d_silu");
+    char name[96];
+    snprintf(name, sizeof name, "conv1d_silu T=%ld n_seq=%d C=%ld K=%d", T, n_seq, C, K);
+    compare_buf(name, &bo, T * C, 1e-6, 1e-5);
+    dbuf_free(&bx);
+    dbuf_free(&bw);
+    dbuf_free(&bc);
+    dbuf_free(&bo);
+    free(x);
+    free(w);
+}
+
+static void test_conv1d(void) {
+    static const int packed[] = {1, 63, 64, 65, 200};
+    static const int small[] = {1, 2, 3};
+    conv_case(packed, 5, 37, 4);
+    conv_case(packed, 5, 300, 4);
+    conv_case(packed, 5, 1, 1);
+    conv_case(small, 3, 5, 7); /* kernel longer than every sequence */
+}
+
+static void test_gdn_gate(void) {
+    static const long Ts[] = {1, 65, 393};
+    static const int  nvs[] = {1, 6, 48};
+    for (int s = 0; s < 3; s++) {
+        long   T = Ts[s];
+        int    nv = nvs[s];
+        float *a = rand_f32(T * nv, -8, 24),
+              *b = rand_f32(T * nv, -6, 6); /* a + dt crosses the threshold 20 */
+        float *A_log = rand_f32(nv, -2, 2), *dt = rand_f32(nv, -1, 1);
+        dbuf   ba = dbuf_put(a, (size_t)(T * nv) * 4), bb = dbuf_put(b, (size_t)(T * nv) * 4);
+        dbuf   bA = dbuf_put(A_log, (size_t)nv * 4), bd = dbuf_put(dt, (size_t)nv * 4);
+        dbuf   bg = dbuf_put(NULL, (size_t)(T * nv) * 4), bbeta = dbuf_put(NULL, (size_t)(T * nv) * 4);
+        call_ok(cpu->gdn_gate(cctx, bg.c, bbeta.c, ba.c, bb.c, bA.c, bd.c, T, nv), "cpu gdn_gate");
+        call_ok(gpu->gdn_gate(gctx, bg.g, bbeta.g, ba.g, bb.g, bA.g, bd.g, T, nv), "cuda gdn_gate");
+        char name[96];
+        snprintf(name, sizeof name, "gdn_gate g T=%ld nv=%d", T, nv);
+        compare_buf(name, &bg, T * nv, 1e-6, 1e-5);
+        snprintf(name, sizeof name, "gdn_gate beta T=%ld nv=%d", T, nv);
+        compare_buf(name, &bbeta, T * nv, 1e-6, 1e-5);
+        dbuf_free(&ba);
+        dbuf_free(&bb);
+        dbuf_free(&bA);
+        dbuf_free(&bd);
+        dbuf_free(&bg);
+        dbuf_free(&bbeta);
+        free(a);
+        free(b);
+        free(A_log);
+        free(dt);
+    }
+}
+
+static void l2normalise_rows(float *x, long rows, int C) {
+    for (long r = 0; r < rows; r++) {
+        double s = 0;
+        for (int c = 0; c < C; c++)
+            s += (double)x[r * C + c] * x[r * C + c];
+        for (int c = 0; c < C; c++)
+            x[r * C + c] = (float)(x[r * C + c] / sqrt(s + 1e-6));
+    }
+}
+
+static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv) {
+    int32_t cu[16];
+    long    T = make_seqs(lens, n_seq, cu);
+    float  *q = rand_f32(T * nk * dk, -1, 1), *k = rand_f32(T * nk * dk, -1, 1),
+          *v = rand_f32(T * nv * dv, -1, 1);
+    float *g = rand_f32(T * nv, -1.5, -0.001), *beta = rand_f32(T * nv, 0.02, 0.98);
+    l2normalise_rows(q, T * nk, dk);
+    l2normalise_rows(k, T * nk, dk);
+    dbuf  bq = dbuf_put(q, (size_t)(T * nk * dk) * 4), bk = dbuf_put(k, (size_t)(T * nk * dk) * 4);
+    dbuf  bv = dbuf_put(v, (size_t)(T * nv * dv) * 4), bg = dbuf_put(g, (size_t)(T * nv) * 4);
+    dbuf  bb = dbuf_put(beta, (size_t)(T * nv) * 4), bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4);
+    dbuf  bo = dbuf_put(NULL, (size_t)(T * nv * dv) * 4);
+    float scale = 1.0f / sqrtf((float)dk);
+    call_ok(cpu->gated_delta_rule(cctx, bo.c, bq.c, bk.c, bv.c, bg.c, bb.c, bc.c, n_seq, T, nk, nv, dk, dv,
+                                  scale),
+            "cpu gated_delta_rule");
+    call_ok(gpu->gated_delta_rule(gctx, bo.g, bq.g, bk.g, bv.g, bg.g, bb.g, bc.g, n_seq, T, nk, nv, dk, dv,
+                                  scale),
+            "cuda gated_delta_rule");
+    char name[112];
+    snprintf(name, sizeof name, "gated_delta_rule T=%ld n_seq=%d nk=%d nv=%d dk=%d dv=%d", T, n_seq, nk, nv,
+             dk, dv);
+    /* fp32 recurrence vs double chunked form: the state update is a contraction (|k| = 1,
+     * β < 1, e^g ≤ 1), so rounding does not grow with the sequence length */
+    compare_buf(name, &bo, T * nv * dv, 1e-6, 1e-5);
+    dbuf_free(&bq);
+    dbuf_free(&bk);
+    dbuf_free(&bv);
+    dbuf_free(&bg);
+    dbuf_free(&bb);
+    dbuf_free(&bc);
+    dbuf_free(&bo);
+    free(q);
+    free(k);
+    free(v);
+    free(g);
+    free(beta);
+}
+
+static void test_gdn(void) {
+    static const int packed[] = {1, 63, 64, 65, 200};
+    static const int one[] = {130};
+    gdn_case(packed, 5, 2, 6, 16, 12);
+    gdn_case(packed, 5, 2, 6, 128, 128);
+    gdn_case(packed, 5, 2, 2, 16, 128); /* nk = nv */
+    gdn_case(packed, 5, 2, 2, 128, 12); /* nk = nv */
+    gdn_case(one, 1, 1, 3, 100, 33);    /* dk, dv not multiples of 8 or 32 */
+    gdn_case(one, 1, 1, 1, 256, 40);    /* the largest dk */
+}
+
+// ----------------------------------------------------------------------------
+// empty shapes: CM_OK and no launch (a zero-sized grid would be a launch error)
+
+static void test_empty(void) {
+    float  *buf = NULL;
+    int32_t zero = 0;
+    void   *cu = NULL;
+    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&buf, 64 * sizeof(float)), "alloc"));
+    TST_CHECK(call_ok(gpu->alloc(gctx, &cu, sizeof zero), "alloc"));
+    TST_CHECK(call_ok(gpu->copy2d(gctx, buf, 4, buf + 32, 4, 0, 4), "copy2d rows=0"));
+    TST_CHECK(call_ok(gpu->add(gctx, buf, buf, 0), "add n=0"));
+    TST_CHECK(call_ok(gpu->swiglu(gctx, buf, buf, buf, 0), "swiglu n=0"));
+    TST_CHECK(call_ok(gpu->embed(gctx, buf, cu, buf, CM_DTYPE_BF16, 0, 8), "embed T=0"));
+    TST_CHECK(call_ok(gpu->gemm(gctx16, buf, buf, buf, CM_DTYPE_F32, 0, 8, 8), "gemm M=0"));
+    TST_CHECK(call_ok(gpu->gemm(gctx, buf, buf, buf, CM_DTYPE_BF16, 8, 0, 8), "gemm N=0"));
+    TST_CHECK(call_ok(gpu->rmsnorm(gctx, buf, buf, buf, 0, 8, 1e-6f, 1), "rmsnorm rows=0"));
+    TST_CHECK(call_ok(gpu->rmsnorm_gated(gctx, buf, buf, buf, buf, 0, 8, 1e-6f), "rmsnorm_gated rows=0"));
+    TST_CHECK(call_ok(gpu->l2norm(gctx, buf, buf, 0, 8, 1e-6f), "l2norm rows=0"));
+    TST_CHECK(call_ok(gpu->rope(gctx, buf, cu, 0, 2, 8, 8, 1e4f), "rope T=0"));
+    TST_CHECK(
+        call_ok(gpu->attention(gctx, buf, buf, buf, buf, NULL, cu, 0, 0, 2, 1, 8, 0.3f), "attention T=0"));
+    TST_CHECK(call_ok(gpu->conv1d_silu(gctx, buf, buf + 32, buf, cu, 0, 0, 8, 4), "conv1d_silu T=0"));
+    TST_CHECK(call_ok(gpu->gdn_gate(gctx, buf, buf, buf, buf, buf, buf, 0, 4), "gdn_gate T=0"));
+    TST_CHECK(call_ok(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 0, 0, 1, 2, 8, 8, 0.3f),
+                      "gated_delta_rule T=0"));
+    TST_CHECK(call_ok(gpu->sync(gctx), "sync") && call_ok(gpu->sync(gctx16), "sync"));
+    gpu->free(gctx, cu);
+    gpu->free(gctx, buf);
+    printf("%-58s ok\n", "empty shapes: every op returns ok without launching");
+}
+
+// ----------------------------------------------------------------------------
+// bad arguments: one clear status, no launch, and the context stays usable
+
+static void expect(cm_status got, cm_status want, const char *what) {
+    if (got != want)
+        fprintf(stderr, "  %s: got %s, want %s (%s)\n", what, cm_status_str(got), cm_status_str(want),
+                cm_last_error());
+    else
+        printf("%-58s -> %s: %s\n", what, cm_status_str(got), cm_last_error());
+    TST_CHECK(got == want);
+}
+
+static void test_bad_args(void) {
+    float *buf = NULL;
+    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&buf, 4096 * sizeof(float)), "alloc"));
+    int32_t cu_h[2] = {0, 8};
+    void   *cu = NULL;
+    TST_CHECK(call_ok(gpu->alloc(gctx, &cu, sizeof cu_h), "alloc"));
+    gpu->upload(gctx, cu, cu_h, sizeof cu_h);
+
+    kn_ctx       *c = NULL;
+    kn_ctx_config bad = {999, KN_GEMM_MODE_F32};
+    expect(gpu->ctx_create(&c, &bad), CM_ERR_INVALID_ARG, "ctx_create device 999");
+    TST_CHECK(c == NULL);
+    kn_ctx_config badm = {0, (kn_gemm_mode)7};
+    expect(gpu->ctx_create(&c, &badm), CM_ERR_INVALID_ARG, "ctx_create gemm_mode 7");
+    expect(gpu->alloc(gctx, NULL, 16), CM_ERR_INVALID_ARG, "alloc out=NULL");
+    expect(gpu->gemm(gctx, buf, buf, buf, CM_DTYPE_F32, -1, 2, 2), CM_ERR_INVALID_ARG, "gemm M=-1");
+    expect(gpu->gemm(gctx, buf, buf, buf, CM_DTYPE_F16, 2, 2, 2), CM_ERR_UNSUPPORTED, "gemm W F16");
+    expect(gpu->gemm(gctx, buf, NULL, buf, CM_DTYPE_F32, 2, 2, 2), CM_ERR_INVALID_ARG, "gemm inp=NULL");
+    expect(gpu->embed(gctx, buf, cu, buf, CM_DTYPE_F16, 2, 2), CM_ERR_UNSUPPORTED, "embed table F16");
+    expect(gpu->copy2d(gctx, buf, 3, buf + 100, 8, 2, 4), CM_ERR_INVALID_ARG, "copy2d dst_ld < cols");
+    expect(gpu->rmsnorm(gctx, buf, buf, buf, 2, 0, 1e-6f, 1), CM_ERR_INVALID_ARG, "rmsnorm C=0");
+    expect(gpu->rope(gctx, buf, cu, 2, 1, 8, 5, 1e4f), CM_ERR_INVALID_ARG, "rope rot_dim odd");
+    expect(gpu->rope(gctx, buf, cu, 2, 1, 8, 8, -1.0f), CM_ERR_INVALID_ARG, "rope theta < 0");
+    expect(gpu->attention(gctx, buf, buf, buf, buf, NULL, cu, 1, 8, 5, 2, 16, 0.25f), CM_ERR_INVALID_ARG,
+           "attention nq=5 nkv=2");
+    expect(gpu->attention(gctx, buf, buf, buf, buf, NULL, cu, 1, 8, 1, 1, 300, 0.25f), CM_ERR_UNSUPPORTED,
+           "attention hd=300");
+    expect(gpu->attention(gctx, buf, buf, buf, buf, NULL, cu, 0, 8, 1, 1, 16, 0.25f), CM_ERR_INVALID_ARG,
+           "attention n_seq=0 with T=8");
+    expect(gpu->conv1d_silu(gctx, buf, buf, buf + 2048, cu, 1, 8, 4, 4), CM_ERR_INVALID_ARG,
+           "conv1d_silu out == x");
+    expect(gpu->conv1d_silu(gctx, buf, buf + 64, buf + 2048, cu, 1, 8, 4, 0), CM_ERR_INVALID_ARG,
+           "conv1d_silu K=0");
+    expect(gpu->gdn_gate(gctx, buf, buf, buf, buf, buf, buf, 8, 0), CM_ERR_INVALID_ARG, "gdn_gate nv=0");
+    expect(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 1, 8, 2, 3, 16, 16, 0.25f),
+           CM_ERR_INVALID_ARG, "gated_delta_rule nv=3 nk=2");
+    expect(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 1, 8, 1, 1, 300, 16, 0.25f),
+           CM_ERR_UNSUPPORTED, "gated_delta_rule dk=300");
+    TST_CHECK(call_ok(gpu->sync(gctx), "sync after bad arguments"));
+    gpu->free(gctx, cu);
+    gpu->free(gctx, buf);
+}
+
+// ----------------------------------------------------------------------------
+
+int main(void) {
+    cpu = kn_backend_cpu();
+    gpu = kn_backend_cuda();
+    if (!gpu)
+        TST_SKIP("this build has no cuda backend");
+
+    kn_ctx_config cfg = {0, KN_GEMM_MODE_F32};
+    cm_status     st = gpu->ctx_create(&gctx, &cfg);
+    if (st == CM_ERR_UNSUPPORTED)
+        TST_SKIP("%s", cm_last_error());
+    if (st != CM_OK) {
+        fprintf(stderr, "cuda ctx_create failed: %s: %s\n", cm_status_str(st), cm_last_error());
+        return 1;
+    }
+    cfg.gemm_mode = KN_GEMM_MODE_BF16;
+    if (!call_ok(gpu->ctx_create(&gctx16, &cfg), "cuda ctx_create (bf16 gemm mode)"))
+        return tst_report();
+    if (!call_ok(cpu->ctx_create(&cctx, NULL), "cpu ctx_create"))
+        return tst_report();
+
+    test_memory();
+    test_copy2d();
+    test_elementwise();
+    test_embed();
+    test_gemm();
+    test_norms();
+    test_rope();
+    test_attention();
+    test_conv1d();
+    test_gdn_gate();
+    test_gdn();
+    test_empty();
+    test_bad_args();
+
+    cpu->ctx_destroy(&cctx);
+    gpu->ctx_destroy(&gctx16);
+    gpu->ctx_destroy(&gctx);
+    TST_CHECK(gctx == NULL && gctx16 == NULL);
+    return tst_report();
+}
