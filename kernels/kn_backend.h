@@ -42,6 +42,36 @@ typedef struct kn_ctx_config {
 } kn_ctx_config;
 #define KN_CTX_CONFIG_DEFAULT {0, KN_GEMM_MODE_BF16}
 
+/* DFlash block attention (DESIGN §5) for one layer. Query rows are the n_blocks · B block
+ * slots; keys/values are the T context rows plus the block rows. Query (block j, slot k)
+ * sees: context rows p with ctx_lo[j] ≤ p < anchors[j] (ctx_lo = start of the anchor's
+ * document), and on sliding layers (window > 0) only p ≥ anchors[j] + k − (window − 1);
+ * block rows of its own block only: all B slots (window = 0) or slots ≤ k (window > 0).
+ * GQA: q head h uses kv head h / (nq / nkv). A query that sees nothing outputs 0.
+ * Shapes: q, out, dout, dq [n_blocks·B, nq, hd]; k_ctx, v_ctx [T, nkv, hd];
+ * k_blk, v_blk [n_blocks·B, nkv, hd]; lse [n_blocks·B, nq] (natural log, written by fwd,
+ * read by bwd; −inf for a query that sees nothing). anchors, ctx_lo: I32 [n_blocks] in
+ * backend memory. */
+typedef struct kn_dflash_attn_params {
+    int64_t T;          /* context rows */
+    int64_t n_blocks;
+    int     B;          /* block size */
+    int     nq, nkv, hd;
+    int     window;     /* 0: full_attention layer; W > 0: sliding_attention with window W */
+    float   scale;      /* usually hd^-0.5 */
+    const int32_t *anchors, *ctx_lo;
+    const float   *q, *k_ctx, *v_ctx, *k_blk, *v_blk;
+    float         *out, *lse;                          /* fwd outputs; bwd reads them */
+    const float   *dout;                               /* bwd input */
+    float         *dq, *dk_ctx, *dv_ctx, *dk_blk, *dv_blk; /* bwd outputs */
+} kn_dflash_attn_params;
+
+typedef struct kn_adamw_params {
+    float   lr, beta1, beta2, eps, weight_decay;
+    float   grad_scale; /* multiplies the gradient first (global-norm clipping) */
+    int64_t step;       /* 1-based, for bias correction */
+} kn_adamw_params;
+
 typedef struct kn_backend {
     const char *name; /* "cpu", "cuda" */
 
@@ -113,6 +143,47 @@ typedef struct kn_backend {
     cm_status (*gated_delta_rule)(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                                   const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                   int64_t T, int nk, int nv, int dk, int dv, float scale);
+
+    // ---- drafter training: backward passes and the DFlash-specific ops (DESIGN §5).
+    // The cuda table fills these in a later issue; until then they are NULL there
+    // (callers check and report "not available on this backend").
+
+    /* dinp[M, K] (= or += when accumulate) dout[M, N] · W[N, K]; W in wdt (F32 or BF16). */
+    cm_status (*gemm_dx)(kn_ctx *ctx, float *dinp, const float *dout, const void *w, cm_dtype wdt, int64_t M,
+                         int64_t N, int64_t K, int accumulate); /* (optional) */
+    /* dw[N, K] += dout[M, N]ᵀ · inp[M, K] (always accumulates: grads are zeroed once per step). */
+    cm_status (*gemm_dw)(kn_ctx *ctx, float *dw, const float *dout, const float *inp, int64_t M, int64_t N,
+                         int64_t K); /* (optional) */
+    /* Backward of rmsnorm (same one_plus meaning): dinp = ∂/∂inp (written), dw += ∂/∂w.
+     * inp is the forward input; dinp may not alias dout. */
+    cm_status (*rmsnorm_bwd)(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* (optional) */
+    /* Backward of rope: rotates the gradient dx in place by the negative angles. */
+    cm_status (*rope_bwd)(kn_ctx *ctx, float *dx, const int32_t *pos, int64_t T, int n_heads, int head_dim,
+                          int rot_dim, float theta); /* (optional) */
+    /* Backward of swiglu: dgate, dup written. */
+    cm_status (*swiglu_bwd)(kn_ctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n); /* (optional) */
+    /* DFlash block attention, forward (see kn_dflash_attn_params). */
+    cm_status (*dflash_attn_fwd)(kn_ctx *ctx, const kn_dflash_attn_params *p); /* (optional) */
+    /* DFlash block attention, backward: writes dq, dk_ctx, dv_ctx, dk_blk, dv_blk (=). */
+    cm_status (*dflash_attn_bwd)(kn_ctx *ctx, const kn_dflash_attn_params *p); /* (optional) */
+    /* Fused LM head + cross-entropy over R rows, never holding more than one chunk of logits:
+     *   logits_r = h_r · Wᵀ (W [V, D] frozen, in wdt), ce_r = logsumexp(logits_r) − logits_r[label_r],
+     *   argmax_r = index of the largest logit (lowest index on ties),
+     *   dh_r = gscale_r · (softmax(logits_r) − onehot(label_r)) · W      (when dh ≠ NULL).
+     * ce [R] and argmax [R] are written; gscale [R] is the per-row weight of dloss/dce. */
+    cm_status (*lm_ce)(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h, const int32_t *labels,
+                       const float *gscale, const void *w, cm_dtype wdt, int64_t R, int64_t V,
+                       int64_t D); /* (optional) */
+    /* Sum of squares of x[0, n) in double, returned on the host (blocks). */
+    cm_status (*sumsq)(kn_ctx *ctx, double *out, const float *x, int64_t n); /* (optional) */
+    /* One AdamW step on n fp32 values (PyTorch semantics, decoupled weight decay):
+     *   p -= lr·wd·p;  m = b1·m + (1−b1)·g;  v = b2·v + (1−b2)·g²;
+     *   p -= lr · (m / (1 − b1^step)) / (sqrt(v / (1 − b2^step)) + eps);
+     * g = grad · grad_scale (the clip factor). step ≥ 1. */
+    cm_status (*adamw)(kn_ctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
+                       const kn_adamw_params *p); /* (optional) */
 } kn_backend;
 
 const kn_backend *kn_backend_cpu(void);

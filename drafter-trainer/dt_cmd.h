@@ -1,0 +1,17 @@
+/* drafter-trainer/dt_cmd.h — the drafter-trainer subcommands; dt_main.c dispatches to them.
+ * Each takes the arguments after its name and returns the process exit status: 0 success,
+ * 1 failure (one message on stderr), 2 usage error. */
+#ifndef DT_CMD_H
+#define DT_CMD_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int dt_cmd_grad(int argc, char **argv);  /* dt_grad.c: DESIGN §6 check interface */
+int dt_cmd_train(int argc, char **argv); /* dt_train.c: training from batch files */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_CMD_H */

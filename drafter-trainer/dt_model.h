@@ -1,0 +1,90 @@
+/* drafter-trainer/dt_model.h — the DFlash drafter (DESIGN §5, reference/dflash.md §1): its
+ * parameters (fp32 masters and fp32 gradients in backend memory), the frozen target
+ * embedding and LM head it borrows from the target, and one training step: forward and
+ * backward over a packed batch with given anchors, written once against the kernel backend
+ * table (so the whole step runs on the cpu reference).
+ *
+ * Parameter names are the serving-checkpoint keys ("fc.weight", "hidden_norm.weight",
+ * "norm.weight", "layers.{l}.self_attn.q_proj.weight", ...), in a fixed order. The model
+ * owns its memory; it borrows the backend and context, which must outlive it. One thread. */
+#ifndef DT_MODEL_H
+#define DT_MODEL_H
+
+#include <stdint.h>
+
+#include "cm_cfg.h"
+#include "cm_status.h"
+#include "kn_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_model dt_model;
+
+typedef struct dt_param {
+    const char *name;     /* serving key */
+    int         n_dims;   /* 1 or 2 */
+    int64_t     shape[2];
+    int64_t     numel;
+    float      *data;     /* backend memory, fp32 master */
+    float      *grad;     /* backend memory, fp32, zeroed at the start of every step */
+} dt_param;
+
+/* A packed batch on the host (DESIGN §5 and §6). target_hidden is F32 [T, n_taps·D]. */
+typedef struct dt_batch {
+    int64_t        T;
+    int            n_seq;
+    const int32_t *cu_seqlens;    /* [n_seq + 1] */
+    const int32_t *input_ids;     /* [T] */
+    const int32_t *loss_mask;     /* [T], 0 or 1 */
+    const float   *target_hidden; /* [T, n_taps·D] */
+    int64_t        n_anchors;
+    const int32_t *anchors;       /* [n_anchors], sorted ascending, each in [0, T) */
+} dt_batch;
+
+/* What a step measured. acc_hits[k] / acc_count[k] is the accuracy of slot k (k ≥ 1, over
+ * slots with weight > 0); tau is the mean over blocks of 1 + the number of leading slots
+ * k = 1, 2, ... whose argmax equals the label (a slot without a label stops the run). */
+typedef struct dt_step_stats {
+    double  loss;         /* Σ w·CE / Σ w (0 when Σ w = 0) */
+    double  weight_sum;   /* Σ w */
+    int64_t n_blocks;
+    double  tau;
+    int64_t acc_hits[64], acc_count[64]; /* indexed by slot, [0, B) */
+} dt_step_stats;
+
+/* Creates a drafter of cfg (block_size ≤ 64, hidden_size ≥ 1, ...) on the backend with parameters zeroed. The frozen embedding and
+ * LM head are attached separately. Caller destroys with dt_model_destroy. */
+cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_backend *be, kn_ctx *ctx);
+void      dt_model_destroy(dt_model **m); /* NULL-safe */
+const cm_drafter_cfg *dt_model_cfg(const dt_model *m);
+
+/* Hugging Face Qwen3 initialisation: every weight matrix ~ normal(0, 0.02) from a generator
+ * seeded with seed (deterministic across machines), every norm weight 1. */
+cm_status dt_model_init_random(dt_model *m, uint64_t seed);
+/* Loads the parameters from a serving checkpoint directory (config.json must match cfg;
+ * model.safetensors with every key, any float dtype). Missing or misshapen tensors name the key. */
+cm_status dt_model_load(dt_model *m, const char *dir);
+/* Attaches the frozen target embedding and LM head ([V, D] each, host data in F32 or BF16,
+ * copied to the backend). lm_head may equal embed (tied). Checks V and D against cfg. */
+cm_status dt_model_set_frozen(dt_model *m, const void *embed, cm_dtype embed_dt, const void *lm_head,
+                              cm_dtype lm_head_dt, int64_t V, int64_t D);
+
+int             dt_model_n_params(const dt_model *m);
+const dt_param *dt_model_param(const dt_model *m, int i);
+const dt_param *dt_model_find_param(const dt_model *m, const char *name); /* NULL if absent */
+
+/* Checks a batch against the model: cu_seqlens 0 … T strictly increasing, ids < vocab,
+ * loss_mask 0/1, anchors sorted and in range. CM_ERR_INVALID_ARG naming the first problem. */
+cm_status dt_batch_validate(const dt_model *m, const dt_batch *b);
+
+/* One forward + backward: zeroes every grad, then accumulates ∂loss/∂param for loss =
+ * Σ w·CE / Σ w with w = exp(−(k − 1)/gamma) (DESIGN §5). Fills stats when non-NULL.
+ * A batch with no anchors or Σ w = 0 leaves zero gradients and loss 0. */
+cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_MODEL_H */
