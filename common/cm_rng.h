@@ -27,10 +27,10 @@ void cm_rng_seed(cm_rng *r, uint64_t seed);
  * keys, so (seed, epoch, batch) → a state that does not depend on any earlier draw. */
 void cm_rng_seed_stream(cm_rng *r, uint64_t seed, uint64_t a, uint64_t b);
 
-uint64_t cm_rng_u64(cm_rng *r);              /* 64 uniform bits */
-double   cm_rng_uniform(cm_rng *r);          /* uniform in [0, 1), 53-bit resolution */
+uint64_t cm_rng_u64(cm_rng *r);               /* 64 uniform bits */
+double   cm_rng_uniform(cm_rng *r);           /* uniform in [0, 1), 53-bit resolution */
 uint64_t cm_rng_below(cm_rng *r, uint64_t n); /* uniform in [0, n) without modulo bias; n ≥ 1 */
-double   cm_rng_normal(cm_rng *r);           /* N(0, 1) by Box–Muller (cosine branch) */
+double   cm_rng_normal(cm_rng *r);            /* N(0, 1) by Box–Muller (cosine branch) */
 
 #ifdef __cplusplus
 }

@@ -1,3 +1,10 @@
 # drafter-trainer training-loop tests: the generator (cm), anchors and the optimizer schedule
 # (pure modules), then the checkpoint format and the end-to-end training run (need the dt library).
 add_unit_test(test_cm_rng test_cm_rng.c LABELS unit)
+# The pure modules compile straight into their tests until the dt library exists.
+if(TARGET dt)
+  add_unit_test(test_dt_anchor test_dt_anchor.c LIBS dt)
+else()
+  add_unit_test(test_dt_anchor "test_dt_anchor.c;${PROJECT_SOURCE_DIR}/drafter-trainer/dt_anchor.c")
+  target_include_directories(test_dt_anchor PRIVATE ${PROJECT_SOURCE_DIR}/drafter-trainer)
+endif()

@@ -29,15 +29,18 @@ static void test_reproducible(void) {
     cm_rng_seed(&a, 42);
     cm_rng_seed(&b, 42);
     int same = 1;
-    for (int i = 0; i < 1000; i++) same &= cm_rng_u64(&a) == cm_rng_u64(&b);
+    for (int i = 0; i < 1000; i++)
+        same &= cm_rng_u64(&a) == cm_rng_u64(&b);
     TST_CHECK(same);
 
     /* a saved state replays the same stream, normals included */
     cm_rng saved = a;
     double v1[16], v2[16];
-    for (int i = 0; i < 16; i++) v1[i] = cm_rng_normal(&a);
+    for (int i = 0; i < 16; i++)
+        v1[i] = cm_rng_normal(&a);
     a = saved;
-    for (int i = 0; i < 16; i++) v2[i] = cm_rng_normal(&a);
+    for (int i = 0; i < 16; i++)
+        v2[i] = cm_rng_normal(&a);
     TST_CHECK(memcmp(v1, v2, sizeof v1) == 0);
 
     /* different seeds differ; seed 0 gives a usable (non-zero) state */
@@ -76,15 +79,18 @@ static void test_uniform(void) {
     double sum = 0, lo = 1, hi = 0;
     for (int i = 0; i < N; i++) {
         double u = cm_rng_uniform(&r);
-        if (u < lo) lo = u;
-        if (u > hi) hi = u;
+        if (u < lo)
+            lo = u;
+        if (u > hi)
+            hi = u;
         sum += u;
         hist[(int)(u * NB)]++;
     }
     TST_CHECK(lo >= 0.0 && hi < 1.0);
     TST_CHECK(fabs(sum / N - 0.5) < 0.005);
     double chi2 = 0, e = (double)N / NB;
-    for (int b = 0; b < NB; b++) chi2 += (hist[b] - e) * (hist[b] - e) / e;
+    for (int b = 0; b < NB; b++)
+        chi2 += (hist[b] - e) * (hist[b] - e) / e;
     /* 63 degrees of freedom: the 0.999 quantile is about 104 */
     fprintf(stderr, "uniform chi2 %.1f (63 dof)\n", chi2);
     TST_CHECK(chi2 < 104.0);
@@ -94,12 +100,15 @@ static void test_uniform(void) {
     for (int i = 0; i < 70000; i++) {
         uint64_t k = cm_rng_below(&r, 7);
         TST_CHECK(k < 7);
-        if (k < 7) cnt[k]++;
+        if (k < 7)
+            cnt[k]++;
     }
-    for (int k = 0; k < 7; k++) TST_CHECK(cnt[k] > 9500 && cnt[k] < 10500);
+    for (int k = 0; k < 7; k++)
+        TST_CHECK(cnt[k] > 9500 && cnt[k] < 10500);
     TST_CHECK(cm_rng_below(&r, 1) == 0);
     uint64_t big = (UINT64_MAX / 3) * 2; /* rejection region is large here */
-    for (int i = 0; i < 1000; i++) TST_CHECK(cm_rng_below(&r, big) < big);
+    for (int i = 0; i < 1000; i++)
+        TST_CHECK(cm_rng_below(&r, big) < big);
 }
 
 static void test_normal(void) {
