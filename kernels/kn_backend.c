@@ -29,6 +29,16 @@ static const kn_backend cpu_backend = {
     .conv1d_silu      = kn_ref_conv1d_silu,
     .gdn_gate         = kn_ref_gdn_gate,
     .gated_delta_rule = kn_ref_gated_delta_rule,
+    .gemm_dx          = kn_ref_gemm_dx,
+    .gemm_dw          = kn_ref_gemm_dw,
+    .rmsnorm_bwd      = kn_ref_rmsnorm_bwd,
+    .rope_bwd         = kn_ref_rope_bwd,
+    .swiglu_bwd       = kn_ref_swiglu_bwd,
+    .dflash_attn_fwd  = kn_ref_dflash_attn_fwd,
+    .dflash_attn_bwd  = kn_ref_dflash_attn_bwd,
+    .lm_ce            = kn_ref_lm_ce,
+    .sumsq            = kn_ref_sumsq,
+    .adamw            = kn_ref_adamw,
 };
 
 const kn_backend *kn_backend_cpu(void) { return &cpu_backend; }

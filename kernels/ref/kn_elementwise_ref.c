@@ -1,5 +1,6 @@
-/* kernels/ref/kn_elementwise_ref.c — reference add (x += y) and SwiGLU (out = silu(gate)·up).
- * Evaluated in double per element and rounded once; out may alias either input. */
+/* kernels/ref/kn_elementwise_ref.c — reference add (x += y), SwiGLU (out = silu(gate)·up)
+ * and its backward. Evaluated in double per element and rounded once; an output may alias
+ * the inputs (each element is read before it is written). */
 #include "kn_ref.h"
 
 cm_status kn_ref_add(kn_ctx *ctx, float *x, const float *y, int64_t n) {
@@ -17,5 +18,25 @@ cm_status kn_ref_swiglu(kn_ctx *ctx, float *out, const float *gate, const float 
     if (n == 0) return CM_OK;
     KN_REF_CHECK(out && gate && up, "swiglu: out, gate or up is NULL");
     for (int64_t i = 0; i < n; i++) out[i] = (float)(kn_ref_silu(gate[i]) * (double)up[i]);
+    return CM_OK;
+}
+
+/* d/dg silu(g) = σ(g) + g·σ(g)·(1 − σ(g)) = σ(g)·(1 + g·(1 − σ(g))). */
+cm_status kn_ref_swiglu_bwd(kn_ctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n) {
+    KN_REF_CHECK(ctx, "swiglu_bwd: ctx is NULL");
+    KN_REF_CHECK(n >= 0, "swiglu_bwd: n=%lld must be >= 0", (long long)n);
+    if (n == 0) return CM_OK;
+    KN_REF_CHECK(dgate && dup && dout && gate && up, "swiglu_bwd: dgate, dup, dout, gate or up is NULL");
+    KN_REF_CHECK(dgate != dup, "swiglu_bwd: dgate and dup must be different buffers");
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        const double d = dout[i], g = gate[i], u = up[i];
+        const double sg = kn_ref_sigmoid(g);
+        dup[i]          = (float)(d * kn_ref_silu(g));
+        dgate[i]        = (float)(d * u * sg * (1.0 + g * (1.0 - sg)));
+    }
     return CM_OK;
 }

@@ -74,6 +74,52 @@ cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const
                                   const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                   int64_t T, int nk, int nv, int dk, int dv, float scale);
 
+// ---- drafter training: backward passes and the DFlash ops (kn_gemm_ref.c, kn_norm_ref.c,
+// kn_rope_ref.c, kn_elementwise_ref.c, kn_dflash_attn_ref.c, kn_lm_ce_ref.c, kn_optim_ref.c).
+// Each is deterministic: bit-identical run to run and for any thread count (every output
+// element is summed by one thread in a fixed order; no atomics).
+/* dinp[m, k] = Σ_n dout[m, n]·W[n, k] in double over n = 0..N-1 in order (plus the old
+ * dinp[m, k] when accumulate), rounded once. N = 0 writes zeros (or leaves dinp as is). */
+cm_status kn_ref_gemm_dx(kn_ctx *ctx, float *dinp, const float *dout, const void *w, cm_dtype wdt, int64_t M,
+                         int64_t N, int64_t K, int accumulate);
+/* dw[n, k] = dw[n, k] + Σ_m dout[m, n]·inp[m, k], the sum in double over m in order. */
+cm_status kn_ref_gemm_dw(kn_ctx *ctx, float *dw, const float *dout, const float *inp, int64_t M, int64_t N,
+                         int64_t K);
+/* dinp = rstd·s⊙dout − inp·rstd³/C·Σ(dout⊙s⊙inp) with s = w or 1 + w; dw[c] += Σ_rows
+ * dout·inp·rstd (the rows summed in order). */
+cm_status kn_ref_rmsnorm_bwd(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, int64_t rows, int64_t C, float eps, int one_plus);
+/* The transpose of kn_ref_rope: the same F32 inv_freq and F32 angle, the rotation by −angle. */
+cm_status kn_ref_rope_bwd(kn_ctx *ctx, float *dx, const int32_t *pos, int64_t T, int n_heads, int head_dim,
+                          int rot_dim, float theta);
+/* dup = dout·silu(gate); dgate = dout·up·σ(gate)·(1 + gate·(1 − σ(gate))). Either output
+ * may alias dout. */
+cm_status kn_ref_swiglu_bwd(kn_ctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n);
+/* Validates 0 ≤ ctx_lo[j] ≤ anchors[j] < T for every block. Forward: one query row's scores
+ * at a time, softmax in double with max subtraction, lse = max + log Σ; parallel over
+ * (query row, head). Backward: the probabilities are recomputed from the saved lse; pass 1
+ * (parallel over query rows) gives dq and Δ = Σ p·dp per query; pass 2 (parallel over key
+ * rows × kv heads) sums dk, dv over the blocks, slots and group heads that see the key, in
+ * that fixed order. */
+cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
+cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
+/* Chunks of KN_REF_LM_CE_ROWS rows share each widened row of W; per-thread scratch is one
+ * chunk of logits in double ([rows, V]) and one [rows, D] accumulator for dh. Labels must be
+ * in [0, V); gscale may be NULL when dh is NULL. */
+#define KN_REF_LM_CE_ROWS 8
+cm_status kn_ref_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h,
+                       const int32_t *labels, const float *gscale, const void *w, cm_dtype wdt, int64_t R,
+                       int64_t V, int64_t D);
+/* Fixed chunks of KN_REF_SUMSQ_CHUNK values, each summed in double, then the chunk sums in
+ * order: the same result for any thread count. */
+#define KN_REF_SUMSQ_CHUNK 65536
+cm_status kn_ref_sumsq(kn_ctx *ctx, double *out, const float *x, int64_t n);
+/* Per element in double (the F32 hyperparameters widened), m, v and param stored as F32;
+ * the param update uses the unrounded double m and v of this step. */
+cm_status kn_ref_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
+                       const kn_adamw_params *p);
+
 // ---- scalar functions shared by the reference files
 static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double kn_ref_silu(double x) { return x / (1.0 + exp(-x)); }

@@ -1,0 +1,3 @@
+# The cpu reference of the drafter training ops (backward passes, DFlash attention, fused LM
+# head + CE, sumsq, AdamW) against finite differences and naive formulas (unit).
+add_unit_test(test_kn_ref_bwd test_kn_ref_bwd.c LABELS unit LIBS kn)
