@@ -1,0 +1,4 @@
+# Hidden-state transport, part 1: the wire format (cm_proto, cm_hash) and the tensor encodings
+# (cm_compress), plus bench_cm_compress, a standalone benchmark (not a test) whose figures go
+# to bench/results/compress-<date>.md.
+add_unit_test(test_cm_proto test_cm_proto.c LABELS unit)
