@@ -2,3 +2,4 @@
 # (cm_compress), plus bench_cm_compress, a standalone benchmark (not a test) whose figures go
 # to bench/results/compress-<date>.md.
 add_unit_test(test_cm_proto test_cm_proto.c LABELS unit)
+add_unit_test(test_cm_compress test_cm_compress.c LABELS unit)

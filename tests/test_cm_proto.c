@@ -463,7 +463,7 @@ static size_t req_frame(uint32_t enc, uint32_t T, uint32_t N, uint32_t L, const 
 }
 
 static void test_request_fields(void) {
-    int32_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8}, c[4] = {0, 3, 8}, l[4] = {0, 5};
+    int32_t t[16] = {1, 2, 3, 4, 5, 6, 7, 8}, c[16] = {0, 3, 8}, l[16] = {0, 5};
     size_t  n    = req_frame(CM_ENCODING_ZSTD, 8, 2, 2, t, c, l, 0);
     TST_CHECK(dec_request(frame, n) == CM_OK);
     n = req_frame(CM_ENCODING_END, 8, 2, 2, t, c, l, 0);
