@@ -72,6 +72,7 @@ struct cm_compress {
     atomic_llong       next;
     atomic_int         abort;
     /* per-chunk sizes (encode) or stream offsets (decode), grown to the most chunks seen */
+    int                tuned;  /* whether the CCtxs hold the tuned parameters now */
     uint32_t          *sizes;
     uint64_t          *offs;
     size_t             chunks_cap;
@@ -181,15 +182,22 @@ void cm_compress_destroy(cm_compress **cp) {
     *cp = NULL;
 }
 
-#define ZSTD_SET(cctx, param, value)                                                                          \
-    do {                                                                                                     \
-        size_t r_ = ZSTD_CCtx_setParameter((cctx), (param), (value));                                        \
-        if (ZSTD_isError(r_)) {                                                                              \
-            st = CM_FAIL(CM_ERR_ZSTD, "zstd: cannot set " #param " to %d: %s", (int)(value),                \
-                         ZSTD_getErrorName(r_));                                                             \
-            goto fail;                                                                                       \
-        }                                                                                                    \
-    } while (0)
+/* Sets a worker's compression parameters: the level, frame checksums and content sizes, and
+ * with tuned the entropy-first match parameters (see cm_compress_config.tune). */
+static cm_status set_params(cm_compress *c, worker *w, int tuned) {
+    static const struct { ZSTD_cParameter p; const char *name; } names[] = {
+        {ZSTD_c_compressionLevel, "level"}, {ZSTD_c_checksumFlag, "checksumFlag"},
+        {ZSTD_c_contentSizeFlag, "contentSizeFlag"}, {ZSTD_c_hashLog, "hashLog"}, {ZSTD_c_minMatch, "minMatch"}};
+    int    values[] = {c->cfg.level, 1, 1, 6, 7};
+    size_t r        = ZSTD_CCtx_reset(w->cctx, ZSTD_reset_parameters);
+    for (int k = 0; !ZSTD_isError(r) && k < (tuned ? 5 : 3); k++) {
+        r = ZSTD_CCtx_setParameter(w->cctx, names[k].p, values[k]);
+        if (ZSTD_isError(r))
+            return CM_FAIL(CM_ERR_ZSTD, "zstd: cannot set %s to %d: %s", names[k].name, values[k], ZSTD_getErrorName(r));
+    }
+    if (ZSTD_isError(r)) return CM_FAIL(CM_ERR_ZSTD, "zstd: cannot reset parameters: %s", ZSTD_getErrorName(r));
+    return CM_OK;
+}
 
 cm_status cm_compress_create(cm_compress **out, const cm_compress_config *cfg) {
     cm_status    st = CM_OK;
@@ -206,6 +214,8 @@ cm_status cm_compress_create(cm_compress **out, const cm_compress_config *cfg) {
                        CM_COMPRESS_MAX_CHUNK_BYTES);
     if (cfg->rotate != 0 && cfg->rotate != 1)
         return CM_FAIL(CM_ERR_INVALID_ARG, "compress: rotate %d must be 0 or 1", cfg->rotate);
+    if (cfg->tune != 0 && cfg->tune != 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "compress: tune %d must be 0 or 1", cfg->tune);
     c = calloc(1, sizeof *c);
     if (!c) return CM_FAIL(CM_ERR_NOMEM, "compress: out of memory");
     c->cfg       = *cfg;
@@ -241,9 +251,7 @@ cm_status cm_compress_create(cm_compress **out, const cm_compress_config *cfg) {
             st = CM_FAIL(CM_ERR_ZSTD, "zstd: cannot create a compression context (out of memory)");
             goto fail;
         }
-        ZSTD_SET(w->cctx, ZSTD_c_compressionLevel, cfg->level);
-        ZSTD_SET(w->cctx, ZSTD_c_checksumFlag, 1);
-        ZSTD_SET(w->cctx, ZSTD_c_contentSizeFlag, 1);
+        CM_TRY_GOTO(set_params(c, w, 0), st, fail);
     }
     for (int k = 1; k < c->n_workers; k++) {
         int e = pthread_create(&c->w[k].thread, NULL, worker_main, &c->w[k]);
@@ -564,6 +572,11 @@ cm_status cm_compress_encode(cm_compress *c, cm_encoding enc, cm_dtype dt, const
     }
     uint8_t *d = dst;
     CM_TRY(ensure_chunks(c, L.n_chunks));
+    int tuned = c->cfg.tune && enc != CM_ENCODING_ZSTD;
+    if (tuned != c->tuned) {
+        for (int k = 0; k < c->n_workers; k++) CM_TRY(set_params(c, &c->w[k], tuned));
+        c->tuned = tuned;
+    }
     if (enc != CM_ENCODING_ZSTD) CM_TRY(ensure_scratch(c, L.chunk_in));
     put_u32(d, CM_COMPRESS_MAGIC);
     d[4] = (uint8_t)enc;

@@ -65,8 +65,11 @@ typedef struct cm_compress_config {
     int    level;       /* zstd level (ZSTD_minCLevel() .. ZSTD_maxCLevel(); 0 = zstd's default, 3) */
     size_t chunk_bytes; /* input bytes per chunk when encoding (4 KiB .. CM_COMPRESS_MAX_CHUNK_BYTES) */
     int    rotate;      /* zstd-byteplane: rotate elements left by one bit before the split (1) or not (0) */
+    int    tune;        /* zstd-byteplane and fp8-zstd: 1 = entropy-first match parameters on top of the level
+                           (hashLog 6, minMatch 7: few, long matches; the planes are mostly literals for
+                           Huffman), measured faster and smaller on hidden states; 0 = the level's own */
 } cm_compress_config;
-#define CM_COMPRESS_CONFIG_DEFAULT { 1, 1, 256u << 10, 1 }
+#define CM_COMPRESS_CONFIG_DEFAULT { 1, 1, 256u << 10, 1, 1 }
 
 typedef struct cm_compress cm_compress;
 

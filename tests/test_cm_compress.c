@@ -35,14 +35,18 @@ static void hidden_like(float *x, int64_t rows, int64_t cols) {
     }
 }
 
-static cm_compress *make(int threads, int level, size_t chunk, int rotate) {
-    cm_compress_config cfg = {threads, level, chunk, rotate};
+static cm_compress *make_t(int threads, int level, size_t chunk, int rotate, int tune) {
+    cm_compress_config cfg = {threads, level, chunk, rotate, tune};
     cm_compress       *c   = NULL;
     if (cm_compress_create(&c, &cfg) != CM_OK) {
         fprintf(stderr, "cannot create: %s\n", cm_last_error());
         exit(1);
     }
     return c;
+}
+
+static cm_compress *make(int threads, int level, size_t chunk, int rotate) {
+    return make_t(threads, level, chunk, rotate, 1);
 }
 
 /* Encodes and decodes; returns the encoded size (0 on failure, with a failed check). */
@@ -105,7 +109,7 @@ static void fill(int kind, uint8_t *p, size_t n_bytes, cm_dtype dt) {
 }
 
 static void test_lossless(void) {
-    cm_compress *c1 = make(1, 1, 4096, 1), *c0 = make(1, 3, 4096, 0), *c3 = make(3, 1, 4096, 1);
+    cm_compress *c1 = make(1, 1, 4096, 1), *c0 = make_t(1, 3, 4096, 0, 0), *c3 = make(3, 1, 4096, 1);
     const cm_dtype dts[]   = {CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_F16, CM_DTYPE_I32, CM_DTYPE_U8, CM_DTYPE_F64};
     const int64_t  sizes[] = {0, 1, 2, 3, 7, 2047, 2048, 2049, 4095, 12289, 100003};
     const cm_encoding encs[] = {CM_ENCODING_RAW, CM_ENCODING_ZSTD, CM_ENCODING_ZSTD_BYTEPLANE};
@@ -192,6 +196,14 @@ static void test_determinism(void) {
                                  &planes) == CM_OK);
     fprintf(stderr, "bf16 hidden-like: zstd %.3fx, zstd-byteplane %.3fx\n", 600000.0 / plain, 600000.0 / planes);
     TST_CHECK(planes < plain);
+    /* switching between tuned (planes) and untuned (plain zstd) parameters keeps each output the same */
+    size_t again = 0;
+    TST_CHECK(cm_compress_encode(c, CM_ENCODING_ZSTD, CM_DTYPE_BF16, bf, 300, 1000, enc2, sizeof enc2, &again) ==
+              CM_OK);
+    TST_CHECK(again == plain);
+    TST_CHECK(cm_compress_encode(c, CM_ENCODING_ZSTD_BYTEPLANE, CM_DTYPE_BF16, bf, 300, 1000, enc2, sizeof enc2,
+                                 &again) == CM_OK);
+    TST_CHECK(again == planes && memcmp(enc1, enc2, planes) == 0);
     cm_compress_destroy(&c);
 }
 
@@ -336,7 +348,8 @@ static void test_stream_fields(void) {
     TST_CHECK(cm_compress_bound(c, CM_ENCODING_FP8_ZSTD, CM_DTYPE_I32, 4, 4) == 0);
     cm_compress_destroy(&c);
     /* configs */
-    cm_compress_config bads[] = {{0, 1, 4096, 1}, {1, 1000, 4096, 1}, {1, 1, 100, 1}, {1, 1, 1u << 30, 1}, {1, 1, 4096, 2}};
+    cm_compress_config bads[] = {{0, 1, 4096, 1, 1},       {1, 1000, 4096, 1, 1}, {1, 1, 100, 1, 1},
+                                 {1, 1, 1u << 30, 1, 1}, {1, 1, 4096, 2, 1},    {1, 1, 4096, 1, 2}};
     for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
         cm_compress *b = (cm_compress *)1;
         TST_CHECK(cm_compress_create(&b, &bads[i]) == CM_ERR_INVALID_ARG && b == NULL);
