@@ -1,0 +1,382 @@
+/* drafter-trainer/dt_data.c — batch files: listing, checking, hashing, the per-epoch shuffle
+ * and loading into reusable host buffers (layout in dt_data.h). The set hash is FNV-1a 64
+ * over the fields listed there; the mmapped file is closed after each load. */
+#include "dt_data.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_dtype.h"
+#include "cm_rng.h"
+#include "cm_safetensors.h"
+
+struct dt_data {
+    int      n;     /* files */
+    char   **paths; /* [n], owned */
+    int64_t *T;     /* [n] tokens per file */
+    int     *N;     /* [n] documents per file */
+    int      n_taps, hidden, vocab;
+    int64_t  width; /* n_taps · hidden */
+    int64_t  max_T;
+    int      max_N;
+    uint64_t hash;
+    int32_t *ids, *cu, *mask; /* [max_T], [max_N + 1], [max_T] */
+    float   *hidden_buf;      /* [max_T, width] */
+};
+
+// ---- FNV-1a 64
+
+static void fnv(uint64_t *h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        *h ^= b[i];
+        *h *= 0x100000001b3ULL;
+    }
+}
+
+static void fnv_i64(uint64_t *h, int64_t v) {
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)v >> (8 * i));
+    fnv(h, b, 8);
+}
+
+// ---- lists
+
+void dt_data_free_list(char **paths, int n) {
+    if (!paths)
+        return;
+    for (int i = 0; i < n; i++)
+        free(paths[i]);
+    free(paths);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static cm_status list_push(char ***paths, int *n, int *cap, const char *s, size_t len) {
+    if (*n == *cap) {
+        int    nc = *cap ? *cap * 2 : 16;
+        char **np = realloc(*paths, (size_t)nc * sizeof *np);
+        if (!np)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot grow the data file list");
+        *paths = np;
+        *cap = nc;
+    }
+    char *c = malloc(len + 1);
+    if (!c)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot grow the data file list");
+    memcpy(c, s, len);
+    c[len] = '\0';
+    (*paths)[*n] = c;
+    (*n)++;
+    return CM_OK;
+}
+
+cm_status dt_data_list_dir(const char *dir, char ***paths, int *n) {
+    *paths = NULL;
+    *n = 0;
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return CM_FAIL(CM_ERR_IO, "cannot open data directory '%s': %s", dir, strerror(errno));
+    cm_status      st = CM_OK;
+    int            cap = 0;
+    struct dirent *e;
+    char           buf[4096];
+    while ((e = readdir(dp)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (e->d_name[0] == '.' || len <= 12 || strcmp(e->d_name + len - 12, ".safetensors") != 0)
+            continue;
+        int k = snprintf(buf, sizeof buf, "%s/%s", dir, e->d_name);
+        if (k < 0 || (size_t)k >= sizeof buf) {
+            st = CM_FAIL(CM_ERR_INVALID_ARG, "data path '%s/%s' is too long", dir, e->d_name);
+            goto fail;
+        }
+        CM_TRY_GOTO(list_push(paths, n, &cap, buf, (size_t)k), st, fail);
+    }
+    closedir(dp);
+    dp = NULL;
+    if (*n == 0) {
+        st = CM_FAIL(CM_ERR_IO, "data directory '%s' holds no .safetensors batch files", dir);
+        goto fail;
+    }
+    qsort(*paths, (size_t)*n, sizeof **paths, cmp_str);
+    return CM_OK;
+fail:
+    if (dp)
+        closedir(dp);
+    dt_data_free_list(*paths, *n);
+    *paths = NULL;
+    *n = 0;
+    return st;
+}
+
+cm_status dt_data_split_list(const char *csv, char ***paths, int *n) {
+    *paths = NULL;
+    *n = 0;
+    cm_status st = CM_OK;
+    int       cap = 0;
+    for (const char *s = csv;;) {
+        const char *e = strchr(s, ',');
+        size_t      len = e ? (size_t)(e - s) : strlen(s);
+        if (len == 0) {
+            st = CM_FAIL(CM_ERR_INVALID_ARG,
+                         "--data '%s' has an empty file name; separate files with single commas", csv);
+            goto fail;
+        }
+        CM_TRY_GOTO(list_push(paths, n, &cap, s, len), st, fail);
+        if (!e)
+            break;
+        s = e + 1;
+    }
+    return CM_OK;
+fail:
+    dt_data_free_list(*paths, *n);
+    *paths = NULL;
+    *n = 0;
+    return st;
+}
+
+// ---- checking
+
+/* Shapes and dtypes of one opened file; *T and *N receive its sizes. */
+static cm_status check_shapes(const dt_data *d, const cm_st *st, const char *path, int64_t *T, int *N,
+                              const cm_st_tensor **ids, const cm_st_tensor **cu, const cm_st_tensor **mask,
+                              const cm_st_tensor **hid) {
+    const char         *names[4] = {"input_ids", "cu_seqlens", "loss_mask", "target_hidden"};
+    const cm_st_tensor *t[4];
+    for (int k = 0; k < 4; k++) {
+        t[k] = cm_st_find(st, names[k]);
+        if (!t[k])
+            return CM_FAIL(
+                CM_ERR_FORMAT,
+                "batch file '%s' has no tensor '%s' (a batch holds input_ids, cu_seqlens, loss_mask "
+                "and target_hidden)",
+                path, names[k]);
+        if (k < 3 && (t[k]->dtype != CM_DTYPE_I32 || t[k]->n_dims != 1))
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "batch file '%s': '%s' must be I32 with 1 dimension, found %s with %d", path,
+                           names[k], cm_dtype_name(t[k]->dtype), t[k]->n_dims);
+    }
+    *T = t[0]->shape[0];
+    if (*T < 1)
+        return CM_FAIL(CM_ERR_FORMAT, "batch file '%s': input_ids is empty", path);
+    if (t[1]->shape[0] < 2 || t[1]->shape[0] - 1 > INT32_MAX)
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "batch file '%s': cu_seqlens has %lld entries; need N + 1 with N >= 1 documents", path,
+                       (long long)t[1]->shape[0]);
+    *N = (int)(t[1]->shape[0] - 1);
+    if (t[2]->shape[0] != *T)
+        return CM_FAIL(CM_ERR_FORMAT, "batch file '%s': loss_mask has %lld entries but input_ids has %lld",
+                       path, (long long)t[2]->shape[0], (long long)*T);
+    if (t[3]->dtype != CM_DTYPE_F32 && t[3]->dtype != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_FORMAT, "batch file '%s': target_hidden has dtype %s; it must be BF16 or F32",
+                       path, cm_dtype_name(t[3]->dtype));
+    if (t[3]->n_dims != 2 || t[3]->shape[0] != *T || t[3]->shape[1] != d->width)
+        return CM_FAIL(
+            CM_ERR_FORMAT,
+            "batch file '%s': target_hidden has shape [%lld%s%lld] but the drafter needs [%lld, %lld] "
+            "(%d taps x hidden %d, concatenated in target_layer_ids order)",
+            path, (long long)t[3]->shape[0], t[3]->n_dims >= 2 ? ", " : "",
+            t[3]->n_dims >= 2 ? (long long)t[3]->shape[1] : 0LL, (long long)*T, (long long)d->width,
+            d->n_taps, d->hidden);
+    *ids = t[0];
+    *cu = t[1];
+    *mask = t[2];
+    *hid = t[3];
+    return CM_OK;
+}
+
+/* Contents of the I32 tensors (already copied to aligned buffers). */
+static cm_status check_contents(const dt_data *d, const char *path, const int32_t *ids, const int32_t *cu,
+                                const int32_t *mask, int64_t T, int N) {
+    for (int64_t i = 0; i < T; i++)
+        if (ids[i] < 0 || ids[i] >= d->vocab)
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "batch file '%s': input_ids[%lld] = %d is outside the vocabulary [0, %d)", path,
+                           (long long)i, ids[i], d->vocab);
+    if (cu[0] != 0)
+        return CM_FAIL(CM_ERR_FORMAT, "batch file '%s': cu_seqlens[0] is %d; it must be 0", path, cu[0]);
+    for (int i = 0; i < N; i++)
+        if (cu[i + 1] <= cu[i])
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "batch file '%s': cu_seqlens is not strictly increasing at %d (%d then %d)", path,
+                           i + 1, cu[i], cu[i + 1]);
+    if (cu[N] != T)
+        return CM_FAIL(CM_ERR_FORMAT, "batch file '%s': cu_seqlens ends at %d but input_ids has %lld tokens",
+                       path, cu[N], (long long)T);
+    for (int64_t i = 0; i < T; i++)
+        if (mask[i] != 0 && mask[i] != 1)
+            return CM_FAIL(CM_ERR_FORMAT, "batch file '%s': loss_mask[%lld] is %d; it must be 0 or 1", path,
+                           (long long)i, mask[i]);
+    return CM_OK;
+}
+
+// ---- open / destroy
+
+cm_status dt_data_open(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
+                       int vocab_size) {
+    *out = NULL;
+    if (n_paths < 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "no batch files given (--data or --data-dir)");
+    cm_status st = CM_OK;
+    cm_st    *f = NULL;
+    int32_t  *tmp = NULL;
+    dt_data  *d = calloc(1, sizeof *d);
+    if (!d)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the data set");
+    d->n = n_paths;
+    d->n_taps = n_taps;
+    d->hidden = hidden;
+    d->vocab = vocab_size;
+    d->width = (int64_t)n_taps * hidden;
+    d->hash = 0xcbf29ce484222325ULL;
+    d->paths = calloc((size_t)n_paths, sizeof *d->paths);
+    d->T = calloc((size_t)n_paths, sizeof *d->T);
+    d->N = calloc((size_t)n_paths, sizeof *d->N);
+    if (!d->paths || !d->T || !d->N) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the data set");
+        goto fail;
+    }
+    for (int i = 0; i < n_paths; i++) {
+        if (!(d->paths[i] = strdup(paths[i]))) {
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the data set");
+            goto fail;
+        }
+        const cm_st_tensor *ti, *tc, *tm, *th;
+        CM_TRY_GOTO(cm_st_open_file(&f, paths[i]), st, fail);
+        CM_TRY_GOTO(check_shapes(d, f, paths[i], &d->T[i], &d->N[i], &ti, &tc, &tm, &th), st, fail);
+        int64_t T = d->T[i];
+        int     N = d->N[i];
+        tmp = malloc((size_t)(2 * T + N + 1) * sizeof *tmp);
+        if (!tmp) {
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot read batch file '%s'", paths[i]);
+            goto fail;
+        }
+        memcpy(tmp, ti->data, ti->nbytes);
+        memcpy(tmp + T, tm->data, tm->nbytes);
+        memcpy(tmp + 2 * T, tc->data, tc->nbytes);
+        CM_TRY_GOTO(check_contents(d, paths[i], tmp, tmp + 2 * T, tmp + T, T, N), st, fail);
+        const char *base = strrchr(paths[i], '/');
+        base = base ? base + 1 : paths[i];
+        fnv(&d->hash, base, strlen(base) + 1);
+        fnv_i64(&d->hash, T);
+        fnv_i64(&d->hash, N);
+        fnv(&d->hash, tmp, (size_t)(2 * T + N + 1) * sizeof *tmp);
+        free(tmp);
+        tmp = NULL;
+        cm_st_destroy(&f);
+        if (T > d->max_T)
+            d->max_T = T;
+        if (N > d->max_N)
+            d->max_N = N;
+    }
+    d->ids = malloc((size_t)d->max_T * sizeof *d->ids);
+    d->mask = malloc((size_t)d->max_T * sizeof *d->mask);
+    d->cu = malloc((size_t)(d->max_N + 1) * sizeof *d->cu);
+    d->hidden_buf = malloc((size_t)d->max_T * (size_t)d->width * sizeof *d->hidden_buf);
+    if (!d->ids || !d->mask || !d->cu || !d->hidden_buf) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate batch buffers for %lld tokens x %lld features",
+                     (long long)d->max_T, (long long)d->width);
+        goto fail;
+    }
+    *out = d;
+    return CM_OK;
+fail:
+    free(tmp);
+    cm_st_destroy(&f);
+    dt_data_destroy(&d);
+    return st;
+}
+
+void dt_data_destroy(dt_data **d) {
+    if (!d || !*d)
+        return;
+    dt_data *x = *d;
+    if (x->paths)
+        for (int i = 0; i < x->n; i++)
+            free(x->paths[i]);
+    free(x->paths);
+    free(x->T);
+    free(x->N);
+    free(x->ids);
+    free(x->cu);
+    free(x->mask);
+    free(x->hidden_buf);
+    free(x);
+    *d = NULL;
+}
+
+int dt_data_count(const dt_data *d) {
+    return d->n;
+}
+int64_t dt_data_max_tokens(const dt_data *d) {
+    return d->max_T;
+}
+const char *dt_data_path(const dt_data *d, int i) {
+    return d->paths[i];
+}
+uint64_t dt_data_hash(const dt_data *d) {
+    return d->hash;
+}
+
+void dt_data_epoch_order(const dt_data *d, uint64_t seed, uint64_t epoch, int32_t *order) {
+    cm_rng r;
+    cm_rng_seed_stream(&r, seed ^ DT_DATA_STREAM, epoch, 0);
+    for (int i = 0; i < d->n; i++)
+        order[i] = i;
+    for (int i = d->n - 1; i > 0; i--) {
+        int     j = (int)cm_rng_below(&r, (uint64_t)i + 1);
+        int32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+}
+
+cm_status dt_data_load(dt_data *d, int i, dt_batch *b) {
+    memset(b, 0, sizeof *b);
+    if (i < 0 || i >= d->n)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "batch %d is outside the %d files", i, d->n);
+    const char         *path = d->paths[i];
+    cm_st              *f = NULL;
+    cm_status           st = CM_OK;
+    const cm_st_tensor *ti, *tc, *tm, *th;
+    int64_t             T;
+    int                 N;
+    CM_TRY(cm_st_open_file(&f, path));
+    CM_TRY_GOTO(check_shapes(d, f, path, &T, &N, &ti, &tc, &tm, &th), st, fail);
+    if (T != d->T[i] || N != d->N[i]) {
+        st = CM_FAIL(CM_ERR_FORMAT, "batch file '%s' changed since the run started (%lld tokens, was %lld)",
+                     path, (long long)T, (long long)d->T[i]);
+        goto fail;
+    }
+    memcpy(d->ids, ti->data, ti->nbytes);
+    memcpy(d->cu, tc->data, tc->nbytes);
+    memcpy(d->mask, tm->data, tm->nbytes);
+    CM_TRY_GOTO(check_contents(d, path, d->ids, d->cu, d->mask, T, N), st, fail);
+    CM_TRY_GOTO(cm_convert(d->hidden_buf, CM_DTYPE_F32, th->data, th->dtype, (size_t)(T * d->width)), st,
+                fail);
+    for (int64_t k = 0; k < T * d->width; k++)
+        if (!isfinite(d->hidden_buf[k])) {
+            st = CM_FAIL(CM_ERR_FORMAT, "batch file '%s': target_hidden[%lld, %lld] is not finite", path,
+                         (long long)(k / d->width), (long long)(k % d->width));
+            goto fail;
+        }
+    cm_st_destroy(&f);
+    b->T = T;
+    b->n_seq = N;
+    b->cu_seqlens = d->cu;
+    b->input_ids = d->ids;
+    b->loss_mask = d->mask;
+    b->target_hidden = d->hidden_buf;
+    b->n_anchors = 0;
+    b->anchors = NULL;
+    return CM_OK;
+fail:
+    cm_st_destroy(&f);
+    return st;
+}

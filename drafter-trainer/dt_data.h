@@ -1,0 +1,65 @@
+/* drafter-trainer/dt_data.h — training data from batch files: one packed batch per file.
+ *
+ * Batch file: a safetensors file holding (the `drafter-trainer grad` batch of DESIGN §6
+ * without anchors; other tensors, e.g. anchors or embed_tokens, are ignored):
+ *   input_ids      I32 [T]          token ids, each < the drafter's vocab_size, T ≥ 1
+ *   cu_seqlens     I32 [N + 1]      document starts: 0 = c_0 < c_1 < ... < c_N = T, N ≥ 1
+ *   loss_mask      I32 [T]          1 where the token is supervised, else 0
+ *   target_hidden  BF16|F32 [T, n·D] the target's hidden states after each layer of
+ *                                   target_layer_ids (n taps), concatenated in that order
+ * Every file is checked when the set is opened (tensors, dtypes, shapes, ids, cu_seqlens,
+ * mask) and again when it is loaded (plus finite target_hidden); a bad file fails with one
+ * message naming the file, the tensor and the fix.
+ *
+ * Epochs visit every file once in an order shuffled from (seed, epoch) only; the data cursor
+ * is (epoch, index within the epoch). A file's position in the list is its batch id (the
+ * anchor stream key). The set hash covers the list order, each file's name (not directory),
+ * T, N and its ids/cu_seqlens/loss_mask bytes, so a resume can refuse different data.
+ * A dt_data owns host buffers sized for the largest batch (allocated at open) and reuses
+ * them for every load. One thread. */
+#ifndef DT_DATA_H
+#define DT_DATA_H
+
+#include <stdint.h>
+
+#include "cm_status.h"
+#include "dt_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_DATA_STREAM 0x73687566666c65ULL /* "shuffle": domain of the epoch-order stream */
+
+typedef struct dt_data dt_data;
+
+/* Opens and checks the n_paths batch files for a drafter with n_taps taps of width hidden
+ * and vocab_size tokens. paths are copied. Caller destroys with dt_data_destroy. */
+cm_status dt_data_open(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
+                       int vocab_size);
+void      dt_data_destroy(dt_data **d); /* NULL-safe; sets *d = NULL */
+
+/* Lists DIR/ *.safetensors sorted by name into a malloc'd array of malloc'd strings (free with
+ * dt_data_free_list). CM_ERR_IO if the directory cannot be read or holds no such file. */
+cm_status dt_data_list_dir(const char *dir, char ***paths, int *n);
+/* Splits "a,b,c" into a list as above (empty items refused). */
+cm_status dt_data_split_list(const char *csv, char ***paths, int *n);
+void      dt_data_free_list(char **paths, int n);
+
+int         dt_data_count(const dt_data *d);
+int64_t     dt_data_max_tokens(const dt_data *d); /* largest T over the files */
+const char *dt_data_path(const dt_data *d, int i);
+uint64_t    dt_data_hash(const dt_data *d);
+
+/* The files of epoch epoch in visiting order (a permutation of 0 .. count − 1 into order,
+ * Fisher–Yates from cm_rng_seed_stream(seed ^ DT_DATA_STREAM, epoch, 0)). */
+void dt_data_epoch_order(const dt_data *d, uint64_t seed, uint64_t epoch, int32_t *order);
+
+/* Loads file i into the set's buffers and points b at them (target_hidden as F32; anchors
+ * NULL, n_anchors 0). b stays valid until the next load or destroy. */
+cm_status dt_data_load(dt_data *d, int i, dt_batch *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_DATA_H */
