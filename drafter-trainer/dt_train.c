@@ -1,0 +1,584 @@
+/* drafter-trainer/dt_train.c — `drafter-trainer train`: the training loop over batch files
+ * (DESIGN §5). Per step: the next batch of the epoch's shuffled order, its anchors drawn from
+ * (seed, epoch, batch id), dt_model_step, clip + AdamW with the warmup + cosine schedule, and
+ * one metrics line (stdout every --log-every steps, RUN_DIR/metrics.jsonl every step).
+ * Checkpoints (dt_ckpt.h) every --save-every steps and at the end; --resume continues from
+ * RUN_DIR/checkpoints/latest bit for bit, refusing other hyperparameters or data. Every buffer
+ * is allocated before the first step. One thread. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_cfg.h"
+#include "cm_log.h"
+#include "cm_safetensors.h"
+#include "dt_anchor.h"
+#include "dt_ckpt.h"
+#include "dt_cmd.h"
+#include "dt_data.h"
+#include "dt_model.h"
+#include "dt_optim.h"
+
+typedef struct train_args {
+    const char *config, *init_from, *target, *data, *data_dir, *out, *device;
+    int64_t     epochs, steps, max_anchors, save_every, log_every;
+    double      lr, warmup_ratio, gamma, weight_decay, clip;
+    int         have_gamma, resume;
+    uint64_t    seed;
+} train_args;
+
+static void usage(FILE *f) {
+    fprintf(
+        f,
+        "usage: drafter-trainer train (--config DRAFTER_CONFIG.json | --init-from DIR) --target TARGET_DIR\n"
+        "                             (--data FILE[,FILE...] | --data-dir DIR) --out RUN_DIR [options]\n"
+        "\n"
+        "Trains a DFlash drafter on packed batch files (safetensors: input_ids, cu_seqlens, loss_mask I32;\n"
+        "target_hidden BF16/F32 [T, n_taps*hidden]); see drafter-trainer/dt_data.h.\n"
+        "\n"
+        "  --config FILE            drafter config.json; parameters start from the Qwen3 init (--seed)\n"
+        "  --init-from DIR          start from a drafter checkpoint (config.json + model.safetensors)\n"
+        "  --target DIR             target model: its frozen embed_tokens and lm_head\n"
+        "  --data FILE[,FILE...]    batch files, one packed batch each (one step per batch)\n"
+        "  --data-dir DIR           every DIR/*.safetensors, sorted by name\n"
+        "  --out RUN_DIR            metrics.jsonl and checkpoints/step-<N>/ (serving format + state)\n"
+        "  --epochs N               passes over the data (default 6)\n"
+        "  --steps N                stop after step N (the schedule still spans every epoch)\n"
+        "  --lr X                   peak learning rate (default 6e-4)\n"
+        "  --warmup-ratio X         linear warmup share of the steps, then cosine to 0 (default 0.04)\n"
+        "  --max-anchors N          anchors (blocks) per batch (default 512)\n"
+        "  --loss-decay-gamma G     slot weight exp(-(k-1)/G) (default 7 for block 16, 5 for 10, 4 for 8)\n"
+        "  --weight-decay X         AdamW decoupled weight decay (default 0)\n"
+        "  --clip X                 global grad-norm clip, 0 = off (default 1)\n"
+        "  --seed N                 init, shuffle and anchor seed (default 0)\n"
+        "  --save-every N           checkpoint every N steps (default 0: only at the end)\n"
+        "  --resume                 continue RUN_DIR from checkpoints/latest exactly\n"
+        "  --device cpu|cuda        kernel backend (default cpu)\n"
+        "  --log-every N            print every N-th step's metrics (default 1)\n"
+        "  --log-level L            debug, info, warn, error, off (default info)\n");
+}
+
+// ---- argument parsing
+
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo) {
+        fprintf(stderr, "drafter-trainer train: %s '%s': expected an integer >= %lld\n", flag, s,
+                (long long)lo);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_f64(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "drafter-trainer train: %s '%s': expected a number in [%g, %g]\n", flag, s, lo, hi);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* 0 ok, 1 help printed, 2 usage error (message printed). */
+static int parse_args(int argc, char **argv, train_args *a) {
+    *a = (train_args){.device = "cpu",
+                      .epochs = 6,
+                      .max_anchors = 512,
+                      .log_every = 1,
+                      .lr = 6e-4,
+                      .warmup_ratio = 0.04,
+                      .clip = 1.0};
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
+            usage(stdout);
+            return 1;
+        }
+        if (strcmp(f, "--resume") == 0) {
+            a->resume = 1;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "drafter-trainer train: option '%s' needs a value (see --help)\n", f);
+            return 2;
+        }
+        int64_t seed = 0, ok = 1;
+        if (strcmp(f, "--config") == 0)
+            a->config = v;
+        else if (strcmp(f, "--init-from") == 0)
+            a->init_from = v;
+        else if (strcmp(f, "--target") == 0)
+            a->target = v;
+        else if (strcmp(f, "--data") == 0)
+            a->data = v;
+        else if (strcmp(f, "--data-dir") == 0)
+            a->data_dir = v;
+        else if (strcmp(f, "--out") == 0)
+            a->out = v;
+        else if (strcmp(f, "--device") == 0)
+            a->device = v;
+        else if (strcmp(f, "--epochs") == 0)
+            ok = parse_i64(f, v, 1, &a->epochs);
+        else if (strcmp(f, "--steps") == 0)
+            ok = parse_i64(f, v, 1, &a->steps);
+        else if (strcmp(f, "--max-anchors") == 0)
+            ok = parse_i64(f, v, 1, &a->max_anchors);
+        else if (strcmp(f, "--save-every") == 0)
+            ok = parse_i64(f, v, 0, &a->save_every);
+        else if (strcmp(f, "--log-every") == 0)
+            ok = parse_i64(f, v, 1, &a->log_every);
+        else if (strcmp(f, "--lr") == 0)
+            ok = parse_f64(f, v, 0, 1e3, &a->lr);
+        else if (strcmp(f, "--warmup-ratio") == 0)
+            ok = parse_f64(f, v, 0, 1, &a->warmup_ratio);
+        else if (strcmp(f, "--weight-decay") == 0)
+            ok = parse_f64(f, v, 0, 1e3, &a->weight_decay);
+        else if (strcmp(f, "--clip") == 0)
+            ok = parse_f64(f, v, 0, 1e30, &a->clip);
+        else if (strcmp(f, "--loss-decay-gamma") == 0) {
+            ok = parse_f64(f, v, 1e-30, 1e30, &a->gamma);
+            a->have_gamma = 1;
+        } else if (strcmp(f, "--seed") == 0) {
+            ok = parse_i64(f, v, 0, &seed);
+            a->seed = (uint64_t)seed;
+        } else if (strcmp(f, "--log-level") == 0) {
+            int l = cm_log_level_parse(v);
+            if (l < 0) {
+                fprintf(stderr,
+                        "drafter-trainer train: --log-level '%s': expected debug, info, warn, error or off\n",
+                        v);
+                return 2;
+            }
+            cm_log_set_level((cm_log_level)l);
+        } else {
+            fprintf(stderr, "drafter-trainer train: unknown option '%s' (see --help)\n", f);
+            return 2;
+        }
+        if (!ok)
+            return 2;
+        i++;
+    }
+    if (!a->target || !a->out || (!a->data && !a->data_dir)) {
+        fprintf(
+            stderr,
+            "drafter-trainer train: --target, --out and --data or --data-dir are required (see --help)\n");
+        return 2;
+    }
+    if (a->data && a->data_dir) {
+        fprintf(stderr, "drafter-trainer train: give --data or --data-dir, not both\n");
+        return 2;
+    }
+    if (a->config && a->init_from) {
+        fprintf(stderr, "drafter-trainer train: give --config or --init-from, not both\n");
+        return 2;
+    }
+    if (!a->config && !a->init_from && !a->resume) {
+        fprintf(stderr, "drafter-trainer train: --config or --init-from is required (see --help)\n");
+        return 2;
+    }
+    return 0;
+}
+
+// ---- pieces of the run
+
+typedef struct run {
+    train_args        a;
+    const kn_backend *be;
+    kn_ctx           *ctx;
+    cm_drafter_cfg    cfg;
+    dt_model         *m;
+    dt_optim         *o;
+    dt_data          *data;
+    cm_st            *target;
+    char            **paths;
+    int               n_paths;
+    int32_t          *order, *order_next, *anchors, *work;
+    FILE             *metrics;
+    dt_hparams        hp;
+    dt_train_state    ts;
+    char              resume_dir[4096];
+    char              metrics_path[4096];
+} run;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static cm_status default_gamma(int block_size, double *g) {
+    switch (block_size) {
+    case 16:
+        *g = 7;
+        return CM_OK;
+    case 10:
+        *g = 5;
+        return CM_OK;
+    case 8:
+        *g = 4;
+        return CM_OK;
+    default:
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "no default loss-decay gamma for block_size %d (defaults exist for 8, 10, 16); pass "
+                       "--loss-decay-gamma",
+                       block_size);
+    }
+}
+
+/* The drafter config: from the checkpoint when resuming (cross-checked against --config or
+ * --init-from when given), else from --config or --init-from. */
+static cm_status load_config(run *r) {
+    char        path[4096];
+    const char *given = r->a.config;
+    if (!given && r->a.init_from) {
+        snprintf(path, sizeof path, "%s/config.json", r->a.init_from);
+        given = path;
+    }
+    if (!r->resume_dir[0])
+        return cm_drafter_cfg_load(&r->cfg, given);
+    char ck[4096 + 16];
+    snprintf(ck, sizeof ck, "%s/config.json", r->resume_dir);
+    CM_TRY(cm_drafter_cfg_load(&r->cfg, ck));
+    if (!given)
+        return CM_OK;
+    cm_drafter_cfg other;
+    CM_TRY(cm_drafter_cfg_load(&other, given));
+    char     *x = NULL, *y = NULL;
+    cm_status st = dt_ckpt_config_json(&r->cfg, &x);
+    if (st == CM_OK)
+        st = dt_ckpt_config_json(&other, &y);
+    if (st == CM_OK && strcmp(x, y) != 0)
+        st = CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "cannot resume: the drafter config '%s' differs from the checkpoint's '%s'; drop the flag "
+            "or start a new --out",
+            given, ck);
+    free(x);
+    free(y);
+    return st;
+}
+
+/* The frozen embedding and LM head from the target directory (as dt_grad takes them). */
+static cm_status load_target(run *r) {
+    char tc[4096];
+    snprintf(tc, sizeof tc, "%s/config.json", r->a.target);
+    cm_target_cfg t;
+    CM_TRY(cm_target_cfg_load(&t, tc));
+    if (t.hidden_size != r->cfg.hidden_size || t.vocab_size != r->cfg.vocab_size)
+        return CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "target '%s' has hidden %d and vocab %d but the drafter has hidden %d and vocab %d; use the "
+            "target the drafter is for",
+            r->a.target, t.hidden_size, t.vocab_size, r->cfg.hidden_size, r->cfg.vocab_size);
+    if (t.n_layers != r->cfg.num_target_layers)
+        return CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "target '%s' has %d layers but the drafter config says num_target_layers %d; use the target "
+            "the drafter is for",
+            r->a.target, t.n_layers, r->cfg.num_target_layers);
+    CM_TRY(cm_st_open_dir(&r->target, r->a.target));
+    const int64_t       shape[2] = {t.vocab_size, t.hidden_size};
+    const cm_st_tensor *emb = NULL, *head = NULL;
+    const char         *emb_key = cm_st_find(r->target, "model.language_model.embed_tokens.weight")
+                                      ? "model.language_model.embed_tokens.weight"
+                                      : "model.embed_tokens.weight";
+    CM_TRY(cm_st_expect(r->target, emb_key, 2, shape, &emb));
+    if (t.tie_word_embeddings && !cm_st_find(r->target, "lm_head.weight"))
+        head = emb;
+    else
+        CM_TRY(cm_st_expect(r->target, "lm_head.weight", 2, shape, &head));
+    return dt_model_set_frozen(r->m, emb->data, emb->dtype, head->data, head->dtype, t.vocab_size,
+                               t.hidden_size);
+}
+
+/* Keeps the metrics lines of steps ≤ step (a resumed run rewrites what came after). */
+static cm_status trim_metrics(const char *path, int64_t step) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errno == ENOENT ? CM_OK : CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    char tmp[4096 + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *g = fopen(tmp, "wb");
+    if (!g) {
+        fclose(f);
+        return CM_FAIL(CM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+    }
+    char  *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        long long s;
+        if (sscanf(line, "{\"step\": %lld", &s) == 1 && s <= step)
+            fputs(line, g);
+    }
+    free(line);
+    fclose(f);
+    int bad = fflush(g) != 0 || fsync(fileno(g)) != 0;
+    bad |= fclose(g) != 0;
+    if (bad || rename(tmp, path) != 0)
+        return CM_FAIL(CM_ERR_IO, "cannot rewrite '%s': %s", path, strerror(errno));
+    return CM_OK;
+}
+
+static cm_status make_run_dir(const char *path) {
+    struct stat sb;
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        return CM_FAIL(CM_ERR_IO, "cannot create run directory '%s': %s", path, strerror(errno));
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return CM_FAIL(CM_ERR_IO, "run directory '%s' is not a directory", path);
+    return CM_OK;
+}
+
+/* The training state before step `step` (0-based count of steps taken): cursor and the
+ * anchor generator that step will use. */
+static void set_next_rng(run *r, int64_t step) {
+    const int64_t n = r->hp.n_batches;
+    r->ts.step = step;
+    r->ts.epoch = step / n;
+    r->ts.index = step % n;
+    dt_data_epoch_order(r->data, r->hp.seed, (uint64_t)r->ts.epoch, r->order_next);
+    dt_anchor_rng(&r->ts.rng, r->hp.seed, (uint64_t)r->ts.epoch, (uint64_t)r->order_next[r->ts.index]);
+}
+
+static cm_status save(run *r, int64_t step) {
+    set_next_rng(r, step);
+    char dir[4096];
+    CM_TRY(dt_ckpt_save(r->a.out, r->m, r->o, r->be, r->ctx, &r->hp, &r->ts, dir, sizeof dir));
+    if (r->metrics && (fflush(r->metrics) != 0 || fsync(fileno(r->metrics)) != 0))
+        return CM_FAIL(CM_ERR_IO, "cannot sync '%s': %s", r->metrics_path, strerror(errno));
+    CM_LOG_INFO("saved checkpoint '%s'", dir);
+    return CM_OK;
+}
+
+static void write_metrics(run *r, int64_t step, int64_t epoch, int32_t batch, const dt_batch *b,
+                          const dt_step_stats *s, const dt_optim_stats *os, double secs) {
+    const int B = r->cfg.block_size;
+    double    tps = secs > 0 ? (double)b->T / secs : 0;
+    fprintf(r->metrics,
+            "{\"step\": %" PRId64 ", \"epoch\": %" PRId64 ", \"batch\": %d, \"loss\": %.17g, \"tau\": %.17g, "
+            "\"acc\": [",
+            step, epoch, batch, s->loss, s->tau);
+    for (int k = 1; k < B; k++) {
+        if (s->acc_count[k] > 0)
+            fprintf(r->metrics, "%s%.9g", k > 1 ? ", " : "",
+                    (double)s->acc_hits[k] / (double)s->acc_count[k]);
+        else
+            fprintf(r->metrics, "%snull", k > 1 ? ", " : "");
+    }
+    fprintf(r->metrics,
+            "], \"lr\": %.17g, \"grad_norm\": %.17g, \"grad_scale\": %.17g, \"weight_sum\": %.17g, "
+            "\"n_anchors\": %" PRId64 ", \"n_blocks\": %" PRId64 ", \"tokens\": %" PRId64
+            ", \"seconds\": %.6f, "
+            "\"tokens_per_s\": %.1f}\n",
+            os->lr, os->grad_norm, os->grad_scale, s->weight_sum, b->n_anchors, s->n_blocks, b->T, secs, tps);
+    fflush(r->metrics);
+    if (step % r->a.log_every == 0 || step == r->hp.total_steps) {
+        printf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
+               " loss %.5f tau %.3f acc1 %.3f lr %.3e gnorm %.4f "
+               "anchors %" PRId64 " tok/s %.0f\n",
+               step, r->hp.total_steps, epoch, s->loss, s->tau,
+               s->acc_count[1] > 0 ? (double)s->acc_hits[1] / (double)s->acc_count[1] : 0.0, os->lr,
+               os->grad_norm, b->n_anchors, tps);
+        fflush(stdout);
+    }
+}
+
+static cm_status train(run *r) {
+    cm_status   st = CM_OK;
+    train_args *a = &r->a;
+    CM_TRY(kn_backend_get(a->device, &r->be));
+    kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+    CM_TRY(r->be->ctx_create(&r->ctx, &kc));
+
+    /* resume: find the checkpoint first, since it defines the config */
+    char ckpt_latest[4096];
+    snprintf(ckpt_latest, sizeof ckpt_latest, "%s/checkpoints/latest", a->out);
+    int found = 0;
+    CM_TRY(dt_ckpt_latest(a->out, r->resume_dir, sizeof r->resume_dir, &found));
+    if (a->resume && !found)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot resume: '%s' has no checkpoint (%s is missing); drop --resume "
+                       "to start a new run",
+                       a->out, ckpt_latest);
+    if (!a->resume && found)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "'%s' already holds a run (%s); pass --resume to continue it or choose "
+                       "a new --out",
+                       a->out, ckpt_latest);
+    if (!a->resume)
+        r->resume_dir[0] = '\0';
+    CM_TRY(load_config(r));
+
+    CM_TRY(dt_model_create(&r->m, &r->cfg, r->be, r->ctx));
+    if (!a->resume) {
+        if (a->init_from)
+            CM_TRY(dt_model_load(r->m, a->init_from));
+        else
+            CM_TRY(dt_model_init_random(r->m, a->seed));
+    }
+    CM_TRY(load_target(r));
+
+    if (a->data)
+        CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
+    else
+        CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
+    CM_TRY(dt_data_open(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
+                        r->cfg.hidden_size, r->cfg.vocab_size));
+
+    dt_hparams *hp = &r->hp;
+    hp->lr = a->lr;
+    hp->warmup_ratio = a->warmup_ratio;
+    hp->beta1 = 0.9;
+    hp->beta2 = 0.999;
+    hp->eps = 1e-8;
+    hp->weight_decay = a->weight_decay;
+    hp->clip = a->clip;
+    if (a->have_gamma)
+        hp->loss_decay_gamma = a->gamma;
+    else
+        CM_TRY(default_gamma(r->cfg.block_size, &hp->loss_decay_gamma));
+    hp->epochs = a->epochs;
+    hp->max_anchors = a->max_anchors;
+    hp->n_batches = dt_data_count(r->data);
+    if (hp->epochs > INT64_MAX / hp->n_batches)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--epochs %" PRId64 " is too large", hp->epochs);
+    hp->total_steps = hp->epochs * hp->n_batches;
+    hp->warmup_steps = dt_optim_warmup_steps(hp->total_steps, hp->warmup_ratio);
+    hp->seed = a->seed;
+    hp->data_hash = dt_data_hash(r->data);
+
+    int              np = dt_model_n_params(r->m);
+    const dt_param **params = malloc((size_t)np * sizeof *params);
+    if (!params)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the parameter list");
+    for (int i = 0; i < np; i++)
+        params[i] = dt_model_param(r->m, i);
+    dt_optim_config oc = {hp->lr,           hp->beta1, hp->beta2,       hp->eps,
+                          hp->weight_decay, hp->clip,  hp->total_steps, hp->warmup_steps};
+    st = dt_optim_create(&r->o, r->be, r->ctx, params, np, &oc);
+    free(params);
+    CM_TRY(st);
+
+    const int64_t max_T = dt_data_max_tokens(r->data);
+    r->order = malloc((size_t)hp->n_batches * sizeof *r->order);
+    r->order_next = malloc((size_t)hp->n_batches * sizeof *r->order_next);
+    r->anchors = malloc((size_t)max_T * sizeof *r->anchors);
+    r->work = malloc((size_t)max_T * sizeof *r->work);
+    if (!r->order || !r->order_next || !r->anchors || !r->work)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the step buffers");
+
+    CM_TRY(make_run_dir(a->out));
+    snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", a->out);
+    int64_t start = 0;
+    if (a->resume) {
+        CM_TRY(dt_ckpt_load(r->resume_dir, hp, r->m, r->o, r->be, r->ctx, &r->ts));
+        dt_train_state saved = r->ts;
+        set_next_rng(r, saved.step);
+        if (memcmp(&saved.rng, &r->ts.rng, sizeof saved.rng) != 0)
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': the saved anchor generator does not match (seed, epoch, batch); "
+                           "the checkpoint is damaged",
+                           r->resume_dir);
+        start = saved.step;
+        CM_TRY(trim_metrics(r->metrics_path, start));
+        CM_LOG_INFO("resuming '%s' at step %" PRId64 " (epoch %" PRId64 ", batch %" PRId64 " of the epoch)",
+                    r->resume_dir, start, saved.epoch, saved.index);
+    } else {
+        FILE *f = fopen(r->metrics_path, "wb");
+        if (!f)
+            return CM_FAIL(CM_ERR_IO, "cannot create '%s': %s", r->metrics_path, strerror(errno));
+        fclose(f);
+    }
+    r->metrics = fopen(r->metrics_path, "ab");
+    if (!r->metrics)
+        return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", r->metrics_path, strerror(errno));
+
+    int64_t end = hp->total_steps;
+    if (a->steps > 0 && a->steps < end)
+        end = a->steps;
+    CM_LOG_INFO("training %d parameters on %" PRId64 " batch files x %" PRId64 " epochs = %" PRId64
+                " steps (warmup %" PRId64 "), steps %" PRId64 "..%" PRId64 ", device %s",
+                np, hp->n_batches, hp->epochs, hp->total_steps, hp->warmup_steps, start + 1, end,
+                r->be->name);
+    if (start >= end) {
+        CM_LOG_INFO("nothing to do: the run is at step %" PRId64 " and stops at %" PRId64, start, end);
+        return CM_OK;
+    }
+
+    int64_t cur_epoch = -1, last_saved = a->resume ? start : -1;
+    for (int64_t t = start; t < end; t++) {
+        double        t0 = now_s();
+        const int64_t epoch = t / hp->n_batches, index = t % hp->n_batches;
+        if (epoch != cur_epoch) {
+            dt_data_epoch_order(r->data, hp->seed, (uint64_t)epoch, r->order);
+            cur_epoch = epoch;
+        }
+        const int32_t batch = r->order[index];
+        dt_batch      b;
+        CM_TRY(dt_data_load(r->data, batch, &b));
+        CM_TRY(dt_anchor_sample(b.cu_seqlens, b.n_seq, b.loss_mask, b.T, hp->max_anchors, hp->seed,
+                                (uint64_t)epoch, (uint64_t)batch, r->work, r->anchors, &b.n_anchors));
+        b.anchors = r->anchors;
+        dt_step_stats ss;
+        memset(&ss, 0, sizeof ss);
+        CM_TRY(dt_model_step(r->m, &b, (float)hp->loss_decay_gamma, &ss));
+        dt_optim_stats os;
+        CM_TRY(dt_optim_step(r->o, &os));
+        write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0);
+        if (a->save_every > 0 && (t + 1) % a->save_every == 0) {
+            CM_TRY(save(r, t + 1));
+            last_saved = t + 1;
+        }
+    }
+    if (last_saved != end)
+        CM_TRY(save(r, end));
+    return CM_OK;
+}
+
+static void run_release(run *r) {
+    if (r->metrics)
+        fclose(r->metrics);
+    free(r->work);
+    free(r->anchors);
+    free(r->order_next);
+    free(r->order);
+    dt_data_destroy(&r->data);
+    dt_data_free_list(r->paths, r->n_paths);
+    dt_optim_destroy(&r->o);
+    dt_model_destroy(&r->m);
+    cm_st_destroy(&r->target);
+    if (r->be)
+        r->be->ctx_destroy(&r->ctx);
+}
+
+int dt_cmd_train(int argc, char **argv) {
+    run *r = calloc(1, sizeof *r);
+    if (!r) {
+        fprintf(stderr, "drafter-trainer train: out of memory\n");
+        return 1;
+    }
+    int rc = parse_args(argc, argv, &r->a);
+    if (rc != 0) {
+        free(r);
+        return rc == 1 ? 0 : 2;
+    }
+    cm_status st = train(r);
+    run_release(r);
+    free(r);
+    if (st != CM_OK) {
+        fprintf(stderr, "drafter-trainer train: %s: %s\n", cm_status_str(st), cm_last_error());
+        return 1;
+    }
+    return 0;
+}
