@@ -374,10 +374,11 @@ static inline uint8_t e4m3_rne(float v) {
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     u &= 0x7fffffffu;
     if (u >= 0x43E00000u) return sign | 0x7e; /* ≥ 448 */
-    if (u < 0x3C800000u) {                     /* < 2^-6: subnormal, steps of 2^-9 */
+    if (u < 0x3C800000u) { /* < 2^-6: subnormal, steps of 2^-9; + 2^23 − 2^23 rounds to nearest even */
         float a;
         memcpy(&a, &u, 4);
-        return sign | (uint8_t)(int)nearbyintf(a * 512.0f);
+        volatile float t = a * 512.0f + 8388608.0f;
+        return sign | (uint8_t)(int)(t - 8388608.0f);
     }
     uint32_t r = (u + 0x7FFFFu + ((u >> 20) & 1u)) >> 20; /* exponent and 3 mantissa bits, rounded */
     uint32_t q = r - (120u << 3);                          /* re-bias 127 → 7 */
@@ -488,25 +489,39 @@ static void chunk_span(const layout *L, int64_t i, uint64_t *e0, uint64_t *n) {
 static cm_status fp8_quantize(cm_compress *c, worker *w, uint64_t e0, uint64_t n, uint8_t *out) {
     const layout *L  = c->lay;
     uint64_t      r0 = e0 / L->row_len, r1 = (e0 + n) / L->row_len;
+    float *f = (float *)(void *)(w->scratch + ((L->chunk_in + 63) & ~(size_t)63)); /* the row as F32 */
     for (uint64_t r = r0; r < r1; r++) {
         const uint8_t *row = c->src + r * L->row_len * L->esize;
-        float          amax = 0.0f;
-        for (uint64_t j = 0; j < L->row_len; j++) {
-            float x = load_f32(row + j * L->esize, L->dt);
-            if (!isfinite(x) || fabsf(x) > FP8_MAX_ABS)
-                return wfail(w, CM_ERR_INVALID_ARG, "compress: fp8-zstd: row %llu holds %g at column %llu; it "
-                             "encodes finite values up to 2^64 only (send this tensor lossless)",
-                             (unsigned long long)r, (double)x, (unsigned long long)j);
-            amax = fmaxf(amax, fabsf(x));
+        uint64_t       n_r = L->row_len;
+        if (L->dt == CM_DTYPE_BF16) {
+            for (uint64_t j = 0; j < n_r; j++) f[j] = load_f32(row + 2 * j, CM_DTYPE_BF16);
+        } else if (L->dt == CM_DTYPE_F32) {
+            memcpy(f, row, 4 * n_r);
+        } else {
+            for (uint64_t j = 0; j < n_r; j++) f[j] = load_f32(row + 2 * j, L->dt);
+        }
+        float amax = 0.0f;
+        int   bad  = 0;
+        for (uint64_t j = 0; j < n_r; j++) {
+            float a = fabsf(f[j]);
+            bad |= !(a <= FP8_MAX_ABS); /* NaN, Inf, too large */
+            amax = a > amax ? a : amax;
+        }
+        if (bad) {
+            uint64_t j = 0;
+            while (j + 1 < n_r && isfinite(f[j]) && fabsf(f[j]) <= FP8_MAX_ABS) j++;
+            return wfail(w, CM_ERR_INVALID_ARG, "compress: fp8-zstd: row %llu holds %g at column %llu; it encodes "
+                         "finite values up to 2^64 only (send this tensor lossless)",
+                         (unsigned long long)r, (double)f[j], (unsigned long long)j);
         }
         float    scale = amax / 448.0f;
-        uint8_t *q     = out + (r - r0) * L->row_len;
+        uint8_t *q     = out + (r - r0) * n_r;
         if (scale < FLT_MIN) {
             scale = 0.0f;
-            memset(q, 0, L->row_len);
+            memset(q, 0, n_r);
         } else {
             float inv = 1.0f / scale;
-            for (uint64_t j = 0; j < L->row_len; j++) q[j] = e4m3_rne(load_f32(row + j * L->esize, L->dt) * inv);
+            for (uint64_t j = 0; j < n_r; j++) q[j] = e4m3_rne(f[j] * inv);
         }
         memcpy(c->dst + L->scales_off + 4 * r, &scale, 4);
     }
@@ -577,7 +592,8 @@ cm_status cm_compress_encode(cm_compress *c, cm_encoding enc, cm_dtype dt, const
         for (int k = 0; k < c->n_workers; k++) CM_TRY(set_params(c, &c->w[k], tuned));
         c->tuned = tuned;
     }
-    if (enc != CM_ENCODING_ZSTD) CM_TRY(ensure_scratch(c, L.chunk_in));
+    if (enc == CM_ENCODING_ZSTD_BYTEPLANE) CM_TRY(ensure_scratch(c, L.chunk_in));
+    if (enc == CM_ENCODING_FP8_ZSTD) CM_TRY(ensure_scratch(c, ((L.chunk_in + 63) & ~(size_t)63) + 4 * L.row_len));
     put_u32(d, CM_COMPRESS_MAGIC);
     d[4] = (uint8_t)enc;
     d[5] = (uint8_t)dt;
