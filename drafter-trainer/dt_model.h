@@ -45,7 +45,9 @@ typedef struct dt_batch {
 
 /* What a step measured. acc_hits[k] / acc_count[k] is the accuracy of slot k (k ≥ 1, over
  * slots with weight > 0); tau is the mean over blocks of 1 + the number of leading slots
- * k = 1, 2, ... whose argmax equals the label (a slot without a label stops the run). */
+ * k = 1, 2, ... whose argmax equals the label (a slot without a label stops the run); 0 when
+ * there are no blocks, 1 when there are blocks but no labels. loss uses the fp32 CE values of
+ * the LM-head op, summed in double. */
 typedef struct dt_step_stats {
     double  loss;         /* Σ w·CE / Σ w (0 when Σ w = 0) */
     double  weight_sum;   /* Σ w */
@@ -54,17 +56,22 @@ typedef struct dt_step_stats {
     int64_t acc_hits[64], acc_count[64]; /* indexed by slot, [0, B) */
 } dt_step_stats;
 
-/* Creates a drafter of cfg (block_size ≤ 64, hidden_size ≥ 1, ...) on the backend with parameters zeroed. The frozen embedding and
- * LM head are attached separately. Caller destroys with dt_model_destroy. */
+/* Creates a drafter of cfg (block_size ≤ 64, even head_dim, no attention_bias, ...) on the
+ * backend with parameters zeroed: one backend allocation for all parameters and one for all
+ * gradients. CM_ERR_UNSUPPORTED ("the cuda backend has no drafter kernels yet ...") when the
+ * backend table lacks an entry the step needs. The frozen embedding and LM head are attached
+ * separately. Caller destroys with dt_model_destroy. */
 cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_backend *be, kn_ctx *ctx);
 void      dt_model_destroy(dt_model **m); /* NULL-safe */
 const cm_drafter_cfg *dt_model_cfg(const dt_model *m);
 
-/* Hugging Face Qwen3 initialisation: every weight matrix ~ normal(0, 0.02) from a generator
- * seeded with seed (deterministic across machines), every norm weight 1. */
+/* Hugging Face Qwen3 initialisation: every weight matrix ~ normal(0, 0.02) from one cm_rng
+ * stream seeded with seed, drawn over the parameters in order (deterministic across
+ * machines), every norm weight 1. */
 cm_status dt_model_init_random(dt_model *m, uint64_t seed);
 /* Loads the parameters from a serving checkpoint directory (config.json must match cfg;
- * model.safetensors with every key, any float dtype). Missing or misshapen tensors name the key. */
+ * model.safetensors with every key, optionally "model."-prefixed, any float dtype; extra keys
+ * are ignored). Missing or misshapen tensors name the key. */
 cm_status dt_model_load(dt_model *m, const char *dir);
 /* Attaches the frozen target embedding and LM head ([V, D] each, host data in F32 or BF16,
  * copied to the backend). lm_head may equal embed (tied). Checks V and D against cfg. */
@@ -79,9 +86,13 @@ const dt_param *dt_model_find_param(const dt_model *m, const char *name); /* NUL
  * loss_mask 0/1, anchors sorted and in range. CM_ERR_INVALID_ARG naming the first problem. */
 cm_status dt_batch_validate(const dt_model *m, const dt_batch *b);
 
-/* One forward + backward: zeroes every grad, then accumulates ∂loss/∂param for loss =
- * Σ w·CE / Σ w with w = exp(−(k − 1)/gamma) (DESIGN §5). Fills stats when non-NULL.
- * A batch with no anchors or Σ w = 0 leaves zero gradients and loss 0. */
+/* One forward + backward: validates the batch, zeroes every grad, then accumulates
+ * ∂loss/∂param for loss = Σ w·CE / Σ w with w = exp(−(k − 1)/gamma) (DESIGN §5; gamma > 0).
+ * Fills stats when non-NULL. Needs dt_model_set_frozen first. A batch with no anchors or
+ * Σ w = 0 runs no kernel besides the zeroing: zero gradients and loss 0 (so a rank with
+ * nothing to learn can still join the gradient all-reduce). Activation buffers are sized
+ * for the largest batch seen (T tokens, n_anchors · B block rows), grown when a larger one
+ * arrives and reused; results do not depend on that history. Synchronises before return. */
 cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_stats *stats);
 
 #ifdef __cplusplus
