@@ -397,10 +397,13 @@ cm_status dt_ckpt_latest(const char *run_dir, char *dir, size_t cap, int *found)
 static cm_status cmp_f(const char *field, double want, double got, const char *flag) {
     if (want == got)
         return CM_OK;
-    return CM_FAIL(CM_ERR_INVALID_ARG,
-                   "cannot resume: %s is %.17g but the checkpoint was trained with %.17g; pass %s %.17g or "
-                   "start a new --out",
-                   field, want, got, flag, got);
+    char w[32], g[32];
+    fmt_double(w, sizeof w, want);
+    fmt_double(g, sizeof g, got);
+    return CM_FAIL(
+        CM_ERR_INVALID_ARG,
+        "cannot resume: %s is %s but the checkpoint was trained with %s; pass %s %s or start a new --out",
+        field, w, g, flag, g);
 }
 
 static cm_status cmp_i(const char *field, int64_t want, int64_t got, const char *what) {
