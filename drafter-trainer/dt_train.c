@@ -202,6 +202,7 @@ typedef struct run {
     dt_optim         *o;
     dt_data          *data;
     cm_st            *target;
+    float            *frozen_owned[2]; /* widened embed / lm_head when the target is not F32/BF16 */
     char            **paths;
     int               n_paths;
     int32_t          *order, *order_next, *anchors, *work;
@@ -270,7 +271,27 @@ static cm_status load_config(run *r) {
     return st;
 }
 
-/* The frozen embedding and LM head from the target directory (as dt_grad takes them). */
+/* A frozen [V, D] matrix as dt_model_set_frozen takes it: F32 or BF16 in place (borrowed
+ * from the mmapped target), any other float dtype widened into *owned. */
+static cm_status frozen_matrix(const cm_st *st, const cm_st_tensor *t, const void **data, cm_dtype *dt,
+                               float **owned) {
+    if (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) {
+        *data = t->data;
+        *dt = t->dtype;
+        return CM_OK;
+    }
+    size_t n = (size_t)t->shape[0] * (size_t)t->shape[1];
+    if (!(*owned = malloc(n * sizeof **owned)))
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu floats for '%s'", n, t->name);
+    CM_TRY(cm_st_read(st, t->name, 2, t->shape, *owned, CM_DTYPE_F32));
+    *data = *owned;
+    *dt = CM_DTYPE_F32;
+    return CM_OK;
+}
+
+/* The frozen embedding and LM head from the target directory (the keys dt_grad reads:
+ * model.language_model.embed_tokens.weight or model.embed_tokens.weight, and lm_head.weight
+ * unless the target ties them). */
 static cm_status load_target(run *r) {
     char tc[4096];
     snprintf(tc, sizeof tc, "%s/config.json", r->a.target);
@@ -282,12 +303,16 @@ static cm_status load_target(run *r) {
             "target '%s' has hidden %d and vocab %d but the drafter has hidden %d and vocab %d; use the "
             "target the drafter is for",
             r->a.target, t.hidden_size, t.vocab_size, r->cfg.hidden_size, r->cfg.vocab_size);
+    for (int i = 0; i < r->cfg.n_taps; i++)
+        if (r->cfg.target_layer_ids[i] >= t.n_layers)
+            return CM_FAIL(
+                CM_ERR_INVALID_ARG,
+                "dflash_config.target_layer_ids[%d] = %d is outside the target's layers [0, %d) ('%s'); "
+                "choose tap ids below %d",
+                i, r->cfg.target_layer_ids[i], t.n_layers, r->a.target, t.n_layers);
     if (t.n_layers != r->cfg.num_target_layers)
-        return CM_FAIL(
-            CM_ERR_INVALID_ARG,
-            "target '%s' has %d layers but the drafter config says num_target_layers %d; use the target "
-            "the drafter is for",
-            r->a.target, t.n_layers, r->cfg.num_target_layers);
+        CM_LOG_WARN("the drafter config says num_target_layers %d but target '%s' has %d layers",
+                    r->cfg.num_target_layers, r->a.target, t.n_layers);
     CM_TRY(cm_st_open_dir(&r->target, r->a.target));
     const int64_t       shape[2] = {t.vocab_size, t.hidden_size};
     const cm_st_tensor *emb = NULL, *head = NULL;
@@ -299,8 +324,16 @@ static cm_status load_target(run *r) {
         head = emb;
     else
         CM_TRY(cm_st_expect(r->target, "lm_head.weight", 2, shape, &head));
-    return dt_model_set_frozen(r->m, emb->data, emb->dtype, head->data, head->dtype, t.vocab_size,
-                               t.hidden_size);
+    const void *e, *h;
+    cm_dtype    edt, hdt;
+    CM_TRY(frozen_matrix(r->target, emb, &e, &edt, &r->frozen_owned[0]));
+    if (head == emb) {
+        h = e;
+        hdt = edt;
+    } else {
+        CM_TRY(frozen_matrix(r->target, head, &h, &hdt, &r->frozen_owned[1]));
+    }
+    return dt_model_set_frozen(r->m, e, edt, h, hdt, t.vocab_size, t.hidden_size);
 }
 
 /* Keeps the metrics lines of steps ≤ step (a resumed run rewrites what came after). */
@@ -558,6 +591,8 @@ static void run_release(run *r) {
     dt_optim_destroy(&r->o);
     dt_model_destroy(&r->m);
     cm_st_destroy(&r->target);
+    free(r->frozen_owned[1]);
+    free(r->frozen_owned[0]);
     if (r->be)
         r->be->ctx_destroy(&r->ctx);
 }

@@ -398,6 +398,23 @@ static void test_refusals(void) {
     expect_refused("truncated state", train("crash", "trunc", csv, NULL, resume), "trunc", "training_state");
 }
 
+static void test_usage(void) {
+    char err[512];
+    snprintf(err, sizeof err, "%s/usage.err", tmp);
+    char *help[] = {DTD_DT_BIN, "train", "--help", NULL};
+    TST_CHECK(tst_run(help, err) == 0);
+    char *unknown[] = {DTD_DT_BIN, "train", "--frobnicate", "1", NULL};
+    TST_CHECK(tst_run(unknown, err) == 2 && strstr(tst_slurp(err), "unknown option '--frobnicate'"));
+    char *bad_lr[] = {DTD_DT_BIN, "train", "--lr", "fast", NULL};
+    TST_CHECK(tst_run(bad_lr, err) == 2 && strstr(tst_slurp(err), "--lr 'fast'"));
+    char *no_target[] = {DTD_DT_BIN, "train", "--config", config, "--data", csv, "--out", tmp, NULL};
+    TST_CHECK(tst_run(no_target, err) == 2 && strstr(tst_slurp(err), "--target"));
+    char *no_value[] = {DTD_DT_BIN, "train", "--epochs", NULL};
+    TST_CHECK(tst_run(no_value, err) == 2 && strstr(tst_slurp(err), "needs a value"));
+    char *zero[] = {DTD_DT_BIN, "train", "--max-anchors", "0", NULL};
+    TST_CHECK(tst_run(zero, err) == 2 && strstr(tst_slurp(err), "--max-anchors '0'"));
+}
+
 static void test_bad_batches(void) {
     /* target_hidden of one tap only, ids outside the vocabulary, a non-increasing cu_seqlens */
     static float   hid[200 * 128];
@@ -463,6 +480,7 @@ int main(void) {
         test_crash_recovery();
         test_refusals();
         test_bad_batches();
+        test_usage();
         test_init_from();
     }
     if (getenv("DT_TRAIN_KEEP"))
