@@ -10,6 +10,7 @@ extern "C" {
 
 int dt_cmd_grad(int argc, char **argv);  /* dt_grad.c: DESIGN §6 check interface */
 int dt_cmd_train(int argc, char **argv); /* dt_train.c: training from batch files */
+int dt_cmd_shards(int argc, char **argv); /* dt_shards.c: inspect and export shard directories */
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "grad") == 0) return dt_cmd_grad(argc - 2, argv + 2);
     if (strcmp(argv[1], "train") == 0) return dt_cmd_train(argc - 2, argv + 2);
+    if (strcmp(argv[1], "shards") == 0) return dt_cmd_shards(argc - 2, argv + 2);
     fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad; see --help)\n", argv[1]);
     return 2;
 }
