@@ -69,7 +69,8 @@ typedef struct cm_compress_config {
                            (hashLog 6, minMatch 7: few, long matches; the planes are mostly literals for
                            Huffman), measured faster and smaller on hidden states; 0 = the level's own */
 } cm_compress_config;
-#define CM_COMPRESS_CONFIG_DEFAULT { 1, 1, 256u << 10, 1, 1 }
+#define CM_COMPRESS_CONFIG_DEFAULT                                                                           \
+    { 1, 1, 256u << 10, 1, 1 }
 
 typedef struct cm_compress cm_compress;
 

@@ -11,7 +11,9 @@
 #define P4 0x85EBCA77C2B2AE63ull
 #define P5 0x27D4EB2F165667C5ull
 
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static inline uint64_t rotl64(uint64_t x, int r) {
+    return (x << r) | (x >> (64 - r));
+}
 
 static inline uint64_t read64(const uint8_t *p) {
     uint64_t v;
@@ -66,18 +68,21 @@ static uint64_t finish(const uint64_t acc[4], int long_input, uint64_t seed, uin
     uint64_t h;
     if (long_input) {
         h = rotl64(acc[0], 1) + rotl64(acc[1], 7) + rotl64(acc[2], 12) + rotl64(acc[3], 18);
-        for (int i = 0; i < 4; i++) h = merge64(h, acc[i]);
+        for (int i = 0; i < 4; i++)
+            h = merge64(h, acc[i]);
     } else {
         h = seed + P5;
     }
     h += total_len;
     size_t i = 0;
-    for (; i + 8 <= tail_len; i += 8) h = rotl64(h ^ round64(0, read64(tail + i)), 27) * P1 + P4;
+    for (; i + 8 <= tail_len; i += 8)
+        h = rotl64(h ^ round64(0, read64(tail + i)), 27) * P1 + P4;
     if (i + 4 <= tail_len) {
         h = rotl64(h ^ ((uint64_t)read32(tail + i) * P1), 23) * P2 + P3;
         i += 4;
     }
-    for (; i < tail_len; i++) h = rotl64(h ^ (tail[i] * P5), 11) * P1;
+    for (; i < tail_len; i++)
+        h = rotl64(h ^ (tail[i] * P5), 11) * P1;
     h ^= h >> 33;
     h *= P2;
     h ^= h >> 29;
@@ -102,7 +107,8 @@ void cm_xxh64_init(cm_xxh64_state *s, uint64_t seed) {
 
 void cm_xxh64_update(cm_xxh64_state *s, const void *data, size_t len) {
     const uint8_t *p = data;
-    if (len == 0) return;
+    if (len == 0)
+        return;
     s->total_len += len;
     if (s->buf_len) {
         size_t take = 32 - s->buf_len < len ? 32 - s->buf_len : len;
@@ -110,7 +116,8 @@ void cm_xxh64_update(cm_xxh64_state *s, const void *data, size_t len) {
         s->buf_len += (uint32_t)take;
         p += take;
         len -= take;
-        if (s->buf_len < 32) return;
+        if (s->buf_len < 32)
+            return;
         stripes(s->acc, s->buf, 32);
         s->buf_len = 0;
     }

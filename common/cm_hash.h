@@ -17,10 +17,10 @@ extern "C" {
 uint64_t cm_xxh64(const void *data, size_t len, uint64_t seed);
 
 typedef struct cm_xxh64_state {
-    uint64_t total_len;  /* bytes consumed so far */
-    uint64_t acc[4];     /* the four lane accumulators */
-    uint8_t  buf[32];    /* a partial stripe */
-    uint32_t buf_len;    /* bytes in buf, < 32 */
+    uint64_t total_len; /* bytes consumed so far */
+    uint64_t acc[4];    /* the four lane accumulators */
+    uint8_t  buf[32];   /* a partial stripe */
+    uint32_t buf_len;   /* bytes in buf, < 32 */
     uint64_t seed;
 } cm_xxh64_state;
 

@@ -109,13 +109,14 @@ typedef enum cm_proto_type {
 
 /* How a tensor's bytes are encoded (cm_compress.h documents each stream). */
 typedef enum cm_encoding {
-    CM_ENCODING_RAW = 0,       /* the elements as they are, little-endian */
-    CM_ENCODING_ZSTD,          /* zstd over the element bytes, in chunks (lossless) */
-    CM_ENCODING_ZSTD_BYTEPLANE,/* byte planes (high bytes apart from low) then zstd (lossless) */
-    CM_ENCODING_FP8_ZSTD,      /* FP8 E4M3 with one F32 scale per row, then zstd (lossy, opt-in) */
+    CM_ENCODING_RAW = 0,        /* the elements as they are, little-endian */
+    CM_ENCODING_ZSTD,           /* zstd over the element bytes, in chunks (lossless) */
+    CM_ENCODING_ZSTD_BYTEPLANE, /* byte planes (high bytes apart from low) then zstd (lossless) */
+    CM_ENCODING_FP8_ZSTD,       /* FP8 E4M3 with one F32 scale per row, then zstd (lossy, opt-in) */
     CM_ENCODING_END
 } cm_encoding;
-#define CM_ENCODING_LOSSLESS_MASK ((1u << CM_ENCODING_RAW) | (1u << CM_ENCODING_ZSTD) | (1u << CM_ENCODING_ZSTD_BYTEPLANE))
+#define CM_ENCODING_LOSSLESS_MASK                                                                            \
+    ((1u << CM_ENCODING_RAW) | (1u << CM_ENCODING_ZSTD) | (1u << CM_ENCODING_ZSTD_BYTEPLANE))
 
 typedef enum cm_proto_error_code {
     CM_PROTO_ERROR_BAD_REQUEST = 1, /* the request is well formed but cannot be served (layer, token id) */
@@ -129,9 +130,9 @@ typedef enum cm_proto_error_code {
     CM_PROTO_ERROR_END
 } cm_proto_error_code;
 
-const char *cm_proto_type_name(int type);         /* "HELLO", ...; "unknown" */
-const char *cm_encoding_name(int enc);            /* "raw", "zstd", "zstd-byteplane", "fp8-zstd"; "unknown" */
-const char *cm_proto_error_name(int code);        /* "bad-request", ...; "unknown" */
+const char *cm_proto_type_name(int type);  /* "HELLO", ...; "unknown" */
+const char *cm_encoding_name(int enc);     /* "raw", "zstd", "zstd-byteplane", "fp8-zstd"; "unknown" */
+const char *cm_proto_error_name(int code); /* "bad-request", ...; "unknown" */
 /* Parses an encoding name (as cm_encoding_name spells it); CM_ERR_INVALID_ARG naming the choices. */
 cm_status cm_encoding_parse(const char *name, cm_encoding *out);
 
@@ -147,11 +148,12 @@ typedef struct cm_proto_limits {
     uint64_t max_tensor_bytes; /* decoded bytes of one tensor */
     uint64_t max_data_bytes;   /* DATA of one ANSWER */
 } cm_proto_limits;
-#define CM_PROTO_LIMITS_DEFAULT { 131072, 131072, 64, 1024, 64, 8u << 20, 4ull << 30, 16ull << 30 }
+#define CM_PROTO_LIMITS_DEFAULT                                                                              \
+    { 131072, 131072, 64, 1024, 64, 8u << 20, 4ull << 30, 16ull << 30 }
 
 typedef struct cm_proto_header {
     uint16_t version;
-    uint16_t type;          /* cm_proto_type */
+    uint16_t type; /* cm_proto_type */
     uint32_t flags;
     uint32_t n_tensors;
     uint64_t id;
@@ -185,28 +187,28 @@ typedef struct cm_proto_welcome {
  * size the arrays from the same limits. */
 typedef struct cm_proto_request {
     uint64_t    batch_id;
-    uint32_t    flags;       /* CM_PROTO_FLAG_RESEND or 0 */
+    uint32_t    flags; /* CM_PROTO_FLAG_RESEND or 0 */
     cm_encoding encoding;
-    uint32_t    n_tokens;    /* T */
-    uint32_t    n_seqs;      /* N */
-    uint32_t    n_layers;    /* L */
-    int32_t    *tokens;      /* [T] */
-    int32_t    *cu_seqlens;  /* [N + 1] */
-    int32_t    *layer_ids;   /* [L] */
+    uint32_t    n_tokens;   /* T */
+    uint32_t    n_seqs;     /* N */
+    uint32_t    n_layers;   /* L */
+    int32_t    *tokens;     /* [T] */
+    int32_t    *cu_seqlens; /* [N + 1] */
+    int32_t    *layer_ids;  /* [L] */
     uint32_t    cap_tokens, cap_cu_seqlens, cap_layers;
 } cm_proto_request;
 
 typedef struct cm_proto_tensor {
     char        name[CM_PROTO_NAME_MAX + 1];
-    cm_dtype    dtype;                    /* of the decoded tensor */
+    cm_dtype    dtype; /* of the decoded tensor */
     cm_encoding encoding;
     int         n_dims;
     int64_t     shape[CM_PROTO_MAX_DIMS];
-    uint64_t    raw_size;                 /* decoded bytes */
-    uint64_t    encoded_size;             /* bytes at data */
-    uint64_t    checksum;                 /* XXH64 of the encoded bytes */
-    const void *data;                     /* encode: the caller's encoded bytes (borrowed);
-                                             decode: points into the DATA the caller passed */
+    uint64_t    raw_size;     /* decoded bytes */
+    uint64_t    encoded_size; /* bytes at data */
+    uint64_t    checksum;     /* XXH64 of the encoded bytes */
+    const void *data;         /* encode: the caller's encoded bytes (borrowed);
+                                 decode: points into the DATA the caller passed */
 } cm_proto_tensor;
 
 /* An ANSWER; tensors is caller storage with room for cap_tensors entries (decode). */
@@ -256,12 +258,14 @@ cm_status cm_proto_answer_encode(cm_proto_answer *m, void *buf, size_t cap, size
  * type and the frame's total size (CM_PROTO_HEADER_SIZE + body_len + data_len). */
 cm_status cm_proto_peek(const void *frame, size_t len, const cm_proto_limits *lim, cm_proto_header *out);
 
-cm_status cm_proto_hello_decode(const void *frame, size_t len, const cm_proto_limits *lim, cm_proto_hello *out);
+cm_status cm_proto_hello_decode(const void *frame, size_t len, const cm_proto_limits *lim,
+                                cm_proto_hello *out);
 cm_status cm_proto_welcome_decode(const void *frame, size_t len, const cm_proto_limits *lim,
                                   cm_proto_welcome *out);
 cm_status cm_proto_request_decode(const void *frame, size_t len, const cm_proto_limits *lim,
                                   cm_proto_request *out);
-cm_status cm_proto_error_decode(const void *frame, size_t len, const cm_proto_limits *lim, cm_proto_error *out);
+cm_status cm_proto_error_decode(const void *frame, size_t len, const cm_proto_limits *lim,
+                                cm_proto_error *out);
 cm_status cm_proto_heartbeat_decode(const void *frame, size_t len, const cm_proto_limits *lim, uint64_t *seq);
 cm_status cm_proto_bye_decode(const void *frame, size_t len, const cm_proto_limits *lim);
 
@@ -271,7 +275,8 @@ cm_status cm_proto_bye_decode(const void *frame, size_t len, const cm_proto_limi
 cm_status cm_proto_answer_decode_parts(const void *head, size_t head_len, const void *data, size_t data_len,
                                        const cm_proto_limits *lim, cm_proto_answer *out);
 /* The same for a whole frame in one buffer. */
-cm_status cm_proto_answer_decode(const void *frame, size_t len, const cm_proto_limits *lim, cm_proto_answer *out);
+cm_status cm_proto_answer_decode(const void *frame, size_t len, const cm_proto_limits *lim,
+                                 cm_proto_answer *out);
 
 /* Checks a tensor descriptor (name, dtype, encoding and dtype together, dims, shape product
  * without overflow, raw_size, size bounds) and returns the number of rows (product of all dims

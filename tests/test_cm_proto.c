@@ -20,7 +20,7 @@ static const cm_proto_limits LIM = CM_PROTO_LIMITS_DEFAULT;
         cm_status got_ = (call);                                                                             \
         TST_CHECK(got_ == (st));                                                                             \
         if ((want) && !strstr(cm_last_error(), (want) ? (want) : "")) {                                      \
-            fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__, cm_last_error(),          \
+            fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__, cm_last_error(),         \
                     (want) ? (want) : "");                                                                   \
             tst_failures++;                                                                                  \
         }                                                                                                    \
@@ -33,7 +33,9 @@ typedef struct bld {
     size_t  n;
 } bld;
 
-static void b_u8(bld *b, uint8_t v) { b->b[b->n++] = v; }
+static void b_u8(bld *b, uint8_t v) {
+    b->b[b->n++] = v;
+}
 static void b_u16(bld *b, uint16_t v) {
     b_u8(b, (uint8_t)v);
     b_u8(b, (uint8_t)(v >> 8));
@@ -53,10 +55,12 @@ static void b_str(bld *b, const char *s) {
 }
 
 static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 
 /* Writes header + body (+ data) to out with valid checksums; returns the frame size. */
@@ -77,38 +81,56 @@ static size_t seal_frame(uint8_t *out, uint16_t version, uint16_t type, uint32_t
     put64(h + 40, cm_xxh64(body->b, body->n, 0));
     put64(h + 48, cm_xxh64(h, 48, 0));
     memcpy(out + CM_PROTO_HEADER_SIZE, body->b, body->n);
-    if (data_len) memcpy(out + CM_PROTO_HEADER_SIZE + body->n, data, data_len);
+    if (data_len)
+        memcpy(out + CM_PROTO_HEADER_SIZE + body->n, data, data_len);
     return CM_PROTO_HEADER_SIZE + body->n + data_len;
 }
 
 /* Recomputes the header checksum after a header field was patched. */
-static void reseal_header(uint8_t *f) { put64(f + 48, cm_xxh64(f, 48, 0)); }
+static void reseal_header(uint8_t *f) {
+    put64(f + 48, cm_xxh64(f, 48, 0));
+}
 
 // ---- xxh64
 
 static void test_hash(void) {
     /* computed with the reference xxHash library (libxxhash 0.8.1) over bytes (31·i + 7) mod 256 */
-    static const struct { size_t n; uint64_t seed, want; } v[] = {
-        {1, 0x0000000000000000ull, 0xa96c7f0ce858bbb7ull},    {1, 0x9e3779b185ebca87ull, 0x0c810166b30122a5ull},
-        {3, 0x0000000000000000ull, 0x56e6957632a487f9ull},    {4, 0x9e3779b185ebca87ull, 0xb000bcf3f8bcaefeull},
-        {7, 0x0000000000000000ull, 0xafbefc3d6c6f9a8eull},    {8, 0x0000000000000000ull, 0x3da5c7aa269683e0ull},
-        {15, 0x9e3779b185ebca87ull, 0x3eb4d31a7b8359caull},   {16, 0x0000000000000000ull, 0xa19ad429b02bc413ull},
-        {31, 0x0000000000000000ull, 0x4a74f3a1a39ad4a1ull},   {32, 0x0000000000000000ull, 0x8d57d6a4671cc43dull},
-        {32, 0x9e3779b185ebca87ull, 0xf113d2457128cf6dull},   {33, 0x0000000000000000ull, 0x62c9fd21ed857664ull},
-        {63, 0x9e3779b185ebca87ull, 0x355cc1872a486c6eull},   {64, 0x0000000000000000ull, 0x7bbabbc45729d17eull},
-        {65, 0x9e3779b185ebca87ull, 0xe6f9eb9a843fa660ull},   {100, 0x0000000000000000ull, 0xefa0ad2d3e70c151ull},
-        {1000, 0x0000000000000000ull, 0x99594f4828043d35ull}, {1000, 0x9e3779b185ebca87ull, 0xd79c60b94f81cbf0ull},
-        {1999, 0x0000000000000000ull, 0x24ad919a9cbbdd23ull}, {1999, 0x9e3779b185ebca87ull, 0x0c42c85d07876c8aull},
+    static const struct {
+        size_t   n;
+        uint64_t seed, want;
+    } v[] = {
+        {1, 0x0000000000000000ull, 0xa96c7f0ce858bbb7ull},
+        {1, 0x9e3779b185ebca87ull, 0x0c810166b30122a5ull},
+        {3, 0x0000000000000000ull, 0x56e6957632a487f9ull},
+        {4, 0x9e3779b185ebca87ull, 0xb000bcf3f8bcaefeull},
+        {7, 0x0000000000000000ull, 0xafbefc3d6c6f9a8eull},
+        {8, 0x0000000000000000ull, 0x3da5c7aa269683e0ull},
+        {15, 0x9e3779b185ebca87ull, 0x3eb4d31a7b8359caull},
+        {16, 0x0000000000000000ull, 0xa19ad429b02bc413ull},
+        {31, 0x0000000000000000ull, 0x4a74f3a1a39ad4a1ull},
+        {32, 0x0000000000000000ull, 0x8d57d6a4671cc43dull},
+        {32, 0x9e3779b185ebca87ull, 0xf113d2457128cf6dull},
+        {33, 0x0000000000000000ull, 0x62c9fd21ed857664ull},
+        {63, 0x9e3779b185ebca87ull, 0x355cc1872a486c6eull},
+        {64, 0x0000000000000000ull, 0x7bbabbc45729d17eull},
+        {65, 0x9e3779b185ebca87ull, 0xe6f9eb9a843fa660ull},
+        {100, 0x0000000000000000ull, 0xefa0ad2d3e70c151ull},
+        {1000, 0x0000000000000000ull, 0x99594f4828043d35ull},
+        {1000, 0x9e3779b185ebca87ull, 0xd79c60b94f81cbf0ull},
+        {1999, 0x0000000000000000ull, 0x24ad919a9cbbdd23ull},
+        {1999, 0x9e3779b185ebca87ull, 0x0c42c85d07876c8aull},
     };
     uint8_t buf[2000];
-    for (int i = 0; i < 2000; i++) buf[i] = (uint8_t)(31 * i + 7);
+    for (int i = 0; i < 2000; i++)
+        buf[i] = (uint8_t)(31 * i + 7);
     TST_CHECK(cm_xxh64(NULL, 0, 0) == 0xef46db3751d8e999ull);
     TST_CHECK(cm_xxh64("a", 1, 0) == 0xd24ec4f1a98c6e5bull);
     TST_CHECK(cm_xxh64("abc", 3, 0) == 0x44bc2cf5ad770999ull);
     TST_CHECK(cm_xxh64("abc", 3, 1) == 0xbea9ca8199328908ull);
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         TST_CHECK(cm_xxh64(buf, v[i].n, v[i].seed) == v[i].want);
-        TST_CHECK(cm_xxh64(buf + 1, v[i].n, v[i].seed) == cm_xxh64(buf + 1, v[i].n, v[i].seed)); /* unaligned */
+        TST_CHECK(cm_xxh64(buf + 1, v[i].n, v[i].seed) ==
+                  cm_xxh64(buf + 1, v[i].n, v[i].seed)); /* unaligned */
         /* streaming in uneven pieces gives the same value */
         for (size_t step = 1; step < 70; step += 13) {
             cm_xxh64_state s;
@@ -126,8 +148,9 @@ static uint8_t frame[1 << 20];
 static uint8_t frame2[1 << 20];
 
 static void test_small_roundtrips(void) {
-    size_t len;
-    cm_proto_hello hi = {0x1234567890abcdefull, 8, (1u << CM_ENCODING_ZSTD_BYTEPLANE) | 1u, "trainer-0.a_b"}, hi2;
+    size_t         len;
+    cm_proto_hello hi = {0x1234567890abcdefull, 8, (1u << CM_ENCODING_ZSTD_BYTEPLANE) | 1u, "trainer-0.a_b"},
+                   hi2;
     TST_CHECK(cm_proto_hello_encode(&hi, frame, sizeof frame, &len) == CM_OK);
     TST_CHECK(len == CM_PROTO_HEADER_SIZE + 18 + strlen(hi.name) && len <= CM_PROTO_SMALL_FRAME_MAX);
     memset(&hi2, 0, sizeof hi2);
@@ -135,33 +158,40 @@ static void test_small_roundtrips(void) {
     TST_CHECK(hi2.target_id == hi.target_id && hi2.credits == 8 && hi2.encodings == hi.encodings &&
               strcmp(hi2.name, hi.name) == 0);
     cm_proto_header h;
-    TST_CHECK(cm_proto_peek(frame, len, &LIM, &h) == CM_OK && h.type == CM_PROTO_TYPE_HELLO && h.version == 1);
+    TST_CHECK(cm_proto_peek(frame, len, &LIM, &h) == CM_OK && h.type == CM_PROTO_TYPE_HELLO &&
+              h.version == 1);
 
-    cm_proto_welcome we = {0xfeedull, 0, CM_DTYPE_BF16, 5120, 64, 16384, 4, 1u << CM_ENCODING_ZSTD_BYTEPLANE,
-                           "qwen3.6-27b"},
-                     we2;
+    cm_proto_welcome
+        we = {0xfeedull,    0, CM_DTYPE_BF16, 5120, 64, 16384, 4, 1u << CM_ENCODING_ZSTD_BYTEPLANE,
+              "qwen3.6-27b"},
+        we2;
     TST_CHECK(cm_proto_welcome_encode(&we, frame, sizeof frame, &len) == CM_OK);
     TST_CHECK(cm_proto_welcome_decode(frame, len, &LIM, &we2) == CM_OK);
-    TST_CHECK(we2.target_id == 0xfeedull && we2.version == CM_PROTO_VERSION && we2.hidden_dtype == CM_DTYPE_BF16 &&
-              we2.hidden_size == 5120 && we2.n_layers == 64 && we2.max_tokens == 16384 && we2.credits == 4 &&
-              we2.encodings == we.encodings && strcmp(we2.name, "qwen3.6-27b") == 0);
+    TST_CHECK(we2.target_id == 0xfeedull && we2.version == CM_PROTO_VERSION &&
+              we2.hidden_dtype == CM_DTYPE_BF16 && we2.hidden_size == 5120 && we2.n_layers == 64 &&
+              we2.max_tokens == 16384 && we2.credits == 4 && we2.encodings == we.encodings &&
+              strcmp(we2.name, "qwen3.6-27b") == 0);
 
-    cm_proto_error er = {77, CM_PROTO_ERROR_BAD_REQUEST, "layer 70 is out of range; the target has layers 0..63"},
+    cm_proto_error er = {77, CM_PROTO_ERROR_BAD_REQUEST,
+                         "layer 70 is out of range; the target has layers 0..63"},
                    er2;
     TST_CHECK(cm_proto_error_encode(&er, frame, sizeof frame, &len) == CM_OK);
     TST_CHECK(cm_proto_error_decode(frame, len, &LIM, &er2) == CM_OK);
-    TST_CHECK(er2.batch_id == 77 && er2.code == CM_PROTO_ERROR_BAD_REQUEST && strcmp(er2.message, er.message) == 0);
+    TST_CHECK(er2.batch_id == 77 && er2.code == CM_PROTO_ERROR_BAD_REQUEST &&
+              strcmp(er2.message, er.message) == 0);
     cm_proto_error empty = {0, CM_PROTO_ERROR_SHUTDOWN, ""};
     TST_CHECK(cm_proto_error_encode(&empty, frame, sizeof frame, &len) == CM_OK);
     TST_CHECK(cm_proto_error_decode(frame, len, &LIM, &er2) == CM_OK && er2.message[0] == '\0');
 
     uint64_t seq = 0;
-    TST_CHECK(cm_proto_heartbeat_encode(991, frame, sizeof frame, &len) == CM_OK && len == CM_PROTO_HEADER_SIZE);
+    TST_CHECK(cm_proto_heartbeat_encode(991, frame, sizeof frame, &len) == CM_OK &&
+              len == CM_PROTO_HEADER_SIZE);
     TST_CHECK(cm_proto_heartbeat_decode(frame, len, &LIM, &seq) == CM_OK && seq == 991);
     TST_CHECK(cm_proto_bye_encode(frame, sizeof frame, &len) == CM_OK);
     TST_CHECK(cm_proto_bye_decode(frame, len, &LIM) == CM_OK);
     /* a frame of one type is not another */
-    EXPECT_FAIL(cm_proto_hello_decode(frame, len, &LIM, &hi2), CM_ERR_PROTOCOL, "expected type HELLO, got BYE");
+    EXPECT_FAIL(cm_proto_hello_decode(frame, len, &LIM, &hi2), CM_ERR_PROTOCOL,
+                "expected type HELLO, got BYE");
 
     /* names */
     TST_CHECK(strcmp(cm_proto_type_name(CM_PROTO_TYPE_ANSWER), "ANSWER") == 0);
@@ -176,18 +206,29 @@ static int32_t tok[4096], cu[64], lay[16];
 static int32_t tok2[4096], cu2[64], lay2[16];
 
 static cm_proto_request make_request(void) {
-    for (int i = 0; i < 1000; i++) tok[i] = (i * 7919) % 248320;
+    for (int i = 0; i < 1000; i++)
+        tok[i] = (i * 7919) % 248320;
     cu[0] = 0, cu[1] = 1, cu[2] = 400, cu[3] = 1000;
     lay[0] = 1, lay[1] = 16, lay[2] = 31, lay[3] = 46, lay[4] = 61;
-    cm_proto_request r = {.batch_id = 0x0102030405060708ull, .flags = CM_PROTO_FLAG_RESEND,
-                          .encoding = CM_ENCODING_ZSTD_BYTEPLANE, .n_tokens = 1000, .n_seqs = 3, .n_layers = 5,
-                          .tokens = tok, .cu_seqlens = cu, .layer_ids = lay};
+    cm_proto_request r = {.batch_id = 0x0102030405060708ull,
+                          .flags = CM_PROTO_FLAG_RESEND,
+                          .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
+                          .n_tokens = 1000,
+                          .n_seqs = 3,
+                          .n_layers = 5,
+                          .tokens = tok,
+                          .cu_seqlens = cu,
+                          .layer_ids = lay};
     return r;
 }
 
 static cm_proto_request out_request(void) {
-    cm_proto_request o = {.tokens = tok2, .cu_seqlens = cu2, .layer_ids = lay2,
-                          .cap_tokens = 4096, .cap_cu_seqlens = 64, .cap_layers = 16};
+    cm_proto_request o = {.tokens = tok2,
+                          .cu_seqlens = cu2,
+                          .layer_ids = lay2,
+                          .cap_tokens = 4096,
+                          .cap_cu_seqlens = 64,
+                          .cap_layers = 16};
     return o;
 }
 
@@ -199,7 +240,8 @@ static void test_request_roundtrip(void) {
     TST_CHECK(cm_proto_request_decode(frame, len, &LIM, &o) == CM_OK);
     TST_CHECK(o.batch_id == r.batch_id && o.flags == CM_PROTO_FLAG_RESEND && o.encoding == r.encoding &&
               o.n_tokens == 1000 && o.n_seqs == 3 && o.n_layers == 5);
-    TST_CHECK(memcmp(tok2, tok, 1000 * 4) == 0 && memcmp(cu2, cu, 4 * 4) == 0 && memcmp(lay2, lay, 5 * 4) == 0);
+    TST_CHECK(memcmp(tok2, tok, 1000 * 4) == 0 && memcmp(cu2, cu, 4 * 4) == 0 &&
+              memcmp(lay2, lay, 5 * 4) == 0);
 
     /* too small a buffer: INVALID_ARG and the size needed */
     size_t need;
@@ -213,18 +255,21 @@ static void test_request_roundtrip(void) {
     EXPECT_FAIL(cm_proto_request_encode(&r, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, "cu_seqlens[2]");
     r = make_request();
     r.layer_ids[3] = 16;
-    EXPECT_FAIL(cm_proto_request_encode(&r, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, "repeats layer 16");
+    EXPECT_FAIL(cm_proto_request_encode(&r, frame, sizeof frame, &len), CM_ERR_INVALID_ARG,
+                "repeats layer 16");
     r = make_request();
     r.n_seqs = 0;
     EXPECT_FAIL(cm_proto_request_encode(&r, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, NULL);
 }
 
-static uint8_t        data_a[3000], data_b[17];
+static uint8_t         data_a[3000], data_b[17];
 static cm_proto_tensor ts[8], ts2[8];
 
 static cm_proto_answer make_answer(void) {
-    for (int i = 0; i < 3000; i++) data_a[i] = (uint8_t)(i * 13 + 1);
-    for (int i = 0; i < 17; i++) data_b[i] = (uint8_t)(200 - i);
+    for (int i = 0; i < 3000; i++)
+        data_a[i] = (uint8_t)(i * 13 + 1);
+    for (int i = 0; i < 17; i++)
+        data_b[i] = (uint8_t)(200 - i);
     memset(ts, 0, sizeof ts);
     strcpy(ts[0].name, "layer_1");
     ts[0].dtype = CM_DTYPE_BF16, ts[0].encoding = CM_ENCODING_ZSTD_BYTEPLANE, ts[0].n_dims = 2;
@@ -258,7 +303,8 @@ static void test_answer_roundtrip(void) {
                   ts2[i].encoding == ts[i].encoding && ts2[i].n_dims == ts[i].n_dims &&
                   ts2[i].raw_size == ts[i].raw_size && ts2[i].encoded_size == ts[i].encoded_size &&
                   ts2[i].checksum == ts[i].checksum);
-        for (int d = 0; d < ts[i].n_dims; d++) TST_CHECK(ts2[i].shape[d] == ts[i].shape[d]);
+        for (int d = 0; d < ts[i].n_dims; d++)
+            TST_CHECK(ts2[i].shape[d] == ts[i].shape[d]);
         TST_CHECK(ts[i].encoded_size == 0 || memcmp(ts2[i].data, ts[i].data, ts[i].encoded_size) == 0);
     }
     int64_t rows, row_len;
@@ -272,11 +318,12 @@ static void test_answer_roundtrip(void) {
     memset(ts2, 0, sizeof ts2);
     TST_CHECK(cm_proto_answer_decode_parts(frame2, hlen, frame + hlen, len - hlen, &LIM, &o) == CM_OK);
     TST_CHECK(o.n_tensors == 4 && ts2[1].data == frame + hlen + 3000);
-    EXPECT_FAIL(cm_proto_answer_decode_parts(frame2, hlen, frame + hlen, len - hlen - 1, &LIM, &o), CM_ERR_PROTOCOL,
-                "data_len");
+    EXPECT_FAIL(cm_proto_answer_decode_parts(frame2, hlen, frame + hlen, len - hlen - 1, &LIM, &o),
+                CM_ERR_PROTOCOL, "data_len");
     /* an answer with no tensors */
     cm_proto_answer none = {.batch_id = 5, .n_tensors = 0, .tensors = NULL};
-    TST_CHECK(cm_proto_answer_encode(&none, frame2, sizeof frame2, &hlen) == CM_OK && hlen == CM_PROTO_HEADER_SIZE);
+    TST_CHECK(cm_proto_answer_encode(&none, frame2, sizeof frame2, &hlen) == CM_OK &&
+              hlen == CM_PROTO_HEADER_SIZE);
     TST_CHECK(cm_proto_answer_decode(frame2, hlen, &LIM, &o) == CM_OK && o.n_tensors == 0 && o.batch_id == 5);
     /* caller array too small */
     o.cap_tensors = 3;
@@ -305,9 +352,15 @@ typedef cm_status (*decode_fn)(const uint8_t *f, size_t len);
 static cm_proto_hello   g_hello;
 static cm_proto_welcome g_welcome;
 static cm_proto_error   g_error;
-static cm_status dec_hello(const uint8_t *f, size_t n) { return cm_proto_hello_decode(f, n, &LIM, &g_hello); }
-static cm_status dec_welcome(const uint8_t *f, size_t n) { return cm_proto_welcome_decode(f, n, &LIM, &g_welcome); }
-static cm_status dec_error(const uint8_t *f, size_t n) { return cm_proto_error_decode(f, n, &LIM, &g_error); }
+static cm_status        dec_hello(const uint8_t *f, size_t n) {
+           return cm_proto_hello_decode(f, n, &LIM, &g_hello);
+}
+static cm_status dec_welcome(const uint8_t *f, size_t n) {
+    return cm_proto_welcome_decode(f, n, &LIM, &g_welcome);
+}
+static cm_status dec_error(const uint8_t *f, size_t n) {
+    return cm_proto_error_decode(f, n, &LIM, &g_error);
+}
 static cm_status dec_request(const uint8_t *f, size_t n) {
     cm_proto_request o = out_request();
     return cm_proto_request_decode(f, n, &LIM, &o);
@@ -320,7 +373,9 @@ static cm_status dec_heartbeat(const uint8_t *f, size_t n) {
     uint64_t s;
     return cm_proto_heartbeat_decode(f, n, &LIM, &s);
 }
-static cm_status dec_bye(const uint8_t *f, size_t n) { return cm_proto_bye_decode(f, n, &LIM); }
+static cm_status dec_bye(const uint8_t *f, size_t n) {
+    return cm_proto_bye_decode(f, n, &LIM);
+}
 
 static void corrupt_all(const char *what, decode_fn dec, const uint8_t *good, size_t len) {
     static uint8_t f[1 << 20];
@@ -331,28 +386,34 @@ static void corrupt_all(const char *what, decode_fn dec, const uint8_t *good, si
         memcpy(f, good, len);
         f[i] ^= (uint8_t)(1u << (i % 8));
         cm_clear_error();
-        if (dec(f, len) != CM_ERR_PROTOCOL) missed++;
+        if (dec(f, len) != CM_ERR_PROTOCOL)
+            missed++;
         /* past the magic and version, a flip is caught by a checksum */
-        else if (i >= 6 && !strstr(cm_last_error(), "checksum")) unnamed++;
+        else if (i >= 6 && !strstr(cm_last_error(), "checksum"))
+            unnamed++;
     }
     if (missed || unnamed)
-        fprintf(stderr, "%s: %d flips not refused, %d refused without naming a checksum\n", what, missed, unnamed);
+        fprintf(stderr, "%s: %d flips not refused, %d refused without naming a checksum\n", what, missed,
+                unnamed);
     TST_CHECK(missed == 0 && unnamed == 0);
     /* truncation at every length, and one trailing byte */
     missed = 0;
     for (size_t n = 0; n < len; n++) {
         memcpy(f, good, n);
-        if (dec(f, n) != CM_ERR_PROTOCOL) missed++;
+        if (dec(f, n) != CM_ERR_PROTOCOL)
+            missed++;
     }
     memcpy(f, good, len);
     f[len] = 0;
-    if (dec(f, len + 1) != CM_ERR_PROTOCOL) missed++;
-    if (missed) fprintf(stderr, "%s: %d truncations not refused\n", what, missed);
+    if (dec(f, len + 1) != CM_ERR_PROTOCOL)
+        missed++;
+    if (missed)
+        fprintf(stderr, "%s: %d truncations not refused\n", what, missed);
     TST_CHECK(missed == 0);
 }
 
 static void test_corruption(void) {
-    size_t len;
+    size_t         len;
     cm_proto_hello hi = {1, 2, 3, "t"};
     TST_CHECK(cm_proto_hello_encode(&hi, frame, sizeof frame, &len) == CM_OK);
     corrupt_all("HELLO", dec_hello, frame, len);
@@ -395,7 +456,8 @@ static void test_header_fields(void) {
     memcpy(frame2, frame, len);
     frame2[6] = 0;
     reseal_header(frame2);
-    EXPECT_FAIL(cm_proto_peek(frame2, len, &LIM, &(cm_proto_header){0}), CM_ERR_PROTOCOL, "unknown message type 0");
+    EXPECT_FAIL(cm_proto_peek(frame2, len, &LIM, &(cm_proto_header){0}), CM_ERR_PROTOCOL,
+                "unknown message type 0");
     memcpy(frame2, frame, len);
     frame2[8] = 0x1; /* RESEND is for requests only */
     reseal_header(frame2);
@@ -416,7 +478,7 @@ static void test_header_fields(void) {
 
     /* lengths beyond the limits are refused from the header alone, before any body is read */
     bld body = {.n = 0};
-    len      = seal_frame(frame, 1, CM_PROTO_TYPE_REQUEST, 0, 0, 1, &body, NULL, 0);
+    len = seal_frame(frame, 1, CM_PROTO_TYPE_REQUEST, 0, 0, 1, &body, NULL, 0);
     put32(frame + 24, LIM.max_body_bytes + 1);
     reseal_header(frame);
     EXPECT_FAIL(cm_proto_peek(frame, len, &LIM, &(cm_proto_header){0}), CM_ERR_PROTOCOL, "body_len");
@@ -455,16 +517,20 @@ static size_t req_frame(uint32_t enc, uint32_t T, uint32_t N, uint32_t L, const 
     b_u32(&b, T);
     b_u32(&b, N);
     b_u32(&b, L);
-    for (uint32_t i = 0; t && i < T; i++) b_u32(&b, (uint32_t)t[i]);
-    for (uint32_t i = 0; c && i <= N; i++) b_u32(&b, (uint32_t)c[i]);
-    for (uint32_t i = 0; l && i < L; i++) b_u32(&b, (uint32_t)l[i]);
-    for (int i = 0; i < extra; i++) b_u8(&b, 0);
+    for (uint32_t i = 0; t && i < T; i++)
+        b_u32(&b, (uint32_t)t[i]);
+    for (uint32_t i = 0; c && i <= N; i++)
+        b_u32(&b, (uint32_t)c[i]);
+    for (uint32_t i = 0; l && i < L; i++)
+        b_u32(&b, (uint32_t)l[i]);
+    for (int i = 0; i < extra; i++)
+        b_u8(&b, 0);
     return seal_frame(frame, 1, CM_PROTO_TYPE_REQUEST, 0, 0, 9, &b, NULL, 0);
 }
 
 static void test_request_fields(void) {
     int32_t t[16] = {1, 2, 3, 4, 5, 6, 7, 8}, c[16] = {0, 3, 8}, l[16] = {0, 5};
-    size_t  n    = req_frame(CM_ENCODING_ZSTD, 8, 2, 2, t, c, l, 0);
+    size_t  n = req_frame(CM_ENCODING_ZSTD, 8, 2, 2, t, c, l, 0);
     TST_CHECK(dec_request(frame, n) == CM_OK);
     n = req_frame(CM_ENCODING_END, 8, 2, 2, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "encoding");
@@ -483,12 +549,12 @@ static void test_request_fields(void) {
     n = req_frame(1, 8, 2, 0, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "n_layers");
     cm_proto_limits small = LIM;
-    small.max_tokens      = 7;
-    n                     = req_frame(1, 8, 2, 2, t, c, l, 0);
-    cm_proto_request o    = out_request();
+    small.max_tokens = 7;
+    n = req_frame(1, 8, 2, 2, t, c, l, 0);
+    cm_proto_request o = out_request();
     EXPECT_FAIL(cm_proto_request_decode(frame, n, &small, &o), CM_ERR_PROTOCOL, "n_tokens");
-    small            = LIM;
-    small.max_seqs   = 1;
+    small = LIM;
+    small.max_seqs = 1;
     EXPECT_FAIL(cm_proto_request_decode(frame, n, &small, &o), CM_ERR_PROTOCOL, "n_seqs");
     /* counts that disagree with the body's size: short (truncated arrays) and long */
     n = req_frame(1, 8, 2, 2, t, c, l, 4);
@@ -504,26 +570,26 @@ static void test_request_fields(void) {
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "truncated in field 'n_seqs'");
     /* array contents */
     t[3] = -1;
-    n    = req_frame(1, 8, 2, 2, t, c, l, 0);
+    n = req_frame(1, 8, 2, 2, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "tokens[3]");
     t[3] = 4;
     c[0] = 1;
-    n    = req_frame(1, 8, 2, 2, t, c, l, 0);
+    n = req_frame(1, 8, 2, 2, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "cu_seqlens[0]");
     c[0] = 0, c[1] = 0;
-    n    = req_frame(1, 8, 2, 2, t, c, l, 0);
+    n = req_frame(1, 8, 2, 2, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "empty or backwards");
     c[1] = 3, c[2] = 7;
-    n    = req_frame(1, 8, 2, 2, t, c, l, 0);
+    n = req_frame(1, 8, 2, 2, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "must equal n_tokens");
     c[2] = 8, l[1] = 0;
-    n    = req_frame(1, 8, 2, 2, t, c, l, 0);
+    n = req_frame(1, 8, 2, 2, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "repeats layer 0");
     l[1] = (int32_t)LIM.max_layer_id;
-    n    = req_frame(1, 8, 2, 2, t, c, l, 0);
+    n = req_frame(1, 8, 2, 2, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "layer_ids[1]");
     l[1] = -3;
-    n    = req_frame(1, 8, 2, 2, t, c, l, 0);
+    n = req_frame(1, 8, 2, 2, t, c, l, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "layer_ids[1]");
 }
 
@@ -548,18 +614,28 @@ static void test_small_fields(void) {
     b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, "a\nb");
     n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "byte 0x0a");
-    b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_u16(&b, 60), b_u8(&b, 'a'); /* name runs off the body */
+    b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_u16(&b, 60),
+    b_u8(&b, 'a'); /* name runs off the body */
     n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "truncated in field 'name'");
     b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, "a"), b_u8(&b, 0);
     n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "unexpected bytes");
     /* WELCOME */
-    struct { uint16_t ver; uint8_t dt, rsv; uint32_t d, l, t, cr, enc; const char *want; } wb[] = {
-        {2, CM_DTYPE_F32, 0, 64, 6, 8, 1, 1, "version"},       {1, CM_DTYPE_I32, 0, 64, 6, 8, 1, 1, "hidden_dtype"},
-        {1, CM_DTYPE_F32, 1, 64, 6, 8, 1, 1, "reserved"},      {1, CM_DTYPE_F32, 0, 0, 6, 8, 1, 1, "hidden_size"},
-        {1, CM_DTYPE_F32, 0, 64, 0, 8, 1, 1, "n_layers"},      {1, CM_DTYPE_F32, 0, 64, 6, 0, 1, 1, "max_tokens"},
-        {1, CM_DTYPE_F32, 0, 64, 6, 8, 0, 1, "credits"},       {1, CM_DTYPE_F32, 0, 64, 6, 8, 1, 0, "encodings"},
+    struct {
+        uint16_t    ver;
+        uint8_t     dt, rsv;
+        uint32_t    d, l, t, cr, enc;
+        const char *want;
+    } wb[] = {
+        {2, CM_DTYPE_F32, 0, 64, 6, 8, 1, 1, "version"},
+        {1, CM_DTYPE_I32, 0, 64, 6, 8, 1, 1, "hidden_dtype"},
+        {1, CM_DTYPE_F32, 1, 64, 6, 8, 1, 1, "reserved"},
+        {1, CM_DTYPE_F32, 0, 0, 6, 8, 1, 1, "hidden_size"},
+        {1, CM_DTYPE_F32, 0, 64, 0, 8, 1, 1, "n_layers"},
+        {1, CM_DTYPE_F32, 0, 64, 6, 0, 1, 1, "max_tokens"},
+        {1, CM_DTYPE_F32, 0, 64, 6, 8, 0, 1, "credits"},
+        {1, CM_DTYPE_F32, 0, 64, 6, 8, 1, 0, "encodings"},
     };
     for (size_t i = 0; i < sizeof wb / sizeof wb[0]; i++) {
         b.n = 0;
@@ -589,17 +665,19 @@ static void test_small_fields(void) {
 }
 
 /* One descriptor, written field by field. */
-static void b_desc(bld *b, const char *name, uint8_t dt, uint8_t enc, uint8_t nd, uint8_t rsv, const uint64_t *shape,
-                   uint64_t raw, uint64_t encsz, uint64_t sum) {
+static void b_desc(bld *b, const char *name, uint8_t dt, uint8_t enc, uint8_t nd, uint8_t rsv,
+                   const uint64_t *shape, uint64_t raw, uint64_t encsz, uint64_t sum) {
     b_str(b, name);
     b_u8(b, dt), b_u8(b, enc), b_u8(b, nd), b_u8(b, rsv);
-    for (int d = 0; d < nd; d++) b_u64(b, shape[d]);
+    for (int d = 0; d < nd; d++)
+        b_u64(b, shape[d]);
     b_u64(b, raw), b_u64(b, encsz), b_u64(b, sum);
 }
 
 static void test_answer_fields(void) {
     static uint8_t data[256];
-    for (int i = 0; i < 256; i++) data[i] = (uint8_t)i;
+    for (int i = 0; i < 256; i++)
+        data[i] = (uint8_t)i;
     uint64_t s2[2] = {4, 8}, sum = cm_xxh64(data, 64, 0);
     bld      b = {.n = 0};
     size_t   n;
@@ -629,14 +707,14 @@ static void test_answer_fields(void) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         b.n = 0;
-        b_desc(&b, bad[i].name, bad[i].dt, bad[i].enc, bad[i].nd, bad[i].rsv, bad[i].shape, bad[i].raw, bad[i].encsz,
-               sum);
+        b_desc(&b, bad[i].name, bad[i].dt, bad[i].enc, bad[i].nd, bad[i].rsv, bad[i].shape, bad[i].raw,
+               bad[i].encsz, sum);
         n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 64);
         EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, bad[i].want);
     }
     /* duplicate names */
     uint64_t s1[1] = {16};
-    b.n            = 0;
+    b.n = 0;
     b_desc(&b, "layer_0", CM_DTYPE_U8, CM_ENCODING_RAW, 1, 0, s1, 16, 16, cm_xxh64(data, 16, 0));
     b_desc(&b, "layer_0", CM_DTYPE_U8, CM_ENCODING_RAW, 1, 0, s1, 16, 16, cm_xxh64(data + 16, 16, 0));
     n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 2, 3, &b, data, 32);
@@ -661,11 +739,11 @@ static void test_answer_fields(void) {
     n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
     EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, "tensor 'a': checksum mismatch");
     /* a limit lower than a tensor */
-    cm_proto_limits small  = LIM;
+    cm_proto_limits small = LIM;
     small.max_tensor_bytes = 15;
-    b.n                    = 0;
+    b.n = 0;
     b_desc(&b, "a", CM_DTYPE_U8, CM_ENCODING_RAW, 1, 0, s1, 16, 16, cm_xxh64(data, 16, 0));
-    n                 = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
+    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
     cm_proto_answer o = {.tensors = ts2, .cap_tensors = 8};
     EXPECT_FAIL(cm_proto_answer_decode(frame, n, &small, &o), CM_ERR_PROTOCOL, "exceed the limit of 15");
 }
