@@ -394,8 +394,8 @@ static cm_status save(run *r, int64_t step) {
     return CM_OK;
 }
 
-static void write_metrics(run *r, int64_t step, int64_t epoch, int32_t batch, const dt_batch *b,
-                          const dt_step_stats *s, const dt_optim_stats *os, double secs) {
+static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batch, const dt_batch *b,
+                               const dt_step_stats *s, const dt_optim_stats *os, double secs) {
     const int B = r->cfg.block_size;
     double    tps = secs > 0 ? (double)b->T / secs : 0;
     fprintf(r->metrics,
@@ -415,7 +415,8 @@ static void write_metrics(run *r, int64_t step, int64_t epoch, int32_t batch, co
             ", \"seconds\": %.6f, "
             "\"tokens_per_s\": %.1f}\n",
             os->lr, os->grad_norm, os->grad_scale, s->weight_sum, b->n_anchors, s->n_blocks, b->T, secs, tps);
-    fflush(r->metrics);
+    if (fflush(r->metrics) != 0 || ferror(r->metrics))
+        return CM_FAIL(CM_ERR_IO, "cannot append to '%s': %s", r->metrics_path, strerror(errno));
     if (step % r->a.log_every == 0 || step == r->hp.total_steps) {
         printf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
                " loss %.5f tau %.3f acc1 %.3f lr %.3e gnorm %.4f "
@@ -425,6 +426,7 @@ static void write_metrics(run *r, int64_t step, int64_t epoch, int32_t batch, co
                os->grad_norm, b->n_anchors, tps);
         fflush(stdout);
     }
+    return CM_OK;
 }
 
 static cm_status train(run *r) {
@@ -568,7 +570,7 @@ static cm_status train(run *r) {
         CM_TRY(dt_model_step(r->m, &b, (float)hp->loss_decay_gamma, &ss));
         dt_optim_stats os;
         CM_TRY(dt_optim_step(r->o, &os));
-        write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0);
+        CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0));
         if (a->save_every > 0 && (t + 1) % a->save_every == 0) {
             CM_TRY(save(r, t + 1));
             last_saved = t + 1;
