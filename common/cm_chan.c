@@ -1,0 +1,219 @@
+/* common/cm_chan.c — the parts of cm_chan both ends share: ZeroMQ failure conversion, the
+ * clock, CURVE key files (Z85 text; secret keys written 0600 and never logged or echoed) and
+ * the endpoint check behind "loopback unless CURVE". The session logic lives in
+ * cm_chan_server.c and cm_chan_client.c. */
+#include "cm_chan_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+// ----------------------------------------------------------------------------
+// ZeroMQ helpers
+
+cm_status cm_zmq_check_(int failed, const char *stmt, const char *file, int line) {
+    if (!failed)
+        return CM_OK;
+    int e = zmq_errno();
+    return cm_fail_at(CM_ERR_ZMQ, file, line, "%s: %s", stmt, zmq_strerror(e));
+}
+
+int64_t cm_chan_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+cm_status cm_chan_set_int(void *sock, int option, int value) {
+    return CM_ZMQ(zmq_setsockopt(sock, option, &value, sizeof value));
+}
+
+cm_status cm_chan_set_i64(void *sock, int option, int64_t value) {
+    return CM_ZMQ(zmq_setsockopt(sock, option, &value, sizeof value));
+}
+
+uint64_t cm_chan_random_u64(void) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) == (ssize_t)sizeof v)
+        return v;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec << 20 ^ (uint64_t)getpid();
+}
+
+void cm_chan_fmt(char *dst, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, cap, fmt, ap);
+    va_end(ap);
+}
+
+void cm_chan_error_text(char *dst, const char *src) {
+    size_t n = 0;
+    for (; src && src[n] && n < CM_PROTO_MESSAGE_MAX; n++) {
+        unsigned char ch = (unsigned char)src[n];
+        dst[n] = ch < 0x20 || ch == 0x7f ? ' ' : (char)ch;
+    }
+    dst[n] = '\0';
+}
+
+// ----------------------------------------------------------------------------
+// CURVE keys
+
+int cm_chan_curve_available(void) {
+    return zmq_has("curve") ? 1 : 0;
+}
+
+cm_status cm_chan_curve_require(const char *what) {
+    if (cm_chan_curve_available())
+        return CM_OK;
+    return CM_FAIL(
+        CM_ERR_UNSUPPORTED,
+        "%s needs ZeroMQ CURVE, but the linked libzmq was built without it; install a "
+        "libzmq with libsodium/tweetnacl CURVE support, or use a loopback or ipc:// endpoint without keys",
+        what);
+}
+
+static int z85_char_ok(char ch) {
+    static const char alphabet[] =
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+    return ch && strchr(alphabet, ch) != NULL;
+}
+
+cm_status cm_chan_curve_read_key(const char *path, char out[CM_CHAN_KEY_LEN + 1]) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return CM_FAIL(CM_ERR_IO, "cannot open key file '%s': %s", path, strerror(errno));
+    char   line[512];
+    int    found = 0, lines = 0, ok = 0;
+    size_t n = 0;
+    while (!found && lines++ < 64 && fgets(line, sizeof line, f)) {
+        char *p = line;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        n = strlen(p);
+        while (n && (p[n - 1] == '\n' || p[n - 1] == '\r' || p[n - 1] == ' ' || p[n - 1] == '\t'))
+            p[--n] = '\0';
+        if (n == 0 || p[0] == '#')
+            continue;
+        found = 1;
+        ok = n == CM_CHAN_KEY_LEN;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = z85_char_ok(p[i]);
+        uint8_t bin[32];
+        if (ok)
+            ok = zmq_z85_decode(bin, p) != NULL;
+        if (ok)
+            memcpy(out, p, CM_CHAN_KEY_LEN + 1);
+        memset(bin, 0, sizeof bin);
+    }
+    memset(line, 0, sizeof line);
+    fclose(f);
+    if (!found)
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "key file '%s' holds no key: expected %d Z85 characters on the first line "
+                       "that is not a '#' comment (write a key pair with --curve-keygen)",
+                       path, CM_CHAN_KEY_LEN);
+    if (!ok) /* the content is never echoed: it may be a secret key */
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "key file '%s': the first line that is not a comment is not a key (%zu "
+                       "characters; a key is %d Z85 characters)",
+                       path, n, CM_CHAN_KEY_LEN);
+    return CM_OK;
+}
+
+static cm_status write_key_file(const char *path, const char *comment, const char *key, mode_t mode) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, mode);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            return CM_FAIL(CM_ERR_IO, "key file '%s' already exists; remove it or choose another prefix",
+                           path);
+        return CM_FAIL(CM_ERR_IO, "cannot create key file '%s': %s", path, strerror(errno));
+    }
+    char text[256];
+    int  n = snprintf(text, sizeof text, "# %s\n%s\n", comment, key);
+    int  ok = n > 0 && (size_t)n < sizeof text && write(fd, text, (size_t)n) == n && fsync(fd) == 0;
+    int  e = errno;
+    memset(text, 0, sizeof text);
+    if (close(fd) != 0)
+        ok = 0;
+    if (!ok) {
+        unlink(path);
+        return CM_FAIL(CM_ERR_IO, "cannot write key file '%s': %s", path, strerror(e));
+    }
+    return CM_OK;
+}
+
+cm_status cm_chan_curve_keygen(const char *prefix) {
+    CM_TRY(cm_chan_curve_require("--curve-keygen"));
+    char pub_path[4096], key_path[4096];
+    if (!prefix || !*prefix ||
+        snprintf(pub_path, sizeof pub_path, "%s.pub", prefix) >= (int)sizeof pub_path ||
+        snprintf(key_path, sizeof key_path, "%s.key", prefix) >= (int)sizeof key_path)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "key prefix is empty or too long");
+    char pub[CM_CHAN_KEY_LEN + 1], sec[CM_CHAN_KEY_LEN + 1];
+    CM_TRY(CM_ZMQ(zmq_curve_keypair(pub, sec)));
+    cm_status st =
+        write_key_file(key_path, "tandem CURVE secret key (Z85): keep this file private", sec, 0600);
+    memset(sec, 0, sizeof sec);
+    if (st != CM_OK)
+        return st;
+    st = write_key_file(pub_path, "tandem CURVE public key (Z85)", pub, 0644);
+    if (st != CM_OK)
+        unlink(key_path);
+    return st;
+}
+
+// ----------------------------------------------------------------------------
+// endpoints
+
+cm_status cm_chan_endpoint_check(const char *ep, int *local) {
+    *local = 0;
+    if (!ep)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "no endpoint given: use tcp://HOST:PORT or ipc://PATH");
+    if (strncmp(ep, "ipc://", 6) == 0) {
+        if (!ep[6])
+            return CM_FAIL(CM_ERR_INVALID_ARG, "endpoint '%s' names no path: use ipc:///path/to/socket", ep);
+        *local = 1;
+        return CM_OK;
+    }
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "endpoint '%s': only tcp://HOST:PORT and ipc://PATH are supported",
+                       ep);
+    const char *host = ep + 6;
+    const char *colon = strrchr(host, ':');
+    if (!colon || colon == host || !colon[1])
+        return CM_FAIL(CM_ERR_INVALID_ARG, "endpoint '%s' has no host or port: use tcp://HOST:PORT", ep);
+    if (strchr(host, ';'))
+        return CM_FAIL(CM_ERR_INVALID_ARG, "endpoint '%s': source addresses (';') are not supported", ep);
+    size_t hl = (size_t)(colon - host);
+    if ((hl == 9 && strncmp(host, "localhost", 9) == 0) || (hl == 5 && strncmp(host, "[::1]", 5) == 0)) {
+        *local = 1;
+        return CM_OK;
+    }
+    /* 127.0.0.0/8: four dotted decimal parts, the first 127 */
+    if (hl >= 7 && hl <= 15 && strncmp(host, "127.", 4) == 0) {
+        int dots = 0, digits = 0, ok = 1;
+        for (size_t i = 0; i < hl && ok; i++) {
+            if (host[i] == '.') {
+                ok = digits > 0 && digits <= 3;
+                dots++;
+                digits = 0;
+            } else if (host[i] >= '0' && host[i] <= '9') {
+                digits++;
+            } else {
+                ok = 0;
+            }
+        }
+        if (ok && dots == 3 && digits > 0 && digits <= 3)
+            *local = 1;
+    }
+    return CM_OK;
+}

@@ -1,0 +1,4 @@
+# Hidden-state transport, part 2: ZeroMQ sessions (cm_chan) over real loopback sockets, the
+# `target-server serve` process against a client (kill -9 and restart, SIGTERM), and
+# bench_cm_chan, a standalone benchmark (not a test) whose figures go to bench/results/chan-<date>.md.
+add_unit_test(test_cm_chan test_cm_chan.c LABELS unit TIMEOUT 180)
