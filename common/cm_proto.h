@@ -208,7 +208,10 @@ typedef struct cm_proto_tensor {
     uint64_t    encoded_size; /* bytes at data */
     uint64_t    checksum;     /* XXH64 of the encoded bytes */
     const void *data;         /* encode: the caller's encoded bytes (borrowed);
-                                 decode: points into the DATA the caller passed */
+                                 decode: points into the DATA the caller passed, with no
+                                 alignment (tensors follow each other at their encoded sizes):
+                                 read it with memcpy or cm_compress_decode_tensor, never through
+                                 a cast to a wider type */
 } cm_proto_tensor;
 
 /* An ANSWER; tensors is caller storage with room for cap_tensors entries (decode). */
