@@ -321,12 +321,13 @@ static void entry_encode(uint8_t *p, const cm_shard_entry *e) {
     put64(p + 24, e->length);
     put64(p + 32, e->checksum);
     put64(p + 40, e->raw_bytes);
-    put64(p + 48, cm_xxh64(p, 48, 0));
+    put64(p + 48, e->batch_hash);
+    put64(p + 56, cm_xxh64(p, 56, 0));
 }
 
 /* 1 if the entry's checksum holds (and *e is filled), else 0. */
 static int entry_decode(const uint8_t *p, cm_shard_entry *e) {
-    if (get64(p + 48) != cm_xxh64(p, 48, 0))
+    if (get64(p + 56) != cm_xxh64(p, 56, 0))
         return 0;
     e->batch_id = get64(p);
     e->shard = get32(p + 8);
@@ -335,18 +336,34 @@ static int entry_decode(const uint8_t *p, cm_shard_entry *e) {
     e->length = get64(p + 24);
     e->checksum = get64(p + 32);
     e->raw_bytes = get64(p + 40);
+    e->batch_hash = get64(p + 48);
     return 1;
 }
 
-static void record_header_encode(uint8_t *p, uint64_t batch_id, uint64_t length, uint64_t checksum) {
+static void record_header_encode(uint8_t *p, const cm_shard_entry *e) {
     memset(p, 0, CM_SHARD_RECORD_HEADER_SIZE);
     put32(p, CM_SHARD_RECORD_MAGIC);
     put16(p + 4, CM_SHARD_VERSION);
     put16(p + 6, CM_SHARD_RECORD_HEADER_SIZE);
-    put64(p + 8, batch_id);
-    put64(p + 16, length);
-    put64(p + 24, checksum);
+    put64(p + 8, e->batch_id);
+    put64(p + 16, e->length);
+    put64(p + 24, e->checksum);
+    put64(p + 32, e->batch_hash);
     put64(p + 40, cm_xxh64(p, 40, 0));
+}
+
+uint64_t cm_shard_batch_hash(const int32_t *tokens, uint32_t n_tokens, const int32_t *cu_seqlens,
+                             uint32_t n_seqs) {
+    cm_xxh64_state s;
+    uint8_t        n[8];
+    put32(n, n_tokens);
+    put32(n + 4, n_seqs);
+    cm_xxh64_init(&s, 0);
+    cm_xxh64_update(&s, n, sizeof n);
+    cm_xxh64_update(&s, tokens,
+                    (size_t)n_tokens * sizeof *tokens); /* little-endian host: the bytes as stored */
+    cm_xxh64_update(&s, cu_seqlens, ((size_t)n_seqs + 1) * sizeof *cu_seqlens);
+    return cm_xxh64_digest(&s);
 }
 
 #define REC_FAIL(fmt, ...)                                                                                   \
@@ -367,17 +384,18 @@ static cm_status record_header_check(const uint8_t *p, const cm_shard_entry *e, 
     if (want != got)
         return REC_FAIL("record header checksum mismatch (stored %016llx, computed %016llx)",
                         (unsigned long long)want, (unsigned long long)got);
-    if (get16(p + 4) != CM_SHARD_VERSION || get16(p + 6) != CM_SHARD_RECORD_HEADER_SIZE || get64(p + 32))
-        return REC_FAIL("record version %u, header size %u, reserved %llu (expected %d, %d, 0)", get16(p + 4),
-                        get16(p + 6), (unsigned long long)get64(p + 32), CM_SHARD_VERSION,
-                        CM_SHARD_RECORD_HEADER_SIZE);
-    if (get64(p + 8) != e->batch_id || get64(p + 16) != e->length || get64(p + 24) != e->checksum)
+    if (get16(p + 4) != CM_SHARD_VERSION || get16(p + 6) != CM_SHARD_RECORD_HEADER_SIZE)
+        return REC_FAIL("record version %u, header size %u (expected %d, %d)", get16(p + 4), get16(p + 6),
+                        CM_SHARD_VERSION, CM_SHARD_RECORD_HEADER_SIZE);
+    if (get64(p + 8) != e->batch_id || get64(p + 16) != e->length || get64(p + 24) != e->checksum ||
+        get64(p + 32) != e->batch_hash)
         return REC_FAIL(
-            "record header says batch %llu, %llu bytes, checksum %016llx; the index says %llu, %llu, "
-            "%016llx",
+            "record header says batch %llu, %llu bytes, checksum %016llx, batch hash %016llx; the index says "
+            "%llu, %llu, %016llx, %016llx",
             (unsigned long long)get64(p + 8), (unsigned long long)get64(p + 16),
-            (unsigned long long)get64(p + 24), (unsigned long long)e->batch_id, (unsigned long long)e->length,
-            (unsigned long long)e->checksum);
+            (unsigned long long)get64(p + 24), (unsigned long long)get64(p + 32),
+            (unsigned long long)e->batch_id, (unsigned long long)e->length, (unsigned long long)e->checksum,
+            (unsigned long long)e->batch_hash);
     return CM_OK;
 }
 
@@ -899,34 +917,25 @@ static cm_status writer_next_shard(cm_shard_writer *w, uint32_t k) {
     return CM_OK;
 }
 
-cm_status cm_shard_writer_append(cm_shard_writer *w, uint64_t batch_id, const void *frame, size_t len) {
-    static const cm_proto_limits lim = CM_PROTO_LIMITS_DEFAULT;
-    CM_TRY(writer_usable(w));
-    if (cm_shard_writer_has(w, batch_id))
+/* Appends a checked ANSWER (payload = parts[0] then parts[1]) as one record. */
+static cm_status writer_append(cm_shard_writer *w, uint64_t batch_id, uint64_t batch_hash,
+                               const cm_proto_answer *a, const void *const parts[2], const size_t lens[2]) {
+    if (a->batch_id != batch_id)
         return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "shard directory '%s' already holds batch %llu (check "
-                       "cm_shard_writer_has before appending)",
-                       w->dir, (unsigned long long)batch_id);
-    cm_proto_answer a = {.tensors = w->tensors, .cap_tensors = 64};
-    if (!frame || len > CM_SHARD_MAX_PAYLOAD || cm_proto_answer_decode(frame, len, &lim, &a) != CM_OK) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", frame ? cm_last_error() : "no frame");
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "shard directory '%s': batch %llu is not a valid ANSWER frame (%s); "
-                       "nothing written",
-                       w->dir, (unsigned long long)batch_id, why);
+                       "shard directory '%s': the ANSWER frame is for batch %llu, not %llu; nothing written",
+                       w->dir, (unsigned long long)a->batch_id, (unsigned long long)batch_id);
+    cm_shard_entry e = {.batch_id = batch_id, .batch_hash = batch_hash, .n_tensors = a->n_tensors};
+    cm_xxh64_state hs;
+    cm_xxh64_init(&hs, 0);
+    for (int i = 0; i < 2; i++) {
+        cm_xxh64_update(&hs, parts[i], lens[i]);
+        e.length += lens[i];
     }
-    if (a.batch_id != batch_id)
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "shard directory '%s': the ANSWER frame is for batch %llu, not %llu; "
-                       "nothing written",
-                       w->dir, (unsigned long long)a.batch_id, (unsigned long long)batch_id);
-    cm_shard_entry e = {.batch_id = batch_id, .n_tensors = a.n_tensors, .length = len};
-    for (uint32_t i = 0; i < a.n_tensors; i++)
-        e.raw_bytes += a.tensors[i].raw_size;
-    e.checksum = cm_xxh64(frame, len, 0);
+    e.checksum = cm_xxh64_digest(&hs);
+    for (uint32_t i = 0; i < a->n_tensors; i++)
+        e.raw_bytes += a->tensors[i].raw_size;
 
-    uint64_t rec = CM_SHARD_RECORD_HEADER_SIZE + (uint64_t)len;
+    uint64_t rec = CM_SHARD_RECORD_HEADER_SIZE + e.length;
     if (w->shard_fd < 0)
         CM_TRY(writer_next_shard(w, w->shard));
     else if (w->shard_end > 0 && w->shard_end + rec > w->cfg.max_shard_bytes) /* both < 2^37: no overflow */
@@ -941,10 +950,12 @@ cm_status cm_shard_writer_append(cm_shard_writer *w, uint64_t batch_id, const vo
     e.shard = w->shard;
     e.offset = w->shard_end;
     uint8_t h[CM_SHARD_RECORD_HEADER_SIZE];
-    record_header_encode(h, batch_id, len, e.checksum);
+    record_header_encode(h, &e);
     cm_status st = write_all(w->shard_fd, h, sizeof h, e.offset, w->shard_path);
     if (st == CM_OK)
-        st = write_all(w->shard_fd, frame, len, e.offset + sizeof h, w->shard_path);
+        st = write_all(w->shard_fd, parts[0], lens[0], e.offset + sizeof h, w->shard_path);
+    if (st == CM_OK)
+        st = write_all(w->shard_fd, parts[1], lens[1], e.offset + sizeof h + lens[0], w->shard_path);
     if (st != CM_OK) {
         if (ftruncate(w->shard_fd, (off_t)w->shard_end) != 0)
             w->broken = 1;
@@ -957,6 +968,54 @@ cm_status cm_shard_writer_append(cm_shard_writer *w, uint64_t batch_id, const vo
     if (w->cfg.fsync_every && w->n_pending >= w->cfg.fsync_every)
         CM_TRY(cm_shard_writer_sync(w));
     return CM_OK;
+}
+
+/* The checks before any append: usable, batch not stored, bounded size. */
+static cm_status append_check(cm_shard_writer *w, uint64_t batch_id, uint64_t len) {
+    CM_TRY(writer_usable(w));
+    if (cm_shard_writer_has(w, batch_id))
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "shard directory '%s' already holds batch %llu (check cm_shard_writer_has before "
+                       "appending)",
+                       w->dir, (unsigned long long)batch_id);
+    if (len > CM_SHARD_MAX_PAYLOAD)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "shard directory '%s': batch %llu has %llu bytes, more than %llu",
+                       w->dir, (unsigned long long)batch_id, (unsigned long long)len,
+                       (unsigned long long)CM_SHARD_MAX_PAYLOAD);
+    return CM_OK;
+}
+
+static cm_status not_an_answer(const cm_shard_writer *w, uint64_t batch_id) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", cm_last_error());
+    return CM_FAIL(CM_ERR_INVALID_ARG,
+                   "shard directory '%s': batch %llu is not a valid ANSWER frame (%s); nothing "
+                   "written",
+                   w->dir, (unsigned long long)batch_id, why);
+}
+
+cm_status cm_shard_writer_append(cm_shard_writer *w, uint64_t batch_id, uint64_t batch_hash,
+                                 const void *frame, size_t len) {
+    static const cm_proto_limits lim = CM_PROTO_LIMITS_DEFAULT;
+    CM_TRY(append_check(w, batch_id, len));
+    cm_proto_answer a = {.tensors = w->tensors, .cap_tensors = 64};
+    if (cm_proto_answer_decode(frame, len, &lim, &a) != CM_OK)
+        return not_an_answer(w, batch_id);
+    const void  *parts[2] = {frame, NULL};
+    const size_t lens[2] = {len, 0};
+    return writer_append(w, batch_id, batch_hash, &a, parts, lens);
+}
+
+cm_status cm_shard_writer_append_parts(cm_shard_writer *w, uint64_t batch_id, uint64_t batch_hash,
+                                       const void *head, size_t head_len, const void *data, size_t data_len) {
+    static const cm_proto_limits lim = CM_PROTO_LIMITS_DEFAULT;
+    CM_TRY(append_check(w, batch_id, (uint64_t)head_len + data_len));
+    cm_proto_answer a = {.tensors = w->tensors, .cap_tensors = 64};
+    if (cm_proto_answer_decode_parts(head, head_len, data, data_len, &lim, &a) != CM_OK)
+        return not_an_answer(w, batch_id);
+    const void  *parts[2] = {head, data};
+    const size_t lens[2] = {head_len, data_len};
+    return writer_append(w, batch_id, batch_hash, &a, parts, lens);
 }
 
 static void writer_free(cm_shard_writer *w) {
@@ -1138,10 +1197,20 @@ cm_status cm_shard_reader_at(const cm_shard_reader *r, uint64_t i, const void **
     return CM_OK;
 }
 
-cm_status cm_shard_reader_get(const cm_shard_reader *r, uint64_t batch_id, const void **frame, size_t *len) {
+cm_status cm_shard_reader_get(const cm_shard_reader *r, uint64_t batch_id, uint64_t batch_hash,
+                              const void **frame, size_t *len) {
     uint64_t i;
     if (!cm_shard_reader_find(r, batch_id, &i))
         return CM_FAIL(CM_ERR_INVALID_ARG, "shard directory '%s' holds no batch %llu (%llu records)", r->dir,
                        (unsigned long long)batch_id, (unsigned long long)r->x.n);
+    const cm_shard_entry *e = &r->x.entries[i];
+    if (batch_hash && e->batch_hash && batch_hash != e->batch_hash)
+        return CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "shard directory '%s': batch %llu was computed for other tokens (its request hashed to "
+            "%016llx, this batch to %016llx): the shards belong to another dataset or packing; "
+            "run precompute for this data",
+            r->dir, (unsigned long long)batch_id, (unsigned long long)e->batch_hash,
+            (unsigned long long)batch_hash);
     return cm_shard_reader_at(r, i, frame, len);
 }

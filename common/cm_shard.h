@@ -3,8 +3,10 @@
  * decodes a record with the same cm_proto_answer_decode as a live answer). A writer appends,
  * makes the data durable before indexing it, and resumes a killed run: nothing is lost that
  * was indexed and nothing is written twice. A reader checks every record before handing it
- * out. Neither trusts a length or an offset from the files. A writer is used by one thread; a
- * reader is immutable after open and may be used from several threads.
+ * out. Neither trusts a length or an offset from the files. A writer is used by one thread and
+ * locks its directory against a second writer; a reader is immutable after open, may be used
+ * from several threads, and may open a directory that a writer is appending to (it sees the
+ * records indexed when it opened; a writer never cuts indexed bytes).
  *
  * DIRECTORY: index.bin, shard-00000.bin, shard-00001.bin, ... (shard-%05u.bin; six digits past
  * 99999). Records are appended to the current shard; a record that would take it past
@@ -14,14 +16,14 @@
  * trainer shards inspect` prints it for people.
  * All integers little-endian, no padding, offsets in bytes; XXH64 with seed 0 (cm_hash.h).
  *
- * INDEX = INDEX HEADER (384 bytes) | ENTRY (56 bytes) × n_records, in the order written
+ * INDEX = INDEX HEADER (384 bytes) | ENTRY (64 bytes) × n_records, in the order written
  * INDEX HEADER: the run's identity; written once (index.bin.tmp, fsync, rename) when the
  * directory is created, before any shard
  *   off size field            meaning
  *   0   4    magic            0x58485354 (the bytes "TSHX")
  *   4   2    version          CM_SHARD_VERSION; any other version is refused
  *   6   2    header_size      384
- *   8   2    entry_size       56
+ *   8   2    entry_size       64
  *   10  2    proto_version    CM_PROTO_VERSION of the ANSWER frames in the records
  *   12  1    hidden_dtype     cm_dtype of the decoded hidden states (F32 or BF16)
  *   13  1    encoding         cm_encoding the answers were asked for
@@ -41,7 +43,11 @@
  *   24  8    length           payload bytes, CM_PROTO_HEADER_SIZE .. CM_SHARD_MAX_PAYLOAD
  *   32  8    checksum         XXH64 of the payload (= the record header's)
  *   40  8    raw_bytes        decoded bytes of the answer's tensors (for the ratio)
- *   48  8    entry_checksum   XXH64 of bytes 0..47
+ *   48  8    batch_hash       cm_shard_batch_hash of the request's tokens and cu_seqlens (0 = not
+ *                             recorded): the trainer checks that a record answers the tokens it
+ *                             has under that batch id, so shards used with another dataset or
+ *                             packing are refused instead of pairing hidden states with wrong tokens
+ *   56  8    entry_checksum   XXH64 of bytes 0..55
  *   Entries tile the shards in order: the first is (shard 0, offset 0); each next one is at
  *   the previous record's end in the same shard, or at offset 0 of the next shard.
  *
@@ -52,7 +58,7 @@
  *   8   8    batch_id         = the entry's
  *   16  8    length           payload bytes, = the entry's
  *   24  8    checksum         XXH64 of the payload, = the entry's
- *   32  8    reserved         0
+ *   32  8    batch_hash       = the entry's
  *   40  8    header_checksum  XXH64 of bytes 0..39
  *   PAYLOAD: one ANSWER frame exactly as cm_proto_answer_encode writes it, header id = batch_id.
  *
@@ -83,7 +89,7 @@ extern "C" {
 #define CM_SHARD_INDEX_MAGIC        0x58485354u /* "TSHX" */
 #define CM_SHARD_RECORD_MAGIC       0x52485354u /* "TSHR" */
 #define CM_SHARD_INDEX_HEADER_SIZE  384
-#define CM_SHARD_ENTRY_SIZE         56
+#define CM_SHARD_ENTRY_SIZE         64
 #define CM_SHARD_RECORD_HEADER_SIZE 48
 #define CM_SHARD_MAX_LAYERS         64
 #define CM_SHARD_MAX_SHARDS         1000000u
@@ -107,6 +113,11 @@ typedef struct cm_shard_identity {
  * exact = 1 everything but target_name is compared, zeros included (the writer's rule). */
 cm_status cm_shard_identity_check(const cm_shard_identity *have, const cm_shard_identity *want, int exact,
                                   const char *dir);
+
+/* XXH64 (seed 0) of u32 T, u32 N, tokens[T] and cu_seqlens[N + 1] (i32, little-endian): the
+ * fingerprint of one packed request, computed alike by precompute and by the trainer. */
+uint64_t cm_shard_batch_hash(const int32_t *tokens, uint32_t n_tokens, const int32_t *cu_seqlens,
+                             uint32_t n_seqs);
 
 // ---- writer
 
@@ -141,9 +152,16 @@ uint64_t cm_shard_writer_durable(const cm_shard_writer *w); /* of which indexed 
 /* Appends one record. frame/len must be one valid ANSWER frame (cm_proto_answer_decode with
  * CM_PROTO_LIMITS_DEFAULT, tensor checksums included) whose header id is batch_id, and
  * batch_id must not be stored yet: else CM_ERR_INVALID_ARG naming the problem, and nothing
- * is written. Borrows frame. CM_ERR_IO if a write or fsync fails (the shard is cut back to
- * its last complete record; the writer stays usable). */
-cm_status cm_shard_writer_append(cm_shard_writer *w, uint64_t batch_id, const void *frame, size_t len);
+ * is written. batch_hash is cm_shard_batch_hash of the request (0 = not recorded). Borrows
+ * frame. CM_ERR_IO if a write or fsync fails (the shard is cut back to its last complete
+ * record; after a failed fsync the writer refuses further use: open the directory again). */
+cm_status cm_shard_writer_append(cm_shard_writer *w, uint64_t batch_id, uint64_t batch_hash,
+                                 const void *frame, size_t len);
+/* The same for an ANSWER received in two parts, HEAD (header + descriptors) and DATA (the
+ * tensors' bytes), as cm_proto_answer_decode_parts takes them: the record's payload is HEAD
+ * then DATA, written without joining them in memory. */
+cm_status cm_shard_writer_append_parts(cm_shard_writer *w, uint64_t batch_id, uint64_t batch_hash,
+                                       const void *head, size_t head_len, const void *data, size_t data_len);
 /* fsyncs the current shard and indexes every pending record now. */
 cm_status cm_shard_writer_sync(cm_shard_writer *w);
 
@@ -154,6 +172,7 @@ typedef struct cm_shard_reader cm_shard_reader;
 /* One index entry (as stored; not yet verified against its record). */
 typedef struct cm_shard_entry {
     uint64_t batch_id;
+    uint64_t batch_hash; /* cm_shard_batch_hash of the request, 0 = not recorded */
     uint32_t shard;
     uint32_t n_tensors;
     uint64_t offset;    /* of the record header */
@@ -194,8 +213,11 @@ int cm_shard_reader_find(const cm_shard_reader *r, uint64_t batch_id, uint64_t *
  * header against the entry and the payload's checksum. *frame points into the mapping.
  * CM_ERR_FORMAT naming the shard, offset and batch id if anything differs: never use it. */
 cm_status cm_shard_reader_at(const cm_shard_reader *r, uint64_t i, const void **frame, size_t *len);
-/* The same by batch id; CM_ERR_INVALID_ARG if the store does not hold it. */
-cm_status cm_shard_reader_get(const cm_shard_reader *r, uint64_t batch_id, const void **frame, size_t *len);
+/* The same by batch id; CM_ERR_INVALID_ARG if the store does not hold it, or if batch_hash (the
+ * trainer's cm_shard_batch_hash of this batch; 0 = do not check) differs from the one recorded
+ * (when one was): the record answers other tokens. */
+cm_status cm_shard_reader_get(const cm_shard_reader *r, uint64_t batch_id, uint64_t batch_hash,
+                              const void **frame, size_t *len);
 
 #ifdef __cplusplus
 }

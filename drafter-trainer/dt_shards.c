@@ -116,12 +116,13 @@ static cm_status run_inspect(const shards_args *a, int *n_bad) {
     *n_bad = 0;
     CM_TRY(cm_shard_reader_open(&r, a->dir, NULL));
     const cm_shard_identity *id = cm_shard_reader_identity(r);
-    uint64_t                 n = cm_shard_reader_count(r), payload = 0, raw = 0, lo = UINT64_MAX, hi = 0;
+    uint64_t n = cm_shard_reader_count(r), payload = 0, raw = 0, lo = UINT64_MAX, hi = 0, hashed = 0;
     for (uint64_t i = 0; i < n; i++) {
         cm_shard_entry e;
         cm_shard_reader_entry(r, i, &e);
         payload += e.length;
         raw += e.raw_bytes;
+        hashed += e.batch_hash != 0;
         lo = e.batch_id < lo ? e.batch_id : lo;
         hi = e.batch_id > hi ? e.batch_id : hi;
     }
@@ -146,6 +147,9 @@ static cm_status run_inspect(const shards_args *a, int *n_bad) {
            (unsigned long long)(n * CM_SHARD_RECORD_HEADER_SIZE));
     printf("decoded          %llu bytes (%.3f GiB) of tensors; ratio %.3fx (decoded / payload)\n",
            (unsigned long long)raw, gib(raw), payload ? (double)raw / (double)payload : 0.0);
+    printf(
+        "batch hashes     recorded for %llu of %llu records (the trainer checks its tokens against them)\n",
+        (unsigned long long)hashed, (unsigned long long)n);
     printf("%-16s %10s %16s %16s  %s\n", "shard", "records", "bytes", "file bytes",
            "batch ids (first .. last)");
     for (uint32_t k = 0; k < cm_shard_reader_n_shards(r); k++) {

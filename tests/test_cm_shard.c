@@ -76,6 +76,12 @@ static uint8_t *make_frame(uint64_t id, size_t *len) {
     return make_frame_n(id, frame_size_of(id), len);
 }
 
+/* The fingerprint of batch id's (made-up) request. */
+static uint64_t hash_of(uint64_t id) {
+    int32_t tokens[3] = {(int32_t)(uint32_t)id, (int32_t)(uint32_t)(id >> 32), 7}, cu[2] = {0, 3};
+    return cm_shard_batch_hash(tokens, 3, cu, 1);
+}
+
 static cm_shard_identity ident(void) {
     cm_shard_identity id;
     memset(&id, 0, sizeof id);
@@ -96,7 +102,7 @@ static void put_ids(cm_shard_writer *w, const uint64_t *ids, int n) {
     for (int i = 0; i < n; i++) {
         size_t   len;
         uint8_t *f = make_frame(ids[i], &len);
-        TST_CHECK(cm_shard_writer_append(w, ids[i], f, len) == CM_OK);
+        TST_CHECK(cm_shard_writer_append(w, ids[i], hash_of(ids[i]), f, len) == CM_OK);
         free(f);
     }
 }
@@ -121,10 +127,10 @@ static void expect_store(const char *dir, const uint64_t *ids, uint64_t n) {
         uint8_t       *want = make_frame(ids[i], &want_len);
         cm_shard_entry e;
         cm_shard_reader_entry(r, i, &e);
-        TST_CHECK(e.batch_id == ids[i]);
+        TST_CHECK(e.batch_id == ids[i] && e.batch_hash == hash_of(ids[i]));
         TST_CHECK(cm_shard_reader_at(r, i, &p, &len) == CM_OK);
         TST_CHECK(len == want_len && p && memcmp(p, want, len) == 0);
-        TST_CHECK(cm_shard_reader_get(r, ids[i], &p, &len) == CM_OK);
+        TST_CHECK(cm_shard_reader_get(r, ids[i], hash_of(ids[i]), &p, &len) == CM_OK);
         TST_CHECK(len == want_len && p && memcmp(p, want, len) == 0);
         TST_CHECK(e.n_tensors == 2 && e.raw_bytes == frame_size_of(ids[i]) + 8);
         free(want);
@@ -249,8 +255,8 @@ static void rewrite_entry(const char *dir, long i, int field, uint64_t v) {
     if (field == 8)
         put32le(e + 8, (uint32_t)v); /* shard */
     else
-        put64le(e + field, v); /* 0 batch_id, 16 offset, 24 length */
-    put64le(e + 48, cm_xxh64(e, 48, 0));
+        put64le(e + field, v); /* 0 batch_id, 16 offset, 24 length, 48 batch_hash */
+    put64le(e + 56, cm_xxh64(e, 56, 0));
     patch(path, CM_SHARD_INDEX_HEADER_SIZE + i * CM_SHARD_ENTRY_SIZE, e, sizeof e);
 }
 
@@ -311,7 +317,7 @@ static void test_roundtrip(void) {
     /* a record larger than the shard size fills a shard alone */
     size_t   big_len;
     uint8_t *big = make_frame(77, &big_len);
-    TST_CHECK(big_len > 10000 && cm_shard_writer_append(w, 77, big, big_len) == CM_OK);
+    TST_CHECK(big_len > 10000 && cm_shard_writer_append(w, 77, hash_of(77), big, big_len) == CM_OK);
     ids[n++] = 77;
     TST_CHECK(cm_shard_writer_count(w) == (uint64_t)n);
     TST_CHECK(cm_shard_writer_durable(w) < cm_shard_writer_count(w)); /* fsync_every 5: some pending */
@@ -341,8 +347,10 @@ static void test_roundtrip(void) {
     TST_CHECK(total == (uint64_t)n);
     const void *p;
     size_t      len;
-    TST_CHECK(cm_shard_reader_get(r, 77, &p, &len) == CM_OK && len == big_len && memcmp(p, big, len) == 0);
-    EXPECT_FAIL(cm_shard_reader_get(r, 78, &p, &len), CM_ERR_INVALID_ARG, "holds no batch 78");
+    TST_CHECK(cm_shard_reader_get(r, 77, 0, &p, &len) == CM_OK && len == big_len && memcmp(p, big, len) == 0);
+    EXPECT_FAIL(cm_shard_reader_get(r, 78, 0, &p, &len), CM_ERR_INVALID_ARG, "holds no batch 78");
+    EXPECT_FAIL(cm_shard_reader_get(r, 77, hash_of(77) ^ 1, &p, &len), CM_ERR_INVALID_ARG,
+                "batch 77 was computed for other tokens");
     EXPECT_FAIL(cm_shard_reader_at(r, (uint64_t)n, &p, &len), CM_ERR_INVALID_ARG, "record");
     cm_shard_reader_destroy(&r);
     cm_shard_reader_destroy(&r); /* NULL-safe */
@@ -358,7 +366,8 @@ static void test_roundtrip(void) {
         TST_CHECK(cm_shard_writer_has(w, ids[i]));
     size_t   len0;
     uint8_t *f0 = make_frame(0, &len0);
-    EXPECT_FAIL(cm_shard_writer_append(w, 0, f0, len0), CM_ERR_INVALID_ARG, "already holds batch 0");
+    EXPECT_FAIL(cm_shard_writer_append(w, 0, hash_of(0), f0, len0), CM_ERR_INVALID_ARG,
+                "already holds batch 0");
     free(f0);
     for (uint64_t i = 0; i < 20; i++)
         ids[n++] = 5000 + i;
@@ -386,6 +395,43 @@ static void test_roundtrip(void) {
     TST_CHECK(cm_shard_writer_close(&w) == CM_OK);
     TST_CHECK(cm_shard_reader_open(&r, dir, &id) == CM_OK);
     TST_CHECK(r && cm_shard_reader_count(r) == 0 && cm_shard_reader_n_shards(r) == 0);
+    cm_shard_reader_destroy(&r);
+}
+
+/* An ANSWER appended in two parts (HEAD, DATA) is stored as the whole frame. */
+static void test_parts(void) {
+    char dir[512];
+    mk(dir, "parts");
+    cm_shard_identity            id = ident();
+    cm_shard_writer             *w = NULL;
+    static const cm_proto_limits lim = CM_PROTO_LIMITS_DEFAULT;
+    TST_CHECK(cm_shard_writer_create(&w, dir, &id, &SMALL) == CM_OK);
+    for (uint64_t b = 0; w && b < 12; b++) {
+        size_t          len;
+        uint8_t        *f = make_frame(b, &len);
+        cm_proto_header h;
+        TST_CHECK(cm_proto_peek(f, len, &lim, &h) == CM_OK);
+        size_t head = CM_PROTO_HEADER_SIZE + h.body_len;
+        if (b == 0) {
+            EXPECT_FAIL(cm_shard_writer_append_parts(w, b, hash_of(b), f, head, f + head, len - head - 1),
+                        CM_ERR_INVALID_ARG, "not a valid ANSWER frame");
+            EXPECT_FAIL(
+                cm_shard_writer_append_parts(w, b, hash_of(b), f, head - 1, f + head - 1, len - head + 1),
+                CM_ERR_INVALID_ARG, "not a valid ANSWER frame");
+        }
+        TST_CHECK(cm_shard_writer_append_parts(w, b, hash_of(b), f, head, f + head, len - head) == CM_OK);
+        free(f);
+    }
+    TST_CHECK(cm_shard_writer_close(&w) == CM_OK);
+    expect_range(dir, 12);
+    /* an index entry whose batch hash differs from its record header's */
+    rewrite_entry(dir, 4, 48, hash_of(4) ^ 1);
+    cm_shard_reader *r = NULL;
+    const void      *p;
+    size_t           len;
+    TST_CHECK(cm_shard_reader_open(&r, dir, NULL) == CM_OK);
+    if (r)
+        EXPECT_FAIL(cm_shard_reader_get(r, 4, 0, &p, &len), CM_ERR_FORMAT, "record header says batch 4");
     cm_shard_reader_destroy(&r);
 }
 
@@ -508,7 +554,7 @@ static int writer_main(const char *dir, uint64_t n, long delay_us) {
             continue;
         size_t    len;
         uint8_t  *f = make_frame(b, &len);
-        cm_status st = cm_shard_writer_append(w, b, f, len);
+        cm_status st = cm_shard_writer_append(w, b, hash_of(b), f, len);
         free(f);
         if (st != CM_OK) {
             fprintf(stderr, "writer: %s\n", cm_last_error());
@@ -619,7 +665,7 @@ static void kill_run(const char *name, uint64_t n, long delay_us, long kill_ms) 
         const void *p;
         size_t      len, want_len;
         uint8_t    *want = make_frame(b, &want_len);
-        TST_CHECK(cm_shard_reader_get(r, b, &p, &len) == CM_OK && len == want_len &&
+        TST_CHECK(cm_shard_reader_get(r, b, hash_of(b), &p, &len) == CM_OK && len == want_len &&
                   memcmp(p, want, len) == 0);
         free(want);
     }
@@ -661,10 +707,10 @@ static void test_corruption(void) {
     snprintf(want, sizeof want, "shard-%05u.bin offset %llu (batch 5): payload checksum mismatch", e5.shard,
              (unsigned long long)e5.offset);
     if (r)
-        EXPECT_FAIL(cm_shard_reader_get(r, 5, &p, &len), CM_ERR_FORMAT, want);
+        EXPECT_FAIL(cm_shard_reader_get(r, 5, 0, &p, &len), CM_ERR_FORMAT, want);
     if (r)
-        TST_CHECK(cm_shard_reader_get(r, 4, &p, &len) == CM_OK &&
-                  cm_shard_reader_get(r, 6, &p, &len) == CM_OK);
+        TST_CHECK(cm_shard_reader_get(r, 4, 0, &p, &len) == CM_OK &&
+                  cm_shard_reader_get(r, 6, 0, &p, &len) == CM_OK);
     cm_shard_reader_destroy(&r);
 
     /* a record header byte */
@@ -675,13 +721,13 @@ static void test_corruption(void) {
     snprintf(want, sizeof want, "offset %llu (batch 7): record header checksum mismatch",
              (unsigned long long)e7.offset);
     if (r)
-        EXPECT_FAIL(cm_shard_reader_get(r, 7, &p, &len), CM_ERR_FORMAT, want);
+        EXPECT_FAIL(cm_shard_reader_get(r, 7, 0, &p, &len), CM_ERR_FORMAT, want);
     cm_shard_reader_destroy(&r);
     copy_dir(base, dir);
     flip(path, (long)e7.offset);
     TST_CHECK(cm_shard_reader_open(&r, dir, NULL) == CM_OK);
     if (r)
-        EXPECT_FAIL(cm_shard_reader_get(r, 7, &p, &len), CM_ERR_FORMAT, "bad record magic");
+        EXPECT_FAIL(cm_shard_reader_get(r, 7, 0, &p, &len), CM_ERR_FORMAT, "bad record magic");
     cm_shard_reader_destroy(&r);
 
     /* the tail record of a shard: the writer's resume refuses the store */
@@ -856,15 +902,15 @@ static void test_bad_use(void) {
                 "in use by another writer");
     size_t   len;
     uint8_t *f = make_frame(3, &len);
-    EXPECT_FAIL(cm_shard_writer_append(w, 4, f, len), CM_ERR_INVALID_ARG, "is for batch 3, not 4");
-    EXPECT_FAIL(cm_shard_writer_append(w, 3, f, len - 1), CM_ERR_INVALID_ARG, "not a valid ANSWER frame");
+    EXPECT_FAIL(cm_shard_writer_append(w, 4, 0, f, len), CM_ERR_INVALID_ARG, "is for batch 3, not 4");
+    EXPECT_FAIL(cm_shard_writer_append(w, 3, 0, f, len - 1), CM_ERR_INVALID_ARG, "not a valid ANSWER frame");
     f[len - 1] ^= 1; /* a tensor's bytes: its checksum fails */
-    EXPECT_FAIL(cm_shard_writer_append(w, 3, f, len), CM_ERR_INVALID_ARG, "checksum mismatch");
+    EXPECT_FAIL(cm_shard_writer_append(w, 3, 0, f, len), CM_ERR_INVALID_ARG, "checksum mismatch");
     f[len - 1] ^= 1;
-    EXPECT_FAIL(cm_shard_writer_append(w, 3, NULL, 0), CM_ERR_INVALID_ARG, "not a valid ANSWER frame");
+    EXPECT_FAIL(cm_shard_writer_append(w, 3, 0, NULL, 0), CM_ERR_INVALID_ARG, "not a valid ANSWER frame");
     TST_CHECK(cm_shard_writer_count(w) == 0);
-    TST_CHECK(cm_shard_writer_append(w, 3, f, len) == CM_OK);
-    EXPECT_FAIL(cm_shard_writer_append(w, 3, f, len), CM_ERR_INVALID_ARG, "already holds batch 3");
+    TST_CHECK(cm_shard_writer_append(w, 3, hash_of(3), f, len) == CM_OK);
+    EXPECT_FAIL(cm_shard_writer_append(w, 3, 0, f, len), CM_ERR_INVALID_ARG, "already holds batch 3");
     free(f);
     cm_shard_writer_destroy(&w); /* destroy indexes what is pending */
     TST_CHECK(w == NULL);
@@ -958,6 +1004,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     test_roundtrip();
+    test_parts();
     test_partial_record();
     test_unindexed();
     test_kill();

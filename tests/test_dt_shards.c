@@ -111,7 +111,7 @@ static void build_store(void) {
             cap += t[i].encoded_size;
         uint8_t *frame = malloc(cap);
         TST_CHECK(cm_proto_answer_encode(&a, frame, cap, &len) == CM_OK && len == cap);
-        TST_CHECK(cm_shard_writer_append(w, B[b].id, frame, len) == CM_OK);
+        TST_CHECK(cm_shard_writer_append(w, B[b].id, b == 2 ? 0 : 1000 + B[b].id, frame, len) == CM_OK);
         free(frame);
         for (int i = 0; i < n; i++)
             free((void *)t[i].data);
@@ -169,6 +169,7 @@ static void test_inspect(void) {
     EXPECT_RUN(0, "verified         4 records: every checksum holds", "", "shards", "inspect", store,
                "--verify", "--threads", "2");
     EXPECT_RUN(0, "shard-00000.bin", "", "shards", "inspect", store);
+    EXPECT_RUN(0, "batch hashes     recorded for 3 of 4 records", "", "shards", "inspect", store);
     cm_shard_reader *r = NULL;
     TST_CHECK(cm_shard_reader_open(&r, store, NULL) == CM_OK);
     TST_CHECK(r && cm_shard_reader_n_shards(r) >= 2);
@@ -188,7 +189,7 @@ static void *decode_here(uint64_t id, const char *name, size_t *n) {
     void                        *out = NULL;
     TST_CHECK(cm_shard_reader_open(&r, store, NULL) == CM_OK);
     TST_CHECK(cm_compress_create(&cz, &cc) == CM_OK);
-    TST_CHECK(r && cm_shard_reader_get(r, id, &f, &len) == CM_OK);
+    TST_CHECK(r && cm_shard_reader_get(r, id, 0, &f, &len) == CM_OK);
     TST_CHECK(r && cm_proto_answer_decode(f, len, &lim, &a) == CM_OK);
     for (uint32_t i = 0; i < a.n_tensors; i++)
         if (strcmp(t[i].name, name) == 0) {
@@ -355,7 +356,7 @@ static void test_corrupt(void) {
     long en_at = (long)(CM_SHARD_INDEX_HEADER_SIZE + i * CM_SHARD_ENTRY_SIZE);
     file_io(idx, en_at, en, sizeof en, 0);
     put64le(en + 32, sum);
-    put64le(en + 48, cm_xxh64(en, 48, 0));
+    put64le(en + 56, cm_xxh64(en, 56, 0));
     file_io(idx, en_at, en, sizeof en, 1);
     snprintf(want, sizeof want, "(batch 10): the ANSWER frame is bad");
     EXPECT_RUN(1, "", want, "shards", "inspect", store, "--verify");
