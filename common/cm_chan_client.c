@@ -254,6 +254,9 @@ static void protocol_error(cm_chan_client *c, const char *why, uint64_t id, int 
 
 static void close_socket(cm_chan_client *c, int linger_ms) {
     if (c->sock) {
+        /* stop the monitor while its reader is open: libzmq sends monitor events blocking, so an
+         * event for a reader already closed would hang the context's I/O thread for good */
+        zmq_socket_monitor(c->sock, NULL, 0);
         cm_chan_set_int(c->sock, ZMQ_LINGER, linger_ms);
         zmq_close(c->sock);
         c->sock = NULL;
@@ -675,6 +678,7 @@ static void handle_monitor(cm_chan_client *c, int64_t now) {
         zmq_msg_close(&ev);
         zmq_msg_close(&addr);
         char msg[512];
+        CM_LOG_DEBUG("client '%s': socket event 0x%x value %u", c->name, event, value);
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             c->handshake_ok = 1;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {

@@ -774,9 +774,11 @@ static void worker_process(cm_chan_server *s, work *w) {
                        .out_dtype = CM_DTYPE_F32};
     if (st == CM_OK)
         st = ensure_out(s, rq.n_layers, (size_t)rq.n_tokens * s->cfg.hidden_size);
+    int64_t t0 = cm_chan_now_ms();
     if (st == CM_OK)
         st = s->cfg.compute(s->cfg.user, &job);
-    int bad_request = st == CM_ERR_INVALID_ARG;
+    int64_t t1 = cm_chan_now_ms();
+    int     bad_request = st == CM_ERR_INVALID_ARG;
     if (st == CM_OK && job.out_dtype != CM_DTYPE_F32 && job.out_dtype != s->cfg.hidden_dtype)
         st = CM_FAIL(CM_ERR_INVALID_ARG, "the compute callback returned %s; expected F32 or %s",
                      cm_dtype_name(job.out_dtype), cm_dtype_name(s->cfg.hidden_dtype));
@@ -784,6 +786,9 @@ static void worker_process(cm_chan_server *s, work *w) {
         st = encode_answer(s, w, &rq, job.out_dtype);
     if (st == CM_OK) {
         w->is_answer = 1;
+        CM_LOG_DEBUG("batch %llu of '%s': %u tokens, %u layers: compute %lld ms, encode %lld ms, %zu bytes",
+                     (unsigned long long)rq.batch_id, w->session, rq.n_tokens, rq.n_layers,
+                     (long long)(t1 - t0), (long long)(cm_chan_now_ms() - t1), w->head_len + w->data_len);
         return;
     }
     cm_proto_error e = {.batch_id = rq.batch_id,
@@ -958,13 +963,13 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
     if (s->ran)
         return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_server_run: a server runs once");
     s->ran = 1;
+    CM_LOG_INFO("serving '%s' on %s: target %016llx, %u layers of %u, %s answers, %u credits per session",
+                s->name, s->endpoint, (unsigned long long)s->cfg.target_id, s->cfg.n_layers,
+                s->cfg.hidden_size, cm_dtype_name(s->cfg.hidden_dtype), s->cfg.credits);
     if (pthread_create(&s->worker, NULL, worker_main, s) != 0)
         return CM_FAIL(CM_ERR_NOMEM, "cannot start the worker thread");
     s->worker_started = 1;
     cm_status st = CM_OK;
-    CM_LOG_INFO("serving '%s' on %s: target %016llx, %u layers of %u, %s answers, %u credits per session",
-                s->name, s->endpoint, (unsigned long long)s->cfg.target_id, s->cfg.n_layers,
-                s->cfg.hidden_size, cm_dtype_name(s->cfg.hidden_dtype), s->cfg.credits);
     for (;;) {
         if (atomic_load(&s->stop) && !s->stopping) {
             s->stopping = 1;

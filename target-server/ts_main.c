@@ -14,6 +14,7 @@
 #include "cm_safetensors.h"
 #include "kn_backend.h"
 #include "ts_model.h"
+#include "ts_serve.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -21,6 +22,7 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  dump    run the frozen forward over one packed batch and write hidden states\n"
+            "  serve   answer hidden-state requests from trainers over ZeroMQ (serve --help)\n"
             "\n"
             "dump options:\n"
             "  --model DIR              Hugging Face model directory (config.json + safetensors)\n"
@@ -282,6 +284,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (strcmp(argv[1], "dump") == 0) return dump_main(argc - 2, argv + 2);
+    if (strcmp(argv[1], "serve") == 0) return ts_serve_main(argc - 2, argv + 2);
     fprintf(stderr, "target-server: unknown command '%s' (commands: dump; see --help)\n", argv[1]);
     return 2;
 }

@@ -2,3 +2,5 @@
 # `target-server serve` process against a client (kill -9 and restart, SIGTERM), and
 # bench_cm_chan, a standalone benchmark (not a test) whose figures go to bench/results/chan-<date>.md.
 add_unit_test(test_cm_chan test_cm_chan.c LABELS unit TIMEOUT 180)
+add_unit_test(test_ts_serve test_ts_serve.c LABELS unit TIMEOUT 240)
+add_dependencies(test_ts_serve target-server)

@@ -1,0 +1,466 @@
+/* target-server/ts_serve.c — `target-server serve` (see ts_serve.h and --help). The config is
+ * read and the endpoint bound first, so a bad model directory, a busy port or a refused
+ * non-loopback bind fail in a second; the weights then load on the cm_chan worker thread (the
+ * thread that runs every forward, so device state stays on one thread) while trainers may
+ * already attach. Each request runs one forward over its packed batch with capture of the
+ * wanted layers (stopping after the last one); captures holding NaN, Inf or only zeros are
+ * refused rather than sent. SIGTERM/SIGINT ask the loop to stop (the handler does one atomic
+ * store through the only file-scope pointer). */
+#include "ts_serve.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_cfg_hash.h"
+#include "cm_chan.h"
+#include "cm_log.h"
+#include "kn_backend.h"
+#include "ts_model.h"
+
+static void usage(FILE *f) {
+    fprintf(
+        f,
+        "usage: target-server serve --model DIR [options]\n"
+        "\n"
+        "Loads the target once and answers hidden-state requests from drafter-trainers over ZeroMQ\n"
+        "until SIGTERM or SIGINT (then finishes the forward in progress, says BYE, exits 0).\n"
+        "\n"
+        "  --model DIR               Hugging Face model directory (config.json + safetensors)\n"
+        "  --device cpu|cuda         kernel backend (default cpu)\n"
+        "  --gpu N                   cuda device ordinal (default 0)\n"
+        "  --precision bf16|fp32     cuda matrix products (default bf16, as dump)\n"
+        "  --bind ENDPOINT           tcp://HOST:PORT (PORT may be '*') or ipc://PATH\n"
+        "                            (default tcp://127.0.0.1:5555); a non-loopback address needs\n"
+        "                            --curve-secret-key and --curve-client-keys\n"
+        "  --endpoint-file PATH      write the bound endpoint (port resolved) to PATH once bound\n"
+        "  --name NAME               target name shown to trainers (default: the model directory's)\n"
+        "  --credits N               requests queued per trainer (default 4)\n"
+        "  --threads N               compression threads (default 2)\n"
+        "  --encoding LIST           encodings offered, comma-separated: raw, zstd, zstd-byteplane,\n"
+        "                            fp8-zstd (lossy), or 'lossless' (default) or 'all'; each trainer\n"
+        "                            picks one in its requests\n"
+        "  --zstd-level N            zstd level (default 1)\n"
+        "  --dtype bf16|f32          dtype of the hidden states sent (default bf16, rounded RNE)\n"
+        "  --max-tokens N            largest packed batch accepted (default 16384)\n"
+        "  --max-layers N            most layers per request (default 8)\n"
+        "  --heartbeat-ms N          heartbeat to idle trainers (default 1000)\n"
+        "  --peer-timeout-ms N       drop a trainer silent this long, with its queued work (default 5000)\n"
+        "  --stats-interval S        per-session log line every S seconds (default 30; 0 = off)\n"
+        "  --curve-secret-key FILE   this server's CURVE secret key (Z85 text)\n"
+        "  --curve-client-keys DIR   accept only trainers whose public key is a DIR/*.pub file\n"
+        "  --curve-keygen PREFIX     write a new key pair PREFIX.key (secret) and PREFIX.pub, then exit\n"
+        "  --log-level L             debug, info, warn, error, off (default info; env TANDEM_LOG)\n");
+}
+
+typedef struct serve_args {
+    const char  *model, *device, *bind, *name, *endpoint_file, *curve_secret, *curve_clients, *keygen;
+    int          gpu, threads, zstd_level, heartbeat_ms, peer_timeout_ms, stats_s;
+    long         credits, max_tokens, max_layers;
+    uint32_t     encodings;
+    cm_dtype     dtype;
+    kn_gemm_mode mode;
+} serve_args;
+
+/* What the worker thread owns: backend, context and model. */
+typedef struct serve_state {
+    const serve_args *a;
+    const kn_backend *be;
+    kn_ctx           *ctx;
+    ts_model         *model;
+    int              *order;  /* request index of the k-th smallest layer id */
+    int              *layers; /* sorted layer ids */
+    float           **outs;
+    int               cap_layers;
+} serve_state;
+
+static cm_chan_server *stop_target; /* the server the signal handler stops */
+
+static void on_signal(int sig) {
+    (void)sig;
+    cm_chan_server_stop(stop_target);
+}
+
+// ----------------------------------------------------------------------------
+// worker callbacks
+
+static cm_status serve_init(void *user) {
+    serve_state      *s = user;
+    const serve_args *a = s->a;
+    int64_t           t0 = (int64_t)time(NULL);
+    kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
+    kc.device = a->gpu;
+    kc.gemm_mode = a->mode;
+    CM_TRY(s->be->ctx_create(&s->ctx, &kc));
+    ts_model_config mc = {.dir = a->model,
+                          .backend = s->be,
+                          .ctx = s->ctx,
+                          .n_layers = -1,
+                          .load_head = 0,
+                          .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16};
+    CM_TRY(ts_model_load(&s->model, &mc));
+    CM_LOG_INFO("model ready in %lld s; answering requests", (long long)((int64_t)time(NULL) - t0));
+    return CM_OK;
+}
+
+static void serve_fini(void *user) {
+    serve_state *s = user;
+    ts_model_destroy(&s->model);
+    if (s->be && s->ctx)
+        s->be->ctx_destroy(&s->ctx);
+}
+
+/* Refuses a capture with NaN/Inf or nothing but zeros (DESIGN §9: never trained on). */
+static cm_status check_capture(const float *x, size_t n, int layer, int D, uint64_t batch) {
+    size_t first_bad = n, n_bad = 0;
+    int    nonzero = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) {
+            if (!n_bad++)
+                first_bad = i;
+        } else if (x[i] != 0.0f) {
+            nonzero = 1;
+        }
+    }
+    if (n_bad)
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "batch %llu: layer %d capture holds %zu NaN/Inf values (first at token %zu, "
+                       "column %zu); refusing to send it",
+                       (unsigned long long)batch, layer, n_bad, first_bad / (size_t)D, first_bad % (size_t)D);
+    if (!nonzero && n)
+        return CM_FAIL(CM_ERR_FORMAT, "batch %llu: layer %d capture is all zeros; refusing to send it",
+                       (unsigned long long)batch, layer);
+    return CM_OK;
+}
+
+static cm_status serve_compute(void *user, cm_chan_job *job) {
+    serve_state            *s = user;
+    const cm_proto_request *r = job->req;
+    const cm_target_cfg    *cfg = ts_model_cfg(s->model);
+    CM_TRY(ts_batch_validate(cfg, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs));
+    int L = (int)r->n_layers;
+    if (L > s->cap_layers)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "batch %llu asks for %d layers; at most %d",
+                       (unsigned long long)r->batch_id, L, s->cap_layers);
+    /* the capture wants ascending layers; the answer keeps the request's order */
+    for (int i = 0; i < L; i++)
+        s->order[i] = i;
+    for (int i = 1; i < L; i++)
+        for (int j = i; j > 0 && r->layer_ids[s->order[j - 1]] > r->layer_ids[s->order[j]]; j--) {
+            int t = s->order[j];
+            s->order[j] = s->order[j - 1];
+            s->order[j - 1] = t;
+        }
+    for (int k = 0; k < L; k++) {
+        s->layers[k] = r->layer_ids[s->order[k]];
+        s->outs[k] = job->out[s->order[k]];
+    }
+    ts_capture cap = {.n_layers = L, .layers = s->layers, .layer_out = s->outs};
+    CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
+    const size_t n = (size_t)r->n_tokens * job->hidden_size;
+    for (int k = 0; k < L; k++)
+        CM_TRY(check_capture(s->outs[k], n, s->layers[k], (int)job->hidden_size, r->batch_id));
+    job->out_dtype = CM_DTYPE_F32;
+    return CM_OK;
+}
+
+// ----------------------------------------------------------------------------
+// the command
+
+static cm_status write_endpoint_file(const char *path, const char *endpoint) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--endpoint-file path is too long");
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return CM_FAIL(CM_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
+    int ok = fprintf(f, "%s\n", endpoint) > 0;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return CM_FAIL(CM_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    }
+    return CM_OK;
+}
+
+/* A cm_proto name from the model directory's last component. */
+static void default_name(const char *dir, char *out, size_t cap) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    size_t k = 0;
+    for (size_t i = b; i < n && k + 1 < cap && k < CM_PROTO_NAME_MAX; i++) {
+        unsigned char ch = (unsigned char)dir[i];
+        out[k++] = isalnum(ch) || ch == '_' || ch == '.' || ch == '-' ? (char)ch : '-';
+    }
+    out[k] = '\0';
+    if (!k)
+        snprintf(out, cap, "target");
+}
+
+static cm_status run_serve(const serve_args *a) {
+    cm_status        st;
+    cm_chan_server  *srv = NULL;
+    serve_state      s = {.a = a};
+    cm_target_cfg    cfg;
+    char             name[CM_PROTO_NAME_MAX + 1];
+    struct sigaction sa = {0}, old_term, old_int;
+    int              handlers = 0;
+    CM_TRY_GOTO(kn_backend_get(a->device, &s.be), st, fail);
+    CM_TRY_GOTO(cm_target_cfg_load(&cfg, a->model), st, fail);
+    s.cap_layers = (int)a->max_layers;
+    s.order = malloc((size_t)s.cap_layers * sizeof *s.order);
+    s.layers = malloc((size_t)s.cap_layers * sizeof *s.layers);
+    s.outs = malloc((size_t)s.cap_layers * sizeof *s.outs);
+    if (!s.order || !s.layers || !s.outs) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the capture tables");
+        goto fail;
+    }
+    if (a->name)
+        snprintf(name, sizeof name, "%s", a->name);
+    else
+        default_name(a->model, name, sizeof name);
+
+    cm_chan_server_config sc = CM_CHAN_SERVER_CONFIG_DEFAULT;
+    sc.endpoint = a->bind;
+    sc.name = name;
+    sc.target_id = cm_target_cfg_hash(&cfg);
+    sc.hidden_dtype = a->dtype;
+    sc.hidden_size = (uint32_t)cfg.hidden_size;
+    sc.n_layers = (uint32_t)cfg.n_layers;
+    sc.max_tokens = (uint32_t)a->max_tokens;
+    sc.max_req_layers = (uint32_t)a->max_layers;
+    sc.credits = (uint32_t)a->credits;
+    sc.encodings = a->encodings;
+    sc.heartbeat_ms = a->heartbeat_ms;
+    sc.peer_timeout_ms = a->peer_timeout_ms;
+    sc.n_threads = a->threads;
+    sc.zstd_level = a->zstd_level;
+    sc.stats_interval_ms = a->stats_s * 1000;
+    sc.curve_secret_key = a->curve_secret;
+    sc.curve_client_keys = a->curve_clients;
+    sc.init = serve_init;
+    sc.compute = serve_compute;
+    sc.fini = serve_fini;
+    sc.user = &s;
+    CM_TRY_GOTO(cm_chan_server_create(&srv, &sc), st, fail);
+    CM_LOG_INFO("target '%s' (%s, %d layers, hidden %d): id %016llx, bound %s; loading weights on %s", name,
+                cfg.model_type, cfg.n_layers, cfg.hidden_size, (unsigned long long)sc.target_id,
+                cm_chan_server_endpoint(srv), s.be->name);
+    if (a->endpoint_file)
+        CM_TRY_GOTO(write_endpoint_file(a->endpoint_file, cm_chan_server_endpoint(srv)), st, fail);
+
+    stop_target = srv;
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
+    handlers = 1;
+    signal(SIGPIPE, SIG_IGN);
+    st = cm_chan_server_run(srv);
+fail:
+    if (handlers) {
+        sigaction(SIGTERM, &old_term, NULL);
+        sigaction(SIGINT, &old_int, NULL);
+    }
+    if (srv) {
+        cm_chan_server_stats ss;
+        cm_chan_server_get_stats(srv, &ss);
+        CM_LOG_INFO(
+            "served %llu answers (%llu tokens, %.1f MB) in %llu sessions; %llu malformed frames refused",
+            (unsigned long long)ss.answers, (unsigned long long)ss.tokens, (double)ss.bytes_sent / 1e6,
+            (unsigned long long)ss.sessions_opened, (unsigned long long)ss.bad_frames);
+    }
+    stop_target = NULL;
+    cm_chan_server_destroy(&srv);
+    serve_fini(&s); /* no-op when the worker ran fini; frees a model left by a failed start */
+    free(s.order);
+    free(s.layers);
+    free(s.outs);
+    return st;
+}
+
+static int parse_long(const char *flag, const char *val, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(val, &end, 10);
+    if (end == val || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "target-server serve: %s '%s': expected a whole number from %ld to %ld\n", flag, val,
+                lo, hi);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_encodings(const char *val, uint32_t *mask) {
+    if (strcmp(val, "lossless") == 0) {
+        *mask = CM_ENCODING_LOSSLESS_MASK;
+        return 1;
+    }
+    if (strcmp(val, "all") == 0) {
+        *mask = (1u << CM_ENCODING_END) - 1;
+        return 1;
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", val);
+    *mask = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        cm_encoding e;
+        if (cm_encoding_parse(tok, &e) != CM_OK) {
+            fprintf(stderr, "target-server serve: --encoding '%s': %s\n", val, cm_last_error());
+            return 0;
+        }
+        *mask |= 1u << e;
+    }
+    if (!*mask)
+        fprintf(stderr, "target-server serve: --encoding '%s' names no encoding\n", val);
+    return *mask != 0;
+}
+
+int ts_serve_main(int argc, char **argv) {
+    serve_args a = {.device = "cpu",
+                    .bind = "tcp://127.0.0.1:5555",
+                    .threads = 2,
+                    .zstd_level = 1,
+                    .heartbeat_ms = 1000,
+                    .peer_timeout_ms = 5000,
+                    .stats_s = 30,
+                    .credits = 4,
+                    .max_tokens = 16384,
+                    .max_layers = 8,
+                    .encodings = CM_ENCODING_LOSSLESS_MASK,
+                    .dtype = CM_DTYPE_BF16,
+                    .mode = KN_GEMM_MODE_BF16};
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        long        v;
+        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (!val) {
+            fprintf(stderr, "target-server serve: option '%s' needs a value (see --help)\n", f);
+            return 2;
+        }
+        if (strcmp(f, "--model") == 0)
+            a.model = val;
+        else if (strcmp(f, "--device") == 0)
+            a.device = val;
+        else if (strcmp(f, "--bind") == 0)
+            a.bind = val;
+        else if (strcmp(f, "--name") == 0)
+            a.name = val;
+        else if (strcmp(f, "--endpoint-file") == 0)
+            a.endpoint_file = val;
+        else if (strcmp(f, "--curve-secret-key") == 0)
+            a.curve_secret = val;
+        else if (strcmp(f, "--curve-client-keys") == 0)
+            a.curve_clients = val;
+        else if (strcmp(f, "--curve-keygen") == 0)
+            a.keygen = val;
+        else if (strcmp(f, "--encoding") == 0) {
+            if (!parse_encodings(val, &a.encodings))
+                return 2;
+        } else if (strcmp(f, "--dtype") == 0) {
+            if (strcmp(val, "bf16") == 0)
+                a.dtype = CM_DTYPE_BF16;
+            else if (strcmp(val, "f32") == 0)
+                a.dtype = CM_DTYPE_F32;
+            else {
+                fprintf(stderr, "target-server serve: --dtype '%s': expected bf16 or f32\n", val);
+                return 2;
+            }
+        } else if (strcmp(f, "--precision") == 0) {
+            if (strcmp(val, "bf16") == 0)
+                a.mode = KN_GEMM_MODE_BF16;
+            else if (strcmp(val, "fp32") == 0)
+                a.mode = KN_GEMM_MODE_F32;
+            else {
+                fprintf(stderr, "target-server serve: --precision '%s': expected bf16 or fp32\n", val);
+                return 2;
+            }
+        } else if (strcmp(f, "--log-level") == 0) {
+            int l = cm_log_level_parse(val);
+            if (l < 0) {
+                fprintf(stderr,
+                        "target-server serve: --log-level '%s': expected debug, info, warn, error or off\n",
+                        val);
+                return 2;
+            }
+            cm_log_set_level((cm_log_level)l);
+        } else if (strcmp(f, "--gpu") == 0) {
+            if (!parse_long(f, val, 0, 1023, &v))
+                return 2;
+            a.gpu = (int)v;
+        } else if (strcmp(f, "--credits") == 0) {
+            if (!parse_long(f, val, 1, 1024, &a.credits))
+                return 2;
+        } else if (strcmp(f, "--threads") == 0) {
+            if (!parse_long(f, val, 1, 256, &v))
+                return 2;
+            a.threads = (int)v;
+        } else if (strcmp(f, "--zstd-level") == 0) {
+            if (!parse_long(f, val, -7, 22, &v))
+                return 2;
+            a.zstd_level = (int)v;
+        } else if (strcmp(f, "--max-tokens") == 0) {
+            if (!parse_long(f, val, 1, 1 << 24, &a.max_tokens))
+                return 2;
+        } else if (strcmp(f, "--max-layers") == 0) {
+            if (!parse_long(f, val, 1, 256, &a.max_layers))
+                return 2;
+        } else if (strcmp(f, "--heartbeat-ms") == 0) {
+            if (!parse_long(f, val, 10, 600000, &v))
+                return 2;
+            a.heartbeat_ms = (int)v;
+        } else if (strcmp(f, "--peer-timeout-ms") == 0) {
+            if (!parse_long(f, val, 20, 3600000, &v))
+                return 2;
+            a.peer_timeout_ms = (int)v;
+        } else if (strcmp(f, "--stats-interval") == 0) {
+            if (!parse_long(f, val, 0, 86400, &v))
+                return 2;
+            a.stats_s = (int)v;
+        } else {
+            fprintf(stderr, "target-server serve: unknown option '%s' (see --help)\n", f);
+            return 2;
+        }
+        i++;
+    }
+    if (a.keygen) {
+        cm_status st = cm_chan_curve_keygen(a.keygen);
+        if (st != CM_OK) {
+            fprintf(stderr, "target-server serve: %s: %s\n", cm_status_str(st), cm_last_error());
+            return 1;
+        }
+        printf("wrote %s.key (secret: keep it private) and %s.pub (public: give it to the other side)\n",
+               a.keygen, a.keygen);
+        return 0;
+    }
+    if (!a.model) {
+        fprintf(stderr, "target-server serve: --model DIR is required (see --help)\n");
+        return 2;
+    }
+    if (a.peer_timeout_ms <= a.heartbeat_ms) {
+        fprintf(stderr, "target-server serve: --peer-timeout-ms %d must exceed --heartbeat-ms %d\n",
+                a.peer_timeout_ms, a.heartbeat_ms);
+        return 2;
+    }
+    cm_status st = run_serve(&a);
+    if (st != CM_OK) {
+        fprintf(stderr, "target-server serve: %s: %s\n", cm_status_str(st), cm_last_error());
+        return 1;
+    }
+    return 0;
+}

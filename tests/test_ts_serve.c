@@ -1,0 +1,520 @@
+/* tests/test_ts_serve.c — the real `target-server serve --model models/tiny-qwen35` process and
+ * cm_chan clients over loopback: answers equal `target-server dump` bit for bit (F32 raw and
+ * zstd; BF16 zstd-byteplane against the dump rounded to BF16); the server killed with SIGKILL
+ * mid-run and restarted on the same endpoint, after which the run ends with every batch id
+ * delivered exactly once (a ledger) and a second trainer that attached meanwhile served too;
+ * SIGTERM ends the server with status 0; bad flags, a busy port and a refused non-loopback
+ * bind exit with one message; CURVE keys through the command line. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_chan.h"
+#include "cm_log.h"
+#include "cm_safetensors.h"
+#include "tst.h"
+#include "tst_proc.h"
+
+#define N_PATTERNS 4
+#define D_MODEL    64
+#define N_LAYERS   6
+
+static char bin[1024], model[1024], tmp[256];
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+// ----------------------------------------------------------------------------
+// the server process
+
+typedef struct proc {
+    pid_t pid;
+    char  log[512], ep_file[512], endpoint[256];
+} proc;
+
+/* Starts `target-server serve` with extra args; waits for its endpoint file (bound). */
+static int serve_start(proc *p, const char *tag, const char *bind, const char *const *extra) {
+    snprintf(p->log, sizeof p->log, "%s/%s.log", tmp, tag);
+    snprintf(p->ep_file, sizeof p->ep_file, "%s/%s.ep", tmp, tag);
+    unlink(p->ep_file);
+    const char *argv[48] = {bin,
+                            "serve",
+                            "--model",
+                            model,
+                            "--bind",
+                            bind,
+                            "--endpoint-file",
+                            p->ep_file,
+                            "--heartbeat-ms",
+                            "200",
+                            "--peer-timeout-ms",
+                            "1500",
+                            "--stats-interval",
+                            "0"};
+    int         n = 14;
+    for (int i = 0; extra && extra[i] && n < 46; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    setenv("ASAN_OPTIONS", "exitcode=86", 1);
+    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, p->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    int rc = posix_spawn(&p->pid, bin, &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        fprintf(stderr, "cannot start '%s': %s\n", bin, strerror(rc));
+        return 0;
+    }
+    for (int i = 0; i < 400; i++) {
+        FILE *f = fopen(p->ep_file, "r");
+        if (f) {
+            int ok = fgets(p->endpoint, sizeof p->endpoint, f) != NULL;
+            fclose(f);
+            p->endpoint[strcspn(p->endpoint, "\n")] = '\0';
+            if (ok && p->endpoint[0])
+                return 1;
+        }
+        int status;
+        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(p->log));
+            return 0;
+        }
+        sleep_ms(50);
+    }
+    fprintf(stderr, "serve did not bind within 20 s:\n%s\n", tst_slurp(p->log));
+    return 0;
+}
+
+/* Sends sig and returns the exit status (128 + signal when killed). */
+static int serve_end(proc *p, int sig) {
+    kill(p->pid, sig);
+    int status = 0;
+    for (int i = 0; i < 300; i++) {
+        if (waitpid(p->pid, &status, WNOHANG) == p->pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        sleep_ms(50);
+    }
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &status, 0);
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// batches and the dump reference
+
+typedef struct pattern {
+    int32_t tokens[128], cu[4];
+    int     T, N;
+    float  *ref[N_LAYERS]; /* dump's layer_<i>, F32 [T, D] */
+} pattern;
+
+static pattern       pats[N_PATTERNS];
+static const int32_t want_layers[3] = {4, 1, 5}; /* not sorted: answers follow the request */
+
+static int make_reference(void) {
+    for (int k = 0; k < N_PATTERNS; k++) {
+        pattern *p = &pats[k];
+        p->T = 40 + 24 * k;
+        p->N = 1 + k % 3;
+        for (int t = 0; t < p->T; t++)
+            p->tokens[t] = (int32_t)((k * 97 + t * 31 + 7) % 512);
+        p->cu[0] = 0;
+        for (int s = 1; s < p->N; s++)
+            p->cu[s] = p->T * s / p->N;
+        p->cu[p->N] = p->T;
+        char in[512], out[512], err[512];
+        snprintf(in, sizeof in, "%s/in%d.safetensors", tmp, k);
+        snprintf(out, sizeof out, "%s/out%d.safetensors", tmp, k);
+        snprintf(err, sizeof err, "%s/dump%d.err", tmp, k);
+        cm_st_writer *w = NULL;
+        int64_t       st_t = p->T, st_c = p->N + 1;
+        if (cm_st_writer_create(&w) != CM_OK ||
+            cm_st_writer_add(w, "input_ids", CM_DTYPE_I32, 1, &st_t, p->tokens) != CM_OK ||
+            cm_st_writer_add(w, "cu_seqlens", CM_DTYPE_I32, 1, &st_c, p->cu) != CM_OK ||
+            cm_st_writer_write(w, in) != CM_OK) {
+            fprintf(stderr, "cannot write %s: %s\n", in, cm_last_error());
+            cm_st_writer_destroy(&w);
+            return 0;
+        }
+        cm_st_writer_destroy(&w);
+        char *argv[] = {bin,     "dump", "--model",     model,  "--input", in,
+                        "--out", out,    "--log-level", "warn", NULL};
+        if (tst_run(argv, err) != 0) {
+            fprintf(stderr, "dump failed:\n%s\n", tst_slurp(err));
+            return 0;
+        }
+        cm_st *st = NULL;
+        if (cm_st_open_file(&st, out) != CM_OK)
+            return 0;
+        for (int l = 0; l < N_LAYERS; l++) {
+            char name[32];
+            snprintf(name, sizeof name, "layer_%d", l);
+            const cm_st_tensor *t = cm_st_find(st, name);
+            if (!t || t->dtype != CM_DTYPE_F32 || t->shape[0] != p->T || t->shape[1] != D_MODEL) {
+                cm_st_destroy(&st);
+                return 0;
+            }
+            p->ref[l] = malloc((size_t)p->T * D_MODEL * sizeof(float));
+            memcpy(p->ref[l], t->data, (size_t)p->T * D_MODEL * sizeof(float));
+        }
+        cm_st_destroy(&st);
+        unlink(in);
+        unlink(out);
+        unlink(err);
+    }
+    return 1;
+}
+
+static cm_status submit_pattern(cm_chan_client *c, uint64_t id) {
+    const pattern *p = &pats[id % N_PATTERNS];
+    return cm_chan_client_submit(c, id, p->tokens, (uint32_t)p->T, p->cu, (uint32_t)p->N, want_layers, 3);
+}
+
+/* Bit-exact against dump: F32 as is, BF16 as dump rounded to nearest even. */
+static int answer_exact(const cm_chan_answer *a) {
+    const pattern *p = &pats[a->batch_id % N_PATTERNS];
+    if (a->status != CM_OK || a->n_tensors != 3) {
+        fprintf(stderr, "batch %llu: %s %s\n", (unsigned long long)a->batch_id, cm_status_str(a->status),
+                a->message);
+        return 0;
+    }
+    for (int i = 0; i < 3; i++) {
+        const cm_chan_tensor *t = &a->tensors[i];
+        const float          *r = p->ref[want_layers[i]];
+        size_t                n = (size_t)p->T * D_MODEL;
+        if (t->layer != want_layers[i] || t->n_tokens != p->T || t->hidden != D_MODEL)
+            return 0;
+        for (size_t k = 0; k < n; k++) {
+            int ok = t->dtype == CM_DTYPE_F32 ? memcmp(&((const float *)t->data)[k], &r[k], 4) == 0
+                                              : ((const uint16_t *)t->data)[k] == cm_f32_to_bf16(r[k]);
+            if (!ok) {
+                fprintf(stderr, "batch %llu layer %d element %zu differs from dump\n",
+                        (unsigned long long)a->batch_id, t->layer, k);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+static cm_chan_client_config client_config(const char *ep, const char *name, cm_encoding enc) {
+    cm_chan_client_config cc = CM_CHAN_CLIENT_CONFIG_DEFAULT;
+    cc.endpoint = ep;
+    cc.name = name;
+    cc.encoding = enc;
+    cc.accept = 0;
+    cc.heartbeat_ms = 200;
+    cc.peer_timeout_ms = 1500;
+    cc.reconnect_ms = 50;
+    return cc;
+}
+
+/* Runs ids first..first+n-1; counts each delivery in ledger[id - first]; calls hook(done) after
+ * each answer. Returns the number of exact answers. */
+typedef void (*progress_fn)(int done, void *arg);
+static int run_ledger(cm_chan_client *c, uint64_t first, int n, int *ledger, progress_fn hook, void *arg) {
+    int     next = 0, done = 0, exact = 0;
+    int64_t end = (int64_t)time(NULL) + 90;
+    while (done < n && time(NULL) < end) {
+        while (next < n && submit_pattern(c, first + (uint64_t)next) == CM_OK)
+            next++;
+        cm_chan_answer *a;
+        if (cm_chan_client_recv(c, 200, &a) != CM_OK)
+            continue;
+        int64_t i = (int64_t)(a->batch_id - first);
+        if (i >= 0 && i < n)
+            ledger[i]++;
+        exact += answer_exact(a);
+        cm_chan_client_release(c, &a);
+        done++;
+        if (hook)
+            hook(done, arg);
+    }
+    return exact;
+}
+
+// ----------------------------------------------------------------------------
+// tests
+
+static void test_exact(void) {
+    proc              p;
+    const char *const f32[] = {"--dtype", "f32", "--encoding", "all", NULL};
+    if (!serve_start(&p, "exact-f32", "tcp://127.0.0.1:*", f32)) {
+        TST_CHECK(0);
+        return;
+    }
+    const cm_encoding encs[] = {CM_ENCODING_RAW, CM_ENCODING_ZSTD, CM_ENCODING_ZSTD_BYTEPLANE};
+    for (int e = 0; e < 3; e++) {
+        cm_chan_client_config cc = client_config(p.endpoint, "exact", encs[e]);
+        cm_chan_client       *c = NULL;
+        TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+        int ledger[8] = {0};
+        int exact = run_ledger(c, 8 * (uint64_t)e, 8, ledger, NULL, NULL);
+        TST_CHECK(exact == 8);
+        printf("serve f32 %-15s: %d/8 answers bit-exact with dump\n", cm_encoding_name(encs[e]), exact);
+        cm_chan_client_destroy(&c);
+    }
+    TST_CHECK(serve_end(&p, SIGTERM) == 0);
+}
+
+typedef struct killer {
+    proc       *p;
+    const char *bind;
+    int         killed, restarted, second_started;
+    pthread_t   second;
+    int         second_ledger[12], second_exact;
+    char        endpoint[256];
+} killer;
+
+static void *second_trainer(void *arg) {
+    killer               *k = arg;
+    cm_chan_client_config cc = client_config(k->endpoint, "second", CM_ENCODING_ZSTD_BYTEPLANE);
+    cm_chan_client       *c = NULL;
+    if (cm_chan_client_create(&c, &cc) != CM_OK)
+        return NULL;
+    k->second_exact = run_ledger(c, 5000, 12, k->second_ledger, NULL, NULL);
+    cm_chan_client_destroy(&c);
+    return NULL;
+}
+
+static void on_progress(int done, void *arg) {
+    killer *k = arg;
+    if (done == 15 && !k->killed) {
+        k->killed = serve_end(k->p, SIGKILL) == 128 + SIGKILL;
+        sleep_ms(300);
+        k->restarted = serve_start(k->p, "ledger-2", k->bind, NULL);
+    }
+    if (done == 30 && !k->second_started) {
+        k->second_started = pthread_create(&k->second, NULL, second_trainer, k) == 0;
+    }
+}
+
+static void test_kill_restart(void) {
+    proc p;
+    if (!serve_start(&p, "ledger-1", "tcp://127.0.0.1:*", NULL)) {
+        TST_CHECK(0);
+        return;
+    }
+    killer k = {.p = &p};
+    snprintf(k.endpoint, sizeof k.endpoint, "%s", p.endpoint);
+    k.bind = k.endpoint; /* the restart binds the very port the trainers know */
+    cm_chan_client_config cc = client_config(p.endpoint, "ledger", CM_ENCODING_ZSTD_BYTEPLANE);
+    cm_chan_client       *c = NULL;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    enum { N = 60 };
+    int ledger[N] = {0};
+    int exact = run_ledger(c, 1000, N, ledger, on_progress, &k);
+    if (k.second_started)
+        pthread_join(k.second, NULL);
+    int lost = 0, dup = 0, lost2 = 0, dup2 = 0;
+    for (int i = 0; i < N; i++)
+        lost += ledger[i] == 0, dup += ledger[i] > 1;
+    for (int i = 0; i < 12; i++)
+        lost2 += k.second_ledger[i] == 0, dup2 += k.second_ledger[i] > 1;
+    cm_chan_client_stats st;
+    cm_chan_client_get_stats(c, &st);
+    TST_CHECK(k.killed && k.restarted);
+    TST_CHECK(exact == N && lost == 0 && dup == 0);
+    TST_CHECK(k.second_started && k.second_exact == 12 && lost2 == 0 && dup2 == 0);
+    TST_CHECK(st.reconnects >= 1 && st.sessions >= 2 && st.resends >= 1);
+    printf(
+        "kill -9 after 15 answers, restart on %s: %d/%d exact, %d lost, %d duplicated (%llu reconnects, %llu "
+        "re-sent, %llu duplicate answers dropped); second trainer %d/12 exact\n",
+        k.endpoint, exact, N, lost, dup, (unsigned long long)st.reconnects, (unsigned long long)st.resends,
+        (unsigned long long)st.duplicates, k.second_exact);
+    cm_chan_client_destroy(&c);
+    /* SIGTERM: clean exit; the log names the sessions */
+    int rc = serve_end(&p, SIGTERM);
+    TST_CHECK(rc == 0);
+    const char *log = tst_slurp(p.log);
+    TST_CHECK(strstr(log, "session 'ledger'") && strstr(log, "session 'second'") && strstr(log, "said bye") &&
+              strstr(log, "stopped serving"));
+    if (rc != 0)
+        fprintf(stderr, "serve log:\n%s\n", log);
+}
+
+static void test_sigterm_in_flight(void) {
+    proc p;
+    if (!serve_start(&p, "term-1", "tcp://127.0.0.1:*", NULL)) {
+        TST_CHECK(0);
+        return;
+    }
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", p.endpoint);
+    cm_chan_client_config cc = client_config(ep, "term", CM_ENCODING_ZSTD_BYTEPLANE);
+    cm_chan_client       *c = NULL;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    TST_CHECK(cm_chan_client_wait_ready(c, 10000, NULL) == CM_OK);
+    for (uint64_t id = 1; id <= 4; id++)
+        TST_CHECK(submit_pattern(c, id) == CM_OK);
+    sleep_ms(5);
+    int rc = serve_end(&p, SIGTERM);
+    TST_CHECK(rc == 0);
+    /* what was answered before the BYE stays answered; the rest is re-sent to the next server */
+    int ok = serve_start(&p, "term-2", ep, NULL);
+    TST_CHECK(ok);
+    int seen[5] = {0}, exact = 0;
+    for (int k = 0; k < 4 && ok; k++) {
+        cm_chan_answer *a = NULL;
+        if (cm_chan_client_recv(c, 15000, &a) != CM_OK)
+            break;
+        if (a->batch_id >= 1 && a->batch_id <= 4)
+            seen[a->batch_id]++;
+        exact += answer_exact(a);
+        cm_chan_client_release(c, &a);
+    }
+    cm_chan_answer *extra = NULL;
+    TST_CHECK(cm_chan_client_recv(c, 300, &extra) == CM_ERR_TIMEOUT); /* nothing twice */
+    TST_CHECK(exact == 4 && seen[1] == 1 && seen[2] == 1 && seen[3] == 1 && seen[4] == 1);
+    cm_chan_client_stats st;
+    cm_chan_client_get_stats(c, &st);
+    printf(
+        "SIGTERM with 4 batches in flight: exit %d; after a restart %d/4 exact, each once (%llu re-sent)\n",
+        rc, exact, (unsigned long long)st.resends);
+    cm_chan_client_destroy(&c);
+    if (ok)
+        TST_CHECK(serve_end(&p, SIGTERM) == 0);
+}
+
+static int run_serve_args(const char *const *args, const char *tag, const char **err_text) {
+    char        err[512];
+    const char *argv[24] = {bin, "serve"};
+    int         n = 2;
+    for (int i = 0; args[i] && n < 23; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    snprintf(err, sizeof err, "%s/%s.err", tmp, tag);
+    int rc = tst_run((char *const *)argv, err);
+    *err_text = tst_slurp(err);
+    unlink(err);
+    return rc;
+}
+
+static void test_bad_flags(void) {
+    const char *e;
+    const char *no_model[] = {"--bind", "tcp://127.0.0.1:*", NULL};
+    TST_CHECK(run_serve_args(no_model, "nomodel", &e) == 2 && strstr(e, "--model DIR is required"));
+    const char *bad_enc[] = {"--model", model, "--encoding", "gzip", NULL};
+    TST_CHECK(run_serve_args(bad_enc, "badenc", &e) == 2 && strstr(e, "unknown encoding 'gzip'"));
+    const char *bad_num[] = {"--model", model, "--credits", "0", NULL};
+    TST_CHECK(run_serve_args(bad_num, "badnum", &e) == 2 && strstr(e, "--credits '0'"));
+    const char *unknown[] = {"--model", model, "--frobnicate", "1", NULL};
+    TST_CHECK(run_serve_args(unknown, "unknown", &e) == 2 && strstr(e, "unknown option '--frobnicate'"));
+    const char *remote[] = {"--model", model, "--bind", "tcp://0.0.0.0:5555", NULL};
+    TST_CHECK(run_serve_args(remote, "remote", &e) == 1 && strstr(e, "without CURVE"));
+    const char *missing[] = {"--model", "/nonexistent/model", "--bind", "tcp://127.0.0.1:*", NULL};
+    TST_CHECK(run_serve_args(missing, "missing", &e) == 1 && strstr(e, "/nonexistent/model"));
+    /* a busy port */
+    proc p;
+    if (serve_start(&p, "busy", "tcp://127.0.0.1:*", NULL)) {
+        const char *busy[] = {"--model", model, "--bind", p.endpoint, NULL};
+        TST_CHECK(run_serve_args(busy, "busy2", &e) == 1 && strstr(e, "cannot bind"));
+        TST_CHECK(serve_end(&p, SIGINT) == 0);
+    } else {
+        TST_CHECK(0);
+    }
+    printf(
+        "bad flags: missing model, bad encoding, bad number, unknown option (exit 2); non-loopback without "
+        "CURVE, missing model dir, busy port (exit 1)\n");
+}
+
+static void test_curve_cli(void) {
+    if (!cm_chan_curve_available())
+        return;
+    char srv_prefix[400], cli_prefix[400], allowed[300], pub[420], key[420], cpub[420], ckey[420];
+    snprintf(allowed, sizeof allowed, "%s/allowed", tmp);
+    mkdir(allowed, 0700);
+    snprintf(srv_prefix, sizeof srv_prefix, "%s/server", tmp);
+    snprintf(cli_prefix, sizeof cli_prefix, "%s/trainer", allowed);
+    const char *e;
+    const char *g1[] = {"--curve-keygen", srv_prefix, NULL}, *g2[] = {"--curve-keygen", cli_prefix, NULL};
+    TST_CHECK(run_serve_args(g1, "keygen1", &e) == 0 && run_serve_args(g2, "keygen2", &e) == 0);
+    TST_CHECK(run_serve_args(g1, "keygen3", &e) == 1 && strstr(e, "already exists"));
+    snprintf(pub, sizeof pub, "%s.pub", srv_prefix);
+    snprintf(key, sizeof key, "%s.key", srv_prefix);
+    snprintf(cpub, sizeof cpub, "%s.pub", cli_prefix);
+    snprintf(ckey, sizeof ckey, "%s.key", cli_prefix);
+    proc              p;
+    const char *const extra[] = {"--curve-secret-key", key, "--curve-client-keys", allowed, NULL};
+    if (!serve_start(&p, "curve", "tcp://127.0.0.1:*", extra)) {
+        TST_CHECK(0);
+        return;
+    }
+    cm_chan_client_config cc = client_config(p.endpoint, "curved", CM_ENCODING_ZSTD_BYTEPLANE);
+    cc.curve_server_key = pub;
+    cc.curve_secret_key = ckey;
+    cm_chan_client *c = NULL;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    int ledger[4] = {0};
+    TST_CHECK(run_ledger(c, 1, 4, ledger, NULL, NULL) == 4);
+    cm_chan_client_destroy(&c);
+    TST_CHECK(serve_end(&p, SIGTERM) == 0);
+    const char *log = tst_slurp(p.log);
+    TST_CHECK(strstr(log, "CURVE on") != NULL);
+    /* the secret never reaches the log */
+    char secret[CM_CHAN_KEY_LEN + 1];
+    TST_CHECK(cm_chan_curve_read_key(key, secret) == CM_OK && !strstr(log, secret));
+    printf("curve through the command line: keygen, keyed server, accepted trainer 4/4 exact, secret not "
+           "logged\n");
+    unlink(pub), unlink(key), unlink(cpub), unlink(ckey);
+    rmdir(allowed);
+}
+
+/* argv: optional test names (exact, kill, term, flags, curve) to run only those. */
+static int want(int argc, char **argv, const char *name) {
+    if (argc < 2)
+        return 1;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (!getenv("TANDEM_LOG"))
+        cm_log_set_level(CM_LOG_LEVEL_ERROR);
+    /* the children's cpu forward on one thread: a test of the transport should not wait on
+     * OpenMP teams fighting other jobs for this machine's cores (dump runs the same way) */
+    setenv("OMP_NUM_THREADS", "1", 0);
+    snprintf(bin, sizeof bin, "%s/target-server/target-server", TANDEM_BINARY_DIR);
+    snprintf(model, sizeof model, "%s/../models/tiny-qwen35", TANDEM_TEST_DATA);
+    snprintf(tmp, sizeof tmp, "/tmp/tandem-serve-%d", (int)getpid());
+    mkdir(tmp, 0700);
+    if (!make_reference()) {
+        TST_CHECK(0);
+        return tst_report();
+    }
+    if (want(argc, argv, "exact"))
+        test_exact();
+    if (want(argc, argv, "kill"))
+        test_kill_restart();
+    if (want(argc, argv, "term"))
+        test_sigterm_in_flight();
+    if (want(argc, argv, "flags"))
+        test_bad_flags();
+    if (want(argc, argv, "curve"))
+        test_curve_cli();
+    for (int k = 0; k < N_PATTERNS; k++)
+        for (int l = 0; l < N_LAYERS; l++)
+            free(pats[k].ref[l]);
+    int rc = tst_report();
+    if (rc == 0) { /* logs are kept for a failed run */
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", tmp);
+    }
+    return rc;
+}
