@@ -9,7 +9,8 @@ static void usage(FILE *f) {
                "\n"
                "commands:\n"
                "  train   train a DFlash drafter (see drafter-trainer train --help)\n"
-               "  grad    loss and every gradient of one batch (see drafter-trainer grad --help)\n");
+               "  grad    loss and every gradient of one batch (see drafter-trainer grad --help)\n"
+               "  shards  inspect or export offline hidden-state shards (see drafter-trainer shards --help)\n");
 }
 
 int main(int argc, char **argv) {
@@ -20,6 +21,6 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "grad") == 0) return dt_cmd_grad(argc - 2, argv + 2);
     if (strcmp(argv[1], "train") == 0) return dt_cmd_train(argc - 2, argv + 2);
     if (strcmp(argv[1], "shards") == 0) return dt_cmd_shards(argc - 2, argv + 2);
-    fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad; see --help)\n", argv[1]);
+    fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad, shards; see --help)\n", argv[1]);
     return 2;
 }

@@ -19,7 +19,6 @@
 
 #define DT_MAX_BLOCK 64   /* dt_step_stats holds 64 slots */
 #define DT_ALIGN     64   /* bytes: every carved buffer starts on this boundary */
-#define DT_ZEROS     4096 /* minimum length of the zero vector used to clear buffers */
 
 /* Per-layer parameters, in serving-key order after fc.weight and hidden_norm.weight. */
 enum {
@@ -92,8 +91,6 @@ struct dt_model {
     char (*names)[80];
     float  *data_base, *grad_base; /* backend; carved into params */
     size_t  n_slab;                /* floats in each slab (with alignment padding) */
-    float  *zeros;                 /* backend, [n_zeros], never written */
-    int64_t n_zeros;
     /* frozen target embedding and LM head, [V, D] */
     void    *embed, *lm_head;
     cm_dtype embed_dt, lm_head_dt;
@@ -195,6 +192,7 @@ static cm_status check_backend(const kn_backend *be) {
         int         present;
     } need[] = {
         DT_NEED(alloc),    DT_NEED(free),       DT_NEED(upload),  DT_NEED(download),        DT_NEED(sync),
+        DT_NEED(zero),
         DT_NEED(copy2d),   DT_NEED(add),        DT_NEED(swiglu),  DT_NEED(embed),           DT_NEED(gemm),
         DT_NEED(rmsnorm),  DT_NEED(rope),       DT_NEED(gemm_dx), DT_NEED(gemm_dw),         DT_NEED(rmsnorm_bwd),
         DT_NEED(rope_bwd), DT_NEED(swiglu_bwd), DT_NEED(lm_ce),   DT_NEED(dflash_attn_fwd), DT_NEED(dflash_attn_bwd),
@@ -209,25 +207,9 @@ static cm_status check_backend(const kn_backend *be) {
     return CM_OK;
 }
 
-/* Clears n floats of backend memory. The table has no fill op, so this gathers row 0 of an
- * all-zero table (the zero vector read as F32 [1, n_zeros]) with all-zero ids (the same
- * bytes read as I32): a plain copy, exact whatever the buffer held before (NaN included). */
+/* Clears n floats of backend memory. */
 static cm_status dev_zero(dt_model *m, float *p, int64_t n) {
-    const int64_t Z = m->n_zeros;
-    while (n > 0) {
-        int64_t rows = n / Z;
-        if (rows > Z)
-            rows = Z;
-        int64_t cols = Z;
-        if (rows == 0) {
-            rows = 1;
-            cols = n;
-        }
-        CM_TRY(m->be->embed(m->ctx, p, (const int32_t *)m->zeros, m->zeros, CM_DTYPE_F32, rows, cols));
-        p += rows * cols;
-        n -= rows * cols;
-    }
-    return CM_OK;
+    return m->be->zero(m->ctx, p, (size_t)n * sizeof(float));
 }
 
 cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_backend *be, kn_ctx *ctx) {
@@ -251,17 +233,10 @@ cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_ba
         goto fail;
     }
     params_define(m);
-    int64_t widest = DT_ZEROS;
-    for (int i = 0; i < m->n_params; i++) {
+    for (int i = 0; i < m->n_params; i++)
         m->n_slab += align_floats((size_t)m->params[i].numel);
-        for (int d = 0; d < m->params[i].n_dims; d++)
-            if (m->params[i].shape[d] > widest)
-                widest = m->params[i].shape[d];
-    }
-    m->n_zeros = widest;
     CM_TRY_GOTO(be->alloc(ctx, (void **)&m->data_base, m->n_slab * sizeof(float)), st, fail);
     CM_TRY_GOTO(be->alloc(ctx, (void **)&m->grad_base, m->n_slab * sizeof(float)), st, fail);
-    CM_TRY_GOTO(be->alloc(ctx, (void **)&m->zeros, (size_t)m->n_zeros * sizeof(float)), st, fail);
     size_t off = 0;
     for (int i = 0; i < m->n_params; i++) {
         m->params[i].data = m->data_base + off;
@@ -301,7 +276,6 @@ void dt_model_destroy(dt_model **mp) {
     if (m->be) {
         m->be->free(m->ctx, m->data_base);
         m->be->free(m->ctx, m->grad_base);
-        m->be->free(m->ctx, m->zeros);
         if (!m->lm_head_shared)
             m->be->free(m->ctx, m->lm_head);
         m->be->free(m->ctx, m->embed);

@@ -83,6 +83,7 @@ typedef struct kn_backend {
     cm_status (*upload)(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
     cm_status (*download)(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes); /* blocks */
     cm_status (*sync)(kn_ctx *ctx);
+    cm_status (*zero)(kn_ctx *ctx, void *p, size_t bytes); /* enqueues a clear of bytes at p */
 
     // ---- elementwise and data movement
     /* dst[r, 0:cols] = src[r, 0:cols] for r < rows, with leading dimensions in elements (F32). */

@@ -15,6 +15,7 @@ static const kn_backend cuda_backend = {
     .upload = kn_cuda_upload,
     .download = kn_cuda_download,
     .sync = kn_cuda_sync,
+    .zero = kn_cuda_zero,
     .copy2d = kn_cuda_copy2d,
     .add = kn_cuda_add,
     .swiglu = kn_cuda_swiglu,

@@ -23,6 +23,7 @@ void      kn_cuda_free(kn_ctx *ctx, void *p);
 cm_status kn_cuda_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
 cm_status kn_cuda_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes);
 cm_status kn_cuda_sync(kn_ctx *ctx);
+cm_status kn_cuda_zero(kn_ctx *ctx, void *p, size_t bytes);
 cm_status kn_cuda_copy2d(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
                          int64_t rows, int64_t cols);
 

@@ -151,6 +151,15 @@ cm_status kn_cuda_sync(kn_ctx *ctx) {
     return CM_OK;
 }
 
+cm_status kn_cuda_zero(kn_ctx *ctx, void *p, size_t bytes) {
+    KN_CUDA_CHECK_ARG(ctx, "zero: ctx is NULL");
+    if (bytes == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(p, "zero: NULL pointer for %zu bytes", bytes);
+    KN_CUDA(cudaMemsetAsync(p, 0, bytes, ctx->stream));
+    return CM_OK;
+}
+
 cm_status kn_cuda_copy2d(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
                          int64_t rows, int64_t cols) {
     KN_CUDA_CHECK_ARG(ctx, "copy2d: ctx is NULL");

@@ -207,6 +207,10 @@ static void test_copy2d(void) {
         char name[96];
         snprintf(name, sizeof name, "copy2d rows=%ld cols=%ld src_ld=%ld dst_ld=%ld", rows, cols, sld, dld);
         compare_buf(name, &bd, rows * dld, 0, 0); /* exact, including the untouched columns */
+        call_ok(cpu->zero(cctx, (float *)bd.c + 1, (size_t)(rows * dld - 1) * sizeof(float)), "cpu zero");
+        call_ok(gpu->zero(gctx, (float *)bd.g + 1, (size_t)(rows * dld - 1) * sizeof(float)), "cuda zero");
+        snprintf(name, sizeof name, "zero n=%ld (after element 0)", rows * dld - 1);
+        compare_buf(name, &bd, rows * dld, 0, 0);
         dbuf_free(&bs);
         dbuf_free(&bd);
         free(src);

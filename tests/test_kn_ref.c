@@ -72,6 +72,12 @@ static void test_memory(void) {
     TST_CHECK(be->download(ctx, back, p, sizeof back) == CM_OK);
     TST_CHECK(be->sync(ctx) == CM_OK);
     TST_CHECK(memcmp(src, back, sizeof src) == 0);
+    TST_CHECK(be->zero(ctx, (unsigned char *)p + 10, 500) == CM_OK); /* clears exactly [10, 510) */
+    TST_CHECK(be->download(ctx, back, p, sizeof back) == CM_OK);
+    int cleared = 1;
+    for (int i = 0; i < 1000; i++) cleared &= back[i] == (i >= 10 && i < 510 ? 0 : src[i]);
+    TST_CHECK(cleared);
+    TST_CHECK(be->zero(ctx, NULL, 4) != CM_OK);
     be->free(ctx, p);
     be->free(ctx, NULL);
 

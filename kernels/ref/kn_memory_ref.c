@@ -65,6 +65,14 @@ cm_status kn_ref_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t byt
     return CM_OK;
 }
 
+cm_status kn_ref_zero(kn_ctx *ctx, void *p, size_t bytes) {
+    KN_REF_CHECK(ctx, "zero: ctx is NULL");
+    if (bytes == 0) return CM_OK;
+    KN_REF_CHECK(p, "zero: NULL pointer for %zu bytes", bytes);
+    memset(p, 0, bytes);
+    return CM_OK;
+}
+
 cm_status kn_ref_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes) {
     KN_REF_CHECK(ctx, "download: ctx is NULL");
     if (bytes == 0) return CM_OK;
