@@ -1,13 +1,18 @@
-/* common/cm_chan_int.h — what the two halves of cm_chan (cm_chan_server.c, cm_chan_client.c)
- * share and nobody else needs: the CM_ZMQ conversion of ZeroMQ failures, the monotonic clock,
- * socket option setters and the CURVE key helpers. Internal to common/; not installed. */
+/* common/cm_chan_int.h — what the files of cm_chan share and nobody else needs: the CM_ZMQ
+ * conversion of ZeroMQ failures, the clock, socket option setters, the CURVE helpers (all in
+ * cm_chan.c), and the server's and the client's internal structs, each split over two files
+ * (loop and worker; owner API and I/O thread). Internal to common/; not installed. */
 #ifndef CM_CHAN_INT_H
 #define CM_CHAN_INT_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <zmq.h>
 
 #include "cm_chan.h"
+#include "cm_compress.h"
 
 /* Converts a ZeroMQ return value once, where the call is made: -1 → CM_ERR_ZMQ with the
  * statement, file:line and zmq_strerror(zmq_errno()) in cm_last_error(); else CM_OK. */
@@ -34,5 +39,171 @@ void cm_chan_fmt(char *dst, size_t cap, const char *fmt, ...)
 /* Copies a message into an ERROR's message field: control bytes become spaces, cut at
  * CM_PROTO_MESSAGE_MAX bytes. */
 void cm_chan_error_text(char *dst, const char *src);
+
+// ----------------------------------------------------------------------------
+// server internals (cm_chan_server.c: the loop; cm_chan_server_work.c: the worker, create)
+
+#define POOL_MAX        64  /* pooled answer buffers; beyond that an answer gets a one-off buffer */
+#define IDENT_MAX       255 /* ZeroMQ routing ids are 1..255 bytes */
+#define MAX_CLIENT_KEYS 4096
+#define RECV_BURST      256 /* messages read per loop turn before timers and results get a turn */
+#define WARN_BURST      20  /* warnings about bad frames per 10 s, then they are counted and summarised */
+
+typedef struct pool_buf {
+    atomic_int busy; /* 1 from acquisition (worker) until ZeroMQ frees the message (I/O thread) */
+    uint8_t   *data;
+    size_t     cap;
+} pool_buf;
+
+typedef struct qjob {
+    zmq_msg_t msg; /* the REQUEST frame, validated */
+    uint64_t  id;
+} qjob;
+
+typedef struct session {
+    int      used;
+    uint8_t  ident[IDENT_MAX];
+    size_t   ident_len;
+    char     name[CM_PROTO_NAME_MAX + 1];
+    char     peer[64];
+    uint64_t gen; /* unique per HELLO: a result for an older generation is discarded */
+    uint32_t credits, encodings;
+    qjob    *queue; /* ring of cfg.credits */
+    uint32_t q_head, q_len;
+    int      computing;
+    uint64_t computing_id;
+    int64_t  last_recv, last_send, started, last_stats;
+    uint64_t n_requests, n_resends, n_answers, n_errors, bytes, tokens;
+} session;
+
+/* The worker's mailbox: one job in, one result out, under mu. */
+typedef struct work {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             have_job, quit, done, init_done;
+    cm_status       init_status;
+    char            init_msg[1024];
+    /* job */
+    zmq_msg_t msg;
+    char      session[CM_PROTO_NAME_MAX + 1];
+    int       sess;
+    uint64_t  gen;
+    /* result */
+    int       is_answer;
+    uint64_t  id;
+    uint32_t  n_tokens;
+    uint8_t  *head;
+    size_t    head_len, head_cap;
+    pool_buf *data; /* NULL: data_oneoff */
+    uint8_t  *data_oneoff;
+    size_t    data_len;
+    uint8_t   err[CM_PROTO_SMALL_FRAME_MAX];
+    size_t    err_len;
+} work;
+
+struct cm_chan_server {
+    cm_chan_server_config cfg;
+    char                  endpoint[512];
+    char                  name[CM_PROTO_NAME_MAX + 1];
+    cm_proto_limits       lim;
+    void                 *ctx, *router, *zap;
+    uint8_t (*client_keys)[32];
+    int        n_client_keys;
+    char       client_keys_dir[1024];
+    atomic_int stop;
+    int        stopping, ran, worker_busy, worker_started;
+    int        pipe_r, pipe_w;
+    pthread_t  worker;
+    work       w;
+    session   *sessions;
+    uint32_t   rr;
+    uint64_t   gen_counter, hb_seq;
+    /* loop thread: request decoding scratch */
+    int32_t *l_tokens, *l_cu, *l_layers;
+    /* worker thread */
+    int32_t         *w_tokens, *w_cu, *w_layers;
+    float           *out_block;
+    size_t           out_cap; /* floats */
+    void           **out_ptrs;
+    uint8_t         *conv; /* hidden-dtype scratch of T·D */
+    size_t           conv_cap;
+    cm_proto_tensor *tensors;
+    cm_compress     *cc;
+    pool_buf         pool[POOL_MAX];
+    int              n_pool;
+    /* warnings */
+    int64_t warn_window;
+    int     warn_count, warn_suppressed;
+    /* stats */
+    pthread_mutex_t      stats_mu;
+    cm_chan_server_stats stats;
+};
+
+void    *cm_chan_worker_main_(void *server);                  /* the worker thread */
+uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a session's queued jobs */
+
+// ----------------------------------------------------------------------------
+// client internals (cm_chan_client.c: the owner's API; cm_chan_client_io.c: the I/O thread)
+
+#define MAX_TENSORS   256
+#define IO_RECV_BURST 64
+
+enum { SLOT_FREE, SLOT_QUEUED, SLOT_SENT, SLOT_READY, SLOT_HELD };
+enum { CONN_WAIT, CONN_HELLO, CONN_READY, CONN_DEAD };
+
+typedef struct slot {
+    cm_chan_answer  ans; /* first: release() maps the answer back to its slot */
+    int             state;
+    uint64_t        batch_id, seq;
+    int             ever_sent, attempts;
+    int64_t         sent_at, resend_at; /* resend_at 0: none scheduled */
+    uint32_t        n_tokens, n_seqs, n_layers;
+    int32_t        *tokens, *cu, *layers;
+    uint32_t        cap_tokens, cap_cu, cap_layers;
+    uint8_t        *frame;
+    size_t          frame_cap;
+    cm_chan_tensor *tensors;
+    uint8_t        *buf; /* decoded tensors */
+    size_t          buf_cap;
+    zmq_msg_t       raw; /* DATA of a raw answer, lent zero-copy */
+    int             has_raw;
+    char            message[CM_PROTO_MESSAGE_MAX + 128];
+} slot;
+
+struct cm_chan_client {
+    cm_chan_client_config cfg;
+    char                  endpoint[512], name[CM_PROTO_NAME_MAX + 1], ident[32];
+    char                  server_key[CM_CHAN_KEY_LEN + 1], public_key[CM_CHAN_KEY_LEN + 1];
+    char                  secret_key[CM_CHAN_KEY_LEN + 1];
+    int                   curve;
+    void                 *ctx, *sock, *mon;
+    unsigned              mon_n;
+    pthread_t             io;
+    int                   io_started, wake_r, wake_w;
+    atomic_int            quit;
+    /* shared, under mu */
+    pthread_mutex_t      mu;
+    pthread_cond_t       cv;
+    slot                *slots;
+    uint32_t             n_slots;
+    uint32_t            *ready, ready_head, ready_len;
+    uint64_t             seq;
+    int                  session_up, have_welcome;
+    cm_proto_welcome     welcome;
+    cm_status            fatal;
+    char                 fatal_msg[1024];
+    cm_chan_client_stats stats;
+    /* I/O thread only */
+    cm_compress     *cc;
+    cm_proto_limits  lim;
+    cm_proto_tensor *pt;
+    cm_encoding      enc;
+    int              conn, handshake_ok, backoff_ms;
+    uint32_t         granted, in_flight;
+    int64_t          last_recv, last_send, hello_at, reconnect_at;
+    uint64_t         hb_seq;
+};
+
+void *cm_chan_client_io_main_(void *client); /* the I/O thread */
 
 #endif /* CM_CHAN_INT_H */

@@ -4,3 +4,7 @@
 add_unit_test(test_cm_chan test_cm_chan.c LABELS unit TIMEOUT 180)
 add_unit_test(test_ts_serve test_ts_serve.c LABELS unit TIMEOUT 240)
 add_dependencies(test_ts_serve target-server)
+# The benchmark: built with the tests, never run by ctest.
+add_executable(bench_cm_chan bench_cm_chan.c)
+target_compile_options(bench_cm_chan PRIVATE ${TANDEM_C_WARNINGS})
+target_link_libraries(bench_cm_chan PRIVATE cm m)

@@ -1,0 +1,525 @@
+/* common/cm_chan_server_work.c — the server's worker thread and its lifecycle (see
+ * cm_chan_server.c for the loop). The worker runs the init callback once, then one job at a
+ * time: decodes the REQUEST, runs the compute callback into server-owned output buffers,
+ * rounds F32 to the hidden dtype on n_threads threads, encodes every tensor with cm_compress
+ * into a pooled buffer (reused once ZeroMQ has sent it), writes HEAD and posts the result to
+ * the loop through a pipe. create checks the config, loads the CURVE keys and binds; nothing
+ * here touches the ROUTER after create, so the loop stays its only user. */
+#include "cm_chan_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "cm_compress.h"
+#include "cm_log.h"
+
+// ----------------------------------------------------------------------------
+// the worker
+
+static void notify_loop(cm_chan_server *s) {
+    char b = 1;
+    while (write(s->pipe_w, &b, 1) < 0 && errno == EINTR) {
+    }
+}
+
+typedef struct conv_part {
+    void       *dst;
+    const void *src;
+    cm_dtype    dt;
+    size_t      n;
+} conv_part;
+
+static void *conv_thread(void *arg) {
+    conv_part *c = arg;
+    cm_convert(c->dst, c->dt, c->src, CM_DTYPE_F32, c->n);
+    return NULL;
+}
+
+/* F32 → dt on up to n_threads threads (the caller's included). */
+static void convert_parallel(void *dst, cm_dtype dt, const float *src, size_t n, int n_threads) {
+    enum { MAXT = 64 };
+    int t = n_threads < MAXT ? n_threads : MAXT;
+    if (n < ((size_t)1 << 20) || t < 2) {
+        cm_convert(dst, dt, src, CM_DTYPE_F32, n);
+        return;
+    }
+    pthread_t th[MAXT];
+    conv_part cp[MAXT];
+    int       started[MAXT] = {0};
+    size_t    per = (n + (size_t)t - 1) / (size_t)t, es = cm_dtype_size(dt);
+    for (int i = 0; i < t; i++) {
+        size_t lo = (size_t)i * per, hi = lo + per < n ? lo + per : n;
+        cp[i] = (conv_part){(uint8_t *)dst + lo * es, src + lo, dt, lo < hi ? hi - lo : 0};
+        if (i > 0)
+            started[i] = pthread_create(&th[i], NULL, conv_thread, &cp[i]) == 0;
+    }
+    conv_thread(&cp[0]);
+    for (int i = 1; i < t; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            conv_thread(&cp[i]);
+    }
+}
+
+static pool_buf *pool_acquire(cm_chan_server *s, size_t need) {
+    pool_buf *grow = NULL;
+    for (int i = 0; i < s->n_pool; i++) {
+        pool_buf *b = &s->pool[i];
+        if (atomic_load(&b->busy))
+            continue;
+        if (b->cap >= need) {
+            atomic_store(&b->busy, 1);
+            return b;
+        }
+        if (!grow)
+            grow = b;
+    }
+    if (!grow && s->n_pool < POOL_MAX)
+        grow = &s->pool[s->n_pool++];
+    if (!grow)
+        return NULL;
+    free(grow->data); /* no copy: the contents are dead */
+    grow->data = malloc(need);
+    grow->cap = grow->data ? need : 0;
+    if (!grow->data)
+        return NULL;
+    atomic_store(&grow->busy, 1);
+    return grow;
+}
+
+static cm_status ensure_out(cm_chan_server *s, uint32_t L, size_t TD) {
+    size_t need = (size_t)L * TD;
+    if (need > s->out_cap) {
+        free(s->out_block);
+        s->out_block = malloc(need * sizeof(float));
+        s->out_cap = s->out_block ? need : 0;
+        if (!s->out_block)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes for the captured layers", need * 4);
+    }
+    for (uint32_t i = 0; i < L; i++)
+        s->out_ptrs[i] = s->out_block + (size_t)i * TD;
+    return CM_OK;
+}
+
+/* Converts and encodes job's outputs into a pooled buffer and writes HEAD. */
+static cm_status encode_answer(cm_chan_server *s, work *w, const cm_proto_request *rq, cm_dtype out_dt) {
+    const cm_dtype hd = s->cfg.hidden_dtype;
+    const int64_t  T = rq->n_tokens, D = s->cfg.hidden_size;
+    const size_t   n = (size_t)T * (size_t)D, es = cm_dtype_size(hd);
+    size_t         per = cm_compress_bound(s->cc, rq->encoding, hd, T, D);
+    if (!per)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "cannot encode %s tensors as %s", cm_dtype_name(hd),
+                       cm_encoding_name(rq->encoding));
+    size_t    total = per * rq->n_layers;
+    pool_buf *b = pool_acquire(s, total);
+    uint8_t  *dst = b ? b->data : malloc(total);
+    if (!dst)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes for an answer", total);
+    w->data = b;
+    w->data_oneoff = b ? NULL : dst;
+    size_t    off = 0;
+    cm_status st = CM_OK;
+    if (out_dt != hd && rq->encoding != CM_ENCODING_RAW && n * es > s->conv_cap) {
+        free(s->conv);
+        s->conv = malloc(n * es);
+        s->conv_cap = s->conv ? n * es : 0;
+        if (!s->conv)
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes to convert an answer", n * es);
+    }
+    for (uint32_t i = 0; i < rq->n_layers && st == CM_OK; i++) {
+        const void *src = s->out_ptrs[i];
+        size_t      len = n * es;
+        if (out_dt != hd && rq->encoding == CM_ENCODING_RAW) { /* convert straight into the answer */
+            convert_parallel(dst + off, hd, src, n, s->cfg.n_threads);
+        } else {
+            if (out_dt != hd) {
+                convert_parallel(s->conv, hd, src, n, s->cfg.n_threads);
+                src = s->conv;
+            }
+            st = cm_compress_encode(s->cc, rq->encoding, hd, src, T, D, dst + off, total - off, &len);
+        }
+        cm_proto_tensor *t = &s->tensors[i];
+        *t = (cm_proto_tensor){.dtype = hd,
+                               .encoding = rq->encoding,
+                               .n_dims = 2,
+                               .shape = {T, D},
+                               .raw_size = n * es,
+                               .encoded_size = len,
+                               .data = dst + off};
+        snprintf(t->name, sizeof t->name, "layer_%d", rq->layer_ids[i]);
+        off += len;
+    }
+    cm_proto_answer a = {.batch_id = rq->batch_id,
+                         .n_tensors = rq->n_layers,
+                         .tensors = s->tensors,
+                         .cap_tensors = rq->n_layers};
+    size_t          head = cm_proto_answer_head_size(&a);
+    if (st == CM_OK && head > w->head_cap) {
+        free(w->head);
+        w->head = malloc(head);
+        w->head_cap = w->head ? head : 0;
+        if (!w->head)
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate an answer head of %zu bytes", head);
+    }
+    if (st == CM_OK)
+        st = cm_proto_answer_encode_head(&a, w->head, w->head_cap, &w->head_len);
+    if (st != CM_OK) {
+        if (b)
+            atomic_store(&b->busy, 0);
+        free(w->data_oneoff);
+        w->data = NULL;
+        w->data_oneoff = NULL;
+        return st;
+    }
+    w->data_len = off;
+    return CM_OK;
+}
+
+static void worker_process(cm_chan_server *s, work *w) {
+    cm_proto_request rq = {.tokens = s->w_tokens,
+                           .cu_seqlens = s->w_cu,
+                           .layer_ids = s->w_layers,
+                           .cap_tokens = s->cfg.max_tokens,
+                           .cap_cu_seqlens = s->cfg.max_tokens + 1,
+                           .cap_layers = s->cfg.max_req_layers};
+    w->is_answer = 0;
+    w->data = NULL;
+    w->data_oneoff = NULL;
+    cm_status st = cm_proto_request_decode(zmq_msg_data(&w->msg), zmq_msg_size(&w->msg), &s->lim, &rq);
+    w->id = rq.batch_id;
+    w->n_tokens = rq.n_tokens;
+    cm_chan_job job = {.session = w->session,
+                       .req = &rq,
+                       .hidden_size = s->cfg.hidden_size,
+                       .out = (void *const *)s->out_ptrs,
+                       .out_dtype = CM_DTYPE_F32};
+    if (st == CM_OK)
+        st = ensure_out(s, rq.n_layers, (size_t)rq.n_tokens * s->cfg.hidden_size);
+    int64_t t0 = cm_chan_now_ms();
+    if (st == CM_OK)
+        st = s->cfg.compute(s->cfg.user, &job);
+    int64_t t1 = cm_chan_now_ms();
+    int     bad_request = st == CM_ERR_INVALID_ARG;
+    if (st == CM_OK && job.out_dtype != CM_DTYPE_F32 && job.out_dtype != s->cfg.hidden_dtype)
+        st = CM_FAIL(CM_ERR_INVALID_ARG, "the compute callback returned %s; expected F32 or %s",
+                     cm_dtype_name(job.out_dtype), cm_dtype_name(s->cfg.hidden_dtype));
+    if (st == CM_OK)
+        st = encode_answer(s, w, &rq, job.out_dtype);
+    if (st == CM_OK) {
+        w->is_answer = 1;
+        CM_LOG_DEBUG("batch %llu of '%s': %u tokens, %u layers: compute %lld ms, encode %lld ms, %zu bytes",
+                     (unsigned long long)rq.batch_id, w->session, rq.n_tokens, rq.n_layers,
+                     (long long)(t1 - t0), (long long)(cm_chan_now_ms() - t1), w->head_len + w->data_len);
+        return;
+    }
+    cm_proto_error e = {.batch_id = rq.batch_id,
+                        .code = bad_request ? CM_PROTO_ERROR_BAD_REQUEST : CM_PROTO_ERROR_INTERNAL};
+    cm_chan_error_text(e.message, cm_last_error());
+    if (!bad_request)
+        CM_LOG_WARN("batch %llu of '%s' failed: %s", (unsigned long long)rq.batch_id, w->session,
+                    cm_last_error());
+    if (cm_proto_error_encode(&e, w->err, sizeof w->err, &w->err_len) != CM_OK)
+        w->err_len = 0;
+}
+
+void *cm_chan_worker_main_(void *arg) {
+    cm_chan_server *s = arg;
+    work           *w = &s->w;
+    cm_status       st = s->cfg.init ? s->cfg.init(s->cfg.user) : CM_OK;
+    pthread_mutex_lock(&w->mu);
+    w->init_done = 1;
+    w->init_status = st;
+    if (st != CM_OK)
+        snprintf(w->init_msg, sizeof w->init_msg, "%s", cm_last_error());
+    pthread_mutex_unlock(&w->mu);
+    notify_loop(s);
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->have_job && !w->quit)
+            pthread_cond_wait(&w->cv, &w->mu);
+        int quit = w->quit && !w->have_job;
+        pthread_mutex_unlock(&w->mu);
+        if (quit || st != CM_OK)
+            break;
+        worker_process(s, w);
+        pthread_mutex_lock(&w->mu);
+        w->have_job = 0;
+        w->done = 1;
+        zmq_msg_close(&w->msg);
+        pthread_mutex_unlock(&w->mu);
+        notify_loop(s);
+    }
+    pthread_mutex_lock(&w->mu);
+    if (w->have_job) { /* handed over before init failed: never run */
+        zmq_msg_close(&w->msg);
+        w->have_job = 0;
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (s->cfg.fini)
+        s->cfg.fini(s->cfg.user);
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// create / destroy
+
+static cm_status load_client_keys(cm_chan_server *s, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return CM_FAIL(CM_ERR_IO, "cannot open the client key directory '%s': %s", dir, strerror(errno));
+    snprintf(s->client_keys_dir, sizeof s->client_keys_dir, "%s", dir);
+    s->client_keys = calloc(MAX_CLIENT_KEYS, 32);
+    cm_status st = s->client_keys ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "cannot allocate the client key table");
+    struct dirent *e;
+    while (st == CM_OK && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".pub") != 0)
+            continue;
+        if (s->n_client_keys == MAX_CLIENT_KEYS) {
+            st = CM_FAIL(CM_ERR_INVALID_ARG, "'%s' holds more than %d client keys", dir, MAX_CLIENT_KEYS);
+            break;
+        }
+        char path[2048], key[CM_CHAN_KEY_LEN + 1];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        st = cm_chan_curve_read_key(path, key);
+        if (st == CM_OK)
+            zmq_z85_decode(s->client_keys[s->n_client_keys++], key);
+    }
+    closedir(d);
+    if (st == CM_OK && s->n_client_keys == 0)
+        st = CM_FAIL(CM_ERR_INVALID_ARG,
+                     "the client key directory '%s' holds no *.pub key; copy each trainer's "
+                     "public key there",
+                     dir);
+    return st;
+}
+
+static cm_status check_config(const cm_chan_server_config *c) {
+    if (!c->compute)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_server: no compute callback");
+    if (c->hidden_dtype != CM_DTYPE_BF16 && c->hidden_dtype != CM_DTYPE_F32)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "hidden dtype %s: answers are BF16 or F32",
+                       cm_dtype_name(c->hidden_dtype));
+    if (c->hidden_size < 1 || c->n_layers < 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "hidden size %u and layer count %u must be at least 1",
+                       c->hidden_size, c->n_layers);
+    if (c->max_tokens < 1 || c->max_tokens > (1u << 24))
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--max-tokens %u: expected 1 to %u", c->max_tokens, 1u << 24);
+    if (c->max_req_layers < 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "max layers per request must be at least 1");
+    if (c->credits < 1 || c->credits > 1024)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--credits %u: expected 1 to 1024", c->credits);
+    if (!c->encodings || c->encodings >> CM_ENCODING_END)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "encodings mask 0x%x names no known encoding", c->encodings);
+    if (c->max_sessions < 1 || c->max_sessions > 4096)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "max sessions %u: expected 1 to 4096", c->max_sessions);
+    if (c->heartbeat_ms < 10 || c->peer_timeout_ms <= c->heartbeat_ms)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "heartbeat %d ms and peer timeout %d ms: need heartbeat ≥ 10 ms and a "
+                       "longer peer timeout",
+                       c->heartbeat_ms, c->peer_timeout_ms);
+    if (c->n_threads < 1 || c->n_threads > CM_COMPRESS_MAX_THREADS)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--threads %d: expected 1 to %d", c->n_threads,
+                       CM_COMPRESS_MAX_THREADS);
+    if (c->curve_client_keys && !c->curve_secret_key)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "--curve-client-keys needs --curve-secret-key (the server's own key)");
+    return CM_OK;
+}
+
+cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_config *cfg) {
+    *out = NULL;
+    CM_TRY(check_config(cfg));
+    int local;
+    CM_TRY(cm_chan_endpoint_check(cfg->endpoint, &local));
+    if (!local && (!cfg->curve_secret_key || !cfg->curve_client_keys))
+        return CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "refusing to bind '%s' without CURVE: a non-loopback endpoint needs "
+            "--curve-secret-key FILE and --curve-client-keys DIR; or bind tcp://127.0.0.1:PORT or ipc://PATH",
+            cfg->endpoint);
+    if (cfg->curve_secret_key)
+        CM_TRY(cm_chan_curve_require("--curve-secret-key"));
+    cm_chan_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the server");
+    s->cfg = *cfg;
+    s->pipe_r = s->pipe_w = -1;
+    pthread_mutex_init(&s->stats_mu, NULL);
+    pthread_mutex_init(&s->w.mu, NULL);
+    pthread_cond_init(&s->w.cv, NULL);
+    if (s->cfg.max_req_layers > s->cfg.n_layers)
+        s->cfg.max_req_layers = s->cfg.n_layers;
+    s->cfg.endpoint = NULL; /* borrowed strings are not kept */
+    s->cfg.curve_secret_key = NULL;
+    s->cfg.curve_client_keys = NULL;
+    snprintf(s->name, sizeof s->name, "%s", cfg->name ? cfg->name : "target");
+    s->cfg.name = s->name;
+    cm_status st = CM_OK;
+    /* a trial WELCOME checks the name with the wire's own rules */
+    cm_proto_welcome trial = {.hidden_dtype = cfg->hidden_dtype,
+                              .hidden_size = 1,
+                              .n_layers = 1,
+                              .max_tokens = 1,
+                              .credits = 1,
+                              .encodings = cfg->encodings};
+    snprintf(trial.name, sizeof trial.name, "%s", s->name);
+    uint8_t tb[CM_PROTO_SMALL_FRAME_MAX];
+    size_t  tl;
+    CM_TRY_GOTO(cm_proto_welcome_encode(&trial, tb, sizeof tb, &tl), st, fail);
+
+    const uint32_t T = s->cfg.max_tokens, L = s->cfg.max_req_layers;
+    s->lim = (cm_proto_limits){.max_tokens = T,
+                               .max_seqs = T,
+                               .max_layers = L,
+                               .max_layer_id = INT32_MAX,
+                               .max_tensors = 0,
+                               .max_body_bytes = 16 + 4 * (2 * T + 1 + L),
+                               .max_tensor_bytes = 0,
+                               .max_data_bytes = 0};
+    s->sessions = calloc(s->cfg.max_sessions, sizeof *s->sessions);
+    s->l_tokens = malloc((size_t)T * 4);
+    s->l_cu = malloc(((size_t)T + 1) * 4);
+    s->l_layers = malloc((size_t)L * 4);
+    s->w_tokens = malloc((size_t)T * 4);
+    s->w_cu = malloc(((size_t)T + 1) * 4);
+    s->w_layers = malloc((size_t)L * 4);
+    s->out_ptrs = calloc(L, sizeof *s->out_ptrs);
+    s->tensors = calloc(L, sizeof *s->tensors);
+    if (!s->sessions || !s->l_tokens || !s->l_cu || !s->l_layers || !s->w_tokens || !s->w_cu ||
+        !s->w_layers || !s->out_ptrs || !s->tensors) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the server's tables for %u tokens", T);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {
+        s->sessions[i].queue = calloc(s->cfg.credits, sizeof(qjob));
+        if (!s->sessions[i].queue) {
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the session queues");
+            goto fail;
+        }
+    }
+    cm_compress_config cc = CM_COMPRESS_CONFIG_DEFAULT;
+    cc.n_threads = s->cfg.n_threads;
+    cc.level = s->cfg.zstd_level;
+    CM_TRY_GOTO(cm_compress_create(&s->cc, &cc), st, fail);
+    int fds[2];
+    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
+        st = CM_FAIL(CM_ERR_IO, "cannot create the worker pipe: %s", strerror(errno));
+        goto fail;
+    }
+    s->pipe_r = fds[0];
+    s->pipe_w = fds[1];
+
+    if (!(s->ctx = zmq_ctx_new())) {
+        st = CM_ZMQ(-1);
+        goto fail;
+    }
+    char secret[CM_CHAN_KEY_LEN + 1], public_key[CM_CHAN_KEY_LEN + 1];
+    if (cfg->curve_secret_key) {
+        CM_TRY_GOTO(cm_chan_curve_read_key(cfg->curve_secret_key, secret), st, fail);
+        if (zmq_curve_public(public_key, secret) != 0) {
+            memset(secret, 0, sizeof secret);
+            st = CM_FAIL(CM_ERR_FORMAT, "key file '%s' does not hold a CURVE secret key",
+                         cfg->curve_secret_key);
+            goto fail;
+        }
+    }
+    if (cfg->curve_client_keys) {
+        CM_TRY_GOTO(load_client_keys(s, cfg->curve_client_keys), st, fail);
+        if (!(s->zap = zmq_socket(s->ctx, ZMQ_REP))) {
+            st = CM_ZMQ(-1);
+            goto fail;
+        }
+        CM_TRY_GOTO(cm_chan_set_int(s->zap, ZMQ_LINGER, 0), st, fail);
+        CM_TRY_GOTO(CM_ZMQ(zmq_bind(s->zap, "inproc://zeromq.zap.01")), st, fail);
+    }
+    if (!(s->router = zmq_socket(s->ctx, ZMQ_ROUTER))) {
+        st = CM_ZMQ(-1);
+        goto fail;
+    }
+    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_ROUTER_MANDATORY, 1), st, fail);
+    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_ROUTER_HANDOVER, 1), st, fail);
+    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_LINGER, 2000), st, fail);
+    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_SNDHWM, (int)(4 * s->cfg.credits + 64)), st, fail);
+    CM_TRY_GOTO(
+        cm_chan_set_i64(s->router, ZMQ_MAXMSGSIZE, CM_PROTO_HEADER_SIZE + (int64_t)s->lim.max_body_bytes), st,
+        fail);
+    if (cfg->curve_secret_key) {
+        CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_CURVE_SERVER, 1), st, fail);
+        st = CM_ZMQ(zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, secret, CM_CHAN_KEY_LEN + 1));
+        memset(secret, 0, sizeof secret);
+        if (st != CM_OK)
+            goto fail;
+        if (s->zap)
+            CM_TRY_GOTO(CM_ZMQ(zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "tandem", 6)), st, fail);
+        CM_LOG_INFO("CURVE on: server public key %s, %s", public_key,
+                    s->zap ? "clients checked against the key directory" : "any client that knows it");
+    }
+    if (zmq_bind(s->router, cfg->endpoint) != 0) {
+        int e = zmq_errno();
+        st = CM_FAIL(CM_ERR_ZMQ, "cannot bind '%s': %s%s", cfg->endpoint, zmq_strerror(e),
+                     e == EADDRINUSE ? " (another server runs there? choose another port)" : "");
+        goto fail;
+    }
+    size_t el = sizeof s->endpoint;
+    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &el) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", cfg->endpoint);
+    *out = s;
+    return CM_OK;
+fail:
+    cm_chan_server_destroy(&s);
+    return st;
+}
+
+void cm_chan_server_destroy(cm_chan_server **sp) {
+    if (!sp || !*sp)
+        return;
+    cm_chan_server *s = *sp;
+    if (s->sessions)
+        for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {
+            if (s->sessions[i].used)
+                cm_chan_drop_queue_(s, &s->sessions[i]);
+            free(s->sessions[i].queue);
+        }
+    if (s->router)
+        zmq_close(s->router);
+    if (s->zap)
+        zmq_close(s->zap);
+    if (s->ctx)
+        zmq_ctx_term(s->ctx); /* waits for queued messages (linger) and frees them */
+    for (int i = 0; i < s->n_pool; i++)
+        free(s->pool[i].data);
+    if (s->pipe_r >= 0)
+        close(s->pipe_r);
+    if (s->pipe_w >= 0)
+        close(s->pipe_w);
+    cm_compress_destroy(&s->cc);
+    free(s->w.head);
+    free(s->client_keys);
+    free(s->sessions);
+    free(s->l_tokens);
+    free(s->l_cu);
+    free(s->l_layers);
+    free(s->w_tokens);
+    free(s->w_cu);
+    free(s->w_layers);
+    free(s->out_block);
+    free(s->out_ptrs);
+    free(s->conv);
+    free(s->tensors);
+    pthread_cond_destroy(&s->w.cv);
+    pthread_mutex_destroy(&s->w.mu);
+    pthread_mutex_destroy(&s->stats_mu);
+    free(s);
+    *sp = NULL;
+}
