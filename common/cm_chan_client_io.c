@@ -281,6 +281,20 @@ static void on_welcome(cm_chan_client *c, const uint8_t *p, size_t len, int64_t 
         set_fatal(c, CM_ERR_INVALID_ARG, msg);
         return;
     }
+    /* a server that comes back must serve what the first one served: answers of another
+     * target, dtype or width would be trained on as if they were the same */
+    if (c->have_welcome &&
+        (w.target_id != c->welcome.target_id || w.hidden_dtype != c->welcome.hidden_dtype ||
+         w.hidden_size != c->welcome.hidden_size)) {
+        cm_chan_fmt(msg, sizeof msg,
+                    "the server at %s now serves target %016llx (%s, hidden %u), but this run started "
+                    "with %016llx (%s, hidden %u); restart the run against one target",
+                    c->endpoint, (unsigned long long)w.target_id, cm_dtype_name(w.hidden_dtype),
+                    w.hidden_size, (unsigned long long)c->welcome.target_id,
+                    cm_dtype_name(c->welcome.hidden_dtype), c->welcome.hidden_size);
+        set_fatal(c, CM_ERR_INVALID_ARG, msg);
+        return;
+    }
     uint32_t offer = w.encodings & ((1u << c->cfg.encoding) | c->cfg.accept);
     if (offer >> c->cfg.encoding & 1u) {
         c->enc = c->cfg.encoding;

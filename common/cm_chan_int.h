@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <zmq.h>
 
 #include "cm_chan.h"
@@ -104,6 +105,8 @@ typedef struct work {
 struct cm_chan_server {
     cm_chan_server_config cfg;
     char                  endpoint[512];
+    ino_t                 ipc_ino; /* the ipc:// socket file we bound (0: none) */
+    dev_t                 ipc_dev;
     char                  name[CM_PROTO_NAME_MAX + 1];
     cm_proto_limits       lim;
     void                 *ctx, *router, *zap;

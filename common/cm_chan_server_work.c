@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -474,6 +475,11 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     size_t el = sizeof s->endpoint;
     if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &el) != 0)
         snprintf(s->endpoint, sizeof s->endpoint, "%s", cfg->endpoint);
+    struct stat sb;
+    if (strncmp(s->endpoint, "ipc://", 6) == 0 && s->endpoint[6] != '@' && stat(s->endpoint + 6, &sb) == 0) {
+        s->ipc_ino = sb.st_ino;
+        s->ipc_dev = sb.st_dev;
+    }
     *out = s;
     return CM_OK;
 fail:
@@ -497,6 +503,11 @@ void cm_chan_server_destroy(cm_chan_server **sp) {
         zmq_close(s->zap);
     if (s->ctx)
         zmq_ctx_term(s->ctx); /* waits for queued messages (linger) and frees them */
+    /* libzmq leaves an ipc:// socket file behind; remove it unless another server has bound
+     * the path since (then the file is another inode) */
+    struct stat sb;
+    if (s->ipc_ino && stat(s->endpoint + 6, &sb) == 0 && sb.st_ino == s->ipc_ino && sb.st_dev == s->ipc_dev)
+        unlink(s->endpoint + 6);
     for (int i = 0; i < s->n_pool; i++)
         free(s->pool[i].data);
     if (s->pipe_r >= 0)

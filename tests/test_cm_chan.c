@@ -750,7 +750,7 @@ static void *fake_main(void *arg) {
             continue;
         size_t hl, dl;
         if (h.type == CM_PROTO_TYPE_HELLO) {
-            cm_proto_welcome w = {.target_id = 1,
+            cm_proto_welcome w = {.target_id = 0x1234abcdull, /* as the real test server */
                                   .version = CM_PROTO_VERSION,
                                   .hidden_dtype = CM_DTYPE_BF16,
                                   .hidden_size = D_TEST,
@@ -964,6 +964,34 @@ static void test_vanishing_peers(void) {
     server_stop(&s);
 }
 
+/* a server that comes back with another target ends the run instead of feeding it */
+static void test_target_change(void) {
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/tandem-chan-%d-change.ipc", (int)getpid());
+    server                s = {.syn = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+    cm_chan_server_config cfg = server_config(ep, &s);
+    if (!server_start(&s, &cfg)) {
+        TST_CHECK(0);
+        return;
+    }
+    cm_chan_client_config cc = client_config(ep, "steady");
+    cm_chan_client       *c = NULL;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    TST_CHECK(run_batches(c, 6000, 2, 8, CM_DTYPE_BF16, 0) == 2);
+    server_stop(&s);
+    cfg.target_id = 0x5678;
+    TST_CHECK(server_start(&s, &cfg));
+    batch b;
+    make_batch(&b, 6002, 8);
+    TST_CHECK(submit(c, &b) == CM_OK);
+    cm_chan_answer *a = NULL;
+    cm_status       st = cm_chan_client_recv(c, 10000, &a);
+    TST_CHECK(st == CM_ERR_INVALID_ARG && !a && strstr(cm_last_error(), "now serves target"));
+    printf("server restarted with another target: the client stops with %s\n", cm_status_str(st));
+    cm_chan_client_destroy(&c);
+    server_stop(&s);
+}
+
 // ----------------------------------------------------------------------------
 // CURVE and endpoints
 
@@ -1097,6 +1125,13 @@ int main(int argc, char **argv) {
     test_raw_peer_to_server();
     test_fake_server();
     test_vanishing_peers();
+    test_target_change();
     test_curve();
+    /* the fake server's socket file (libzmq leaves it; cm_chan_server removes its own) */
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/tandem-chan-%d-vanish.ipc", (int)getpid());
+    unlink(path);
+    snprintf(path, sizeof path, "/tmp/tandem-chan-%d-rt.ipc", (int)getpid());
+    TST_CHECK(access(path, F_OK) != 0); /* removed by the server's destroy */
     return tst_report();
 }
