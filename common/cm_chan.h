@@ -116,7 +116,7 @@ typedef struct cm_chan_server_config {
  * CM_ERR_INVALID_ARG, CM_ERR_UNSUPPORTED, CM_ERR_IO/FORMAT (keys), CM_ERR_ZMQ (bind). Caller
  * destroys with cm_chan_server_destroy. */
 cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_config *cfg);
-void      cm_chan_server_destroy(cm_chan_server **s); /* NULL-safe; sets *s = NULL */
+void      cm_chan_server_destroy(cm_chan_server **s); /* after run() returned, or without run(); NULL-safe */
 
 /* The bound endpoint with the port resolved (e.g. "tcp://127.0.0.1:41234"); owned by s. */
 const char *cm_chan_server_endpoint(const cm_chan_server *s);
