@@ -285,6 +285,6 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "dump") == 0) return dump_main(argc - 2, argv + 2);
     if (strcmp(argv[1], "serve") == 0) return ts_serve_main(argc - 2, argv + 2);
-    fprintf(stderr, "target-server: unknown command '%s' (commands: dump; see --help)\n", argv[1]);
+    fprintf(stderr, "target-server: unknown command '%s' (commands: dump, serve; see --help)\n", argv[1]);
     return 2;
 }
