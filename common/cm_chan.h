@@ -171,11 +171,14 @@ typedef struct cm_chan_client_config {
     uint64_t    max_answer_bytes;   /* bound on one answer's DATA (and on any ZeroMQ message) */
     const char *curve_server_key;   /* file with the server's public key; NULL = no CURVE */
     const char *curve_secret_key;   /* file with this client's secret key; NULL = a fresh key pair */
+    int         keep_frames;        /* 1: also keep each answer's verified HEAD and DATA parts as
+                                       received, lent by cm_chan_client_frames (e.g. to store them in
+                                       shards without encoding again); 0 (default): freed once decoded */
 } cm_chan_client_config;
 #define CM_CHAN_CLIENT_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
         NULL, "trainer", 4, CM_ENCODING_ZSTD_BYTEPLANE, CM_ENCODING_LOSSLESS_MASK, 0, 1000, 5000, 60000,     \
-            200, 5, 2, 1, 8ull << 30, NULL, NULL                                                             \
+            200, 5, 2, 1, 8ull << 30, NULL, NULL, 0                                                          \
     }
 
 /* One decoded tensor of an answer: layer `layer` of the request, [n_tokens, hidden] of dtype. */
@@ -238,6 +241,13 @@ cm_status cm_chan_client_submit(cm_chan_client *c, uint64_t batch_id, const int3
  * order, and lends it: the tensors stay valid until cm_chan_client_release. CM_ERR_TIMEOUT if
  * none completed in time; a fatal refusal's status otherwise (see wait_ready). */
 cm_status cm_chan_client_recv(cm_chan_client *c, int timeout_ms, cm_chan_answer **out);
+/* With keep_frames = 1: the ANSWER of a lent answer (status CM_OK) exactly as received and
+ * verified (checksums, shapes, values as for the decoded tensors), as its two parts HEAD and
+ * DATA (cm_proto_answer_decode_parts takes them; cm_shard_writer_append_parts stores them).
+ * Valid until cm_chan_client_release. CM_ERR_INVALID_ARG without keep_frames or for a failed
+ * answer. */
+cm_status cm_chan_client_frames(cm_chan_client *c, const cm_chan_answer *a, const void **head, size_t *head_len,
+                                const void **data, size_t *data_len);
 /* Returns a lent answer; its slot (and credit) is reused. NULL-safe; sets *a = NULL. */
 void cm_chan_client_release(cm_chan_client *c, cm_chan_answer **a);
 

@@ -221,9 +221,35 @@ void cm_chan_client_release(cm_chan_client *c, cm_chan_answer **a) {
         zmq_msg_close(&s->raw);
         s->has_raw = 0;
     }
+    if (s->has_head) {
+        zmq_msg_close(&s->head_raw);
+        s->has_head = 0;
+    }
     s->state = SLOT_FREE;
     pthread_mutex_unlock(&c->mu);
     *a = NULL;
+}
+
+cm_status cm_chan_client_frames(cm_chan_client *c, const cm_chan_answer *a, const void **head, size_t *head_len,
+                                const void **data, size_t *data_len) {
+    if (!c || !a || !head || !head_len || !data || !data_len)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_client_frames: NULL argument");
+    slot *s = (slot *)a; /* ans is the first member */
+    if (s < c->slots || s >= c->slots + c->n_slots)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_client_frames: not an answer of this client");
+    pthread_mutex_lock(&c->mu);
+    const int ok = s->state == SLOT_HELD && s->has_head && s->has_raw;
+    pthread_mutex_unlock(&c->mu);
+    if (!ok)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "batch %llu: no ANSWER parts kept (a failed answer, or the client was created "
+                       "without keep_frames)",
+                       (unsigned long long)a->batch_id);
+    *head = zmq_msg_data(&s->head_raw);
+    *head_len = zmq_msg_size(&s->head_raw);
+    *data = zmq_msg_data(&s->raw);
+    *data_len = zmq_msg_size(&s->raw);
+    return CM_OK;
 }
 
 uint32_t cm_chan_client_pending(cm_chan_client *c) {
@@ -376,6 +402,8 @@ void cm_chan_client_destroy(cm_chan_client **cp) {
             slot *s = &c->slots[i];
             if (s->has_raw)
                 zmq_msg_close(&s->raw);
+            if (s->has_head)
+                zmq_msg_close(&s->head_raw);
             free(s->tokens);
             free(s->cu);
             free(s->layers);

@@ -461,18 +461,24 @@ static void on_answer(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *data, uint6
         protocol_error(c, why, a.batch_id, 1, now);
         return;
     }
-    if (zero_copy) { /* the tensors point into DATA: keep it until release */
+    const size_t received = zmq_msg_size(head) + zmq_msg_size(data);
+    if (zero_copy || c->cfg.keep_frames) { /* the tensors point into DATA, or the owner wants it: keep it */
         const uint8_t *base = zmq_msg_data(data);
         zmq_msg_init(&s->raw);
         zmq_msg_move(&s->raw, data);
         s->has_raw = 1;
         /* a small message lives inside the zmq_msg_t itself: re-point at its new home */
-        for (uint32_t i = 0; i < a.n_tensors; i++)
+        for (uint32_t i = 0; i < a.n_tensors && zero_copy; i++)
             s->tensors[i].data =
                 (const uint8_t *)zmq_msg_data(&s->raw) + ((const uint8_t *)a.tensors[i].data - base);
     }
+    if (c->cfg.keep_frames) {
+        zmq_msg_init(&s->head_raw);
+        zmq_msg_move(&s->head_raw, head);
+        s->has_head = 1;
+    }
     s->attempts = 0;
-    complete(c, s, CM_OK, "", zmq_msg_size(head) + (s->has_raw ? zmq_msg_size(&s->raw) : zmq_msg_size(data)));
+    complete(c, s, CM_OK, "", received);
 }
 
 static void on_error(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now) {

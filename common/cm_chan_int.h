@@ -170,6 +170,8 @@ typedef struct slot {
     size_t          buf_cap;
     zmq_msg_t       raw; /* DATA of a raw answer, lent zero-copy */
     int             has_raw;
+    zmq_msg_t       head_raw; /* HEAD of the answer, kept with cfg.keep_frames (then DATA is in raw) */
+    int             has_head;
     char            message[CM_PROTO_MESSAGE_MAX + 128];
 } slot;
 

@@ -23,6 +23,9 @@ struct dt_data {
     int64_t  max_T;
     int      max_N;
     uint64_t hash;
+    int      file_hidden;     /* 1: target_hidden from the files; 0: from src, or none */
+    int      have_src;
+    dt_hidden_source src;
     int32_t *ids, *cu, *mask; /* [max_T], [max_N + 1], [max_T] */
     float   *hidden_buf;      /* [max_T, width] */
 };
@@ -149,7 +152,9 @@ static cm_status check_shapes(const dt_data *d, const cm_st *st, const char *pat
                               const cm_st_tensor **hid) {
     const char         *names[4] = {"input_ids", "cu_seqlens", "loss_mask", "target_hidden"};
     const cm_st_tensor *t[4];
-    for (int k = 0; k < 4; k++) {
+    const int           n_need = d->file_hidden ? 4 : 3;
+    t[3] = NULL;
+    for (int k = 0; k < n_need; k++) {
         t[k] = cm_st_find(st, names[k]);
         if (!t[k])
             return CM_FAIL(
@@ -173,6 +178,12 @@ static cm_status check_shapes(const dt_data *d, const cm_st *st, const char *pat
     if (t[2]->shape[0] != *T)
         return CM_FAIL(CM_ERR_FORMAT, "batch file '%s': loss_mask has %lld entries but input_ids has %lld",
                        path, (long long)t[2]->shape[0], (long long)*T);
+    *ids = t[0];
+    *cu = t[1];
+    *mask = t[2];
+    *hid = t[3];
+    if (!d->file_hidden)
+        return CM_OK;
     if (t[3]->dtype != CM_DTYPE_F32 && t[3]->dtype != CM_DTYPE_BF16)
         return CM_FAIL(CM_ERR_FORMAT, "batch file '%s': target_hidden has dtype %s; it must be BF16 or F32",
                        path, cm_dtype_name(t[3]->dtype));
@@ -184,10 +195,6 @@ static cm_status check_shapes(const dt_data *d, const cm_st *st, const char *pat
             path, (long long)t[3]->shape[0], t[3]->n_dims >= 2 ? ", " : "",
             t[3]->n_dims >= 2 ? (long long)t[3]->shape[1] : 0LL, (long long)*T, (long long)d->width,
             d->n_taps, d->hidden);
-    *ids = t[0];
-    *cu = t[1];
-    *mask = t[2];
-    *hid = t[3];
     return CM_OK;
 }
 
@@ -220,9 +227,19 @@ static cm_status check_contents(const dt_data *d, const char *path, const int32_
 
 cm_status dt_data_open(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
                        int vocab_size) {
+    if (n_taps < 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "a drafter needs at least one target layer tap");
+    return dt_data_open_source(out, paths, n_paths, n_taps, hidden, vocab_size, NULL);
+}
+
+cm_status dt_data_open_source(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
+                              int vocab_size, const dt_hidden_source *src) {
     *out = NULL;
     if (n_paths < 1)
         return CM_FAIL(CM_ERR_INVALID_ARG, "no batch files given (--data or --data-dir)");
+    if (n_taps < 0 || hidden < 0 || (src && (!src->get || n_taps < 1 || hidden < 1)))
+        return CM_FAIL(CM_ERR_INVALID_ARG, "dt_data_open_source: bad taps (%d), hidden (%d) or source", n_taps,
+                       hidden);
     cm_status st = CM_OK;
     cm_st    *f = NULL;
     int32_t  *tmp = NULL;
@@ -234,6 +251,10 @@ cm_status dt_data_open(dt_data **out, const char *const *paths, int n_paths, int
     d->hidden = hidden;
     d->vocab = vocab_size;
     d->width = (int64_t)n_taps * hidden;
+    d->file_hidden = !src && n_taps > 0;
+    d->have_src = src != NULL;
+    if (src)
+        d->src = *src;
     d->hash = 0xcbf29ce484222325ULL;
     d->paths = calloc((size_t)n_paths, sizeof *d->paths);
     d->T = calloc((size_t)n_paths, sizeof *d->T);
@@ -278,8 +299,9 @@ cm_status dt_data_open(dt_data **out, const char *const *paths, int n_paths, int
     d->ids = malloc((size_t)d->max_T * sizeof *d->ids);
     d->mask = malloc((size_t)d->max_T * sizeof *d->mask);
     d->cu = malloc((size_t)(d->max_N + 1) * sizeof *d->cu);
-    d->hidden_buf = malloc((size_t)d->max_T * (size_t)d->width * sizeof *d->hidden_buf);
-    if (!d->ids || !d->mask || !d->cu || !d->hidden_buf) {
+    if (d->width > 0)
+        d->hidden_buf = malloc((size_t)d->max_T * (size_t)d->width * sizeof *d->hidden_buf);
+    if (!d->ids || !d->mask || !d->cu || (d->width > 0 && !d->hidden_buf)) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate batch buffers for %lld tokens x %lld features",
                      (long long)d->max_T, (long long)d->width);
         goto fail;
@@ -358,21 +380,24 @@ cm_status dt_data_load(dt_data *d, int i, dt_batch *b) {
     memcpy(d->cu, tc->data, tc->nbytes);
     memcpy(d->mask, tm->data, tm->nbytes);
     CM_TRY_GOTO(check_contents(d, path, d->ids, d->cu, d->mask, T, N), st, fail);
-    CM_TRY_GOTO(cm_convert(d->hidden_buf, CM_DTYPE_F32, th->data, th->dtype, (size_t)(T * d->width)), st,
-                fail);
+    if (d->file_hidden)
+        CM_TRY_GOTO(cm_convert(d->hidden_buf, CM_DTYPE_F32, th->data, th->dtype, (size_t)(T * d->width)), st,
+                    fail);
+    cm_st_destroy(&f); /* th->data lives in the mapping */
+    if (d->have_src)
+        CM_TRY_GOTO(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf), st, fail);
     for (int64_t k = 0; k < T * d->width; k++)
         if (!isfinite(d->hidden_buf[k])) {
             st = CM_FAIL(CM_ERR_FORMAT, "batch file '%s': target_hidden[%lld, %lld] is not finite", path,
                          (long long)(k / d->width), (long long)(k % d->width));
             goto fail;
         }
-    cm_st_destroy(&f);
     b->T = T;
     b->n_seq = N;
     b->cu_seqlens = d->cu;
     b->input_ids = d->ids;
     b->loss_mask = d->mask;
-    b->target_hidden = d->hidden_buf;
+    b->target_hidden = d->width > 0 ? d->hidden_buf : NULL;
     b->n_anchors = 0;
     b->anchors = NULL;
     return CM_OK;

@@ -7,6 +7,8 @@
  *   loss_mask      I32 [T]          1 where the token is supervised, else 0
  *   target_hidden  BF16|F32 [T, n·D] the target's hidden states after each layer of
  *                                   target_layer_ids (n taps), concatenated in that order
+ * Token batch files (precompute's input, and training with --shards) are the same without
+ * target_hidden (a target_hidden present is ignored): hidden states come from elsewhere.
  * Every file is checked when the set is opened (tensors, dtypes, shapes, ids, cu_seqlens,
  * mask) and again when it is loaded (plus finite target_hidden); a bad file fails with one
  * message naming the file, the tensor and the fix.
@@ -37,6 +39,23 @@ typedef struct dt_data dt_data;
  * and vocab_size tokens. paths are copied. Caller destroys with dt_data_destroy. */
 cm_status dt_data_open(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
                        int vocab_size);
+
+/* Where target_hidden comes from when not from the batch files (e.g. offline shards,
+ * dt_precompute.h): get fills out, [T, n_taps·hidden] F32 in target_layer_ids order, for batch
+ * file `batch` (its position in the list, the batch id) whose tokens and cu_seqlens are given.
+ * A failure (missing or damaged record, other tokens) stops the load with its message. */
+typedef struct dt_hidden_source {
+    cm_status (*get)(void *self, int batch, const int32_t *input_ids, int64_t T, const int32_t *cu_seqlens,
+                     int n_seq, float *out);
+    void *self;
+} dt_hidden_source;
+
+/* dt_data_open whose batches take target_hidden from src (borrowed; must outlive d): the files
+ * then need only input_ids, cu_seqlens and loss_mask (any target_hidden in them is ignored).
+ * With src NULL and n_taps = 0: token batches only (precompute's input), and dt_data_load
+ * leaves b->target_hidden NULL. */
+cm_status dt_data_open_source(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
+                              int vocab_size, const dt_hidden_source *src);
 void      dt_data_destroy(dt_data **d); /* NULL-safe; sets *d = NULL */
 
 /* Lists DIR/ *.safetensors sorted by name into a malloc'd array of malloc'd strings (free with
@@ -55,8 +74,9 @@ uint64_t    dt_data_hash(const dt_data *d);
  * Fisher–Yates from cm_rng_seed_stream(seed ^ DT_DATA_STREAM, epoch, 0)). */
 void dt_data_epoch_order(const dt_data *d, uint64_t seed, uint64_t epoch, int32_t *order);
 
-/* Loads file i into the set's buffers and points b at them (target_hidden as F32; anchors
- * NULL, n_anchors 0). b stays valid until the next load or destroy. */
+/* Loads file i into the set's buffers and points b at them (target_hidden as F32, from the
+ * file or the set's source; anchors NULL, n_anchors 0). b stays valid until the next load or
+ * destroy. */
 cm_status dt_data_load(dt_data *d, int i, dt_batch *b);
 
 #ifdef __cplusplus

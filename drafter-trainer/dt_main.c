@@ -10,7 +10,8 @@ static void usage(FILE *f) {
                "commands:\n"
                "  train   train a DFlash drafter (see drafter-trainer train --help)\n"
                "  grad    loss and every gradient of one batch (see drafter-trainer grad --help)\n"
-               "  shards  inspect or export offline hidden-state shards (see drafter-trainer shards --help)\n");
+               "  shards  inspect or export offline hidden-state shards (see drafter-trainer shards --help)\n"
+               "  precompute  store a target-server's hidden states in shards (see drafter-trainer precompute --help)\n");
 }
 
 int main(int argc, char **argv) {
@@ -21,6 +22,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "grad") == 0) return dt_cmd_grad(argc - 2, argv + 2);
     if (strcmp(argv[1], "train") == 0) return dt_cmd_train(argc - 2, argv + 2);
     if (strcmp(argv[1], "shards") == 0) return dt_cmd_shards(argc - 2, argv + 2);
-    fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad, shards; see --help)\n", argv[1]);
+    if (strcmp(argv[1], "precompute") == 0) return dt_cmd_precompute(argc - 2, argv + 2);
+    fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad, shards, precompute; see --help)\n", argv[1]);
     return 2;
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cm_cfg.h"
+#include "cm_cfg_hash.h"
 #include "cm_log.h"
 #include "cm_safetensors.h"
 #include "dt_anchor.h"
@@ -24,9 +25,10 @@
 #include "dt_data.h"
 #include "dt_model.h"
 #include "dt_optim.h"
+#include "dt_precompute.h"
 
 typedef struct train_args {
-    const char *config, *init_from, *target, *data, *data_dir, *out, *device;
+    const char *config, *init_from, *target, *data, *data_dir, *out, *device, *shards;
     int64_t     epochs, steps, max_anchors, save_every, log_every;
     double      lr, warmup_ratio, gamma, weight_decay, clip;
     int         have_gamma, resume;
@@ -47,6 +49,8 @@ static void usage(FILE *f) {
         "  --target DIR             target model: its frozen embed_tokens and lm_head\n"
         "  --data FILE[,FILE...]    batch files, one packed batch each (one step per batch)\n"
         "  --data-dir DIR           every DIR/*.safetensors, sorted by name\n"
+        "  --shards DIR             target_hidden from precomputed shards (drafter-trainer precompute\n"
+        "                           over the same data list); the batch files then need no target_hidden\n"
         "  --out RUN_DIR            metrics.jsonl and checkpoints/step-<N>/ (serving format + state)\n"
         "  --epochs N               passes over the data (default 6)\n"
         "  --steps N                stop after step N (the schedule still spans every epoch)\n"
@@ -125,6 +129,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->data = v;
         else if (strcmp(f, "--data-dir") == 0)
             a->data_dir = v;
+        else if (strcmp(f, "--shards") == 0)
+            a->shards = v;
         else if (strcmp(f, "--out") == 0)
             a->out = v;
         else if (strcmp(f, "--device") == 0)
@@ -201,6 +207,8 @@ typedef struct run {
     dt_model         *m;
     dt_optim         *o;
     dt_data          *data;
+    dt_shard_source  *shards;    /* --shards: where target_hidden comes from */
+    uint64_t          target_id; /* cm_target_cfg_hash of --target */
     cm_st            *target;
     float            *frozen_owned[2]; /* widened embed / lm_head when the target is not F32/BF16 */
     char            **paths;
@@ -297,6 +305,7 @@ static cm_status load_target(run *r) {
     snprintf(tc, sizeof tc, "%s/config.json", r->a.target);
     cm_target_cfg t;
     CM_TRY(cm_target_cfg_load(&t, tc));
+    r->target_id = cm_target_cfg_hash(&t);
     if (t.hidden_size != r->cfg.hidden_size || t.vocab_size != r->cfg.vocab_size)
         return CM_FAIL(
             CM_ERR_INVALID_ARG,
@@ -468,8 +477,15 @@ static cm_status train(run *r) {
         CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
     else
         CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
-    CM_TRY(dt_data_open(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
-                        r->cfg.hidden_size, r->cfg.vocab_size));
+    if (a->shards) {
+        CM_TRY(dt_shard_source_open(&r->shards, a->shards, r->cfg.target_layer_ids, r->cfg.n_taps,
+                                    r->cfg.hidden_size, r->target_id));
+        const dt_hidden_source hs = dt_shard_source_hidden(r->shards);
+        CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
+                                   r->cfg.hidden_size, r->cfg.vocab_size, &hs));
+    } else
+        CM_TRY(dt_data_open(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
+                            r->cfg.hidden_size, r->cfg.vocab_size));
 
     dt_hparams *hp = &r->hp;
     hp->lr = a->lr;
@@ -589,6 +605,7 @@ static void run_release(run *r) {
     free(r->order_next);
     free(r->order);
     dt_data_destroy(&r->data);
+    dt_shard_source_destroy(&r->shards);
     dt_data_free_list(r->paths, r->n_paths);
     dt_optim_destroy(&r->o);
     dt_model_destroy(&r->m);

@@ -1,0 +1,45 @@
+/* drafter-trainer/dt_precompute.h — offline hidden states (DESIGN §2, §3): `precompute` asks
+ * a running target-server for the hidden states of every token batch file and stores the
+ * ANSWER frames, as received, in a shard directory (common/cm_shard.h); training with
+ * `--shards DIR` then reads target_hidden from those records instead of from the batch files.
+ *
+ * Input: token batch files (dt_data.h without target_hidden: input_ids, cu_seqlens, loss_mask;
+ * any target_hidden in them is ignored). The batch id of a file is its index in the sorted data
+ * list (--data in the order given, --data-dir sorted by name), so a restarted precompute, and
+ * the trainer, use the same ids; each record also holds cm_shard_batch_hash of its tokens, so
+ * shards used with other data are refused. The store's identity is the WELCOME's target id,
+ * name, hidden size and dtype, the requested layers and the encoding. */
+#ifndef DT_PRECOMPUTE_H
+#define DT_PRECOMPUTE_H
+
+#include <stdint.h>
+
+#include "cm_status.h"
+#include "dt_data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* target_hidden from a shard directory, for dt_data_open_source. */
+typedef struct dt_shard_source dt_shard_source;
+
+/* Opens dir (cm_shard_reader_open) and checks it against the drafter: the store's hidden size
+ * must be hidden, it must hold every layer of layer_ids[n_taps] (the drafter's
+ * target_layer_ids, in any answer order), and, when target_id ≠ 0, come from that target
+ * (cm_target_cfg_hash of the trainer's target config). CM_ERR_INVALID_ARG naming the
+ * difference and the fix; the reader's errors otherwise. Caller destroys. */
+cm_status dt_shard_source_open(dt_shard_source **out, const char *dir, const int *layer_ids, int n_taps,
+                               int hidden, uint64_t target_id);
+void      dt_shard_source_destroy(dt_shard_source **s); /* NULL-safe; sets *s = NULL */
+
+/* The source's dt_hidden_source: batch i's record (batch id i, checked against the tokens'
+ * hash), decoded and verified, its tensors concatenated per token in layer_ids order as F32.
+ * A missing record, a record for other tokens or a damaged one fails with CM_ERR_FORMAT or
+ * CM_ERR_INVALID_ARG naming the batch: it is never trained on. */
+dt_hidden_source dt_shard_source_hidden(dt_shard_source *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_PRECOMPUTE_H */

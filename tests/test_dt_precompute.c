@@ -1,0 +1,475 @@
+/* tests/test_dt_precompute.c — `drafter-trainer precompute` against a real `target-server serve
+ * --model models/tiny-qwen35` process over loopback, and `train --shards`: a precompute stopped
+ * by SIGTERM (exit 143) and one killed with SIGKILL mid-run (records durable) are resumed, after
+ * which every batch id is stored exactly once and `shards inspect --verify` passes; the exported
+ * tensors equal `target-server dump` rounded to BF16 bit for bit; training from the shards logs
+ * the same losses as training from batch files holding the same dump rounded the same way;
+ * shards of another target, lacking a layer, for other tokens, missing a batch or with a corrupt
+ * record are refused with a clear message; bad precompute flags exit 2. */
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_dtype.h"
+#include "cm_log.h"
+#include "cm_safetensors.h"
+#include "cm_shard.h"
+#include "tst.h"
+#include "tst_proc.h"
+#include "dt_train_data.h"
+
+#define N_BATCHES 12
+
+static char tmp[256], config[512], csv_dump[8192], csv_tok[8192], csv_bf[8192], shards[512];
+static int  T_of[N_BATCHES];
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Starts argv as a child (stderr into err), without waiting. */
+static pid_t spawn(char *const argv[], const char *err) {
+    setenv("ASAN_OPTIONS", "exitcode=86", 1);
+    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc == 0 ? pid : -1;
+}
+
+/* Waits up to ms for pid; its exit status (128 + signal), or -1 if still running. */
+static int wait_exit(pid_t pid, int ms) {
+    int status;
+    for (int waited = 0;; waited += 10) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (waited >= ms)
+            return -1;
+        sleep_ms(10);
+    }
+}
+
+// ---- the server
+
+static pid_t server = -1;
+static char  endpoint[256];
+
+static int serve_start(void) {
+    char log[512], ep[512];
+    snprintf(log, sizeof log, "%s/serve.log", tmp);
+    snprintf(ep, sizeof ep, "%s/serve.ep", tmp);
+    char *argv[] = {DTD_TS_BIN,     "serve", "--model",          DTD_MODEL, "--bind",       "tcp://127.0.0.1:*",
+                    "--endpoint-file", ep,    "--dtype",          "bf16",    "--heartbeat-ms", "200",
+                    "--peer-timeout-ms", "1500", "--stats-interval", "0", NULL};
+    server = spawn(argv, log);
+    if (server < 0)
+        return 0;
+    for (int i = 0; i < 600; i++) {
+        FILE *f = fopen(ep, "r");
+        if (f) {
+            int ok = fgets(endpoint, sizeof endpoint, f) != NULL;
+            fclose(f);
+            endpoint[strcspn(endpoint, "\n")] = '\0';
+            if (ok && endpoint[0])
+                return 1;
+        }
+        if (wait_exit(server, 0) >= 0) {
+            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
+            server = -1;
+            return 0;
+        }
+        sleep_ms(50);
+    }
+    fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
+    return 0;
+}
+
+static void serve_stop(void) {
+    if (server < 0)
+        return;
+    kill(server, SIGCONT);
+    kill(server, SIGTERM);
+    if (wait_exit(server, 15000) < 0) {
+        kill(server, SIGKILL);
+        waitpid(server, NULL, 0);
+    }
+    server = -1;
+}
+
+// ---- data: batch files with the dump's taps (F32, batch 1 BF16), token-only files, and
+// batch files with the taps rounded to BF16
+
+static int make_data(void) {
+    if (!dtd_make_batches(tmp, N_BATCHES, 11, csv_dump, sizeof csv_dump))
+        return 0;
+    static float    hid[DTD_MAX_T * 2 * DTD_D];
+    static uint16_t h16[DTD_MAX_T * 2 * DTD_D];
+    csv_tok[0] = csv_bf[0] = '\0';
+    for (int b = 0; b < N_BATCHES; b++) {
+        char src[512], tok[512], bf[512];
+        snprintf(src, sizeof src, "%s/batch-%d.safetensors", tmp, b);
+        snprintf(tok, sizeof tok, "%s/tok-%02d.safetensors", tmp, b);
+        snprintf(bf, sizeof bf, "%s/bf-%02d.safetensors", tmp, b);
+        cm_st *s = NULL;
+        if (cm_st_open_file(&s, src) != CM_OK)
+            return 0;
+        const cm_st_tensor *ti = cm_st_find(s, "input_ids"), *tc = cm_st_find(s, "cu_seqlens"),
+                           *tm = cm_st_find(s, "loss_mask"), *th = cm_st_find(s, "target_hidden");
+        int64_t T = ti->shape[0];
+        T_of[b] = (int)T;
+        cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
+        cm_convert(h16, CM_DTYPE_BF16, hid, CM_DTYPE_F32, (size_t)T * 2 * DTD_D);
+        cm_st_writer *w = NULL;
+        int ok = cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
+                 dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
+                 dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
+                 dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) && cm_st_writer_write(w, bf) == CM_OK;
+        cm_st_writer_destroy(&w);
+        cm_st_destroy(&s);
+        if (!ok)
+            return 0;
+        size_t u = strlen(csv_tok), v = strlen(csv_bf);
+        snprintf(csv_tok + u, sizeof csv_tok - u, "%s%s", b ? "," : "", tok);
+        snprintf(csv_bf + v, sizeof csv_bf - v, "%s%s", b ? "," : "", bf);
+    }
+    return 1;
+}
+
+// ---- helpers
+
+/* Entries durable in DIR's index (from its size). */
+static long durable(const char *dir) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/index.bin", dir);
+    struct stat st;
+    if (stat(p, &st) != 0 || st.st_size < CM_SHARD_INDEX_HEADER_SIZE)
+        return 0;
+    return (long)((st.st_size - CM_SHARD_INDEX_HEADER_SIZE) / CM_SHARD_ENTRY_SIZE);
+}
+
+static pid_t precompute_start(const char *data, const char *layers, const char *dir, const char *err) {
+    char *argv[] = {DTD_DT_BIN, "precompute", "--server",   endpoint, "--data",          (char *)data,
+                    "--layers", (char *)layers, "--out",     (char *)dir, "--credits",   "2",
+                    "--progress-every", "4",   "--timeout-ms", "60000", NULL};
+    return spawn(argv, err);
+}
+
+static int precompute(const char *data, const char *layers, const char *dir, const char *errname) {
+    char err[512];
+    snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
+    unlink(err);
+    pid_t pid = precompute_start(data, layers, dir, err);
+    int   rc = pid < 0 ? -1 : wait_exit(pid, 120000);
+    if (rc != 0)
+        fprintf(stderr, "precompute %s exited %d:\n%s\n", errname, rc, tst_slurp(err));
+    return rc;
+}
+
+/* Starts a precompute into `shards`, waits until `more` more records than now are durable, then
+ * freezes the server (no answer can complete the run) and sends sig; returns the exit status. */
+static int precompute_interrupted(int sig, int more, const char *errname) {
+    char err[512];
+    snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
+    unlink(err);
+    long  before = durable(shards);
+    pid_t pid = precompute_start(csv_tok, "5,3,1", shards, err);
+    if (pid < 0)
+        return -1;
+    int rc = -1;
+    for (int i = 0; i < 60000 && durable(shards) < before + more; i++) {
+        if ((rc = wait_exit(pid, 0)) >= 0)
+            break;
+        sleep_ms(2);
+    }
+    kill(server, SIGSTOP);
+    if (rc < 0) {
+        sleep_ms(300); /* answers already received get written */
+        kill(pid, sig);
+        rc = wait_exit(pid, 30000);
+    }
+    kill(server, SIGCONT);
+    if (rc < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    fprintf(stderr, "precompute %s: exit %d, %ld -> %ld records durable\n", errname, rc, before, durable(shards));
+    return rc;
+}
+
+static const char *field(const char *line, const char *key) {
+    const char *p = strstr(line, key);
+    return p ? p + strlen(key) : NULL;
+}
+
+/* RUN/metrics.jsonl's "loss" and "tau" texts, one line each step, into out. */
+static int read_losses(const char *run, char *out, size_t cap, int *n) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[4096];
+    out[0] = '\0';
+    *n = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *l = field(line, "\"loss\": "), *t = field(line, "\"tau\": ");
+        if (!l || !t)
+            break;
+        size_t u = strlen(out);
+        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(l, ","), l, (int)strcspn(t, ","), t);
+        (*n)++;
+    }
+    fclose(f);
+    return *n > 0;
+}
+
+static int train(const char *run, const char *target, const char *data, const char *shard_dir, const char *steps,
+                 const char *errname) {
+    char out[512], err[512];
+    snprintf(out, sizeof out, "%s/%s", tmp, run);
+    snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
+    char *argv[32] = {DTD_DT_BIN, "train",   "--config",  config,        "--target",      (char *)target,
+                      "--data",   (char *)data, "--out",  out,           "--steps",       (char *)steps,
+                      "--seed",   "3",       "--lr",      "3e-3",        "--max-anchors", "16",
+                      "--log-level", "warn"};
+    int n = 18;
+    if (shard_dir) {
+        argv[n++] = "--shards";
+        argv[n++] = (char *)shard_dir;
+    }
+    argv[n] = NULL;
+    return tst_run(argv, err);
+}
+
+static const char *err_text(const char *name) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s.err", tmp, name);
+    return tst_slurp(p);
+}
+
+// ---- the tests
+
+static void test_resume(void) {
+    /* SIGTERM: a clean stop, exit 143, everything so far durable */
+    TST_CHECK(precompute_interrupted(SIGTERM, 2, "term") == 143);
+    long after_term = durable(shards);
+    TST_CHECK(after_term >= 2 && after_term < N_BATCHES);
+    /* SIGKILL mid-run */
+    TST_CHECK(precompute_interrupted(SIGKILL, 2, "kill") == 128 + SIGKILL);
+    long after_kill = durable(shards);
+    TST_CHECK(after_kill >= after_term + 2 && after_kill < N_BATCHES);
+    /* resumed to the end */
+    TST_CHECK(precompute(csv_tok, "5,3,1", shards, "resume") == 0);
+    TST_CHECK(strstr(err_text("resume"), "already stored") != NULL);
+    /* every batch id exactly once */
+    cm_shard_reader *r = NULL;
+    TST_CHECK(cm_shard_reader_open(&r, shards, NULL) == CM_OK);
+    if (r) {
+        int seen[N_BATCHES] = {0};
+        TST_CHECK(cm_shard_reader_count(r) == N_BATCHES);
+        for (uint64_t i = 0; i < cm_shard_reader_count(r); i++) {
+            cm_shard_entry e;
+            cm_shard_reader_entry(r, i, &e);
+            TST_CHECK(e.batch_id < N_BATCHES && e.batch_hash != 0);
+            if (e.batch_id < N_BATCHES)
+                seen[e.batch_id]++;
+        }
+        for (int b = 0; b < N_BATCHES; b++)
+            TST_CHECK(seen[b] == 1);
+        const cm_shard_identity *id = cm_shard_reader_identity(r);
+        TST_CHECK(id->hidden_size == DTD_D && id->hidden_dtype == CM_DTYPE_BF16 && id->n_layers == 3 &&
+                  id->layer_ids[0] == 5 && id->layer_ids[1] == 3 && id->layer_ids[2] == 1 &&
+                  id->encoding == CM_ENCODING_ZSTD_BYTEPLANE && id->target_id != 0);
+        cm_shard_reader_destroy(&r);
+    }
+    /* a run over a complete store stores nothing and exits 0 */
+    TST_CHECK(precompute(csv_tok, "5,3,1", shards, "again") == 0);
+    TST_CHECK(durable(shards) == N_BATCHES);
+    char *inspect[] = {DTD_DT_BIN, "shards", "inspect", shards, "--verify", NULL};
+    char  err[512];
+    snprintf(err, sizeof err, "%s/inspect.err", tmp);
+    TST_CHECK(tst_run(inspect, err) == 0);
+}
+
+static void test_export_exact(void) {
+    char out[512], err[512];
+    snprintf(out, sizeof out, "%s/export.safetensors", tmp);
+    snprintf(err, sizeof err, "%s/export.err", tmp);
+    char *argv[] = {DTD_DT_BIN, "shards", "export", shards, "--batch", "0,1,7", "--out", out, NULL};
+    TST_CHECK(tst_run(argv, err) == 0);
+    cm_st *e = NULL;
+    TST_CHECK(cm_st_open_file(&e, out) == CM_OK);
+    if (!e)
+        return;
+    static float    ref[DTD_MAX_T * 2 * DTD_D], col[DTD_MAX_T * DTD_D];
+    static uint16_t col16[DTD_MAX_T * DTD_D];
+    const int       batches[3] = {0, 1, 7};
+    int             compared = 0;
+    for (int k = 0; k < 3; k++) {
+        int  b = batches[k];
+        char src[512];
+        snprintf(src, sizeof src, "%s/batch-%d.safetensors", tmp, b);
+        cm_st *s = NULL;
+        TST_CHECK(cm_st_open_file(&s, src) == CM_OK);
+        if (!s)
+            continue;
+        const cm_st_tensor *th = cm_st_find(s, "target_hidden");
+        const int64_t       T = T_of[b];
+        cm_convert(ref, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D); /* dump's F32 (batch 1: BF16) */
+        cm_st_destroy(&s);
+        for (int tap = 0; tap < 2; tap++) {
+            for (int64_t t = 0; t < T; t++)
+                memcpy(col + t * DTD_D, ref + t * 2 * DTD_D + tap * DTD_D, DTD_D * sizeof(float));
+            cm_convert(col16, CM_DTYPE_BF16, col, CM_DTYPE_F32, (size_t)T * DTD_D);
+            char name[64];
+            snprintf(name, sizeof name, "%d/layer_%d", b, tap ? DTD_TAP_B : DTD_TAP_A);
+            const cm_st_tensor *x = cm_st_find(e, name);
+            TST_CHECK(x && x->dtype == CM_DTYPE_BF16 && x->n_dims == 2 && x->shape[0] == T && x->shape[1] == DTD_D);
+            if (x && x->nbytes == (size_t)T * DTD_D * 2) {
+                TST_CHECK(memcmp(x->data, col16, x->nbytes) == 0);
+                compared++;
+            }
+        }
+    }
+    TST_CHECK(compared == 6);
+    cm_st_destroy(&e);
+}
+
+static void test_train_same(void) {
+    TST_CHECK(train("from-shards", DTD_MODEL, csv_tok, shards, "14", "train-shards") == 0);
+    TST_CHECK(train("from-files", DTD_MODEL, csv_bf, NULL, "14", "train-files") == 0);
+    static char a[65536], b[65536];
+    int         na = 0, nb = 0;
+    char        ra[512], rb[512];
+    snprintf(ra, sizeof ra, "%s/from-shards", tmp);
+    snprintf(rb, sizeof rb, "%s/from-files", tmp);
+    TST_CHECK(read_losses(ra, a, sizeof a, &na) && read_losses(rb, b, sizeof b, &nb));
+    TST_CHECK(na == 14 && nb == 14 && strcmp(a, b) == 0);
+    if (strcmp(a, b) != 0)
+        fprintf(stderr, "shards:\n%s\nfiles:\n%s\n", a, b);
+}
+
+static void test_refusals(void) {
+    /* a store lacking layer 3 */
+    char lacking[512];
+    snprintf(lacking, sizeof lacking, "%s/shards-lacking", tmp);
+    char two[2048];
+    snprintf(two, sizeof two, "%s/tok-00.safetensors,%s/tok-01.safetensors", tmp, tmp);
+    TST_CHECK(precompute(two, "1", lacking, "pc-lacking") == 0);
+    TST_CHECK(train("r-lacking", DTD_MODEL, csv_tok, lacking, "2", "r-lacking") == 1);
+    TST_CHECK(strstr(err_text("r-lacking"), "needs layer 3") != NULL);
+
+    /* another target: the same weights under a config with another identity */
+    char other[512], p[600], q[600];
+    snprintf(other, sizeof other, "%s/other-target", tmp);
+    mkdir(other, 0700);
+    snprintf(p, sizeof p, "%s/model.safetensors", other);
+    snprintf(q, sizeof q, "%s/model.safetensors", DTD_MODEL);
+    TST_CHECK(symlink(q, p) == 0);
+    snprintf(q, sizeof q, "%s/config.json", DTD_MODEL);
+    FILE *f = fopen(q, "rb");
+    static char cfg[1 << 16];
+    size_t      n = f ? fread(cfg, 1, sizeof cfg - 1, f) : 0;
+    if (f)
+        fclose(f);
+    cfg[n] = '\0';
+    char *eps = strstr(cfg, "\"rms_norm_eps\"");
+    TST_CHECK(eps != NULL);
+    if (eps) {
+        char *colon = strchr(eps, ':');
+        size_t len = strcspn(colon + 1, ",}");
+        snprintf(p, sizeof p, "%s/config.json", other);
+        FILE *g = fopen(p, "wb");
+        fprintf(g, "%.*s: 0.000123%s", (int)(colon - cfg), cfg, colon + 1 + len);
+        fclose(g);
+        TST_CHECK(train("r-other", other, csv_tok, shards, "2", "r-other") == 1);
+        TST_CHECK(strstr(err_text("r-other"), "another model") != NULL);
+    }
+
+    /* other tokens under the same ids: the data list in another order */
+    char rev[8192] = "";
+    for (int b = N_BATCHES - 1; b >= 0; b--) {
+        size_t u = strlen(rev);
+        snprintf(rev + u, sizeof rev - u, "%s%s/tok-%02d.safetensors", b < N_BATCHES - 1 ? "," : "", tmp, b);
+    }
+    TST_CHECK(train("r-order", DTD_MODEL, rev, shards, "2", "r-order") == 1);
+    TST_CHECK(strstr(err_text("r-order"), "cannot be read from shards") != NULL);
+
+    /* a batch the store does not hold */
+    char more[8192 + 512];
+    snprintf(more, sizeof more, "%s,%s/tok-00.safetensors", csv_tok, tmp);
+    TST_CHECK(train("r-missing", DTD_MODEL, more, shards, "13", "r-missing") == 1);
+    TST_CHECK(strstr(err_text("r-missing"), "no record for batch 12") != NULL);
+
+    /* a corrupt record: one flipped byte in the middle of the first shard */
+    snprintf(p, sizeof p, "%s/shard-00000.bin", shards);
+    int fd = open(p, O_RDWR);
+    TST_CHECK(fd >= 0);
+    if (fd >= 0) {
+        struct stat st;
+        fstat(fd, &st);
+        unsigned char c;
+        off_t         at = st.st_size / 2;
+        TST_CHECK(pread(fd, &c, 1, at) == 1);
+        c ^= 0x10;
+        TST_CHECK(pwrite(fd, &c, 1, at) == 1);
+        close(fd);
+        TST_CHECK(train("r-corrupt", DTD_MODEL, csv_tok, shards, "12", "r-corrupt") == 1);
+        TST_CHECK(strstr(err_text("r-corrupt"), "cannot be read from shards") != NULL);
+    }
+}
+
+static void test_bad_flags(void) {
+    char err[512], dir[512];
+    snprintf(err, sizeof err, "%s/flags.err", tmp);
+    snprintf(dir, sizeof dir, "%s/shards-bad", tmp);
+    char *a1[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, "--layers", "1,x",
+                  "--out",    dir,          NULL};
+    TST_CHECK(tst_run(a1, err) == 1 && strstr(tst_slurp(err), "--layers") != NULL);
+    char *a2[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, NULL};
+    TST_CHECK(tst_run(a2, err) == 2);
+    char *a3[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, "--layers", "1,99",
+                  "--out",    dir,          NULL};
+    TST_CHECK(tst_run(a3, err) == 1 && strstr(tst_slurp(err), "outside target") != NULL);
+}
+
+int main(void) {
+    if (!getenv("TANDEM_LOG"))
+        cm_log_set_level(CM_LOG_LEVEL_ERROR);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    snprintf(tmp, sizeof tmp, "/tmp/tandem-precompute-%d", (int)getpid());
+    mkdir(tmp, 0700);
+    snprintf(config, sizeof config, "%s/drafter.json", tmp);
+    snprintf(shards, sizeof shards, "%s/shards", tmp);
+    if (!dtd_write_config(config, 1) || !make_data() || !serve_start()) {
+        TST_CHECK(0);
+        serve_stop();
+        return tst_report();
+    }
+    test_resume();
+    test_export_exact();
+    test_train_same();
+    test_bad_flags();
+    test_refusals();
+    serve_stop();
+    int rc = tst_report();
+    if (rc == 0) { /* logs are kept for a failed run */
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", tmp);
+    }
+    return rc;
+}
