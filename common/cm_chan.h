@@ -246,8 +246,8 @@ cm_status cm_chan_client_recv(cm_chan_client *c, int timeout_ms, cm_chan_answer 
  * DATA (cm_proto_answer_decode_parts takes them; cm_shard_writer_append_parts stores them).
  * Valid until cm_chan_client_release. CM_ERR_INVALID_ARG without keep_frames or for a failed
  * answer. */
-cm_status cm_chan_client_frames(cm_chan_client *c, const cm_chan_answer *a, const void **head, size_t *head_len,
-                                const void **data, size_t *data_len);
+cm_status cm_chan_client_frames(cm_chan_client *c, const cm_chan_answer *a, const void **head,
+                                size_t *head_len, const void **data, size_t *data_len);
 /* Returns a lent answer; its slot (and credit) is reused. NULL-safe; sets *a = NULL. */
 void cm_chan_client_release(cm_chan_client *c, cm_chan_answer **a);
 

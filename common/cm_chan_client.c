@@ -230,8 +230,8 @@ void cm_chan_client_release(cm_chan_client *c, cm_chan_answer **a) {
     *a = NULL;
 }
 
-cm_status cm_chan_client_frames(cm_chan_client *c, const cm_chan_answer *a, const void **head, size_t *head_len,
-                                const void **data, size_t *data_len) {
+cm_status cm_chan_client_frames(cm_chan_client *c, const cm_chan_answer *a, const void **head,
+                                size_t *head_len, const void **data, size_t *data_len) {
     if (!c || !a || !head || !head_len || !data || !data_len)
         return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_client_frames: NULL argument");
     slot *s = (slot *)a; /* ans is the first member */

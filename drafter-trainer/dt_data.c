@@ -14,20 +14,20 @@
 #include "cm_safetensors.h"
 
 struct dt_data {
-    int      n;     /* files */
-    char   **paths; /* [n], owned */
-    int64_t *T;     /* [n] tokens per file */
-    int     *N;     /* [n] documents per file */
-    int      n_taps, hidden, vocab;
-    int64_t  width; /* n_taps · hidden */
-    int64_t  max_T;
-    int      max_N;
-    uint64_t hash;
-    int      file_hidden;     /* 1: target_hidden from the files; 0: from src, or none */
-    int      have_src;
+    int              n;     /* files */
+    char           **paths; /* [n], owned */
+    int64_t         *T;     /* [n] tokens per file */
+    int             *N;     /* [n] documents per file */
+    int              n_taps, hidden, vocab;
+    int64_t          width; /* n_taps · hidden */
+    int64_t          max_T;
+    int              max_N;
+    uint64_t         hash;
+    int              file_hidden; /* 1: target_hidden from the files; 0: from src, or none */
+    int              have_src;
     dt_hidden_source src;
-    int32_t *ids, *cu, *mask; /* [max_T], [max_N + 1], [max_T] */
-    float   *hidden_buf;      /* [max_T, width] */
+    int32_t         *ids, *cu, *mask; /* [max_T], [max_N + 1], [max_T] */
+    float           *hidden_buf;      /* [max_T, width] */
 };
 
 // ---- FNV-1a 64
@@ -238,8 +238,8 @@ cm_status dt_data_open_source(dt_data **out, const char *const *paths, int n_pat
     if (n_paths < 1)
         return CM_FAIL(CM_ERR_INVALID_ARG, "no batch files given (--data or --data-dir)");
     if (n_taps < 0 || hidden < 0 || (src && (!src->get || n_taps < 1 || hidden < 1)))
-        return CM_FAIL(CM_ERR_INVALID_ARG, "dt_data_open_source: bad taps (%d), hidden (%d) or source", n_taps,
-                       hidden);
+        return CM_FAIL(CM_ERR_INVALID_ARG, "dt_data_open_source: bad taps (%d), hidden (%d) or source",
+                       n_taps, hidden);
     cm_status st = CM_OK;
     cm_st    *f = NULL;
     int32_t  *tmp = NULL;

@@ -136,21 +136,23 @@ static cm_status shard_get(void *self, int batch, const int32_t *ids, int64_t T,
     if (cm_proto_answer_decode(frame, len, &lim, &a) != CM_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", cm_last_error());
-        return CM_FAIL(CM_ERR_FORMAT, "shard directory '%s': batch %d: the record is not a valid answer: %s", dir,
-                       batch, why);
+        return CM_FAIL(CM_ERR_FORMAT, "shard directory '%s': batch %d: the record is not a valid answer: %s",
+                       dir, batch, why);
     }
     if (a.batch_id != (uint64_t)batch || a.n_tensors != s->n_tensors)
-        return CM_FAIL(CM_ERR_FORMAT, "shard directory '%s': batch %d: the record answers batch %llu with %u tensors",
-                       dir, batch, (unsigned long long)a.batch_id, a.n_tensors);
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "shard directory '%s': batch %d: the record answers batch %llu with %u tensors", dir,
+                       batch, (unsigned long long)a.batch_id, a.n_tensors);
     const int64_t D = s->hidden, W = (int64_t)s->n_taps * D;
     for (int k = 0; k < s->n_taps; k++) {
         const cm_proto_tensor *t = &a.tensors[s->pos[k]];
         if (t->n_dims != 2 || t->shape[0] != T || t->shape[1] != D ||
             (t->dtype != CM_DTYPE_BF16 && t->dtype != CM_DTYPE_F32))
-            return CM_FAIL(CM_ERR_FORMAT,
-                           "shard directory '%s': batch %d: tensor '%s' is %s with %d dims, expected %s [%lld, %lld]",
-                           dir, batch, t->name, cm_dtype_name(t->dtype), t->n_dims, cm_dtype_name(s->dtype),
-                           (long long)T, (long long)D);
+            return CM_FAIL(
+                CM_ERR_FORMAT,
+                "shard directory '%s': batch %d: tensor '%s' is %s with %d dims, expected %s [%lld, %lld]",
+                dir, batch, t->name, cm_dtype_name(t->dtype), t->n_dims, cm_dtype_name(s->dtype),
+                (long long)T, (long long)D);
         if (t->raw_size > s->cap) {
             uint8_t *p = realloc(s->buf, (size_t)t->raw_size);
             if (!p)
@@ -162,8 +164,8 @@ static cm_status shard_get(void *self, int batch, const int32_t *ids, int64_t T,
         if (cm_compress_decode_tensor(s->cz, t, s->buf, (size_t)t->raw_size) != CM_OK) {
             char why[512];
             snprintf(why, sizeof why, "%s", cm_last_error());
-            return CM_FAIL(CM_ERR_FORMAT, "shard directory '%s': batch %d: tensor '%s' does not decode: %s", dir,
-                           batch, t->name, why);
+            return CM_FAIL(CM_ERR_FORMAT, "shard directory '%s': batch %d: tensor '%s' does not decode: %s",
+                           dir, batch, t->name, why);
         }
         const size_t es = cm_dtype_size(t->dtype);
         for (int64_t r = 0; r < T; r++)
@@ -188,7 +190,7 @@ typedef struct pc_args {
 
 static volatile sig_atomic_t g_signal;
 static void                  on_signal(int sig) {
-    g_signal = sig;
+                     g_signal = sig;
 }
 
 static void usage(FILE *f) {
@@ -277,7 +279,8 @@ static int parse_args(int argc, char **argv, pc_args *a) {
             int l = cm_log_level_parse(v);
             if (l < 0) {
                 fprintf(stderr,
-                        "drafter-trainer precompute: --log-level '%s': expected debug, info, warn, error or off\n",
+                        "drafter-trainer precompute: --log-level '%s': expected debug, info, warn, error or "
+                        "off\n",
                         v);
                 return 2;
             }
@@ -349,7 +352,8 @@ static void progress(const pc_run *r, const char *what) {
 static cm_status store_answer(pc_run *r, cm_chan_answer *ans) {
     if (ans->status != CM_OK)
         return CM_FAIL(ans->status, "the server cannot answer batch %llu ('%s'): %s",
-                       (unsigned long long)ans->batch_id, dt_data_path(r->data, (int)ans->batch_id), ans->message);
+                       (unsigned long long)ans->batch_id, dt_data_path(r->data, (int)ans->batch_id),
+                       ans->message);
     if (cm_shard_writer_has(r->w, ans->batch_id)) /* stored meanwhile: never twice */
         return CM_OK;
     const void *head, *data;
@@ -404,10 +408,11 @@ static cm_status precompute(pc_run *r) {
             return CM_FAIL(CM_ERR_INVALID_ARG, "--layers: layer %d is outside target '%s' layers [0, %u)",
                            r->layers[i], wl.name, wl.n_layers);
     if ((int64_t)dt_data_max_tokens(r->data) > (int64_t)wl.max_tokens)
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "the largest batch has %lld tokens but the server takes at most %u; start it with a larger "
-                       "--max-tokens or repack the data",
-                       (long long)dt_data_max_tokens(r->data), wl.max_tokens);
+        return CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "the largest batch has %lld tokens but the server takes at most %u; start it with a larger "
+            "--max-tokens or repack the data",
+            (long long)dt_data_max_tokens(r->data), wl.max_tokens);
 
     cm_shard_identity id = {.target_id = wl.target_id,
                             .hidden_dtype = wl.hidden_dtype,
@@ -419,10 +424,11 @@ static cm_status precompute(pc_run *r) {
     cm_shard_writer_config wc = CM_SHARD_WRITER_CONFIG_DEFAULT;
     wc.fsync_every = 1; /* answers are large and slow to make: keep each one once written */
     CM_TRY(cm_shard_writer_create(&r->w, a->out, &id, &wc));
-    CM_LOG_INFO("precompute: %d batches from target '%s' (hidden %u %s, layers %s, %s) into '%s'; %llu already "
-                "stored",
-                r->n_paths, wl.name, wl.hidden_size, cm_dtype_name(wl.hidden_dtype), a->layers,
-                cm_encoding_name(a->encoding), a->out, (unsigned long long)cm_shard_writer_count(r->w));
+    CM_LOG_INFO(
+        "precompute: %d batches from target '%s' (hidden %u %s, layers %s, %s) into '%s'; %llu already "
+        "stored",
+        r->n_paths, wl.name, wl.hidden_size, cm_dtype_name(wl.hidden_dtype), a->layers,
+        cm_encoding_name(a->encoding), a->out, (unsigned long long)cm_shard_writer_count(r->w));
 
     int     next = 0;
     int64_t waited = 0;
@@ -435,7 +441,8 @@ static cm_status precompute(pc_run *r) {
             }
             dt_batch b;
             CM_TRY(dt_data_load(r->data, next, &b));
-            r->hashes[next] = cm_shard_batch_hash(b.input_ids, (uint32_t)b.T, b.cu_seqlens, (uint32_t)b.n_seq);
+            r->hashes[next] =
+                cm_shard_batch_hash(b.input_ids, (uint32_t)b.T, b.cu_seqlens, (uint32_t)b.n_seq);
             CM_TRY(cm_chan_client_submit(r->cl, (uint64_t)next, b.input_ids, (uint32_t)b.T, b.cu_seqlens,
                                          (uint32_t)b.n_seq, r->layers, r->n_layers));
             next++;

@@ -21,9 +21,9 @@
 #include "cm_log.h"
 #include "cm_safetensors.h"
 #include "cm_shard.h"
+#include "dt_train_data.h"
 #include "tst.h"
 #include "tst_proc.h"
-#include "dt_train_data.h"
 
 #define N_BATCHES 12
 
@@ -70,9 +70,23 @@ static int serve_start(void) {
     char log[512], ep[512];
     snprintf(log, sizeof log, "%s/serve.log", tmp);
     snprintf(ep, sizeof ep, "%s/serve.ep", tmp);
-    char *argv[] = {DTD_TS_BIN,     "serve", "--model",          DTD_MODEL, "--bind",       "tcp://127.0.0.1:*",
-                    "--endpoint-file", ep,    "--dtype",          "bf16",    "--heartbeat-ms", "200",
-                    "--peer-timeout-ms", "1500", "--stats-interval", "0", NULL};
+    char *argv[] = {DTD_TS_BIN,
+                    "serve",
+                    "--model",
+                    DTD_MODEL,
+                    "--bind",
+                    "tcp://127.0.0.1:*",
+                    "--endpoint-file",
+                    ep,
+                    "--dtype",
+                    "bf16",
+                    "--heartbeat-ms",
+                    "200",
+                    "--peer-timeout-ms",
+                    "1500",
+                    "--stats-interval",
+                    "0",
+                    NULL};
     server = spawn(argv, log);
     if (server < 0)
         return 0;
@@ -132,10 +146,12 @@ static int make_data(void) {
         cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
         cm_convert(h16, CM_DTYPE_BF16, hid, CM_DTYPE_F32, (size_t)T * 2 * DTD_D);
         cm_st_writer *w = NULL;
-        int ok = cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
-                 dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
-                 dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
-                 dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) && cm_st_writer_write(w, bf) == CM_OK;
+        int           ok =
+            cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
+            dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
+            dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
+            dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) &&
+            cm_st_writer_write(w, bf) == CM_OK;
         cm_st_writer_destroy(&w);
         cm_st_destroy(&s);
         if (!ok)
@@ -160,9 +176,10 @@ static long durable(const char *dir) {
 }
 
 static pid_t precompute_start(const char *data, const char *layers, const char *dir, const char *err) {
-    char *argv[] = {DTD_DT_BIN, "precompute", "--server",   endpoint, "--data",          (char *)data,
-                    "--layers", (char *)layers, "--out",     (char *)dir, "--credits",   "2",
-                    "--progress-every", "4",   "--timeout-ms", "60000", NULL};
+    char *argv[] = {DTD_DT_BIN,   "precompute", "--server",         endpoint, "--data",
+                    (char *)data, "--layers",   (char *)layers,     "--out",  (char *)dir,
+                    "--credits",  "2",          "--progress-every", "4",      "--timeout-ms",
+                    "60000",      NULL};
     return spawn(argv, err);
 }
 
@@ -204,7 +221,8 @@ static int precompute_interrupted(int sig, int more, const char *errname) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
     }
-    fprintf(stderr, "precompute %s: exit %d, %ld -> %ld records durable\n", errname, rc, before, durable(shards));
+    fprintf(stderr, "precompute %s: exit %d, %ld -> %ld records durable\n", errname, rc, before,
+            durable(shards));
     return rc;
 }
 
@@ -235,16 +253,16 @@ static int read_losses(const char *run, char *out, size_t cap, int *n) {
     return *n > 0;
 }
 
-static int train(const char *run, const char *target, const char *data, const char *shard_dir, const char *steps,
-                 const char *errname) {
+static int train(const char *run, const char *target, const char *data, const char *shard_dir,
+                 const char *steps, const char *errname) {
     char out[512], err[512];
     snprintf(out, sizeof out, "%s/%s", tmp, run);
     snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
-    char *argv[32] = {DTD_DT_BIN, "train",   "--config",  config,        "--target",      (char *)target,
-                      "--data",   (char *)data, "--out",  out,           "--steps",       (char *)steps,
-                      "--seed",   "3",       "--lr",      "3e-3",        "--max-anchors", "16",
-                      "--log-level", "warn"};
-    int n = 18;
+    char *argv[32] = {DTD_DT_BIN,     "train",         "--config",   config,        "--target",
+                      (char *)target, "--data",        (char *)data, "--out",       out,
+                      "--steps",      (char *)steps,   "--seed",     "3",           "--lr",
+                      "3e-3",         "--max-anchors", "16",         "--log-level", "warn"};
+    int   n = 18;
     if (shard_dir) {
         argv[n++] = "--shards";
         argv[n++] = (char *)shard_dir;
@@ -327,7 +345,8 @@ static void test_export_exact(void) {
             continue;
         const cm_st_tensor *th = cm_st_find(s, "target_hidden");
         const int64_t       T = T_of[b];
-        cm_convert(ref, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D); /* dump's F32 (batch 1: BF16) */
+        cm_convert(ref, CM_DTYPE_F32, th->data, th->dtype,
+                   (size_t)T * 2 * DTD_D); /* dump's F32 (batch 1: BF16) */
         cm_st_destroy(&s);
         for (int tap = 0; tap < 2; tap++) {
             for (int64_t t = 0; t < T; t++)
@@ -336,7 +355,8 @@ static void test_export_exact(void) {
             char name[64];
             snprintf(name, sizeof name, "%d/layer_%d", b, tap ? DTD_TAP_B : DTD_TAP_A);
             const cm_st_tensor *x = cm_st_find(e, name);
-            TST_CHECK(x && x->dtype == CM_DTYPE_BF16 && x->n_dims == 2 && x->shape[0] == T && x->shape[1] == DTD_D);
+            TST_CHECK(x && x->dtype == CM_DTYPE_BF16 && x->n_dims == 2 && x->shape[0] == T &&
+                      x->shape[1] == DTD_D);
             if (x && x->nbytes == (size_t)T * DTD_D * 2) {
                 TST_CHECK(memcmp(x->data, col16, x->nbytes) == 0);
                 compared++;
@@ -379,7 +399,7 @@ static void test_refusals(void) {
     snprintf(q, sizeof q, "%s/model.safetensors", DTD_MODEL);
     TST_CHECK(symlink(q, p) == 0);
     snprintf(q, sizeof q, "%s/config.json", DTD_MODEL);
-    FILE *f = fopen(q, "rb");
+    FILE       *f = fopen(q, "rb");
     static char cfg[1 << 16];
     size_t      n = f ? fread(cfg, 1, sizeof cfg - 1, f) : 0;
     if (f)
@@ -388,7 +408,7 @@ static void test_refusals(void) {
     char *eps = strstr(cfg, "\"rms_norm_eps\"");
     TST_CHECK(eps != NULL);
     if (eps) {
-        char *colon = strchr(eps, ':');
+        char  *colon = strchr(eps, ':');
         size_t len = strcspn(colon + 1, ",}");
         snprintf(p, sizeof p, "%s/config.json", other);
         FILE *g = fopen(p, "wb");
@@ -435,13 +455,13 @@ static void test_bad_flags(void) {
     char err[512], dir[512];
     snprintf(err, sizeof err, "%s/flags.err", tmp);
     snprintf(dir, sizeof dir, "%s/shards-bad", tmp);
-    char *a1[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, "--layers", "1,x",
-                  "--out",    dir,          NULL};
+    char *a1[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok,
+                  "--layers", "1,x",        "--out",    dir,      NULL};
     TST_CHECK(tst_run(a1, err) == 1 && strstr(tst_slurp(err), "--layers") != NULL);
     char *a2[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, NULL};
     TST_CHECK(tst_run(a2, err) == 2);
-    char *a3[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, "--layers", "1,99",
-                  "--out",    dir,          NULL};
+    char *a3[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok,
+                  "--layers", "1,99",       "--out",    dir,      NULL};
     TST_CHECK(tst_run(a3, err) == 1 && strstr(tst_slurp(err), "outside target") != NULL);
 }
 
