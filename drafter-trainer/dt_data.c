@@ -159,9 +159,8 @@ static cm_status check_shapes(const dt_data *d, const cm_st *st, const char *pat
         if (!t[k])
             return CM_FAIL(
                 CM_ERR_FORMAT,
-                "batch file '%s' has no tensor '%s' (a batch holds input_ids, cu_seqlens, loss_mask "
-                "and target_hidden)",
-                path, names[k]);
+                "batch file '%s' has no tensor '%s' (a batch holds input_ids, cu_seqlens, loss_mask%s)", path,
+                names[k], d->file_hidden ? " and target_hidden" : "");
         if (k < 3 && (t[k]->dtype != CM_DTYPE_I32 || t[k]->n_dims != 1))
             return CM_FAIL(CM_ERR_FORMAT,
                            "batch file '%s': '%s' must be I32 with 1 dimension, found %s with %d", path,

@@ -392,16 +392,19 @@ static cm_status precompute(pc_run *r) {
     CM_TRY(cm_chan_client_create(&r->cl, &cc));
     cm_proto_welcome wl;
     cm_status        st;
-    for (;;) { /* wait for the server, but stop on a signal */
+    for (int64_t waited = 0;; waited += 200) { /* wait for the server, but stop on a signal */
         st = cm_chan_client_wait_ready(r->cl, 200, &wl);
-        if (st != CM_ERR_TIMEOUT || g_signal)
-            break;
-        static int64_t waited;
-        if ((waited += 200) >= a->timeout_ms)
+        if (st != CM_ERR_TIMEOUT || g_signal || waited + 200 >= a->timeout_ms)
             break;
     }
     if (g_signal)
         return CM_OK;
+    if (st == CM_ERR_TIMEOUT) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", cm_last_error());
+        return CM_FAIL(CM_ERR_TIMEOUT, "no target-server answered at '%s' within --timeout-ms %lld (%s)",
+                       a->server, (long long)a->timeout_ms, why);
+    }
     CM_TRY(st);
     for (uint32_t i = 0; i < r->n_layers; i++)
         if ((uint32_t)r->layers[i] >= wl.n_layers)
