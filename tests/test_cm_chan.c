@@ -17,6 +17,7 @@
 #include <zmq.h>
 
 #include "cm_chan.h"
+#include "cm_compress.h"
 #include "cm_hash.h"
 #include "cm_log.h"
 #include "tst.h"
@@ -248,6 +249,53 @@ static void test_round_trip(const char *ep_in, cm_dtype dt) {
         cm_chan_client_stats st;
         cm_chan_client_get_stats(c, &st);
         TST_CHECK(st.protocol_errors == 0 && st.resends == 0 && st.answers == 12);
+        cm_chan_client_destroy(&c);
+    }
+    /* keep_frames: the ANSWER as received decodes to exactly the tensors the client lent */
+    {
+        cm_chan_client_config cc = client_config(ep, "frames");
+        cc.encoding = CM_ENCODING_ZSTD_BYTEPLANE;
+        cc.keep_frames = 1;
+        cm_chan_client *c = NULL;
+        TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+        TST_CHECK(cm_chan_client_wait_ready(c, 5000, NULL) == CM_OK);
+        batch b;
+        make_batch(&b, 60, 29);
+        TST_CHECK(submit(c, &b) == CM_OK);
+        cm_chan_answer *a = NULL;
+        TST_CHECK(cm_chan_client_recv(c, 5000, &a) == CM_OK && a && a->status == CM_OK);
+        const void *head = NULL, *data = NULL;
+        size_t      head_len = 0, data_len = 0;
+        TST_CHECK(a && cm_chan_client_frames(c, a, &head, &head_len, &data, &data_len) == CM_OK);
+        cm_proto_tensor  ts[8];
+        cm_proto_answer  pa = {.tensors = ts, .cap_tensors = 8};
+        cm_proto_limits  lim = CM_PROTO_LIMITS_DEFAULT;
+        cm_compress_config ccfg = CM_COMPRESS_CONFIG_DEFAULT;
+        cm_compress     *cz = NULL;
+        TST_CHECK(cm_compress_create(&cz, &ccfg) == CM_OK);
+        int same = a && head && cz &&
+                   cm_proto_answer_decode_parts(head, head_len, data, data_len, &lim, &pa) == CM_OK &&
+                   pa.batch_id == 60 && pa.n_tensors == a->n_tensors;
+        for (uint32_t i = 0; same && i < pa.n_tensors; i++) {
+            void *buf = malloc(a->tensors[i].bytes);
+            same = buf && cm_compress_decode_tensor(cz, &ts[i], buf, a->tensors[i].bytes) == CM_OK &&
+                   memcmp(buf, a->tensors[i].data, a->tensors[i].bytes) == 0;
+            free(buf);
+        }
+        TST_CHECK(same);
+        printf("keep_frames: HEAD %zu + DATA %zu bytes decode to the lent tensors: %s\n", head_len, data_len,
+               same ? "yes" : "NO");
+        cm_compress_destroy(&cz);
+        cm_chan_client_release(c, &a);
+        cm_chan_client_destroy(&c);
+        /* without keep_frames there are no frames to lend */
+        cc.keep_frames = 0;
+        TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+        make_batch(&b, 61, 5);
+        TST_CHECK(cm_chan_client_wait_ready(c, 5000, NULL) == CM_OK && submit(c, &b) == CM_OK);
+        TST_CHECK(cm_chan_client_recv(c, 5000, &a) == CM_OK && a);
+        TST_CHECK(a && cm_chan_client_frames(c, a, &head, &head_len, &data, &data_len) == CM_ERR_INVALID_ARG);
+        cm_chan_client_release(c, &a);
         cm_chan_client_destroy(&c);
     }
     /* a bad request is delivered as a failed batch, not retried */
