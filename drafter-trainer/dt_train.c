@@ -1,7 +1,9 @@
 /* drafter-trainer/dt_train.c — `drafter-trainer train`: the training loop over batch files
  * (DESIGN §5). Per step: the next batch of the epoch's shuffled order, its anchors drawn from
  * (seed, epoch, batch id), dt_model_step, clip + AdamW with the warmup + cosine schedule, and
- * one metrics line (stdout every --log-every steps, RUN_DIR/metrics.jsonl every step).
+ * one metrics line (stdout every --log-every steps, RUN_DIR/metrics.jsonl every step; wait_s is
+ * the time spent getting the batch and its hidden states: files, --shards or --server, live via
+ * dt_live.h with requests prefetched ahead; compute_s the rest of the step).
  * Checkpoints (dt_ckpt.h) every --save-every steps and at the end; --resume continues from
  * RUN_DIR/checkpoints/latest bit for bit, refusing other hyperparameters or data. Every buffer
  * is allocated before the first step. One thread. */
@@ -23,13 +25,15 @@
 #include "dt_ckpt.h"
 #include "dt_cmd.h"
 #include "dt_data.h"
+#include "dt_live.h"
 #include "dt_model.h"
 #include "dt_optim.h"
 #include "dt_precompute.h"
 
 typedef struct train_args {
-    const char *config, *init_from, *target, *data, *data_dir, *out, *device, *shards;
-    int64_t     epochs, steps, max_anchors, save_every, log_every;
+    const char *config, *init_from, *target, *data, *data_dir, *out, *device, *shards, *server;
+    int64_t     epochs, steps, max_anchors, save_every, log_every, credits, timeout_ms;
+    cm_encoding encoding;
     double      lr, warmup_ratio, gamma, weight_decay, clip;
     int         have_gamma, resume;
     uint64_t    seed;
@@ -51,6 +55,13 @@ static void usage(FILE *f) {
         "  --data-dir DIR           every DIR/*.safetensors, sorted by name\n"
         "  --shards DIR             target_hidden from precomputed shards (drafter-trainer precompute\n"
         "                           over the same data list); the batch files then need no target_hidden\n"
+        "  --server ENDPOINT        target_hidden live from a running `target-server serve`\n"
+        "                           (tcp://HOST:PORT or ipc://PATH); the batch files then need no\n"
+        "                           target_hidden; mutually exclusive with --shards\n"
+        "  --credits N              requests in flight ahead of training with --server (default 4)\n"
+        "  --encoding NAME          answers' encoding with --server: raw, zstd, zstd-byteplane (default)\n"
+        "                           or fp8-zstd (lossy)\n"
+        "  --timeout-ms N           longest wait for the server with --server (default 300000)\n"
         "  --out RUN_DIR            metrics.jsonl and checkpoints/step-<N>/ (serving format + state)\n"
         "  --epochs N               passes over the data (default 6)\n"
         "  --steps N                stop after step N (the schedule still spans every epoch)\n"
@@ -103,7 +114,10 @@ static int parse_args(int argc, char **argv, train_args *a) {
                       .log_every = 1,
                       .lr = 6e-4,
                       .warmup_ratio = 0.04,
-                      .clip = 1.0};
+                      .clip = 1.0,
+                      .credits = 4,
+                      .timeout_ms = 300000,
+                      .encoding = CM_ENCODING_ZSTD_BYTEPLANE};
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
@@ -131,7 +145,18 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->data_dir = v;
         else if (strcmp(f, "--shards") == 0)
             a->shards = v;
-        else if (strcmp(f, "--out") == 0)
+        else if (strcmp(f, "--server") == 0)
+            a->server = v;
+        else if (strcmp(f, "--credits") == 0)
+            ok = parse_i64(f, v, 1, &a->credits);
+        else if (strcmp(f, "--timeout-ms") == 0)
+            ok = parse_i64(f, v, 1, &a->timeout_ms);
+        else if (strcmp(f, "--encoding") == 0) {
+            if (cm_encoding_parse(v, &a->encoding) != CM_OK) {
+                fprintf(stderr, "drafter-trainer train: --encoding: %s\n", cm_last_error());
+                return 2;
+            }
+        } else if (strcmp(f, "--out") == 0)
             a->out = v;
         else if (strcmp(f, "--device") == 0)
             a->device = v;
@@ -186,6 +211,15 @@ static int parse_args(int argc, char **argv, train_args *a) {
         fprintf(stderr, "drafter-trainer train: give --data or --data-dir, not both\n");
         return 2;
     }
+    if (a->credits > 1024 || a->timeout_ms > INT32_MAX) {
+        fprintf(stderr, "drafter-trainer train: --credits is at most 1024 and --timeout-ms at most %d\n",
+                INT32_MAX);
+        return 2;
+    }
+    if (a->shards && a->server) {
+        fprintf(stderr, "drafter-trainer train: give --shards or --server, not both\n");
+        return 2;
+    }
     if (a->config && a->init_from) {
         fprintf(stderr, "drafter-trainer train: give --config or --init-from, not both\n");
         return 2;
@@ -208,6 +242,7 @@ typedef struct run {
     dt_optim         *o;
     dt_data          *data;
     dt_shard_source  *shards;    /* --shards: where target_hidden comes from */
+    dt_live          *live;      /* --server: where target_hidden comes from */
     uint64_t          target_id; /* cm_target_cfg_hash of --target */
     cm_st            *target;
     float            *frozen_owned[2]; /* widened embed / lm_head when the target is not F32/BF16 */
@@ -404,7 +439,7 @@ static cm_status save(run *r, int64_t step) {
 }
 
 static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batch, const dt_batch *b,
-                               const dt_step_stats *s, const dt_optim_stats *os, double secs) {
+                               const dt_step_stats *s, const dt_optim_stats *os, double secs, double wait_s) {
     const int B = r->cfg.block_size;
     double    tps = secs > 0 ? (double)b->T / secs : 0;
     fprintf(r->metrics,
@@ -422,17 +457,18 @@ static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batc
             "], \"lr\": %.17g, \"grad_norm\": %.17g, \"grad_scale\": %.17g, \"weight_sum\": %.17g, "
             "\"n_anchors\": %" PRId64 ", \"n_blocks\": %" PRId64 ", \"tokens\": %" PRId64
             ", \"seconds\": %.6f, "
-            "\"tokens_per_s\": %.1f}\n",
-            os->lr, os->grad_norm, os->grad_scale, s->weight_sum, b->n_anchors, s->n_blocks, b->T, secs, tps);
+            "\"wait_s\": %.6f, \"compute_s\": %.6f, \"tokens_per_s\": %.1f}\n",
+            os->lr, os->grad_norm, os->grad_scale, s->weight_sum, b->n_anchors, s->n_blocks, b->T, secs,
+            wait_s, secs - wait_s, tps);
     if (fflush(r->metrics) != 0 || ferror(r->metrics))
         return CM_FAIL(CM_ERR_IO, "cannot append to '%s': %s", r->metrics_path, strerror(errno));
     if (step % r->a.log_every == 0 || step == r->hp.total_steps) {
         printf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
                " loss %.5f tau %.3f acc1 %.3f lr %.3e gnorm %.4f "
-               "anchors %" PRId64 " tok/s %.0f\n",
+               "anchors %" PRId64 " tok/s %.0f wait %.3fs compute %.3fs\n",
                step, r->hp.total_steps, epoch, s->loss, s->tau,
                s->acc_count[1] > 0 ? (double)s->acc_hits[1] / (double)s->acc_count[1] : 0.0, os->lr,
-               os->grad_norm, b->n_anchors, tps);
+               os->grad_norm, b->n_anchors, tps, wait_s, secs - wait_s);
         fflush(stdout);
     }
     return CM_OK;
@@ -481,6 +517,21 @@ static cm_status train(run *r) {
         CM_TRY(dt_shard_source_open(&r->shards, a->shards, r->cfg.target_layer_ids, r->cfg.n_taps,
                                     r->cfg.hidden_size, r->target_id));
         const dt_hidden_source hs = dt_shard_source_hidden(r->shards);
+        CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
+                                   r->cfg.hidden_size, r->cfg.vocab_size, &hs));
+    } else if (a->server) {
+        const dt_live_config lc = {.endpoint = a->server,
+                                   .name = "drafter-trainer",
+                                   .credits = (int)a->credits,
+                                   .encoding = a->encoding,
+                                   .timeout_ms = (int)a->timeout_ms,
+                                   .layer_ids = r->cfg.target_layer_ids,
+                                   .n_taps = r->cfg.n_taps,
+                                   .hidden = r->cfg.hidden_size,
+                                   .vocab_size = r->cfg.vocab_size,
+                                   .target_id = r->target_id};
+        CM_TRY(dt_live_open(&r->live, &lc, (const char *const *)r->paths, r->n_paths));
+        const dt_hidden_source hs = dt_live_hidden(r->live);
         CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
                                    r->cfg.hidden_size, r->cfg.vocab_size, &hs));
     } else
@@ -567,6 +618,8 @@ static cm_status train(run *r) {
         return CM_OK;
     }
 
+    if (r->live)
+        dt_live_plan(r->live, hp->seed, start, end);
     int64_t cur_epoch = -1, last_saved = a->resume ? start : -1;
     for (int64_t t = start; t < end; t++) {
         double        t0 = now_s();
@@ -578,6 +631,7 @@ static cm_status train(run *r) {
         const int32_t batch = r->order[index];
         dt_batch      b;
         CM_TRY(dt_data_load(r->data, batch, &b));
+        const double wait_s = now_s() - t0; /* the batch and its hidden states (file, shards, server) */
         CM_TRY(dt_anchor_sample(b.cu_seqlens, b.n_seq, b.loss_mask, b.T, hp->max_anchors, hp->seed,
                                 (uint64_t)epoch, (uint64_t)batch, r->work, r->anchors, &b.n_anchors));
         b.anchors = r->anchors;
@@ -586,7 +640,7 @@ static cm_status train(run *r) {
         CM_TRY(dt_model_step(r->m, &b, (float)hp->loss_decay_gamma, &ss));
         dt_optim_stats os;
         CM_TRY(dt_optim_step(r->o, &os));
-        CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0));
+        CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0, wait_s));
         if (a->save_every > 0 && (t + 1) % a->save_every == 0) {
             CM_TRY(save(r, t + 1));
             last_saved = t + 1;
@@ -606,6 +660,7 @@ static void run_release(run *r) {
     free(r->order);
     dt_data_destroy(&r->data);
     dt_shard_source_destroy(&r->shards);
+    dt_live_destroy(&r->live);
     dt_data_free_list(r->paths, r->n_paths);
     dt_optim_destroy(&r->o);
     dt_model_destroy(&r->m);

@@ -1,0 +1,307 @@
+/* drafter-trainer/dt_live.c — the live dt_hidden_source of `train --server` (dt_live.h): a
+ * cm_chan client with up to `credits` requests in flight for the steps after the one being
+ * trained. Prefetched requests sit in a ring in step order; their answers are held (lent by
+ * the client) until their step's get(), which widens the taps to F32 in target_layer_ids
+ * order. Each request's token fingerprint (cm_shard_batch_hash) is compared with the tokens
+ * the trainer loaded, so an answer is never used for other tokens. */
+#include "dt_live.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cm_chan.h"
+#include "cm_dtype.h"
+#include "cm_log.h"
+#include "cm_shard.h"
+
+typedef struct live_req {
+    uint64_t id;
+    int64_t  step;
+    int32_t  batch;
+    uint64_t hash;
+} live_req;
+
+struct dt_live {
+    cm_chan_client  *cl;
+    dt_data         *tok; /* token-only view of the same files, for prefetching */
+    char            *endpoint;
+    int             *layer_ids;
+    int              n_taps, hidden, credits, timeout_ms, n;
+    live_req        *ring; /* [credits] requests in flight, oldest first */
+    int              head, count;
+    cm_chan_answer **held; /* [credits] answers received ahead of their step */
+    int32_t         *order;
+    int64_t          order_epoch;
+    uint64_t         seed;
+    int64_t          end, next_get, next_submit;
+    uint64_t         extra_id; /* ids of batches asked for outside the plan */
+};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void dt_live_destroy(dt_live **l) {
+    if (!l || !*l)
+        return;
+    dt_live *s = *l;
+    if (s->held)
+        for (int i = 0; i < s->credits; i++)
+            cm_chan_client_release(s->cl, &s->held[i]);
+    cm_chan_client_destroy(&s->cl);
+    dt_data_destroy(&s->tok);
+    free(s->endpoint);
+    free(s->layer_ids);
+    free(s->ring);
+    free(s->held);
+    free(s->order);
+    free(s);
+    *l = NULL;
+}
+
+/* Checks the WELCOME against the trainer's target and drafter. */
+static cm_status check_welcome(const dt_live *s, const dt_live_config *cfg, const cm_proto_welcome *w) {
+    if (cfg->target_id != 0 && w->target_id != cfg->target_id)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "the server at '%s' serves target '%s' (id %016llx) but --target is another model "
+                       "(id %016llx); train against a server of the drafter's target, or pass its --target",
+                       cfg->endpoint, w->name, (unsigned long long)w->target_id,
+                       (unsigned long long)cfg->target_id);
+    if ((int64_t)w->hidden_size != cfg->hidden)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "the server at '%s' (target '%s') has hidden size %u but the drafter's hidden_size is "
+                       "%d; use a server of the drafter's target",
+                       cfg->endpoint, w->name, w->hidden_size, cfg->hidden);
+    for (int k = 0; k < cfg->n_taps; k++)
+        if (cfg->layer_ids[k] < 0 || (uint32_t)cfg->layer_ids[k] >= w->n_layers)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "the drafter needs layer %d (target_layer_ids[%d]) but the server at '%s' (target "
+                           "'%s') has layers [0, %u); choose tap ids below %u",
+                           cfg->layer_ids[k], k, cfg->endpoint, w->name, w->n_layers, w->n_layers);
+    if (dt_data_max_tokens(s->tok) > (int64_t)w->max_tokens)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "the largest batch has %lld tokens but the server at '%s' takes at most %u; start it "
+                       "with a larger --max-tokens or repack the data",
+                       (long long)dt_data_max_tokens(s->tok), cfg->endpoint, w->max_tokens);
+    return CM_OK;
+}
+
+cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, const char *const *paths, int n_paths) {
+    *out = NULL;
+    cm_status st = CM_OK;
+    if (!cfg->endpoint || cfg->credits < 1 || cfg->n_taps < 1 || cfg->hidden < 1 || cfg->timeout_ms < 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "live source: bad config (endpoint, credits, taps, hidden, timeout)");
+    dt_live *s = calloc(1, sizeof *s);
+    if (!s)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the live source");
+    s->n_taps = cfg->n_taps;
+    s->hidden = cfg->hidden;
+    s->credits = cfg->credits;
+    s->timeout_ms = cfg->timeout_ms;
+    s->order_epoch = -1;
+    s->extra_id = 1ull << 62;
+    s->endpoint = strdup(cfg->endpoint);
+    s->layer_ids = malloc((size_t)cfg->n_taps * sizeof *s->layer_ids);
+    s->ring = calloc((size_t)cfg->credits, sizeof *s->ring);
+    s->held = calloc((size_t)cfg->credits, sizeof *s->held);
+    if (!s->endpoint || !s->layer_ids || !s->ring || !s->held) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the live source");
+        goto fail;
+    }
+    memcpy(s->layer_ids, cfg->layer_ids, (size_t)cfg->n_taps * sizeof *s->layer_ids);
+    CM_TRY_GOTO(dt_data_open_source(&s->tok, paths, n_paths, 0, 0, cfg->vocab_size, NULL), st, fail);
+    s->n = dt_data_count(s->tok);
+    if (!(s->order = malloc((size_t)s->n * sizeof *s->order))) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the epoch order of %d batches", s->n);
+        goto fail;
+    }
+
+    cm_chan_client_config cc = CM_CHAN_CLIENT_CONFIG_DEFAULT;
+    cc.endpoint = cfg->endpoint;
+    cc.name = cfg->name ? cfg->name : "trainer";
+    cc.credits = (uint32_t)cfg->credits;
+    cc.encoding = cfg->encoding;
+    cc.target_id = 0; /* checked below with a message naming --target; a returning server with
+                         another identity is refused by the client itself */
+    CM_TRY_GOTO(cm_chan_client_create(&s->cl, &cc), st, fail);
+    cm_proto_welcome w;
+    st = cm_chan_client_wait_ready(s->cl, cfg->timeout_ms, &w);
+    if (st == CM_ERR_TIMEOUT) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", cm_last_error());
+        st = CM_FAIL(CM_ERR_TIMEOUT,
+                     "no target-server answered at '%s' within --timeout-ms %d (%s); start `target-server "
+                     "serve` there or fix --server",
+                     cfg->endpoint, cfg->timeout_ms, why);
+        goto fail;
+    }
+    CM_TRY_GOTO(st, st, fail);
+    CM_TRY_GOTO(check_welcome(s, cfg, &w), st, fail);
+    CM_LOG_INFO("live hidden states from '%s': target '%s' (hidden %u %s, %u layers), %d credits, %s",
+                cfg->endpoint, w.name, w.hidden_size, cm_dtype_name(w.hidden_dtype), w.n_layers, cfg->credits,
+                cm_encoding_name(cfg->encoding));
+    *out = s;
+    return CM_OK;
+fail:
+    dt_live_destroy(&s);
+    return st;
+}
+
+void dt_live_plan(dt_live *l, uint64_t seed, int64_t start, int64_t end) {
+    l->seed = seed;
+    l->next_get = l->next_submit = start;
+    l->end = end;
+    l->order_epoch = -1;
+}
+
+static int32_t batch_of(dt_live *s, int64_t step) {
+    const int64_t e = step / s->n;
+    if (e != s->order_epoch) {
+        dt_data_epoch_order(s->tok, s->seed, (uint64_t)e, s->order);
+        s->order_epoch = e;
+    }
+    return s->order[step % s->n];
+}
+
+/* Sends requests for the planned steps after next_get while credits allow. */
+static cm_status top_up(dt_live *s) {
+    while (s->next_submit < s->end && s->count < s->credits) {
+        const int32_t batch = batch_of(s, s->next_submit);
+        dt_batch      b;
+        CM_TRY(dt_data_load(s->tok, batch, &b));
+        const uint64_t id = (uint64_t)s->next_submit + 1;
+        cm_status      st = cm_chan_client_submit(s->cl, id, b.input_ids, (uint32_t)b.T, b.cu_seqlens,
+                                                  (uint32_t)b.n_seq, s->layer_ids, (uint32_t)s->n_taps);
+        if (st == CM_ERR_TIMEOUT)
+            break;
+        CM_TRY(st);
+        live_req *r = &s->ring[(s->head + s->count) % s->credits];
+        *r = (live_req){id, s->next_submit, batch,
+                        cm_shard_batch_hash(b.input_ids, (uint32_t)b.T, b.cu_seqlens, (uint32_t)b.n_seq)};
+        s->count++;
+        s->next_submit++;
+    }
+    return CM_OK;
+}
+
+/* Receives until the answer for id is held; its slot in *slot. */
+static cm_status await(dt_live *s, uint64_t id, int batch, int *slot) {
+    double t0 = now_s(), warned = t0;
+    for (;;) {
+        for (int i = 0; i < s->credits; i++)
+            if (s->held[i] && s->held[i]->batch_id == id) {
+                *slot = i;
+                return CM_OK;
+            }
+        double waited = now_s() - t0;
+        if (waited * 1000.0 >= (double)s->timeout_ms) {
+            cm_chan_client_stats cs;
+            cm_chan_client_get_stats(s->cl, &cs);
+            return CM_FAIL(
+                CM_ERR_TIMEOUT,
+                "no hidden states for batch %d from '%s' within --timeout-ms %d (last problem: %s); "
+                "check that the server is running",
+                batch, s->endpoint, s->timeout_ms, cs.last_problem[0] ? cs.last_problem : "none");
+        }
+        if (now_s() - warned >= 10.0) {
+            CM_LOG_WARN("waiting %.0f s for the hidden states of batch %d from '%s'", waited, batch,
+                        s->endpoint);
+            warned = now_s();
+        }
+        cm_chan_answer *a = NULL;
+        cm_status       st = cm_chan_client_recv(s->cl, 200, &a);
+        if (st == CM_ERR_TIMEOUT)
+            continue;
+        CM_TRY(st);
+        int free_slot = -1;
+        for (int i = 0; i < s->credits && free_slot < 0; i++)
+            if (!s->held[i])
+                free_slot = i;
+        if (free_slot < 0) { /* cannot happen: credits bound the answers held */
+            cm_chan_client_release(s->cl, &a);
+            return CM_FAIL(CM_ERR_PROTOCOL, "live source: more answers held than credits");
+        }
+        s->held[free_slot] = a;
+    }
+}
+
+static cm_status live_get(void *self, int batch, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                          float *out) {
+    dt_live       *s = self;
+    const uint64_t h = cm_shard_batch_hash(ids, (uint32_t)T, cu, (uint32_t)n_seq);
+    uint64_t       id;
+    int            planned = s->next_get < s->end;
+    if (planned) {
+        CM_TRY(top_up(s));
+        const live_req *r = &s->ring[s->head];
+        if (s->count == 0 || r->step != s->next_get || r->batch != batch)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "live source: step %lld asks for batch %d but the plan has batch %d; the trainer "
+                           "must load batches in epoch order",
+                           (long long)s->next_get + 1, batch, s->count ? r->batch : -1);
+        if (r->hash != h)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "batch %d ('%s') changed between its request and its step; do not edit the data "
+                           "during a run",
+                           batch, dt_data_path(s->tok, batch));
+        id = r->id;
+    } else { /* outside the plan: one request, answered before returning */
+        if (s->count > 0)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "live source: batch %d asked for while prefetches are in flight", batch);
+        id = s->extra_id++;
+        CM_TRY(cm_chan_client_submit(s->cl, id, ids, (uint32_t)T, cu, (uint32_t)n_seq, s->layer_ids,
+                                     (uint32_t)s->n_taps));
+    }
+    int slot;
+    CM_TRY(await(s, id, batch, &slot));
+    cm_chan_answer *a = s->held[slot];
+    cm_status       st = CM_OK;
+    const int64_t   D = s->hidden, W = (int64_t)s->n_taps * D;
+    if (a->status != CM_OK) {
+        st = CM_FAIL(a->status, "the server at '%s' cannot serve batch %d ('%s'): %s", s->endpoint, batch,
+                     dt_data_path(s->tok, batch), a->message);
+        goto done;
+    }
+    if (a->n_tensors != (uint32_t)s->n_taps) {
+        st = CM_FAIL(CM_ERR_PROTOCOL, "the server at '%s' answered batch %d with %u tensors, expected %d",
+                     s->endpoint, batch, a->n_tensors, s->n_taps);
+        goto done;
+    }
+    for (int k = 0; k < s->n_taps; k++) {
+        const cm_chan_tensor *t = &a->tensors[k];
+        if (t->n_tokens != T || t->hidden != D || (t->dtype != CM_DTYPE_BF16 && t->dtype != CM_DTYPE_F32)) {
+            st = CM_FAIL(CM_ERR_PROTOCOL,
+                         "the server at '%s' answered batch %d with tensor '%s' %s [%lld, %lld], expected "
+                         "[%lld, %lld]",
+                         s->endpoint, batch, t->name, cm_dtype_name(t->dtype), (long long)t->n_tokens,
+                         (long long)t->hidden, (long long)T, (long long)D);
+            goto done;
+        }
+        const size_t   es = cm_dtype_size(t->dtype);
+        const uint8_t *src = t->data;
+        for (int64_t r = 0; r < T; r++)
+            CM_TRY_GOTO(cm_convert(out + r * W + k * D, CM_DTYPE_F32, src + (size_t)(r * D) * es, t->dtype,
+                                   (size_t)D),
+                        st, done);
+    }
+done:
+    cm_chan_client_release(s->cl, &s->held[slot]);
+    if (planned) {
+        s->head = (s->head + 1) % s->credits;
+        s->count--;
+        s->next_get++;
+        if (st == CM_OK)
+            st = top_up(s); /* the next requests compute while this step trains */
+    }
+    return st;
+}
+
+dt_hidden_source dt_live_hidden(dt_live *l) {
+    return (dt_hidden_source){.get = live_get, .self = l};
+}

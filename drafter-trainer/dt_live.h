@@ -1,0 +1,57 @@
+/* drafter-trainer/dt_live.h — live hidden states (DESIGN §2, §3): `train --server ENDPOINT`
+ * asks a running target-server for each batch's taps while it trains. A dt_live is a
+ * dt_hidden_source backed by a cm_chan client; it keeps up to `credits` requests in flight
+ * AHEAD of the step being trained (the next batches of the epoch order, whose tokens it reads
+ * through its own token-only dt_data over the same files), so the trainer does not wait when
+ * the server is fast enough. Request ids are step + 1 (unique for the run; a resume starts at
+ * the cursor); a batch asked for out of the planned order gets an id from a separate counter.
+ * Answers are taken in the drafter's target_layer_ids order and widened to F32 [T, n·D].
+ * A lost server is the client's business (reconnect, re-send); an answer that does not come
+ * within timeout_ms fails the step with a message naming the endpoint. One thread. */
+#ifndef DT_LIVE_H
+#define DT_LIVE_H
+
+#include <stdint.h>
+
+#include "cm_proto.h"
+#include "cm_status.h"
+#include "dt_data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_live dt_live;
+
+typedef struct dt_live_config {
+    const char *endpoint;   /* tcp://HOST:PORT or ipc://PATH of target-server serve */
+    const char *name;       /* this trainer's name in the server's logs */
+    int         credits;    /* requests in flight ahead of training (≥ 1) */
+    cm_encoding encoding;   /* answers' encoding asked for */
+    int         timeout_ms; /* longest wait for the server at connect and for one answer */
+    const int  *layer_ids;  /* [n_taps] the drafter's target_layer_ids (distinct) */
+    int         n_taps, hidden;
+    int         vocab_size; /* of the drafter: token ids are checked against it */
+    uint64_t    target_id;  /* cm_target_cfg_hash of the trainer's --target */
+} dt_live_config;
+
+/* Opens the token list paths[n_paths] (the same list, in the same order, as the training
+ * data), connects and waits for the server's WELCOME, then checks it: target identity equal
+ * to target_id, hidden size equal to hidden, every layer id < the server's n_layers, the
+ * largest batch ≤ its max_tokens; CM_ERR_INVALID_ARG naming the difference and the fix,
+ * CM_ERR_TIMEOUT when no server answered. Caller destroys. */
+cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, const char *const *paths, int n_paths);
+void      dt_live_destroy(dt_live **l); /* NULL-safe; sets *l = NULL */
+
+/* The plan: steps start .. end − 1 of the run, epoch e = step / n_paths visiting
+ * dt_data_epoch_order(seed, e). get() for the planned batch of the next step uses (and tops
+ * up) the prefetched requests. */
+void dt_live_plan(dt_live *l, uint64_t seed, int64_t start, int64_t end);
+
+/* The source for dt_data_open_source. */
+dt_hidden_source dt_live_hidden(dt_live *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_LIVE_H */

@@ -1,0 +1,401 @@
+/* tests/test_dt_live.c — `drafter-trainer train --server` against a real `target-server serve
+ * --model models/tiny-qwen35 --encoding zstd-byteplane` process over loopback: the live run logs
+ * the same losses as training from batch files holding the dump rounded to BF16 (what the
+ * server sends), and metrics carry wait_s and compute_s; a run stopped and resumed live gives
+ * the same losses; two trainers on one server at once both finish with those losses; a
+ * server killed with SIGKILL mid-run and restarted on the same endpoint lets the run continue
+ * with the same losses; a server of another target is refused with a clear message; --shards
+ * with --server and a bad --credits are usage errors. */
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_dtype.h"
+#include "cm_log.h"
+#include "cm_safetensors.h"
+#include "dt_train_data.h"
+#include "tst.h"
+#include "tst_proc.h"
+
+#define N_BATCHES 12
+#define N_STEPS   24 /* two epochs */
+
+static char tmp[256], config[512], csv_tok[8192], csv_bf[8192], ref[65536];
+static int  n_ref;
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Starts argv as a child (stderr into err), without waiting. */
+static pid_t spawn(char *const argv[], const char *err) {
+    setenv("ASAN_OPTIONS", "exitcode=86", 1);
+    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc == 0 ? pid : -1;
+}
+
+/* Waits up to ms for pid; its exit status (128 + signal), or -1 if still running. */
+static int wait_exit(pid_t pid, int ms) {
+    int status;
+    for (int waited = 0;; waited += 10) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (waited >= ms)
+            return -1;
+        sleep_ms(10);
+    }
+}
+
+// ---- servers
+
+/* Starts serve --model model bound to bind; the resolved endpoint into ep_out. */
+static pid_t serve_start(const char *model, const char *bind, const char *tag, char *ep_out, size_t cap) {
+    char log[512], ep[512];
+    snprintf(log, sizeof log, "%s/serve-%s.log", tmp, tag);
+    snprintf(ep, sizeof ep, "%s/serve-%s.ep", tmp, tag);
+    unlink(ep);
+    char *argv[] = {DTD_TS_BIN,
+                    "serve",
+                    "--model",
+                    (char *)model,
+                    "--bind",
+                    (char *)bind,
+                    "--endpoint-file",
+                    ep,
+                    "--encoding",
+                    "zstd-byteplane",
+                    "--dtype",
+                    "bf16",
+                    "--heartbeat-ms",
+                    "200",
+                    "--peer-timeout-ms",
+                    "1500",
+                    "--stats-interval",
+                    "0",
+                    NULL};
+    pid_t pid = spawn(argv, log);
+    if (pid < 0)
+        return -1;
+    for (int i = 0; i < 600; i++) {
+        FILE *f = fopen(ep, "r");
+        if (f) {
+            int ok = fgets(ep_out, (int)cap, f) != NULL;
+            fclose(f);
+            ep_out[strcspn(ep_out, "\n")] = '\0';
+            if (ok && ep_out[0])
+                return pid;
+        }
+        if (wait_exit(pid, 0) >= 0) {
+            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
+            return -1;
+        }
+        sleep_ms(50);
+    }
+    fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static void serve_stop(pid_t *pid) {
+    if (*pid < 0)
+        return;
+    kill(*pid, SIGTERM);
+    if (wait_exit(*pid, 15000) < 0) {
+        kill(*pid, SIGKILL);
+        waitpid(*pid, NULL, 0);
+    }
+    *pid = -1;
+}
+
+// ---- data: token-only batch files and batch files with the dump's taps rounded to BF16
+
+static int make_data(void) {
+    static char     csv_dump[8192];
+    static float    hid[DTD_MAX_T * 2 * DTD_D];
+    static uint16_t h16[DTD_MAX_T * 2 * DTD_D];
+    if (!dtd_make_batches(tmp, N_BATCHES, 11, csv_dump, sizeof csv_dump))
+        return 0;
+    csv_tok[0] = csv_bf[0] = '\0';
+    for (int b = 0; b < N_BATCHES; b++) {
+        char src[512], tok[512], bf[512];
+        snprintf(src, sizeof src, "%s/batch-%d.safetensors", tmp, b);
+        snprintf(tok, sizeof tok, "%s/tok-%02d.safetensors", tmp, b);
+        snprintf(bf, sizeof bf, "%s/bf-%02d.safetensors", tmp, b);
+        cm_st *s = NULL;
+        if (cm_st_open_file(&s, src) != CM_OK)
+            return 0;
+        const cm_st_tensor *ti = cm_st_find(s, "input_ids"), *tc = cm_st_find(s, "cu_seqlens"),
+                           *tm = cm_st_find(s, "loss_mask"), *th = cm_st_find(s, "target_hidden");
+        int64_t T = ti->shape[0];
+        cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
+        cm_convert(h16, CM_DTYPE_BF16, hid, CM_DTYPE_F32, (size_t)T * 2 * DTD_D);
+        cm_st_writer *w = NULL;
+        int           ok =
+            cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
+            dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
+            dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
+            dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) &&
+            cm_st_writer_write(w, bf) == CM_OK;
+        cm_st_writer_destroy(&w);
+        cm_st_destroy(&s);
+        if (!ok)
+            return 0;
+        size_t u = strlen(csv_tok), v = strlen(csv_bf);
+        snprintf(csv_tok + u, sizeof csv_tok - u, "%s%s", b ? "," : "", tok);
+        snprintf(csv_bf + v, sizeof csv_bf - v, "%s%s", b ? "," : "", bf);
+    }
+    return 1;
+}
+
+// ---- helpers
+
+static const char *field(const char *line, const char *key) {
+    const char *p = strstr(line, key);
+    return p ? p + strlen(key) : NULL;
+}
+
+/* RUN/metrics.jsonl's "loss" and "tau" texts, one line each step, into out; *timed counts the
+ * lines with wait_s and compute_s, their sums into *wait and *compute. */
+static int read_losses(const char *run, char *out, size_t cap, int *n, int *timed, double *wait,
+                       double *compute) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tmp, run);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[4096];
+    out[0] = '\0';
+    *n = *timed = 0;
+    *wait = *compute = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *l = field(line, "\"loss\": "), *t = field(line, "\"tau\": ");
+        const char *w = field(line, "\"wait_s\": "), *c = field(line, "\"compute_s\": ");
+        if (!l || !t)
+            break;
+        size_t u = strlen(out);
+        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(l, ","), l, (int)strcspn(t, ","), t);
+        (*n)++;
+        if (w && c && atof(w) >= 0 && atof(c) > 0) {
+            (*timed)++;
+            *wait += atof(w);
+            *compute += atof(c);
+        }
+    }
+    fclose(f);
+    return *n > 0;
+}
+
+static int count_lines(const char *run) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tmp, run);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* Starts a train run RUN (stderr into RUN.err); server NULL = from csv_bf. */
+static pid_t train_start(const char *run, const char *target, const char *server, const char *steps,
+                         int resume) {
+    static char out[512], err[512];
+    snprintf(out, sizeof out, "%s/%s", tmp, run);
+    snprintf(err, sizeof err, "%s/%s.err", tmp, run);
+    char *argv[32] = {DTD_DT_BIN,      "train",
+                      "--config",      config,
+                      "--target",      (char *)target,
+                      "--data",        server ? csv_tok : csv_bf,
+                      "--out",         out,
+                      "--steps",       (char *)steps,
+                      "--seed",        "3",
+                      "--lr",          "3e-3",
+                      "--max-anchors", "16",
+                      "--log-level",   "warn"};
+    int   n = 20;
+    if (server) {
+        argv[n++] = "--server";
+        argv[n++] = (char *)server;
+        argv[n++] = "--credits";
+        argv[n++] = "2";
+        argv[n++] = "--timeout-ms";
+        argv[n++] = "60000";
+    }
+    if (resume)
+        argv[n++] = "--resume";
+    argv[n] = NULL;
+    return spawn(argv, err);
+}
+
+static int train(const char *run, const char *target, const char *server, const char *steps, int resume) {
+    pid_t pid = train_start(run, target, server, steps, resume);
+    int   rc = pid < 0 ? -1 : wait_exit(pid, 120000);
+    if (rc < 0 && pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return rc;
+}
+
+static const char *err_text(const char *run) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s.err", tmp, run);
+    return tst_slurp(p);
+}
+
+/* The run's losses equal the offline run's first n (n = its line count); 1 if so. */
+static int same_as_ref(const char *run, int want_n, double *wait, double *compute) {
+    static char a[65536];
+    int         n = 0, timed = 0;
+    if (!read_losses(run, a, sizeof a, &n, &timed, wait, compute) || n != want_n || timed != n)
+        return fprintf(stderr, "%s: %d metrics lines (%d timed), expected %d\n", run, n, timed, want_n), 0;
+    if (strncmp(a, ref, strlen(a)) != 0)
+        return fprintf(stderr, "%s:\n%s\noffline:\n%s\n", run, a, ref), 0;
+    return 1;
+}
+
+// ---- the tests
+
+static pid_t server = -1;
+static char  endpoint[256];
+
+static void test_live_same(void) {
+    double w = 0, c = 0;
+    TST_CHECK(train("live", DTD_MODEL, endpoint, "14", 0) == 0);
+    TST_CHECK(same_as_ref("live", 14, &w, &c));
+    fprintf(stderr, "live 14 steps: waited %.3f s for hidden states, computed %.3f s\n", w, c);
+    /* stopped after 5 steps and resumed live from the cursor */
+    TST_CHECK(train("live-resume", DTD_MODEL, endpoint, "5", 0) == 0);
+    TST_CHECK(train("live-resume", DTD_MODEL, endpoint, "14", 1) == 0);
+    TST_CHECK(same_as_ref("live-resume", 14, &w, &c));
+}
+
+static void test_two_trainers(void) {
+    pid_t a = train_start("two-a", DTD_MODEL, endpoint, "14", 0);
+    pid_t b = train_start("two-b", DTD_MODEL, endpoint, "14", 0);
+    int   ra = a < 0 ? -1 : wait_exit(a, 120000), rb = b < 0 ? -1 : wait_exit(b, 120000);
+    TST_CHECK(ra == 0 && rb == 0);
+    if (ra != 0 || rb != 0)
+        fprintf(stderr, "two-a: %s\ntwo-b: %s\n", err_text("two-a"), err_text("two-b"));
+    double w, c;
+    TST_CHECK(same_as_ref("two-a", 14, &w, &c));
+    TST_CHECK(same_as_ref("two-b", 14, &w, &c));
+}
+
+static void test_server_killed(void) {
+    pid_t t = train_start("killed", DTD_MODEL, endpoint, "24", 0);
+    TST_CHECK(t > 0);
+    if (t < 0)
+        return;
+    for (int i = 0; i < 30000 && count_lines("killed") < 3 && wait_exit(t, 0) < 0; i++)
+        sleep_ms(2);
+    kill(server, SIGKILL);
+    waitpid(server, NULL, 0);
+    server = -1;
+    int at_kill = count_lines("killed");
+    TST_CHECK(at_kill >= 3 && at_kill < N_STEPS);
+    sleep_ms(500);
+    char again[256];
+    server = serve_start(DTD_MODEL, endpoint, "restart", again, sizeof again);
+    TST_CHECK(server > 0 && strcmp(again, endpoint) == 0);
+    int rc = wait_exit(t, 120000);
+    if (rc < 0) {
+        kill(t, SIGKILL);
+        waitpid(t, NULL, 0);
+    }
+    TST_CHECK(rc == 0);
+    if (rc != 0)
+        fprintf(stderr, "killed: %s\n", err_text("killed"));
+    double w, c;
+    TST_CHECK(same_as_ref("killed", N_STEPS, &w, &c));
+    fprintf(stderr, "server killed after %d of %d steps; the run waited %.3f s in all\n", at_kill, N_STEPS,
+            w);
+}
+
+static void test_refusals(void) {
+    /* a server of another target */
+    char other_ep[256], model[600];
+    snprintf(model, sizeof model, "%s/fixtures/target/qwen35_mm_sharded/model", TANDEM_TEST_DATA);
+    pid_t other = serve_start(model, "tcp://127.0.0.1:*", "other", other_ep, sizeof other_ep);
+    TST_CHECK(other > 0);
+    if (other > 0) {
+        TST_CHECK(train("r-other", DTD_MODEL, other_ep, "2", 0) == 1);
+        TST_CHECK(strstr(err_text("r-other"), "another model") != NULL);
+        serve_stop(&other);
+    }
+    /* nobody listening */
+    char *argv[] = {DTD_DT_BIN,     "train", "--config", config, "--target", DTD_MODEL,
+                    "--data",       csv_tok, "--out",    "",     "--server", "tcp://127.0.0.1:1",
+                    "--timeout-ms", "1000",  NULL};
+    char  out[512], err[512];
+    snprintf(out, sizeof out, "%s/r-none", tmp);
+    snprintf(err, sizeof err, "%s/r-none.err", tmp);
+    argv[9] = out;
+    TST_CHECK(tst_run(argv, err) == 1 && strstr(tst_slurp(err), "no target-server answered") != NULL);
+    /* usage errors */
+    char *both[] = {DTD_DT_BIN, "train", "--config", config, "--target", DTD_MODEL, "--data", csv_tok,
+                    "--out",    out,     "--shards", tmp,    "--server", endpoint,  NULL};
+    TST_CHECK(tst_run(both, err) == 2 && strstr(tst_slurp(err), "--shards or --server") != NULL);
+    char *cred[] = {DTD_DT_BIN, "train", "--config", config,   "--target",  DTD_MODEL, "--data", csv_tok,
+                    "--out",    out,     "--server", endpoint, "--credits", "0",       NULL};
+    TST_CHECK(tst_run(cred, err) == 2 && strstr(tst_slurp(err), "--credits") != NULL);
+    char *enc[] = {DTD_DT_BIN, "train", "--config", config,   "--target",   DTD_MODEL, "--data", csv_tok,
+                   "--out",    out,     "--server", endpoint, "--encoding", "lz4",     NULL};
+    TST_CHECK(tst_run(enc, err) == 2 && strstr(tst_slurp(err), "--encoding") != NULL);
+}
+
+int main(void) {
+    if (!getenv("TANDEM_LOG"))
+        cm_log_set_level(CM_LOG_LEVEL_ERROR);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    snprintf(tmp, sizeof tmp, "/tmp/tandem-live-%d", (int)getpid());
+    mkdir(tmp, 0700);
+    snprintf(config, sizeof config, "%s/drafter.json", tmp);
+    if (!dtd_write_config(config, 1) || !make_data()) {
+        TST_CHECK(0);
+        return tst_report();
+    }
+    /* the offline reference: N_STEPS steps from batch files of the dump rounded to BF16 */
+    double w, c;
+    int    timed = 0;
+    TST_CHECK(train("offline", DTD_MODEL, NULL, "24", 0) == 0);
+    TST_CHECK(read_losses("offline", ref, sizeof ref, &n_ref, &timed, &w, &c) && n_ref == N_STEPS &&
+              timed == N_STEPS);
+    server = serve_start(DTD_MODEL, "tcp://127.0.0.1:*", "main", endpoint, sizeof endpoint);
+    if (server < 0 || n_ref != N_STEPS) {
+        TST_CHECK(0);
+        serve_stop(&server);
+        return tst_report();
+    }
+    test_live_same();
+    test_two_trainers();
+    test_server_killed();
+    test_refusals();
+    serve_stop(&server);
+    int rc = tst_report();
+    if (rc == 0) { /* logs are kept for a failed run */
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", tmp);
+    }
+    return rc;
+}
