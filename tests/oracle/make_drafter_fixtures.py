@@ -815,14 +815,14 @@ def main():
     for n in args.only:
         if n not in names:
             fail(f"unknown fixture '{n}'; known: {', '.join(names)}")
-    todo = [f for f in FIXTURES if not args.only or f["name"] in args.only]
+    selected = [f for f in FIXTURES if not args.only or f["name"] in args.only]
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}")
 
     if args.verify:
         with tempfile.TemporaryDirectory() as tmp:
-            for fx in todo:
+            for fx in selected:
                 make_fixture(fx, os.path.join(tmp, fx["name"]))
-            bad = verify(args.out_dir, tmp, [f["name"] for f in todo])
+            bad = verify(args.out_dir, tmp, [f["name"] for f in selected])
         if bad:
             fail("fresh build differs from the committed fixtures:\n  " + "\n  ".join(bad))
         log("verify: fresh build matches the committed fixtures")
@@ -834,7 +834,7 @@ def main():
         with open(manifest_path) as f:
             manifest = json.load(f)
     entries = {e["name"]: e for e in manifest.get("fixtures", [])}
-    for fx in todo:
+    for fx in selected:
         fdir = os.path.join(args.out_dir, fx["name"])
         if os.path.isdir(fdir):
             shutil.rmtree(fdir)

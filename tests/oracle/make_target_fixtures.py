@@ -702,17 +702,17 @@ def main():
     for n in args.only:
         if n not in names:
             fail(f"unknown fixture '{n}'; known: {', '.join(names)}")
-    todo = [f for f in FIXTURES if not args.only or f["name"] in args.only]
+    selected = [f for f in FIXTURES if not args.only or f["name"] in args.only]
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}")
 
     if args.verify:
         with tempfile.TemporaryDirectory() as tmp:
             out_dir, model_dir = os.path.join(tmp, "target"), os.path.join(tmp, "tiny-qwen35")
-            for fx in todo:
+            for fx in selected:
                 make_fixture(fx, os.path.join(out_dir, fx["name"]))
             if not args.only:
                 make_fixture(TINY_DEFAULT, model_dir, with_ref=False)
-            bad = verify(args.out_dir, out_dir, [f["name"] for f in todo])
+            bad = verify(args.out_dir, out_dir, [f["name"] for f in selected])
             if not args.only:
                 bad += verify(os.path.dirname(args.model_dir), tmp, [os.path.basename(args.model_dir)])
         if bad:
@@ -726,7 +726,7 @@ def main():
         with open(manifest_path) as f:
             manifest = json.load(f)
     entries = {e["name"]: e for e in manifest.get("fixtures", [])}
-    for fx in todo:
+    for fx in selected:
         fdir = os.path.join(args.out_dir, fx["name"])
         if os.path.isdir(fdir):
             shutil.rmtree(fdir)
