@@ -1,0 +1,11 @@
+# Run UX (issue 5): TensorBoard event files (cm), progress display, run config files and the
+# --dry-run plan (dt). test_cm_tb_tensorboard has TensorBoard itself read a file test_cm_tb
+# writes; it exits 77 (skipped) where the tensorboard Python package is not importable.
+add_unit_test(test_cm_tb test_cm_tb.c LABELS unit)
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_cm_tb_tensorboard
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/test_cm_tb_tensorboard.py
+                   $<TARGET_FILE:test_cm_tb>)
+  set_tests_properties(test_cm_tb_tensorboard PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS unit)
+endif()
