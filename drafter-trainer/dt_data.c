@@ -12,6 +12,7 @@
 #include "cm_dtype.h"
 #include "cm_rng.h"
 #include "cm_safetensors.h"
+#include "dt_dataset.h"
 
 struct dt_data {
     int              n;     /* files */
@@ -28,6 +29,8 @@ struct dt_data {
     dt_hidden_source src;
     int32_t         *ids, *cu, *mask; /* [max_T], [max_N + 1], [max_T] */
     float           *hidden_buf;      /* [max_T, width] */
+    const dt_dataset *ds;             /* packs instead of files (borrowed), or NULL */
+    int               dp_rank, dp_size;
 };
 
 // ---- FNV-1a 64
@@ -224,6 +227,58 @@ static cm_status check_contents(const dt_data *d, const char *path, const int32_
 
 // ---- open / destroy
 
+/* The set's reusable buffers, sized for its largest batch. */
+static cm_status alloc_buffers(dt_data *d) {
+    d->ids = malloc((size_t)d->max_T * sizeof *d->ids);
+    d->mask = malloc((size_t)d->max_T * sizeof *d->mask);
+    d->cu = malloc((size_t)(d->max_N + 1) * sizeof *d->cu);
+    if (d->width > 0)
+        d->hidden_buf = malloc((size_t)d->max_T * (size_t)d->width * sizeof *d->hidden_buf);
+    if (!d->ids || !d->mask || !d->cu || (d->width > 0 && !d->hidden_buf))
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate batch buffers for %lld tokens x %lld features",
+                       (long long)d->max_T, (long long)d->width);
+    return CM_OK;
+}
+
+cm_status dt_data_open_dataset(dt_data **out, const dt_dataset *ds, int n_taps, int hidden,
+                               const dt_hidden_source *src) {
+    *out = NULL;
+    if (n_taps < 0 || hidden < 0 || (n_taps > 0) != (src != NULL) || (src && (!src->get || hidden < 1)))
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "a dataset has no hidden states of its own: give --shards DIR (from precompute "
+                       "--dataset) or --server ENDPOINT");
+    dt_data *d = calloc(1, sizeof *d);
+    if (!d)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the data set");
+    d->ds = ds;
+    d->n = dt_dataset_n_packs(ds);
+    d->n_taps = n_taps;
+    d->hidden = hidden;
+    d->vocab = INT32_MAX; /* checked by dt_dataset_open */
+    d->width = (int64_t)n_taps * hidden;
+    d->have_src = src != NULL;
+    if (src)
+        d->src = *src;
+    d->dp_size = 1;
+    d->hash = dt_dataset_hash(ds);
+    for (int i = 0; i < d->n; i++) {
+        int64_t T;
+        int     N;
+        dt_dataset_pack_size(ds, i, &T, &N);
+        if (T > d->max_T)
+            d->max_T = T;
+        if (N > d->max_N)
+            d->max_N = N;
+    }
+    cm_status st = alloc_buffers(d);
+    if (st != CM_OK) {
+        dt_data_destroy(&d);
+        return st;
+    }
+    *out = d;
+    return CM_OK;
+}
+
 cm_status dt_data_open(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
                        int vocab_size) {
     if (n_taps < 1)
@@ -254,6 +309,7 @@ cm_status dt_data_open_source(dt_data **out, const char *const *paths, int n_pat
     d->have_src = src != NULL;
     if (src)
         d->src = *src;
+    d->dp_size = 1;
     d->hash = 0xcbf29ce484222325ULL;
     d->paths = calloc((size_t)n_paths, sizeof *d->paths);
     d->T = calloc((size_t)n_paths, sizeof *d->T);
@@ -295,16 +351,7 @@ cm_status dt_data_open_source(dt_data **out, const char *const *paths, int n_pat
         if (N > d->max_N)
             d->max_N = N;
     }
-    d->ids = malloc((size_t)d->max_T * sizeof *d->ids);
-    d->mask = malloc((size_t)d->max_T * sizeof *d->mask);
-    d->cu = malloc((size_t)(d->max_N + 1) * sizeof *d->cu);
-    if (d->width > 0)
-        d->hidden_buf = malloc((size_t)d->max_T * (size_t)d->width * sizeof *d->hidden_buf);
-    if (!d->ids || !d->mask || !d->cu || (d->width > 0 && !d->hidden_buf)) {
-        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate batch buffers for %lld tokens x %lld features",
-                     (long long)d->max_T, (long long)d->width);
-        goto fail;
-    }
+    CM_TRY_GOTO(alloc_buffers(d), st, fail);
     *out = d;
     return CM_OK;
 fail:
@@ -339,10 +386,41 @@ int64_t dt_data_max_tokens(const dt_data *d) {
     return d->max_T;
 }
 const char *dt_data_path(const dt_data *d, int i) {
-    return d->paths[i];
+    return d->ds ? dt_dataset_name(d->ds) : d->paths[i];
+}
+uint64_t dt_data_hash_dp(const dt_data *d, int dp_size) {
+    if (dp_size <= 1)
+        return d->hash; /* single-process runs keep the hash of before data parallelism */
+    uint64_t h = d->hash;
+    fnv(&h, "dp", 2);
+    fnv_i64(&h, dp_size);
+    return h;
 }
 uint64_t dt_data_hash(const dt_data *d) {
-    return d->hash;
+    return dt_data_hash_dp(d, d->dp_size);
+}
+
+cm_status dt_data_set_dp(dt_data *d, int rank, int size) {
+    if (size < 1 || rank < 0 || rank >= size)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "data-parallel rank %d of %d is impossible; need 0 <= --dp-rank < --dp-size (or RANK < "
+                       "WORLD_SIZE)",
+                       rank, size);
+    d->dp_rank = rank;
+    d->dp_size = size;
+    return CM_OK;
+}
+int dt_data_dp_rank(const dt_data *d) {
+    return d->dp_rank;
+}
+int dt_data_dp_size(const dt_data *d) {
+    return d->dp_size;
+}
+int64_t dt_data_steps_per_epoch(const dt_data *d) {
+    return ((int64_t)d->n + d->dp_size - 1) / d->dp_size;
+}
+int32_t dt_data_step_batch(const dt_data *d, const int32_t *order, int64_t k) {
+    return order[((int64_t)d->dp_rank + k * d->dp_size) % d->n];
 }
 
 void dt_data_epoch_order(const dt_data *d, uint64_t seed, uint64_t epoch, int32_t *order) {
@@ -358,10 +436,40 @@ void dt_data_epoch_order(const dt_data *d, uint64_t seed, uint64_t epoch, int32_
     }
 }
 
+static void point(dt_data *d, int64_t T, int N, dt_batch *b) {
+    b->T = T;
+    b->n_seq = N;
+    b->cu_seqlens = d->cu;
+    b->input_ids = d->ids;
+    b->loss_mask = d->mask;
+    b->target_hidden = d->width > 0 ? d->hidden_buf : NULL;
+    b->n_anchors = 0;
+    b->anchors = NULL;
+}
+
+/* Pack i of a dataset: tokens from memory (checked at open), target_hidden from the source. */
+static cm_status load_pack(dt_data *d, int i, dt_batch *b) {
+    int64_t T;
+    int     N;
+    dt_dataset_pack_size(d->ds, i, &T, &N);
+    dt_dataset_pack(d->ds, i, d->ids, d->cu, d->mask);
+    if (d->have_src) {
+        CM_TRY(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf));
+        for (int64_t k = 0; k < T * d->width; k++)
+            if (!isfinite(d->hidden_buf[k]))
+                return CM_FAIL(CM_ERR_FORMAT, "pack %d of dataset '%s': target_hidden[%lld, %lld] is not finite",
+                               i, dt_dataset_name(d->ds), (long long)(k / d->width), (long long)(k % d->width));
+    }
+    point(d, T, N, b);
+    return CM_OK;
+}
+
 cm_status dt_data_load(dt_data *d, int i, dt_batch *b) {
     memset(b, 0, sizeof *b);
     if (i < 0 || i >= d->n)
         return CM_FAIL(CM_ERR_INVALID_ARG, "batch %d is outside the %d files", i, d->n);
+    if (d->ds)
+        return load_pack(d, i, b);
     const char         *path = d->paths[i];
     cm_st              *f = NULL;
     cm_status           st = CM_OK;
@@ -391,14 +499,7 @@ cm_status dt_data_load(dt_data *d, int i, dt_batch *b) {
                          (long long)(k / d->width), (long long)(k % d->width));
             goto fail;
         }
-    b->T = T;
-    b->n_seq = N;
-    b->cu_seqlens = d->cu;
-    b->input_ids = d->ids;
-    b->loss_mask = d->mask;
-    b->target_hidden = d->width > 0 ? d->hidden_buf : NULL;
-    b->n_anchors = 0;
-    b->anchors = NULL;
+    point(d, T, N, b);
     return CM_OK;
 fail:
     cm_st_destroy(&f);

@@ -18,13 +18,25 @@
  * anchor stream key). The set hash covers the list order, each file's name (not directory),
  * T, N and its ids/cu_seqlens/loss_mask bytes, so a resume can refuse different data.
  * A dt_data owns host buffers sized for the largest batch (allocated at open) and reuses
- * them for every load. One thread. */
+ * them for every load. One thread.
+ *
+ * Datasets (dt_dataset.h): a dt_data may instead serve the packs of a tokenized dataset
+ * (dt_data_open_dataset): pack i is batch i, its hidden states come from a source (shards or
+ * a live server), its hash is the dataset's (packing included).
+ *
+ * Data parallelism (either kind): rank r of W takes positions k·W + r of each epoch's order,
+ * wrapping around to the start of the order when k·W + r ≥ count, so every rank runs the same
+ * ceil(count / W) steps per epoch (torch's DistributedSampler pads the same way); the ranks
+ * together visit every batch of the epoch, a few twice when W does not divide count. The
+ * cursor (epoch, step within the epoch) is per rank and equal on every rank. With W > 1 the
+ * hash also covers W, so a resume with another --dp-size is refused. */
 #ifndef DT_DATA_H
 #define DT_DATA_H
 
 #include <stdint.h>
 
 #include "cm_status.h"
+#include "dt_dataset.h"
 #include "dt_model.h"
 
 #ifdef __cplusplus
@@ -56,6 +68,12 @@ typedef struct dt_hidden_source {
  * leaves b->target_hidden NULL. */
 cm_status dt_data_open_source(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
                               int vocab_size, const dt_hidden_source *src);
+/* A dt_data over the packs of ds (borrowed; must outlive d; its ids were checked against the
+ * vocabulary by dt_dataset_open). Batches take target_hidden from src (n_taps ≥ 1, hidden ≥ 1),
+ * or, with src NULL and n_taps = 0, are token batches only. CM_ERR_INVALID_ARG naming --shards
+ * and --server when taps are asked for without a source. */
+cm_status dt_data_open_dataset(dt_data **out, const dt_dataset *ds, int n_taps, int hidden,
+                               const dt_hidden_source *src);
 void      dt_data_destroy(dt_data **d); /* NULL-safe; sets *d = NULL */
 
 /* Lists DIR/ *.safetensors sorted by name into a malloc'd array of malloc'd strings (free with
@@ -67,8 +85,20 @@ void      dt_data_free_list(char **paths, int n);
 
 int         dt_data_count(const dt_data *d);
 int64_t     dt_data_max_tokens(const dt_data *d); /* largest T over the files */
-const char *dt_data_path(const dt_data *d, int i);
-uint64_t    dt_data_hash(const dt_data *d);
+const char *dt_data_path(const dt_data *d, int i); /* batch file i, or the dataset's file list */
+uint64_t    dt_data_hash(const dt_data *d);           /* covers the dp size when > 1 (above) */
+uint64_t    dt_data_hash_dp(const dt_data *d, int dp_size); /* the hash under another dp size */
+
+/* Makes this process rank `rank` of `size` data-parallel ranks (default 0 of 1).
+ * CM_ERR_INVALID_ARG unless 0 ≤ rank < size. */
+cm_status dt_data_set_dp(dt_data *d, int rank, int size);
+int       dt_data_dp_rank(const dt_data *d);
+int       dt_data_dp_size(const dt_data *d);
+/* Steps of one epoch on every rank: ceil(count / dp size). */
+int64_t   dt_data_steps_per_epoch(const dt_data *d);
+/* The batch of this rank's step k (0 ≤ k < steps per epoch) of the epoch whose order
+ * (dt_data_epoch_order) is order: order[(rank + k·size) mod count]. */
+int32_t   dt_data_step_batch(const dt_data *d, const int32_t *order, int64_t k);
 
 /* The files of epoch epoch in visiting order (a permutation of 0 .. count − 1 into order,
  * Fisher–Yates from cm_rng_seed_stream(seed ^ DT_DATA_STREAM, epoch, 0)). */

@@ -90,15 +90,20 @@ static cm_status check_welcome(const dt_live *s, const dt_live_config *cfg, cons
     return CM_OK;
 }
 
-cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, const char *const *paths, int n_paths) {
+cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
     *out = NULL;
     cm_status st = CM_OK;
-    if (!cfg->endpoint || cfg->credits < 1 || cfg->n_taps < 1 || cfg->hidden < 1 || cfg->timeout_ms < 1)
+    if (!cfg->endpoint || cfg->credits < 1 || cfg->n_taps < 1 || cfg->hidden < 1 || cfg->timeout_ms < 1) {
+        dt_data_destroy(&tok);
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "live source: bad config (endpoint, credits, taps, hidden, timeout)");
+    }
     dt_live *s = calloc(1, sizeof *s);
-    if (!s)
+    if (!s) {
+        dt_data_destroy(&tok);
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the live source");
+    }
+    s->tok = tok;
     s->n_taps = cfg->n_taps;
     s->hidden = cfg->hidden;
     s->credits = cfg->credits;
@@ -114,7 +119,6 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, const char *con
         goto fail;
     }
     memcpy(s->layer_ids, cfg->layer_ids, (size_t)cfg->n_taps * sizeof *s->layer_ids);
-    CM_TRY_GOTO(dt_data_open_source(&s->tok, paths, n_paths, 0, 0, cfg->vocab_size, NULL), st, fail);
     s->n = dt_data_count(s->tok);
     if (!(s->order = malloc((size_t)s->n * sizeof *s->order))) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the epoch order of %d batches", s->n);
@@ -160,12 +164,12 @@ void dt_live_plan(dt_live *l, uint64_t seed, int64_t start, int64_t end) {
 }
 
 static int32_t batch_of(dt_live *s, int64_t step) {
-    const int64_t e = step / s->n;
+    const int64_t per = dt_data_steps_per_epoch(s->tok), e = step / per;
     if (e != s->order_epoch) {
         dt_data_epoch_order(s->tok, s->seed, (uint64_t)e, s->order);
         s->order_epoch = e;
     }
-    return s->order[step % s->n];
+    return dt_data_step_batch(s->tok, s->order, step % per);
 }
 
 /* Sends requests for the planned steps after next_get while credits allow. */

@@ -31,20 +31,22 @@ typedef struct dt_live_config {
     int         timeout_ms; /* longest wait for the server at connect and for one answer */
     const int  *layer_ids;  /* [n_taps] the drafter's target_layer_ids (distinct) */
     int         n_taps, hidden;
-    int         vocab_size; /* of the drafter: token ids are checked against it */
+    int         vocab_size; /* of the drafter (ids are checked by the token view given to open) */
     uint64_t    target_id;  /* cm_target_cfg_hash of the trainer's --target */
 } dt_live_config;
 
-/* Opens the token list paths[n_paths] (the same list, in the same order, as the training
- * data), connects and waits for the server's WELCOME, then checks it: target identity equal
- * to target_id, hidden size equal to hidden, every layer id < the server's n_layers, the
- * largest batch ≤ its max_tokens; CM_ERR_INVALID_ARG naming the difference and the fix,
- * CM_ERR_TIMEOUT when no server answered. Caller destroys. */
-cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, const char *const *paths, int n_paths);
+/* Takes ownership of tok (destroyed with the source, or here on failure): a token-only dt_data
+ * (n_taps 0, no source) over the same batch files or dataset, in the same order and with the
+ * same data-parallel rank and size, as the training data. Connects and waits for the server's
+ * WELCOME, then checks it: target identity equal to target_id, hidden size equal to hidden,
+ * every layer id < the server's n_layers, the largest batch ≤ its max_tokens;
+ * CM_ERR_INVALID_ARG naming the difference and the fix, CM_ERR_TIMEOUT when no server
+ * answered. Caller destroys. */
+cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok);
 void      dt_live_destroy(dt_live **l); /* NULL-safe; sets *l = NULL */
 
-/* The plan: steps start .. end − 1 of the run, epoch e = step / n_paths visiting
- * dt_data_epoch_order(seed, e). get() for the planned batch of the next step uses (and tops
+/* The plan: steps start .. end − 1 of the run, epoch e = step / dt_data_steps_per_epoch
+ * visiting dt_data_step_batch of dt_data_epoch_order(seed, e). get() for the planned batch of the next step uses (and tops
  * up) the prefetched requests. */
 void dt_live_plan(dt_live *l, uint64_t seed, int64_t start, int64_t end);
 

@@ -11,7 +11,8 @@ static void usage(FILE *f) {
                "  train   train a DFlash drafter (see drafter-trainer train --help)\n"
                "  grad    loss and every gradient of one batch (see drafter-trainer grad --help)\n"
                "  shards  inspect or export offline hidden-state shards (see drafter-trainer shards --help)\n"
-               "  precompute  store a target-server's hidden states in shards (see drafter-trainer precompute --help)\n");
+               "  precompute  store a target-server's hidden states in shards (see drafter-trainer precompute --help)\n"
+               "  dataset convert|inspect  tokenized datasets of documents (see drafter-trainer dataset --help)\n");
 }
 
 int main(int argc, char **argv) {
@@ -23,6 +24,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "train") == 0) return dt_cmd_train(argc - 2, argv + 2);
     if (strcmp(argv[1], "shards") == 0) return dt_cmd_shards(argc - 2, argv + 2);
     if (strcmp(argv[1], "precompute") == 0) return dt_cmd_precompute(argc - 2, argv + 2);
-    fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad, shards, precompute; see --help)\n", argv[1]);
+    if (strcmp(argv[1], "dataset") == 0) return dt_cmd_dataset(argc - 2, argv + 2);
+    fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad, shards, precompute, dataset; see --help)\n", argv[1]);
     return 2;
 }

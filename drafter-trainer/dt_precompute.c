@@ -183,9 +183,9 @@ dt_hidden_source dt_shard_source_hidden(dt_shard_source *s) {
 // precompute
 
 typedef struct pc_args {
-    const char *server, *data, *data_dir, *layers, *out, *name;
+    const char *server, *data, *data_dir, *dataset, *layers, *out, *name;
     cm_encoding encoding;
-    int64_t     credits, timeout_ms, progress_every, threads;
+    int64_t     credits, timeout_ms, progress_every, threads, token_budget;
 } pc_args;
 
 static volatile sig_atomic_t g_signal;
@@ -195,20 +195,25 @@ static void                  on_signal(int sig) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: drafter-trainer precompute --server ENDPOINT (--data FILE[,FILE...] | --data-dir DIR)\n"
-            "                                  --layers I,J,... --out SHARD_DIR [options]\n"
+            "usage: drafter-trainer precompute --server ENDPOINT\n"
+            "           (--data FILE[,FILE...] | --data-dir DIR | --dataset FILE[,FILE...] [--token-budget N])\n"
+            "           --layers I,J,... --out SHARD_DIR [options]\n"
             "\n"
             "Asks a running target-server for the hidden states of every token batch file and stores\n"
             "the answers in SHARD_DIR (created if absent; its parent must exist). Resumable: batches\n"
             "already stored are skipped, so a killed precompute continues where it stopped. Token batch\n"
             "files hold input_ids, cu_seqlens and loss_mask (see drafter-trainer/dt_data.h; a\n"
             "target_hidden is ignored); a batch's id is its index in the data list. Train from the\n"
-            "result with `drafter-trainer train ... --shards SHARD_DIR` and the same --data.\n"
+            "result with `drafter-trainer train ... --shards SHARD_DIR` and the same --data. With\n"
+            "--dataset (drafter-trainer/dt_dataset.h) the documents are packed as train packs them and\n"
+            "pack i is batch id i: train with the same --dataset and --token-budget.\n"
             "\n"
             "options:\n"
             "  --server ENDPOINT       the target-server (tcp://127.0.0.1:PORT or ipc://PATH)\n"
             "  --data FILE[,FILE...]   token batch files, in batch id order\n"
             "  --data-dir DIR          every DIR/*.safetensors, sorted by name\n"
+            "  --dataset FILE[,FILE...] tokenized documents (.jsonl or .safetensors), packed\n"
+            "  --token-budget N        tokens per pack with --dataset (default 8192)\n"
             "  --layers I,J,...        target layers to store (the drafters' target_layer_ids)\n"
             "  --out SHARD_DIR         shard directory\n"
             "  --encoding NAME         raw, zstd, zstd-byteplane (default) or fp8-zstd (lossy)\n"
@@ -240,7 +245,8 @@ static int parse_args(int argc, char **argv, pc_args *a) {
                    .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
                    .credits = 4,
                    .timeout_ms = 600000,
-                   .progress_every = 16};
+                   .progress_every = 16,
+                   .token_budget = 8192};
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
@@ -258,6 +264,10 @@ static int parse_args(int argc, char **argv, pc_args *a) {
             a->data = v;
         else if (strcmp(f, "--data-dir") == 0)
             a->data_dir = v;
+        else if (strcmp(f, "--dataset") == 0)
+            a->dataset = v;
+        else if (strcmp(f, "--token-budget") == 0)
+            ok = parse_i64(f, v, 2, INT32_MAX, &a->token_budget);
         else if (strcmp(f, "--layers") == 0)
             a->layers = v;
         else if (strcmp(f, "--out") == 0)
@@ -293,13 +303,13 @@ static int parse_args(int argc, char **argv, pc_args *a) {
             return 2;
         i++;
     }
-    if (!a->server || !a->layers || !a->out || (!a->data && !a->data_dir)) {
-        fprintf(stderr, "drafter-trainer precompute: --server, --layers, --out and --data or --data-dir are "
-                        "required (see --help)\n");
+    if (!a->server || !a->layers || !a->out || (!a->data && !a->data_dir && !a->dataset)) {
+        fprintf(stderr, "drafter-trainer precompute: --server, --layers, --out and --data, --data-dir or "
+                        "--dataset are required (see --help)\n");
         return 2;
     }
-    if (a->data && a->data_dir) {
-        fprintf(stderr, "drafter-trainer precompute: give --data or --data-dir, not both\n");
+    if (!!a->data + !!a->data_dir + !!a->dataset > 1) {
+        fprintf(stderr, "drafter-trainer precompute: give one of --data, --data-dir and --dataset\n");
         return 2;
     }
     return 0;
@@ -329,11 +339,12 @@ static cm_status parse_layers(const char *s, int32_t *ids, uint32_t *n) {
 typedef struct pc_run {
     pc_args          a;
     char           **paths;
-    int              n_paths;
+    int              n_paths; /* files given (batch files, or dataset files) */
+    dt_dataset      *ds;
     dt_data         *data;
     cm_chan_client  *cl;
     cm_shard_writer *w;
-    uint64_t        *hashes; /* [n_paths]: the request's cm_shard_batch_hash, set at submit */
+    uint64_t        *hashes; /* [batches]: the request's cm_shard_batch_hash, set at submit */
     int32_t          layers[CM_SHARD_MAX_LAYERS];
     uint32_t         n_layers;
     /* progress */
@@ -344,7 +355,8 @@ static void progress(const pc_run *r, const char *what) {
     const double mb = (double)r->bytes_written / 1e6;
     CM_LOG_INFO("precompute %s: %llu/%d batches (%llu stored now, %llu already stored), %.1f MB written, "
                 "ratio %.2fx",
-                what, (unsigned long long)(r->stored + r->skipped), r->n_paths, (unsigned long long)r->stored,
+                what, (unsigned long long)(r->stored + r->skipped), dt_data_count(r->data),
+                (unsigned long long)r->stored,
                 (unsigned long long)r->skipped, mb,
                 r->bytes_written ? (double)r->raw_bytes / (double)r->bytes_written : 0.0);
 }
@@ -373,14 +385,22 @@ static cm_status store_answer(pc_run *r, cm_chan_answer *ans) {
 static cm_status precompute(pc_run *r) {
     pc_args *a = &r->a;
     CM_TRY(parse_layers(a->layers, r->layers, &r->n_layers));
-    if (a->data)
-        CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
-    else
-        CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
-    CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, 0, 0, INT32_MAX, NULL));
-    r->hashes = calloc((size_t)r->n_paths, sizeof *r->hashes);
+    if (a->dataset) {
+        CM_TRY(dt_data_split_list(a->dataset, &r->paths, &r->n_paths));
+        CM_TRY(dt_dataset_open(&r->ds, (const char *const *)r->paths, r->n_paths, a->token_budget, INT32_MAX));
+        CM_TRY(dt_data_open_dataset(&r->data, r->ds, 0, 0, NULL));
+    } else {
+        if (a->data)
+            CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
+        else
+            CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
+        CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, 0, 0, INT32_MAX,
+                                   NULL));
+    }
+    const int n_batches = dt_data_count(r->data);
+    r->hashes = calloc((size_t)n_batches, sizeof *r->hashes);
     if (!r->hashes)
-        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d batch hashes", r->n_paths);
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d batch hashes", n_batches);
 
     cm_chan_client_config cc = CM_CHAN_CLIENT_CONFIG_DEFAULT;
     cc.endpoint = a->server;
@@ -430,13 +450,13 @@ static cm_status precompute(pc_run *r) {
     CM_LOG_INFO(
         "precompute: %d batches from target '%s' (hidden %u %s, layers %s, %s) into '%s'; %llu already "
         "stored",
-        r->n_paths, wl.name, wl.hidden_size, cm_dtype_name(wl.hidden_dtype), a->layers,
+        n_batches, wl.name, wl.hidden_size, cm_dtype_name(wl.hidden_dtype), a->layers,
         cm_encoding_name(a->encoding), a->out, (unsigned long long)cm_shard_writer_count(r->w));
 
     int     next = 0;
     int64_t waited = 0;
     while (!g_signal) {
-        while (next < r->n_paths && cm_chan_client_pending(r->cl) < (uint32_t)a->credits) {
+        while (next < n_batches && cm_chan_client_pending(r->cl) < (uint32_t)a->credits) {
             if (cm_shard_writer_has(r->w, (uint64_t)next)) {
                 r->skipped++;
                 next++;
@@ -450,7 +470,7 @@ static cm_status precompute(pc_run *r) {
                                          (uint32_t)b.n_seq, r->layers, r->n_layers));
             next++;
         }
-        if (next == r->n_paths && cm_chan_client_pending(r->cl) == 0)
+        if (next == n_batches && cm_chan_client_pending(r->cl) == 0)
             break;
         cm_chan_answer *ans = NULL;
         st = cm_chan_client_recv(r->cl, 200, &ans);
@@ -500,6 +520,7 @@ int dt_cmd_precompute(int argc, char **argv) {
     if (st == CM_OK && r->data)
         progress(r, g_signal ? "stopped" : "done");
     dt_data_destroy(&r->data);
+    dt_dataset_destroy(&r->ds);
     dt_data_free_list(r->paths, r->n_paths);
     free(r->hashes);
     free(r);

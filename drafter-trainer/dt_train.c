@@ -31,8 +31,9 @@
 #include "dt_precompute.h"
 
 typedef struct train_args {
-    const char *config, *init_from, *target, *data, *data_dir, *out, *device, *shards, *server;
+    const char *config, *init_from, *target, *data, *data_dir, *dataset, *out, *device, *shards, *server;
     int64_t     epochs, steps, max_anchors, save_every, log_every, credits, timeout_ms;
+    int64_t     token_budget, dp_rank, dp_size; /* dp: -1 = from RANK / WORLD_SIZE, else 0 / 1 */
     cm_encoding encoding;
     double      lr, warmup_ratio, gamma, weight_decay, clip;
     int         have_gamma, resume;
@@ -43,16 +44,23 @@ static void usage(FILE *f) {
     fprintf(
         f,
         "usage: drafter-trainer train (--config DRAFTER_CONFIG.json | --init-from DIR) --target TARGET_DIR\n"
-        "                             (--data FILE[,FILE...] | --data-dir DIR) --out RUN_DIR [options]\n"
+        "                             (--data FILE[,FILE...] | --data-dir DIR | --dataset FILE[,FILE...])\n"
+        "                             --out RUN_DIR [options]\n"
         "\n"
         "Trains a DFlash drafter on packed batch files (safetensors: input_ids, cu_seqlens, loss_mask I32;\n"
-        "target_hidden BF16/F32 [T, n_taps*hidden]); see drafter-trainer/dt_data.h.\n"
+        "target_hidden BF16/F32 [T, n_taps*hidden]; see drafter-trainer/dt_data.h) or on a tokenized\n"
+        "dataset of documents that it packs itself (JSONL or binary; see drafter-trainer/dt_dataset.h).\n"
         "\n"
         "  --config FILE            drafter config.json; parameters start from the Qwen3 init (--seed)\n"
         "  --init-from DIR          start from a drafter checkpoint (config.json + model.safetensors)\n"
         "  --target DIR             target model: its frozen embed_tokens and lm_head\n"
         "  --data FILE[,FILE...]    batch files, one packed batch each (one step per batch)\n"
         "  --data-dir DIR           every DIR/*.safetensors, sorted by name\n"
+        "  --dataset FILE[,FILE...] tokenized documents (.jsonl or .safetensors), packed into batches of\n"
+        "                           at most --token-budget tokens; needs --shards or --server\n"
+        "  --token-budget N         tokens per packed batch with --dataset (default 8192)\n"
+        "  --dp-rank R --dp-size W  data-parallel rank R of W: positions R, R+W, ... of each epoch's\n"
+        "                           order (default: RANK and WORLD_SIZE from the environment, else 0 of 1)\n"
         "  --shards DIR             target_hidden from precomputed shards (drafter-trainer precompute\n"
         "                           over the same data list); the batch files then need no target_hidden\n"
         "  --server ENDPOINT        target_hidden live from a running `target-server serve`\n"
@@ -106,6 +114,28 @@ static int parse_f64(const char *flag, const char *s, double lo, double hi, doub
     return 1;
 }
 
+/* --dp-rank / --dp-size, else RANK / WORLD_SIZE as torchrun and Slurm launchers set them
+ * (both or neither), else 0 of 1. 0 ok, else a message was printed. */
+static int dp_from_env(train_args *a) {
+    if ((a->dp_rank < 0) != (a->dp_size < 0)) {
+        fprintf(stderr, "drafter-trainer train: give --dp-rank and --dp-size together\n");
+        return 1;
+    }
+    if (a->dp_size < 0) {
+        const char *r = getenv("RANK"), *w = getenv("WORLD_SIZE");
+        a->dp_rank = 0;
+        a->dp_size = 1;
+        if (r && w && (!parse_i64("RANK", r, 0, &a->dp_rank) || !parse_i64("WORLD_SIZE", w, 1, &a->dp_size)))
+            return 1;
+    }
+    if (a->dp_rank >= a->dp_size || a->dp_size > 1 << 20) {
+        fprintf(stderr, "drafter-trainer train: data-parallel rank %lld of %lld: need 0 <= rank < size <= %d\n",
+                (long long)a->dp_rank, (long long)a->dp_size, 1 << 20);
+        return 1;
+    }
+    return 0;
+}
+
 /* 0 ok, 1 help printed, 2 usage error (message printed). */
 static int parse_args(int argc, char **argv, train_args *a) {
     *a = (train_args){.device = "cpu",
@@ -117,6 +147,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
                       .clip = 1.0,
                       .credits = 4,
                       .timeout_ms = 300000,
+                      .token_budget = 8192,
+                      .dp_rank = -1,
+                      .dp_size = -1,
                       .encoding = CM_ENCODING_ZSTD_BYTEPLANE};
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -143,6 +176,14 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->data = v;
         else if (strcmp(f, "--data-dir") == 0)
             a->data_dir = v;
+        else if (strcmp(f, "--dataset") == 0)
+            a->dataset = v;
+        else if (strcmp(f, "--token-budget") == 0)
+            ok = parse_i64(f, v, 2, &a->token_budget);
+        else if (strcmp(f, "--dp-rank") == 0)
+            ok = parse_i64(f, v, 0, &a->dp_rank);
+        else if (strcmp(f, "--dp-size") == 0)
+            ok = parse_i64(f, v, 1, &a->dp_size);
         else if (strcmp(f, "--shards") == 0)
             a->shards = v;
         else if (strcmp(f, "--server") == 0)
@@ -201,16 +242,26 @@ static int parse_args(int argc, char **argv, train_args *a) {
             return 2;
         i++;
     }
-    if (!a->target || !a->out || (!a->data && !a->data_dir)) {
-        fprintf(
-            stderr,
-            "drafter-trainer train: --target, --out and --data or --data-dir are required (see --help)\n");
+    if (!a->target || !a->out || (!a->data && !a->data_dir && !a->dataset)) {
+        fprintf(stderr, "drafter-trainer train: --target, --out and --data, --data-dir or --dataset are "
+                        "required (see --help)\n");
         return 2;
     }
-    if (a->data && a->data_dir) {
-        fprintf(stderr, "drafter-trainer train: give --data or --data-dir, not both\n");
+    if (!!a->data + !!a->data_dir + !!a->dataset > 1) {
+        fprintf(stderr, "drafter-trainer train: give one of --data, --data-dir and --dataset\n");
         return 2;
     }
+    if (a->dataset && !a->shards && !a->server) {
+        fprintf(stderr, "drafter-trainer train: a --dataset has no hidden states of its own; give --shards "
+                        "DIR (from drafter-trainer precompute --dataset) or --server ENDPOINT\n");
+        return 2;
+    }
+    if (a->token_budget > INT32_MAX) {
+        fprintf(stderr, "drafter-trainer train: --token-budget is at most %d\n", INT32_MAX);
+        return 2;
+    }
+    if (dp_from_env(a) != 0)
+        return 2;
     if (a->credits > 1024 || a->timeout_ms > INT32_MAX) {
         fprintf(stderr, "drafter-trainer train: --credits is at most 1024 and --timeout-ms at most %d\n",
                 INT32_MAX);
@@ -241,6 +292,7 @@ typedef struct run {
     dt_model         *m;
     dt_optim         *o;
     dt_data          *data;
+    dt_dataset       *ds;        /* --dataset: the packed documents behind data */
     dt_shard_source  *shards;    /* --shards: where target_hidden comes from */
     dt_live          *live;      /* --server: where target_hidden comes from */
     uint64_t          target_id; /* cm_target_cfg_hash of --target */
@@ -425,7 +477,85 @@ static void set_next_rng(run *r, int64_t step) {
     r->ts.epoch = step / n;
     r->ts.index = step % n;
     dt_data_epoch_order(r->data, r->hp.seed, (uint64_t)r->ts.epoch, r->order_next);
-    dt_anchor_rng(&r->ts.rng, r->hp.seed, (uint64_t)r->ts.epoch, (uint64_t)r->order_next[r->ts.index]);
+    dt_anchor_rng(&r->ts.rng, r->hp.seed, (uint64_t)r->ts.epoch,
+                  (uint64_t)dt_data_step_batch(r->data, r->order_next, r->ts.index));
+}
+
+/* The training data and where its hidden states come from: batch files (--data, --data-dir)
+ * or a dataset's packs (--dataset), with target_hidden from the files, --shards or --server;
+ * then this process's data-parallel share. */
+static cm_status open_data(run *r) {
+    train_args    *a = &r->a;
+    const int      taps = r->cfg.n_taps, D = r->cfg.hidden_size, V = r->cfg.vocab_size;
+    dt_data       *tok = NULL; /* --server: the live source's token-only twin of the data */
+    if (a->dataset) {
+        CM_TRY(dt_data_split_list(a->dataset, &r->paths, &r->n_paths));
+        CM_TRY(dt_dataset_open(&r->ds, (const char *const *)r->paths, r->n_paths, a->token_budget, V));
+    } else if (a->data)
+        CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
+    else
+        CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
+    if (a->server) {
+        if (r->ds)
+            CM_TRY(dt_data_open_dataset(&tok, r->ds, 0, 0, NULL));
+        else
+            CM_TRY(dt_data_open_source(&tok, (const char *const *)r->paths, r->n_paths, 0, 0, V, NULL));
+        cm_status st = dt_data_set_dp(tok, (int)a->dp_rank, (int)a->dp_size);
+        if (st != CM_OK) {
+            dt_data_destroy(&tok);
+            return st;
+        }
+        const dt_live_config lc = {.endpoint = a->server,
+                                   .name = "drafter-trainer",
+                                   .credits = (int)a->credits,
+                                   .encoding = a->encoding,
+                                   .timeout_ms = (int)a->timeout_ms,
+                                   .layer_ids = r->cfg.target_layer_ids,
+                                   .n_taps = taps,
+                                   .hidden = D,
+                                   .vocab_size = V,
+                                   .target_id = r->target_id};
+        CM_TRY(dt_live_open(&r->live, &lc, tok)); /* owns tok from here */
+    }
+    dt_hidden_source hs = {0};
+    if (a->shards) {
+        CM_TRY(dt_shard_source_open(&r->shards, a->shards, r->cfg.target_layer_ids, taps, D, r->target_id));
+        hs = dt_shard_source_hidden(r->shards);
+    } else if (r->live)
+        hs = dt_live_hidden(r->live);
+    const dt_hidden_source *src = a->shards || r->live ? &hs : NULL;
+    if (r->ds)
+        CM_TRY(dt_data_open_dataset(&r->data, r->ds, taps, D, src));
+    else if (src)
+        CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, taps, D, V, src));
+    else
+        CM_TRY(dt_data_open(&r->data, (const char *const *)r->paths, r->n_paths, taps, D, V));
+    return dt_data_set_dp(r->data, (int)a->dp_rank, (int)a->dp_size);
+}
+
+/* A resume with another data-parallel size would visit other batches: say so plainly (the
+ * checkpoint's data hash covers the dp size; dt_ckpt_load refuses any other difference). */
+static cm_status check_resume_dp(run *r) {
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/training_state.safetensors", r->resume_dir);
+    cm_st *f = NULL;
+    if (cm_st_open_file(&f, path) != CM_OK) {
+        cm_clear_error();
+        return CM_OK; /* dt_ckpt_load reports it */
+    }
+    const char *h = cm_st_metadata(f, "data_hash");
+    uint64_t    saved = h ? strtoull(h, NULL, 16) : 0;
+    cm_st_destroy(&f);
+    const int W = dt_data_dp_size(r->data);
+    if (!h || saved == dt_data_hash(r->data))
+        return CM_OK;
+    for (int w = 1; w <= 4096; w++)
+        if (w != W && dt_data_hash_dp(r->data, w) == saved)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "cannot resume: '%s' was trained with data-parallel size %d but this run has %d; "
+                           "resume with --dp-size %d (or that WORLD_SIZE), or start a new --out",
+                           r->resume_dir, w, W, w);
+    return CM_OK;
 }
 
 static cm_status save(run *r, int64_t step) {
@@ -509,34 +639,7 @@ static cm_status train(run *r) {
     }
     CM_TRY(load_target(r));
 
-    if (a->data)
-        CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
-    else
-        CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
-    if (a->shards) {
-        CM_TRY(dt_shard_source_open(&r->shards, a->shards, r->cfg.target_layer_ids, r->cfg.n_taps,
-                                    r->cfg.hidden_size, r->target_id));
-        const dt_hidden_source hs = dt_shard_source_hidden(r->shards);
-        CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
-                                   r->cfg.hidden_size, r->cfg.vocab_size, &hs));
-    } else if (a->server) {
-        const dt_live_config lc = {.endpoint = a->server,
-                                   .name = "drafter-trainer",
-                                   .credits = (int)a->credits,
-                                   .encoding = a->encoding,
-                                   .timeout_ms = (int)a->timeout_ms,
-                                   .layer_ids = r->cfg.target_layer_ids,
-                                   .n_taps = r->cfg.n_taps,
-                                   .hidden = r->cfg.hidden_size,
-                                   .vocab_size = r->cfg.vocab_size,
-                                   .target_id = r->target_id};
-        CM_TRY(dt_live_open(&r->live, &lc, (const char *const *)r->paths, r->n_paths));
-        const dt_hidden_source hs = dt_live_hidden(r->live);
-        CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
-                                   r->cfg.hidden_size, r->cfg.vocab_size, &hs));
-    } else
-        CM_TRY(dt_data_open(&r->data, (const char *const *)r->paths, r->n_paths, r->cfg.n_taps,
-                            r->cfg.hidden_size, r->cfg.vocab_size));
+    CM_TRY(open_data(r));
 
     dt_hparams *hp = &r->hp;
     hp->lr = a->lr;
@@ -552,7 +655,7 @@ static cm_status train(run *r) {
         CM_TRY(default_gamma(r->cfg.block_size, &hp->loss_decay_gamma));
     hp->epochs = a->epochs;
     hp->max_anchors = a->max_anchors;
-    hp->n_batches = dt_data_count(r->data);
+    hp->n_batches = dt_data_steps_per_epoch(r->data); /* of this rank */
     if (hp->epochs > INT64_MAX / hp->n_batches)
         return CM_FAIL(CM_ERR_INVALID_ARG, "--epochs %" PRId64 " is too large", hp->epochs);
     hp->total_steps = hp->epochs * hp->n_batches;
@@ -573,8 +676,8 @@ static cm_status train(run *r) {
     CM_TRY(st);
 
     const int64_t max_T = dt_data_max_tokens(r->data);
-    r->order = malloc((size_t)hp->n_batches * sizeof *r->order);
-    r->order_next = malloc((size_t)hp->n_batches * sizeof *r->order_next);
+    r->order = malloc((size_t)dt_data_count(r->data) * sizeof *r->order);
+    r->order_next = malloc((size_t)dt_data_count(r->data) * sizeof *r->order_next);
     r->anchors = malloc((size_t)max_T * sizeof *r->anchors);
     r->work = malloc((size_t)max_T * sizeof *r->work);
     if (!r->order || !r->order_next || !r->anchors || !r->work)
@@ -584,6 +687,7 @@ static cm_status train(run *r) {
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", a->out);
     int64_t start = 0;
     if (a->resume) {
+        CM_TRY(check_resume_dp(r));
         CM_TRY(dt_ckpt_load(r->resume_dir, hp, r->m, r->o, r->be, r->ctx, &r->ts));
         dt_train_state saved = r->ts;
         set_next_rng(r, saved.step);
@@ -609,10 +713,11 @@ static cm_status train(run *r) {
     int64_t end = hp->total_steps;
     if (a->steps > 0 && a->steps < end)
         end = a->steps;
-    CM_LOG_INFO("training %d parameters on %" PRId64 " batch files x %" PRId64 " epochs = %" PRId64
-                " steps (warmup %" PRId64 "), steps %" PRId64 "..%" PRId64 ", device %s",
-                np, hp->n_batches, hp->epochs, hp->total_steps, hp->warmup_steps, start + 1, end,
-                r->be->name);
+    CM_LOG_INFO("training %d parameters on %" PRId64 " batches per epoch (%d %s%s) x %" PRId64
+                " epochs = %" PRId64 " steps (warmup %" PRId64 "), steps %" PRId64 "..%" PRId64 ", device %s",
+                np, hp->n_batches, dt_data_count(r->data), r->ds ? "packs" : "batch files",
+                dt_data_dp_size(r->data) > 1 ? ", this rank's share" : "", hp->epochs, hp->total_steps,
+                hp->warmup_steps, start + 1, end, r->be->name);
     if (start >= end) {
         CM_LOG_INFO("nothing to do: the run is at step %" PRId64 " and stops at %" PRId64, start, end);
         return CM_OK;
@@ -628,7 +733,7 @@ static cm_status train(run *r) {
             dt_data_epoch_order(r->data, hp->seed, (uint64_t)epoch, r->order);
             cur_epoch = epoch;
         }
-        const int32_t batch = r->order[index];
+        const int32_t batch = dt_data_step_batch(r->data, r->order, index);
         dt_batch      b;
         CM_TRY(dt_data_load(r->data, batch, &b));
         const double wait_s = now_s() - t0; /* the batch and its hidden states (file, shards, server) */
@@ -661,6 +766,7 @@ static void run_release(run *r) {
     dt_data_destroy(&r->data);
     dt_shard_source_destroy(&r->shards);
     dt_live_destroy(&r->live);
+    dt_dataset_destroy(&r->ds);
     dt_data_free_list(r->paths, r->n_paths);
     dt_optim_destroy(&r->o);
     dt_model_destroy(&r->m);
