@@ -9,3 +9,11 @@ if(Python3_Interpreter_FOUND)
                    $<TARGET_FILE:test_cm_tb>)
   set_tests_properties(test_cm_tb_tensorboard PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS unit)
 endif()
+# The dt modules here depend on libcm only, so their tests compile them directly and do not
+# wait for (or break with) the rest of libdt.
+foreach(m progress runcfg plan)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/drafter-trainer/dt_${m}.c)
+    add_unit_test(test_dt_${m} "test_dt_${m}.c;${PROJECT_SOURCE_DIR}/drafter-trainer/dt_${m}.c" LABELS unit)
+    target_include_directories(test_dt_${m} PRIVATE ${PROJECT_SOURCE_DIR}/drafter-trainer)
+  endif()
+endforeach()
