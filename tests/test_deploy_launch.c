@@ -1,0 +1,443 @@
+/* tests/test_deploy_launch.c — deploy/tandem-launch for real on the CPU with the tiny target
+ * (models/tiny-qwen35): one target-server and one trainer on token batch files run a few live
+ * steps, the launcher exits 0 after stopping the server last, and every process is gone; a
+ * SIGTERM mid-run stops the trainer first, then the server (exit 143); a failing trainer's
+ * status becomes the launcher's; a server that cannot load its model stops the launch before
+ * any trainer starts; a SIGKILLed launcher leaves no child behind (pdeathsig); the swap-runs
+ * workflow (--servers-only, then two --trainers-only runs against it); and the --dry-run plan
+ * of the seeds' layout (servers on GPUs 0-1, trainers on 2-3) and of 3 ranks on 2 servers. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_rng.h"
+#include "cm_safetensors.h"
+#include "tst.h"
+
+#define LAUNCH  TANDEM_TEST_DATA "/../deploy/tandem-launch"
+#define MODEL   TANDEM_TEST_DATA "/../models/tiny-qwen35"
+#define N_BATCH 6
+
+extern char **environ;
+
+static char tmp[256], config[512], csv[8192];
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+// ---- fixtures: the tiny drafter's config and token batch files (no hidden states: live)
+
+static int write_config(void) {
+    FILE *f = fopen(config, "w");
+    if (!f)
+        return 0;
+    fprintf(f, "{\"architectures\": [\"DFlashDraftModel\"], \"model_type\": \"qwen3\", \"block_size\": 8,\n"
+               " \"num_target_layers\": 6, \"dflash_config\": {\"mask_token_id\": 511, \"target_layer_ids\": "
+               "[1, 3]},\n"
+               " \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 1,\n"
+               " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16,\n"
+               " \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000,\n"
+               " \"attention_bias\": false, \"max_position_embeddings\": 4096,\n"
+               " \"layer_types\": [\"full_attention\"], \"tie_word_embeddings\": false,\n"
+               " \"vocab_size\": 512, \"dtype\": \"bfloat16\"}\n");
+    return fclose(f) == 0;
+}
+
+/* N_BATCH token batches of 3-5 counting documents (24-40 tokens, a 3-token prompt each). */
+static int write_batches(void) {
+    int32_t ids[256], mask[256], cu[8];
+    cm_rng  r;
+    cm_rng_seed(&r, 5);
+    csv[0] = '\0';
+    for (int b = 0; b < N_BATCH; b++) {
+        int T = 0, n = 0;
+        cu[0] = 0;
+        while (n < 3 || (T < 96 && n < 5)) {
+            int len = 24 + (int)cm_rng_below(&r, 17), s = (int)cm_rng_below(&r, 64);
+            int d = 1 + (int)cm_rng_below(&r, 3);
+            for (int i = 0; i < len; i++) {
+                ids[T + i] = 100 + (s + i * d) % 64;
+                mask[T + i] = i >= 3;
+            }
+            T += len;
+            cu[++n] = T;
+        }
+        char path[512];
+        snprintf(path, sizeof path, "%s/tok-%d.safetensors", tmp, b);
+        int64_t       sT[1] = {T}, sN[1] = {n + 1};
+        cm_st_writer *w = NULL;
+        int           ok = cm_st_writer_create(&w) == CM_OK &&
+                 cm_st_writer_add(w, "input_ids", CM_DTYPE_I32, 1, sT, ids) == CM_OK &&
+                 cm_st_writer_add(w, "cu_seqlens", CM_DTYPE_I32, 1, sN, cu) == CM_OK &&
+                 cm_st_writer_add(w, "loss_mask", CM_DTYPE_I32, 1, sT, mask) == CM_OK &&
+                 cm_st_writer_write(w, path) == CM_OK;
+        cm_st_writer_destroy(&w);
+        if (!ok)
+            return 0;
+        size_t u = strlen(csv);
+        snprintf(csv + u, sizeof csv - u, "%s%s", b ? "," : "", path);
+    }
+    return 1;
+}
+
+// ---- processes
+
+/* Starts the launcher with args (NULL-terminated), stdout and stderr into out. */
+static pid_t launch_start(const char *out, char **args) {
+    char *argv[64] = {"/bin/bash", LAUNCH};
+    int   n = 2;
+    for (; args[n - 2] && n < 63; n++)
+        argv[n] = args[n - 2];
+    argv[n] = NULL;
+    setenv("ASAN_OPTIONS", "exitcode=86", 1);
+    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    pid_t pid;
+    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc == 0 ? pid : -1;
+}
+
+/* Waits up to ms; the exit status (128 + signal), or -1 (then the launcher is SIGKILLed). */
+static int launch_wait(pid_t pid, int ms) {
+    int status;
+    for (int waited = 0;; waited += 20) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (waited >= ms) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            return -1;
+        }
+        sleep_ms(20);
+    }
+}
+
+static int launch(const char *out, char **args, int ms) {
+    pid_t pid = launch_start(out, args);
+    return pid < 0 ? -1 : launch_wait(pid, ms);
+}
+
+/* Reads a small text file (static buffer; "" if unreadable). */
+static const char *slurp(const char *path) {
+    static char buf[1 << 17];
+    buf[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return buf;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static const char *file_in(const char *run, const char *name) {
+    static char p[4][768];
+    static int  k;
+    k = (k + 1) % 4;
+    snprintf(p[k], sizeof p[k], "%s/%s/%s", tmp, run, name);
+    return p[k];
+}
+
+static int lines_of(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* 1 if a is found in text before b (both present). */
+static int before(const char *text, const char *a, const char *b) {
+    const char *pa = strstr(text, a), *pb = strstr(text, b);
+    return pa && pb && pa < pb;
+}
+
+/* Processes (not zombies) whose command line names our temporary directory. */
+static int count_ours(void) {
+    DIR *d = opendir("/proc");
+    if (!d)
+        return -1;
+    struct dirent *e;
+    int            n = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || atoi(e->d_name) == (int)getpid())
+            continue;
+        char path[300], buf[8192];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < len; i++)
+            if (!buf[i])
+                buf[i] = ' ';
+        buf[len] = '\0';
+        if (len && strstr(buf, tmp)) {
+            fprintf(stderr, "left running: pid %s: %s\n", e->d_name, buf);
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* Waits up to ms for every process of ours to be gone; 1 if so. */
+static int none_left(int ms) {
+    for (int waited = 0; waited < ms; waited += 100) {
+        if (count_ours() == 0)
+            return 1;
+        sleep_ms(100);
+    }
+    return count_ours() == 0;
+}
+
+// ---- the launches
+
+#define COMMON "--device", "cpu", "--model", MODEL, "--drafter-config", config, "--bin-dir", TANDEM_BINARY_DIR
+
+static void test_run(void) {
+    char out[512], run[512];
+    snprintf(out, sizeof out, "%s/run.out", tmp);
+    snprintf(run, sizeof run, "%s/run", tmp);
+    char *args[] = {"--server-gpus", "0",       "--trainer-gpus", "0",   "--base-port", "0",      COMMON,
+                    "--out",         run,       "--",             "--data", csv,       "--steps", "4",
+                    "--max-anchors", "16",      "--seed",         "3",   "--credits",   "2",      NULL};
+    int   rc = launch(out, args, 60000);
+    TST_CHECK(rc == 0);
+    const char *o = slurp(out);
+    if (rc != 0)
+        fprintf(stderr, "launcher output:\n%s\ntrainer log:\n%s\n", o, slurp(file_in("run", "logs/trainer-0.log")));
+    TST_CHECK(strstr(o, "server 0 ready at tcp://127.0.0.1:") != NULL);
+    TST_CHECK(before(o, "server 0 ready", "trainer 0 started"));
+    TST_CHECK(before(o, "trainer 0 exited with status 0", "server 0 exited with status 0"));
+    TST_CHECK(lines_of(file_in("run", "metrics.jsonl")) == 4);
+    TST_CHECK(strstr(slurp(file_in("run", "logs/server-0.log")), "answering requests") != NULL);
+    TST_CHECK(strstr(slurp(file_in("run", "logs/server-0.log")), "served ") != NULL); /* a clean stop */
+    TST_CHECK(strstr(slurp(file_in("run", "logs/trainer-0.log")), "=== ") != NULL);
+    TST_CHECK(strstr(slurp(file_in("run", "logs/plan.txt")), "trainer 0: gpu 0") != NULL);
+    TST_CHECK(none_left(5000));
+}
+
+/* A run that lasts (many epochs), stopped with sig once it has trained 2 steps. */
+static int stop_mid_run(const char *name, int sig, int *steps_at_stop) {
+    char out[512], run[512];
+    snprintf(out, sizeof out, "%s/%s.out", tmp, name);
+    snprintf(run, sizeof run, "%s/%s", tmp, name);
+    char *args[] = {"--server-gpus", "0",  "--trainer-gpus", "0",      "--base-port", "0",         COMMON,
+                    "--out",         run,  "--",             "--data", csv,           "--epochs",  "100000",
+                    "--max-anchors", "16", "--seed",         "3",      NULL};
+    pid_t pid = launch_start(out, args);
+    if (pid < 0)
+        return -1;
+    const char *metrics = file_in(name, "metrics.jsonl");
+    for (int i = 0; i < 3000 && lines_of(metrics) < 2; i++)
+        sleep_ms(10);
+    *steps_at_stop = lines_of(metrics);
+    kill(pid, sig);
+    return launch_wait(pid, 30000);
+}
+
+static void test_sigterm(void) {
+    int steps = 0, rc = stop_mid_run("term", SIGTERM, &steps);
+    TST_CHECK(steps >= 2);
+    TST_CHECK(rc == 143);
+    const char *o = slurp(file_in("", "term.out"));
+    if (rc != 143)
+        fprintf(stderr, "launcher output:\n%s\n", o);
+    /* the trainer is stopped (SIGTERM: 143) and gone before the server is asked to stop */
+    TST_CHECK(before(o, "trainer 0 exited with status 143", "stopping servers"));
+    TST_CHECK(before(o, "stopping servers", "server 0 exited with status 0"));
+    TST_CHECK(strstr(o, "stopped by SIGTERM") != NULL);
+    TST_CHECK(strstr(slurp(file_in("term", "logs/server-0.log")), "served ") != NULL);
+    TST_CHECK(none_left(5000));
+}
+
+static void test_launcher_killed(void) {
+    int steps = 0, rc = stop_mid_run("killed", SIGKILL, &steps);
+    TST_CHECK(steps >= 2 && rc == 128 + SIGKILL);
+    /* nobody forwards anything now: the children's parent-death signal must end them */
+    TST_CHECK(none_left(15000));
+}
+
+static void test_trainer_fails(void) {
+    char out[512], run[512];
+    snprintf(out, sizeof out, "%s/fail.out", tmp);
+    snprintf(run, sizeof run, "%s/fail", tmp);
+    char *args[] = {"--server-gpus", "0", "--trainer-gpus", "0", "--base-port", "0", COMMON, "--out", run, "--",
+                    "--data",        csv, "--lr",           "fast", NULL};
+    TST_CHECK(launch(out, args, 60000) == 2);
+    const char *o = slurp(out);
+    TST_CHECK(before(o, "trainer 0 exited with status 2", "server 0 exited with status 0"));
+    TST_CHECK(strstr(o, "trainer 0 failed with status 2") != NULL);
+    TST_CHECK(strstr(slurp(file_in("fail", "logs/trainer-0.log")), "--lr 'fast'") != NULL);
+    TST_CHECK(none_left(5000));
+}
+
+static void test_server_fails(void) {
+    /* a model directory with the tiny target's config but no weights: it binds, then fails */
+    char model[512], cmd[1200], out[512], run[512];
+    snprintf(model, sizeof model, "%s/no-weights", tmp);
+    mkdir(model, 0755);
+    snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/'", MODEL, model);
+    TST_CHECK(system(cmd) == 0);
+    snprintf(out, sizeof out, "%s/sfail.out", tmp);
+    snprintf(run, sizeof run, "%s/sfail", tmp);
+    char *args[] = {"--server-gpus", "0",    "--trainer-gpus",   "0",    "--base-port", "0",
+                    "--device",      "cpu",  "--model",          model,  "--drafter-config", config,
+                    "--bin-dir",     TANDEM_BINARY_DIR, "--out", run,    "--",          "--data",
+                    csv,             NULL};
+    TST_CHECK(launch(out, args, 60000) == 1);
+    const char *o = slurp(out);
+    TST_CHECK(strstr(o, "server 0 stopped before it was ready") != NULL);
+    TST_CHECK(strstr(o, "trainer 0 started") == NULL);
+    TST_CHECK(access(file_in("sfail", "logs/trainer-0.log"), F_OK) != 0);
+    TST_CHECK(none_left(5000));
+}
+
+/* --servers-only keeps a warm target; two runs attach to it one after the other. */
+static void test_swap_runs(void) {
+    char out[512], dir[512];
+    snprintf(out, sizeof out, "%s/warm.out", tmp);
+    snprintf(dir, sizeof dir, "%s/warm", tmp);
+    char *sargs[] = {"--servers-only", "--server-gpus", "0", "--base-port", "0", "--device", "cpu", "--model",
+                     MODEL,            "--bin-dir",     TANDEM_BINARY_DIR, "--out", dir, NULL};
+    pid_t srv = launch_start(out, sargs);
+    TST_CHECK(srv > 0);
+    if (srv < 0)
+        return;
+    char endpoint[256] = "";
+    for (int i = 0; i < 3000 && !endpoint[0]; i++) {
+        const char *p = strstr(slurp(out), "servers up: ");
+        if (p)
+            sscanf(p + strlen("servers up: "), "%255s", endpoint);
+        else
+            sleep_ms(10);
+    }
+    TST_CHECK(strncmp(endpoint, "tcp://127.0.0.1:", 16) == 0);
+    const char *runs[] = {"swap-a", "swap-b"}, *lrs[] = {"1e-3", "3e-3"};
+    for (int k = 0; k < 2 && endpoint[0]; k++) {
+        char rout[512], run[512];
+        snprintf(rout, sizeof rout, "%s/%s.out", tmp, runs[k]);
+        snprintf(run, sizeof run, "%s/%s", tmp, runs[k]);
+        char *targs[] = {"--trainers-only", "--server-endpoints", endpoint, "--trainer-gpus", "0", COMMON,
+                         "--out",           run,                  "--",     "--data",        csv, "--steps",
+                         "3",               "--max-anchors",      "16",     "--lr",          (char *)lrs[k],
+                         NULL};
+        int   rc = launch(rout, targs, 60000);
+        TST_CHECK(rc == 0);
+        if (rc != 0)
+            fprintf(stderr, "%s:\n%s\n", runs[k], slurp(rout));
+        TST_CHECK(lines_of(file_in(runs[k], "metrics.jsonl")) == 3);
+        TST_CHECK(strstr(slurp(rout), "server 0") == NULL); /* it started no server */
+    }
+    /* the same server answered both runs, and still runs */
+    TST_CHECK(kill(srv, 0) == 0 && strstr(slurp(out), "exited") == NULL);
+    kill(srv, SIGINT);
+    TST_CHECK(launch_wait(srv, 30000) == 130);
+    TST_CHECK(strstr(slurp(out), "server 0 exited with status 0") != NULL);
+    TST_CHECK(none_left(5000));
+}
+
+// ---- the plan
+
+static void test_dry_run(void) {
+    char out[512], run[512];
+    snprintf(out, sizeof out, "%s/dry.out", tmp);
+    snprintf(run, sizeof run, "%s/never", tmp);
+    char *seeds[] = {"--server-gpus", "0,1", "--trainer-gpus", "2,3", "--model", "/models/Qwen3.6-27B",
+                     "--drafter-config", "drafter.json", "--run-config", "run.json", "--out", run,
+                     "--dry-run", NULL};
+    TST_CHECK(launch(out, seeds, 20000) == 0);
+    const char *o = slurp(out);
+    TST_CHECK(strstr(o, "server  0: gpu 0 CUDA_VISIBLE_DEVICES=0 endpoint tcp://127.0.0.1:5555 ") != NULL);
+    TST_CHECK(strstr(o, "server  1: gpu 1 CUDA_VISIBLE_DEVICES=1 endpoint tcp://127.0.0.1:5556 ") != NULL);
+    TST_CHECK(strstr(o, "trainer 0: gpu 2 CUDA_VISIBLE_DEVICES=2 RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 "
+                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 server tcp://127.0.0.1:5555 ") != NULL);
+    TST_CHECK(strstr(o, "trainer 1: gpu 3 CUDA_VISIBLE_DEVICES=3 RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 "
+                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 server tcp://127.0.0.1:5556 ") != NULL);
+    /* the commands: each server on its one visible GPU, each rank with its data shard */
+    TST_CHECK(strstr(o, "$ env CUDA_VISIBLE_DEVICES=1 ") && strstr(o, "serve --model /models/Qwen3.6-27B "
+                                                                      "--device cuda --gpu 0 --bind "
+                                                                      "tcp://127.0.0.1:5556"));
+    TST_CHECK(strstr(o, "--server tcp://127.0.0.1:5556 --out ") && strstr(o, "--dp-rank 1 --dp-size 2"));
+    TST_CHECK(strstr(o, "--run-config ") && strstr(o, "/run.json --config "));
+    TST_CHECK(access(run, F_OK) != 0); /* a dry run creates nothing */
+
+    /* 3 ranks on 2 servers: rank r talks to server r mod 2 */
+    char *odd[] = {"--server-gpus", "4,5", "--trainer-gpus", "0,1,2", "--model", "/m", "--drafter-config", "d.json",
+                   "--out", run, "--base-port", "7000", "--master-port", "29600", "--dry-run", NULL};
+    TST_CHECK(launch(out, odd, 20000) == 0);
+    o = slurp(out);
+    TST_CHECK(strstr(o, "server  1: gpu 5 CUDA_VISIBLE_DEVICES=5 endpoint tcp://127.0.0.1:7001 ") != NULL);
+    TST_CHECK(strstr(o, "trainer 2: gpu 2 CUDA_VISIBLE_DEVICES=2 RANK=2 LOCAL_RANK=2 WORLD_SIZE=3 "
+                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29600 server tcp://127.0.0.1:7000 ") != NULL);
+    TST_CHECK(strstr(o, "trainer 1: gpu 1 ") && strstr(o, "server tcp://127.0.0.1:7001 out "));
+}
+
+static void test_usage(void) {
+    char out[512];
+    snprintf(out, sizeof out, "%s/usage.out", tmp);
+    char *no_model[] = {"--server-gpus", "0", "--trainer-gpus", "1", "--out", tmp, "--drafter-config", config, NULL};
+    TST_CHECK(launch(out, no_model, 20000) == 2 && strstr(slurp(out), "--model DIR is required"));
+    char *no_eps[] = {"--trainers-only", "--trainer-gpus", "1", "--model", MODEL, "--out", tmp, "--drafter-config",
+                      config, NULL};
+    TST_CHECK(launch(out, no_eps, 20000) == 2 && strstr(slurp(out), "--server-endpoints"));
+    char *bad_gpus[] = {"--server-gpus", "0;1", "--trainer-gpus", "2", "--model", MODEL, "--out", tmp,
+                        "--drafter-config", config, NULL};
+    TST_CHECK(launch(out, bad_gpus, 20000) == 2 && strstr(slurp(out), "--server-gpus '0;1'"));
+    char *bad_dev[] = {"--server-gpus", "0", "--trainer-gpus", "2", "--model", MODEL, "--out", tmp,
+                       "--drafter-config", config, "--device", "tpu", NULL};
+    TST_CHECK(launch(out, bad_dev, 20000) == 2 && strstr(slurp(out), "--device 'tpu'"));
+    char *no_bin[] = {"--server-gpus", "0", "--trainer-gpus", "0", "--model", MODEL, "--out", tmp,
+                      "--drafter-config", config, "--bin-dir", "/nonexistent", NULL};
+    TST_CHECK(launch(out, no_bin, 20000) == 2 && strstr(slurp(out), "no target-server at"));
+}
+
+int main(void) {
+    setenv("OMP_NUM_THREADS", "1", 1);
+    snprintf(tmp, sizeof tmp, "/tmp/tandem-deploy-%d", (int)getpid());
+    mkdir(tmp, 0700);
+    snprintf(config, sizeof config, "%s/drafter.json", tmp);
+    if (!write_config() || !write_batches()) {
+        TST_CHECK(0);
+        return tst_report();
+    }
+    time_t t0 = time(NULL);
+    test_dry_run();
+    test_usage();
+    test_run();
+    test_sigterm();
+    test_trainer_fails();
+    test_server_fails();
+    test_launcher_killed();
+    test_swap_runs();
+    fprintf(stderr, "launcher tests took %lld s\n", (long long)(time(NULL) - t0));
+    int rc = tst_report();
+    if (rc == 0) { /* logs are kept for a failed run */
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", tmp);
+    }
+    return rc;
+}
