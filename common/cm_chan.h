@@ -68,6 +68,10 @@ typedef struct cm_chan_job {
                                             out[i] receives layer req->layer_ids[i] as [T, D] */
     cm_dtype out_dtype;                  /* set by the callback: F32 (the default) or the server's hidden
                                             dtype; F32 is rounded (RNE) to a BF16 hidden dtype */
+    void *nccl;                          /* the session's NCCL peer (from cm_chan_nccl_server.open) when
+                                            the request asks for encoding nccl, else NULL: then the
+                                            callback sends layer i as the server's hidden dtype [T, D]
+                                            with ncclSend, in request order, and leaves out[] alone */
 } cm_chan_job;
 
 /* Callbacks run on the worker thread. init (optional) runs once before the first job (e.g. load
@@ -78,6 +82,17 @@ typedef struct cm_chan_job {
 typedef cm_status (*cm_chan_init_fn)(void *user);
 typedef cm_status (*cm_chan_compute_fn)(void *user, cm_chan_job *job);
 typedef void (*cm_chan_fini_fn)(void *user);
+
+/* The server side of the NCCL data path (cm_proto.h, "The nccl encoding"), given by a server
+ * whose compute runs on a GPU. Both run on the worker thread. open joins the communicator whose
+ * unique id the trainer sent (rank 1 of 2; blocks until the trainer joins as rank 0) and
+ * returns a peer handle for cm_chan_job.nccl; a failure is sent to the trainer as the reason.
+ * close ends a peer (aborting transfers in flight) once its session is gone. */
+typedef struct cm_chan_nccl_server {
+    cm_status (*open)(void *user, const cm_proto_nccl *offer, void **peer);
+    void (*close)(void *user, void *peer);
+    uint32_t device; /* the server's CUDA device ordinal, for NCCL_READY */
+} cm_chan_nccl_server;
 
 typedef struct cm_chan_server_config {
     const char *endpoint;       /* bind: tcp://127.0.0.1:PORT (PORT may be '*'), ipc://PATH */
@@ -104,11 +119,12 @@ typedef struct cm_chan_server_config {
     cm_chan_compute_fn compute; /* required */
     cm_chan_fini_fn    fini;
     void              *user; /* passed to the callbacks */
+    const cm_chan_nccl_server *nccl; /* NULL: no NCCL path (encoding nccl is not offered) */
 } cm_chan_server_config;
 #define CM_CHAN_SERVER_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
         "tcp://127.0.0.1:5555", "target", 0, CM_DTYPE_BF16, 0, 0, 16384, 8, 4, CM_ENCODING_LOSSLESS_MASK,    \
-            64, 1000, 5000, 1, 1, 30000, NULL, NULL, NULL, NULL, NULL, NULL                                  \
+            64, 1000, 5000, 1, 1, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL                            \
     }
 
 /* Checks the config (a non-loopback endpoint needs curve_secret_key and curve_client_keys;
@@ -153,6 +169,20 @@ void cm_chan_server_get_stats(cm_chan_server *s, cm_chan_server_stats *out);
 
 typedef struct cm_chan_client cm_chan_client;
 
+/* The trainer side of the NCCL data path, called on the client's I/O thread. offer makes a
+ * unique id (the trainer is rank 0); join joins that communicator (blocks until the server
+ * joins). recv receives the n tensors of one ANSWER (descriptors t, encoding nccl) into device
+ * memory of answer slot `slot` (0 .. credits − 1; slot = credits is scratch for an answer no
+ * one waits for), waits for them and sets dev[i]; the memory stays the slot's until its next
+ * answer. leave aborts and frees the communicator when the session ends. */
+typedef struct cm_chan_nccl_client {
+    cm_status (*offer)(void *user, cm_proto_nccl *offer);
+    cm_status (*join)(void *user, const cm_proto_nccl *offer);
+    cm_status (*recv)(void *user, uint32_t slot, uint32_t n, const cm_proto_tensor *t, const void **dev);
+    void (*leave)(void *user);
+    void *user;
+} cm_chan_nccl_client;
+
 typedef struct cm_chan_client_config {
     const char *endpoint;           /* tcp://HOST:PORT or ipc://PATH of the server */
     const char *name;               /* this trainer's name in the server's logs (a cm_proto name) */
@@ -174,11 +204,13 @@ typedef struct cm_chan_client_config {
     int         keep_frames;        /* 1: also keep each answer's verified HEAD and DATA parts as
                                        received, lent by cm_chan_client_frames (e.g. to store them in
                                        shards without encoding again); 0 (default): freed once decoded */
+    const cm_chan_nccl_client *nccl; /* required for encoding nccl (then accept must be 0: the
+                                        answers land in GPU memory, not host memory) */
 } cm_chan_client_config;
 #define CM_CHAN_CLIENT_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
         NULL, "trainer", 4, CM_ENCODING_ZSTD_BYTEPLANE, CM_ENCODING_LOSSLESS_MASK, 0, 1000, 5000, 60000,     \
-            200, 5, 2, 1, 8ull << 30, NULL, NULL, 0                                                          \
+            200, 5, 2, 1, 8ull << 30, NULL, NULL, 0, NULL                                                    \
     }
 
 /* One decoded tensor of an answer: layer `layer` of the request, [n_tokens, hidden] of dtype. */
@@ -189,6 +221,7 @@ typedef struct cm_chan_tensor {
     int64_t     n_tokens, hidden;
     const void *data; /* n_tokens × hidden elements, aligned to the dtype;
                          owned by the client until release */
+    int on_device;    /* data is CUDA device memory (encoding nccl) */
     size_t bytes;
 } cm_chan_tensor;
 

@@ -296,6 +296,20 @@ cm_status cm_chan_client_create(cm_chan_client **out, const cm_chan_client_confi
                        (unsigned long long)cfg->max_answer_bytes);
     if (cfg->curve_server_key)
         CM_TRY(cm_chan_curve_require("--curve-server-key"));
+    if (cfg->encoding == CM_ENCODING_NCCL) {
+        const cm_chan_nccl_client *n = cfg->nccl;
+        if (!n || !n->offer || !n->join || !n->recv || !n->leave)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "encoding nccl needs a trainer on a GPU with NCCL (the client's NCCL hooks)");
+        if (cfg->accept & ~(1u << CM_ENCODING_NCCL))
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "encoding nccl delivers to GPU memory; it cannot fall back to host encodings "
+                           "(accept mask must be 0)");
+        if (cfg->keep_frames)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "keep_frames stores encoded bytes; encoding nccl has none");
+    } else if (cfg->accept >> CM_ENCODING_NCCL & 1u) {
+        return CM_FAIL(CM_ERR_INVALID_ARG, "encoding nccl cannot be a fallback; ask for it as the encoding");
+    }
 
     cm_chan_client *c = calloc(1, sizeof *c);
     if (!c)

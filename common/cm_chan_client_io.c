@@ -43,6 +43,15 @@ static void problem(cm_chan_client *c, const char *fmt, ...) {
 
 static void close_socket(cm_chan_client *c, int linger_ms);
 
+/* Ends this session's NCCL communicator (aborting transfers in flight); the next session
+ * negotiates a new one. */
+static void nccl_leave(cm_chan_client *c) {
+    if (c->nccl_joined) {
+        c->cfg.nccl->leave(c->cfg.nccl->user);
+        c->nccl_joined = 0;
+    }
+}
+
 static void set_fatal(cm_chan_client *c, cm_status st, const char *msg) {
     CM_LOG_ERROR("client '%s': %s", c->name, msg);
     pthread_mutex_lock(&c->mu);
@@ -55,6 +64,7 @@ static void set_fatal(cm_chan_client *c, cm_status st, const char *msg) {
     pthread_mutex_unlock(&c->mu);
     c->conn = CONN_DEAD;
     close_socket(c, 0);
+    nccl_leave(c);
 }
 
 static slot *find_sent(cm_chan_client *c, uint64_t id) {
@@ -164,6 +174,8 @@ static void retry(cm_chan_client *c, slot *s, cm_status give_up, const char *why
         send_request(c, s, now);
 }
 
+static void lose_session(cm_chan_client *c, const char *why, int64_t now);
+
 /* A frame from the server was refused: report it, and re-request the batch it names if that
  * batch is in flight (the id may be untrusted; a wrong guess costs one idempotent request). */
 static void protocol_error(cm_chan_client *c, const char *why, uint64_t id, int is_answer, int64_t now) {
@@ -176,6 +188,18 @@ static void protocol_error(cm_chan_client *c, const char *why, uint64_t id, int 
     pthread_mutex_unlock(&c->mu);
     CM_LOG_WARN("client '%s': %s: refused a frame from the server: %s%s", c->name,
                 cm_status_str(CM_ERR_PROTOCOL), why, s ? "; re-requesting the batch" : "");
+    if (is_answer && c->nccl_joined) {
+        /* the NCCL transfers that followed this ANSWER cannot be paired any more: a new session
+         * (and communicator) re-sends everything in flight */
+        if (s && ++s->attempts >= c->cfg.max_attempts) {
+            char msg[CM_PROTO_MESSAGE_MAX + 96];
+            cm_chan_fmt(msg, sizeof msg, "batch %llu given up after %d refused answers; last: %s",
+                        (unsigned long long)s->batch_id, s->attempts, why);
+            complete(c, s, CM_ERR_PROTOCOL, msg, 0);
+        }
+        lose_session(c, "an NCCL answer was refused", now);
+        return;
+    }
     if (s)
         retry(c, s, CM_ERR_PROTOCOL, why, now, 0);
 }
@@ -242,6 +266,7 @@ static void lose_session(cm_chan_client *c, const char *why, int64_t now) {
         return;
     int was_ready = c->conn == CONN_READY;
     close_socket(c, 0);
+    nccl_leave(c);
     pthread_mutex_lock(&c->mu);
     uint32_t n = 0;
     for (uint32_t i = 0; i < c->n_slots; i++)
@@ -265,6 +290,46 @@ static void lose_session(cm_chan_client *c, const char *why, int64_t now) {
 
 // ----------------------------------------------------------------------------
 // incoming frames
+
+static void session_ready(cm_chan_client *c, const cm_proto_welcome *w);
+
+/* Encoding nccl: makes a communicator id, offers it and joins as rank 0 (blocking until the
+ * server joins too, bounded by the hook); the session is ready at NCCL_READY. */
+static void nccl_offer(cm_chan_client *c, const cm_proto_welcome *w, int64_t now) {
+    cm_proto_nccl o = {0};
+    uint8_t       buf[CM_PROTO_HEADER_SIZE + 8 + CM_PROTO_NCCL_UID_MAX];
+    size_t        len;
+    char          msg[1024];
+    if (c->cfg.nccl->offer(c->cfg.nccl->user, &o) != CM_OK ||
+        cm_proto_nccl_offer_encode(&o, buf, sizeof buf, &len) != CM_OK) {
+        cm_chan_fmt(msg, sizeof msg, "cannot make an NCCL communicator: %s", cm_last_error());
+        set_fatal(c, CM_ERR_UNSUPPORTED, msg);
+        return;
+    }
+    c->nccl_welcome = *w;
+    c->conn = CONN_NCCL;
+    send_frame(c, buf, len, now);
+    if (c->cfg.nccl->join(c->cfg.nccl->user, &o) != CM_OK) {
+        cm_chan_fmt(msg, sizeof msg, "cannot join the NCCL communicator with target-server '%s': %s", w->name,
+                    cm_last_error());
+        set_fatal(c, CM_ERR_UNSUPPORTED, msg);
+        return;
+    }
+    c->nccl_joined = 1;
+    c->last_recv = cm_chan_now_ms(); /* the join blocked this thread; the server kept talking */
+}
+
+static void on_nccl_ready(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now) {
+    uint32_t device;
+    if (cm_proto_nccl_ready_decode(p, len, &c->lim, &device) != CM_OK) {
+        protocol_error(c, cm_last_error(), 0, 0, now);
+        lose_session(c, "a refused NCCL_READY", now);
+        return;
+    }
+    CM_LOG_INFO("client '%s': NCCL communicator with '%s' up (its GPU %u)", c->name, c->nccl_welcome.name,
+                device);
+    session_ready(c, &c->nccl_welcome);
+}
 
 static void on_welcome(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now) {
     if (c->conn != CONN_HELLO)
@@ -316,6 +381,17 @@ static void on_welcome(cm_chan_client *c, const uint8_t *p, size_t len, int64_t 
             return;
         }
     }
+    if (c->enc == CM_ENCODING_NCCL) {
+        nccl_offer(c, &w, now);
+        return;
+    }
+    session_ready(c, &w);
+}
+
+/* The session can carry requests: WELCOME read (and, for encoding nccl, NCCL_READY too). */
+static void session_ready(cm_chan_client *c, const cm_proto_welcome *wp) {
+    const cm_proto_welcome w = *wp;
+    char                   msg[512];
     c->conn = CONN_READY;
     c->granted = w.credits;
     c->in_flight = 0;
@@ -377,11 +453,81 @@ static void scan_values(cm_dtype dt, const void *data, size_t n, int *any_bad, i
         SCAN_LOOP(uint32_t, 0x7F800000u, 0x00800000u, 0x80000000u);
 }
 
+/* An ANSWER of encoding nccl: its tensors follow over NCCL and are received whatever happens
+ * (into scratch when no one waits for them) so the transfers stay paired with the ANSWERs. */
+static void on_nccl_answer(cm_chan_client *c, const cm_proto_answer *a, size_t received, int64_t now) {
+    slot       *s = find_sent(c, a->batch_id);
+    const void *dev[MAX_TENSORS];
+    uint32_t    at = s ? (uint32_t)(s - c->slots) : c->n_slots;
+    for (uint32_t i = 0; i < a->n_tensors; i++)
+        if (a->tensors[i].encoding != CM_ENCODING_NCCL) {
+            char why[160];
+            snprintf(why, sizeof why, "answer to batch %llu mixes encoding %s into an nccl session",
+                     (unsigned long long)a->batch_id, cm_encoding_name(a->tensors[i].encoding));
+            protocol_error(c, why, a->batch_id, 1, now);
+            return;
+        }
+    if (c->cfg.nccl->recv(c->cfg.nccl->user, at, a->n_tensors, a->tensors, dev) != CM_OK) {
+        char why[512];
+        cm_chan_fmt(why, sizeof why, "NCCL receive of batch %llu failed: %s", (unsigned long long)a->batch_id,
+                    cm_last_error());
+        problem(c, "%s", why);
+        lose_session(c, why, now);
+        return;
+    }
+    if (!s) {
+        pthread_mutex_lock(&c->mu);
+        c->stats.duplicates++;
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    const uint32_t D = c->welcome.hidden_size;
+    const cm_dtype hd = c->welcome.hidden_dtype;
+    char           why[256] = "";
+    if (a->n_tensors != s->n_layers)
+        snprintf(why, sizeof why, "answer to batch %llu has %u tensors for %u requested layers",
+                 (unsigned long long)a->batch_id, a->n_tensors, s->n_layers);
+    for (uint32_t i = 0; i < a->n_tensors && !why[0]; i++) {
+        const cm_proto_tensor *t = &a->tensors[i];
+        char                   want[32];
+        snprintf(want, sizeof want, "layer_%d", s->layers[i]);
+        if (strcmp(t->name, want) != 0 || t->dtype != hd || t->n_dims != 2 || t->shape[0] != s->n_tokens ||
+            t->shape[1] != D)
+            snprintf(why, sizeof why, "answer to batch %llu: tensor %u is '%s' %s, expected '%s' %s [%u, %u]",
+                     (unsigned long long)a->batch_id, i, t->name, cm_dtype_name(t->dtype), want,
+                     cm_dtype_name(hd), s->n_tokens, D);
+        cm_chan_tensor *ct = &s->tensors[i];
+        memcpy(ct->name, t->name, sizeof ct->name);
+        ct->layer = s->layers[i];
+        ct->dtype = hd;
+        ct->n_tokens = s->n_tokens;
+        ct->hidden = D;
+        ct->bytes = t->raw_size;
+        ct->data = dev[i];
+        ct->on_device = 1;
+    }
+    if (why[0]) { /* well paired but not what was asked for: ask again on this session */
+        pthread_mutex_lock(&c->mu);
+        c->stats.protocol_errors++;
+        c->stats.corrupt_answers++;
+        pthread_mutex_unlock(&c->mu);
+        CM_LOG_WARN("client '%s': %s", c->name, why);
+        retry(c, s, CM_ERR_PROTOCOL, why, now, 0);
+        return;
+    }
+    s->attempts = 0;
+    complete(c, s, CM_OK, "", received);
+}
+
 static void on_answer(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *data, uint64_t id, int64_t now) {
     cm_proto_answer a = {.tensors = c->pt, .cap_tensors = MAX_TENSORS};
     if (cm_proto_answer_decode_parts(zmq_msg_data(head), zmq_msg_size(head), zmq_msg_data(data),
                                      zmq_msg_size(data), &c->lim, &a) != CM_OK) {
         protocol_error(c, cm_last_error(), id, 1, now);
+        return;
+    }
+    if (c->nccl_joined) {
+        on_nccl_answer(c, &a, zmq_msg_size(head) + zmq_msg_size(data), now);
         return;
     }
     slot *s = find_sent(c, a.batch_id);
@@ -437,6 +583,7 @@ static void on_answer(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *data, uint6
         ct->n_tokens = s->n_tokens;
         ct->hidden = D;
         ct->bytes = t->raw_size;
+        ct->on_device = 0;
         if (zero_copy) {
             ct->data = t->data;
         } else if (c->enc == CM_ENCODING_RAW) {
@@ -589,6 +736,8 @@ static int handle_msg(cm_chan_client *c, int64_t now) {
         protocol_error(c, why, h.id, h.type == CM_PROTO_TYPE_ANSWER, now);
     } else if (h.type == CM_PROTO_TYPE_WELCOME) {
         on_welcome(c, p, n, now);
+    } else if (h.type == CM_PROTO_TYPE_NCCL_READY && c->conn == CONN_NCCL) {
+        on_nccl_ready(c, p, n, now);
     } else if (c->conn != CONN_READY) {
         if (h.type == CM_PROTO_TYPE_ERROR)
             on_error(c, p, n, now);
@@ -700,6 +849,10 @@ static void tick(cm_chan_client *c, int64_t now) {
         lose_session(c, msg, now);
         return;
     }
+    if (c->conn == CONN_NCCL && now - c->last_recv > c->cfg.peer_timeout_ms) {
+        lose_session(c, "no NCCL_READY from the server", now);
+        return;
+    }
     if (c->conn != CONN_READY)
         return;
     if (now - c->last_recv > c->cfg.peer_timeout_ms) {
@@ -774,5 +927,6 @@ void *cm_chan_client_io_main_(void *arg) {
         send_frame(c, buf, len, cm_chan_now_ms());
     }
     close_socket(c, 200); /* lets the BYE out */
+    nccl_leave(c);
     return NULL;
 }

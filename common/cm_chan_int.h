@@ -75,7 +75,13 @@ typedef struct session {
     uint64_t computing_id;
     int64_t  last_recv, last_send, started, last_stats;
     uint64_t n_requests, n_resends, n_answers, n_errors, bytes, tokens;
+    int           nccl_state; /* NCCL_NONE, NCCL_WANTED (offer kept, open not started), NCCL_OPENING, NCCL_UP */
+    cm_proto_nccl nccl_offer;
+    void         *nccl_peer; /* NCCL_UP: the peer from cfg.nccl->open */
 } session;
+
+enum { NCCL_NONE, NCCL_WANTED, NCCL_OPENING, NCCL_UP };
+enum { WORK_JOB, WORK_NCCL_OPEN };
 
 /* The worker's mailbox: one job in, one result out, under mu. */
 typedef struct work {
@@ -85,6 +91,14 @@ typedef struct work {
     cm_status       init_status;
     char            init_msg[1024];
     /* job */
+    int           kind; /* WORK_JOB or WORK_NCCL_OPEN (offer, result in peer / status) */
+    cm_proto_nccl offer;
+    void         *peer;
+    void         *job_peer; /* WORK_JOB: the session's NCCL peer (NULL without one) */
+    char          nccl_msg[CM_PROTO_MESSAGE_MAX + 1]; /* why WORK_NCCL_OPEN failed */
+    /* NCCL peers whose sessions ended, closed by the worker before its next task */
+    void   **closing;
+    uint32_t n_closing;
     zmq_msg_t msg;
     char      session[CM_PROTO_NAME_MAX + 1];
     int       sess;
@@ -144,6 +158,7 @@ struct cm_chan_server {
 
 void    *cm_chan_worker_main_(void *server);                  /* the worker thread */
 uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a session's queued jobs */
+void     cm_chan_close_peer_(cm_chan_server *s, void *peer);   /* hands an NCCL peer to the worker to close */
 
 // ----------------------------------------------------------------------------
 // client internals (cm_chan_client.c: the owner's API; cm_chan_client_io.c: the I/O thread)
@@ -152,7 +167,7 @@ uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a sessio
 #define IO_RECV_BURST 64
 
 enum { SLOT_FREE, SLOT_QUEUED, SLOT_SENT, SLOT_READY, SLOT_HELD };
-enum { CONN_WAIT, CONN_HELLO, CONN_READY, CONN_DEAD };
+enum { CONN_WAIT, CONN_HELLO, CONN_NCCL, CONN_READY, CONN_DEAD }; /* CONN_NCCL: WELCOME read, waiting for NCCL_READY */
 
 typedef struct slot {
     cm_chan_answer  ans; /* first: release() maps the answer back to its slot */
@@ -204,6 +219,8 @@ struct cm_chan_client {
     cm_proto_tensor *pt;
     cm_encoding      enc;
     int              conn, handshake_ok, backoff_ms;
+    int              nccl_joined;  /* the NCCL communicator of this session is up (cfg.nccl->leave ends it) */
+    cm_proto_welcome nccl_welcome; /* CONN_NCCL: the WELCOME that NCCL_READY completes */
     uint32_t         granted, in_flight;
     int64_t          last_recv, last_send, hello_at, reconnect_at;
     uint64_t         hb_seq;

@@ -164,6 +164,9 @@ static void end_session(cm_chan_server *s, session *ss, end_reason why) {
         s->stats.sessions_unreachable++;
     s->stats.sessions_active--;
     pthread_mutex_unlock(&s->stats_mu);
+    cm_chan_close_peer_(s, ss->nccl_peer); /* an opening peer is closed when its open returns */
+    ss->nccl_peer = NULL;
+    ss->nccl_state = NCCL_NONE;
     ss->used = 0;
     ss->computing = 0;
 }
@@ -195,6 +198,13 @@ static void on_hello(cm_chan_server *s, session *ss, const uint8_t *ident, size_
         return;
     }
     uint32_t enc = h.encodings & s->cfg.encodings;
+    if (!enc && h.encodings == 1u << CM_ENCODING_NCCL) {
+        send_error(s, ident, ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
+                   "target-server '%s' has no NCCL path (it computes on the CPU, or was built without "
+                   "NCCL); ask for a ZeroMQ encoding such as zstd-byteplane",
+                   s->name);
+        return;
+    }
     if (!enc) {
         send_error(s, ident, ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
                    "no common encoding: the server offers mask 0x%x, the trainer accepts 0x%x",
@@ -256,6 +266,33 @@ static void on_hello(cm_chan_server *s, session *ss, const uint8_t *ident, size_
                 s->endpoint, ss->credits, h.credits, enc);
 }
 
+static void refuse_frame(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len,
+                         const uint8_t *p, size_t len, const char *why);
+
+/* A trainer offers an NCCL communicator: the worker joins it between jobs (schedule). */
+static void on_nccl_offer(cm_chan_server *s, session *ss, zmq_msg_t *fr) {
+    cm_proto_nccl o;
+    if (cm_proto_nccl_offer_decode(zmq_msg_data(fr), zmq_msg_size(fr), &s->lim, &o) != CM_OK) {
+        refuse_frame(s, ss, ss->ident, ss->ident_len, zmq_msg_data(fr), zmq_msg_size(fr), cm_last_error());
+        return;
+    }
+    if (!s->cfg.nccl) {
+        send_error(s, ss->ident, ss->ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
+                   "target-server '%s' has no NCCL path (it computes on the CPU or was built without "
+                   "NCCL); use a ZeroMQ encoding such as zstd-byteplane",
+                   s->name);
+        return;
+    }
+    if (ss->nccl_state != NCCL_NONE) {
+        send_error(s, ss->ident, ss->ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
+                   "session '%s' already has an NCCL communicator; say HELLO again for a new one", ss->name);
+        return;
+    }
+    ss->nccl_offer = o;
+    ss->nccl_state = NCCL_WANTED;
+    CM_LOG_INFO("session '%s': joining the NCCL communicator of its GPU %u", ss->name, o.device);
+}
+
 static void on_request(cm_chan_server *s, session *ss, const cm_proto_header *h, zmq_msg_t *fr) {
     const uint8_t *p = zmq_msg_data(fr);
     if (s->stopping) {
@@ -287,6 +324,13 @@ static void on_request(cm_chan_server *s, session *ss, const cm_proto_header *h,
             CM_LOG_WARN("session '%s': refused a REQUEST: %s", ss->name, cm_last_error());
         send_error(s, ss->ident, ss->ident_len, h->id, CM_PROTO_ERROR_CORRUPT, "REQUEST refused: %s",
                    cm_last_error());
+        return;
+    }
+    if (rq.encoding == CM_ENCODING_NCCL && ss->nccl_state != NCCL_UP) {
+        send_error(s, ss->ident, ss->ident_len, rq.batch_id, CM_PROTO_ERROR_BAD_REQUEST,
+                   "batch %llu asks for encoding nccl, but this session has no NCCL communicator yet "
+                   "(send NCCL_OFFER and wait for NCCL_READY)",
+                   (unsigned long long)rq.batch_id);
         return;
     }
     if (!(ss->encodings >> rq.encoding & 1u)) {
@@ -405,6 +449,8 @@ static int handle_msg(cm_chan_server *s) {
             send_bye(s, ident, ident_len);
     } else if (h.type == CM_PROTO_TYPE_REQUEST) {
         on_request(s, ss, &h, &fr);
+    } else if (h.type == CM_PROTO_TYPE_NCCL_OFFER) {
+        on_nccl_offer(s, ss, &fr);
     } else if (h.type == CM_PROTO_TYPE_HEARTBEAT) {
         uint64_t seq;
         if (cm_proto_heartbeat_decode(p, len, &s->lim, &seq) != CM_OK)
@@ -423,7 +469,7 @@ static int handle_msg(cm_chan_server *s) {
             refuse_frame(s, ss, ident, ident_len, p, len, cm_last_error());
     } else {
         char why[96];
-        snprintf(why, sizeof why, "a %s frame; trainers send HELLO, REQUEST, HEARTBEAT, BYE",
+        snprintf(why, sizeof why, "a %s frame; trainers send HELLO, REQUEST, NCCL_OFFER, HEARTBEAT, BYE",
                  cm_proto_type_name(h.type));
         refuse_frame(s, ss, ident, ident_len, p, len, why);
     }
@@ -500,6 +546,23 @@ static void schedule(cm_chan_server *s) {
     if (s->worker_busy || s->stopping)
         return;
     uint32_t M = s->cfg.max_sessions;
+    for (uint32_t i = 0; i < M; i++) { /* communicators first: their trainers wait for nothing else */
+        session *ss = &s->sessions[i];
+        if (!ss->used || ss->nccl_state != NCCL_WANTED)
+            continue;
+        ss->nccl_state = NCCL_OPENING;
+        pthread_mutex_lock(&s->w.mu);
+        s->w.kind = WORK_NCCL_OPEN;
+        s->w.offer = ss->nccl_offer;
+        snprintf(s->w.session, sizeof s->w.session, "%s", ss->name);
+        s->w.sess = (int)i;
+        s->w.gen = ss->gen;
+        s->w.have_job = 1;
+        pthread_cond_signal(&s->w.cv);
+        pthread_mutex_unlock(&s->w.mu);
+        s->worker_busy = 1;
+        return;
+    }
     for (uint32_t k = 1; k <= M; k++) {
         uint32_t i = (s->rr + k) % M;
         session *ss = &s->sessions[i];
@@ -515,6 +578,8 @@ static void schedule(cm_chan_server *s) {
         zmq_msg_move(&s->w.msg, &j->msg);
         zmq_msg_close(&j->msg);
         snprintf(s->w.session, sizeof s->w.session, "%s", ss->name);
+        s->w.kind = WORK_JOB;
+        s->w.job_peer = ss->nccl_peer;
         s->w.sess = (int)i;
         s->w.gen = ss->gen;
         s->w.have_job = 1;
@@ -524,6 +589,35 @@ static void schedule(cm_chan_server *s) {
         s->rr = i;
         return;
     }
+}
+
+/* The worker has joined (or failed to join) a session's NCCL communicator. */
+static void nccl_opened(cm_chan_server *s, session *ss, int live) {
+    work *w = &s->w;
+    if (!live) {
+        cm_chan_close_peer_(s, w->peer);
+        return;
+    }
+    if (!w->is_answer) {
+        ss->nccl_state = NCCL_NONE;
+        CM_LOG_WARN("session '%s': cannot join its NCCL communicator: %s", ss->name, w->nccl_msg);
+        send_error(s, ss->ident, ss->ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
+                   "target-server '%s' cannot join the NCCL communicator: %s", s->name, w->nccl_msg);
+        return;
+    }
+    ss->nccl_peer = w->peer;
+    ss->nccl_state = NCCL_UP;
+    uint8_t   buf[CM_PROTO_HEADER_SIZE + 8];
+    size_t    len;
+    cm_status st = cm_proto_nccl_ready_encode(s->cfg.nccl->device, buf, sizeof buf, &len);
+    if (st == CM_OK)
+        st = send_to(s, ss->ident, ss->ident_len, buf, len);
+    ss->last_send = cm_chan_now_ms();
+    if (st == CM_ERR_PEER_GONE)
+        end_session(s, ss, END_UNREACHABLE);
+    else
+        CM_LOG_INFO("session '%s': NCCL communicator up (server GPU %u, trainer GPU %u)", ss->name,
+                    s->cfg.nccl->device, w->offer.device);
 }
 
 static void handle_done(cm_chan_server *s) {
@@ -537,6 +631,10 @@ static void handle_done(cm_chan_server *s) {
     s->worker_busy = 0;
     session *ss = &s->sessions[w->sess];
     int      live = ss->used && ss->gen == w->gen;
+    if (w->kind == WORK_NCCL_OPEN) {
+        nccl_opened(s, ss, live);
+        return;
+    }
     if (ss->gen == w->gen)
         ss->computing = 0;
     if (!live) {

@@ -113,10 +113,42 @@ static cm_status ensure_out(cm_chan_server *s, uint32_t L, size_t TD) {
 }
 
 /* Converts and encodes job's outputs into a pooled buffer and writes HEAD. */
+/* The HEAD of an answer whose tensors went over NCCL (no DATA). */
+static cm_status encode_nccl_head(cm_chan_server *s, work *w, const cm_proto_request *rq) {
+    const cm_dtype hd = s->cfg.hidden_dtype;
+    const int64_t  T = rq->n_tokens, D = s->cfg.hidden_size;
+    for (uint32_t i = 0; i < rq->n_layers; i++) {
+        cm_proto_tensor *t = &s->tensors[i];
+        *t = (cm_proto_tensor){.dtype = hd,
+                               .encoding = CM_ENCODING_NCCL,
+                               .n_dims = 2,
+                               .shape = {T, D},
+                               .raw_size = (uint64_t)T * (uint64_t)D * cm_dtype_size(hd)};
+        snprintf(t->name, sizeof t->name, "layer_%d", rq->layer_ids[i]);
+    }
+    cm_proto_answer a = {.batch_id = rq->batch_id,
+                         .n_tensors = rq->n_layers,
+                         .tensors = s->tensors,
+                         .cap_tensors = rq->n_layers};
+    size_t          head = cm_proto_answer_head_size(&a);
+    if (head > w->head_cap) {
+        free(w->head);
+        w->head = malloc(head);
+        w->head_cap = w->head ? head : 0;
+        if (!w->head)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate an answer head of %zu bytes", head);
+    }
+    CM_TRY(cm_proto_answer_encode_head(&a, w->head, w->head_cap, &w->head_len));
+    w->data_len = 0;
+    return CM_OK;
+}
+
 static cm_status encode_answer(cm_chan_server *s, work *w, const cm_proto_request *rq, cm_dtype out_dt) {
     const cm_dtype hd = s->cfg.hidden_dtype;
     const int64_t  T = rq->n_tokens, D = s->cfg.hidden_size;
     const size_t   n = (size_t)T * (size_t)D, es = cm_dtype_size(hd);
+    if (rq->encoding == CM_ENCODING_NCCL)
+        return encode_nccl_head(s, w, rq);
     size_t         per = cm_compress_bound(s->cc, rq->encoding, hd, T, D);
     if (!per)
         return CM_FAIL(CM_ERR_INVALID_ARG, "cannot encode %s tensors as %s", cm_dtype_name(hd),
@@ -203,15 +235,19 @@ static void worker_process(cm_chan_server *s, work *w) {
                        .req = &rq,
                        .hidden_size = s->cfg.hidden_size,
                        .out = (void *const *)s->out_ptrs,
-                       .out_dtype = CM_DTYPE_F32};
-    if (st == CM_OK)
+                       .out_dtype = CM_DTYPE_F32,
+                       .nccl = rq.encoding == CM_ENCODING_NCCL ? w->job_peer : NULL};
+    if (st == CM_OK && rq.encoding == CM_ENCODING_NCCL && !job.nccl)
+        st = CM_FAIL(CM_ERR_INVALID_ARG, "batch %llu asks for encoding nccl before NCCL_READY",
+                     (unsigned long long)rq.batch_id);
+    if (st == CM_OK && !job.nccl)
         st = ensure_out(s, rq.n_layers, (size_t)rq.n_tokens * s->cfg.hidden_size);
     int64_t t0 = cm_chan_now_ms();
     if (st == CM_OK)
         st = s->cfg.compute(s->cfg.user, &job);
     int64_t t1 = cm_chan_now_ms();
     int     bad_request = st == CM_ERR_INVALID_ARG;
-    if (st == CM_OK && job.out_dtype != CM_DTYPE_F32 && job.out_dtype != s->cfg.hidden_dtype)
+    if (st == CM_OK && !job.nccl && job.out_dtype != CM_DTYPE_F32 && job.out_dtype != s->cfg.hidden_dtype)
         st = CM_FAIL(CM_ERR_INVALID_ARG, "the compute callback returned %s; expected F32 or %s",
                      cm_dtype_name(job.out_dtype), cm_dtype_name(s->cfg.hidden_dtype));
     if (st == CM_OK)
@@ -233,6 +269,34 @@ static void worker_process(cm_chan_server *s, work *w) {
         w->err_len = 0;
 }
 
+/* Closes the NCCL peers of ended sessions (queued by the loop with cm_chan_close_peer_). */
+static void close_peers(cm_chan_server *s) {
+    work *w = &s->w;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        void *p = w->n_closing ? w->closing[--w->n_closing] : NULL;
+        pthread_mutex_unlock(&w->mu);
+        if (!p)
+            return;
+        s->cfg.nccl->close(s->cfg.user, p);
+    }
+}
+
+void cm_chan_close_peer_(cm_chan_server *s, void *peer) {
+    if (!peer)
+        return;
+    work *w = &s->w;
+    pthread_mutex_lock(&w->mu);
+    if (w->n_closing < 2 * s->cfg.max_sessions + 2) {
+        w->closing[w->n_closing++] = peer;
+        peer = NULL;
+        pthread_cond_signal(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (peer) /* cannot happen (a peer per session, one more opening); close here rather than leak */
+        s->cfg.nccl->close(s->cfg.user, peer);
+}
+
 void *cm_chan_worker_main_(void *arg) {
     cm_chan_server *s = arg;
     work           *w = &s->w;
@@ -246,13 +310,29 @@ void *cm_chan_worker_main_(void *arg) {
     notify_loop(s);
     for (;;) {
         pthread_mutex_lock(&w->mu);
-        while (!w->have_job && !w->quit)
+        while (!w->have_job && !w->quit && !w->n_closing)
             pthread_cond_wait(&w->cv, &w->mu);
         int quit = w->quit && !w->have_job;
         pthread_mutex_unlock(&w->mu);
+        close_peers(s);
         if (quit || st != CM_OK)
             break;
-        worker_process(s, w);
+        pthread_mutex_lock(&w->mu);
+        int have = w->have_job;
+        pthread_mutex_unlock(&w->mu);
+        if (!have)
+            continue;
+        if (w->kind == WORK_NCCL_OPEN) {
+            w->peer = NULL;
+            cm_status ost = s->cfg.nccl->open(s->cfg.user, &w->offer, &w->peer);
+            if (ost != CM_OK) {
+                cm_chan_error_text(w->nccl_msg, cm_last_error());
+                w->peer = NULL;
+            }
+            w->is_answer = ost == CM_OK;
+        } else {
+            worker_process(s, w);
+        }
         pthread_mutex_lock(&w->mu);
         w->have_job = 0;
         w->done = 1;
@@ -266,6 +346,7 @@ void *cm_chan_worker_main_(void *arg) {
         w->have_job = 0;
     }
     pthread_mutex_unlock(&w->mu);
+    close_peers(s);
     if (s->cfg.fini)
         s->cfg.fini(s->cfg.user);
     return NULL;
@@ -361,6 +442,24 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     pthread_cond_init(&s->w.cv, NULL);
     if (s->cfg.max_req_layers > s->cfg.n_layers)
         s->cfg.max_req_layers = s->cfg.n_layers;
+    /* encoding nccl is offered exactly when the compute can send over NCCL */
+    if (s->cfg.nccl && (!s->cfg.nccl->open || !s->cfg.nccl->close)) {
+        cm_chan_server_destroy(&s);
+        return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_server: the NCCL hooks need open and close");
+    }
+    if (s->cfg.nccl)
+        s->cfg.encodings |= 1u << CM_ENCODING_NCCL;
+    else
+        s->cfg.encodings &= ~(1u << CM_ENCODING_NCCL);
+    if (!s->cfg.encodings) {
+        cm_chan_server_destroy(&s);
+        return CM_FAIL(CM_ERR_INVALID_ARG, "encoding nccl needs a server that computes on a GPU with NCCL");
+    }
+    s->w.closing = calloc(2 * (size_t)s->cfg.max_sessions + 2, sizeof *s->w.closing);
+    if (!s->w.closing) {
+        cm_chan_server_destroy(&s);
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the server");
+    }
     s->cfg.endpoint = NULL; /* borrowed strings are not kept */
     s->cfg.curve_secret_key = NULL;
     s->cfg.curve_client_keys = NULL;
@@ -528,6 +627,9 @@ void cm_chan_server_destroy(cm_chan_server **sp) {
     free(s->out_ptrs);
     free(s->conv);
     free(s->tensors);
+    for (uint32_t i = 0; i < s->w.n_closing; i++) /* left by a run that failed */
+        s->cfg.nccl->close(s->cfg.user, s->w.closing[i]);
+    free(s->w.closing);
     pthread_cond_destroy(&s->w.cv);
     pthread_mutex_destroy(&s->w.mu);
     pthread_mutex_destroy(&s->stats_mu);

@@ -468,6 +468,8 @@ static cm_status make_layout(const cm_compress *c, cm_encoding enc, cm_dtype dt,
     memset(L, 0, sizeof *L);
     if ((unsigned)enc >= CM_ENCODING_END)
         return CM_FAIL(st_bad, "compress: unknown encoding %d", (int)enc);
+    if (enc == CM_ENCODING_NCCL)
+        return CM_FAIL(st_bad, "compress: encoding nccl sends raw bytes GPU to GPU; nothing to encode here");
     if ((unsigned)dt >= CM_DTYPE_COUNT)
         return CM_FAIL(st_bad, "compress: unknown dtype %d", (int)dt);
     if (enc == CM_ENCODING_FP8_ZSTD && !dtype_is_float_wide(dt))

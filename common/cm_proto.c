@@ -17,12 +17,13 @@
 // names
 
 const char *cm_proto_type_name(int type) {
-    static const char *names[] = {"", "HELLO", "WELCOME", "REQUEST", "ANSWER", "ERROR", "HEARTBEAT", "BYE"};
+    static const char *names[] = {"", "HELLO", "WELCOME", "REQUEST", "ANSWER", "ERROR", "HEARTBEAT", "BYE",
+                                  "NCCL_OFFER", "NCCL_READY"};
     return type >= CM_PROTO_TYPE_HELLO && type < CM_PROTO_TYPE_END ? names[type] : "unknown";
 }
 
 const char *cm_encoding_name(int enc) {
-    static const char *names[] = {"raw", "zstd", "zstd-byteplane", "fp8-zstd"};
+    static const char *names[] = {"raw", "zstd", "zstd-byteplane", "fp8-zstd", "nccl"};
     return enc >= 0 && enc < CM_ENCODING_END ? names[enc] : "unknown";
 }
 
@@ -494,6 +495,59 @@ cm_status cm_proto_bye_decode(const void *frame, size_t len, const cm_proto_limi
 }
 
 // ----------------------------------------------------------------------------
+// NCCL_OFFER, NCCL_READY
+
+cm_status cm_proto_nccl_offer_encode(const cm_proto_nccl *m, void *buf, size_t cap, size_t *len) {
+    if (m->uid_len < 1 || m->uid_len > CM_PROTO_NCCL_UID_MAX)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "NCCL_OFFER: uid_len %u is not in [1, %d]", m->uid_len,
+                       CM_PROTO_NCCL_UID_MAX);
+    size_t body = 8 + (size_t)m->uid_len;
+    CM_TRY(need_cap("NCCL_OFFER", CM_PROTO_HEADER_SIZE + body, cap, len));
+    wr w = {buf, CM_PROTO_HEADER_SIZE};
+    w_u32(&w, m->device);
+    w_u32(&w, m->uid_len);
+    w_bytes(&w, m->uid, m->uid_len);
+    seal(buf, CM_PROTO_TYPE_NCCL_OFFER, 0, 0, 0, body, 0);
+    return CM_OK;
+}
+
+cm_status cm_proto_nccl_offer_decode(const void *frame, size_t len, const cm_proto_limits *lim,
+                                     cm_proto_nccl *out) {
+    cm_proto_header h;
+    rd              r;
+    CM_TRY(frame_open(frame, len, lim, CM_PROTO_TYPE_NCCL_OFFER, &h, &r, 0));
+    cm_proto_nccl m = {0};
+    CM_TRY(r_u32(&r, "device", &m.device));
+    CM_TRY(r_u32(&r, "uid_len", &m.uid_len));
+    if (m.uid_len < 1 || m.uid_len > CM_PROTO_NCCL_UID_MAX)
+        return CM_FAIL(CM_ERR_PROTOCOL, "NCCL_OFFER: field 'uid_len' is %u, must be in [1, %d]", m.uid_len,
+                       CM_PROTO_NCCL_UID_MAX);
+    CM_TRY(r_need(&r, m.uid_len, "uid"));
+    memcpy(m.uid, r.p + r.off, m.uid_len);
+    r.off += m.uid_len;
+    CM_TRY(r_end(&r));
+    *out = m;
+    return CM_OK;
+}
+
+cm_status cm_proto_nccl_ready_encode(uint32_t device, void *buf, size_t cap, size_t *len) {
+    CM_TRY(need_cap("NCCL_READY", CM_PROTO_HEADER_SIZE + 4, cap, len));
+    wr w = {buf, CM_PROTO_HEADER_SIZE};
+    w_u32(&w, device);
+    seal(buf, CM_PROTO_TYPE_NCCL_READY, 0, 0, 0, 4, 0);
+    return CM_OK;
+}
+
+cm_status cm_proto_nccl_ready_decode(const void *frame, size_t len, const cm_proto_limits *lim,
+                                     uint32_t *device) {
+    cm_proto_header h;
+    rd              r;
+    CM_TRY(frame_open(frame, len, lim, CM_PROTO_TYPE_NCCL_READY, &h, &r, 0));
+    CM_TRY(r_u32(&r, "device", device));
+    return r_end(&r);
+}
+
+// ----------------------------------------------------------------------------
 // REQUEST
 
 size_t cm_proto_request_size(uint32_t n_tokens, uint32_t n_seqs, uint32_t n_layers) {
@@ -639,6 +693,9 @@ cm_status cm_proto_tensor_check(const cm_proto_tensor *t, const cm_proto_limits 
     if (t->encoding == CM_ENCODING_RAW && t->encoded_size != t->raw_size)
         return CM_FAIL(on_bad, "tensor '%s': raw encoding with field 'encoded_size' %llu ≠ raw_size %llu", nm,
                        (unsigned long long)t->encoded_size, (unsigned long long)t->raw_size);
+    if (t->encoding == CM_ENCODING_NCCL && t->encoded_size)
+        return CM_FAIL(on_bad, "tensor '%s': nccl encoding with field 'encoded_size' %llu; its bytes travel "
+                       "over NCCL, so it must be 0", nm, (unsigned long long)t->encoded_size);
     if (t->encoded_size > lim->max_data_bytes)
         return CM_FAIL(on_bad, "tensor '%s': field 'encoded_size' %llu exceeds the limit of %llu bytes", nm,
                        (unsigned long long)t->encoded_size, (unsigned long long)lim->max_data_bytes);

@@ -68,6 +68,23 @@
  *     0  u32 code         cm_proto_error_code
  *     4  msg message      what went wrong and what to do
  *   HEARTBEAT, BYE: empty body.
+ *   NCCL_OFFER (trainer → server, after WELCOME, only when WELCOME offers encoding nccl),
+ *   exactly 8 + n bytes
+ *     0  u32 device       the trainer's CUDA device ordinal (for logs)
+ *     4  u32 uid_len      n, 1 ≤ n ≤ CM_PROTO_NCCL_UID_MAX
+ *     8  u8  uid[n]       an ncclUniqueId made by the trainer, which is rank 0 of a two-rank
+ *                         communicator; the server joins it as rank 1
+ *   NCCL_READY (server → trainer: the communicator is up), exactly 4 bytes
+ *     0  u32 device       the server's CUDA device ordinal (for logs)
+ *   A server that cannot join answers the OFFER with ERROR bad-request (id 0).
+ *
+ * The nccl encoding: an ANSWER whose tensors have encoding nccl carries no DATA for them
+ * (encoded_size 0, checksum of zero bytes); right after sending it the server sends each
+ * tensor's raw_size bytes (dtype elements, [T, D] row-major, in descriptor order) with ncclSend
+ * over the session's communicator, and the trainer posts the matching ncclRecv for every such
+ * ANSWER it reads, in the order it reads them (duplicates included, into scratch memory), so the
+ * two streams of transfers stay paired. NCCL carries its own integrity checks; a trainer that
+ * loses the pairing (a refused ANSWER head) drops the session, which aborts the communicator.
  */
 #ifndef CM_PROTO_H
 #define CM_PROTO_H
@@ -88,6 +105,7 @@ extern "C" {
 #define CM_PROTO_NAME_MAX    64  /* bytes of a name (tensor, trainer, target) */
 #define CM_PROTO_MESSAGE_MAX 512 /* bytes of an ERROR message */
 #define CM_PROTO_MAX_DIMS    4
+#define CM_PROTO_NCCL_UID_MAX 128 /* bytes of an ncclUniqueId */
 /* Upper bound of a HELLO, WELCOME, ERROR, HEARTBEAT or BYE frame. */
 #define CM_PROTO_SMALL_FRAME_MAX (CM_PROTO_HEADER_SIZE + 40 + CM_PROTO_MESSAGE_MAX)
 
@@ -99,6 +117,8 @@ typedef enum cm_proto_type {
     CM_PROTO_TYPE_ERROR,
     CM_PROTO_TYPE_HEARTBEAT,
     CM_PROTO_TYPE_BYE,
+    CM_PROTO_TYPE_NCCL_OFFER,
+    CM_PROTO_TYPE_NCCL_READY,
     CM_PROTO_TYPE_END /* one past the last */
 } cm_proto_type;
 
@@ -113,6 +133,7 @@ typedef enum cm_encoding {
     CM_ENCODING_ZSTD,           /* zstd over the element bytes, in chunks (lossless) */
     CM_ENCODING_ZSTD_BYTEPLANE, /* byte planes (high bytes apart from low) then zstd (lossless) */
     CM_ENCODING_FP8_ZSTD,       /* FP8 E4M3 with one F32 scale per row, then zstd (lossy, opt-in) */
+    CM_ENCODING_NCCL,           /* raw elements sent GPU to GPU over the session's NCCL communicator */
     CM_ENCODING_END
 } cm_encoding;
 #define CM_ENCODING_LOSSLESS_MASK                                                                            \
@@ -131,7 +152,7 @@ typedef enum cm_proto_error_code {
 } cm_proto_error_code;
 
 const char *cm_proto_type_name(int type);  /* "HELLO", ...; "unknown" */
-const char *cm_encoding_name(int enc);     /* "raw", "zstd", "zstd-byteplane", "fp8-zstd"; "unknown" */
+const char *cm_encoding_name(int enc);     /* "raw", "zstd", "zstd-byteplane", "fp8-zstd", "nccl"; "unknown" */
 const char *cm_proto_error_name(int code); /* "bad-request", ...; "unknown" */
 /* Parses an encoding name (as cm_encoding_name spells it); CM_ERR_INVALID_ARG naming the choices. */
 cm_status cm_encoding_parse(const char *name, cm_encoding *out);
@@ -222,6 +243,13 @@ typedef struct cm_proto_answer {
     uint32_t         cap_tensors;
 } cm_proto_answer;
 
+/* NCCL_OFFER (uid_len ≥ 1) and NCCL_READY (device only; uid_len 0). */
+typedef struct cm_proto_nccl {
+    uint32_t device;
+    uint32_t uid_len;
+    uint8_t  uid[CM_PROTO_NCCL_UID_MAX];
+} cm_proto_nccl;
+
 typedef struct cm_proto_error {
     uint64_t            batch_id;
     cm_proto_error_code code;
@@ -241,6 +269,8 @@ cm_status cm_proto_request_encode(const cm_proto_request *m, void *buf, size_t c
 cm_status cm_proto_error_encode(const cm_proto_error *m, void *buf, size_t cap, size_t *len);
 cm_status cm_proto_heartbeat_encode(uint64_t seq, void *buf, size_t cap, size_t *len);
 cm_status cm_proto_bye_encode(void *buf, size_t cap, size_t *len);
+cm_status cm_proto_nccl_offer_encode(const cm_proto_nccl *m, void *buf, size_t cap, size_t *len);
+cm_status cm_proto_nccl_ready_encode(uint32_t device, void *buf, size_t cap, size_t *len);
 
 /* An ANSWER is sent as HEAD (header + descriptors) followed by the tensors' encoded bytes,
  * which may travel in separate transport parts (zero copy). answer_head_size gives HEAD's size;
@@ -271,6 +301,10 @@ cm_status cm_proto_error_decode(const void *frame, size_t len, const cm_proto_li
                                 cm_proto_error *out);
 cm_status cm_proto_heartbeat_decode(const void *frame, size_t len, const cm_proto_limits *lim, uint64_t *seq);
 cm_status cm_proto_bye_decode(const void *frame, size_t len, const cm_proto_limits *lim);
+cm_status cm_proto_nccl_offer_decode(const void *frame, size_t len, const cm_proto_limits *lim,
+                                     cm_proto_nccl *out);
+cm_status cm_proto_nccl_ready_decode(const void *frame, size_t len, const cm_proto_limits *lim,
+                                     uint32_t *device);
 
 /* Decodes an ANSWER whose HEAD and DATA are in separate buffers (head_len = header + body,
  * data_len = the header's data_len) and verifies every tensor's checksum. tensors[i].data

@@ -197,6 +197,9 @@ static cm_status identity_valid(const cm_shard_identity *id, cm_status st, const
                        cm_dtype_name(id->hidden_dtype));
     if ((unsigned)id->encoding >= CM_ENCODING_END)
         return CM_FAIL(st, "%s: unknown encoding %d", what, (int)id->encoding);
+    if (id->encoding == CM_ENCODING_NCCL)
+        return CM_FAIL(st, "%s: encoding nccl carries no bytes to store; precompute with a ZeroMQ encoding",
+                       what);
     if (id->hidden_size < 1)
         return CM_FAIL(st, "%s: hidden size is 0", what);
     if (id->n_layers < 1 || id->n_layers > CM_SHARD_MAX_LAYERS)

@@ -232,7 +232,7 @@ static void test_round_trip(const char *ep_in, cm_dtype dt) {
         return;
     }
     const char *ep = cm_chan_server_endpoint(s.srv);
-    for (int e = 0; e < CM_ENCODING_END; e++) {
+    for (int e = 0; e < CM_ENCODING_NCCL; e++) { /* the host encodings; nccl: test_nccl_refused */
         cm_chan_client_config cc = client_config(ep, "rt");
         cc.encoding = (cm_encoding)e;
         cc.accept = 0;
@@ -1156,6 +1156,68 @@ static void test_curve(void) {
     rmdir(dir);
 }
 
+/* Encoding nccl on a machine without the NCCL path: the client refuses it without hooks, as a
+ * fallback, or with keep_frames; a server without hooks (a CPU server) refuses the session
+ * with a message naming the fix, before any hook is called. (The path itself is tested on
+ * two GPUs: test_ts_nccl.) */
+static int hook_calls;
+static cm_status no_offer(void *u, cm_proto_nccl *o) {
+    (void)u, (void)o;
+    hook_calls++;
+    return CM_FAIL(CM_ERR_UNSUPPORTED, "no GPU here");
+}
+static cm_status no_join(void *u, const cm_proto_nccl *o) {
+    (void)u, (void)o;
+    hook_calls++;
+    return CM_FAIL(CM_ERR_UNSUPPORTED, "no GPU here");
+}
+static cm_status no_recv(void *u, uint32_t slot, uint32_t n, const cm_proto_tensor *t, const void **dev) {
+    (void)u, (void)slot, (void)n, (void)t, (void)dev;
+    hook_calls++;
+    return CM_FAIL(CM_ERR_UNSUPPORTED, "no GPU here");
+}
+static void no_leave(void *u) {
+    (void)u;
+    hook_calls++;
+}
+
+static void test_nccl_refused(void) {
+    server                s = {.syn = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+    cm_chan_server_config cfg = server_config("tcp://127.0.0.1:*", &s);
+    if (!server_start(&s, &cfg)) {
+        TST_CHECK(0);
+        return;
+    }
+    const char               *ep = cm_chan_server_endpoint(s.srv);
+    const cm_chan_nccl_client hooks = {no_offer, no_join, no_recv, no_leave, NULL};
+    cm_chan_client           *c = NULL;
+    cm_chan_client_config     cc = client_config(ep, "nccl");
+    cc.encoding = CM_ENCODING_NCCL;
+    cc.accept = 0;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_ERR_INVALID_ARG && !c);
+    TST_CHECK(strstr(cm_last_error(), "GPU with NCCL") != NULL);
+    cc.nccl = &hooks;
+    cc.accept = CM_ENCODING_LOSSLESS_MASK;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_ERR_INVALID_ARG && !c);
+    cc.accept = 0;
+    cc.keep_frames = 1;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_ERR_INVALID_ARG && !c);
+    cc.keep_frames = 0;
+    cm_chan_client_config fb = client_config(ep, "nccl-fallback");
+    fb.accept |= 1u << CM_ENCODING_NCCL;
+    TST_CHECK(cm_chan_client_create(&c, &fb) == CM_ERR_INVALID_ARG && !c);
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    cm_status st = cm_chan_client_wait_ready(c, 5000, NULL);
+    TST_CHECK(st == CM_ERR_INVALID_ARG);
+    TST_CHECK(strstr(cm_last_error(), "has no NCCL path") != NULL);
+    if (st != CM_ERR_INVALID_ARG)
+        fprintf(stderr, "nccl refusal: %s: %s\n", cm_status_str(st), cm_last_error());
+    cm_chan_client_destroy(&c);
+    TST_CHECK(hook_calls == 0);
+    server_stop(&s);
+    printf("nccl: refused without hooks, as a fallback, with keep_frames, and by a server without NCCL\n");
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -1166,6 +1228,7 @@ int main(int argc, char **argv) {
     test_endpoints_and_keys();
     test_round_trip("tcp://127.0.0.1:*", CM_DTYPE_BF16);
     test_round_trip(ipc, CM_DTYPE_F32);
+    test_nccl_refused();
     test_credits();
     test_fairness(2);
     test_fairness(3);

@@ -193,7 +193,44 @@ static void test_small_roundtrips(void) {
     EXPECT_FAIL(cm_proto_hello_decode(frame, len, &LIM, &hi2), CM_ERR_PROTOCOL,
                 "expected type HELLO, got BYE");
 
+    /* NCCL_OFFER / NCCL_READY */
+    cm_proto_nccl no = {.device = 1, .uid_len = CM_PROTO_NCCL_UID_MAX}, no2;
+    for (int i = 0; i < CM_PROTO_NCCL_UID_MAX; i++)
+        no.uid[i] = (uint8_t)(i * 37 + 5);
+    TST_CHECK(cm_proto_nccl_offer_encode(&no, frame, sizeof frame, &len) == CM_OK);
+    TST_CHECK(len == CM_PROTO_HEADER_SIZE + 8 + CM_PROTO_NCCL_UID_MAX && len <= CM_PROTO_SMALL_FRAME_MAX);
+    TST_CHECK(cm_proto_nccl_offer_decode(frame, len, &LIM, &no2) == CM_OK);
+    TST_CHECK(no2.device == 1 && no2.uid_len == no.uid_len && memcmp(no2.uid, no.uid, no.uid_len) == 0);
+    EXPECT_FAIL(cm_proto_nccl_offer_decode(frame, len - 1, &LIM, &no2), CM_ERR_PROTOCOL, "truncated");
+    frame[CM_PROTO_HEADER_SIZE + 20] ^= 1; /* a flipped uid byte fails the body checksum */
+    EXPECT_FAIL(cm_proto_nccl_offer_decode(frame, len, &LIM, &no2), CM_ERR_PROTOCOL, "body checksum");
+    cm_proto_nccl bad = {.device = 0, .uid_len = 0};
+    EXPECT_FAIL(cm_proto_nccl_offer_encode(&bad, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, "uid_len 0");
+    bad.uid_len = CM_PROTO_NCCL_UID_MAX + 1;
+    EXPECT_FAIL(cm_proto_nccl_offer_encode(&bad, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, "uid_len 129");
+    uint32_t dev = 0;
+    TST_CHECK(cm_proto_nccl_ready_encode(7, frame, sizeof frame, &len) == CM_OK &&
+              len == CM_PROTO_HEADER_SIZE + 4);
+    TST_CHECK(cm_proto_nccl_ready_decode(frame, len, &LIM, &dev) == CM_OK && dev == 7);
+    EXPECT_FAIL(cm_proto_nccl_offer_decode(frame, len, &LIM, &no2), CM_ERR_PROTOCOL,
+                "expected type NCCL_OFFER, got NCCL_READY");
+    /* an nccl tensor carries no bytes in DATA */
+    cm_proto_tensor nt = {.name = "layer_3", .dtype = CM_DTYPE_BF16, .encoding = CM_ENCODING_NCCL,
+                          .n_dims = 2, .shape = {5, 8}, .raw_size = 80, .encoded_size = 0};
+    TST_CHECK(cm_proto_tensor_check(&nt, &LIM, CM_ERR_PROTOCOL, NULL, NULL) == CM_OK);
+    cm_proto_answer na = {.batch_id = 9, .n_tensors = 1, .tensors = &nt, .cap_tensors = 1};
+    TST_CHECK(cm_proto_answer_encode(&na, frame, sizeof frame, &len) == CM_OK);
+    cm_proto_tensor nt2;
+    cm_proto_answer na2 = {.tensors = &nt2, .cap_tensors = 1};
+    TST_CHECK(cm_proto_answer_decode(frame, len, &LIM, &na2) == CM_OK && na2.n_tensors == 1 &&
+              nt2.encoding == CM_ENCODING_NCCL && nt2.raw_size == 80 && nt2.encoded_size == 0);
+    nt.encoded_size = 4;
+    EXPECT_FAIL(cm_proto_tensor_check(&nt, &LIM, CM_ERR_PROTOCOL, NULL, NULL), CM_ERR_PROTOCOL,
+                "must be 0");
+    TST_CHECK(strcmp(cm_encoding_name(CM_ENCODING_NCCL), "nccl") == 0);
+
     /* names */
+    TST_CHECK(strcmp(cm_proto_type_name(CM_PROTO_TYPE_NCCL_READY), "NCCL_READY") == 0);
     TST_CHECK(strcmp(cm_proto_type_name(CM_PROTO_TYPE_ANSWER), "ANSWER") == 0);
     TST_CHECK(strcmp(cm_proto_type_name(99), "unknown") == 0);
     cm_encoding e;
