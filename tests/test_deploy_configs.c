@@ -1,0 +1,140 @@
+/* tests/test_deploy_configs.c — every example config under deploy/configs/ read by the real
+ * code: each drafter.json through cm_drafter_cfg_load (the parser train and grad use), each
+ * run.json's keys against the flags `drafter-trainer train --help` lists (a run config's keys
+ * are train's long flag names without the dashes), and the Qwen3.6-27B drafter's shape against
+ * the numbers it must have (DESIGN §8, reference/dflash.md §1.5, perf.md): hidden 5120, 5
+ * layers (4 sliding 2048 then 1 full), 32/8 heads x 128, MLP 17408, vocab 248320, taps
+ * [1,16,31,46,61] = DESIGN §5's default for 64 target layers, block 16, mask 248070. */
+#include <cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cm_cfg.h"
+#include "tst.h"
+
+#define CONFIGS TANDEM_TEST_DATA "/../deploy/configs"
+#define DT_BIN  TANDEM_BINARY_DIR "/drafter-trainer/drafter-trainer"
+
+static char help[1 << 16];
+
+static int read_help(void) {
+    FILE *p = popen(DT_BIN " train --help", "r");
+    if (!p)
+        return 0;
+    size_t n = fread(help, 1, sizeof help - 1, p);
+    help[n] = '\0';
+    return pclose(p) == 0 && n > 0;
+}
+
+/* 1 if `train --help` lists --key (followed by a space or the end of the line). */
+static int train_has_flag(const char *key) {
+    char flag[128];
+    snprintf(flag, sizeof flag, "--%s", key);
+    for (const char *p = help; (p = strstr(p, flag)) != NULL; p += strlen(flag)) {
+        char next = p[strlen(flag)];
+        if (next == ' ' || next == '\n')
+            return 1;
+    }
+    return 0;
+}
+
+static void check_run_config(const char *path) {
+    FILE *f = fopen(path, "rb");
+    TST_CHECK(f != NULL);
+    if (!f)
+        return;
+    static char text[1 << 16];
+    size_t      n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    cJSON *root = cJSON_Parse(text);
+    TST_CHECK(cJSON_IsObject(root));
+    if (!cJSON_IsObject(root)) {
+        fprintf(stderr, "%s: not a JSON object\n", path);
+        cJSON_Delete(root);
+        return;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        int known = train_has_flag(it->string);
+        /* the launcher and the Slurm script give these per process; a run config must not */
+        int per_process = strcmp(it->string, "server") == 0 || strcmp(it->string, "out") == 0 ||
+                          strcmp(it->string, "dp-rank") == 0 || strcmp(it->string, "dp-size") == 0;
+        int kind_ok = cJSON_IsNumber(it) || cJSON_IsString(it) || cJSON_IsBool(it) || cJSON_IsArray(it);
+        TST_CHECK(known && !per_process && kind_ok);
+        if (!known || per_process || !kind_ok)
+            fprintf(stderr, "%s: key '%s' %s\n", path, it->string,
+                    !known ? "is not a flag of `drafter-trainer train --help`"
+                    : per_process ? "is set per process by deploy/ (remove it)"
+                                  : "has a value of the wrong kind");
+    }
+    cJSON_Delete(root);
+}
+
+/* DESIGN §5: round(1 + i·(Lt − 4)/(Ld − 1)), round half to even. */
+static int default_tap(int i, int n_target, int n_taps) {
+    return (int)nearbyint(1.0 + (double)i * (n_target - 4) / (n_taps - 1));
+}
+
+static void check_qwen36_27b(const cm_drafter_cfg *c) {
+    TST_CHECK(c->hidden_size == 5120 && c->n_layers == 5 && c->intermediate_size == 17408);
+    TST_CHECK(c->n_heads == 32 && c->n_kv_heads == 8 && c->head_dim == 128);
+    TST_CHECK(c->vocab_size == 248320 && c->mask_token_id == 248070);
+    TST_CHECK(c->block_size == 16 && c->num_target_layers == 64 && c->rope_theta == 1e7);
+    /* the SpecForge layout: layers 0-3 sliding (window 2048), the last one full */
+    for (int l = 0; l < 4; l++)
+        TST_CHECK(c->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION);
+    TST_CHECK(c->layer_types[4] == CM_LAYER_TYPE_FULL_ATTENTION && c->sliding_window == 2048);
+    static const int taps[5] = {1, 16, 31, 46, 61};
+    TST_CHECK(c->n_taps == 5);
+    for (int i = 0; i < 5 && i < c->n_taps; i++) {
+        TST_CHECK(c->target_layer_ids[i] == taps[i]);
+        TST_CHECK(default_tap(i, 64, 5) == taps[i]);
+    }
+    TST_CHECK(!c->tie_word_embeddings && !c->attention_bias);
+}
+
+int main(void) {
+    TST_CHECK(read_help());
+    DIR *d = opendir(CONFIGS);
+    TST_CHECK(d != NULL);
+    if (!d)
+        return tst_report();
+    int            n_drafters = 0, n_runs = 0, saw_27b = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char dir[1024], path[1200];
+        snprintf(dir, sizeof dir, "%s/%s", CONFIGS, e->d_name);
+        struct stat sb;
+        if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            continue;
+        snprintf(path, sizeof path, "%s/drafter.json", dir);
+        if (stat(path, &sb) == 0) {
+            cm_drafter_cfg c;
+            cm_status      st = cm_drafter_cfg_load(&c, path);
+            TST_CHECK(st == CM_OK);
+            if (st != CM_OK)
+                fprintf(stderr, "%s: %s\n", path, cm_last_error());
+            else if (strcmp(e->d_name, "qwen3.6-27b") == 0) {
+                check_qwen36_27b(&c);
+                saw_27b = 1;
+            }
+            n_drafters++;
+        }
+        snprintf(path, sizeof path, "%s/run.json", dir);
+        if (stat(path, &sb) == 0) {
+            check_run_config(path);
+            n_runs++;
+        }
+    }
+    closedir(d);
+    TST_CHECK(n_drafters >= 1 && n_runs >= 1 && saw_27b);
+    fprintf(stderr, "deploy/configs: %d drafter configs, %d run configs\n", n_drafters, n_runs);
+    return tst_report();
+}
