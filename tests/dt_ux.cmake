@@ -17,3 +17,7 @@ foreach(m progress runcfg plan)
     target_include_directories(test_dt_${m} PRIVATE ${PROJECT_SOURCE_DIR}/drafter-trainer)
   endif()
 endforeach()
+# test_dt_runcfg also checks every flag of `drafter-trainer train --help` is a known key.
+if(TARGET test_dt_runcfg AND TARGET drafter-trainer)
+  add_dependencies(test_dt_runcfg drafter-trainer)
+endif()
