@@ -29,6 +29,16 @@ static const kn_backend cuda_backend = {
     .conv1d_silu = kn_cuda_conv1d_silu,
     .gdn_gate = kn_cuda_gdn_gate,
     .gated_delta_rule = kn_cuda_gated_delta_rule,
+    .gemm_dx = kn_cuda_gemm_dx,
+    .gemm_dw = kn_cuda_gemm_dw,
+    .rmsnorm_bwd = kn_cuda_rmsnorm_bwd,
+    .rope_bwd = kn_cuda_rope_bwd,
+    .swiglu_bwd = kn_cuda_swiglu_bwd,
+    .dflash_attn_fwd = kn_cuda_dflash_attn_fwd,
+    .dflash_attn_bwd = kn_cuda_dflash_attn_bwd,
+    .lm_ce = kn_cuda_lm_ce,
+    .sumsq = kn_cuda_sumsq,
+    .adamw = kn_cuda_adamw,
 };
 
 const kn_backend *kn_backend_cuda(void) {

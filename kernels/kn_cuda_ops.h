@@ -60,6 +60,28 @@ cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, cons
                                    const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                    int64_t T, int nk, int nv, int dk, int dv, float scale);
 
+// ---- drafter training (kn_gemm_bwd.cu, kn_norm_bwd.cu, kn_rope_bwd.cu, kn_elementwise_bwd.cu,
+// kn_dflash_attn.cu, kn_lm_ce.cu, kn_optim.cu). Deterministic: no float atomics, fixed
+// reduction orders. Device-memory indices (anchors, ctx_lo, labels) are not validated on the
+// host: the kernels clamp or flag them (see each file).
+cm_status kn_cuda_gemm_dx(kn_ctx *ctx, float *dinp, const float *dout, const void *w, cm_dtype wdt, int64_t M,
+                          int64_t N, int64_t K, int accumulate);
+cm_status kn_cuda_gemm_dw(kn_ctx *ctx, float *dw, const float *dout, const float *inp, int64_t M, int64_t N,
+                          int64_t K);
+cm_status kn_cuda_rmsnorm_bwd(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                              const float *w, int64_t rows, int64_t C, float eps, int one_plus);
+cm_status kn_cuda_rope_bwd(kn_ctx *ctx, float *dx, const int32_t *pos, int64_t T, int n_heads, int head_dim,
+                           int rot_dim, float theta);
+cm_status kn_cuda_swiglu_bwd(kn_ctx *ctx, float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, int64_t n);
+cm_status kn_cuda_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
+cm_status kn_cuda_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
+cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h, const int32_t *labels,
+                        const float *gscale, const void *w, cm_dtype wdt, int64_t R, int64_t V, int64_t D);
+cm_status kn_cuda_sumsq(kn_ctx *ctx, double *out, const float *x, int64_t n);
+cm_status kn_cuda_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
+                        const kn_adamw_params *p);
+
 #ifdef __cplusplus
 }
 #endif

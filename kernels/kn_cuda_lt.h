@@ -1,0 +1,29 @@
+/* kernels/kn_cuda_lt.h — internal helpers of the drafter's CUDA ops (kn_gemm_bwd.cu,
+ * kn_lm_ce.cu): one general cuBLASLt matmul in the column-major BLAS convention and the
+ * bf16 <-> f32 conversion launchers. Not part of the backend table; compiles as C and as
+ * CUDA C++. */
+#ifndef KN_CUDA_LT_H
+#define KN_CUDA_LT_H
+
+#include "kn_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* C (m×n, column-major, ldc, F32) = op(A)·op(B) + beta·C with op(A) m×k and op(B) k×n;
+ * trans_a / trans_b select op = transpose, A and B are stored (before op) column-major with
+ * leading dimensions lda, ldb, both of ab_type (CUDA_R_32F or CUDA_R_16BF); fp32 accumulation
+ * (CUBLAS_COMPUTE_32F, no TF32). op names the caller in error messages. */
+cm_status kn_cuda_lt_matmul(kn_ctx *ctx, const char *op, cudaDataType_t ab_type, int trans_a, int trans_b,
+                            int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
+                            int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* dst[i] = bf16(src[i]) (nearest even) and dst[i] = f32(src[i]) (exact), on ctx's stream. */
+cm_status kn_cuda_f32_to_bf16(kn_ctx *ctx, void *dst, const float *src, int64_t n);
+cm_status kn_cuda_bf16_to_f32(kn_ctx *ctx, float *dst, const void *src, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KN_CUDA_LT_H */
