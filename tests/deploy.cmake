@@ -9,3 +9,9 @@ if(TARGET dt)
   add_unit_test(test_deploy_configs test_deploy_configs.c TIMEOUT 60)
   add_dependencies(test_deploy_configs drafter-trainer)
 endif()
+# The systemd units' ExecStart lines, run as systemd would (a script: the units are shell).
+if(TARGET dt)
+  add_test(NAME test_deploy_units COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_deploy_units.sh
+           ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_deploy_units PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS unit)
+endif()
