@@ -798,11 +798,11 @@ cm_status cm_compress_decode(cm_compress *c, cm_encoding enc, cm_dtype dt, const
     if (srow != want_row)
         return CM_FAIL(CM_ERR_PROTOCOL, "compress: stream field 'row_len' is %llu, expected %llu",
                        (unsigned long long)srow, (unsigned long long)want_row);
+    // bounded even for an empty tensor: the scratch is sized from it
+    if ((n_elems && ce < 1) || ce > CM_COMPRESS_MAX_CHUNK_BYTES / L.esize)
+        return CM_FAIL(CM_ERR_PROTOCOL, "compress: stream field 'chunk_elems' is %llu, must be in [%d, %zu]",
+                       (unsigned long long)ce, n_elems ? 1 : 0, CM_COMPRESS_MAX_CHUNK_BYTES / L.esize);
     if (n_elems) {
-        if (ce < 1 || ce > CM_COMPRESS_MAX_CHUNK_BYTES / L.esize)
-            return CM_FAIL(CM_ERR_PROTOCOL,
-                           "compress: stream field 'chunk_elems' is %llu, must be in [1, %zu]",
-                           (unsigned long long)ce, CM_COMPRESS_MAX_CHUNK_BYTES / L.esize);
         if (enc == CM_ENCODING_FP8_ZSTD && ce % L.row_len)
             return CM_FAIL(CM_ERR_PROTOCOL,
                            "compress: stream field 'chunk_elems' %llu is not a multiple of row_len %llu",
