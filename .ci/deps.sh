@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Tandem builds against, where they are missing.
 set -euo pipefail
-pkgs="build-essential cmake pkg-config libzmq3-dev libzstd-dev libcjson-dev libopenblas-dev"
+pkgs="build-essential cmake pkg-config libzmq3-dev libzstd-dev libcjson-dev libopenblas-dev clang"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
     sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
     $sudo_ apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq $missing
+fi
+# libFuzzer's runtime (tests/fuzz) is in compiler-rt's package, named after clang's major version.
+rt="libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+if ! dpkg -s "$rt" >/dev/null 2>&1; then
+    sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "$rt"
 fi
