@@ -15,3 +15,10 @@ if(TARGET dt)
            ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
   set_tests_properties(test_deploy_units PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS unit)
 endif()
+# The Slurm job's per-task script without Slurm (the variables Slurm gives each task are set
+# by the test): keys, loopback and CURVE servers, trainer ranks, requeue resume.
+if(TARGET dt)
+  add_test(NAME test_deploy_slurm COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_deploy_slurm.sh
+           ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_deploy_slurm PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS unit)
+endif()
