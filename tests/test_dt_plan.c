@@ -1,0 +1,284 @@
+/* tests/test_dt_plan.c — the --dry-run plan (drafter-trainer/dt_plan.h) against numbers computed
+ * by hand in the comments below: a small target and drafter (every count, byte and FLOP of the
+ * plan), the drafter parameter count against the parameters dt_model itself allocates, the
+ * Qwen3.6-27B target and its DFlash drafter from the config fixtures in tests/data/cm (counts by
+ * hand; step FLOPs against reference/perf.md §8.2's independent estimate), the printed table,
+ * and the refusals of impossible runs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_model.h"
+#include "dt_plan.h"
+#include "kn_backend.h"
+#include "tst.h"
+
+#define CLOSE(got, want)                                                                                     \
+    TST_CHECK(fabs((double)(got) - (double)(want)) <= 1e-9 * fabs((double)(want)) + 1e-12)
+
+/* Target: D 8, 4 layers (GDN, GDN, GDN, full), MLP 16, vocab 32, 2/1 heads x 4 with the
+ * output gate, GDN 1 qk head / 2 v heads x 4, conv 4, untied. Drafter: D 8, layer 0 sliding
+ * (window 4) + layer 1 full, 2/1 heads x 4, MLP 16, vocab 32, block 4, taps [1, 2]. */
+static void small_cfgs(cm_target_cfg *t, cm_drafter_cfg *d) {
+    memset(t, 0, sizeof *t);
+    t->hidden_size = 8;
+    t->n_layers = 4;
+    t->intermediate_size = 16;
+    t->vocab_size = 32;
+    t->rms_norm_eps = 1e-6f;
+    for (int l = 0; l < 3; l++)
+        t->layer_types[l] = CM_LAYER_TYPE_LINEAR_ATTENTION;
+    t->layer_types[3] = CM_LAYER_TYPE_FULL_ATTENTION;
+    t->n_heads = 2;
+    t->n_kv_heads = 1;
+    t->head_dim = 4;
+    t->rotary_dim = 4;
+    t->rope_theta = 1e4;
+    t->attn_output_gate = 1;
+    t->lin_n_k_heads = 1;
+    t->lin_n_v_heads = 2;
+    t->lin_k_head_dim = 4;
+    t->lin_v_head_dim = 4;
+    t->lin_conv_kernel = 4;
+
+    memset(d, 0, sizeof *d);
+    d->hidden_size = 8;
+    d->n_layers = 2;
+    d->intermediate_size = 16;
+    d->vocab_size = 32;
+    d->n_heads = 2;
+    d->n_kv_heads = 1;
+    d->head_dim = 4;
+    d->rms_norm_eps = 1e-6f;
+    d->rope_theta = 1e4;
+    d->max_position_embeddings = 4096;
+    d->layer_types[0] = CM_LAYER_TYPE_SLIDING_ATTENTION;
+    d->layer_types[1] = CM_LAYER_TYPE_FULL_ATTENTION;
+    d->sliding_window = 4;
+    d->block_size = 4;
+    d->mask_token_id = 31;
+    d->num_target_layers = 4;
+    d->n_taps = 2;
+    d->target_layer_ids[0] = 1;
+    d->target_layer_ids[1] = 2;
+}
+
+static void test_small(void) {
+    cm_target_cfg  t;
+    cm_drafter_cfg d;
+    small_cfgs(&t, &d);
+    /* T 16, A 2 (Q = 8, K = 24), S 8, raw encoding, 2 credits, chunk 4, 1000 tokens per epoch;
+     * rates chosen so a step takes 2 s and a target GPU makes 10 tok/s */
+    dt_plan_run r = {16, 2, 8, 1, 2, CM_ENCODING_RAW, 0, 5184e-12 * 10, 94016e-12 / 2, 4, 1000};
+    dt_plan     p;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+
+    /* drafter layer: q 8·8 + k 8·4 + v 8·4 + o 8·8 = 192, MLP 3·8·16 = 384, norms 2·8 + 2·4 = 24
+     * → 600; fc 2·8·8 = 128; + hidden_norm, norm 16 → 128 + 16 + 2·600 = 1344 */
+    TST_CHECK(p.p_drafter_layer == 600 && p.p_fc == 128 && p.p_drafter == 1344);
+    TST_CHECK(p.p_frozen == 2 * 32 * 8);
+    /* GDN layer: conv channels 2·1·4 + 2·4 = 16; linear = MLP 384 + qkv 8·16 + z 8·8 + b, a 2·8·2
+     * + out 8·8 = 672; other = norms 16 + conv 16·4 + dt_bias, A_log 4 + norm 4 = 88 → 760.
+     * Full layer: linear = 384 + q+gate 8·2·4·2 + k, v 2·8·4 + o 8·8 = 640; other 16 + 8 → 664.
+     * Target = 3·760 + 664 + embed, lm_head 2·256 + final norm 8 = 3464; the prefill runs layers
+     * 0..2 (last tap 2): 3·672 = 2016 linear parameters. */
+    TST_CHECK(p.p_target == 3464 && p.p_target_run == 2016 && p.target_layers_run == 3);
+
+    /* memory: P = 1344 → 2P, 4P, 8P, 4P; frozen 2·512. Per layer saved: 2·Q·(4D + 2Hd + 3I) =
+     * 2·8·96 = 1536, LSE 4·8·2 = 64, k and v 2·24·2·4 = 384 → 1984; all layers 2·1984 + context
+     * 2·2·16·8 = 4480; loss 4·4·32 + 6·8·8 = 896; hidden 2 taps · 8 · 2 B = 32 B/token, two
+     * batches 2·16·32 = 1024 → total 33600; host 2 credits · 16 · (32 + 32) = 2048 */
+    CLOSE(p.m_weights, 2688);
+    CLOSE(p.m_master, 5376);
+    CLOSE(p.m_adam, 10752);
+    CLOSE(p.m_grads, 5376);
+    CLOSE(p.m_frozen, 1024);
+    CLOSE(p.m_act, 4480);
+    CLOSE(p.m_act_transient, 1984);
+    CLOSE(p.m_loss, 896);
+    CLOSE(p.m_hidden_gpu, 1024);
+    CLOSE(p.m_total, 33600);
+    CLOSE(p.m_hidden_host, 2048);
+    CLOSE(p.wire_raw, 32);
+    CLOSE(p.wire_lo, 32);
+    CLOSE(p.wire_hi, 32);
+    CLOSE(p.disk_lo, 32000);
+
+    /* target per token at S = 8 (no full layer runs): 2·2016 + 3·(8·4·4·2 + 2·4·16) = 5184 */
+    CLOSE(p.f_target_token, 5184);
+    /* drafter: fc 2·16·16·8 = 4096; per layer q,o 4·8·8·8 = 2048, k,v 4·24·8·4 = 3072, MLP
+     * 6·8·8·16 = 6144 → 11264, two layers 22528; attention: sliding vis = 4 − 16/16 + 2.5 = 5.5 →
+     * 4·8·8·5.5 = 1408, full vis = 4 + 4 → 2048, sum 3456; LM head 2·2·3·8·32 = 3072.
+     * forward 33152; total 33152 + 4096 + 2·22528 + 2.5·3456 + 3072 = 94016 */
+    CLOSE(p.f_step_fwd, 33152);
+    CLOSE(p.f_step, 94016);
+    CLOSE(p.f_step_attn, 3.5 * 3456);
+    CLOSE(p.f_step_lm, 6144);
+    CLOSE(p.f_drafter_token, 94016.0 / 16);
+    CLOSE(p.s_step, 2);
+    CLOSE(p.trainer_tok_s, 8);
+    CLOSE(p.target_tok_s, 10);
+    CLOSE(p.target_per_trainer, 0.8);
+    CLOSE(p.wire_bps_lo, 8 * 32);
+
+    /* zstd-byteplane: the measured 1.34..1.51; an explicit ratio replaces it */
+    r.encoding = CM_ENCODING_ZSTD_BYTEPLANE;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    CLOSE(p.wire_lo, 32 / 1.51);
+    CLOSE(p.wire_hi, 32 / 1.34);
+    CLOSE(p.m_hidden_host, 2 * 16 * (32 + 32 / 1.34));
+    r.ratio = 2;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    CLOSE(p.wire_lo, 16);
+    CLOSE(p.wire_hi, 16);
+    r.ratio = 0;
+
+    /* seq_len 0 = the token budget; with a full layer run (tap 3) its attention term appears */
+    d.target_layer_ids[1] = 3;
+    r.seq_len = 0;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    TST_CHECK(p.run.seq_len == 16 && p.target_layers_run == 4 && p.p_target_run == 2016 + 640);
+    /* 2·2656 + 1152 + 2·16·2·4 = 6720 */
+    CLOSE(p.f_target_token, 6720);
+
+    /* the printed plan names its parts and assumptions */
+    FILE *f = tmpfile();
+    dt_plan_print(f, &p, &t, &d);
+    rewind(f);
+    static char out[16384];
+    size_t      n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    const char *words[] = {"drafter, trainable",
+                           "1344",
+                           "Adam moments",
+                           "target GPUs per trainer GPU",
+                           "assumptions",
+                           "1.34..1.51",
+                           "compress-2026-11-30.md",
+                           "--plan-target-tflops",
+                           "hidden states per token",
+                           NULL};
+    for (int i = 0; words[i]; i++) {
+        TST_CHECK(strstr(out, words[i]) != NULL);
+        if (!strstr(out, words[i]))
+            fprintf(stderr, "  the plan lacks '%s'\n", words[i]);
+    }
+    if (getenv("TST_VERBOSE"))
+        fputs(out, stderr);
+
+    /* refusals */
+    dt_plan_run bad = r;
+    bad.seq_len = 17;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &bad) == CM_ERR_INVALID_ARG);
+    TST_CHECK(strstr(cm_last_error(), "longer than the token budget") != NULL);
+    bad = r;
+    bad.max_anchors = 0;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &bad) == CM_ERR_INVALID_ARG);
+    bad = r;
+    bad.drafter_tflops = 0;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &bad) == CM_ERR_INVALID_ARG);
+    TST_CHECK(strstr(cm_last_error(), "--plan-drafter-tflops") != NULL);
+    d.target_layer_ids[1] = 4;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_ERR_INVALID_ARG);
+    TST_CHECK(strstr(cm_last_error(), "outside the target's 4 layers") != NULL);
+    d.target_layer_ids[1] = 2;
+    d.vocab_size = 33;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_ERR_INVALID_ARG);
+    TST_CHECK(strstr(cm_last_error(), "use the target the drafter is for") != NULL);
+}
+
+/* The parameters dt_model allocates for the small drafter add up to the plan's count. */
+static void test_against_model(void) {
+    cm_target_cfg  t;
+    cm_drafter_cfg d;
+    small_cfgs(&t, &d);
+    const kn_backend *be = NULL;
+    kn_ctx           *ctx = NULL;
+    kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
+    dt_model         *m = NULL;
+    TST_CHECK(kn_backend_get("cpu", &be) == CM_OK && be->ctx_create(&ctx, &kc) == CM_OK);
+    cm_status st = dt_model_create(&m, &d, be, ctx);
+    if (st != CM_OK)
+        fprintf(stderr, "  %s\n", cm_last_error());
+    TST_CHECK(st == CM_OK);
+    if (m) {
+        int64_t n = 0;
+        for (int i = 0; i < dt_model_n_params(m); i++)
+            n += dt_model_param(m, i)->numel;
+        dt_plan     p;
+        dt_plan_run r = DT_PLAN_RUN_DEFAULT;
+        r.token_budget = 64;
+        TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+        TST_CHECK(n == p.p_drafter);
+        if (n != p.p_drafter)
+            fprintf(stderr, "  dt_model has %lld parameters, the plan %lld\n", (long long)n,
+                    (long long)p.p_drafter);
+    }
+    dt_model_destroy(&m);
+    if (be && ctx)
+        be->ctx_destroy(&ctx);
+}
+
+static void test_27b(void) {
+    cm_target_cfg  t;
+    cm_drafter_cfg d;
+    cm_status      st = cm_target_cfg_load(&t, TANDEM_TEST_DATA "/data/cm/qwen3_6_27b/config.json");
+    if (st == CM_OK)
+        st = cm_drafter_cfg_load(&d, TANDEM_TEST_DATA "/data/cm/dflash_qwen3_6_27b/config.json");
+    if (st != CM_OK)
+        fprintf(stderr, "  %s\n", cm_last_error());
+    TST_CHECK(st == CM_OK);
+    if (st != CM_OK)
+        return;
+    dt_plan_run r = DT_PLAN_RUN_DEFAULT; /* 8192 tokens, 512 anchors, documents of 8192 */
+    dt_plan     p;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    /* Drafter (D 5120, 32/8 heads x 128, MLP 17408, 5 layers, 5 taps):
+     *   layer: q 5120·4096 = 20 971 520, k 5120·1024 = 5 242 880, v 5 242 880, o 20 971 520,
+     *          MLP 3·5120·17408 = 267 386 880, norms 2·5120 + 2·128 = 10 496 → 319 826 176;
+     *   5 layers 1 599 130 880 + fc 5120·25600 = 131 072 000 + hidden_norm, norm 10 240
+     *   = 1 730 213 120 (reference/perf.md: "≈ 1.73B trainable"). */
+    TST_CHECK(p.p_drafter_layer == 319826176LL);
+    TST_CHECK(p.p_fc == 131072000LL);
+    TST_CHECK(p.p_drafter == 1730213120LL);
+    /* frozen: embed + lm_head, untied, 2 · 248320 · 5120 */
+    TST_CHECK(p.p_frozen == 2542796800LL);
+    /* Target (64 layers: 48 GDN, 16 full at 3, 7, ..., 63):
+     *   full layer: q+gate 5120·12288 = 62 914 560, k, v 2·5 242 880, o 6144·5120 = 31 457 280,
+     *     q/k norms 512, layer norms 10 240, MLP 267 386 880 → 372 255 232;
+     *   GDN layer: qkv 10240·5120 = 52 428 800, z 6144·5120 = 31 457 280, b, a 2·48·5120 = 491 520,
+     *     conv 10240·4 = 40 960, dt_bias + A_log 96, norm 128, out 31 457 280, layer norms 10 240,
+     *     MLP 267 386 880 → 383 273 184;
+     *   16·372 255 232 + 48·383 273 184 = 24 353 196 544 (perf.md: "24.35B non-embedding")
+     *   + embed + lm_head 2 542 796 800 + final norm 5120 = 26 895 998 464.
+     * Prefill runs layers 0..61 (last tap 61): 15 full + 47 GDN layers of linear parameters,
+     *   15·372 244 480 + 47·383 221 760 = 23 595 089 920. */
+    TST_CHECK(p.p_target == 26895998464LL);
+    TST_CHECK(p.p_target_run == 23595089920LL && p.target_layers_run == 62);
+    /* Step FLOPs: perf.md §8.2 estimates 138 TFLOP for C = 8192 with attention at ~29 % dense
+     * density plus tile waste and the LM head over all 8192 rows; the plan counts the visible
+     * keys and the 7680 trained rows: fc 2.15 + layers 5·5.41 + attention 1.52 + head 19.5 = 50.3
+     * forward, 129.9 total. Within 10 % of 138 and the forward within 10 % of 53.2. */
+    TST_CHECK(fabs(p.f_step / 138e12 - 1) < 0.10 && fabs(p.f_step_fwd / 53.2e12 - 1) < 0.10);
+    /* target per token at 8192: 2·23 595 089 920 + 15·2·8192·6144 + 47·(8·128·128·48 + 2·4·10240)
+     * = 47 190 179 840 + 1 509 949 440 + 39 813 120 ≈ 48.74 GFLOP (perf.md: 50.6 for all 64
+     * layers) */
+    CLOSE(p.f_target_token, 47190179840.0 + 1509949440.0 + 47.0 * (8.0 * 128 * 128 * 48 + 2.0 * 4 * 10240));
+    /* wire: 5 taps · 5120 · 2 = 51 200 B/token raw (perf.md: 51.2 KB/token) */
+    CLOSE(p.wire_raw, 51200);
+    /* memory: 18 bytes per trainable parameter = 31.1 GB, + frozen 5.09 GB */
+    CLOSE(p.m_weights + p.m_master + p.m_adam + p.m_grads, 18.0 * 1730213120.0);
+    TST_CHECK(p.m_total > 40e9 && p.m_total < 141e9); /* fits one H200, and is more than the states */
+    TST_CHECK(p.target_per_trainer > 1.5 && p.target_per_trainer < 4); /* perf.md §8.3: "~3 : 1 at 8192" */
+    if (getenv("TST_VERBOSE"))
+        dt_plan_print(stderr, &p, &t, &d);
+}
+
+int main(void) {
+    test_small();
+    test_against_model();
+    test_27b();
+    return tst_report();
+}
