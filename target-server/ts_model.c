@@ -420,8 +420,12 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
         CM_TRY(be->rmsnorm(cx, w->h, w->x, L->post_norm, T, D, c->rms_norm_eps, 1));
         CM_TRY(forward_mlp(m, L, T));
         CM_TRY(be->add(cx, w->x, w->o, T * D));
-        if (next_cap < cap->n_layers && cap->layers[next_cap] == i)
-            CM_TRY(be->download(cx, cap->layer_out[next_cap++], w->x, (size_t)(T * D) * sizeof(float)));
+        if (next_cap < cap->n_layers && cap->layers[next_cap] == i) {
+            if (cap->layer_dev)
+                CM_TRY(be->copy2d(cx, cap->layer_dev[next_cap++], D, w->x, D, T, D));
+            else
+                CM_TRY(be->download(cx, cap->layer_out[next_cap++], w->x, (size_t)(T * D) * sizeof(float)));
+        }
     }
     if (want_head) {
         CM_TRY(be->rmsnorm(cx, w->h, w->x, m->final_norm, T, D, c->rms_norm_eps, 1));

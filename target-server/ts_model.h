@@ -50,6 +50,8 @@ typedef struct ts_capture {
     int     n_layers;
     const int *layers;   /* ascending, unique, < loaded layers */
     float **layer_out;   /* n_layers host buffers of T·D floats */
+    float **layer_dev;   /* NULL, or n_layers buffers of T·D floats in the backend's memory: the
+                            layers are copied there on the device and layer_out is not used */
     float  *final_norm;  /* NULL or T·D floats */
     float  *logits;      /* NULL or T·V floats */
 } ts_capture;

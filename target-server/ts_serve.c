@@ -24,6 +24,9 @@
 #include "cm_log.h"
 #include "kn_backend.h"
 #include "ts_model.h"
+#ifdef TANDEM_HAVE_NCCL
+#include "ts_nccl.h"
+#endif
 
 static void usage(FILE *f) {
     fprintf(
@@ -46,7 +49,8 @@ static void usage(FILE *f) {
         "  --threads N               compression threads (default 2)\n"
         "  --encoding LIST           encodings offered, comma-separated: raw, zstd, zstd-byteplane,\n"
         "                            fp8-zstd (lossy), or 'lossless' (default) or 'all'; each trainer\n"
-        "                            picks one in its requests\n"
+        "                            picks one in its requests; with --device cuda and NCCL, trainers\n"
+        "                            on a GPU of this host may also ask for 'nccl' (GPU to GPU, raw)\n"
         "  --zstd-level N            zstd level (default 1)\n"
         "  --dtype bf16|f32          dtype of the hidden states sent (default bf16, rounded RNE)\n"
         "  --max-tokens N            largest packed batch accepted (default 16384)\n"
@@ -79,6 +83,9 @@ typedef struct serve_state {
     int              *layers; /* sorted layer ids */
     float           **outs;
     int               cap_layers;
+    float           **devs;     /* NCCL answers: per request position, T·D floats in device memory */
+    float           **dev_sorted;
+    int64_t           dev_elems; /* capacity of each devs[i] */
 } serve_state;
 
 static cm_chan_server *stop_target; /* the server the signal handler stops */
@@ -112,6 +119,13 @@ static cm_status serve_init(void *user) {
 
 static void serve_fini(void *user) {
     serve_state *s = user;
+    for (int i = 0; s->devs && i < s->cap_layers; i++)
+        if (s->devs[i])
+            s->be->free(s->ctx, s->devs[i]);
+    free(s->devs);
+    free(s->dev_sorted);
+    s->devs = NULL;
+    s->dev_sorted = NULL;
     ts_model_destroy(&s->model);
     if (s->be && s->ctx)
         s->be->ctx_destroy(&s->ctx);
@@ -140,6 +154,63 @@ static cm_status check_capture(const float *x, size_t n, int layer, int D, uint6
     return CM_OK;
 }
 
+#ifdef TANDEM_HAVE_NCCL
+/* Encoding nccl: the captured layers stay on the GPU and leave it through the session's
+ * communicator (ts_nccl_send); s->order/s->layers are already set by serve_compute. */
+static cm_status compute_nccl(serve_state *s, cm_chan_job *job) {
+    const cm_proto_request *r = job->req;
+    const int               L = (int)r->n_layers;
+    const int64_t           TD = (int64_t)r->n_tokens * job->hidden_size;
+    if (!s->devs) {
+        s->devs = calloc((size_t)s->cap_layers, sizeof *s->devs);
+        s->dev_sorted = calloc((size_t)s->cap_layers, sizeof *s->dev_sorted);
+        if (!s->devs || !s->dev_sorted)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the device capture table");
+    }
+    if (TD > s->dev_elems) {
+        for (int i = 0; i < s->cap_layers; i++) {
+            if (s->devs[i])
+                s->be->free(s->ctx, s->devs[i]);
+            s->devs[i] = NULL;
+        }
+        s->dev_elems = 0;
+        for (int i = 0; i < s->cap_layers; i++)
+            CM_TRY(s->be->alloc(s->ctx, (void **)&s->devs[i], (size_t)TD * sizeof(float)));
+        s->dev_elems = TD;
+    }
+    for (int k = 0; k < L; k++)
+        s->dev_sorted[k] = s->devs[s->order[k]];
+    ts_capture cap = {.n_layers = L, .layers = s->layers, .layer_dev = s->dev_sorted};
+    CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
+    CM_TRY(ts_nccl_send(job->nccl, s->ctx, s->devs, r->layer_ids, L, r->n_tokens, job->hidden_size,
+                        s->a->dtype, r->batch_id, s->a->peer_timeout_ms));
+    job->out_dtype = s->a->dtype;
+    return CM_OK;
+}
+
+static cm_status serve_nccl_open(void *user, const cm_proto_nccl *offer, void **peer) {
+    serve_state *s = user;
+    if (!s->ctx)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "the target is not loaded");
+    ts_nccl_peer *p = NULL;
+    CM_TRY(ts_nccl_open(&p, offer, s->ctx, 60000));
+    *peer = p;
+    return CM_OK;
+}
+
+static void serve_nccl_close(void *user, void *peer) {
+    (void)user;
+    ts_nccl_peer *p = peer;
+    ts_nccl_close(&p);
+}
+#else
+static cm_status compute_nccl(serve_state *s, cm_chan_job *job) {
+    (void)s;
+    (void)job;
+    return CM_FAIL(CM_ERR_UNSUPPORTED, "this target-server was built without NCCL");
+}
+#endif
+
 static cm_status serve_compute(void *user, cm_chan_job *job) {
     serve_state            *s = user;
     const cm_proto_request *r = job->req;
@@ -162,6 +233,8 @@ static cm_status serve_compute(void *user, cm_chan_job *job) {
         s->layers[k] = r->layer_ids[s->order[k]];
         s->outs[k] = job->out[s->order[k]];
     }
+    if (job->nccl)
+        return compute_nccl(s, job);
     ts_capture cap = {.n_layers = L, .layers = s->layers, .layer_out = s->outs};
     CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
     const size_t n = (size_t)r->n_tokens * job->hidden_size;
@@ -253,6 +326,11 @@ static cm_status run_serve(const serve_args *a) {
     sc.compute = serve_compute;
     sc.fini = serve_fini;
     sc.user = &s;
+#ifdef TANDEM_HAVE_NCCL
+    const cm_chan_nccl_server nccl = {serve_nccl_open, serve_nccl_close, (uint32_t)a->gpu};
+    if (strcmp(a->device, "cuda") == 0)
+        sc.nccl = &nccl;
+#endif
     CM_TRY_GOTO(cm_chan_server_create(&srv, &sc), st, fail);
     CM_LOG_INFO("target '%s' (%s, %d layers, hidden %d): id %016llx, bound %s; loading weights on %s", name,
                 cfg.model_type, cfg.n_layers, cfg.hidden_size, (unsigned long long)sc.target_id,
