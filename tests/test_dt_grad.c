@@ -9,9 +9,17 @@
  * a fresh model, zero anchors and Σw = 0 give loss 0 and zero gradients, the parameter order,
  * and the seeded initialisation.
  *   test_dt_grad cpu    (unit)
- *   test_dt_grad cuda   (gpu; exits 77 without a cuda build or device. While the cuda table has no
- *                        drafter kernels it checks that grad stops with the clear message instead;
- *                        once it has them, tolerances 1e-4 (loss) and 1e-3 (gradients).) */
+ *   test_dt_grad cuda   (gpu; exits 77 without a cuda build or device.) grad --device cuda against
+ *                       the same fixtures with issue 7's limits: loss ≤ 1e-2 relative, every
+ *                       gradient ≤ 5e-2 relative L2 (tau and the accuracy counts still equal);
+ *                       then the dt_model API on a larger random drafter (hidden 256, 3 layers
+ *                       sliding/full/sliding, 8/2 heads × 64, block 16, T = 1500 in 5 documents
+ *                       of 1..700 tokens, 64 anchors at document starts, ends and between) on the
+ *                       cpu and on cuda (F32 GEMM mode, as grad runs it): loss ≤ 1e-4 relative
+ *                       and every gradient ≤ 1e-3 relative L2 against the cpu (both are fp32
+ *                       with the same op order; the cuda side sums in fp32 where the cpu sums in
+ *                       double), and a repeated cuda step gives the same bits. The BF16 GEMM
+ *                       mode's distance from the cpu is printed for information. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -355,7 +363,7 @@ static void check_model_api(const char *root, const char *name, const char *cli_
     dt_step_stats  s_full, s_half, s;
     const dt_batch full = view(&hb, hb.n_anchors, NULL), half = view(&hb, hb.n_anchors / 2, NULL);
 
-    /* a table without the drafter kernels (the cuda one today) is refused with the clear message */
+    /* a table without the drafter kernels is refused with the clear message */
     {
         kn_backend partial = *be;
         partial.name = "partial";
@@ -484,26 +492,179 @@ done:
     be->ctx_destroy(&ctx);
 }
 
-// ---- cuda
+// ---- cuda: a larger random drafter through the dt_model API, cpu against cuda
 
-/* While the cuda table lacks the drafter kernels, grad --device cuda must stop with a clear
- * message (exit 1) rather than crash; returns 1 when that was checked. */
-static int check_cuda_unsupported(const char *root, const char *name) {
-    const kn_backend *be = kn_backend_cuda();
-    if (be->dflash_attn_fwd && be->dflash_attn_bwd && be->lm_ce && be->gemm_dx && be->gemm_dw &&
-        be->rmsnorm_bwd && be->rope_bwd && be->swiglu_bwd)
-        return 0;
-    char drafter[1200], batch[1200], out[256], err[256];
-    snprintf(drafter, sizeof drafter, "%s/%s/drafter", root, name);
-    snprintf(batch, sizeof batch, "%s/%s/batch.safetensors", root, name);
-    snprintf(out, sizeof out, "%s/cuda.safetensors", tmp);
-    snprintf(err, sizeof err, "%s/err.txt", tmp);
-    int         rc = run_grad(drafter, batch, out, "cuda", NULL, NULL, err);
-    const char *msg = tst_slurp(err);
-    TST_CHECK(rc == 1 && strstr(msg, "no drafter kernels yet") && strstr(msg, "--device cpu"));
-    TST_CHECK(access(out, F_OK) != 0);
-    printf("cuda table without drafter kernels: exit %d: %s", rc, msg);
-    return 1;
+typedef struct big_run {
+    dt_step_stats s;
+    float        *g;
+    int64_t       n_g;
+} big_run;
+
+static int big_step(const cm_drafter_cfg *cfg, const kn_backend *be, kn_gemm_mode mode, const dt_batch *b,
+                    const float *embed, const uint16_t *head, int repeat, big_run *out, int *same_bits) {
+    kn_ctx       *ctx = NULL;
+    dt_model     *m = NULL;
+    kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+    kc.gemm_mode = mode;
+    int ok = be->ctx_create(&ctx, &kc) == CM_OK && dt_model_create(&m, cfg, be, ctx) == CM_OK &&
+             dt_model_init_random(m, 20261130) == CM_OK &&
+             dt_model_set_frozen(m, embed, CM_DTYPE_F32, head, CM_DTYPE_BF16, cfg->vocab_size, cfg->hidden_size) ==
+                 CM_OK &&
+             dt_model_step(m, b, 7.0f, &out->s) == CM_OK;
+    if (!ok)
+        fprintf(stderr, "%s step failed: %s\n", be->name, cm_last_error());
+    TST_CHECK(ok);
+    if (ok) {
+        out->g = grads_of(m, be, ctx, &out->n_g);
+        if (repeat) {
+            dt_step_stats s2;
+            TST_CHECK(dt_model_step(m, b, 7.0f, &s2) == CM_OK);
+            int64_t n2;
+            float  *g2 = grads_of(m, be, ctx, &n2);
+            *same_bits = n2 == out->n_g && memcmp(g2, out->g, (size_t)n2 * sizeof *g2) == 0 &&
+                         memcmp(&s2, &out->s, sizeof s2) == 0;
+            free(g2);
+        }
+    }
+    dt_model_destroy(&m);
+    be->ctx_destroy(&ctx);
+    return ok;
+}
+
+/* Worst relative L2 over the parameters of got against ref; prints it. */
+static double big_compare(const char *what, const cm_drafter_cfg *cfg, const big_run *ref, const big_run *got,
+                          double loss_tol, double grad_tol, int check) {
+    const kn_backend *be = kn_backend_cpu();
+    kn_ctx           *ctx = NULL;
+    dt_model         *m = NULL; /* only for the parameter table */
+    TST_CHECK(be->ctx_create(&ctx, NULL) == CM_OK && dt_model_create(&m, cfg, be, ctx) == CM_OK);
+    double      worst = 0, loss_err = fabs(got->s.loss - ref->s.loss) / fabs(ref->s.loss);
+    const char *worst_name = "";
+    int64_t     off = 0;
+    for (int i = 0; m && i < dt_model_n_params(m); i++) {
+        const dt_param *p = dt_model_param(m, i);
+        double         *r = malloc((size_t)p->numel * sizeof *r);
+        for (int64_t e = 0; e < p->numel; e++)
+            r[e] = ref->g[off + e];
+        double err = tst_rel_l2(got->g + off, r, (long)p->numel);
+        free(r);
+        if (check) {
+            TST_CHECK(err <= grad_tol);
+            if (!(err <= grad_tol))
+                fprintf(stderr, "%s: %s relative L2 %.3e > %.0e\n", what, p->name, err, grad_tol);
+        }
+        if (!(err <= worst)) {
+            worst = err;
+            worst_name = p->name;
+        }
+        off += p->numel;
+    }
+    if (check) {
+        TST_CHECK(loss_err <= loss_tol);
+        TST_CHECK(got->n_g == ref->n_g);
+    }
+    printf("%-30s loss %.9f vs cpu %.9f (rel err %.1e)  tau %.4f vs %.4f  worst grad rel L2 %.2e (%s)%s\n", what,
+           got->s.loss, ref->s.loss, loss_err, got->s.tau, ref->s.tau, worst, worst_name,
+           check ? "" : "  [information]");
+    dt_model_destroy(&m);
+    be->ctx_destroy(&ctx);
+    return worst;
+}
+
+static void check_large_random(void) {
+    cm_drafter_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hidden_size = 256;
+    cfg.n_layers = 3;
+    cfg.intermediate_size = 704;
+    cfg.vocab_size = 4099;
+    cfg.n_heads = 8;
+    cfg.n_kv_heads = 2;
+    cfg.head_dim = 64;
+    cfg.rms_norm_eps = 1e-6f;
+    cfg.rope_theta = 1e7;
+    cfg.max_position_embeddings = 32768;
+    cfg.layer_types[0] = CM_LAYER_TYPE_SLIDING_ATTENTION;
+    cfg.layer_types[1] = CM_LAYER_TYPE_FULL_ATTENTION;
+    cfg.layer_types[2] = CM_LAYER_TYPE_SLIDING_ATTENTION;
+    cfg.sliding_window = 200;
+    cfg.block_size = 16;
+    cfg.mask_token_id = 4098;
+    cfg.num_target_layers = 12;
+    cfg.n_taps = 3;
+    cfg.target_layer_ids[0] = 1;
+    cfg.target_layer_ids[1] = 5;
+    cfg.target_layer_ids[2] = 9;
+
+    static const int lens[5] = {1, 63, 65, 700, 671};
+    int32_t          cu[6] = {0};
+    for (int i = 0; i < 5; i++)
+        cu[i + 1] = cu[i] + lens[i];
+    const int64_t T = cu[5], D = cfg.hidden_size, V = cfg.vocab_size, W = (int64_t)cfg.n_taps * D;
+    uint64_t      rs = 0x1234567887654321ull;
+#define BIG_RAND() (rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17, (double)(rs >> 11) / 9007199254740992.0)
+    int32_t  *ids = malloc((size_t)T * sizeof *ids), *mask = malloc((size_t)T * sizeof *mask);
+    float    *F = malloc((size_t)(T * W) * sizeof *F), *embed = malloc((size_t)(V * D) * sizeof *embed);
+    uint16_t *head = malloc((size_t)(V * D) * sizeof *head);
+    for (int64_t t = 0; t < T; t++) {
+        ids[t] = (int32_t)(BIG_RAND() * (double)(V - 1));
+        mask[t] = BIG_RAND() < 0.85;
+    }
+    for (int64_t i = 0; i < T * W; i++)
+        F[i] = (float)(2.0 * BIG_RAND() - 1.0);
+    for (int64_t i = 0; i < V * D; i++) {
+        embed[i] = (float)(0.1 * (2.0 * BIG_RAND() - 1.0));
+        float    f = (float)(0.2 * (2.0 * BIG_RAND() - 1.0));
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        head[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    /* 64 sorted anchors: every document's start and last token, the rest spread at random */
+    int32_t anchors[64];
+    int     na = 0;
+    for (int i = 0; i < 5; i++) {
+        anchors[na++] = cu[i];
+        if (lens[i] > 1)
+            anchors[na++] = cu[i + 1] - 1;
+    }
+    while (na < 64)
+        anchors[na++] = (int32_t)(BIG_RAND() * (double)T);
+#undef BIG_RAND
+    for (int i = 0; i < na; i++)
+        for (int j = i + 1; j < na; j++)
+            if (anchors[j] < anchors[i]) {
+                int32_t t = anchors[i];
+                anchors[i] = anchors[j];
+                anchors[j] = t;
+            }
+    const dt_batch b = {.T = T,
+                        .n_seq = 5,
+                        .cu_seqlens = cu,
+                        .input_ids = ids,
+                        .loss_mask = mask,
+                        .target_hidden = F,
+                        .n_anchors = na,
+                        .anchors = anchors};
+    big_run r_cpu = {0}, r_f32 = {0}, r_bf16 = {0};
+    int     same = 0, unused = 0;
+    if (big_step(&cfg, kn_backend_cpu(), KN_GEMM_MODE_F32, &b, embed, head, 0, &r_cpu, &unused) &&
+        big_step(&cfg, kn_backend_cuda(), KN_GEMM_MODE_F32, &b, embed, head, 1, &r_f32, &same)) {
+        TST_CHECK(r_cpu.s.weight_sum > 0 && r_cpu.s.n_blocks == 64);
+        big_compare("random T=1500 cuda F32", &cfg, &r_cpu, &r_f32, 1e-4, 1e-3, 1);
+        TST_CHECK(same);
+        printf("%-30s repeated cuda step: %s\n", "random T=1500 cuda F32", same ? "bit-identical" : "DIFFERS");
+        TST_CHECK(memcmp(r_cpu.s.acc_count, r_f32.s.acc_count, sizeof r_cpu.s.acc_count) == 0);
+        if (big_step(&cfg, kn_backend_cuda(), KN_GEMM_MODE_BF16, &b, embed, head, 0, &r_bf16, &unused))
+            big_compare("random T=1500 cuda BF16", &cfg, &r_cpu, &r_bf16, 0, 0, 0);
+    }
+    free(r_cpu.g);
+    free(r_f32.g);
+    free(r_bf16.g);
+    free(ids);
+    free(mask);
+    free(F);
+    free(embed);
+    free(head);
 }
 
 int main(int argc, char **argv) {
@@ -518,8 +679,8 @@ int main(int argc, char **argv) {
         if (be->ctx_create(&ctx, &kc) != CM_OK)
             TST_SKIP("no usable cuda device: %s", cm_last_error());
         be->ctx_destroy(&ctx);
-        loss_tol = 1e-4;
-        grad_tol = 1e-3;
+        loss_tol = 1e-2; /* issue 7's limits for the cuda step against the float64 oracle */
+        grad_tol = 5e-2;
     }
     snprintf(bin, sizeof bin, "%s/drafter-trainer/drafter-trainer", TANDEM_BINARY_DIR);
     snprintf(tmp, sizeof tmp, "/tmp/tandem-dtgrad-XXXXXX");
@@ -548,17 +709,15 @@ int main(int argc, char **argv) {
                 names[i] = names[j];
                 names[j] = t;
             }
-    if (strcmp(device, "cuda") == 0 && n > 0 && check_cuda_unsupported(root, names[0])) {
-        /* nothing more to compare on this backend yet */
-    } else {
-        for (int i = 0; i < n; i++)
-            check_fixture(root, names[i], device, loss_tol, grad_tol);
-        if (strcmp(device, "cpu") == 0 && n > 0) {
-            check_target_path(root, names[0]);
-            char out[256];
-            snprintf(out, sizeof out, "%s/%s.safetensors", tmp, names[n - 1]);
-            check_model_api(root, names[n - 1], out);
-        }
+    for (int i = 0; i < n; i++)
+        check_fixture(root, names[i], device, loss_tol, grad_tol);
+    if (strcmp(device, "cpu") == 0 && n > 0) {
+        check_target_path(root, names[0]);
+        char out[256];
+        snprintf(out, sizeof out, "%s/%s.safetensors", tmp, names[n - 1]);
+        check_model_api(root, names[n - 1], out);
+    } else if (strcmp(device, "cuda") == 0) {
+        check_large_random();
     }
     for (int i = 0; i < n; i++)
         free(names[i]);
