@@ -68,7 +68,7 @@ static void check_run_config(const char *path) {
         TST_CHECK(known && !per_process && kind_ok);
         if (!known || per_process || !kind_ok)
             fprintf(stderr, "%s: key '%s' %s\n", path, it->string,
-                    !known ? "is not a flag of `drafter-trainer train --help`"
+                    !known        ? "is not a flag of `drafter-trainer train --help`"
                     : per_process ? "is set per process by deploy/ (remove it)"
                                   : "has a value of the wrong kind");
     }

@@ -4,7 +4,8 @@
  * SIGTERM mid-run stops the trainer first, then the server (exit 143); a failing trainer's
  * status becomes the launcher's; a server that cannot load its model stops the launch before
  * any trainer starts; a SIGKILLed launcher leaves no child behind (pdeathsig); the swap-runs
- * workflow (--servers-only, then two --trainers-only runs against it); and the --dry-run plan
+ * workflow (--servers-only, then two --trainers-only runs against it, then a precompute from it
+ * and a --trainers-only --shards run that needs no server); and the --dry-run plan
  * of the seeds' layout (servers on GPUs 0-1, trainers on 2-3) and of 3 ranks on 2 servers. */
 #include <dirent.h>
 #include <fcntl.h>
@@ -219,14 +220,33 @@ static void test_run(void) {
     char out[512], run[512];
     snprintf(out, sizeof out, "%s/run.out", tmp);
     snprintf(run, sizeof run, "%s/run", tmp);
-    char *args[] = {"--server-gpus", "0",       "--trainer-gpus", "0",   "--base-port", "0",      COMMON,
-                    "--out",         run,       "--",             "--data", csv,       "--steps", "4",
-                    "--max-anchors", "16",      "--seed",         "3",   "--credits",   "2",      NULL};
+    char *args[] = {"--server-gpus",
+                    "0",
+                    "--trainer-gpus",
+                    "0",
+                    "--base-port",
+                    "0",
+                    COMMON,
+                    "--out",
+                    run,
+                    "--",
+                    "--data",
+                    csv,
+                    "--steps",
+                    "4",
+                    "--max-anchors",
+                    "16",
+                    "--seed",
+                    "3",
+                    "--credits",
+                    "2",
+                    NULL};
     int   rc = launch(out, args, 60000);
     TST_CHECK(rc == 0);
     const char *o = slurp(out);
     if (rc != 0)
-        fprintf(stderr, "launcher output:\n%s\ntrainer log:\n%s\n", o, slurp(file_in("run", "logs/trainer-0.log")));
+        fprintf(stderr, "launcher output:\n%s\ntrainer log:\n%s\n", o,
+                slurp(file_in("run", "logs/trainer-0.log")));
     TST_CHECK(strstr(o, "server 0 ready at tcp://127.0.0.1:") != NULL);
     TST_CHECK(before(o, "server 0 ready", "trainer 0 started"));
     TST_CHECK(before(o, "trainer 0 exited with status 0", "server 0 exited with status 0"));
@@ -243,9 +263,9 @@ static int stop_mid_run(const char *name, int sig, int *steps_at_stop) {
     char out[512], run[512];
     snprintf(out, sizeof out, "%s/%s.out", tmp, name);
     snprintf(run, sizeof run, "%s/%s", tmp, name);
-    char *args[] = {"--server-gpus", "0",  "--trainer-gpus", "0",      "--base-port", "0",         COMMON,
-                    "--out",         run,  "--",             "--data", csv,           "--epochs",  "100000",
-                    "--max-anchors", "16", "--seed",         "3",      NULL};
+    char *args[] = {
+        "--server-gpus", "0", "--trainer-gpus", "0",      "--base-port",   "0",  COMMON,   "--out", run, "--",
+        "--data",        csv, "--epochs",       "100000", "--max-anchors", "16", "--seed", "3",     NULL};
     pid_t pid = launch_start(out, args);
     if (pid < 0)
         return -1;
@@ -283,8 +303,9 @@ static void test_trainer_fails(void) {
     char out[512], run[512];
     snprintf(out, sizeof out, "%s/fail.out", tmp);
     snprintf(run, sizeof run, "%s/fail", tmp);
-    char *args[] = {"--server-gpus", "0", "--trainer-gpus", "0", "--base-port", "0", COMMON, "--out", run, "--",
-                    "--data",        csv, "--lr",           "fast", NULL};
+    char *args[] = {
+        "--server-gpus", "0", "--trainer-gpus", "0",    "--base-port", "0", COMMON, "--out", run, "--",
+        "--data",        csv, "--lr",           "fast", NULL};
     TST_CHECK(launch(out, args, 60000) == 2);
     const char *o = slurp(out);
     TST_CHECK(before(o, "trainer 0 exited with status 2", "server 0 exited with status 0"));
@@ -302,10 +323,26 @@ static void test_server_fails(void) {
     TST_CHECK(system(cmd) == 0);
     snprintf(out, sizeof out, "%s/sfail.out", tmp);
     snprintf(run, sizeof run, "%s/sfail", tmp);
-    char *args[] = {"--server-gpus", "0",    "--trainer-gpus",   "0",    "--base-port", "0",
-                    "--device",      "cpu",  "--model",          model,  "--drafter-config", config,
-                    "--bin-dir",     TANDEM_BINARY_DIR, "--out", run,    "--",          "--data",
-                    csv,             NULL};
+    char *args[] = {"--server-gpus",
+                    "0",
+                    "--trainer-gpus",
+                    "0",
+                    "--base-port",
+                    "0",
+                    "--device",
+                    "cpu",
+                    "--model",
+                    model,
+                    "--drafter-config",
+                    config,
+                    "--bin-dir",
+                    TANDEM_BINARY_DIR,
+                    "--out",
+                    run,
+                    "--",
+                    "--data",
+                    csv,
+                    NULL};
     TST_CHECK(launch(out, args, 60000) == 1);
     const char *o = slurp(out);
     TST_CHECK(strstr(o, "server 0 stopped before it was ready") != NULL);
@@ -319,8 +356,9 @@ static void test_swap_runs(void) {
     char out[512], dir[512];
     snprintf(out, sizeof out, "%s/warm.out", tmp);
     snprintf(dir, sizeof dir, "%s/warm", tmp);
-    char *sargs[] = {"--servers-only", "--server-gpus", "0", "--base-port", "0", "--device", "cpu", "--model",
-                     MODEL,            "--bin-dir",     TANDEM_BINARY_DIR, "--out", dir, NULL};
+    char *sargs[] = {"--servers-only",  "--server-gpus", "0",       "--base-port", "0",
+                     "--device",        "cpu",           "--model", MODEL,         "--bin-dir",
+                     TANDEM_BINARY_DIR, "--out",         dir,       NULL};
     pid_t srv = launch_start(out, sargs);
     TST_CHECK(srv > 0);
     if (srv < 0)
@@ -339,9 +377,23 @@ static void test_swap_runs(void) {
         char rout[512], run[512];
         snprintf(rout, sizeof rout, "%s/%s.out", tmp, runs[k]);
         snprintf(run, sizeof run, "%s/%s", tmp, runs[k]);
-        char *targs[] = {"--trainers-only", "--server-endpoints", endpoint, "--trainer-gpus", "0", COMMON,
-                         "--out",           run,                  "--",     "--data",        csv, "--steps",
-                         "3",               "--max-anchors",      "16",     "--lr",          (char *)lrs[k],
+        char *targs[] = {"--trainers-only",
+                         "--server-endpoints",
+                         endpoint,
+                         "--trainer-gpus",
+                         "0",
+                         COMMON,
+                         "--out",
+                         run,
+                         "--",
+                         "--data",
+                         csv,
+                         "--steps",
+                         "3",
+                         "--max-anchors",
+                         "16",
+                         "--lr",
+                         (char *)lrs[k],
                          NULL};
         int   rc = launch(rout, targs, 60000);
         TST_CHECK(rc == 0);
@@ -350,7 +402,58 @@ static void test_swap_runs(void) {
         TST_CHECK(lines_of(file_in(runs[k], "metrics.jsonl")) == 3);
         TST_CHECK(strstr(slurp(rout), "server 0") == NULL); /* it started no server */
     }
-    /* the same server answered both runs, and still runs */
+    /* precompute from the warm server, then a run from the shards alone (--shards: no server) */
+    if (endpoint[0]) {
+        char shards[512], err[512], pout[512], run[512];
+        snprintf(shards, sizeof shards, "%s/shards", tmp);
+        snprintf(err, sizeof err, "%s/precompute.err", tmp);
+        char                      *pre[] = {TANDEM_BINARY_DIR "/drafter-trainer/drafter-trainer",
+                                            "precompute",
+                                            "--server",
+                                            endpoint,
+                                            "--data",
+                                            csv,
+                                            "--layers",
+                                            "1,3",
+                                            "--out",
+                                            shards,
+                                            "--log-level",
+                                            "warn",
+                                            NULL};
+        pid_t                      p = -1;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int ok = posix_spawn(&p, pre[0], &fa, NULL, pre, environ) == 0;
+        posix_spawn_file_actions_destroy(&fa);
+        TST_CHECK(ok && launch_wait(p, 60000) == 0);
+        snprintf(pout, sizeof pout, "%s/from-shards.out", tmp);
+        snprintf(run, sizeof run, "%s/from-shards", tmp);
+        char *sargs2[] = {"--trainers-only",
+                          "--shards",
+                          shards,
+                          "--trainer-gpus",
+                          "0",
+                          COMMON,
+                          "--out",
+                          run,
+                          "--",
+                          "--data",
+                          csv,
+                          "--steps",
+                          "3",
+                          "--max-anchors",
+                          "16",
+                          NULL};
+        int   rc = launch(pout, sargs2, 60000);
+        TST_CHECK(rc == 0);
+        if (rc != 0)
+            fprintf(stderr, "from-shards:\n%s\n%s\n", slurp(pout),
+                    slurp(file_in("from-shards", "logs/trainer-0.log")));
+        TST_CHECK(strstr(slurp(pout), "shards ") != NULL);
+        TST_CHECK(lines_of(file_in("from-shards", "metrics.jsonl")) == 3);
+    }
+    /* the same server answered every run, and still runs */
     TST_CHECK(kill(srv, 0) == 0 && strstr(slurp(out), "exited") == NULL);
     kill(srv, SIGINT);
     TST_CHECK(launch_wait(srv, 30000) == 130);
@@ -364,9 +467,20 @@ static void test_dry_run(void) {
     char out[512], run[512];
     snprintf(out, sizeof out, "%s/dry.out", tmp);
     snprintf(run, sizeof run, "%s/never", tmp);
-    char *seeds[] = {"--server-gpus", "0,1", "--trainer-gpus", "2,3", "--model", "/models/Qwen3.6-27B",
-                     "--drafter-config", "drafter.json", "--run-config", "run.json", "--out", run,
-                     "--dry-run", NULL};
+    char *seeds[] = {"--server-gpus",
+                     "0,1",
+                     "--trainer-gpus",
+                     "2,3",
+                     "--model",
+                     "/models/Qwen3.6-27B",
+                     "--drafter-config",
+                     "drafter.json",
+                     "--run-config",
+                     "run.json",
+                     "--out",
+                     run,
+                     "--dry-run",
+                     NULL};
     TST_CHECK(launch(out, seeds, 20000) == 0);
     const char *o = slurp(out);
     TST_CHECK(strstr(o, "server  0: gpu 0 CUDA_VISIBLE_DEVICES=0 endpoint tcp://127.0.0.1:5555 ") != NULL);
@@ -384,8 +498,9 @@ static void test_dry_run(void) {
     TST_CHECK(access(run, F_OK) != 0); /* a dry run creates nothing */
 
     /* 3 ranks on 2 servers: rank r talks to server r mod 2 */
-    char *odd[] = {"--server-gpus", "4,5", "--trainer-gpus", "0,1,2", "--model", "/m", "--drafter-config", "d.json",
-                   "--out", run, "--base-port", "7000", "--master-port", "29600", "--dry-run", NULL};
+    char *odd[] = {"--server-gpus",    "4,5",    "--trainer-gpus", "0,1,2", "--model",     "/m",
+                   "--drafter-config", "d.json", "--out",          run,     "--base-port", "7000",
+                   "--master-port",    "29600",  "--dry-run",      NULL};
     TST_CHECK(launch(out, odd, 20000) == 0);
     o = slurp(out);
     TST_CHECK(strstr(o, "server  1: gpu 5 CUDA_VISIBLE_DEVICES=5 endpoint tcp://127.0.0.1:7001 ") != NULL);
@@ -397,19 +512,31 @@ static void test_dry_run(void) {
 static void test_usage(void) {
     char out[512];
     snprintf(out, sizeof out, "%s/usage.out", tmp);
-    char *no_model[] = {"--server-gpus", "0", "--trainer-gpus", "1", "--out", tmp, "--drafter-config", config, NULL};
+    char *no_model[] = {"--server-gpus", "0", "--trainer-gpus", "1", "--out", tmp, "--drafter-config",
+                        config,          NULL};
     TST_CHECK(launch(out, no_model, 20000) == 2 && strstr(slurp(out), "--model DIR is required"));
-    char *no_eps[] = {"--trainers-only", "--trainer-gpus", "1", "--model", MODEL, "--out", tmp, "--drafter-config",
-                      config, NULL};
+    char *no_eps[] = {"--trainers-only",  "--trainer-gpus", "1", "--model", MODEL, "--out", tmp,
+                      "--drafter-config", config,           NULL};
     TST_CHECK(launch(out, no_eps, 20000) == 2 && strstr(slurp(out), "--server-endpoints"));
-    char *bad_gpus[] = {"--server-gpus", "0;1", "--trainer-gpus", "2", "--model", MODEL, "--out", tmp,
-                        "--drafter-config", config, NULL};
+    char *bad_gpus[] = {"--server-gpus", "0;1", "--trainer-gpus",   "2",    "--model", MODEL,
+                        "--out",         tmp,   "--drafter-config", config, NULL};
     TST_CHECK(launch(out, bad_gpus, 20000) == 2 && strstr(slurp(out), "--server-gpus '0;1'"));
-    char *bad_dev[] = {"--server-gpus", "0", "--trainer-gpus", "2", "--model", MODEL, "--out", tmp,
-                       "--drafter-config", config, "--device", "tpu", NULL};
+    char *bad_dev[] = {"--server-gpus",    "0",    "--trainer-gpus", "2",   "--model", MODEL, "--out", tmp,
+                       "--drafter-config", config, "--device",       "tpu", NULL};
     TST_CHECK(launch(out, bad_dev, 20000) == 2 && strstr(slurp(out), "--device 'tpu'"));
-    char *no_bin[] = {"--server-gpus", "0", "--trainer-gpus", "0", "--model", MODEL, "--out", tmp,
-                      "--drafter-config", config, "--bin-dir", "/nonexistent", NULL};
+    char *no_bin[] = {"--server-gpus",
+                      "0",
+                      "--trainer-gpus",
+                      "0",
+                      "--model",
+                      MODEL,
+                      "--out",
+                      tmp,
+                      "--drafter-config",
+                      config,
+                      "--bin-dir",
+                      "/nonexistent",
+                      NULL};
     TST_CHECK(launch(out, no_bin, 20000) == 2 && strstr(slurp(out), "no target-server at"));
 }
 
