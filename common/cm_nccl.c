@@ -55,7 +55,7 @@ cm_status cm_nccl_make_offer(cm_proto_nccl *offer, int device) {
 struct cm_nccl_peer {
     ncclComm_t   comm;
     cudaStream_t stream;
-    int          device, rank;
+    int          device, rank, timeout_ms;
     void        *probe; /* 4 device bytes for the connection set-up exchange */
 };
 
@@ -116,6 +116,8 @@ void cm_nccl_peer_close(cm_nccl_peer **pp) {
     *pp = NULL;
 }
 
+static cm_status exchange_probe(cm_nccl_peer *p);
+
 cm_status cm_nccl_peer_open(cm_nccl_peer **out, const cm_proto_nccl *offer, int rank, int device,
                             int timeout_ms) {
     *out = NULL;
@@ -129,6 +131,7 @@ cm_status cm_nccl_peer_open(cm_nccl_peer **out, const cm_proto_nccl *offer, int 
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate an NCCL peer");
     p->device = device;
     p->rank = rank;
+    p->timeout_ms = timeout_ms;
     *out = p;
     cm_status st = CM_OK;
 #define TRY(x)                                                                                               \
@@ -155,15 +158,9 @@ cm_status cm_nccl_peer_open(cm_nccl_peer **out, const cm_proto_nccl *offer, int 
         goto fail;
     }
     TRY(comm_settle(p->comm, timeout_ms, "joining the NCCL communicator"));
-    /* one tiny exchange sets up the point-to-point connection now, not inside the first answer */
-    const size_t one = 4;
-    if (rank == 0) {
-        TRY(cm_nccl_peer_send(p, (const void *const *)&p->probe, &one, 1));
-        TRY(cm_nccl_peer_recv(p, &p->probe, &one, 1));
-    } else {
-        TRY(cm_nccl_peer_recv(p, &p->probe, &one, 1));
-        TRY(cm_nccl_peer_send(p, (const void *const *)&p->probe, &one, 1));
-    }
+    /* one tiny exchange both ways sets up the point-to-point connections now, not inside the
+     * first answer */
+    TRY(exchange_probe(p));
     TRY(cm_nccl_peer_wait(p, timeout_ms));
 #undef TRY
     CM_LOG_DEBUG("NCCL communicator up: rank %d on GPU %d", rank, device);
@@ -173,6 +170,8 @@ fail:
     return st;
 }
 
+/* Enqueues n sends or receives as one group; a non-blocking communicator may still be
+ * enqueueing when ncclGroupEnd returns (ncclInProgress), and must settle before its next call. */
 static cm_status transfer(cm_nccl_peer *p, void *const *bufs, const size_t *bytes, int n, int send) {
     CUDA_TRY(cudaSetDevice(p->device));
     NCCL_TRY(ncclGroupStart());
@@ -186,7 +185,23 @@ static cm_status transfer(cm_nccl_peer *p, void *const *bufs, const size_t *byte
         }
     }
     NCCL_TRY(ncclGroupEnd());
-    return CM_OK;
+    return comm_settle(p->comm, p->timeout_ms, send ? "enqueueing an NCCL send" : "enqueueing an NCCL receive");
+}
+
+/* 4 bytes each way in one group (both ranks issue the same group, so neither waits). */
+static cm_status exchange_probe(cm_nccl_peer *p) {
+    CUDA_TRY(cudaSetDevice(p->device));
+    NCCL_TRY(ncclGroupStart());
+    ncclResult_t r1 = ncclSend(p->probe, 2, ncclUint8, 1 - p->rank, p->comm, p->stream);
+    ncclResult_t r2 = ncclRecv((char *)p->probe + 2, 2, ncclUint8, 1 - p->rank, p->comm, p->stream);
+    ncclResult_t r3 = ncclGroupEnd();
+    ncclResult_t r = r1 != ncclSuccess && r1 != ncclInProgress   ? r1
+                     : r2 != ncclSuccess && r2 != ncclInProgress ? r2
+                                                                 : r3;
+    if (r != ncclSuccess && r != ncclInProgress)
+        return CM_FAIL(CM_ERR_NCCL, "the NCCL connection set-up exchange failed: %s (%s)", ncclGetErrorString(r),
+                       ncclGetLastError(p->comm));
+    return comm_settle(p->comm, p->timeout_ms, "the NCCL connection set-up exchange");
 }
 
 cm_status cm_nccl_peer_send(cm_nccl_peer *p, const void *const *bufs, const size_t *bytes, int n) {
