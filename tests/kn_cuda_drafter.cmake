@@ -1,6 +1,10 @@
 # The cuda drafter-training ops (backward passes, fused DFlash attention, chunked LM head +
 # CE, sumsq, AdamW) against the cpu reference, forward and backward (label gpu; exits 77
-# without a cuda device).
+# without a cuda device), and bench_kn_drafter, a standalone benchmark (not a test) of the
+# attention and LM-head kernels at training sizes.
 if(TANDEM_HAVE_CUDA)
   add_unit_test(test_kn_cuda_drafter test_kn_cuda_drafter.c LABELS gpu LIBS kn TIMEOUT 300)
+  add_executable(bench_kn_drafter bench_kn_drafter.c)
+  target_compile_options(bench_kn_drafter PRIVATE ${TANDEM_C_WARNINGS})
+  target_link_libraries(bench_kn_drafter PRIVATE kn cm m)
 endif()
