@@ -120,11 +120,15 @@ typedef struct cm_chan_server_config {
     cm_chan_fini_fn    fini;
     void              *user; /* passed to the callbacks */
     const cm_chan_nccl_server *nccl; /* NULL: no NCCL path (encoding nccl is not offered) */
+    /* Optional: writes a JSON object describing the target (model, device, load state) into buf
+     * for STATUS replies (its "target" field). Runs on the loop thread while the worker works:
+     * read only what is safe to read from there. */
+    void (*status)(void *user, char *buf, size_t cap);
 } cm_chan_server_config;
 #define CM_CHAN_SERVER_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
         "tcp://127.0.0.1:5555", "target", 0, CM_DTYPE_BF16, 0, 0, 16384, 8, 4, CM_ENCODING_LOSSLESS_MASK,    \
-            64, 1000, 5000, 1, 1, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL                            \
+            64, 1000, 5000, 1, 1, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL                      \
     }
 
 /* Checks the config (a non-loopback endpoint needs curve_secret_key and curve_client_keys;
@@ -163,6 +167,13 @@ typedef struct cm_chan_server_stats {
 
 /* A snapshot of the counters; thread-safe (tests read it while run() works). */
 void cm_chan_server_get_stats(cm_chan_server *s, cm_chan_server_stats *out);
+
+/* Asks the server at endpoint for its status (a STATUS frame outside any session; works
+ * while trainers are attached) and copies the JSON reply into out (NUL-terminated). CURVE as
+ * for a client: curve_server_key NULL for loopback. CM_ERR_TIMEOUT when no reply comes within
+ * timeout_ms (no server there, or an old one). */
+cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_key, int timeout_ms, char *out,
+                               size_t cap);
 
 // ----------------------------------------------------------------------------
 // client

@@ -129,6 +129,7 @@ struct cm_chan_server {
     char       client_keys_dir[1024];
     atomic_int stop;
     int        stopping, ran, worker_busy, worker_started;
+    int64_t    started_ms; /* run() began (STATUS uptime) */
     int        pipe_r, pipe_w;
     pthread_t  worker;
     work       w;

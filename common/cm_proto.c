@@ -18,7 +18,7 @@
 
 const char *cm_proto_type_name(int type) {
     static const char *names[] = {"", "HELLO", "WELCOME", "REQUEST", "ANSWER", "ERROR", "HEARTBEAT", "BYE",
-                                  "NCCL_OFFER", "NCCL_READY"};
+                                  "NCCL_OFFER", "NCCL_READY", "STATUS"};
     return type >= CM_PROTO_TYPE_HELLO && type < CM_PROTO_TYPE_END ? names[type] : "unknown";
 }
 
@@ -535,6 +535,53 @@ cm_status cm_proto_nccl_ready_encode(uint32_t device, void *buf, size_t cap, siz
     wr w = {buf, CM_PROTO_HEADER_SIZE};
     w_u32(&w, device);
     seal(buf, CM_PROTO_TYPE_NCCL_READY, 0, 0, 0, 4, 0);
+    return CM_OK;
+}
+
+cm_status cm_proto_status_encode(const char *json, size_t n, void *buf, size_t cap, size_t *len) {
+    if (!json) {
+        CM_TRY(need_cap("STATUS", CM_PROTO_HEADER_SIZE, cap, len));
+        seal(buf, CM_PROTO_TYPE_STATUS, 0, 0, 0, 0, 0);
+        return CM_OK;
+    }
+    if (n < 1 || n > CM_PROTO_STATUS_MAX)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "STATUS: %zu bytes of JSON; 1 to %d", n, CM_PROTO_STATUS_MAX);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)json[i] < 0x20)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "STATUS: control byte 0x%02x at %zu", (unsigned char)json[i], i);
+    CM_TRY(need_cap("STATUS", CM_PROTO_HEADER_SIZE + 4 + n, cap, len));
+    wr w = {buf, CM_PROTO_HEADER_SIZE};
+    w_u32(&w, (uint32_t)n);
+    w_bytes(&w, json, n);
+    seal(buf, CM_PROTO_TYPE_STATUS, 0, 0, 0, 4 + n, 0);
+    return CM_OK;
+}
+
+cm_status cm_proto_status_decode(const void *frame, size_t len, const cm_proto_limits *lim, char *out,
+                                 size_t cap, size_t *n) {
+    cm_proto_header h;
+    rd              r;
+    CM_TRY(frame_open(frame, len, lim, CM_PROTO_TYPE_STATUS, &h, &r, 0));
+    *n = 0;
+    if (!h.body_len)
+        return CM_OK;
+    uint32_t m;
+    CM_TRY(r_u32(&r, "n", &m));
+    if (m < 1 || m > CM_PROTO_STATUS_MAX)
+        return CM_FAIL(CM_ERR_PROTOCOL, "STATUS: field 'n' is %u, must be in [1, %d]", m, CM_PROTO_STATUS_MAX);
+    CM_TRY(r_need(&r, m, "json"));
+    const char *j = (const char *)r.p + r.off;
+    for (uint32_t i = 0; i < m; i++)
+        if ((unsigned char)j[i] < 0x20)
+            return CM_FAIL(CM_ERR_PROTOCOL, "STATUS: control byte 0x%02x in field 'json' at %u", (unsigned char)j[i],
+                           i);
+    r.off += m;
+    CM_TRY(r_end(&r));
+    if (cap < (size_t)m + 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "STATUS: %u bytes of JSON do not fit a buffer of %zu", m, cap);
+    memcpy(out, j, m);
+    out[m] = '\0';
+    *n = m;
     return CM_OK;
 }
 

@@ -77,6 +77,11 @@
  *   NCCL_READY (server → trainer: the communicator is up), exactly 4 bytes
  *     0  u32 device       the server's CUDA device ordinal (for logs)
  *   A server that cannot join answers the OFFER with ERROR bad-request (id 0).
+ *   STATUS (anyone → server, outside any session: empty body; server → asker: the reply),
+ *   reply exactly 4 + n bytes
+ *     0  u32 n            1 ≤ n ≤ CM_PROTO_STATUS_MAX
+ *     4  u8  json[n]      a JSON object: the target, its sessions and their throughput (ts_serve.c
+ *                         and cm_chan_server.c document the fields); printable UTF-8, no control bytes
  *
  * The nccl encoding: an ANSWER whose tensors have encoding nccl carries no DATA for them
  * (encoded_size 0, checksum of zero bytes); right after sending it the server sends each
@@ -105,7 +110,8 @@ extern "C" {
 #define CM_PROTO_NAME_MAX    64  /* bytes of a name (tensor, trainer, target) */
 #define CM_PROTO_MESSAGE_MAX 512 /* bytes of an ERROR message */
 #define CM_PROTO_MAX_DIMS    4
-#define CM_PROTO_NCCL_UID_MAX 128 /* bytes of an ncclUniqueId */
+#define CM_PROTO_NCCL_UID_MAX 128   /* bytes of an ncclUniqueId */
+#define CM_PROTO_STATUS_MAX   65536 /* bytes of a STATUS reply's JSON */
 /* Upper bound of a HELLO, WELCOME, ERROR, HEARTBEAT or BYE frame. */
 #define CM_PROTO_SMALL_FRAME_MAX (CM_PROTO_HEADER_SIZE + 40 + CM_PROTO_MESSAGE_MAX)
 
@@ -119,6 +125,7 @@ typedef enum cm_proto_type {
     CM_PROTO_TYPE_BYE,
     CM_PROTO_TYPE_NCCL_OFFER,
     CM_PROTO_TYPE_NCCL_READY,
+    CM_PROTO_TYPE_STATUS,
     CM_PROTO_TYPE_END /* one past the last */
 } cm_proto_type;
 
@@ -271,6 +278,8 @@ cm_status cm_proto_heartbeat_encode(uint64_t seq, void *buf, size_t cap, size_t 
 cm_status cm_proto_bye_encode(void *buf, size_t cap, size_t *len);
 cm_status cm_proto_nccl_offer_encode(const cm_proto_nccl *m, void *buf, size_t cap, size_t *len);
 cm_status cm_proto_nccl_ready_encode(uint32_t device, void *buf, size_t cap, size_t *len);
+/* json NULL: the STATUS request (empty body); else the reply carrying n bytes of JSON. */
+cm_status cm_proto_status_encode(const char *json, size_t n, void *buf, size_t cap, size_t *len);
 
 /* An ANSWER is sent as HEAD (header + descriptors) followed by the tensors' encoded bytes,
  * which may travel in separate transport parts (zero copy). answer_head_size gives HEAD's size;
@@ -305,6 +314,9 @@ cm_status cm_proto_nccl_offer_decode(const void *frame, size_t len, const cm_pro
                                      cm_proto_nccl *out);
 cm_status cm_proto_nccl_ready_decode(const void *frame, size_t len, const cm_proto_limits *lim,
                                      uint32_t *device);
+/* A STATUS frame: *n = 0 for a request; a reply's JSON is copied NUL-terminated into out (cap ≥ n + 1). */
+cm_status cm_proto_status_decode(const void *frame, size_t len, const cm_proto_limits *lim, char *out,
+                                 size_t cap, size_t *n);
 
 /* Decodes an ANSWER whose HEAD and DATA are in separate buffers (head_len = header + body,
  * data_len = the header's data_len) and verifies every tensor's checksum. tensors[i].data

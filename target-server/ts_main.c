@@ -23,6 +23,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  dump    run the frozen forward over one packed batch and write hidden states\n"
             "  serve   answer hidden-state requests from trainers over ZeroMQ (serve --help)\n"
+            "  status  ask a running server what it serves, to whom and how fast (status --help)\n"
             "\n"
             "dump options:\n"
             "  --model DIR              Hugging Face model directory (config.json + safetensors)\n"
@@ -285,6 +286,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "dump") == 0) return dump_main(argc - 2, argv + 2);
     if (strcmp(argv[1], "serve") == 0) return ts_serve_main(argc - 2, argv + 2);
-    fprintf(stderr, "target-server: unknown command '%s' (commands: dump, serve; see --help)\n", argv[1]);
+    if (strcmp(argv[1], "status") == 0) return ts_status_main(argc - 2, argv + 2);
+    fprintf(stderr, "target-server: unknown command '%s' (commands: dump, serve, status; see --help)\n", argv[1]);
     return 2;
 }

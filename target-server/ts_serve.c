@@ -19,6 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+#include <stdatomic.h>
+
 #include "cm_cfg_hash.h"
 #include "cm_chan.h"
 #include "cm_log.h"
@@ -86,6 +89,9 @@ typedef struct serve_state {
     float           **devs;     /* NCCL answers: per request position, T·D floats in device memory */
     float           **dev_sorted;
     int64_t           dev_elems; /* capacity of each devs[i] */
+    const cm_target_cfg *cfg;   /* for STATUS */
+    atomic_int        loaded;   /* the worker has loaded the model (STATUS reads it on the loop thread) */
+    atomic_int        load_ms;
 } serve_state;
 
 static cm_chan_server *stop_target; /* the server the signal handler stops */
@@ -112,7 +118,13 @@ static cm_status serve_init(void *user) {
                           .n_layers = -1,
                           .load_head = 0,
                           .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16};
+    struct timespec ts0;
+    clock_gettime(CLOCK_MONOTONIC, &ts0);
     CM_TRY(ts_model_load(&s->model, &mc));
+    struct timespec ts1;
+    clock_gettime(CLOCK_MONOTONIC, &ts1);
+    atomic_store(&s->load_ms, (int)((ts1.tv_sec - ts0.tv_sec) * 1000 + (ts1.tv_nsec - ts0.tv_nsec) / 1000000));
+    atomic_store(&s->loaded, 1);
     CM_LOG_INFO("model ready in %lld s; answering requests", (long long)((int64_t)time(NULL) - t0));
     return CM_OK;
 }
@@ -210,6 +222,29 @@ static cm_status compute_nccl(serve_state *s, cm_chan_job *job) {
     return CM_FAIL(CM_ERR_UNSUPPORTED, "this target-server was built without NCCL");
 }
 #endif
+
+/* STATUS's "target" object (loop thread: reads only the args, the config and two atomics). */
+static void serve_status(void *user, char *buf, size_t cap) {
+    serve_state *s = user;
+    const serve_args *a = s->a;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", a->model);
+    cJSON_AddStringToObject(o, "model_type", s->cfg->model_type);
+    cJSON_AddNumberToObject(o, "n_layers", s->cfg->n_layers);
+    cJSON_AddNumberToObject(o, "hidden_size", s->cfg->hidden_size);
+    cJSON_AddNumberToObject(o, "vocab_size", s->cfg->vocab_size);
+    cJSON_AddStringToObject(o, "device", a->device);
+    if (strcmp(a->device, "cuda") == 0)
+        cJSON_AddNumberToObject(o, "gpu", a->gpu);
+    cJSON_AddStringToObject(o, "precision", a->mode == KN_GEMM_MODE_BF16 ? "bf16" : "fp32");
+    cJSON_AddBoolToObject(o, "loaded", atomic_load(&s->loaded));
+    if (atomic_load(&s->loaded))
+        cJSON_AddNumberToObject(o, "load_s", atomic_load(&s->load_ms) / 1e3);
+    char *j = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    snprintf(buf, cap, "%s", j && strlen(j) < cap ? j : "{}");
+    cJSON_free(j);
+}
 
 static cm_status serve_compute(void *user, cm_chan_job *job) {
     serve_state            *s = user;
@@ -325,7 +360,9 @@ static cm_status run_serve(const serve_args *a) {
     sc.init = serve_init;
     sc.compute = serve_compute;
     sc.fini = serve_fini;
+    sc.status = serve_status;
     sc.user = &s;
+    s.cfg = &cfg;
 #ifdef TANDEM_HAVE_NCCL
     const cm_chan_nccl_server nccl = {serve_nccl_open, serve_nccl_close, (uint32_t)a->gpu};
     if (strcmp(a->device, "cuda") == 0)

@@ -12,6 +12,10 @@ extern "C" {
  * --help, --curve-keygen), 1 for a failure (one message on stderr), 2 for a usage error. */
 int ts_serve_main(int argc, char **argv);
 
+/* `target-server status --server ENDPOINT [--json] ...` (ts_status.c): asks a running server for
+ * its STATUS and prints it. 0, 1 (no answer, or a refusal; one message), 2 (usage). */
+int ts_status_main(int argc, char **argv);
+
 #ifdef __cplusplus
 }
 #endif

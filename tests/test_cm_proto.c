@@ -229,7 +229,19 @@ static void test_small_roundtrips(void) {
                 "must be 0");
     TST_CHECK(strcmp(cm_encoding_name(CM_ENCODING_NCCL), "nccl") == 0);
 
+    /* STATUS: an empty request, a JSON reply */
+    char   js[64];
+    size_t jn = 99;
+    TST_CHECK(cm_proto_status_encode(NULL, 0, frame, sizeof frame, &len) == CM_OK && len == CM_PROTO_HEADER_SIZE);
+    TST_CHECK(cm_proto_status_decode(frame, len, &LIM, js, sizeof js, &jn) == CM_OK && jn == 0);
+    const char *j = "{\"name\":\"t\",\"answers\":3}";
+    TST_CHECK(cm_proto_status_encode(j, strlen(j), frame, sizeof frame, &len) == CM_OK);
+    TST_CHECK(cm_proto_status_decode(frame, len, &LIM, js, sizeof js, &jn) == CM_OK && jn == strlen(j) &&
+              strcmp(js, j) == 0);
+    EXPECT_FAIL(cm_proto_status_decode(frame, len, &LIM, js, 8, &jn), CM_ERR_INVALID_ARG, "do not fit");
+    EXPECT_FAIL(cm_proto_status_encode("{\n}", 3, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, "control byte");
     /* names */
+    TST_CHECK(strcmp(cm_proto_type_name(CM_PROTO_TYPE_STATUS), "STATUS") == 0);
     TST_CHECK(strcmp(cm_proto_type_name(CM_PROTO_TYPE_NCCL_READY), "NCCL_READY") == 0);
     TST_CHECK(strcmp(cm_proto_type_name(CM_PROTO_TYPE_ANSWER), "ANSWER") == 0);
     TST_CHECK(strcmp(cm_proto_type_name(99), "unknown") == 0);

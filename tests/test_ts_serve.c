@@ -473,6 +473,59 @@ static void test_curve_cli(void) {
 }
 
 /* argv: optional test names (exact, kill, term, flags, curve) to run only those. */
+/* Runs `target-server status ARGS…` and returns its exit status; stdout+stderr into out. */
+static int run_status(const char *args, char *out, size_t cap) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' status %s 2>&1", bin, args);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int status = pclose(f);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* `target-server status`: the served model and its load state with no trainer, a trainer's
+ * session and its answers while it is attached (readable and --json), a clear message where no
+ * server listens, and usage errors. */
+static void test_status(void) {
+    proc p;
+    if (!serve_start(&p, "status", "tcp://127.0.0.1:*", NULL)) {
+        TST_CHECK(0);
+        return;
+    }
+    static char out[1 << 16];
+    char        args[512];
+    snprintf(args, sizeof args, "--server %s", p.endpoint);
+    int ok = 0;
+    for (int i = 0; i < 100 && !ok; i++) { /* the weights load after the bind */
+        TST_CHECK(run_status(args, out, sizeof out) == 0);
+        ok = strstr(out, "loaded in") != NULL;
+        if (!ok)
+            sleep_ms(50);
+    }
+    TST_CHECK(ok && strstr(out, "qwen3_5_text, 6 layers, hidden 64, vocab 512") && strstr(out, "no trainer attached"));
+    cm_chan_client_config cc = client_config(p.endpoint, "status-probe", CM_ENCODING_ZSTD_BYTEPLANE);
+    cm_chan_client       *c = NULL;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    int ledger[6] = {0};
+    TST_CHECK(run_ledger(c, 700, 6, ledger, NULL, NULL) == 6);
+    TST_CHECK(run_status(args, out, sizeof out) == 0);
+    TST_CHECK(strstr(out, "session 'status-probe'") && strstr(out, "6 answers") && strstr(out, "1 sessions active"));
+    snprintf(args, sizeof args, "--server %s --json", p.endpoint);
+    TST_CHECK(run_status(args, out, sizeof out) == 0);
+    TST_CHECK(strstr(out, "\"sessions\":[{\"name\":\"status-probe\"") && strstr(out, "\"answers\":6") &&
+              strstr(out, "\"loaded\":true"));
+    cm_chan_client_destroy(&c);
+    TST_CHECK(serve_end(&p, SIGTERM) == 0);
+    TST_CHECK(run_status("--server tcp://127.0.0.1:1 --timeout-ms 300", out, sizeof out) == 1 &&
+              strstr(out, "is a target-server running there?"));
+    TST_CHECK(run_status("--frobnicate", out, sizeof out) == 2 && strstr(out, "unknown option"));
+    TST_CHECK(run_status("--server tcp://10.1.2.3:5555", out, sizeof out) == 1 && strstr(out, "--curve-server-key"));
+    printf("status: model and load state, a trainer's session and answers (text and --json), no server, bad flags\n");
+}
+
 static int want(int argc, char **argv, const char *name) {
     if (argc < 2)
         return 1;
@@ -506,6 +559,8 @@ int main(int argc, char **argv) {
         test_bad_flags();
     if (want(argc, argv, "curve"))
         test_curve_cli();
+    if (want(argc, argv, "status"))
+        test_status();
     for (int k = 0; k < N_PATTERNS; k++)
         for (int l = 0; l < N_LAYERS; l++)
             free(pats[k].ref[l]);

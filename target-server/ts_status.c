@@ -1,0 +1,157 @@
+/* target-server/ts_status.c — `target-server status`: one STATUS request to a running server
+ * (cm_chan_status_query; works while trainers are attached, needs no session) and a readable
+ * summary of the reply, or the reply itself with --json (for scripts and monitoring). */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_chan.h"
+#include "cm_log.h"
+#include "ts_serve.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: target-server status [--server ENDPOINT] [options]\n"
+               "\n"
+               "Asks a running target-server what it serves (model, device, load state), which trainers\n"
+               "are attached and how fast it answers, and prints it.\n"
+               "\n"
+               "  --server ENDPOINT         the server's endpoint (default tcp://127.0.0.1:5555)\n"
+               "  --curve-server-key FILE   the server's CURVE public key (needed for non-loopback endpoints)\n"
+               "  --timeout-ms N            how long to wait for the answer (default 3000)\n"
+               "  --json                    print the server's JSON reply as it is\n");
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
+}
+
+static const char *str(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "?";
+}
+
+static int flag(const cJSON *o, const char *k) {
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, k));
+}
+
+static void human_bytes(double b, char *out, size_t cap) {
+    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
+    int         i = 0;
+    while (b >= 1000 && i < 4) {
+        b /= 1000;
+        i++;
+    }
+    snprintf(out, cap, "%.1f %s", b, u[i]);
+}
+
+static void print_summary(const cJSON *o) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "target");
+    const cJSON *tot = cJSON_GetObjectItemCaseSensitive(o, "totals");
+    const cJSON *ses = cJSON_GetObjectItemCaseSensitive(o, "sessions");
+    double       up = num(o, "uptime_s");
+    printf("target-server '%s' on %s: target %s, up %dh%02dm%02ds%s\n", str(o, "name"), str(o, "endpoint"),
+           str(o, "target_id"), (int)(up / 3600), (int)(up / 60) % 60, (int)up % 60,
+           flag(o, "stopping") ? ", stopping" : "");
+    if (t) {
+        char dev[32] = "";
+        if (strcmp(str(t, "device"), "cuda") == 0)
+            snprintf(dev, sizeof dev, ":%d", (int)num(t, "gpu"));
+        printf("  model   %s (%s, %d layers, hidden %d, vocab %d) on %s%s%s%s; %s", str(t, "model"),
+               str(t, "model_type"), (int)num(t, "n_layers"), (int)num(t, "hidden_size"), (int)num(t, "vocab_size"),
+               str(t, "device"), dev, dev[0] ? ", " : "", dev[0] ? str(t, "precision") : "",
+               flag(t, "loaded") ? "loaded" : "loading");
+        if (flag(t, "loaded"))
+            printf(" in %.1f s", num(t, "load_s"));
+        printf("\n");
+    }
+    char         encs[128] = "";
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(o, "encodings")) {
+        if (cJSON_IsString(e) && strlen(encs) + strlen(e->valuestring) + 2 < sizeof encs) {
+            if (encs[0])
+                strcat(encs, ",");
+            strcat(encs, e->valuestring);
+        }
+    }
+    printf("  serves  %s hidden states of layers 0..%d, up to %d tokens per request, %d credits; encodings %s; %s\n",
+           str(o, "hidden_dtype"), (int)num(o, "n_layers") - 1, (int)num(o, "max_tokens"), (int)num(o, "credits"), encs,
+           flag(o, "computing") ? "computing now" : "idle");
+    if (tot) {
+        char b[32];
+        human_bytes(num(tot, "bytes_sent"), b, sizeof b);
+        printf("  totals  %.0f answers, %.0f tokens, %s sent, %.0f tokens/s since start; %.0f sessions active, "
+               "%.0f opened; %.0f resends, %.0f errors, %.0f malformed frames\n",
+               num(tot, "answers"), num(tot, "tokens"), b, num(tot, "tokens_per_s"), num(tot, "sessions_active"),
+               num(tot, "sessions_opened"), num(tot, "resends"), num(tot, "errors_sent"), num(tot, "bad_frames"));
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, ses) {
+        char b[32];
+        human_bytes(num(x, "bytes_sent"), b, sizeof b);
+        printf("  session '%s' from %s for %.0f s: %.0f answers (%.0f queued%s), %.0f tokens, %s, %.0f tokens/s%s\n",
+               str(x, "name"), str(x, "peer"), num(x, "age_s"), num(x, "answers"), num(x, "queued"),
+               flag(x, "computing") ? ", one computing" : "", num(x, "tokens"), b, num(x, "tokens_per_s"),
+               flag(x, "nccl") ? ", over NCCL" : "");
+    }
+    if (!cJSON_GetArraySize(ses))
+        printf("  no trainer attached\n");
+}
+
+int ts_status_main(int argc, char **argv) {
+    const char *endpoint = "tcp://127.0.0.1:5555", *key = NULL;
+    int         timeout_ms = 3000, json = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(f, "--json") == 0) {
+            json = 1;
+            continue;
+        }
+        if (strcmp(f, "--server") != 0 && strcmp(f, "--curve-server-key") != 0 && strcmp(f, "--timeout-ms") != 0) {
+            fprintf(stderr, "target-server status: unknown option '%s' (see --help)\n", f);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "target-server status: option '%s' needs a value (see --help)\n", f);
+            return 2;
+        }
+        if (strcmp(f, "--server") == 0) {
+            endpoint = v;
+        } else if (strcmp(f, "--curve-server-key") == 0) {
+            key = v;
+        } else if (strcmp(f, "--timeout-ms") == 0) {
+            char *end;
+            long  t = strtol(v, &end, 10);
+            if (*end || t < 1 || t > 600000) {
+                fprintf(stderr, "target-server status: --timeout-ms '%s': expected 1 to 600000\n", v);
+                return 2;
+            }
+            timeout_ms = (int)t;
+        }
+        i++;
+    }
+    cm_log_set_level(CM_LOG_LEVEL_ERROR);
+    static char reply[CM_PROTO_STATUS_MAX + 1];
+    cm_status   st = cm_chan_status_query(endpoint, key, timeout_ms, reply, sizeof reply);
+    if (st != CM_OK) {
+        fprintf(stderr, "target-server status: %s: %s\n", cm_status_str(st), cm_last_error());
+        return 1;
+    }
+    if (json) {
+        printf("%s\n", reply);
+        return 0;
+    }
+    cJSON *o = cJSON_Parse(reply);
+    if (!o) {
+        fprintf(stderr, "target-server status: the server's reply is not JSON; rerun with --json to see it\n");
+        return 1;
+    }
+    print_summary(o);
+    cJSON_Delete(o);
+    return 0;
+}
