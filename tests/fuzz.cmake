@@ -4,7 +4,7 @@
 # once crashed (fuzz/regress/<target>/) under gcc and ASan (label unit). With -DTANDEM_FUZZ=ON
 # (clang) fuzz_<target> links libFuzzer and ctest -L fuzz runs each for TANDEM_FUZZ_SECONDS
 # over a scratch corpus in the build folder seeded from fuzz/corpus/<target>/ (never written to).
-set(TANDEM_FUZZ_TARGETS safetensors st_index cfg proto compress shard dataset)
+set(TANDEM_FUZZ_TARGETS safetensors st_index cfg proto compress shard dataset runcfg)
 set(TANDEM_FUZZ_SECONDS 15 CACHE STRING "seconds each fuzz target runs under ctest -L fuzz")
 set(FUZZ_SRC ${CMAKE_CURRENT_SOURCE_DIR}/fuzz)
 if(TANDEM_FUZZ)
@@ -13,11 +13,11 @@ else()
   set(FUZZ_REPLAY_LABEL unit)
 endif()
 
-# The dataset reader lives in drafter-trainer but needs only libcm: compile it in, rather than
-# build libdt (and the kernels) with the fuzzer's instrumentation.
+# The dataset reader and the run-config loader live in drafter-trainer but need only libcm:
+# compile them in, rather than build libdt (and the kernels) with the fuzzer's instrumentation.
 function(fuzz_extra_sources exe t)
-  if(t STREQUAL "dataset")
-    target_sources(${exe} PRIVATE ${PROJECT_SOURCE_DIR}/drafter-trainer/dt_dataset.c)
+  if(t STREQUAL "dataset" OR t STREQUAL "runcfg")
+    target_sources(${exe} PRIVATE ${PROJECT_SOURCE_DIR}/drafter-trainer/dt_${t}.c)
     target_include_directories(${exe} PRIVATE ${PROJECT_SOURCE_DIR}/drafter-trainer)
   endif()
 endfunction()
@@ -62,3 +62,4 @@ target_include_directories(fuzz_make_corpus PRIVATE ${FUZZ_SRC})
 target_compile_options(fuzz_make_corpus PRIVATE ${TANDEM_C_WARNINGS})
 target_link_libraries(fuzz_make_corpus PRIVATE cm m)
 fuzz_extra_sources(fuzz_make_corpus dataset)
+fuzz_extra_sources(fuzz_make_corpus runcfg)

@@ -13,6 +13,7 @@
 #include "cm_safetensors.h"
 #include "cm_shard.h"
 #include "dt_dataset.h"
+#include "dt_runcfg.h"
 #include "fuzz_util.h"
 
 static const char *src_dir, *out_dir;
@@ -380,6 +381,21 @@ static void dataset_seeds(void) {
     free(b);
 }
 
+// ---- runcfg: the deploy run config and one with every value kind
+
+static void runcfg_seeds(void) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/deploy/configs/qwen3.6-27b/run.json", src_dir);
+    size_t   len;
+    uint8_t *b = slurp(path, &len);
+    seed1("runcfg", "deploy_qwen3.6-27b", -1, b, len);
+    free(b);
+    static const char kinds[] = "{\"config\": \"drafter.json\", \"target\": \"/models/q\", \"data\": [\"a.st\", "
+                                "\"/abs/b.st\"], \"out\": \"runs/r1\", \"lr\": 6e-4, \"epochs\": 6, \"resume\": "
+                                "true, \"seed\": \"18446744073709551615\", \"dataset\": [\"x.jsonl\", \"y.jsonl\"]}\n";
+    seed1("runcfg", "every_kind", -1, kinds, sizeof kinds - 1);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s SOURCE_DIR OUT_DIR\n", argv[0]);
@@ -397,6 +413,7 @@ int main(int argc, char **argv) {
     compress_seeds();
     shard_seeds();
     dataset_seeds();
+    runcfg_seeds();
     cm_compress_destroy(&cz);
     return 0;
 }
