@@ -27,12 +27,15 @@
  *    dS of slot k, and the warp accumulates dk += dS·q, dv += P·dout. Each output element is
  *    owned by one lane and summed in one order, so dk/dv have the same bits every run.
  * All math is fp32 (inputs are fp32 activations); exp is expf. The backward reads out and
- * lse from the forward. Shared memory grows with B·hd; the launchers report the largest
+ * lse from the forward. These kernels are the F32 GEMM mode's and the fallback for every
+ * shape; in BF16 mode the launchers hand the shapes the tensor-core kernels take (head_dim
+ * 16/32/64/128, B ≤ 64) to kn_dflash_attn_mma.cu, after Δ is computed here. Shared memory grows with B·hd; the launchers report the largest
  * supported shape for the device (hd ≤ 256). A simple, correct kernel: no tensor cores yet.
  * anchors and ctx_lo are device memory and cannot be checked on the host: the kernels clamp
  * them into [0, T] so a bad value cannot read out of bounds (the cpu reference refuses it). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_dflash_attn_int.h"
 
 #include <math.h>
 
@@ -43,8 +46,6 @@
 #define DF_KV_WARPS  8
 #define DF_KPW       4 /* keys per warp in dkv: DF_KV_WARPS · DF_KPW = DF_TILE keys per CTA */
 #define DF_FULL_MASK 0xffffffffu
-
-typedef kn_dflash_attn_params df_params;
 
 // ----------------------------------------------------------------------------
 // device helpers
@@ -61,56 +62,10 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* Block j's context bounds, clamped into [0, T]: doc_lo = ctx_lo[j], hi = a_j, and lo =
- * the union of its slots' lower bounds (what the tile loop visits). */
-typedef struct df_range {
-    int64_t doc_lo, lo, hi;
-} df_range;
-
-static __device__ __forceinline__ df_range block_range(const df_params &p, int64_t j) {
-    df_range r;
-    r.hi = p.anchors[j];
-    r.hi = r.hi < 0 ? 0 : r.hi > p.T ? p.T : r.hi;
-    r.doc_lo = p.ctx_lo[j];
-    r.doc_lo = r.doc_lo < 0 ? 0 : r.doc_lo > r.hi ? r.hi : r.doc_lo;
-    r.lo = r.doc_lo;
-    if (p.window > 0) {
-        int64_t w0 = r.hi - (p.window - 1); /* slot 0's bound is the loosest */
-        if (w0 > r.lo)
-            r.lo = w0 < r.hi ? w0 : r.hi;
-    }
-    return r;
-}
-
-/* Does slot k of block (range r) see context row `key` (key < r.hi assumed)? */
-static __device__ __forceinline__ bool ctx_visible(const df_params &p, const df_range &r, int k, int64_t key) {
-    if (key < r.doc_lo)
-        return false;
-    return p.window <= 0 || key >= r.hi + k - (p.window - 1);
-}
-
-/* Does slot k see block slot s of its own block? */
-static __device__ __forceinline__ bool blk_visible(const df_params &p, int k, int64_t s) {
-    return p.window <= 0 || s <= k;
-}
-
-/* Stages key rows [base, base + nk) of kv head g into ks (row stride ks_ld) and vs (vs_ld),
- * zero-filling rows nk..DF_TILE-1. Context rows when is_ctx, else block j's rows. */
+/* Stages DF_TILE key rows (see load_kv_rows). */
 static __device__ void load_kv_tile(const df_params &p, bool is_ctx, int64_t j, int64_t base, int nk, int g,
                                     float *ks, int ks_ld, float *vs, int vs_ld) {
-    const int hd = p.hd;
-    for (int i = threadIdx.x; i < DF_TILE * hd; i += blockDim.x) {
-        const int kk = i / hd, d = i % hd;
-        float     kv = 0.0f, vv = 0.0f;
-        if (kk < nk) {
-            const int64_t row = is_ctx ? base + kk : j * p.B + base + kk;
-            const int64_t off = (row * p.nkv + g) * (int64_t)hd + d;
-            kv = is_ctx ? p.k_ctx[off] : p.k_blk[off];
-            vv = is_ctx ? p.v_ctx[off] : p.v_blk[off];
-        }
-        ks[kk * ks_ld + d] = kv;
-        vs[kk * vs_ld + d] = vv;
-    }
+    load_kv_rows(p, is_ctx, j, base, nk, DF_TILE, g, ks, ks_ld, vs, vs_ld);
 }
 
 // ----------------------------------------------------------------------------
@@ -478,10 +433,18 @@ static cm_status smem_opt_in(kn_ctx *ctx, const char *op, const void *kernel, si
     return CM_OK;
 }
 
+/* The ctx's BF16 GEMM mode selects the bf16 tensor-core kernels (kn_dflash_attn_mma.cu) for
+ * the shapes they take; F32 mode, and every other shape, runs the fp32 kernels above. */
+static int use_mma(const kn_ctx *ctx, const df_params *p) {
+    return ctx->gemm_mode == KN_GEMM_MODE_BF16 && kn_dflash_mma_supported(p);
+}
+
 cm_status kn_cuda_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
     CM_TRY(check_params("dflash_attn_fwd", ctx, p, 0));
     if (p->n_blocks == 0)
         return CM_OK;
+    if (use_mma(ctx, p))
+        return kn_dflash_mma_fwd(ctx, p);
     const size_t smem = fwd_smem(p);
     CM_TRY(smem_opt_in(ctx, "dflash_attn_fwd", (const void *)dflash_fwd_kernel, smem, p));
     dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nq);
@@ -501,7 +464,10 @@ cm_status kn_cuda_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
         KN_CUDA_CHECK_ARG(blocks <= INT32_MAX, "dflash_attn_bwd: %lld query rows are too many", (long long)n_q);
         dflash_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(delta, p->dout, p->out, n_q, p->hd);
         KN_CUDA_LAUNCHED(ctx);
-
+    }
+    if (use_mma(ctx, p))
+        return kn_dflash_mma_bwd(ctx, p, delta);
+    if (n_q > 0) {
         const size_t smem_q = dq_smem(p);
         CM_TRY(smem_opt_in(ctx, "dflash_attn_bwd", (const void *)dflash_dq_kernel, smem_q, p));
         dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nq);

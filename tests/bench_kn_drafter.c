@@ -58,13 +58,13 @@ static int cmp_d(const void *a, const void *b) {
 
 typedef cm_status (*attn_fn)(kn_ctx *, const kn_dflash_attn_params *);
 
-static double time_attn(attn_fn f, const kn_dflash_attn_params *p) {
+static double time_attn(kn_ctx *ctx, attn_fn f, const kn_dflash_attn_params *p) {
     double t[REPS];
-    if (f(g32, p) != CM_OK || gpu->sync(g32) != CM_OK)
+    if (f(ctx, p) != CM_OK || gpu->sync(ctx) != CM_OK)
         die("dflash");
     for (int r = 0; r < REPS; r++) {
         double t0 = now_s();
-        if (f(g32, p) != CM_OK || gpu->sync(g32) != CM_OK)
+        if (f(ctx, p) != CM_OK || gpu->sync(ctx) != CM_OK)
             die("dflash");
         t[r] = now_s() - t0;
     }
@@ -117,12 +117,15 @@ static void bench_attn(int nq, int nkv, int hd, int B, int n_docs, int doc_len, 
     p.dv_ctx = dev_rand(g32, (size_t)(T * nkv * hd), 0, 0);
     p.dk_blk = dev_rand(g32, (size_t)(R * nkv * hd), 0, 0);
     p.dv_blk = dev_rand(g32, (size_t)(R * nkv * hd), 0, 0);
-    const double tf = time_attn(gpu->dflash_attn_fwd, &p), tb = time_attn(gpu->dflash_attn_bwd, &p);
     const double ff = 4.0 * hd * pairs * nq, fb = 10.0 * hd * pairs * nq;
-    printf("dflash nq=%d nkv=%d hd=%d B=%d T=%lld (%d docs) blocks=%lld W=%d: %.3g Mpairs/head; fwd %.3f ms "
-           "(%.1f TFLOP/s), bwd %.3f ms (%.1f TFLOP/s)\n",
-           nq, nkv, hd, B, (long long)T, n_docs, (long long)nb, W, pairs / 1e6, tf * 1e3, ff / tf / 1e12, tb * 1e3,
-           fb / tb / 1e12);
+    for (int mode = 0; mode < 2; mode++) { /* F32: fp32 CUDA-core kernels; BF16: tensor cores */
+        kn_ctx      *ctx = mode ? g16 : g32;
+        const double tf = time_attn(ctx, gpu->dflash_attn_fwd, &p), tb = time_attn(ctx, gpu->dflash_attn_bwd, &p);
+        printf("dflash %s nq=%d nkv=%d hd=%d B=%d T=%lld (%d docs) blocks=%lld W=%d: %.3g Mpairs/head; fwd %.3f ms "
+               "(%.1f TFLOP/s), bwd %.3f ms (%.1f TFLOP/s)\n",
+               mode ? "BF16" : "F32 ", nq, nkv, hd, B, (long long)T, n_docs, (long long)nb, W, pairs / 1e6, tf * 1e3,
+               ff / tf / 1e12, tb * 1e3, fb / tb / 1e12);
+    }
     void *bufs[] = {da,       dl,       (void *)p.q,  (void *)p.k_ctx,  (void *)p.v_ctx,  (void *)p.k_blk,
                     (void *)p.v_blk, (void *)p.dout, p.out, p.lse, p.dq, p.dk_ctx, p.dv_ctx, p.dk_blk, p.dv_blk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

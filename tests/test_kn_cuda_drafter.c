@@ -21,6 +21,10 @@
  *   ~1e-6 relative; the backward's dS = P·(dp − Δ) cancels, so its error is relative to the
  *   tensor's scale: out 2e-5 of max|out| + 1e-4 relative, lse 2e-5 absolute (lse ~ O(1..10)),
  *   dq/dk/dv 1e-4 of max|·| + 1e-3 relative. A wrong mask or a missed tile gives O(1) errors.
+ * - DFlash attention in BF16 mode (the bf16 tensor-core kernels where the shape allows,
+ *   else the fp32 fallback): Q, K, V, dO, P and dS are rounded to bf16 (2^-9 relative) with
+ *   fp32 sums, so every output within 3e-2 of its tensor's scale (+3e-2 relative; lse 3e-2
+ *   absolute) and each tensor's relative L2 error ≤ 2e-2.
  * The backward is also run twice and must give the same bits (no atomics). Label gpu: exits
  * 77 when the build has no cuda backend or the machine has no cuda device. */
 #include <math.h>
@@ -129,19 +133,20 @@ static void dbuf_free(dbuf *b) {
     b->c = b->g = NULL;
 }
 
+/* Downloads both sides of b; work queued on either cuda context is finished first. */
 static void get_both(const dbuf *b, size_t bytes, void *c_out, void *g_out) {
-    if (cpu->download(cctx, c_out, b->c, bytes) != CM_OK || gpu->download(gctx, g_out, b->g, bytes) != CM_OK ||
-        gpu->sync(gctx16) != CM_OK) {
+    if (gpu->sync(gctx16) != CM_OK || cpu->download(cctx, c_out, b->c, bytes) != CM_OK ||
+        gpu->download(gctx, g_out, b->g, bytes) != CM_OK) {
         fprintf(stderr, "download failed: %s\n", cm_last_error());
         exit(1);
     }
 }
 
 /* The worst error/tolerance ratio seen per op, for the closing summary. */
-#define N_OPS 12
-static const char *op_names[N_OPS] = {"gemm_dx",      "gemm_dw",  "rmsnorm_bwd", "rope_bwd",
-                                      "swiglu_bwd",   "sumsq",    "adamw",       "lm_ce",
-                                      "dflash_fwd",   "dflash_bwd", "lm_ce bf16", "gemm bf16"};
+#define N_OPS 14
+static const char *op_names[N_OPS] = {"gemm_dx",    "gemm_dw",    "rmsnorm_bwd", "rope_bwd",   "swiglu_bwd",
+                                      "sumsq",      "adamw",      "lm_ce",       "dflash_fwd", "dflash_bwd",
+                                      "lm_ce bf16", "gemm bf16",  "dflash_fwd bf16", "dflash_bwd bf16"};
 static double      op_worst[N_OPS];
 static double      op_max_abs[N_OPS];
 
@@ -592,45 +597,68 @@ static void attn_run(const attn_case *ac, int window) {
     kn_dflash_attn_params pg = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, (float)(1.0 / sqrt((double)hd)),
                                 ba.g, bl.g, bq.g, bkc.g, bvc.g, bkb.g, bvb.g, bo.g, blse.g, bdo.g, bdq.g, bdkc.g,
                                 bdvc.g, bdkb.g, bdvb.g};
-    char label[128], name[192];
-    snprintf(label, sizeof label, "%s T=%ld blocks=%ld B=%ld nq=%ld nkv=%ld hd=%ld W=%d", ac->what, T, nb, B, nq, nkv,
-             hd, window);
     call_ok(cpu->dflash_attn_fwd(cctx, &pc), "cpu dflash_attn_fwd");
-    call_ok(gpu->dflash_attn_fwd(gctx, &pg), "cuda dflash_attn_fwd");
     call_ok(cpu->dflash_attn_bwd(cctx, &pc), "cpu dflash_attn_bwd");
-    call_ok(gpu->dflash_attn_bwd(gctx, &pg), "cuda dflash_attn_bwd");
-
-    const long sizes[7] = {R * nq * hd, R * nq, R * nq * hd, T * nkv * hd, T * nkv * hd, R * nkv * hd, R * nkv * hd};
+    const long  sizes[7] = {R * nq * hd, R * nq, R * nq * hd, T * nkv * hd, T * nkv * hd, R * nkv * hd, R * nkv * hd};
     const dbuf *bufs[7] = {&bo, &blse, &bdq, &bdkc, &bdvc, &bdkb, &bdvb};
     const char *names[7] = {"out", "lse", "dq", "dk_ctx", "dv_ctx", "dk_blk", "dv_blk"};
-    float      *first[7] = {0};
-    for (int i = 0; i < 7; i++) {
-        float *c = xmalloc((size_t)sizes[i] * 4), *g = xmalloc((size_t)sizes[i] * 4);
-        get_both(bufs[i], (size_t)sizes[i] * 4, c, g);
-        snprintf(name, sizeof name, "dflash %-6s %s", names[i], label);
-        if (i == 0)
-            compare_scaled(8, name, g, c, sizes[i], 2e-5, 1e-4);
-        else if (i == 1)
-            compare(8, name, g, c, sizes[i], 2e-5, 0);
-        else
-            compare_scaled(9, name, g, c, sizes[i], 1e-4, 1e-3);
-        first[i] = g;
-        free(c);
+    /* the tensor-core kernels take these shapes in BF16 mode (kn_dflash_attn_mma.cu) */
+    const int mma = (hd == 16 || hd == 32 || hd == 64 || hd == 128) && B <= 64 && (nq / nkv) * ((B + 15) / 16) <= 8;
+    for (int mode = 0; mode < 2; mode++) {
+        kn_ctx *g = mode ? gctx16 : gctx;
+        char    label[160], name[224];
+        snprintf(label, sizeof label, "%s T=%ld blocks=%ld B=%ld nq=%ld nkv=%ld hd=%ld W=%d%s", ac->what, T, nb, B,
+                 nq, nkv, hd, window, mode ? (mma ? " BF16 mma" : " BF16 (fp32 fallback)") : "");
+        call_ok(gpu->dflash_attn_fwd(g, &pg), "cuda dflash_attn_fwd");
+        call_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd");
+        float *first[7] = {0};
+        for (int i = 0; i < 7; i++) {
+            float *c = xmalloc((size_t)sizes[i] * 4), *gg = xmalloc((size_t)sizes[i] * 4);
+            get_both(bufs[i], (size_t)sizes[i] * 4, c, gg);
+            snprintf(name, sizeof name, "dflash %-6s %s", names[i], label);
+            if (mode == 0) {
+                if (i == 0)
+                    compare_scaled(8, name, gg, c, sizes[i], 2e-5, 1e-4);
+                else if (i == 1)
+                    compare(8, name, gg, c, sizes[i], 2e-5, 0);
+                else
+                    compare_scaled(9, name, gg, c, sizes[i], 1e-4, 1e-3);
+            } else {
+                /* bf16 operands (Q, K, V, dO, P, dS rounded to 8-bit mantissas, 2^-9 relative)
+                 * with fp32 sums: elementwise within 3e-2 of the tensor's scale, and relative
+                 * L2 within 2e-2 overall (a mask or fragment error is O(1)) */
+                if (i == 1)
+                    compare(12, name, gg, c, sizes[i], 3e-2, 0);
+                else
+                    compare_scaled(i == 0 ? 12 : 13, name, gg, c, sizes[i], 3e-2, 3e-2);
+                if (i != 1) {
+                    double *cd = xmalloc((size_t)sizes[i] * sizeof(double));
+                    for (long e = 0; e < sizes[i]; e++)
+                        cd[e] = c[e];
+                    const double rl2 = tst_rel_l2(gg, cd, sizes[i]);
+                    TST_CHECK(rl2 <= 2e-2);
+                    printf("%-64s rel L2 %.2e %s\n", name, rl2, rl2 <= 2e-2 ? "ok" : "FAIL");
+                    free(cd);
+                }
+            }
+            first[i] = gg;
+            free(c);
+        }
+        /* determinism: the backward again gives the same bits */
+        call_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd again");
+        int same = 1;
+        for (int i = 2; i < 7; i++) {
+            float *c = xmalloc((size_t)sizes[i] * 4), *gg = xmalloc((size_t)sizes[i] * 4);
+            get_both(bufs[i], (size_t)sizes[i] * 4, c, gg);
+            same = same && memcmp(gg, first[i], (size_t)sizes[i] * 4) == 0;
+            free(c);
+            free(gg);
+        }
+        TST_CHECK(same);
+        printf("%-64s %s\n", "dflash backward repeated", same ? "bit-identical" : "DIFFERS");
+        for (int i = 0; i < 7; i++)
+            free(first[i]);
     }
-    /* determinism: the backward again gives the same bits */
-    call_ok(gpu->dflash_attn_bwd(gctx, &pg), "cuda dflash_attn_bwd again");
-    int same = 1;
-    for (int i = 2; i < 7; i++) {
-        float *c = xmalloc((size_t)sizes[i] * 4), *g = xmalloc((size_t)sizes[i] * 4);
-        get_both(bufs[i], (size_t)sizes[i] * 4, c, g);
-        same = same && memcmp(g, first[i], (size_t)sizes[i] * 4) == 0;
-        free(c);
-        free(g);
-    }
-    TST_CHECK(same);
-    printf("%-64s %s\n", "dflash backward repeated", same ? "bit-identical" : "DIFFERS");
-    for (int i = 0; i < 7; i++)
-        free(first[i]);
     dbuf *all[] = {&ba, &bl, &bq, &bkc, &bvc, &bkb, &bvb, &bdo, &bo, &blse, &bdq, &bdkc, &bdvc, &bdkb, &bdvb};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         dbuf_free(all[i]);
@@ -652,6 +680,8 @@ static void test_dflash(void) {
         {"odd hd33 B7", 3, {65, 63, 1}, 7, 7, 2, 1, 33, {0, 3, -1}},
         {"B64 hd128", 2, {150, 151}, 5, 64, 2, 1, 128, {0, 40, -1}},
         {"hd16 gqa2", 1, {257}, 6, 10, 4, 2, 16, {0, 1, -1}},
+        {"gqa8 hd32", 2, {129, 200}, 8, 16, 8, 1, 32, {0, 9, -1}},
+        {"B20 hd64", 3, {1, 90, 77}, 6, 20, 2, 2, 64, {0, 30, -1}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int w = 0; w < 3 && cases[c].windows[w] >= 0; w++)
