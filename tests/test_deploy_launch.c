@@ -258,6 +258,44 @@ static void test_run(void) {
     TST_CHECK(none_left(5000));
 }
 
+/* The same command again with --auto-resume and a later stop: it continues the run's checkpoint
+ * (a plain second start would be refused: the run directory already holds a run). */
+static void test_auto_resume(void) {
+    char out[512], run[512];
+    snprintf(out, sizeof out, "%s/again.out", tmp);
+    snprintf(run, sizeof run, "%s/run", tmp);
+    char *args[] = {"--server-gpus",
+                    "0",
+                    "--trainer-gpus",
+                    "0",
+                    "--base-port",
+                    "0",
+                    COMMON,
+                    "--auto-resume",
+                    "--out",
+                    run,
+                    "--",
+                    "--data",
+                    csv,
+                    "--steps",
+                    "6",
+                    "--max-anchors",
+                    "16",
+                    "--seed",
+                    "3",
+                    "--credits",
+                    "2",
+                    NULL};
+    int   rc = launch(out, args, 60000);
+    TST_CHECK(rc == 0);
+    if (rc != 0)
+        fprintf(stderr, "launcher output:\n%s\n", slurp(out));
+    TST_CHECK(strstr(slurp(out), " --resume ") != NULL);
+    TST_CHECK(strstr(slurp(file_in("run", "logs/trainer-0.log")), "resuming") != NULL);
+    TST_CHECK(lines_of(file_in("run", "metrics.jsonl")) == 6);
+    TST_CHECK(none_left(5000));
+}
+
 /* A run that lasts (many epochs), stopped with sig once it has trained 2 steps. */
 static int stop_mid_run(const char *name, int sig, int *steps_at_stop) {
     char out[512], run[512];
@@ -553,6 +591,7 @@ int main(void) {
     test_dry_run();
     test_usage();
     test_run();
+    test_auto_resume();
     test_sigterm();
     test_trainer_fails();
     test_server_fails();
