@@ -43,7 +43,7 @@ static const dt_runcfg_flag train_flags[] = {
     {"log-level", DT_RUNCFG_VALUE},
     /* issue 5: progress display, TensorBoard and the --dry-run plan (wired by dt_train.c) */
     {"progress", DT_RUNCFG_VALUE},
-    {"tensorboard", DT_RUNCFG_BOOL},
+    {"no-tensorboard", DT_RUNCFG_BOOL},
     {"dry-run", DT_RUNCFG_BOOL},
     {"plan-seq-len", DT_RUNCFG_VALUE},
     {"plan-target-tflops", DT_RUNCFG_VALUE},
