@@ -172,8 +172,8 @@ static int before(const char *text, const char *a, const char *b) {
     return pa && pb && pa < pb;
 }
 
-/* Processes (not zombies) whose command line names our temporary directory. */
-static int count_ours(void) {
+/* Processes (not zombies) whose command line names our temporary directory; printed if loud. */
+static int count_ours(int loud) {
     DIR *d = opendir("/proc");
     if (!d)
         return -1;
@@ -194,7 +194,8 @@ static int count_ours(void) {
                 buf[i] = ' ';
         buf[len] = '\0';
         if (len && strstr(buf, tmp)) {
-            fprintf(stderr, "left running: pid %s: %s\n", e->d_name, buf);
+            if (loud)
+                fprintf(stderr, "left running: pid %s: %s\n", e->d_name, buf);
             n++;
         }
     }
@@ -205,11 +206,11 @@ static int count_ours(void) {
 /* Waits up to ms for every process of ours to be gone; 1 if so. */
 static int none_left(int ms) {
     for (int waited = 0; waited < ms; waited += 100) {
-        if (count_ours() == 0)
+        if (count_ours(0) == 0)
             return 1;
         sleep_ms(100);
     }
-    return count_ours() == 0;
+    return count_ours(1) == 0;
 }
 
 // ---- the launches
@@ -337,18 +338,36 @@ static void test_launcher_killed(void) {
     TST_CHECK(none_left(15000));
 }
 
+/* A trainer with a bad flag; its server logs at warn level only, so the launcher can learn that
+ * the model is loaded only by asking `target-server status`. */
 static void test_trainer_fails(void) {
     char out[512], run[512];
     snprintf(out, sizeof out, "%s/fail.out", tmp);
     snprintf(run, sizeof run, "%s/fail", tmp);
-    char *args[] = {
-        "--server-gpus", "0", "--trainer-gpus", "0",    "--base-port", "0", COMMON, "--out", run, "--",
-        "--data",        csv, "--lr",           "fast", NULL};
+    char *args[] = {"--server-gpus",
+                    "0",
+                    "--trainer-gpus",
+                    "0",
+                    "--base-port",
+                    "0",
+                    COMMON,
+                    "--out",
+                    run,
+                    "--server-args",
+                    "--log-level warn",
+                    "--",
+                    "--data",
+                    csv,
+                    "--lr",
+                    "fast",
+                    NULL};
     TST_CHECK(launch(out, args, 60000) == 2);
     const char *o = slurp(out);
+    TST_CHECK(strstr(o, "server 0 ready at tcp://127.0.0.1:") != NULL);
     TST_CHECK(before(o, "trainer 0 exited with status 2", "server 0 exited with status 0"));
     TST_CHECK(strstr(o, "trainer 0 failed with status 2") != NULL);
     TST_CHECK(strstr(slurp(file_in("fail", "logs/trainer-0.log")), "--lr 'fast'") != NULL);
+    TST_CHECK(strstr(slurp(file_in("fail", "logs/server-0.log")), "answering requests") == NULL);
     TST_CHECK(none_left(5000));
 }
 
