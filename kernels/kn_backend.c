@@ -40,6 +40,7 @@ static const kn_backend cpu_backend = {
     .lm_ce            = kn_ref_lm_ce,
     .sumsq            = kn_ref_sumsq,
     .adamw            = kn_ref_adamw,
+    .fill_uniform     = kn_ref_fill_uniform,
 };
 
 const kn_backend *kn_backend_cpu(void) { return &cpu_backend; }

@@ -185,6 +185,12 @@ typedef struct kn_backend {
      * g = grad · grad_scale (the clip factor). step ≥ 1. */
     cm_status (*adamw)(kn_ctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                        const kn_adamw_params *p); /* (optional) */
+
+    // ---- random initialisation (target-server --init random)
+    /* dst[i] = lo + (hi − lo)·u(seed, i) for i < n, u uniform in [0, 1) from a counter-based hash
+     * (kernels/kn_fill.h), as F32 or BF16: bit-identical on every backend. */
+    cm_status (*fill_uniform)(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo,
+                              float hi); /* (optional) */
 } kn_backend;
 
 const kn_backend *kn_backend_cpu(void);

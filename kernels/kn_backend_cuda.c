@@ -39,6 +39,7 @@ static const kn_backend cuda_backend = {
     .lm_ce = kn_cuda_lm_ce,
     .sumsq = kn_cuda_sumsq,
     .adamw = kn_cuda_adamw,
+    .fill_uniform = kn_cuda_fill_uniform,
 };
 
 const kn_backend *kn_backend_cuda(void) {

@@ -82,6 +82,10 @@ cm_status kn_cuda_sumsq(kn_ctx *ctx, double *out, const float *x, int64_t n);
 cm_status kn_cuda_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                         const kn_adamw_params *p);
 
+// ---- random initialisation (kn_fill.cu)
+cm_status kn_cuda_fill_uniform(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo,
+                               float hi);
+
 #ifdef __cplusplus
 }
 #endif

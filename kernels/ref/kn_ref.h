@@ -120,6 +120,8 @@ cm_status kn_ref_sumsq(kn_ctx *ctx, double *out, const float *x, int64_t n);
  * the param update uses the unrounded double m and v of this step. */
 cm_status kn_ref_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                        const kn_adamw_params *p);
+/* Counter-based uniform fill (kn_fill.h), F32 or BF16. */
+cm_status kn_ref_fill_uniform(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo, float hi);
 
 // ---- scalar functions shared by the reference files
 static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
