@@ -20,6 +20,7 @@
 #include "cm_cfg.h"
 #include "cm_cfg_hash.h"
 #include "cm_log.h"
+#include "cm_tb.h"
 #include "cm_safetensors.h"
 #include "dt_anchor.h"
 #include "dt_ckpt.h"
@@ -28,7 +29,10 @@
 #include "dt_live.h"
 #include "dt_model.h"
 #include "dt_optim.h"
+#include "dt_plan.h"
 #include "dt_precompute.h"
+#include "dt_progress.h"
+#include "dt_runcfg.h"
 
 typedef struct train_args {
     const char *config, *init_from, *target, *data, *data_dir, *dataset, *out, *device, *shards, *server;
@@ -38,6 +42,10 @@ typedef struct train_args {
     double      lr, warmup_ratio, gamma, weight_decay, clip;
     int         have_gamma, resume;
     uint64_t    seed;
+    dt_progress_mode progress;
+    int              dry_run, no_tensorboard;
+    int64_t          plan_seq_len;
+    double           plan_target_tflops, plan_drafter_tflops, plan_ratio;
 } train_args;
 
 static void usage(FILE *f) {
@@ -84,7 +92,17 @@ static void usage(FILE *f) {
         "  --resume                 continue RUN_DIR from checkpoints/latest exactly\n"
         "  --device cpu|cuda        kernel backend (default cpu)\n"
         "  --log-every N            print every N-th step's metrics (default 1)\n"
-        "  --log-level L            debug, info, warn, error, off (default info)\n");
+        "  --log-level L            debug, info, warn, error, off (default info)\n"
+        "  --progress MODE          auto (a bar on a terminal, else lines), bar, lines or off (stderr)\n"
+        "  --no-tensorboard         no RUN_DIR/tb/events.out.tfevents.* (written by default)\n"
+        "  --run-config FILE.json   flags from a JSON object {\"lr\": 6e-4, \"resume\": true, ...}; keys are\n"
+        "                           the long flags without dashes; the command line overrides the file\n"
+        "  --dry-run                print the plan (parameters, memory per GPU, bytes per token, target\n"
+        "                           GPUs per trainer GPU) from the configs, and exit; needs no data\n"
+        "  --plan-seq-len N         document length for the plan (default: --token-budget)\n"
+        "  --plan-target-tflops X   achieved target prefill TF/s per GPU for the plan (default 550)\n"
+        "  --plan-drafter-tflops X  achieved drafter TF/s per GPU for the plan (default 430)\n"
+        "  --plan-ratio X           compression ratio for the plan (default: the measured range)\n");
 }
 
 // ---- argument parsing
@@ -150,7 +168,10 @@ static int parse_args(int argc, char **argv, train_args *a) {
                       .token_budget = 8192,
                       .dp_rank = -1,
                       .dp_size = -1,
-                      .encoding = CM_ENCODING_ZSTD_BYTEPLANE};
+                      .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
+                      .progress = DT_PROGRESS_AUTO,
+                      .plan_target_tflops = DT_PLAN_TARGET_TFLOPS,
+                      .plan_drafter_tflops = DT_PLAN_DRAFTER_TFLOPS};
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
@@ -159,6 +180,14 @@ static int parse_args(int argc, char **argv, train_args *a) {
         }
         if (strcmp(f, "--resume") == 0) {
             a->resume = 1;
+            continue;
+        }
+        if (strcmp(f, "--dry-run") == 0) {
+            a->dry_run = 1;
+            continue;
+        }
+        if (strcmp(f, "--no-tensorboard") == 0) {
+            a->no_tensorboard = 1;
             continue;
         }
         if (!v) {
@@ -225,7 +254,20 @@ static int parse_args(int argc, char **argv, train_args *a) {
         } else if (strcmp(f, "--seed") == 0) {
             ok = parse_i64(f, v, 0, &seed);
             a->seed = (uint64_t)seed;
-        } else if (strcmp(f, "--log-level") == 0) {
+        } else if (strcmp(f, "--progress") == 0) {
+            if (dt_progress_mode_parse(v, &a->progress) != CM_OK) {
+                fprintf(stderr, "drafter-trainer train: %s\n", cm_last_error());
+                return 2;
+            }
+        } else if (strcmp(f, "--plan-seq-len") == 0)
+            ok = parse_i64(f, v, 1, &a->plan_seq_len);
+        else if (strcmp(f, "--plan-target-tflops") == 0)
+            ok = parse_f64(f, v, 1e-6, 1e6, &a->plan_target_tflops);
+        else if (strcmp(f, "--plan-drafter-tflops") == 0)
+            ok = parse_f64(f, v, 1e-6, 1e6, &a->plan_drafter_tflops);
+        else if (strcmp(f, "--plan-ratio") == 0)
+            ok = parse_f64(f, v, 1, 1e6, &a->plan_ratio);
+        else if (strcmp(f, "--log-level") == 0) {
             int l = cm_log_level_parse(v);
             if (l < 0) {
                 fprintf(stderr,
@@ -241,6 +283,13 @@ static int parse_args(int argc, char **argv, train_args *a) {
         if (!ok)
             return 2;
         i++;
+    }
+    if (a->dry_run) { /* the plan needs the two configs only */
+        if (!a->target || (!a->config && !a->init_from)) {
+            fprintf(stderr, "drafter-trainer train: --dry-run needs --target and --config or --init-from\n");
+            return 2;
+        }
+        return dp_from_env(a) != 0 ? 2 : 0;
     }
     if (!a->target || !a->out || (!a->data && !a->data_dir && !a->dataset)) {
         fprintf(stderr, "drafter-trainer train: --target, --out and --data, --data-dir or --dataset are "
@@ -302,6 +351,9 @@ typedef struct run {
     int               n_paths;
     int32_t          *order, *order_next, *anchors, *work;
     FILE             *metrics;
+    cm_tb            *tb;       /* RUN_DIR/tb event file, unless --no-tensorboard */
+    dt_progress       prog;     /* --progress display on stderr */
+    int64_t           prog_end; /* the step this invocation stops at (--steps or the schedule) */
     dt_hparams        hp;
     dt_train_state    ts;
     char              resume_dir[4096];
@@ -555,6 +607,12 @@ static cm_status check_resume_dp(run *r) {
                            "cannot resume: '%s' was trained with data-parallel size %d but this run has %d; "
                            "resume with --dp-size %d (or that WORLD_SIZE), or start a new --out",
                            r->resume_dir, w, W, w);
+    if (r->ds)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot resume: the dataset or its packing differs from the run's (data hash %016llx, "
+                       "checkpoint %016llx); pass the same --dataset files in the same order and the same "
+                       "--token-budget, or start a new --out",
+                       (unsigned long long)dt_data_hash(r->data), (unsigned long long)saved);
     return CM_OK;
 }
 
@@ -592,15 +650,17 @@ static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batc
             wait_s, secs - wait_s, tps);
     if (fflush(r->metrics) != 0 || ferror(r->metrics))
         return CM_FAIL(CM_ERR_IO, "cannot append to '%s': %s", r->metrics_path, strerror(errno));
-    if (step % r->a.log_every == 0 || step == r->hp.total_steps) {
-        printf("step %" PRId64 "/%" PRId64 " epoch %" PRId64
-               " loss %.5f tau %.3f acc1 %.3f lr %.3e gnorm %.4f "
-               "anchors %" PRId64 " tok/s %.0f wait %.3fs compute %.3fs\n",
-               step, r->hp.total_steps, epoch, s->loss, s->tau,
-               s->acc_count[1] > 0 ? (double)s->acc_hits[1] / (double)s->acc_count[1] : 0.0, os->lr,
-               os->grad_norm, b->n_anchors, tps, wait_s, secs - wait_s);
-        fflush(stdout);
+    const double acc1 = s->acc_count[1] > 0 ? (double)s->acc_hits[1] / (double)s->acc_count[1] : 0.0;
+    if (r->tb) {
+        static const char *const tags[] = {"train/loss", "train/tau",         "train/acc1",  "train/lr",
+                                           "train/grad_norm", "perf/tokens_per_s", "perf/wait_s", "perf/compute_s"};
+        const double vals[] = {s->loss, s->tau, acc1, os->lr, os->grad_norm, tps, wait_s, secs - wait_s};
+        CM_TRY(cm_tb_scalars(r->tb, 0, step, 8, tags, vals));
     }
+    dt_progress_line pl = {
+        .step = step, .total = r->prog_end, .epoch = epoch, .loss = s->loss, .tau = s->tau, .acc = acc1,
+        .lr = os->lr};
+    dt_progress_step(&r->prog, &pl, secs, wait_s, (double)b->T);
     return CM_OK;
 }
 
@@ -709,10 +769,15 @@ static cm_status train(run *r) {
     r->metrics = fopen(r->metrics_path, "ab");
     if (!r->metrics)
         return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", r->metrics_path, strerror(errno));
+    if (!a->no_tensorboard)
+        CM_TRY(cm_tb_create(&r->tb, a->out, 10, start));
+    const dt_progress_config pc = {a->progress, stderr, a->log_every};
+    dt_progress_init(&r->prog, &pc);
 
     int64_t end = hp->total_steps;
     if (a->steps > 0 && a->steps < end)
         end = a->steps;
+    r->prog_end = end;
     CM_LOG_INFO("training %d parameters on %" PRId64 " batches per epoch (%d %s%s) x %" PRId64
                 " epochs = %" PRId64 " steps (warmup %" PRId64 "), steps %" PRId64 "..%" PRId64 ", device %s",
                 np, hp->n_batches, dt_data_count(r->data), r->ds ? "packs" : "batch files",
@@ -747,16 +812,55 @@ static cm_status train(run *r) {
         CM_TRY(dt_optim_step(r->o, &os));
         CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0, wait_s));
         if (a->save_every > 0 && (t + 1) % a->save_every == 0) {
+            dt_progress_break(&r->prog);
             CM_TRY(save(r, t + 1));
             last_saved = t + 1;
         }
     }
+    dt_progress_release(&r->prog);
     if (last_saved != end)
         CM_TRY(save(r, end));
+    if (r->tb)
+        CM_TRY(cm_tb_flush(r->tb));
+    return CM_OK;
+}
+
+/* --dry-run: the plan from the drafter config (--config or --init-from) and the target's. */
+static cm_status dry_run(const train_args *a) {
+    cm_drafter_cfg d;
+    cm_target_cfg  t;
+    char           path[4096 + 16];
+    if (a->config)
+        CM_TRY(cm_drafter_cfg_load(&d, a->config));
+    else {
+        snprintf(path, sizeof path, "%s/config.json", a->init_from);
+        CM_TRY(cm_drafter_cfg_load(&d, path));
+    }
+    /* a plan needs no weights: --target may name the model directory or just its config file */
+    size_t tl = strlen(a->target);
+    if (tl > 5 && strcmp(a->target + tl - 5, ".json") == 0)
+        snprintf(path, sizeof path, "%s", a->target);
+    else
+        snprintf(path, sizeof path, "%s/config.json", a->target);
+    CM_TRY(cm_target_cfg_load(&t, path));
+    dt_plan_run pr = DT_PLAN_RUN_DEFAULT;
+    pr.token_budget = a->token_budget;
+    pr.max_anchors = a->max_anchors;
+    pr.seq_len = a->plan_seq_len;
+    pr.dp_size = (int)a->dp_size;
+    pr.credits = a->server ? (int)a->credits : 0;
+    pr.encoding = a->encoding;
+    pr.ratio = a->plan_ratio;
+    pr.target_tflops = a->plan_target_tflops;
+    pr.drafter_tflops = a->plan_drafter_tflops;
+    dt_plan p;
+    CM_TRY(dt_plan_compute(&p, &t, &d, &pr));
+    dt_plan_print(stdout, &p, &t, &d);
     return CM_OK;
 }
 
 static void run_release(run *r) {
+    cm_tb_destroy(&r->tb);
     if (r->metrics)
         fclose(r->metrics);
     free(r->work);
@@ -783,13 +887,25 @@ int dt_cmd_train(int argc, char **argv) {
         fprintf(stderr, "drafter-trainer train: out of memory\n");
         return 1;
     }
-    int rc = parse_args(argc, argv, &r->a);
+    /* --run-config FILE: its flags first, so the command line's win; r->a borrows ex's strings */
+    int                   n_flags;
+    const dt_runcfg_flag *flags = dt_runcfg_train_flags(&n_flags);
+    dt_runcfg_argv        ex;
+    cm_status             st = dt_runcfg_expand(&ex, flags, n_flags, argc, argv);
+    if (st != CM_OK) {
+        fprintf(stderr, "drafter-trainer train: %s\n", cm_last_error());
+        free(r);
+        return st == CM_ERR_INVALID_ARG ? 2 : 1;
+    }
+    int rc = parse_args(ex.argc, ex.argv, &r->a);
     if (rc != 0) {
+        dt_runcfg_argv_release(&ex);
         free(r);
         return rc == 1 ? 0 : 2;
     }
-    cm_status st = train(r);
+    st = r->a.dry_run ? dry_run(&r->a) : train(r);
     run_release(r);
+    dt_runcfg_argv_release(&ex);
     free(r);
     if (st != CM_OK) {
         fprintf(stderr, "drafter-trainer train: %s: %s\n", cm_status_str(st), cm_last_error());

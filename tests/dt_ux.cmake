@@ -25,3 +25,8 @@ endif()
 if(TARGET dt)
   add_unit_test(test_dt_plan test_dt_plan.c LIBS dt LABELS unit)
 endif()
+# The wired command line: run config + override, progress lines, TensorBoard = metrics.jsonl, --dry-run.
+if(TARGET dt)
+  add_unit_test(test_dt_train_ux test_dt_train_ux.c LIBS dt TIMEOUT 300)
+  add_dependencies(test_dt_train_ux drafter-trainer target-server)
+endif()
