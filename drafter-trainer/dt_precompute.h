@@ -7,7 +7,9 @@
  * any target_hidden in them is ignored). The batch id of a file is its index in the sorted data
  * list (--data in the order given, --data-dir sorted by name), so a restarted precompute, and
  * the trainer, use the same ids; each record also holds cm_shard_batch_hash of its tokens, so
- * shards used with other data are refused. The store's identity is the WELCOME's target id,
+ * shards used with other data are refused. With --dataset (dt_dataset.h) the batches are the
+ * dataset's packs at --token-budget, pack i being batch id i, exactly as train packs them. The
+ * store's identity is the WELCOME's target id,
  * name, hidden size and dtype, the requested layers and the encoding. */
 #ifndef DT_PRECOMPUTE_H
 #define DT_PRECOMPUTE_H

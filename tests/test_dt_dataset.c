@@ -549,6 +549,13 @@ static void test_end_to_end(void) {
                      "--max-anchors", "16", "--resume", "--dp-rank", "0", "--dp-size", "3", NULL};
     TST_CHECK(run_named(again, "dp-other") == 1 &&
               strstr(err_of("dp-other"), "was trained with data-parallel size 2 but this run has 3") != NULL);
+    char budget_other[600];
+    snprintf(budget_other, sizeof budget_other, "%s/resume", tmp);
+    char *other[] = {DTD_DT_BIN, "train", "--target", DTD_MODEL, "--dataset", dataset, "--token-budget", "200",
+                     "--out", budget_other, "--shards", shards, "--epochs", "2", "--seed", "4", "--lr", "3e-3",
+                     "--max-anchors", "16", "--resume", NULL};
+    TST_CHECK(run_named(other, "budget-other") == 1 &&
+              strstr(err_of("budget-other"), "the dataset or its packing differs") != NULL);
     /* the environment's RANK and WORLD_SIZE act as --dp-rank and --dp-size */
     setenv("RANK", "1", 1);
     setenv("WORLD_SIZE", "2", 1);
