@@ -40,6 +40,11 @@ static void usage(FILE *f) {
         "until SIGTERM or SIGINT (then finishes the forward in progress, says BYE, exits 0).\n"
         "\n"
         "  --model DIR               Hugging Face model directory (config.json + safetensors)\n"
+        "  --init checkpoint|random  weights from the checkpoint (default) or, for benchmarks, filled\n"
+        "                            on the device from --seed with the checkpoint's shapes (then\n"
+        "                            --model or --config may name a config.json alone)\n"
+        "  --config FILE             the config.json for --init random (same as --model FILE)\n"
+        "  --seed N                  seed of --init random (default 1)\n"
         "  --device cpu|cuda         kernel backend (default cpu)\n"
         "  --gpu N                   cuda device ordinal (default 0)\n"
         "  --precision bf16|fp32     cuda matrix products (default bf16, as dump)\n"
@@ -70,6 +75,8 @@ static void usage(FILE *f) {
 typedef struct serve_args {
     const char  *model, *device, *bind, *name, *endpoint_file, *curve_secret, *curve_clients, *keygen;
     int          gpu, threads, zstd_level, heartbeat_ms, peer_timeout_ms, stats_s;
+    int          init_random;
+    uint64_t     seed;
     long         credits, max_tokens, max_layers;
     uint32_t     encodings;
     cm_dtype     dtype;
@@ -117,7 +124,9 @@ static cm_status serve_init(void *user) {
                           .ctx = s->ctx,
                           .n_layers = -1,
                           .load_head = 0,
-                          .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16};
+                          .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16,
+                          .init_random = a->init_random,
+                          .seed = a->seed};
     struct timespec ts0;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
     CM_TRY(ts_model_load(&s->model, &mc));
@@ -342,7 +351,8 @@ static cm_status run_serve(const serve_args *a) {
     cm_chan_server_config sc = CM_CHAN_SERVER_CONFIG_DEFAULT;
     sc.endpoint = a->bind;
     sc.name = name;
-    sc.target_id = cm_target_cfg_hash(&cfg);
+    /* random weights are another target: a trainer expecting the checkpoint refuses them */
+    sc.target_id = cm_target_cfg_hash(&cfg) ^ (a->init_random ? 0x72616e646f6d0000ull ^ a->seed : 0);
     sc.hidden_dtype = a->dtype;
     sc.hidden_size = (uint32_t)cfg.hidden_size;
     sc.n_layers = (uint32_t)cfg.n_layers;
@@ -456,7 +466,8 @@ int ts_serve_main(int argc, char **argv) {
                     .max_layers = 8,
                     .encodings = CM_ENCODING_LOSSLESS_MASK,
                     .dtype = CM_DTYPE_BF16,
-                    .mode = KN_GEMM_MODE_BF16};
+                    .mode = KN_GEMM_MODE_BF16,
+                    .seed = 1};
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         long        v;
@@ -468,9 +479,22 @@ int ts_serve_main(int argc, char **argv) {
             fprintf(stderr, "target-server serve: option '%s' needs a value (see --help)\n", f);
             return 2;
         }
-        if (strcmp(f, "--model") == 0)
+        if (strcmp(f, "--model") == 0 || strcmp(f, "--config") == 0)
             a.model = val;
-        else if (strcmp(f, "--device") == 0)
+        else if (strcmp(f, "--init") == 0) {
+            if (strcmp(val, "random") != 0 && strcmp(val, "checkpoint") != 0) {
+                fprintf(stderr, "target-server serve: --init '%s': expected checkpoint or random\n", val);
+                return 2;
+            }
+            a.init_random = strcmp(val, "random") == 0;
+        } else if (strcmp(f, "--seed") == 0) {
+            char *end;
+            a.seed = strtoull(val, &end, 10);
+            if (*end || !*val) {
+                fprintf(stderr, "target-server serve: --seed '%s' is not a number\n", val);
+                return 2;
+            }
+        } else if (strcmp(f, "--device") == 0)
             a.device = val;
         else if (strcmp(f, "--bind") == 0)
             a.bind = val;
@@ -564,7 +588,7 @@ int ts_serve_main(int argc, char **argv) {
         return 0;
     }
     if (!a.model) {
-        fprintf(stderr, "target-server serve: --model DIR is required (see --help)\n");
+        fprintf(stderr, "target-server serve: --model DIR (or --init random --config FILE) is required (see --help)\n");
         return 2;
     }
     if (a.peer_timeout_ms <= a.heartbeat_ms) {
