@@ -33,6 +33,7 @@ typedef struct dt_live_config {
     int         n_taps, hidden;
     int         vocab_size; /* of the drafter (ids are checked by the token view given to open) */
     uint64_t    target_id;  /* cm_target_cfg_hash of the trainer's --target */
+    const char *curve_server_key, *curve_secret_key; /* CURVE key files (NULL: loopback, or a fresh pair) */
 } dt_live_config;
 
 /* Takes ownership of tok (destroyed with the source, or here on failure): a token-only dt_data

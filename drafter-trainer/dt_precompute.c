@@ -184,6 +184,7 @@ dt_hidden_source dt_shard_source_hidden(dt_shard_source *s) {
 
 typedef struct pc_args {
     const char *server, *data, *data_dir, *dataset, *layers, *out, *name;
+    const char *curve_server_key, *curve_secret_key;
     cm_encoding encoding;
     int64_t     credits, timeout_ms, progress_every, threads, token_budget;
 } pc_args;
@@ -219,6 +220,8 @@ static void usage(FILE *f) {
             "  --encoding NAME         raw, zstd, zstd-byteplane (default) or fp8-zstd (lossy)\n"
             "  --credits N             requests in flight (default 4)\n"
             "  --timeout-ms N          give up when no answer arrives for this long (default 600000)\n"
+            "  --curve-server-key FILE the server's CURVE public key (a server on another host)\n"
+            "  --curve-secret-key FILE this client's CURVE secret key (default: a fresh pair)\n"
             "  --progress-every N      progress line every N batches (default 16)\n"
             "  --name NAME             this client's name in the server's logs (default precompute)\n"
             "  --log-level LEVEL       debug, info, warn, error or off\n"
@@ -283,6 +286,10 @@ static int parse_args(int argc, char **argv, pc_args *a) {
             ok = parse_i64(f, v, 1, 64, &a->credits);
         else if (strcmp(f, "--timeout-ms") == 0)
             ok = parse_i64(f, v, 1, INT32_MAX, &a->timeout_ms);
+        else if (strcmp(f, "--curve-server-key") == 0)
+            a->curve_server_key = v;
+        else if (strcmp(f, "--curve-secret-key") == 0)
+            a->curve_secret_key = v;
         else if (strcmp(f, "--progress-every") == 0)
             ok = parse_i64(f, v, 1, INT32_MAX, &a->progress_every);
         else if (strcmp(f, "--log-level") == 0) {
@@ -409,6 +416,8 @@ static cm_status precompute(pc_run *r) {
     cc.encoding = a->encoding;
     cc.accept = 0; /* the store's identity names one encoding */
     cc.keep_frames = 1;
+    cc.curve_server_key = a->curve_server_key;
+    cc.curve_secret_key = a->curve_secret_key;
     CM_TRY(cm_chan_client_create(&r->cl, &cc));
     cm_proto_welcome wl;
     cm_status        st;

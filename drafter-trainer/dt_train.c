@@ -36,6 +36,7 @@
 
 typedef struct train_args {
     const char *config, *init_from, *target, *data, *data_dir, *dataset, *out, *device, *shards, *server;
+    const char *curve_server_key, *curve_secret_key; /* --server on another host (CURVE) */
     int64_t     epochs, steps, max_anchors, save_every, log_every, credits, timeout_ms;
     int64_t     token_budget, dp_rank, dp_size; /* dp: -1 = from RANK / WORLD_SIZE, else 0 / 1 */
     cm_encoding encoding;
@@ -78,6 +79,9 @@ static void usage(FILE *f) {
         "  --encoding NAME          answers' encoding with --server: raw, zstd, zstd-byteplane (default)\n"
         "                           or fp8-zstd (lossy)\n"
         "  --timeout-ms N           longest wait for the server with --server (default 300000)\n"
+        "  --curve-server-key FILE  the server's CURVE public key (a --server on another host)\n"
+        "  --curve-secret-key FILE  this trainer's CURVE secret key (default: a fresh pair; a server\n"
+        "                           with --curve-client-keys needs its public key)\n"
         "  --out RUN_DIR            metrics.jsonl and checkpoints/step-<N>/ (serving format + state)\n"
         "  --epochs N               passes over the data (default 6)\n"
         "  --steps N                stop after step N (the schedule still spans every epoch)\n"
@@ -221,6 +225,10 @@ static int parse_args(int argc, char **argv, train_args *a) {
             ok = parse_i64(f, v, 1, &a->credits);
         else if (strcmp(f, "--timeout-ms") == 0)
             ok = parse_i64(f, v, 1, &a->timeout_ms);
+        else if (strcmp(f, "--curve-server-key") == 0)
+            a->curve_server_key = v;
+        else if (strcmp(f, "--curve-secret-key") == 0)
+            a->curve_secret_key = v;
         else if (strcmp(f, "--encoding") == 0) {
             if (cm_encoding_parse(v, &a->encoding) != CM_OK) {
                 fprintf(stderr, "drafter-trainer train: --encoding: %s\n", cm_last_error());
@@ -562,6 +570,8 @@ static cm_status open_data(run *r) {
                                    .credits = (int)a->credits,
                                    .encoding = a->encoding,
                                    .timeout_ms = (int)a->timeout_ms,
+                                   .curve_server_key = a->curve_server_key,
+                                   .curve_secret_key = a->curve_secret_key,
                                    .layer_ids = r->cfg.target_layer_ids,
                                    .n_taps = taps,
                                    .hidden = D,
