@@ -66,14 +66,16 @@ static int blank(const char *s) {
 static cm_status jsonl_doc(dt_docs *d, int64_t *cap_tok, int64_t *cap_doc, const cJSON *root,
                            const char *path, int64_t line) {
     if (!cJSON_IsObject(root))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s' line %lld: not a JSON object; each line is one document "
-                                      "{\"input_ids\": [...], \"loss_mask\": [...]}",
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s' line %lld: not a JSON object; each line is one document "
+                       "{\"input_ids\": [...], \"loss_mask\": [...]}",
                        path, (long long)line);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
     const cJSON *mask = cJSON_GetObjectItemCaseSensitive(root, "loss_mask");
     if (!cJSON_IsArray(ids))
-        return CM_FAIL(CM_ERR_FORMAT, "'%s' line %lld: no \"input_ids\" array (each document needs its token ids)",
-                       path, (long long)line);
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s' line %lld: no \"input_ids\" array (each document needs its token ids)", path,
+                       (long long)line);
     int64_t n = cJSON_GetArraySize(ids);
     if (n < 1)
         return CM_FAIL(CM_ERR_FORMAT, "'%s' line %lld: \"input_ids\" is empty; leave empty documents out",
@@ -97,8 +99,8 @@ static cm_status jsonl_doc(dt_docs *d, int64_t *cap_tok, int64_t *cap_doc, const
         double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
         if (!cJSON_IsNumber(it) || v < 0 || v > INT32_MAX || v != floor(v))
             return CM_FAIL(CM_ERR_FORMAT,
-                           "'%s' line %lld: input_ids[%lld] is not a token id (an integer in [0, 2^31))", path,
-                           (long long)line, (long long)k);
+                           "'%s' line %lld: input_ids[%lld] is not a token id (an integer in [0, 2^31))",
+                           path, (long long)line, (long long)k);
         d->ids[d->total + k++] = (int32_t)v;
     }
     k = 0;
@@ -143,8 +145,9 @@ static cm_status read_jsonl(dt_docs *d, const char *path) {
         }
         if (!blank(end)) {
             cJSON_Delete(root);
-            st = CM_FAIL(CM_ERR_FORMAT, "'%s' line %lld: text after the JSON object; put one document per line",
-                         path, (long long)line);
+            st = CM_FAIL(CM_ERR_FORMAT,
+                         "'%s' line %lld: text after the JSON object; put one document per line", path,
+                         (long long)line);
             goto fail;
         }
         st = jsonl_doc(d, &cap_tok, &cap_doc, root, path, line);
@@ -180,8 +183,8 @@ static cm_status bin_tensor(const cm_st *f, const char *path, const char *name, 
                        "U8 and doc_offsets I64; write it with drafter-trainer dataset convert)",
                        path, name);
     if (t->dtype != dt || t->n_dims != 1)
-        return CM_FAIL(CM_ERR_FORMAT, "dataset '%s': '%s' must be %s with 1 dimension, found %s with %d", path,
-                       name, cm_dtype_name(dt), cm_dtype_name(t->dtype), t->n_dims);
+        return CM_FAIL(CM_ERR_FORMAT, "dataset '%s': '%s' must be %s with 1 dimension, found %s with %d",
+                       path, name, cm_dtype_name(dt), cm_dtype_name(t->dtype), t->n_dims);
     *out = t;
     return CM_OK;
 }
@@ -209,8 +212,9 @@ static cm_status read_bin(dt_docs *d, const char *path) {
         goto fail;
     }
     if (n < 1 || total < 1) {
-        st = CM_FAIL(CM_ERR_FORMAT, "dataset '%s' holds no documents (doc_offsets has %lld entries, %lld tokens)",
-                     path, (long long)to->shape[0], (long long)total);
+        st = CM_FAIL(CM_ERR_FORMAT,
+                     "dataset '%s' holds no documents (doc_offsets has %lld entries, %lld tokens)", path,
+                     (long long)to->shape[0], (long long)total);
         goto fail;
     }
     d->ids = malloc((size_t)total * sizeof *d->ids);
@@ -292,17 +296,17 @@ done:
 // ---- the packed dataset
 
 struct dt_dataset {
-    dt_docs  all;        /* every document of every file, in file order */
-    int64_t *file_first; /* [n_files + 1] first global document of each file */
-    char   **paths;      /* [n_files] */
-    int      n_files;
-    char    *name;       /* paths joined by commas */
-    int64_t  budget;
-    int      n_packs;
-    int64_t *pack_start; /* [n_packs + 1] into pack_docs */
-    int64_t *pack_docs;  /* kept documents, grouped by pack, ascending within a pack */
-    int64_t *pack_T;     /* [n_packs] */
-    uint64_t hash;
+    dt_docs          all;        /* every document of every file, in file order */
+    int64_t         *file_first; /* [n_files + 1] first global document of each file */
+    char           **paths;      /* [n_files] */
+    int              n_files;
+    char            *name; /* paths joined by commas */
+    int64_t          budget;
+    int              n_packs;
+    int64_t         *pack_start; /* [n_packs + 1] into pack_docs */
+    int64_t         *pack_docs;  /* kept documents, grouped by pack, ascending within a pack */
+    int64_t         *pack_T;     /* [n_packs] */
+    uint64_t         hash;
     dt_dataset_stats stats;
 };
 
@@ -477,19 +481,21 @@ cm_status dt_dataset_open(dt_dataset **out, const char *const *paths, int n_path
         for (int64_t k = 0; k < f.n_docs; k++) {
             const int64_t len = f.offsets[k + 1] - f.offsets[k];
             if (len > budget) {
-                st = CM_FAIL(CM_ERR_INVALID_ARG,
-                             "dataset '%s': document %lld has %lld tokens, more than --token-budget %lld; raise "
-                             "--token-budget or split or truncate the data (tools/prepare_data.py "
-                             "--max-length)",
-                             paths[i], (long long)k, (long long)len, (long long)budget);
+                st = CM_FAIL(
+                    CM_ERR_INVALID_ARG,
+                    "dataset '%s': document %lld has %lld tokens, more than --token-budget %lld; raise "
+                    "--token-budget or split or truncate the data (tools/prepare_data.py "
+                    "--max-length)",
+                    paths[i], (long long)k, (long long)len, (long long)budget);
                 goto fail;
             }
             for (int64_t t = f.offsets[k]; t < f.offsets[k + 1]; t++)
                 if (f.ids[t] >= vocab_size) {
-                    st = CM_FAIL(CM_ERR_INVALID_ARG,
-                                 "dataset '%s': document %lld: input_ids[%lld] = %d is outside the vocabulary "
-                                 "[0, %d) (was the data tokenized for another model?)",
-                                 paths[i], (long long)k, (long long)(t - f.offsets[k]), f.ids[t], vocab_size);
+                    st =
+                        CM_FAIL(CM_ERR_INVALID_ARG,
+                                "dataset '%s': document %lld: input_ids[%lld] = %d is outside the vocabulary "
+                                "[0, %d) (was the data tokenized for another model?)",
+                                paths[i], (long long)k, (long long)(t - f.offsets[k]), f.ids[t], vocab_size);
                     goto fail;
                 }
         }
@@ -517,11 +523,12 @@ cm_status dt_dataset_open(dt_dataset **out, const char *const *paths, int n_path
             ds->stats.n_supervised += a->mask[t];
     }
     if (n_keep == 0) {
-        st = CM_FAIL(CM_ERR_INVALID_ARG,
-                     "dataset has no trainable tokens: none of the %lld documents of '%s' has two consecutive "
-                     "supervised tokens (loss_mask 1 at p and p + 1); check the loss masks "
-                     "(tools/prepare_data.py sets 1 on assistant tokens)",
-                     (long long)a->n_docs, ds->name);
+        st =
+            CM_FAIL(CM_ERR_INVALID_ARG,
+                    "dataset has no trainable tokens: none of the %lld documents of '%s' has two consecutive "
+                    "supervised tokens (loss_mask 1 at p and p + 1); check the loss masks "
+                    "(tools/prepare_data.py sets 1 on assistant tokens)",
+                    (long long)a->n_docs, ds->name);
         goto fail;
     }
     CM_TRY_GOTO(pack(ds, keep, n_keep), st, fail);
@@ -549,8 +556,8 @@ cm_status dt_dataset_open(dt_dataset **out, const char *const *paths, int n_path
     CM_LOG_INFO("dataset '%s': %lld documents (%lld dropped: no two consecutive supervised tokens), %lld "
                 "tokens (%lld supervised) in %d packs of at most %lld tokens (largest %lld)",
                 ds->name, (long long)ds->stats.n_docs, (long long)ds->stats.n_dropped,
-                (long long)ds->stats.n_tokens, (long long)ds->stats.n_supervised, ds->n_packs, (long long)budget,
-                (long long)ds->stats.max_pack_tokens);
+                (long long)ds->stats.n_tokens, (long long)ds->stats.n_supervised, ds->n_packs,
+                (long long)budget, (long long)ds->stats.max_pack_tokens);
     free(keep);
     *out = ds;
     return CM_OK;

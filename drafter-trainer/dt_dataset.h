@@ -69,11 +69,11 @@ cm_status dt_docs_write(const dt_docs *d, const char *path);
 typedef struct dt_dataset dt_dataset;
 
 typedef struct dt_dataset_stats {
-    int64_t n_docs;         /* documents read, over every file */
-    int64_t n_dropped;      /* documents without an anchor candidate (not packed) */
-    int64_t n_tokens;       /* tokens of the packed documents */
-    int64_t n_supervised;   /* of which loss_mask = 1 */
-    int64_t n_packs;        /* packs = batches */
+    int64_t n_docs;       /* documents read, over every file */
+    int64_t n_dropped;    /* documents without an anchor candidate (not packed) */
+    int64_t n_tokens;     /* tokens of the packed documents */
+    int64_t n_supervised; /* of which loss_mask = 1 */
+    int64_t n_packs;      /* packs = batches */
     int64_t max_pack_tokens, max_pack_docs;
 } dt_dataset_stats;
 

@@ -13,19 +13,18 @@
 #include "dt_dataset.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: drafter-trainer dataset convert IN.jsonl OUT.safetensors\n"
-            "       drafter-trainer dataset inspect FILE[,FILE...] [--token-budget N] [--vocab-size V]\n"
-            "\n"
-            "Tokenized datasets (drafter-trainer/dt_dataset.h): JSONL, one document per line\n"
-            "{\"input_ids\": [...], \"loss_mask\": [0|1, ...]}, or the binary tandem-tokens safetensors\n"
-            "form (input_ids I32, loss_mask U8, doc_offsets I64). tools/prepare_data.py writes either\n"
-            "from ShareGPT or OpenAI-messages conversations.\n"
-            "\n"
-            "  convert   checks IN (JSONL or binary) and writes its documents to OUT in the binary form\n"
-            "            (atomically), which opens faster\n"
-            "  inspect   documents, tokens, supervised tokens, a length histogram, and how train packs\n"
-            "            the files at --token-budget (default 8192); --vocab-size also checks the ids\n");
+    fprintf(f, "usage: drafter-trainer dataset convert IN.jsonl OUT.safetensors\n"
+               "       drafter-trainer dataset inspect FILE[,FILE...] [--token-budget N] [--vocab-size V]\n"
+               "\n"
+               "Tokenized datasets (drafter-trainer/dt_dataset.h): JSONL, one document per line\n"
+               "{\"input_ids\": [...], \"loss_mask\": [0|1, ...]}, or the binary tandem-tokens safetensors\n"
+               "form (input_ids I32, loss_mask U8, doc_offsets I64). tools/prepare_data.py writes either\n"
+               "from ShareGPT or OpenAI-messages conversations.\n"
+               "\n"
+               "  convert   checks IN (JSONL or binary) and writes its documents to OUT in the binary form\n"
+               "            (atomically), which opens faster\n"
+               "  inspect   documents, tokens, supervised tokens, a length histogram, and how train packs\n"
+               "            the files at --token-budget (default 8192); --vocab-size also checks the ids\n");
 }
 
 static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out) {
@@ -87,8 +86,8 @@ static cm_status inspect(const char *list, int64_t budget, int64_t vocab) {
         sup += s;
         dt_docs_release(&d);
     }
-    printf("total: %" PRId64 " documents, %" PRId64 " tokens, %" PRId64 " supervised (%.1f%%), longest %" PRId64
-           "\n",
+    printf("total: %" PRId64 " documents, %" PRId64 " tokens, %" PRId64
+           " supervised (%.1f%%), longest %" PRId64 "\n",
            docs, tokens, sup, tokens ? 100.0 * (double)sup / (double)tokens : 0.0, longest);
     histogram(hist);
     if (over) {
@@ -101,11 +100,13 @@ static cm_status inspect(const char *list, int64_t budget, int64_t vocab) {
     CM_TRY_GOTO(dt_dataset_open(&ds, (const char *const *)paths, n, budget, (int)vocab), st, done);
     dt_dataset_stats s;
     dt_dataset_get_stats(ds, &s);
-    printf("packing at --token-budget %" PRId64 ": %" PRId64 " packs (batches), %" PRId64 " documents dropped "
-           "(no two consecutive supervised tokens), %" PRId64 " tokens packed, fill %.1f%%, largest pack %" PRId64
-           " tokens in %" PRId64 " documents, hash %016" PRIx64 "\n",
-           budget, s.n_packs, s.n_dropped, s.n_tokens, 100.0 * (double)s.n_tokens / ((double)s.n_packs * budget),
-           s.max_pack_tokens, s.max_pack_docs, dt_dataset_hash(ds));
+    printf(
+        "packing at --token-budget %" PRId64 ": %" PRId64 " packs (batches), %" PRId64 " documents dropped "
+        "(no two consecutive supervised tokens), %" PRId64
+        " tokens packed, fill %.1f%%, largest pack %" PRId64 " tokens, at most %" PRId64
+        " documents in a pack, hash %016" PRIx64 "\n",
+        budget, s.n_packs, s.n_dropped, s.n_tokens, 100.0 * (double)s.n_tokens / ((double)s.n_packs * budget),
+        s.max_pack_tokens, s.max_pack_docs, dt_dataset_hash(ds));
     dt_dataset_destroy(&ds);
 done:
     dt_data_free_list(paths, n);
@@ -144,14 +145,16 @@ int dt_cmd_dataset(int argc, char **argv) {
             } else if (strcmp(argv[i], "--log-level") == 0) {
                 int l = cm_log_level_parse(argv[i + 1]);
                 if (l < 0) {
-                    fprintf(stderr, "drafter-trainer dataset: --log-level '%s': expected debug, info, warn, "
-                                    "error or off\n",
+                    fprintf(stderr,
+                            "drafter-trainer dataset: --log-level '%s': expected debug, info, warn, "
+                            "error or off\n",
                             argv[i + 1]);
                     return 2;
                 }
                 cm_log_set_level((cm_log_level)l);
             } else {
-                fprintf(stderr, "drafter-trainer dataset inspect: unknown option '%s' (see --help)\n", argv[i]);
+                fprintf(stderr, "drafter-trainer dataset inspect: unknown option '%s' (see --help)\n",
+                        argv[i]);
                 return 2;
             }
         }

@@ -70,9 +70,23 @@ static int serve_start(void) {
     char log[512], ep[512];
     snprintf(log, sizeof log, "%s/serve.log", tmp);
     snprintf(ep, sizeof ep, "%s/serve.ep", tmp);
-    char *argv[] = {DTD_TS_BIN, "serve", "--model", DTD_MODEL, "--bind", "tcp://127.0.0.1:*", "--endpoint-file",
-                    ep, "--dtype", "bf16", "--heartbeat-ms", "200", "--peer-timeout-ms", "1500",
-                    "--stats-interval", "0", NULL};
+    char *argv[] = {DTD_TS_BIN,
+                    "serve",
+                    "--model",
+                    DTD_MODEL,
+                    "--bind",
+                    "tcp://127.0.0.1:*",
+                    "--endpoint-file",
+                    ep,
+                    "--dtype",
+                    "bf16",
+                    "--heartbeat-ms",
+                    "200",
+                    "--peer-timeout-ms",
+                    "1500",
+                    "--stats-interval",
+                    "0",
+                    NULL};
     server = spawn(argv, log);
     if (server < 0)
         return 0;
@@ -189,7 +203,8 @@ static void test_formats(void) {
     /* the writer in process, read back */
     char path[600];
     snprintf(path, sizeof path, "%s/again.safetensors", tmp);
-    TST_CHECK(dt_docs_write(&b, path) == CM_OK && dt_docs_read(&again, path) == CM_OK && docs_equal(&b, &again));
+    TST_CHECK(dt_docs_write(&b, path) == CM_OK && dt_docs_read(&again, path) == CM_OK &&
+              docs_equal(&b, &again));
     dt_docs_release(&j);
     dt_docs_release(&b);
     dt_docs_release(&again);
@@ -198,7 +213,8 @@ static void test_formats(void) {
 // ---- packing
 
 /* Independent first-fit decreasing over (length, number) pairs: pack of each document. */
-static void naive_ffd(const int64_t *len, const int *keep, int n, int64_t budget, int *pack_of, int *n_packs) {
+static void naive_ffd(const int64_t *len, const int *keep, int n, int64_t budget, int *pack_of,
+                      int *n_packs) {
     int     *idx = malloc((size_t)n * sizeof *idx);
     int64_t *room = malloc((size_t)n * sizeof *room);
     for (int i = 0; i < n; i++)
@@ -337,7 +353,8 @@ static void test_packing(void) {
     }
     dt_data_destroy(&d);
     /* taps without a source */
-    TST_CHECK(dt_data_open_dataset(&d, ds, 2, 64, NULL) != CM_OK && strstr(cm_last_error(), "--shards") != NULL);
+    TST_CHECK(dt_data_open_dataset(&d, ds, 2, 64, NULL) != CM_OK &&
+              strstr(cm_last_error(), "--shards") != NULL);
     dt_docs_release(&a);
     dt_docs_release(&b);
 done:
@@ -350,7 +367,8 @@ done:
 
 /* `dataset inspect FILE [extra...]` fails with exit 1 and a message holding want. */
 static int inspect_fails(const char *file, const char *extra_flag, const char *extra_val, const char *want) {
-    char *argv[] = {DTD_DT_BIN, "dataset", "inspect", (char *)file, (char *)extra_flag, (char *)extra_val, NULL};
+    char *argv[] = {DTD_DT_BIN,         "dataset",         "inspect", (char *)file,
+                    (char *)extra_flag, (char *)extra_val, NULL};
     if (!extra_flag)
         argv[4] = NULL;
     int         rc = run_named(argv, "bad");
@@ -365,10 +383,11 @@ static int inspect_fails(const char *file, const char *extra_flag, const char *e
     return 1;
 }
 
-static int write_bin(const char *path, const int32_t *ids, const uint8_t *mask, int64_t total, const int64_t *off,
-                     int64_t n_off, const char *format) {
+static int write_bin(const char *path, const int32_t *ids, const uint8_t *mask, int64_t total,
+                     const int64_t *off, int64_t n_off, const char *format) {
     cm_st_writer *w = NULL;
-    int ok = cm_st_writer_create(&w) == CM_OK && cm_st_writer_add(w, "input_ids", CM_DTYPE_I32, 1, &total, ids) == CM_OK &&
+    int           ok = cm_st_writer_create(&w) == CM_OK &&
+             cm_st_writer_add(w, "input_ids", CM_DTYPE_I32, 1, &total, ids) == CM_OK &&
              cm_st_writer_add(w, "loss_mask", CM_DTYPE_U8, 1, &total, mask) == CM_OK &&
              cm_st_writer_add(w, "doc_offsets", CM_DTYPE_I64, 1, &n_off, off) == CM_OK &&
              cm_st_writer_set_metadata(w, "format", format) == CM_OK &&
@@ -395,26 +414,28 @@ static void test_bad_inputs(void) {
     TST_CHECK(inspect_fails(p, NULL, NULL, "no \"input_ids\" array"));
     TST_CHECK(inspect_fails(jsonl_a, "--vocab-size", "120", "is outside the vocabulary [0, 120)"));
     snprintf(p, sizeof p, "%s/untrainable.jsonl", tmp);
-    write_text(p, "{\"input_ids\": [1, 2, 3], \"loss_mask\": [1, 0, 1]}\n{\"input_ids\": [4], \"loss_mask\": [1]}\n");
+    write_text(
+        p,
+        "{\"input_ids\": [1, 2, 3], \"loss_mask\": [1, 0, 1]}\n{\"input_ids\": [4], \"loss_mask\": [1]}\n");
     TST_CHECK(inspect_fails(p, NULL, NULL, "dataset has no trainable tokens"));
 
     /* longer than the budget: inspect reports it; train stops naming the document and the fix */
     char out[600];
     snprintf(out, sizeof out, "%s/run-long", tmp);
-    char *tr[] = {DTD_DT_BIN, "train", "--config", config, "--target", DTD_MODEL, "--dataset", jsonl_a,
-                  "--token-budget", "40", "--out", out, "--shards", tmp, NULL};
+    char *tr[] = {DTD_DT_BIN,       "train", "--config", config, "--target", DTD_MODEL, "--dataset", jsonl_a,
+                  "--token-budget", "40",    "--out",    out,    "--shards", tmp,       NULL};
     TST_CHECK(run_named(tr, "long") == 1);
     TST_CHECK(strstr(err_of("long"), "more than --token-budget 40; raise --token-budget") != NULL &&
               strstr(err_of("long"), jsonl_a) != NULL);
     /* a dataset without hidden states, and half a dp pair: usage errors */
-    char *nohid[] = {DTD_DT_BIN, "train", "--config", config, "--target", DTD_MODEL, "--dataset", jsonl_a,
-                     "--out", out, NULL};
+    char *nohid[] = {DTD_DT_BIN,  "train", "--config", config, "--target", DTD_MODEL,
+                     "--dataset", jsonl_a, "--out",    out,    NULL};
     TST_CHECK(run_named(nohid, "nohid") == 2 && strstr(err_of("nohid"), "--shards") != NULL);
-    char *half[] = {DTD_DT_BIN, "train", "--config", config, "--target", DTD_MODEL, "--dataset", jsonl_a,
-                    "--out", out, "--shards", tmp, "--dp-rank", "1", NULL};
+    char *half[] = {DTD_DT_BIN, "train", "--config", config, "--target",  DTD_MODEL, "--dataset", jsonl_a,
+                    "--out",    out,     "--shards", tmp,    "--dp-rank", "1",       NULL};
     TST_CHECK(run_named(half, "half") == 2 && strstr(err_of("half"), "--dp-size") != NULL);
     char *both[] = {DTD_DT_BIN, "train", "--config", config, "--target", DTD_MODEL, "--dataset", jsonl_a,
-                    "--data", jsonl_a, "--out", out, "--shards", tmp, NULL};
+                    "--data",   jsonl_a, "--out",    out,    "--shards", tmp,       NULL};
     TST_CHECK(run_named(both, "both") == 2 && strstr(err_of("both"), "one of --data") != NULL);
 
     /* binary files: offsets are never trusted */
@@ -464,7 +485,8 @@ static int losses(const char *run, char *out, size_t cap) {
         if (!l || !b)
             break;
         size_t u = strlen(out);
-        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(b + 9, ","), b + 9, (int)strcspn(l + 8, ","), l + 8);
+        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(b + 9, ","), b + 9, (int)strcspn(l + 8, ","),
+                 l + 8);
         n++;
     }
     fclose(f);
@@ -472,14 +494,16 @@ static int losses(const char *run, char *out, size_t cap) {
 }
 
 /* train --dataset ... (--shards SHARDS or --server ENDPOINT) into tmp/run. */
-static int train(const char *run, const char *steps, int live, int resume, const char *dp_rank, const char *dp_size) {
+static int train(const char *run, const char *steps, int live, int resume, const char *dp_rank,
+                 const char *dp_size) {
     static char out[600], shards[600];
     snprintf(out, sizeof out, "%s/%s", tmp, run);
     snprintf(shards, sizeof shards, "%s/shards", tmp);
-    char *argv[40] = {DTD_DT_BIN, "train", "--config", config, "--target", DTD_MODEL, "--dataset", dataset,
-                      "--token-budget", BUDGET, "--out", out, "--steps", (char *)steps, "--epochs", "2",
-                      "--seed", "4", "--lr", "3e-3", "--max-anchors", "16", "--save-every", "3", "--log-level",
-                      "warn"};
+    char *argv[40] = {DTD_DT_BIN,    "train",       "--config",       config, "--target",     DTD_MODEL,
+                      "--dataset",   dataset,       "--token-budget", BUDGET, "--out",        out,
+                      "--steps",     (char *)steps, "--epochs",       "2",    "--seed",       "4",
+                      "--lr",        "3e-3",        "--max-anchors",  "16",   "--save-every", "3",
+                      "--log-level", "warn"};
     int   n = 26;
     argv[n++] = live ? "--server" : "--shards";
     argv[n++] = live ? endpoint : shards;
@@ -508,9 +532,10 @@ static void test_end_to_end(void) {
     static char off[65536], live[65536], res[65536], r1[65536];
     char        shards[600];
     snprintf(shards, sizeof shards, "%s/shards", tmp);
-    char *pc[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--dataset", dataset, "--token-budget", BUDGET,
-                  "--layers", "1,3", "--out", shards, "--credits", "2", "--timeout-ms", "60000", "--log-level",
-                  "warn", NULL};
+    char *pc[] = {DTD_DT_BIN, "precompute",     "--server",  endpoint,   "--dataset",
+                  dataset,    "--token-budget", BUDGET,      "--layers", "1,3",
+                  "--out",    shards,           "--credits", "2",        "--timeout-ms",
+                  "60000",    "--log-level",    "warn",      NULL};
     TST_CHECK(run_named(pc, "precompute") == 0);
     if (strlen(err_of("precompute")))
         fprintf(stderr, "precompute: %s", err_of("precompute"));
@@ -544,16 +569,40 @@ static void test_end_to_end(void) {
     TST_CHECK(losses("dp1", r1, sizeof r1) == 2 * ((P + 1) / 2));
     char out[600];
     snprintf(out, sizeof out, "%s/dp1", tmp);
-    char *again[] = {DTD_DT_BIN, "train", "--target", DTD_MODEL, "--dataset", dataset, "--token-budget", BUDGET,
-                     "--out", out, "--shards", shards, "--epochs", "2", "--seed", "4", "--lr", "3e-3",
-                     "--max-anchors", "16", "--resume", "--dp-rank", "0", "--dp-size", "3", NULL};
+    char *again[] = {DTD_DT_BIN,
+                     "train",
+                     "--target",
+                     DTD_MODEL,
+                     "--dataset",
+                     dataset,
+                     "--token-budget",
+                     BUDGET,
+                     "--out",
+                     out,
+                     "--shards",
+                     shards,
+                     "--epochs",
+                     "2",
+                     "--seed",
+                     "4",
+                     "--lr",
+                     "3e-3",
+                     "--max-anchors",
+                     "16",
+                     "--resume",
+                     "--dp-rank",
+                     "0",
+                     "--dp-size",
+                     "3",
+                     NULL};
     TST_CHECK(run_named(again, "dp-other") == 1 &&
               strstr(err_of("dp-other"), "was trained with data-parallel size 2 but this run has 3") != NULL);
     char budget_other[600];
     snprintf(budget_other, sizeof budget_other, "%s/resume", tmp);
-    char *other[] = {DTD_DT_BIN, "train", "--target", DTD_MODEL, "--dataset", dataset, "--token-budget", "200",
-                     "--out", budget_other, "--shards", shards, "--epochs", "2", "--seed", "4", "--lr", "3e-3",
-                     "--max-anchors", "16", "--resume", NULL};
+    char *other[] = {DTD_DT_BIN,       "train", "--target", DTD_MODEL,    "--dataset", dataset,
+                     "--token-budget", "200",   "--out",    budget_other, "--shards",  shards,
+                     "--epochs",       "2",     "--seed",   "4",          "--lr",      "3e-3",
+                     "--max-anchors",  "16",    "--resume", NULL};
     TST_CHECK(run_named(other, "budget-other") == 1 &&
               strstr(err_of("budget-other"), "the dataset or its packing differs") != NULL);
     /* the environment's RANK and WORLD_SIZE act as --dp-rank and --dp-size */
