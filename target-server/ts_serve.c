@@ -588,7 +588,7 @@ int ts_serve_main(int argc, char **argv) {
         return 0;
     }
     if (!a.model) {
-        fprintf(stderr, "target-server serve: --model DIR (or --init random --config FILE) is required (see --help)\n");
+        fprintf(stderr, "target-server serve: --model DIR is required (or --init random --config FILE; see --help)\n");
         return 2;
     }
     if (a.peer_timeout_ms <= a.heartbeat_ms) {
