@@ -2,6 +2,7 @@
  *   target-server dump --model DIR --input IN.safetensors --out OUT.safetensors
  *                      [--device cpu|cuda] [--gpu N] [--precision bf16|fp32]
  *                      [--layers all|i,j,...] [--logits] [--log-level L]
+ *                      [--init checkpoint|random [--config FILE] [--seed N]]
  * dump (DESIGN §6) runs the frozen forward over one packed batch and writes layer_<i>,
  * final_norm and logits as F32. Every failure ends with one message and exit status 1;
  * usage errors exit 2. */
@@ -27,6 +28,11 @@ static void usage(FILE *f) {
             "\n"
             "dump options:\n"
             "  --model DIR              Hugging Face model directory (config.json + safetensors)\n"
+            "  --init checkpoint|random weights from the checkpoint (default) or filled from --seed\n"
+            "                           with the checkpoint's shapes, the same on cpu and cuda\n"
+            "                           (then --model or --config may name a config.json alone)\n"
+            "  --config FILE            the config.json for --init random (same as --model FILE)\n"
+            "  --seed N                 seed of --init random (default 1)\n"
             "  --input IN.safetensors   input_ids (I32 [T]) and cu_seqlens (I32 [N+1])\n"
             "  --out OUT.safetensors    receives layer_<i> (F32 [T, D]), final_norm (F32 [T, D]),\n"
             "                           and with --logits, logits (F32 [T, V])\n"
@@ -42,7 +48,8 @@ static void usage(FILE *f) {
 
 typedef struct dump_args {
     const char  *model, *input, *out, *device, *layers;
-    int          gpu, logits;
+    int          gpu, logits, init_random;
+    uint64_t     seed;
     kn_gemm_mode mode;
 } dump_args;
 
@@ -152,7 +159,9 @@ static cm_status run_dump(const dump_args *a) {
                             .ctx          = ctx,
                             .n_layers     = full ? cfg.n_layers : layers[n_cap - 1] + 1,
                             .load_head    = full,
-                            .bf16_weights = strcmp(be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16};
+                            .bf16_weights = strcmp(be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16,
+                            .init_random  = a->init_random,
+                            .seed         = a->seed};
     CM_TRY_GOTO(ts_model_load(&m, &mc), st, fail);
 
     const size_t TD = (size_t)T * (size_t)cfg.hidden_size;
@@ -213,7 +222,7 @@ fail:
 }
 
 static int dump_main(int argc, char **argv) {
-    dump_args a = {.device = "cpu", .layers = "all", .mode = KN_GEMM_MODE_BF16};
+    dump_args a = {.device = "cpu", .layers = "all", .mode = KN_GEMM_MODE_BF16, .seed = 1};
     for (int i = 0; i < argc; i++) {
         const char *f   = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -227,8 +236,21 @@ static int dump_main(int argc, char **argv) {
         } else if (!val) {
             fprintf(stderr, "target-server dump: option '%s' needs a value (see --help)\n", f);
             return 2;
-        } else if (strcmp(f, "--model") == 0) {
+        } else if (strcmp(f, "--model") == 0 || strcmp(f, "--config") == 0) {
             a.model = val;
+        } else if (strcmp(f, "--init") == 0) {
+            if (strcmp(val, "random") != 0 && strcmp(val, "checkpoint") != 0) {
+                fprintf(stderr, "target-server dump: --init '%s': expected checkpoint or random\n", val);
+                return 2;
+            }
+            a.init_random = strcmp(val, "random") == 0;
+        } else if (strcmp(f, "--seed") == 0) {
+            char *end;
+            a.seed = strtoull(val, &end, 10);
+            if (*end || !*val) {
+                fprintf(stderr, "target-server dump: --seed '%s' is not a number\n", val);
+                return 2;
+            }
         } else if (strcmp(f, "--input") == 0) {
             a.input = val;
         } else if (strcmp(f, "--out") == 0) {

@@ -16,6 +16,8 @@
 #include "cm_log.h"
 #include "cm_safetensors.h"
 
+#include <time.h>
+
 typedef struct ts_mat {
     void    *data; /* backend memory, [rows, cols] */
     cm_dtype dtype;
@@ -40,6 +42,7 @@ typedef struct ts_layer {
 typedef struct ts_ws {
     int64_t T; /* capacity in tokens */
     int32_t *ids, *cu, *pos;
+    int32_t *pos_host; /* host staging of the positions (no allocation per forward) */
     float   *x, *h, *o, *big0, *big1, *big2, *q, *k, *v, *gate, *z, *a, *b, *g, *beta, *attn, *logits;
 } ts_ws;
 
@@ -54,6 +57,9 @@ struct ts_model {
     float            *final_norm;
     ts_layer         *layers;
     ts_ws             ws;
+    int               timing;
+    ts_timing         tm;
+    double           *gemm_acc; /* while timing: the sum the running block's GEMMs add to */
 };
 
 // ----------------------------------------------------------------------------
@@ -65,7 +71,52 @@ typedef struct loader {
     const char *prefix; /* "model.language_model." or "model." */
     const char *dir;
     int         bf16_weights;
+    int         random; /* init_random: fill instead of read */
+    uint64_t    seed;
 } loader;
+
+/* --init random: the value range of a tensor, by name, uniform with these bounds. Matrices and
+ * the embedding get std 0.02 (Hugging Face's initializer_range; bound 0.02·√3); the (1 + w)
+ * norms small w around 0; the GDN output norm (plain w) around 1; the conv as PyTorch's
+ * Conv1d default for fan-in 4 (±1/2); A_log in [0, ln 16] (A ∈ [1, 16], as Qwen3-Next inits
+ * A); dt_bias around 1. Inputs to every matrix are RMS-normed, so each block adds O(1) to
+ * the residual and 64 layers stay far from bf16 overflow. */
+static void init_range(const char *name, float *lo, float *hi) {
+    static const struct {
+        const char *suffix;
+        float       lo, hi;
+    } table[] = {
+        {"linear_attn.norm.weight", 0.9f, 1.1f}, {"norm.weight", -0.1f, 0.1f},  {"layernorm.weight", -0.1f, 0.1f},
+        {"conv1d.weight", -0.5f, 0.5f},          {"A_log", 0.0f, 2.7725887f},  {"dt_bias", 0.5f, 1.5f},
+    };
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        size_t k = strlen(table[i].suffix);
+        if (n >= k && strcmp(name + n - k, table[i].suffix) == 0) {
+            *lo = table[i].lo;
+            *hi = table[i].hi;
+            return;
+        }
+    }
+    *lo = -0.034641016f; /* 0.02·√3 */
+    *hi = 0.034641016f;
+}
+
+/* One seed per tensor from the run's seed and the tensor's name (FNV-1a), so a tensor's
+ * values do not depend on what else is loaded. */
+static uint64_t tensor_seed(uint64_t seed, const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    return h ^ (seed * 0x9E3779B97F4A7C15ull);
+}
+
+static cm_status fill_new(loader *ld, const char *name, void **dst, cm_dtype dt, size_t n) {
+    ts_model *m = ld->m;
+    float     lo, hi;
+    init_range(name, &lo, &hi);
+    CM_TRY(m->be->alloc(m->ctx, dst, n * cm_dtype_size(dt)));
+    return m->be->fill_uniform(m->ctx, *dst, dt, (int64_t)n, tensor_seed(ld->seed, name), lo, hi);
+}
 
 static cm_status upload_new(ts_model *m, void **dst, const void *host, size_t bytes) {
     CM_TRY(m->be->alloc(m->ctx, dst, bytes));
@@ -76,6 +127,10 @@ static cm_status upload_new(ts_model *m, void **dst, const void *host, size_t by
 static cm_status load_mat(loader *ld, const char *name, int raw, int64_t rows, int64_t cols, ts_mat *out) {
     char full[256];
     snprintf(full, sizeof full, "%s%s", raw ? "" : ld->prefix, name);
+    if (ld->random) {
+        out->dtype = ld->bf16_weights ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+        return fill_new(ld, full, &out->data, out->dtype, (size_t)rows * (size_t)cols);
+    }
     const int64_t       shape[2] = {rows, cols};
     const cm_st_tensor *t;
     CM_TRY(cm_st_expect(ld->st, full, 2, shape, &t));
@@ -100,6 +155,7 @@ static cm_status load_vec(loader *ld, const char *name, int n_dims, const int64_
     snprintf(full, sizeof full, "%s%s", ld->prefix, name);
     size_t n = 1;
     for (int i = 0; i < n_dims; i++) n *= (size_t)shape[i];
+    if (ld->random) return fill_new(ld, full, (void **)out, CM_DTYPE_F32, n);
     float *host = malloc(n * sizeof(float));
     if (!host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu floats for '%s'", n, full);
     cm_status st = cm_st_read(ld->st, full, n_dims, shape, host, CM_DTYPE_F32);
@@ -184,9 +240,19 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
         goto fail;
     }
     m->n_layers = mc->n_layers < 0 ? c->n_layers : mc->n_layers;
-    CM_TRY_GOTO(cm_st_open_dir(&sts, mc->dir), st, fail);
-    loader ld = {.m = m, .st = sts, .dir = mc->dir, .bf16_weights = mc->bf16_weights};
-    CM_TRY_GOTO(detect_prefix(sts, mc->dir, &ld.prefix), st, fail);
+    loader ld = {.m = m, .dir = mc->dir, .bf16_weights = mc->bf16_weights, .random = mc->init_random,
+                 .seed = mc->seed, .prefix = "model.language_model."};
+    if (mc->init_random) {
+        if (!m->be->fill_uniform) {
+            st = CM_FAIL(CM_ERR_UNSUPPORTED, "--init random needs fill_uniform, which the %s backend lacks",
+                         m->be->name);
+            goto fail;
+        }
+    } else {
+        CM_TRY_GOTO(cm_st_open_dir(&sts, mc->dir), st, fail);
+        ld.st = sts;
+        CM_TRY_GOTO(detect_prefix(sts, mc->dir, &ld.prefix), st, fail);
+    }
 
     const int64_t D = c->hidden_size, V = c->vocab_size;
     CM_TRY_GOTO(load_mat(&ld, "embed_tokens.weight", 0, V, D, &m->embed), st, fail);
@@ -205,9 +271,12 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
         m->has_head = 1;
     }
     cm_st_destroy(&sts);
-    CM_LOG_INFO("loaded '%s': %s, %d of %d layers, hidden %d, vocab %d, backend %s%s", mc->dir, c->model_type,
-                m->n_layers, c->n_layers, c->hidden_size, c->vocab_size, m->be->name,
-                m->has_head ? ", with lm head" : "");
+    if (mc->init_random) CM_TRY_GOTO(m->be->sync(m->ctx), st, fail); /* the fills ran */
+    CM_LOG_INFO("%s '%s': %s, %d of %d layers, hidden %d, vocab %d, backend %s%s",
+                mc->init_random ? "random weights for" : "loaded", mc->dir, c->model_type, m->n_layers, c->n_layers,
+                c->hidden_size, c->vocab_size, m->be->name, m->has_head ? ", with lm head" : "");
+    const char *tenv = getenv("TANDEM_LAYER_TIMING");
+    if (tenv && strcmp(tenv, "1") == 0) ts_model_set_timing(m, 1);
     *out = m;
     return CM_OK;
 fail:
@@ -221,6 +290,7 @@ static void ws_release(ts_model *m) {
     void  *bufs[] = {w->ids, w->cu, w->pos, w->x, w->h, w->o, w->big0, w->big1, w->big2, w->q, w->k, w->v,
                      w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(m->ctx, bufs[i]);
+    free(w->pos_host);
     memset(w, 0, sizeof *w);
 }
 
@@ -309,12 +379,46 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
         CM_TRY(m->be->alloc(m->ctx, plan[i].p, (size_t)(plan[i].n > 0 ? plan[i].n : 1) * plan[i].el));
     if (want_logits) CM_TRY(m->be->alloc(m->ctx, (void **)&w->logits, (size_t)T * (size_t)c->vocab_size * 4));
+    w->pos_host = malloc((size_t)T * sizeof *w->pos_host);
+    if (!w->pos_host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate positions for %lld tokens", (long long)T);
     w->T = T;
     return CM_OK;
 }
 
+// ---- timing (TANDEM_LAYER_TIMING / ts_model_set_timing): host clock after a device sync
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* The time now once the device has finished everything queued; 0 when timing is off. */
+static cm_status mark(ts_model *m, double *t) {
+    if (!m->timing) {
+        *t = 0;
+        return CM_OK;
+    }
+    CM_TRY(m->be->sync(m->ctx));
+    *t = now_ms();
+    return CM_OK;
+}
+
+void ts_model_set_timing(ts_model *m, int on) {
+    m->timing = on;
+    memset(&m->tm, 0, sizeof m->tm);
+}
+
+void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
+
 static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
-    return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+    if (!m->timing) return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
+    CM_TRY(m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K));
+    CM_TRY(mark(m, &t1));
+    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
+    return CM_OK;
 }
 
 static cm_status forward_gdn(ts_model *m, const ts_layer *L, int64_t T, int n_seq) {
@@ -336,8 +440,12 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int64_t T, int n_se
     CM_TRY(be->l2norm(cx, w->q, w->q, T * nk, dk, 1e-6f));
     CM_TRY(be->l2norm(cx, w->k, w->k, T * nk, dk, 1e-6f));
     CM_TRY(be->gdn_gate(cx, w->g, w->beta, w->a, w->b, L->A_log, L->dt_bias, T, nv));
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
     CM_TRY(be->gated_delta_rule(cx, w->attn, w->q, w->k, w->v, w->g, w->beta, w->cu, n_seq, T, nk, nv, dk, dv,
                                 1.0f / sqrtf((float)dk)));
+    CM_TRY(mark(m, &t1));
+    m->tm.gdn_core_ms += t1 - t0;
     CM_TRY(be->rmsnorm_gated(cx, w->attn, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
     return gemm(m, w->o, w->attn, &L->out_proj, T, D, (int64_t)nv * dv);
 }
@@ -364,8 +472,12 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int64_t T, in
     CM_TRY(be->rmsnorm(cx, w->k, w->k, L->k_norm, T * nkv, hd, c->rms_norm_eps, 1));
     CM_TRY(be->rope(cx, w->q, w->pos, T, nq, hd, c->rotary_dim, (float)c->rope_theta));
     CM_TRY(be->rope(cx, w->k, w->pos, T, nkv, hd, c->rotary_dim, (float)c->rope_theta));
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
     CM_TRY(be->attention(cx, w->attn, w->q, w->k, w->v, gate, w->cu, n_seq, T, nq, nkv, hd,
                          1.0f / sqrtf((float)hd)));
+    CM_TRY(mark(m, &t1));
+    m->tm.attn_core_ms += t1 - t0;
     return gemm(m, w->o, w->attn, &L->o_proj, T, D, (int64_t)nq * hd);
 }
 
@@ -395,36 +507,51 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
         return CM_FAIL(CM_ERR_INVALID_ARG, "final norm or logits asked for, but the lm head was not loaded");
     int last = want_head ? m->n_layers - 1 : (cap->n_layers ? cap->layers[cap->n_layers - 1] : -1);
 
+    double tf0, ta, tb;
+    CM_TRY(mark(m, &tf0));
     CM_TRY(ws_reserve(m, T, cap->logits != NULL));
     ts_ws   *w   = &m->ws;
-    int32_t *pos = malloc((size_t)T * sizeof *pos);
-    if (!pos) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate positions for %lld tokens", (long long)T);
+    int32_t *pos = w->pos_host;
     for (int s = 0; s < n_seq; s++) /* positions restart at 0 in every packed sequence */
         for (int32_t t = cu[s]; t < cu[s + 1]; t++) pos[t] = t - cu[s];
-    cm_status st = be->upload(cx, w->pos, pos, (size_t)T * sizeof *pos);
-    free(pos);
-    CM_TRY(st);
+    CM_TRY(be->upload(cx, w->pos, pos, (size_t)T * sizeof *pos));
     CM_TRY(be->upload(cx, w->ids, ids, (size_t)T * sizeof *ids));
     CM_TRY(be->upload(cx, w->cu, cu, (size_t)(n_seq + 1) * sizeof *cu));
 
     CM_TRY(be->embed(cx, w->x, w->ids, m->embed.data, m->embed.dtype, T, D));
     int next_cap = 0;
+    CM_TRY(mark(m, &ta));
+    m->tm.other_ms += ta - tf0;
     for (int i = 0; i <= last; i++) {
-        const ts_layer *L = &m->layers[i];
+        const ts_layer *L   = &m->layers[i];
+        const int       gdn = L->type == CM_LAYER_TYPE_LINEAR_ATTENTION;
+        m->gemm_acc         = gdn ? &m->tm.gdn_gemm_ms : &m->tm.attn_gemm_ms;
         CM_TRY(be->rmsnorm(cx, w->h, w->x, L->input_norm, T, D, c->rms_norm_eps, 1));
-        if (L->type == CM_LAYER_TYPE_LINEAR_ATTENTION)
+        if (gdn)
             CM_TRY(forward_gdn(m, L, T, n_seq));
         else
             CM_TRY(forward_attention(m, L, T, n_seq));
         CM_TRY(be->add(cx, w->x, w->o, T * D));
+        CM_TRY(mark(m, &tb));
+        *(gdn ? &m->tm.gdn_ms : &m->tm.attn_ms) += tb - ta;
+        *(gdn ? &m->tm.gdn_layers : &m->tm.attn_layers) += 1;
+        m->gemm_acc = &m->tm.mlp_gemm_ms;
         CM_TRY(be->rmsnorm(cx, w->h, w->x, L->post_norm, T, D, c->rms_norm_eps, 1));
         CM_TRY(forward_mlp(m, L, T));
         CM_TRY(be->add(cx, w->x, w->o, T * D));
+        CM_TRY(mark(m, &ta));
+        m->tm.mlp_ms += ta - tb;
+        m->tm.mlp_layers++;
+        m->gemm_acc = NULL;
         if (next_cap < cap->n_layers && cap->layers[next_cap] == i) {
             if (cap->layer_dev)
                 CM_TRY(be->copy2d(cx, cap->layer_dev[next_cap++], D, w->x, D, T, D));
             else
                 CM_TRY(be->download(cx, cap->layer_out[next_cap++], w->x, (size_t)(T * D) * sizeof(float)));
+            double tc;
+            CM_TRY(mark(m, &tc));
+            m->tm.other_ms += tc - ta;
+            ta = tc;
         }
     }
     if (want_head) {
@@ -435,5 +562,23 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
             CM_TRY(be->download(cx, cap->logits, w->logits, (size_t)T * (size_t)c->vocab_size * sizeof(float)));
         }
     }
-    return be->sync(cx);
+    CM_TRY(be->sync(cx));
+    if (m->timing) {
+        double tend = now_ms();
+        m->tm.other_ms += tend - ta;
+        m->tm.total_ms += tend - tf0;
+        m->tm.forwards++;
+        const ts_timing *t = &m->tm;
+        CM_LOG_INFO("timing after %d forwards (ms per forward): total %.2f; gdn %d x %.3f (core %.3f, gemm %.3f); "
+                    "attention %d x %.3f (core %.3f, gemm %.3f); mlp %d x %.3f (gemm %.3f); other %.2f",
+                    t->forwards, t->total_ms / t->forwards, t->gdn_layers / t->forwards,
+                    t->gdn_layers ? t->gdn_ms / t->gdn_layers : 0, t->gdn_layers ? t->gdn_core_ms / t->gdn_layers : 0,
+                    t->gdn_layers ? t->gdn_gemm_ms / t->gdn_layers : 0, t->attn_layers / t->forwards,
+                    t->attn_layers ? t->attn_ms / t->attn_layers : 0,
+                    t->attn_layers ? t->attn_core_ms / t->attn_layers : 0,
+                    t->attn_layers ? t->attn_gemm_ms / t->attn_layers : 0, t->mlp_layers / t->forwards,
+                    t->mlp_layers ? t->mlp_ms / t->mlp_layers : 0, t->mlp_layers ? t->mlp_gemm_ms / t->mlp_layers : 0,
+                    t->other_ms / t->forwards);
+    }
+    return CM_OK;
 }

@@ -27,11 +27,18 @@ typedef struct ts_model_config {
     int               n_layers;    /* load layers [0, n_layers); -1 = all */
     int               load_head;   /* load the final norm and the LM head */
     int               bf16_weights;/* store GEMM weights as BF16 (F32 checkpoints are rounded) */
+    int               init_random; /* no checkpoint: dir is a config.json (or a directory holding one)
+                                      and every tensor is filled on the device from seed, with the
+                                      checkpoint's shapes and scales that keep 64 layers finite */
+    uint64_t          seed;        /* for init_random; the same seed gives the same weights on
+                                      every backend (fill_uniform) */
 } ts_model_config;
 
 /* Loads the config and the weights the forward needs; layers beyond n_layers, model.visual.*
  * and mtp.* are never read. Errors name the directory, the tensor and the fix. Caller
- * destroys with ts_model_destroy. */
+ * destroys with ts_model_destroy. With init_random nothing but the config is read; the
+ * backend must have fill_uniform. TANDEM_LAYER_TIMING=1 in the environment turns timing on
+ * (ts_model_set_timing) and logs each forward's breakdown at info level. */
 cm_status ts_model_load(ts_model **out, const ts_model_config *cfg);
 void      ts_model_destroy(ts_model **m); /* NULL-safe */
 const cm_target_cfg *ts_model_cfg(const ts_model *m);
@@ -55,6 +62,23 @@ typedef struct ts_capture {
     float  *final_norm;  /* NULL or T·D floats */
     float  *logits;      /* NULL or T·V floats */
 } ts_capture;
+
+/* Per-block times of the forwards since timing was turned on, in milliseconds, summed over
+ * forwards and layers. Timing synchronises the device around every block and GEMM, so a timed
+ * forward is slightly slower than an untimed one; the breakdown is what it is for. */
+typedef struct ts_timing {
+    int    forwards;                              /* forwards timed */
+    int    gdn_layers, attn_layers, mlp_layers;   /* block runs timed */
+    double gdn_ms, attn_ms, mlp_ms;               /* whole blocks: norm … residual add */
+    double gdn_core_ms, attn_core_ms;             /* the gated_delta_rule / attention kernels alone */
+    double gdn_gemm_ms, attn_gemm_ms, mlp_gemm_ms;/* the GEMMs inside those blocks */
+    double other_ms;                              /* embedding, captures, final norm, head */
+    double total_ms;                              /* whole forwards */
+} ts_timing;
+
+/* Turns per-block timing on (and clears the sums) or off. */
+void ts_model_set_timing(ts_model *m, int on);
+void ts_model_get_timing(const ts_model *m, ts_timing *out);
 
 /* Runs the forward over one packed batch (host arrays; validated with ts_batch_validate)
  * and stops after the last layer the capture needs. Blocks until the outputs are on the

@@ -1,0 +1,239 @@
+/* tests/test_ts_random.c — `target-server dump --init random` (weights filled from a seed with
+ * the checkpoint's shapes, no checkpoint read):
+ *   test_ts_random cpu          (unit) a 12-layer config of real head sizes (head dim 256,
+ *                               GDN 128 × 128, GVA ratio 3) written here: every layer finite and
+ *                               of moderate size, the same seed gives the same bytes, another
+ *                               seed other values; the 27B deploy config parses and counts
+ *                               26 895 998 464 parameters (test_dt_plan's figure)
+ *   test_ts_random cuda bf16    (gpu) the same model on cuda against cpu, relative L2 per layer
+ *   test_ts_random cuda fp32    ≤ 3e-2 (bf16) / 1e-3 (fp32), the dump tolerances of
+ *                               test_ts_dump; packed lengths 1, 63, 64, 65, 200, 700 so the
+ *                               chunked GDN and the flash attention see chunk edges and
+ *                               several key tiles. Exits 77 without a GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cm_cfg.h"
+#include "cm_safetensors.h"
+#include "kn_backend.h"
+#include "tst.h"
+#include "tst_proc.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) {
+    return "protect_shadow_gap=0";
+}
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) {
+    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublasLt.so\nleak:libcublas.so\n";
+}
+#endif
+
+#define N_LAYERS 12
+#define HIDDEN   256
+#define VOCAB    1000
+
+static char dir[256];
+
+static void write_config(const char *path) {
+    FILE *f = fopen(path, "w");
+    TST_CHECK(f != NULL);
+    if (!f) return;
+    fprintf(f, "{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\",\n"
+               " \"tie_word_embeddings\": false, \"text_config\": {\"model_type\": \"qwen3_5_text\",\n"
+               " \"hidden_size\": %d, \"num_hidden_layers\": %d, \"layer_types\": [",
+            HIDDEN, N_LAYERS);
+    for (int i = 0; i < N_LAYERS; i++)
+        fprintf(f, "%s\"%s\"", i ? ", " : "", i % 4 == 3 ? "full_attention" : "linear_attention");
+    fprintf(f, "], \"intermediate_size\": 512, \"vocab_size\": %d, \"num_attention_heads\": 4,\n"
+               " \"num_key_value_heads\": 2, \"head_dim\": 256, \"rope_parameters\": {\"rope_type\": \"default\",\n"
+               " \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25, \"mrope_interleaved\": true,\n"
+               " \"mrope_section\": [11, 11, 10]}, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 6,\n"
+               " \"linear_key_head_dim\": 128, \"linear_value_head_dim\": 128, \"linear_conv_kernel_dim\": 4,\n"
+               " \"rms_norm_eps\": 1e-06, \"hidden_act\": \"silu\", \"attn_output_gate\": true,\n"
+               " \"tie_word_embeddings\": false}}\n",
+            VOCAB);
+    fclose(f);
+}
+
+static long write_input(const char *path, const int *lens, int n_seq) {
+    int32_t cu[16];
+    cu[0] = 0;
+    for (int i = 0; i < n_seq; i++) cu[i + 1] = cu[i] + lens[i];
+    long     T   = cu[n_seq];
+    int32_t *ids = malloc((size_t)T * sizeof *ids);
+    TST_CHECK(ids != NULL);
+    uint32_t x = 12345;
+    for (long t = 0; t < T; t++) {
+        x      = x * 1664525u + 1013904223u;
+        ids[t] = (int32_t)((x >> 8) % VOCAB);
+    }
+    cm_st_writer *w = NULL;
+    int64_t       st = T, sc = n_seq + 1;
+    TST_CHECK(cm_st_writer_create(&w) == CM_OK);
+    TST_CHECK(cm_st_writer_add(w, "input_ids", CM_DTYPE_I32, 1, &st, ids) == CM_OK);
+    TST_CHECK(cm_st_writer_add(w, "cu_seqlens", CM_DTYPE_I32, 1, &sc, cu) == CM_OK);
+    TST_CHECK(cm_st_writer_write(w, path) == CM_OK);
+    cm_st_writer_destroy(&w);
+    free(ids);
+    return T;
+}
+
+/* Runs dump --init random; returns 1 on exit status 0. */
+static int dump(const char *cfg, const char *input, const char *out, const char *device, const char *precision,
+                const char *seed) {
+    char bin[1024], err[512];
+    snprintf(bin, sizeof bin, "%s/target-server/target-server", TANDEM_BINARY_DIR);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    char *argv[] = {bin, "dump", "--init", "random", "--config", (char *)cfg, "--seed", (char *)seed, "--input",
+                    (char *)input, "--out", (char *)out, "--device", (char *)device, "--precision",
+                    (char *)precision, "--log-level", "warn", NULL};
+    int rc = tst_run(argv, err);
+    if (rc != 0) fprintf(stderr, "dump on %s %s exited %d:\n%s\n", device, precision, rc, tst_slurp(err));
+    TST_CHECK(rc == 0);
+    return rc == 0;
+}
+
+/* A malloc'd, aligned copy of layer_<i> (the mapped data may be unaligned); NULL if absent. */
+static float *layer(const cm_st *st, int i, long n) {
+    char name[32];
+    snprintf(name, sizeof name, "layer_%d", i);
+    const cm_st_tensor *t  = cm_st_find(st, name);
+    int                 ok = t && t->dtype == CM_DTYPE_F32 && t->nbytes == (size_t)n * 4;
+    TST_CHECK(ok);
+    float *x = ok ? malloc((size_t)n * 4) : NULL;
+    if (x) memcpy(x, t->data, (size_t)n * 4);
+    return x;
+}
+
+static double rel_l2(const float *got, const float *ref, long n) {
+    double num = 0, den = 0;
+    for (long i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return isfinite(num) ? sqrt(num) / (sqrt(den) + 1e-300) : INFINITY;
+}
+
+static void test_cpu(const char *cfg) {
+    static const int lens[] = {1, 63, 64, 65, 200};
+    char             input[512], a[512], b[512], c[512];
+    snprintf(input, sizeof input, "%s/input.safetensors", dir);
+    snprintf(a, sizeof a, "%s/a.safetensors", dir);
+    snprintf(b, sizeof b, "%s/b.safetensors", dir);
+    snprintf(c, sizeof c, "%s/c.safetensors", dir);
+    long T = write_input(input, lens, 5), n = T * HIDDEN;
+    if (!dump(cfg, input, a, "cpu", "fp32", "7") || !dump(cfg, input, b, "cpu", "fp32", "7") ||
+        !dump(cfg, input, c, "cpu", "fp32", "8"))
+        return;
+    cm_st *sa = NULL, *sb = NULL, *sc = NULL;
+    TST_CHECK(cm_st_open_file(&sa, a) == CM_OK && cm_st_open_file(&sb, b) == CM_OK &&
+              cm_st_open_file(&sc, c) == CM_OK);
+    for (int i = 0; sa && sb && sc && i < N_LAYERS; i++) {
+        float *x = layer(sa, i, n), *y = layer(sb, i, n), *z = layer(sc, i, n);
+        if (!x || !y || !z) {
+            free(x);
+            free(y);
+            free(z);
+            continue;
+        }
+        double sq = 0;
+        int    finite = 1;
+        for (long j = 0; j < n; j++) {
+            finite &= isfinite(x[j]);
+            sq += (double)x[j] * x[j];
+        }
+        double rms = sqrt(sq / n), d = rel_l2(z, x, n);
+        printf("layer %2d: rms %.4f  same seed identical %s  other seed rel diff %.3f\n", i, rms,
+               memcmp(x, y, (size_t)n * 4) == 0 ? "yes" : "NO", d);
+        TST_CHECK(finite);
+        TST_CHECK(rms > 1e-3 && rms < 1e3); /* neither vanishing nor exploding */
+        TST_CHECK(memcmp(x, y, (size_t)n * 4) == 0);
+        TST_CHECK(d > 0.1);
+        free(x);
+        free(y);
+        free(z);
+    }
+    cm_st_destroy(&sa);
+    cm_st_destroy(&sb);
+    cm_st_destroy(&sc);
+
+    /* the deploy config of the benchmark: the real 27B shapes */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/../deploy/configs/qwen3.6-27b/target-config.json", TANDEM_TEST_DATA);
+    cm_target_cfg t;
+    TST_CHECK(cm_target_cfg_load(&t, path) == CM_OK);
+    const int64_t D = t.hidden_size, I = t.intermediate_size, V = t.vocab_size;
+    const int64_t gdn = D * (2LL * t.lin_n_k_heads * t.lin_k_head_dim + t.lin_n_v_heads * t.lin_v_head_dim) +
+                        D * t.lin_n_v_heads * t.lin_v_head_dim * 2 + 2 * D * t.lin_n_v_heads +
+                        (2LL * t.lin_n_k_heads * t.lin_k_head_dim + t.lin_n_v_heads * t.lin_v_head_dim) *
+                            t.lin_conv_kernel +
+                        2LL * t.lin_n_v_heads + t.lin_v_head_dim;
+    const int64_t att = D * t.n_heads * t.head_dim * 2 + 2 * D * t.n_kv_heads * t.head_dim +
+                        D * t.n_heads * t.head_dim + 2LL * t.head_dim;
+    int64_t total = 2 * V * D + D;
+    for (int i = 0; i < t.n_layers; i++)
+        total += 3 * D * I + 2 * D + (t.layer_types[i] == CM_LAYER_TYPE_LINEAR_ATTENTION ? gdn : att);
+    printf("27B config: %d layers, hidden %lld, %lld parameters\n", t.n_layers, (long long)D, (long long)total);
+    TST_CHECK(t.n_layers == 64 && D == 5120 && t.rotary_dim == 64);
+    TST_CHECK(total == 26895998464LL);
+}
+
+static void test_cuda(const char *cfg, const char *precision) {
+    static const int lens[] = {1, 63, 64, 65, 200, 700};
+    char             input[512], c[512], g[512];
+    snprintf(input, sizeof input, "%s/input.safetensors", dir);
+    snprintf(c, sizeof c, "%s/cpu.safetensors", dir);
+    snprintf(g, sizeof g, "%s/cuda.safetensors", dir);
+    long   T = write_input(input, lens, 6), n = T * HIDDEN;
+    double tol = strcmp(precision, "fp32") == 0 ? 1e-3 : 3e-2;
+    if (!dump(cfg, input, c, "cpu", "fp32", "11") || !dump(cfg, input, g, "cuda", precision, "11")) return;
+    cm_st *sc = NULL, *sg = NULL;
+    TST_CHECK(cm_st_open_file(&sc, c) == CM_OK && cm_st_open_file(&sg, g) == CM_OK);
+    for (int i = 0; sc && sg && i < N_LAYERS; i++) {
+        float *x = layer(sc, i, n), *y = layer(sg, i, n);
+        if (!x || !y) {
+            free(x);
+            free(y);
+            continue;
+        }
+        double e = rel_l2(y, x, n);
+        free(x);
+        free(y);
+        printf("layer %2d (%s): cuda %s vs cpu rel L2 %.2e (tol %.0e) %s\n", i, i % 4 == 3 ? "attention" : "gdn",
+               precision, e, tol, e <= tol ? "ok" : "FAIL");
+        TST_CHECK(e <= tol);
+    }
+    cm_st_destroy(&sc);
+    cm_st_destroy(&sg);
+}
+
+int main(int argc, char **argv) {
+    const char *device = argc > 1 ? argv[1] : "cpu", *precision = argc > 2 ? argv[2] : "bf16";
+    if (strcmp(device, "cuda") == 0) {
+        const kn_backend *be = kn_backend_cuda();
+        if (!be) TST_SKIP("this build has no cuda backend");
+        kn_ctx       *ctx = NULL;
+        kn_ctx_config kc  = KN_CTX_CONFIG_DEFAULT;
+        if (be->ctx_create(&ctx, &kc) != CM_OK) TST_SKIP("no usable cuda device: %s", cm_last_error());
+        be->ctx_destroy(&ctx);
+    }
+    snprintf(dir, sizeof dir, "/tmp/tandem-random-%d", (int)getpid());
+    char cmd[600], cfg[512];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    TST_CHECK(system(cmd) == 0);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    write_config(cfg);
+    if (strcmp(device, "cuda") == 0)
+        test_cuda(cfg, precision);
+    else
+        test_cpu(cfg);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    TST_CHECK(system(cmd) == 0);
+    return tst_report();
+}
