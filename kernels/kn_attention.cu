@@ -1,17 +1,32 @@
 /* kernels/kn_attention.cu — causal GQA attention within each packed sequence, then the
  * optional output gate: out[t, h] = softmax_{bos≤s≤t}(scale·q[t,h]·k[s,h/(nq/nkv)]) · v ⊙
- * sigmoid(gate[t, h]). A simple, correct kernel (not the fast one): one block of 4 warps per
- * (token, q head). Lane l holds dims l, l+32, … (hd ≤ 256, so ≤ 8 per lane) of q and of an
- * fp32 output accumulator; warp w takes keys bos+w, bos+w+4, …: a coalesced read of the key
- * row, a shuffle-reduced dot product, and an online-softmax update (running max m, sum l,
- * acc rescaled by e^{m_old − m_new}). The 4 warps' (m, l, acc) are merged through shared
- * memory at the end. All math fp32 with expf; O(len²) work per sequence, no score matrix.
+ * sigmoid(gate[t, h]). Two forms, chosen by the context's precision:
+ *
+ * - KN_GEMM_MODE_F32 (the fp32 oracle checks): a simple exact kernel, one block of 4 warps per
+ *   (token, q head). Lane l holds dims l, l+32, … (hd ≤ 256, so ≤ 8 per lane) of q and of an
+ *   fp32 output accumulator; warp w takes keys bos+w, bos+w+4, …: a coalesced read of the key
+ *   row, a shuffle-reduced dot product, and an online-softmax update (running max m, sum l,
+ *   acc rescaled by e^{m_old − m_new}). The 4 warps' (m, l, acc) are merged through shared
+ *   memory at the end. All math fp32 with expf; O(len²) work per sequence, no score matrix.
+ *
+ * - KN_GEMM_MODE_BF16 (serving): a flash-style kernel (flash_attention_kernel below): 64-query
+ *   tiles in shared memory, 64-key tiles, bf16 tensor cores (WMMA, sm_80+: Ampere, Hopper and
+ *   Blackwell alike) for Q Kᵀ and P V with fp32 accumulation, the online softmax in fp32, head
+ *   dims up to 256 (zero-padded to 64, 128 or 256), the sigmoid gate fused at the output.
+ *   q, k, v and the probabilities are rounded to bf16: a few 1e-3 relative, as FlashAttention.
+ *
  * The token's sequence start is a binary search of cu_seqlens (device memory, checked by
  * the caller before upload; clamped here so a bad table cannot cause a wild read). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 
 #include <math.h>
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+using namespace nvcuda;
+typedef __nv_bfloat16 bf16;
 
 #define ATT_WARPS  4
 #define ATT_MAX_HD 256
@@ -113,6 +128,181 @@ static __global__ void attention_kernel(float *out, const float *q, const float 
     }
 }
 
+// ---- flash form (KN_GEMM_MODE_BF16)
+
+#define FA_ROWS    64  /* query rows per block: 4 warps × 16 */
+#define FA_KEYS    64  /* keys per tile */
+#define FA_THREADS 128
+#define FA_FS      68  /* fp32 stride of the 64-wide score tile */
+#define FA_BS      72  /* bf16 stride of the 64-wide probability tile */
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa_fa_row;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fa_fb_row;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fa_fb_col;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float>                fa_facc;
+
+template <int HDP> struct fa_smem {
+    static constexpr int    QS = HDP + 8; /* bf16 stride of q / k / v rows */
+    static constexpr int    OS = HDP + 4; /* fp32 stride of the output accumulator rows */
+    static constexpr size_t bytes = 2 * (size_t)64 * QS * 2 /* Qb, KVb */ + (size_t)64 * FA_FS * 4 /* Sf */ +
+                                    (size_t)64 * FA_BS * 2 /* Pb */ + (size_t)64 * OS * 4 /* Of */ +
+                                    4 * 64 * 4 /* m, l, corr, bos */;
+};
+
+/* One block per (64 consecutive tokens, q head); tiles may straddle sequences, so every row
+ * carries its own sequence start and the key range is [start of the first row, last row].
+ * Per key tile: S = Q Kᵀ (bf16 WMMA → fp32), the online softmax in fp32 (row max m, sum l,
+ * the previous accumulator rescaled by e^{m_old − m_new}), then O += P V (P in bf16). Warp w
+ * owns rows 16w…16w+15 of S, P and O, so the softmax needs only warp-level ordering; K and V
+ * share one buffer (block barriers around it). Tiles run last-first so the longest finish
+ * first. */
+template <int HDP>
+static __global__ void __launch_bounds__(FA_THREADS)
+    flash_attention_kernel(float *out, const float *q, const float *k, const float *v, const float *gate,
+                           const int32_t *cu, int n_seq, int64_t T, int nq, int nkv, int hd, float scale) {
+    typedef fa_smem<HDP> SM;
+    constexpr int        QS = SM::QS, OS = SM::OS;
+    const int64_t        r0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * FA_ROWS;
+    const int            h = blockIdx.y, kvh = h / (nq / nkv);
+    const int            tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int64_t        r_end = r0 + FA_ROWS < T ? r0 + FA_ROWS : T;
+
+    extern __shared__ __align__(128) unsigned char fa_smem_raw[];
+    bf16    *Qb = (bf16 *)fa_smem_raw;     /* [64][QS] */
+    bf16    *KVb = Qb + 64 * QS;           /* [64][QS] k, then v of the key tile */
+    float   *Sf = (float *)(KVb + 64 * QS); /* [64][FA_FS] */
+    bf16    *Pb = (bf16 *)(Sf + 64 * FA_FS); /* [64][FA_BS] */
+    float   *Of = (float *)(Pb + 64 * FA_BS); /* [64][OS] */
+    float   *m_s = Of + 64 * OS, *l_s = m_s + 64, *corr_s = l_s + 64;
+    int32_t *bos_s = (int32_t *)(corr_s + 64);
+
+    for (int r = tid; r < 64; r += FA_THREADS) {
+        int64_t t = r0 + r < r_end ? r0 + r : r_end - 1;
+        bos_s[r] = (int32_t)att_seq_start(cu, n_seq, t);
+        m_s[r] = -INFINITY;
+        l_s[r] = 0.0f;
+    }
+    for (int idx = tid; idx < 64 * HDP; idx += FA_THREADS) {
+        int     r = idx / HDP, c = idx % HDP;
+        int64_t t = r0 + r;
+        Qb[r * QS + c] = __float2bfloat16(t < r_end && c < hd ? q[(t * nq + h) * (int64_t)hd + c] : 0.0f);
+        Of[r * OS + c] = 0.0f;
+    }
+    __syncthreads();
+    const int64_t kv_lo = bos_s[0], kv_hi = r_end; /* keys [kv_lo, kv_hi) */
+
+    for (int64_t s0 = kv_lo; s0 < kv_hi; s0 += FA_KEYS) {
+        for (int idx = tid; idx < 64 * HDP; idx += FA_THREADS) {
+            int     r = idx / HDP, c = idx % HDP;
+            int64_t s = s0 + r;
+            KVb[r * QS + c] = __float2bfloat16(s < kv_hi && c < hd ? k[(s * nkv + kvh) * (int64_t)hd + c] : 0.0f);
+        }
+        __syncthreads();
+        for (int tj = 0; tj < 4; tj++) {
+            fa_facc acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < HDP; kk += 16) {
+                fa_fa_row a;
+                fa_fb_col b;
+                wmma::load_matrix_sync(a, Qb + warp * 16 * QS + kk, QS);
+                wmma::load_matrix_sync(b, KVb + tj * 16 * QS + kk, QS);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Sf + warp * 16 * FA_FS + tj * 16, acc, FA_FS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        {
+            /* two lanes per row, 32 keys each */
+            const int     row = warp * 16 + lane / 2, half = lane % 2;
+            const int64_t t = r0 + row, bos = bos_s[row];
+            const bool    live = t < r_end;
+            float         x[32], mx = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < 32; c++) {
+                int64_t s = s0 + half * 32 + c;
+                bool    ok = live && s >= bos && s <= t;
+                x[c] = ok ? Sf[row * FA_FS + half * 32 + c] * scale : -INFINITY;
+                mx = fmaxf(mx, x[c]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            const float m_old = m_s[row], m_new = fmaxf(m_old, mx);
+            float       corr = 1.0f, sum = 0.0f;
+            if (m_new != -INFINITY) { /* no key seen yet: nothing to rescale or add */
+                corr = expf(m_old - m_new); /* 0 when m_old = -inf */
+#pragma unroll
+                for (int c = 0; c < 32; c++) {
+                    x[c] = x[c] == -INFINITY ? 0.0f : expf(x[c] - m_new);
+                    sum += x[c];
+                }
+            } else {
+#pragma unroll
+                for (int c = 0; c < 32; c++)
+                    x[c] = 0.0f;
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+#pragma unroll
+            for (int c = 0; c < 32; c++)
+                Pb[row * FA_BS + half * 32 + c] = __float2bfloat16(x[c]);
+            if (half == 0) {
+                m_s[row] = m_new;
+                l_s[row] = l_s[row] * corr + sum;
+                corr_s[row] = corr;
+            }
+        }
+        __syncwarp();
+        for (int idx = lane; idx < 16 * HDP; idx += 32) {
+            int r = warp * 16 + idx / HDP, c = idx % HDP;
+            Of[r * OS + c] *= corr_s[r];
+        }
+        __syncthreads(); /* every warp is done with k */
+        for (int idx = tid; idx < 64 * HDP; idx += FA_THREADS) {
+            int     r = idx / HDP, c = idx % HDP;
+            int64_t s = s0 + r;
+            KVb[r * QS + c] = __float2bfloat16(s < kv_hi && c < hd ? v[(s * nkv + kvh) * (int64_t)hd + c] : 0.0f);
+        }
+        __syncthreads();
+        for (int tj = 0; tj < HDP / 16; tj++) {
+            fa_facc acc;
+            wmma::load_matrix_sync(acc, Of + warp * 16 * OS + tj * 16, OS, wmma::mem_row_major);
+            for (int kk = 0; kk < FA_KEYS; kk += 16) {
+                fa_fa_row a;
+                fa_fb_row b;
+                wmma::load_matrix_sync(a, Pb + warp * 16 * FA_BS + kk, FA_BS);
+                wmma::load_matrix_sync(b, KVb + kk * QS + tj * 16, QS);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Of + warp * 16 * OS + tj * 16, acc, OS, wmma::mem_row_major);
+        }
+        __syncthreads(); /* every warp is done with v before the next k */
+    }
+
+    for (int idx = tid; idx < 64 * hd; idx += FA_THREADS) {
+        int     r = idx / hd, c = idx % hd;
+        int64_t t = r0 + r;
+        if (t >= r_end)
+            continue;
+        int64_t o = (t * nq + h) * (int64_t)hd + c;
+        float   y = Of[r * OS + c] / l_s[r];
+        if (gate)
+            y *= 1.0f / (1.0f + expf(-gate[o]));
+        out[o] = y;
+    }
+}
+
+template <int HDP>
+static cm_status flash_attention_launch(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                                        const float *gate, const int32_t *cu, int n_seq, int64_t T, int nq,
+                                        int nkv, int hd, float scale) {
+    const size_t smem = fa_smem<HDP>::bytes;
+    KN_CUDA(cudaFuncSetAttribute(flash_attention_kernel<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem));
+    dim3 grid((unsigned int)((T + FA_ROWS - 1) / FA_ROWS), (unsigned int)nq);
+    flash_attention_kernel<HDP>
+        <<<grid, FA_THREADS, smem, ctx->stream>>>(out, q, k, v, gate, cu, n_seq, T, nq, nkv, hd, scale);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -136,6 +326,13 @@ cm_status kn_cuda_attention(kn_ctx *ctx, float *out, const float *q, const float
     if (T == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && q && k && v && cu_seqlens, "attention: out, q, k, v or cu_seqlens is NULL");
+    if (ctx->gemm_mode == KN_GEMM_MODE_BF16) {
+        if (hd <= 64)
+            return flash_attention_launch<64>(ctx, out, q, k, v, gate, cu_seqlens, n_seq, T, nq, nkv, hd, scale);
+        if (hd <= 128)
+            return flash_attention_launch<128>(ctx, out, q, k, v, gate, cu_seqlens, n_seq, T, nq, nkv, hd, scale);
+        return flash_attention_launch<256>(ctx, out, q, k, v, gate, cu_seqlens, n_seq, T, nq, nkv, hd, scale);
+    }
 
     dim3 grid((unsigned int)T, (unsigned int)nq);
     dim3 block(32 * ATT_WARPS);

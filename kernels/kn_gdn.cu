@@ -1,18 +1,37 @@
 /* kernels/kn_gdn.cu — the Gated DeltaNet core: the gate (g = −e^{A_log}·softplus(a + dt_bias),
- * beta = sigmoid(b), one thread per (token, v-head), fp32) and the gated delta rule.
+ * beta = sigmoid(b), one thread per (token, v-head), fp32) and the gated delta rule, in two forms
+ * chosen by the context's precision (both compute the function of kn_backend.h):
  *
- * gated_delta_rule runs the per-token recurrence of kn_backend.h directly (the chunked
- * WY form is the same function; the fast chunked kernel is a later change): per token,
- * S = e^g·S; u = β(v − Sᵀk); S += k uᵀ; o = Sᵀ(q·scale). One block per (sequence, v-head,
- * 32-column tile of dv); the fp32 state tile S[dk, 32] lives in registers: lane = column,
- * warp w of 8 owns rows w, w+8, …, so dk ≤ 256 needs ≤ 32 registers of state per thread.
- * Tokens are staged 16 at a time into shared memory (k, q·scale zero-padded to 8·NR rows,
- * the tile's v columns, g, beta; coalesced loads). Per token two block reductions over the
- * 8 row groups (shared memory, double-buffered so each token costs two barriers): Sᵀk, then
- * the output Sᵀq. The state starts at zero for every sequence and never leaves the chip.
- * Sequential over tokens, parallel over n_seq·nv·ceil(dv/32) blocks: correct, not yet fast. */
+ * - KN_GEMM_MODE_F32 (dump --precision fp32, the fp32 oracle checks): the per-token recurrence,
+ *   all fp32 SIMT: per token, S = e^g·S; u = β(v − Sᵀk); S += k uᵀ; o = Sᵀ(q·scale). One block
+ *   per (sequence, v-head, 32-column tile of dv); the fp32 state tile S[dk, 32] lives in
+ *   registers (lane = column, warp w of 8 owns rows w, w+8, …). Exact to fp32 rounding, slow.
+ *
+ * - KN_GEMM_MODE_BF16 (serving): the chunked WY form of reference/qwen_hybrid.md §3.1 with C = 64
+ *   (kn_gdn_ref.c is its specification), matrix products on bf16 tensor cores (WMMA 16×16×16,
+ *   fp32 accumulation; sm_80 and newer, so the same code runs on Ampere, Hopper and Blackwell),
+ *   fp32 state. Three launches:
+ *   1. gdn_chunk_table: the list of (start, length) chunks, restarting at every sequence start.
+ *   2. gdn_prep, one block per (chunk, v-head), fully parallel: γ = cumsum(g) (fp32),
+ *      A = β_r e^{γ_r−γ_j} k_r·k_j (j < r, masked before exp), T = (I + A)^{-1} by blocked forward
+ *      substitution in fp32 (four 16×16 diagonal blocks, then the block rows), then
+ *      W = T diag(β e^γ) K and U = T diag(β) V, stored bf16 in the ctx scratch ([T, nv, dk] and
+ *      [T, nv, dv]), as FLA stores them.
+ *   3. gdn_state, one block per (sequence, v-head, 32-column slice of dv), sequential over the
+ *      sequence's chunks with the fp32 state slice S[dk, 32] in shared memory: δ = U − W S,
+ *      O = diag(e^γ) Q S + (QKᵀ ⊙ e^{γ_r−γ_j} ⊙ [j ≤ r]) δ, S ← e^{γ_last} S + (K ⊙ e^{γ_last−γ})ᵀ δ.
+ *      48 v-heads × 4 slices give 192 blocks for one 8192-token sequence of the 27B shape.
+ *   Rounding: q, k, W, U, the state and δ enter the tensor cores as bf16 (FLA rounds the same
+ *   operands), so outputs differ from the fp64 reference by a few 1e-3 relative (test_kn_cuda).
+ *   dk is zero-padded to 64, 128 or 256 (zero columns change no dot product); dv is any size. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+using namespace nvcuda;
+typedef __nv_bfloat16 bf16;
 
 #define GDN_WARPS  8  /* row groups */
 #define GDN_CH     16 /* tokens staged per shared-memory load */
@@ -114,6 +133,418 @@ static __global__ void gated_delta_rule_kernel(float *out, const float *q, const
     }
 }
 
+// ---- the chunked form (KN_GEMM_MODE_BF16)
+
+#define GDN_C       64  /* chunk length */
+#define GDN_BV      32  /* state columns per block of gdn_state */
+#define GDN_THREADS 256 /* 8 warps */
+#define GDN_FS      68  /* fp32 stride of 64-wide tiles (a multiple of 4 for WMMA, off the 32 banks) */
+#define GDN_BS      72  /* bf16 stride of 64-wide tiles (a multiple of 8 for WMMA) */
+#define GDN_SFS     36  /* fp32 stride of GDN_BV-wide tiles */
+#define GDN_SBS     40  /* bf16 stride of GDN_BV-wide tiles */
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> gdn_fa_row;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> gdn_fa_col;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> gdn_fb_row;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> gdn_fb_col;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float>                gdn_facc;
+
+/* Chunks of every sequence: chunks[i] = (first token, length ≤ 64), *n_chunks = their count
+ * (at most cap; a table that would overflow — only possible with a cu_seqlens that is not
+ * increasing, which callers reject — is cut at cap). One block: thread i sums the chunk counts
+ * of its run of sequences, a scan of the runs gives each run its first slot. */
+static __global__ void gdn_chunk_table_kernel(int2 *chunks, int *n_chunks, const int32_t *cu, int n_seq,
+                                              int64_t T, int cap) {
+    __shared__ int part[1024];
+    const int      tid = threadIdx.x, nt = blockDim.x;
+    const int      per = (n_seq + nt - 1) / nt;
+    const int      s0 = tid * per < n_seq ? tid * per : n_seq, s1 = s0 + per < n_seq ? s0 + per : n_seq;
+    int            local = 0;
+    for (int s = s0; s < s1; s++) {
+        int64_t b = cu[s], e = cu[s + 1];
+        b = b < 0 ? 0 : (b > T ? T : b);
+        e = e < b ? b : (e > T ? T : e);
+        local += (int)((e - b + GDN_C - 1) / GDN_C);
+    }
+    part[tid] = local;
+    __syncthreads();
+    if (tid == 0) {
+        int run = 0;
+        for (int i = 0; i < nt; i++) {
+            int c = part[i];
+            part[i] = run;
+            run += c;
+        }
+        *n_chunks = run < cap ? run : cap;
+    }
+    __syncthreads();
+    int off = part[tid];
+    for (int s = s0; s < s1; s++) {
+        int64_t b = cu[s], e = cu[s + 1];
+        b = b < 0 ? 0 : (b > T ? T : b);
+        e = e < b ? b : (e > T ? T : e);
+        for (int64_t c = b; c < e; c += GDN_C, off++)
+            if (off < cap)
+                chunks[off] = make_int2((int)c, (int)(e - c < GDN_C ? e - c : GDN_C));
+    }
+}
+
+/* γ_r = Σ_{i≤r} g[t0 + i] for r < 64 (rows ≥ L repeat γ_{L−1}), by one warp: lane l owns rows
+ * 2l, 2l+1 and the pair sums are scanned with shuffles. */
+static __device__ __forceinline__ void gdn_chunk_gamma(float *gam, const float *g, int64_t t0, int L, int nv,
+                                                       int h, int lane) {
+    const int r0 = 2 * lane, r1 = r0 + 1;
+    float     g0 = r0 < L ? g[(t0 + r0) * nv + h] : 0.0f;
+    float     g1 = r1 < L ? g[(t0 + r1) * nv + h] : 0.0f;
+    float     pair = g0 + g1, incl = pair;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        float n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += n;
+    }
+    float excl = incl - pair;
+    gam[r0] = excl + g0;
+    gam[r1] = excl + g0 + g1;
+}
+
+template <int DKP> struct gdn_prep_smem {
+    static constexpr int    KS = DKP + 8; /* bf16 stride of K rows */
+    static constexpr int    STS = DKP + 4; /* fp32 stride of the output staging rows */
+    static constexpr size_t bytes = (size_t)64 * KS * 2 /* Kb */ + 2 * (size_t)64 * GDN_FS * 4 /* Af, Tm */ +
+                                    2 * (size_t)64 * GDN_BS * 2 /* Tb, Vb */ + (size_t)64 * STS * 4 /* St */ +
+                                    3 * 256 * 4 /* Xs */ + 2 * 64 * 4 /* gam, bet */;
+};
+
+/* One block per (chunk slot, v-head): W = T diag(β e^γ) K and U = T diag(β) V of the chunk, bf16,
+ * rows of the chunk only. k: [T, nk, dk]; v: [T, nv, dv]; W: [T, nv, dk]; U: [T, nv, dv]. */
+template <int DKP>
+static __global__ void __launch_bounds__(GDN_THREADS)
+    gdn_prep_kernel(bf16 *W, bf16 *U, const float *k, const float *v, const float *g, const float *beta,
+                    const int2 *chunks, const int *n_chunks, int nk, int nv, int dk, int dv) {
+    typedef gdn_prep_smem<DKP> SM;
+    constexpr int              KS = SM::KS, STS = SM::STS, FS = GDN_FS, BS = GDN_BS;
+    if ((int)blockIdx.x >= *n_chunks)
+        return;
+    const int2    ch = chunks[blockIdx.x];
+    const int64_t t0 = ch.x;
+    const int     L = ch.y, h = blockIdx.y, kh = h / (nv / nk);
+    const int     tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    bf16  *Kb = (bf16 *)gdn_smem;          /* [64][KS]  k, then β e^γ k */
+    float *Af = (float *)(Kb + 64 * KS);   /* [64][FS]  K Kᵀ, then A */
+    float *Tm = Af + 64 * FS;              /* [64][FS]  T = (I + A)^{-1} */
+    bf16  *Tb = (bf16 *)(Tm + 64 * FS);    /* [64][BS]  T in bf16 */
+    bf16  *Vb = Tb + 64 * BS;              /* [64][BS]  β v, 64 columns at a time */
+    float *St = (float *)(Vb + 64 * BS);   /* [64][STS] output staging */
+    float *Xs = St + 64 * STS;             /* [3][16][16] block-row partial products */
+    float *gam = Xs + 3 * 256, *bet = gam + 64;
+
+    if (warp == 0)
+        gdn_chunk_gamma(gam, g, t0, L, nv, h, lane);
+    else if (warp == 1)
+        for (int r = lane; r < 64; r += 32)
+            bet[r] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
+    for (int idx = tid; idx < 64 * DKP; idx += GDN_THREADS) {
+        int r = idx / DKP, c = idx % DKP;
+        Kb[r * KS + c] = __float2bfloat16(r < L && c < dk ? k[((t0 + r) * nk + kh) * (int64_t)dk + c] : 0.0f);
+    }
+    __syncthreads();
+
+    // K Kᵀ (only the tiles on and below the diagonal are read)
+    for (int tile = warp; tile < 16; tile += 8) {
+        const int ti = tile / 4, tj = tile % 4;
+        if (tj > ti)
+            continue;
+        gdn_facc acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk < DKP; kk += 16) {
+            gdn_fa_row a;
+            gdn_fb_col b;
+            wmma::load_matrix_sync(a, Kb + ti * 16 * KS + kk, KS);
+            wmma::load_matrix_sync(b, Kb + tj * 16 * KS + kk, KS);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(Af + ti * 16 * FS + tj * 16, acc, FS, wmma::mem_row_major);
+    }
+    __syncthreads();
+
+    // A = β_r e^{γ_r−γ_j} k_r·k_j for j < r < L (the exp only ever sees γ_r − γ_j ≤ 0), T := 0
+    for (int idx = tid; idx < 64 * 64; idx += GDN_THREADS) {
+        int   r = idx / 64, j = idx % 64;
+        float a = 0.0f;
+        if (j < r && r < L)
+            a = bet[r] * expf(gam[r] - gam[j]) * Af[r * FS + j];
+        Af[r * FS + j] = a;
+        Tm[r * FS + j] = 0.0f;
+    }
+    __syncthreads();
+
+    // diagonal blocks: T_bb = (I + A_bb)^{-1}, thread (b, c) solves column c by forward substitution
+    if (tid < 64) {
+        const int    b = tid / 16, c = tid % 16;
+        const float *Ab = Af + b * 16 * FS + b * 16;
+        float        x[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float acc = r == c ? 1.0f : 0.0f;
+#pragma unroll
+            for (int m = 0; m < r; m++)
+                acc -= Ab[r * FS + m] * x[m];
+            x[r] = acc;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            Tm[(b * 16 + r) * FS + b * 16 + c] = x[r];
+    }
+    __syncthreads();
+
+    // block rows: T_ij = −T_ii Σ_{m=j}^{i−1} A_im T_mj (from (I + A) T = I, block row i, column j < i)
+    for (int i = 1; i < 4; i++) {
+        for (int e = tid; e < i * 256; e += GDN_THREADS) {
+            const int j = e / 256, r = (e % 256) / 16, c = e % 16;
+            float     acc = 0.0f;
+            for (int col = 16 * j; col < 16 * i; col++)
+                acc += Af[(16 * i + r) * FS + col] * Tm[col * FS + 16 * j + c];
+            Xs[e] = acc;
+        }
+        __syncthreads();
+        for (int e = tid; e < i * 256; e += GDN_THREADS) {
+            const int j = e / 256, r = (e % 256) / 16, c = e % 16;
+            float     acc = 0.0f;
+#pragma unroll
+            for (int p = 0; p < 16; p++)
+                acc += Tm[(16 * i + r) * FS + 16 * i + p] * Xs[j * 256 + p * 16 + c];
+            Tm[(16 * i + r) * FS + 16 * j + c] = -acc;
+        }
+        __syncthreads();
+    }
+
+    // T in bf16; K rows scaled by β e^γ
+    for (int idx = tid; idx < 64 * 64; idx += GDN_THREADS) {
+        int r = idx / 64, j = idx % 64;
+        Tb[r * BS + j] = __float2bfloat16(Tm[r * FS + j]);
+    }
+    for (int idx = tid; idx < 64 * DKP; idx += GDN_THREADS) {
+        int r = idx / DKP, c = idx % DKP;
+        Kb[r * KS + c] = __float2bfloat16(__bfloat162float(Kb[r * KS + c]) * bet[r] * expf(gam[r]));
+    }
+    __syncthreads();
+
+    // W = T (β e^γ K): T is lower triangular, so row tile ti needs only k tiles ≤ ti
+    for (int tile = warp; tile < 4 * (DKP / 16); tile += 8) {
+        const int ti = tile / (DKP / 16), tj = tile % (DKP / 16);
+        gdn_facc  acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk <= ti * 16; kk += 16) {
+            gdn_fa_row a;
+            gdn_fb_row b;
+            wmma::load_matrix_sync(a, Tb + ti * 16 * BS + kk, BS);
+            wmma::load_matrix_sync(b, Kb + kk * KS + tj * 16, KS);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(St + ti * 16 * STS + tj * 16, acc, STS, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int idx = tid; idx < L * dk; idx += GDN_THREADS) {
+        int r = idx / dk, c = idx % dk;
+        W[((t0 + r) * nv + h) * (int64_t)dk + c] = __float2bfloat16(St[r * STS + c]);
+    }
+
+    // U = T (β V), 64 columns of v at a time
+    for (int c0 = 0; c0 < dv; c0 += 64) {
+        __syncthreads(); /* St and Vb are free again */
+        for (int idx = tid; idx < 64 * 64; idx += GDN_THREADS) {
+            int r = idx / 64, c = idx % 64;
+            Vb[r * BS + c] = __float2bfloat16(
+                r < L && c0 + c < dv ? bet[r] * v[((t0 + r) * nv + h) * (int64_t)dv + c0 + c] : 0.0f);
+        }
+        __syncthreads();
+        for (int tile = warp; tile < 16; tile += 8) {
+            const int ti = tile / 4, tj = tile % 4;
+            gdn_facc  acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk <= ti * 16; kk += 16) {
+                gdn_fa_row a;
+                gdn_fb_row b;
+                wmma::load_matrix_sync(a, Tb + ti * 16 * BS + kk, BS);
+                wmma::load_matrix_sync(b, Vb + kk * BS + tj * 16, BS);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(St + ti * 16 * STS + tj * 16, acc, STS, wmma::mem_row_major);
+        }
+        __syncthreads();
+        const int nc = dv - c0 < 64 ? dv - c0 : 64;
+        for (int idx = tid; idx < L * nc; idx += GDN_THREADS) {
+            int r = idx / nc, c = idx % nc;
+            U[((t0 + r) * nv + h) * (int64_t)dv + c0 + c] = __float2bfloat16(St[r * STS + c]);
+        }
+    }
+}
+
+template <int DKP> struct gdn_state_smem {
+    static constexpr int    KS = DKP + 8;
+    static constexpr size_t bytes = (size_t)DKP * GDN_SFS * 4 /* Sf */ + (size_t)DKP * GDN_SBS * 2 /* Sb */ +
+                                    3 * (size_t)64 * KS * 2 /* Wb, Qb, Kb */ + (size_t)64 * GDN_FS * 4 /* Pf */ +
+                                    (size_t)64 * GDN_BS * 2 /* Pb */ + 3 * (size_t)64 * GDN_SFS * 4 /* Uf, Df, Of */ +
+                                    (size_t)64 * GDN_SBS * 2 /* Db */ + 64 * 4 /* gam */;
+};
+
+/* One block per (sequence, v-head, GDN_BV-column slice of dv), sequential over the sequence's
+ * chunks; the fp32 state slice S[DKP][GDN_BV] stays in shared memory from the first chunk
+ * (S = 0) to the last. Warps own output tiles; every product is WMMA bf16 → fp32. */
+template <int DKP>
+static __global__ void __launch_bounds__(GDN_THREADS)
+    gdn_state_kernel(float *out, const float *q, const float *k, const bf16 *W, const bf16 *U, const float *g,
+                     const int32_t *cu, int64_t T, int nk, int nv, int dk, int dv, float scale) {
+    typedef gdn_state_smem<DKP> SM;
+    constexpr int               KS = SM::KS, FS = GDN_FS, BS = GDN_BS, SFS = GDN_SFS, SBS = GDN_SBS;
+    const int                   seq = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk);
+    const int                   col0 = blockIdx.y * GDN_BV;
+    const int                   tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int64_t                     bos = cu[seq], eos = cu[seq + 1];
+    bos = bos < 0 ? 0 : (bos > T ? T : bos);
+    eos = eos < bos ? bos : (eos > T ? T : eos);
+    const int ncol = dv - col0 < GDN_BV ? dv - col0 : GDN_BV;
+
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    float *Sf = (float *)gdn_smem;          /* [DKP][SFS] fp32 state slice */
+    bf16  *Sb = (bf16 *)(Sf + DKP * SFS);   /* [DKP][SBS] its bf16 copy for this chunk */
+    bf16  *Wb = Sb + DKP * SBS;             /* [64][KS] */
+    bf16  *Qb = Wb + 64 * KS;               /* [64][KS] q · scale */
+    bf16  *Kb = Qb + 64 * KS;               /* [64][KS] k, then k e^{γ_last − γ} */
+    float *Pf = (float *)(Kb + 64 * KS);    /* [64][FS] Q Kᵀ */
+    bf16  *Pb = (bf16 *)(Pf + 64 * FS);     /* [64][BS] masked, decayed */
+    float *Uf = (float *)(Pb + 64 * BS);    /* [64][SFS] U slice */
+    float *Df = Uf + 64 * SFS;              /* [64][SFS] W S */
+    float *Of = Df + 64 * SFS;              /* [64][SFS] output */
+    bf16  *Db = (bf16 *)(Of + 64 * SFS);    /* [64][SBS] δ */
+    float *gam = (float *)(Db + 64 * SBS);  /* [64] */
+
+    for (int idx = tid; idx < DKP * SFS; idx += GDN_THREADS)
+        Sf[idx] = 0.0f;
+
+    for (int64_t t0 = bos; t0 < eos; t0 += GDN_C) {
+        const int L = (int)(eos - t0 < GDN_C ? eos - t0 : GDN_C);
+        __syncthreads(); /* the previous chunk's readers are done; Sf is zeroed or updated */
+        if (warp == 0)
+            gdn_chunk_gamma(gam, g, t0, L, nv, h, lane);
+        for (int idx = tid; idx < 64 * DKP; idx += GDN_THREADS) {
+            int     r = idx / DKP, c = idx % DKP;
+            bool    ok = r < L && c < dk;
+            int64_t off = ((t0 + r) * nk + kh) * (int64_t)dk + c;
+            Qb[r * KS + c] = __float2bfloat16(ok ? q[off] * scale : 0.0f);
+            Kb[r * KS + c] = __float2bfloat16(ok ? k[off] : 0.0f);
+            Wb[r * KS + c] = ok ? W[((t0 + r) * nv + h) * (int64_t)dk + c] : __float2bfloat16(0.0f);
+        }
+        for (int idx = tid; idx < 64 * GDN_BV; idx += GDN_THREADS) {
+            int r = idx / GDN_BV, c = idx % GDN_BV;
+            Uf[r * SFS + c] =
+                r < L && c < ncol ? __bfloat162float(U[((t0 + r) * nv + h) * (int64_t)dv + col0 + c]) : 0.0f;
+        }
+        for (int idx = tid; idx < DKP * GDN_BV; idx += GDN_THREADS) {
+            int i = idx / GDN_BV, c = idx % GDN_BV;
+            Sb[i * SBS + c] = __float2bfloat16(Sf[i * SFS + c]);
+        }
+        __syncthreads();
+
+        // Q Kᵀ (tiles on and below the diagonal), W S and Q S (one 16×16 tile of each per warp)
+        for (int tile = warp; tile < 16; tile += 8) {
+            const int ti = tile / 4, tj = tile % 4;
+            if (tj > ti)
+                continue;
+            gdn_facc acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < DKP; kk += 16) {
+                gdn_fa_row a;
+                gdn_fb_col b;
+                wmma::load_matrix_sync(a, Qb + ti * 16 * KS + kk, KS);
+                wmma::load_matrix_sync(b, Kb + tj * 16 * KS + kk, KS);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Pf + ti * 16 * FS + tj * 16, acc, FS, wmma::mem_row_major);
+        }
+        {
+            const int ti = warp / 2, tj = warp % 2; /* 4 × 2 tiles of the 64 × 32 slice */
+            gdn_facc  ws, qs;
+            wmma::fill_fragment(ws, 0.0f);
+            wmma::fill_fragment(qs, 0.0f);
+            for (int kk = 0; kk < DKP; kk += 16) {
+                gdn_fa_row a;
+                gdn_fb_row b;
+                wmma::load_matrix_sync(b, Sb + kk * SBS + tj * 16, SBS);
+                wmma::load_matrix_sync(a, Wb + ti * 16 * KS + kk, KS);
+                wmma::mma_sync(ws, a, b, ws);
+                wmma::load_matrix_sync(a, Qb + ti * 16 * KS + kk, KS);
+                wmma::mma_sync(qs, a, b, qs);
+            }
+            wmma::store_matrix_sync(Df + ti * 16 * SFS + tj * 16, ws, SFS, wmma::mem_row_major);
+            wmma::store_matrix_sync(Of + ti * 16 * SFS + tj * 16, qs, SFS, wmma::mem_row_major);
+        }
+        __syncthreads();
+
+        // elementwise: the decayed causal mask, δ = U − W S, O = e^γ Q S, K e^{γ_last − γ}
+        const float glast = gam[L - 1];
+        for (int idx = tid; idx < 64 * 64; idx += GDN_THREADS) {
+            int   r = idx / 64, j = idx % 64;
+            float p = 0.0f;
+            if (j <= r && r < L)
+                p = Pf[r * FS + j] * expf(gam[r] - gam[j]);
+            Pb[r * BS + j] = __float2bfloat16(p);
+        }
+        for (int idx = tid; idx < 64 * GDN_BV; idx += GDN_THREADS) {
+            int r = idx / GDN_BV, c = idx % GDN_BV;
+            Db[r * SBS + c] = __float2bfloat16(Uf[r * SFS + c] - Df[r * SFS + c]);
+            Of[r * SFS + c] *= expf(gam[r]);
+        }
+        for (int idx = tid; idx < 64 * DKP; idx += GDN_THREADS) {
+            int r = idx / DKP, c = idx % DKP;
+            if (r < L)
+                Kb[r * KS + c] = __float2bfloat16(__bfloat162float(Kb[r * KS + c]) * expf(glast - gam[r]));
+        }
+        __syncthreads();
+
+        // O += P δ (P lower triangular: k tiles ≤ ti); S = e^{γ_last} S + Kdᵀ δ
+        {
+            const int ti = warp / 2, tj = warp % 2;
+            gdn_facc  acc;
+            wmma::load_matrix_sync(acc, Of + ti * 16 * SFS + tj * 16, SFS, wmma::mem_row_major);
+            for (int kk = 0; kk <= ti * 16; kk += 16) {
+                gdn_fa_row a;
+                gdn_fb_row b;
+                wmma::load_matrix_sync(a, Pb + ti * 16 * BS + kk, BS);
+                wmma::load_matrix_sync(b, Db + kk * SBS + tj * 16, SBS);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Of + ti * 16 * SFS + tj * 16, acc, SFS, wmma::mem_row_major);
+        }
+        const float elast = expf(glast);
+        for (int tile = warp; tile < (DKP / 16) * 2; tile += 8) {
+            const int ti = tile / 2, tj = tile % 2;
+            gdn_facc  acc;
+            wmma::load_matrix_sync(acc, Sf + ti * 16 * SFS + tj * 16, SFS, wmma::mem_row_major);
+#pragma unroll
+            for (int e = 0; e < acc.num_elements; e++)
+                acc.x[e] *= elast;
+            for (int kk = 0; kk < 64; kk += 16) {
+                gdn_fa_col a; /* Kdᵀ: element (i, j) = Kd[j][i] */
+                gdn_fb_row b;
+                wmma::load_matrix_sync(a, Kb + kk * KS + ti * 16, KS);
+                wmma::load_matrix_sync(b, Db + kk * SBS + tj * 16, SBS);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Sf + ti * 16 * SFS + tj * 16, acc, SFS, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int idx = tid; idx < L * GDN_BV; idx += GDN_THREADS) {
+            int r = idx / GDN_BV, c = idx % GDN_BV;
+            if (c < ncol)
+                out[((t0 + r) * nv + h) * (int64_t)dv + col0 + c] = Of[r * SFS + c];
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -132,6 +563,55 @@ cm_status kn_cuda_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, c
         g, beta, a, b, A_log, dt_bias, n, nv);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
+}
+
+
+template <int DKP>
+static cm_status gdn_chunked_launch(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                                    const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T,
+                                    int nk, int nv, int dk, int dv, float scale, bf16 *W, bf16 *U,
+                                    const int2 *chunks, const int *n_chunks, int cap) {
+    const size_t prep_smem = gdn_prep_smem<DKP>::bytes, state_smem = gdn_state_smem<DKP>::bytes;
+    /* blocks above 48 KB of dynamic shared memory must opt in (a host-side attribute, no sync) */
+    KN_CUDA(cudaFuncSetAttribute(gdn_prep_kernel<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
+    KN_CUDA(cudaFuncSetAttribute(gdn_state_kernel<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)state_smem));
+    gdn_prep_kernel<DKP><<<dim3((unsigned int)cap, (unsigned int)nv), GDN_THREADS, prep_smem, ctx->stream>>>(
+        W, U, k, v, g, beta, chunks, n_chunks, nk, nv, dk, dv);
+    KN_CUDA_LAUNCHED(ctx);
+    dim3 grid((unsigned int)(n_seq * nv), (unsigned int)((dv + GDN_BV - 1) / GDN_BV));
+    gdn_state_kernel<DKP><<<grid, GDN_THREADS, state_smem, ctx->stream>>>(out, q, k, W, U, g, cu, T, nk, nv, dk,
+                                                                          dv, scale);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+/* The chunked form: scratch holds W, U (bf16) and the chunk table; arguments already checked. */
+static cm_status gdn_chunked(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                             const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T, int nk,
+                             int nv, int dk, int dv, float scale) {
+    KN_CUDA_CHECK_ARG(T + n_seq < INT32_MAX / 2, "gated_delta_rule: T=%lld tokens exceeds the chunk table's int32 range",
+                      (long long)T);
+    const int64_t cap = T / GDN_C + n_seq; /* Σ ceil(len / 64) ≤ Σ (len / 64 + 1) */
+    KN_CUDA_CHECK_ARG(cap <= 0x7fffffff, "gated_delta_rule: %lld chunks exceed the cuda grid", (long long)cap);
+    const size_t w_bytes = ((size_t)T * nv * dk * sizeof(bf16) + 255) / 256 * 256;
+    const size_t u_bytes = ((size_t)T * nv * dv * sizeof(bf16) + 255) / 256 * 256;
+    const size_t c_bytes = (size_t)cap * sizeof(int2) + 256;
+    CM_TRY(kn_cuda_scratch_reserve(ctx, w_bytes + u_bytes + c_bytes));
+    bf16 *W = (bf16 *)ctx->scratch;
+    bf16 *U = (bf16 *)((char *)ctx->scratch + w_bytes);
+    int2 *chunks = (int2 *)((char *)ctx->scratch + w_bytes + u_bytes);
+    int  *n_chunks = (int *)(chunks + cap);
+    gdn_chunk_table_kernel<<<1, 1024, 0, ctx->stream>>>(chunks, n_chunks, cu, n_seq, T, (int)cap);
+    KN_CUDA_LAUNCHED(ctx);
+    if (dk <= 64)
+        return gdn_chunked_launch<64>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale, W, U, chunks,
+                                      n_chunks, (int)cap);
+    if (dk <= 128)
+        return gdn_chunked_launch<128>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale, W, U,
+                                       chunks, n_chunks, (int)cap);
+    return gdn_chunked_launch<256>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale, W, U, chunks,
+                                   n_chunks, (int)cap);
 }
 
 cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
@@ -156,6 +636,8 @@ cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, cons
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && q && k && v && g && beta && cu_seqlens,
                       "gated_delta_rule: out, q, k, v, g, beta or cu_seqlens is NULL");
+    if (ctx->gemm_mode == KN_GEMM_MODE_BF16)
+        return gdn_chunked(ctx, out, q, k, v, g, beta, cu_seqlens, n_seq, T, nk, nv, dk, dv, scale);
 
     dim3 grid((unsigned int)(n_seq * nv), (unsigned int)((dv + 31) / 32));
     dim3 block(32 * GDN_WARPS);

@@ -482,7 +482,47 @@ static void test_rope(void) {
     }
 }
 
-static void attention_case(const int *lens, int n_seq, int nq, int nkv, int hd, int gated) {
+/* ||got − ref|| / ||ref|| ≤ rel_l2 and max|got − ref| ≤ rel_max · max|ref| (NaN fails): for the
+ * bf16 tensor-core kernels, whose error is spread over every element rather than bounded per
+ * element by fp32 rounding. */
+static void compare_rel(const char *name, const float *got, const float *ref, long n, double rel_l2,
+                        double rel_max) {
+    double num = 0, den = 0, max_abs = 0, max_ref = 0;
+    int    nan = 0;
+    for (long i = 0; i < n; i++) {
+        double d = (double)got[i] - (double)ref[i];
+        if (isnan(d) || isinf(d))
+            nan = 1;
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        if (fabs(d) > max_abs)
+            max_abs = fabs(d);
+        if (fabs((double)ref[i]) > max_ref)
+            max_ref = fabs((double)ref[i]);
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    int    ok = !nan && rel <= rel_l2 && max_abs <= rel_max * max_ref;
+    TST_CHECK(ok);
+    printf("%-58s n=%-8ld max|ref| %.2e  max_abs %.2e  rel_l2 %.2e  %s\n", name, n, max_ref, max_abs, rel,
+           ok ? "ok" : "FAIL");
+}
+
+/* Poisons a device buffer with NaN so that an element the kernel never writes fails. */
+static void poison(void *dev, long n) {
+    float *nan = malloc((size_t)n * sizeof(float));
+    if (!nan) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    for (long i = 0; i < n; i++)
+        nan[i] = NAN;
+    TST_CHECK(call_ok(gpu->upload(gctx, dev, nan, (size_t)n * sizeof(float)), "poison upload"));
+    free(nan);
+}
+
+/* flash: the cuda call runs on the bf16 context (the flash tensor-core kernel) instead of the
+ * fp32 one (the exact per-token kernel). */
+static void attention_case(const int *lens, int n_seq, int nq, int nkv, int hd, int gated, int flash) {
     int32_t cu[16];
     long    T = make_seqs(lens, n_seq, cu);
     float  *q = rand_f32(T * nq * hd, -1, 1), *k = rand_f32(T * nkv * hd, -1, 1),
@@ -498,13 +538,29 @@ static void attention_case(const int *lens, int n_seq, int nq, int nkv, int hd, 
     call_ok(
         cpu->attention(cctx, bo.c, bq.c, bk.c, bv.c, gated ? bg.c : NULL, bc.c, n_seq, T, nq, nkv, hd, scale),
         "cpu attention");
-    call_ok(
-        gpu->attention(gctx, bo.g, bq.g, bk.g, bv.g, gated ? bg.g : NULL, bc.g, n_seq, T, nq, nkv, hd, scale),
-        "cuda attention");
+    if (flash) {
+        poison(bo.g, T * nq * hd);
+        call_ok(gpu->sync(gctx), "sync");
+    }
+    call_ok(gpu->attention(flash ? gctx16 : gctx, bo.g, bq.g, bk.g, bv.g, gated ? bg.g : NULL, bc.g, n_seq, T,
+                           nq, nkv, hd, scale),
+            "cuda attention");
+    call_ok(gpu->sync(flash ? gctx16 : gctx), "sync");
     char name[112];
-    snprintf(name, sizeof name, "attention T=%ld n_seq=%d nq=%d nkv=%d hd=%d%s", T, n_seq, nq, nkv, hd,
-             gated ? " gated" : "");
-    compare_buf(name, &bo, T * nq * hd, 2e-6, 1e-5);
+    snprintf(name, sizeof name, "attention%s T=%ld n_seq=%d nq=%d nkv=%d hd=%d%s", flash ? " flash" : "", T,
+             n_seq, nq, nkv, hd, gated ? " gated" : "");
+    if (flash) {
+        /* q, k, v and the probabilities enter the tensor cores as bf16 (relative 2^-9 each),
+         * fp32 accumulation and softmax statistics: a few 1e-3 relative L2, as FlashAttention
+         * in bf16; a wrong mask or sequence boundary gives errors of order 1. */
+        float *c, *gg;
+        dbuf_get(&bo, 0, T * nq * hd, &c, &gg);
+        compare_rel(name, gg, c, T * nq * hd, 1e-2, 5e-2);
+        free(c);
+        free(gg);
+    } else {
+        compare_buf(name, &bo, T * nq * hd, 2e-6, 1e-5);
+    }
     dbuf_free(&bq);
     dbuf_free(&bk);
     dbuf_free(&bv);
@@ -521,12 +577,17 @@ static void test_attention(void) {
     static const int packed[] = {1, 63, 64, 65, 200};
     static const int one[] = {5};
     static const int small[] = {3, 1, 2};
-    attention_case(packed, 5, 3, 3, 32, 1);  /* group 1 */
-    attention_case(packed, 5, 6, 2, 64, 1);  /* group 3 */
-    attention_case(packed, 5, 3, 1, 256, 0); /* group 3, no gate */
-    attention_case(packed, 5, 2, 2, 256, 1); /* group 1 */
-    attention_case(one, 1, 2, 1, 48, 1);     /* hd not a multiple of 32 */
-    attention_case(small, 3, 3, 1, 1, 0);    /* hd 1 */
+    static const int longer[] = {700, 1, 1300, 67};
+    for (int flash = 0; flash < 2; flash++) {
+        attention_case(packed, 5, 3, 3, 32, 1, flash);  /* group 1 */
+        attention_case(packed, 5, 6, 2, 64, 1, flash);  /* group 3 */
+        attention_case(packed, 5, 3, 1, 256, 0, flash); /* group 3, no gate */
+        attention_case(packed, 5, 2, 2, 256, 1, flash); /* group 1 */
+        attention_case(one, 1, 2, 1, 48, 1, flash);     /* hd not a multiple of 32 */
+        attention_case(small, 3, 3, 1, 1, 0, flash);    /* hd 1 */
+    }
+    attention_case(longer, 4, 3, 1, 256, 1, 1); /* long sequences: many key tiles, tiles across boundaries */
+    attention_case(packed, 5, 4, 2, 128, 1, 1); /* hd 128 */
 }
 
 // ----------------------------------------------------------------------------
@@ -602,12 +663,17 @@ static void l2normalise_rows(float *x, long rows, int C) {
     }
 }
 
-static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv) {
+/* chunked: the cuda call runs on the bf16 context (the chunked tensor-core form) instead of
+ * the fp32 one (the per-token recurrence). */
+static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv, int chunked) {
     int32_t cu[16];
     long    T = make_seqs(lens, n_seq, cu);
     float  *q = rand_f32(T * nk * dk, -1, 1), *k = rand_f32(T * nk * dk, -1, 1),
           *v = rand_f32(T * nv * dv, -1, 1);
     float *g = rand_f32(T * nv, -1.5, -0.001), *beta = rand_f32(T * nv, 0.02, 0.98);
+    if (chunked) /* also slow decays, so the state carries far across chunk boundaries */
+        for (long i = 0; i < T * nv; i += 2)
+            g[i] *= 0.01f;
     l2normalise_rows(q, T * nk, dk);
     l2normalise_rows(k, T * nk, dk);
     dbuf  bq = dbuf_put(q, (size_t)(T * nk * dk) * 4), bk = dbuf_put(k, (size_t)(T * nk * dk) * 4);
@@ -618,15 +684,34 @@ static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv)
     call_ok(cpu->gated_delta_rule(cctx, bo.c, bq.c, bk.c, bv.c, bg.c, bb.c, bc.c, n_seq, T, nk, nv, dk, dv,
                                   scale),
             "cpu gated_delta_rule");
-    call_ok(gpu->gated_delta_rule(gctx, bo.g, bq.g, bk.g, bv.g, bg.g, bb.g, bc.g, n_seq, T, nk, nv, dk, dv,
-                                  scale),
+    if (chunked) {
+        poison(bo.g, T * nv * dv);
+        call_ok(gpu->sync(gctx), "sync");
+    }
+    call_ok(gpu->gated_delta_rule(chunked ? gctx16 : gctx, bo.g, bq.g, bk.g, bv.g, bg.g, bb.g, bc.g, n_seq, T,
+                                  nk, nv, dk, dv, scale),
             "cuda gated_delta_rule");
+    call_ok(gpu->sync(chunked ? gctx16 : gctx), "sync");
     char name[112];
-    snprintf(name, sizeof name, "gated_delta_rule T=%ld n_seq=%d nk=%d nv=%d dk=%d dv=%d", T, n_seq, nk, nv,
-             dk, dv);
-    /* fp32 recurrence vs double chunked form: the state update is a contraction (|k| = 1,
-     * β < 1, e^g ≤ 1), so rounding does not grow with the sequence length */
-    compare_buf(name, &bo, T * nv * dv, 1e-6, 1e-5);
+    snprintf(name, sizeof name, "gated_delta_rule%s T=%ld n_seq=%d nk=%d nv=%d dk=%d dv=%d",
+             chunked ? " chunked" : "", T, n_seq, nk, nv, dk, dv);
+    if (chunked) {
+        /* q, k, W, U, the state and δ enter the tensor cores rounded to bf16 (relative 2^-9
+         * each, as FLA rounds them), with fp32 accumulation and an fp32 state; the errors are
+         * independent across the few products each output goes through, so the relative L2
+         * error sits at a few 1e-3 (FLA's own bar against an fp32 reference is 5e-3). 1e-2
+         * leaves room for long sequences without hiding a wrong chunk boundary or a missed
+         * decay, which give errors of order 1; the max-element bound catches a wrong row. */
+        float *c, *gg;
+        dbuf_get(&bo, 0, T * nv * dv, &c, &gg);
+        compare_rel(name, gg, c, T * nv * dv, 1e-2, 5e-2);
+        free(c);
+        free(gg);
+    } else {
+        /* fp32 recurrence vs double chunked form: the state update is a contraction (|k| = 1,
+         * β < 1, e^g ≤ 1), so rounding does not grow with the sequence length */
+        compare_buf(name, &bo, T * nv * dv, 1e-6, 1e-5);
+    }
     dbuf_free(&bq);
     dbuf_free(&bk);
     dbuf_free(&bv);
@@ -644,12 +729,16 @@ static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv)
 static void test_gdn(void) {
     static const int packed[] = {1, 63, 64, 65, 200};
     static const int one[] = {130};
-    gdn_case(packed, 5, 2, 6, 16, 12);
-    gdn_case(packed, 5, 2, 6, 128, 128);
-    gdn_case(packed, 5, 2, 2, 16, 128); /* nk = nv */
-    gdn_case(packed, 5, 2, 2, 128, 12); /* nk = nv */
-    gdn_case(one, 1, 1, 3, 100, 33);    /* dk, dv not multiples of 8 or 32 */
-    gdn_case(one, 1, 1, 1, 256, 40);    /* the largest dk */
+    static const int longer[] = {1000, 1, 2500, 129};
+    for (int chunked = 0; chunked < 2; chunked++) {
+        gdn_case(packed, 5, 2, 6, 16, 12, chunked);
+        gdn_case(packed, 5, 2, 6, 128, 128, chunked);
+        gdn_case(packed, 5, 2, 2, 16, 128, chunked); /* nk = nv */
+        gdn_case(packed, 5, 2, 2, 128, 12, chunked); /* nk = nv */
+        gdn_case(one, 1, 1, 3, 100, 33, chunked);    /* dk, dv not multiples of 8 or 32 */
+        gdn_case(one, 1, 1, 1, 256, 40, chunked);    /* the largest dk */
+    }
+    gdn_case(longer, 4, 1, 3, 128, 128, 1); /* long sequences: 40 chunks of state carried */
 }
 
 // ----------------------------------------------------------------------------
