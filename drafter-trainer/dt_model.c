@@ -297,6 +297,11 @@ const dt_param *dt_model_param(const dt_model *m, int i) {
     return i >= 0 && i < m->n_params ? &m->params[i] : NULL;
 }
 
+void dt_model_grad_slab(const dt_model *m, float **grad, size_t *n) {
+    *grad = m->grad_base;
+    *n = m->n_slab;
+}
+
 const dt_param *dt_model_find_param(const dt_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
         if (strcmp(m->params[i].name, name) == 0)

@@ -10,6 +10,7 @@
 #ifndef DT_MODEL_H
 #define DT_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cm_cfg.h"
@@ -81,6 +82,10 @@ cm_status dt_model_set_frozen(dt_model *m, const void *embed, cm_dtype embed_dt,
 int             dt_model_n_params(const dt_model *m);
 const dt_param *dt_model_param(const dt_model *m, int i);
 const dt_param *dt_model_find_param(const dt_model *m, const char *name); /* NULL if absent */
+
+/* Every gradient as one backend array of n floats, in parameter order (alignment padding
+ * between tensors is zeroed with them): what a data-parallel all-reduce takes at once. */
+void dt_model_grad_slab(const dt_model *m, float **grad, size_t *n);
 
 /* Checks a batch against the model: cu_seqlens 0 … T strictly increasing, ids < vocab,
  * loss_mask 0/1, anchors sorted and in range. CM_ERR_INVALID_ARG naming the first problem. */

@@ -26,6 +26,7 @@
 #include "dt_ckpt.h"
 #include "dt_cmd.h"
 #include "dt_data.h"
+#include "dt_dp.h"
 #include "dt_live.h"
 #include "dt_model.h"
 #include "dt_optim.h"
@@ -39,6 +40,8 @@ typedef struct train_args {
     const char *curve_server_key, *curve_secret_key; /* --server on another host (CURVE) */
     int64_t     epochs, steps, max_anchors, save_every, log_every, credits, timeout_ms;
     int64_t     token_budget, dp_rank, dp_size; /* dp: -1 = from RANK / WORLD_SIZE, else 0 / 1 */
+    int64_t     gpu;       /* cuda device; -1 = LOCAL_RANK modulo the visible devices, else 0 */
+    const char *precision; /* "bf16" or "fp32" GEMMs on cuda; NULL = bf16 */
     cm_encoding encoding;
     double      lr, warmup_ratio, gamma, weight_decay, clip;
     int         have_gamma, resume;
@@ -69,7 +72,10 @@ static void usage(FILE *f) {
         "                           at most --token-budget tokens; needs --shards or --server\n"
         "  --token-budget N         tokens per packed batch with --dataset (default 8192)\n"
         "  --dp-rank R --dp-size W  data-parallel rank R of W: positions R, R+W, ... of each epoch's\n"
-        "                           order (default: RANK and WORLD_SIZE from the environment, else 0 of 1)\n"
+        "                           order (default: RANK and WORLD_SIZE from the environment, else 0 of 1);\n"
+        "                           with --device cuda the ranks all-reduce their gradients over NCCL\n"
+        "                           (rendezvous at MASTER_ADDR:MASTER_PORT, default 127.0.0.1:29500; each\n"
+        "                           rank needs its own --out), on cpu each rank trains alone on its share\n"
         "  --shards DIR             target_hidden from precomputed shards (drafter-trainer precompute\n"
         "                           over the same data list); the batch files then need no target_hidden\n"
         "  --server ENDPOINT        target_hidden live from a running `target-server serve`\n"
@@ -95,6 +101,9 @@ static void usage(FILE *f) {
         "  --save-every N           checkpoint every N steps (default 0: only at the end)\n"
         "  --resume                 continue RUN_DIR from checkpoints/latest exactly\n"
         "  --device cpu|cuda        kernel backend (default cpu)\n"
+        "  --gpu N                  cuda device (default: LOCAL_RANK modulo the visible devices, else 0)\n"
+        "  --precision bf16|fp32    cuda GEMM inputs in bf16 (fp32 accumulate, fp32 master weights) or\n"
+        "                           true fp32 (default bf16; the cpu backend always computes in fp32)\n"
         "  --log-every N            print every N-th step's metrics (default 1)\n"
         "  --log-level L            debug, info, warn, error, off (default info)\n"
         "  --progress MODE          auto (a bar on a terminal, else lines), bar, lines or off (stderr)\n"
@@ -172,6 +181,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
                       .token_budget = 8192,
                       .dp_rank = -1,
                       .dp_size = -1,
+                      .gpu = -1,
                       .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
                       .progress = DT_PROGRESS_AUTO,
                       .plan_target_tflops = DT_PLAN_TARGET_TFLOPS,
@@ -238,6 +248,15 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->out = v;
         else if (strcmp(f, "--device") == 0)
             a->device = v;
+        else if (strcmp(f, "--gpu") == 0)
+            ok = parse_i64(f, v, 0, &a->gpu);
+        else if (strcmp(f, "--precision") == 0) {
+            if (strcmp(v, "bf16") != 0 && strcmp(v, "fp32") != 0) {
+                fprintf(stderr, "drafter-trainer train: --precision '%s': expected bf16 or fp32\n", v);
+                return 2;
+            }
+            a->precision = v;
+        }
         else if (strcmp(f, "--epochs") == 0)
             ok = parse_i64(f, v, 1, &a->epochs);
         else if (strcmp(f, "--steps") == 0)
@@ -352,6 +371,7 @@ typedef struct run {
     dt_dataset       *ds;        /* --dataset: the packed documents behind data */
     dt_shard_source  *shards;    /* --shards: where target_hidden comes from */
     dt_live          *live;      /* --server: where target_hidden comes from */
+    dt_dp            *dp;        /* cuda with W > 1 ranks: the gradient all-reduce */
     uint64_t          target_id; /* cm_target_cfg_hash of --target */
     cm_st            *target;
     float            *frozen_owned[2]; /* widened embed / lm_head when the target is not F32/BF16 */
@@ -679,6 +699,11 @@ static cm_status train(run *r) {
     train_args *a = &r->a;
     CM_TRY(kn_backend_get(a->device, &r->be));
     kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+    const int     on_cuda = r->be == kn_backend_cuda();
+    kc.device = a->gpu >= 0 ? (int)a->gpu : on_cuda ? dt_dp_default_device() : 0;
+    kc.gemm_mode = a->precision && strcmp(a->precision, "fp32") == 0 ? KN_GEMM_MODE_F32 : KN_GEMM_MODE_BF16;
+    if (!on_cuda && (a->gpu >= 0 || a->precision))
+        CM_LOG_WARN("--gpu and --precision apply to --device cuda; the cpu backend computes in fp32");
     CM_TRY(r->be->ctx_create(&r->ctx, &kc));
 
     /* resume: find the checkpoint first, since it defines the config */
@@ -710,6 +735,21 @@ static cm_status train(run *r) {
     CM_TRY(load_target(r));
 
     CM_TRY(open_data(r));
+    if (a->dp_size > 1 && on_cuda) {
+        const char    *port = getenv("MASTER_PORT");
+        int64_t        p = 0;
+        if (port && !parse_i64("MASTER_PORT", port, 1, &p))
+            return CM_FAIL(CM_ERR_INVALID_ARG, "MASTER_PORT '%s' is not a port number", port);
+        const dt_dp_config dc = {.rank = (int)a->dp_rank,
+                                 .size = (int)a->dp_size,
+                                 .master_addr = getenv("MASTER_ADDR"),
+                                 .master_port = (int)p,
+                                 .timeout_ms = (int)a->timeout_ms};
+        CM_TRY(dt_dp_create(&r->dp, &dc, r->be, r->ctx, r->m));
+    } else if (a->dp_size > 1)
+        CM_LOG_WARN("rank %" PRId64 " of %" PRId64 " on cpu trains alone on its share of the data (gradients are "
+                    "all-reduced only with --device cuda)",
+                    a->dp_rank, a->dp_size);
 
     dt_hparams *hp = &r->hp;
     hp->lr = a->lr;
@@ -818,6 +858,8 @@ static cm_status train(run *r) {
         dt_step_stats ss;
         memset(&ss, 0, sizeof ss);
         CM_TRY(dt_model_step(r->m, &b, (float)hp->loss_decay_gamma, &ss));
+        if (r->dp) /* every rank, anchors or not: the loss and gradients become the global ones */
+            CM_TRY(dt_dp_reduce(r->dp, &ss));
         dt_optim_stats os;
         CM_TRY(dt_optim_step(r->o, &os));
         CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0, wait_s));
@@ -880,6 +922,7 @@ static void run_release(run *r) {
     dt_data_destroy(&r->data);
     dt_shard_source_destroy(&r->shards);
     dt_live_destroy(&r->live);
+    dt_dp_destroy(&r->dp);
     dt_dataset_destroy(&r->ds);
     dt_data_free_list(r->paths, r->n_paths);
     dt_optim_destroy(&r->o);
