@@ -9,3 +9,9 @@ add_test(NAME test_ts_random_cuda_bf16 COMMAND test_ts_random cuda bf16)
 add_test(NAME test_ts_random_cuda_fp32 COMMAND test_ts_random cuda fp32)
 set_tests_properties(test_ts_random_cuda_bf16 test_ts_random_cuda_fp32 PROPERTIES
                      TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS gpu)
+# bench_ts_target: the 27B-shaped forward on one GPU (not a test; bench/target_bench.sh runs it).
+if(TANDEM_HAVE_CUDA)
+  add_executable(bench_ts_target bench_ts_target.c)
+  target_compile_options(bench_ts_target PRIVATE ${TANDEM_C_WARNINGS})
+  target_link_libraries(bench_ts_target PRIVATE ts kn cm m)
+endif()

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# bench/target_bench.sh — the target-server at the 27B shape on a GPU machine, in one run:
+# our forward (bench_ts_target: cold start, tokens/s on 8192-token packs of a realistic length
+# mix, per-block times, the chunked GDN and flash attention kernels alone, the cuBLASLt
+# ceiling) and Hugging Face Transformers + FLA on the same pack and the same random-weight
+# ranges (bench/hf_fla_bench.py), then the ratio.
+#   usage: bench/target_bench.sh BUILD_DIR OUT_DIR
+# Environment: OURS_GPU (default 0) and HF_GPU (default 1 when a second GPU is present, else
+# the same GPU, run after ours); CONFIG (default the 27B deploy config); TOKENS (8192);
+# ITERS (5). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
+# /work/.library/device/README.md): install them first with pip --no-deps into a --target
+# directory on PYTHONPATH.
+set -uo pipefail
+build=${1:?usage: target_bench.sh BUILD_DIR OUT_DIR}
+out=${2:?usage: target_bench.sh BUILD_DIR OUT_DIR}
+cfg=${CONFIG:-deploy/configs/qwen3.6-27b/target-config.json}
+tokens=${TOKENS:-8192}
+iters=${ITERS:-5}
+mkdir -p "$out"
+n_gpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+ours_gpu=${OURS_GPU:-0}
+hf_gpu=${HF_GPU:-$([ "$n_gpu" -gt 1 ] && echo 1 || echo 0)}
+nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu \
+  --format=csv | tee "$out/gpus.csv"
+
+"$build/tests/bench_ts_target" --config "$cfg" --tokens "$tokens" --mix-only "$out/pack.json" || exit 1
+echo "pack: $(cat "$out/pack.json")"
+
+hf() {
+  CUDA_VISIBLE_DEVICES=$hf_gpu PYTHONUNBUFFERED=1 timeout "${HF_TIMEOUT:-300}" \
+    python3 bench/hf_fla_bench.py --config "$cfg" --pack "$out/pack.json" --iters 3 --json "$out/hf.json" \
+    > "$out/hf.log" 2>&1
+  echo "hf_fla_bench exit $?" >> "$out/hf.log"
+}
+if [ "$hf_gpu" != "$ours_gpu" ]; then hf & hf_pid=$!; fi
+
+/usr/bin/time -v "$build/tests/bench_ts_target" --config "$cfg" --tokens "$tokens" --iters "$iters" \
+  --gpu "$ours_gpu" --json "$out/ours.json" > "$out/ours.md" 2> "$out/ours.err"
+echo "bench_ts_target exit $?" >> "$out/ours.err"
+cat "$out/ours.md"; grep -E "exit|Maximum resident|Elapsed" "$out/ours.err"
+
+if [ "$hf_gpu" != "$ours_gpu" ]; then wait "$hf_pid"; else hf; fi
+cat "$out/hf.log"
+
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+try:
+    ours = json.load(open(f"{out}/ours.json"))
+except Exception as e:
+    print("no ours.json:", e); sys.exit(0)
+print(f"\nours: {ours['tokens_per_s']:.0f} tok/s ({ours['forward_ms']:.1f} ms per {ours['tokens']}-token pack)")
+try:
+    hf = json.load(open(f"{out}/hf.json"))
+except Exception as e:
+    print("no hf.json:", e); sys.exit(0)
+for mode, r in hf["modes"].items():
+    if "forward_ms" in r:
+        print(f"transformers {hf['transformers']} + fla {hf['fla']} ({mode}): {r['tokens_per_s']:.0f} tok/s "
+              f"({r['forward_ms']:.1f} ms); ours / theirs = {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x")
+    else:
+        print(f"transformers ({mode}): {r.get('error')}")
+PY
