@@ -7,7 +7,8 @@
 #   usage: bench/target_bench.sh BUILD_DIR OUT_DIR
 # Environment: OURS_GPU (default 0) and HF_GPU (default 1 when a second GPU is present, else
 # the same GPU, run after ours); CONFIG (default the 27B deploy config); TOKENS (8192);
-# ITERS (5). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
+# ITERS (5); PRE_CMD, a command run on our GPU while the Transformers side builds its model
+# on the other (the GPU tests, say). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
 # /work/.library/device/README.md): install them first with pip --no-deps into a --target
 # directory on PYTHONPATH.
 set -uo pipefail
@@ -33,6 +34,7 @@ hf() {
   echo "hf_fla_bench exit $?" >> "$out/hf.log"
 }
 if [ "$hf_gpu" != "$ours_gpu" ]; then hf & hf_pid=$!; fi
+[ -n "${PRE_CMD:-}" ] && CUDA_VISIBLE_DEVICES=$ours_gpu bash -c "$PRE_CMD"
 
 /usr/bin/time -v "$build/tests/bench_ts_target" --config "$cfg" --tokens "$tokens" --iters "$iters" \
   --gpu "$ours_gpu" --json "$out/ours.json" > "$out/ours.md" 2> "$out/ours.err"
