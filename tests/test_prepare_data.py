@@ -6,6 +6,9 @@ ShareGPT input (both forms give the same documents); --max-length truncates and 
 binary output equals `drafter-trainer dataset convert` of the JSONL output; bad input stops with
 one message naming the line. Argument: the drafter-trainer binary. Exits 77 (skipped) without
 transformers, tokenizers, numpy or safetensors."""
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -34,8 +37,30 @@ def check(cond, what):
         print(f"check failed: {what}", file=sys.stderr)
 
 
+def load_tool():
+    spec = importlib.util.spec_from_file_location("prepare_data", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TOOL_MOD = None
+
+
+class Result:
+    def __init__(self, returncode, stderr):
+        self.returncode, self.stderr = returncode, stderr
+
+
 def run(args):
-    return subprocess.run([sys.executable, TOOL, "--tokenizer", TOKENIZER] + args, capture_output=True, text=True)
+    """prepare_data.main in this process (importing transformers once keeps the test fast)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            rc = TOOL_MOD.main(["--tokenizer", TOKENIZER] + args)
+        except SystemExit as e:
+            rc = e.code
+    return Result(rc, err.getvalue())
 
 
 def read_jsonl(path):
@@ -48,7 +73,10 @@ def supervised(tok, doc):
 
 
 def main():
+    global TOOL_MOD
     from transformers import AutoTokenizer
+
+    TOOL_MOD = load_tool()
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
     tmp = tempfile.mkdtemp(prefix="tandem-prepare-")
@@ -130,6 +158,11 @@ def main():
     check(r.returncode == 1 and "line 1" in r.stderr and "robot" in r.stderr, r.stderr)
     r = run(["--input", os.path.join(tmp, "missing.jsonl"), "--output", os.path.join(tmp, "x.jsonl")])
     check(r.returncode == 1 and "cannot open" in r.stderr, r.stderr)
+
+    # the command line itself, once
+    r = subprocess.run([sys.executable, TOOL, "--tokenizer", TOKENIZER, "--input", openai, "--output",
+                        os.path.join(tmp, "cli.jsonl")], capture_output=True, text=True)
+    check(r.returncode == 0 and read_jsonl(os.path.join(tmp, "cli.jsonl")) == docs, f"cli: {r.stderr}")
 
     if failures == 0:
         subprocess.run(["rm", "-rf", tmp])
