@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "cm_dtype.h"
+#include "cm_log.h"
 #include "cm_safetensors.h"
 
 // ---- text building
@@ -211,6 +213,22 @@ static cm_status join(char *buf, size_t cap, const char *a, const char *b) {
     return CM_OK;
 }
 
+/* Test-only fault hook (dt_ckpt.h): TANDEM_FAULT=kill-in-checkpoint[:STEP] kills the process
+ * with SIGKILL once step-<N>.tmp/ holds every file and before it is renamed, at the save of
+ * step STEP (any step without one), so a test can prove a half-written checkpoint is never
+ * loaded. Read at each save: a checkpoint is rare, and the test sets it per process. */
+static void fault_kill_in_checkpoint(int64_t step) {
+    const char *f = getenv("TANDEM_FAULT");
+    const char *key = "kill-in-checkpoint";
+    if (!f || strncmp(f, key, strlen(key)) != 0)
+        return;
+    const char *rest = f + strlen(key);
+    if (*rest == '\0' || (*rest == ':' && strtoll(rest + 1, NULL, 10) == step)) {
+        CM_LOG_WARN("TANDEM_FAULT=%s: killing this process inside the checkpoint of step %" PRId64, f, step);
+        raise(SIGKILL);
+    }
+}
+
 // ---- serving format
 
 static cm_status download_param(const kn_backend *be, kn_ctx *ctx, const float *src, int64_t n,
@@ -342,6 +360,7 @@ cm_status dt_ckpt_save(const char *run_dir, const dt_model *m, const dt_optim *o
     CM_TRY(join(path, sizeof path, tmp, "training_state.safetensors"));
     CM_TRY(write_state(path, o, be, ctx, hp, ts));
     CM_TRY(fsync_path(tmp));
+    fault_kill_in_checkpoint(ts->step);
     /* a step-<N> left by a crash between its rename and the latest update is stale: the run
      * resumed from an older latest and has just recomputed step N */
     CM_TRY(remove_flat_dir(fin));

@@ -14,6 +14,11 @@
  * to step-<N>, the parent fsync'd, then latest is replaced the same way. A leftover
  * step-<N>.tmp/ (a crash) is never read and is cleared by the next save of step N.
  *
+ * Test only: with the environment variable TANDEM_FAULT=kill-in-checkpoint[:STEP] a save raises
+ * SIGKILL after every file of step-<N>.tmp/ is written and synced and before the rename (at step
+ * STEP, or at the first save without it), so tests/test_faults.c can show that --resume loads the
+ * previous checkpoint and never the half-written one. Never set it in a real run.
+ *
  * config.json fields, in this order: architectures ["DFlashDraftModel"], model_type "qwen3",
  * block_size, num_target_layers, dflash_config {block_size, mask_token_id, target_layer_ids},
  * hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,

@@ -1,0 +1,14 @@
+# Fault injection against real processes on loopback (issue 8): kill -9 of trainers (mid-step,
+# mid-checkpoint), of the server and of precompute, a full disk in a checkpoint, a frozen
+# trainer, a flood of sessions and a corrupt shard, each judged by the ledger of trained
+# batches against an uninterrupted run. `test_faults N` repeats the kills N times by hand.
+if(TARGET dt)
+  add_unit_test(test_faults test_faults.c LIBS dt TIMEOUT 300)
+  add_dependencies(test_faults drafter-trainer target-server)
+endif()
+# Capture guards at the trainer: a fake server's NaN, Inf, all-zero and wrong-layer answers
+# and another target id, and batch files holding NaN or Inf, are refused and never trained on.
+if(TARGET dt)
+  add_unit_test(test_dt_guards test_dt_guards.c LIBS dt TIMEOUT 120)
+  add_dependencies(test_dt_guards drafter-trainer target-server)
+endif()
