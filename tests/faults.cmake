@@ -12,3 +12,9 @@ if(TARGET dt)
   add_unit_test(test_dt_guards test_dt_guards.c LIBS dt TIMEOUT 120)
   add_dependencies(test_dt_guards drafter-trainer target-server)
 endif()
+# No secret in any log: a CURVE server, trainer and precompute at log level debug, a refused
+# stranger and status through CURVE; every log and output file searched for both secret keys.
+if(TARGET dt)
+  add_unit_test(test_dt_secrets test_dt_secrets.c LIBS dt TIMEOUT 120)
+  add_dependencies(test_dt_secrets drafter-trainer target-server)
+endif()
