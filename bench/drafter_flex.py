@@ -225,7 +225,7 @@ def main():
                f"layers.{L - 1}.mlp.down_proj.weight": P["layers"][L - 1]["down"]}
         worst = 0.0
         for name, p in got.items():
-            r = ref["grad." + name].double().reshape(p.shape)
+            r = ref["grad." + name].double().reshape(p.shape).to(p.device)
             e = ((p.grad.double() - r).norm() / r.norm().clamp(min=1e-30)).item()
             worst = max(worst, e)
             print(f"  grad.{name}: relative L2 error {e:.2e}")

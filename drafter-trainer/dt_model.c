@@ -59,12 +59,16 @@ typedef struct dt_acts {
     int32_t       *blk_ids, *blk_pos, *ctx_pos; /* [R], [R], [T] */
     int32_t       *anchors, *ctx_lo;            /* [n_anchors] */
     int32_t       *labels, *argmax;             /* [R] (first n_sel used) */
+    int32_t       *iota;                        /* [T] 0, 1, ...: row ids for widening device taps */
+    int32_t       *sel, *inv;                   /* [R] selected row → block row; block row → selected
+                                                   row or n_sel (the zero row of dhsel) */
     float         *gscale, *ce;                 /* [R] */
     float         *F;                           /* [T, n·D] target features */
     float         *ctx_pre, *ctx;               /* [T, D] F·fcᵀ; hidden_norm of it */
     dt_layer_acts *layer;                       /* [L] (host array of pointers into base) */
     float         *x_out, *hf;                  /* [R, D] after the last layer; norm(x_out) */
-    float         *hsel, *dhsel;                /* [R, D] rows with weight > 0, compacted; their grads */
+    float         *hsel, *dhsel;                /* [R, D] rows with weight > 0, compacted; their grads
+                                                   ([R + 1, D]: row n_sel is kept zero) */
     /* backward scratch shared by the layers */
     float *dx, *dtmp, *dh;           /* [R, D] */
     float *act, *dact, *dgate, *dup; /* [R, I] swiglu(gate, up) recomputed; its grad; the inputs' grads */
@@ -78,6 +82,8 @@ typedef struct dt_acts {
 typedef struct dt_host {
     int32_t *blk_ids, *blk_pos, *ctx_pos, *ctx_lo; /* [R], [R], [T], [n_anchors] */
     int32_t *sel_row, *labels, *argmax;            /* [R]: selected row → block row, label, argmax */
+    int32_t *iota;                                 /* [T] 0, 1, ... */
+    int32_t *inv;                                  /* [R] block row → selected row, or n_sel */
     double  *weight;                               /* [R] w of each selected row */
     float   *gscale, *ce;                          /* [R] */
 } dt_host;
@@ -264,6 +270,8 @@ static void acts_release(dt_model *m) {
     free(m->host.weight);
     free(m->host.gscale);
     free(m->host.ce);
+    free(m->host.iota);
+    free(m->host.inv);
     memset(&m->acts, 0, sizeof m->acts);
     memset(&m->host, 0, sizeof m->host);
 }
@@ -455,9 +463,18 @@ cm_status dt_batch_validate(const dt_model *m, const dt_batch *b) {
     if (b->n_seq < 1 || b->n_seq > b->T)
         return CM_FAIL(CM_ERR_INVALID_ARG, "the batch has %d sequences for %lld tokens; expected 1 to T",
                        b->n_seq, (long long)b->T);
-    if (!b->cu_seqlens || !b->input_ids || !b->loss_mask || !b->target_hidden)
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "the batch lacks cu_seqlens, input_ids, loss_mask or target_hidden");
+    if (!b->cu_seqlens || !b->input_ids || !b->loss_mask)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the batch lacks cu_seqlens, input_ids or loss_mask");
+    if (!b->target_hidden) {
+        if (m->cfg.n_taps > DT_MAX_TAPS)
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "%d taps in device memory; at most %d", m->cfg.n_taps, DT_MAX_TAPS);
+        for (int k = 0; k < m->cfg.n_taps; k++)
+            if (!b->dev_taps[k])
+                return CM_FAIL(CM_ERR_INVALID_ARG, "the batch has no target_hidden and no device tap %d", k);
+        if (b->dev_taps_dt != CM_DTYPE_BF16 && b->dev_taps_dt != CM_DTYPE_F32)
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "device taps in %s; expected BF16 or F32",
+                           cm_dtype_name(b->dev_taps_dt));
+    }
     if (b->cu_seqlens[0] != 0)
         return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens[0] is %d; it must be 0", b->cu_seqlens[0]);
     for (int s = 0; s < b->n_seq; s++)
@@ -523,6 +540,9 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
     a->ctx_lo = CARVE_I(c, NA);
     a->labels = CARVE_I(c, R);
     a->argmax = CARVE_I(c, R);
+    a->iota = CARVE_I(c, T);
+    a->sel = CARVE_I(c, R);
+    a->inv = CARVE_I(c, R);
     a->gscale = CARVE_F(c, R);
     a->ce = CARVE_F(c, R);
     a->F = CARVE_F(c, T * g->n_taps * D);
@@ -550,7 +570,7 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
     a->x_out = CARVE_F(c, R * D);
     a->hf = CARVE_F(c, R * D);
     a->hsel = CARVE_F(c, R * D);
-    a->dhsel = CARVE_F(c, R * D);
+    a->dhsel = CARVE_F(c, (R + 1) * D);
     a->dx = CARVE_F(c, R * D);
     a->dtmp = CARVE_F(c, R * D);
     a->dh = CARVE_F(c, R * D);
@@ -593,8 +613,10 @@ static cm_status ensure_capacity(dt_model *m, int64_t T, int64_t R) {
     h->weight = malloc((size_t)R * sizeof *h->weight);
     h->gscale = malloc((size_t)R * sizeof *h->gscale);
     h->ce = malloc((size_t)R * sizeof *h->ce);
+    h->iota = malloc((size_t)T * sizeof *h->iota);
+    h->inv = malloc((size_t)R * sizeof *h->inv);
     if (!a->layer || !h->blk_ids || !h->blk_pos || !h->ctx_pos || !h->ctx_lo || !h->sel_row || !h->labels ||
-        !h->argmax || !h->weight || !h->gscale || !h->ce) {
+        !h->argmax || !h->weight || !h->gscale || !h->ce || !h->iota || !h->inv) {
         acts_release(m);
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate host buffers for %lld tokens and %lld block rows",
                        (long long)T, (long long)R);
@@ -610,7 +632,9 @@ static cm_status ensure_capacity(dt_model *m, int64_t T, int64_t R) {
     acts_layout(m, &c, T, R);
     a->T_cap = T;
     a->R_cap = R;
-    return CM_OK;
+    for (int64_t t = 0; t < T; t++)
+        h->iota[t] = (int32_t)t;
+    return m->be->upload(m->ctx, a->iota, h->iota, (size_t)T * sizeof(int32_t));
 }
 
 /* Host side of DESIGN §5: block tokens and positions, context positions restarting at
@@ -647,6 +671,10 @@ static void layout_batch(dt_model *m, const dt_batch *b, float gamma) {
     }
     for (int64_t i = 0; i < m->n_sel; i++)
         h->gscale[i] = (float)(h->weight[i] / wsum);
+    for (int64_t r = 0; r < m->R; r++)
+        h->inv[r] = (int32_t)m->n_sel;
+    for (int64_t i = 0; i < m->n_sel; i++)
+        h->inv[h->sel_row[i]] = (int32_t)i;
     m->weight_sum = wsum;
 }
 
@@ -654,8 +682,19 @@ static cm_status upload_batch(dt_model *m, const dt_batch *b) {
     const kn_backend *be = m->be;
     dt_acts          *a = &m->acts;
     const int64_t     NA = m->n_anchors, R = m->R, T = m->T;
-    const size_t      nF = (size_t)T * (size_t)m->cfg.n_taps * (size_t)m->cfg.hidden_size;
-    CM_TRY(be->upload(m->ctx, a->F, b->target_hidden, nF * sizeof(float)));
+    const int64_t     D = m->cfg.hidden_size, nD = (int64_t)m->cfg.n_taps * D;
+    if (b->target_hidden)
+        CM_TRY(be->upload(m->ctx, a->F, b->target_hidden, (size_t)T * (size_t)nD * sizeof(float)));
+    else /* taps in device memory: widened row by row into their columns of F (ctx_pre is free
+          * until the fc GEMM writes it) */
+        for (int k = 0; k < m->cfg.n_taps; k++) {
+            const float *src = b->dev_taps[k];
+            if (b->dev_taps_dt == CM_DTYPE_BF16) {
+                CM_TRY(be->embed(m->ctx, a->ctx_pre, a->iota, b->dev_taps[k], CM_DTYPE_BF16, T, D));
+                src = a->ctx_pre;
+            }
+            CM_TRY(be->copy2d(m->ctx, a->F + k * D, nD, src, D, T, D));
+        }
     CM_TRY(be->upload(m->ctx, a->blk_ids, m->host.blk_ids, (size_t)R * sizeof(int32_t)));
     CM_TRY(be->upload(m->ctx, a->blk_pos, m->host.blk_pos, (size_t)R * sizeof(int32_t)));
     CM_TRY(be->upload(m->ctx, a->ctx_pos, m->host.ctx_pos, (size_t)T * sizeof(int32_t)));
@@ -663,6 +702,8 @@ static cm_status upload_batch(dt_model *m, const dt_batch *b) {
     CM_TRY(be->upload(m->ctx, a->ctx_lo, m->host.ctx_lo, (size_t)NA * sizeof(int32_t)));
     CM_TRY(be->upload(m->ctx, a->labels, m->host.labels, (size_t)m->n_sel * sizeof(int32_t)));
     CM_TRY(be->upload(m->ctx, a->gscale, m->host.gscale, (size_t)m->n_sel * sizeof(float)));
+    CM_TRY(be->upload(m->ctx, a->sel, m->host.sel_row, (size_t)m->n_sel * sizeof(int32_t)));
+    CM_TRY(be->upload(m->ctx, a->inv, m->host.inv, (size_t)R * sizeof(int32_t)));
     return CM_OK;
 }
 
@@ -766,34 +807,21 @@ static cm_status forward(dt_model *m) {
 // ----------------------------------------------------------------------------
 // loss and backward
 
-/* Length of the run of consecutive block rows starting at selected row i. */
-static int64_t run_length(const int32_t *sel_row, int64_t i, int64_t n) {
-    int64_t j = i + 1;
-    while (j < n && sel_row[j] == sel_row[j - 1] + 1)
-        j++;
-    return j - i;
-}
-
 /* The LM head and cross-entropy on the selected rows only (compacted), then the gradient
  * through the final norm into acts.dx (rows without a label get zero gradient). */
 static cm_status loss_fwd_bwd(dt_model *m) {
     const kn_backend *be = m->be;
     dt_acts          *a = &m->acts;
-    const int32_t    *sel = m->host.sel_row;
     const int64_t     D = m->cfg.hidden_size, n = m->n_sel;
-    for (int64_t i = 0, len; i < n; i += len) {
-        len = run_length(sel, i, n);
-        CM_TRY(be->copy2d(m->ctx, a->hsel + i * D, D, a->hf + (int64_t)sel[i] * D, D, len, D));
-    }
+    /* gathers as row lookups (the embed op on an F32 table): two launches instead of one
+     * copy per run of selected rows (~1000 at 512 anchors) */
+    CM_TRY(be->embed(m->ctx, a->hsel, a->sel, a->hf, CM_DTYPE_F32, n, D));
     CM_TRY(be->lm_ce(m->ctx, a->dhsel, a->ce, a->argmax, a->hsel, a->labels, a->gscale, m->lm_head,
                      m->lm_head_dt, n, m->V, D));
     CM_TRY(be->download(m->ctx, m->host.ce, a->ce, (size_t)n * sizeof(float)));
     CM_TRY(be->download(m->ctx, m->host.argmax, a->argmax, (size_t)n * sizeof(int32_t)));
-    CM_TRY(dev_zero(m, a->dtmp, m->R * D));
-    for (int64_t i = 0, len; i < n; i += len) {
-        len = run_length(sel, i, n);
-        CM_TRY(be->copy2d(m->ctx, a->dtmp + (int64_t)sel[i] * D, D, a->dhsel + i * D, D, len, D));
-    }
+    CM_TRY(dev_zero(m, a->dhsel + n * D, D)); /* the row unselected block rows read */
+    CM_TRY(be->embed(m->ctx, a->dtmp, a->inv, a->dhsel, CM_DTYPE_F32, m->R, D));
     dt_param *norm = &m->params[m->n_params - 1];
     CM_TRY(be->rmsnorm_bwd(m->ctx, a->dx, norm->grad, a->dtmp, a->x_out, norm->data, m->R, D,
                            m->cfg.rms_norm_eps, 0));

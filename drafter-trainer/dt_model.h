@@ -32,7 +32,11 @@ typedef struct dt_param {
     float      *grad;     /* backend memory, fp32, zeroed at the start of every step */
 } dt_param;
 
-/* A packed batch on the host (DESIGN §5 and §6). target_hidden is F32 [T, n_taps·D]. */
+/* A packed batch on the host (DESIGN §5 and §6). target_hidden is F32 [T, n_taps·D] on the
+ * host; or, when it is NULL, the taps are already in backend memory (the NCCL data path, a
+ * benchmark): dev_taps[k] is tap k (target_layer_ids order) [T, D] in dev_taps_dt (BF16 or
+ * F32), borrowed until dt_model_step returns. */
+#define DT_MAX_TAPS 16
 typedef struct dt_batch {
     int64_t        T;
     int            n_seq;
@@ -42,6 +46,8 @@ typedef struct dt_batch {
     const float   *target_hidden; /* [T, n_taps·D] */
     int64_t        n_anchors;
     const int32_t *anchors;       /* [n_anchors], sorted ascending, each in [0, T) */
+    const void    *dev_taps[DT_MAX_TAPS]; /* backend memory, used when target_hidden is NULL */
+    cm_dtype       dev_taps_dt;
 } dt_batch;
 
 /* What a step measured. acc_hits[k] / acc_count[k] is the accuracy of slot k (k ≥ 1, over

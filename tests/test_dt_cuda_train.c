@@ -181,6 +181,15 @@ static void test_resume(void) {
 
 // ---- data parallelism
 
+/* Copies I32 tensor name of n elements into dst (cm_st_read converts float dtypes only). */
+static int read_i32(const cm_st *st, const char *name, int64_t n, int32_t *dst) {
+    const cm_st_tensor *t = cm_st_find(st, name);
+    if (!t || t->dtype != CM_DTYPE_I32 || t->shape[0] != n)
+        return 0;
+    memcpy(dst, t->data, (size_t)n * sizeof *dst);
+    return 1;
+}
+
 /* Writes dir/name = the concatenation of batch files a and b (documents of a, then of b;
  * target_hidden widened to F32), with b's loss_mask zeroed when b_no_loss. */
 static int concat_batches(const char *a, const char *b, int b_no_loss, const char *out) {
@@ -209,11 +218,10 @@ static int concat_batches(const char *a, const char *b, int b_no_loss, const cha
     }
     int64_t off_t = 0, off_n = 0;
     for (int i = 0; i < 2 && ok; i++) {
-        int64_t s1[1] = {T[i]}, s2[2] = {T[i], W}, sc[1] = {N[i] + 1};
-        ok = cm_st_read(st[i], "input_ids", 1, s1, ids + off_t, CM_DTYPE_I32) == CM_OK &&
-             cm_st_read(st[i], "loss_mask", 1, s1, mask + off_t, CM_DTYPE_I32) == CM_OK &&
+        int64_t s2[2] = {T[i], W};
+        ok = read_i32(st[i], "input_ids", T[i], ids + off_t) && read_i32(st[i], "loss_mask", T[i], mask + off_t) &&
              cm_st_read(st[i], "target_hidden", 2, s2, hid + off_t * W, CM_DTYPE_F32) == CM_OK &&
-             cm_st_read(st[i], "cu_seqlens", 1, sc, cu + off_n, CM_DTYPE_I32) == CM_OK;
+             read_i32(st[i], "cu_seqlens", N[i] + 1, cu + off_n);
         if (!ok)
             break;
         for (int64_t s = 0; s <= N[i]; s++)
@@ -250,9 +258,8 @@ static int no_loss_copy(const char *src, const char *out) {
     int64_t             T = ok ? ids->shape[0] : 0, N = ok ? cu->shape[0] : 0, W = 2 * DTD_D;
     int32_t            *id = malloc((size_t)T * 4 + 4), *mask = calloc((size_t)T + 1, 4), *c = malloc((size_t)N * 4 + 4);
     float              *hid = malloc((size_t)(T * W) * 4 + 4);
-    int64_t             s1[1] = {T}, s2[2] = {T, W}, sc[1] = {N};
-    ok = ok && id && mask && c && hid && cm_st_read(st, "input_ids", 1, s1, id, CM_DTYPE_I32) == CM_OK &&
-         cm_st_read(st, "cu_seqlens", 1, sc, c, CM_DTYPE_I32) == CM_OK &&
+    int64_t             s2[2] = {T, W};
+    ok = ok && id && mask && c && hid && read_i32(st, "input_ids", T, id) && read_i32(st, "cu_seqlens", N, c) &&
          cm_st_read(st, "target_hidden", 2, s2, hid, CM_DTYPE_F32) == CM_OK;
     if (ok) {
         cm_st_writer *w = NULL;
