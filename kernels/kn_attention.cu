@@ -10,9 +10,11 @@
  *   memory at the end. All math fp32 with expf; O(len²) work per sequence, no score matrix.
  *
  * - KN_GEMM_MODE_BF16 (serving): a flash-style kernel (flash_attention_kernel below): 64-query
- *   tiles in shared memory, 64-key tiles, bf16 tensor cores (WMMA, sm_80+: Ampere, Hopper and
- *   Blackwell alike) for Q Kᵀ and P V with fp32 accumulation, the online softmax in fp32, head
- *   dims up to 256 (zero-padded to 64, 128 or 256), the sigmoid gate fused at the output.
+ *   tiles in shared memory, 64-key tiles streamed in by cp.async (the next tile loads while the
+ *   current one computes), bf16 tensor cores (WMMA, sm_80+: Ampere, Hopper and Blackwell
+ *   alike) for Q Kᵀ and P V with fp32 accumulation, the online softmax in fp32, head dims up to
+ *   256 (q, k, v first copied to bf16 zero-padded to 64, 128 or 256 in the ctx scratch), the
+ *   sigmoid gate fused at the output.
  *   q, k, v and the probabilities are rounded to bf16: a few 1e-3 relative, as FlashAttention.
  *
  * The token's sequence start is a binary search of cu_seqlens (device memory, checked by
@@ -141,25 +143,68 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fa_fb_
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fa_fb_col;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float>                fa_facc;
 
+/* 16-byte asynchronous copy global → shared (sm_80+); src_bytes 0 writes zeros (rows past the
+ * end), and then nothing is read from src. */
+static __device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+static __device__ __forceinline__ void fa_cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+static __device__ __forceinline__ void fa_cp_wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
+/* x [rows, n] fp32 → dst [rows, P] bf16, zero past n: the operands of the tiles, padded so that
+ * every tile row is whole 16-byte vectors. One thread per 8 outputs. */
+static __global__ void fa_to_bf16_padded(bf16 *dst, const float *x, int64_t rows, int n, int P) {
+    const int64_t nvec = rows * (P / 8), stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+        const int64_t r = i / (P / 8);
+        const int     c0 = (int)(i % (P / 8)) * 8;
+        __align__(16) bf16 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = __float2bfloat16(c0 + j < n ? x[r * n + c0 + j] : 0.0f);
+        *(uint4 *)(dst + r * P + c0) = *(const uint4 *)v;
+    }
+}
+
 template <int HDP> struct fa_smem {
-    static constexpr int    QS = HDP + 8; /* bf16 stride of q / k / v rows */
+    static constexpr int    QS = HDP + 8; /* bf16 stride of q / k / v rows (16-byte multiple) */
     static constexpr int    OS = HDP + 4; /* fp32 stride of the output accumulator rows */
-    static constexpr size_t bytes = 2 * (size_t)64 * QS * 2 /* Qb, KVb */ + (size_t)64 * FA_FS * 4 /* Sf */ +
+    static constexpr size_t bytes = 3 * (size_t)64 * QS * 2 /* Qb, Kb, Vb */ + (size_t)64 * FA_FS * 4 /* Sf */ +
                                     (size_t)64 * FA_BS * 2 /* Pb */ + (size_t)64 * OS * 4 /* Of */ +
                                     4 * 64 * 4 /* m, l, corr, bos */;
 };
 
+/* 64 rows (tokens row0…) of head `head` of a padded bf16 [T, heads, HDP] array into smem rows of
+ * stride HDP + 8, by cp.async; rows ≥ end are zero-filled. */
+template <int HDP>
+static __device__ __forceinline__ void fa_load_tile(bf16 *dst, const bf16 *src, int64_t row0, int64_t end,
+                                                    int heads, int head, int tid) {
+    constexpr int VPR = HDP / 8;
+#pragma unroll 4
+    for (int i = tid; i < 64 * VPR; i += FA_THREADS) {
+        const int     r = i / VPR, c = (i % VPR) * 8;
+        const int64_t s = row0 + r;
+        const bool    ok = s < end;
+        fa_cp16(dst + r * (HDP + 8) + c, src + ((ok ? s : 0) * heads + head) * (int64_t)HDP + c, ok ? 16 : 0);
+    }
+}
+
 /* One block per (64 consecutive tokens, q head); tiles may straddle sequences, so every row
  * carries its own sequence start and the key range is [start of the first row, last row].
- * Per key tile: S = Q Kᵀ (bf16 WMMA → fp32), the online softmax in fp32 (row max m, sum l,
- * the previous accumulator rescaled by e^{m_old − m_new}), then O += P V (P in bf16). Warp w
- * owns rows 16w…16w+15 of S, P and O, so the softmax needs only warp-level ordering; K and V
- * share one buffer (block barriers around it). Tiles run last-first so the longest finish
- * first. */
+ * q, k, v arrive as padded bf16 copies (fa_to_bf16_padded). Per key tile: S = Q Kᵀ (bf16 WMMA
+ * → fp32), the online softmax in fp32 (base 2, row max m, sum l, the accumulator rescaled by
+ * 2^{m_old − m_new}), then O += P V (P in bf16). The v tile streams in (cp.async) while S and the
+ * softmax run, the next k tile while P V runs. Warp w owns rows 16w…16w+15 of S, P and O, so the
+ * softmax needs only warp-level ordering. Tiles run last-first so the longest finish first. */
 template <int HDP>
 static __global__ void __launch_bounds__(FA_THREADS)
-    flash_attention_kernel(float *out, const float *q, const float *k, const float *v, const float *gate,
-                           const int32_t *cu, int n_seq, int64_t T, int nq, int nkv, int hd, float scale) {
+    flash_attention_kernel(float *out, const bf16 *qc, const bf16 *kc, const bf16 *vc, const float *gate,
+                           const int32_t *cu, int n_seq, int64_t T, int nq, int nkv, int hd, float scale_log2) {
     typedef fa_smem<HDP> SM;
     constexpr int        QS = SM::QS, OS = SM::OS;
     const int64_t        r0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * FA_ROWS;
@@ -168,10 +213,11 @@ static __global__ void __launch_bounds__(FA_THREADS)
     const int64_t        r_end = r0 + FA_ROWS < T ? r0 + FA_ROWS : T;
 
     extern __shared__ __align__(128) unsigned char fa_smem_raw[];
-    bf16    *Qb = (bf16 *)fa_smem_raw;     /* [64][QS] */
-    bf16    *KVb = Qb + 64 * QS;           /* [64][QS] k, then v of the key tile */
-    float   *Sf = (float *)(KVb + 64 * QS); /* [64][FA_FS] */
-    bf16    *Pb = (bf16 *)(Sf + 64 * FA_FS); /* [64][FA_BS] */
+    bf16    *Qb = (bf16 *)fa_smem_raw;        /* [64][QS] */
+    bf16    *Kb = Qb + 64 * QS;               /* [64][QS] */
+    bf16    *Vb = Kb + 64 * QS;               /* [64][QS] */
+    float   *Sf = (float *)(Vb + 64 * QS);    /* [64][FA_FS] */
+    bf16    *Pb = (bf16 *)(Sf + 64 * FA_FS);  /* [64][FA_BS] */
     float   *Of = (float *)(Pb + 64 * FA_BS); /* [64][OS] */
     float   *m_s = Of + 64 * OS, *l_s = m_s + 64, *corr_s = l_s + 64;
     int32_t *bos_s = (int32_t *)(corr_s + 64);
@@ -182,37 +228,37 @@ static __global__ void __launch_bounds__(FA_THREADS)
         m_s[r] = -INFINITY;
         l_s[r] = 0.0f;
     }
-    for (int idx = tid; idx < 64 * HDP; idx += FA_THREADS) {
-        int     r = idx / HDP, c = idx % HDP;
-        int64_t t = r0 + r;
-        Qb[r * QS + c] = __float2bfloat16(t < r_end && c < hd ? q[(t * nq + h) * (int64_t)hd + c] : 0.0f);
-        Of[r * OS + c] = 0.0f;
+    for (int idx = tid; idx < 64 * HDP / 4; idx += FA_THREADS) {
+        int r = idx / (HDP / 4), c = (idx % (HDP / 4)) * 4;
+        *(float4 *)(Of + r * OS + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     __syncthreads();
     const int64_t kv_lo = bos_s[0], kv_hi = r_end; /* keys [kv_lo, kv_hi) */
+    fa_load_tile<HDP>(Qb, qc, r0, r_end, nq, h, tid);
+    fa_load_tile<HDP>(Kb, kc, kv_lo, kv_hi, nkv, kvh, tid);
+    fa_cp_commit();
 
     for (int64_t s0 = kv_lo; s0 < kv_hi; s0 += FA_KEYS) {
-        for (int idx = tid; idx < 64 * HDP; idx += FA_THREADS) {
-            int     r = idx / HDP, c = idx % HDP;
-            int64_t s = s0 + r;
-            KVb[r * QS + c] = __float2bfloat16(s < kv_hi && c < hd ? k[(s * nkv + kvh) * (int64_t)hd + c] : 0.0f);
-        }
-        __syncthreads();
+        fa_cp_wait_all();
+        __syncthreads(); /* k (and q) landed for every thread; every warp is done with the last v */
+        fa_load_tile<HDP>(Vb, vc, s0, kv_hi, nkv, kvh, tid);
+        fa_cp_commit();
         for (int tj = 0; tj < 4; tj++) {
             fa_facc acc;
             wmma::fill_fragment(acc, 0.0f);
+#pragma unroll 4
             for (int kk = 0; kk < HDP; kk += 16) {
                 fa_fa_row a;
                 fa_fb_col b;
                 wmma::load_matrix_sync(a, Qb + warp * 16 * QS + kk, QS);
-                wmma::load_matrix_sync(b, KVb + tj * 16 * QS + kk, QS);
+                wmma::load_matrix_sync(b, Kb + tj * 16 * QS + kk, QS);
                 wmma::mma_sync(acc, a, b, acc);
             }
             wmma::store_matrix_sync(Sf + warp * 16 * FA_FS + tj * 16, acc, FA_FS, wmma::mem_row_major);
         }
         __syncwarp();
         {
-            /* two lanes per row, 32 keys each */
+            /* two lanes per row, 32 keys each; scores in base 2 (scale_log2 = scale · log2 e) */
             const int     row = warp * 16 + lane / 2, half = lane % 2;
             const int64_t t = r0 + row, bos = bos_s[row];
             const bool    live = t < r_end;
@@ -221,17 +267,17 @@ static __global__ void __launch_bounds__(FA_THREADS)
             for (int c = 0; c < 32; c++) {
                 int64_t s = s0 + half * 32 + c;
                 bool    ok = live && s >= bos && s <= t;
-                x[c] = ok ? Sf[row * FA_FS + half * 32 + c] * scale : -INFINITY;
+                x[c] = ok ? Sf[row * FA_FS + half * 32 + c] * scale_log2 : -INFINITY;
                 mx = fmaxf(mx, x[c]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             const float m_old = m_s[row], m_new = fmaxf(m_old, mx);
             float       corr = 1.0f, sum = 0.0f;
             if (m_new != -INFINITY) { /* no key seen yet: nothing to rescale or add */
-                corr = expf(m_old - m_new); /* 0 when m_old = -inf */
+                corr = exp2f(m_old - m_new); /* 0 when m_old = -inf */
 #pragma unroll
                 for (int c = 0; c < 32; c++) {
-                    x[c] = x[c] == -INFINITY ? 0.0f : expf(x[c] - m_new);
+                    x[c] = exp2f(x[c] - m_new); /* exp2(-inf) = 0 for masked keys */
                     sum += x[c];
                 }
             } else {
@@ -241,8 +287,8 @@ static __global__ void __launch_bounds__(FA_THREADS)
             }
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
 #pragma unroll
-            for (int c = 0; c < 32; c++)
-                Pb[row * FA_BS + half * 32 + c] = __float2bfloat16(x[c]);
+            for (int c = 0; c < 32; c += 2)
+                *(__nv_bfloat162 *)(Pb + row * FA_BS + half * 32 + c) = __floats2bfloat162_rn(x[c], x[c + 1]);
             if (half == 0) {
                 m_s[row] = m_new;
                 l_s[row] = l_s[row] * corr + sum;
@@ -250,31 +296,37 @@ static __global__ void __launch_bounds__(FA_THREADS)
             }
         }
         __syncwarp();
-        for (int idx = lane; idx < 16 * HDP; idx += 32) {
-            int r = warp * 16 + idx / HDP, c = idx % HDP;
-            Of[r * OS + c] *= corr_s[r];
+        for (int idx = lane; idx < 16 * HDP / 4; idx += 32) {
+            int    r = warp * 16 + idx / (HDP / 4), c = (idx % (HDP / 4)) * 4;
+            float  cr = corr_s[r];
+            float4 o = *(float4 *)(Of + r * OS + c);
+            o.x *= cr;
+            o.y *= cr;
+            o.z *= cr;
+            o.w *= cr;
+            *(float4 *)(Of + r * OS + c) = o;
         }
-        __syncthreads(); /* every warp is done with k */
-        for (int idx = tid; idx < 64 * HDP; idx += FA_THREADS) {
-            int     r = idx / HDP, c = idx % HDP;
-            int64_t s = s0 + r;
-            KVb[r * QS + c] = __float2bfloat16(s < kv_hi && c < hd ? v[(s * nkv + kvh) * (int64_t)hd + c] : 0.0f);
+        fa_cp_wait_all();
+        __syncthreads(); /* v landed; every warp is done with k */
+        if (s0 + FA_KEYS < kv_hi) {
+            fa_load_tile<HDP>(Kb, kc, s0 + FA_KEYS, kv_hi, nkv, kvh, tid);
+            fa_cp_commit();
         }
-        __syncthreads();
         for (int tj = 0; tj < HDP / 16; tj++) {
             fa_facc acc;
             wmma::load_matrix_sync(acc, Of + warp * 16 * OS + tj * 16, OS, wmma::mem_row_major);
+#pragma unroll
             for (int kk = 0; kk < FA_KEYS; kk += 16) {
                 fa_fa_row a;
                 fa_fb_row b;
                 wmma::load_matrix_sync(a, Pb + warp * 16 * FA_BS + kk, FA_BS);
-                wmma::load_matrix_sync(b, KVb + kk * QS + tj * 16, QS);
+                wmma::load_matrix_sync(b, Vb + kk * QS + tj * 16, QS);
                 wmma::mma_sync(acc, a, b, acc);
             }
             wmma::store_matrix_sync(Of + warp * 16 * OS + tj * 16, acc, OS, wmma::mem_row_major);
         }
-        __syncthreads(); /* every warp is done with v before the next k */
     }
+    __syncthreads();
 
     for (int idx = tid; idx < 64 * hd; idx += FA_THREADS) {
         int     r = idx / hd, c = idx % hd;
@@ -284,7 +336,7 @@ static __global__ void __launch_bounds__(FA_THREADS)
         int64_t o = (t * nq + h) * (int64_t)hd + c;
         float   y = Of[r * OS + c] / l_s[r];
         if (gate)
-            y *= 1.0f / (1.0f + expf(-gate[o]));
+            y *= 1.0f / (1.0f + __expf(-gate[o]));
         out[o] = y;
     }
 }
@@ -294,11 +346,27 @@ static cm_status flash_attention_launch(kn_ctx *ctx, float *out, const float *q,
                                         const float *gate, const int32_t *cu, int n_seq, int64_t T, int nq,
                                         int nkv, int hd, float scale) {
     const size_t smem = fa_smem<HDP>::bytes;
+    const size_t q_bytes = ((size_t)T * nq * HDP * sizeof(bf16) + 255) / 256 * 256;
+    const size_t kv_bytes = ((size_t)T * nkv * HDP * sizeof(bf16) + 255) / 256 * 256;
+    CM_TRY(kn_cuda_scratch_reserve(ctx, q_bytes + 2 * kv_bytes));
+    bf16 *qc = (bf16 *)ctx->scratch, *kc = (bf16 *)((char *)ctx->scratch + q_bytes);
+    bf16 *vc = (bf16 *)((char *)ctx->scratch + q_bytes + kv_bytes);
+    struct {
+        bf16        *dst;
+        const float *src;
+        int64_t      rows;
+    } conv[3] = {{qc, q, T * nq}, {kc, k, T * nkv}, {vc, v, T * nkv}};
+    for (int i = 0; i < 3; i++) {
+        int64_t      nvec = conv[i].rows * (HDP / 8), blocks = (nvec + 255) / 256;
+        unsigned int grid = (unsigned int)(blocks < 65536 ? blocks : 65536);
+        fa_to_bf16_padded<<<grid, 256, 0, ctx->stream>>>(conv[i].dst, conv[i].src, conv[i].rows, hd, HDP);
+        KN_CUDA_LAUNCHED(ctx);
+    }
     KN_CUDA(cudaFuncSetAttribute(flash_attention_kernel<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem));
     dim3 grid((unsigned int)((T + FA_ROWS - 1) / FA_ROWS), (unsigned int)nq);
-    flash_attention_kernel<HDP>
-        <<<grid, FA_THREADS, smem, ctx->stream>>>(out, q, k, v, gate, cu, n_seq, T, nq, nkv, hd, scale);
+    flash_attention_kernel<HDP><<<grid, FA_THREADS, smem, ctx->stream>>>(out, qc, kc, vc, gate, cu, n_seq, T, nq,
+                                                                         nkv, hd, scale * 1.4426950408889634f);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

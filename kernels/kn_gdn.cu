@@ -139,7 +139,7 @@ static __global__ void gated_delta_rule_kernel(float *out, const float *q, const
 #define GDN_BV      32  /* state columns per block of gdn_state */
 #define GDN_THREADS 256 /* 8 warps */
 #define GDN_FS      68  /* fp32 stride of 64-wide tiles (a multiple of 4 for WMMA, off the 32 banks) */
-#define GDN_BS      72  /* bf16 stride of 64-wide tiles (a multiple of 8 for WMMA) */
+#define GDN_BS      72  /* bf16 stride of 64-wide tiles (a multiple of 8 for WMMA, 16-byte rows) */
 #define GDN_SFS     36  /* fp32 stride of GDN_BV-wide tiles */
 #define GDN_SBS     40  /* bf16 stride of GDN_BV-wide tiles */
 
@@ -149,12 +149,39 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> gdn_fb
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> gdn_fb_col;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float>                gdn_facc;
 
-/* Chunks of every sequence: chunks[i] = (first token, length ≤ 64), *n_chunks = their count
- * (at most cap; a table that would overflow — only possible with a cu_seqlens that is not
- * increasing, which callers reject — is cut at cap). One block: thread i sums the chunk counts
- * of its run of sequences, a scan of the runs gives each run its first slot. */
-static __global__ void gdn_chunk_table_kernel(int2 *chunks, int *n_chunks, const int32_t *cu, int n_seq,
-                                              int64_t T, int cap) {
+/* 16- and 4-byte asynchronous copies global → shared (sm_80+); src_bytes 0 writes zeros. */
+static __device__ __forceinline__ void gdn_cp16(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+static __device__ __forceinline__ void gdn_cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> static __device__ __forceinline__ void gdn_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* x [rows, n] fp32 · scale → dst [rows, P] bf16, zero past n (P a multiple of 8). */
+static __global__ void gdn_to_bf16_padded(bf16 *dst, const float *x, int64_t rows, int n, int P, float scale) {
+    const int64_t nvec = rows * (P / 8), stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+        const int64_t r = i / (P / 8);
+        const int     c0 = (int)(i % (P / 8)) * 8;
+        __align__(16) bf16 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = __float2bfloat16(c0 + j < n ? x[r * n + c0 + j] * scale : 0.0f);
+        *(uint4 *)(dst + r * P + c0) = *(const uint4 *)v;
+    }
+}
+
+/* Chunks of every sequence: chunks[i] = (first token, length ≤ 64), seq_first[s] = the slot
+ * of sequence s's first chunk, *n_chunks = their count (at most cap; a table that would
+ * overflow — only possible with a cu_seqlens that is not increasing, which callers reject — is
+ * cut at cap). One block: thread i sums the chunk counts of its run of sequences, a scan of the
+ * runs gives each run its first slot. */
+static __global__ void gdn_chunk_table_kernel(int2 *chunks, int *seq_first, int *n_chunks, const int32_t *cu,
+                                              int n_seq, int64_t T, int cap) {
     __shared__ int part[1024];
     const int      tid = threadIdx.x, nt = blockDim.x;
     const int      per = (n_seq + nt - 1) / nt;
@@ -183,6 +210,7 @@ static __global__ void gdn_chunk_table_kernel(int2 *chunks, int *n_chunks, const
         int64_t b = cu[s], e = cu[s + 1];
         b = b < 0 ? 0 : (b > T ? T : b);
         e = e < b ? b : (e > T ? T : e);
+        seq_first[s] = off;
         for (int64_t c = b; c < e; c += GDN_C, off++)
             if (off < cap)
                 chunks[off] = make_int2((int)c, (int)(e - c < GDN_C ? e - c : GDN_C));
@@ -208,76 +236,120 @@ static __device__ __forceinline__ void gdn_chunk_gamma(float *gam, const float *
     gam[r1] = excl + g0 + g1;
 }
 
+/* 64 rows of DKP bf16 (row r at src + r·row_stride, rows ≥ L zero-filled) into smem rows of
+ * stride DKP + 8, by nt threads. */
+template <int DKP>
+static __device__ __forceinline__ void gdn_load_rows(bf16 *dst, const bf16 *src, int64_t row_stride, int L,
+                                                     int tid, int nt) {
+    constexpr int VPR = DKP / 8;
+    for (int i = tid; i < 64 * VPR; i += nt) {
+        const int r = i / VPR, c = (i % VPR) * 8;
+        gdn_cp16(dst + r * (DKP + 8) + c, src + (r < L ? r : 0) * row_stride + c, r < L ? 16 : 0);
+    }
+}
+
 template <int DKP> struct gdn_prep_smem {
-    static constexpr int    KS = DKP + 8; /* bf16 stride of K rows */
+    static constexpr int    KS = DKP + 8; /* bf16 stride of K / Q rows */
     static constexpr int    STS = DKP + 4; /* fp32 stride of the output staging rows */
-    static constexpr size_t bytes = (size_t)64 * KS * 2 /* Kb */ + 2 * (size_t)64 * GDN_FS * 4 /* Af, Tm */ +
-                                    2 * (size_t)64 * GDN_BS * 2 /* Tb, Vb */ + (size_t)64 * STS * 4 /* St */ +
-                                    3 * 256 * 4 /* Xs */ + 2 * 64 * 4 /* gam, bet */;
+    static constexpr size_t region = (size_t)64 * STS * 4 > 2 * (size_t)64 * GDN_FS * 4 ? (size_t)64 * STS * 4
+                                                                                        : 2 * (size_t)64 * GDN_FS * 4;
+    static constexpr size_t bytes = 2 * (size_t)64 * KS * 2 /* Kb, Qb */ + region /* Af + Tm, later St */ +
+                                    2 * (size_t)64 * GDN_BS * 2 /* Tb, Vb */ + 3 * 256 * 4 /* Xs */ +
+                                    2 * 64 * 4 /* gam, bet */;
 };
 
-/* One block per (chunk slot, v-head): W = T diag(β e^γ) K and U = T diag(β) V of the chunk, bf16,
- * rows of the chunk only. k: [T, nk, dk]; v: [T, nv, dv]; W: [T, nv, dk]; U: [T, nv, dv]. */
+/* Everything of one chunk that does not depend on the state, one block per (chunk slot,
+ * v-head), chunk-indexed outputs of 64 rows (rows past the chunk are zero):
+ *   W = T diag(β e^γ) K   [64][DKP] bf16      U = T diag(β) V   [64][DVP] bf16
+ *   P = (Q Kᵀ ⊙ e^{γ_r−γ_j})[j ≤ r]  [64][64] bf16 (the intra-chunk causal part of the output)
+ *   E = e^{γ_r}, e^{γ_last−γ_r}, e^{γ_last}  [3][64] fp32
+ * with T = (I + A)^{-1}, A = β_r e^{γ_r−γ_j} k_r·k_j (j < r), by blocked forward substitution in
+ * fp32. qc, kc: [T, nk, DKP] bf16 (q already scaled); v: [T, nv, dv] fp32. */
 template <int DKP>
 static __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_prep_kernel(bf16 *W, bf16 *U, const float *k, const float *v, const float *g, const float *beta,
-                    const int2 *chunks, const int *n_chunks, int nk, int nv, int dk, int dv) {
+    gdn_prep_kernel(bf16 *Wg, bf16 *Ug, bf16 *Pg, float *Eg, const bf16 *qc, const bf16 *kc, const float *v,
+                    const float *g, const float *beta, const int2 *chunks, const int *n_chunks, int nk, int nv,
+                    int dv, int DVP) {
     typedef gdn_prep_smem<DKP> SM;
     constexpr int              KS = SM::KS, STS = SM::STS, FS = GDN_FS, BS = GDN_BS;
     if ((int)blockIdx.x >= *n_chunks)
         return;
     const int2    ch = chunks[blockIdx.x];
-    const int64_t t0 = ch.x;
+    const int64_t t0 = ch.x, slot = (int64_t)blockIdx.x * nv + blockIdx.y;
     const int     L = ch.y, h = blockIdx.y, kh = h / (nv / nk);
     const int     tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
     extern __shared__ __align__(128) unsigned char gdn_smem[];
-    bf16  *Kb = (bf16 *)gdn_smem;          /* [64][KS]  k, then β e^γ k */
-    float *Af = (float *)(Kb + 64 * KS);   /* [64][FS]  K Kᵀ, then A */
-    float *Tm = Af + 64 * FS;              /* [64][FS]  T = (I + A)^{-1} */
-    bf16  *Tb = (bf16 *)(Tm + 64 * FS);    /* [64][BS]  T in bf16 */
-    bf16  *Vb = Tb + 64 * BS;              /* [64][BS]  β v, 64 columns at a time */
-    float *St = (float *)(Vb + 64 * BS);   /* [64][STS] output staging */
-    float *Xs = St + 64 * STS;             /* [3][16][16] block-row partial products */
+    bf16  *Kb = (bf16 *)gdn_smem;                       /* [64][KS] k, then β e^γ k */
+    bf16  *Qb = Kb + 64 * KS;                           /* [64][KS] q · scale */
+    float *Af = (float *)(Qb + 64 * KS);                /* [64][FS] K Kᵀ, then A */
+    float *Tm = Af + 64 * FS;                           /* [64][FS] Q Kᵀ, then T = (I + A)^{-1} */
+    float *St = Af;                                     /* [64][STS] output staging, once T is in Tb */
+    bf16  *Tb = (bf16 *)((char *)Af + SM::region);      /* [64][BS] T in bf16 */
+    bf16  *Vb = Tb + 64 * BS;                           /* [64][BS] β v, 64 columns at a time */
+    float *Xs = (float *)(Vb + 64 * BS);                /* [3][16][16] block-row partial products */
     float *gam = Xs + 3 * 256, *bet = gam + 64;
 
+    gdn_load_rows<DKP>(Kb, kc + (t0 * nk + kh) * (int64_t)DKP, (int64_t)nk * DKP, L, tid, GDN_THREADS);
+    gdn_load_rows<DKP>(Qb, qc + (t0 * nk + kh) * (int64_t)DKP, (int64_t)nk * DKP, L, tid, GDN_THREADS);
+    gdn_cp_commit();
     if (warp == 0)
         gdn_chunk_gamma(gam, g, t0, L, nv, h, lane);
     else if (warp == 1)
         for (int r = lane; r < 64; r += 32)
             bet[r] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
-    for (int idx = tid; idx < 64 * DKP; idx += GDN_THREADS) {
-        int r = idx / DKP, c = idx % DKP;
-        Kb[r * KS + c] = __float2bfloat16(r < L && c < dk ? k[((t0 + r) * nk + kh) * (int64_t)dk + c] : 0.0f);
-    }
+    gdn_cp_wait<0>();
     __syncthreads();
 
-    // K Kᵀ (only the tiles on and below the diagonal are read)
-    for (int tile = warp; tile < 16; tile += 8) {
-        const int ti = tile / 4, tj = tile % 4;
+    // K Kᵀ into Af and Q Kᵀ into Tm (tiles on and below the diagonal: 10 of each)
+    for (int tile = warp; tile < 32; tile += 8) {
+        const int   ti = (tile % 16) / 4, tj = tile % 4;
+        const bool  qk = tile >= 16;
         if (tj > ti)
             continue;
-        gdn_facc acc;
+        const bf16 *A = qk ? Qb : Kb;
+        gdn_facc    acc;
         wmma::fill_fragment(acc, 0.0f);
+#pragma unroll 4
         for (int kk = 0; kk < DKP; kk += 16) {
             gdn_fa_row a;
             gdn_fb_col b;
-            wmma::load_matrix_sync(a, Kb + ti * 16 * KS + kk, KS);
+            wmma::load_matrix_sync(a, A + ti * 16 * KS + kk, KS);
             wmma::load_matrix_sync(b, Kb + tj * 16 * KS + kk, KS);
             wmma::mma_sync(acc, a, b, acc);
         }
-        wmma::store_matrix_sync(Af + ti * 16 * FS + tj * 16, acc, FS, wmma::mem_row_major);
+        wmma::store_matrix_sync((qk ? Tm : Af) + ti * 16 * FS + tj * 16, acc, FS, wmma::mem_row_major);
     }
     __syncthreads();
 
-    // A = β_r e^{γ_r−γ_j} k_r·k_j for j < r < L (the exp only ever sees γ_r − γ_j ≤ 0), T := 0
-    for (int idx = tid; idx < 64 * 64; idx += GDN_THREADS) {
-        int   r = idx / 64, j = idx % 64;
-        float a = 0.0f;
-        if (j < r && r < L)
-            a = bet[r] * expf(gam[r] - gam[j]) * Af[r * FS + j];
-        Af[r * FS + j] = a;
+    // P (decayed causal Q Kᵀ) to global; A = β_r e^{γ_r−γ_j} k_r·k_j (j < r < L; the exp only
+    // ever sees γ_r − γ_j ≤ 0); T := 0; E
+    bf16 *P = Pg + slot * 64 * 64;
+    for (int idx = tid; idx < 64 * 32; idx += GDN_THREADS) {
+        const int r = idx / 32, j = (idx % 32) * 2;
+        float     p0 = 0.0f, p1 = 0.0f, a0 = 0.0f, a1 = 0.0f;
+        if (r < L) {
+            if (j <= r)
+                p0 = Tm[r * FS + j] * __expf(gam[r] - gam[j]);
+            if (j + 1 <= r)
+                p1 = Tm[r * FS + j + 1] * __expf(gam[r] - gam[j + 1]);
+            if (j < r)
+                a0 = bet[r] * __expf(gam[r] - gam[j]) * Af[r * FS + j];
+            if (j + 1 < r)
+                a1 = bet[r] * __expf(gam[r] - gam[j + 1]) * Af[r * FS + j + 1];
+        }
+        *(__nv_bfloat162 *)(P + r * 64 + j) = __floats2bfloat162_rn(p0, p1);
+        Af[r * FS + j] = a0;
+        Af[r * FS + j + 1] = a1;
         Tm[r * FS + j] = 0.0f;
+        Tm[r * FS + j + 1] = 0.0f;
+    }
+    if (tid < 64) {
+        float *E = Eg + slot * 192;
+        float  gl = gam[L - 1];
+        E[tid] = tid < L ? __expf(gam[tid]) : 0.0f;
+        E[64 + tid] = tid < L ? __expf(gl - gam[tid]) : 0.0f;
+        E[128 + tid] = tid == 0 ? __expf(gl) : 0.0f;
     }
     __syncthreads();
 
@@ -328,9 +400,9 @@ static __global__ void __launch_bounds__(GDN_THREADS)
     }
     for (int idx = tid; idx < 64 * DKP; idx += GDN_THREADS) {
         int r = idx / DKP, c = idx % DKP;
-        Kb[r * KS + c] = __float2bfloat16(__bfloat162float(Kb[r * KS + c]) * bet[r] * expf(gam[r]));
+        Kb[r * KS + c] = __float2bfloat16(__bfloat162float(Kb[r * KS + c]) * bet[r] * __expf(gam[r]));
     }
-    __syncthreads();
+    __syncthreads(); /* Af and Tm are dead from here: St overlays them */
 
     // W = T (β e^γ K): T is lower triangular, so row tile ti needs only k tiles ≤ ti
     for (int tile = warp; tile < 4 * (DKP / 16); tile += 8) {
@@ -347,13 +419,19 @@ static __global__ void __launch_bounds__(GDN_THREADS)
         wmma::store_matrix_sync(St + ti * 16 * STS + tj * 16, acc, STS, wmma::mem_row_major);
     }
     __syncthreads();
-    for (int idx = tid; idx < L * dk; idx += GDN_THREADS) {
-        int r = idx / dk, c = idx % dk;
-        W[((t0 + r) * nv + h) * (int64_t)dk + c] = __float2bfloat16(St[r * STS + c]);
+    bf16 *W = Wg + slot * 64 * DKP;
+    for (int idx = tid; idx < 64 * DKP / 8; idx += GDN_THREADS) {
+        const int r = idx / (DKP / 8), c = (idx % (DKP / 8)) * 8;
+        __align__(16) bf16 o[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            o[j] = __float2bfloat16(St[r * STS + c + j]);
+        *(uint4 *)(W + r * DKP + c) = *(const uint4 *)o;
     }
 
     // U = T (β V), 64 columns of v at a time
-    for (int c0 = 0; c0 < dv; c0 += 64) {
+    bf16 *U = Ug + slot * 64 * (int64_t)DVP;
+    for (int c0 = 0; c0 < DVP; c0 += 64) {
         __syncthreads(); /* St and Vb are free again */
         for (int idx = tid; idx < 64 * 64; idx += GDN_THREADS) {
             int r = idx / 64, c = idx % 64;
@@ -375,101 +453,126 @@ static __global__ void __launch_bounds__(GDN_THREADS)
             wmma::store_matrix_sync(St + ti * 16 * STS + tj * 16, acc, STS, wmma::mem_row_major);
         }
         __syncthreads();
-        const int nc = dv - c0 < 64 ? dv - c0 : 64;
-        for (int idx = tid; idx < L * nc; idx += GDN_THREADS) {
-            int r = idx / nc, c = idx % nc;
-            U[((t0 + r) * nv + h) * (int64_t)dv + c0 + c] = __float2bfloat16(St[r * STS + c]);
+        const int nc = DVP - c0 < 64 ? DVP - c0 : 64;
+        for (int idx = tid; idx < 64 * nc / 8; idx += GDN_THREADS) {
+            const int r = idx / (nc / 8), c = (idx % (nc / 8)) * 8;
+            __align__(16) bf16 o[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                o[j] = __float2bfloat16(St[r * STS + c + j]);
+            *(uint4 *)(U + r * (int64_t)DVP + c0 + c) = *(const uint4 *)o;
         }
     }
 }
 
-template <int DKP> struct gdn_state_smem {
+/* One pipeline stage of gdn_state: the chunk's W, Q, K, U slice, P and E. */
+template <int DKP> struct gdn_stage {
     static constexpr int    KS = DKP + 8;
-    static constexpr size_t bytes = (size_t)DKP * GDN_SFS * 4 /* Sf */ + (size_t)DKP * GDN_SBS * 2 /* Sb */ +
-                                    3 * (size_t)64 * KS * 2 /* Wb, Qb, Kb */ + (size_t)64 * GDN_FS * 4 /* Pf */ +
-                                    (size_t)64 * GDN_BS * 2 /* Pb */ + 3 * (size_t)64 * GDN_SFS * 4 /* Uf, Df, Of */ +
-                                    (size_t)64 * GDN_SBS * 2 /* Db */ + 64 * 4 /* gam */;
+    static constexpr size_t bytes = 3 * (size_t)64 * KS * 2 /* Wb, Qb, Kb */ + (size_t)64 * GDN_SBS * 2 /* Ub */ +
+                                    (size_t)64 * GDN_BS * 2 /* Pb */ + 192 * 4 /* Eb */;
 };
+
+template <int DKP, int STAGES> struct gdn_state_smem {
+    static constexpr size_t bytes = STAGES * gdn_stage<DKP>::bytes + (size_t)DKP * GDN_SFS * 4 /* Sf */ +
+                                    (size_t)DKP * GDN_SBS * 2 /* Sb */ + 2 * (size_t)64 * GDN_SFS * 4 /* Df, Of */ +
+                                    2 * (size_t)64 * GDN_SBS * 2 /* Db, Dd */;
+};
+
+/* Issues the cp.async copies of chunk slot ci (tokens t0 … t0 + L − 1) into stage buffer sb. */
+template <int DKP>
+static __device__ __forceinline__ void gdn_state_load(unsigned char *sb, const bf16 *Wg, const bf16 *Ug,
+                                                      const bf16 *Pg, const float *Eg, const bf16 *qc,
+                                                      const bf16 *kc, int64_t slot, int64_t t0, int L, int nk,
+                                                      int kh, int DVP, int col0, int tid) {
+    constexpr int KS = DKP + 8;
+    bf16         *Wb = (bf16 *)sb, *Qb = Wb + 64 * KS, *Kb = Qb + 64 * KS, *Ub = Kb + 64 * KS;
+    bf16         *Pb = Ub + 64 * GDN_SBS;
+    float        *Eb = (float *)(Pb + 64 * GDN_BS);
+    gdn_load_rows<DKP>(Wb, Wg + slot * 64 * DKP, DKP, 64, tid, GDN_THREADS);
+    gdn_load_rows<DKP>(Qb, qc + (t0 * nk + kh) * (int64_t)DKP, (int64_t)nk * DKP, L, tid, GDN_THREADS);
+    gdn_load_rows<DKP>(Kb, kc + (t0 * nk + kh) * (int64_t)DKP, (int64_t)nk * DKP, L, tid, GDN_THREADS);
+    {
+        const int r = tid / 4, c = (tid % 4) * 8; /* 64 rows × 4 vectors: one per thread */
+        gdn_cp16(Ub + r * GDN_SBS + c, Ug + (slot * 64 + r) * DVP + col0 + c, 16);
+    }
+    for (int i = tid; i < 64 * 8; i += GDN_THREADS) {
+        const int r = i / 8, c = (i % 8) * 8;
+        gdn_cp16(Pb + r * GDN_BS + c, Pg + (slot * 64 + r) * 64 + c, 16);
+    }
+    if (tid < 48)
+        gdn_cp16(Eb + tid * 4, Eg + slot * 192 + tid * 4, 16);
+}
 
 /* One block per (sequence, v-head, GDN_BV-column slice of dv), sequential over the sequence's
  * chunks; the fp32 state slice S[DKP][GDN_BV] stays in shared memory from the first chunk
- * (S = 0) to the last. Warps own output tiles; every product is WMMA bf16 → fp32. */
-template <int DKP>
+ * (S = 0) to the last. With STAGES = 2 the next chunk's operands stream in (cp.async) while the
+ * current one computes. Per chunk, warp w owns the (w/2, w%2) 16×16 tile of the 64 × 32 slice:
+ *   δ = U − W S,  O = e^γ ⊙ Q S + P δ,  S ← e^{γ_last} S + Kᵀ (e^{γ_last−γ} ⊙ δ). */
+template <int DKP, int STAGES>
 static __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_state_kernel(float *out, const float *q, const float *k, const bf16 *W, const bf16 *U, const float *g,
-                     const int32_t *cu, int64_t T, int nk, int nv, int dk, int dv, float scale) {
-    typedef gdn_state_smem<DKP> SM;
-    constexpr int               KS = SM::KS, FS = GDN_FS, BS = GDN_BS, SFS = GDN_SFS, SBS = GDN_SBS;
-    const int                   seq = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk);
-    const int                   col0 = blockIdx.y * GDN_BV;
-    const int                   tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    int64_t                     bos = cu[seq], eos = cu[seq + 1];
+    gdn_state_kernel(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const bf16 *Ug, const bf16 *Pg,
+                     const float *Eg, const int32_t *cu, const int *seq_first, int64_t T, int nk, int nv, int dv,
+                     int DVP) {
+    constexpr int KS = DKP + 8, BS = GDN_BS, SFS = GDN_SFS, SBS = GDN_SBS;
+    const int     seq = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk);
+    const int     col0 = blockIdx.y * GDN_BV;
+    const int     tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    int64_t       bos = cu[seq], eos = cu[seq + 1];
     bos = bos < 0 ? 0 : (bos > T ? T : bos);
     eos = eos < bos ? bos : (eos > T ? T : eos);
     const int ncol = dv - col0 < GDN_BV ? dv - col0 : GDN_BV;
+    const int nch = (int)((eos - bos + GDN_C - 1) / GDN_C), first = seq_first[seq];
 
     extern __shared__ __align__(128) unsigned char gdn_smem[];
-    float *Sf = (float *)gdn_smem;          /* [DKP][SFS] fp32 state slice */
-    bf16  *Sb = (bf16 *)(Sf + DKP * SFS);   /* [DKP][SBS] its bf16 copy for this chunk */
-    bf16  *Wb = Sb + DKP * SBS;             /* [64][KS] */
-    bf16  *Qb = Wb + 64 * KS;               /* [64][KS] q · scale */
-    bf16  *Kb = Qb + 64 * KS;               /* [64][KS] k, then k e^{γ_last − γ} */
-    float *Pf = (float *)(Kb + 64 * KS);    /* [64][FS] Q Kᵀ */
-    bf16  *Pb = (bf16 *)(Pf + 64 * FS);     /* [64][BS] masked, decayed */
-    float *Uf = (float *)(Pb + 64 * BS);    /* [64][SFS] U slice */
-    float *Df = Uf + 64 * SFS;              /* [64][SFS] W S */
-    float *Of = Df + 64 * SFS;              /* [64][SFS] output */
-    bf16  *Db = (bf16 *)(Of + 64 * SFS);    /* [64][SBS] δ */
-    float *gam = (float *)(Db + 64 * SBS);  /* [64] */
+    unsigned char *stage0 = gdn_smem;
+    float         *Sf = (float *)(gdn_smem + STAGES * gdn_stage<DKP>::bytes); /* [DKP][SFS] */
+    bf16          *Sb = (bf16 *)(Sf + DKP * SFS);                             /* [DKP][SBS] */
+    float         *Df = (float *)(Sb + DKP * SBS);                            /* [64][SFS] W S */
+    float         *Of = Df + 64 * SFS;                                        /* [64][SFS] */
+    bf16          *Db = (bf16 *)(Of + 64 * SFS);                              /* [64][SBS] δ */
+    bf16          *Dd = Db + 64 * SBS;                                        /* [64][SBS] e^{γ_last−γ} δ */
 
     for (int idx = tid; idx < DKP * SFS; idx += GDN_THREADS)
         Sf[idx] = 0.0f;
+    for (int idx = tid; idx < DKP * SBS; idx += GDN_THREADS)
+        Sb[idx] = __float2bfloat16(0.0f);
+    if (nch > 0) {
+        gdn_state_load<DKP>(stage0, Wg, Ug, Pg, Eg, qc, kc, (int64_t)first * nv + h, bos,
+                            (int)(eos - bos < GDN_C ? eos - bos : GDN_C), nk, kh, DVP, col0, tid);
+        gdn_cp_commit();
+    }
 
-    for (int64_t t0 = bos; t0 < eos; t0 += GDN_C) {
-        const int L = (int)(eos - t0 < GDN_C ? eos - t0 : GDN_C);
-        __syncthreads(); /* the previous chunk's readers are done; Sf is zeroed or updated */
-        if (warp == 0)
-            gdn_chunk_gamma(gam, g, t0, L, nv, h, lane);
-        for (int idx = tid; idx < 64 * DKP; idx += GDN_THREADS) {
-            int     r = idx / DKP, c = idx % DKP;
-            bool    ok = r < L && c < dk;
-            int64_t off = ((t0 + r) * nk + kh) * (int64_t)dk + c;
-            Qb[r * KS + c] = __float2bfloat16(ok ? q[off] * scale : 0.0f);
-            Kb[r * KS + c] = __float2bfloat16(ok ? k[off] : 0.0f);
-            Wb[r * KS + c] = ok ? W[((t0 + r) * nv + h) * (int64_t)dk + c] : __float2bfloat16(0.0f);
-        }
-        for (int idx = tid; idx < 64 * GDN_BV; idx += GDN_THREADS) {
-            int r = idx / GDN_BV, c = idx % GDN_BV;
-            Uf[r * SFS + c] =
-                r < L && c < ncol ? __bfloat162float(U[((t0 + r) * nv + h) * (int64_t)dv + col0 + c]) : 0.0f;
-        }
-        for (int idx = tid; idx < DKP * GDN_BV; idx += GDN_THREADS) {
-            int i = idx / GDN_BV, c = idx % GDN_BV;
-            Sb[i * SBS + c] = __float2bfloat16(Sf[i * SFS + c]);
-        }
-        __syncthreads();
-
-        // Q Kᵀ (tiles on and below the diagonal), W S and Q S (one 16×16 tile of each per warp)
-        for (int tile = warp; tile < 16; tile += 8) {
-            const int ti = tile / 4, tj = tile % 4;
-            if (tj > ti)
-                continue;
-            gdn_facc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int kk = 0; kk < DKP; kk += 16) {
-                gdn_fa_row a;
-                gdn_fb_col b;
-                wmma::load_matrix_sync(a, Qb + ti * 16 * KS + kk, KS);
-                wmma::load_matrix_sync(b, Kb + tj * 16 * KS + kk, KS);
-                wmma::mma_sync(acc, a, b, acc);
+    for (int k = 0; k < nch; k++) {
+        const int64_t t0 = bos + (int64_t)k * GDN_C;
+        const int     L = (int)(eos - t0 < GDN_C ? eos - t0 : GDN_C);
+        __syncthreads(); /* A: the previous chunk is done with every buffer */
+        if (STAGES == 2 && k + 1 < nch) {
+            const int64_t t1 = t0 + GDN_C;
+            gdn_state_load<DKP>(stage0 + ((k + 1) % 2) * gdn_stage<DKP>::bytes, Wg, Ug, Pg, Eg, qc, kc,
+                                (int64_t)(first + k + 1) * nv + h, t1, (int)(eos - t1 < GDN_C ? eos - t1 : GDN_C),
+                                nk, kh, DVP, col0, tid);
+            gdn_cp_commit();
+            gdn_cp_wait<1>();
+        } else {
+            if (STAGES == 1 && k > 0) {
+                gdn_state_load<DKP>(stage0, Wg, Ug, Pg, Eg, qc, kc, (int64_t)(first + k) * nv + h, t0, L, nk, kh,
+                                    DVP, col0, tid);
+                gdn_cp_commit();
             }
-            wmma::store_matrix_sync(Pf + ti * 16 * FS + tj * 16, acc, FS, wmma::mem_row_major);
+            gdn_cp_wait<0>();
         }
+        __syncthreads(); /* B: this chunk's operands are visible to every thread */
+        unsigned char *sb = stage0 + (STAGES == 2 ? (k % 2) * gdn_stage<DKP>::bytes : 0);
+        const bf16    *Wb = (const bf16 *)sb, *Qb = Wb + 64 * KS, *Kb = Qb + 64 * KS, *Ub = Kb + 64 * KS;
+        const bf16    *Pb = Ub + 64 * SBS;
+        const float   *Eb = (const float *)(Pb + 64 * BS);
+
+        const int ti = warp / 2, tj = warp % 2;
         {
-            const int ti = warp / 2, tj = warp % 2; /* 4 × 2 tiles of the 64 × 32 slice */
-            gdn_facc  ws, qs;
+            gdn_facc ws, qs;
             wmma::fill_fragment(ws, 0.0f);
             wmma::fill_fragment(qs, 0.0f);
+#pragma unroll 4
             for (int kk = 0; kk < DKP; kk += 16) {
                 gdn_fa_row a;
                 gdn_fb_row b;
@@ -482,35 +585,20 @@ static __global__ void __launch_bounds__(GDN_THREADS)
             wmma::store_matrix_sync(Df + ti * 16 * SFS + tj * 16, ws, SFS, wmma::mem_row_major);
             wmma::store_matrix_sync(Of + ti * 16 * SFS + tj * 16, qs, SFS, wmma::mem_row_major);
         }
-        __syncthreads();
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) { /* this warp's tile: δ, its decayed copy, e^γ Q S */
+            const int r = ti * 16 + e / 16, c = tj * 16 + e % 16;
+            float     d = __bfloat162float(Ub[r * SBS + c]) - Df[r * SFS + c];
+            Db[r * SBS + c] = __float2bfloat16(d);
+            Dd[r * SBS + c] = __float2bfloat16(d * Eb[64 + r]);
+            Of[r * SFS + c] *= Eb[r];
+        }
+        __syncthreads(); /* E: δ complete */
 
-        // elementwise: the decayed causal mask, δ = U − W S, O = e^γ Q S, K e^{γ_last − γ}
-        const float glast = gam[L - 1];
-        for (int idx = tid; idx < 64 * 64; idx += GDN_THREADS) {
-            int   r = idx / 64, j = idx % 64;
-            float p = 0.0f;
-            if (j <= r && r < L)
-                p = Pf[r * FS + j] * expf(gam[r] - gam[j]);
-            Pb[r * BS + j] = __float2bfloat16(p);
-        }
-        for (int idx = tid; idx < 64 * GDN_BV; idx += GDN_THREADS) {
-            int r = idx / GDN_BV, c = idx % GDN_BV;
-            Db[r * SBS + c] = __float2bfloat16(Uf[r * SFS + c] - Df[r * SFS + c]);
-            Of[r * SFS + c] *= expf(gam[r]);
-        }
-        for (int idx = tid; idx < 64 * DKP; idx += GDN_THREADS) {
-            int r = idx / DKP, c = idx % DKP;
-            if (r < L)
-                Kb[r * KS + c] = __float2bfloat16(__bfloat162float(Kb[r * KS + c]) * expf(glast - gam[r]));
-        }
-        __syncthreads();
-
-        // O += P δ (P lower triangular: k tiles ≤ ti); S = e^{γ_last} S + Kdᵀ δ
         {
-            const int ti = warp / 2, tj = warp % 2;
-            gdn_facc  acc;
+            gdn_facc acc;
             wmma::load_matrix_sync(acc, Of + ti * 16 * SFS + tj * 16, SFS, wmma::mem_row_major);
-            for (int kk = 0; kk <= ti * 16; kk += 16) {
+            for (int kk = 0; kk <= ti * 16; kk += 16) { /* P is lower triangular */
                 gdn_fa_row a;
                 gdn_fb_row b;
                 wmma::load_matrix_sync(a, Pb + ti * 16 * BS + kk, BS);
@@ -518,29 +606,35 @@ static __global__ void __launch_bounds__(GDN_THREADS)
                 wmma::mma_sync(acc, a, b, acc);
             }
             wmma::store_matrix_sync(Of + ti * 16 * SFS + tj * 16, acc, SFS, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 256; e += 32) {
+                const int r = ti * 16 + e / 16, c = tj * 16 + e % 16;
+                if (r < L && c < ncol)
+                    out[((t0 + r) * nv + h) * (int64_t)dv + col0 + c] = Of[r * SFS + c];
+            }
         }
-        const float elast = expf(glast);
+        const float elast = Eb[128];
         for (int tile = warp; tile < (DKP / 16) * 2; tile += 8) {
-            const int ti = tile / 2, tj = tile % 2;
+            const int si = tile / 2, sj = tile % 2;
             gdn_facc  acc;
-            wmma::load_matrix_sync(acc, Sf + ti * 16 * SFS + tj * 16, SFS, wmma::mem_row_major);
+            wmma::load_matrix_sync(acc, Sf + si * 16 * SFS + sj * 16, SFS, wmma::mem_row_major);
 #pragma unroll
             for (int e = 0; e < acc.num_elements; e++)
                 acc.x[e] *= elast;
+#pragma unroll
             for (int kk = 0; kk < 64; kk += 16) {
-                gdn_fa_col a; /* Kdᵀ: element (i, j) = Kd[j][i] */
+                gdn_fa_col a; /* Kᵀ: element (i, j) = K[j][i] */
                 gdn_fb_row b;
-                wmma::load_matrix_sync(a, Kb + kk * KS + ti * 16, KS);
-                wmma::load_matrix_sync(b, Db + kk * SBS + tj * 16, SBS);
+                wmma::load_matrix_sync(a, Kb + kk * KS + si * 16, KS);
+                wmma::load_matrix_sync(b, Dd + kk * SBS + sj * 16, SBS);
                 wmma::mma_sync(acc, a, b, acc);
             }
-            wmma::store_matrix_sync(Sf + ti * 16 * SFS + tj * 16, acc, SFS, wmma::mem_row_major);
-        }
-        __syncthreads();
-        for (int idx = tid; idx < L * GDN_BV; idx += GDN_THREADS) {
-            int r = idx / GDN_BV, c = idx % GDN_BV;
-            if (c < ncol)
-                out[((t0 + r) * nv + h) * (int64_t)dv + col0 + c] = Of[r * SFS + c];
+            wmma::store_matrix_sync(Sf + si * 16 * SFS + sj * 16, acc, SFS, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 256; e += 32) {
+                const int r = si * 16 + e / 16, c = sj * 16 + e % 16;
+                Sb[r * SBS + c] = __float2bfloat16(Sf[r * SFS + c]);
+            }
         }
     }
 }
@@ -569,49 +663,64 @@ cm_status kn_cuda_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, c
 template <int DKP>
 static cm_status gdn_chunked_launch(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                                     const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T,
-                                    int nk, int nv, int dk, int dv, float scale, bf16 *W, bf16 *U,
-                                    const int2 *chunks, const int *n_chunks, int cap) {
-    const size_t prep_smem = gdn_prep_smem<DKP>::bytes, state_smem = gdn_state_smem<DKP>::bytes;
+                                    int nk, int nv, int dk, int dv, float scale) {
+    const int64_t cap = T / GDN_C + n_seq; /* Σ ceil(len / 64) ≤ Σ (len / 64 + 1) */
+    KN_CUDA_CHECK_ARG(T + n_seq < INT32_MAX / 2 && cap * nv < INT32_MAX,
+                      "gated_delta_rule: T=%lld tokens exceeds the chunk table's int32 range", (long long)T);
+    const int DVP = (dv + GDN_BV - 1) / GDN_BV * GDN_BV;
+    /* scratch: q·scale and k in bf16 padded to DKP, then per chunk slot and v-head W, U, P, E,
+     * then the chunk table */
+    size_t off[8], sz[7] = {(size_t)T * nk * DKP * 2,        (size_t)T * nk * DKP * 2,
+                            (size_t)cap * nv * 64 * DKP * 2,  (size_t)cap * nv * 64 * DVP * 2,
+                            (size_t)cap * nv * 64 * 64 * 2,   (size_t)cap * nv * 192 * 4,
+                            (size_t)cap * sizeof(int2) + (size_t)(n_seq + 1) * sizeof(int)};
+    off[0] = 0;
+    for (int i = 0; i < 7; i++)
+        off[i + 1] = off[i] + (sz[i] + 255) / 256 * 256;
+    CM_TRY(kn_cuda_scratch_reserve(ctx, off[7]));
+    char  *base = (char *)ctx->scratch;
+    bf16  *qc = (bf16 *)(base + off[0]), *kc = (bf16 *)(base + off[1]), *Wg = (bf16 *)(base + off[2]);
+    bf16  *Ug = (bf16 *)(base + off[3]), *Pg = (bf16 *)(base + off[4]);
+    float *Eg = (float *)(base + off[5]);
+    int2  *chunks = (int2 *)(base + off[6]);
+    int   *seq_first = (int *)(chunks + cap), *n_chunks = seq_first + n_seq;
+
+    const int64_t nvec = T * nk * (DKP / 8);
+    const unsigned cgrid = (unsigned int)((nvec + 255) / 256 < 65536 ? (nvec + 255) / 256 : 65536);
+    gdn_to_bf16_padded<<<cgrid, 256, 0, ctx->stream>>>(qc, q, T * nk, dk, DKP, scale);
+    KN_CUDA_LAUNCHED(ctx);
+    gdn_to_bf16_padded<<<cgrid, 256, 0, ctx->stream>>>(kc, k, T * nk, dk, DKP, 1.0f);
+    KN_CUDA_LAUNCHED(ctx);
+    gdn_chunk_table_kernel<<<1, 1024, 0, ctx->stream>>>(chunks, seq_first, n_chunks, cu, n_seq, T, (int)cap);
+    KN_CUDA_LAUNCHED(ctx);
+
+    const size_t prep_smem = gdn_prep_smem<DKP>::bytes;
     /* blocks above 48 KB of dynamic shared memory must opt in (a host-side attribute, no sync) */
     KN_CUDA(cudaFuncSetAttribute(gdn_prep_kernel<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
-    KN_CUDA(cudaFuncSetAttribute(gdn_state_kernel<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)state_smem));
     gdn_prep_kernel<DKP><<<dim3((unsigned int)cap, (unsigned int)nv), GDN_THREADS, prep_smem, ctx->stream>>>(
-        W, U, k, v, g, beta, chunks, n_chunks, nk, nv, dk, dv);
+        Wg, Ug, Pg, Eg, qc, kc, v, g, beta, chunks, n_chunks, nk, nv, dv, DVP);
     KN_CUDA_LAUNCHED(ctx);
-    dim3 grid((unsigned int)(n_seq * nv), (unsigned int)((dv + GDN_BV - 1) / GDN_BV));
-    gdn_state_kernel<DKP><<<grid, GDN_THREADS, state_smem, ctx->stream>>>(out, q, k, W, U, g, cu, T, nk, nv, dk,
-                                                                          dv, scale);
+
+    constexpr int STAGES = DKP <= 128 ? 2 : 1; /* two stages of 256-wide operands do not fit */
+    const size_t  state_smem = gdn_state_smem<DKP, STAGES>::bytes;
+    KN_CUDA(cudaFuncSetAttribute(gdn_state_kernel<DKP, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)state_smem));
+    dim3 grid((unsigned int)(n_seq * nv), (unsigned int)(DVP / GDN_BV));
+    gdn_state_kernel<DKP, STAGES><<<grid, GDN_THREADS, state_smem, ctx->stream>>>(
+        out, qc, kc, Wg, Ug, Pg, Eg, cu, seq_first, T, nk, nv, dv, DVP);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
 
-/* The chunked form: scratch holds W, U (bf16) and the chunk table; arguments already checked. */
+/* The chunked form; arguments already checked. */
 static cm_status gdn_chunked(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                              const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T, int nk,
                              int nv, int dk, int dv, float scale) {
-    KN_CUDA_CHECK_ARG(T + n_seq < INT32_MAX / 2, "gated_delta_rule: T=%lld tokens exceeds the chunk table's int32 range",
-                      (long long)T);
-    const int64_t cap = T / GDN_C + n_seq; /* Σ ceil(len / 64) ≤ Σ (len / 64 + 1) */
-    KN_CUDA_CHECK_ARG(cap <= 0x7fffffff, "gated_delta_rule: %lld chunks exceed the cuda grid", (long long)cap);
-    const size_t w_bytes = ((size_t)T * nv * dk * sizeof(bf16) + 255) / 256 * 256;
-    const size_t u_bytes = ((size_t)T * nv * dv * sizeof(bf16) + 255) / 256 * 256;
-    const size_t c_bytes = (size_t)cap * sizeof(int2) + 256;
-    CM_TRY(kn_cuda_scratch_reserve(ctx, w_bytes + u_bytes + c_bytes));
-    bf16 *W = (bf16 *)ctx->scratch;
-    bf16 *U = (bf16 *)((char *)ctx->scratch + w_bytes);
-    int2 *chunks = (int2 *)((char *)ctx->scratch + w_bytes + u_bytes);
-    int  *n_chunks = (int *)(chunks + cap);
-    gdn_chunk_table_kernel<<<1, 1024, 0, ctx->stream>>>(chunks, n_chunks, cu, n_seq, T, (int)cap);
-    KN_CUDA_LAUNCHED(ctx);
     if (dk <= 64)
-        return gdn_chunked_launch<64>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale, W, U, chunks,
-                                      n_chunks, (int)cap);
+        return gdn_chunked_launch<64>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale);
     if (dk <= 128)
-        return gdn_chunked_launch<128>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale, W, U,
-                                       chunks, n_chunks, (int)cap);
-    return gdn_chunked_launch<256>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale, W, U, chunks,
-                                   n_chunks, (int)cap);
+        return gdn_chunked_launch<128>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale);
+    return gdn_chunked_launch<256>(ctx, out, q, k, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale);
 }
 
 cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,

@@ -30,6 +30,7 @@ static void usage(FILE *f) {
             "  --model DIR              Hugging Face model directory (config.json + safetensors)\n"
             "  --init checkpoint|random weights from the checkpoint (default) or filled from --seed\n"
             "                           with the checkpoint's shapes, the same on cpu and cuda\n"
+            "                           (bf16 precision, the default, rounds them to bf16 on cpu too)\n"
             "                           (then --model or --config may name a config.json alone)\n"
             "  --config FILE            the config.json for --init random (same as --model FILE)\n"
             "  --seed N                 seed of --init random (default 1)\n"
@@ -159,7 +160,9 @@ static cm_status run_dump(const dump_args *a) {
                             .ctx          = ctx,
                             .n_layers     = full ? cfg.n_layers : layers[n_cap - 1] + 1,
                             .load_head    = full,
-                            .bf16_weights = strcmp(be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16,
+                            /* random weights are made bf16 on cpu too under bf16 precision: the
+                               values a cuda bf16 run uses, so the two compare without weight rounding */
+                            .bf16_weights = a->mode == KN_GEMM_MODE_BF16 && (strcmp(be->name, "cpu") != 0 || a->init_random),
                             .init_random  = a->init_random,
                             .seed         = a->seed};
     CM_TRY_GOTO(ts_model_load(&m, &mc), st, fail);
