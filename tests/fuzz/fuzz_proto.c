@@ -1,6 +1,6 @@
 /* tests/fuzz/fuzz_proto.c — libFuzzer target: one wire frame through cm_proto_peek and every
  * decoder of cm_proto.h, as target-server and drafter-trainer decode what arrives on their
- * sockets and what a shard record holds. Input: one flag byte, then the frame; with bit 0 set
+ * sockets and what a shard record holds (NCCL_OFFER/READY and STATUS included). Input: one flag byte, then the frame; with bit 0 set
  * the frame's checksums are re-sealed first (fuzz_proto_seal), so mutations reach the field
  * checks. For a frame that decodes: encoding the decoded message and decoding that again gives
  * the same message, an ANSWER decodes alike whole and in two parts, and each of its tensors
@@ -142,6 +142,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint64_t seq;
     cm_proto_heartbeat_decode(f, len, &LIM, &seq);
     cm_proto_bye_decode(f, len, &LIM);
+    cm_proto_nccl offer;
+    if (cm_proto_nccl_offer_decode(f, len, &LIM, &offer) == CM_OK) {
+        uint8_t       b[CM_PROTO_SMALL_FRAME_MAX + CM_PROTO_NCCL_UID_MAX];
+        size_t        n;
+        cm_proto_nccl again;
+        FUZZ_CHECK(offer.uid_len >= 1 && offer.uid_len <= CM_PROTO_NCCL_UID_MAX);
+        FUZZ_CHECK(cm_proto_nccl_offer_encode(&offer, b, sizeof b, &n) == CM_OK);
+        FUZZ_CHECK(cm_proto_nccl_offer_decode(b, n, &LIM, &again) == CM_OK);
+        FUZZ_CHECK(again.device == offer.device && again.uid_len == offer.uid_len &&
+                   memcmp(again.uid, offer.uid, offer.uid_len) == 0);
+    }
+    uint32_t device;
+    cm_proto_nccl_ready_decode(f, len, &LIM, &device);
+    static char status[CM_PROTO_STATUS_MAX + 1];
+    size_t      status_len;
+    if (cm_proto_status_decode(f, len, &LIM, status, sizeof status, &status_len) == CM_OK)
+        FUZZ_CHECK(status_len <= CM_PROTO_STATUS_MAX && (status_len == 0 || status[status_len] == '\0'));
     cm_proto_answer ans = {.tensors = ten, .cap_tensors = 64};
     if (fuzz_note(cm_proto_answer_decode(f, len, &LIM, &ans)) == CM_OK)
         check_answer(&ans, f, len);

@@ -280,6 +280,18 @@ static void proto_seeds(void) {
     seed1("proto", "heartbeat", 1, b, len);
     OK(cm_proto_bye_encode(b, sizeof b, &len));
     seed1("proto", "bye", 1, b, len);
+    cm_proto_nccl offer = {.device = 3, .uid_len = 16};
+    for (int i = 0; i < 16; i++)
+        offer.uid[i] = (uint8_t)(i * 37 + 1);
+    OK(cm_proto_nccl_offer_encode(&offer, b, sizeof b, &len));
+    seed1("proto", "nccl_offer", 1, b, len);
+    OK(cm_proto_nccl_ready_encode(3, b, sizeof b, &len));
+    seed1("proto", "nccl_ready", 1, b, len);
+    OK(cm_proto_status_encode(NULL, 0, b, sizeof b, &len));
+    seed1("proto", "status_request", 1, b, len);
+    static const char status[] = "{\"target\": \"tiny-qwen35\", \"device\": \"cpu\", \"trainers\": []}";
+    OK(cm_proto_status_encode(status, sizeof status - 1, b, sizeof b, &len));
+    seed1("proto", "status_reply", 1, b, len);
 }
 
 static void compress_seeds(void) {
