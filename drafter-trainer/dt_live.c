@@ -15,6 +15,9 @@
 #include "cm_dtype.h"
 #include "cm_log.h"
 #include "cm_shard.h"
+#ifdef TANDEM_HAVE_NCCL
+#include "cm_nccl.h"
+#endif
 
 typedef struct live_req {
     uint64_t id;
@@ -37,6 +40,11 @@ struct dt_live {
     uint64_t         seed;
     int64_t          end, next_get, next_submit;
     uint64_t         extra_id; /* ids of batches asked for outside the plan */
+    /* encoding nccl: answers in device memory, lent to the step by dt_live_get_device */
+    int                 on_device;
+    void               *nc; /* cm_nccl_client */
+    cm_chan_nccl_client hooks;
+    int                 dev_slot, dev_planned; /* the answer lent (-1: none) */
 };
 
 static double now_s(void) {
@@ -53,6 +61,10 @@ void dt_live_destroy(dt_live **l) {
         for (int i = 0; i < s->credits; i++)
             cm_chan_client_release(s->cl, &s->held[i]);
     cm_chan_client_destroy(&s->cl);
+#ifdef TANDEM_HAVE_NCCL
+    cm_nccl_client *nc = s->nc;
+    cm_nccl_client_destroy(&nc); /* after the client, whose I/O thread calls its hooks */
+#endif
     dt_data_destroy(&s->tok);
     free(s->endpoint);
     free(s->layer_ids);
@@ -110,6 +122,7 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
     s->timeout_ms = cfg->timeout_ms;
     s->order_epoch = -1;
     s->extra_id = 1ull << 62;
+    s->dev_slot = -1;
     s->endpoint = strdup(cfg->endpoint);
     s->layer_ids = malloc((size_t)cfg->n_taps * sizeof *s->layer_ids);
     s->ring = calloc((size_t)cfg->credits, sizeof *s->ring);
@@ -134,6 +147,20 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
     cc.curve_secret_key = cfg->curve_secret_key;
     cc.target_id = 0; /* checked below with a message naming --target; a returning server with
                          another identity is refused by the client itself */
+    if (cfg->encoding == CM_ENCODING_NCCL) {
+#ifdef TANDEM_HAVE_NCCL
+        cm_nccl_client *nc = NULL;
+        CM_TRY_GOTO(cm_nccl_client_create(&nc, cfg->device, (uint32_t)cfg->credits, cfg->timeout_ms), st, fail);
+        s->nc = nc;
+        cm_nccl_client_hooks(nc, &s->hooks);
+        cc.nccl = &s->hooks;
+        cc.accept = 0; /* answers must land in GPU memory */
+        s->on_device = 1;
+#else
+        st = CM_FAIL(CM_ERR_UNSUPPORTED, "--encoding nccl needs a build with CUDA and NCCL; use raw or zstd-byteplane");
+        goto fail;
+#endif
+    }
     CM_TRY_GOTO(cm_chan_client_create(&s->cl, &cc), st, fail);
     cm_proto_welcome w;
     st = cm_chan_client_wait_ready(s->cl, cfg->timeout_ms, &w);
@@ -236,13 +263,15 @@ static cm_status await(dt_live *s, uint64_t id, int batch, int *slot) {
     }
 }
 
-static cm_status live_get(void *self, int batch, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
-                          float *out) {
-    dt_live       *s = self;
+/* The answer for batch (tokens ids/cu) held in *slot after its checks; *planned says whether
+ * it came from the plan (then live_done advances it). */
+static cm_status live_take(dt_live *s, int batch, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                           int *slot, int *planned) {
     const uint64_t h = cm_shard_batch_hash(ids, (uint32_t)T, cu, (uint32_t)n_seq);
     uint64_t       id;
-    int            planned = s->next_get < s->end;
-    if (planned) {
+    *slot = -1;
+    *planned = s->next_get < s->end;
+    if (*planned) {
         CM_TRY(top_up(s));
         const live_req *r = &s->ring[s->head];
         if (s->count == 0 || r->step != s->next_get || r->batch != batch)
@@ -264,48 +293,92 @@ static cm_status live_get(void *self, int batch, const int32_t *ids, int64_t T, 
         CM_TRY(cm_chan_client_submit(s->cl, id, ids, (uint32_t)T, cu, (uint32_t)n_seq, s->layer_ids,
                                      (uint32_t)s->n_taps));
     }
-    int slot;
-    CM_TRY(await(s, id, batch, &slot));
-    cm_chan_answer *a = s->held[slot];
-    cm_status       st = CM_OK;
-    const int64_t   D = s->hidden, W = (int64_t)s->n_taps * D;
-    if (a->status != CM_OK) {
-        st = CM_FAIL(a->status, "the server at '%s' cannot serve batch %d ('%s'): %s", s->endpoint, batch,
-                     dt_data_path(s->tok, batch), a->message);
-        goto done;
-    }
-    if (a->n_tensors != (uint32_t)s->n_taps) {
-        st = CM_FAIL(CM_ERR_PROTOCOL, "the server at '%s' answered batch %d with %u tensors, expected %d",
-                     s->endpoint, batch, a->n_tensors, s->n_taps);
-        goto done;
-    }
+    CM_TRY(await(s, id, batch, slot));
+    cm_chan_answer *a = s->held[*slot];
+    const int64_t   D = s->hidden;
+    if (a->status != CM_OK)
+        return CM_FAIL(a->status, "the server at '%s' cannot serve batch %d ('%s'): %s", s->endpoint, batch,
+                       dt_data_path(s->tok, batch), a->message);
+    if (a->n_tensors != (uint32_t)s->n_taps)
+        return CM_FAIL(CM_ERR_PROTOCOL, "the server at '%s' answered batch %d with %u tensors, expected %d",
+                       s->endpoint, batch, a->n_tensors, s->n_taps);
     for (int k = 0; k < s->n_taps; k++) {
         const cm_chan_tensor *t = &a->tensors[k];
-        if (t->n_tokens != T || t->hidden != D || (t->dtype != CM_DTYPE_BF16 && t->dtype != CM_DTYPE_F32)) {
-            st = CM_FAIL(CM_ERR_PROTOCOL,
-                         "the server at '%s' answered batch %d with tensor '%s' %s [%lld, %lld], expected "
-                         "[%lld, %lld]",
-                         s->endpoint, batch, t->name, cm_dtype_name(t->dtype), (long long)t->n_tokens,
-                         (long long)t->hidden, (long long)T, (long long)D);
-            goto done;
-        }
-        const size_t   es = cm_dtype_size(t->dtype);
-        const uint8_t *src = t->data;
-        for (int64_t r = 0; r < T; r++)
-            CM_TRY_GOTO(cm_convert(out + r * W + k * D, CM_DTYPE_F32, src + (size_t)(r * D) * es, t->dtype,
-                                   (size_t)D),
-                        st, done);
+        if (t->n_tokens != T || t->hidden != D || (t->dtype != CM_DTYPE_BF16 && t->dtype != CM_DTYPE_F32) ||
+            t->dtype != a->tensors[0].dtype || t->on_device != s->on_device)
+            return CM_FAIL(CM_ERR_PROTOCOL,
+                           "the server at '%s' answered batch %d with tensor '%s' %s [%lld, %lld]%s, expected "
+                           "[%lld, %lld]%s",
+                           s->endpoint, batch, t->name, cm_dtype_name(t->dtype), (long long)t->n_tokens,
+                           (long long)t->hidden, t->on_device ? " on the device" : "", (long long)T,
+                           (long long)D, s->on_device ? " on the device" : "");
     }
-done:
-    cm_chan_client_release(s->cl, &s->held[slot]);
-    if (planned) {
+    return CM_OK;
+}
+
+/* Releases the answer in slot and, for a planned one, advances the plan and sends the next
+ * requests (they compute while this step trains). */
+static cm_status live_done(dt_live *s, int slot, int planned, cm_status st) {
+    if (slot >= 0)
+        cm_chan_client_release(s->cl, &s->held[slot]);
+    if (planned && slot >= 0) {
         s->head = (s->head + 1) % s->credits;
         s->count--;
         s->next_get++;
         if (st == CM_OK)
-            st = top_up(s); /* the next requests compute while this step trains */
+            st = top_up(s);
     }
     return st;
+}
+
+static cm_status live_get(void *self, int batch, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                          float *out) {
+    dt_live  *s = self;
+    int       slot, planned;
+    cm_status st = live_take(s, batch, ids, T, cu, n_seq, &slot, &planned);
+    const int64_t D = s->hidden, W = (int64_t)s->n_taps * D;
+    for (int k = 0; st == CM_OK && k < s->n_taps; k++) {
+        const cm_chan_tensor *t = &s->held[slot]->tensors[k];
+        const size_t          es = cm_dtype_size(t->dtype);
+        const uint8_t        *src = t->data;
+        for (int64_t r = 0; r < T && st == CM_OK; r++)
+            st = cm_convert(out + r * W + k * D, CM_DTYPE_F32, src + (size_t)(r * D) * es, t->dtype, (size_t)D);
+    }
+    return live_done(s, slot, planned, st);
+}
+
+cm_status dt_live_get_device(dt_live *l, int batch, dt_batch *b) {
+    if (!l->on_device)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "live source: device taps need encoding nccl");
+    if (l->dev_slot >= 0)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "live source: the previous batch's taps were not released");
+    if (l->n_taps > DT_MAX_TAPS)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%d taps over nccl; at most %d", l->n_taps, DT_MAX_TAPS);
+    int       slot, planned;
+    cm_status st = live_take(l, batch, b->input_ids, b->T, b->cu_seqlens, b->n_seq, &slot, &planned);
+    if (st != CM_OK)
+        return live_done(l, slot, planned, st);
+    const cm_chan_answer *a = l->held[slot];
+    b->target_hidden = NULL;
+    b->dev_taps_dt = a->tensors[0].dtype;
+    for (int k = 0; k < l->n_taps; k++)
+        b->dev_taps[k] = a->tensors[k].data;
+    l->dev_slot = slot;
+    l->dev_planned = planned;
+    return CM_OK;
+}
+
+void dt_live_release(dt_live *l) {
+    if (!l || l->dev_slot < 0)
+        return;
+    cm_status st = live_done(l, l->dev_slot, l->dev_planned, CM_OK);
+    if (st != CM_OK) /* top_up failures surface at the next get, which retries them */
+        cm_clear_error();
+    l->dev_slot = -1;
+}
+
+int dt_live_on_device(const dt_live *l) {
+    return l && l->on_device;
 }
 
 dt_hidden_source dt_live_hidden(dt_live *l) {

@@ -7,7 +7,12 @@
  * the cursor); a batch asked for out of the planned order gets an id from a separate counter.
  * Answers are taken in the drafter's target_layer_ids order and widened to F32 [T, n·D].
  * A lost server is the client's business (reconnect, re-send); an answer that does not come
- * within timeout_ms fails the step with a message naming the endpoint. One thread. */
+ * within timeout_ms fails the step with a message naming the endpoint. One thread.
+ *
+ * With encoding nccl (CM_ENCODING_NCCL; builds with NCCL only) the answers travel GPU to GPU
+ * into the trainer's device `device` (cm_nccl_client, one device buffer per credit): no host
+ * copy. Then the trainer takes each batch's taps as device pointers with dt_live_get_device
+ * and gives them back with dt_live_release after its step; dt_live_hidden is not used. */
 #ifndef DT_LIVE_H
 #define DT_LIVE_H
 
@@ -34,6 +39,7 @@ typedef struct dt_live_config {
     int         vocab_size; /* of the drafter (ids are checked by the token view given to open) */
     uint64_t    target_id;  /* cm_target_cfg_hash of the trainer's --target */
     const char *curve_server_key, *curve_secret_key; /* CURVE key files (NULL: loopback, or a fresh pair) */
+    int         device;     /* encoding nccl: the cuda device the answers land on */
 } dt_live_config;
 
 /* Takes ownership of tok (destroyed with the source, or here on failure): a token-only dt_data
@@ -51,8 +57,17 @@ void      dt_live_destroy(dt_live **l); /* NULL-safe; sets *l = NULL */
  * up) the prefetched requests. */
 void dt_live_plan(dt_live *l, uint64_t seed, int64_t start, int64_t end);
 
-/* The source for dt_data_open_source. */
+/* The source for dt_data_open_source (host encodings). */
 dt_hidden_source dt_live_hidden(dt_live *l);
+
+/* Encoding nccl: batch b (loaded by a token-only dt_data in plan order; its ids and
+ * cu_seqlens are checked against the request's) gets its taps as device pointers:
+ * b->target_hidden = NULL, b->dev_taps[k] in target_layer_ids order, b->dev_taps_dt the
+ * server's dtype. The answer stays held, and its device memory untouched, until
+ * dt_live_release; one batch at a time. */
+cm_status dt_live_get_device(dt_live *l, int batch, dt_batch *b);
+void      dt_live_release(dt_live *l); /* no-op when nothing is held */
+int       dt_live_on_device(const dt_live *l); /* 1 with encoding nccl */
 
 #ifdef __cplusplus
 }

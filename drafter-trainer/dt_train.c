@@ -83,7 +83,8 @@ static void usage(FILE *f) {
         "                           target_hidden; mutually exclusive with --shards\n"
         "  --credits N              requests in flight ahead of training with --server (default 4)\n"
         "  --encoding NAME          answers' encoding with --server: raw, zstd, zstd-byteplane (default)\n"
-        "                           or fp8-zstd (lossy)\n"
+        "                           or fp8-zstd (lossy); nccl (--device cuda, a server on this host with\n"
+        "                           --device cuda): GPU to GPU into this trainer's --gpu, no host copy\n"
         "  --timeout-ms N           longest wait for the server with --server (default 300000)\n"
         "  --curve-server-key FILE  the server's CURVE public key (a --server on another host)\n"
         "  --curve-secret-key FILE  this trainer's CURVE secret key (default: a fresh pair; a server\n"
@@ -372,6 +373,7 @@ typedef struct run {
     dt_shard_source  *shards;    /* --shards: where target_hidden comes from */
     dt_live          *live;      /* --server: where target_hidden comes from */
     dt_dp            *dp;        /* cuda with W > 1 ranks: the gradient all-reduce */
+    int               device;    /* cuda device of ctx */
     uint64_t          target_id; /* cm_target_cfg_hash of --target */
     cm_st            *target;
     float            *frozen_owned[2]; /* widened embed / lm_head when the target is not F32/BF16 */
@@ -575,6 +577,9 @@ static cm_status open_data(run *r) {
         CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
     else
         CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
+    const int on_device = a->server && a->encoding == CM_ENCODING_NCCL;
+    if (on_device && r->be != kn_backend_cuda())
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--encoding nccl puts hidden states in GPU memory; it needs --device cuda");
     if (a->server) {
         if (r->ds)
             CM_TRY(dt_data_open_dataset(&tok, r->ds, 0, 0, NULL));
@@ -596,7 +601,8 @@ static cm_status open_data(run *r) {
                                    .n_taps = taps,
                                    .hidden = D,
                                    .vocab_size = V,
-                                   .target_id = r->target_id};
+                                   .target_id = r->target_id,
+                                   .device = r->device};
         CM_TRY(dt_live_open(&r->live, &lc, tok)); /* owns tok from here */
     }
     dt_hidden_source hs = {0};
@@ -605,8 +611,11 @@ static cm_status open_data(run *r) {
         hs = dt_shard_source_hidden(r->shards);
     } else if (r->live)
         hs = dt_live_hidden(r->live);
-    const dt_hidden_source *src = a->shards || r->live ? &hs : NULL;
-    if (r->ds)
+    const dt_hidden_source *src = a->shards || (r->live && !on_device) ? &hs : NULL;
+    if (on_device) /* tokens only: each step takes its taps from dt_live_get_device */
+        CM_TRY(r->ds ? dt_data_open_dataset(&r->data, r->ds, 0, 0, NULL)
+                     : dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, 0, 0, V, NULL));
+    else if (r->ds)
         CM_TRY(dt_data_open_dataset(&r->data, r->ds, taps, D, src));
     else if (src)
         CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, taps, D, V, src));
@@ -705,6 +714,7 @@ static cm_status train(run *r) {
     if (!on_cuda && (a->gpu >= 0 || a->precision))
         CM_LOG_WARN("--gpu and --precision apply to --device cuda; the cpu backend computes in fp32");
     CM_TRY(r->be->ctx_create(&r->ctx, &kc));
+    r->device = kc.device;
 
     /* resume: find the checkpoint first, since it defines the config */
     char ckpt_latest[4096];
@@ -849,8 +859,10 @@ static cm_status train(run *r) {
             cur_epoch = epoch;
         }
         const int32_t batch = dt_data_step_batch(r->data, r->order, index);
-        dt_batch      b;
+        dt_batch      b = {0};
         CM_TRY(dt_data_load(r->data, batch, &b));
+        if (dt_live_on_device(r->live)) /* the taps, already in this GPU's memory */
+            CM_TRY(dt_live_get_device(r->live, batch, &b));
         const double wait_s = now_s() - t0; /* the batch and its hidden states (file, shards, server) */
         CM_TRY(dt_anchor_sample(b.cu_seqlens, b.n_seq, b.loss_mask, b.T, hp->max_anchors, hp->seed,
                                 (uint64_t)epoch, (uint64_t)batch, r->work, r->anchors, &b.n_anchors));
@@ -858,6 +870,7 @@ static cm_status train(run *r) {
         dt_step_stats ss;
         memset(&ss, 0, sizeof ss);
         CM_TRY(dt_model_step(r->m, &b, (float)hp->loss_decay_gamma, &ss));
+        dt_live_release(r->live); /* the step has synchronised: the answer's memory is free */
         if (r->dp) /* every rank, anchors or not: the loss and gradients become the global ones */
             CM_TRY(dt_dp_reduce(r->dp, &ss));
         dt_optim_stats os;

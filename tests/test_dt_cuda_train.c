@@ -11,9 +11,14 @@
  *      batches) gives per step the losses of one GPU training on the concatenation of the two
  *      ranks' batches (the same global batch; every candidate is an anchor, so both runs
  *      train on exactly the same slots), within 1e-4 relative in fp32; once more with rank 1's
- *      batch without any anchor (all loss_mask 0), which must still join every collective.
+ *      batch without any anchor (all loss_mask 0), which must still join every collective;
+ *   4. with two GPUs: live hidden states over NCCL (`target-server serve --device cuda --gpu 0`,
+ *      trainer on GPU 1 with --encoding nccl, answers landing in GPU memory) give bit-identical
+ *      losses and grad norms to the same run over ZeroMQ with --encoding raw (the server's BF16).
  * Set DT_TRAIN_KEEP=1 to keep the work dir. */
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <time.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -336,6 +341,76 @@ static void test_dp(const char *tag, const char *pair, const char *global, int p
     free(m);
 }
 
+// ---- live over NCCL
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_live_nccl(void) {
+    char log[700], epfile[700], bind[700], endpoint[400] = "";
+    snprintf(log, sizeof log, "%s/serve.log", tmp);
+    snprintf(epfile, sizeof epfile, "%s/serve.ep", tmp);
+    snprintf(bind, sizeof bind, "ipc://%s/serve.ipc", tmp);
+    char *argv[] = {DTD_TS_BIN, "serve", "--model", DTD_MODEL, "--device", "cuda", "--gpu", "0", "--bind", bind,
+                    "--endpoint-file", epfile, "--credits", "4", "--log-level", "warn", NULL};
+    pid_t pid = spawn(argv, log);
+    TST_CHECK(pid > 0);
+    for (int i = 0; pid > 0 && i < 1200 && !endpoint[0]; i++) {
+        FILE *f = fopen(epfile, "r");
+        if (f) {
+            if (!fgets(endpoint, sizeof endpoint, f))
+                endpoint[0] = '\0';
+            endpoint[strcspn(endpoint, "\n")] = '\0';
+            fclose(f);
+        }
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            fprintf(stderr, "target-server serve exited early: %s\n", tst_slurp(log));
+            pid = -1;
+        }
+        if (!endpoint[0])
+            sleep_ms(50);
+    }
+    TST_CHECK(endpoint[0] != '\0');
+    if (endpoint[0]) {
+        const char *raw[] = {"--device", "cuda", "--gpu", "1", "--precision", "fp32", "--max-anchors", "16",
+                             "--steps", "6", "--server", endpoint, "--encoding", "raw", "--timeout-ms", "120000",
+                             NULL};
+        const char *nccl[] = {"--device", "cuda", "--gpu", "1", "--precision", "fp32", "--max-anchors", "16",
+                              "--steps", "6", "--server", endpoint, "--encoding", "nccl", "--timeout-ms", "120000",
+                              NULL};
+        TST_CHECK(train("live-raw", csv, raw) == 0);
+        TST_CHECK(train("live-nccl", csv, nccl) == 0);
+        metrics *m = calloc(2, sizeof *m);
+        TST_CHECK(run_metrics("live-raw", &m[0]) && run_metrics("live-nccl", &m[1]));
+        TST_CHECK(m[0].n == 6 && m[1].n == 6);
+        int same = m[0].n == m[1].n && m[0].n > 0;
+        for (int i = 0; i < m[0].n && i < m[1].n; i++) {
+            fprintf(stderr, "  live step %d: zmq raw %s  nccl %s\n", i + 1, m[0].text[i], m[1].text[i]);
+            same &= strcmp(m[0].text[i], m[1].text[i]) == 0;
+        }
+        fprintf(stderr, "live over NCCL vs ZeroMQ raw: %s (max relative loss difference %.3g)\n",
+                same ? "bit-identical" : "DIFFERENT", max_rel(&m[1], &m[0]));
+        TST_CHECK(same);
+        free(m);
+    }
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        int status = 0, done = 0;
+        for (int i = 0; i < 200 && !done; i++) {
+            done = waitpid(pid, &status, WNOHANG) == pid;
+            if (!done)
+                sleep_ms(50);
+        }
+        if (!done) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+        }
+    }
+}
+
 static void test_data_parallel(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
@@ -356,6 +431,7 @@ static void test_data_parallel(void) {
     snprintf(pair, sizeof pair, "%s,%s", batch_path[0], nol);
     TST_CHECK(concat_batches(batch_path[0], batch_path[2], 1, global));
     test_dp("noanchor", pair, global, port + 1);
+    test_live_nccl();
 }
 
 int main(void) {
