@@ -26,6 +26,8 @@ static const dt_runcfg_flag train_flags[] = {
     {"credits", DT_RUNCFG_VALUE},
     {"encoding", DT_RUNCFG_VALUE},
     {"timeout-ms", DT_RUNCFG_VALUE},
+    {"gpu", DT_RUNCFG_VALUE},
+    {"precision", DT_RUNCFG_VALUE},
     {"curve-server-key", DT_RUNCFG_PATH},
     {"curve-secret-key", DT_RUNCFG_PATH},
     {"out", DT_RUNCFG_PATH},
