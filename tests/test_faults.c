@@ -1,7 +1,9 @@
 /* tests/test_faults.c — fault injection against real processes on loopback (issue 8, DESIGN §9):
  * every fault is judged by the ledger of metrics.jsonl (step, epoch, batch and the loss printed
  * with %.17g, so equal text is an equal double) against an uninterrupted reference run of the
- * same seed from batch files holding the dump rounded to BF16 (what the server sends):
+ * same seed from batch files holding the dump rounded to BF16 (what the server sends), and the
+ * run's final checkpoint equals the reference's byte for byte (model.safetensors always,
+ * training_state.safetensors when the run read the same batch files, whose hash it records):
  *   a. a trainer killed with SIGKILL mid-step, training from files, live and from shards, then
  *      --resume: the final ledger equals the reference step by step (nothing lost, nothing
  *      twice); the steps logged after the checkpoint resumed from are re-done, and counted
@@ -66,6 +68,9 @@ static tally tallies[F_N] = {
     {.name = "precompute kill -9 mid-run"},         {.name = "trainer frozen 3 s (SIGSTOP)"},
     {.name = "200 sessions flood HELLO"},           {.name = "flipped byte in a shard"}};
 
+/* `test_faults valgrind`: every child runs under this valgrind (leak check, error exit 99) */
+static const char *valgrind_bin;
+
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -87,6 +92,22 @@ static pid_t spawn_lim(char *const argv[], const char *err, long fsize) {
         signal(SIGXFSZ, SIG_IGN); /* ignored dispositions survive exec */
         if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
             _exit(121);
+    }
+    if (valgrind_bin) {
+        char *vg[64], logopt[600];
+        int   n = 0;
+        snprintf(logopt, sizeof logopt, "--log-file=%s/valgrind-%%p.log", tmp);
+        vg[n++] = (char *)valgrind_bin;
+        vg[n++] = "--leak-check=full";
+        vg[n++] = "--show-leak-kinds=definite,indirect";
+        vg[n++] = "--errors-for-leak-kinds=definite,indirect";
+        vg[n++] = "--error-exitcode=99";
+        vg[n++] = logopt;
+        for (int i = 0; argv[i] && n < 63; i++)
+            vg[n++] = argv[i];
+        vg[n] = NULL;
+        execv(valgrind_bin, vg);
+        _exit(123);
     }
     execv(argv[0], argv);
     _exit(122);
@@ -274,6 +295,29 @@ static int ledger_prefix(const char *what, const ledger *a, int n) {
     return 1;
 }
 
+static int same_file(const char *a, const char *b) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+    return system(cmd) == 0;
+}
+
+/* The run's final checkpoint equals the reference's byte for byte: model.safetensors always,
+ * training_state.safetensors (masters, Adam moments, cursor, RNG) when the run read the same
+ * batch files (the state records their hash). */
+static int same_checkpoint(const char *run, int same_data) {
+    static const char *const files[2] = {"model.safetensors", "training_state.safetensors"};
+    for (int k = 0; k < 1 + same_data; k++) {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/%s/checkpoints/step-%d/%s", tmp, run, N_STEPS, files[k]);
+        snprintf(b, sizeof b, "%s/ref/checkpoints/step-%d/%s", tmp, N_STEPS, files[k]);
+        if (!same_file(a, b)) {
+            fprintf(stderr, "%s: %s differs from the reference's\n", run, files[k]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Judges the final ledger of run against the reference into t: lost and doubled steps. */
 static int judge(tally *t, const char *run) {
     ledger l;
@@ -286,7 +330,9 @@ static int judge(tally *t, const char *run) {
         t->lost += seen[s] == 0;
         t->twice += seen[s] > 1;
     }
-    int ok = l.n == ref.n && ledger_prefix(run, &l, l.n);
+    int ok = l.n == ref.n && ledger_prefix(run, &l, l.n) &&
+             same_checkpoint(run, strncmp(run, "kill-files", 10) == 0 || strncmp(run, "ckpt", 4) == 0 ||
+                                      strncmp(run, "disk", 4) == 0 || strncmp(run, "tmpfs/", 6) == 0);
     t->bad += !ok;
     if (!ok)
         fprintf(stderr, "%s: %d ledger lines, the reference %d\n", run, l.n, ref.n);
@@ -731,8 +777,45 @@ static void fault_corrupt_shard(void) {
     t->bad += trained_on;
 }
 
+// ---- the CPU end-to-end run under valgrind (by hand: `test_faults valgrind`)
+
+/* serve, live training, precompute and training from the shards, each under valgrind; every
+ * process must exit 0 (99 = valgrind found errors or definite/indirect leaks) with the
+ * reference's ledger. Prints each valgrind log's summary lines. */
+static void valgrind_e2e(void) {
+    valgrind_bin = "/usr/bin/valgrind";
+    if (access(valgrind_bin, X_OK) != 0)
+        TST_SKIP("no %s (apt-get install valgrind)", valgrind_bin);
+    TST_CHECK(serve_start("tcp://127.0.0.1:*", "valgrind"));
+    TST_CHECK(train("vg-live", SRC_LIVE, 0, "4") == 0);
+    char err[600];
+    snprintf(err, sizeof err, "%s/vg-precompute.err", tmp);
+    TST_CHECK(finish(precompute_start(shards, err), 600000) == 0);
+    TST_CHECK(train("vg-shards", SRC_SHARDS, 0, "4") == 0);
+    TST_CHECK(train("vg-files", SRC_FILES, 0, "4") == 0);
+    TST_CHECK(train("vg-files", SRC_FILES, 1, "6") == 0); /* and a resume */
+    kill(server, SIGTERM);
+    TST_CHECK(finish(server, 120000) == 0);
+    server = -1;
+    valgrind_bin = NULL;
+    static const char *const runs[] = {"vg-live", "vg-shards", "vg-files"};
+    for (int i = 0; i < 3; i++) {
+        ledger l;
+        read_ledger(runs[i], &l);
+        TST_CHECK(l.n == (i == 2 ? 6 : 4) && ledger_prefix(runs[i], &l, l.n));
+    }
+    char cmd[700];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && for f in valgrind-*.log; do printf '%%s: ' \"$(sed -n 's/.*Command: //p' $f | cut -c1-80)\"; "
+             "grep -h 'ERROR SUMMARY\\|definitely lost\\|indirectly lost\\|All heap blocks' $f | tr -s ' ' | "
+             "sed 's/^==[0-9]*== //' | paste -sd ';' -; done >&2",
+             tmp);
+    TST_CHECK(system(cmd) == 0);
+}
+
 int main(int argc, char **argv) {
-    int reps = argc > 1 ? atoi(argv[1]) : 1;
+    int vg = argc > 1 && strcmp(argv[1], "valgrind") == 0;
+    int reps = argc > 1 && !vg ? atoi(argv[1]) : 1;
     if (reps < 1)
         reps = 1;
     if (!getenv("TANDEM_LOG"))
@@ -750,6 +833,10 @@ int main(int argc, char **argv) {
     }
     read_ledger("ref", &ref);
     TST_CHECK(ref.n == N_STEPS);
+    if (vg && ref.n == N_STEPS) {
+        valgrind_e2e();
+        return tst_report(); /* logs kept */
+    }
     if (ref.n != N_STEPS || !serve_start("tcp://127.0.0.1:*", "main")) {
         TST_CHECK(0);
         return tst_report();
