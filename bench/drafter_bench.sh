@@ -4,7 +4,9 @@
 # reference of §5 with torch.compile'd flex_attention (bench/drafter_flex.py) on the same batch
 # layout, at the Qwen3.6-27B drafter shape (deploy/configs/qwen3.6-27b: hidden 5120, 5 layers
 # (4 sliding 2048 + 1 full), 32/8 heads x 128, MLP 17408, vocab 248320), 512 anchors x 16, an
-# 8192-token context in 4 documents. Peak memory: each program's own figure (cudaMemGetInfo /
+# 8192-token context in 4 documents; hidden states are BF16 taps already in GPU memory (the NCCL
+# path; the reference's are a bf16 GPU tensor too), plus one run with F32 taps uploaded from the host
+# every step (the ZeroMQ and shard paths today). Peak memory: each program's own figure (cudaMemGetInfo /
 # torch's allocator) and nvidia-smi sampled every 100 ms while it runs. Then a --profile run of
 # ours (every backend entry timed between synchronises). Writes the raw lines to OUT_DIR and a
 # markdown report to OUT_DIR/drafter-step.md (copy it to bench/results/drafter-step-<date>.md).
@@ -41,6 +43,10 @@ echo "== tandem bf16" >&2
 sampled tandem-bf16 "$bin" --drafter-config "$cfgdir/drafter.json" --target-config "$cfgdir/target-config.json" \
     --precision bf16 --steps "$steps" --warmup "$warmup" --gpu "$gpu" --layout "$out/layout.safetensors" \
     >"$out/tandem-bf16.json" 2>"$out/tandem-bf16.err" || echo "tandem bf16 failed: $(tail -3 "$out/tandem-bf16.err")" >&2
+echo "== tandem bf16, taps from the host" >&2
+sampled tandem-bf16-host "$bin" --drafter-config "$cfgdir/drafter.json" --target-config "$cfgdir/target-config.json" \
+    --precision bf16 --steps 3 --warmup 1 --gpu "$gpu" --host-taps \
+    >"$out/tandem-bf16-host.json" 2>"$out/tandem-bf16-host.err" || echo "tandem bf16 host failed: $(tail -3 "$out/tandem-bf16-host.err")" >&2
 if [[ -z ${SKIP_REF:-} ]]; then
     echo "== pytorch flex_attention reference" >&2
     sampled ref env CUDA_VISIBLE_DEVICES="$gpu" PYTHONUNBUFFERED=1 python3 "$here/drafter_flex.py" \
@@ -75,14 +81,16 @@ def smi(name):
         return float(open(os.path.join(out, name + ".smi")).read().split()[0]) / 1024
     except Exception:
         return None
-b, f, r = js("tandem-bf16.json"), js("tandem-f32.json"), js("ref.json")
+b, f, r, bh = js("tandem-bf16.json"), js("tandem-f32.json"), js("ref.json"), js("tandem-bf16-host.json")
 gpu = open(os.path.join(out, "gpu.txt")).read().strip()
 L = ["# drafter step: tandem vs PyTorch compiled flex_attention", "",
      f"GPU: {gpu}. Shape: Qwen3.6-27B drafter (deploy/configs/qwen3.6-27b), 8192 tokens in 4 documents, "
      "512 anchors x 16, random weights; both programs train the same batch layout (bench_dt_step --layout).", "",
      "| | step s (median) | TF/s (dt_plan FLOPs) | peak GB (own) | peak GiB (nvidia-smi) |", "|---|---|---|---|---|"]
 tf = b["tflop_per_step"] if b else (f["tflop_per_step"] if f else None)
-for name, d, own, key in (("tandem bf16", b, "mem_used_gb", "tandem-bf16"), ("tandem fp32", f, "mem_used_gb", "tandem-f32"),
+for name, d, own, key in (("tandem bf16", b, "mem_used_gb", "tandem-bf16"),
+                          ("tandem bf16, F32 taps uploaded from the host", bh, "mem_used_gb", "tandem-bf16-host"),
+                          ("tandem fp32", f, "mem_used_gb", "tandem-f32"),
                           ("pytorch flex (compiled)", r, "peak_reserved_gb", "ref")):
     if not d:
         L.append(f"| {name} | failed or skipped | | | |"); continue
@@ -103,7 +111,7 @@ try:
           open(os.path.join(out, "tandem-profile.txt")).read().rstrip(), "```"]
 except Exception:
     pass
-L += ["", "Raw lines:", "", "```"] + [json.dumps(x) for x in (b, f, r) if x] + ["```"]
+L += ["", "Raw lines:", "", "```"] + [json.dumps(x) for x in (b, bh, f, r) if x] + ["```"]
 open(os.path.join(out, "drafter-step.md"), "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 EOF

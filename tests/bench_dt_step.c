@@ -3,7 +3,9 @@
  * backward) plus dt_optim_step (grad-norm clip + AdamW), with random weights filled on the
  * device, a random frozen embedding and a separate LM head of the target's size, and one
  * random packed batch (T tokens in equal documents, loss_mask 1 everywhere, anchors drawn by
- * dt_anchor_sample as train does). Prints one JSON line: median and mean step seconds, the
+ * dt_anchor_sample as train does) whose hidden states are BF16 taps already in GPU memory, as
+ * the NCCL data path delivers them (--host-taps: F32 on the host, uploaded every step, as the
+ * ZeroMQ and shard paths do today). Prints one JSON line: median and mean step seconds, the
  * step's FLOPs counted as dt_plan does (drafter-trainer/dt_plan.h) and the TF/s they give,
  * and device memory in use after the steps (cudaMemGetInfo: everything the process holds).
  * --layout FILE writes the batch layout (input_ids, cu_seqlens, loss_mask, anchors) so the
@@ -160,12 +162,13 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     const char *dcfg = NULL, *tcfg = NULL, *layout = NULL, *precision = "bf16";
-    int         steps = 5, warmup = 2, gpu = 0, docs = 4, profile = 0;
+    int         steps = 5, warmup = 2, gpu = 0, docs = 4, profile = 0, host_taps = 0;
     int64_t     T = 8192, A = 512;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(f, "--profile")) {
-            profile = 1;
+        if (!strcmp(f, "--profile") || !strcmp(f, "--host-taps")) {
+            profile |= !strcmp(f, "--profile");
+            host_taps |= !strcmp(f, "--host-taps");
             continue;
         }
         i++;
@@ -230,7 +233,7 @@ int main(int argc, char **argv) {
     }
     /* embedding rows 0..V-1 and LM head rows 1..V of one host array: two distinct matrices */
     uint16_t *frozen = malloc((size_t)(V + 1) * (size_t)D * sizeof *frozen);
-    float    *F = malloc((size_t)T * (size_t)nD * sizeof *F);
+    float    *F = host_taps ? malloc((size_t)T * (size_t)nD * sizeof *F) : malloc(sizeof *F);
     int32_t  *ids = malloc((size_t)T * 4), *mask = malloc((size_t)T * 4), *work = malloc((size_t)T * 4),
             *anchors = malloc((size_t)T * 4), *cu = malloc((size_t)(docs + 1) * 4);
     if (!frozen || !F || !ids || !mask || !work || !anchors || !cu) {
@@ -243,8 +246,13 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 4 && i + k < (size_t)(V + 1) * (size_t)D; k++)
             frozen[i + k] = (uint16_t)(0x3c00 | ((r >> (16 * k)) & 0x7f) | ((r >> (16 * k + 7)) & 1) << 15);
     }
-    for (size_t i = 0; i < (size_t)T * (size_t)nD; i++)
+    for (size_t i = 0; host_taps && i < (size_t)T * (size_t)nD; i++)
         F[i] = (float)((int64_t)(mix(&s) >> 40) - (1 << 23)) / (float)(1 << 23);
+    void *taps[DT_MAX_TAPS] = {0};
+    for (int k = 0; !host_taps && k < d.n_taps; k++) {
+        DIE(cuda->alloc(ctx, &taps[k], (size_t)T * (size_t)D * 2));
+        DIE(cuda->fill_uniform(ctx, taps[k], CM_DTYPE_BF16, T * D, 500 + (uint64_t)k, -1.0f, 1.0f));
+    }
     for (int64_t i = 0; i < T; i++) {
         ids[i] = (int32_t)(mix(&s) % (uint64_t)V);
         mask[i] = 1;
@@ -277,7 +285,10 @@ int main(int argc, char **argv) {
     const double setup_s = now_s() - t0;
 
     dt_batch b = {.T = T, .n_seq = docs, .cu_seqlens = cu, .input_ids = ids, .loss_mask = mask,
-                  .target_hidden = F, .n_anchors = n_anchors, .anchors = anchors};
+                  .target_hidden = host_taps ? F : NULL, .n_anchors = n_anchors, .anchors = anchors,
+                  .dev_taps_dt = CM_DTYPE_BF16};
+    for (int k = 0; k < d.n_taps; k++)
+        b.dev_taps[k] = taps[k];
     double  *sec = calloc((size_t)steps, sizeof *sec);
     double   loss0 = 0, loss1 = 0;
     for (int i = 0; i < warmup + steps; i++) {
@@ -308,12 +319,12 @@ int main(int argc, char **argv) {
     pr.seq_len = T / docs;
     dt_plan pl;
     DIE(dt_plan_compute(&pl, &t, &d, &pr));
-    printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"profile\": %d, \"tokens\": %lld, \"docs\": %d, "
+    printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"host_taps\": %d, \"profile\": %d, \"tokens\": %lld, \"docs\": %d, "
            "\"anchors\": %lld, \"block\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"step_s_mean\": %.6f, "
            "\"step_s_min\": %.6f, \"step_s_max\": %.6f, \"tflop_per_step\": %.3f, \"tflop_attn\": %.3f, "
            "\"tflop_lm\": %.3f, \"tflops\": %.1f, \"mem_used_gb\": %.3f, \"ctx_gb\": %.3f, \"params\": %lld, "
            "\"loss_first\": %.6f, \"loss_last\": %.6f, \"setup_s\": %.1f}\n",
-           precision, profile, (long long)T, docs, (long long)n_anchors, d.block_size, steps, med, mean, sec[0],
+           precision, host_taps, profile, (long long)T, docs, (long long)n_anchors, d.block_size, steps, med, mean, sec[0],
            sec[steps - 1], pl.f_step / 1e12, pl.f_step_attn / 1e12, pl.f_step_lm / 1e12, pl.f_step / med / 1e12,
            (double)(total - free1) / 1e9, (double)(total - free0) / 1e9, (long long)pl.p_drafter, loss0, loss1,
            setup_s);
@@ -336,6 +347,8 @@ int main(int argc, char **argv) {
     free(params);
     dt_optim_destroy(&o);
     dt_model_destroy(&m);
+    for (int k = 0; k < DT_MAX_TAPS; k++)
+        cuda->free(ctx, taps[k]);
     cuda->ctx_destroy(&ctx);
     free(F);
     free(ids);
