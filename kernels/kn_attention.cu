@@ -10,11 +10,11 @@
  *   memory at the end. All math fp32 with expf; O(len²) work per sequence, no score matrix.
  *
  * - KN_GEMM_MODE_BF16 (serving): a flash-style kernel (flash_attention_kernel below): 64-query
- *   tiles in shared memory, 64-key tiles streamed in by cp.async (the next tile loads while the
+ *   tiles in shared memory, 32-key tiles streamed in by cp.async (the next tile loads while the
  *   current one computes), bf16 tensor cores (WMMA, sm_80+: Ampere, Hopper and Blackwell
- *   alike) for Q Kᵀ and P V with fp32 accumulation, the online softmax in fp32, head dims up to
- *   256 (q, k, v first copied to bf16 zero-padded to 64, 128 or 256 in the ctx scratch), the
- *   sigmoid gate fused at the output.
+ *   alike) for Q Kᵀ and P V with fp32 accumulation, the output accumulator in registers, the
+ *   online softmax in fp32, head dims up to 256 (q, k, v first copied to bf16 zero-padded to
+ *   64, 128 or 256 in the ctx scratch), the sigmoid gate fused at the output.
  *   q, k, v and the probabilities are rounded to bf16: a few 1e-3 relative, as FlashAttention.
  *
  * The token's sequence start is a binary search of cu_seqlens (device memory, checked by
@@ -133,10 +133,10 @@ static __global__ void attention_kernel(float *out, const float *q, const float 
 // ---- flash form (KN_GEMM_MODE_BF16)
 
 #define FA_ROWS    64  /* query rows per block: 4 warps × 16 */
-#define FA_KEYS    64  /* keys per tile */
+#define FA_KEYS    32  /* keys per tile */
 #define FA_THREADS 128
-#define FA_FS      68  /* fp32 stride of the 64-wide score tile */
-#define FA_BS      72  /* bf16 stride of the 64-wide probability tile */
+#define FA_FS      36  /* fp32 stride of the 32-wide score tile */
+#define FA_BS      40  /* bf16 stride of the 32-wide probability tile */
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa_fa_row;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fa_fb_row;
@@ -173,20 +173,19 @@ static __global__ void fa_to_bf16_padded(bf16 *dst, const float *x, int64_t rows
 
 template <int HDP> struct fa_smem {
     static constexpr int    QS = HDP + 8; /* bf16 stride of q / k / v rows (16-byte multiple) */
-    static constexpr int    OS = HDP + 4; /* fp32 stride of the output accumulator rows */
-    static constexpr size_t bytes = 3 * (size_t)64 * QS * 2 /* Qb, Kb, Vb */ + (size_t)64 * FA_FS * 4 /* Sf */ +
-                                    (size_t)64 * FA_BS * 2 /* Pb */ + (size_t)64 * OS * 4 /* Of */ +
+    static constexpr size_t bytes = (size_t)64 * QS * 2 /* Qb */ + 2 * (size_t)FA_KEYS * QS * 2 /* Kb, Vb */ +
+                                    (size_t)64 * FA_FS * 4 /* Sf */ + (size_t)64 * FA_BS * 2 /* Pb */ +
                                     4 * 64 * 4 /* m, l, corr, bos */;
 };
 
-/* 64 rows (tokens row0…) of head `head` of a padded bf16 [T, heads, HDP] array into smem rows of
+/* n rows (tokens row0…) of head `head` of a padded bf16 [T, heads, HDP] array into smem rows of
  * stride HDP + 8, by cp.async; rows ≥ end are zero-filled. */
 template <int HDP>
 static __device__ __forceinline__ void fa_load_tile(bf16 *dst, const bf16 *src, int64_t row0, int64_t end,
-                                                    int heads, int head, int tid) {
+                                                    int heads, int head, int n, int tid) {
     constexpr int VPR = HDP / 8;
 #pragma unroll 4
-    for (int i = tid; i < 64 * VPR; i += FA_THREADS) {
+    for (int i = tid; i < n * VPR; i += FA_THREADS) {
         const int     r = i / VPR, c = (i % VPR) * 8;
         const int64_t s = row0 + r;
         const bool    ok = s < end;
@@ -196,30 +195,32 @@ static __device__ __forceinline__ void fa_load_tile(bf16 *dst, const bf16 *src, 
 
 /* One block per (64 consecutive tokens, q head); tiles may straddle sequences, so every row
  * carries its own sequence start and the key range is [start of the first row, last row].
- * q, k, v arrive as padded bf16 copies (fa_to_bf16_padded). Per key tile: S = Q Kᵀ (bf16 WMMA
- * → fp32), the online softmax in fp32 (base 2, row max m, sum l, the accumulator rescaled by
- * 2^{m_old − m_new}), then O += P V (P in bf16). The v tile streams in (cp.async) while S and the
- * softmax run, the next k tile while P V runs. Warp w owns rows 16w…16w+15 of S, P and O, so the
- * softmax needs only warp-level ordering. Tiles run last-first so the longest finish first. */
+ * q, k, v arrive as padded bf16 copies (fa_to_bf16_padded). Per 32-key tile: S = Q Kᵀ (bf16
+ * WMMA → fp32, through shared memory), the online softmax in fp32 (base 2, row max m, sum l),
+ * then O = O · 2^{m_old − m_new} + P V with the output accumulator O in registers (16 WMMA
+ * fragments per warp): the row of each fragment element is read off a fragment loaded from a
+ * matrix of row numbers, so the row-wise rescale needs no knowledge of the fragment layout.
+ * The v tile streams in (cp.async) while S and the softmax run, the next k tile while P V
+ * runs; 81 KB of shared memory at head dim 256, so two blocks share a multiprocessor. Warp w
+ * owns rows 16w…16w+15. Tiles run last-first so the longest finish first. */
 template <int HDP>
-static __global__ void __launch_bounds__(FA_THREADS)
+static __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_attention_kernel(float *out, const bf16 *qc, const bf16 *kc, const bf16 *vc, const float *gate,
                            const int32_t *cu, int n_seq, int64_t T, int nq, int nkv, int hd, float scale_log2) {
     typedef fa_smem<HDP> SM;
-    constexpr int        QS = SM::QS, OS = SM::OS;
+    constexpr int        QS = SM::QS, NT = HDP / 16;
     const int64_t        r0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * FA_ROWS;
     const int            h = blockIdx.y, kvh = h / (nq / nkv);
     const int            tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int64_t        r_end = r0 + FA_ROWS < T ? r0 + FA_ROWS : T;
 
     extern __shared__ __align__(128) unsigned char fa_smem_raw[];
-    bf16    *Qb = (bf16 *)fa_smem_raw;        /* [64][QS] */
-    bf16    *Kb = Qb + 64 * QS;               /* [64][QS] */
-    bf16    *Vb = Kb + 64 * QS;               /* [64][QS] */
-    float   *Sf = (float *)(Vb + 64 * QS);    /* [64][FA_FS] */
-    bf16    *Pb = (bf16 *)(Sf + 64 * FA_FS);  /* [64][FA_BS] */
-    float   *Of = (float *)(Pb + 64 * FA_BS); /* [64][OS] */
-    float   *m_s = Of + 64 * OS, *l_s = m_s + 64, *corr_s = l_s + 64;
+    bf16    *Qb = (bf16 *)fa_smem_raw;         /* [64][QS] */
+    bf16    *Kb = Qb + 64 * QS;                /* [FA_KEYS][QS] */
+    bf16    *Vb = Kb + FA_KEYS * QS;           /* [FA_KEYS][QS] */
+    float   *Sf = (float *)(Vb + FA_KEYS * QS); /* [64][FA_FS] */
+    bf16    *Pb = (bf16 *)(Sf + 64 * FA_FS);   /* [64][FA_BS] */
+    float   *m_s = (float *)(Pb + 64 * FA_BS), *l_s = m_s + 64, *corr_s = l_s + 64;
     int32_t *bos_s = (int32_t *)(corr_s + 64);
 
     for (int r = tid; r < 64; r += FA_THREADS) {
@@ -228,46 +229,67 @@ static __global__ void __launch_bounds__(FA_THREADS)
         m_s[r] = -INFINITY;
         l_s[r] = 0.0f;
     }
-    for (int idx = tid; idx < 64 * HDP / 4; idx += FA_THREADS) {
-        int r = idx / (HDP / 4), c = (idx % (HDP / 4)) * 4;
-        *(float4 *)(Of + r * OS + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int e = tid; e < 256; e += FA_THREADS) { /* row and column numbers of a 16×16 tile */
+        Sf[(e / 16) * FA_FS + e % 16] = (float)(e / 16);
+        Sf[(16 + e / 16) * FA_FS + e % 16] = (float)(e % 16);
     }
     __syncthreads();
+    int rid[8], cid[8];
+    {
+        fa_facc f;
+        wmma::load_matrix_sync(f, Sf, FA_FS, wmma::mem_row_major);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            rid[i] = (int)f.x[i];
+        wmma::load_matrix_sync(f, Sf + 16 * FA_FS, FA_FS, wmma::mem_row_major);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            cid[i] = (int)f.x[i];
+    }
+    static_assert(sizeof(((fa_facc *)0)->x) / sizeof(float) == 8, "16x16 fp32 accumulator of 8 elements");
+    fa_facc o[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        wmma::fill_fragment(o[t], 0.0f);
     const int64_t kv_lo = bos_s[0], kv_hi = r_end; /* keys [kv_lo, kv_hi) */
-    fa_load_tile<HDP>(Qb, qc, r0, r_end, nq, h, tid);
-    fa_load_tile<HDP>(Kb, kc, kv_lo, kv_hi, nkv, kvh, tid);
+    fa_load_tile<HDP>(Qb, qc, r0, r_end, nq, h, 64, tid);
+    fa_load_tile<HDP>(Kb, kc, kv_lo, kv_hi, nkv, kvh, FA_KEYS, tid);
     fa_cp_commit();
 
     for (int64_t s0 = kv_lo; s0 < kv_hi; s0 += FA_KEYS) {
         fa_cp_wait_all();
         __syncthreads(); /* k (and q) landed for every thread; every warp is done with the last v */
-        fa_load_tile<HDP>(Vb, vc, s0, kv_hi, nkv, kvh, tid);
+        fa_load_tile<HDP>(Vb, vc, s0, kv_hi, nkv, kvh, FA_KEYS, tid);
         fa_cp_commit();
-        for (int tj = 0; tj < 4; tj++) {
-            fa_facc acc;
-            wmma::fill_fragment(acc, 0.0f);
+        {
+            fa_facc a0, a1;
+            wmma::fill_fragment(a0, 0.0f);
+            wmma::fill_fragment(a1, 0.0f);
 #pragma unroll 4
             for (int kk = 0; kk < HDP; kk += 16) {
                 fa_fa_row a;
-                fa_fb_col b;
+                fa_fb_col b0, b1;
                 wmma::load_matrix_sync(a, Qb + warp * 16 * QS + kk, QS);
-                wmma::load_matrix_sync(b, Kb + tj * 16 * QS + kk, QS);
-                wmma::mma_sync(acc, a, b, acc);
+                wmma::load_matrix_sync(b0, Kb + kk, QS);
+                wmma::load_matrix_sync(b1, Kb + 16 * QS + kk, QS);
+                wmma::mma_sync(a0, a, b0, a0);
+                wmma::mma_sync(a1, a, b1, a1);
             }
-            wmma::store_matrix_sync(Sf + warp * 16 * FA_FS + tj * 16, acc, FA_FS, wmma::mem_row_major);
+            wmma::store_matrix_sync(Sf + warp * 16 * FA_FS, a0, FA_FS, wmma::mem_row_major);
+            wmma::store_matrix_sync(Sf + warp * 16 * FA_FS + 16, a1, FA_FS, wmma::mem_row_major);
         }
         __syncwarp();
         {
-            /* two lanes per row, 32 keys each; scores in base 2 (scale_log2 = scale · log2 e) */
+            /* two lanes per row, 16 keys each; scores in base 2 (scale_log2 = scale · log2 e) */
             const int     row = warp * 16 + lane / 2, half = lane % 2;
             const int64_t t = r0 + row, bos = bos_s[row];
             const bool    live = t < r_end;
-            float         x[32], mx = -INFINITY;
+            float         x[16], mx = -INFINITY;
 #pragma unroll
-            for (int c = 0; c < 32; c++) {
-                int64_t s = s0 + half * 32 + c;
+            for (int c = 0; c < 16; c++) {
+                int64_t s = s0 + half * 16 + c;
                 bool    ok = live && s >= bos && s <= t;
-                x[c] = ok ? Sf[row * FA_FS + half * 32 + c] * scale_log2 : -INFINITY;
+                x[c] = ok ? Sf[row * FA_FS + half * 16 + c] * scale_log2 : -INFINITY;
                 mx = fmaxf(mx, x[c]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -276,19 +298,19 @@ static __global__ void __launch_bounds__(FA_THREADS)
             if (m_new != -INFINITY) { /* no key seen yet: nothing to rescale or add */
                 corr = exp2f(m_old - m_new); /* 0 when m_old = -inf */
 #pragma unroll
-                for (int c = 0; c < 32; c++) {
+                for (int c = 0; c < 16; c++) {
                     x[c] = exp2f(x[c] - m_new); /* exp2(-inf) = 0 for masked keys */
                     sum += x[c];
                 }
             } else {
 #pragma unroll
-                for (int c = 0; c < 32; c++)
+                for (int c = 0; c < 16; c++)
                     x[c] = 0.0f;
             }
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
 #pragma unroll
-            for (int c = 0; c < 32; c += 2)
-                *(__nv_bfloat162 *)(Pb + row * FA_BS + half * 32 + c) = __floats2bfloat162_rn(x[c], x[c + 1]);
+            for (int c = 0; c < 16; c += 2)
+                *(__nv_bfloat162 *)(Pb + row * FA_BS + half * 16 + c) = __floats2bfloat162_rn(x[c], x[c + 1]);
             if (half == 0) {
                 m_s[row] = m_new;
                 l_s[row] = l_s[row] * corr + sum;
@@ -296,49 +318,60 @@ static __global__ void __launch_bounds__(FA_THREADS)
             }
         }
         __syncwarp();
-        for (int idx = lane; idx < 16 * HDP / 4; idx += 32) {
-            int    r = warp * 16 + idx / (HDP / 4), c = (idx % (HDP / 4)) * 4;
-            float  cr = corr_s[r];
-            float4 o = *(float4 *)(Of + r * OS + c);
-            o.x *= cr;
-            o.y *= cr;
-            o.z *= cr;
-            o.w *= cr;
-            *(float4 *)(Of + r * OS + c) = o;
+        {
+            float cr[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                cr[i] = corr_s[warp * 16 + rid[i]];
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    o[t].x[i] *= cr[i];
         }
         fa_cp_wait_all();
         __syncthreads(); /* v landed; every warp is done with k */
         if (s0 + FA_KEYS < kv_hi) {
-            fa_load_tile<HDP>(Kb, kc, s0 + FA_KEYS, kv_hi, nkv, kvh, tid);
+            fa_load_tile<HDP>(Kb, kc, s0 + FA_KEYS, kv_hi, nkv, kvh, FA_KEYS, tid);
             fa_cp_commit();
         }
-        for (int tj = 0; tj < HDP / 16; tj++) {
-            fa_facc acc;
-            wmma::load_matrix_sync(acc, Of + warp * 16 * OS + tj * 16, OS, wmma::mem_row_major);
+        {
+            fa_fa_row p0, p1;
+            wmma::load_matrix_sync(p0, Pb + warp * 16 * FA_BS, FA_BS);
+            wmma::load_matrix_sync(p1, Pb + warp * 16 * FA_BS + 16, FA_BS);
 #pragma unroll
-            for (int kk = 0; kk < FA_KEYS; kk += 16) {
-                fa_fa_row a;
+            for (int t = 0; t < NT; t++) {
                 fa_fb_row b;
-                wmma::load_matrix_sync(a, Pb + warp * 16 * FA_BS + kk, FA_BS);
-                wmma::load_matrix_sync(b, Vb + kk * QS + tj * 16, QS);
-                wmma::mma_sync(acc, a, b, acc);
+                wmma::load_matrix_sync(b, Vb + t * 16, QS);
+                wmma::mma_sync(o[t], p0, b, o[t]);
+                wmma::load_matrix_sync(b, Vb + 16 * QS + t * 16, QS);
+                wmma::mma_sync(o[t], p1, b, o[t]);
             }
-            wmma::store_matrix_sync(Of + warp * 16 * OS + tj * 16, acc, OS, wmma::mem_row_major);
         }
     }
-    __syncthreads();
+    __syncwarp();
 
-    for (int idx = tid; idx < 64 * hd; idx += FA_THREADS) {
-        int     r = idx / hd, c = idx % hd;
-        int64_t t = r0 + r;
-        if (t >= r_end)
-            continue;
-        int64_t o = (t * nq + h) * (int64_t)hd + c;
-        float   y = Of[r * OS + c] / l_s[r];
-        if (gate)
-            y *= 1.0f / (1.0f + __expf(-gate[o]));
-        out[o] = y;
+    float inv_l[8];
+    int64_t tok[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int row = warp * 16 + rid[i];
+        tok[i] = r0 + row;
+        inv_l[i] = tok[i] < r_end ? 1.0f / l_s[row] : 0.0f;
     }
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int c = t * 16 + cid[i];
+            if (tok[i] < r_end && c < hd) {
+                int64_t oi = (tok[i] * nq + h) * (int64_t)hd + c;
+                float   y = o[t].x[i] * inv_l[i];
+                if (gate)
+                    y *= 1.0f / (1.0f + __expf(-gate[oi]));
+                out[oi] = y;
+            }
+        }
 }
 
 template <int HDP>

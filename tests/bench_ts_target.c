@@ -10,7 +10,8 @@
  *   bench_ts_target --config deploy/configs/qwen3.6-27b/target-config.json [--tokens 8192]
  *                   [--iters 5] [--seed 1] [--gpu 0] [--json OUT.json] [--mix-only OUT.json]
  * --mix-only writes the pack's cu_seqlens as JSON and exits without touching the GPU (the
- * Transformers side of bench/target_bench.sh runs the same pack). */
+ * Transformers side of bench/target_bench.sh runs the same pack); --profile-only runs one
+ * forward and exits (for a kernel profiler). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +108,7 @@ static double time_op(op_fn f, const kn_backend *be, kn_ctx *cx, const op_bufs *
 int main(int argc, char **argv) {
     const double t_start = now_s();
     const char  *config = NULL, *json = NULL, *mix_only = NULL;
+    int          profile_only = 0;
     int64_t      T = 8192;
     int          iters = 5, gpu = 0;
     uint64_t     seed = 1;
@@ -118,6 +120,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gpu")) gpu = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--json")) json = argv[i + 1];
         else if (!strcmp(argv[i], "--mix-only")) mix_only = argv[i + 1];
+        else if (!strcmp(argv[i], "--profile-only")) profile_only = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_ts_target: unknown option '%s'\n", argv[i]);
             return 2;
@@ -179,6 +182,7 @@ int main(int argc, char **argv) {
 
     CHECK(ts_model_forward(m, ids, T, cu, n_seq, &cap));
     const double t_first = now_s();
+    if (profile_only) return 0;
     CHECK(ts_model_forward(m, ids, T, cu, n_seq, &cap));
     double t0 = now_s();
     for (int i = 0; i < iters; i++) CHECK(ts_model_forward(m, ids, T, cu, n_seq, &cap));

@@ -8,7 +8,8 @@
  *   test_ts_random cuda bf16    (gpu) the same model (same weights: bf16-rounded on both sides
  *   test_ts_random cuda fp32    under bf16) on cuda against cpu, relative L2 per layer
  *                               ≤ 3e-2 (bf16) / 1e-3 (fp32), the dump tolerances of
- *                               test_ts_dump; packed lengths 1, 63, 64, 65, 200, 700 so the
+ *                               test_ts_dump, for layers 0-7, growing with depth after;
+ *                               packed lengths 1, 63, 64, 65, 200, 700 so the
  *                               chunked GDN and the flash attention see chunk edges and
  *                               several key tiles. Exits 77 without a GPU. */
 #include <math.h>
@@ -192,7 +193,7 @@ static void test_cuda(const char *cfg, const char *precision) {
     snprintf(c, sizeof c, "%s/cpu.safetensors", dir);
     snprintf(g, sizeof g, "%s/cuda.safetensors", dir);
     long   T = write_input(input, lens, 6), n = T * HIDDEN;
-    double tol = strcmp(precision, "fp32") == 0 ? 1e-3 : 3e-2;
+    double tol0 = strcmp(precision, "fp32") == 0 ? 1e-3 : 3e-2;
     /* the cpu run gets the same weights as the cuda run (bf16 precision rounds the random
      * weights to bf16 on both), so what differs is the arithmetic alone */
     if (!dump(cfg, input, c, "cpu", precision, "11") || !dump(cfg, input, g, "cuda", precision, "11")) return;
@@ -205,7 +206,13 @@ static void test_cuda(const char *cfg, const char *precision) {
             free(y);
             continue;
         }
-        double e = rel_l2(y, x, n);
+        /* The dump tolerance holds for the first 8 layers (the fixtures have 5); past them it
+         * grows in proportion to depth: each layer adds its own independent rounding (measured
+         * on an H200: +3.3e-3 per GDN layer in bf16, whose chunked kernel alone is 4e-3 from
+         * fp64, and +7e-7 per layer in fp32), so the error of layer i is about i times one
+         * layer's. A wrong kernel is off by O(1) at its first layer. */
+        double tol = tol0 * (i < 8 ? 1.0 : (i + 1) / 8.0);
+        double e   = rel_l2(y, x, n);
         free(x);
         free(y);
         printf("layer %2d (%s): cuda %s vs cpu rel L2 %.2e (tol %.0e) %s\n", i, i % 4 == 3 ? "attention" : "gdn",
