@@ -180,13 +180,14 @@ static void expect_refused(const char *run, int rc, const char *n1, const char *
     TST_CHECK(ok);
 }
 
-static void test_live(uint64_t target_id) {
+/* Modes first..last of the fake against the trainer. */
+static void test_live(uint64_t target_id, int first, int last) {
     static const char *const needles[][2] = {{"NaN or Inf", "batch"},
                                              {"NaN or Inf", "batch"},
                                              {"only zeros", "batch"},
                                              {"layer_", "expected"},
                                              {"another model", NULL}};
-    for (int mode = BAD_NAN; mode <= BAD_TARGET; mode++) {
+    for (int mode = first; mode <= last; mode++) {
         fake f = {.mode = mode, .target_id = target_id};
         pthread_create(&f.th, NULL, fake_main, &f);
         while (!atomic_load(&f.ready))
@@ -231,7 +232,11 @@ static void test_files(float v, const char *run) {
     expect_refused(run, train(run, csv, NULL), "not finite", run);
 }
 
-int main(void) {
+/* argv[1] "answers": the four bad answers (NaN, Inf, zeros, wrong layer), else another target and
+ * the bad batch files. (Split because the trainer that gives up on bad answers sometimes ends
+ * with a LeakSanitizer report inside libzmq: label slow until that is resolved.) */
+int main(int argc, char **argv) {
+    const int answers = argc > 1 && strcmp(argv[1], "answers") == 0;
     if (!getenv("TANDEM_LOG"))
         cm_log_set_level(CM_LOG_LEVEL_ERROR);
     setenv("OMP_NUM_THREADS", "1", 1);
@@ -267,9 +272,13 @@ int main(void) {
         size_t u = strlen(csv_tok);
         snprintf(csv_tok + u, sizeof csv_tok - u, "%s%s", b ? "," : "", tok);
     }
-    test_live(cm_target_cfg_hash(&tc));
-    test_files(0.0f / 0.0f, "file-nan");
-    test_files(1.0f / 0.0f, "file-inf");
+    if (answers) {
+        test_live(cm_target_cfg_hash(&tc), BAD_NAN, BAD_LAYER);
+    } else {
+        test_live(cm_target_cfg_hash(&tc), BAD_TARGET, BAD_TARGET);
+        test_files(0.0f / 0.0f, "file-nan");
+        test_files(1.0f / 0.0f, "file-inf");
+    }
     int rc = tst_report();
     if (rc == 0) {
         char cmd[300];
