@@ -474,8 +474,7 @@ template <int DKP> struct gdn_stage {
 
 template <int DKP, int STAGES> struct gdn_state_smem {
     static constexpr size_t bytes = STAGES * gdn_stage<DKP>::bytes + (size_t)DKP * GDN_SFS * 4 /* Sf */ +
-                                    (size_t)DKP * GDN_SBS * 2 /* Sb */ + 2 * (size_t)64 * GDN_SFS * 4 /* Df, Of */ +
-                                    2 * (size_t)64 * GDN_SBS * 2 /* Db, Dd */;
+                                    (size_t)DKP * GDN_SBS * 2 /* Sb */ + 2 * (size_t)64 * GDN_SBS * 2 /* Db, Dd */;
 };
 
 /* Issues the cp.async copies of chunk slot ci (tokens t0 … t0 + L − 1) into stage buffer sb. */
@@ -506,7 +505,11 @@ static __device__ __forceinline__ void gdn_state_load(unsigned char *sb, const b
 /* One block per (sequence, v-head, GDN_BV-column slice of dv), sequential over the sequence's
  * chunks; the fp32 state slice S[DKP][GDN_BV] stays in shared memory from the first chunk
  * (S = 0) to the last. With STAGES = 2 the next chunk's operands stream in (cp.async) while the
- * current one computes. Per chunk, warp w owns the (w/2, w%2) 16×16 tile of the 64 × 32 slice:
+ * current one computes; with STAGES = 1 (dk > 64) the block is small enough (106 KB at dk 128)
+ * for two to share a multiprocessor, which hides the loads instead and puts the 192 blocks of
+ * one 27B-shaped sequence in a single wave. Per chunk, warp w owns the (w/2, w%2) 16×16 tile of
+ * the 64 × 32 slice, kept in WMMA fragments (the row and column of each fragment element are
+ * read off fragments of row and column numbers, so no layout knowledge is assumed):
  *   δ = U − W S,  O = e^γ ⊙ Q S + P δ,  S ← e^{γ_last} S + Kᵀ (e^{γ_last−γ} ⊙ δ). */
 template <int DKP, int STAGES>
 static __global__ void __launch_bounds__(GDN_THREADS)
@@ -527,11 +530,29 @@ static __global__ void __launch_bounds__(GDN_THREADS)
     unsigned char *stage0 = gdn_smem;
     float         *Sf = (float *)(gdn_smem + STAGES * gdn_stage<DKP>::bytes); /* [DKP][SFS] */
     bf16          *Sb = (bf16 *)(Sf + DKP * SFS);                             /* [DKP][SBS] */
-    float         *Df = (float *)(Sb + DKP * SBS);                            /* [64][SFS] W S */
-    float         *Of = Df + 64 * SFS;                                        /* [64][SFS] */
-    bf16          *Db = (bf16 *)(Of + 64 * SFS);                              /* [64][SBS] δ */
+    bf16          *Db = Sb + DKP * SBS;                                       /* [64][SBS] δ */
     bf16          *Dd = Db + 64 * SBS;                                        /* [64][SBS] e^{γ_last−γ} δ */
 
+    /* row and column numbers of a 16×16 tile, through Sf before it holds the state */
+    for (int e = tid; e < 256; e += GDN_THREADS) {
+        Sf[(e / 16) * SFS + e % 16] = (float)(e / 16);
+        Sf[(16 + e / 16) * SFS + e % 16] = (float)(e % 16);
+    }
+    __syncthreads();
+    int rid[8], cid[8];
+    {
+        gdn_facc f;
+        static_assert(sizeof(f.x) / sizeof(float) == 8, "16x16 fp32 accumulator of 8 elements");
+        wmma::load_matrix_sync(f, Sf, SFS, wmma::mem_row_major);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            rid[i] = (int)f.x[i];
+        wmma::load_matrix_sync(f, Sf + 16 * SFS, SFS, wmma::mem_row_major);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            cid[i] = (int)f.x[i];
+    }
+    __syncthreads();
     for (int idx = tid; idx < DKP * SFS; idx += GDN_THREADS)
         Sf[idx] = 0.0f;
     for (int idx = tid; idx < DKP * SBS; idx += GDN_THREADS)
@@ -568,8 +589,9 @@ static __global__ void __launch_bounds__(GDN_THREADS)
         const float   *Eb = (const float *)(Pb + 64 * BS);
 
         const int ti = warp / 2, tj = warp % 2;
+        gdn_facc  qs; /* Q S, then the output tile */
         {
-            gdn_facc ws, qs;
+            gdn_facc ws;
             wmma::fill_fragment(ws, 0.0f);
             wmma::fill_fragment(qs, 0.0f);
 #pragma unroll 4
@@ -582,35 +604,30 @@ static __global__ void __launch_bounds__(GDN_THREADS)
                 wmma::load_matrix_sync(a, Qb + ti * 16 * KS + kk, KS);
                 wmma::mma_sync(qs, a, b, qs);
             }
-            wmma::store_matrix_sync(Df + ti * 16 * SFS + tj * 16, ws, SFS, wmma::mem_row_major);
-            wmma::store_matrix_sync(Of + ti * 16 * SFS + tj * 16, qs, SFS, wmma::mem_row_major);
-        }
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) { /* this warp's tile: δ, its decayed copy, e^γ Q S */
-            const int r = ti * 16 + e / 16, c = tj * 16 + e % 16;
-            float     d = __bfloat162float(Ub[r * SBS + c]) - Df[r * SFS + c];
-            Db[r * SBS + c] = __float2bfloat16(d);
-            Dd[r * SBS + c] = __float2bfloat16(d * Eb[64 + r]);
-            Of[r * SFS + c] *= Eb[r];
+#pragma unroll
+            for (int i = 0; i < 8; i++) { /* this warp's tile: δ, its decayed copy, e^γ Q S */
+                const int r = ti * 16 + rid[i], c = tj * 16 + cid[i];
+                float     d = __bfloat162float(Ub[r * SBS + c]) - ws.x[i];
+                Db[r * SBS + c] = __float2bfloat16(d);
+                Dd[r * SBS + c] = __float2bfloat16(d * Eb[64 + r]);
+                qs.x[i] *= Eb[r];
+            }
         }
         __syncthreads(); /* E: δ complete */
 
         {
-            gdn_facc acc;
-            wmma::load_matrix_sync(acc, Of + ti * 16 * SFS + tj * 16, SFS, wmma::mem_row_major);
             for (int kk = 0; kk <= ti * 16; kk += 16) { /* P is lower triangular */
                 gdn_fa_row a;
                 gdn_fb_row b;
                 wmma::load_matrix_sync(a, Pb + ti * 16 * BS + kk, BS);
                 wmma::load_matrix_sync(b, Db + kk * SBS + tj * 16, SBS);
-                wmma::mma_sync(acc, a, b, acc);
+                wmma::mma_sync(qs, a, b, qs);
             }
-            wmma::store_matrix_sync(Of + ti * 16 * SFS + tj * 16, acc, SFS, wmma::mem_row_major);
-            __syncwarp();
-            for (int e = lane; e < 256; e += 32) {
-                const int r = ti * 16 + e / 16, c = tj * 16 + e % 16;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int r = ti * 16 + rid[i], c = tj * 16 + cid[i];
                 if (r < L && c < ncol)
-                    out[((t0 + r) * nv + h) * (int64_t)dv + col0 + c] = Of[r * SFS + c];
+                    out[((t0 + r) * nv + h) * (int64_t)dv + col0 + c] = qs.x[i];
             }
         }
         const float elast = Eb[128];
@@ -701,7 +718,9 @@ static cm_status gdn_chunked_launch(kn_ctx *ctx, float *out, const float *q, con
         Wg, Ug, Pg, Eg, qc, kc, v, g, beta, chunks, n_chunks, nk, nv, dv, DVP);
     KN_CUDA_LAUNCHED(ctx);
 
-    constexpr int STAGES = DKP <= 128 ? 2 : 1; /* two stages of 256-wide operands do not fit */
+    /* dk 64: two stages, two blocks per SM; dk 128: one stage, so that two blocks share an SM
+     * (192 blocks of a 27B-shaped sequence in one wave); dk 256: one stage, one block */
+    constexpr int STAGES = DKP <= 64 ? 2 : 1;
     const size_t  state_smem = gdn_state_smem<DKP, STAGES>::bytes;
     KN_CUDA(cudaFuncSetAttribute(gdn_state_kernel<DKP, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)state_smem));
