@@ -47,12 +47,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(src && dst);
     memcpy(src, data + 6, size - 6);
     t.data = src;
-    if (fuzz_note(cm_compress_decode_tensor(c, &t, dst, t.raw_size)) == CM_OK && t.encoding != CM_ENCODING_FP8_ZSTD) {
+    if (fuzz_note(cm_compress_decode_tensor(c, &t, dst, t.raw_size)) == CM_OK &&
+        t.encoding != CM_ENCODING_FP8_ZSTD) {
         size_t   bound = cm_compress_bound(c, t.encoding, t.dtype, t.shape[0], t.shape[1]), len = 0;
         uint8_t *enc = malloc(bound ? bound : 1), *back = malloc(t.raw_size ? t.raw_size : 1);
         FUZZ_CHECK((bound > 0 || t.raw_size == 0) && enc && back);
-        FUZZ_CHECK(cm_compress_encode(c, t.encoding, t.dtype, dst, t.shape[0], t.shape[1], enc, bound, &len) ==
-                   CM_OK);
+        FUZZ_CHECK(cm_compress_encode(c, t.encoding, t.dtype, dst, t.shape[0], t.shape[1], enc, bound,
+                                      &len) == CM_OK);
         FUZZ_CHECK(cm_compress_decode(c, t.encoding, t.dtype, enc, len, t.shape[0], t.shape[1], back,
                                       t.raw_size) == CM_OK);
         FUZZ_CHECK(memcmp(dst, back, t.raw_size) == 0);

@@ -1,10 +1,10 @@
 /* tests/fuzz/fuzz_proto.c — libFuzzer target: one wire frame through cm_proto_peek and every
  * decoder of cm_proto.h, as target-server and drafter-trainer decode what arrives on their
- * sockets and what a shard record holds (NCCL_OFFER/READY and STATUS included). Input: one flag byte, then the frame; with bit 0 set
- * the frame's checksums are re-sealed first (fuzz_proto_seal), so mutations reach the field
- * checks. For a frame that decodes: encoding the decoded message and decoding that again gives
- * the same message, an ANSWER decodes alike whole and in two parts, and each of its tensors
- * decodes with cm_compress when small enough. */
+ * sockets and what a shard record holds (NCCL_OFFER/READY and STATUS included). Input: one flag byte, then
+ * the frame; with bit 0 set the frame's checksums are re-sealed first (fuzz_proto_seal), so mutations reach
+ * the field checks. For a frame that decodes: encoding the decoded message and decoding that again gives the
+ * same message, an ANSWER decodes alike whole and in two parts, and each of its tensors decodes with
+ * cm_compress when small enough. */
 #include <string.h>
 
 #include "cm_compress.h"
@@ -42,8 +42,12 @@ static void check_request(const cm_proto_request *m) {
     size_t   n = cm_proto_request_size(m->n_tokens, m->n_seqs, m->n_layers), len = 0;
     uint8_t *b = reencode_buf(n);
     FUZZ_CHECK(cm_proto_request_encode(m, b, n, &len) == CM_OK && len == n);
-    cm_proto_request r = {.tokens = tok2, .cu_seqlens = cu2, .layer_ids = lay2,
-                          .cap_tokens = MAX_T, .cap_cu_seqlens = MAX_T + 1, .cap_layers = 64};
+    cm_proto_request r = {.tokens = tok2,
+                          .cu_seqlens = cu2,
+                          .layer_ids = lay2,
+                          .cap_tokens = MAX_T,
+                          .cap_cu_seqlens = MAX_T + 1,
+                          .cap_layers = 64};
     FUZZ_CHECK(cm_proto_request_decode(b, len, &LIM, &r) == CM_OK);
     FUZZ_CHECK(r.batch_id == m->batch_id && r.flags == m->flags && r.encoding == m->encoding);
     FUZZ_CHECK(r.n_tokens == m->n_tokens && r.n_seqs == m->n_seqs && r.n_layers == m->n_layers);
@@ -72,7 +76,8 @@ static void check_answer(cm_proto_answer *m, const uint8_t *frame, size_t len) {
     for (uint32_t i = 0; i < m->n_tensors; i++) {
         const cm_proto_tensor *a = &m->tensors[i], *c = &p.tensors[i];
         FUZZ_CHECK(strcmp(a->name, c->name) == 0 && a->dtype == c->dtype && a->encoding == c->encoding);
-        FUZZ_CHECK(a->n_dims == c->n_dims && a->raw_size == c->raw_size && a->encoded_size == c->encoded_size);
+        FUZZ_CHECK(a->n_dims == c->n_dims && a->raw_size == c->raw_size &&
+                   a->encoded_size == c->encoded_size);
         FUZZ_CHECK(memcmp(a->shape, c->shape, sizeof(int64_t) * (size_t)a->n_dims) == 0);
         FUZZ_CHECK(a->checksum == c->checksum);
     }
@@ -105,8 +110,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     cm_proto_hello hello;
     if (cm_proto_hello_decode(f, len, &LIM, &hello) == CM_OK) {
-        uint8_t b[CM_PROTO_SMALL_FRAME_MAX];
-        size_t  n;
+        uint8_t        b[CM_PROTO_SMALL_FRAME_MAX];
+        size_t         n;
         cm_proto_hello again;
         FUZZ_CHECK(cm_proto_hello_encode(&hello, b, sizeof b, &n) == CM_OK);
         FUZZ_CHECK(cm_proto_hello_decode(b, n, &LIM, &again) == CM_OK);
@@ -125,8 +130,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                    again.max_tokens == wel.max_tokens && again.credits == wel.credits &&
                    again.encodings == wel.encodings && strcmp(again.name, wel.name) == 0);
     }
-    cm_proto_request req = {.tokens = tok, .cu_seqlens = cu, .layer_ids = lay,
-                            .cap_tokens = MAX_T, .cap_cu_seqlens = MAX_T + 1, .cap_layers = 64};
+    cm_proto_request req = {.tokens = tok,
+                            .cu_seqlens = cu,
+                            .layer_ids = lay,
+                            .cap_tokens = MAX_T,
+                            .cap_cu_seqlens = MAX_T + 1,
+                            .cap_layers = 64};
     if (cm_proto_request_decode(f, len, &LIM, &req) == CM_OK)
         check_request(&req);
     cm_proto_error err;

@@ -50,7 +50,8 @@ static void seal(uint8_t *index, size_t index_len, fuzz_part *shards, int n_shar
     }
     if (index_len < CM_SHARD_INDEX_HEADER_SIZE)
         return;
-    for (size_t e = CM_SHARD_INDEX_HEADER_SIZE; index_len - e >= CM_SHARD_ENTRY_SIZE; e += CM_SHARD_ENTRY_SIZE) {
+    for (size_t e = CM_SHARD_INDEX_HEADER_SIZE; index_len - e >= CM_SHARD_ENTRY_SIZE;
+         e += CM_SHARD_ENTRY_SIZE) {
         uint32_t k = fuzz_rd32(index + e + 8);
         uint64_t off = fuzz_rd64(index + e + 16);
         if ((int)k < n_shards && k < 64 && shards[k].len >= rh && off <= shards[k].len - rh)

@@ -21,7 +21,7 @@ static const char *src_dir, *out_dir;
 #define OK(call)                                                                                             \
     do {                                                                                                     \
         if ((call) != CM_OK) {                                                                               \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cm_last_error());          \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cm_last_error());           \
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
@@ -254,8 +254,8 @@ static size_t answer_frame(uint64_t id, int64_t cols, uint8_t *buf, size_t cap) 
 }
 
 static void proto_seeds(void) {
-    uint8_t b[8192];
-    size_t  len;
+    uint8_t        b[8192];
+    size_t         len;
     cm_proto_hello h = {0x1234abcd5678ef01ull, 4, CM_ENCODING_LOSSLESS_MASK, "trainer-0"};
     OK(cm_proto_hello_encode(&h, b, sizeof b, &len));
     seed1("proto", "hello", 1, b, len);
@@ -264,8 +264,14 @@ static void proto_seeds(void) {
     OK(cm_proto_welcome_encode(&we, b, sizeof b, &len));
     seed1("proto", "welcome", 1, b, len);
     int32_t          tok[7] = {1, 5, 9, 2, 0, 511, 3}, cu[3] = {0, 4, 7}, lay[2] = {1, 3};
-    cm_proto_request r = {.batch_id = 42, .flags = CM_PROTO_FLAG_RESEND, .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
-                          .n_tokens = 7, .n_seqs = 2, .n_layers = 2, .tokens = tok, .cu_seqlens = cu,
+    cm_proto_request r = {.batch_id = 42,
+                          .flags = CM_PROTO_FLAG_RESEND,
+                          .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
+                          .n_tokens = 7,
+                          .n_seqs = 2,
+                          .n_layers = 2,
+                          .tokens = tok,
+                          .cu_seqlens = cu,
                           .layer_ids = lay};
     OK(cm_proto_request_encode(&r, b, sizeof b, &len));
     seed1("proto", "request", 1, b, len);
@@ -402,9 +408,10 @@ static void runcfg_seeds(void) {
     uint8_t *b = slurp(path, &len);
     seed1("runcfg", "deploy_qwen3.6-27b", -1, b, len);
     free(b);
-    static const char kinds[] = "{\"config\": \"drafter.json\", \"target\": \"/models/q\", \"data\": [\"a.st\", "
-                                "\"/abs/b.st\"], \"out\": \"runs/r1\", \"lr\": 6e-4, \"epochs\": 6, \"resume\": "
-                                "true, \"seed\": \"18446744073709551615\", \"dataset\": [\"x.jsonl\", \"y.jsonl\"]}\n";
+    static const char kinds[] =
+        "{\"config\": \"drafter.json\", \"target\": \"/models/q\", \"data\": [\"a.st\", "
+        "\"/abs/b.st\"], \"out\": \"runs/r1\", \"lr\": 6e-4, \"epochs\": 6, \"resume\": "
+        "true, \"seed\": \"18446744073709551615\", \"dataset\": [\"x.jsonl\", \"y.jsonl\"]}\n";
     seed1("runcfg", "every_kind", -1, kinds, sizeof kinds - 1);
 }
 
