@@ -124,7 +124,7 @@ int main(void) {
     setenv("ASAN_OPTIONS", "exitcode=86", 1);
     snprintf(tmp, sizeof tmp, "/tmp/tandem-secrets-%d", (int)getpid());
     mkdir(tmp, 0700);
-    char keys[512], allowed[512], srv[600], cli[600], other[600], p[700];
+    char keys[512], allowed[600], srv[600], cli[700], other[600], p[800];
     snprintf(keys, sizeof keys, "%s/keys", tmp);
     snprintf(allowed, sizeof allowed, "%s/allowed", keys);
     mkdir(keys, 0700);
@@ -148,7 +148,7 @@ int main(void) {
         TST_CHECK(zmq_z85_decode(raw[k], secrets[k]) != NULL);
 
     /* the server, at debug */
-    char log[600], ep_file[600], ep[256] = "", skey[700], spub[700], ckey[700], okey[700];
+    char log[600], ep_file[600], ep[256] = "", skey[700], spub[700], ckey[800], okey[700];
     snprintf(log, sizeof log, "%s/serve.log", tmp);
     snprintf(ep_file, sizeof ep_file, "%s/serve.ep", tmp);
     snprintf(skey, sizeof skey, "%s.key", srv);

@@ -137,7 +137,7 @@ static int finish(pid_t pid, int ms) {
 }
 
 static const char *text_of(const char *name) {
-    char p[600];
+    char p[900];
     snprintf(p, sizeof p, "%s/%s", tmp, name);
     return tst_slurp(p);
 }
@@ -296,7 +296,7 @@ static int ledger_prefix(const char *what, const ledger *a, int n) {
 }
 
 static int same_file(const char *a, const char *b) {
-    char cmd[1400];
+    char cmd[1500];
     snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
     return system(cmd) == 0;
 }
@@ -620,7 +620,7 @@ static pid_t precompute_start(const char *dir, const char *err) {
 
 static void fault_precompute_kill(int rep) {
     tally *t = &tallies[F_PRECOMP];
-    char   dir[512], err[600], cmd[700];
+    char   dir[512], err[600], cmd[1100];
     snprintf(dir, sizeof dir, "%s/shards-%d", tmp, rep);
     snprintf(err, sizeof err, "%s/precompute-%d.err", tmp, rep);
     pid_t pid = precompute_start(dir, err);
@@ -740,7 +740,7 @@ static void fault_slow_and_flood(int rep) {
 
 static void fault_corrupt_shard(void) {
     tally *t = &tallies[F_CORRUPT];
-    char   cmd[1200], bad[512], p[700];
+    char   cmd[1700], bad[512], p[700];
     snprintf(bad, sizeof bad, "%s/shards-bad", tmp);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", bad, shards, bad);
     TST_CHECK(system(cmd) == 0);
