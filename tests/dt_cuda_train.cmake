@@ -12,3 +12,12 @@ if(TARGET dt AND TANDEM_HAVE_CUDA)
   target_compile_options(bench_dt_step PRIVATE ${TANDEM_C_WARNINGS})
   target_link_libraries(bench_dt_step PRIVATE dt kn cm m)
 endif()
+# The step with taps already in backend memory (dt_batch.dev_taps) against host taps: on the
+# cpu backend (unit) and on cuda (gpu).
+if(TARGET dt)
+  add_unit_test(test_dt_devtaps test_dt_devtaps.c LIBS dt ARGS cpu)
+  if(TANDEM_HAVE_CUDA)
+    add_test(NAME test_dt_devtaps_cuda COMMAND test_dt_devtaps cuda)
+    set_tests_properties(test_dt_devtaps_cuda PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS gpu)
+  endif()
+endif()
