@@ -93,14 +93,15 @@ int dt_dp_default_device(void) {
 // rendezvous: rank 0 serves the unique id over ZeroMQ
 
 static cm_status zmq_fail(const char *what, const char *endpoint) {
-    return CM_FAIL(CM_ERR_ZMQ, "data-parallel rendezvous: %s '%s': %s", what, endpoint, zmq_strerror(zmq_errno()));
+    return CM_FAIL(CM_ERR_ZMQ, "data-parallel rendezvous: %s '%s': %s", what, endpoint,
+                   zmq_strerror(zmq_errno()));
 }
 
 /* Rank 0: answers every other rank once with the id; a request from a run of another size
  * is answered with an error and fails this rank too (the launch is inconsistent). */
 static cm_status serve_id(const dt_dp_config *c, const ncclUniqueId *id) {
-    char endpoint[300];
-    void *zc = zmq_ctx_new(), *sock = zc ? zmq_socket(zc, ZMQ_REP) : NULL;
+    char      endpoint[300];
+    void     *zc = zmq_ctx_new(), *sock = zc ? zmq_socket(zc, ZMQ_REP) : NULL;
     cm_status st = CM_OK;
     int       linger = 0, seen = 0;
     char     *answered = calloc((size_t)c->size, 1);
@@ -125,10 +126,11 @@ static cm_status serve_id(const dt_dp_config *c, const ncclUniqueId *id) {
         zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
         const double   left = deadline - now_s();
         if (left <= 0) {
-            st = CM_FAIL(CM_ERR_TIMEOUT,
-                         "data-parallel rendezvous: only %d of the %d other ranks reached rank 0 at %s within "
-                         "%d ms; start every rank with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE",
-                         seen, c->size - 1, endpoint, c->timeout_ms);
+            st =
+                CM_FAIL(CM_ERR_TIMEOUT,
+                        "data-parallel rendezvous: only %d of the %d other ranks reached rank 0 at %s within "
+                        "%d ms; start every rank with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE",
+                        seen, c->size - 1, endpoint, c->timeout_ms);
             goto done;
         }
         int rc = zmq_poll(&it, 1, (long)(left * 1e3) + 1);
@@ -145,8 +147,8 @@ static cm_status serve_id(const dt_dp_config *c, const ncclUniqueId *id) {
             goto done;
         }
         int rank = -1, size = -1;
-        if (sscanf(req, DP_MAGIC " %d %d", &rank, &size) != 2 || size != c->size || rank < 1 || rank >= size ||
-            answered[rank]) {
+        if (sscanf(req, DP_MAGIC " %d %d", &rank, &size) != 2 || size != c->size || rank < 1 ||
+            rank >= size || answered[rank]) {
             zmq_send(sock, "error", 5, 0);
             st = CM_FAIL(CM_ERR_PROTOCOL,
                          "data-parallel rendezvous: rank 0 of %d got '%.40s' (another run's rank, a "
@@ -229,7 +231,8 @@ static cm_status settle(dt_dp *dp, const char *what, int stream_too) {
         NCCL_TRY(ncclCommGetAsyncError(dp->comm, &state));
         if (state != ncclSuccess && state != ncclInProgress)
             return CM_FAIL(CM_ERR_NCCL, "%s failed on rank %d of %d: %s (%s); another rank probably stopped",
-                           what, dp->cfg.rank, dp->cfg.size, ncclGetErrorString(state), ncclGetLastError(dp->comm));
+                           what, dp->cfg.rank, dp->cfg.size, ncclGetErrorString(state),
+                           ncclGetLastError(dp->comm));
         if (state == ncclSuccess) {
             if (!stream_too)
                 return CM_OK;
@@ -254,7 +257,8 @@ cm_status dt_dp_create(dt_dp **out, const dt_dp_config *cfg, const kn_backend *b
     *out = NULL;
     if (be != kn_backend_cuda())
         return CM_FAIL(CM_ERR_UNSUPPORTED,
-                       "data parallelism over NCCL needs --device cuda (the %s backend has no NCCL)", be->name);
+                       "data parallelism over NCCL needs --device cuda (the %s backend has no NCCL)",
+                       be->name);
     if (cfg->size < 2 || cfg->rank < 0 || cfg->rank >= cfg->size)
         return CM_FAIL(CM_ERR_INVALID_ARG, "data-parallel rank %d of %d: need 0 <= rank < size and size >= 2",
                        cfg->rank, cfg->size);
@@ -268,17 +272,18 @@ cm_status dt_dp_create(dt_dp **out, const dt_dp_config *cfg, const kn_backend *b
         dp->cfg.master_port = 29500;
     dp->ctx = ctx;
     dt_model_grad_slab(m, &dp->grad, &dp->n_grad);
-    cm_status st = CM_OK;
+    cm_status    st = CM_OK;
     ncclUniqueId id;
 #define TRY(x)                                                                                               \
     do {                                                                                                     \
         if ((st = (x)) != CM_OK)                                                                             \
             goto fail;                                                                                       \
     } while (0)
-    if (cudaSetDevice(ctx->device) != cudaSuccess || cudaMalloc((void **)&dp->d_stats, DP_N_STATS * sizeof(double)) != cudaSuccess ||
+    if (cudaSetDevice(ctx->device) != cudaSuccess ||
+        cudaMalloc((void **)&dp->d_stats, DP_N_STATS * sizeof(double)) != cudaSuccess ||
         cudaMallocHost((void **)&dp->h_stats, DP_N_STATS * sizeof(double)) != cudaSuccess) {
-        st = CM_FAIL(CM_ERR_CUDA, "cannot allocate the data-parallel statistics on device %d: %s", ctx->device,
-                     cudaGetErrorString(cudaGetLastError()));
+        st = CM_FAIL(CM_ERR_CUDA, "cannot allocate the data-parallel statistics on device %d: %s",
+                     ctx->device, cudaGetErrorString(cudaGetLastError()));
         goto fail;
     }
     if (cfg->rank == 0) {
@@ -294,8 +299,8 @@ cm_status dt_dp_create(dt_dp **out, const dt_dp_config *cfg, const kn_backend *b
     nc.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&dp->comm, cfg->size, id, cfg->rank, &nc);
     if (r != ncclSuccess && r != ncclInProgress) {
-        st = CM_FAIL(CM_ERR_NCCL, "ncclCommInitRankConfig (rank %d of %d) failed: %s (%s)", cfg->rank, cfg->size,
-                     ncclGetErrorString(r), ncclGetLastError(NULL));
+        st = CM_FAIL(CM_ERR_NCCL, "ncclCommInitRankConfig (rank %d of %d) failed: %s (%s)", cfg->rank,
+                     cfg->size, ncclGetErrorString(r), ncclGetLastError(NULL));
         goto fail;
     }
     TRY(settle(dp, "joining the data-parallel communicator", 0));
@@ -344,8 +349,8 @@ cm_status dt_dp_reduce(dt_dp *dp, dt_step_stats *s) {
     const double den_r = s->weight_sum, den = h[1];
     /* this rank's share of the global weight; 0 for a rank without anchors (its gradient is
      * zero anyway) and when no rank had a labelled slot */
-    float        scalar = den > 0 ? (float)(den_r / den) : 0.0f;
-    ncclRedOp_t  op;
+    float       scalar = den > 0 ? (float)(den_r / den) : 0.0f;
+    ncclRedOp_t op;
     NCCL_TRY(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, dp->comm));
     CM_TRY(settle(dp, "creating the weighted-sum reduction", 0));
     ncclResult_t r = ncclAllReduce(dp->grad, dp->grad, dp->n_grad, ncclFloat, op, dp->comm, stream);

@@ -37,17 +37,30 @@ static double now_s(void) {
 #define DIE(st)                                                                                              \
     do {                                                                                                     \
         if ((st) != CM_OK) {                                                                                 \
-            fprintf(stderr, "bench_dt_step: %s: %s (line %d)\n", cm_status_str(st), cm_last_error(), __LINE__); \
+            fprintf(stderr, "bench_dt_step: %s: %s (line %d)\n", cm_status_str(st), cm_last_error(),         \
+                    __LINE__);                                                                               \
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
 
 // ---- --profile: the cuda table with every entry timed between two synchronises
 
-enum { P_GEMM, P_GEMM_DX, P_GEMM_DW, P_ATTN_FWD, P_ATTN_BWD, P_LM_CE, P_NORM, P_ROPE, P_ELEM, P_OPTIM, P_COUNT };
-static const char *const p_name[P_COUNT] = {"gemm (fwd)",      "gemm_dx",      "gemm_dw", "dflash_attn_fwd",
-                                            "dflash_attn_bwd", "lm_ce (fused)", "rmsnorm fwd+bwd",
-                                            "rope fwd+bwd",    "elementwise/copies", "sumsq+adamw"};
+enum {
+    P_GEMM,
+    P_GEMM_DX,
+    P_GEMM_DW,
+    P_ATTN_FWD,
+    P_ATTN_BWD,
+    P_LM_CE,
+    P_NORM,
+    P_ROPE,
+    P_ELEM,
+    P_OPTIM,
+    P_COUNT
+};
+static const char *const p_name[P_COUNT] = {
+    "gemm (fwd)",    "gemm_dx",         "gemm_dw",      "dflash_attn_fwd",    "dflash_attn_bwd",
+    "lm_ce (fused)", "rmsnorm fwd+bwd", "rope fwd+bwd", "elementwise/copies", "sumsq+adamw"};
 static double            p_sec[P_COUNT], p_flop[P_COUNT];
 static long              p_calls[P_COUNT];
 static const kn_backend *cuda;
@@ -65,15 +78,16 @@ static kn_backend        prof;
         return st_;                                                                                          \
     } while (0)
 
-static cm_status w_gemm(kn_ctx *ctx, float *o, const float *i, const void *w, cm_dtype d, int64_t M, int64_t N,
-                        int64_t K) {
+static cm_status w_gemm(kn_ctx *ctx, float *o, const float *i, const void *w, cm_dtype d, int64_t M,
+                        int64_t N, int64_t K) {
     PROF(P_GEMM, 2.0 * M * N * K, cuda->gemm(ctx, o, i, w, d, M, N, K));
 }
-static cm_status w_gemm_dx(kn_ctx *ctx, float *o, const float *i, const void *w, cm_dtype d, int64_t M, int64_t N,
-                           int64_t K, int acc) {
+static cm_status w_gemm_dx(kn_ctx *ctx, float *o, const float *i, const void *w, cm_dtype d, int64_t M,
+                           int64_t N, int64_t K, int acc) {
     PROF(P_GEMM_DX, 2.0 * M * N * K, cuda->gemm_dx(ctx, o, i, w, d, M, N, K, acc));
 }
-static cm_status w_gemm_dw(kn_ctx *ctx, float *dw, const float *d, const float *i, int64_t M, int64_t N, int64_t K) {
+static cm_status w_gemm_dw(kn_ctx *ctx, float *dw, const float *d, const float *i, int64_t M, int64_t N,
+                           int64_t K) {
     PROF(P_GEMM_DW, 2.0 * M * N * K, cuda->gemm_dw(ctx, dw, d, i, M, N, K));
 }
 static cm_status w_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
@@ -86,31 +100,34 @@ static cm_status w_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *am, const f
                          const float *g, const void *w, cm_dtype wdt, int64_t R, int64_t V, int64_t D) {
     PROF(P_LM_CE, (dh ? 6.0 : 2.0) * R * V * D, cuda->lm_ce(ctx, dh, ce, am, h, l, g, w, wdt, R, V, D));
 }
-static cm_status w_rmsnorm(kn_ctx *ctx, float *o, const float *i, const float *w, int64_t r, int64_t C, float e,
-                           int op) {
+static cm_status w_rmsnorm(kn_ctx *ctx, float *o, const float *i, const float *w, int64_t r, int64_t C,
+                           float e, int op) {
     PROF(P_NORM, 0, cuda->rmsnorm(ctx, o, i, w, r, C, e, op));
 }
-static cm_status w_rmsnorm_bwd(kn_ctx *ctx, float *di, float *dw, const float *d, const float *i, const float *w,
-                               int64_t r, int64_t C, float e, int op) {
+static cm_status w_rmsnorm_bwd(kn_ctx *ctx, float *di, float *dw, const float *d, const float *i,
+                               const float *w, int64_t r, int64_t C, float e, int op) {
     PROF(P_NORM, 0, cuda->rmsnorm_bwd(ctx, di, dw, d, i, w, r, C, e, op));
 }
-static cm_status w_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, float th) {
+static cm_status w_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int nh, int hd, int rd,
+                        float th) {
     PROF(P_ROPE, 0, cuda->rope(ctx, x, pos, T, nh, hd, rd, th));
 }
-static cm_status w_rope_bwd(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, float th) {
+static cm_status w_rope_bwd(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int nh, int hd, int rd,
+                            float th) {
     PROF(P_ROPE, 0, cuda->rope_bwd(ctx, x, pos, T, nh, hd, rd, th));
 }
 static cm_status w_swiglu(kn_ctx *ctx, float *o, const float *g, const float *u, int64_t n) {
     PROF(P_ELEM, 0, cuda->swiglu(ctx, o, g, u, n));
 }
-static cm_status w_swiglu_bwd(kn_ctx *ctx, float *dg, float *du, const float *d, const float *g, const float *u,
-                              int64_t n) {
+static cm_status w_swiglu_bwd(kn_ctx *ctx, float *dg, float *du, const float *d, const float *g,
+                              const float *u, int64_t n) {
     PROF(P_ELEM, 0, cuda->swiglu_bwd(ctx, dg, du, d, g, u, n));
 }
 static cm_status w_add(kn_ctx *ctx, float *x, const float *y, int64_t n) {
     PROF(P_ELEM, 0, cuda->add(ctx, x, y, n));
 }
-static cm_status w_copy2d(kn_ctx *ctx, float *d, int64_t dl, const float *s, int64_t sl, int64_t r, int64_t c) {
+static cm_status w_copy2d(kn_ctx *ctx, float *d, int64_t dl, const float *s, int64_t sl, int64_t r,
+                          int64_t c) {
     PROF(P_ELEM, 0, cuda->copy2d(ctx, d, dl, s, sl, r, c));
 }
 static cm_status w_zero(kn_ctx *ctx, void *p, size_t b) {
@@ -193,14 +210,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--anchors"))
             A = atoll(v);
         else {
-            fprintf(stderr,
-                    "usage: bench_dt_step --drafter-config F --target-config F [--precision bf16|fp32] [--steps N]\n"
-                    "       [--warmup N] [--gpu N] [--tokens T] [--docs N] [--anchors A] [--layout OUT] [--profile]\n");
+            fprintf(stderr, "usage: bench_dt_step --drafter-config F --target-config F [--precision "
+                            "bf16|fp32] [--steps N]\n"
+                            "       [--warmup N] [--gpu N] [--tokens T] [--docs N] [--anchors A] [--layout "
+                            "OUT] [--profile]\n");
             return 2;
         }
     }
     if (!dcfg || !tcfg || steps < 1 || docs < 1 || T % docs != 0) {
-        fprintf(stderr, "bench_dt_step: need --drafter-config and --target-config, steps >= 1, docs dividing T\n");
+        fprintf(stderr,
+                "bench_dt_step: need --drafter-config and --target-config, steps >= 1, docs dividing T\n");
         return 2;
     }
     cm_drafter_cfg d;
@@ -284,16 +303,23 @@ int main(int argc, char **argv) {
     DIE(dt_optim_create(&o, be, ctx, params, np, &oc));
     const double setup_s = now_s() - t0;
 
-    dt_batch b = {.T = T, .n_seq = docs, .cu_seqlens = cu, .input_ids = ids, .loss_mask = mask,
-                  .target_hidden = host_taps ? F : NULL, .n_anchors = n_anchors, .anchors = anchors,
+    dt_batch b = {.T = T,
+                  .n_seq = docs,
+                  .cu_seqlens = cu,
+                  .input_ids = ids,
+                  .loss_mask = mask,
+                  .target_hidden = host_taps ? F : NULL,
+                  .n_anchors = n_anchors,
+                  .anchors = anchors,
                   .dev_taps_dt = CM_DTYPE_BF16};
     for (int k = 0; k < d.n_taps; k++)
         b.dev_taps[k] = taps[k];
-    double  *sec = calloc((size_t)steps, sizeof *sec);
-    double   loss0 = 0, loss1 = 0;
+    double *sec = calloc((size_t)steps, sizeof *sec);
+    double  loss0 = 0, loss1 = 0;
     for (int i = 0; i < warmup + steps; i++) {
         if (i == warmup)
-            memset(p_sec, 0, sizeof p_sec), memset(p_flop, 0, sizeof p_flop), memset(p_calls, 0, sizeof p_calls);
+            memset(p_sec, 0, sizeof p_sec), memset(p_flop, 0, sizeof p_flop),
+                memset(p_calls, 0, sizeof p_calls);
         dt_step_stats ss;
         double        a0 = now_s();
         DIE(dt_model_step(m, &b, 7.0f, &ss));
@@ -319,15 +345,16 @@ int main(int argc, char **argv) {
     pr.seq_len = T / docs;
     dt_plan pl;
     DIE(dt_plan_compute(&pl, &t, &d, &pr));
-    printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"host_taps\": %d, \"profile\": %d, \"tokens\": %lld, \"docs\": %d, "
+    printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"host_taps\": %d, \"profile\": %d, \"tokens\": "
+           "%lld, \"docs\": %d, "
            "\"anchors\": %lld, \"block\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"step_s_mean\": %.6f, "
            "\"step_s_min\": %.6f, \"step_s_max\": %.6f, \"tflop_per_step\": %.3f, \"tflop_attn\": %.3f, "
            "\"tflop_lm\": %.3f, \"tflops\": %.1f, \"mem_used_gb\": %.3f, \"ctx_gb\": %.3f, \"params\": %lld, "
            "\"loss_first\": %.6f, \"loss_last\": %.6f, \"setup_s\": %.1f}\n",
-           precision, host_taps, profile, (long long)T, docs, (long long)n_anchors, d.block_size, steps, med, mean, sec[0],
-           sec[steps - 1], pl.f_step / 1e12, pl.f_step_attn / 1e12, pl.f_step_lm / 1e12, pl.f_step / med / 1e12,
-           (double)(total - free1) / 1e9, (double)(total - free0) / 1e9, (long long)pl.p_drafter, loss0, loss1,
-           setup_s);
+           precision, host_taps, profile, (long long)T, docs, (long long)n_anchors, d.block_size, steps, med,
+           mean, sec[0], sec[steps - 1], pl.f_step / 1e12, pl.f_step_attn / 1e12, pl.f_step_lm / 1e12,
+           pl.f_step / med / 1e12, (double)(total - free1) / 1e9, (double)(total - free0) / 1e9,
+           (long long)pl.p_drafter, loss0, loss1, setup_s);
     if (profile) {
         double all = 0;
         for (int c = 0; c < P_COUNT; c++)

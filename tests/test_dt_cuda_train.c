@@ -17,13 +17,13 @@
  *      losses and grad norms to the same run over ZeroMQ with --encoding raw (the server's BF16).
  * Set DT_TRAIN_KEEP=1 to keep the work dir. */
 #include <cuda_runtime.h>
-#include <signal.h>
-#include <time.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dt_train_data.h"
@@ -64,8 +64,8 @@ static int read_metrics(const char *run, metrics *m) {
             break;
         }
         m->loss[m->n] = strtod(l, NULL);
-        snprintf(m->text[m->n], sizeof m->text[m->n], "%.*s|%.*s", (int)strcspn(l, ","), l, (int)strcspn(g, ","),
-                 g);
+        snprintf(m->text[m->n], sizeof m->text[m->n], "%.*s|%.*s", (int)strcspn(l, ","), l,
+                 (int)strcspn(g, ","), g);
         m->n++;
     }
     fclose(f);
@@ -78,10 +78,10 @@ static int build_argv(char **argv, const char *out, const char *data, const char
     static int  k;
     char       *o = outp[k++ % 8];
     snprintf(o, 600, "%s/%s", tmp, out);
-    const char *base[] = {DTD_DT_BIN, "train",       "--config", config, "--target",    DTD_MODEL,
-                          "--data",   data,          "--out",    o,      "--epochs",    "2",
-                          "--seed",   "3",           "--lr",     "3e-3", "--log-level", "warn",
-                          "--progress", "off",       "--no-tensorboard"};
+    const char *base[] = {
+        DTD_DT_BIN,    "train", "--config",   config, "--target",        DTD_MODEL, "--data", data,
+        "--out",       o,       "--epochs",   "2",    "--seed",          "3",       "--lr",   "3e-3",
+        "--log-level", "warn",  "--progress", "off",  "--no-tensorboard"};
     int n = 0;
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         argv[n++] = (char *)base[i];
@@ -119,8 +119,10 @@ static double max_rel(const metrics *a, const metrics *b) {
 
 static void test_cpu_vs_cuda(void) {
     const char *cpu[] = {"--device", "cpu", "--max-anchors", "16", "--steps", "8", NULL};
-    const char *f32[] = {"--device", "cuda", "--precision", "fp32", "--max-anchors", "16", "--steps", "8", NULL};
-    const char *b16[] = {"--device", "cuda", "--precision", "bf16", "--max-anchors", "16", "--steps", "8", NULL};
+    const char *f32[] = {"--device", "cuda",    "--precision", "fp32", "--max-anchors",
+                         "16",       "--steps", "8",           NULL};
+    const char *b16[] = {"--device", "cuda",    "--precision", "bf16", "--max-anchors",
+                         "16",       "--steps", "8",           NULL};
     TST_CHECK(train("cpu", csv, cpu) == 0);
     TST_CHECK(train("cuda-f32", csv, f32) == 0);
     TST_CHECK(train("cuda-bf16", csv, b16) == 0);
@@ -130,8 +132,8 @@ static void test_cpu_vs_cuda(void) {
     double rf = max_rel(&c[1], &c[0]), rb = max_rel(&c[2], &c[0]);
     fprintf(stderr, "cuda vs cpu over 8 steps: fp32 max relative loss difference %.3g, bf16 %.3g\n", rf, rb);
     for (int i = 0; i < c[0].n; i++)
-        fprintf(stderr, "  step %d: cpu %.9f  cuda fp32 %.9f  cuda bf16 %.9f\n", i + 1, c[0].loss[i], c[1].loss[i],
-                c[2].loss[i]);
+        fprintf(stderr, "  step %d: cpu %.9f  cuda fp32 %.9f  cuda bf16 %.9f\n", i + 1, c[0].loss[i],
+                c[1].loss[i], c[2].loss[i]);
     TST_CHECK(rf <= 1e-4);
     TST_CHECK(rb <= 3e-2);
     TST_CHECK(c[0].n == 8 && c[0].loss[7] != c[0].loss[0]); /* it trained */
@@ -158,8 +160,8 @@ static int same_file(const char *a, const char *b) {
 static void test_resume(void) {
     const char *a[] = {"--device", "cuda", "--max-anchors", "16", "--save-every", "4", "--steps", "8", NULL};
     const char *b1[] = {"--device", "cuda", "--max-anchors", "16", "--save-every", "4", "--steps", "4", NULL};
-    const char *b2[] = {"--device", "cuda",    "--max-anchors", "16", "--save-every",
-                        "4",        "--steps", "8",             "--resume", NULL};
+    const char *b2[] = {"--device", "cuda", "--max-anchors", "16", "--save-every", "4",
+                        "--steps",  "8",    "--resume",      NULL};
     TST_CHECK(train("res-a", csv, a) == 0);
     TST_CHECK(train("res-b", csv, b1) == 0);
     TST_CHECK(train("res-b", csv, b2) == 0);
@@ -224,7 +226,8 @@ static int concat_batches(const char *a, const char *b, int b_no_loss, const cha
     int64_t off_t = 0, off_n = 0;
     for (int i = 0; i < 2 && ok; i++) {
         int64_t s2[2] = {T[i], W};
-        ok = read_i32(st[i], "input_ids", T[i], ids + off_t) && read_i32(st[i], "loss_mask", T[i], mask + off_t) &&
+        ok = read_i32(st[i], "input_ids", T[i], ids + off_t) &&
+             read_i32(st[i], "loss_mask", T[i], mask + off_t) &&
              cm_st_read(st[i], "target_hidden", 2, s2, hid + off_t * W, CM_DTYPE_F32) == CM_OK &&
              read_i32(st[i], "cu_seqlens", N[i] + 1, cu + off_n);
         if (!ok)
@@ -241,7 +244,8 @@ static int concat_batches(const char *a, const char *b, int b_no_loss, const cha
         ok = cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, off_t, 0, ids) &&
              dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, off_n + 1, 0, cu) &&
              dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, off_t, 0, mask) &&
-             dtd_put(w, "target_hidden", CM_DTYPE_F32, 2, off_t, W, hid) && cm_st_writer_write(w, out) == CM_OK;
+             dtd_put(w, "target_hidden", CM_DTYPE_F32, 2, off_t, W, hid) &&
+             cm_st_writer_write(w, out) == CM_OK;
         cm_st_writer_destroy(&w);
     }
     free(ids);
@@ -261,15 +265,17 @@ static int no_loss_copy(const char *src, const char *out) {
     const cm_st_tensor *ids = cm_st_find(st, "input_ids"), *cu = cm_st_find(st, "cu_seqlens");
     int                 ok = ids && cu;
     int64_t             T = ok ? ids->shape[0] : 0, N = ok ? cu->shape[0] : 0, W = 2 * DTD_D;
-    int32_t            *id = malloc((size_t)T * 4 + 4), *mask = calloc((size_t)T + 1, 4), *c = malloc((size_t)N * 4 + 4);
-    float              *hid = malloc((size_t)(T * W) * 4 + 4);
-    int64_t             s2[2] = {T, W};
-    ok = ok && id && mask && c && hid && read_i32(st, "input_ids", T, id) && read_i32(st, "cu_seqlens", N, c) &&
+    int32_t *id = malloc((size_t)T * 4 + 4), *mask = calloc((size_t)T + 1, 4), *c = malloc((size_t)N * 4 + 4);
+    float   *hid = malloc((size_t)(T * W) * 4 + 4);
+    int64_t  s2[2] = {T, W};
+    ok = ok && id && mask && c && hid && read_i32(st, "input_ids", T, id) &&
+         read_i32(st, "cu_seqlens", N, c) &&
          cm_st_read(st, "target_hidden", 2, s2, hid, CM_DTYPE_F32) == CM_OK;
     if (ok) {
         cm_st_writer *w = NULL;
         ok = cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, id) &&
-             dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, N, 0, c) && dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, mask) &&
+             dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, N, 0, c) &&
+             dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, mask) &&
              dtd_put(w, "target_hidden", CM_DTYPE_F32, 2, T, W, hid) && cm_st_writer_write(w, out) == CM_OK;
         cm_st_writer_destroy(&w);
     }
@@ -308,15 +314,18 @@ static void test_dp(const char *tag, const char *pair, const char *global, int p
     snprintf(r0, sizeof r0, "dp-%s-rank0", tag);
     snprintf(r1, sizeof r1, "dp-%s-rank1", tag);
     snprintf(portv, sizeof portv, "%d", port);
-    const char *one[] = {"--device", "cuda", "--precision", "fp32", "--max-anchors", "4096", "--epochs", "4", NULL};
+    const char *one[] = {"--device", "cuda",     "--precision", "fp32", "--max-anchors",
+                         "4096",     "--epochs", "4",           NULL};
     TST_CHECK(train(single, global, one) == 0);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", portv, 1);
     char       *argv[2][64], err[2][700];
-    const char *x0[] = {"--device",  "cuda", "--gpu",     "0", "--precision", "fp32", "--max-anchors", "4096",
-                        "--epochs", "4",    "--dp-rank", "0", "--dp-size",   "2",    NULL};
-    const char *x1[] = {"--device",  "cuda", "--gpu",     "1", "--precision", "fp32", "--max-anchors", "4096",
-                        "--epochs", "4",    "--dp-rank", "1", "--dp-size",   "2",    NULL};
+    const char *x0[] = {"--device",      "cuda", "--gpu",    "0", "--precision", "fp32",
+                        "--max-anchors", "4096", "--epochs", "4", "--dp-rank",   "0",
+                        "--dp-size",     "2",    NULL};
+    const char *x1[] = {"--device",      "cuda", "--gpu",    "1", "--precision", "fp32",
+                        "--max-anchors", "4096", "--epochs", "4", "--dp-rank",   "1",
+                        "--dp-size",     "2",    NULL};
     build_argv(argv[0], r0, pair, x0);
     build_argv(argv[1], r1, pair, x1);
     snprintf(err[0], sizeof err[0], "%s/%s.err", tmp, r0);
@@ -324,18 +333,20 @@ static void test_dp(const char *tag, const char *pair, const char *global, int p
     pid_t p0 = spawn(argv[0], err[0]), p1 = spawn(argv[1], err[1]);
     int   rc0 = reap(p0), rc1 = reap(p1);
     if (rc0 != 0 || rc1 != 0)
-        fprintf(stderr, "dp %s: rank 0 exited %d (%s), rank 1 exited %d (%s)\n", tag, rc0, tst_slurp(err[0]), rc1,
-                tst_slurp(err[1]));
+        fprintf(stderr, "dp %s: rank 0 exited %d (%s), rank 1 exited %d (%s)\n", tag, rc0, tst_slurp(err[0]),
+                rc1, tst_slurp(err[1]));
     TST_CHECK(rc0 == 0 && rc1 == 0);
     metrics *m = calloc(3, sizeof *m);
     TST_CHECK(run_metrics(single, &m[0]) && run_metrics(r0, &m[1]) && run_metrics(r1, &m[2]));
     TST_CHECK(m[0].n == 4 && m[1].n == 4 && m[2].n == 4);
     double d0 = max_rel(&m[1], &m[0]), d1 = max_rel(&m[2], &m[0]);
-    fprintf(stderr, "dp %s: two ranks vs one GPU over 4 steps: max relative loss difference rank 0 %.3g, rank 1 %.3g\n",
-            tag, d0, d1);
+    fprintf(
+        stderr,
+        "dp %s: two ranks vs one GPU over 4 steps: max relative loss difference rank 0 %.3g, rank 1 %.3g\n",
+        tag, d0, d1);
     for (int i = 0; i < m[0].n; i++)
-        fprintf(stderr, "  step %d: one GPU %.9f  rank 0 %.9f  rank 1 %.9f\n", i + 1, m[0].loss[i], m[1].loss[i],
-                m[2].loss[i]);
+        fprintf(stderr, "  step %d: one GPU %.9f  rank 0 %.9f  rank 1 %.9f\n", i + 1, m[0].loss[i],
+                m[1].loss[i], m[2].loss[i]);
     TST_CHECK(d0 <= 1e-4 && d1 <= 1e-4);
     TST_CHECK(m[0].n == 4 && m[0].loss[3] != m[0].loss[0]);
     free(m);
@@ -353,8 +364,9 @@ static void test_live_nccl(void) {
     snprintf(log, sizeof log, "%s/serve.log", tmp);
     snprintf(epfile, sizeof epfile, "%s/serve.ep", tmp);
     snprintf(bind, sizeof bind, "ipc://%s/serve.ipc", tmp);
-    char *argv[] = {DTD_TS_BIN, "serve", "--model", DTD_MODEL, "--device", "cuda", "--gpu", "0", "--bind", bind,
-                    "--endpoint-file", epfile, "--credits", "4", "--log-level", "warn", NULL};
+    char *argv[] = {DTD_TS_BIN,    "serve",  "--model", DTD_MODEL,         "--device", "cuda",      "--gpu",
+                    "0",           "--bind", bind,      "--endpoint-file", epfile,     "--credits", "4",
+                    "--log-level", "warn",   NULL};
     pid_t pid = spawn(argv, log);
     TST_CHECK(pid > 0);
     for (int i = 0; pid > 0 && i < 1200 && !endpoint[0]; i++) {
@@ -375,12 +387,12 @@ static void test_live_nccl(void) {
     }
     TST_CHECK(endpoint[0] != '\0');
     if (endpoint[0]) {
-        const char *raw[] = {"--device", "cuda", "--gpu", "1", "--precision", "fp32", "--max-anchors", "16",
-                             "--steps", "6", "--server", endpoint, "--encoding", "raw", "--timeout-ms", "120000",
-                             NULL};
-        const char *nccl[] = {"--device", "cuda", "--gpu", "1", "--precision", "fp32", "--max-anchors", "16",
-                              "--steps", "6", "--server", endpoint, "--encoding", "nccl", "--timeout-ms", "120000",
-                              NULL};
+        const char *raw[] = {"--device",      "cuda", "--gpu",        "1",      "--precision", "fp32",
+                             "--max-anchors", "16",   "--steps",      "6",      "--server",    endpoint,
+                             "--encoding",    "raw",  "--timeout-ms", "120000", NULL};
+        const char *nccl[] = {"--device",      "cuda", "--gpu",        "1",      "--precision", "fp32",
+                              "--max-anchors", "16",   "--steps",      "6",      "--server",    endpoint,
+                              "--encoding",    "nccl", "--timeout-ms", "120000", NULL};
         TST_CHECK(train("live-raw", csv, raw) == 0);
         TST_CHECK(train("live-nccl", csv, nccl) == 0);
         metrics *m = calloc(2, sizeof *m);
@@ -444,7 +456,8 @@ int main(void) {
         TST_SKIP("no usable cuda device: %s", cm_last_error());
     be->ctx_destroy(&ctx);
     if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
-        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN, DTD_TS_BIN);
+        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
+                DTD_TS_BIN);
         return 1;
     }
     snprintf(tmp, sizeof tmp, "/tmp/tandem-dtcuda-XXXXXX");

@@ -81,11 +81,12 @@ int main(int argc, char **argv) {
     TST_CHECK(e && h && th);
     if (!e || !h || !th)
         return tst_report();
-    TST_CHECK(dt_model_set_frozen(m, e->data, e->dtype, h->data, h->dtype, e->shape[0], e->shape[1]) == CM_OK);
+    TST_CHECK(dt_model_set_frozen(m, e->data, e->dtype, h->data, h->dtype, e->shape[0], e->shape[1]) ==
+              CM_OK);
 
     int64_t  T, n_cu, n_mask, n_anchors;
-    int32_t *ids = i32(st, "input_ids", &T), *cu = i32(st, "cu_seqlens", &n_cu), *mask = i32(st, "loss_mask", &n_mask),
-            *anchors = i32(st, "anchors", &n_anchors);
+    int32_t *ids = i32(st, "input_ids", &T), *cu = i32(st, "cu_seqlens", &n_cu),
+            *mask = i32(st, "loss_mask", &n_mask), *anchors = i32(st, "anchors", &n_anchors);
     const int64_t D = cfg.hidden_size, W = (int64_t)cfg.n_taps * D;
     TST_CHECK(ids && cu && mask && anchors && th->shape[0] == T && th->shape[1] == W);
     float    *F = malloc((size_t)(T * W) * sizeof *F), *Fw = malloc((size_t)(T * W) * sizeof *Fw);
@@ -96,7 +97,7 @@ int main(int argc, char **argv) {
     cm_convert(Fw, CM_DTYPE_F32, F16, CM_DTYPE_BF16, (size_t)(T * W));
 
     /* per-tap [T, D] arrays in backend memory, F32 and BF16 */
-    void *tap32[DT_MAX_TAPS] = {0}, *tap16[DT_MAX_TAPS] = {0};
+    void     *tap32[DT_MAX_TAPS] = {0}, *tap16[DT_MAX_TAPS] = {0};
     float    *col = malloc((size_t)(T * D) * sizeof *col);
     uint16_t *col16 = malloc((size_t)(T * D) * sizeof *col16);
     for (int k = 0; k < cfg.n_taps; k++) {
@@ -111,8 +112,14 @@ int main(int argc, char **argv) {
         TST_CHECK(be->upload(ctx, tap16[k], col16, (size_t)(T * D) * sizeof(uint16_t)) == CM_OK);
     }
 
-    dt_batch host = {.T = T, .n_seq = (int)(n_cu - 1), .cu_seqlens = cu, .input_ids = ids, .loss_mask = mask,
-                     .target_hidden = F, .n_anchors = n_anchors, .anchors = anchors};
+    dt_batch host = {.T = T,
+                     .n_seq = (int)(n_cu - 1),
+                     .cu_seqlens = cu,
+                     .input_ids = ids,
+                     .loss_mask = mask,
+                     .target_hidden = F,
+                     .n_anchors = n_anchors,
+                     .anchors = anchors};
     dt_batch dev32 = host, dev16 = host, hostw = host;
     dev32.target_hidden = dev16.target_hidden = NULL;
     hostw.target_hidden = Fw;
@@ -130,8 +137,10 @@ int main(int argc, char **argv) {
     TST_CHECK(step(m, be, ctx, &hostw, &l_hostw, &g_hostw, &n));
     TST_CHECK(step(m, be, ctx, &dev16, &l_dev16, &g_dev16, &n));
     if (g_host && g_dev32 && g_hostw && g_dev16) {
-        fprintf(stderr, "%s: loss host F32 %.9g, device F32 taps %.9g; host BF16-valued %.9g, device BF16 taps %.9g\n",
-                device, l_host, l_dev32, l_hostw, l_dev16);
+        fprintf(
+            stderr,
+            "%s: loss host F32 %.9g, device F32 taps %.9g; host BF16-valued %.9g, device BF16 taps %.9g\n",
+            device, l_host, l_dev32, l_hostw, l_dev16);
         TST_CHECK(l_host == l_dev32 && same(g_host, g_dev32, n));
         TST_CHECK(l_hostw == l_dev16 && same(g_hostw, g_dev16, n));
         TST_CHECK(l_host != l_hostw); /* the BF16 rounding is visible: the comparison can fail */
@@ -147,8 +156,8 @@ int main(int argc, char **argv) {
     TST_CHECK(dt_model_step(m, &bad, 7.0f, NULL) == CM_ERR_UNSUPPORTED);
 
     /* the gradient slab spans every parameter's gradient */
-    float  *slab;
-    size_t  n_slab;
+    float *slab;
+    size_t n_slab;
     dt_model_grad_slab(m, &slab, &n_slab);
     const dt_param *last = dt_model_param(m, dt_model_n_params(m) - 1);
     TST_CHECK(slab == dt_model_param(m, 0)->grad && last->grad + last->numel <= slab + n_slab);
