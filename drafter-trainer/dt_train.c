@@ -6,7 +6,12 @@
  * dt_live.h with requests prefetched ahead; compute_s the rest of the step).
  * Checkpoints (dt_ckpt.h) every --save-every steps and at the end; --resume continues from
  * RUN_DIR/checkpoints/latest bit for bit, refusing other hyperparameters or data. Every buffer
- * is allocated before the first step. One thread. */
+ * is allocated before the first step. One thread.
+ * On cuda: --gpu picks the device (default LOCAL_RANK modulo the visible ones), --precision
+ * the GEMM mode; with W > 1 ranks every step's gradients and statistics are all-reduced over
+ * NCCL (dt_dp.h) so the ranks train one model on the global batch; --encoding nccl takes each
+ * batch's taps straight into GPU memory (dt_live_get_device) instead of widening them on the
+ * host. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
