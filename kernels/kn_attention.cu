@@ -427,7 +427,13 @@ cm_status kn_cuda_attention(kn_ctx *ctx, float *out, const float *q, const float
     if (T == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && q && k && v && cu_seqlens, "attention: out, q, k, v or cu_seqlens is NULL");
-    if (ctx->gemm_mode == KN_GEMM_MODE_BF16) {
+    int optin = 0; /* shared memory per block: the flash blocks (≤ 81 KB) fit every sm_80+ part */
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device) != cudaSuccess) {
+        cudaGetLastError();
+        optin = 0;
+    }
+    const size_t fa_need = hd <= 64 ? fa_smem<64>::bytes : hd <= 128 ? fa_smem<128>::bytes : fa_smem<256>::bytes;
+    if (ctx->gemm_mode == KN_GEMM_MODE_BF16 && fa_need <= (size_t)optin) {
         if (hd <= 64)
             return flash_attention_launch<64>(ctx, out, q, k, v, gate, cu_seqlens, n_seq, T, nq, nkv, hd, scale);
         if (hd <= 128)

@@ -23,7 +23,9 @@
  *      48 v-heads × 4 slices give 192 blocks for one 8192-token sequence of the 27B shape.
  *   Rounding: q, k, W, U, the state and δ enter the tensor cores as bf16 (FLA rounds the same
  *   operands), so outputs differ from the fp64 reference by a few 1e-3 relative (test_kn_cuda).
- *   dk is zero-padded to 64, 128 or 256 (zero columns change no dot product); dv is any size. */
+ *   dk is zero-padded to 64, 128 or 256 (zero columns change no dot product); dv is any size.
+ *   Where a device's shared memory per block is too small for these blocks (dk 128 needs 104 KB:
+ *   sm_86/89/120 parts have 99 KB), the per-token kernel runs instead (gdn_chunked_fits). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 
@@ -731,6 +733,30 @@ static cm_status gdn_chunked_launch(kn_ctx *ctx, float *out, const float *q, con
     return CM_OK;
 }
 
+/* Whether the chunked form's blocks fit this device's shared memory per block (227 KB on
+ * Hopper and datacenter Blackwell, 163 KB on A100, 99 KB on Ampere/Ada/Blackwell RTX parts such
+ * as sm_120); where they do not, the exact per-token kernel runs instead (slower, same result
+ * to rounding). */
+static int gdn_chunked_fits(const kn_ctx *ctx, int dk) {
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    size_t p, s;
+    if (dk <= 64) {
+        p = gdn_prep_smem<64>::bytes;
+        s = gdn_state_smem<64, 2>::bytes;
+    } else if (dk <= 128) {
+        p = gdn_prep_smem<128>::bytes;
+        s = gdn_state_smem<128, 1>::bytes;
+    } else {
+        p = gdn_prep_smem<256>::bytes;
+        s = gdn_state_smem<256, 1>::bytes;
+    }
+    return (p > s ? p : s) <= (size_t)optin;
+}
+
 /* The chunked form; arguments already checked. */
 static cm_status gdn_chunked(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                              const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T, int nk,
@@ -764,7 +790,7 @@ cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, cons
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && q && k && v && g && beta && cu_seqlens,
                       "gated_delta_rule: out, q, k, v, g, beta or cu_seqlens is NULL");
-    if (ctx->gemm_mode == KN_GEMM_MODE_BF16)
+    if (ctx->gemm_mode == KN_GEMM_MODE_BF16 && gdn_chunked_fits(ctx, dk))
         return gdn_chunked(ctx, out, q, k, v, g, beta, cu_seqlens, n_seq, T, nk, nv, dk, dv, scale);
 
     dim3 grid((unsigned int)(n_seq * nv), (unsigned int)((dv + 31) / 32));
