@@ -637,6 +637,13 @@ static cm_status ensure_capacity(dt_model *m, int64_t T, int64_t R) {
     return m->be->upload(m->ctx, a->iota, h->iota, (size_t)T * sizeof(int32_t));
 }
 
+cm_status dt_model_reserve(dt_model *m, int64_t T, int64_t n_anchors) {
+    if (T < 1 || n_anchors < 1 || n_anchors > INT32_MAX / m->cfg.block_size)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "dt_model_reserve: %lld tokens and %lld anchors are out of range",
+                       (long long)T, (long long)n_anchors);
+    return ensure_capacity(m, T, n_anchors * m->cfg.block_size);
+}
+
 /* Host side of DESIGN §5: block tokens and positions, context positions restarting at
  * every document, and for every slot k ≥ 1 inside the anchor's document with loss_mask 1
  * the label ids[a + k] and weight exp(−(k − 1)/γ). Selected rows are listed in order. */

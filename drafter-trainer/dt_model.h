@@ -89,6 +89,11 @@ int             dt_model_n_params(const dt_model *m);
 const dt_param *dt_model_param(const dt_model *m, int i);
 const dt_param *dt_model_find_param(const dt_model *m, const char *name); /* NULL if absent */
 
+/* Plans the activation memory for batches of up to T tokens and n_anchors anchors now (one
+ * backend allocation), so the training loop allocates nothing and a batch that cannot fit
+ * fails before the first step. Later larger batches still grow it (dt_model_step). */
+cm_status dt_model_reserve(dt_model *m, int64_t T, int64_t n_anchors);
+
 /* Every gradient as one backend array of n floats, in parameter order (alignment padding
  * between tensors is zeroed with them): what a data-parallel all-reduce takes at once. */
 void dt_model_grad_slab(const dt_model *m, float **grad, size_t *n);

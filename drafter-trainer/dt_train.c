@@ -801,6 +801,8 @@ static cm_status train(run *r) {
     CM_TRY(st);
 
     const int64_t max_T = dt_data_max_tokens(r->data);
+    /* every activation buffer now, for the largest batch: nothing is allocated in the loop */
+    CM_TRY(dt_model_reserve(r->m, max_T, hp->max_anchors < max_T ? hp->max_anchors : max_T));
     r->order = malloc((size_t)dt_data_count(r->data) * sizeof *r->order);
     r->order_next = malloc((size_t)dt_data_count(r->data) * sizeof *r->order_next);
     r->anchors = malloc((size_t)max_T * sizeof *r->anchors);
