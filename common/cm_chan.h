@@ -170,10 +170,11 @@ void cm_chan_server_get_stats(cm_chan_server *s, cm_chan_server_stats *out);
 
 /* Asks the server at endpoint for its status (a STATUS frame outside any session; works
  * while trainers are attached) and copies the JSON reply into out (NUL-terminated). CURVE as
- * for a client: curve_server_key NULL for loopback. CM_ERR_TIMEOUT when no reply comes within
+ * for a client: curve_server_key NULL for loopback; curve_secret_key NULL = a fresh key pair
+ * (refused by a server that accepts only listed client keys). CM_ERR_TIMEOUT when no reply comes within
  * timeout_ms (no server there, or an old one). */
-cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_key, int timeout_ms, char *out,
-                               size_t cap);
+cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_key, const char *curve_secret_key,
+                               int timeout_ms, char *out, size_t cap);
 
 // ----------------------------------------------------------------------------
 // client

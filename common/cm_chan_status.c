@@ -6,8 +6,8 @@
 #include <string.h>
 #include <zmq.h>
 
-cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_key, int timeout_ms, char *out,
-                               size_t cap) {
+cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_key, const char *curve_secret_key,
+                               int timeout_ms, char *out, size_t cap) {
     int local;
     CM_TRY(cm_chan_endpoint_check(endpoint, &local));
     if (!local && !curve_server_key)
@@ -19,8 +19,13 @@ cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_ke
     if (curve_server_key) {
         CM_TRY(cm_chan_curve_require("--curve-server-key"));
         CM_TRY(cm_chan_curve_read_key(curve_server_key, server_key));
-        if (zmq_curve_keypair(pub, sec) != 0)
+        if (curve_secret_key) {
+            CM_TRY(cm_chan_curve_read_key(curve_secret_key, sec));
+            if (zmq_curve_public(pub, sec) != 0)
+                return CM_FAIL(CM_ERR_FORMAT, "key file '%s' does not hold a CURVE secret key", curve_secret_key);
+        } else if (zmq_curve_keypair(pub, sec) != 0) {
             return CM_ZMQ(-1);
+        }
     }
     void *ctx = zmq_ctx_new(), *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
     cm_status st = sock ? CM_OK : CM_ZMQ(-1);
@@ -48,8 +53,9 @@ cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_ke
         int64_t        left = deadline - cm_chan_now_ms();
         zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
         if (left <= 0 || zmq_poll(&it, 1, (long)left) == 0) {
-            st = CM_FAIL(CM_ERR_TIMEOUT, "no status from %s within %d ms (is a target-server running there?)", endpoint,
-                         timeout_ms);
+            st = CM_FAIL(CM_ERR_TIMEOUT, "no status from %s within %d ms (is a target-server running there%s?)",
+                         endpoint, timeout_ms,
+                         curve_server_key ? ", and does it accept this client's key (--curve-secret-key)" : "");
             break;
         }
         zmq_msg_t m;

@@ -447,6 +447,31 @@ static void point(dt_data *d, int64_t T, int N, dt_batch *b) {
     b->anchors = NULL;
 }
 
+/* DESIGN §9: a capture holding NaN/Inf, or a tap that is all zeros (a broken capture, never a
+ * real layer output), is refused before anything trains on it. what names the batch. */
+static cm_status check_hidden(const dt_data *d, int64_t T, const char *what_fmt, int i, const char *name) {
+    char what[1200];
+    snprintf(what, sizeof what, what_fmt, i, name);
+    for (int64_t k = 0; k < T * d->width; k++)
+        if (!isfinite(d->hidden_buf[k]))
+            return CM_FAIL(CM_ERR_FORMAT, "%s: target_hidden[%lld, %lld] is not finite", what, (long long)(k / d->width),
+                           (long long)(k % d->width));
+    for (int tap = 0; tap < d->n_taps && T > 0; tap++) {
+        int nonzero = 0;
+        for (int64_t t = 0; t < T && !nonzero; t++) {
+            const float *row = d->hidden_buf + t * d->width + (int64_t)tap * d->hidden;
+            for (int c = 0; c < d->hidden && !nonzero; c++)
+                nonzero = row[c] != 0.0f;
+        }
+        if (!nonzero)
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "%s: tap %d of target_hidden is all zeros, which no target layer produces: the capture "
+                           "is broken; make the hidden states again (target-server dump, or precompute)",
+                           what, tap);
+    }
+    return CM_OK;
+}
+
 /* Pack i of a dataset: tokens from memory (checked at open), target_hidden from the source. */
 static cm_status load_pack(dt_data *d, int i, dt_batch *b) {
     int64_t T;
@@ -455,10 +480,7 @@ static cm_status load_pack(dt_data *d, int i, dt_batch *b) {
     dt_dataset_pack(d->ds, i, d->ids, d->cu, d->mask);
     if (d->have_src) {
         CM_TRY(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf));
-        for (int64_t k = 0; k < T * d->width; k++)
-            if (!isfinite(d->hidden_buf[k]))
-                return CM_FAIL(CM_ERR_FORMAT, "pack %d of dataset '%s': target_hidden[%lld, %lld] is not finite",
-                               i, dt_dataset_name(d->ds), (long long)(k / d->width), (long long)(k % d->width));
+        CM_TRY(check_hidden(d, T, "pack %d of dataset '%s'", i, dt_dataset_name(d->ds)));
     }
     point(d, T, N, b);
     return CM_OK;
@@ -493,12 +515,8 @@ cm_status dt_data_load(dt_data *d, int i, dt_batch *b) {
     cm_st_destroy(&f); /* th->data lives in the mapping */
     if (d->have_src)
         CM_TRY_GOTO(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf), st, fail);
-    for (int64_t k = 0; k < T * d->width; k++)
-        if (!isfinite(d->hidden_buf[k])) {
-            st = CM_FAIL(CM_ERR_FORMAT, "batch file '%s': target_hidden[%lld, %lld] is not finite", path,
-                         (long long)(k / d->width), (long long)(k % d->width));
-            goto fail;
-        }
+    if (d->width)
+        CM_TRY_GOTO(check_hidden(d, T, "batch %d, file '%s'", i, path), st, fail);
     point(d, T, N, b);
     return CM_OK;
 fail:

@@ -18,6 +18,7 @@ static void usage(FILE *f) {
                "\n"
                "  --server ENDPOINT         the server's endpoint (default tcp://127.0.0.1:5555)\n"
                "  --curve-server-key FILE   the server's CURVE public key (needed for non-loopback endpoints)\n"
+               "  --curve-secret-key FILE   this client's CURVE secret key (for a server with --curve-client-keys)\n"
                "  --timeout-ms N            how long to wait for the answer (default 3000)\n"
                "  --json                    print the server's JSON reply as it is\n");
 }
@@ -100,7 +101,7 @@ static void print_summary(const cJSON *o) {
 }
 
 int ts_status_main(int argc, char **argv) {
-    const char *endpoint = "tcp://127.0.0.1:5555", *key = NULL;
+    const char *endpoint = "tcp://127.0.0.1:5555", *key = NULL, *secret = NULL;
     int         timeout_ms = 3000, json = 0;
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -112,7 +113,8 @@ int ts_status_main(int argc, char **argv) {
             json = 1;
             continue;
         }
-        if (strcmp(f, "--server") != 0 && strcmp(f, "--curve-server-key") != 0 && strcmp(f, "--timeout-ms") != 0) {
+        if (strcmp(f, "--server") != 0 && strcmp(f, "--curve-server-key") != 0 && strcmp(f, "--timeout-ms") != 0 &&
+            strcmp(f, "--curve-secret-key") != 0) {
             fprintf(stderr, "target-server status: unknown option '%s' (see --help)\n", f);
             return 2;
         }
@@ -124,6 +126,8 @@ int ts_status_main(int argc, char **argv) {
             endpoint = v;
         } else if (strcmp(f, "--curve-server-key") == 0) {
             key = v;
+        } else if (strcmp(f, "--curve-secret-key") == 0) {
+            secret = v;
         } else if (strcmp(f, "--timeout-ms") == 0) {
             char *end;
             long  t = strtol(v, &end, 10);
@@ -137,7 +141,7 @@ int ts_status_main(int argc, char **argv) {
     }
     cm_log_set_level(CM_LOG_LEVEL_ERROR);
     static char reply[CM_PROTO_STATUS_MAX + 1];
-    cm_status   st = cm_chan_status_query(endpoint, key, timeout_ms, reply, sizeof reply);
+    cm_status   st = cm_chan_status_query(endpoint, key, secret, timeout_ms, reply, sizeof reply);
     if (st != CM_OK) {
         fprintf(stderr, "target-server status: %s: %s\n", cm_status_str(st), cm_last_error());
         return 1;

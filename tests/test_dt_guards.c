@@ -205,8 +205,9 @@ static void test_live(uint64_t target_id, int first, int last) {
     }
 }
 
-/* Batch file 0 with one value of target_hidden replaced by v (F32 file). */
-static void test_files(float v, const char *run) {
+/* Batch file 0 with one value of target_hidden replaced by v (F32 file); zero_tap: instead, tap 1
+ * all zeros (every row), which no real layer produces. */
+static void test_files(float v, const char *run, int zero_tap) {
     char src[512], dst[512], csv[4096];
     snprintf(src, sizeof src, "%s/batch-0.safetensors", tmp);
     snprintf(dst, sizeof dst, "%s/%s.safetensors", tmp, run);
@@ -219,7 +220,11 @@ static void test_files(float v, const char *run) {
     static float hid[DTD_MAX_T * 2 * DTD_D];
     int64_t      T = ti->shape[0];
     cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
-    hid[T * DTD_D + 5] = v;
+    if (zero_tap)
+        for (int64_t t = 0; t < T; t++)
+            memset(hid + t * 2 * DTD_D + DTD_D, 0, DTD_D * sizeof(float));
+    else
+        hid[T * DTD_D + 5] = v;
     cm_st_writer *w = NULL;
     int ok = cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
              dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
@@ -229,7 +234,7 @@ static void test_files(float v, const char *run) {
     cm_st_destroy(&s);
     TST_CHECK(ok);
     snprintf(csv, sizeof csv, "%s,%s", dst, dst);
-    expect_refused(run, train(run, csv, NULL), "not finite", run);
+    expect_refused(run, train(run, csv, NULL), zero_tap ? "tap 1 of target_hidden is all zeros" : "not finite", run);
 }
 
 /* argv[1] "answers": the four bad answers (NaN, Inf, zeros, wrong layer), else another target and
@@ -276,8 +281,9 @@ int main(int argc, char **argv) {
         test_live(cm_target_cfg_hash(&tc), BAD_NAN, BAD_LAYER);
     } else {
         test_live(cm_target_cfg_hash(&tc), BAD_TARGET, BAD_TARGET);
-        test_files(0.0f / 0.0f, "file-nan");
-        test_files(1.0f / 0.0f, "file-inf");
+        test_files(0.0f / 0.0f, "file-nan", 0);
+        test_files(1.0f / 0.0f, "file-inf", 0);
+        test_files(0.0f, "file-zero-tap", 1);
     }
     int rc = tst_report();
     if (rc == 0) {

@@ -430,6 +430,8 @@ static void test_bad_flags(void) {
         "CURVE, missing model dir, busy port (exit 1)\n");
 }
 
+static int run_status(const char *args, char *out, size_t cap);
+
 static void test_curve_cli(void) {
     if (!cm_chan_curve_available())
         return;
@@ -460,6 +462,15 @@ static void test_curve_cli(void) {
     int ledger[4] = {0};
     TST_CHECK(run_ledger(c, 1, 4, ledger, NULL, NULL) == 4);
     cm_chan_client_destroy(&c);
+    /* status through CURVE: the accepted key is answered; a fresh (unlisted) key is not, and the
+     * message points at the key */
+    static char sout[1 << 16];
+    char        sargs[2048];
+    snprintf(sargs, sizeof sargs, "--server %s --curve-server-key %s --curve-secret-key %s", p.endpoint, pub, ckey);
+    TST_CHECK(run_status(sargs, sout, sizeof sout) == 0 &&
+              strstr(sout, "totals") != NULL);
+    snprintf(sargs, sizeof sargs, "--server %s --curve-server-key %s --timeout-ms 500", p.endpoint, pub);
+    TST_CHECK(run_status(sargs, sout, sizeof sout) == 1 && strstr(sout, "--curve-secret-key"));
     TST_CHECK(serve_end(&p, SIGTERM) == 0);
     const char *log = tst_slurp(p.log);
     TST_CHECK(strstr(log, "CURVE on") != NULL);
