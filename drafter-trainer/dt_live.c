@@ -1,8 +1,9 @@
-/* drafter-trainer/dt_live.c — the live dt_hidden_source of `train --server` (dt_live.h): a
- * cm_chan client with up to `credits` requests in flight for the steps after the one being
- * trained. Prefetched requests sit in a ring in step order; their answers are held (lent by
- * the client) until their step's get(), which widens the taps to F32 in target_layer_ids
- * order. Each request's token fingerprint (cm_shard_batch_hash) is compared with the tokens
+/* drafter-trainer/dt_live.c — the live dt_hidden_source of `train --server` (dt_live.h): one
+ * cm_chan client per server (`--server a,b,...`), each with up to `credits` requests in flight
+ * for the steps after the one being trained; step s goes to server s mod n, so the servers
+ * compute in parallel and the assignment, like the data order, depends on the step alone.
+ * Prefetched requests sit in a ring in step order; their answers are held (lent by their
+ * client) until their step's get(), which widens the taps to F32 in target_layer_ids order. Each request's token fingerprint (cm_shard_batch_hash) is compared with the tokens
  * the trainer loaded, so an answer is never used for other tokens. */
 #include "dt_live.h"
 
@@ -26,15 +27,20 @@ typedef struct live_req {
     uint64_t hash;
 } live_req;
 
+#define DT_LIVE_MAX_SERVERS 64
+
 struct dt_live {
-    cm_chan_client  *cl;
+    cm_chan_client  *cls[DT_LIVE_MAX_SERVERS]; /* one per server */
+    char            *endpoints[DT_LIVE_MAX_SERVERS];
+    int              n_cl;
     dt_data         *tok; /* token-only view of the same files, for prefetching */
-    char            *endpoint;
     int             *layer_ids;
     int              n_taps, hidden, credits, timeout_ms, n;
-    live_req        *ring; /* [credits] requests in flight, oldest first */
+    int              depth; /* credits · n_cl: requests in flight over all servers */
+    live_req        *ring;  /* [depth] requests in flight, oldest first */
     int              head, count;
-    cm_chan_answer **held; /* [credits] answers received ahead of their step */
+    cm_chan_answer **held;    /* [depth] answers received ahead of their step */
+    int             *held_cl; /* [depth] the client each held answer came from */
     int32_t         *order;
     int64_t          order_epoch;
     uint64_t         seed;
@@ -42,8 +48,8 @@ struct dt_live {
     uint64_t         extra_id; /* ids of batches asked for outside the plan */
     /* encoding nccl: answers in device memory, lent to the step by dt_live_get_device */
     int                 on_device;
-    void               *nc; /* cm_nccl_client */
-    cm_chan_nccl_client hooks;
+    void               *nc[DT_LIVE_MAX_SERVERS]; /* cm_nccl_client per server */
+    cm_chan_nccl_client hooks[DT_LIVE_MAX_SERVERS];
     int                 dev_slot, dev_planned; /* the answer lent (-1: none) */
 };
 
@@ -58,47 +64,52 @@ void dt_live_destroy(dt_live **l) {
         return;
     dt_live *s = *l;
     if (s->held)
-        for (int i = 0; i < s->credits; i++)
-            cm_chan_client_release(s->cl, &s->held[i]);
-    cm_chan_client_destroy(&s->cl);
+        for (int i = 0; i < s->depth; i++)
+            if (s->held[i])
+                cm_chan_client_release(s->cls[s->held_cl[i]], &s->held[i]);
+    for (int c = 0; c < s->n_cl; c++) {
+        cm_chan_client_destroy(&s->cls[c]);
 #ifdef TANDEM_HAVE_NCCL
-    cm_nccl_client *nc = s->nc;
-    cm_nccl_client_destroy(&nc); /* after the client, whose I/O thread calls its hooks */
+        cm_nccl_client *nc = s->nc[c];
+        cm_nccl_client_destroy(&nc); /* after the client, whose I/O thread calls its hooks */
 #endif
+        free(s->endpoints[c]);
+    }
     dt_data_destroy(&s->tok);
-    free(s->endpoint);
     free(s->layer_ids);
     free(s->ring);
     free(s->held);
+    free(s->held_cl);
     free(s->order);
     free(s);
     *l = NULL;
 }
 
 /* Checks the WELCOME against the trainer's target and drafter. */
-static cm_status check_welcome(const dt_live *s, const dt_live_config *cfg, const cm_proto_welcome *w) {
+static cm_status check_welcome(const dt_live *s, const dt_live_config *cfg, const char *endpoint,
+                               const cm_proto_welcome *w) {
     if (cfg->target_id != 0 && w->target_id != cfg->target_id)
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "the server at '%s' serves target '%s' (id %016llx) but --target is another model "
                        "(id %016llx); train against a server of the drafter's target, or pass its --target",
-                       cfg->endpoint, w->name, (unsigned long long)w->target_id,
+                       endpoint, w->name, (unsigned long long)w->target_id,
                        (unsigned long long)cfg->target_id);
     if ((int64_t)w->hidden_size != cfg->hidden)
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "the server at '%s' (target '%s') has hidden size %u but the drafter's hidden_size is "
                        "%d; use a server of the drafter's target",
-                       cfg->endpoint, w->name, w->hidden_size, cfg->hidden);
+                       endpoint, w->name, w->hidden_size, cfg->hidden);
     for (int k = 0; k < cfg->n_taps; k++)
         if (cfg->layer_ids[k] < 0 || (uint32_t)cfg->layer_ids[k] >= w->n_layers)
             return CM_FAIL(CM_ERR_INVALID_ARG,
                            "the drafter needs layer %d (target_layer_ids[%d]) but the server at '%s' (target "
                            "'%s') has layers [0, %u); choose tap ids below %u",
-                           cfg->layer_ids[k], k, cfg->endpoint, w->name, w->n_layers, w->n_layers);
+                           cfg->layer_ids[k], k, endpoint, w->name, w->n_layers, w->n_layers);
     if (dt_data_max_tokens(s->tok) > (int64_t)w->max_tokens)
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "the largest batch has %lld tokens but the server at '%s' takes at most %u; start it "
                        "with a larger --max-tokens or repack the data",
-                       (long long)dt_data_max_tokens(s->tok), cfg->endpoint, w->max_tokens);
+                       (long long)dt_data_max_tokens(s->tok), endpoint, w->max_tokens);
     return CM_OK;
 }
 
@@ -123,12 +134,40 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
     s->order_epoch = -1;
     s->extra_id = 1ull << 62;
     s->dev_slot = -1;
-    s->endpoint = strdup(cfg->endpoint);
+    /* "a,b,c": one server each, in this order */
+    for (const char *p = cfg->endpoint; *p;) {
+        const char *e = strchr(p, ',');
+        size_t      len = e ? (size_t)(e - p) : strlen(p);
+        if (!len || s->n_cl == DT_LIVE_MAX_SERVERS) {
+            st = CM_FAIL(CM_ERR_INVALID_ARG, "--server '%s': expected 1 to %d comma-separated endpoints",
+                         cfg->endpoint, DT_LIVE_MAX_SERVERS);
+            goto fail;
+        }
+        if (!(s->endpoints[s->n_cl] = strndup(p, len))) {
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the live source");
+            goto fail;
+        }
+        for (int c = 0; c < s->n_cl; c++)
+            if (strcmp(s->endpoints[c], s->endpoints[s->n_cl]) == 0) {
+                st = CM_FAIL(CM_ERR_INVALID_ARG, "--server names '%s' twice", s->endpoints[c]);
+                s->n_cl++;
+                goto fail;
+            }
+        s->n_cl++;
+        p += len + (e != NULL);
+        if (e && !*p) {
+            st = CM_FAIL(CM_ERR_INVALID_ARG, "--server '%s' ends with a comma", cfg->endpoint);
+            goto fail;
+        }
+    }
+    s->depth = cfg->credits * s->n_cl;
     s->layer_ids = malloc((size_t)cfg->n_taps * sizeof *s->layer_ids);
-    s->ring = calloc((size_t)cfg->credits, sizeof *s->ring);
-    s->held = calloc((size_t)cfg->credits, sizeof *s->held);
-    if (!s->endpoint || !s->layer_ids || !s->ring || !s->held) {
-        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the live source");
+    s->ring = calloc((size_t)s->depth, sizeof *s->ring);
+    s->held = calloc((size_t)s->depth, sizeof *s->held);
+    s->held_cl = calloc((size_t)s->depth, sizeof *s->held_cl);
+    if (!s->n_cl || !s->layer_ids || !s->ring || !s->held || !s->held_cl) {
+        st = s->n_cl ? CM_FAIL(CM_ERR_NOMEM, "cannot allocate the live source")
+                     : CM_FAIL(CM_ERR_INVALID_ARG, "--server names no endpoint");
         goto fail;
     }
     memcpy(s->layer_ids, cfg->layer_ids, (size_t)cfg->n_taps * sizeof *s->layer_ids);
@@ -138,46 +177,64 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
         goto fail;
     }
 
-    cm_chan_client_config cc = CM_CHAN_CLIENT_CONFIG_DEFAULT;
-    cc.endpoint = cfg->endpoint;
-    cc.name = cfg->name ? cfg->name : "trainer";
-    cc.credits = (uint32_t)cfg->credits;
-    cc.encoding = cfg->encoding;
-    cc.curve_server_key = cfg->curve_server_key;
-    cc.curve_secret_key = cfg->curve_secret_key;
-    cc.target_id = 0; /* checked below with a message naming --target; a returning server with
-                         another identity is refused by the client itself */
-    if (cfg->encoding == CM_ENCODING_NCCL) {
+    cm_proto_welcome first = {0};
+    for (int c = 0; c < s->n_cl; c++) {
+        const char           *ep = s->endpoints[c];
+        cm_chan_client_config cc = CM_CHAN_CLIENT_CONFIG_DEFAULT;
+        cc.endpoint = ep;
+        cc.name = cfg->name ? cfg->name : "trainer";
+        cc.credits = (uint32_t)cfg->credits;
+        cc.encoding = cfg->encoding;
+        cc.curve_server_key = cfg->curve_server_key;
+        cc.curve_secret_key = cfg->curve_secret_key;
+        cc.target_id = 0; /* checked below with a message naming --target; a returning server with
+                             another identity is refused by the client itself */
+        if (cfg->encoding == CM_ENCODING_NCCL) {
 #ifdef TANDEM_HAVE_NCCL
-        cm_nccl_client *nc = NULL;
-        CM_TRY_GOTO(cm_nccl_client_create(&nc, cfg->device, (uint32_t)cfg->credits, cfg->timeout_ms), st, fail);
-        s->nc = nc;
-        cm_nccl_client_hooks(nc, &s->hooks);
-        cc.nccl = &s->hooks;
-        cc.accept = 0; /* answers must land in GPU memory */
-        s->on_device = 1;
+            cm_nccl_client *nc = NULL;
+            CM_TRY_GOTO(cm_nccl_client_create(&nc, cfg->device, (uint32_t)cfg->credits, cfg->timeout_ms), st, fail);
+            s->nc[c] = nc;
+            cm_nccl_client_hooks(nc, &s->hooks[c]);
+            cc.nccl = &s->hooks[c];
+            cc.accept = 0; /* answers must land in GPU memory */
+            s->on_device = 1;
 #else
-        st = CM_FAIL(CM_ERR_UNSUPPORTED, "--encoding nccl needs a build with CUDA and NCCL; use raw or zstd-byteplane");
-        goto fail;
+            st = CM_FAIL(CM_ERR_UNSUPPORTED,
+                         "--encoding nccl needs a build with CUDA and NCCL; use raw or zstd-byteplane");
+            goto fail;
 #endif
+        }
+        CM_TRY_GOTO(cm_chan_client_create(&s->cls[c], &cc), st, fail);
     }
-    CM_TRY_GOTO(cm_chan_client_create(&s->cl, &cc), st, fail);
-    cm_proto_welcome w;
-    st = cm_chan_client_wait_ready(s->cl, cfg->timeout_ms, &w);
-    if (st == CM_ERR_TIMEOUT) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", cm_last_error());
-        st = CM_FAIL(CM_ERR_TIMEOUT,
-                     "no target-server answered at '%s' within --timeout-ms %d (%s); start `target-server "
-                     "serve` there or fix --server",
-                     cfg->endpoint, cfg->timeout_ms, why);
-        goto fail;
+    for (int c = 0; c < s->n_cl; c++) { /* the servers start up in parallel; then each is checked */
+        const char      *ep = s->endpoints[c];
+        cm_proto_welcome w;
+        st = cm_chan_client_wait_ready(s->cls[c], cfg->timeout_ms, &w);
+        if (st == CM_ERR_TIMEOUT) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", cm_last_error());
+            st = CM_FAIL(CM_ERR_TIMEOUT,
+                         "no target-server answered at '%s' within --timeout-ms %d (%s); start `target-server "
+                         "serve` there or fix --server",
+                         ep, cfg->timeout_ms, why);
+            goto fail;
+        }
+        CM_TRY_GOTO(st, st, fail);
+        CM_TRY_GOTO(check_welcome(s, cfg, ep, &w), st, fail);
+        if (c == 0) {
+            first = w;
+        } else if (w.target_id != first.target_id || w.hidden_dtype != first.hidden_dtype) {
+            st = CM_FAIL(CM_ERR_INVALID_ARG,
+                         "the servers disagree: '%s' serves target %016llx as %s, '%s' serves %016llx as %s; every "
+                         "--server must serve the same target with the same --dtype",
+                         s->endpoints[0], (unsigned long long)first.target_id, cm_dtype_name(first.hidden_dtype), ep,
+                         (unsigned long long)w.target_id, cm_dtype_name(w.hidden_dtype));
+            goto fail;
+        }
+        CM_LOG_INFO("live hidden states from '%s': target '%s' (hidden %u %s, %u layers), %d credits, %s", ep,
+                    w.name, w.hidden_size, cm_dtype_name(w.hidden_dtype), w.n_layers, cfg->credits,
+                    cm_encoding_name(cfg->encoding));
     }
-    CM_TRY_GOTO(st, st, fail);
-    CM_TRY_GOTO(check_welcome(s, cfg, &w), st, fail);
-    CM_LOG_INFO("live hidden states from '%s': target '%s' (hidden %u %s, %u layers), %d credits, %s",
-                cfg->endpoint, w.name, w.hidden_size, cm_dtype_name(w.hidden_dtype), w.n_layers, cfg->credits,
-                cm_encoding_name(cfg->encoding));
     *out = s;
     return CM_OK;
 fail:
@@ -201,19 +258,25 @@ static int32_t batch_of(dt_live *s, int64_t step) {
     return dt_data_step_batch(s->tok, s->order, step % per);
 }
 
+/* The server of a step (outside the plan: the first). */
+static int server_of(const dt_live *s, int64_t step) {
+    return step >= 0 ? (int)(step % s->n_cl) : 0;
+}
+
 /* Sends requests for the planned steps after next_get while credits allow. */
 static cm_status top_up(dt_live *s) {
-    while (s->next_submit < s->end && s->count < s->credits) {
+    while (s->next_submit < s->end && s->count < s->depth) {
         const int32_t batch = batch_of(s, s->next_submit);
         dt_batch      b;
         CM_TRY(dt_data_load(s->tok, batch, &b));
         const uint64_t id = (uint64_t)s->next_submit + 1;
-        cm_status      st = cm_chan_client_submit(s->cl, id, b.input_ids, (uint32_t)b.T, b.cu_seqlens,
-                                                  (uint32_t)b.n_seq, s->layer_ids, (uint32_t)s->n_taps);
+        cm_status      st = cm_chan_client_submit(s->cls[server_of(s, s->next_submit)], id, b.input_ids,
+                                                  (uint32_t)b.T, b.cu_seqlens, (uint32_t)b.n_seq, s->layer_ids,
+                                                  (uint32_t)s->n_taps);
         if (st == CM_ERR_TIMEOUT)
-            break;
+            break; /* that server's credits are in use: the steps go in order */
         CM_TRY(st);
-        live_req *r = &s->ring[(s->head + s->count) % s->credits];
+        live_req *r = &s->ring[(s->head + s->count) % s->depth];
         *r = (live_req){id, s->next_submit, batch,
                         cm_shard_batch_hash(b.input_ids, (uint32_t)b.T, b.cu_seqlens, (uint32_t)b.n_seq)};
         s->count++;
@@ -223,10 +286,10 @@ static cm_status top_up(dt_live *s) {
 }
 
 /* Receives until the answer for id is held; its slot in *slot. */
-static cm_status await(dt_live *s, uint64_t id, int batch, int *slot) {
+static cm_status await(dt_live *s, uint64_t id, int c, int batch, int *slot) {
     double t0 = now_s(), warned = t0;
     for (;;) {
-        for (int i = 0; i < s->credits; i++)
+        for (int i = 0; i < s->depth; i++)
             if (s->held[i] && s->held[i]->batch_id == id) {
                 *slot = i;
                 return CM_OK;
@@ -234,32 +297,33 @@ static cm_status await(dt_live *s, uint64_t id, int batch, int *slot) {
         double waited = now_s() - t0;
         if (waited * 1000.0 >= (double)s->timeout_ms) {
             cm_chan_client_stats cs;
-            cm_chan_client_get_stats(s->cl, &cs);
+            cm_chan_client_get_stats(s->cls[c], &cs);
             return CM_FAIL(
                 CM_ERR_TIMEOUT,
                 "no hidden states for batch %d from '%s' within --timeout-ms %d (last problem: %s); "
                 "check that the server is running",
-                batch, s->endpoint, s->timeout_ms, cs.last_problem[0] ? cs.last_problem : "none");
+                batch, s->endpoints[c], s->timeout_ms, cs.last_problem[0] ? cs.last_problem : "none");
         }
         if (now_s() - warned >= 10.0) {
             CM_LOG_WARN("waiting %.0f s for the hidden states of batch %d from '%s'", waited, batch,
-                        s->endpoint);
+                        s->endpoints[c]);
             warned = now_s();
         }
         cm_chan_answer *a = NULL;
-        cm_status       st = cm_chan_client_recv(s->cl, 200, &a);
+        cm_status       st = cm_chan_client_recv(s->cls[c], 200, &a);
         if (st == CM_ERR_TIMEOUT)
             continue;
         CM_TRY(st);
         int free_slot = -1;
-        for (int i = 0; i < s->credits && free_slot < 0; i++)
+        for (int i = 0; i < s->depth && free_slot < 0; i++)
             if (!s->held[i])
                 free_slot = i;
         if (free_slot < 0) { /* cannot happen: credits bound the answers held */
-            cm_chan_client_release(s->cl, &a);
+            cm_chan_client_release(s->cls[c], &a);
             return CM_FAIL(CM_ERR_PROTOCOL, "live source: more answers held than credits");
         }
         s->held[free_slot] = a;
+        s->held_cl[free_slot] = c;
     }
 }
 
@@ -269,6 +333,7 @@ static cm_status live_take(dt_live *s, int batch, const int32_t *ids, int64_t T,
                            int *slot, int *planned) {
     const uint64_t h = cm_shard_batch_hash(ids, (uint32_t)T, cu, (uint32_t)n_seq);
     uint64_t       id;
+    int            c = 0;
     *slot = -1;
     *planned = s->next_get < s->end;
     if (*planned) {
@@ -285,23 +350,25 @@ static cm_status live_take(dt_live *s, int batch, const int32_t *ids, int64_t T,
                            "during a run",
                            batch, dt_data_path(s->tok, batch));
         id = r->id;
+        c = server_of(s, r->step);
     } else { /* outside the plan: one request, answered before returning */
         if (s->count > 0)
             return CM_FAIL(CM_ERR_INVALID_ARG,
                            "live source: batch %d asked for while prefetches are in flight", batch);
         id = s->extra_id++;
-        CM_TRY(cm_chan_client_submit(s->cl, id, ids, (uint32_t)T, cu, (uint32_t)n_seq, s->layer_ids,
+        CM_TRY(cm_chan_client_submit(s->cls[c], id, ids, (uint32_t)T, cu, (uint32_t)n_seq, s->layer_ids,
                                      (uint32_t)s->n_taps));
     }
-    CM_TRY(await(s, id, batch, slot));
+    CM_TRY(await(s, id, c, batch, slot));
+    const char     *endpoint = s->endpoints[c];
     cm_chan_answer *a = s->held[*slot];
     const int64_t   D = s->hidden;
     if (a->status != CM_OK)
-        return CM_FAIL(a->status, "the server at '%s' cannot serve batch %d ('%s'): %s", s->endpoint, batch,
+        return CM_FAIL(a->status, "the server at '%s' cannot serve batch %d ('%s'): %s", endpoint, batch,
                        dt_data_path(s->tok, batch), a->message);
     if (a->n_tensors != (uint32_t)s->n_taps)
         return CM_FAIL(CM_ERR_PROTOCOL, "the server at '%s' answered batch %d with %u tensors, expected %d",
-                       s->endpoint, batch, a->n_tensors, s->n_taps);
+                       endpoint, batch, a->n_tensors, s->n_taps);
     for (int k = 0; k < s->n_taps; k++) {
         const cm_chan_tensor *t = &a->tensors[k];
         if (t->n_tokens != T || t->hidden != D || (t->dtype != CM_DTYPE_BF16 && t->dtype != CM_DTYPE_F32) ||
@@ -309,7 +376,7 @@ static cm_status live_take(dt_live *s, int batch, const int32_t *ids, int64_t T,
             return CM_FAIL(CM_ERR_PROTOCOL,
                            "the server at '%s' answered batch %d with tensor '%s' %s [%lld, %lld]%s, expected "
                            "[%lld, %lld]%s",
-                           s->endpoint, batch, t->name, cm_dtype_name(t->dtype), (long long)t->n_tokens,
+                           endpoint, batch, t->name, cm_dtype_name(t->dtype), (long long)t->n_tokens,
                            (long long)t->hidden, t->on_device ? " on the device" : "", (long long)T,
                            (long long)D, s->on_device ? " on the device" : "");
     }
@@ -320,9 +387,9 @@ static cm_status live_take(dt_live *s, int batch, const int32_t *ids, int64_t T,
  * requests (they compute while this step trains). */
 static cm_status live_done(dt_live *s, int slot, int planned, cm_status st) {
     if (slot >= 0)
-        cm_chan_client_release(s->cl, &s->held[slot]);
+        cm_chan_client_release(s->cls[s->held_cl[slot]], &s->held[slot]);
     if (planned && slot >= 0) {
-        s->head = (s->head + 1) % s->credits;
+        s->head = (s->head + 1) % s->depth;
         s->count--;
         s->next_get++;
         if (st == CM_OK)

@@ -29,7 +29,8 @@ extern "C" {
 typedef struct dt_live dt_live;
 
 typedef struct dt_live_config {
-    const char *endpoint;   /* tcp://HOST:PORT or ipc://PATH of target-server serve */
+    const char *endpoint;   /* tcp://HOST:PORT or ipc://PATH of target-server serve; several comma-separated:
+                               one client each, step s served by server s mod n, all of one target */
     const char *name;       /* this trainer's name in the server's logs */
     int         credits;    /* requests in flight ahead of training (≥ 1) */
     cm_encoding encoding;   /* answers' encoding asked for */

@@ -4,7 +4,8 @@
  * server sends), and metrics carry wait_s and compute_s; a run stopped and resumed live gives
  * the same losses; two trainers on one server at once both finish with those losses; a
  * server killed with SIGKILL mid-run and restarted on the same endpoint lets the run continue
- * with the same losses; a server of another target is refused with a clear message; --shards
+ * with the same losses; `--server a,b` alternates steps between two servers with the same losses;
+ * a server of another target is refused with a clear message; --shards
  * with --server and a bad --credits are usage errors. */
 #include <fcntl.h>
 #include <signal.h>
@@ -330,6 +331,47 @@ static void test_server_killed(void) {
             w);
 }
 
+/* `--server a,b`: steps alternate between two servers of the same target; the losses are the
+ * offline reference's, and both servers answered half of the requests (target-server status).
+ * Two servers of different targets, or one named twice, are refused. */
+static void test_two_servers(void) {
+    char  second[256], both[600], status[1024];
+    pid_t s2 = serve_start(DTD_MODEL, "tcp://127.0.0.1:*", "second", second, sizeof second);
+    TST_CHECK(s2 > 0);
+    if (s2 < 0)
+        return;
+    snprintf(both, sizeof both, "%s,%s", endpoint, second);
+    TST_CHECK(train("two-servers", DTD_MODEL, both, "14", 0) == 0);
+    double w, c;
+    TST_CHECK(same_as_ref("two-servers", 14, &w, &c));
+    /* each served 7 of the 14 steps (plus none twice) */
+    snprintf(status, sizeof status, "'%s' status --server %s --json", DTD_TS_BIN, second);
+    FILE *f = popen(status, "r");
+    char  out[8192] = "";
+    if (f) {
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = '\0';
+        pclose(f);
+    }
+    TST_CHECK(strstr(out, "\"answers\":7,") != NULL);
+    if (!strstr(out, "\"answers\":7,"))
+        fprintf(stderr, "second server's status: %s\n", out);
+    char dup[600];
+    snprintf(dup, sizeof dup, "%s,%s", endpoint, endpoint);
+    TST_CHECK(train("r-dup", DTD_MODEL, dup, "2", 0) == 1 && strstr(err_text("r-dup"), "twice") != NULL);
+    serve_stop(&s2);
+    char other_ep[256], model[600], mixed[600];
+    snprintf(model, sizeof model, "%s/fixtures/target/qwen35_mm_sharded/model", TANDEM_TEST_DATA);
+    pid_t other = serve_start(model, "tcp://127.0.0.1:*", "other2", other_ep, sizeof other_ep);
+    if (other > 0) {
+        snprintf(mixed, sizeof mixed, "%s,%s", endpoint, other_ep);
+        TST_CHECK(train("r-mixed", DTD_MODEL, mixed, "2", 0) == 1);
+        TST_CHECK(strstr(err_text("r-mixed"), other_ep) != NULL);
+        serve_stop(&other);
+    }
+    fprintf(stderr, "two servers: 14 steps alternating, losses as offline; the second served 7\n");
+}
+
 static void test_refusals(void) {
     /* a server of another target */
     char other_ep[256], model[600];
@@ -387,6 +429,7 @@ int main(void) {
     }
     test_live_same();
     test_two_trainers();
+    test_two_servers();
     test_server_killed();
     test_refusals();
     serve_stop(&server);
