@@ -4,7 +4,9 @@
  *                               GDN 128 × 128, GVA ratio 3) written here: every layer finite and
  *                               of moderate size, the same seed gives the same bytes, another
  *                               seed other values; the 27B deploy config parses and counts
- *                               26 895 998 464 parameters (test_dt_plan's figure)
+ *                               26 895 998 464 parameters (test_dt_plan's figure); `serve --init
+ *                               random` reports the model loaded through `status` and stops on
+ *                               SIGTERM; bad --init / --seed values exit 2
  *   test_ts_random cuda bf16    (gpu) the same model (same weights: bf16-rounded on both sides
  *   test_ts_random cuda fp32    under bf16) on cuda against cpu, relative L2 per layer
  *                               ≤ 3e-2 (bf16) / 1e-3 (fp32), the dump tolerances of
@@ -12,10 +14,15 @@
  *                               packed lengths 1, 63, 64, 65, 200, 700 so the
  *                               chunked GDN and the flash attention see chunk edges and
  *                               several key tiles. Exits 77 without a GPU. */
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cm_cfg.h"
@@ -188,6 +195,57 @@ static void test_cpu(const char *cfg) {
     TST_CHECK(total == 26895998464LL);
 }
 
+/* serve --init random --config on the cpu: `status --json` says loaded, SIGTERM stops it with
+ * status 0; and the flag errors. */
+static void test_serve(const char *cfg) {
+    char bin[1024], log[512], err[512], ep[64];
+    snprintf(bin, sizeof bin, "%s/target-server/target-server", TANDEM_BINARY_DIR);
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
+    char *sargv[] = {bin, "serve", "--init", "random", "--config", (char *)cfg, "--seed", "3", "--bind", ep,
+                     "--log-level", "info", NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    int   rc = posix_spawn(&pid, bin, &fa, NULL, sargv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    TST_CHECK(rc == 0);
+    if (rc != 0) return;
+    char out[512];
+    snprintf(out, sizeof out, "%s/status.json", dir);
+    int loaded = 0;
+    for (int i = 0; i < 600 && !loaded; i++) { /* up to a minute (ASan, a busy machine) */
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "%s status --server %s --timeout-ms 500 --json > %s 2>/dev/null", bin, ep, out);
+        if (system(cmd) == 0) {
+            const char *j = tst_slurp(out);
+            loaded = strstr(j, "\"loaded\":true") != NULL || strstr(j, "\"loaded\": true") != NULL;
+        }
+        if (!loaded) {
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    printf("serve --init random: status reports the model loaded: %s\n", loaded ? "yes" : "NO");
+    TST_CHECK(loaded);
+    kill(pid, SIGTERM);
+    int status = 0;
+    TST_CHECK(waitpid(pid, &status, 0) == pid);
+    TST_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!loaded || !WIFEXITED(status) || WEXITSTATUS(status) != 0) fprintf(stderr, "serve log:\n%s\n", tst_slurp(log));
+
+    char *bad1[] = {bin, "serve", "--init", "randm", "--config", (char *)cfg, NULL};
+    rc = tst_run(bad1, err);
+    TST_CHECK(rc == 2 && strstr(tst_slurp(err), "--init 'randm': expected checkpoint or random"));
+    char *bad2[] = {bin, "dump", "--init", "random", "--config", (char *)cfg, "--seed", "x1", "--input", "a",
+                    "--out", "b", NULL};
+    rc = tst_run(bad2, err);
+    TST_CHECK(rc == 2 && strstr(tst_slurp(err), "--seed 'x1' is not a number"));
+}
+
 static void test_cuda(const char *cfg, const char *precision) {
     static const int lens[] = {1, 63, 64, 65, 200, 700};
     char             input[512], c[512], g[512];
@@ -242,10 +300,12 @@ int main(int argc, char **argv) {
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     if (strcmp(device, "cuda") != 0) n_layers = 6;
     write_config(cfg);
-    if (strcmp(device, "cuda") == 0)
+    if (strcmp(device, "cuda") == 0) {
         test_cuda(cfg, precision);
-    else
+    } else {
         test_cpu(cfg);
+        test_serve(cfg);
+    }
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TST_CHECK(system(cmd) == 0);
     return tst_report();
