@@ -36,7 +36,7 @@ typedef struct dt_param {
  * host; or, when it is NULL, the taps are already in backend memory (the NCCL data path, a
  * benchmark): dev_taps[k] is tap k (target_layer_ids order) [T, D] in dev_taps_dt (BF16 or
  * F32), borrowed until dt_model_step returns. */
-#define DT_MAX_TAPS 16
+#define DT_MAX_TAPS CM_CFG_MAX_TAPS
 typedef struct dt_batch {
     int64_t        T;
     int            n_seq;
