@@ -10,17 +10,23 @@
  * - KN_GEMM_MODE_BF16 (serving): the chunked WY form of reference/qwen_hybrid.md §3.1 with C = 64
  *   (kn_gdn_ref.c is its specification), matrix products on bf16 tensor cores (WMMA 16×16×16,
  *   fp32 accumulation; sm_80 and newer, so the same code runs on Ampere, Hopper and Blackwell),
- *   fp32 state. Three launches:
- *   1. gdn_chunk_table: the list of (start, length) chunks, restarting at every sequence start.
- *   2. gdn_prep, one block per (chunk, v-head), fully parallel: γ = cumsum(g) (fp32),
+ *   fp32 state, everything in the ctx scratch (no allocation after the first call of a size):
+ *   1. gdn_to_bf16_padded (twice): q·scale and k to bf16 [T, nk, DKP], DKP = dk rounded up to
+ *      64, 128 or 256, so every operand row is whole 16-byte vectors for cp.async.
+ *   2. gdn_chunk_table: the (start, length) chunks, restarting at every sequence start, and each
+ *      sequence's first chunk slot.
+ *   3. gdn_prep, one block per (chunk, v-head), fully parallel: γ = cumsum(g) (fp32),
  *      A = β_r e^{γ_r−γ_j} k_r·k_j (j < r, masked before exp), T = (I + A)^{-1} by blocked forward
- *      substitution in fp32 (four 16×16 diagonal blocks, then the block rows), then
- *      W = T diag(β e^γ) K and U = T diag(β) V, stored bf16 in the ctx scratch ([T, nv, dk] and
- *      [T, nv, dv]), as FLA stores them.
- *   3. gdn_state, one block per (sequence, v-head, 32-column slice of dv), sequential over the
- *      sequence's chunks with the fp32 state slice S[dk, 32] in shared memory: δ = U − W S,
- *      O = diag(e^γ) Q S + (QKᵀ ⊙ e^{γ_r−γ_j} ⊙ [j ≤ r]) δ, S ← e^{γ_last} S + (K ⊙ e^{γ_last−γ})ᵀ δ.
- *      48 v-heads × 4 slices give 192 blocks for one 8192-token sequence of the 27B shape.
+ *      substitution in fp32 (four 16×16 diagonal blocks, then the block rows), then, stored bf16
+ *      per chunk slot (as FLA stores its intermediates): W = T diag(β e^γ) K, U = T diag(β) V,
+ *      the decayed causal P = (QKᵀ ⊙ e^{γ_r−γ_j})[j ≤ r], and the decay vectors (fp32).
+ *   4. gdn_state, one block per (sequence, v-head, 32-column slice of dv), sequential over the
+ *      sequence's chunks with the fp32 state slice S[dk, 32] in shared memory and the chunk's
+ *      operands streamed in by cp.async: δ = U − W S, O = diag(e^γ) Q S + P δ,
+ *      S ← e^{γ_last} S + Kᵀ (e^{γ_last−γ} ⊙ δ). 48 v-heads × 4 slices give 192 blocks for one
+ *      8192-token sequence of the 27B shape, two per SM.
+ *   On an H200 at the 27B shape and 8192 tokens this takes 1.9 ms (prep 0.9, state 1.0; see
+ *   bench/results/target-2026-11-30.md for what limits it).
  *   Rounding: q, k, W, U, the state and δ enter the tensor cores as bf16 (FLA rounds the same
  *   operands), so outputs differ from the fp64 reference by a few 1e-3 relative (test_kn_cuda).
  *   dk is zero-padded to 64, 128 or 256 (zero columns change no dot product); dv is any size.
