@@ -163,7 +163,9 @@ static void send_request(cm_chan_client *c, slot *s, int64_t now) {
 static void retry(cm_chan_client *c, slot *s, cm_status give_up, const char *why, int64_t now, int delay_ms) {
     if (++s->attempts >= c->cfg.max_attempts) {
         char msg[CM_PROTO_MESSAGE_MAX + 96];
-        cm_chan_fmt(msg, sizeof msg, "batch %llu given up after %d failed answers; last: %s",
+        cm_chan_fmt(msg, sizeof msg,
+                    "request %llu given up after %d failed answers (the server keeps sending what the trainer "
+                    "refuses: check the server's log and model); last: %s",
                     (unsigned long long)s->batch_id, s->attempts, why);
         complete(c, s, give_up, msg, 0);
         return;
@@ -193,7 +195,7 @@ static void protocol_error(cm_chan_client *c, const char *why, uint64_t id, int 
          * (and communicator) re-sends everything in flight */
         if (s && ++s->attempts >= c->cfg.max_attempts) {
             char msg[CM_PROTO_MESSAGE_MAX + 96];
-            cm_chan_fmt(msg, sizeof msg, "batch %llu given up after %d refused answers; last: %s",
+            cm_chan_fmt(msg, sizeof msg, "request %llu given up after %d refused answers; last: %s",
                         (unsigned long long)s->batch_id, s->attempts, why);
             complete(c, s, CM_ERR_PROTOCOL, msg, 0);
         }

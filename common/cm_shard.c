@@ -373,7 +373,8 @@ uint64_t cm_shard_batch_hash(const int32_t *tokens, uint32_t n_tokens, const int
     CM_FAIL(                                                                                                 \
         CM_ERR_FORMAT,                                                                                       \
         "shard directory '%s': %s offset %llu (batch %llu): " fmt                                            \
-        ": the record is corrupted; `drafter-trainer shards inspect %s --verify` lists every bad record",    \
+        ": the record is corrupted; `drafter-trainer shards inspect %s --verify` lists every bad record; "   \
+        "precompute the store again into a new directory to repair it",                                      \
         dir, name, (unsigned long long)e->offset, (unsigned long long)e->batch_id, __VA_ARGS__, dir)
 
 /* Checks a record header against its index entry. */
