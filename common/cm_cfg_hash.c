@@ -56,3 +56,8 @@ uint64_t cm_target_cfg_hash(const cm_target_cfg *cfg) {
     uint64_t h = cm_xxh64(text, n, 0);
     return h ? h : 1;
 }
+
+uint64_t cm_target_random_id(uint64_t cfg_hash, uint64_t seed) {
+    uint64_t id = cfg_hash ^ 0x72616e646f6d0000ull ^ seed; /* "random" */
+    return id ? id : 1;
+}

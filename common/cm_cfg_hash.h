@@ -24,6 +24,12 @@ size_t cm_target_cfg_canonical(const cm_target_cfg *cfg, char *buf, size_t cap);
  * mapped to 1). */
 uint64_t cm_target_cfg_hash(const cm_target_cfg *cfg);
 
+/* The identity of a target whose weights are random (`serve --init random --seed N`): the
+ * config's hash with a tag and the seed folded in, so a trainer of the real checkpoint refuses
+ * it and a trainer told the same random target (`train --target-init random --target-seed N`)
+ * accepts it. */
+uint64_t cm_target_random_id(uint64_t cfg_hash, uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,6 +27,8 @@ static const dt_runcfg_flag train_flags[] = {
     {"encoding", DT_RUNCFG_VALUE},
     {"timeout-ms", DT_RUNCFG_VALUE},
     {"gpu", DT_RUNCFG_VALUE},
+    {"target-init", DT_RUNCFG_VALUE},
+    {"target-seed", DT_RUNCFG_VALUE},
     {"precision", DT_RUNCFG_VALUE},
     {"curve-server-key", DT_RUNCFG_PATH},
     {"curve-secret-key", DT_RUNCFG_PATH},

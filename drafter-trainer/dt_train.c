@@ -24,6 +24,8 @@
 
 #include "cm_cfg.h"
 #include "cm_cfg_hash.h"
+#include "cm_dtype.h"
+#include "cm_rng.h"
 #include "cm_log.h"
 #include "cm_tb.h"
 #include "cm_safetensors.h"
@@ -50,6 +52,8 @@ typedef struct train_args {
     cm_encoding encoding;
     double      lr, warmup_ratio, gamma, weight_decay, clip;
     int         have_gamma, resume;
+    int         target_random; /* --target-init random: no checkpoint; random frozen matrices */
+    uint64_t    target_seed;
     uint64_t    seed;
     dt_progress_mode progress;
     int              dry_run, no_tensorboard;
@@ -92,6 +96,9 @@ static void usage(FILE *f) {
         "                           or fp8-zstd (lossy); nccl (--device cuda, a server on this host with\n"
         "                           --device cuda): GPU to GPU into this trainer's --gpu, no host copy\n"
         "  --timeout-ms N           longest wait for the server with --server (default 300000)\n"
+        "  --target-init random     benchmarks: the target is `serve --init random --seed N`: --target is only\n"
+        "                           its config (dir or file), the frozen embedding/LM head are random\n"
+        "  --target-seed N          that server's --seed (default 1)\n"
         "  --curve-server-key FILE  the server's CURVE public key (a --server on another host)\n"
         "  --curve-secret-key FILE  this trainer's CURVE secret key (default: a fresh pair; a server\n"
         "                           with --curve-client-keys needs its public key)\n"
@@ -176,7 +183,8 @@ static int dp_from_env(train_args *a) {
 
 /* 0 ok, 1 help printed, 2 usage error (message printed). */
 static int parse_args(int argc, char **argv, train_args *a) {
-    *a = (train_args){.device = "cpu",
+    *a = (train_args){.target_seed = 1,
+                      .device = "cpu",
                       .epochs = 6,
                       .max_anchors = 512,
                       .log_every = 1,
@@ -242,7 +250,17 @@ static int parse_args(int argc, char **argv, train_args *a) {
             ok = parse_i64(f, v, 1, &a->credits);
         else if (strcmp(f, "--timeout-ms") == 0)
             ok = parse_i64(f, v, 1, &a->timeout_ms);
-        else if (strcmp(f, "--curve-server-key") == 0)
+        else if (strcmp(f, "--target-init") == 0) {
+            if (strcmp(v, "random") != 0 && strcmp(v, "checkpoint") != 0) {
+                fprintf(stderr, "drafter-trainer train: --target-init '%s': expected checkpoint or random\n", v);
+                return 2;
+            }
+            a->target_random = strcmp(v, "random") == 0;
+        } else if (strcmp(f, "--target-seed") == 0) {
+            int64_t ts = 0;
+            ok = parse_i64(f, v, 0, &ts);
+            a->target_seed = (uint64_t)ts;
+        } else if (strcmp(f, "--curve-server-key") == 0)
             a->curve_server_key = v;
         else if (strcmp(f, "--curve-secret-key") == 0)
             a->curve_secret_key = v;
@@ -472,15 +490,39 @@ static cm_status frozen_matrix(const cm_st *st, const cm_st_tensor *t, const voi
     return CM_OK;
 }
 
+/* --target-init random: BF16 embedding and LM head drawn from (target_seed, matrix) with the
+ * checkpoint's scale (std ≈ 0.02), for benchmarks against a `serve --init random` target; the
+ * drafter learns nothing real from them. */
+static cm_status random_frozen(run *r, int64_t V, int64_t D) {
+    const size_t n = (size_t)V * (size_t)D;
+    for (int k = 0; k < 2; k++) {
+        uint16_t *m = malloc(n * sizeof *m);
+        if (!m)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a random [%lld, %lld] frozen matrix", (long long)V,
+                           (long long)D);
+        cm_rng g;
+        cm_rng_seed_stream(&g, r->a.target_seed ^ 0x66726f7a656eull, (uint64_t)k, 0); /* "frozen" */
+        for (size_t i = 0; i < n; i++)
+            m[i] = cm_f32_to_bf16(0.0346f * (2.0f * (float)cm_rng_uniform(&g) - 1.0f)); /* std 0.02 */
+        r->frozen_owned[k] = (float *)m;
+    }
+    return dt_model_set_frozen(r->m, r->frozen_owned[0], CM_DTYPE_BF16, r->frozen_owned[1], CM_DTYPE_BF16, V, D);
+}
+
 /* The frozen embedding and LM head from the target directory (the keys dt_grad reads:
  * model.language_model.embed_tokens.weight or model.embed_tokens.weight, and lm_head.weight
  * unless the target ties them). */
 static cm_status load_target(run *r) {
-    char tc[4096];
-    snprintf(tc, sizeof tc, "%s/config.json", r->a.target);
+    char   tc[4096];
+    size_t tl = strlen(r->a.target);
+    if (r->a.target_random && tl > 5 && strcmp(r->a.target + tl - 5, ".json") == 0)
+        snprintf(tc, sizeof tc, "%s", r->a.target);
+    else
+        snprintf(tc, sizeof tc, "%s/config.json", r->a.target);
     cm_target_cfg t;
     CM_TRY(cm_target_cfg_load(&t, tc));
-    r->target_id = cm_target_cfg_hash(&t);
+    r->target_id = r->a.target_random ? cm_target_random_id(cm_target_cfg_hash(&t), r->a.target_seed)
+                                      : cm_target_cfg_hash(&t);
     if (t.hidden_size != r->cfg.hidden_size || t.vocab_size != r->cfg.vocab_size)
         return CM_FAIL(
             CM_ERR_INVALID_ARG,
@@ -497,6 +539,8 @@ static cm_status load_target(run *r) {
     if (t.n_layers != r->cfg.num_target_layers)
         CM_LOG_WARN("the drafter config says num_target_layers %d but target '%s' has %d layers",
                     r->cfg.num_target_layers, r->a.target, t.n_layers);
+    if (r->a.target_random)
+        return random_frozen(r, t.vocab_size, t.hidden_size);
     CM_TRY(cm_st_open_dir(&r->target, r->a.target));
     const int64_t       shape[2] = {t.vocab_size, t.hidden_size};
     const cm_st_tensor *emb = NULL, *head = NULL;

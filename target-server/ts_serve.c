@@ -352,7 +352,7 @@ static cm_status run_serve(const serve_args *a) {
     sc.endpoint = a->bind;
     sc.name = name;
     /* random weights are another target: a trainer expecting the checkpoint refuses them */
-    sc.target_id = cm_target_cfg_hash(&cfg) ^ (a->init_random ? 0x72616e646f6d0000ull ^ a->seed : 0);
+    sc.target_id = a->init_random ? cm_target_random_id(cm_target_cfg_hash(&cfg), a->seed) : cm_target_cfg_hash(&cfg);
     sc.hidden_dtype = a->dtype;
     sc.hidden_size = (uint32_t)cfg.hidden_size;
     sc.n_layers = (uint32_t)cfg.n_layers;

@@ -372,6 +372,57 @@ static void test_two_servers(void) {
     fprintf(stderr, "two servers: 14 steps alternating, losses as offline; the second served 7\n");
 }
 
+/* A server of random weights (`serve --init random --seed 7`, for benchmarks without a
+ * checkpoint) is refused by a trainer of the real checkpoint and by one told another seed, and
+ * trains a trainer told `--target-init random --target-seed 7` (whose frozen matrices are random
+ * too). */
+static void test_random_target(void) {
+    char  ep[256], log[512], epf[512], cfgp[600];
+    snprintf(log, sizeof log, "%s/serve-random.log", tmp);
+    snprintf(epf, sizeof epf, "%s/serve-random.ep", tmp);
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", DTD_MODEL);
+    char *sargv[] = {DTD_TS_BIN, "serve", "--init", "random", "--config", cfgp, "--seed", "7", "--bind",
+                     "tcp://127.0.0.1:*", "--endpoint-file", epf, "--encoding", "zstd-byteplane", NULL};
+    pid_t srv = spawn(sargv, log);
+    int   up = 0;
+    for (int i = 0; i < 600 && srv > 0 && !up; i++) {
+        FILE *f = fopen(epf, "r");
+        if (f) {
+            up = fgets(ep, sizeof ep, f) != NULL;
+            fclose(f);
+            ep[strcspn(ep, "\n")] = '\0';
+        }
+        if (!up)
+            sleep_ms(50);
+    }
+    TST_CHECK(up);
+    if (!up) {
+        serve_stop(&srv);
+        return;
+    }
+    TST_CHECK(train("rnd-real", DTD_MODEL, ep, "2", 0) == 1 && strstr(err_text("rnd-real"), "another model"));
+    char out[512], err[512];
+    const char *seeds[2] = {"8", "7"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, sizeof out, "%s/rnd-%s", tmp, seeds[k]);
+        snprintf(err, sizeof err, "%s/rnd-%s.err", tmp, seeds[k]);
+        char *argv[] = {DTD_DT_BIN, "train", "--config", config, "--target", cfgp, "--target-init", "random",
+                        "--target-seed", (char *)seeds[k], "--data", csv_tok, "--server", ep, "--out", out,
+                        "--steps", "3", "--max-anchors", "16", "--timeout-ms", "30000", NULL};
+        int rc = tst_run(argv, err);
+        if (k == 0)
+            TST_CHECK(rc == 1 && strstr(tst_slurp(err), "another model"));
+        else
+            TST_CHECK(rc == 0);
+        if (k == 1 && rc != 0)
+            fprintf(stderr, "rnd-7: %s\n", tst_slurp(err));
+    }
+    TST_CHECK(count_lines("rnd-7") == 3);
+    serve_stop(&srv);
+    fprintf(stderr, "random-weights server: refused by the checkpoint's trainer and by another seed; 3 steps with "
+                    "--target-init random --target-seed 7\n");
+}
+
 static void test_refusals(void) {
     /* a server of another target */
     char other_ep[256], model[600];
@@ -430,6 +481,7 @@ int main(void) {
     test_live_same();
     test_two_trainers();
     test_two_servers();
+    test_random_target();
     test_server_killed();
     test_refusals();
     serve_stop(&server);
