@@ -71,6 +71,15 @@ void dt_live_destroy(dt_live **l) {
         cm_chan_client_destroy(&s->cls[c]);
 #ifdef TANDEM_HAVE_NCCL
         cm_nccl_client *nc = s->nc[c];
+        if (nc) {
+            cm_nccl_client_stats ns;
+            cm_nccl_client_get_stats(nc, &ns);
+            if (ns.answers)
+                CM_LOG_INFO("NCCL from '%s': %llu answers, %.2f GB in %.3f s of receiving (%.1f GB/s), %llu "
+                            "communicators",
+                            s->endpoints[c], (unsigned long long)ns.answers, (double)ns.bytes / 1e9, ns.recv_s,
+                            ns.recv_s > 0 ? (double)ns.bytes / 1e9 / ns.recv_s : 0.0, (unsigned long long)ns.sessions);
+        }
         cm_nccl_client_destroy(&nc); /* after the client, whose I/O thread calls its hooks */
 #endif
         free(s->endpoints[c]);

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The pipeline at real scale on two GPUs (issue 9): a 27B-shape target (serve --init random) on GPU 0
+# serving the Qwen3.6-27B drafter (train --target-init random) on GPU 1 over NCCL, 8192-token packs of
+# random tokens (4 documents of 2048), 512 anchors x 16, 12 steps. Needs a CUDA build (BUILD_DIR, default
+# build) and python3; writes the logs, metrics, nvidia-smi samples and a summary to OUT.
+#   usage: OUT=/tmp/pipeline-2gpu BUILD_DIR=build bench/pipeline_2gpu.sh
+set -u
+cd "$(dirname "$0")/.."; OUT=${OUT:-/tmp/pipeline-2gpu}; mkdir -p "$OUT"
+B=${BUILD_DIR:-build}; T=/tmp/i9; rm -rf $T; mkdir -p $T
+CFG=deploy/configs/qwen3.6-27b/target-config.json; DR=deploy/configs/qwen3.6-27b/drafter.json
+python3 -c "
+import json,random
+random.seed(1)
+with open('$T/d.jsonl','w') as f:
+    for i in range(64): f.write(json.dumps({'input_ids':[random.randrange(1000,240000) for _ in range(2048)]})+'\n')
+"
+nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > $OUT/smi.csv &
+smi=$!
+t0=$(date +%s.%N)
+$B/target-server/target-server serve --init random --config $CFG --seed 1 --device cuda --gpu 0 \
+  --bind ipc://$T/s.ipc --max-tokens 8192 --max-layers 5 --credits 2 --stats-interval 0 > $OUT/serve.log 2>&1 &
+srv=$!
+for i in $(seq 1 300); do $B/target-server/target-server status --server ipc://$T/s.ipc --json 2>/dev/null | grep -q '"loaded":true' && break; sleep 0.2; done
+echo "server loaded after $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" > $OUT/summary.txt
+t1=$(date +%s.%N)
+timeout 300 $B/drafter-trainer/drafter-trainer train --device cuda --gpu 1 --precision bf16 --config $DR \
+  --target $CFG --target-init random --target-seed 1 --dataset $T/d.jsonl --token-budget 8192 \
+  --server ipc://$T/s.ipc --encoding nccl --credits 2 --steps 12 --max-anchors 512 --out $T/run \
+  --progress lines --log-every 1 --no-tensorboard > $OUT/train.log 2>&1
+echo "train rc $? wall $(awk "BEGIN{print $(date +%s.%N) - $t1}") s" >> $OUT/summary.txt
+$B/target-server/target-server status --server ipc://$T/s.ipc --json > $OUT/status.json 2>&1
+kill $srv; wait $srv; kill $smi
+cp $T/run/metrics.jsonl $OUT/metrics.jsonl 2>/dev/null
+awk -F", " '{ if ($2 > m[$1]) m[$1] = $2; u[$1] += $3; n[$1]++ } END { for (g in m) printf "GPU %s peak %d MiB, mean util %.0f%%\n", g, m[g], u[g]/n[g] }' $OUT/smi.csv >> $OUT/summary.txt
+grep -E 'NCCL from|saved|error' $OUT/train.log >> $OUT/summary.txt
+cat $OUT/summary.txt; tail -4 $OUT/train.log
