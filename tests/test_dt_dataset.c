@@ -34,35 +34,6 @@ static char tmp[256], config[512], jsonl_a[512], jsonl_b[512], bin_b[512], datas
 
 // ---- processes
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static pid_t spawn(char *const argv[], const char *err) {
-    setenv("ASAN_OPTIONS", "exitcode=86", 1);
-    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    return rc == 0 ? pid : -1;
-}
-
-static int wait_exit(pid_t pid, int ms) {
-    int status;
-    for (int waited = 0;; waited += 10) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (waited >= ms)
-            return -1;
-        sleep_ms(10);
-    }
-}
-
 static pid_t server = -1;
 static char  endpoint[256];
 
@@ -87,7 +58,7 @@ static int serve_start(void) {
                     "--stats-interval",
                     "0",
                     NULL};
-    server = spawn(argv, log);
+    server = tst_spawn(argv, log);
     if (server < 0)
         return 0;
     for (int i = 0; i < 600; i++) {
@@ -99,12 +70,12 @@ static int serve_start(void) {
             if (ok && endpoint[0])
                 return 1;
         }
-        if (wait_exit(server, 0) >= 0) {
+        if (tst_wait_exit(server, 0) >= 0) {
             fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
             server = -1;
             return 0;
         }
-        sleep_ms(50);
+        tst_sleep_ms(50);
     }
     fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
     return 0;
@@ -114,7 +85,7 @@ static void serve_stop(void) {
     if (server < 0)
         return;
     kill(server, SIGTERM);
-    if (wait_exit(server, 15000) < 0) {
+    if (tst_wait_exit(server, 15000) < 0) {
         kill(server, SIGKILL);
         waitpid(server, NULL, 0);
     }
@@ -126,8 +97,8 @@ static int run_named(char *const argv[], const char *name) {
     char err[512];
     snprintf(err, sizeof err, "%s/%s.err", tmp, name);
     unlink(err);
-    pid_t pid = spawn(argv, err);
-    int   rc = pid < 0 ? -1 : wait_exit(pid, 120000);
+    pid_t pid = tst_spawn(argv, err);
+    int   rc = pid < 0 ? -1 : tst_wait_exit(pid, 120000);
     if (rc < 0 && pid > 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);

@@ -31,37 +31,6 @@
 static char tmp[256], config[512], csv_tok[8192], csv_bf[8192], ref[65536];
 static int  n_ref;
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Starts argv as a child (stderr into err), without waiting. */
-static pid_t spawn(char *const argv[], const char *err) {
-    setenv("ASAN_OPTIONS", "exitcode=86", 1);
-    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    return rc == 0 ? pid : -1;
-}
-
-/* Waits up to ms for pid; its exit status (128 + signal), or -1 if still running. */
-static int wait_exit(pid_t pid, int ms) {
-    int status;
-    for (int waited = 0;; waited += 10) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (waited >= ms)
-            return -1;
-        sleep_ms(10);
-    }
-}
-
 // ---- servers
 
 /* Starts serve --model model bound to bind; the resolved endpoint into ep_out. */
@@ -89,7 +58,7 @@ static pid_t serve_start(const char *model, const char *bind, const char *tag, c
                     "--stats-interval",
                     "0",
                     NULL};
-    pid_t pid = spawn(argv, log);
+    pid_t pid = tst_spawn(argv, log);
     if (pid < 0)
         return -1;
     for (int i = 0; i < 600; i++) {
@@ -101,11 +70,11 @@ static pid_t serve_start(const char *model, const char *bind, const char *tag, c
             if (ok && ep_out[0])
                 return pid;
         }
-        if (wait_exit(pid, 0) >= 0) {
+        if (tst_wait_exit(pid, 0) >= 0) {
             fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
             return -1;
         }
-        sleep_ms(50);
+        tst_sleep_ms(50);
     }
     fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
     kill(pid, SIGKILL);
@@ -117,7 +86,7 @@ static void serve_stop(pid_t *pid) {
     if (*pid < 0)
         return;
     kill(*pid, SIGTERM);
-    if (wait_exit(*pid, 15000) < 0) {
+    if (tst_wait_exit(*pid, 15000) < 0) {
         kill(*pid, SIGKILL);
         waitpid(*pid, NULL, 0);
     }
@@ -243,12 +212,12 @@ static pid_t train_start(const char *run, const char *target, const char *server
     if (resume)
         argv[n++] = "--resume";
     argv[n] = NULL;
-    return spawn(argv, err);
+    return tst_spawn(argv, err);
 }
 
 static int train(const char *run, const char *target, const char *server, const char *steps, int resume) {
     pid_t pid = train_start(run, target, server, steps, resume);
-    int   rc = pid < 0 ? -1 : wait_exit(pid, 120000);
+    int   rc = pid < 0 ? -1 : tst_wait_exit(pid, 120000);
     if (rc < 0 && pid > 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
@@ -292,7 +261,7 @@ static void test_live_same(void) {
 static void test_two_trainers(void) {
     pid_t a = train_start("two-a", DTD_MODEL, endpoint, "14", 0);
     pid_t b = train_start("two-b", DTD_MODEL, endpoint, "14", 0);
-    int   ra = a < 0 ? -1 : wait_exit(a, 120000), rb = b < 0 ? -1 : wait_exit(b, 120000);
+    int   ra = a < 0 ? -1 : tst_wait_exit(a, 120000), rb = b < 0 ? -1 : tst_wait_exit(b, 120000);
     TST_CHECK(ra == 0 && rb == 0);
     if (ra != 0 || rb != 0)
         fprintf(stderr, "two-a: %s\ntwo-b: %s\n", err_text("two-a"), err_text("two-b"));
@@ -306,18 +275,18 @@ static void test_server_killed(void) {
     TST_CHECK(t > 0);
     if (t < 0)
         return;
-    for (int i = 0; i < 30000 && count_lines("killed") < 3 && wait_exit(t, 0) < 0; i++)
-        sleep_ms(2);
+    for (int i = 0; i < 30000 && count_lines("killed") < 3 && tst_wait_exit(t, 0) < 0; i++)
+        tst_sleep_ms(2);
     kill(server, SIGKILL);
     waitpid(server, NULL, 0);
     server = -1;
     int at_kill = count_lines("killed");
     TST_CHECK(at_kill >= 3 && at_kill < N_STEPS);
-    sleep_ms(500);
+    tst_sleep_ms(500);
     char again[256];
     server = serve_start(DTD_MODEL, endpoint, "restart", again, sizeof again);
     TST_CHECK(server > 0 && strcmp(again, endpoint) == 0);
-    int rc = wait_exit(t, 120000);
+    int rc = tst_wait_exit(t, 120000);
     if (rc < 0) {
         kill(t, SIGKILL);
         waitpid(t, NULL, 0);
@@ -383,7 +352,7 @@ static void test_random_target(void) {
     snprintf(cfgp, sizeof cfgp, "%s/config.json", DTD_MODEL);
     char *sargv[] = {DTD_TS_BIN, "serve", "--init", "random", "--config", cfgp, "--seed", "7", "--bind",
                      "tcp://127.0.0.1:*", "--endpoint-file", epf, "--encoding", "zstd-byteplane", NULL};
-    pid_t srv = spawn(sargv, log);
+    pid_t srv = tst_spawn(sargv, log);
     int   up = 0;
     for (int i = 0; i < 600 && srv > 0 && !up; i++) {
         FILE *f = fopen(epf, "r");
@@ -393,7 +362,7 @@ static void test_random_target(void) {
             ep[strcspn(ep, "\n")] = '\0';
         }
         if (!up)
-            sleep_ms(50);
+            tst_sleep_ms(50);
     }
     TST_CHECK(up);
     if (!up) {

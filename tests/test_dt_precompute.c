@@ -30,37 +30,6 @@
 static char tmp[256], config[512], csv_dump[8192], csv_tok[8192], csv_bf[8192], shards[512];
 static int  T_of[N_BATCHES];
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Starts argv as a child (stderr into err), without waiting. */
-static pid_t spawn(char *const argv[], const char *err) {
-    setenv("ASAN_OPTIONS", "exitcode=86", 1);
-    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    return rc == 0 ? pid : -1;
-}
-
-/* Waits up to ms for pid; its exit status (128 + signal), or -1 if still running. */
-static int wait_exit(pid_t pid, int ms) {
-    int status;
-    for (int waited = 0;; waited += 10) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (waited >= ms)
-            return -1;
-        sleep_ms(10);
-    }
-}
-
 // ---- the server
 
 static pid_t server = -1;
@@ -87,7 +56,7 @@ static int serve_start(void) {
                     "--stats-interval",
                     "0",
                     NULL};
-    server = spawn(argv, log);
+    server = tst_spawn(argv, log);
     if (server < 0)
         return 0;
     for (int i = 0; i < 600; i++) {
@@ -99,12 +68,12 @@ static int serve_start(void) {
             if (ok && endpoint[0])
                 return 1;
         }
-        if (wait_exit(server, 0) >= 0) {
+        if (tst_wait_exit(server, 0) >= 0) {
             fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
             server = -1;
             return 0;
         }
-        sleep_ms(50);
+        tst_sleep_ms(50);
     }
     fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
     return 0;
@@ -115,7 +84,7 @@ static void serve_stop(void) {
         return;
     kill(server, SIGCONT);
     kill(server, SIGTERM);
-    if (wait_exit(server, 15000) < 0) {
+    if (tst_wait_exit(server, 15000) < 0) {
         kill(server, SIGKILL);
         waitpid(server, NULL, 0);
     }
@@ -180,7 +149,7 @@ static pid_t precompute_start(const char *data, const char *layers, const char *
                     (char *)data, "--layers",   (char *)layers,     "--out",  (char *)dir,
                     "--credits",  "2",          "--progress-every", "4",      "--timeout-ms",
                     "60000",      NULL};
-    return spawn(argv, err);
+    return tst_spawn(argv, err);
 }
 
 static int precompute(const char *data, const char *layers, const char *dir, const char *errname) {
@@ -188,7 +157,7 @@ static int precompute(const char *data, const char *layers, const char *dir, con
     snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
     unlink(err);
     pid_t pid = precompute_start(data, layers, dir, err);
-    int   rc = pid < 0 ? -1 : wait_exit(pid, 120000);
+    int   rc = pid < 0 ? -1 : tst_wait_exit(pid, 120000);
     if (rc != 0)
         fprintf(stderr, "precompute %s exited %d:\n%s\n", errname, rc, tst_slurp(err));
     return rc;
@@ -206,15 +175,15 @@ static int precompute_interrupted(int sig, int more, const char *errname) {
         return -1;
     int rc = -1;
     for (int i = 0; i < 60000 && durable(shards) < before + more; i++) {
-        if ((rc = wait_exit(pid, 0)) >= 0)
+        if ((rc = tst_wait_exit(pid, 0)) >= 0)
             break;
-        sleep_ms(2);
+        tst_sleep_ms(2);
     }
     kill(server, SIGSTOP);
     if (rc < 0) {
-        sleep_ms(300); /* answers already received get written */
+        tst_sleep_ms(300); /* answers already received get written */
         kill(pid, sig);
-        rc = wait_exit(pid, 30000);
+        rc = tst_wait_exit(pid, 30000);
     }
     kill(server, SIGCONT);
     if (rc < 0) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -33,6 +34,38 @@ static inline int tst_run(char *const argv[], const char *err_path) {
     if (waitpid(pid, &status, 0) < 0) return -1;
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     return 128 + WTERMSIG(status);
+}
+
+static inline void tst_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Starts argv (argv[0] a path) as a child with stderr appended to err_path, without waiting
+ * (sanitizer exit codes as tst_run). Returns the pid, or -1. */
+static inline pid_t tst_spawn(char *const argv[], const char *err_path) {
+    setenv("ASAN_OPTIONS", "exitcode=86", 1);
+    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return rc == 0 ? pid : -1;
+}
+
+/* Waits up to ms for pid; its exit status (128 + signal), or -1 if it is still running. */
+static inline int tst_wait_exit(pid_t pid, int ms) {
+    int status;
+    for (int waited = 0;; waited += 10) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (waited >= ms)
+            return -1;
+        tst_sleep_ms(10);
+    }
 }
 
 /* Reads a whole small text file into a static buffer ("" if unreadable). */
