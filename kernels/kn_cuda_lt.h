@@ -19,6 +19,12 @@ cm_status kn_cuda_lt_matmul(kn_ctx *ctx, const char *op, cudaDataType_t ab_type,
                             int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
                             int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* The same with C (and D) of c_type: CUDA_R_32F, or CUDA_R_16BF with bf16 operands (the fp32
+ * result rounded by cuBLASLt's epilogue). */
+cm_status kn_cuda_lt_matmul_ct(kn_ctx *ctx, const char *op, cudaDataType_t ab_type, int trans_a, int trans_b,
+                               int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
+                               int64_t ldb, float beta, void *C, cudaDataType_t c_type, int64_t ldc);
+
 /* dst[i] = bf16(src[i]) (nearest even) and dst[i] = f32(src[i]) (exact), on ctx's stream. */
 cm_status kn_cuda_f32_to_bf16(kn_ctx *ctx, void *dst, const float *src, int64_t n);
 cm_status kn_cuda_bf16_to_f32(kn_ctx *ctx, float *dst, const void *src, int64_t n);
