@@ -29,7 +29,7 @@
  * All math is fp32 (inputs are fp32 activations); exp is expf. The backward reads out and
  * lse from the forward. These kernels are the F32 GEMM mode's and the fallback for every
  * shape; in BF16 mode the launchers hand the shapes the tensor-core kernels take (head_dim
- * 16/32/64/128, B ≤ 64) to kn_dflash_attn_mma.cu, after Δ is computed here. Shared memory grows with B·hd; the launchers report the largest
+ * 16/32/64/128, B ≤ 64) to kn_dflash_attn_mma.cu. Shared memory grows with B·hd; the launchers report the largest
  * supported shape for the device (hd ≤ 256). A simple, correct kernel: no tensor cores yet.
  * anchors and ctx_lo are device memory and cannot be checked on the host: the kernels clamp
  * them into [0, T] so a bad value cannot read out of bounds (the cpu reference refuses it). */
@@ -436,7 +436,7 @@ static cm_status smem_opt_in(kn_ctx *ctx, const char *op, const void *kernel, si
 /* The ctx's BF16 GEMM mode selects the bf16 tensor-core kernels (kn_dflash_attn_mma.cu) for
  * the shapes they take; F32 mode, and every other shape, runs the fp32 kernels above. */
 static int use_mma(const kn_ctx *ctx, const df_params *p) {
-    return ctx->gemm_mode == KN_GEMM_MODE_BF16 && kn_dflash_mma_supported(p);
+    return ctx->gemm_mode == KN_GEMM_MODE_BF16 && kn_dflash_mma_supported(ctx, p);
 }
 
 cm_status kn_cuda_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
@@ -455,6 +455,8 @@ cm_status kn_cuda_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
 
 cm_status kn_cuda_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
     CM_TRY(check_params("dflash_attn_bwd", ctx, p, 1));
+    if (use_mma(ctx, p))
+        return kn_dflash_mma_bwd(ctx, p);
     const int64_t n_q = p->n_blocks * p->B * p->nq;
     float        *delta = NULL;
     if (n_q > 0) {
@@ -465,8 +467,6 @@ cm_status kn_cuda_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
         dflash_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(delta, p->dout, p->out, n_q, p->hd);
         KN_CUDA_LAUNCHED(ctx);
     }
-    if (use_mma(ctx, p))
-        return kn_dflash_mma_bwd(ctx, p, delta);
     if (n_q > 0) {
         const size_t smem_q = dq_smem(p);
         CM_TRY(smem_opt_in(ctx, "dflash_attn_bwd", (const void *)dflash_dq_kernel, smem_q, p));

@@ -63,10 +63,11 @@ static __device__ void load_kv_rows(const df_params &p, bool is_ctx, int64_t j, 
 }
 
 /* The tensor-core path (kn_dflash_attn_mma.cu): 1 when it takes this shape (head_dim 16,
- * 32, 64 or 128; B ≤ 64; (nq/nkv)·ceil(B/16) ≤ 8 query tiles per kv head). */
-int       kn_dflash_mma_supported(const df_params *p);
+ * 32, 64 or 128; B ≤ 64; (nq/nkv)·ceil(B/16) ≤ 8 query tiles per kv head; the shared
+ * memory this device allows per block). Both calls use the ctx's scratch (bf16 copies of
+ * the operands; the backward also Δ = Σ dout·out per query row and head). */
+int       kn_dflash_mma_supported(const kn_ctx *ctx, const df_params *p);
 cm_status kn_dflash_mma_fwd(kn_ctx *ctx, const df_params *p);
-/* delta: Δ = Σ dout·out per query row and head, computed by the caller. */
-cm_status kn_dflash_mma_bwd(kn_ctx *ctx, const df_params *p, const float *delta);
+cm_status kn_dflash_mma_bwd(kn_ctx *ctx, const df_params *p);
 
 #endif /* KN_DFLASH_ATTN_INT_H */

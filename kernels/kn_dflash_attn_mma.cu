@@ -1,78 +1,114 @@
 /* kernels/kn_dflash_attn_mma.cu — DFlash block attention on tensor cores (the ctx's BF16
- * GEMM mode): the same visibility, tiling and deterministic backward as the fp32 kernels in
- * kn_dflash_attn.cu, with every matrix product an mma.sync.m16n8k16 on bf16 operands and
- * fp32 accumulators (sm_80 and later: Ampere, Hopper, Blackwell RTX). Operands are staged in
- * shared memory as fp32 and rounded to bf16 (nearest even) when a fragment is built, so the
- * inputs, P and dS are bf16 while every sum, the online softmax and the outputs are fp32.
+ * GEMM mode): the visibility rules of kn_dflash_attn_int.h and the deterministic backward of
+ * the fp32 kernels in kn_dflash_attn.cu, laid out the way FlashAttention-2 lays out its
+ * kernels (sm_80 and later: Ampere, Hopper, Blackwell RTX; no wgmma, so one code path).
  *
- * One 16-row query tile is one mma M tile, and a DFlash block is B = 16 rows: so a CTA takes
- * one block j and one kv head g, and each warp takes one (q head of the group, 16-slot tile)
- * pair: the group's heads share the CTA's K/V tiles (GQA without reloads).
- * - forward: per key tile of 32 rows (context [lo_j, a_j), then the block's own rows):
- *   S = Q·Kᵀ (fragments of Q kept in registers), masked, online softmax on the fragments
- *   (row max and sum over the 4 lanes of a row), then O += P·V with the S accumulators
- *   reused as the A operand. Writes out and lse.
- * - dq: per key tile, S and dP = dO·Vᵀ, P = exp(S − lse), dS = P·(dP − Δ), dQ += dS·K.
- * - dk, dv: one CTA per 64 key rows and kv head (each warp 16 keys), visiting in a fixed
- *   order every block that sees the tile, every head of the group and every 16-slot tile:
- *   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, then dV += Pᵀ·dO and dK += dSᵀ·Q. Each output element is
- *   owned by one lane: no atomics, the same bits every run.
- * Shapes: head_dim 16, 32, 64 or 128 (template instances), B ≤ 64, (nq/nkv)·ceil(B/16) ≤ 8;
- * kn_dflash_mma_supported says so, and kn_dflash_attn.cu falls back to the fp32 kernels
- * otherwise. Fragments are built with plain shared-memory loads (no ldmatrix): simple first. */
+ * Inputs are fp32 activations. One pass per call rounds Q, K, V (and dO in the backward) to
+ * bf16 copies in the ctx's scratch, context and block rows of K and V in one array (block j's
+ * row s is row T + j·B + s), so that every tile afterwards is a 16-byte cp.async stream into
+ * shared memory, double-buffered (the next tile loads while this one is multiplied), and every
+ * mma.sync.m16n8k16 fragment is one ldmatrix (.trans for the operands stored k-major).
+ * Products take bf16 operands (Q, K, V, dO, P, dS) and sum in fp32; the online softmax, lse,
+ * Δ and the outputs are fp32. Softmax exponents are taken base 2 with log2(e) folded into the
+ * scale. Tiles that lie wholly inside every slot's visible range skip the mask.
+ *
+ * - forward: one CTA per (block j, kv head g); warp u takes q head g·group + u / MT and slots
+ *   (u % MT)·16 … + 15, so the group's heads share each K/V tile (GQA without reloads). Per
+ *   tile of 64 keys (the context range [lo_j, a_j), then the block's own rows): S = Q·Kᵀ with Q
+ *   held as fragments, mask, online softmax on the accumulators, O += P·V with P taken from
+ *   the S accumulators. Writes out and lse (natural log).
+ * - dq: the same CTA and tile loop: S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(S − lse), dS = P·(dP − Δ),
+ *   dQ += dS·K. Q and dO stay in shared memory and are read by ldmatrix per k step.
+ * - dk, dv: one CTA per 64 key rows and kv head (each warp 16 keys), visiting in a fixed order
+ *   every block that sees the tile (context keys) or only the key's own block (block keys), in
+ *   items of 64 query rows (every head of the group × the block's slots), Q and dO of the next
+ *   item loading while this one is multiplied: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO,
+ *   dK += dSᵀ·Q. Each output element is owned by one lane and summed in one order: no
+ *   atomics, the same bits every run.
+ * Shapes: head_dim 16, 32, 64 or 128 (template instances), B ≤ 64, (nq/nkv)·ceil(B/16) ≤ 8,
+ * and the shared memory the device allows (kn_dflash_mma_supported); kn_dflash_attn.cu runs
+ * the fp32 kernels otherwise. */
 #include "kn_cuda.h"
 #include "kn_dflash_attn_int.h"
 
 #include <cuda_bf16.h>
 #include <math.h>
 
-#define DFM_KT        32 /* keys per tile in fwd and dq: 4 mma N tiles */
-#define DFM_DKV_KEYS  64 /* keys per CTA in dkv: 4 warps × 16 */
+#define DFM_KT        64 /* keys per tile in fwd and dq; keys per CTA in dkv (4 warps × 16) */
+#define DFM_QR        64 /* query rows per dkv item */
 #define DFM_MAX_UNITS 8  /* warps per CTA in fwd and dq */
 #define DFM_FULL      0xffffffffu
+#define DFM_LOG2E     1.4426950408889634f
+#define DFM_LN2       0.6931471805599453f
+
+typedef __nv_bfloat16 bf16;
 
 // ----------------------------------------------------------------------------
-// mma fragments (PTX ISA, mma.m16n8k16 with .bf16: g = lane / 4, t = lane % 4)
+// cp.async, ldmatrix and mma (PTX ISA; mma.m16n8k16 .bf16 with g = lane / 4, t = lane % 4:
 //   A 16×16 row-major: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
 //   B 16×8:            b0 (k = 2t..2t+1, n = g), b1 (k = 2t+8.., n = g)
-//   C 16×8 fp32:       c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
+//   C 16×8 fp32:       c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1))
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global → shared, or 16 zero bytes when !valid (src is then not read). */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+/* Waits until at most one (cp_wait_1) or no (cp_wait_0) committed group is in flight. */
+static __device__ __forceinline__ void cp_wait_1() {
+    asm volatile("cp.async.wait_group 1;\n" ::);
+}
+static __device__ __forceinline__ void cp_wait_0() {
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* A fragment: the 16×16 block of M (row-major, ld) at rows r0.., cols c0... */
+static __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *M, int ld, int r0, int c0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4(a, M + (r0 + (l & 15)) * ld + c0 + (l >> 4) * 8);
+}
+
+/* B fragments of two adjacent n tiles (n0.., n0 + 8..) at k0.. with B[k][n] = M[n][k]
+ * (M stored n-major: Kᵀ from K [key][d]): {r[0], r[1]} for n0, {r[2], r[3]} for n0 + 8. */
+static __device__ __forceinline__ void frag_b_nk(uint32_t r[4], const bf16 *M, int ld, int n0, int k0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4(r, M + (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8);
+}
+
+/* The same with B[k][n] = M[k][n] (M stored k-major: V [key][d] for P·V). */
+static __device__ __forceinline__ void frag_b_kn(uint32_t r[4], const bf16 *M, int ld, int k0, int n0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4_t(r, M + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8);
+}
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
     return *reinterpret_cast<uint32_t *>(&v);
-}
-
-static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-/* A fragment of the 16×16 block of M (row-major, ld) at rows r0.., cols c0... */
-static __device__ __forceinline__ void frag_a(uint32_t a[4], const float *M, int ld, int r0, int c0) {
-    const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-    const float *p0 = M + (r0 + g) * ld + c0 + 2 * t, *p1 = p0 + 8 * ld;
-    a[0] = pack_bf16(p0[0], p0[1]);
-    a[1] = pack_bf16(p1[0], p1[1]);
-    a[2] = pack_bf16(p0[8], p0[9]);
-    a[3] = pack_bf16(p1[8], p1[9]);
-}
-
-/* B fragment with B[k][n] = M[n0 + n][k0 + k] (M row-major by n: Kᵀ from K [key][d]). */
-static __device__ __forceinline__ void frag_b_nk(uint32_t b[2], const float *M, int ld, int n0, int k0) {
-    const int    g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-    const float *p = M + (n0 + g) * ld + k0 + 2 * t;
-    b[0] = pack_bf16(p[0], p[1]);
-    b[1] = pack_bf16(p[8], p[9]);
-}
-
-/* B fragment with B[k][n] = M[k0 + k][n0 + n] (M row-major by k: V [key][d] for P·V). */
-static __device__ __forceinline__ void frag_b_kn(uint32_t b[2], const float *M, int ld, int k0, int n0) {
-    const int    g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-    const float *p = M + (k0 + 2 * t) * ld + n0 + g;
-    b[0] = pack_bf16(p[0], p[ld]);
-    b[1] = pack_bf16(p[8 * ld], p[9 * ld]);
 }
 
 /* The C accumulators of two adjacent 16×8 tiles (columns 0..7 and 8..15 of a k16 step) as
@@ -88,104 +124,229 @@ static __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(DFM_FULL, v, 1));
     return fmaxf(v, __shfl_xor_sync(DFM_FULL, v, 2));
 }
-
 static __device__ __forceinline__ float quad_sum(float v) {
     v += __shfl_xor_sync(DFM_FULL, v, 1);
     return v + __shfl_xor_sync(DFM_FULL, v, 2);
 }
 
-/* Stages the query-side rows of block j for the group of kv head g: row u·16 + i of dst is
- * q head g·group + u / MT, slot (u % MT)·16 + i (zero for slots ≥ B); src is [rows, nq, hd]. */
-static __device__ void load_q_rows(const df_params &p, const float *src, int64_t j, int g, int n_units, int MT,
-                                   float *dst, int ld) {
-    const int hd = p.hd, group = p.nq / p.nkv;
-    for (int i = threadIdx.x; i < n_units * 16 * hd; i += blockDim.x) {
-        const int row = i / hd, d = i % hd, u = row / 16;
-        const int h = g * group + u / MT, slot = (u % MT) * 16 + row % 16;
-        dst[row * ld + d] = slot < p.B ? src[((j * p.B + slot) * p.nq + h) * (int64_t)hd + d] : 0.0f;
+// ----------------------------------------------------------------------------
+// the bf16 copies
+
+/* dst[i] = bf16(src[i]), i < n: four at a time when src is 16-byte aligned (vec), else one. */
+static __global__ void dfm_to_bf16_kernel(bf16 *dst, const float *src, int64_t n, int vec) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, n4 = vec ? n / 4 : 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const float4 v = reinterpret_cast<const float4 *>(src)[i];
+        uint2        o;
+        o.x = pack_bf16(v.x, v.y);
+        o.y = pack_bf16(v.z, v.w);
+        reinterpret_cast<uint2 *>(dst)[i] = o;
+    }
+    for (int64_t i = 4 * n4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+/* One fp32 array into its place in a bf16 copy (dst is 8-byte aligned: offsets are
+ * multiples of hd, itself a multiple of 8). */
+static cm_status to_bf16(kn_ctx *ctx, bf16 *dst, const float *src, int64_t n) {
+    if (n == 0)
+        return CM_OK;
+    const int     vec = (uintptr_t)src % 16 == 0;
+    const int64_t blocks = ((vec ? n / 4 : n) + 255) / 256;
+    dfm_to_bf16_kernel<<<(unsigned int)(blocks < 8192 ? blocks : 8192), 256, 0, ctx->stream>>>(dst, src, n, vec);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+/* Δ[task] = Σ_d dout·out and dob = bf16(dout), one warp per (query row, q head). */
+static __global__ void dfm_delta_kernel(float *delta, bf16 *dob, const float *dout, const float *out,
+                                        int64_t n_tasks, int hd) {
+    const int64_t task = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int     lane = threadIdx.x % 32;
+    if (task >= n_tasks)
+        return; /* whole warps leave together: blockDim is a multiple of 32 */
+    float s = 0.0f;
+    for (int d = 2 * lane; d < hd; d += 64) { /* hd is even */
+        const float2 a = *reinterpret_cast<const float2 *>(dout + task * hd + d);
+        const float2 b = *reinterpret_cast<const float2 *>(out + task * hd + d);
+        s += a.x * b.x + a.y * b.y;
+        *reinterpret_cast<uint32_t *>(dob + task * hd + d) = pack_bf16(a.x, a.y);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(DFM_FULL, s, o);
+    if (lane == 0)
+        delta[task] = s;
+}
+
+// ----------------------------------------------------------------------------
+// tiles
+
+/* Tile t of block j's key loop: context tiles [lo + t·KT, …) first, then the block's rows.
+ * row0 is the tile's first row in the joint K/V array, base its first key (context row, or
+ * block slot), nk its valid rows. */
+typedef struct dfm_tile {
+    bool    is_ctx;
+    int64_t base, row0;
+    int     nk;
+} dfm_tile;
+
+static __device__ __forceinline__ dfm_tile tile_of(const df_params &p, const df_range &rg, int64_t j, int n_ct,
+                                                   int t) {
+    dfm_tile tl;
+    tl.is_ctx = t < n_ct;
+    if (tl.is_ctx) {
+        tl.base = rg.lo + (int64_t)t * DFM_KT;
+        tl.row0 = tl.base;
+        const int64_t left = rg.hi - tl.base;
+        tl.nk = left < DFM_KT ? (int)left : DFM_KT;
+    } else {
+        tl.base = (int64_t)(t - n_ct) * DFM_KT;
+        tl.row0 = p.T + j * p.B + tl.base;
+        const int64_t left = p.B - tl.base;
+        tl.nk = left < DFM_KT ? (int)left : DFM_KT;
+    }
+    return tl;
+}
+
+/* Does every slot of the block see every key of the tile? Then the mask can be skipped. */
+static __device__ __forceinline__ bool tile_full(const df_params &p, const df_range &rg, const dfm_tile &tl) {
+    if (tl.nk != DFM_KT || p.B % 16 != 0)
+        return false;
+    if (!tl.is_ctx)
+        return p.window <= 0;
+    if (tl.base < rg.doc_lo)
+        return false;
+    /* slot B − 1 has the tightest lower bound on a sliding layer */
+    return p.window <= 0 || tl.base >= rg.hi + (p.B - 1) - (p.window - 1);
+}
+
+/* Streams rows [row0, row0 + nk) of kv head g of K and V into the stage's k_s, v_s (row
+ * stride LD), zero-filling up to DFM_KT rows. */
+template <int HD>
+static __device__ __forceinline__ void load_kv_tile(const df_params &p, const bf16 *kb, const bf16 *vb, int g,
+                                                    int64_t row0, int nk, bf16 *k_s, bf16 *v_s) {
+    constexpr int LD = HD + 8, CH = HD / 8;
+    for (int i = threadIdx.x; i < DFM_KT * CH; i += blockDim.x) {
+        const int     r = i / CH, c = i % CH;
+        const bool    ok = r < nk;
+        const int64_t off = ok ? ((row0 + r) * p.nkv + g) * (int64_t)HD + c * 8 : 0;
+        cp_async16(k_s + r * LD + c * 8, kb + off, ok);
+        cp_async16(v_s + r * LD + c * 8, vb + off, ok);
     }
 }
 
-/* Per-row values (lse or Δ) of block j for head h, slots 0..n-1 (0 past B). */
-static __device__ void load_row_vals(const df_params &p, const float *src, int64_t j, int h, float *dst, int n) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        dst[i] = i < p.B ? src[(j * p.B + i) * p.nq + h] : 0.0f;
+/* Streams the query-side rows of block j for kv head g: row u·16 + i is q head
+ * g·group + u / MT, slot (u % MT)·16 + i (zero for slots ≥ B); src is [rows, nq, HD] bf16. */
+template <int HD>
+static __device__ __forceinline__ void load_q_rows(const df_params &p, const bf16 *src, int64_t j, int g, int n_rows,
+                                                   int MT, bf16 *dst) {
+    constexpr int LD = HD + 8, CH = HD / 8;
+    const int     group = p.nq / p.nkv;
+    for (int i = threadIdx.x; i < n_rows * CH; i += blockDim.x) {
+        const int     row = i / CH, c = i % CH, u = row / 16;
+        const int     h = g * group + u / MT, slot = (u % MT) * 16 + row % 16;
+        const bool    ok = slot < p.B && u / MT < group;
+        const int64_t off = ok ? ((j * p.B + slot) * p.nq + h) * (int64_t)HD + c * 8 : 0;
+        cp_async16(dst + row * LD + c * 8, src + off, ok);
+    }
+}
+
+/* Is element (slot row, key) of tile tl visible? */
+static __device__ __forceinline__ bool visible(const df_params &p, const df_range &rg, const dfm_tile &tl, int row,
+                                               int ki) {
+    if (row >= p.B || ki >= tl.nk)
+        return false;
+    const int64_t key = tl.base + ki;
+    return tl.is_ctx ? ctx_visible(p, rg, row, key) : blk_visible(p, row, key);
 }
 
 // ----------------------------------------------------------------------------
 // forward
 
 template <int HD>
-static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS) dflash_mma_fwd_kernel(const df_params p) {
-    extern __shared__ float sm[];
-    constexpr int  LD = HD + 4, KS = HD / 16, NT = HD / 8;
+static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
+    dfm_fwd_kernel(const df_params p, const bf16 *qb, const bf16 *kb, const bf16 *vb) {
+    extern __shared__ __align__(16) unsigned char dfm_sm[];
+    constexpr int  LD = HD + 8, KS = HD / 16, NT = HD / 8;
     const int      B = p.B, MT = (B + 15) / 16, n_units = blockDim.x / 32;
-    float         *q_s = sm;                   /* [n_units·16, LD] */
-    float         *k_s = q_s + n_units * 16 * LD; /* [DFM_KT, LD] */
-    float         *v_s = k_s + DFM_KT * LD;       /* [DFM_KT, LD] */
+    bf16          *q_s = reinterpret_cast<bf16 *>(dfm_sm); /* [n_units·16, LD] */
+    bf16          *k_s = q_s + n_units * 16 * LD;           /* [2][DFM_KT, LD] */
+    bf16          *v_s = k_s + 2 * DFM_KT * LD;             /* [2][DFM_KT, LD] */
     const int64_t  j = blockIdx.x;
     const int      g = blockIdx.y, lane = threadIdx.x % 32, u = threadIdx.x / 32;
     const int      gq = lane / 4, tq = lane % 4;
     const int      h = g * (p.nq / p.nkv) + u / MT, s0 = (u % MT) * 16; /* this warp's head and slots */
     const df_range rg = block_range(p, j);
+    const float    sc = p.scale * DFM_LOG2E;
+    const int      n_ct = (int)((rg.hi - rg.lo + DFM_KT - 1) / DFM_KT), n_tiles = n_ct + 1; /* B ≤ 64: one */
 
-    load_q_rows(p, p.q, j, g, n_units, MT, q_s, LD);
-    __syncthreads();
+    load_q_rows<HD>(p, qb, j, g, n_units * 16, MT, q_s);
+    {
+        const dfm_tile t0 = tile_of(p, rg, j, n_ct, 0);
+        load_kv_tile<HD>(p, kb, vb, g, t0.row0, t0.nk, k_s, v_s);
+    }
+    cp_commit();
+
     uint32_t qf[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-        frag_a(qf[ks], q_s, LD, u * 16, ks * 16);
-    float o[NT][4];
+    float    o[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows s0 + gq, s0 + gq + 8 */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows s0 + gq, s0 + gq + 8 (log2 units) */
 
-    const int n_ct = (int)((rg.hi - rg.lo + DFM_KT - 1) / DFM_KT), n_bt = (B + DFM_KT - 1) / DFM_KT;
-    for (int tile = 0; tile < n_ct + n_bt; tile++) {
-        const bool    is_ctx = tile < n_ct;
-        const int64_t base = is_ctx ? rg.lo + (int64_t)tile * DFM_KT : (int64_t)(tile - n_ct) * DFM_KT;
-        const int64_t left = is_ctx ? rg.hi - base : B - base;
-        const int     nk = left < DFM_KT ? (int)left : DFM_KT;
-        __syncthreads(); /* the previous tile is consumed */
-        load_kv_rows(p, is_ctx, j, base, nk, DFM_KT, g, k_s, LD, v_s, LD);
+    for (int t = 0; t < n_tiles; t++) {
+        const int st = t & 1;
+        if (t + 1 < n_tiles) {
+            const dfm_tile tn = tile_of(p, rg, j, n_ct, t + 1);
+            load_kv_tile<HD>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * DFM_KT * LD, v_s + (st ^ 1) * DFM_KT * LD);
+        }
+        cp_commit();
+        cp_wait_1();
         __syncthreads();
-        float s[4][4];
+        if (t == 0) {
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
+            for (int ks = 0; ks < KS; ks++)
+                frag_a(qf[ks], q_s, LD, u * 16, ks * 16);
+        }
+        const bf16    *kt = k_s + st * DFM_KT * LD, *vt = v_s + st * DFM_KT * LD;
+        const dfm_tile tl = tile_of(p, rg, j, n_ct, t);
+        const bool     full = tile_full(p, rg, tl);
+
+        float s[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                uint32_t b[2];
-                frag_b_nk(b, k_s, LD, nt * 8, ks * 16);
-                mma_bf16(s[nt], qf[ks], b);
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t b[4];
+                frag_b_nk(b, kt, LD, np * 16, ks * 16);
+                mma_bf16(s[2 * np], qf[ks], b[0], b[1]);
+                mma_bf16(s[2 * np + 1], qf[ks], b[2], b[3]);
             }
-        }
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int     row = s0 + gq + (e >= 2 ? 8 : 0), ki = nt * 8 + 2 * tq + (e & 1);
-                const int64_t key = base + ki;
-                const bool    vis = row < B && ki < nk &&
-                                 (is_ctx ? ctx_visible(p, rg, row, key) : blk_visible(p, row, key));
-                s[nt][e] = vis ? s[nt][e] * p.scale : -INFINITY;
+                const bool vis = full || visible(p, rg, tl, s0 + gq + (e >= 2 ? 8 : 0), nt * 8 + 2 * tq + (e & 1));
+                s[nt][e] = vis ? s[nt][e] * sc : -INFINITY;
                 mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
             }
         float corr[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float m_new = fmaxf(m[r], quad_max(mx[r]));
-            corr[r] = m_new == -INFINITY ? 1.0f : expf(m[r] - m_new); /* 0 when m was -inf */
+            corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new); /* 0 when m was -inf */
             mx[r] = m_new;
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1;
-                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - mx[r]);
+                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - mx[r]);
                 sum[r] += s[nt][e];
             }
 #pragma unroll
@@ -201,16 +362,18 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS) dflash_mma_fwd_kern
             o[nt][3] *= corr[1];
         }
 #pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
+        for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[2];
-                frag_b_kn(b, v_s, LD, kk * 16, nt * 8);
-                mma_bf16(o[nt], a, b);
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                frag_b_kn(b, vt, LD, kk * 16, np * 16);
+                mma_bf16(o[2 * np], a, b[0], b[1]);
+                mma_bf16(o[2 * np + 1], a, b[2], b[3]);
             }
         }
+        __syncthreads(); /* this stage is consumed before tile t + 2 overwrites it */
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -219,13 +382,12 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS) dflash_mma_fwd_kern
             continue;
         const int64_t task = (j * B + slot) * p.nq + h;
         const float   inv = 1.0f / l[r];
+        float        *dst = p.out + task * HD;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            p.out[task * HD + nt * 8 + 2 * tq] = o[nt][2 * r] * inv;
-            p.out[task * HD + nt * 8 + 2 * tq + 1] = o[nt][2 * r + 1] * inv;
-        }
+        for (int nt = 0; nt < NT; nt++)
+            *reinterpret_cast<float2 *>(dst + nt * 8 + 2 * tq) = make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
         if (tq == 0)
-            p.lse[task] = m[r] + logf(l[r]);
+            p.lse[task] = (m[r] + log2f(l[r])) * DFM_LN2;
     }
 }
 
@@ -233,35 +395,37 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS) dflash_mma_fwd_kern
 // backward: dq
 
 template <int HD>
-static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS) dflash_mma_dq_kernel(const df_params p,
-                                                                                const float *delta) {
-    extern __shared__ float sm[];
-    constexpr int  LD = HD + 4, KS = HD / 16, NT = HD / 8;
+static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
+    dfm_dq_kernel(const df_params p, const bf16 *qb, const bf16 *kb, const bf16 *vb, const bf16 *dob,
+                  const float *delta) {
+    extern __shared__ __align__(16) unsigned char dfm_sm[];
+    constexpr int  LD = HD + 8, KS = HD / 16, NT = HD / 8;
     const int      B = p.B, MT = (B + 15) / 16, n_units = blockDim.x / 32;
-    float         *q_s = sm;                       /* [n_units·16, LD] */
-    float         *do_s = q_s + n_units * 16 * LD; /* [n_units·16, LD] */
-    float         *k_s = do_s + n_units * 16 * LD; /* [DFM_KT, LD] */
-    float         *v_s = k_s + DFM_KT * LD;        /* [DFM_KT, LD] */
+    bf16          *q_s = reinterpret_cast<bf16 *>(dfm_sm); /* [n_units·16, LD] */
+    bf16          *do_s = q_s + n_units * 16 * LD;          /* [n_units·16, LD] */
+    bf16          *k_s = do_s + n_units * 16 * LD;          /* [2][DFM_KT, LD] */
+    bf16          *v_s = k_s + 2 * DFM_KT * LD;             /* [2][DFM_KT, LD] */
     const int64_t  j = blockIdx.x;
     const int      g = blockIdx.y, lane = threadIdx.x % 32, u = threadIdx.x / 32;
     const int      gq = lane / 4, tq = lane % 4;
     const int      h = g * (p.nq / p.nkv) + u / MT, s0 = (u % MT) * 16;
     const df_range rg = block_range(p, j);
+    const float    sc = p.scale * DFM_LOG2E;
+    const int      n_ct = (int)((rg.hi - rg.lo + DFM_KT - 1) / DFM_KT), n_tiles = n_ct + 1;
 
-    load_q_rows(p, p.q, j, g, n_units, MT, q_s, LD);
-    load_q_rows(p, p.dout, j, g, n_units, MT, do_s, LD);
-    __syncthreads();
-    uint32_t qf[KS][4], df[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        frag_a(qf[ks], q_s, LD, u * 16, ks * 16);
-        frag_a(df[ks], do_s, LD, u * 16, ks * 16);
+    load_q_rows<HD>(p, qb, j, g, n_units * 16, MT, q_s);
+    load_q_rows<HD>(p, dob, j, g, n_units * 16, MT, do_s);
+    {
+        const dfm_tile t0 = tile_of(p, rg, j, n_ct, 0);
+        load_kv_tile<HD>(p, kb, vb, g, t0.row0, t0.nk, k_s, v_s);
     }
-    float lse[2], dl[2];
+    cp_commit();
+
+    float lse2[2], dl[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int slot = s0 + gq + 8 * r;
-        lse[r] = slot < B ? p.lse[(j * B + slot) * p.nq + h] : 0.0f;
+        lse2[r] = slot < B ? p.lse[(j * B + slot) * p.nq + h] * DFM_LOG2E : 0.0f;
         dl[r] = slot < B ? delta[(j * B + slot) * p.nq + h] : 0.0f;
     }
     float dq[NT][4];
@@ -269,52 +433,63 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS) dflash_mma_dq_kerne
     for (int nt = 0; nt < NT; nt++)
         dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
 
-    const int n_ct = (int)((rg.hi - rg.lo + DFM_KT - 1) / DFM_KT), n_bt = (B + DFM_KT - 1) / DFM_KT;
-    for (int tile = 0; tile < n_ct + n_bt; tile++) {
-        const bool    is_ctx = tile < n_ct;
-        const int64_t base = is_ctx ? rg.lo + (int64_t)tile * DFM_KT : (int64_t)(tile - n_ct) * DFM_KT;
-        const int64_t left = is_ctx ? rg.hi - base : B - base;
-        const int     nk = left < DFM_KT ? (int)left : DFM_KT;
+    for (int t = 0; t < n_tiles; t++) {
+        const int st = t & 1;
+        if (t + 1 < n_tiles) {
+            const dfm_tile tn = tile_of(p, rg, j, n_ct, t + 1);
+            load_kv_tile<HD>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * DFM_KT * LD, v_s + (st ^ 1) * DFM_KT * LD);
+        }
+        cp_commit();
+        cp_wait_1();
         __syncthreads();
-        load_kv_rows(p, is_ctx, j, base, nk, DFM_KT, g, k_s, LD, v_s, LD);
-        __syncthreads();
-        float s[4][4], dp[4][4];
+        const bf16    *kt = k_s + st * DFM_KT * LD, *vt = v_s + st * DFM_KT * LD;
+        const dfm_tile tl = tile_of(p, rg, j, n_ct, t);
+        const bool     full = tile_full(p, rg, tl);
+
+        float s[8][4], dp[8][4];
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 s[nt][e] = dp[nt][e] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                uint32_t b[2];
-                frag_b_nk(b, k_s, LD, nt * 8, ks * 16);
-                mma_bf16(s[nt], qf[ks], b);
-                frag_b_nk(b, v_s, LD, nt * 8, ks * 16);
-                mma_bf16(dp[nt], df[ks], b);
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t qa[4], da[4];
+            frag_a(qa, q_s, LD, u * 16, ks * 16);
+            frag_a(da, do_s, LD, u * 16, ks * 16);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t b[4];
+                frag_b_nk(b, kt, LD, np * 16, ks * 16);
+                mma_bf16(s[2 * np], qa, b[0], b[1]);
+                mma_bf16(s[2 * np + 1], qa, b[2], b[3]);
+                frag_b_nk(b, vt, LD, np * 16, ks * 16);
+                mma_bf16(dp[2 * np], da, b[0], b[1]);
+                mma_bf16(dp[2 * np + 1], da, b[2], b[3]);
             }
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int     r = e >> 1, row = s0 + gq + 8 * r, ki = nt * 8 + 2 * tq + (e & 1);
-                const int64_t key = base + ki;
-                const bool    vis = row < B && ki < nk &&
-                                 (is_ctx ? ctx_visible(p, rg, row, key) : blk_visible(p, row, key));
-                const float pr = vis ? expf(s[nt][e] * p.scale - lse[r]) : 0.0f;
+                const int   r = e >> 1;
+                const bool  vis = full || visible(p, rg, tl, s0 + gq + 8 * r, nt * 8 + 2 * tq + (e & 1));
+                const float pr = vis ? exp2f(s[nt][e] * sc - lse2[r]) : 0.0f;
                 s[nt][e] = pr * (dp[nt][e] - dl[r]); /* dS */
             }
 #pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
+        for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[2];
-                frag_b_kn(b, k_s, LD, kk * 16, nt * 8);
-                mma_bf16(dq[nt], a, b);
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                frag_b_kn(b, kt, LD, kk * 16, np * 16);
+                mma_bf16(dq[2 * np], a, b[0], b[1]);
+                mma_bf16(dq[2 * np + 1], a, b[2], b[3]);
             }
         }
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -323,46 +498,99 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS) dflash_mma_dq_kerne
             continue;
         float *dst = p.dq + ((j * B + slot) * p.nq + h) * (int64_t)HD;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            dst[nt * 8 + 2 * tq] = dq[nt][2 * r] * p.scale;
-            dst[nt * 8 + 2 * tq + 1] = dq[nt][2 * r + 1] * p.scale;
-        }
+        for (int nt = 0; nt < NT; nt++)
+            *reinterpret_cast<float2 *>(dst + nt * 8 + 2 * tq) =
+                make_float2(dq[nt][0 + 2 * r] * p.scale, dq[nt][1 + 2 * r] * p.scale);
     }
 }
 
 // ----------------------------------------------------------------------------
 // backward: dk, dv
 
+/* The next item at or after (j, c) for a dkv CTA: block j's query rows [c·QR, c·QR + QR).
+ * blk_mode visits only block j_begin; otherwise every block whose range meets the CTA's keys
+ * [key0, key0 + nk). Returns j = j_end when there is none. */
+static __device__ __forceinline__ void dkv_next(const df_params &p, int blk_mode, int64_t key0, int nk,
+                                                int64_t j_end, int n_chunks, int64_t *j, int *c) {
+    if (*c < n_chunks)
+        return;
+    *c = 0;
+    for (*j += 1; *j < j_end; *j += 1) {
+        if (blk_mode)
+            return;
+        const df_range rg = block_range(p, *j);
+        if (key0 < rg.hi && key0 + nk > rg.lo)
+            return;
+    }
+}
+
+/* Streams item (j, c)'s query rows of Q and dO, and their lse (log2 units) and Δ. Virtual
+ * row r of block j is q head g·group + r / SP, slot r % SP (SP = MT·16). */
+template <int HD>
+static __device__ __forceinline__ void load_dkv_item(const df_params &p, const bf16 *qb, const bf16 *dob,
+                                                     const float *delta, int g, int64_t j, int c, bf16 *q_s,
+                                                     bf16 *do_s, float *lse_s, float *dl_s) {
+    constexpr int LD = HD + 8, CH = HD / 8;
+    const int     group = p.nq / p.nkv, SP = (p.B + 15) / 16 * 16;
+    for (int i = threadIdx.x; i < DFM_QR * CH; i += blockDim.x) {
+        const int     r = i / CH, cc = i % CH, vr = c * DFM_QR + r;
+        const int     h = g * group + vr / SP, slot = vr % SP;
+        const bool    ok = vr < group * SP && slot < p.B;
+        const int64_t off = ok ? ((j * p.B + slot) * p.nq + h) * (int64_t)HD + cc * 8 : 0;
+        cp_async16(q_s + r * LD + cc * 8, qb + off, ok);
+        cp_async16(do_s + r * LD + cc * 8, dob + off, ok);
+    }
+    for (int r = threadIdx.x; r < DFM_QR; r += blockDim.x) {
+        const int  vr = c * DFM_QR + r, h = g * group + vr / SP, slot = vr % SP;
+        const bool ok = vr < group * SP && slot < p.B;
+        lse_s[r] = ok ? p.lse[(j * p.B + slot) * p.nq + h] * DFM_LOG2E : 0.0f;
+        dl_s[r] = ok ? delta[(j * p.B + slot) * p.nq + h] : 0.0f;
+    }
+}
+
 /* blk_mode 0: CTA x covers context rows [64x, 64x + 64) and visits every block whose range
  * meets them; blk_mode 1: CTA x covers the B ≤ 64 block rows of block x. */
 template <int HD>
-static __global__ void __launch_bounds__(128) dflash_mma_dkv_kernel(const df_params p, const float *delta,
-                                                                  int blk_mode) {
-    extern __shared__ float sm[];
-    constexpr int LD = HD + 4, KS = HD / 16, NT = HD / 8;
-    const int     B = p.B, MT = (B + 15) / 16, SP = MT * 16, group = p.nq / p.nkv;
-    float        *k_s = sm;                    /* [64, LD] */
-    float        *v_s = k_s + DFM_DKV_KEYS * LD; /* [64, LD] */
-    float        *q_s = v_s + DFM_DKV_KEYS * LD; /* [SP, LD] */
-    float        *do_s = q_s + SP * LD;          /* [SP, LD] */
-    float        *lse_s = do_s + SP * LD;        /* [SP] */
-    float        *dl_s = lse_s + SP;             /* [SP] */
+static __global__ void __launch_bounds__(128)
+    dfm_dkv_kernel(const df_params p, const bf16 *qb, const bf16 *kb, const bf16 *vb, const bf16 *dob,
+                   const float *delta, int blk_mode) {
+    extern __shared__ __align__(16) unsigned char dfm_sm[];
+    constexpr int LD = HD + 8, KS = HD / 16, NT = HD / 8;
+    const int     B = p.B, SP = (B + 15) / 16 * 16, group = p.nq / p.nkv;
+    const int     n_chunks = (group * SP + DFM_QR - 1) / DFM_QR;
+    bf16         *k_s = reinterpret_cast<bf16 *>(dfm_sm); /* [DFM_KT, LD] */
+    bf16         *v_s = k_s + DFM_KT * LD;                 /* [DFM_KT, LD] */
+    bf16         *q_s = v_s + DFM_KT * LD;                 /* [2][DFM_QR, LD] */
+    bf16         *do_s = q_s + 2 * DFM_QR * LD;            /* [2][DFM_QR, LD] */
+    float        *lse_s = reinterpret_cast<float *>(do_s + 2 * DFM_QR * LD); /* [2][DFM_QR] */
+    float        *dl_s = lse_s + 2 * DFM_QR;                                 /* [2][DFM_QR] */
     const int     g = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
     const int     gq = lane / 4, tq = lane % 4;
-    int64_t       key0, j_begin, j_end;
+    const float   sc = p.scale * DFM_LOG2E;
+    int64_t       key0, row0, j_begin, j_end;
     int           nk;
     if (!blk_mode) {
-        key0 = (int64_t)blockIdx.x * DFM_DKV_KEYS;
-        nk = p.T - key0 < DFM_DKV_KEYS ? (int)(p.T - key0) : DFM_DKV_KEYS;
+        key0 = row0 = (int64_t)blockIdx.x * DFM_KT;
+        nk = p.T - key0 < DFM_KT ? (int)(p.T - key0) : DFM_KT;
         j_begin = 0;
         j_end = p.n_blocks;
     } else {
         key0 = 0;
-        nk = B;
         j_begin = blockIdx.x;
         j_end = j_begin + 1;
+        row0 = p.T + j_begin * B;
+        nk = B;
     }
-    load_kv_rows(p, !blk_mode, j_begin, key0, nk, DFM_DKV_KEYS, g, k_s, LD, v_s, LD);
+    load_kv_tile<HD>(p, kb, vb, g, row0, nk, k_s, v_s);
+
+    /* the first item: block j_begin − 1's "last chunk" advanced */
+    int64_t j = j_begin - 1;
+    int     c = n_chunks;
+    dkv_next(p, blk_mode, key0, nk, j_end, n_chunks, &j, &c);
+    if (j < j_end)
+        load_dkv_item<HD>(p, qb, dob, delta, g, j, c, q_s, do_s, lse_s, dl_s);
+    cp_commit();
+
     float dk[NT][4], dv[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -370,70 +598,94 @@ static __global__ void __launch_bounds__(128) dflash_mma_dkv_kernel(const df_par
         for (int e = 0; e < 4; e++)
             dk[nt][e] = dv[nt][e] = 0.0f;
 
-    for (int64_t j = j_begin; j < j_end; j++) {
+    for (int st = 0; j < j_end; st ^= 1) {
+        int64_t jn = j;
+        int     cn = c + 1;
+        dkv_next(p, blk_mode, key0, nk, j_end, n_chunks, &jn, &cn);
+        if (jn < j_end)
+            load_dkv_item<HD>(p, qb, dob, delta, g, jn, cn, q_s + (st ^ 1) * DFM_QR * LD,
+                              do_s + (st ^ 1) * DFM_QR * LD, lse_s + (st ^ 1) * DFM_QR, dl_s + (st ^ 1) * DFM_QR);
+        cp_commit();
+        cp_wait_1();
+        __syncthreads();
+        const bf16    *qt = q_s + st * DFM_QR * LD, *dt = do_s + st * DFM_QR * LD;
+        const float   *lt = lse_s + st * DFM_QR, *dlt = dl_s + st * DFM_QR;
         const df_range rg = block_range(p, j);
-        if (!blk_mode && (key0 >= rg.hi || key0 + nk <= rg.lo)) /* CTA-uniform */
-            continue;
-        for (int h = g * group; h < (g + 1) * group; h++) {
-            __syncthreads(); /* the previous (j, h) is consumed; k_s, v_s are staged */
-            for (int i = threadIdx.x; i < SP * HD; i += blockDim.x) {
-                const int     slot = i / HD, d = i % HD;
-                const int64_t off = ((j * B + slot) * p.nq + h) * (int64_t)HD + d;
-                q_s[slot * LD + d] = slot < B ? p.q[off] : 0.0f;
-                do_s[slot * LD + d] = slot < B ? p.dout[off] : 0.0f;
+        /* every (key, row) of the item visible? (all rows real slots, every key inside every
+         * slot's range) */
+        bool full = nk == DFM_KT && B % 16 == 0 && (c + 1) * DFM_QR <= group * SP;
+        if (full) {
+            if (blk_mode)
+                full = p.window <= 0;
+            else
+                full = key0 >= rg.doc_lo && key0 + DFM_KT <= rg.hi &&
+                       (p.window <= 0 || key0 >= rg.hi + (B - 1) - (p.window - 1));
+        }
+#pragma unroll
+        for (int sub = 0; sub < DFM_QR / 32; sub++) {
+            /* Sᵀ and dPᵀ: this warp's 16 keys × 32 query rows */
+            float sT[4][4], dpT[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sT[nt][e] = dpT[nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t ak[4], av[4];
+                frag_a(ak, k_s, LD, w * 16, ks * 16);
+                frag_a(av, v_s, LD, w * 16, ks * 16);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    uint32_t b[4];
+                    frag_b_nk(b, qt, LD, sub * 32 + np * 16, ks * 16);
+                    mma_bf16(sT[2 * np], ak, b[0], b[1]);
+                    mma_bf16(sT[2 * np + 1], ak, b[2], b[3]);
+                    frag_b_nk(b, dt, LD, sub * 32 + np * 16, ks * 16);
+                    mma_bf16(dpT[2 * np], av, b[0], b[1]);
+                    mma_bf16(dpT[2 * np + 1], av, b[2], b[3]);
+                }
             }
-            load_row_vals(p, p.lse, j, h, lse_s, SP);
-            load_row_vals(p, delta, j, h, dl_s, SP);
-            __syncthreads();
-            for (int sc = 0; sc < MT; sc++) {
-                /* Sᵀ and dPᵀ: this warp's 16 keys × 16 slots */
-                float st[2][4], dpt[2][4];
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        st[nt][e] = dpt[nt][e] = 0.0f;
-#pragma unroll
-                for (int ks = 0; ks < KS; ks++) {
-                    uint32_t ak[4], av[4];
-                    frag_a(ak, k_s, LD, w * 16, ks * 16);
-                    frag_a(av, v_s, LD, w * 16, ks * 16);
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        uint32_t b[2];
-                        frag_b_nk(b, q_s, LD, sc * 16 + nt * 8, ks * 16);
-                        mma_bf16(st[nt], ak, b);
-                        frag_b_nk(b, do_s, LD, sc * 16 + nt * 8, ks * 16);
-                        mma_bf16(dpt[nt], av, b);
+                for (int e = 0; e < 4; e++) {
+                    const int kr = w * 16 + gq + (e >= 2 ? 8 : 0), r = sub * 32 + nt * 8 + 2 * tq + (e & 1);
+                    bool      vis = full;
+                    if (!vis) {
+                        const int vr = c * DFM_QR + r, slot = vr % SP;
+                        vis = kr < nk && vr < group * SP && slot < B;
+                        if (vis) {
+                            const int64_t key = key0 + kr;
+                            vis = blk_mode ? blk_visible(p, slot, key) : key < rg.hi && ctx_visible(p, rg, slot, key);
+                        }
                     }
+                    const float pr = vis ? exp2f(sT[nt][e] * sc - lt[r]) : 0.0f;
+                    sT[nt][e] = pr;
+                    dpT[nt][e] = pr * (dpT[nt][e] - dlt[r]); /* dSᵀ */
                 }
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int     kr = w * 16 + gq + (e >= 2 ? 8 : 0), slot = sc * 16 + nt * 8 + 2 * tq + (e & 1);
-                        const int64_t key = key0 + kr;
-                        bool          vis = kr < nk && slot < B;
-                        if (vis)
-                            vis = blk_mode ? blk_visible(p, slot, key) : key < rg.hi && ctx_visible(p, rg, slot, key);
-                        const float pr = vis ? expf(st[nt][e] * p.scale - lse_s[slot]) : 0.0f;
-                        st[nt][e] = pr;
-                        dpt[nt][e] = pr * (dpt[nt][e] - dl_s[slot]); /* dSᵀ */
-                    }
+            for (int kk = 0; kk < 2; kk++) {
                 uint32_t ap[4], ads[4];
-                c_to_a(ap, st[0], st[1]);
-                c_to_a(ads, dpt[0], dpt[1]);
+                c_to_a(ap, sT[2 * kk], sT[2 * kk + 1]);
+                c_to_a(ads, dpT[2 * kk], dpT[2 * kk + 1]);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint32_t b[2];
-                    frag_b_kn(b, do_s, LD, sc * 16, nt * 8);
-                    mma_bf16(dv[nt], ap, b);
-                    frag_b_kn(b, q_s, LD, sc * 16, nt * 8);
-                    mma_bf16(dk[nt], ads, b);
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b[4];
+                    frag_b_kn(b, dt, LD, sub * 32 + kk * 16, np * 16);
+                    mma_bf16(dv[2 * np], ap, b[0], b[1]);
+                    mma_bf16(dv[2 * np + 1], ap, b[2], b[3]);
+                    frag_b_kn(b, qt, LD, sub * 32 + kk * 16, np * 16);
+                    mma_bf16(dk[2 * np], ads, b[0], b[1]);
+                    mma_bf16(dk[2 * np + 1], ads, b[2], b[3]);
                 }
             }
         }
+        __syncthreads(); /* this stage is consumed before the item after next overwrites it */
+        j = jn;
+        c = cn;
     }
+    cp_wait_0(); /* nothing in flight at exit (the K/V tile when no block sees it) */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int kr = w * 16 + gq + 8 * r;
@@ -444,10 +696,8 @@ static __global__ void __launch_bounds__(128) dflash_mma_dkv_kernel(const df_par
         float        *dvo = (blk_mode ? p.dv_blk : p.dv_ctx) + (row * p.nkv + g) * (int64_t)HD;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            dko[nt * 8 + 2 * tq] = dk[nt][2 * r] * p.scale;
-            dko[nt * 8 + 2 * tq + 1] = dk[nt][2 * r + 1] * p.scale;
-            dvo[nt * 8 + 2 * tq] = dv[nt][2 * r];
-            dvo[nt * 8 + 2 * tq + 1] = dv[nt][2 * r + 1];
+            *reinterpret_cast<float2 *>(dko + nt * 8 + 2 * tq) = make_float2(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
+            *reinterpret_cast<float2 *>(dvo + nt * 8 + 2 * tq) = make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
         }
     }
 }
@@ -455,54 +705,102 @@ static __global__ void __launch_bounds__(128) dflash_mma_dkv_kernel(const df_par
 // ----------------------------------------------------------------------------
 // launchers
 
-int kn_dflash_mma_supported(const df_params *p) {
-    const int units = (p->nq / p->nkv) * ((p->B + 15) / 16);
-    return (p->hd == 16 || p->hd == 32 || p->hd == 64 || p->hd == 128) && p->B <= 64 && units <= DFM_MAX_UNITS;
+static int units_of(const df_params *p) {
+    return (p->nq / p->nkv) * ((p->B + 15) / 16);
 }
 
-static cm_status opt_in(kn_ctx *ctx, const void *kernel, size_t smem, const df_params *p) {
+static size_t fwd_smem(const df_params *p) {
+    return sizeof(bf16) * (size_t)(p->hd + 8) * ((size_t)units_of(p) * 16 + 4 * DFM_KT);
+}
+static size_t dq_smem(const df_params *p) {
+    return sizeof(bf16) * (size_t)(p->hd + 8) * ((size_t)2 * units_of(p) * 16 + 4 * DFM_KT);
+}
+static size_t dkv_smem(const df_params *p) {
+    return sizeof(bf16) * (size_t)(p->hd + 8) * ((size_t)2 * DFM_KT + 4 * DFM_QR) + sizeof(float) * 4 * DFM_QR;
+}
+
+int kn_dflash_mma_supported(const kn_ctx *ctx, const df_params *p) {
+    if (!((p->hd == 16 || p->hd == 32 || p->hd == 64 || p->hd == 128) && p->B <= 64 &&
+          units_of(p) <= DFM_MAX_UNITS))
+        return 0;
     int optin = 0;
-    KN_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device));
-    if (smem > (size_t)optin)
-        return CM_FAIL(CM_ERR_UNSUPPORTED,
-                       "dflash_attn (bf16 tensor cores): block size %d, head_dim %d and %d q heads per kv head "
-                       "need %zu bytes of shared memory; this device allows %d per block",
-                       p->B, p->hd, p->nq / p->nkv, smem, optin);
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device) != cudaSuccess)
+        return 0;
+    size_t need = fwd_smem(p);
+    need = dq_smem(p) > need ? dq_smem(p) : need;
+    need = dkv_smem(p) > need ? dkv_smem(p) : need;
+    return need <= (size_t)optin;
+}
+
+/* The bf16 copies in the ctx's scratch: Q [R, nq, hd], K and V [T + R, nkv, hd] (context rows,
+ * then block rows), and in the backward dO [R, nq, hd] and Δ [R, nq] (fp32). */
+typedef struct dfm_bufs {
+    bf16  *q, *k, *v, *dout;
+    float *delta;
+} dfm_bufs;
+
+static cm_status make_bufs(kn_ctx *ctx, const df_params *p, int bwd, dfm_bufs *b) {
+    const int64_t R = p->n_blocks * p->B, nq_el = R * p->nq * p->hd, kv_el = (p->T + R) * p->nkv * p->hd;
+    const size_t  bytes = sizeof(bf16) * (size_t)(nq_el * (bwd ? 2 : 1) + 2 * kv_el) +
+                         (bwd ? sizeof(float) * (size_t)(R * p->nq) : 0);
+    CM_TRY(kn_cuda_scratch_reserve(ctx, bytes));
+    b->q = (bf16 *)ctx->scratch; /* every piece a multiple of 16 bytes: hd is a multiple of 8 */
+    b->k = b->q + nq_el;
+    b->v = b->k + kv_el;
+    b->dout = bwd ? b->v + kv_el : NULL;
+    b->delta = bwd ? (float *)(b->dout + nq_el) : NULL;
+    const int64_t ctx_el = p->T * p->nkv * p->hd;
+    CM_TRY(to_bf16(ctx, b->q, p->q, nq_el));
+    CM_TRY(to_bf16(ctx, b->k, p->k_ctx, ctx_el));
+    CM_TRY(to_bf16(ctx, b->k + ctx_el, p->k_blk, kv_el - ctx_el));
+    CM_TRY(to_bf16(ctx, b->v, p->v_ctx, ctx_el));
+    CM_TRY(to_bf16(ctx, b->v + ctx_el, p->v_blk, kv_el - ctx_el));
+    return CM_OK;
+}
+
+static cm_status opt_in(kn_ctx *ctx, const void *kernel, size_t smem) {
     KN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     return CM_OK;
 }
 
 template <int HD>
 static cm_status mma_fwd(kn_ctx *ctx, const df_params *p) {
-    const int    units = (p->nq / p->nkv) * ((p->B + 15) / 16), LD = HD + 4;
-    const size_t smem = sizeof(float) * ((size_t)units * 16 * LD + (size_t)2 * DFM_KT * LD);
-    CM_TRY(opt_in(ctx, (const void *)dflash_mma_fwd_kernel<HD>, smem, p));
+    dfm_bufs b;
+    CM_TRY(make_bufs(ctx, p, 0, &b));
+    const size_t smem = fwd_smem(p);
+    CM_TRY(opt_in(ctx, (const void *)dfm_fwd_kernel<HD>, smem));
     dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nkv);
-    dflash_mma_fwd_kernel<HD><<<grid, 32 * units, smem, ctx->stream>>>(*p);
+    dfm_fwd_kernel<HD><<<grid, 32 * units_of(p), smem, ctx->stream>>>(*p, b.q, b.k, b.v);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
 
 template <int HD>
-static cm_status mma_bwd(kn_ctx *ctx, const df_params *p, const float *delta) {
-    const int units = (p->nq / p->nkv) * ((p->B + 15) / 16), LD = HD + 4, SP = (p->B + 15) / 16 * 16;
-    if (p->n_blocks > 0) {
-        const size_t smem = sizeof(float) * ((size_t)2 * units * 16 * LD + (size_t)2 * DFM_KT * LD);
-        CM_TRY(opt_in(ctx, (const void *)dflash_mma_dq_kernel<HD>, smem, p));
+static cm_status mma_bwd(kn_ctx *ctx, const df_params *p) {
+    dfm_bufs b;
+    CM_TRY(make_bufs(ctx, p, 1, &b));
+    const int64_t n_q = p->n_blocks * p->B * p->nq;
+    if (n_q > 0) {
+        const int64_t blocks = (n_q * 32 + 255) / 256;
+        KN_CUDA_CHECK_ARG(blocks <= INT32_MAX, "dflash_attn_bwd: %lld query rows are too many", (long long)n_q);
+        dfm_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(b.delta, b.dout, p->dout, p->out, n_q, HD);
+        KN_CUDA_LAUNCHED(ctx);
+        const size_t smem = dq_smem(p);
+        CM_TRY(opt_in(ctx, (const void *)dfm_dq_kernel<HD>, smem));
         dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nkv);
-        dflash_mma_dq_kernel<HD><<<grid, 32 * units, smem, ctx->stream>>>(*p, delta);
+        dfm_dq_kernel<HD><<<grid, 32 * units_of(p), smem, ctx->stream>>>(*p, b.q, b.k, b.v, b.dout, b.delta);
         KN_CUDA_LAUNCHED(ctx);
     }
-    const size_t smem = sizeof(float) * ((size_t)2 * DFM_DKV_KEYS * LD + (size_t)2 * SP * LD + (size_t)2 * SP);
-    CM_TRY(opt_in(ctx, (const void *)dflash_mma_dkv_kernel<HD>, smem, p));
+    const size_t smem = dkv_smem(p);
+    CM_TRY(opt_in(ctx, (const void *)dfm_dkv_kernel<HD>, smem));
     if (p->T > 0) { /* every context row is written, zero where no block sees it */
-        dim3 grid((unsigned int)((p->T + DFM_DKV_KEYS - 1) / DFM_DKV_KEYS), (unsigned int)p->nkv);
-        dflash_mma_dkv_kernel<HD><<<grid, 128, smem, ctx->stream>>>(*p, delta, 0);
+        dim3 grid((unsigned int)((p->T + DFM_KT - 1) / DFM_KT), (unsigned int)p->nkv);
+        dfm_dkv_kernel<HD><<<grid, 128, smem, ctx->stream>>>(*p, b.q, b.k, b.v, b.dout, b.delta, 0);
         KN_CUDA_LAUNCHED(ctx);
     }
     if (p->n_blocks > 0) {
         dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nkv);
-        dflash_mma_dkv_kernel<HD><<<grid, 128, smem, ctx->stream>>>(*p, delta, 1);
+        dfm_dkv_kernel<HD><<<grid, 128, smem, ctx->stream>>>(*p, b.q, b.k, b.v, b.dout, b.delta, 1);
         KN_CUDA_LAUNCHED(ctx);
     }
     return CM_OK;
@@ -520,12 +818,12 @@ cm_status kn_dflash_mma_fwd(kn_ctx *ctx, const df_params *p) {
     }
 }
 
-cm_status kn_dflash_mma_bwd(kn_ctx *ctx, const df_params *p, const float *delta) {
+cm_status kn_dflash_mma_bwd(kn_ctx *ctx, const df_params *p) {
     switch (p->hd) {
-    case 16: return mma_bwd<16>(ctx, p, delta);
-    case 32: return mma_bwd<32>(ctx, p, delta);
-    case 64: return mma_bwd<64>(ctx, p, delta);
-    case 128: return mma_bwd<128>(ctx, p, delta);
+    case 16: return mma_bwd<16>(ctx, p);
+    case 32: return mma_bwd<32>(ctx, p);
+    case 64: return mma_bwd<64>(ctx, p);
+    case 128: return mma_bwd<128>(ctx, p);
     default:
         return CM_FAIL(CM_ERR_UNSUPPORTED, "dflash_attn (bf16 tensor cores): head_dim %d (use 16, 32, 64 or 128)",
                        p->hd);
