@@ -6,7 +6,9 @@
  * sequence start comes from a binary search of cu_seqlens (uniform per block, cached).
  * fp32 accumulation (K is small: 4 for Qwen). out must not overlap x. Writes out (=).
  * cu_seqlens live on the device and are not validated here (the caller checks them before
- * upload); out-of-range entries are clamped so a bad table cannot cause a wild read. */
+ * upload); out-of-range entries are clamped so a bad table cannot cause a wild read.
+ * gdn_conv_qkv (the target's bf16 fast path) fuses this conv with the q/k/v split and the
+ * q/k head l2norms; its kernel walks runs of tokens per channel instead (see there). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 
@@ -44,6 +46,138 @@ static __global__ void conv1d_silu_kernel(float *out, const float *x, const floa
     }
 }
 
+/* Index of the sequence holding token t: the last s with cu[s] <= t (0 if none). */
+static __device__ __forceinline__ int seq_of(const int32_t *cu, int n_seq, int64_t t) {
+    int lo = 0, hi = n_seq - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+#define GDN_CONV_THREADS 128
+#define GDN_CONV_MAX_RUN 64
+#define GDN_CONV_SMEM (48 * 1024)
+
+/* The GDN short-conv block: conv1d_silu + q/k/v split + q/k l2norm. Block (run of tokens,
+ * group): a group is one q head, one k head (dk channels, l2-normalised) or one v head (dv).
+ * Phase 0 stages the run's x rows and the K − 1 rows before it in shared memory (coalesced,
+ * float4 when aligned: many independent loads per thread, where one thread per output with
+ * K dependent taps and a binary search was latency-bound); phase 1 walks the run token by
+ * token per channel with the taps and the window in registers, stepping over sequence starts
+ * from one binary search per block, and writes y over the staged row it no longer needs;
+ * phase 2 gives a warp to each token: the head's sum of squares by shuffles, then the
+ * coalesced store into q, k or v. The f32 math per output is that of conv1d_silu_kernel
+ * then l2norm_kernel (the sums in another order). */
+template <int K>
+static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const float *x, const float *w,
+                                           const int32_t *cu, int n_seq, int64_t T, int nk, int nv, int dk,
+                                           int dv, int run, int vec, float eps) {
+    extern __shared__ float xs[]; /* [run + K − 1][width] */
+    const int     g = blockIdx.y;
+    const int64_t t0 = (int64_t)blockIdx.x * run;
+    const int     nr = (int)(T - t0 < run ? T - t0 : run);
+    const int64_t qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
+    int           width, norm;
+    int64_t       c0, dst_ld;
+    float        *dst;
+    if (g < 2 * nk) {
+        const int h = g < nk ? g : g - nk;
+        width = dk;
+        norm = 1;
+        c0 = (g < nk ? 0 : qk) + (int64_t)h * dk;
+        dst = (g < nk ? q : k) + (int64_t)h * dk;
+        dst_ld = qk;
+    } else {
+        const int h = g - 2 * nk;
+        width = dv;
+        norm = 0;
+        c0 = 2 * qk + (int64_t)h * dv;
+        dst = v + (int64_t)h * dv;
+        dst_ld = (int64_t)nv * dv;
+    }
+
+    // phase 0: rows t0 − (K − 1) .. t0 + nr − 1 of the group's columns (before token 0: zeros)
+    const int rows = nr + K - 1;
+    if (vec) {
+        const int w4 = width / 4;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < rows * w4; i += blockDim.x) {
+            const int     r = i / w4, c4 = i - r * w4;
+            const int64_t t = t0 - (K - 1) + r;
+            float4        val = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (t >= 0)
+                val = *(const float4 *)(x + t * C + c0 + 4 * c4);
+            *(float4 *)(xs + r * width + 4 * c4) = val;
+        }
+    } else {
+#pragma unroll 4
+        for (int i = threadIdx.x; i < rows * width; i += blockDim.x) {
+            const int     r = i / width, ch = i - r * width;
+            const int64_t t = t0 - (K - 1) + r;
+            xs[i] = t >= 0 ? x[t * C + c0 + ch] : 0.0f;
+        }
+    }
+    __syncthreads();
+
+    // phase 1: the conv per channel over the run; y replaces row r (token t0 + r − (K − 1))
+    const int s0 = seq_of(cu, n_seq, t0);
+    for (int ch = threadIdx.x; ch < width; ch += blockDim.x) {
+        float wr[K], win[K]; /* win[j] = x[t − (K − 1) + j] */
+#pragma unroll
+        for (int j = 0; j < K; j++)
+            wr[j] = w[(c0 + ch) * K + j];
+        int     s = s0;
+        int64_t bos = cu[s], eos = cu[s + 1];
+#pragma unroll
+        for (int j = 0; j < K - 1; j++)
+            win[j] = t0 - (K - 1) + j >= bos ? xs[j * width + ch] : 0.0f;
+        for (int r = 0; r < nr; r++) {
+            const int64_t t = t0 + r;
+            while (t >= eos && s + 1 < n_seq) { /* a sequence starts at t: earlier taps read 0 */
+                s++;
+                bos = eos;
+                eos = cu[s + 1];
+#pragma unroll
+                for (int j = 0; j < K - 1; j++)
+                    win[j] = 0.0f;
+            }
+            win[K - 1] = xs[(r + K - 1) * width + ch];
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < K; j++)
+                acc += wr[j] * win[j];
+            xs[r * width + ch] = acc / (1.0f + expf(-acc));
+#pragma unroll
+            for (int j = 0; j < K - 1; j++)
+                win[j] = win[j + 1];
+        }
+    }
+    __syncthreads();
+
+    // phase 2: a warp per token: the head's l2norm (q, k), the store
+    const int lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int r = threadIdx.x / 32; r < nr; r += n_warps) {
+        const float *y = xs + r * width;
+        float        scale = 1.0f;
+        if (norm) {
+            float ss = 0.0f;
+            for (int c = lane; c < width; c += 32)
+                ss += y[c] * y[c];
+            for (int o = 16; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            scale = 1.0f / sqrtf(ss + eps);
+        }
+        float *out = dst + (t0 + r) * dst_ld;
+        for (int c = lane; c < width; c += 32)
+            out[c] = norm ? y[c] * scale : y[c];
+    }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -66,6 +200,63 @@ cm_status kn_cuda_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const flo
     int64_t   gx = (C + block - 1) / block;
     dim3      grid((unsigned int)(gx < 65535 ? gx : 65535), (unsigned int)(T < 65535 ? T : 65535));
     conv1d_silu_kernel<<<grid, block, 0, ctx->stream>>>(out, x, w, cu_seqlens, n_seq, T, C, K);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+static int overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    const uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const float *x, const float *w,
+                               const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk,
+                               int dv, int K, float eps) {
+    KN_CUDA_CHECK_ARG(ctx, "gdn_conv_qkv: ctx is NULL");
+    KN_CUDA_CHECK_ARG(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0 && K > 0,
+                      "gdn_conv_qkv: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d K=%d (T >= 0, the others > 0)",
+                      (long long)T, nk, nv, dk, dv, K);
+    KN_CUDA_CHECK_ARG(eps >= 0.0f, "gdn_conv_qkv: eps=%g must be >= 0", (double)eps);
+    KN_CUDA_CHECK_ARG(n_seq >= 0, "gdn_conv_qkv: n_seq=%d must be >= 0", n_seq);
+    KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "gdn_conv_qkv: T=%lld tokens but n_seq=0 sequences", (long long)T);
+    if (K > 8)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "gdn_conv_qkv: conv kernel size K=%d is not supported (at most 8; "
+                                           "use conv1d_silu)", K);
+    const int64_t groups = 2 * (int64_t)nk + nv, width = dk > dv ? dk : dv;
+    const int64_t run_fit = GDN_CONV_SMEM / (int64_t)(width * sizeof(float)) - (K - 1);
+    if (run_fit < 1 || groups > 65535)
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "gdn_conv_qkv: head size %lld or %lld heads is too large for one block (use conv1d_silu)",
+                       (long long)width, (long long)groups);
+    if (T == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(q && k && v && x && w && cu_seqlens, "gdn_conv_qkv: q, k, v, x, w or cu_seqlens is NULL");
+    const int64_t qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
+    const size_t  xb = (size_t)(T * C) * sizeof(float), qb = (size_t)(T * qk) * sizeof(float),
+                 vb = (size_t)(T * nv * dv) * sizeof(float);
+    KN_CUDA_CHECK_ARG(!overlaps(q, qb, x, xb) && !overlaps(k, qb, x, xb) && !overlaps(v, vb, x, xb),
+                      "gdn_conv_qkv: q, k or v overlaps x (use separate buffers)");
+
+    const int run = (int)(run_fit < GDN_CONV_MAX_RUN ? run_fit : GDN_CONV_MAX_RUN);
+    const int vec = C % 4 == 0 && dk % 4 == 0 && dv % 4 == 0 && (uintptr_t)x % 16 == 0;
+    const size_t smem = (size_t)(run + K - 1) * (size_t)width * sizeof(float);
+    dim3         grid((unsigned int)((T + run - 1) / run), (unsigned int)groups);
+#define GDN_CONV_CASE(KK)                                                                                      \
+    case KK:                                                                                                   \
+        gdn_conv_qkv_kernel<KK><<<grid, GDN_CONV_THREADS, smem, ctx->stream>>>(q, k, v, x, w, cu_seqlens, n_seq, \
+                                                                            T, nk, nv, dk, dv, run, vec, eps);   \
+        break
+    switch (K) {
+        GDN_CONV_CASE(1);
+        GDN_CONV_CASE(2);
+        GDN_CONV_CASE(3);
+        GDN_CONV_CASE(4);
+        GDN_CONV_CASE(5);
+        GDN_CONV_CASE(6);
+        GDN_CONV_CASE(7);
+        GDN_CONV_CASE(8);
+    }
+#undef GDN_CONV_CASE
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

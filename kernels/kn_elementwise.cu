@@ -3,9 +3,13 @@
  * streaming pattern (coalesced loads of each input once, one coalesced store), fp32 math;
  * silu is gate / (1 + exp(-gate)) with expf, within a few ulp of the double reference. add
  * accumulates into x (the one accumulating entry of the table); swiglu writes out, which may
- * alias gate or up (each element is read before it is written by the same thread). */
+ * alias gate or up (each element is read before it is written by the same thread).
+ * swiglu_bf16 writes the down projection's bf16 input itself (float4 loads), which removes
+ * the GEMM's conversion pass and the f32 round trip of the [T, I] product. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+
+#include <cuda_bf16.h>
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -21,6 +25,30 @@ static __global__ void swiglu_kernel(float *out, const float *gate, const float 
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* out = bf16(silu(gate)·up): the MLP's down-projection input written directly (the f32 math
+ * of swiglu_kernel, then one rounding). vec: n % 4 == 0 and 16-byte aligned inputs, so
+ * each thread moves two float4 in and 8 bytes out. */
+static __global__ void swiglu_bf16_kernel(__nv_bfloat16 *out, const float *gate, const float *up, int64_t n,
+                                          int vec) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        const float4 *g4 = (const float4 *)gate, *u4 = (const float4 *)up;
+        for (int64_t i = i0; i < n / 4; i += stride) {
+            float4 g = g4[i], u = u4[i];
+            ((__nv_bfloat162 *)out)[2 * i] =
+                __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+            ((__nv_bfloat162 *)out)[2 * i + 1] =
+                __floats2bfloat162_rn(g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
+        }
+    } else {
+        for (int64_t i = i0; i < n; i += stride) {
+            float g = gate[i];
+            out[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * up[i]);
+        }
     }
 }
 
@@ -52,6 +80,19 @@ cm_status kn_cuda_swiglu(kn_ctx *ctx, float *out, const float *gate, const float
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && gate && up, "swiglu: out, gate or up is NULL");
     swiglu_kernel<<<ew_grid(n), KN_EW_BLOCK, 0, ctx->stream>>>(out, gate, up, n);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_swiglu_bf16(kn_ctx *ctx, uint16_t *out, const float *gate, const float *up, int64_t n) {
+    KN_CUDA_CHECK_ARG(ctx, "swiglu_bf16: ctx is NULL");
+    KN_CUDA_CHECK_ARG(n >= 0, "swiglu_bf16: n=%lld must be >= 0", (long long)n);
+    if (n == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out && gate && up, "swiglu_bf16: out, gate or up is NULL");
+    const int vec = n % 4 == 0 && (uintptr_t)gate % 16 == 0 && (uintptr_t)up % 16 == 0 && (uintptr_t)out % 8 == 0;
+    swiglu_bf16_kernel<<<ew_grid(vec ? n / 4 : n), KN_EW_BLOCK, 0, ctx->stream>>>((__nv_bfloat16 *)out, gate, up,
+                                                                                  n, vec);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

@@ -6,6 +6,8 @@
  *   products with fp32 accumulation (CUBLAS_COMPUTE_32F) and fp32 output.
  * - F32: fp32 operands (BF16 weights widened exactly into scratch), CUBLAS_COMPUTE_32F: true
  *   fp32 math, no TF32.
+ * gemm_bf16in takes a BF16 input written by its producer: used as is in BF16 mode (the same
+ * product as gemm on its F32 source, without the conversion pass), widened in F32 mode.
  * The algorithm is cublasLtMatmulAlgoGetHeuristic's first answer for the shape and the
  * operands' actual alignment (no autotuning, no cache); descriptors are made per call.
  * Writes out (beta = 0); K = 0 gives zeros. */
@@ -110,35 +112,39 @@ static size_t round_up_256(size_t x) {
     return (x + 255) / 256 * 256;
 }
 
-cm_status kn_cuda_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
-                       int64_t N, int64_t K) {
-    KN_CUDA_CHECK_ARG(ctx, "gemm: ctx is NULL");
-    KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "gemm: bad shape M=%lld N=%lld K=%lld (must be >= 0)",
+/* The common body of gemm and gemm_bf16in: exactly one of inp (F32) and inp16 (BF16) is set. */
+static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *inp, const __nv_bfloat16 *inp16,
+                          const void *w, cm_dtype wdt, int64_t M, int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", op);
+    KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "%s: bad shape M=%lld N=%lld K=%lld (must be >= 0)", op,
                       (long long)M, (long long)N, (long long)K);
     if (wdt != CM_DTYPE_F32 && wdt != CM_DTYPE_BF16)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "gemm: weight dtype %s is not supported (use F32 or BF16)",
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: weight dtype %s is not supported (use F32 or BF16)", op,
                        cm_dtype_name(wdt));
     if (M == 0 || N == 0)
         return CM_OK;
-    KN_CUDA_CHECK_ARG(out, "gemm: out is NULL");
+    KN_CUDA_CHECK_ARG(out, "%s: out is NULL", op);
     if (K == 0) {
         KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * sizeof(float), ctx->stream));
         return CM_OK;
     }
-    KN_CUDA_CHECK_ARG(inp && w, "gemm: inp or w is NULL");
+    KN_CUDA_CHECK_ARG((inp || inp16) && w, "%s: inp or w is NULL", op);
 
     size_t         n_in = (size_t)M * (size_t)K, n_w = (size_t)N * (size_t)K;
-    const void    *in_op = inp, *w_op = w;
+    const void    *in_op = inp16 ? (const void *)inp16 : (const void *)inp, *w_op = w;
     cudaDataType_t ab_type;
     if (ctx->gemm_mode == KN_GEMM_MODE_BF16) {
         ab_type = CUDA_R_16BF;
-        size_t in_size = round_up_256(n_in * sizeof(__nv_bfloat16));
+        size_t in_size = inp16 ? 0 : round_up_256(n_in * sizeof(__nv_bfloat16));
         size_t w_size = wdt == CM_DTYPE_F32 ? n_w * sizeof(__nv_bfloat16) : 0;
-        CM_TRY(kn_cuda_scratch_reserve(ctx, in_size + w_size));
-        __nv_bfloat16 *in_bf = (__nv_bfloat16 *)ctx->scratch;
-        f32_to_bf16_kernel<<<conv_grid((int64_t)n_in), 256, 0, ctx->stream>>>(in_bf, inp, (int64_t)n_in);
-        KN_CUDA_LAUNCHED(ctx);
-        in_op = in_bf;
+        if (in_size + w_size)
+            CM_TRY(kn_cuda_scratch_reserve(ctx, in_size + w_size));
+        if (!inp16) {
+            __nv_bfloat16 *in_bf = (__nv_bfloat16 *)ctx->scratch;
+            f32_to_bf16_kernel<<<conv_grid((int64_t)n_in), 256, 0, ctx->stream>>>(in_bf, inp, (int64_t)n_in);
+            KN_CUDA_LAUNCHED(ctx);
+            in_op = in_bf;
+        }
         if (wdt == CM_DTYPE_F32) {
             __nv_bfloat16 *w_bf = (__nv_bfloat16 *)((char *)ctx->scratch + in_size);
             f32_to_bf16_kernel<<<conv_grid((int64_t)n_w), 256, 0, ctx->stream>>>(w_bf, (const float *)w,
@@ -147,10 +153,21 @@ cm_status kn_cuda_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w,
             w_op = w_bf;
         }
     } else {
+        /* F32 mode: a BF16 input is widened exactly, like a BF16 weight */
         ab_type = CUDA_R_32F;
+        size_t in_size = inp16 ? round_up_256(n_in * sizeof(float)) : 0;
+        size_t w_size = wdt == CM_DTYPE_BF16 ? n_w * sizeof(float) : 0;
+        if (in_size + w_size)
+            CM_TRY(kn_cuda_scratch_reserve(ctx, in_size + w_size));
+        if (inp16) {
+            float *in_f = (float *)ctx->scratch;
+            bf16_to_f32_kernel<<<conv_grid((int64_t)n_in), 256, 0, ctx->stream>>>(in_f, (const uint16_t *)inp16,
+                                                                                  (int64_t)n_in);
+            KN_CUDA_LAUNCHED(ctx);
+            in_op = in_f;
+        }
         if (wdt == CM_DTYPE_BF16) {
-            CM_TRY(kn_cuda_scratch_reserve(ctx, n_w * sizeof(float)));
-            float *w_f = (float *)ctx->scratch;
+            float *w_f = (float *)((char *)ctx->scratch + in_size);
             bf16_to_f32_kernel<<<conv_grid((int64_t)n_w), 256, 0, ctx->stream>>>(w_f, (const uint16_t *)w,
                                                                                  (int64_t)n_w);
             KN_CUDA_LAUNCHED(ctx);
@@ -162,4 +179,18 @@ cm_status kn_cuda_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w,
     cm_status  st = gemm_lt(ctx, &d, out, in_op, w_op, ab_type, M, N, K);
     gemm_descs_release(&d);
     return st;
+}
+
+cm_status kn_cuda_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
+                       int64_t N, int64_t K) {
+    return gemm_run(ctx, "gemm", out, inp, NULL, w, wdt, M, N, K);
+}
+
+int kn_cuda_gemm_rounds_input(const kn_ctx *ctx) {
+    return ctx && ctx->gemm_mode == KN_GEMM_MODE_BF16;
+}
+
+cm_status kn_cuda_gemm_bf16in(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
+                              int64_t M, int64_t N, int64_t K) {
+    return gemm_run(ctx, "gemm_bf16in", out, NULL, (const __nv_bfloat16 *)inp, w, wdt, M, N, K);
 }

@@ -5,9 +5,15 @@
  * warp shuffles and a 32-slot shared array; pass 2 re-reads the row (L1/L2 hits) and writes
  * y. The scale is 1/sqrtf (correctly rounded), so results are within a few ulp of the
  * double reference for rows up to ~10⁴. out may equal inp: each element is read, then
- * written, by the same thread. Writes out (=). */
+ * written, by the same thread. Writes out (=).
+ * The bf16-output forms for the target's fast path: add_rmsnorm_bf16 (the residual add fused
+ * into the norm that follows it; the add stays in x) and rmsnorm_gated_bf16 (a warp per row);
+ * each writes the next GEMM's bf16 input with the f32 math of the kernels above, so the
+ * conversion pass of gemm disappears. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+
+#include <cuda_bf16.h>
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -75,6 +81,94 @@ static __global__ void l2norm_kernel(float *out, const float *inp, int64_t rows,
     }
 }
 
+/* x += y (y may be NULL), then out = bf16(rmsnorm(x)): the residual add fused into the next
+ * norm, which writes the bf16 input of the following GEMMs. One block per row; pass 1 adds,
+ * stores x and sums squares (float4 when vec: C % 4 == 0 and 16-byte aligned rows), pass 2
+ * re-reads the thread's own x (L1/L2) and writes bf16. Per element the f32 math is that of
+ * add then rmsnorm_kernel. */
+static __global__ void add_rmsnorm_bf16_kernel(__nv_bfloat16 *out, float *xs, const float *ys, const float *w,
+                                               int64_t rows, int64_t C, float eps, int one_plus, int vec) {
+    __shared__ float sh[32];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        float          *x = xs + r * C;
+        const float    *y = ys ? ys + r * C : NULL;
+        __nv_bfloat16  *o = out + r * C;
+        float           s = 0.0f;
+        if (vec) {
+            float4       *x4 = (float4 *)x;
+            const float4 *y4 = (const float4 *)y;
+            for (int64_t c = threadIdx.x; c < C / 4; c += blockDim.x) {
+                float4 v = x4[c];
+                if (y4) {
+                    float4 u = y4[c];
+                    v.x += u.x;
+                    v.y += u.y;
+                    v.z += u.z;
+                    v.w += u.w;
+                    x4[c] = v;
+                }
+                s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        } else {
+            for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+                float v = x[c];
+                if (y) {
+                    v += y[c];
+                    x[c] = v;
+                }
+                s += v * v;
+            }
+        }
+        float scale = 1.0f / sqrtf(block_sum(s, sh) / (float)C + eps);
+        if (vec) {
+            const float4 *x4 = (const float4 *)x;
+            const float4 *w4 = (const float4 *)w;
+            for (int64_t c = threadIdx.x; c < C / 4; c += blockDim.x) {
+                float4 v = x4[c], wc = w4[c];
+                if (one_plus) {
+                    wc.x += 1.0f;
+                    wc.y += 1.0f;
+                    wc.z += 1.0f;
+                    wc.w += 1.0f;
+                }
+                __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale * wc.x, v.y * scale * wc.y);
+                __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale * wc.z, v.w * scale * wc.w);
+                ((__nv_bfloat162 *)o)[2 * c] = lo;
+                ((__nv_bfloat162 *)o)[2 * c + 1] = hi;
+            }
+        } else {
+            for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+                float wc = one_plus ? 1.0f + w[c] : w[c];
+                o[c] = __float2bfloat16_rn(x[c] * scale * wc);
+            }
+        }
+    }
+}
+
+/* out = bf16(rmsnorm_gated(x, z, w)), one warp per row (GDN rows are one head: C = dv, 128
+ * for Qwen, where a block per row left most threads idle): lanes stride the row, a shuffle
+ * reduction gives the scale, the second pass re-reads x and z (L1) and writes bf16. */
+static __global__ void rmsnorm_gated_bf16_kernel(__nv_bfloat16 *out, const float *xs, const float *zs,
+                                                 const float *w, int64_t rows, int64_t C, float eps) {
+    const int     lane = threadIdx.x % 32;
+    const int64_t n_warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += n_warps) {
+        const float   *x = xs + r * C;
+        const float   *z = zs + r * C;
+        __nv_bfloat16 *o = out + r * C;
+        float          s = 0.0f;
+        for (int64_t c = lane; c < C; c += 32)
+            s += x[c] * x[c];
+        for (int d = 16; d > 0; d >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, d);
+        float scale = 1.0f / sqrtf(s / (float)C + eps);
+        for (int64_t c = lane; c < C; c += 32) {
+            float zc = z[c];
+            o[c] = __float2bfloat16_rn(w[c] * (x[c] * scale) * (zc / (1.0f + expf(-zc))));
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -125,6 +219,40 @@ cm_status kn_cuda_l2norm(kn_ctx *ctx, float *out, const float *inp, int64_t rows
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && inp, "l2norm: out or inp is NULL");
     l2norm_kernel<<<norm_grid(rows), norm_block(C), 0, ctx->stream>>>(out, inp, rows, C, eps);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
+                                   int64_t rows, int64_t C, float eps, int one_plus) {
+    KN_CUDA_CHECK_ARG(ctx, "add_rmsnorm_bf16: ctx is NULL");
+    KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "add_rmsnorm_bf16: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
+                      (long long)rows, (long long)C);
+    KN_CUDA_CHECK_ARG(eps >= 0.0f, "add_rmsnorm_bf16: eps=%g must be >= 0", (double)eps);
+    if (rows == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out && x && w, "add_rmsnorm_bf16: out, x or w is NULL");
+    const int vec = C % 4 == 0 && (uintptr_t)x % 16 == 0 && (!y || (uintptr_t)y % 16 == 0) &&
+                    (uintptr_t)w % 16 == 0 && (uintptr_t)out % 8 == 0;
+    add_rmsnorm_bf16_kernel<<<norm_grid(rows), norm_block(vec ? C / 4 : C), 0, ctx->stream>>>(
+        (__nv_bfloat16 *)out, x, y, w, rows, C, eps, one_plus ? 1 : 0, vec);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_rmsnorm_gated_bf16(kn_ctx *ctx, uint16_t *out, const float *x, const float *z,
+                                     const float *w, int64_t rows, int64_t C, float eps) {
+    KN_CUDA_CHECK_ARG(ctx, "rmsnorm_gated_bf16: ctx is NULL");
+    KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "rmsnorm_gated_bf16: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
+                      (long long)rows, (long long)C);
+    KN_CUDA_CHECK_ARG(eps >= 0.0f, "rmsnorm_gated_bf16: eps=%g must be >= 0", (double)eps);
+    if (rows == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out && x && z && w, "rmsnorm_gated_bf16: out, x, z or w is NULL");
+    const int     per_block = 8; /* rows (warps) per block of 256 threads */
+    const int64_t blocks = (rows + per_block - 1) / per_block;
+    rmsnorm_gated_bf16_kernel<<<(unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20)), 32 * per_block, 0,
+                                ctx->stream>>>((__nv_bfloat16 *)out, x, z, w, rows, C, eps);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

@@ -3,9 +3,14 @@
  *
  * Weights: GEMM matrices and the embedding stay BF16 when stored BF16 (or when bf16_weights
  * asks for it), else F32; every small parameter (norms, conv, A_log, dt_bias) is widened to
- * F32 at load, whatever the checkpoint stored. Activations are F32 throughout; the backend's
- * GEMM mode decides the precision of matrix products. The workspace is sized for the largest
- * batch seen and reused. */
+ * F32 at load, whatever the checkpoint stored. Activations are F32; the backend's GEMM mode
+ * decides the precision of matrix products. When the backend's gemm rounds its inputs to
+ * bf16 anyway (cuda, --precision bf16) the forward takes the fused path: the producers of
+ * GEMM inputs (the norms, swiglu, the gated norm) write them as bf16 themselves, the residual
+ * add runs inside the norm that follows it, and the GDN conv, q/k/v split and q/k l2norms are
+ * one op: the same products without the conversion passes (TANDEM_TARGET_FUSED=0 turns it
+ * off, for comparison; =1 forces it, so the cpu emulates the cuda bf16 path). The workspace
+ * is sized for the largest batch seen and reused. */
 #include "ts_model.h"
 
 #include <math.h>
@@ -44,6 +49,8 @@ typedef struct ts_ws {
     int32_t *ids, *cu, *pos;
     int32_t *pos_host; /* host staging of the positions (no allocation per forward) */
     float   *x, *h, *o, *big0, *big1, *big2, *q, *k, *v, *gate, *z, *a, *b, *g, *beta, *attn, *logits;
+    uint16_t *h16;   /* fused path: bf16 [T, D], the normed input of the projections */
+    uint16_t *act16; /* fused path: bf16 [T, max(I, nv·dv)], swiglu / gated-norm output */
 } ts_ws;
 
 struct ts_model {
@@ -57,6 +64,7 @@ struct ts_model {
     float            *final_norm;
     ts_layer         *layers;
     ts_ws             ws;
+    int               fused; /* the bf16 fast path (see the top of this file) */
     int               timing;
     ts_timing         tm;
     double           *gemm_acc; /* while timing: the sum the running block's GEMMs add to */
@@ -275,6 +283,13 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     CM_LOG_INFO("%s '%s': %s, %d of %d layers, hidden %d, vocab %d, backend %s%s",
                 mc->init_random ? "random weights for" : "loaded", mc->dir, c->model_type, m->n_layers, c->n_layers,
                 c->hidden_size, c->vocab_size, m->be->name, m->has_head ? ", with lm head" : "");
+    /* TANDEM_TARGET_FUSED: unset = the fused path where gemm rounds its inputs anyway, 0 = never,
+     * 1 = also elsewhere (on the cpu it then rounds the GEMM inputs as cuda bf16 does) */
+    const char *fenv     = getenv("TANDEM_TARGET_FUSED");
+    const int   has_ops  = m->be->gemm_bf16in && m->be->add_rmsnorm_bf16 && m->be->rmsnorm_gated_bf16 &&
+                        m->be->swiglu_bf16 && m->be->gdn_conv_qkv;
+    const int   rounds   = m->be->gemm_rounds_input && m->be->gemm_rounds_input(m->ctx);
+    m->fused = has_ops && (fenv && strcmp(fenv, "1") == 0 ? 1 : fenv && strcmp(fenv, "0") == 0 ? 0 : rounds);
     const char *tenv = getenv("TANDEM_LAYER_TIMING");
     if (tenv && strcmp(tenv, "1") == 0) ts_model_set_timing(m, 1);
     *out = m;
@@ -288,7 +303,7 @@ fail:
 static void ws_release(ts_model *m) {
     ts_ws *w = &m->ws;
     void  *bufs[] = {w->ids, w->cu, w->pos, w->x, w->h, w->o, w->big0, w->big1, w->big2, w->q, w->k, w->v,
-                     w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits};
+                     w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits, w->h16, w->act16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(m->ctx, bufs[i]);
     free(w->pos_host);
     memset(w, 0, sizeof *w);
@@ -320,6 +335,8 @@ void ts_model_destroy(ts_model **pm) {
 const cm_target_cfg *ts_model_cfg(const ts_model *m) { return &m->cfg; }
 
 int ts_model_n_loaded_layers(const ts_model *m) { return m->n_layers; }
+
+int ts_model_fused(const ts_model *m) { return m->fused; }
 
 // ----------------------------------------------------------------------------
 // forward
@@ -379,6 +396,10 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
         CM_TRY(m->be->alloc(m->ctx, plan[i].p, (size_t)(plan[i].n > 0 ? plan[i].n : 1) * plan[i].el));
     if (want_logits) CM_TRY(m->be->alloc(m->ctx, (void **)&w->logits, (size_t)T * (size_t)c->vocab_size * 4));
+    if (m->fused) {
+        CM_TRY(m->be->alloc(m->ctx, (void **)&w->h16, (size_t)(T * D) * 2));
+        CM_TRY(m->be->alloc(m->ctx, (void **)&w->act16, (size_t)(T * max3(I, nv * dv, 1)) * 2));
+    }
     w->pos_host = malloc((size_t)T * sizeof *w->pos_host);
     if (!w->pos_host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate positions for %lld tokens", (long long)T);
     w->T = T;
@@ -421,6 +442,23 @@ static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w
     return CM_OK;
 }
 
+/* gemm from a bf16 input written by its producer (fused path). */
+static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_mat *w, int64_t M, int64_t N,
+                        int64_t K) {
+    if (!m->timing) return m->be->gemm_bf16in(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
+    CM_TRY(m->be->gemm_bf16in(m->ctx, out, inp, w->data, w->dtype, M, N, K));
+    CM_TRY(mark(m, &t1));
+    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
+    return CM_OK;
+}
+
+/* The projections' GEMM: from the bf16 normed input on the fused path, else from h. */
+static cm_status gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    return m->fused ? gemm16(m, out, m->ws.h16, w, M, N, K) : gemm(m, out, m->ws.h, w, M, N, K);
+}
+
 static cm_status forward_gdn(ts_model *m, const ts_layer *L, int64_t T, int n_seq) {
     const kn_backend    *be = m->be;
     kn_ctx              *cx = m->ctx;
@@ -429,16 +467,25 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int64_t T, int n_se
     const int64_t        D  = c->hidden_size;
     const int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
     const int64_t conv_dim = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
-    CM_TRY(gemm(m, w->big0, w->h, &L->in_qkv, T, conv_dim, D));
-    CM_TRY(gemm(m, w->z, w->h, &L->in_z, T, (int64_t)nv * dv, D));
-    CM_TRY(gemm(m, w->b, w->h, &L->in_b, T, nv, D));
-    CM_TRY(gemm(m, w->a, w->h, &L->in_a, T, nv, D));
-    CM_TRY(be->conv1d_silu(cx, w->big1, w->big0, L->conv_w, w->cu, n_seq, T, conv_dim, c->lin_conv_kernel));
-    CM_TRY(be->copy2d(cx, w->q, (int64_t)nk * dk, w->big1, conv_dim, T, (int64_t)nk * dk));
-    CM_TRY(be->copy2d(cx, w->k, (int64_t)nk * dk, w->big1 + (int64_t)nk * dk, conv_dim, T, (int64_t)nk * dk));
-    CM_TRY(be->copy2d(cx, w->v, (int64_t)nv * dv, w->big1 + 2 * (int64_t)nk * dk, conv_dim, T, (int64_t)nv * dv));
-    CM_TRY(be->l2norm(cx, w->q, w->q, T * nk, dk, 1e-6f));
-    CM_TRY(be->l2norm(cx, w->k, w->k, T * nk, dk, 1e-6f));
+    CM_TRY(gemm_h(m, w->big0, &L->in_qkv, T, conv_dim, D));
+    CM_TRY(gemm_h(m, w->z, &L->in_z, T, (int64_t)nv * dv, D));
+    CM_TRY(gemm_h(m, w->b, &L->in_b, T, nv, D));
+    CM_TRY(gemm_h(m, w->a, &L->in_a, T, nv, D));
+    /* the fused op may refuse a shape (a long conv kernel, very wide heads): then the chain */
+    cm_status cst = CM_ERR_UNSUPPORTED;
+    if (m->fused)
+        cst = be->gdn_conv_qkv(cx, w->q, w->k, w->v, w->big0, L->conv_w, w->cu, n_seq, T, nk, nv, dk, dv,
+                               c->lin_conv_kernel, 1e-6f);
+    if (cst != CM_OK && cst != CM_ERR_UNSUPPORTED) return cst;
+    if (cst == CM_ERR_UNSUPPORTED) {
+        CM_TRY(be->conv1d_silu(cx, w->big1, w->big0, L->conv_w, w->cu, n_seq, T, conv_dim, c->lin_conv_kernel));
+        CM_TRY(be->copy2d(cx, w->q, (int64_t)nk * dk, w->big1, conv_dim, T, (int64_t)nk * dk));
+        CM_TRY(be->copy2d(cx, w->k, (int64_t)nk * dk, w->big1 + (int64_t)nk * dk, conv_dim, T, (int64_t)nk * dk));
+        CM_TRY(be->copy2d(cx, w->v, (int64_t)nv * dv, w->big1 + 2 * (int64_t)nk * dk, conv_dim, T,
+                          (int64_t)nv * dv));
+        CM_TRY(be->l2norm(cx, w->q, w->q, T * nk, dk, 1e-6f));
+        CM_TRY(be->l2norm(cx, w->k, w->k, T * nk, dk, 1e-6f));
+    }
     CM_TRY(be->gdn_gate(cx, w->g, w->beta, w->a, w->b, L->A_log, L->dt_bias, T, nv));
     double t0, t1;
     CM_TRY(mark(m, &t0));
@@ -446,6 +493,10 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int64_t T, int n_se
                                 1.0f / sqrtf((float)dk)));
     CM_TRY(mark(m, &t1));
     m->tm.gdn_core_ms += t1 - t0;
+    if (m->fused) {
+        CM_TRY(be->rmsnorm_gated_bf16(cx, w->act16, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
+        return gemm16(m, w->o, w->act16, &L->out_proj, T, D, (int64_t)nv * dv);
+    }
     CM_TRY(be->rmsnorm_gated(cx, w->attn, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
     return gemm(m, w->o, w->attn, &L->out_proj, T, D, (int64_t)nv * dv);
 }
@@ -459,15 +510,15 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int64_t T, in
     const int            nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     const float         *gate = NULL;
     if (c->attn_output_gate) { /* q_proj rows interleave [q_h | gate_h] per head */
-        CM_TRY(gemm(m, w->big0, w->h, &L->q_proj, T, 2 * (int64_t)nq * hd, D));
+        CM_TRY(gemm_h(m, w->big0, &L->q_proj, T, 2 * (int64_t)nq * hd, D));
         CM_TRY(be->copy2d(cx, w->q, hd, w->big0, 2 * (int64_t)hd, T * nq, hd));
         CM_TRY(be->copy2d(cx, w->gate, hd, w->big0 + hd, 2 * (int64_t)hd, T * nq, hd));
         gate = w->gate;
     } else {
-        CM_TRY(gemm(m, w->q, w->h, &L->q_proj, T, (int64_t)nq * hd, D));
+        CM_TRY(gemm_h(m, w->q, &L->q_proj, T, (int64_t)nq * hd, D));
     }
-    CM_TRY(gemm(m, w->k, w->h, &L->k_proj, T, (int64_t)nkv * hd, D));
-    CM_TRY(gemm(m, w->v, w->h, &L->v_proj, T, (int64_t)nkv * hd, D));
+    CM_TRY(gemm_h(m, w->k, &L->k_proj, T, (int64_t)nkv * hd, D));
+    CM_TRY(gemm_h(m, w->v, &L->v_proj, T, (int64_t)nkv * hd, D));
     CM_TRY(be->rmsnorm(cx, w->q, w->q, L->q_norm, T * nq, hd, c->rms_norm_eps, 1));
     CM_TRY(be->rmsnorm(cx, w->k, w->k, L->k_norm, T * nkv, hd, c->rms_norm_eps, 1));
     CM_TRY(be->rope(cx, w->q, w->pos, T, nq, hd, c->rotary_dim, (float)c->rope_theta));
@@ -485,8 +536,12 @@ static cm_status forward_mlp(ts_model *m, const ts_layer *L, int64_t T) {
     const cm_target_cfg *c = &m->cfg;
     ts_ws               *w = &m->ws;
     const int64_t        D = c->hidden_size, I = c->intermediate_size;
-    CM_TRY(gemm(m, w->big0, w->h, &L->gate_proj, T, I, D));
-    CM_TRY(gemm(m, w->big1, w->h, &L->up_proj, T, I, D));
+    CM_TRY(gemm_h(m, w->big0, &L->gate_proj, T, I, D));
+    CM_TRY(gemm_h(m, w->big1, &L->up_proj, T, I, D));
+    if (m->fused) {
+        CM_TRY(m->be->swiglu_bf16(m->ctx, w->act16, w->big0, w->big1, T * I));
+        return gemm16(m, w->o, w->act16, &L->down_proj, T, D, I);
+    }
     CM_TRY(m->be->swiglu(m->ctx, w->big2, w->big0, w->big1, T * I));
     return gemm(m, w->o, w->big2, &L->down_proj, T, D, I);
 }
@@ -520,25 +575,40 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
 
     CM_TRY(be->embed(cx, w->x, w->ids, m->embed.data, m->embed.dtype, T, D));
     int next_cap = 0;
+    /* fused path: the MLP output still to be added to x, by the next layer's input norm */
+    const float *pending = NULL;
     CM_TRY(mark(m, &ta));
     m->tm.other_ms += ta - tf0;
     for (int i = 0; i <= last; i++) {
         const ts_layer *L   = &m->layers[i];
         const int       gdn = L->type == CM_LAYER_TYPE_LINEAR_ATTENTION;
         m->gemm_acc         = gdn ? &m->tm.gdn_gemm_ms : &m->tm.attn_gemm_ms;
-        CM_TRY(be->rmsnorm(cx, w->h, w->x, L->input_norm, T, D, c->rms_norm_eps, 1));
+        if (m->fused)
+            CM_TRY(be->add_rmsnorm_bf16(cx, w->h16, w->x, pending, L->input_norm, T, D, c->rms_norm_eps, 1));
+        else
+            CM_TRY(be->rmsnorm(cx, w->h, w->x, L->input_norm, T, D, c->rms_norm_eps, 1));
+        pending = NULL;
         if (gdn)
             CM_TRY(forward_gdn(m, L, T, n_seq));
         else
             CM_TRY(forward_attention(m, L, T, n_seq));
-        CM_TRY(be->add(cx, w->x, w->o, T * D));
+        if (!m->fused) CM_TRY(be->add(cx, w->x, w->o, T * D));
         CM_TRY(mark(m, &tb));
         *(gdn ? &m->tm.gdn_ms : &m->tm.attn_ms) += tb - ta;
         *(gdn ? &m->tm.gdn_layers : &m->tm.attn_layers) += 1;
         m->gemm_acc = &m->tm.mlp_gemm_ms;
-        CM_TRY(be->rmsnorm(cx, w->h, w->x, L->post_norm, T, D, c->rms_norm_eps, 1));
+        if (m->fused) {
+            CM_TRY(be->add_rmsnorm_bf16(cx, w->h16, w->x, w->o, L->post_norm, T, D, c->rms_norm_eps, 1));
+        } else {
+            CM_TRY(be->rmsnorm(cx, w->h, w->x, L->post_norm, T, D, c->rms_norm_eps, 1));
+        }
         CM_TRY(forward_mlp(m, L, T));
-        CM_TRY(be->add(cx, w->x, w->o, T * D));
+        /* the fused path leaves the add to the next input norm, unless x is read before it */
+        const int x_read = i == last || (next_cap < cap->n_layers && cap->layers[next_cap] == i);
+        if (!m->fused || x_read)
+            CM_TRY(be->add(cx, w->x, w->o, T * D));
+        else
+            pending = w->o;
         CM_TRY(mark(m, &ta));
         m->tm.mlp_ms += ta - tb;
         m->tm.mlp_layers++;

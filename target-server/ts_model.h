@@ -69,12 +69,21 @@ typedef struct ts_capture {
 typedef struct ts_timing {
     int    forwards;                              /* forwards timed */
     int    gdn_layers, attn_layers, mlp_layers;   /* block runs timed */
-    double gdn_ms, attn_ms, mlp_ms;               /* whole blocks: norm … residual add */
+    double gdn_ms, attn_ms, mlp_ms;               /* whole blocks: norm … residual add (on the fused
+                                                     bf16 path a block's add runs inside the norm
+                                                     that opens the next block) */
     double gdn_core_ms, attn_core_ms;             /* the gated_delta_rule / attention kernels alone */
     double gdn_gemm_ms, attn_gemm_ms, mlp_gemm_ms;/* the GEMMs inside those blocks */
     double other_ms;                              /* embedding, captures, final norm, head */
     double total_ms;                              /* whole forwards */
 } ts_timing;
+
+/* 1 when the forward takes the fused bf16 path: the backend's gemm rounds its inputs to bf16
+ * (cuda, KN_GEMM_MODE_BF16), so the norms, swiglu and the GDN gated norm write the GEMM
+ * inputs as bf16 themselves, residual adds run inside the next norm and the GDN conv, split
+ * and q/k l2norms are one op. TANDEM_TARGET_FUSED=0 in the environment at load turns it off,
+ * =1 turns it on for any backend (the cpu then rounds GEMM inputs as cuda bf16 does). */
+int ts_model_fused(const ts_model *m);
 
 /* Turns per-block timing on (and clears the sums) or off. */
 void ts_model_set_timing(ts_model *m, int on);

@@ -5,13 +5,15 @@
  *   - tokens/s over timed forwards (all 64 layers, the drafter's taps copied out on the device),
  *   - a timed forward's breakdown: GDN, attention and MLP blocks, their GEMMs, the kernels,
  *   - the chunked GDN and flash attention kernels alone on one 8192-token sequence and on the mix,
+ *   - the elementwise ops at the model's shapes, unfused and fused (the bf16 fast path),
  *   - the cuBLASLt ceiling (8192³ bf16, fp32 accumulate) and the model's achieved TF/s,
  * then a table on stdout and the same numbers as JSON (--json PATH).
  *   bench_ts_target --config deploy/configs/qwen3.6-27b/target-config.json [--tokens 8192]
  *                   [--iters 5] [--seed 1] [--gpu 0] [--json OUT.json] [--mix-only OUT.json]
  * --mix-only writes the pack's cu_seqlens as JSON and exits without touching the GPU (the
  * Transformers side of bench/target_bench.sh runs the same pack); --profile-only runs one
- * forward and exits (for a kernel profiler). */
+ * forward and exits (for a kernel profiler). TANDEM_TARGET_FUSED=0 runs the forward on the
+ * unfused path (ts_model.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +68,10 @@ static int make_mix(int32_t *cu, int max_seq, int64_t T) {
 typedef struct op_bufs {
     float   *q, *k, *v, *g, *beta, *gate, *out;
     int32_t *cu;
+    /* the elementwise ops at the model's shapes, before and after fusion */
+    float    *x, *conv_out, *conv_w, *big0, *big1, *big2, *res, *y, *norm_w, *h, *z, *gn_w, *proj_out;
+    uint16_t *h16, *act16;
+    void     *down_w; /* BF16 [D, I] */
 } op_bufs;
 
 /* Median over 5 rounds of the mean time of reps calls (seconds). */
@@ -77,6 +83,71 @@ static cm_status run_gdn(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int
     return be->gated_delta_rule(cx, b->out, b->q, b->k, b->v, b->g, b->beta, b->cu, n_seq, T, c->lin_n_k_heads,
                                 c->lin_n_v_heads, c->lin_k_head_dim, c->lin_v_head_dim,
                                 1.0f / sqrtf((float)c->lin_k_head_dim));
+}
+
+/* GDN conv: conv1d_silu, the three q/k/v copies and two l2norms, or the one fused op */
+static cm_status ew_conv_old(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                             const cm_target_cfg *c) {
+    const int64_t qk = (int64_t)c->lin_n_k_heads * c->lin_k_head_dim, vd = (int64_t)c->lin_n_v_heads * c->lin_v_head_dim;
+    const int64_t C  = 2 * qk + vd;
+    CM_TRY(be->conv1d_silu(cx, b->conv_out, b->x, b->conv_w, b->cu, n_seq, T, C, c->lin_conv_kernel));
+    CM_TRY(be->copy2d(cx, b->q, qk, b->conv_out, C, T, qk));
+    CM_TRY(be->copy2d(cx, b->k, qk, b->conv_out + qk, C, T, qk));
+    CM_TRY(be->copy2d(cx, b->v, vd, b->conv_out + 2 * qk, C, T, vd));
+    CM_TRY(be->l2norm(cx, b->q, b->q, T * c->lin_n_k_heads, c->lin_k_head_dim, 1e-6f));
+    return be->l2norm(cx, b->k, b->k, T * c->lin_n_k_heads, c->lin_k_head_dim, 1e-6f);
+}
+
+static cm_status ew_conv_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                             const cm_target_cfg *c) {
+    return be->gdn_conv_qkv(cx, b->q, b->k, b->v, b->x, b->conv_w, b->cu, n_seq, T, c->lin_n_k_heads,
+                            c->lin_n_v_heads, c->lin_k_head_dim, c->lin_v_head_dim, c->lin_conv_kernel, 1e-6f);
+}
+
+/* residual add + the next RMSNorm (its bf16 conversion happens in each GEMM that reads it) */
+static cm_status ew_norm_old(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                             const cm_target_cfg *c) {
+    (void)n_seq;
+    CM_TRY(be->add(cx, b->res, b->y, T * c->hidden_size));
+    return be->rmsnorm(cx, b->h, b->res, b->norm_w, T, c->hidden_size, c->rms_norm_eps, 1);
+}
+
+static cm_status ew_norm_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                             const cm_target_cfg *c) {
+    (void)n_seq;
+    return be->add_rmsnorm_bf16(cx, b->h16, b->res, b->y, b->norm_w, T, c->hidden_size, c->rms_norm_eps, 1);
+}
+
+/* the GDN output norm */
+static cm_status ew_gnorm_old(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                              const cm_target_cfg *c) {
+    (void)n_seq;
+    return be->rmsnorm_gated(cx, b->out, b->out, b->z, b->gn_w, T * c->lin_n_v_heads, c->lin_v_head_dim,
+                             c->rms_norm_eps);
+}
+
+static cm_status ew_gnorm_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                              const cm_target_cfg *c) {
+    (void)n_seq;
+    return be->rmsnorm_gated_bf16(cx, b->act16, b->out, b->z, b->gn_w, T * c->lin_n_v_heads, c->lin_v_head_dim,
+                                  c->rms_norm_eps);
+}
+
+/* SwiGLU and the down projection (whose GEMM converts an f32 input to bf16 first) */
+static cm_status ew_mlp_old(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                            const cm_target_cfg *c) {
+    (void)n_seq;
+    const int64_t I = c->intermediate_size;
+    CM_TRY(be->swiglu(cx, b->big2, b->big0, b->big1, T * I));
+    return be->gemm(cx, b->proj_out, b->big2, b->down_w, CM_DTYPE_BF16, T, c->hidden_size, I);
+}
+
+static cm_status ew_mlp_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                            const cm_target_cfg *c) {
+    (void)n_seq;
+    const int64_t I = c->intermediate_size;
+    CM_TRY(be->swiglu_bf16(cx, b->act16, b->big0, b->big1, T * I));
+    return be->gemm_bf16in(cx, b->proj_out, b->act16, b->down_w, CM_DTYPE_BF16, T, c->hidden_size, I);
 }
 
 static cm_status run_attn(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
@@ -246,6 +317,55 @@ int main(int argc, char **argv) {
         t_att[mix] = time_op(run_attn, be, cx, &b, mix ? n_seq : 1, T, c, 5);
     }
 
+    /* the elementwise ops at the model's shapes on the mix, the unfused sequence and the fused op */
+    const int64_t conv_dim = 2 * nk * dk + nv * dv;
+    CHECK(be->alloc(cx, (void **)&b.x, (size_t)(T * conv_dim) * 4));
+    CHECK(be->alloc(cx, (void **)&b.conv_out, (size_t)(T * conv_dim) * 4));
+    CHECK(be->alloc(cx, (void **)&b.conv_w, (size_t)(conv_dim * c->lin_conv_kernel) * 4));
+    CHECK(be->alloc(cx, (void **)&b.big0, (size_t)(T * I) * 4));
+    CHECK(be->alloc(cx, (void **)&b.big1, (size_t)(T * I) * 4));
+    CHECK(be->alloc(cx, (void **)&b.big2, (size_t)(T * I) * 4));
+    CHECK(be->alloc(cx, (void **)&b.res, (size_t)(T * D) * 4));
+    CHECK(be->alloc(cx, (void **)&b.y, (size_t)(T * D) * 4));
+    CHECK(be->alloc(cx, (void **)&b.h, (size_t)(T * D) * 4));
+    CHECK(be->alloc(cx, (void **)&b.proj_out, (size_t)(T * D) * 4));
+    CHECK(be->alloc(cx, (void **)&b.norm_w, (size_t)D * 4));
+    CHECK(be->alloc(cx, (void **)&b.z, (size_t)(T * nv * dv) * 4));
+    CHECK(be->alloc(cx, (void **)&b.gn_w, (size_t)dv * 4));
+    CHECK(be->alloc(cx, (void **)&b.h16, (size_t)(T * D) * 2));
+    CHECK(be->alloc(cx, (void **)&b.act16, (size_t)(T * (I > nv * dv ? I : nv * dv)) * 2));
+    CHECK(be->alloc(cx, &b.down_w, (size_t)(D * I) * 2));
+    CHECK(be->upload(cx, b.cu, cu, (size_t)(n_seq + 1) * 4));
+    CHECK(be->fill_uniform(cx, b.x, CM_DTYPE_F32, T * conv_dim, 31, -1, 1));
+    CHECK(be->fill_uniform(cx, b.conv_w, CM_DTYPE_F32, conv_dim * c->lin_conv_kernel, 32, -0.5f, 0.5f));
+    CHECK(be->fill_uniform(cx, b.big0, CM_DTYPE_F32, T * I, 33, -3, 3));
+    CHECK(be->fill_uniform(cx, b.big1, CM_DTYPE_F32, T * I, 34, -3, 3));
+    CHECK(be->fill_uniform(cx, b.res, CM_DTYPE_F32, T * D, 35, -1, 1));
+    CHECK(be->fill_uniform(cx, b.y, CM_DTYPE_F32, T * D, 36, -1e-3f, 1e-3f));
+    CHECK(be->fill_uniform(cx, b.norm_w, CM_DTYPE_F32, D, 37, -0.1f, 0.1f));
+    CHECK(be->fill_uniform(cx, b.out, CM_DTYPE_F32, T * nv * dv, 38, -1, 1));
+    CHECK(be->fill_uniform(cx, b.z, CM_DTYPE_F32, T * nv * dv, 39, -3, 3));
+    CHECK(be->fill_uniform(cx, b.gn_w, CM_DTYPE_F32, dv, 40, 0.9f, 1.1f));
+    CHECK(be->fill_uniform(cx, b.down_w, CM_DTYPE_BF16, D * I, 41, -0.0346f, 0.0346f));
+    const struct {
+        const char *name;
+        op_fn       old_f, new_f;
+        int         reps, per_layer; /* per_layer: runs per forward (GDN layers, all layers, 2 per layer) */
+    } ew[] = {
+        {"GDN conv1d + SiLU, q/k/v split, q/k l2norm", ew_conv_old, ew_conv_new, 10, n_gdn},
+        {"residual add + RMSNorm (bf16 out)", ew_norm_old, ew_norm_new, 10, 2 * c->n_layers},
+        {"GDN gated RMSNorm (bf16 out)", ew_gnorm_old, ew_gnorm_new, 10, n_gdn},
+        {"SwiGLU + down projection GEMM", ew_mlp_old, ew_mlp_new, 5, c->n_layers},
+    };
+    const int n_ew = (int)(sizeof ew / sizeof ew[0]);
+    double    t_ew[4][2];
+    const int can_fuse = be->gdn_conv_qkv && be->add_rmsnorm_bf16 && be->rmsnorm_gated_bf16 && be->swiglu_bf16 &&
+                         be->gemm_bf16in;
+    for (int i = 0; i < n_ew && can_fuse; i++) {
+        t_ew[i][0] = time_op(ew[i].old_f, be, cx, &b, n_seq, T, c, ew[i].reps);
+        t_ew[i][1] = time_op(ew[i].new_f, be, cx, &b, n_seq, T, c, ew[i].reps);
+    }
+
     /* the cuBLASLt ceiling: 8192³, bf16 operands, fp32 accumulate and output */
     const int64_t G = 8192;
     void         *ga, *gb;
@@ -270,7 +390,8 @@ int main(int argc, char **argv) {
     const double tok_s    = T / fwd_s;
     const double gemm_ms  = (tm.gdn_gemm_ms + tm.attn_gemm_ms + tm.mlp_gemm_ms) / nf;
     const double timed_ms = tm.total_ms / nf;
-    printf("\n## target forward, %s, %lld-token packs (%d sequences: ", config, (long long)T, n_seq);
+    printf("\n## target forward, %s, %lld-token packs, %s path (%d sequences: ", config, (long long)T,
+           ts_model_fused(m) ? "fused bf16" : "unfused", n_seq);
     for (int s = 0; s < n_seq; s++) printf("%s%d", s ? " " : "", cu[s + 1] - cu[s]);
     printf(")\n\n| figure | value |\n| --- | --- |\n");
     printf("| cold start: process start to weights on the GPU (--init random) | %.2f s (context %.2f s) |\n",
@@ -293,6 +414,13 @@ int main(int argc, char **argv) {
            tm.attn_gemm_ms / tm.attn_layers, tm.attn_core_ms / tm.attn_layers);
     printf("| MLP block | %.3f ms x %d (GEMMs %.3f) |\n", tm.mlp_ms / tm.mlp_layers, c->n_layers,
            tm.mlp_gemm_ms / tm.mlp_layers);
+    printf("| elementwise per block (block − GEMMs − core) | GDN %.3f, attention %.3f, MLP %.3f ms |\n",
+           (tm.gdn_ms - tm.gdn_gemm_ms - tm.gdn_core_ms) / tm.gdn_layers,
+           (tm.attn_ms - tm.attn_gemm_ms - tm.attn_core_ms) / tm.attn_layers,
+           (tm.mlp_ms - tm.mlp_gemm_ms) / tm.mlp_layers);
+    printf("| elementwise per forward (sum of the above) | %.1f ms |\n",
+           (tm.gdn_ms - tm.gdn_gemm_ms - tm.gdn_core_ms + tm.attn_ms - tm.attn_gemm_ms - tm.attn_core_ms +
+            tm.mlp_ms - tm.mlp_gemm_ms) / nf);
     printf("| other (embedding, captures, uploads) | %.1f ms |\n", tm.other_ms / nf);
     printf("| chunked GDN kernel alone, 1 x %lld tokens | %.3f ms |\n", (long long)T, t_gdn[0] * 1e3);
     printf("| chunked GDN kernel alone, the mix | %.3f ms |\n", t_gdn[1] * 1e3);
@@ -300,6 +428,13 @@ int main(int argc, char **argv) {
            t_att[0] * 1e3, 4.0 * nq * hd * (double)T * (T + 1) / 2 / t_att[0] / 1e12);
     printf("| flash attention kernel alone, the mix | %.3f ms (%.0f TF/s) |\n", t_att[1] * 1e3,
            4.0 * nq * hd * att_pairs / t_att[1] / 1e12);
+    if (can_fuse) {
+        printf("\n| op at the model's shapes, on the mix | unfused ms | fused ms | saved per forward |\n"
+               "| --- | --- | --- | --- |\n");
+        for (int i = 0; i < n_ew; i++)
+            printf("| %s | %.3f | %.3f | %.1f ms (x %d) |\n", ew[i].name, t_ew[i][0] * 1e3, t_ew[i][1] * 1e3,
+                   (t_ew[i][0] - t_ew[i][1]) * 1e3 * ew[i].per_layer, ew[i].per_layer);
+    }
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
@@ -310,11 +445,14 @@ int main(int argc, char **argv) {
                     "\"gdn_block_ms\": %.4f, \"gdn_core_ms\": %.4f, \"attn_block_ms\": %.4f, "
                     "\"attn_core_ms\": %.4f, \"mlp_block_ms\": %.4f, \"gdn_kernel_single_ms\": %.4f, "
                     "\"gdn_kernel_mix_ms\": %.4f, \"attn_kernel_single_ms\": %.4f, \"attn_kernel_mix_ms\": %.4f, "
+                    "\"fused\": %d, \"gdn_gemm_ms\": %.4f, \"attn_gemm_ms\": %.4f, \"mlp_gemm_ms\": %.4f, "
                     "\"cu_seqlens\": [",
                     (long long)T, n_seq, t_loaded - t_start, t_first - t_start, fwd_s * 1e3, tok_s,
                     (flops_gemm + flops_attn) / fwd_s / 1e12, ceil_tf, gemm_ms, timed_ms, tm.gdn_ms / tm.gdn_layers,
                     tm.gdn_core_ms / tm.gdn_layers, tm.attn_ms / tm.attn_layers, tm.attn_core_ms / tm.attn_layers,
-                    tm.mlp_ms / tm.mlp_layers, t_gdn[0] * 1e3, t_gdn[1] * 1e3, t_att[0] * 1e3, t_att[1] * 1e3);
+                    tm.mlp_ms / tm.mlp_layers, t_gdn[0] * 1e3, t_gdn[1] * 1e3, t_att[0] * 1e3, t_att[1] * 1e3,
+                    ts_model_fused(m), tm.gdn_gemm_ms / tm.gdn_layers, tm.attn_gemm_ms / tm.attn_layers,
+                    tm.mlp_gemm_ms / tm.mlp_layers);
             for (int s = 0; s <= n_seq; s++) fprintf(f, "%s%d", s ? ", " : "", cu[s]);
             fprintf(f, "]}\n");
             fclose(f);

@@ -5,8 +5,10 @@
  * comparison prints its max abs error and its worst error/tolerance ratio, so a failing run
  * on a GPU machine says which op, which shape and how far. Tolerances: exact for data
  * movement and embed; 1e-5 relative for fp32 ops; GEMM 1e-5 (F32 mode, and BF16 mode on
- * bf16-exact inputs), 1e-2 (BF16 mode on general inputs). Also bad arguments. Label gpu:
- * exits 77 when the build has no cuda backend or the machine has no cuda device. */
+ * bf16-exact inputs), 1e-2 (BF16 mode on general inputs); the bf16 outputs of the fused
+ * producers (add_rmsnorm_bf16, rmsnorm_gated_bf16, swiglu_bf16) within one bf16 ulp. Also bad
+ * arguments. Label gpu: exits 77 when the build has no cuda backend or the machine has no
+ * cuda device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -742,6 +744,210 @@ static void test_gdn(void) {
 }
 
 // ----------------------------------------------------------------------------
+// bf16 GEMM inputs written by their producers (the target's fused path)
+
+/* Downloads n bf16 values of b from element offset off on both sides, widened. */
+static void dbuf_get16(const dbuf *b, long off, long n, float **c_out, float **g_out) {
+    uint16_t *c16 = malloc((size_t)(n > 0 ? n : 1) * 2), *g16 = malloc((size_t)(n > 0 ? n : 1) * 2);
+    if (!c16 || !g16)
+        exit(1);
+    if (cpu->download(cctx, c16, (const uint16_t *)b->c + off, (size_t)n * 2) != CM_OK ||
+        gpu->download(gctx, g16, (const uint16_t *)b->g + off, (size_t)n * 2) != CM_OK) {
+        fprintf(stderr, "download failed: %s\n", cm_last_error());
+        exit(1);
+    }
+    *c_out = zeros_f32(n);
+    *g_out = zeros_f32(n);
+    for (long i = 0; i < n; i++) {
+        (*c_out)[i] = bf16_widen(c16[i]);
+        (*g_out)[i] = bf16_widen(g16[i]);
+    }
+    free(c16);
+    free(g16);
+}
+
+/* Both sides round an f32 value that agrees to ~1e-6 relative, so their bf16 outputs agree
+ * or differ by one bf16 ulp (≤ 2^-7 relative) where the value lies next to a rounding
+ * boundary: rtol 2^-7. */
+#define BF16_RTOL 0.0078125
+
+static void compare_buf16(const char *name, const dbuf *b, long off, long n) {
+    float *c, *g;
+    dbuf_get16(b, off, n, &c, &g);
+    compare(name, g, c, n, 1e-30, BF16_RTOL);
+    free(c);
+    free(g);
+}
+
+/* Fills a bf16 device buffer with NaN (0xffff) so that an element the kernel skips fails. */
+static void poison16(void *dev, long n) {
+    uint16_t *nan = malloc((size_t)(n > 0 ? n : 1) * 2);
+    if (!nan)
+        exit(1);
+    for (long i = 0; i < n; i++)
+        nan[i] = 0xffffu;
+    TST_CHECK(call_ok(gpu->upload(gctx, dev, nan, (size_t)n * 2), "poison16 upload"));
+    free(nan);
+}
+
+static void gemm_bf16in_case(long M, long N, long K) {
+    float    *inp = rand_f32(M * K, -1, 1), *w = rand_f32(N * K, -1, 1);
+    uint16_t *in16 = malloc((size_t)(M * K) * 2), *w16 = malloc((size_t)(N * K) * 2);
+    double   *bound = malloc((size_t)(M * N) * sizeof(double));
+    if (!in16 || !w16 || !bound)
+        exit(1);
+    for (long i = 0; i < M * K; i++) {
+        in16[i] = bf16_round(inp[i]);
+        inp[i] = bf16_widen(in16[i]);
+    }
+    for (long i = 0; i < N * K; i++)
+        w16[i] = bf16_round(w[i]);
+    for (long m = 0; m < M; m++)
+        for (long n = 0; n < N; n++) {
+            double sum = 0;
+            for (long k = 0; k < K; k++)
+                sum += fabs((double)inp[m * K + k] * (double)w[n * K + k]);
+            bound[m * N + n] = sum;
+        }
+    dbuf bin = dbuf_put(in16, (size_t)(M * K) * 2), bw = dbuf_put(w, (size_t)(N * K) * 4);
+    dbuf bw16 = dbuf_put(w16, (size_t)(N * K) * 2), bo = dbuf_put(NULL, (size_t)(M * N) * 4);
+    for (int wi = 0; wi < 2; wi++) {
+        cm_dtype    wdt = wi ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+        const void *wc = wi ? bw16.c : bw.c, *wg = wi ? bw16.g : bw.g;
+        call_ok(cpu->gemm_bf16in(cctx, bo.c, bin.c, wc, wdt, M, N, K), "cpu gemm_bf16in");
+        float *ref = zeros_f32(M * N), *got = zeros_f32(M * N);
+        cpu->download(cctx, ref, bo.c, (size_t)(M * N) * sizeof(float));
+        for (int mode = 0; mode < 2; mode++) {
+            kn_ctx *g = mode ? gctx16 : gctx;
+            poison(bo.g, M * N);
+            call_ok(gpu->gemm_bf16in(g, bo.g, bin.g, wg, wdt, M, N, K), "cuda gemm_bf16in");
+            call_ok(gpu->download(g, got, bo.g, (size_t)(M * N) * sizeof(float)), "download");
+            /* the input is bf16-exact: only BF16 mode with F32 weights rounds an operand */
+            double tol = mode == 1 && wi == 0 ? 1e-2 : 1e-5;
+            char   name[112];
+            snprintf(name, sizeof name, "gemm_bf16in %s-mode W=%s M=%ld N=%ld K=%ld", mode ? "BF16" : "F32",
+                     wi ? "BF16" : "F32", M, N, K);
+            compare_bound(name, got, ref, bound, M * N, tol);
+        }
+        free(ref);
+        free(got);
+    }
+    dbuf_free(&bin);
+    dbuf_free(&bw);
+    dbuf_free(&bw16);
+    dbuf_free(&bo);
+    free(inp);
+    free(w);
+    free(in16);
+    free(w16);
+    free(bound);
+}
+
+/* off shifts x and y by one float, so the cuda kernels take their scalar (unaligned) path. */
+static void norm_bf16_case(long rows, long C, int off) {
+    float *x = rand_f32(rows * C + off, -2, 2), *y = rand_f32(rows * C + off, -2, 2);
+    float *z = rand_f32(rows * C + off, -4, 4), *w = rand_f32(C, -0.5, 1.5);
+    dbuf   bx = dbuf_put(x, (size_t)(rows * C + off) * 4), by = dbuf_put(y, (size_t)(rows * C + off) * 4);
+    dbuf   bz = dbuf_put(z, (size_t)(rows * C + off) * 4), bw = dbuf_put(w, (size_t)C * 4);
+    dbuf   bo = dbuf_put(NULL, (size_t)(rows * C) * 2);
+    char   name[112];
+    float *xc = (float *)bx.c + off, *xg = (float *)bx.g + off;
+    float *yc = (float *)by.c + off, *yg = (float *)by.g + off;
+    float *zc = (float *)bz.c + off, *zg = (float *)bz.g + off;
+    for (int one_plus = 0; one_plus < 2; one_plus++) {
+        /* one_plus 0: no residual (y NULL); 1: x += y first */
+        poison16(bo.g, rows * C);
+        call_ok(cpu->add_rmsnorm_bf16(cctx, bo.c, xc, one_plus ? yc : NULL, bw.c, rows, C, 1e-6f, one_plus),
+                "cpu add_rmsnorm_bf16");
+        call_ok(gpu->add_rmsnorm_bf16(gctx, bo.g, xg, one_plus ? yg : NULL, bw.g, rows, C, 1e-6f, one_plus),
+                "cuda add_rmsnorm_bf16");
+        snprintf(name, sizeof name, "add_rmsnorm_bf16 rows=%ld C=%ld %s one_plus=%d%s", rows, C,
+                 one_plus ? "x+=y" : "y=NULL", one_plus, off ? " unaligned" : "");
+        compare_buf16(name, &bo, 0, rows * C);
+        snprintf(name, sizeof name, "add_rmsnorm_bf16 rows=%ld C=%ld: x after the add%s", rows, C,
+                 off ? " unaligned" : "");
+        compare_buf(name, &bx, rows * C + off, 0, 0); /* one correctly rounded fp32 sum, as add */
+    }
+    poison16(bo.g, rows * C);
+    call_ok(cpu->rmsnorm_gated_bf16(cctx, bo.c, xc, zc, bw.c, rows, C, 1e-6f), "cpu rmsnorm_gated_bf16");
+    call_ok(gpu->rmsnorm_gated_bf16(gctx, bo.g, xg, zg, bw.g, rows, C, 1e-6f), "cuda rmsnorm_gated_bf16");
+    snprintf(name, sizeof name, "rmsnorm_gated_bf16 rows=%ld C=%ld%s", rows, C, off ? " unaligned" : "");
+    compare_buf16(name, &bo, 0, rows * C);
+    poison16(bo.g, rows * C);
+    call_ok(cpu->swiglu_bf16(cctx, bo.c, zc, yc, rows * C), "cpu swiglu_bf16");
+    call_ok(gpu->swiglu_bf16(gctx, bo.g, zg, yg, rows * C), "cuda swiglu_bf16");
+    snprintf(name, sizeof name, "swiglu_bf16 n=%ld%s", rows * C, off ? " unaligned" : "");
+    compare_buf16(name, &bo, 0, rows * C);
+    dbuf_free(&bx);
+    dbuf_free(&by);
+    dbuf_free(&bz);
+    dbuf_free(&bw);
+    dbuf_free(&bo);
+    free(x);
+    free(y);
+    free(z);
+    free(w);
+}
+
+static void gdn_conv_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv, int K) {
+    int32_t cu[16];
+    long    T = make_seqs(lens, n_seq, cu);
+    long    qk = (long)nk * dk, C = 2 * qk + (long)nv * dv;
+    float  *x = rand_f32(T * C, -2, 2), *w = rand_f32(C * K, -1, 1);
+    dbuf    bx = dbuf_put(x, (size_t)(T * C) * 4), bw = dbuf_put(w, (size_t)(C * K) * 4);
+    dbuf    bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4);
+    dbuf    bq = dbuf_put(NULL, (size_t)(T * qk) * 4), bk = dbuf_put(NULL, (size_t)(T * qk) * 4);
+    dbuf    bv = dbuf_put(NULL, (size_t)(T * nv * dv) * 4);
+    poison(bq.g, T * qk);
+    poison(bk.g, T * qk);
+    poison(bv.g, T * nv * dv);
+    call_ok(cpu->gdn_conv_qkv(cctx, bq.c, bk.c, bv.c, bx.c, bw.c, bc.c, n_seq, T, nk, nv, dk, dv, K, 1e-6f),
+            "cpu gdn_conv_qkv");
+    call_ok(gpu->gdn_conv_qkv(gctx, bq.g, bk.g, bv.g, bx.g, bw.g, bc.g, n_seq, T, nk, nv, dk, dv, K, 1e-6f),
+            "cuda gdn_conv_qkv");
+    char name[112];
+    snprintf(name, sizeof name, "gdn_conv_qkv q T=%ld n_seq=%d nk=%d dk=%d K=%d", T, n_seq, nk, dk, K);
+    compare_buf(name, &bq, T * qk, 1e-6, 1e-5);
+    snprintf(name, sizeof name, "gdn_conv_qkv k T=%ld n_seq=%d nk=%d dk=%d K=%d", T, n_seq, nk, dk, K);
+    compare_buf(name, &bk, T * qk, 1e-6, 1e-5);
+    snprintf(name, sizeof name, "gdn_conv_qkv v T=%ld n_seq=%d nv=%d dv=%d K=%d", T, n_seq, nv, dv, K);
+    compare_buf(name, &bv, T * nv * dv, 1e-6, 1e-5);
+    dbuf_free(&bx);
+    dbuf_free(&bw);
+    dbuf_free(&bc);
+    dbuf_free(&bq);
+    dbuf_free(&bk);
+    dbuf_free(&bv);
+    free(x);
+    free(w);
+}
+
+static void test_bf16_producers(void) {
+    TST_CHECK(cpu->gemm_rounds_input(cctx) == 0);
+    TST_CHECK(gpu->gemm_rounds_input(gctx) == 0);
+    TST_CHECK(gpu->gemm_rounds_input(gctx16) == 1);
+    gemm_bf16in_case(1, 1, 1);
+    gemm_bf16in_case(7, 13, 29);
+    gemm_bf16in_case(130, 257, 96);
+
+    static const long shapes[][2] = {{1, 1}, {7, 33}, {130, 1000}, {3, 5120}, {300, 128}}; /* rows C */
+    for (int s = 0; s < 5; s++)
+        norm_bf16_case(shapes[s][0], shapes[s][1], 0);
+    norm_bf16_case(7, 36, 1);
+    norm_bf16_case(5, 128, 1);
+
+    static const int packed[] = {1, 63, 64, 65, 200};
+    static const int small[] = {1, 2, 3};
+    static const int longs[] = {300, 1, 140, 2};
+    gdn_conv_case(packed, 5, 2, 4, 16, 12, 4);  /* float4 path, several runs and sequence starts */
+    gdn_conv_case(packed, 5, 1, 3, 33, 40, 4);  /* odd head size: scalar path */
+    gdn_conv_case(longs, 4, 2, 6, 128, 128, 4); /* the Qwen head sizes, GVA 3 */
+    gdn_conv_case(longs, 4, 1, 1, 300, 5, 3);   /* a head wider than the block */
+    gdn_conv_case(small, 3, 1, 2, 5, 7, 7);     /* kernel longer than every sequence */
+    gdn_conv_case(packed, 5, 1, 1, 8, 8, 1);
+}
+
+// ----------------------------------------------------------------------------
 // empty shapes: CM_OK and no launch (a zero-sized grid would be a launch error)
 
 static void test_empty(void) {
@@ -763,6 +969,15 @@ static void test_empty(void) {
     TST_CHECK(
         call_ok(gpu->attention(gctx, buf, buf, buf, buf, NULL, cu, 0, 0, 2, 1, 8, 0.3f), "attention T=0"));
     TST_CHECK(call_ok(gpu->conv1d_silu(gctx, buf, buf + 32, buf, cu, 0, 0, 8, 4), "conv1d_silu T=0"));
+    TST_CHECK(call_ok(gpu->gdn_conv_qkv(gctx, buf, buf, buf, buf + 32, buf, cu, 0, 0, 1, 1, 4, 4, 4, 1e-6f),
+                      "gdn_conv_qkv T=0"));
+    TST_CHECK(call_ok(gpu->gemm_bf16in(gctx16, buf, (const uint16_t *)buf, buf, CM_DTYPE_BF16, 0, 8, 8),
+                      "gemm_bf16in M=0"));
+    TST_CHECK(call_ok(gpu->add_rmsnorm_bf16(gctx, (uint16_t *)buf, buf, buf, buf, 0, 8, 1e-6f, 1),
+                      "add_rmsnorm_bf16 rows=0"));
+    TST_CHECK(call_ok(gpu->rmsnorm_gated_bf16(gctx, (uint16_t *)buf, buf, buf, buf, 0, 8, 1e-6f),
+                      "rmsnorm_gated_bf16 rows=0"));
+    TST_CHECK(call_ok(gpu->swiglu_bf16(gctx, (uint16_t *)buf, buf, buf, 0), "swiglu_bf16 n=0"));
     TST_CHECK(call_ok(gpu->gdn_gate(gctx, buf, buf, buf, buf, buf, buf, 0, 4), "gdn_gate T=0"));
     TST_CHECK(call_ok(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 0, 0, 1, 2, 8, 8, 0.3f),
                       "gated_delta_rule T=0"));
@@ -818,6 +1033,16 @@ static void test_bad_args(void) {
     expect(gpu->conv1d_silu(gctx, buf, buf + 64, buf + 2048, cu, 1, 8, 4, 0), CM_ERR_INVALID_ARG,
            "conv1d_silu K=0");
     expect(gpu->gdn_gate(gctx, buf, buf, buf, buf, buf, buf, 8, 0), CM_ERR_INVALID_ARG, "gdn_gate nv=0");
+    expect(gpu->gdn_conv_qkv(gctx, buf + 64, buf + 128, buf + 192, buf, buf + 2048, cu, 1, 8, 1, 1, 4, 4, 4, 1e-6f),
+           CM_ERR_INVALID_ARG, "gdn_conv_qkv q overlaps x");
+    expect(gpu->gdn_conv_qkv(gctx, buf + 256, buf + 512, buf + 768, buf, buf + 2048, cu, 1, 8, 1, 1, 4, 4, 9, 1e-6f),
+           CM_ERR_UNSUPPORTED, "gdn_conv_qkv K=9");
+    expect(gpu->gdn_conv_qkv(gctx, buf + 256, buf + 512, buf + 768, buf, buf + 2048, cu, 1, 8, 0, 1, 4, 4, 4, 1e-6f),
+           CM_ERR_INVALID_ARG, "gdn_conv_qkv nk=0");
+    expect(gpu->add_rmsnorm_bf16(gctx, (uint16_t *)buf, buf + 64, NULL, buf, 2, 0, 1e-6f, 1), CM_ERR_INVALID_ARG,
+           "add_rmsnorm_bf16 C=0");
+    expect(gpu->gemm_bf16in(gctx16, buf, NULL, buf, CM_DTYPE_BF16, 2, 2, 2), CM_ERR_INVALID_ARG,
+           "gemm_bf16in inp=NULL");
     expect(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 1, 8, 2, 3, 16, 16, 0.25f),
            CM_ERR_INVALID_ARG, "gated_delta_rule nv=3 nk=2");
     expect(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 1, 8, 1, 1, 300, 16, 0.25f),
@@ -860,6 +1085,7 @@ int main(void) {
     test_conv1d();
     test_gdn_gate();
     test_gdn();
+    test_bf16_producers();
     test_empty();
     test_bad_args();
 

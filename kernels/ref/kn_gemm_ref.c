@@ -3,8 +3,9 @@
  * products, a double sum, one rounding. Work is split into tiles of GEMM_MB inp rows ×
  * GEMM_NB W rows, run in parallel under OpenMP; a BF16 tile of W is widened once per tile
  * into a per-thread buffer, so the inner loop is F32 × F32. The backward pair gemm_dx and
- * gemm_dw (see their section) sums each output over the reduction index in order. Fast
- * enough for CPU training of small drafters; not a tuned BLAS. */
+ * gemm_dw (see their section) sums each output over the reduction index in order;
+ * gemm_bf16in widens its BF16 input and runs gemm. Fast enough for CPU training of small
+ * drafters; not a tuned BLAS. */
 #include "kn_ref.h"
 
 #include <stdlib.h>
@@ -159,4 +160,27 @@ cm_status kn_ref_gemm_dw(kn_ctx *ctx, float *dw, const float *dout, const float 
     bwd_gemm g = {dw, dout, N, 1, inp, CM_DTYPE_F32, N, M, K, 1};
     bwd_gemm_run(&g);
     return CM_OK;
+}
+
+// ---- bf16 GEMM input (target forward under --precision bf16)
+
+int kn_ref_gemm_rounds_input(const kn_ctx *ctx) {
+    (void)ctx;
+    return 0;
+}
+
+cm_status kn_ref_gemm_bf16in(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt, int64_t M,
+                             int64_t N, int64_t K) {
+    KN_REF_CHECK(ctx, "gemm_bf16in: ctx is NULL");
+    KN_REF_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16in: bad shape M=%lld N=%lld K=%lld (each must be >= 0)",
+                 (long long)M, (long long)N, (long long)K);
+    if (M == 0 || N == 0) return kn_ref_gemm(ctx, out, NULL, w, wdt, M, N, K);
+    KN_REF_CHECK(inp || K == 0, "gemm_bf16in: inp is NULL");
+    const size_t n   = (size_t)M * (size_t)K;
+    float       *wid = malloc((n ? n : 1) * sizeof(float));
+    if (!wid) return CM_FAIL(CM_ERR_NOMEM, "gemm_bf16in: cannot allocate %zu floats to widen the input", n);
+    for (size_t i = 0; i < n; i++) wid[i] = cm_bf16_to_f32(inp[i]);
+    cm_status st = kn_ref_gemm(ctx, out, wid, w, wdt, M, N, K);
+    free(wid);
+    return st;
 }

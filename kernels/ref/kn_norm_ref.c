@@ -2,7 +2,8 @@
  * zero-centred Qwen3.5 form with scale 1 + w, or plain w), the GDN output norm rmsnorm_gated
  * (w · norm(x) · silu(z), plain w) and l2norm (x / sqrt(Σx² + eps)). Statistics are summed in
  * double; each output is evaluated in double and rounded once, so out may alias the input.
- * Also rmsnorm_bwd (dinp written, dw accumulated), deterministic for any thread count. */
+ * Also rmsnorm_bwd (dinp written, dw accumulated), deterministic for any thread count, and the
+ * BF16-output forms add_rmsnorm_bf16 and rmsnorm_gated_bf16 (composition, then rounding). */
 #include "kn_ref.h"
 
 #include <stdlib.h>
@@ -124,4 +125,47 @@ cm_status kn_ref_rmsnorm_bwd(kn_ctx *ctx, float *dinp, float *dw, const float *d
     }
     free(rstd);
     return CM_OK;
+}
+
+// ---- bf16 outputs for the next GEMM: the norms above, one row at a time into a scratch
+// row, rounded to BF16
+
+cm_status kn_ref_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
+                                  int64_t rows, int64_t C, float eps, int one_plus) {
+    KN_REF_CHECK(ctx, "add_rmsnorm_bf16: ctx is NULL");
+    KN_REF_CHECK(rows >= 0 && C > 0, "add_rmsnorm_bf16: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
+                 (long long)rows, (long long)C);
+    KN_REF_CHECK(eps >= 0, "add_rmsnorm_bf16: eps=%g must be >= 0", (double)eps);
+    if (rows == 0) return CM_OK;
+    KN_REF_CHECK(out && x && w, "add_rmsnorm_bf16: out, x or w is NULL");
+    if (y) CM_TRY(kn_ref_add(ctx, x, y, rows * C));
+    float *row = malloc((size_t)C * sizeof(float));
+    if (!row) return CM_FAIL(CM_ERR_NOMEM, "add_rmsnorm_bf16: cannot allocate a row of %lld floats", (long long)C);
+    cm_status st = CM_OK;
+    for (int64_t r = 0; r < rows && st == CM_OK; r++) {
+        st = kn_ref_rmsnorm(ctx, row, x + r * C, w, 1, C, eps, one_plus);
+        for (int64_t c = 0; c < C; c++) out[r * C + c] = cm_f32_to_bf16(row[c]);
+    }
+    free(row);
+    return st;
+}
+
+cm_status kn_ref_rmsnorm_gated_bf16(kn_ctx *ctx, uint16_t *out, const float *x, const float *z, const float *w,
+                                    int64_t rows, int64_t C, float eps) {
+    KN_REF_CHECK(ctx, "rmsnorm_gated_bf16: ctx is NULL");
+    KN_REF_CHECK(rows >= 0 && C > 0, "rmsnorm_gated_bf16: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
+                 (long long)rows, (long long)C);
+    KN_REF_CHECK(eps >= 0, "rmsnorm_gated_bf16: eps=%g must be >= 0", (double)eps);
+    if (rows == 0) return CM_OK;
+    KN_REF_CHECK(out && x && z && w, "rmsnorm_gated_bf16: out, x, z or w is NULL");
+    float *row = malloc((size_t)C * sizeof(float));
+    if (!row)
+        return CM_FAIL(CM_ERR_NOMEM, "rmsnorm_gated_bf16: cannot allocate a row of %lld floats", (long long)C);
+    cm_status st = CM_OK;
+    for (int64_t r = 0; r < rows && st == CM_OK; r++) {
+        st = kn_ref_rmsnorm_gated(ctx, row, x + r * C, z + r * C, w, 1, C, eps);
+        for (int64_t c = 0; c < C; c++) out[r * C + c] = cm_f32_to_bf16(row[c]);
+    }
+    free(row);
+    return st;
 }
