@@ -8,7 +8,10 @@
 # Environment: OURS_GPU (default 0) and HF_GPU (default 1 when a second GPU is present, else
 # the same GPU, run after ours); CONFIG (default the 27B deploy config); TOKENS (8192);
 # ITERS (5); PRE_CMD, a command run on our GPU while the Transformers side builds its model
-# on the other (the GPU tests, say). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
+# on the other (the GPU tests, say); UNFUSED=1 also runs our forward on the unfused path
+# (TANDEM_TARGET_FUSED=0: f32 GEMM inputs converted by the GEMM, separate add, conv, splits and
+# l2norms) into ours-unfused.md/.json, for the before/after of the fused bf16 path; SKIP_HF=1
+# leaves the Transformers side out (its figure from an earlier run stands). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
 # /work/.library/device/README.md): install them first with pip --no-deps into a --target
 # directory on PYTHONPATH.
 set -uo pipefail
@@ -33,16 +36,22 @@ hf() {
     > "$out/hf.log" 2>&1
   echo "hf_fla_bench exit $?" >> "$out/hf.log"
 }
-if [ "$hf_gpu" != "$ours_gpu" ]; then hf & hf_pid=$!; fi
+[ "${SKIP_HF:-0}" = 1 ] && hf_gpu=skip
+if [ "$hf_gpu" != skip ] && [ "$hf_gpu" != "$ours_gpu" ]; then hf & hf_pid=$!; fi
 [ -n "${PRE_CMD:-}" ] && CUDA_VISIBLE_DEVICES=$ours_gpu bash -c "$PRE_CMD"
 
-/usr/bin/time -v "$build/tests/bench_ts_target" --config "$cfg" --tokens "$tokens" --iters "$iters" \
-  --gpu "$ours_gpu" --json "$out/ours.json" > "$out/ours.md" 2> "$out/ours.err"
-echo "bench_ts_target exit $?" >> "$out/ours.err"
-cat "$out/ours.md"; grep -E "exit|Maximum resident|Elapsed" "$out/ours.err"
+timev=(); [ -x /usr/bin/time ] && timev=(/usr/bin/time -v)
+ours() { # $1: output name; the environment picks the path
+  ${timev[@]+"${timev[@]}"} "$build/tests/bench_ts_target" --config "$cfg" --tokens "$tokens" --iters "$iters" \
+    --gpu "$ours_gpu" --json "$out/$1.json" > "$out/$1.md" 2> "$out/$1.err"
+  echo "bench_ts_target exit $?" >> "$out/$1.err"
+  cat "$out/$1.md"; grep -E "exit|Maximum resident|Elapsed" "$out/$1.err"
+}
+ours ours
+[ "${UNFUSED:-0}" = 1 ] && (export TANDEM_TARGET_FUSED=0; ours ours-unfused)
 
-if [ "$hf_gpu" != "$ours_gpu" ]; then wait "$hf_pid"; else hf; fi
-cat "$out/hf.log"
+if [ "$hf_gpu" = skip ]; then :; elif [ "$hf_gpu" != "$ours_gpu" ]; then wait "$hf_pid"; else hf; fi
+[ "$hf_gpu" != skip ] && cat "$out/hf.log"
 
 python3 - "$out" <<'PY'
 import json, sys
@@ -52,6 +61,12 @@ try:
 except Exception as e:
     print("no ours.json:", e); sys.exit(0)
 print(f"\nours: {ours['tokens_per_s']:.0f} tok/s ({ours['forward_ms']:.1f} ms per {ours['tokens']}-token pack)")
+try:
+    un = json.load(open(f"{out}/ours-unfused.json"))
+    print(f"ours, unfused path: {un['tokens_per_s']:.0f} tok/s ({un['forward_ms']:.1f} ms); "
+          f"fused / unfused = {ours['tokens_per_s'] / un['tokens_per_s']:.3f}x")
+except Exception:
+    pass
 try:
     hf = json.load(open(f"{out}/hf.json"))
 except Exception as e:
