@@ -4,9 +4,20 @@
  * (DESIGN §5): host-side block layout, labels and weights, then forward, loss and backward.
  *
  * Activations the backward needs are saved per layer in one backend allocation, planned
- * for the largest batch seen and reused; backward scratch is shared by the layers. Context
- * rows pass only through fc, hidden_norm and each layer's k/v projections, so their key and
- * value gradients from every layer sum into one dctx. One thread; every op is CM_TRY'd. */
+ * for the largest batch seen and reused. They are stored in the activation dtype: F32, or
+ * BF16 when the backend's gemm rounds its inputs to bf16 anyway (cuda --precision bf16), so
+ * a saved GEMM input costs half and feeds the GEMM without a conversion pass. Everything the
+ * forward saves in BF16 it also goes on with as rounded (the residual stream at each save,
+ * q/k before their norms, v), so the backward's recomputations see the forward's exact
+ * values. Only what needs a GEMM to rebuild is saved: the norms' outputs (input and
+ * post-attention layernorm, q/k norm and RoPE) are recomputed in the backward from their
+ * saved inputs, the SwiGLU product too, and the MLP backward writes dgate/dup over the saved
+ * gate/up. Each layer's gate/up span is also the attention scratch of that layer (the
+ * forward's attention runs before the MLP writes it, the backward's after the MLP backward
+ * has consumed it); what does not fit there, and the other phases' temporaries, share one
+ * work region. Context rows pass only through fc, hidden_norm and each layer's k/v
+ * projections, so their key and value gradients from every layer sum into one dctx. One
+ * thread; every op is CM_TRY'd. */
 #include "dt_model.h"
 
 #include <math.h>
@@ -39,50 +50,80 @@ enum {
 #define P_HIDDEN_NORM 1
 #define P_LAYER0      2
 
-/* What layer l saved in the forward for the backward. R = n_anchors · B block rows. */
+/* What layer l saved in the forward for the backward, in the activation dtype (adt).
+ * R = n_anchors · B block rows. */
 typedef struct dt_layer_acts {
-    float *x;                /* [R, D] residual stream into the layer */
-    float *h;                /* [R, D] input_layernorm(x) */
-    float *q_pre, *q;        /* [R, nq·hd] q_proj(h); after q_norm and rope */
-    float *kc_pre, *kc, *vc; /* [T, nkv·hd] context: k_proj(ctx); after k_norm and rope; v_proj(ctx) */
-    float *kb_pre, *kb, *vb; /* [R, nkv·hd] the same for the block rows, from h */
-    float *attn, *lse;       /* [R, nq·hd], [R, nq] */
-    float *x_mid;            /* [R, D] x + o_proj(attn) */
-    float *h2;               /* [R, D] post_attention_layernorm(x_mid) */
-    float *gate, *up;        /* [R, I] gate_proj(h2), up_proj(h2) */
+    void  *x;              /* [R, D] residual stream into the layer */
+    void  *q_pre;          /* [R, nq·hd] q_proj(input_layernorm(x)) */
+    void  *kc_pre, *vc;    /* [T, nkv·hd] context: k_proj(ctx), v_proj(ctx) */
+    void  *kb_pre, *vb;    /* [R, nkv·hd] the same for the block rows */
+    void  *attn;           /* [R, nq·hd] attention output */
+    float *lse;            /* [R, nq] */
+    void  *x_mid;          /* [R, D] x + o_proj(attn) */
+    void  *gate, *up;      /* [R, I] gate_proj(h2), up_proj(h2), one span (up follows gate);
+                              the backward overwrites them with their gradients */
 } dt_layer_acts;
+
+/* The F32 temporaries of the attention of one layer (forward: q, k, v after their norms and
+ * RoPE and the output; backward: those again, the output gradient and the five input
+ * gradients, later the pre-norm q/k and their gradients), placed first-fit in the layer's
+ * gate/up span, the rest in the work region. */
+enum {
+    AS_Q = 0, /* [R, Q] q; then q_pre (backward) */
+    AS_O,     /* [R, Q] attention output; then dq_pre */
+    AS_DO,    /* [R, Q] dattn */
+    AS_DQ,    /* [R, Q] */
+    AS_KC,    /* [T, KV] k of the context rows; then kc_pre */
+    AS_VC,    /* [T, KV] v; then dkc_pre */
+    AS_KB,    /* [R, KV] k of the block rows; then kb_pre */
+    AS_VB,    /* [R, KV] v; then dkb_pre */
+    AS_DKC,
+    AS_DVC,   /* [T, KV] */
+    AS_DKB,
+    AS_DVB,   /* [R, KV] */
+    AS_COUNT
+};
+/* The fc/hidden_norm temporaries (forward start, backward end), in layer 0's span or the
+ * work region: ctx_pre and ctx in F32; then ctx_pre again and dctx_pre. */
+enum { FS_PRE = 0, FS_OUT, FS_COUNT };
+
+typedef struct dt_slot {
+    int    in_span; /* 1: offset into a layer's gate/up span; 0: into the work region */
+    size_t off;     /* bytes */
+} dt_slot;
 
 /* Backend buffers for one step, sized for T_cap context rows and R_cap block rows. */
 typedef struct dt_acts {
     int64_t        T_cap, R_cap;
     void          *base;
+    size_t         bytes;                       /* of base */
     int32_t       *blk_ids, *blk_pos, *ctx_pos; /* [R], [R], [T] */
     int32_t       *anchors, *ctx_lo;            /* [n_anchors] */
     int32_t       *labels, *argmax;             /* [R] (first n_sel used) */
-    int32_t       *iota;                        /* [T] 0, 1, ...: row ids for widening device taps */
     int32_t       *sel, *inv;                   /* [R] selected row → block row; block row → selected
                                                    row or n_sel (the zero row of dhsel) */
     float         *gscale, *ce;                 /* [R] */
-    float         *F;                           /* [T, n·D] target features */
-    float         *ctx_pre, *ctx;               /* [T, D] F·fcᵀ; hidden_norm of it */
+    float         *F;                           /* [T, n·D] F32: target features (adt F32 only; BF16
+                                                   reads the taps where they are, see dt_model.tap) */
+    void          *ctx_pre, *ctx;               /* [T, D] adt: F·fcᵀ; hidden_norm of it */
     dt_layer_acts *layer;                       /* [L] (host array of pointers into base) */
-    float         *x_out, *hf;                  /* [R, D] after the last layer; norm(x_out) */
-    float         *hsel, *dhsel;                /* [R, D] rows with weight > 0, compacted; their grads
-                                                   ([R + 1, D]: row n_sel is kept zero) */
-    /* backward scratch shared by the layers */
-    float *dx, *dtmp, *dh;           /* [R, D] */
-    float *act, *dact, *dgate, *dup; /* [R, I] swiglu(gate, up) recomputed; its grad; the inputs' grads */
-    float *dattn, *dq, *dq_pre;      /* [R, nq·hd] */
-    float *dkb, *dvb, *dkb_pre;      /* [R, nkv·hd] */
-    float *dkc, *dvc, *dkc_pre;      /* [T, nkv·hd] */
-    float *dctx, *dctx_pre;          /* [T, D] */
+    /* F32 [R, D] buffers of both passes: xw the residual stream (forward; x_out at the end),
+     * then the widened saved x / x_mid (backward with BF16 storage) or the recomputed normed
+     * rows (F32 storage); dx its gradient (the forward's normed rows and the selected rows of
+     * the loss before that); dh the gradient of a norm's output (the forward's o_proj/down
+     * outputs, the final norm's output, the backward's normed rows before their BF16 copy) */
+    float         *xw, *dx, *dh;
+    void          *H;                           /* [R, D] BF16: normed rows as GEMM input (adt BF16 only) */
+    float         *dctx;                        /* [T, D] */
+    void          *work;                        /* the work region (see dt_slot) */
+    size_t         span_bytes, work_bytes;
+    dt_slot        as[AS_COUNT], fs[FS_COUNT];
 } dt_acts;
 
 /* Host-side layout of the current batch (grown with the plan). */
 typedef struct dt_host {
     int32_t *blk_ids, *blk_pos, *ctx_pos, *ctx_lo; /* [R], [R], [T], [n_anchors] */
     int32_t *sel_row, *labels, *argmax;            /* [R]: selected row → block row, label, argmax */
-    int32_t *iota;                                 /* [T] 0, 1, ... */
     int32_t *inv;                                  /* [R] block row → selected row, or n_sel */
     double  *weight;                               /* [R] w of each selected row */
     float   *gscale, *ce;                          /* [R] */
@@ -102,12 +143,24 @@ struct dt_model {
     cm_dtype embed_dt, lm_head_dt;
     int      lm_head_shared; /* lm_head aliases embed */
     int64_t  V;
+    cm_dtype adt; /* saved activations: F32, or BF16 when gemm rounds its inputs (see the top) */
+    /* With BF16 storage fc multiplies tap by tap (F · fcᵀ = Σ_k tap_k · fc[:, kD:(k+1)D]ᵀ) from
+     * where the taps are: the batch's device taps, or Fh, the host features rounded to BF16 on
+     * upload ([T_cap, n·D], a separate allocation made by the first host-fed step). Both paths
+     * run the same GEMMs on the same values, so they give the same bits. */
+    const void *tap[DT_MAX_TAPS];
+    cm_dtype    tap_dt;
+    int64_t     tap_ld;
+    void       *Fh;
+    int64_t     Fh_T;
     dt_acts  acts;
     dt_host  host;
     /* the current batch */
     int64_t T, n_anchors, R, n_sel;
     double  weight_sum;
 };
+
+static cm_status ensure_capacity(dt_model *m, int64_t T, int64_t R);
 
 static size_t align_floats(size_t n) {
     const size_t a = DT_ALIGN / sizeof(float);
@@ -199,9 +252,10 @@ static cm_status check_backend(const kn_backend *be) {
     } need[] = {
         DT_NEED(alloc),    DT_NEED(free),       DT_NEED(upload),  DT_NEED(download),        DT_NEED(sync),
         DT_NEED(zero),
-        DT_NEED(copy2d),   DT_NEED(add),        DT_NEED(swiglu),  DT_NEED(embed),           DT_NEED(gemm),
+        DT_NEED(cast2d),   DT_NEED(add),        DT_NEED(swiglu_typed), DT_NEED(embed),      DT_NEED(gemm),
         DT_NEED(rmsnorm),  DT_NEED(rope),       DT_NEED(gemm_dx), DT_NEED(gemm_dw),         DT_NEED(rmsnorm_bwd),
-        DT_NEED(rope_bwd), DT_NEED(swiglu_bwd), DT_NEED(lm_ce),   DT_NEED(dflash_attn_fwd), DT_NEED(dflash_attn_bwd),
+        DT_NEED(rope_bwd), DT_NEED(swiglu_bwd_typed), DT_NEED(lm_ce), DT_NEED(dflash_attn_fwd),
+        DT_NEED(dflash_attn_bwd), DT_NEED(rmsnorm_bwd_acc),
     };
     // clang-format on
 #undef DT_NEED
@@ -231,6 +285,8 @@ cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_ba
     m->cfg = *cfg;
     m->be = be;
     m->ctx = ctx;
+    /* BF16 storage only where the GEMMs would round these inputs anyway */
+    m->adt = be->gemm_rounds_input && be->matmul && be->gemm_rounds_input(ctx) ? CM_DTYPE_BF16 : CM_DTYPE_F32;
     m->n_params = P_LAYER0 + cfg->n_layers * LP_COUNT + 1;
     m->params = calloc((size_t)m->n_params, sizeof *m->params);
     m->names = calloc((size_t)m->n_params, sizeof *m->names);
@@ -259,6 +315,9 @@ fail:
 static void acts_release(dt_model *m) {
     if (m->acts.base)
         m->be->free(m->ctx, m->acts.base);
+    m->be->free(m->ctx, m->Fh);
+    m->Fh = NULL;
+    m->Fh_T = 0;
     free(m->acts.layer);
     free(m->host.blk_ids);
     free(m->host.blk_pos);
@@ -270,7 +329,6 @@ static void acts_release(dt_model *m) {
     free(m->host.weight);
     free(m->host.gscale);
     free(m->host.ce);
-    free(m->host.iota);
     free(m->host.inv);
     memset(&m->acts, 0, sizeof m->acts);
     memset(&m->host, 0, sizeof m->host);
@@ -292,6 +350,31 @@ void dt_model_destroy(dt_model **mp) {
     free(m->names);
     free(m);
     *mp = NULL;
+}
+
+cm_status dt_model_set_act_dtype(dt_model *m, cm_dtype dt) {
+    if (dt != CM_DTYPE_F32 && dt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "saved activations in %s are not supported (F32 or BF16)",
+                       cm_dtype_name(dt));
+    if (dt == CM_DTYPE_BF16 && !m->be->matmul)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "the %s backend has no matmul entry for BF16 saved activations",
+                       m->be->name);
+    if (dt != m->adt) {
+        const int64_t T = m->acts.T_cap, R = m->acts.R_cap;
+        acts_release(m);
+        m->adt = dt;
+        if (T > 0 && R > 0)
+            CM_TRY(ensure_capacity(m, T, R));
+    }
+    return CM_OK;
+}
+
+cm_dtype dt_model_act_dtype(const dt_model *m) {
+    return m->adt;
+}
+
+size_t dt_model_act_bytes(const dt_model *m) {
+    return m->acts.bytes;
 }
 
 const cm_drafter_cfg *dt_model_cfg(const dt_model *m) {
@@ -527,11 +610,38 @@ static void *carve(carver *c, int64_t n, size_t esize) {
 }
 #define CARVE_F(c, n) ((float *)carve((c), (n), sizeof(float)))
 #define CARVE_I(c, n) ((int32_t *)carve((c), (n), sizeof(int32_t)))
+#define CARVE_A(c, n) carve((c), (n), es)
+
+static size_t align_bytes(size_t n) {
+    return (n + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN;
+}
+
+/* First fit of slots of the given byte sizes into a span of span_bytes (in order), the rest
+ * packed into the work region; returns the work bytes they need. */
+static size_t slots_place(dt_slot *slot, const size_t *bytes, int n, size_t span_bytes) {
+    size_t span_used = 0, work_used = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t b = align_bytes(bytes[i]);
+        if (span_used + b <= span_bytes) {
+            slot[i] = (dt_slot){1, span_used};
+            span_used += b;
+        } else {
+            slot[i] = (dt_slot){0, work_used};
+            work_used += b;
+        }
+    }
+    return work_used;
+}
+
+static size_t max_sz(size_t a, size_t b) {
+    return a > b ? a : b;
+}
 
 static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
     const cm_drafter_cfg *g = &m->cfg;
     const int64_t         D = g->hidden_size, I = g->intermediate_size, Q = (int64_t)g->n_heads * g->head_dim;
     const int64_t         KV = (int64_t)g->n_kv_heads * g->head_dim, NA = R / g->block_size;
+    const size_t          es = cm_dtype_size(m->adt);
     dt_acts              *a = &m->acts;
     a->blk_ids = CARVE_I(c, R);
     a->blk_pos = CARVE_I(c, R);
@@ -540,55 +650,59 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
     a->ctx_lo = CARVE_I(c, NA);
     a->labels = CARVE_I(c, R);
     a->argmax = CARVE_I(c, R);
-    a->iota = CARVE_I(c, T);
     a->sel = CARVE_I(c, R);
     a->inv = CARVE_I(c, R);
     a->gscale = CARVE_F(c, R);
     a->ce = CARVE_F(c, R);
-    a->F = CARVE_F(c, T * g->n_taps * D);
-    a->ctx_pre = CARVE_F(c, T * D);
-    a->ctx = CARVE_F(c, T * D);
+    a->F = m->adt == CM_DTYPE_F32 ? CARVE_F(c, T * g->n_taps * D) : NULL;
+    a->ctx_pre = CARVE_A(c, T * D);
+    a->ctx = CARVE_A(c, T * D);
     for (int l = 0; l < g->n_layers; l++) {
         dt_layer_acts *A = &a->layer[l];
-        A->x = CARVE_F(c, R * D);
-        A->h = CARVE_F(c, R * D);
-        A->q_pre = CARVE_F(c, R * Q);
-        A->q = CARVE_F(c, R * Q);
-        A->kc_pre = CARVE_F(c, T * KV);
-        A->kc = CARVE_F(c, T * KV);
-        A->vc = CARVE_F(c, T * KV);
-        A->kb_pre = CARVE_F(c, R * KV);
-        A->kb = CARVE_F(c, R * KV);
-        A->vb = CARVE_F(c, R * KV);
-        A->attn = CARVE_F(c, R * Q);
+        /* BF16: layer 0's input is the embedding of the block tokens, looked up again */
+        A->x = l > 0 || m->adt == CM_DTYPE_F32 ? CARVE_A(c, R * D) : NULL;
+        A->q_pre = CARVE_A(c, R * Q);
+        A->kc_pre = CARVE_A(c, T * KV);
+        A->vc = CARVE_A(c, T * KV);
+        A->kb_pre = CARVE_A(c, R * KV);
+        A->vb = CARVE_A(c, R * KV);
+        A->attn = CARVE_A(c, R * Q);
         A->lse = CARVE_F(c, R * g->n_heads);
-        A->x_mid = CARVE_F(c, R * D);
-        A->h2 = CARVE_F(c, R * D);
-        A->gate = CARVE_F(c, R * I);
-        A->up = CARVE_F(c, R * I);
+        A->x_mid = CARVE_A(c, R * D);
+        A->gate = CARVE_A(c, R * I);
+        A->up = CARVE_A(c, R * I); /* right after gate: one span */
     }
-    a->x_out = CARVE_F(c, R * D);
-    a->hf = CARVE_F(c, R * D);
-    a->hsel = CARVE_F(c, R * D);
-    a->dhsel = CARVE_F(c, (R + 1) * D);
+    a->xw = CARVE_F(c, R * D);
     a->dx = CARVE_F(c, R * D);
-    a->dtmp = CARVE_F(c, R * D);
     a->dh = CARVE_F(c, R * D);
-    a->act = CARVE_F(c, R * I);
-    a->dact = CARVE_F(c, R * I);
-    a->dgate = CARVE_F(c, R * I);
-    a->dup = CARVE_F(c, R * I);
-    a->dattn = CARVE_F(c, R * Q);
-    a->dq = CARVE_F(c, R * Q);
-    a->dq_pre = CARVE_F(c, R * Q);
-    a->dkb = CARVE_F(c, R * KV);
-    a->dvb = CARVE_F(c, R * KV);
-    a->dkb_pre = CARVE_F(c, R * KV);
-    a->dkc = CARVE_F(c, T * KV);
-    a->dvc = CARVE_F(c, T * KV);
-    a->dkc_pre = CARVE_F(c, T * KV);
+    a->H = m->adt == CM_DTYPE_F32 ? NULL : CARVE_A(c, R * D);
     a->dctx = CARVE_F(c, T * D);
-    a->dctx_pre = CARVE_F(c, T * D);
+    /* the work region: the largest of the phases' needs beyond the spans */
+    a->span_bytes = 2 * align_bytes((size_t)(R * I) * es);
+    const size_t qb = (size_t)(R * Q) * 4, kcb = (size_t)(T * KV) * 4, kbb = (size_t)(R * KV) * 4;
+    const size_t as_bytes[AS_COUNT] = {qb, qb, qb, qb, kcb, kcb, kbb, kbb, kcb, kcb, kbb, kbb};
+    const size_t fs_bytes[FS_COUNT] = {(size_t)(T * D) * 4, (size_t)(T * D) * 4};
+    size_t       work = slots_place(a->as, as_bytes, AS_COUNT, a->span_bytes);
+    work = max_sz(work, slots_place(a->fs, fs_bytes, FS_COUNT, a->span_bytes));
+    work = max_sz(work, (size_t)(R * I) * es);                  /* the SwiGLU product / its gradient */
+    work = max_sz(work, (size_t)((R + 1) * D) * 4);             /* dhsel */
+    work = max_sz(work, (size_t)((int64_t)g->n_taps * D) * 4); /* a row of host features to widen */
+    a->work = carve(c, (int64_t)work, 1);
+    a->work_bytes = work;
+}
+
+/* Layer l's attention slot s (F32). */
+static float *slot_ptr(const dt_model *m, int l, int s) {
+    const dt_acts *a = &m->acts;
+    const dt_slot *t = &a->as[s];
+    return (float *)((char *)(t->in_span ? a->layer[l].gate : a->work) + t->off);
+}
+
+/* The fc slot s (F32; in layer 0's span or the work region). */
+static float *fc_slot(const dt_model *m, int s) {
+    const dt_acts *a = &m->acts;
+    const dt_slot *t = &a->fs[s];
+    return (float *)((char *)(t->in_span ? a->layer[0].gate : a->work) + t->off);
 }
 
 /* Grows the activation and host buffers to hold T context rows and R block rows. */
@@ -613,10 +727,9 @@ static cm_status ensure_capacity(dt_model *m, int64_t T, int64_t R) {
     h->weight = malloc((size_t)R * sizeof *h->weight);
     h->gscale = malloc((size_t)R * sizeof *h->gscale);
     h->ce = malloc((size_t)R * sizeof *h->ce);
-    h->iota = malloc((size_t)T * sizeof *h->iota);
     h->inv = malloc((size_t)R * sizeof *h->inv);
     if (!a->layer || !h->blk_ids || !h->blk_pos || !h->ctx_pos || !h->ctx_lo || !h->sel_row || !h->labels ||
-        !h->argmax || !h->weight || !h->gscale || !h->ce || !h->iota || !h->inv) {
+        !h->argmax || !h->weight || !h->gscale || !h->ce || !h->inv) {
         acts_release(m);
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate host buffers for %lld tokens and %lld block rows",
                        (long long)T, (long long)R);
@@ -628,13 +741,12 @@ static cm_status ensure_capacity(dt_model *m, int64_t T, int64_t R) {
         acts_release(m);
         return st;
     }
+    a->bytes = c.off;
     c = (carver){a->base, 0};
     acts_layout(m, &c, T, R);
     a->T_cap = T;
     a->R_cap = R;
-    for (int64_t t = 0; t < T; t++)
-        h->iota[t] = (int32_t)t;
-    return m->be->upload(m->ctx, a->iota, h->iota, (size_t)T * sizeof(int32_t));
+    return CM_OK;
 }
 
 cm_status dt_model_reserve(dt_model *m, int64_t T, int64_t n_anchors) {
@@ -690,18 +802,42 @@ static cm_status upload_batch(dt_model *m, const dt_batch *b) {
     dt_acts          *a = &m->acts;
     const int64_t     NA = m->n_anchors, R = m->R, T = m->T;
     const int64_t     D = m->cfg.hidden_size, nD = (int64_t)m->cfg.n_taps * D;
-    if (b->target_hidden)
-        CM_TRY(be->upload(m->ctx, a->F, b->target_hidden, (size_t)T * (size_t)nD * sizeof(float)));
-    else /* taps in device memory: widened row by row into their columns of F (ctx_pre is free
-          * until the fc GEMM writes it) */
-        for (int k = 0; k < m->cfg.n_taps; k++) {
-            const float *src = b->dev_taps[k];
-            if (b->dev_taps_dt == CM_DTYPE_BF16) {
-                CM_TRY(be->embed(m->ctx, a->ctx_pre, a->iota, b->dev_taps[k], CM_DTYPE_BF16, T, D));
-                src = a->ctx_pre;
-            }
-            CM_TRY(be->copy2d(m->ctx, a->F + k * D, nD, src, D, T, D));
+    if (m->adt == CM_DTYPE_F32) {
+        if (b->target_hidden)
+            CM_TRY(be->upload(m->ctx, a->F, b->target_hidden, (size_t)T * (size_t)nD * sizeof(float)));
+        else /* taps in device memory: each into its columns of F */
+            for (int k = 0; k < m->cfg.n_taps; k++)
+                CM_TRY(be->cast2d(m->ctx, a->F + k * D, CM_DTYPE_F32, nD, b->dev_taps[k], b->dev_taps_dt, D, T, D));
+    } else if (b->target_hidden) {
+        if (m->Fh_T < a->T_cap) { /* the first host-fed step (or a grown plan) */
+            be->free(m->ctx, m->Fh);
+            m->Fh = NULL;
+            m->Fh_T = 0;
+            CM_TRY(be->alloc(m->ctx, &m->Fh, (size_t)(a->T_cap * nD) * cm_dtype_size(m->adt)));
+            m->Fh_T = a->T_cap;
         }
+        /* through the larger of layer 0's span and the work region, free until the forward, in
+         * chunks of rows rounded as they land */
+        const int     in_span = a->span_bytes > a->work_bytes;
+        float        *stage = in_span ? (float *)a->layer[0].gate : (float *)a->work;
+        const size_t  stage_bytes = in_span ? a->span_bytes : a->work_bytes;
+        const int64_t rows = (int64_t)(stage_bytes / ((size_t)nD * sizeof(float)));
+        for (int64_t r0 = 0; r0 < T; r0 += rows) {
+            const int64_t n = T - r0 < rows ? T - r0 : rows;
+            CM_TRY(be->upload(m->ctx, stage, b->target_hidden + r0 * nD, (size_t)(n * nD) * sizeof(float)));
+            CM_TRY(be->cast2d(m->ctx, (char *)m->Fh + (size_t)(r0 * nD) * cm_dtype_size(m->adt), m->adt, nD, stage,
+                              CM_DTYPE_F32, nD, n, nD));
+        }
+        for (int k = 0; k < m->cfg.n_taps; k++)
+            m->tap[k] = (const char *)m->Fh + (size_t)(k * D) * cm_dtype_size(m->adt);
+        m->tap_dt = m->adt;
+        m->tap_ld = nD;
+    } else {
+        for (int k = 0; k < m->cfg.n_taps; k++)
+            m->tap[k] = b->dev_taps[k];
+        m->tap_dt = b->dev_taps_dt;
+        m->tap_ld = D;
+    }
     CM_TRY(be->upload(m->ctx, a->blk_ids, m->host.blk_ids, (size_t)R * sizeof(int32_t)));
     CM_TRY(be->upload(m->ctx, a->blk_pos, m->host.blk_pos, (size_t)R * sizeof(int32_t)));
     CM_TRY(be->upload(m->ctx, a->ctx_pos, m->host.ctx_pos, (size_t)T * sizeof(int32_t)));
@@ -715,11 +851,110 @@ static cm_status upload_batch(dt_model *m, const dt_batch *b) {
 }
 
 // ----------------------------------------------------------------------------
+// typed helpers: saved activations in adt, temporaries in F32
+
+/* dst (adt) = src [n] (F32). With BF16 storage src is rounded in place to the stored values,
+ * so the forward goes on with exactly what the backward will read. */
+static cm_status save_act(dt_model *m, void *dst, float *src, int64_t n) {
+    CM_TRY(m->be->cast2d(m->ctx, dst, m->adt, n, src, CM_DTYPE_F32, n, 1, n));
+    if (m->adt != CM_DTYPE_F32)
+        CM_TRY(m->be->cast2d(m->ctx, src, CM_DTYPE_F32, n, dst, m->adt, n, 1, n));
+    return CM_OK;
+}
+
+/* x [n] (F32, R·D) rounded in place to its BF16 values through acts.H, as save_act would
+ * leave it, for the layer input that is not saved. */
+static cm_status round_x(dt_model *m, float *x, int64_t n) {
+    if (m->adt == CM_DTYPE_F32)
+        return CM_OK;
+    CM_TRY(m->be->cast2d(m->ctx, m->acts.H, m->adt, n, x, CM_DTYPE_F32, n, 1, n));
+    return m->be->cast2d(m->ctx, x, CM_DTYPE_F32, n, m->acts.H, m->adt, n, 1, n);
+}
+
+/* acts.dx as a GEMM operand: itself (F32 storage), or rounded once into acts.H (BF16), which
+ * every GEMM would otherwise do on its own, in its own scratch. H is free until the layer's
+ * normed rows are recomputed. */
+static cm_status dx_op(dt_model *m, const void **op) {
+    *op = m->acts.dx;
+    if (m->adt == CM_DTYPE_F32)
+        return CM_OK;
+    const int64_t n = m->R * m->cfg.hidden_size;
+    CM_TRY(m->be->cast2d(m->ctx, m->acts.H, m->adt, n, m->acts.dx, CM_DTYPE_F32, n, 1, n));
+    *op = m->acts.H;
+    return CM_OK;
+}
+
+/* Where the backward recomputes normed rows in F32: xw when the saved inputs are F32 (xw is
+ * free then, and the rows serve as the GEMM input until the layer is done), else dh (only
+ * until their BF16 copy in acts.H is made; dh is free until the layer's first dx GEMM). */
+static float *h_buf(dt_model *m) {
+    return m->adt == CM_DTYPE_F32 ? m->acts.xw : m->acts.dh;
+}
+
+/* dst (F32) = src [n] (adt). */
+static cm_status load_act(dt_model *m, float *dst, const void *src, int64_t n) {
+    return m->be->cast2d(m->ctx, dst, CM_DTYPE_F32, n, src, m->adt, n, 1, n);
+}
+
+/* The saved activation src [n] as F32: itself when adt is F32, else widened into buf. */
+static cm_status act_f32(dt_model *m, const float **out, const void *src, float *buf, int64_t n) {
+    if (m->adt == CM_DTYPE_F32) {
+        *out = src;
+        return CM_OK;
+    }
+    CM_TRY(load_act(m, buf, src, n));
+    *out = buf;
+    return CM_OK;
+}
+
+/* rows × C of inp normed with w into h32 (F32), and as a GEMM input (adt): h32 itself, or its
+ * BF16 rounding in acts.H. */
+static cm_status norm_op(dt_model *m, const void **hop, float *h32, const float *inp, const float *w, int64_t rows) {
+    const cm_drafter_cfg *g = &m->cfg;
+    CM_TRY(m->be->rmsnorm(m->ctx, h32, inp, w, rows, g->hidden_size, g->rms_norm_eps, 0));
+    *hop = h32;
+    if (m->adt != CM_DTYPE_F32) {
+        const int64_t n = rows * g->hidden_size;
+        CM_TRY(m->be->cast2d(m->ctx, m->acts.H, m->adt, n, h32, CM_DTYPE_F32, n, 1, n));
+        *hop = m->acts.H;
+    }
+    return CM_OK;
+}
+
+/* The three GEMMs with typed activations against the F32 master W; the F32 cases go through
+ * gemm, gemm_dx and gemm_dw (the same cuBLASLt call on cuda, the tiled reference on cpu). */
+/* out[M, N] (odt) = inp[M, K] (idt) · W[N, K]ᵀ */
+static cm_status mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt, const float *w,
+                        int64_t M, int64_t N, int64_t K) {
+    if (odt == CM_DTYPE_F32 && idt == CM_DTYPE_F32)
+        return m->be->gemm(m->ctx, out, inp, w, CM_DTYPE_F32, M, N, K);
+    kn_matmul_params p = {M, N, K, inp, idt, K, 0, w, CM_DTYPE_F32, K, 1, out, odt, N, 0};
+    return m->be->matmul(m->ctx, &p);
+}
+
+/* dinp[M, K] (odt; = or += when acc) = dout[M, N] (ddt) · W[N, K] */
+static cm_status mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt, const float *w,
+                       int64_t M, int64_t N, int64_t K, int acc) {
+    if (odt == CM_DTYPE_F32 && ddt == CM_DTYPE_F32)
+        return m->be->gemm_dx(m->ctx, dinp, dout, w, CM_DTYPE_F32, M, N, K, acc);
+    kn_matmul_params p = {M, K, N, dout, ddt, N, 0, w, CM_DTYPE_F32, K, 0, dinp, odt, K, acc};
+    return m->be->matmul(m->ctx, &p);
+}
+
+/* dw[N, K] += dout[M, N]ᵀ (ddt) · inp[M, K] (idt) */
+static cm_status mm_dw(dt_model *m, float *dw, const void *dout, cm_dtype ddt, const void *inp, cm_dtype idt,
+                       int64_t M, int64_t N, int64_t K) {
+    if (ddt == CM_DTYPE_F32 && idt == CM_DTYPE_F32)
+        return m->be->gemm_dw(m->ctx, dw, dout, inp, M, N, K);
+    kn_matmul_params p = {N, K, M, dout, ddt, N, 1, inp, idt, K, 0, dw, CM_DTYPE_F32, K, 1};
+    return m->be->matmul(m->ctx, &p);
+}
+
+// ----------------------------------------------------------------------------
 // forward
 
 static kn_dflash_attn_params attn_params(const dt_model *m, int l) {
     const cm_drafter_cfg *g = &m->cfg;
-    const dt_layer_acts  *A = &m->acts.layer[l];
     kn_dflash_attn_params p = {0};
     p.T = m->T;
     p.n_blocks = m->n_anchors;
@@ -731,64 +966,100 @@ static kn_dflash_attn_params attn_params(const dt_model *m, int l) {
     p.scale = (float)(1.0 / sqrt((double)g->head_dim));
     p.anchors = m->acts.anchors;
     p.ctx_lo = m->acts.ctx_lo;
-    p.q = A->q;
-    p.k_ctx = A->kc;
-    p.v_ctx = A->vc;
-    p.k_blk = A->kb;
-    p.v_blk = A->vb;
-    p.out = A->attn;
-    p.lse = A->lse;
+    p.q = slot_ptr(m, l, AS_Q);
+    p.k_ctx = slot_ptr(m, l, AS_KC);
+    p.v_ctx = slot_ptr(m, l, AS_VC);
+    p.k_blk = slot_ptr(m, l, AS_KB);
+    p.v_blk = slot_ptr(m, l, AS_VB);
+    p.out = slot_ptr(m, l, AS_O);
+    p.lse = m->acts.layer[l].lse;
     return p;
 }
 
-/* Keys and values of `rows` rows of inp [rows, D] at positions pos, through layer l's
- * k_proj (then k_norm per head and RoPE) and v_proj. */
-static cm_status kv_fwd(dt_model *m, int l, const float *inp, int64_t rows, const int32_t *pos, float *k_pre,
-                        float *k, float *v) {
-    const kn_backend     *be = m->be;
+/* acts.xw += inp [R, K] (adt) · W[N = D, K]ᵀ: with BF16 storage one GEMM adding into the
+ * residual (cuBLASLt's beta = 1: the fp32 sum the add kernel would make); with F32 storage
+ * gemm into acts.dh and add, as always. */
+static cm_status residual_add(dt_model *m, const void *inp, const float *w, int64_t N, int64_t K) {
+    if (m->adt == CM_DTYPE_F32) {
+        CM_TRY(mm_fwd(m, m->acts.dh, CM_DTYPE_F32, inp, CM_DTYPE_F32, w, m->R, N, K));
+        return m->be->add(m->ctx, m->acts.xw, m->acts.dh, m->R * N);
+    }
+    kn_matmul_params p = {m->R, N, K, inp, m->adt, K, 0, w, CM_DTYPE_F32, K, 1, m->acts.xw, CM_DTYPE_F32, N, 1};
+    return m->be->matmul(m->ctx, &p);
+}
+
+/* k_norm per head and RoPE, in place on k [rows, nkv·hd] (F32). */
+static cm_status k_post(dt_model *m, int l, float *k, int64_t rows, const int32_t *pos) {
     const cm_drafter_cfg *g = &m->cfg;
-    const int64_t         D = g->hidden_size, KV = (int64_t)g->n_kv_heads * g->head_dim;
-    CM_TRY(be->gemm(m->ctx, k_pre, inp, lp(m, l, LP_K)->data, CM_DTYPE_F32, rows, KV, D));
-    CM_TRY(be->rmsnorm(m->ctx, k, k_pre, lp(m, l, LP_K_NORM)->data, rows * g->n_kv_heads, g->head_dim,
-                       g->rms_norm_eps, 0));
-    CM_TRY(be->rope(m->ctx, k, pos, rows, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
-    CM_TRY(be->gemm(m->ctx, v, inp, lp(m, l, LP_V)->data, CM_DTYPE_F32, rows, KV, D));
+    CM_TRY(m->be->rmsnorm(m->ctx, k, k, lp(m, l, LP_K_NORM)->data, rows * g->n_kv_heads, g->head_dim,
+                          g->rms_norm_eps, 0));
+    return m->be->rope(m->ctx, k, pos, rows, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta);
+}
+
+/* q_norm per head and RoPE, in place on q [R, nq·hd] (F32). */
+static cm_status q_post(dt_model *m, int l, float *q) {
+    const cm_drafter_cfg *g = &m->cfg;
+    CM_TRY(m->be->rmsnorm(m->ctx, q, q, lp(m, l, LP_Q_NORM)->data, m->R * g->n_heads, g->head_dim,
+                          g->rms_norm_eps, 0));
+    return m->be->rope(m->ctx, q, m->acts.blk_pos, m->R, g->n_heads, g->head_dim, g->head_dim,
+                       (float)g->rope_theta);
+}
+
+/* Keys and values of `rows` rows of inp [rows, D] (adt) at positions pos through layer l's
+ * k_proj (saved, then k_norm and RoPE into k) and v_proj (saved, and into v). */
+static cm_status kv_fwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, void *k_pre_s,
+                        float *k, void *v_s, float *v) {
+    const int64_t D = m->cfg.hidden_size, KV = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    CM_TRY(mm_fwd(m, k, CM_DTYPE_F32, inp, m->adt, lp(m, l, LP_K)->data, rows, KV, D));
+    CM_TRY(save_act(m, k_pre_s, k, rows * KV));
+    CM_TRY(k_post(m, l, k, rows, pos));
+    CM_TRY(mm_fwd(m, v, CM_DTYPE_F32, inp, m->adt, lp(m, l, LP_V)->data, rows, KV, D));
+    CM_TRY(save_act(m, v_s, v, rows * KV));
     return CM_OK;
 }
 
-/* x_mid = x + o_proj(attention(q from the block rows; k, v from [ctx ; block rows])). */
+/* acts.xw: x on entry (saved as A->x), x_mid = x + o_proj(attention(q from the block rows;
+ * k, v from [ctx ; block rows])) on return (saved as A->x_mid). */
 static cm_status attn_fwd(dt_model *m, int l) {
     const kn_backend     *be = m->be;
     const cm_drafter_cfg *g = &m->cfg;
     dt_acts              *a = &m->acts;
     dt_layer_acts        *A = &a->layer[l];
     const int64_t         D = g->hidden_size, Q = (int64_t)g->n_heads * g->head_dim, R = m->R;
-    CM_TRY(be->rmsnorm(m->ctx, A->h, A->x, lp(m, l, LP_INPUT_LN)->data, R, D, g->rms_norm_eps, 0));
-    CM_TRY(be->gemm(m->ctx, A->q_pre, A->h, lp(m, l, LP_Q)->data, CM_DTYPE_F32, R, Q, D));
-    CM_TRY(be->rmsnorm(m->ctx, A->q, A->q_pre, lp(m, l, LP_Q_NORM)->data, R * g->n_heads, g->head_dim,
-                       g->rms_norm_eps, 0));
-    CM_TRY(be->rope(m->ctx, A->q, a->blk_pos, R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
-    CM_TRY(kv_fwd(m, l, a->ctx, m->T, a->ctx_pos, A->kc_pre, A->kc, A->vc));
-    CM_TRY(kv_fwd(m, l, A->h, R, a->blk_pos, A->kb_pre, A->kb, A->vb));
+    const void           *hop;
+    if (A->x)
+        CM_TRY(save_act(m, A->x, a->xw, R * D));
+    else
+        CM_TRY(round_x(m, a->xw, R * D));
+    CM_TRY(norm_op(m, &hop, a->dx, a->xw, lp(m, l, LP_INPUT_LN)->data, R));
+    float *q = slot_ptr(m, l, AS_Q);
+    CM_TRY(mm_fwd(m, q, CM_DTYPE_F32, hop, m->adt, lp(m, l, LP_Q)->data, R, Q, D));
+    CM_TRY(save_act(m, A->q_pre, q, R * Q));
+    CM_TRY(q_post(m, l, q));
+    CM_TRY(kv_fwd(m, l, a->ctx, m->T, a->ctx_pos, A->kc_pre, slot_ptr(m, l, AS_KC), A->vc, slot_ptr(m, l, AS_VC)));
+    CM_TRY(kv_fwd(m, l, hop, R, a->blk_pos, A->kb_pre, slot_ptr(m, l, AS_KB), A->vb, slot_ptr(m, l, AS_VB)));
     kn_dflash_attn_params p = attn_params(m, l);
     CM_TRY(be->dflash_attn_fwd(m->ctx, &p));
-    CM_TRY(be->gemm(m->ctx, A->x_mid, A->attn, lp(m, l, LP_O)->data, CM_DTYPE_F32, R, D, Q));
-    CM_TRY(be->add(m->ctx, A->x_mid, A->x, R * D));
+    CM_TRY(be->cast2d(m->ctx, A->attn, m->adt, R * Q, p.out, CM_DTYPE_F32, R * Q, 1, R * Q));
+    CM_TRY(residual_add(m, A->attn, lp(m, l, LP_O)->data, D, Q));
+    CM_TRY(save_act(m, A->x_mid, a->xw, R * D));
     return CM_OK;
 }
 
-/* x_next = x_mid + down(silu(gate(h2)) · up(h2)), h2 = post_attention_layernorm(x_mid). */
-static cm_status mlp_fwd(dt_model *m, int l, float *x_next) {
+/* acts.xw: x_mid on entry, x_next = x_mid + down(silu(gate(h2)) · up(h2)) on return,
+ * h2 = post_attention_layernorm(x_mid). */
+static cm_status mlp_fwd(dt_model *m, int l) {
     const kn_backend     *be = m->be;
     const cm_drafter_cfg *g = &m->cfg;
-    dt_layer_acts        *A = &m->acts.layer[l];
+    dt_acts              *a = &m->acts;
+    dt_layer_acts        *A = &a->layer[l];
     const int64_t         D = g->hidden_size, I = g->intermediate_size, R = m->R;
-    CM_TRY(be->rmsnorm(m->ctx, A->h2, A->x_mid, lp(m, l, LP_POST_LN)->data, R, D, g->rms_norm_eps, 0));
-    CM_TRY(be->gemm(m->ctx, A->gate, A->h2, lp(m, l, LP_GATE)->data, CM_DTYPE_F32, R, I, D));
-    CM_TRY(be->gemm(m->ctx, A->up, A->h2, lp(m, l, LP_UP)->data, CM_DTYPE_F32, R, I, D));
-    CM_TRY(be->swiglu(m->ctx, m->acts.act, A->gate, A->up, R * I));
-    CM_TRY(be->gemm(m->ctx, x_next, m->acts.act, lp(m, l, LP_DOWN)->data, CM_DTYPE_F32, R, D, I));
-    CM_TRY(be->add(m->ctx, x_next, A->x_mid, R * D));
+    const void           *hop;
+    CM_TRY(norm_op(m, &hop, a->dx, a->xw, lp(m, l, LP_POST_LN)->data, R));
+    CM_TRY(mm_fwd(m, A->gate, m->adt, hop, m->adt, lp(m, l, LP_GATE)->data, R, I, D));
+    CM_TRY(mm_fwd(m, A->up, m->adt, hop, m->adt, lp(m, l, LP_UP)->data, R, I, D));
+    CM_TRY(be->swiglu_typed(m->ctx, a->work, m->adt, A->gate, A->up, m->adt, R * I));
+    CM_TRY(residual_add(m, a->work, lp(m, l, LP_DOWN)->data, D, I));
     return CM_OK;
 }
 
@@ -796,42 +1067,51 @@ static cm_status forward(dt_model *m) {
     const kn_backend     *be = m->be;
     const cm_drafter_cfg *g = &m->cfg;
     dt_acts              *a = &m->acts;
-    const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D;
+    const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D, T = m->T;
     /* ctx = hidden_norm(F · fcᵀ), shared by every layer */
-    CM_TRY(be->gemm(m->ctx, a->ctx_pre, a->F, m->params[P_FC].data, CM_DTYPE_F32, m->T, D, nD));
-    CM_TRY(
-        be->rmsnorm(m->ctx, a->ctx, a->ctx_pre, m->params[P_HIDDEN_NORM].data, m->T, D, g->rms_norm_eps, 0));
-    CM_TRY(be->embed(m->ctx, a->layer[0].x, a->blk_ids, m->embed, m->embed_dt, m->R, D));
+    float *pre = fc_slot(m, FS_PRE), *out = fc_slot(m, FS_OUT);
+    if (m->adt == CM_DTYPE_F32)
+        CM_TRY(mm_fwd(m, pre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, m->params[P_FC].data, T, D, nD));
+    else
+        for (int k = 0; k < g->n_taps; k++) {
+            kn_matmul_params p = {T,        D,  D, m->tap[k], m->tap_dt, m->tap_ld, 0, m->params[P_FC].data + k * D,
+                                  CM_DTYPE_F32, nD, 1, pre, CM_DTYPE_F32, D, k > 0};
+            CM_TRY(be->matmul(m->ctx, &p));
+        }
+    CM_TRY(save_act(m, a->ctx_pre, pre, T * D));
+    CM_TRY(be->rmsnorm(m->ctx, out, pre, m->params[P_HIDDEN_NORM].data, T, D, g->rms_norm_eps, 0));
+    CM_TRY(be->cast2d(m->ctx, a->ctx, m->adt, T * D, out, CM_DTYPE_F32, T * D, 1, T * D));
+    CM_TRY(be->embed(m->ctx, a->xw, a->blk_ids, m->embed, m->embed_dt, m->R, D));
     for (int l = 0; l < g->n_layers; l++) {
         CM_TRY(attn_fwd(m, l));
-        CM_TRY(mlp_fwd(m, l, l + 1 < g->n_layers ? a->layer[l + 1].x : a->x_out));
+        CM_TRY(mlp_fwd(m, l));
     }
-    CM_TRY(
-        be->rmsnorm(m->ctx, a->hf, a->x_out, m->params[m->n_params - 1].data, m->R, D, g->rms_norm_eps, 0));
-    return CM_OK;
+    return CM_OK; /* x_out in acts.xw */
 }
 
 // ----------------------------------------------------------------------------
 // loss and backward
 
-/* The LM head and cross-entropy on the selected rows only (compacted), then the gradient
- * through the final norm into acts.dx (rows without a label get zero gradient). */
+/* The final norm, the LM head and cross-entropy on the selected rows only (compacted), then
+ * the gradient through the final norm into acts.dx (rows without a label get zero gradient). */
 static cm_status loss_fwd_bwd(dt_model *m) {
     const kn_backend *be = m->be;
     dt_acts          *a = &m->acts;
     const int64_t     D = m->cfg.hidden_size, n = m->n_sel;
+    dt_param         *norm = &m->params[m->n_params - 1];
+    float            *hsel = a->dx, *dhsel = a->work; /* [n, D], [n + 1, D] */
+    CM_TRY(be->rmsnorm(m->ctx, a->dh, a->xw, norm->data, m->R, D, m->cfg.rms_norm_eps, 0));
     /* gathers as row lookups (the embed op on an F32 table): two launches instead of one
      * copy per run of selected rows (~1000 at 512 anchors) */
-    CM_TRY(be->embed(m->ctx, a->hsel, a->sel, a->hf, CM_DTYPE_F32, n, D));
-    CM_TRY(be->lm_ce(m->ctx, a->dhsel, a->ce, a->argmax, a->hsel, a->labels, a->gscale, m->lm_head,
-                     m->lm_head_dt, n, m->V, D));
+    CM_TRY(be->embed(m->ctx, hsel, a->sel, a->dh, CM_DTYPE_F32, n, D));
+    CM_TRY(be->lm_ce(m->ctx, dhsel, a->ce, a->argmax, hsel, a->labels, a->gscale, m->lm_head, m->lm_head_dt, n,
+                     m->V, D));
     CM_TRY(be->download(m->ctx, m->host.ce, a->ce, (size_t)n * sizeof(float)));
     CM_TRY(be->download(m->ctx, m->host.argmax, a->argmax, (size_t)n * sizeof(int32_t)));
-    CM_TRY(dev_zero(m, a->dhsel + n * D, D)); /* the row unselected block rows read */
-    CM_TRY(be->embed(m->ctx, a->dtmp, a->inv, a->dhsel, CM_DTYPE_F32, m->R, D));
-    dt_param *norm = &m->params[m->n_params - 1];
-    CM_TRY(be->rmsnorm_bwd(m->ctx, a->dx, norm->grad, a->dtmp, a->x_out, norm->data, m->R, D,
-                           m->cfg.rms_norm_eps, 0));
+    CM_TRY(dev_zero(m, dhsel + n * D, D)); /* the row unselected block rows read */
+    CM_TRY(be->embed(m->ctx, a->dh, a->inv, dhsel, CM_DTYPE_F32, m->R, D));
+    CM_TRY(be->rmsnorm_bwd(m->ctx, a->dx, norm->grad, a->dh, a->xw, norm->data, m->R, D, m->cfg.rms_norm_eps,
+                           0));
     return CM_OK;
 }
 
@@ -842,38 +1122,45 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     dt_acts              *a = &m->acts;
     const dt_layer_acts  *A = &a->layer[l];
     const int64_t         D = g->hidden_size, I = g->intermediate_size, R = m->R;
+    const cm_dtype        t = m->adt;
     dt_param             *gate = lp(m, l, LP_GATE), *up = lp(m, l, LP_UP), *down = lp(m, l, LP_DOWN),
              *ln = lp(m, l, LP_POST_LN);
-    CM_TRY(be->swiglu(m->ctx, a->act, A->gate, A->up, R * I)); /* recomputed rather than saved */
-    CM_TRY(be->gemm_dw(m->ctx, down->grad, a->dx, a->act, R, D, I));
-    CM_TRY(be->gemm_dx(m->ctx, a->dact, a->dx, down->data, CM_DTYPE_F32, R, D, I, 0));
-    CM_TRY(be->swiglu_bwd(m->ctx, a->dgate, a->dup, a->dact, A->gate, A->up, R * I));
-    CM_TRY(be->gemm_dw(m->ctx, gate->grad, a->dgate, A->h2, R, I, D));
-    CM_TRY(be->gemm_dw(m->ctx, up->grad, a->dup, A->h2, R, I, D));
-    CM_TRY(be->gemm_dx(m->ctx, a->dh, a->dgate, gate->data, CM_DTYPE_F32, R, I, D, 0));
-    CM_TRY(be->gemm_dx(m->ctx, a->dh, a->dup, up->data, CM_DTYPE_F32, R, I, D, 1));
-    CM_TRY(be->rmsnorm_bwd(m->ctx, a->dtmp, ln->grad, a->dh, A->x_mid, ln->data, R, D, g->rms_norm_eps, 0));
-    CM_TRY(be->add(m->ctx, a->dx, a->dtmp, R * D));
+    const float *x_mid;
+    const void  *hop, *dxop;
+    CM_TRY(dx_op(m, &dxop));
+    /* the SwiGLU product, recomputed, then its gradient in the same place */
+    CM_TRY(be->swiglu_typed(m->ctx, a->work, t, A->gate, A->up, t, R * I));
+    CM_TRY(mm_dw(m, down->grad, dxop, t, a->work, t, R, D, I));
+    CM_TRY(mm_dx(m, a->work, t, dxop, t, down->data, R, D, I, 0));
+    CM_TRY(be->swiglu_bwd_typed(m->ctx, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
+    CM_TRY(act_f32(m, &x_mid, A->x_mid, a->xw, R * D));
+    CM_TRY(norm_op(m, &hop, h_buf(m), x_mid, ln->data, R)); /* h2, recomputed (over dxop) */
+    CM_TRY(mm_dw(m, gate->grad, A->gate, t, hop, t, R, I, D));
+    CM_TRY(mm_dw(m, up->grad, A->up, t, hop, t, R, I, D));
+    CM_TRY(mm_dx(m, a->dh, CM_DTYPE_F32, A->gate, t, gate->data, R, I, D, 0));
+    CM_TRY(mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up->data, R, I, D, 1));
+    CM_TRY(be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x_mid, ln->data, R, D, g->rms_norm_eps, 0));
     return CM_OK;
 }
 
-/* Backward of kv_fwd: dk (after RoPE and k_norm) and dv into the k/v weight grads, and
- * the input gradient into dinp (= or += as accumulate says). dk is rotated in place. */
-static cm_status kv_bwd(dt_model *m, int l, const float *inp, int64_t rows, const int32_t *pos,
-                        const float *k_pre, float *dk, const float *dv, float *dk_pre, float *dinp,
-                        int accumulate) {
+/* Backward of kv_fwd given dk (after RoPE and k_norm; rotated in place) and dv: the k/v
+ * weight grads and the input gradient into dinp (= or += as accumulate says). k is the
+ * attention slot that held the keys (it gets k_pre back), dk_pre a free slot. */
+static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, const void *k_pre_s,
+                        float *k, float *dk, const float *dv, float *dk_pre, float *dinp, int accumulate) {
     const kn_backend     *be = m->be;
     const cm_drafter_cfg *g = &m->cfg;
     const int64_t         D = g->hidden_size, KV = (int64_t)g->n_kv_heads * g->head_dim;
     dt_param             *wk = lp(m, l, LP_K), *wv = lp(m, l, LP_V), *kn = lp(m, l, LP_K_NORM);
     CM_TRY(
         be->rope_bwd(m->ctx, dk, pos, rows, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
-    CM_TRY(be->rmsnorm_bwd(m->ctx, dk_pre, kn->grad, dk, k_pre, kn->data, rows * g->n_kv_heads, g->head_dim,
+    CM_TRY(load_act(m, k, k_pre_s, rows * KV));
+    CM_TRY(be->rmsnorm_bwd(m->ctx, dk_pre, kn->grad, dk, k, kn->data, rows * g->n_kv_heads, g->head_dim,
                            g->rms_norm_eps, 0));
-    CM_TRY(be->gemm_dw(m->ctx, wk->grad, dk_pre, inp, rows, KV, D));
-    CM_TRY(be->gemm_dw(m->ctx, wv->grad, dv, inp, rows, KV, D));
-    CM_TRY(be->gemm_dx(m->ctx, dinp, dk_pre, wk->data, CM_DTYPE_F32, rows, KV, D, accumulate));
-    CM_TRY(be->gemm_dx(m->ctx, dinp, dv, wv->data, CM_DTYPE_F32, rows, KV, D, 1));
+    CM_TRY(mm_dw(m, wk->grad, dk_pre, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
+    CM_TRY(mm_dw(m, wv->grad, dv, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
+    CM_TRY(mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, CM_DTYPE_F32, wk->data, rows, KV, D, accumulate));
+    CM_TRY(mm_dx(m, dinp, CM_DTYPE_F32, dv, CM_DTYPE_F32, wv->data, rows, KV, D, 1));
     return CM_OK;
 }
 
@@ -885,32 +1172,56 @@ static cm_status attn_bwd(dt_model *m, int l) {
     const cm_drafter_cfg *g = &m->cfg;
     dt_acts              *a = &m->acts;
     const dt_layer_acts  *A = &a->layer[l];
-    const int64_t         D = g->hidden_size, Q = (int64_t)g->n_heads * g->head_dim, R = m->R;
+    const int64_t         D = g->hidden_size, Q = (int64_t)g->n_heads * g->head_dim, R = m->R, T = m->T;
+    const int64_t         KV = (int64_t)g->n_kv_heads * g->head_dim;
     dt_param             *wq = lp(m, l, LP_Q), *wo = lp(m, l, LP_O), *qn = lp(m, l, LP_Q_NORM),
              *ln = lp(m, l, LP_INPUT_LN);
-    CM_TRY(be->gemm_dw(m->ctx, wo->grad, a->dx, A->attn, R, D, Q));
-    CM_TRY(be->gemm_dx(m->ctx, a->dattn, a->dx, wo->data, CM_DTYPE_F32, R, D, Q, 0));
     kn_dflash_attn_params p = attn_params(m, l);
-    p.dout = a->dattn;
-    p.dq = a->dq;
-    p.dk_ctx = a->dkc;
-    p.dv_ctx = a->dvc;
-    p.dk_blk = a->dkb;
-    p.dv_blk = a->dvb;
+    float *q = (float *)p.q, *kc = (float *)p.k_ctx, *vc = (float *)p.v_ctx, *kb = (float *)p.k_blk,
+          *vb = (float *)p.v_blk, *o = p.out;
+    const void *dxop;
+    CM_TRY(dx_op(m, &dxop));
+    CM_TRY(mm_dw(m, wo->grad, dxop, m->adt, A->attn, m->adt, R, D, Q));
+    p.dout = slot_ptr(m, l, AS_DO);
+    CM_TRY(mm_dx(m, (float *)p.dout, CM_DTYPE_F32, dxop, m->adt, wo->data, R, D, Q, 0));
+    /* the attention's inputs and output again: q and k through their norms and RoPE */
+    CM_TRY(load_act(m, q, A->q_pre, R * Q));
+    CM_TRY(q_post(m, l, q));
+    CM_TRY(load_act(m, kc, A->kc_pre, T * KV));
+    CM_TRY(k_post(m, l, kc, T, a->ctx_pos));
+    CM_TRY(load_act(m, vc, A->vc, T * KV));
+    CM_TRY(load_act(m, kb, A->kb_pre, R * KV));
+    CM_TRY(k_post(m, l, kb, R, a->blk_pos));
+    CM_TRY(load_act(m, vb, A->vb, R * KV));
+    CM_TRY(load_act(m, o, A->attn, R * Q));
+    p.dq = slot_ptr(m, l, AS_DQ);
+    p.dk_ctx = slot_ptr(m, l, AS_DKC);
+    p.dv_ctx = slot_ptr(m, l, AS_DVC);
+    p.dk_blk = slot_ptr(m, l, AS_DKB);
+    p.dv_blk = slot_ptr(m, l, AS_DVB);
     CM_TRY(be->dflash_attn_bwd(m->ctx, &p));
-    /* queries */
-    CM_TRY(be->rope_bwd(m->ctx, a->dq, a->blk_pos, R, g->n_heads, g->head_dim, g->head_dim,
-                        (float)g->rope_theta));
-    CM_TRY(be->rmsnorm_bwd(m->ctx, a->dq_pre, qn->grad, a->dq, A->q_pre, qn->data, R * g->n_heads,
-                           g->head_dim, g->rms_norm_eps, 0));
-    CM_TRY(be->gemm_dw(m->ctx, wq->grad, a->dq_pre, A->h, R, Q, D));
-    CM_TRY(be->gemm_dx(m->ctx, a->dh, a->dq_pre, wq->data, CM_DTYPE_F32, R, Q, D, 0));
+    /* queries: q gets q_pre back, o takes dq_pre */
+    CM_TRY(be->rope_bwd(m->ctx, p.dq, a->blk_pos, R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
+    CM_TRY(load_act(m, q, A->q_pre, R * Q));
+    CM_TRY(be->rmsnorm_bwd(m->ctx, o, qn->grad, p.dq, q, qn->data, R * g->n_heads, g->head_dim, g->rms_norm_eps,
+                           0));
+    const float *x;
+    const void  *hop;
+    if (A->x)
+        CM_TRY(act_f32(m, &x, A->x, a->xw, R * D));
+    else { /* layer 0 with BF16 storage: the embedding again, rounded as the forward rounded it */
+        CM_TRY(be->embed(m->ctx, a->xw, a->blk_ids, m->embed, m->embed_dt, R, D));
+        CM_TRY(round_x(m, a->xw, R * D));
+        x = a->xw;
+    }
+    CM_TRY(norm_op(m, &hop, h_buf(m), x, ln->data, R)); /* h, recomputed */
+    CM_TRY(mm_dw(m, wq->grad, o, CM_DTYPE_F32, hop, m->adt, R, Q, D));
+    CM_TRY(mm_dx(m, a->dh, CM_DTYPE_F32, o, CM_DTYPE_F32, wq->data, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
-    CM_TRY(kv_bwd(m, l, A->h, R, a->blk_pos, A->kb_pre, a->dkb, a->dvb, a->dkb_pre, a->dh, 1));
-    CM_TRY(kv_bwd(m, l, a->ctx, m->T, a->ctx_pos, A->kc_pre, a->dkc, a->dvc, a->dkc_pre, a->dctx,
+    CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, kb, p.dk_blk, p.dv_blk, vb, a->dh, 1));
+    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, kc, p.dk_ctx, p.dv_ctx, vc, a->dctx,
                   l != g->n_layers - 1));
-    CM_TRY(be->rmsnorm_bwd(m->ctx, a->dtmp, ln->grad, a->dh, A->x, ln->data, R, D, g->rms_norm_eps, 0));
-    CM_TRY(be->add(m->ctx, a->dx, a->dtmp, R * D));
+    CM_TRY(be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x, ln->data, R, D, g->rms_norm_eps, 0));
     return CM_OK;
 }
 
@@ -918,7 +1229,7 @@ static cm_status backward(dt_model *m) {
     const kn_backend     *be = m->be;
     const cm_drafter_cfg *g = &m->cfg;
     dt_acts              *a = &m->acts;
-    const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D;
+    const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D, T = m->T;
     CM_TRY(loss_fwd_bwd(m));
     for (int l = g->n_layers - 1; l >= 0; l--) {
         CM_TRY(mlp_bwd(m, l));
@@ -926,9 +1237,17 @@ static cm_status backward(dt_model *m) {
     }
     /* acts.dx now holds the gradient of the (frozen) embedding output: dropped. */
     dt_param *hn = &m->params[P_HIDDEN_NORM], *fc = &m->params[P_FC];
-    CM_TRY(be->rmsnorm_bwd(m->ctx, a->dctx_pre, hn->grad, a->dctx, a->ctx_pre, hn->data, m->T, D,
-                           g->rms_norm_eps, 0));
-    CM_TRY(be->gemm_dw(m->ctx, fc->grad, a->dctx_pre, a->F, m->T, D, nD));
+    float    *pre = fc_slot(m, FS_PRE), *dpre = fc_slot(m, FS_OUT);
+    CM_TRY(load_act(m, pre, a->ctx_pre, T * D));
+    CM_TRY(be->rmsnorm_bwd(m->ctx, dpre, hn->grad, a->dctx, pre, hn->data, T, D, g->rms_norm_eps, 0));
+    if (m->adt == CM_DTYPE_F32)
+        CM_TRY(mm_dw(m, fc->grad, dpre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, T, D, nD));
+    else
+        for (int k = 0; k < g->n_taps; k++) {
+            kn_matmul_params p = {D, D, T, dpre, CM_DTYPE_F32, D, 1, m->tap[k], m->tap_dt, m->tap_ld, 0,
+                                  fc->grad + k * D, CM_DTYPE_F32, nD, 1};
+            CM_TRY(be->matmul(m->ctx, &p));
+        }
     return CM_OK;
 }
 

@@ -94,6 +94,17 @@ const dt_param *dt_model_find_param(const dt_model *m, const char *name); /* NUL
  * fails before the first step. Later larger batches still grow it (dt_model_step). */
 cm_status dt_model_reserve(dt_model *m, int64_t T, int64_t n_anchors);
 
+/* The dtype of the activations the step saves for its backward: F32, or BF16 by default
+ * where the backend's gemm rounds its inputs to bf16 anyway (cuda with KN_GEMM_MODE_BF16:
+ * half the activation memory, and GEMM inputs that need no conversion pass; see dt_model.c).
+ * Setting it (F32 or BF16; BF16 needs the backend's matmul entry) re-plans the activation
+ * memory at its current size; a cpu model with BF16 storage computes what the cuda one does
+ * with it, in fp32 GEMMs (tests). */
+cm_status dt_model_set_act_dtype(dt_model *m, cm_dtype dt);
+cm_dtype  dt_model_act_dtype(const dt_model *m);
+/* Bytes of backend memory the activation plan holds now (0 before the first reserve/step). */
+size_t dt_model_act_bytes(const dt_model *m);
+
 /* Every gradient as one backend array of n floats, in parameter order (alignment padding
  * between tensors is zeroed with them): what a data-parallel all-reduce takes at once. */
 void dt_model_grad_slab(const dt_model *m, float **grad, size_t *n);

@@ -2,9 +2,17 @@
  *   dup = dout·silu(g),  dgate = dout·up·σ(g)·(1 + g·(1 − σ(g))).
  * One thread per element (grid-stride, int64 indices), evaluated in double and rounded once
  * like the reference: the factor 1 + g·(1 − σ) crosses zero near g ≈ −1.28, where fp32
- * would lose the relative accuracy the reference has. Streaming; outputs written (=). */
+ * would lose the relative accuracy the reference has. Streaming; outputs written (=).
+ * The typed pair (swiglu_typed, swiglu_bwd_typed) does the same on F32 or BF16 storage for
+ * dt_model's BF16 saved activations: the forward in fp32 math exactly as swiglu
+ * (kn_elementwise.cu), the backward as above; BF16 loads are widened exactly and stores
+ * rounded to nearest even, so with F32 the results are swiglu's and swiglu_bwd's bits. The
+ * backward may write dgate over gate and dup over up (each thread reads its element's three
+ * inputs before writing), which lets the MLP backward reuse the saved gate/up buffers. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+
+#include <cuda_bf16.h>
 
 static __global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dout, const float *gate,
                                          const float *up, int64_t n) {
@@ -28,6 +36,81 @@ cm_status kn_cuda_swiglu_bwd(kn_ctx *ctx, float *dgate, float *dup, const float 
     int64_t blocks = (n + 255) / 256;
     swiglu_bwd_kernel<<<(unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20)), 256, 0, ctx->stream>>>(
         dgate, dup, dout, gate, up, n);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+// ----------------------------------------------------------------------------
+// typed storage
+
+static __device__ __forceinline__ float ld_f(const void *p, int bf, int64_t i) {
+    return bf ? __uint_as_float((unsigned int)((const uint16_t *)p)[i] << 16) : ((const float *)p)[i];
+}
+
+static __device__ __forceinline__ void st_f(void *p, int bf, int64_t i, float v) {
+    if (bf)
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+static __global__ void swiglu_typed_kernel(void *out, int obf, const void *gate, const void *up, int ibf,
+                                           int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float g = ld_f(gate, ibf, i);
+        st_f(out, obf, i, g / (1.0f + expf(-g)) * ld_f(up, ibf, i));
+    }
+}
+
+static __global__ void swiglu_bwd_typed_kernel(void *dgate, void *dup, const void *dout, const void *gate,
+                                               const void *up, int bf, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const double d = ld_f(dout, bf, i), g = ld_f(gate, bf, i), u = ld_f(up, bf, i);
+        const double sg = 1.0 / (1.0 + exp(-g));
+        st_f(dup, bf, i, (float)(d * (g / (1.0 + exp(-g)))));
+        st_f(dgate, bf, i, (float)(d * u * sg * (1.0 + g * (1.0 - sg))));
+    }
+}
+
+static unsigned int typed_grid(int64_t n) {
+    int64_t blocks = (n + 255) / 256;
+    return (unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20));
+}
+
+static int typed_ok(cm_dtype dt) {
+    return dt == CM_DTYPE_F32 || dt == CM_DTYPE_BF16;
+}
+
+cm_status kn_cuda_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void *gate, const void *up, cm_dtype idt,
+                               int64_t n) {
+    KN_CUDA_CHECK_ARG(ctx, "swiglu_typed: ctx is NULL");
+    if (!typed_ok(odt) || !typed_ok(idt))
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_typed: %s to %s is not supported (F32 or BF16)",
+                       cm_dtype_name(idt), cm_dtype_name(odt));
+    KN_CUDA_CHECK_ARG(n >= 0, "swiglu_typed: n=%lld must be >= 0", (long long)n);
+    if (n == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out && gate && up, "swiglu_typed: out, gate or up is NULL");
+    swiglu_typed_kernel<<<typed_grid(n), 256, 0, ctx->stream>>>(out, odt == CM_DTYPE_BF16, gate, up,
+                                                                idt == CM_DTYPE_BF16, n);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
+                                   const void *up, cm_dtype dt, int64_t n) {
+    KN_CUDA_CHECK_ARG(ctx, "swiglu_bwd_typed: ctx is NULL");
+    if (!typed_ok(dt))
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_bwd_typed: %s is not supported (F32 or BF16)", cm_dtype_name(dt));
+    KN_CUDA_CHECK_ARG(n >= 0, "swiglu_bwd_typed: n=%lld must be >= 0", (long long)n);
+    if (n == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(dgate && dup && dout && gate && up, "swiglu_bwd_typed: dgate, dup, dout, gate or up is NULL");
+    KN_CUDA_CHECK_ARG(dgate != dup, "swiglu_bwd_typed: dgate and dup must be different buffers");
+    swiglu_bwd_typed_kernel<<<typed_grid(n), 256, 0, ctx->stream>>>(dgate, dup, dout, gate, up, dt == CM_DTYPE_BF16,
+                                                                    n);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

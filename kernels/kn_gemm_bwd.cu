@@ -87,7 +87,7 @@ static void lt_descs_release(lt_descs *d) {
 
 static cm_status lt_run(kn_ctx *ctx, lt_descs *d, const char *opname, cudaDataType_t ab_type, int trans_a,
                         int trans_b, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
-                        int64_t ldb, float beta, float *C, int64_t ldc) {
+                        int64_t ldb, float beta, void *C, cudaDataType_t c_type, int64_t ldc) {
     cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     KN_CUBLAS(cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     KN_CUBLAS(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -97,7 +97,7 @@ static cm_status lt_run(kn_ctx *ctx, lt_descs *d, const char *opname, cudaDataTy
                                          lda));
     KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->b, ab_type, (uint64_t)(trans_b ? n : k), (uint64_t)(trans_b ? k : n),
                                          ldb));
-    KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc));
+    KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->c, c_type, (uint64_t)m, (uint64_t)n, ldc));
 
     KN_CUBLAS(cublasLtMatmulPreferenceCreate(&d->pref));
     uint64_t ws = ctx->lt_ws_bytes;
@@ -130,7 +130,16 @@ cm_status kn_cuda_lt_matmul(kn_ctx *ctx, const char *op, cudaDataType_t ab_type,
                             int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
                             int64_t ldb, float beta, float *C, int64_t ldc) {
     lt_descs  d = {0};
-    cm_status st = lt_run(ctx, &d, op, ab_type, trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C, ldc);
+    cm_status st = lt_run(ctx, &d, op, ab_type, trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C, CUDA_R_32F, ldc);
+    lt_descs_release(&d);
+    return st;
+}
+
+cm_status kn_cuda_lt_matmul_ct(kn_ctx *ctx, const char *op, cudaDataType_t ab_type, int trans_a, int trans_b,
+                               int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
+                               int64_t ldb, float beta, void *C, cudaDataType_t c_type, int64_t ldc) {
+    lt_descs  d = {0};
+    cm_status st = lt_run(ctx, &d, op, ab_type, trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C, c_type, ldc);
     lt_descs_release(&d);
     return st;
 }

@@ -8,7 +8,9 @@
  * 3. one thread per column adds the chunk partials in chunk order to dw.
  * So dw has the same bits for any launch configuration or device; the sums are in double
  * like the reference, which differs only in the order of the double additions. dinp may not
- * alias dout. */
+ * alias dout. rmsnorm_bwd_acc adds dx to dinp instead (dinp[c] += float(dx), the F32 sum that
+ * rmsnorm_bwd into a temporary and add make, bit for bit), sparing the drafter that temporary
+ * [rows, C]. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 
@@ -35,7 +37,8 @@ static __device__ double block_sum_d(double v, double *sh) {
 }
 
 static __global__ void rmsnorm_bwd_dx_kernel(float *dinp, double *rstd, const float *dout, const float *inp,
-                                             const float *w, int64_t rows, int64_t C, float eps, int one_plus) {
+                                             const float *w, int64_t rows, int64_t C, float eps, int one_plus,
+                                             int acc) {
     __shared__ double sh[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *x = inp + r * C, *dy = dout + r * C;
@@ -52,7 +55,8 @@ static __global__ void rmsnorm_bwd_dx_kernel(float *dinp, double *rstd, const fl
         const double k = rs * rs * rs / (double)C * g;
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
             double s = one_plus ? 1.0 + (double)w[c] : (double)w[c];
-            dx[c] = (float)(rs * s * (double)dy[c] - (double)x[c] * k);
+            const float v = (float)(rs * s * (double)dy[c] - (double)x[c] * k);
+            dx[c] = acc ? dx[c] + v : v;
         }
         if (threadIdx.x == 0)
             rstd[r] = rs;
@@ -85,8 +89,8 @@ static __global__ void rmsnorm_bwd_dw_reduce_kernel(float *dw, const double *par
 // ----------------------------------------------------------------------------
 // launchers
 
-cm_status kn_cuda_rmsnorm_bwd(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
-                              const float *w, int64_t rows, int64_t C, float eps, int one_plus) {
+static cm_status rmsnorm_bwd_launch(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                                    const float *w, int64_t rows, int64_t C, float eps, int one_plus, int acc) {
     KN_CUDA_CHECK_ARG(ctx, "rmsnorm_bwd: ctx is NULL");
     KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "rmsnorm_bwd: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
                       (long long)rows, (long long)C);
@@ -103,7 +107,7 @@ cm_status kn_cuda_rmsnorm_bwd(kn_ctx *ctx, float *dinp, float *dw, const float *
 
     const int64_t grid = rows < (1 << 20) ? rows : (1 << 20);
     rmsnorm_bwd_dx_kernel<<<(unsigned int)grid, NORM_BWD_THREADS, 0, ctx->stream>>>(dinp, rstd, dout, inp, w, rows,
-                                                                                  C, eps, one_plus);
+                                                                                  C, eps, one_plus, acc);
     KN_CUDA_LAUNCHED(ctx);
     dim3 pg((unsigned int)((C + 127) / 128), (unsigned int)n_chunks);
     rmsnorm_bwd_dw_partial_kernel<<<pg, 128, 0, ctx->stream>>>(partial, rstd, dout, inp, rows, C);
@@ -112,4 +116,14 @@ cm_status kn_cuda_rmsnorm_bwd(kn_ctx *ctx, float *dinp, float *dw, const float *
                                                                                           C);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
+}
+
+cm_status kn_cuda_rmsnorm_bwd(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                              const float *w, int64_t rows, int64_t C, float eps, int one_plus) {
+    return rmsnorm_bwd_launch(ctx, dinp, dw, dout, inp, w, rows, C, eps, one_plus, 0);
+}
+
+cm_status kn_cuda_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus) {
+    return rmsnorm_bwd_launch(ctx, dinp, dw, dout, inp, w, rows, C, eps, one_plus, 1);
 }
