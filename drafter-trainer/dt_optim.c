@@ -1,7 +1,12 @@
 /* drafter-trainer/dt_optim.c — AdamW with global grad-norm clipping and the warmup + cosine
  * schedule (see dt_optim.h for the exact formulas). The moments live in two backend
- * allocations carved per parameter in parameter order; the norm is the double sum of the
- * per-parameter sums of squares in that fixed order, so a step is deterministic. */
+ * allocations carved per parameter in parameter order. Where the backend has the
+ * multi-tensor entries, a step is two launches over a table of every parameter (uploaded at
+ * create): the squared norm summed on the device, then AdamW reading the clip factor from
+ * it, and one download of the norm for the stats and the finiteness check (the update has
+ * skipped itself when it is not finite). Otherwise the norm is the double sum of
+ * per-parameter sums of squares in parameter order and AdamW runs per parameter. Either way
+ * the reduction order is fixed, so a step is deterministic. */
 #include "dt_optim.h"
 
 #include <math.h>
@@ -17,6 +22,10 @@ struct dt_optim {
     int64_t          *offset; /* [n_params], element offset of each parameter's moments */
     float            *m, *v;  /* backend memory, Σ numel floats each */
     int64_t           t;      /* steps taken */
+    /* the multi-tensor path (NULL without the backend's sumsq_multi and adamw_multi) */
+    kn_mt_tensor *table;    /* backend memory, [n_params] */
+    double       *sumsq;    /* backend memory, 1: the last squared norm */
+    int64_t       n_chunks; /* of KN_MT_CHUNK elements, over the table */
 };
 
 int64_t dt_optim_warmup_steps(int64_t total_steps, double warmup_ratio) {
@@ -91,6 +100,25 @@ cm_status dt_optim_create(dt_optim **out, const kn_backend *be, kn_ctx *ctx, con
     }
     CM_TRY_GOTO(be->alloc(ctx, (void **)&o->m, (size_t)total * sizeof(float)), st, fail);
     CM_TRY_GOTO(be->alloc(ctx, (void **)&o->v, (size_t)total * sizeof(float)), st, fail);
+    if (be->sumsq_multi && be->adamw_multi) {
+        kn_mt_tensor *host = calloc((size_t)n_params, sizeof *host);
+        if (!host) {
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the optimizer's tensor table");
+            goto fail;
+        }
+        for (int i = 0; i < n_params; i++) {
+            host[i] = (kn_mt_tensor){params[i]->data, params[i]->grad, o->m + o->offset[i], o->v + o->offset[i],
+                                     params[i]->numel, o->n_chunks};
+            o->n_chunks += (params[i]->numel + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
+        }
+        st = be->alloc(ctx, (void **)&o->table, (size_t)n_params * sizeof *host);
+        if (st == CM_OK)
+            st = be->upload(ctx, o->table, host, (size_t)n_params * sizeof *host);
+        free(host);
+        if (st != CM_OK)
+            goto fail;
+        CM_TRY_GOTO(be->alloc(ctx, (void **)&o->sumsq, sizeof(double)), st, fail);
+    }
     *out = o;
     return CM_OK;
 fail:
@@ -103,6 +131,8 @@ void dt_optim_destroy(dt_optim **o) {
         return;
     dt_optim *x = *o;
     if (x->be) {
+        x->be->free(x->ctx, x->sumsq);
+        x->be->free(x->ctx, x->table);
         x->be->free(x->ctx, x->v);
         x->be->free(x->ctx, x->m);
     }
@@ -114,6 +144,12 @@ void dt_optim_destroy(dt_optim **o) {
 
 cm_status dt_optim_grad_norm(dt_optim *o, double *norm) {
     double total = 0;
+    if (o->table) {
+        CM_TRY(o->be->sumsq_multi(o->ctx, o->sumsq, o->table, o->n_params, o->n_chunks));
+        CM_TRY(o->be->download(o->ctx, &total, o->sumsq, sizeof total));
+        *norm = sqrt(total);
+        return CM_OK;
+    }
     for (int i = 0; i < o->n_params; i++) {
         double s = 0;
         CM_TRY(o->be->sumsq(o->ctx, &s, o->params[i]->grad, o->params[i]->numel));
@@ -123,15 +159,14 @@ cm_status dt_optim_grad_norm(dt_optim *o, double *norm) {
     return CM_OK;
 }
 
+static cm_status not_finite(const dt_optim *o) {
+    return CM_FAIL(CM_ERR_INVALID_ARG,
+                   "gradient norm is not finite at step %lld; the parameters were left unchanged "
+                   "(lower --lr or check the data)",
+                   (long long)(o->t + 1));
+}
+
 cm_status dt_optim_step(dt_optim *o, dt_optim_stats *stats) {
-    double norm = 0;
-    CM_TRY(dt_optim_grad_norm(o, &norm));
-    if (!isfinite(norm))
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "gradient norm is not finite at step %lld; the parameters were left unchanged "
-                       "(lower --lr or check the data)",
-                       (long long)(o->t + 1));
-    const double    scale = dt_optim_clip_scale(norm, o->cfg.clip);
     const double    lr = dt_optim_lr(&o->cfg, o->t);
     kn_adamw_params p = {
         .lr = (float)lr,
@@ -139,14 +174,30 @@ cm_status dt_optim_step(dt_optim *o, dt_optim_stats *stats) {
         .beta2 = (float)o->cfg.beta2,
         .eps = (float)o->cfg.eps,
         .weight_decay = (float)o->cfg.weight_decay,
-        .grad_scale = (float)scale,
+        .grad_scale = 1.0f,
         .step = o->t + 1,
     };
-    for (int i = 0; i < o->n_params; i++) {
-        const dt_param *q = o->params[i];
-        CM_TRY(
-            o->be->adamw(o->ctx, q->data, q->grad, o->m + o->offset[i], o->v + o->offset[i], q->numel, &p));
+    double norm = 0;
+    if (o->table) { /* the norm, the clip factor and the update without leaving the device */
+        double sumsq = 0;
+        CM_TRY(o->be->sumsq_multi(o->ctx, o->sumsq, o->table, o->n_params, o->n_chunks));
+        CM_TRY(o->be->adamw_multi(o->ctx, o->table, o->n_params, o->n_chunks, &p, o->sumsq, o->cfg.clip));
+        CM_TRY(o->be->download(o->ctx, &sumsq, o->sumsq, sizeof sumsq));
+        norm = sqrt(sumsq);
+        if (!isfinite(norm))
+            return not_finite(o); /* the update skipped itself */
+    } else {
+        CM_TRY(dt_optim_grad_norm(o, &norm));
+        if (!isfinite(norm))
+            return not_finite(o);
+        p.grad_scale = (float)dt_optim_clip_scale(norm, o->cfg.clip);
+        for (int i = 0; i < o->n_params; i++) {
+            const dt_param *q = o->params[i];
+            CM_TRY(o->be->adamw(o->ctx, q->data, q->grad, o->m + o->offset[i], o->v + o->offset[i], q->numel,
+                                &p));
+        }
     }
+    const double scale = dt_optim_clip_scale(norm, o->cfg.clip);
     o->t++;
     if (stats) {
         stats->step = o->t;

@@ -2,7 +2,9 @@
  * against its closed form and against PyTorch's chainable CosineAnnealingLR recursion as
  * SpecForge's CosineAnnealingWarmupLR drives it; the warmup step count; the clip factor; and
  * AdamW steps through the cpu table against hand math in double (clipped and unclipped,
- * bias correction at steps 1 and 2, weight decay), plus a non-finite gradient and bad configs. */
+ * bias correction at steps 1 and 2, weight decay), plus a non-finite gradient and bad configs;
+ * the multi-tensor step (sumsq_multi + adamw_multi over the table) against the per-tensor one
+ * on the cpu table, bit for bit, with tensors that span several chunks. */
 #include <math.h>
 #include <string.h>
 
@@ -208,8 +210,82 @@ static void test_adamw(void) {
     be->ctx_destroy(&ctx);
 }
 
+/* The same steps through the table with and without the multi-tensor entries: every
+ * parameter, moment and stat bit-identical, the non-finite step too. */
+static void test_multi(void) {
+    enum { NT = 4 };
+    static const int64_t sizes[NT] = {KN_MT_CHUNK + 17, 3, 2 * KN_MT_CHUNK, 1};
+    const kn_backend    *multi = kn_backend_cpu();
+    kn_backend           per = *multi;
+    per.sumsq_multi = NULL;
+    per.adamw_multi = NULL;
+    const kn_backend *bes[2] = {multi, &per};
+    kn_ctx           *ctx = NULL;
+    TST_CHECK(multi->ctx_create(&ctx, NULL) == CM_OK);
+    float         *out[2][NT][3];
+    dt_optim_stats sts[2][3];
+    cm_status      rc[2][3];
+    for (int k = 0; k < 2; k++) {
+        const kn_backend *be = bes[k];
+        dt_param          ps[NT];
+        const dt_param   *pp[NT];
+        cm_rng            r;
+        cm_rng_seed(&r, 11);
+        for (int i = 0; i < NT; i++) {
+            ps[i] = (dt_param){"t", 1, {sizes[i], 0}, sizes[i], NULL, NULL};
+            pp[i] = &ps[i];
+            be->alloc(ctx, (void **)&ps[i].data, (size_t)sizes[i] * sizeof(float));
+            be->alloc(ctx, (void **)&ps[i].grad, (size_t)sizes[i] * sizeof(float));
+            for (int64_t j = 0; j < sizes[i]; j++)
+                ps[i].data[j] = (float)(0.1 * cm_rng_normal(&r));
+        }
+        dt_optim_config c = DT_OPTIM_CONFIG_DEFAULT;
+        c.lr = 1e-2;
+        c.weight_decay = 0.01;
+        c.total_steps = 10;
+        c.warmup_steps = 2;
+        dt_optim *o = NULL;
+        TST_CHECK(dt_optim_create(&o, be, ctx, pp, NT, &c) == CM_OK);
+        for (int s = 0; o && s < 3; s++) {
+            for (int i = 0; i < NT; i++)
+                for (int64_t j = 0; j < sizes[i]; j++)
+                    ps[i].grad[j] = (float)((s == 0 ? 0.05 : 1e-4) * cm_rng_normal(&r));
+            if (s == 2)
+                ps[2].grad[KN_MT_CHUNK + 5] = INFINITY;
+            memset(&sts[k][s], 0, sizeof sts[k][s]);
+            rc[k][s] = dt_optim_step(o, &sts[k][s]);
+        }
+        for (int i = 0; i < NT; i++) {
+            out[k][i][0] = ps[i].data;
+            out[k][i][1] = malloc((size_t)sizes[i] * 2 * sizeof(float));
+            memcpy(out[k][i][1], o ? dt_optim_m(o, i) : ps[i].data, (size_t)sizes[i] * sizeof(float));
+            memcpy(out[k][i][1] + sizes[i], o ? dt_optim_v(o, i) : ps[i].data, (size_t)sizes[i] * sizeof(float));
+            out[k][i][2] = ps[i].grad;
+        }
+        dt_optim_destroy(&o);
+    }
+    int same = 1;
+    for (int i = 0; i < NT; i++)
+        same = same && memcmp(out[0][i][0], out[1][i][0], (size_t)sizes[i] * sizeof(float)) == 0 &&
+               memcmp(out[0][i][1], out[1][i][1], (size_t)sizes[i] * 2 * sizeof(float)) == 0;
+    TST_CHECK(same);
+    TST_CHECK(memcmp(sts[0], sts[1], sizeof sts[0]) == 0);
+    TST_CHECK(rc[0][0] == CM_OK && rc[0][1] == CM_OK && rc[0][2] == CM_ERR_INVALID_ARG && rc[1][2] == CM_ERR_INVALID_ARG);
+    TST_CHECK(sts[0][0].grad_scale < 1.0 && sts[0][1].grad_scale == 1.0 && sts[0][1].step == 2);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < NT; i++) {
+            multi->free(ctx, out[k][i][0]);
+            multi->free(ctx, out[k][i][2]);
+            free(out[k][i][1]);
+        }
+    multi->ctx_destroy(&ctx);
+    printf("multi-tensor step: %s the per-tensor one over 3 steps (clipped, unclipped, non-finite)\n",
+           same ? "bit-identical to" : "DIFFERS from");
+}
+
 int main(void) {
     test_schedule();
     test_adamw();
+    test_multi();
     return tst_report();
 }
