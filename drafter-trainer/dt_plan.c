@@ -167,13 +167,23 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     p->m_adam = 8 * P;
     p->m_grads = 4 * P;
     p->m_frozen = 2.0 * (double)p->p_frozen;
-    /* per layer, saved for backward: block rows' residual in, normed in, q, attention out,
-     * residual mid, normed mid (4D + 2Hd), gate, up, act (3I), the attention's log-sum-exp
-     * (fp32 per head); key rows' k and v; plus the shared context (fc output and its norm) */
-    const double per_layer = 2 * Q * (4 * (double)D + 2 * Hd + 3 * I) + 4 * Q * d->n_heads + 2 * K * 2 * KVd;
-    p->m_act = d->n_layers * per_layer + 2 * 2 * T * (double)D;
-    p->m_act_transient = per_layer;
-    p->m_loss = 4.0 * (double)r->lm_chunk_rows * (double)V + (2 + 4) * Q * (double)D;
+    /* As dt_model plans it (bf16 storage; norms, RoPE and SwiGLU recomputed in the backward).
+     * Per layer, saved for backward: block rows' residual in and mid (2D; not layer 0's input,
+     * looked up again), q before its norm and the attention output (2Hd), gate and up (2I),
+     * the attention's log-sum-exp (fp32 per head); key rows' k before its norm and v; plus the
+     * shared context (fc output and its norm) */
+    const double per_layer = 2 * Q * (2 * (double)D + 2 * Hd + 2 * I) + 4 * Q * d->n_heads + 2 * K * 2 * KVd;
+    p->m_act = d->n_layers * per_layer - 2 * Q * (double)D + 2 * 2 * T * (double)D;
+    /* shared by the layers: the residual stream, its gradient and a norm's output gradient
+     * (fp32), the normed rows as bf16 GEMM input, the context's gradient (fp32), and the work
+     * region: the SwiGLU product (bf16), the loss gradient rows (fp32) or the attention's fp32
+     * temporaries beyond what a layer's gate/up span holds, the largest */
+    const double attn_tmp = 16 * Q * Hd + 16 * K * KVd, spill = attn_tmp > 4 * Q * I ? attn_tmp - 4 * Q * I : 0;
+    double       work = 2 * Q * I;
+    work = work > 4 * (Q + 1) * (double)D ? work : 4 * (Q + 1) * (double)D;
+    work = work > spill ? work : spill;
+    p->m_act_transient = 3 * 4 * Q * (double)D + 2 * Q * (double)D + 4 * T * (double)D + work;
+    p->m_loss = 4.0 * (double)r->lm_chunk_rows * (double)V;
     p->wire_raw = 2.0 * (double)n * (double)D;
     p->m_hidden_gpu = 2 * T * p->wire_raw; /* this batch and the next, decoded bf16 */
     p->m_total = p->m_weights + p->m_master + p->m_adam + p->m_grads + p->m_frozen + p->m_act +
@@ -269,7 +279,7 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
         {"gradients, fp32", p->m_grads},
         {"frozen embedding/LM head, bf16", p->m_frozen},
         {"activations saved for backward, bf16", p->m_act},
-        {"one layer's backward temporaries", p->m_act_transient},
+        {"temporaries shared by the layers", p->m_act_transient},
         {"chunked LM-head loss (fp32 logits)", p->m_loss},
         {"hidden states: this batch + next, bf16", p->m_hidden_gpu},
     };
