@@ -146,8 +146,9 @@ struct dt_model {
     cm_dtype adt; /* saved activations: F32, or BF16 when gemm rounds its inputs (see the top) */
     /* With BF16 storage fc multiplies tap by tap (F · fcᵀ = Σ_k tap_k · fc[:, kD:(k+1)D]ᵀ) from
      * where the taps are: the batch's device taps, or Fh, the host features rounded to BF16 on
-     * upload ([T_cap, n·D], a separate allocation made by the first host-fed step). Both paths
-     * run the same GEMMs on the same values, so they give the same bits. */
+     * upload, tap by tap like device taps ([n_taps][T_cap, D], each tap 256-byte aligned; a
+     * separate allocation made by the first host-fed step). Both paths run the same GEMMs with
+     * the same layout on the same values, so they give the same bits. */
     const void *tap[DT_MAX_TAPS];
     cm_dtype    tap_dt;
     int64_t     tap_ld;
@@ -809,13 +810,16 @@ static cm_status upload_batch(dt_model *m, const dt_batch *b) {
             for (int k = 0; k < m->cfg.n_taps; k++)
                 CM_TRY(be->cast2d(m->ctx, a->F + k * D, CM_DTYPE_F32, nD, b->dev_taps[k], b->dev_taps_dt, D, T, D));
     } else if (b->target_hidden) {
+        const size_t es = cm_dtype_size(m->adt), tap_bytes = ((size_t)(a->T_cap * D) * es + 255) / 256 * 256;
         if (m->Fh_T < a->T_cap) { /* the first host-fed step (or a grown plan) */
             be->free(m->ctx, m->Fh);
             m->Fh = NULL;
             m->Fh_T = 0;
-            CM_TRY(be->alloc(m->ctx, &m->Fh, (size_t)(a->T_cap * nD) * cm_dtype_size(m->adt)));
+            CM_TRY(be->alloc(m->ctx, &m->Fh, tap_bytes * (size_t)m->cfg.n_taps));
             m->Fh_T = a->T_cap;
         }
+        for (int k = 0; k < m->cfg.n_taps; k++)
+            m->tap[k] = (const char *)m->Fh + tap_bytes * (size_t)k;
         /* through the larger of layer 0's span and the work region, free until the forward, in
          * chunks of rows rounded as they land */
         const int     in_span = a->span_bytes > a->work_bytes;
@@ -825,13 +829,12 @@ static cm_status upload_batch(dt_model *m, const dt_batch *b) {
         for (int64_t r0 = 0; r0 < T; r0 += rows) {
             const int64_t n = T - r0 < rows ? T - r0 : rows;
             CM_TRY(be->upload(m->ctx, stage, b->target_hidden + r0 * nD, (size_t)(n * nD) * sizeof(float)));
-            CM_TRY(be->cast2d(m->ctx, (char *)m->Fh + (size_t)(r0 * nD) * cm_dtype_size(m->adt), m->adt, nD, stage,
-                              CM_DTYPE_F32, nD, n, nD));
+            for (int k = 0; k < m->cfg.n_taps; k++)
+                CM_TRY(be->cast2d(m->ctx, (char *)m->tap[k] + (size_t)(r0 * D) * es, m->adt, D, stage + k * D,
+                                  CM_DTYPE_F32, nD, n, D));
         }
-        for (int k = 0; k < m->cfg.n_taps; k++)
-            m->tap[k] = (const char *)m->Fh + (size_t)(k * D) * cm_dtype_size(m->adt);
         m->tap_dt = m->adt;
-        m->tap_ld = nD;
+        m->tap_ld = D;
     } else {
         for (int k = 0; k < m->cfg.n_taps; k++)
             m->tap[k] = b->dev_taps[k];

@@ -493,6 +493,34 @@ static void check_model_api(const char *root, const char *name, const char *cli_
         TST_CHECK(memcmp(g, g2, (size_t)n_g * sizeof *g) == 0 && s2.loss == s_bf.loss);
         free(g2);
         free(g);
+        /* device BF16 taps (one array per tap) and host features holding the same values: the
+         * same bits (fc runs tap by tap on both paths) */
+        {
+            const int64_t T = hb.T, D = cfg.hidden_size, nT = cfg.n_taps;
+            float        *Fw = malloc((size_t)(T * nT * D) * sizeof *Fw);
+            uint16_t     *taps = malloc((size_t)(T * nT * D) * sizeof *taps);
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t k = 0; k < nT; k++)
+                    for (int64_t c = 0; c < D; c++) {
+                        const uint16_t v = cm_f32_to_bf16(hb.F[(t * nT + k) * D + c]);
+                        taps[(k * T + t) * D + c] = v;
+                        Fw[(t * nT + k) * D + c] = cm_bf16_to_f32(v);
+                    }
+            dt_batch host = full, dev = full;
+            host.target_hidden = Fw;
+            dev.target_hidden = NULL;
+            dev.dev_taps_dt = CM_DTYPE_BF16;
+            for (int64_t k = 0; k < nT; k++)
+                dev.dev_taps[k] = taps + k * T * D;
+            dt_step_stats sh, sd;
+            TST_CHECK(dt_model_step(m, &host, gamma, &sh) == CM_OK);
+            float *gh = grads_of(m, be, ctx, &n_g);
+            TST_CHECK(dt_model_step(m, &dev, gamma, &sd) == CM_OK);
+            float *gd = grads_of(m, be, ctx, &n_g);
+            TST_CHECK(memcmp(gh, gd, (size_t)n_g * sizeof *gh) == 0 && sh.loss == sd.loss);
+            TST_CHECK(sh.loss == s_bf.loss); /* host features are rounded to BF16 on upload anyway */
+            free(gh), free(gd), free(Fw), free(taps);
+        }
         TST_CHECK(dt_model_set_act_dtype(m, CM_DTYPE_F32) == CM_OK && dt_model_step(m, &full, gamma, &s2) == CM_OK);
         g = grads_of(m, be, ctx, &n_g);
         TST_CHECK(memcmp(g, g_full, (size_t)n_g * sizeof *g) == 0 && s2.loss == s_full.loss);
