@@ -41,6 +41,19 @@ static const kn_backend cpu_backend = {
     .sumsq            = kn_ref_sumsq,
     .adamw            = kn_ref_adamw,
     .fill_uniform     = kn_ref_fill_uniform,
+    .gemm_rounds_input  = kn_ref_gemm_rounds_input,
+    .gemm_bf16in        = kn_ref_gemm_bf16in,
+    .add_rmsnorm_bf16   = kn_ref_add_rmsnorm_bf16,
+    .rmsnorm_gated_bf16 = kn_ref_rmsnorm_gated_bf16,
+    .swiglu_bf16        = kn_ref_swiglu_bf16,
+    .gdn_conv_qkv       = kn_ref_gdn_conv_qkv,
+    .cast2d             = kn_ref_cast2d,
+    .matmul             = kn_ref_matmul,
+    .swiglu_typed       = kn_ref_swiglu_typed,
+    .swiglu_bwd_typed   = kn_ref_swiglu_bwd_typed,
+    .rmsnorm_bwd_acc    = kn_ref_rmsnorm_bwd_acc,
+    .sumsq_multi        = kn_ref_sumsq_multi,
+    .adamw_multi        = kn_ref_adamw_multi,
 };
 
 const kn_backend *kn_backend_cpu(void) { return &cpu_backend; }

@@ -72,6 +72,42 @@ typedef struct kn_adamw_params {
     int64_t step;       /* 1-based, for bias correction */
 } kn_adamw_params;
 
+/* One tensor of a multi-tensor optimizer table (sumsq_multi, adamw_multi), the table itself in
+ * backend memory. chunk0 = Σ over the earlier tensors of ceil(n / KN_MT_CHUNK): where this
+ * tensor's chunks start in the launch; n_chunks is the sum over all of them. */
+#define KN_MT_CHUNK 65536
+typedef struct kn_mt_tensor {
+    float       *param;
+    const float *grad;
+    float       *m, *v;
+    int64_t      n;
+    int64_t      chunk0;
+} kn_mt_tensor;
+
+/* A general matmul in row-major terms (kn_backend matmul): C[M, N] (= or +=) op(A)·op(B) with
+ * op(A) [M, K] (A stored [M, K], or [K, M] when trans_a) and op(B) [K, N] (B stored [K, N], or
+ * [N, K] when trans_b); leading dimensions in elements (≥ the stored row length). Each operand
+ * is F32 or BF16 (uint16_t bit patterns). Precision follows the context as gemm's does: BF16
+ * mode rounds F32 operands to bf16 (nearest even) and multiplies bf16 products with fp32
+ * accumulation; F32 mode widens BF16 operands and runs fp32 math. C is F32, or BF16 (the fp32
+ * result rounded to nearest even; not with accumulate). gemm, gemm_dx and gemm_dw are the
+ * packed F32 cases (A = inp, B = W transposed; A = dout, B = W; A = dout transposed, B = inp). */
+typedef struct kn_matmul_params {
+    int64_t     M, N, K;
+    const void *a;
+    cm_dtype    a_dt;
+    int64_t     lda;
+    int         trans_a;
+    const void *b;
+    cm_dtype    b_dt;
+    int64_t     ldb;
+    int         trans_b;
+    void       *c;
+    cm_dtype    c_dt;
+    int64_t     ldc;
+    int         accumulate; /* C += (F32 C only) */
+} kn_matmul_params;
+
 typedef struct kn_backend {
     const char *name; /* "cpu", "cuda" */
 
@@ -191,6 +227,72 @@ typedef struct kn_backend {
      * (kernels/kn_fill.h), as F32 or BF16: bit-identical on every backend. */
     cm_status (*fill_uniform)(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo,
                               float hi); /* (optional) */
+
+    // ---- bf16 GEMM inputs written by their producers (the target forward under --precision
+    // bf16 on cuda). A context whose gemm rounds its input to bf16 anyway gives the same
+    // product when the producer writes that bf16 input itself, which saves the conversion
+    // pass and half the traffic. BF16 buffers are uint16_t bit patterns; "bf16(v)" is v's F32
+    // value rounded to nearest even, exactly as gemm would round it.
+    /* 1 when gemm on this context rounds its input to bf16 (cuda in KN_GEMM_MODE_BF16); then
+     * gemm_bf16in(bf16(inp)) = gemm(inp). cpu: 0 (its gemm is fp32 whatever the mode). */
+    int (*gemm_rounds_input)(const kn_ctx *ctx); /* (optional) */
+    /* out[M, N] = inp[M, K] · W[N, K]ᵀ with inp BF16 (widened exactly), W in wdt; the math of
+     * gemm on the widened input. */
+    cm_status (*gemm_bf16in)(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
+                             int64_t M, int64_t N, int64_t K); /* (optional) */
+    /* The residual add fused into the next norm: x += y (as add; skipped when y is NULL), then
+     * out = bf16(rmsnorm(x)) per row of C (rmsnorm's one_plus meaning). */
+    cm_status (*add_rmsnorm_bf16)(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
+                                  int64_t rows, int64_t C, float eps, int one_plus); /* (optional) */
+    /* out = bf16(rmsnorm_gated(x, z, w)). */
+    cm_status (*rmsnorm_gated_bf16)(kn_ctx *ctx, uint16_t *out, const float *x, const float *z, const float *w,
+                                    int64_t rows, int64_t C, float eps); /* (optional) */
+    /* out[i] = bf16(swiglu(gate, up)[i]). */
+    cm_status (*swiglu_bf16)(kn_ctx *ctx, uint16_t *out, const float *gate, const float *up,
+                             int64_t n); /* (optional) */
+    /* The GDN short-conv block in one op: conv1d_silu over the C = 2·nk·dk + nv·dv channels of
+     * x [T, C] (w [C, K]), split into q [T, nk, dk], k [T, nk, dk] and v [T, nv, dv], with every
+     * q and k head l2norm'ed (eps): the same as conv1d_silu, three copy2d and two l2norm. */
+    cm_status (*gdn_conv_qkv)(kn_ctx *ctx, float *q, float *k, float *v, const float *x, const float *w,
+                              const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
+                              int K, float eps); /* (optional) */
+
+    // ---- drafter training with saved activations in BF16 (dt_model when gemm rounds its
+    // input): GEMMs that read and write BF16 directly and SwiGLU on BF16 storage.
+    /* dst[r, 0:cols] = src[r, 0:cols] for r < rows, each F32 or BF16 with its leading dimension
+     * (elements): F32 → BF16 rounds to nearest even, BF16 → F32 is exact, same type copies.
+     * dst and src must not overlap unless they are the same buffer with the same type and ld. */
+    cm_status (*cast2d)(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dst_ld, const void *src, cm_dtype sdt,
+                        int64_t src_ld, int64_t rows, int64_t cols); /* (optional) */
+    /* See kn_matmul_params. */
+    cm_status (*matmul)(kn_ctx *ctx, const kn_matmul_params *p); /* (optional) */
+    /* out[i] = silu(gate[i])·up[i]: gate and up in idt, out in odt (F32 or BF16; the F32 value
+     * rounded when BF16). out may alias gate or up when the types match. */
+    cm_status (*swiglu_typed)(kn_ctx *ctx, void *out, cm_dtype odt, const void *gate, const void *up, cm_dtype idt,
+                              int64_t n); /* (optional) */
+    /* swiglu_bwd with dout, gate, up, dgate and dup all in dt (F32 or BF16; outputs rounded):
+     * dgate may alias gate and dup may alias up (the backward overwrites its saved inputs),
+     * either may alias dout; dgate ≠ dup. With F32 the values of swiglu_bwd. */
+    cm_status (*swiglu_bwd_typed)(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
+                                  const void *up, cm_dtype dt, int64_t n); /* (optional) */
+
+    /* rmsnorm_bwd adding its input gradient to dinp: dinp[i] += float(∂/∂inp[i]) (the F32 sum
+     * of rmsnorm_bwd into a temporary and add); dw += as there. dinp aliases neither dout nor inp. */
+    cm_status (*rmsnorm_bwd_acc)(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                                 const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* (optional) */
+
+    // ---- the optimizer step over a table of tensors, without a host round trip
+    /* *out (backend memory) = Σ over the table's grads of g², in double, in an order fixed by
+     * the table alone (deterministic; cpu: sumsq of each tensor, summed in table order).
+     * Enqueues; the result stays on the device. */
+    cm_status (*sumsq_multi)(kn_ctx *ctx, double *out, const kn_mt_tensor *table, int n_tensors,
+                             int64_t n_chunks); /* (optional) */
+    /* adamw on every tensor of the table at once, the clip factor read from the device:
+     * norm = sqrt(*sumsq), g = grad · float(min(1, clip / (norm + 1e-6))) (1 when clip ≤ 0),
+     * as dt_optim clips (p->grad_scale is not used). Nothing is written when norm is not
+     * finite. Enqueues. */
+    cm_status (*adamw_multi)(kn_ctx *ctx, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks,
+                             const kn_adamw_params *p, const double *sumsq, double clip); /* (optional) */
 } kn_backend;
 
 const kn_backend *kn_backend_cpu(void);

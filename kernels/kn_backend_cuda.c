@@ -40,6 +40,19 @@ static const kn_backend cuda_backend = {
     .sumsq = kn_cuda_sumsq,
     .adamw = kn_cuda_adamw,
     .fill_uniform = kn_cuda_fill_uniform,
+    .gemm_rounds_input = kn_cuda_gemm_rounds_input,
+    .gemm_bf16in = kn_cuda_gemm_bf16in,
+    .add_rmsnorm_bf16 = kn_cuda_add_rmsnorm_bf16,
+    .rmsnorm_gated_bf16 = kn_cuda_rmsnorm_gated_bf16,
+    .swiglu_bf16 = kn_cuda_swiglu_bf16,
+    .gdn_conv_qkv = kn_cuda_gdn_conv_qkv,
+    .cast2d = kn_cuda_cast2d,
+    .matmul = kn_cuda_matmul,
+    .swiglu_typed = kn_cuda_swiglu_typed,
+    .swiglu_bwd_typed = kn_cuda_swiglu_bwd_typed,
+    .rmsnorm_bwd_acc = kn_cuda_rmsnorm_bwd_acc,
+    .sumsq_multi = kn_cuda_sumsq_multi,
+    .adamw_multi = kn_cuda_adamw_multi,
 };
 
 const kn_backend *kn_backend_cuda(void) {

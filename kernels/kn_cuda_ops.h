@@ -82,6 +82,35 @@ cm_status kn_cuda_sumsq(kn_ctx *ctx, double *out, const float *x, int64_t n);
 cm_status kn_cuda_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                         const kn_adamw_params *p);
 
+// ---- bf16 GEMM inputs written by their producers (kn_gemm.cu, kn_norm.cu,
+// kn_elementwise.cu, kn_conv1d.cu)
+int       kn_cuda_gemm_rounds_input(const kn_ctx *ctx);
+cm_status kn_cuda_gemm_bf16in(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
+                              int64_t M, int64_t N, int64_t K);
+cm_status kn_cuda_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
+                                   int64_t rows, int64_t C, float eps, int one_plus);
+cm_status kn_cuda_rmsnorm_gated_bf16(kn_ctx *ctx, uint16_t *out, const float *x, const float *z,
+                                     const float *w, int64_t rows, int64_t C, float eps);
+cm_status kn_cuda_swiglu_bf16(kn_ctx *ctx, uint16_t *out, const float *gate, const float *up, int64_t n);
+cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const float *x, const float *w,
+                               const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk,
+                               int dv, int K, float eps);
+
+// ---- drafter training with BF16 saved activations (kn_matmul.cu, kn_elementwise_bwd.cu)
+cm_status kn_cuda_cast2d(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dst_ld, const void *src, cm_dtype sdt,
+                         int64_t src_ld, int64_t rows, int64_t cols);
+cm_status kn_cuda_matmul(kn_ctx *ctx, const kn_matmul_params *p);
+cm_status kn_cuda_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void *gate, const void *up, cm_dtype idt,
+                               int64_t n);
+cm_status kn_cuda_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
+                                   const void *up, cm_dtype dt, int64_t n);
+cm_status kn_cuda_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* kn_norm_bwd.cu */
+// ---- the multi-tensor optimizer step (kn_optim.cu)
+cm_status kn_cuda_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks);
+cm_status kn_cuda_adamw_multi(kn_ctx *ctx, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks,
+                              const kn_adamw_params *p, const double *sumsq, double clip);
+
 // ---- random initialisation (kn_fill.cu)
 cm_status kn_cuda_fill_uniform(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo,
                                float hi);

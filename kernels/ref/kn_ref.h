@@ -123,6 +123,47 @@ cm_status kn_ref_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, f
 /* Counter-based uniform fill (kn_fill.h), F32 or BF16. */
 cm_status kn_ref_fill_uniform(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo, float hi);
 
+// ---- bf16 GEMM inputs written by their producers (kn_gemm_ref.c, kn_norm_ref.c,
+// kn_elementwise_ref.c, kn_conv1d_ref.c). Each is specified as the composition of the
+// entries above followed by F32 → BF16 rounding to nearest even (cm_f32_to_bf16).
+/* Always 0: the cpu gemm is fp32 in every mode. */
+int       kn_ref_gemm_rounds_input(const kn_ctx *ctx);
+/* Widens inp to F32 and runs kn_ref_gemm. */
+cm_status kn_ref_gemm_bf16in(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt, int64_t M,
+                             int64_t N, int64_t K);
+/* kn_ref_add (when y ≠ NULL), then kn_ref_rmsnorm of each row rounded to BF16. */
+cm_status kn_ref_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
+                                  int64_t rows, int64_t C, float eps, int one_plus);
+cm_status kn_ref_rmsnorm_gated_bf16(kn_ctx *ctx, uint16_t *out, const float *x, const float *z, const float *w,
+                                    int64_t rows, int64_t C, float eps);
+cm_status kn_ref_swiglu_bf16(kn_ctx *ctx, uint16_t *out, const float *gate, const float *up, int64_t n);
+/* kn_ref_conv1d_silu into a scratch [T, C], then kn_ref_copy2d of the q, k, v column ranges
+ * and kn_ref_l2norm of the q and k heads. */
+cm_status kn_ref_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const float *x, const float *w,
+                              const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
+                              int K, float eps);
+
+// ---- drafter training with BF16 saved activations (kn_mixed_ref.c): BF16 read by widening
+// exactly, every result computed in double, rounded to F32 and then, for a BF16 output, to BF16
+// (nearest even).
+cm_status kn_ref_cast2d(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dst_ld, const void *src, cm_dtype sdt,
+                        int64_t src_ld, int64_t rows, int64_t cols);
+/* Each output one double sum over k in order (plus the old C when accumulate), rounded once
+ * to F32 (then to BF16 for a BF16 C); parallel over rows of C. */
+cm_status kn_ref_matmul(kn_ctx *ctx, const kn_matmul_params *p);
+cm_status kn_ref_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void *gate, const void *up, cm_dtype idt,
+                              int64_t n);
+cm_status kn_ref_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
+                                  const void *up, cm_dtype dt, int64_t n);
+/* kn_ref_rmsnorm_bwd into a temporary, then kn_ref_add into dinp. */
+cm_status kn_ref_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
+                                 const float *w, int64_t rows, int64_t C, float eps, int one_plus);
+// ---- the multi-tensor optimizer step (kn_optim_multi_ref.c): kn_ref_sumsq of each tensor summed
+// in table order; kn_ref_adamw of each with grad_scale = float(the clip factor).
+cm_status kn_ref_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks);
+cm_status kn_ref_adamw_multi(kn_ctx *ctx, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks,
+                             const kn_adamw_params *p, const double *sumsq, double clip);
+
 // ---- scalar functions shared by the reference files
 static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double kn_ref_silu(double x) { return x / (1.0 + exp(-x)); }
