@@ -6,6 +6,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +33,15 @@ struct dt_data {
     float           *hidden_buf;      /* [max_T, width] */
     const dt_dataset *ds;             /* packs instead of files (borrowed), or NULL */
     int               dp_rank, dp_size;
+    /* dt_data_prefetch: a loader thread fills the set above while the caller's batch lives in
+     * the other one (alt_*); pf_* is the loaded batch, its status and message */
+    int32_t  *alt_ids, *alt_cu, *alt_mask;
+    float    *alt_hidden;
+    pthread_t pf_thread;
+    int       pf_running, pf_index;
+    dt_batch  pf_batch;
+    cm_status pf_st;
+    char      pf_msg[1024];
 };
 
 // ---- FNV-1a 64
@@ -365,6 +376,8 @@ void dt_data_destroy(dt_data **d) {
     if (!d || !*d)
         return;
     dt_data *x = *d;
+    if (x->pf_running) /* a load in flight: let it end before its buffers go */
+        pthread_join(x->pf_thread, NULL);
     if (x->paths)
         for (int i = 0; i < x->n; i++)
             free(x->paths[i]);
@@ -375,6 +388,10 @@ void dt_data_destroy(dt_data **d) {
     free(x->cu);
     free(x->mask);
     free(x->hidden_buf);
+    free(x->alt_ids);
+    free(x->alt_cu);
+    free(x->alt_mask);
+    free(x->alt_hidden);
     free(x);
     *d = NULL;
 }
@@ -486,7 +503,7 @@ static cm_status load_pack(dt_data *d, int i, dt_batch *b) {
     return CM_OK;
 }
 
-cm_status dt_data_load(dt_data *d, int i, dt_batch *b) {
+static cm_status load_now(dt_data *d, int i, dt_batch *b) {
     memset(b, 0, sizeof *b);
     if (i < 0 || i >= d->n)
         return CM_FAIL(CM_ERR_INVALID_ARG, "batch %d is outside the %d files", i, d->n);
@@ -522,4 +539,64 @@ cm_status dt_data_load(dt_data *d, int i, dt_batch *b) {
 fail:
     cm_st_destroy(&f);
     return st;
+}
+
+// ---- prefetch
+
+static void *prefetch_main(void *arg) {
+    dt_data *d = arg;
+    d->pf_st = load_now(d, d->pf_index, &d->pf_batch);
+    if (d->pf_st != CM_OK)
+        snprintf(d->pf_msg, sizeof d->pf_msg, "%s", cm_last_error());
+    return NULL;
+}
+
+/* Waits for the loader thread; 1 when it loaded batch i (status in d->pf_st). */
+static int prefetch_join(dt_data *d, int i) {
+    if (!d->pf_running)
+        return 0;
+    pthread_join(d->pf_thread, NULL);
+    d->pf_running = 0;
+    return d->pf_index == i;
+}
+
+cm_status dt_data_prefetch(dt_data *d, int i) {
+    if (i < 0 || i >= d->n)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "batch %d is outside the %d files", i, d->n);
+    prefetch_join(d, -1); /* an earlier prefetch nobody asked for */
+    if (!d->alt_ids) {
+        d->alt_ids = malloc((size_t)d->max_T * sizeof *d->alt_ids);
+        d->alt_mask = malloc((size_t)d->max_T * sizeof *d->alt_mask);
+        d->alt_cu = malloc((size_t)(d->max_N + 1) * sizeof *d->alt_cu);
+        if (d->width > 0)
+            d->alt_hidden = malloc((size_t)d->max_T * (size_t)d->width * sizeof *d->alt_hidden);
+        if (!d->alt_ids || !d->alt_mask || !d->alt_cu || (d->width > 0 && !d->alt_hidden))
+            return CM_FAIL(CM_ERR_NOMEM,
+                           "cannot allocate a second set of batch buffers (%lld tokens x %lld floats) to load "
+                           "ahead; train with --prefetch 0",
+                           (long long)d->max_T, (long long)d->width);
+    }
+    /* the caller's batch stays in the set it was loaded into; the thread fills the other */
+    int32_t *t;
+    t = d->ids, d->ids = d->alt_ids, d->alt_ids = t;
+    t = d->cu, d->cu = d->alt_cu, d->alt_cu = t;
+    t = d->mask, d->mask = d->alt_mask, d->alt_mask = t;
+    float *h = d->hidden_buf;
+    d->hidden_buf = d->alt_hidden, d->alt_hidden = h;
+    d->pf_index = i;
+    d->pf_msg[0] = 0;
+    if (pthread_create(&d->pf_thread, NULL, prefetch_main, d) != 0)
+        return CM_FAIL(CM_ERR_IO, "cannot start the batch loader thread: %s", strerror(errno));
+    d->pf_running = 1;
+    return CM_OK;
+}
+
+cm_status dt_data_load(dt_data *d, int i, dt_batch *b) {
+    if (prefetch_join(d, i)) {
+        if (d->pf_st != CM_OK)
+            return CM_FAIL(d->pf_st, "%s", d->pf_msg);
+        *b = d->pf_batch;
+        return CM_OK;
+    }
+    return load_now(d, i, b);
 }

@@ -105,9 +105,16 @@ int32_t   dt_data_step_batch(const dt_data *d, const int32_t *order, int64_t k);
 void dt_data_epoch_order(const dt_data *d, uint64_t seed, uint64_t epoch, int32_t *order);
 
 /* Loads file i into the set's buffers and points b at them (target_hidden as F32, from the
- * file or the set's source; anchors NULL, n_anchors 0). b stays valid until the next load or
- * destroy. */
+ * file or the set's source; anchors NULL, n_anchors 0). b stays valid until the next load,
+ * the load after a dt_data_prefetch, or destroy. */
 cm_status dt_data_load(dt_data *d, int i, dt_batch *b);
+
+/* Starts loading batch i on a thread while the caller still uses the batch of the last
+ * dt_data_load (it stays valid: the thread fills a second set of buffers, allocated by the
+ * first call). The next dt_data_load(d, i) waits for it and returns it (with the thread's
+ * error, if it failed); a dt_data_load of another batch waits, drops it and loads as usual.
+ * The set's source must not be used by the caller meanwhile (not for live sources). */
+cm_status dt_data_prefetch(dt_data *d, int i);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,7 @@ static const dt_runcfg_flag train_flags[] = {
     {"clip", DT_RUNCFG_VALUE},
     {"seed", DT_RUNCFG_VALUE},
     {"save-every", DT_RUNCFG_VALUE},
+    {"prefetch", DT_RUNCFG_VALUE},
     {"resume", DT_RUNCFG_BOOL},
     {"device", DT_RUNCFG_VALUE},
     {"log-every", DT_RUNCFG_VALUE},

@@ -45,7 +45,7 @@
 typedef struct train_args {
     const char *config, *init_from, *target, *data, *data_dir, *dataset, *out, *device, *shards, *server;
     const char *curve_server_key, *curve_secret_key; /* --server on another host (CURVE) */
-    int64_t     epochs, steps, max_anchors, save_every, log_every, credits, timeout_ms;
+    int64_t     epochs, steps, max_anchors, save_every, log_every, credits, timeout_ms, prefetch;
     int64_t     token_budget, dp_rank, dp_size; /* dp: -1 = from RANK / WORLD_SIZE, else 0 / 1 */
     int64_t     gpu;       /* cuda device; -1 = LOCAL_RANK modulo the visible devices, else 0 */
     const char *precision; /* "bf16" or "fp32" GEMMs on cuda; NULL = bf16 */
@@ -113,6 +113,8 @@ static void usage(FILE *f) {
         "  --clip X                 global grad-norm clip, 0 = off (default 1)\n"
         "  --seed N                 init, shuffle and anchor seed (default 0)\n"
         "  --save-every N           checkpoint every N steps (default 0: only at the end)\n"
+        "  --prefetch 0|1           load the next batch (files, shards) on a thread during each step\n"
+        "                           (default 1; 0 loads it between steps; live servers pipeline anyway)\n"
         "  --resume                 continue RUN_DIR from checkpoints/latest exactly\n"
         "  --device cpu|cuda        kernel backend (default cpu)\n"
         "  --gpu N                  cuda device (default: LOCAL_RANK modulo the visible devices, else 0)\n"
@@ -192,6 +194,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
                       .warmup_ratio = 0.04,
                       .clip = 1.0,
                       .credits = 4,
+                      .prefetch = 1,
                       .timeout_ms = 300000,
                       .token_budget = 8192,
                       .dp_rank = -1,
@@ -290,6 +293,13 @@ static int parse_args(int argc, char **argv, train_args *a) {
             ok = parse_i64(f, v, 1, &a->max_anchors);
         else if (strcmp(f, "--save-every") == 0)
             ok = parse_i64(f, v, 0, &a->save_every);
+        else if (strcmp(f, "--prefetch") == 0) {
+            ok = parse_i64(f, v, 0, &a->prefetch);
+            if (ok && a->prefetch > 1) {
+                fprintf(stderr, "drafter-trainer train: --prefetch %s: expected 0 (off) or 1 (on)\n", v);
+                return 2;
+            }
+        }
         else if (strcmp(f, "--log-every") == 0)
             ok = parse_i64(f, v, 1, &a->log_every);
         else if (strcmp(f, "--lr") == 0)
@@ -921,6 +931,10 @@ static cm_status train(run *r) {
         b.anchors = r->anchors;
         dt_step_stats ss;
         memset(&ss, 0, sizeof ss);
+        /* the next batch of this epoch loads while this step computes (a new epoch's first batch
+         * waits for its order) */
+        if (a->prefetch && !r->live && t + 1 < end && (t + 1) / hp->n_batches == epoch)
+            CM_TRY(dt_data_prefetch(r->data, dt_data_step_batch(r->data, r->order, index + 1)));
         CM_TRY(dt_model_step(r->m, &b, (float)hp->loss_decay_gamma, &ss));
         dt_live_release(r->live); /* the step has synchronised: the answer's memory is free */
         if (r->dp) /* every rank, anchors or not: the loss and gradients become the global ones */

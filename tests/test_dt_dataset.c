@@ -464,6 +464,9 @@ static int losses(const char *run, char *out, size_t cap) {
     return n;
 }
 
+/* one more flag and value for train() (NULL: none) */
+static const char *train_extra[2];
+
 /* train --dataset ... (--shards SHARDS or --server ENDPOINT) into tmp/run. */
 static int train(const char *run, const char *steps, int live, int resume, const char *dp_rank,
                  const char *dp_size) {
@@ -492,6 +495,10 @@ static int train(const char *run, const char *steps, int live, int resume, const
     }
     if (resume)
         argv[n++] = "--resume";
+    if (train_extra[0]) {
+        argv[n++] = (char *)train_extra[0];
+        argv[n++] = (char *)train_extra[1];
+    }
     argv[n] = NULL;
     int rc = run_named(argv, run);
     if (rc != 0)
@@ -526,6 +533,18 @@ static void test_end_to_end(void) {
     TST_CHECK(n_off == 2 * P && n_live == 2 * P && strcmp(off, live) == 0);
     if (strcmp(off, live) != 0)
         fprintf(stderr, "offline:\n%s\nlive:\n%s\n", off, live);
+
+    /* the shards run loaded each next batch on a thread (--prefetch 1, the default); loading
+     * between the steps gives the same losses; a bad value is refused */
+    static char noprefetch[65536];
+    train_extra[0] = "--prefetch";
+    train_extra[1] = "0";
+    TST_CHECK(train("noprefetch", all, 0, 0, NULL, NULL) == 0);
+    TST_CHECK(losses("noprefetch", noprefetch, sizeof noprefetch) == 2 * P && strcmp(noprefetch, off) == 0);
+    train_extra[1] = "2";
+    TST_CHECK(train("badprefetch", all, 0, 0, NULL, NULL) == 2 &&
+              strstr(err_of("badprefetch"), "--prefetch 2: expected 0 (off) or 1 (on)") != NULL);
+    train_extra[0] = NULL;
 
     /* stopped after 5 steps (a checkpoint at 3, one at the stop) and resumed */
     TST_CHECK(train("resume", "5", 0, 0, NULL, NULL) == 0);
