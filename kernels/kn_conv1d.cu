@@ -61,7 +61,7 @@ static __device__ __forceinline__ int seq_of(const int32_t *cu, int n_seq, int64
 
 #define GDN_CONV_THREADS 128
 #define GDN_CONV_MAX_RUN 64
-#define GDN_CONV_SMEM (48 * 1024)
+#define GDN_CONV_SMEM    (48 * 1024)
 
 /* The GDN short-conv block: conv1d_silu + q/k/v split + q/k l2norm. Block (run of tokens,
  * group): a group is one q head, one k head (dk channels, l2-normalised) or one v head (dv).
@@ -78,13 +78,13 @@ static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const f
                                            const int32_t *cu, int n_seq, int64_t T, int nk, int nv, int dk,
                                            int dv, int run, int vec, float eps) {
     extern __shared__ float xs[]; /* [run + K − 1][width] */
-    const int     g = blockIdx.y;
-    const int64_t t0 = (int64_t)blockIdx.x * run;
-    const int     nr = (int)(T - t0 < run ? T - t0 : run);
-    const int64_t qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
-    int           width, norm;
-    int64_t       c0, dst_ld;
-    float        *dst;
+    const int               g = blockIdx.y;
+    const int64_t           t0 = (int64_t)blockIdx.x * run;
+    const int               nr = (int)(T - t0 < run ? T - t0 : run);
+    const int64_t           qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
+    int                     width, norm;
+    int64_t                 c0, dst_ld;
+    float                  *dst;
     if (g < 2 * nk) {
         const int h = g < nk ? g : g - nk;
         width = dk;
@@ -220,31 +220,32 @@ cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const 
     KN_CUDA_CHECK_ARG(n_seq >= 0, "gdn_conv_qkv: n_seq=%d must be >= 0", n_seq);
     KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "gdn_conv_qkv: T=%lld tokens but n_seq=0 sequences", (long long)T);
     if (K > 8)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "gdn_conv_qkv: conv kernel size K=%d is not supported (at most 8; "
-                                           "use conv1d_silu)", K);
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "gdn_conv_qkv: K=%d taps (at most 8; use conv1d_silu)", K);
     const int64_t groups = 2 * (int64_t)nk + nv, width = dk > dv ? dk : dv;
     const int64_t run_fit = GDN_CONV_SMEM / (int64_t)(width * sizeof(float)) - (K - 1);
     if (run_fit < 1 || groups > 65535)
-        return CM_FAIL(CM_ERR_UNSUPPORTED,
-                       "gdn_conv_qkv: head size %lld or %lld heads is too large for one block (use conv1d_silu)",
-                       (long long)width, (long long)groups);
+        return CM_FAIL(
+            CM_ERR_UNSUPPORTED,
+            "gdn_conv_qkv: head size %lld or %lld heads is too large for one block (use conv1d_silu)",
+            (long long)width, (long long)groups);
     if (T == 0)
         return CM_OK;
-    KN_CUDA_CHECK_ARG(q && k && v && x && w && cu_seqlens, "gdn_conv_qkv: q, k, v, x, w or cu_seqlens is NULL");
+    KN_CUDA_CHECK_ARG(q && k && v && x && w && cu_seqlens,
+                      "gdn_conv_qkv: q, k, v, x, w or cu_seqlens is NULL");
     const int64_t qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
     const size_t  xb = (size_t)(T * C) * sizeof(float), qb = (size_t)(T * qk) * sizeof(float),
                  vb = (size_t)(T * nv * dv) * sizeof(float);
     KN_CUDA_CHECK_ARG(!overlaps(q, qb, x, xb) && !overlaps(k, qb, x, xb) && !overlaps(v, vb, x, xb),
                       "gdn_conv_qkv: q, k or v overlaps x (use separate buffers)");
 
-    const int run = (int)(run_fit < GDN_CONV_MAX_RUN ? run_fit : GDN_CONV_MAX_RUN);
-    const int vec = C % 4 == 0 && dk % 4 == 0 && dv % 4 == 0 && (uintptr_t)x % 16 == 0;
+    const int    run = (int)(run_fit < GDN_CONV_MAX_RUN ? run_fit : GDN_CONV_MAX_RUN);
+    const int    vec = C % 4 == 0 && dk % 4 == 0 && dv % 4 == 0 && (uintptr_t)x % 16 == 0;
     const size_t smem = (size_t)(run + K - 1) * (size_t)width * sizeof(float);
     dim3         grid((unsigned int)((T + run - 1) / run), (unsigned int)groups);
-#define GDN_CONV_CASE(KK)                                                                                      \
-    case KK:                                                                                                   \
-        gdn_conv_qkv_kernel<KK><<<grid, GDN_CONV_THREADS, smem, ctx->stream>>>(q, k, v, x, w, cu_seqlens, n_seq, \
-                                                                            T, nk, nv, dk, dv, run, vec, eps);   \
+#define GDN_CONV_CASE(KK)                                                                                    \
+    case KK:                                                                                                 \
+        gdn_conv_qkv_kernel<KK><<<grid, GDN_CONV_THREADS, smem, ctx->stream>>>(                              \
+            q, k, v, x, w, cu_seqlens, n_seq, T, nk, nv, dk, dv, run, vec, eps);                             \
         break
     switch (K) {
         GDN_CONV_CASE(1);

@@ -90,9 +90,10 @@ cm_status kn_cuda_swiglu_bf16(kn_ctx *ctx, uint16_t *out, const float *gate, con
     if (n == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && gate && up, "swiglu_bf16: out, gate or up is NULL");
-    const int vec = n % 4 == 0 && (uintptr_t)gate % 16 == 0 && (uintptr_t)up % 16 == 0 && (uintptr_t)out % 8 == 0;
-    swiglu_bf16_kernel<<<ew_grid(vec ? n / 4 : n), KN_EW_BLOCK, 0, ctx->stream>>>((__nv_bfloat16 *)out, gate, up,
-                                                                                  n, vec);
+    const int vec =
+        n % 4 == 0 && (uintptr_t)gate % 16 == 0 && (uintptr_t)up % 16 == 0 && (uintptr_t)out % 8 == 0;
+    swiglu_bf16_kernel<<<ew_grid(vec ? n / 4 : n), KN_EW_BLOCK, 0, ctx->stream>>>((__nv_bfloat16 *)out, gate,
+                                                                                  up, n, vec);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

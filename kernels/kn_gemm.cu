@@ -113,8 +113,9 @@ static size_t round_up_256(size_t x) {
 }
 
 /* The common body of gemm and gemm_bf16in: exactly one of inp (F32) and inp16 (BF16) is set. */
-static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *inp, const __nv_bfloat16 *inp16,
-                          const void *w, cm_dtype wdt, int64_t M, int64_t N, int64_t K) {
+static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *inp,
+                          const __nv_bfloat16 *inp16, const void *w, cm_dtype wdt, int64_t M, int64_t N,
+                          int64_t K) {
     KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", op);
     KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "%s: bad shape M=%lld N=%lld K=%lld (must be >= 0)", op,
                       (long long)M, (long long)N, (long long)K);
@@ -161,8 +162,8 @@ static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *
             CM_TRY(kn_cuda_scratch_reserve(ctx, in_size + w_size));
         if (inp16) {
             float *in_f = (float *)ctx->scratch;
-            bf16_to_f32_kernel<<<conv_grid((int64_t)n_in), 256, 0, ctx->stream>>>(in_f, (const uint16_t *)inp16,
-                                                                                  (int64_t)n_in);
+            bf16_to_f32_kernel<<<conv_grid((int64_t)n_in), 256, 0, ctx->stream>>>(
+                in_f, (const uint16_t *)inp16, (int64_t)n_in);
             KN_CUDA_LAUNCHED(ctx);
             in_op = in_f;
         }

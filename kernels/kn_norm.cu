@@ -90,10 +90,10 @@ static __global__ void add_rmsnorm_bf16_kernel(__nv_bfloat16 *out, float *xs, co
                                                int64_t rows, int64_t C, float eps, int one_plus, int vec) {
     __shared__ float sh[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        float          *x = xs + r * C;
-        const float    *y = ys ? ys + r * C : NULL;
-        __nv_bfloat16  *o = out + r * C;
-        float           s = 0.0f;
+        float         *x = xs + r * C;
+        const float   *y = ys ? ys + r * C : NULL;
+        __nv_bfloat16 *o = out + r * C;
+        float          s = 0.0f;
         if (vec) {
             float4       *x4 = (float4 *)x;
             const float4 *y4 = (const float4 *)y;

@@ -1033,14 +1033,17 @@ static void test_bad_args(void) {
     expect(gpu->conv1d_silu(gctx, buf, buf + 64, buf + 2048, cu, 1, 8, 4, 0), CM_ERR_INVALID_ARG,
            "conv1d_silu K=0");
     expect(gpu->gdn_gate(gctx, buf, buf, buf, buf, buf, buf, 8, 0), CM_ERR_INVALID_ARG, "gdn_gate nv=0");
-    expect(gpu->gdn_conv_qkv(gctx, buf + 64, buf + 128, buf + 192, buf, buf + 2048, cu, 1, 8, 1, 1, 4, 4, 4, 1e-6f),
+    expect(gpu->gdn_conv_qkv(gctx, buf + 64, buf + 128, buf + 192, buf, buf + 2048, cu, 1, 8, 1, 1, 4, 4, 4,
+                             1e-6f),
            CM_ERR_INVALID_ARG, "gdn_conv_qkv q overlaps x");
-    expect(gpu->gdn_conv_qkv(gctx, buf + 256, buf + 512, buf + 768, buf, buf + 2048, cu, 1, 8, 1, 1, 4, 4, 9, 1e-6f),
+    expect(gpu->gdn_conv_qkv(gctx, buf + 256, buf + 512, buf + 768, buf, buf + 2048, cu, 1, 8, 1, 1, 4, 4, 9,
+                             1e-6f),
            CM_ERR_UNSUPPORTED, "gdn_conv_qkv K=9");
-    expect(gpu->gdn_conv_qkv(gctx, buf + 256, buf + 512, buf + 768, buf, buf + 2048, cu, 1, 8, 0, 1, 4, 4, 4, 1e-6f),
+    expect(gpu->gdn_conv_qkv(gctx, buf + 256, buf + 512, buf + 768, buf, buf + 2048, cu, 1, 8, 0, 1, 4, 4, 4,
+                             1e-6f),
            CM_ERR_INVALID_ARG, "gdn_conv_qkv nk=0");
-    expect(gpu->add_rmsnorm_bf16(gctx, (uint16_t *)buf, buf + 64, NULL, buf, 2, 0, 1e-6f, 1), CM_ERR_INVALID_ARG,
-           "add_rmsnorm_bf16 C=0");
+    expect(gpu->add_rmsnorm_bf16(gctx, (uint16_t *)buf, buf + 64, NULL, buf, 2, 0, 1e-6f, 1),
+           CM_ERR_INVALID_ARG, "add_rmsnorm_bf16 C=0");
     expect(gpu->gemm_bf16in(gctx16, buf, NULL, buf, CM_DTYPE_BF16, 2, 2, 2), CM_ERR_INVALID_ARG,
            "gemm_bf16in inp=NULL");
     expect(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 1, 8, 2, 3, 16, 16, 0.25f),
