@@ -1,9 +1,14 @@
 /* drafter-trainer/dt_dp.c — data parallelism over NCCL (dt_dp.h): the ZeroMQ rendezvous that
  * hands rank 0's NCCL unique id to the others, a non-blocking communicator whose every wait is
- * polled under a deadline (as common/cm_nccl.c), and the per-step reduction: one all-reduce of
- * the step statistics in double, then one of the gradient slab with NCCL's PreMulSum, whose
- * per-rank scalar den_r / Σ den folds the loss weighting into the reduction itself (no extra
- * pass over the gradients). */
+ * polled under a deadline (as common/cm_nccl.c), and the per-step reduction, bucketed and
+ * overlapped with the backward: the model's gradient hook (dt_model_set_grad_hook) says when
+ * the slab from some offset to its end is final (the final norm, then each layer from the last,
+ * then fc); the first call all-reduces Σ den (one double), and each call after an event on the
+ * compute stream all-reduces the new bucket on a stream of its own with NCCL's PreMulSum,
+ * whose per-rank scalar den_r / Σ den folds the loss weighting into the reduction (no extra
+ * pass over the gradients). dt_dp_reduce issues what the hook did not (all of it on a rank
+ * whose batch had nothing to train on: the same collectives in the same order on every rank),
+ * then the statistics, and waits. */
 #include "dt_dp.h"
 
 #include <stdio.h>
@@ -38,6 +43,11 @@ cm_status dt_dp_reduce(dt_dp *dp, dt_step_stats *s) {
     return CM_FAIL(CM_ERR_UNSUPPORTED, "data parallelism over NCCL is not in this build");
 }
 
+cm_status dt_dp_grad_hook(void *user, size_t off, double weight_sum) {
+    (void)user, (void)off, (void)weight_sum;
+    return CM_FAIL(CM_ERR_UNSUPPORTED, "data parallelism over NCCL is not in this build");
+}
+
 #else /* TANDEM_HAVE_NCCL */
 
 #include <cuda_runtime.h>
@@ -66,6 +76,17 @@ struct dt_dp {
     size_t       n_grad;
     double      *d_stats; /* device, DP_N_STATS */
     double      *h_stats; /* pinned host, DP_N_STATS: asynchronous copies keep every wait bounded */
+    dt_model    *model;
+    cudaStream_t stream;  /* every collective, apart from the compute stream */
+    cudaEvent_t  ev;      /* a bucket's gradients are written (compute stream) / reduced (ours) */
+    /* this step: begun (Σ den known, op made), [0, pending) not yet reduced, buckets issued */
+    int         begun, have_op;
+    size_t      pending;
+    int         n_buckets;
+    size_t     *bucket; /* [n_bucket]: the hook's offsets in call order (dt_model_grad_buckets) */
+    int         n_bucket;
+    float       scalar;
+    ncclRedOp_t op;
 };
 
 static double now_s(void) {
@@ -223,7 +244,8 @@ done:
 // ----------------------------------------------------------------------------
 // communicator
 
-/* Waits until the communicator has nothing in progress and the stream has drained. */
+/* Waits until the communicator has nothing in progress and (stream_too) our stream has
+ * drained. */
 static cm_status settle(dt_dp *dp, const char *what, int stream_too) {
     const double deadline = now_s() + dp->cfg.timeout_ms * 1e-3;
     for (;;) {
@@ -236,7 +258,7 @@ static cm_status settle(dt_dp *dp, const char *what, int stream_too) {
         if (state == ncclSuccess) {
             if (!stream_too)
                 return CM_OK;
-            cudaError_t e = cudaStreamQuery(dp->ctx->stream);
+            cudaError_t e = cudaStreamQuery(dp->stream);
             if (e == cudaSuccess)
                 return CM_OK;
             if (e != cudaErrorNotReady)
@@ -279,9 +301,19 @@ cm_status dt_dp_create(dt_dp **out, const dt_dp_config *cfg, const kn_backend *b
         if ((st = (x)) != CM_OK)                                                                             \
             goto fail;                                                                                       \
     } while (0)
+    dp->pending = dp->n_grad;
+    dp->n_bucket = dt_model_grad_buckets(m, NULL, 0);
+    dp->bucket = malloc((size_t)dp->n_bucket * sizeof *dp->bucket);
+    if (!dp->bucket) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d gradient buckets", dp->n_bucket);
+        goto fail;
+    }
+    dt_model_grad_buckets(m, dp->bucket, dp->n_bucket);
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
         cudaMalloc((void **)&dp->d_stats, DP_N_STATS * sizeof(double)) != cudaSuccess ||
-        cudaMallocHost((void **)&dp->h_stats, DP_N_STATS * sizeof(double)) != cudaSuccess) {
+        cudaMallocHost((void **)&dp->h_stats, DP_N_STATS * sizeof(double)) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&dp->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&dp->ev, cudaEventDisableTiming) != cudaSuccess) {
         st = CM_FAIL(CM_ERR_CUDA, "cannot allocate the data-parallel statistics on device %d: %s",
                      ctx->device, cudaGetErrorString(cudaGetLastError()));
         goto fail;
@@ -304,8 +336,10 @@ cm_status dt_dp_create(dt_dp **out, const dt_dp_config *cfg, const kn_backend *b
         goto fail;
     }
     TRY(settle(dp, "joining the data-parallel communicator", 0));
-    CM_LOG_INFO("data parallel: rank %d of %d on cuda device %d, rendezvous %s:%d, %zu gradient floats per "
-                "all-reduce",
+    dt_model_set_grad_hook(m, dt_dp_grad_hook, dp);
+    dp->model = m;
+    CM_LOG_INFO("data parallel: rank %d of %d on cuda device %d, rendezvous %s:%d, %zu gradient floats "
+                "reduced in buckets during the backward",
                 cfg->rank, cfg->size, ctx->device, dp->cfg.master_addr, dp->cfg.master_port, dp->n_grad);
     *out = dp;
     return CM_OK;
@@ -321,45 +355,115 @@ void dt_dp_destroy(dt_dp **pp) {
     dt_dp *dp = *pp;
     if (dp->ctx)
         cudaSetDevice(dp->ctx->device);
+    if (dp->model)
+        dt_model_set_grad_hook(dp->model, NULL, NULL);
     if (dp->comm)
         ncclCommAbort(dp->comm);
+    if (dp->stream)
+        cudaStreamDestroy(dp->stream);
+    if (dp->ev)
+        cudaEventDestroy(dp->ev);
     cudaFree(dp->d_stats);
     cudaFreeHost(dp->h_stats);
+    free(dp->bucket);
     free(dp);
     *pp = NULL;
 }
 
-cm_status dt_dp_reduce(dt_dp *dp, dt_step_stats *s) {
-    cudaStream_t stream = dp->ctx->stream;
-    double      *h = dp->h_stats;
-    memset(h, 0, DP_N_STATS * sizeof(double));
-    h[0] = s->loss * s->weight_sum;
-    h[1] = s->weight_sum;
-    h[2] = (double)s->n_blocks;
-    h[3] = s->tau * (double)s->n_blocks;
-    for (int k = 0; k < 64; k++) {
-        h[4 + k] = (double)s->acc_hits[k];
-        h[4 + 64 + k] = (double)s->acc_count[k];
-    }
-    KN_CUDA(cudaMemcpyAsync(dp->d_stats, h, DP_N_STATS * sizeof(double), cudaMemcpyHostToDevice, stream));
-    NCCL_TRY(ncclAllReduce(dp->d_stats, dp->d_stats, DP_N_STATS, ncclDouble, ncclSum, dp->comm, stream));
-    CM_TRY(settle(dp, "the statistics all-reduce", 0));
-    KN_CUDA(cudaMemcpyAsync(h, dp->d_stats, DP_N_STATS * sizeof(double), cudaMemcpyDeviceToHost, stream));
-    CM_TRY(settle(dp, "the statistics all-reduce", 1));
-    const double den_r = s->weight_sum, den = h[1];
-    /* this rank's share of the global weight; 0 for a rank without anchors (its gradient is
-     * zero anyway) and when no rank had a labelled slot */
-    float       scalar = den > 0 ? (float)(den_r / den) : 0.0f;
-    ncclRedOp_t op;
-    NCCL_TRY(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, dp->comm));
+/* The step's first collective: Σ den over the ranks, and the PreMulSum op with this rank's
+ * share den_r / Σ den (0 for a rank without anchors, whose gradient is zero anyway, and when
+ * no rank had a labelled slot). */
+static cm_status begin_step(dt_dp *dp, double den_r) {
+    double *h = dp->h_stats;
+    h[0] = den_r;
+    KN_CUDA(cudaMemcpyAsync(dp->d_stats, h, sizeof(double), cudaMemcpyHostToDevice, dp->stream));
+    NCCL_TRY(ncclAllReduce(dp->d_stats, dp->d_stats, 1, ncclDouble, ncclSum, dp->comm, dp->stream));
+    CM_TRY(settle(dp, "the weight all-reduce", 0));
+    KN_CUDA(cudaMemcpyAsync(h, dp->d_stats, sizeof(double), cudaMemcpyDeviceToHost, dp->stream));
+    CM_TRY(settle(dp, "the weight all-reduce", 1));
+    const double den = h[0];
+    dp->scalar = den > 0 ? (float)(den_r / den) : 0.0f;
+    NCCL_TRY(ncclRedOpCreatePreMulSum(&dp->op, &dp->scalar, ncclFloat, ncclScalarHostImmediate, dp->comm));
     CM_TRY(settle(dp, "creating the weighted-sum reduction", 0));
-    ncclResult_t r = ncclAllReduce(dp->grad, dp->grad, dp->n_grad, ncclFloat, op, dp->comm, stream);
-    cm_status    st = r == ncclSuccess || r == ncclInProgress
-                          ? settle(dp, "the gradient all-reduce", 1)
-                          : CM_FAIL(CM_ERR_NCCL, "ncclAllReduce of %zu gradients failed: %s (%s)", dp->n_grad,
-                                    ncclGetErrorString(r), ncclGetLastError(dp->comm));
-    ncclRedOpDestroy(op, dp->comm);
+    dp->have_op = 1;
+    dp->begun = 1;
+    return CM_OK;
+}
+
+/* All-reduces grad[off, pending) on our stream once the compute stream has written it, one
+ * collective per bucket, so every rank issues the same collectives whether its hook ran or
+ * not. */
+static cm_status reduce_from(dt_dp *dp, size_t off) {
+    if (off >= dp->pending)
+        return CM_OK;
+    KN_CUDA(cudaEventRecord(dp->ev, dp->ctx->stream));
+    KN_CUDA(cudaStreamWaitEvent(dp->stream, dp->ev, 0));
+    for (int b = 0; b < dp->n_bucket; b++) {
+        const size_t lo = dp->bucket[b];
+        if (lo < off || lo >= dp->pending)
+            continue;
+        const size_t n = dp->pending - lo;
+        ncclResult_t r = ncclAllReduce(dp->grad + lo, dp->grad + lo, n, ncclFloat, dp->op, dp->comm, dp->stream);
+        if (r != ncclSuccess && r != ncclInProgress)
+            return CM_FAIL(CM_ERR_NCCL, "ncclAllReduce of %zu gradients failed: %s (%s)", n,
+                           ncclGetErrorString(r), ncclGetLastError(dp->comm));
+        CM_TRY(settle(dp, "the gradient all-reduce", 0));
+        dp->pending = lo;
+        dp->n_buckets++;
+    }
+    return CM_OK;
+}
+
+cm_status dt_dp_grad_hook(void *user, size_t off, double weight_sum) {
+    dt_dp *dp = user;
+    if (!dp->begun)
+        CM_TRY(begin_step(dp, weight_sum));
+    return reduce_from(dp, off);
+}
+
+cm_status dt_dp_reduce(dt_dp *dp, dt_step_stats *s) {
+    cm_status st = CM_OK;
+    if (!dp->begun) /* the backward never ran here: no anchors, or no labelled slot */
+        st = begin_step(dp, s->weight_sum);
+    if (st == CM_OK)
+        st = reduce_from(dp, 0);
+    double *h = dp->h_stats;
+    if (st == CM_OK) {
+        memset(h, 0, DP_N_STATS * sizeof(double));
+        h[0] = s->loss * s->weight_sum;
+        h[1] = s->weight_sum;
+        h[2] = (double)s->n_blocks;
+        h[3] = s->tau * (double)s->n_blocks;
+        for (int k = 0; k < 64; k++) {
+            h[4 + k] = (double)s->acc_hits[k];
+            h[4 + 64 + k] = (double)s->acc_count[k];
+        }
+        if (cudaMemcpyAsync(dp->d_stats, h, DP_N_STATS * sizeof(double), cudaMemcpyHostToDevice, dp->stream) !=
+            cudaSuccess)
+            st = CM_FAIL(CM_ERR_CUDA, "cannot copy the step statistics: %s", cudaGetErrorString(cudaGetLastError()));
+    }
+    if (st == CM_OK) {
+        ncclResult_t r = ncclAllReduce(dp->d_stats, dp->d_stats, DP_N_STATS, ncclDouble, ncclSum, dp->comm,
+                                       dp->stream);
+        st = r == ncclSuccess || r == ncclInProgress
+                 ? settle(dp, "the statistics all-reduce", 0)
+                 : CM_FAIL(CM_ERR_NCCL, "ncclAllReduce of the step statistics failed: %s (%s)",
+                           ncclGetErrorString(r), ncclGetLastError(dp->comm));
+    }
+    if (st == CM_OK &&
+        cudaMemcpyAsync(h, dp->d_stats, DP_N_STATS * sizeof(double), cudaMemcpyDeviceToHost, dp->stream) !=
+            cudaSuccess)
+        st = CM_FAIL(CM_ERR_CUDA, "cannot copy the step statistics: %s", cudaGetErrorString(cudaGetLastError()));
+    if (st == CM_OK) /* every bucket and the statistics reduced: the optimizer may read them */
+        st = settle(dp, "the gradient and statistics all-reduces", 1);
+    if (dp->have_op)
+        ncclRedOpDestroy(dp->op, dp->comm);
+    const int n_buckets = dp->n_buckets;
+    dp->have_op = dp->begun = dp->n_buckets = 0;
+    dp->pending = dp->n_grad;
     CM_TRY(st);
+    CM_LOG_DEBUG("data parallel: %d gradient buckets this step", n_buckets);
+    const double den = h[1];
     s->weight_sum = den;
     s->loss = den > 0 ? h[0] / den : 0.0;
     s->n_blocks = (int64_t)h[2];

@@ -9,8 +9,10 @@
  * so W ranks over a global batch give the same step as one GPU over the same rows. A rank whose
  * batch has no anchors (den_r = 0, zero gradients) still joins both collectives with weight 0.
  * The grad-norm clip and AdamW then run on the reduced gradients, identically on every rank,
- * so the replicas stay equal. One all-reduce of the whole gradient slab after the backward
- * (not bucketed or overlapped with it), on the backend context's stream.
+ * so the replicas stay equal. The gradient slab is reduced in buckets (the final norm, each
+ * layer, fc) while the backward goes on: dt_dp_create installs the model's gradient hook
+ * (dt_model_set_grad_hook), which all-reduces each bucket on a stream of its own as soon as
+ * the backward has written it.
  *
  * Rendezvous: rank 0 makes the NCCL unique id and serves it on a ZeroMQ REP socket bound to
  * tcp://MASTER_ADDR:MASTER_PORT (torchrun's variables; "*" when MASTER_ADDR is not an address
@@ -53,10 +55,14 @@ int dt_dp_default_device(void);
 cm_status dt_dp_create(dt_dp **out, const dt_dp_config *cfg, const kn_backend *be, kn_ctx *ctx, dt_model *m);
 void      dt_dp_destroy(dt_dp **dp); /* NULL-safe; aborts the communicator */
 
-/* After dt_model_step on every rank: all-reduces the statistics and the den-weighted
- * gradients (above) and rewrites s with the global ones (loss, weight_sum, n_blocks, tau,
- * accuracies). Blocks until both collectives completed. */
+/* After dt_model_step on every rank: reduces the gradient buckets the backward did not (all of
+ * them when this rank had nothing to train on), all-reduces the statistics and rewrites s
+ * with the global ones (loss, weight_sum, n_blocks, tau, accuracies). Blocks until every
+ * collective of the step completed. */
 cm_status dt_dp_reduce(dt_dp *dp, dt_step_stats *s);
+
+/* The model's gradient hook (dt_grad_hook; installed by dt_dp_create). */
+cm_status dt_dp_grad_hook(void *user, size_t off, double weight_sum);
 
 #ifdef __cplusplus
 }

@@ -137,6 +137,8 @@ struct dt_model {
     dt_param         *params;
     char (*names)[80];
     float  *data_base, *grad_base; /* backend; carved into params */
+    dt_grad_hook grad_hook;        /* dt_model_set_grad_hook, or NULL */
+    void        *grad_hook_user;
     size_t  n_slab;                /* floats in each slab (with alignment padding) */
     /* frozen target embedding and LM head, [V, D] */
     void    *embed, *lm_head;
@@ -392,6 +394,27 @@ const dt_param *dt_model_param(const dt_model *m, int i) {
 void dt_model_grad_slab(const dt_model *m, float **grad, size_t *n) {
     *grad = m->grad_base;
     *n = m->n_slab;
+}
+
+void dt_model_set_grad_hook(dt_model *m, dt_grad_hook fn, void *user) {
+    m->grad_hook = fn;
+    m->grad_hook_user = user;
+}
+
+int dt_model_grad_buckets(const dt_model *m, size_t *off, int cap) {
+    const int n = m->cfg.n_layers + 2;
+    for (int b = 0; b < n && b < cap; b++) {
+        const int i = b == 0 ? m->n_params - 1 : b <= m->cfg.n_layers ? P_LAYER0 + (m->cfg.n_layers - b) * LP_COUNT : 0;
+        off[b] = (size_t)(m->params[i].grad - m->grad_base);
+    }
+    return n;
+}
+
+/* Tells the hook that the gradients of parameter i and every later one are final. */
+static cm_status grads_final_from(dt_model *m, int i) {
+    if (!m->grad_hook)
+        return CM_OK;
+    return m->grad_hook(m->grad_hook_user, (size_t)(m->params[i].grad - m->grad_base), m->weight_sum);
 }
 
 const dt_param *dt_model_find_param(const dt_model *m, const char *name) {
@@ -1234,9 +1257,11 @@ static cm_status backward(dt_model *m) {
     dt_acts              *a = &m->acts;
     const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D, T = m->T;
     CM_TRY(loss_fwd_bwd(m));
+    CM_TRY(grads_final_from(m, m->n_params - 1)); /* the final norm */
     for (int l = g->n_layers - 1; l >= 0; l--) {
         CM_TRY(mlp_bwd(m, l));
         CM_TRY(attn_bwd(m, l));
+        CM_TRY(grads_final_from(m, P_LAYER0 + l * LP_COUNT)); /* layer l's */
     }
     /* acts.dx now holds the gradient of the (frozen) embedding output: dropped. */
     dt_param *hn = &m->params[P_HIDDEN_NORM], *fc = &m->params[P_FC];
@@ -1251,7 +1276,7 @@ static cm_status backward(dt_model *m) {
                                   fc->grad + k * D, CM_DTYPE_F32, nD, 1};
             CM_TRY(be->matmul(m->ctx, &p));
         }
-    return CM_OK;
+    return grads_final_from(m, 0); /* fc and hidden_norm: all of them */
 }
 
 // ----------------------------------------------------------------------------

@@ -108,6 +108,16 @@ size_t dt_model_act_bytes(const dt_model *m);
 /* Every gradient as one backend array of n floats, in parameter order (alignment padding
  * between tensors is zeroed with them): what a data-parallel all-reduce takes at once. */
 void dt_model_grad_slab(const dt_model *m, float **grad, size_t *n);
+/* Called during dt_model_step's backward, in the backend context's stream order, each time
+ * the gradients from slab offset off (floats) to the slab's end are final (off decreases over
+ * the calls: the final norm, then each layer from the last, then fc and hidden_norm, ending
+ * at 0); weight_sum is the step's Σ w. Not called when the batch has nothing to train on.
+ * Data parallelism reduces each such bucket while the backward goes on (dt_dp). */
+typedef cm_status (*dt_grad_hook)(void *user, size_t off, double weight_sum);
+void dt_model_set_grad_hook(dt_model *m, dt_grad_hook fn, void *user);
+/* The offsets the hook is called with, in call order (n_layers + 2 of them, the last 0):
+ * writes up to cap, returns how many there are. */
+int dt_model_grad_buckets(const dt_model *m, size_t *off, int cap);
 
 /* Checks a batch against the model: cu_seqlens 0 … T strictly increasing, ids < vocab,
  * loss_mask 0/1, anchors sorted and in range. CM_ERR_INVALID_ARG naming the first problem. */
