@@ -11,7 +11,9 @@
  *         the packed F32 cases, in BF16 mode within 1e-5 of the reference on bf16-rounded
  *         operands (1 bf16 ulp for a BF16 C), the SwiGLU pair within 1e-6 (1 ulp in BF16); the
  *         multi-tensor optimizer step (sumsq_multi, adamw_multi) within 1e-12 / 1e-6 of the
- *         reference, bit-identical when repeated, and writing nothing after a non-finite norm. */
+ *         reference, bit-identical when repeated, and writing nothing after a non-finite norm;
+ *         rmsnorm_bwd_acc = cuda rmsnorm_bwd + add bit for bit, and within 1e-5 of the reference.
+ * Both: rmsnorm_bwd_acc is rmsnorm_bwd into a temporary plus add, bit for bit. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,8 +254,22 @@ static void check_ref(void) {
         free(g), free(u), free(d), free(o1), free(o2), free(dg1), free(du1), free(g2), free(u2);
         free(gb), free(ub), free(db), free(ob), free(gw), free(uw), free(dw);
     }
+    /* rmsnorm_bwd_acc: rmsnorm_bwd into a temporary, then add */
+    {
+        const int64_t rows = 13, C = 37;
+        float        *x = rand_f(rows * C, 2), *dy = rand_f(rows * C, 1), *w = rand_f(C, 1), *acc = rand_f(rows * C, 1);
+        float        *acc2 = malloc(rows * C * 4), *tmp = malloc(rows * C * 4), *dw1 = calloc(C, 4), *dw2 = calloc(C, 4);
+        memcpy(acc2, acc, rows * C * 4);
+        TST_CHECK(kn_ref_rmsnorm_bwd_acc(ctx, acc, dw1, dy, x, w, rows, C, 1e-6f, 0) == CM_OK);
+        TST_CHECK(kn_ref_rmsnorm_bwd(ctx, tmp, dw2, dy, x, w, rows, C, 1e-6f, 0) == CM_OK &&
+                  kn_ref_add(ctx, acc2, tmp, rows * C) == CM_OK);
+        TST_CHECK(memcmp(acc, acc2, rows * C * 4) == 0 && memcmp(dw1, dw2, C * 4) == 0);
+        TST_CHECK(kn_ref_rmsnorm_bwd_acc(ctx, x, dw1, dy, x, w, rows, C, 1e-6f, 0) == CM_ERR_INVALID_ARG);
+        free(x), free(dy), free(w), free(acc), free(acc2), free(tmp), free(dw1), free(dw2);
+    }
     be->ctx_destroy(&ctx);
-    printf("cpu reference: matmul (%d cases), cast2d, swiglu typed pair agree with gemm/gemm_dx/gemm_dw/swiglu\n",
+    printf("cpu reference: matmul (%d cases), cast2d, swiglu typed pair agree with gemm/gemm_dx/gemm_dw/swiglu, "
+           "rmsnorm_bwd_acc with rmsnorm_bwd + add\n",
            N_CASES);
 }
 
@@ -458,8 +474,32 @@ static void check_cuda(const kn_backend *be) {
         }
         be->free(ctx, dtab), be->free(ctx, dsum);
     }
+    /* rmsnorm_bwd_acc: the bits of cuda rmsnorm_bwd + add, and the reference within 1e-5 */
+    {
+        const int64_t rows = 301, C = 517;
+        const size_t  b = (size_t)(rows * C) * 4;
+        float        *x = rand_f(rows * C, 2), *dy = rand_f(rows * C, 1), *w = rand_f(C, 1), *acc = rand_f(rows * C, 1);
+        float        *dx_ = dev_put(be, ctx, x, b), *ddy = dev_put(be, ctx, dy, b), *dwt = dev_put(be, ctx, w, C * 4);
+        float        *a1 = dev_put(be, ctx, acc, b), *a2 = dev_put(be, ctx, acc, b), *tmp = dev_put(be, ctx, NULL, b);
+        float        *g1 = dev_put(be, ctx, NULL, C * 4), *g2 = dev_put(be, ctx, NULL, C * 4);
+        float        *ra = malloc(b), *rg = calloc(C, 4);
+        memcpy(ra, acc, b);
+        TST_CHECK(be->rmsnorm_bwd_acc(ctx, a1, g1, ddy, dx_, dwt, rows, C, 1e-6f, 0) == CM_OK);
+        TST_CHECK(be->rmsnorm_bwd(ctx, tmp, g2, ddy, dx_, dwt, rows, C, 1e-6f, 0) == CM_OK &&
+                  be->add(ctx, a2, tmp, rows * C) == CM_OK);
+        TST_CHECK(kn_ref_rmsnorm_bwd_acc(cpu, ra, rg, dy, x, w, rows, C, 1e-6f, 0) == CM_OK);
+        float *h1 = dev_get(be, ctx, a1, b), *h2 = dev_get(be, ctx, a2, b), *k1 = dev_get(be, ctx, g1, C * 4),
+              *k2 = dev_get(be, ctx, g2, C * 4);
+        TST_CHECK(memcmp(h1, h2, b) == 0 && memcmp(k1, k2, C * 4) == 0);
+        TST_CLOSE("cuda rmsnorm_bwd_acc", h1, ra, (long)(rows * C), 1e-5, 1e-5);
+        TST_CLOSE("cuda rmsnorm_bwd_acc dw", k1, rg, (long)C, 1e-5, 1e-5);
+        free(x), free(dy), free(w), free(acc), free(ra), free(rg), free(h1), free(h2), free(k1), free(k2);
+        be->free(ctx, dx_), be->free(ctx, ddy), be->free(ctx, dwt), be->free(ctx, a1), be->free(ctx, a2);
+        be->free(ctx, tmp), be->free(ctx, g1), be->free(ctx, g2);
+    }
     be->ctx_destroy(&ctx);
     kn_ref_ctx_destroy(&cpu);
+    printf("cuda: rmsnorm_bwd_acc = rmsnorm_bwd + add bits, and the reference's values\n");
     printf("cuda: multi-tensor sumsq + adamw against the reference, repeatable, skip on non-finite\n");
     printf("cuda: matmul (%d cases x 2 modes, = gemm/gemm_dx/gemm_dw bits in F32), cast2d exact, swiglu pair\n",
            N_CASES);
