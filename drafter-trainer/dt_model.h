@@ -91,7 +91,9 @@ const dt_param *dt_model_find_param(const dt_model *m, const char *name); /* NUL
 
 /* Plans the activation memory for batches of up to T tokens and n_anchors anchors now (one
  * backend allocation), so the training loop allocates nothing and a batch that cannot fit
- * fails before the first step. Later larger batches still grow it (dt_model_step). */
+ * fails before the first step. Later larger batches still grow it (dt_model_step). With BF16
+ * storage, device taps are read where they are; the first step fed host features
+ * (target_hidden) adds one allocation that keeps them as BF16 (T · n_taps · D · 2 bytes). */
 cm_status dt_model_reserve(dt_model *m, int64_t T, int64_t n_anchors);
 
 /* The dtype of the activations the step saves for its backward: F32, or BF16 by default
