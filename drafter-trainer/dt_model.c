@@ -954,7 +954,8 @@ static cm_status mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, c
                         int64_t M, int64_t N, int64_t K) {
     if (odt == CM_DTYPE_F32 && idt == CM_DTYPE_F32)
         return m->be->gemm(m->ctx, out, inp, w, CM_DTYPE_F32, M, N, K);
-    kn_matmul_params p = {M, N, K, inp, idt, K, 0, w, CM_DTYPE_F32, K, 1, out, odt, N, 0};
+    kn_matmul_params p = {.M = M, .N = N, .K = K, .a = inp, .a_dt = idt, .lda = K, .b = w, .b_dt = CM_DTYPE_F32,
+                          .ldb = K, .trans_b = 1, .c = out, .c_dt = odt, .ldc = N};
     return m->be->matmul(m->ctx, &p);
 }
 
@@ -963,7 +964,8 @@ static cm_status mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, 
                        int64_t M, int64_t N, int64_t K, int acc) {
     if (odt == CM_DTYPE_F32 && ddt == CM_DTYPE_F32)
         return m->be->gemm_dx(m->ctx, dinp, dout, w, CM_DTYPE_F32, M, N, K, acc);
-    kn_matmul_params p = {M, K, N, dout, ddt, N, 0, w, CM_DTYPE_F32, K, 0, dinp, odt, K, acc};
+    kn_matmul_params p = {.M = M, .N = K, .K = N, .a = dout, .a_dt = ddt, .lda = N, .b = w, .b_dt = CM_DTYPE_F32,
+                          .ldb = K, .c = dinp, .c_dt = odt, .ldc = K, .accumulate = acc};
     return m->be->matmul(m->ctx, &p);
 }
 
@@ -972,7 +974,8 @@ static cm_status mm_dw(dt_model *m, float *dw, const void *dout, cm_dtype ddt, c
                        int64_t M, int64_t N, int64_t K) {
     if (ddt == CM_DTYPE_F32 && idt == CM_DTYPE_F32)
         return m->be->gemm_dw(m->ctx, dw, dout, inp, M, N, K);
-    kn_matmul_params p = {N, K, M, dout, ddt, N, 1, inp, idt, K, 0, dw, CM_DTYPE_F32, K, 1};
+    kn_matmul_params p = {.M = N, .N = K, .K = M, .a = dout, .a_dt = ddt, .lda = N, .trans_a = 1, .b = inp,
+                          .b_dt = idt, .ldb = K, .c = dw, .c_dt = CM_DTYPE_F32, .ldc = K, .accumulate = 1};
     return m->be->matmul(m->ctx, &p);
 }
 
@@ -1010,7 +1013,9 @@ static cm_status residual_add(dt_model *m, const void *inp, const float *w, int6
         CM_TRY(mm_fwd(m, m->acts.dh, CM_DTYPE_F32, inp, CM_DTYPE_F32, w, m->R, N, K));
         return m->be->add(m->ctx, m->acts.xw, m->acts.dh, m->R * N);
     }
-    kn_matmul_params p = {m->R, N, K, inp, m->adt, K, 0, w, CM_DTYPE_F32, K, 1, m->acts.xw, CM_DTYPE_F32, N, 1};
+    kn_matmul_params p = {.M = m->R, .N = N, .K = K, .a = inp, .a_dt = m->adt, .lda = K, .b = w,
+                          .b_dt = CM_DTYPE_F32, .ldb = K, .trans_b = 1, .c = m->acts.xw, .c_dt = CM_DTYPE_F32,
+                          .ldc = N, .accumulate = 1};
     return m->be->matmul(m->ctx, &p);
 }
 
@@ -1100,8 +1105,9 @@ static cm_status forward(dt_model *m) {
         CM_TRY(mm_fwd(m, pre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, m->params[P_FC].data, T, D, nD));
     else
         for (int k = 0; k < g->n_taps; k++) {
-            kn_matmul_params p = {T,        D,  D, m->tap[k], m->tap_dt, m->tap_ld, 0, m->params[P_FC].data + k * D,
-                                  CM_DTYPE_F32, nD, 1, pre, CM_DTYPE_F32, D, k > 0};
+            kn_matmul_params p = {.M = T, .N = D, .K = D, .a = m->tap[k], .a_dt = m->tap_dt, .lda = m->tap_ld,
+                                  .b = m->params[P_FC].data + k * D, .b_dt = CM_DTYPE_F32, .ldb = nD, .trans_b = 1,
+                                  .c = pre, .c_dt = CM_DTYPE_F32, .ldc = D, .accumulate = k > 0};
             CM_TRY(be->matmul(m->ctx, &p));
         }
     CM_TRY(save_act(m, a->ctx_pre, pre, T * D));
@@ -1272,8 +1278,9 @@ static cm_status backward(dt_model *m) {
         CM_TRY(mm_dw(m, fc->grad, dpre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, T, D, nD));
     else
         for (int k = 0; k < g->n_taps; k++) {
-            kn_matmul_params p = {D, D, T, dpre, CM_DTYPE_F32, D, 1, m->tap[k], m->tap_dt, m->tap_ld, 0,
-                                  fc->grad + k * D, CM_DTYPE_F32, nD, 1};
+            kn_matmul_params p = {.M = D, .N = D, .K = T, .a = dpre, .a_dt = CM_DTYPE_F32, .lda = D, .trans_a = 1,
+                                  .b = m->tap[k], .b_dt = m->tap_dt, .ldb = m->tap_ld, .c = fc->grad + k * D,
+                                  .c_dt = CM_DTYPE_F32, .ldc = nD, .accumulate = 1};
             CM_TRY(be->matmul(m->ctx, &p));
         }
     return grads_final_from(m, 0); /* fc and hidden_norm: all of them */

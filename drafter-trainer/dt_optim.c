@@ -107,8 +107,8 @@ cm_status dt_optim_create(dt_optim **out, const kn_backend *be, kn_ctx *ctx, con
             goto fail;
         }
         for (int i = 0; i < n_params; i++) {
-            host[i] = (kn_mt_tensor){params[i]->data, params[i]->grad, o->m + o->offset[i], o->v + o->offset[i],
-                                     params[i]->numel, o->n_chunks};
+            host[i] = (kn_mt_tensor){params[i]->data,     params[i]->grad,  o->m + o->offset[i],
+                                     o->v + o->offset[i], params[i]->numel, o->n_chunks};
             o->n_chunks += (params[i]->numel + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
         }
         st = be->alloc(ctx, (void **)&o->table, (size_t)n_params * sizeof *host);

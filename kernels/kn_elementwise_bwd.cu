@@ -83,8 +83,8 @@ static int typed_ok(cm_dtype dt) {
     return dt == CM_DTYPE_F32 || dt == CM_DTYPE_BF16;
 }
 
-cm_status kn_cuda_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void *gate, const void *up, cm_dtype idt,
-                               int64_t n) {
+cm_status kn_cuda_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void *gate, const void *up,
+                               cm_dtype idt, int64_t n) {
     KN_CUDA_CHECK_ARG(ctx, "swiglu_typed: ctx is NULL");
     if (!typed_ok(odt) || !typed_ok(idt))
         return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_typed: %s to %s is not supported (F32 or BF16)",
@@ -103,14 +103,16 @@ cm_status kn_cuda_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const vo
                                    const void *up, cm_dtype dt, int64_t n) {
     KN_CUDA_CHECK_ARG(ctx, "swiglu_bwd_typed: ctx is NULL");
     if (!typed_ok(dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_bwd_typed: %s is not supported (F32 or BF16)", cm_dtype_name(dt));
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_bwd_typed: %s is not supported (F32 or BF16)",
+                       cm_dtype_name(dt));
     KN_CUDA_CHECK_ARG(n >= 0, "swiglu_bwd_typed: n=%lld must be >= 0", (long long)n);
     if (n == 0)
         return CM_OK;
-    KN_CUDA_CHECK_ARG(dgate && dup && dout && gate && up, "swiglu_bwd_typed: dgate, dup, dout, gate or up is NULL");
+    KN_CUDA_CHECK_ARG(dgate && dup && dout && gate && up,
+                      "swiglu_bwd_typed: dgate, dup, dout, gate or up is NULL");
     KN_CUDA_CHECK_ARG(dgate != dup, "swiglu_bwd_typed: dgate and dup must be different buffers");
-    swiglu_bwd_typed_kernel<<<typed_grid(n), 256, 0, ctx->stream>>>(dgate, dup, dout, gate, up, dt == CM_DTYPE_BF16,
-                                                                    n);
+    swiglu_bwd_typed_kernel<<<typed_grid(n), 256, 0, ctx->stream>>>(dgate, dup, dout, gate, up,
+                                                                    dt == CM_DTYPE_BF16, n);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

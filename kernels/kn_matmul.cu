@@ -51,8 +51,8 @@ static size_t round_up_256(size_t x) {
 }
 
 /* No argument checks: the callers have made them. Packed arrays go as one long row. */
-static cm_status cast2d_launch(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dld, const void *src, cm_dtype sdt,
-                               int64_t sld, int64_t rows, int64_t cols) {
+static cm_status cast2d_launch(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dld, const void *src,
+                               cm_dtype sdt, int64_t sld, int64_t rows, int64_t cols) {
     if (rows == 0 || cols == 0 || (dst == src && ddt == sdt && dld == sld))
         return CM_OK;
     if (dld == cols && sld == cols) {
@@ -62,8 +62,8 @@ static cm_status cast2d_launch(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dld
     }
     int64_t gx = (cols + 255) / 256;
     dim3    grid((unsigned int)(gx < 65535 ? gx : 65535), (unsigned int)(rows < 65535 ? rows : 65535));
-    cast2d_kernel<<<grid, 256, 0, ctx->stream>>>(dst, ddt == CM_DTYPE_BF16, dld, src, sdt == CM_DTYPE_BF16, sld,
-                                                  rows, cols);
+    cast2d_kernel<<<grid, 256, 0, ctx->stream>>>(dst, ddt == CM_DTYPE_BF16, dld, src, sdt == CM_DTYPE_BF16,
+                                                 sld, rows, cols);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
@@ -72,8 +72,8 @@ cm_status kn_cuda_cast2d(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dst_ld, c
                          int64_t src_ld, int64_t rows, int64_t cols) {
     KN_CUDA_CHECK_ARG(ctx, "cast2d: ctx is NULL");
     if (!typed_ok(ddt) || !typed_ok(sdt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "cast2d: %s to %s is not supported (F32 or BF16)", cm_dtype_name(sdt),
-                       cm_dtype_name(ddt));
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "cast2d: %s to %s is not supported (F32 or BF16)",
+                       cm_dtype_name(sdt), cm_dtype_name(ddt));
     KN_CUDA_CHECK_ARG(rows >= 0 && cols >= 0 && dst_ld >= cols && src_ld >= cols,
                       "cast2d: bad shape rows=%lld cols=%lld dst_ld=%lld src_ld=%lld (lds >= cols >= 0)",
                       (long long)rows, (long long)cols, (long long)dst_ld, (long long)src_ld);
@@ -86,14 +86,17 @@ cm_status kn_cuda_cast2d(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dst_ld, c
 cm_status kn_cuda_matmul(kn_ctx *ctx, const kn_matmul_params *p) {
     KN_CUDA_CHECK_ARG(ctx && p, "matmul: ctx or params is NULL");
     if (!typed_ok(p->a_dt) || !typed_ok(p->b_dt) || !typed_ok(p->c_dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "matmul: operand types %s, %s -> %s are not supported (F32 or BF16)",
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "matmul: operand types %s, %s -> %s are not supported (F32 or BF16)",
                        cm_dtype_name(p->a_dt), cm_dtype_name(p->b_dt), cm_dtype_name(p->c_dt));
     const int64_t M = p->M, N = p->N, K = p->K;
-    KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "matmul: bad shape M=%lld N=%lld K=%lld (each must be >= 0)",
-                      (long long)M, (long long)N, (long long)K);
-    KN_CUDA_CHECK_ARG(p->lda >= (p->trans_a ? M : K) && p->ldb >= (p->trans_b ? K : N) && p->ldc >= N,
-                      "matmul: leading dimensions lda=%lld ldb=%lld ldc=%lld are shorter than the rows they hold",
-                      (long long)p->lda, (long long)p->ldb, (long long)p->ldc);
+    KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0,
+                      "matmul: bad shape M=%lld N=%lld K=%lld (each must be >= 0)", (long long)M,
+                      (long long)N, (long long)K);
+    KN_CUDA_CHECK_ARG(
+        p->lda >= (p->trans_a ? M : K) && p->ldb >= (p->trans_b ? K : N) && p->ldc >= N,
+        "matmul: leading dimensions lda=%lld ldb=%lld ldc=%lld are shorter than the rows they hold",
+        (long long)p->lda, (long long)p->ldb, (long long)p->ldc);
     KN_CUDA_CHECK_ARG(!p->accumulate || p->c_dt == CM_DTYPE_F32, "matmul: accumulate needs an F32 C");
     if (M == 0 || N == 0)
         return CM_OK;
@@ -101,7 +104,8 @@ cm_status kn_cuda_matmul(kn_ctx *ctx, const kn_matmul_params *p) {
     const size_t c_esz = p->c_dt == CM_DTYPE_BF16 ? 2 : 4;
     if (K == 0) { /* an empty sum: zeros, or nothing to add */
         if (!p->accumulate)
-            KN_CUDA(cudaMemset2DAsync(p->c, (size_t)p->ldc * c_esz, 0, (size_t)N * c_esz, (size_t)M, ctx->stream));
+            KN_CUDA(cudaMemset2DAsync(p->c, (size_t)p->ldc * c_esz, 0, (size_t)N * c_esz, (size_t)M,
+                                      ctx->stream));
         return CM_OK;
     }
     const int            bf = ctx->gemm_mode == KN_GEMM_MODE_BF16;

@@ -111,7 +111,8 @@ cm_status kn_cuda_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, 
     KN_CUDA_CHECK_ARG(p->lr >= 0 && isfinite(p->lr), "adamw: lr=%g must be finite and >= 0", (double)p->lr);
     KN_CUDA_CHECK_ARG(p->beta1 >= 0 && p->beta1 < 1 && p->beta2 >= 0 && p->beta2 < 1,
                       "adamw: betas (%g, %g) must be in [0, 1)", (double)p->beta1, (double)p->beta2);
-    KN_CUDA_CHECK_ARG(p->eps >= 0 && isfinite(p->eps), "adamw: eps=%g must be finite and >= 0", (double)p->eps);
+    KN_CUDA_CHECK_ARG(p->eps >= 0 && isfinite(p->eps), "adamw: eps=%g must be finite and >= 0",
+                      (double)p->eps);
     KN_CUDA_CHECK_ARG(p->weight_decay >= 0 && isfinite(p->weight_decay),
                       "adamw: weight_decay=%g must be finite and >= 0", (double)p->weight_decay);
     KN_CUDA_CHECK_ARG(isfinite(p->grad_scale), "adamw: grad_scale=%g must be finite", (double)p->grad_scale);
@@ -192,18 +193,21 @@ static __global__ void adamw_multi_kernel(const kn_mt_tensor *tab, int n_t, cons
     }
 }
 
-cm_status kn_cuda_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks) {
+cm_status kn_cuda_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *table, int n_tensors,
+                              int64_t n_chunks) {
     KN_CUDA_CHECK_ARG(ctx && out, "sumsq_multi: ctx or out is NULL");
     KN_CUDA_CHECK_ARG(n_tensors >= 0 && n_chunks >= 0 && (table || n_tensors == 0),
                       "sumsq_multi: bad table (n_tensors=%d, n_chunks=%lld)", n_tensors, (long long)n_chunks);
-    KN_CUDA_CHECK_ARG(n_chunks < ((int64_t)1 << 31), "sumsq_multi: %lld chunks are too many", (long long)n_chunks);
+    KN_CUDA_CHECK_ARG(n_chunks < ((int64_t)1 << 31), "sumsq_multi: %lld chunks are too many",
+                      (long long)n_chunks);
     if (n_chunks == 0) {
         KN_CUDA(cudaMemsetAsync(out, 0, sizeof(double), ctx->stream));
         return CM_OK;
     }
     CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)n_chunks * sizeof(double)));
     double *partial = (double *)ctx->scratch;
-    sumsq_multi_partial_kernel<<<(unsigned int)n_chunks, SUMSQ_THREADS, 0, ctx->stream>>>(partial, table, n_tensors);
+    sumsq_multi_partial_kernel<<<(unsigned int)n_chunks, SUMSQ_THREADS, 0, ctx->stream>>>(partial, table,
+                                                                                          n_tensors);
     KN_CUDA_LAUNCHED(ctx);
     sumsq_final_kernel<<<1, SUMSQ_THREADS, 0, ctx->stream>>>(out, partial, n_chunks);
     KN_CUDA_LAUNCHED(ctx);
@@ -215,9 +219,12 @@ cm_status kn_cuda_adamw_multi(kn_ctx *ctx, const kn_mt_tensor *table, int n_tens
     KN_CUDA_CHECK_ARG(ctx && p && sumsq, "adamw_multi: ctx, params or sumsq is NULL");
     KN_CUDA_CHECK_ARG(n_tensors >= 0 && n_chunks >= 0 && (table || n_tensors == 0),
                       "adamw_multi: bad table (n_tensors=%d, n_chunks=%lld)", n_tensors, (long long)n_chunks);
-    KN_CUDA_CHECK_ARG(n_chunks < ((int64_t)1 << 31), "adamw_multi: %lld chunks are too many", (long long)n_chunks);
-    KN_CUDA_CHECK_ARG(p->step >= 1, "adamw_multi: step=%lld must be >= 1 (it is 1-based)", (long long)p->step);
-    KN_CUDA_CHECK_ARG(p->lr >= 0 && isfinite(p->lr), "adamw_multi: lr=%g must be finite and >= 0", (double)p->lr);
+    KN_CUDA_CHECK_ARG(n_chunks < ((int64_t)1 << 31), "adamw_multi: %lld chunks are too many",
+                      (long long)n_chunks);
+    KN_CUDA_CHECK_ARG(p->step >= 1, "adamw_multi: step=%lld must be >= 1 (it is 1-based)",
+                      (long long)p->step);
+    KN_CUDA_CHECK_ARG(p->lr >= 0 && isfinite(p->lr), "adamw_multi: lr=%g must be finite and >= 0",
+                      (double)p->lr);
     KN_CUDA_CHECK_ARG(p->beta1 >= 0 && p->beta1 < 1 && p->beta2 >= 0 && p->beta2 < 1,
                       "adamw_multi: betas (%g, %g) must be in [0, 1)", (double)p->beta1, (double)p->beta2);
     KN_CUDA_CHECK_ARG(p->eps >= 0 && isfinite(p->eps), "adamw_multi: eps=%g must be finite and >= 0",

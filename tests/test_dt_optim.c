@@ -259,7 +259,8 @@ static void test_multi(void) {
             out[k][i][0] = ps[i].data;
             out[k][i][1] = malloc((size_t)sizes[i] * 2 * sizeof(float));
             memcpy(out[k][i][1], o ? dt_optim_m(o, i) : ps[i].data, (size_t)sizes[i] * sizeof(float));
-            memcpy(out[k][i][1] + sizes[i], o ? dt_optim_v(o, i) : ps[i].data, (size_t)sizes[i] * sizeof(float));
+            memcpy(out[k][i][1] + sizes[i], o ? dt_optim_v(o, i) : ps[i].data,
+                   (size_t)sizes[i] * sizeof(float));
             out[k][i][2] = ps[i].grad;
         }
         dt_optim_destroy(&o);
@@ -270,7 +271,8 @@ static void test_multi(void) {
                memcmp(out[0][i][1], out[1][i][1], (size_t)sizes[i] * 2 * sizeof(float)) == 0;
     TST_CHECK(same);
     TST_CHECK(memcmp(sts[0], sts[1], sizeof sts[0]) == 0);
-    TST_CHECK(rc[0][0] == CM_OK && rc[0][1] == CM_OK && rc[0][2] == CM_ERR_INVALID_ARG && rc[1][2] == CM_ERR_INVALID_ARG);
+    TST_CHECK(rc[0][0] == CM_OK && rc[0][1] == CM_OK && rc[0][2] == CM_ERR_INVALID_ARG &&
+              rc[1][2] == CM_ERR_INVALID_ARG);
     TST_CHECK(sts[0][0].grad_scale < 1.0 && sts[0][1].grad_scale == 1.0 && sts[0][1].step == 2);
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < NT; i++) {

@@ -57,7 +57,8 @@ static float *materialise(const void *x, cm_dtype dt, int64_t ld, int trans, int
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) {
             const int64_t i = trans ? c * ld + r : r * ld + c;
-            y[r * cols + c] = dt == CM_DTYPE_F32 ? ((const float *)x)[i] : cm_bf16_to_f32(((const uint16_t *)x)[i]);
+            y[r * cols + c] =
+                dt == CM_DTYPE_F32 ? ((const float *)x)[i] : cm_bf16_to_f32(((const uint16_t *)x)[i]);
         }
     return y;
 }
@@ -80,12 +81,12 @@ static void *operand(int64_t rows, int64_t ld, cm_dtype dt) {
 }
 
 static const mm_case cases[] = {
-    {37, 29, 53, 0, 1, 0, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, 0},  /* gemm */
-    {37, 53, 29, 0, 0, 0, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, 1},  /* gemm_dx, accumulate */
-    {29, 53, 37, 1, 0, 0, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, 1},  /* gemm_dw */
-    {33, 70, 41, 0, 1, 3, CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_BF16, 0}, /* fwd with a BF16 input and output */
-    {33, 41, 70, 0, 0, 0, CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_F32, 1}, /* dx from a BF16 gradient */
-    {70, 41, 33, 1, 0, 5, CM_DTYPE_F32, CM_DTYPE_BF16, CM_DTYPE_F32, 1}, /* dw with a BF16 input */
+    {37, 29, 53, 0, 1, 0, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, 0},   /* gemm */
+    {37, 53, 29, 0, 0, 0, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, 1},   /* gemm_dx, accumulate */
+    {29, 53, 37, 1, 0, 0, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, 1},   /* gemm_dw */
+    {33, 70, 41, 0, 1, 3, CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_BF16, 0}, /* fwd, BF16 in and out */
+    {33, 41, 70, 0, 0, 0, CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_F32, 1},  /* dx from a BF16 gradient */
+    {70, 41, 33, 1, 0, 5, CM_DTYPE_F32, CM_DTYPE_BF16, CM_DTYPE_F32, 1},  /* dw with a BF16 input */
     {17, 19, 23, 1, 1, 2, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_BF16, 0},
     {8, 16, 0, 0, 1, 0, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, 0}, /* K = 0: zeros */
 };
@@ -116,8 +117,8 @@ static void mm_free(mm_data *d) {
 }
 
 static kn_matmul_params mm_params(const mm_case *t, const mm_data *d, const void *a, const void *b, void *c) {
-    kn_matmul_params p = {t->M, t->N, t->K, a, t->adt, d->lda, t->ta, b, t->bdt, d->ldb, t->tb, c, t->cdt, d->ldc,
-                          t->acc};
+    kn_matmul_params p = {t->M,   t->N,   t->K,  a, t->adt, d->lda, t->ta, b,
+                          t->bdt, d->ldb, t->tb, c, t->cdt, d->ldc, t->acc};
     return p;
 }
 
@@ -167,9 +168,9 @@ static void check_ref(void) {
                 want[i * t->N + j] = v;
             }
             for (int64_t j = t->N; j < d.ldc; j++)
-                gaps_kept = gaps_kept && memcmp((char *)c + (size_t)(i * d.ldc + j) * esz(t->cdt),
-                                                (char *)d.c0 + (size_t)(i * d.ldc + j) * esz(t->cdt),
-                                                esz(t->cdt)) == 0;
+                gaps_kept = gaps_kept &&
+                            memcmp((char *)c + (size_t)(i * d.ldc + j) * esz(t->cdt),
+                                   (char *)d.c0 + (size_t)(i * d.ldc + j) * esz(t->cdt), esz(t->cdt)) == 0;
         }
         float *got = c_packed(t, &d, c);
         /* one rounding apart at most (the product sums in double either way) */
@@ -187,14 +188,18 @@ static void check_ref(void) {
     {
         const int64_t M = 21, N = 34, K = 45;
         float        *x = rand_f(M * K, 1), *w = rand_f(N * K, 1), *dy = rand_f(M * N, 1);
-        float        *o1 = malloc(M * N * 4), *o2 = malloc(M * N * 4), *dx1 = rand_f(M * K, 1), *dx2 = malloc(M * K * 4);
-        float        *dw1 = rand_f(N * K, 1), *dw2 = malloc(N * K * 4);
+        float        *o1 = malloc(M * N * 4), *o2 = malloc(M * N * 4), *dx1 = rand_f(M * K, 1),
+              *dx2 = malloc(M * K * 4);
+        float *dw1 = rand_f(N * K, 1), *dw2 = malloc(N * K * 4);
         memcpy(dx2, dx1, M * K * 4);
         memcpy(dw2, dw1, N * K * 4);
         kn_matmul_params pf = {M, N, K, x, CM_DTYPE_F32, K, 0, w, CM_DTYPE_F32, K, 1, o2, CM_DTYPE_F32, N, 0};
-        kn_matmul_params px = {M, K, N, dy, CM_DTYPE_F32, N, 0, w, CM_DTYPE_F32, K, 0, dx2, CM_DTYPE_F32, K, 1};
-        kn_matmul_params pw = {N, K, M, dy, CM_DTYPE_F32, N, 1, x, CM_DTYPE_F32, K, 0, dw2, CM_DTYPE_F32, K, 1};
-        TST_CHECK(kn_ref_gemm(ctx, o1, x, w, CM_DTYPE_F32, M, N, K) == CM_OK && kn_ref_matmul(ctx, &pf) == CM_OK);
+        kn_matmul_params px = {M, K, N, dy, CM_DTYPE_F32, N, 0, w, CM_DTYPE_F32, K, 0, dx2, CM_DTYPE_F32,
+                               K, 1};
+        kn_matmul_params pw = {N, K, M, dy, CM_DTYPE_F32, N, 1, x, CM_DTYPE_F32, K, 0, dw2, CM_DTYPE_F32,
+                               K, 1};
+        TST_CHECK(kn_ref_gemm(ctx, o1, x, w, CM_DTYPE_F32, M, N, K) == CM_OK &&
+                  kn_ref_matmul(ctx, &pf) == CM_OK);
         TST_CHECK(kn_ref_gemm_dx(ctx, dx1, dy, w, CM_DTYPE_F32, M, N, K, 1) == CM_OK &&
                   kn_ref_matmul(ctx, &px) == CM_OK);
         TST_CHECK(kn_ref_gemm_dw(ctx, dw1, dy, x, M, N, K) == CM_OK && kn_ref_matmul(ctx, &pw) == CM_OK);
@@ -206,8 +211,8 @@ static void check_ref(void) {
     /* cast2d: strided, both ways, gaps untouched */
     {
         const int64_t rows = 5, cols = 7, sld = 9, dld = 11;
-        float        *src = rand_f(rows * sld, 3), *back = rand_f(rows * dld, 1), *keep = malloc(rows * dld * 4);
-        uint16_t     *mid = calloc((size_t)(rows * dld), 2);
+        float    *src = rand_f(rows * sld, 3), *back = rand_f(rows * dld, 1), *keep = malloc(rows * dld * 4);
+        uint16_t *mid = calloc((size_t)(rows * dld), 2);
         memcpy(keep, back, rows * dld * 4);
         TST_CHECK(kn_ref_cast2d(ctx, mid, CM_DTYPE_BF16, dld, src, CM_DTYPE_F32, sld, rows, cols) == CM_OK);
         TST_CHECK(kn_ref_cast2d(ctx, back, CM_DTYPE_F32, dld, mid, CM_DTYPE_BF16, dld, rows, cols) == CM_OK);
@@ -221,8 +226,10 @@ static void check_ref(void) {
                     ok = ok && mid[r * dld + c] == 0 && back[r * dld + c] == keep[r * dld + c];
             }
         TST_CHECK(ok);
-        TST_CHECK(kn_ref_cast2d(ctx, mid, CM_DTYPE_I32, dld, src, CM_DTYPE_F32, sld, rows, cols) == CM_ERR_UNSUPPORTED);
-        TST_CHECK(kn_ref_cast2d(ctx, mid, CM_DTYPE_BF16, 3, src, CM_DTYPE_F32, sld, rows, cols) == CM_ERR_INVALID_ARG);
+        TST_CHECK(kn_ref_cast2d(ctx, mid, CM_DTYPE_I32, dld, src, CM_DTYPE_F32, sld, rows, cols) ==
+                  CM_ERR_UNSUPPORTED);
+        TST_CHECK(kn_ref_cast2d(ctx, mid, CM_DTYPE_BF16, 3, src, CM_DTYPE_F32, sld, rows, cols) ==
+                  CM_ERR_INVALID_ARG);
         free(src), free(back), free(keep), free(mid);
     }
     /* swiglu typed: F32 = swiglu / swiglu_bwd bit for bit, in place too; BF16 = RNE of F32 */
@@ -240,7 +247,8 @@ static void check_ref(void) {
         TST_CHECK(kn_ref_swiglu_bwd_typed(ctx, g2, u2, d, g2, u2, CM_DTYPE_F32, n) == CM_OK); /* in place */
         TST_CHECK(memcmp(g2, dg1, n * 4) == 0 && memcmp(u2, du1, n * 4) == 0);
         uint16_t *gb = to_bf(g, n), *ub = to_bf(u, n), *db = to_bf(d, n), *ob = malloc(n * 2);
-        float    *gw = widen(gb, CM_DTYPE_BF16, n), *uw = widen(ub, CM_DTYPE_BF16, n), *dw = widen(db, CM_DTYPE_BF16, n);
+        float    *gw = widen(gb, CM_DTYPE_BF16, n), *uw = widen(ub, CM_DTYPE_BF16, n),
+              *dw = widen(db, CM_DTYPE_BF16, n);
         TST_CHECK(kn_ref_swiglu_typed(ctx, ob, CM_DTYPE_BF16, gb, ub, CM_DTYPE_BF16, n) == CM_OK);
         TST_CHECK(kn_ref_swiglu(ctx, o1, gw, uw, n) == CM_OK);
         TST_CHECK(kn_ref_swiglu_bwd(ctx, dg1, du1, dw, gw, uw, n) == CM_OK);
@@ -257,8 +265,10 @@ static void check_ref(void) {
     /* rmsnorm_bwd_acc: rmsnorm_bwd into a temporary, then add */
     {
         const int64_t rows = 13, C = 37;
-        float        *x = rand_f(rows * C, 2), *dy = rand_f(rows * C, 1), *w = rand_f(C, 1), *acc = rand_f(rows * C, 1);
-        float        *acc2 = malloc(rows * C * 4), *tmp = malloc(rows * C * 4), *dw1 = calloc(C, 4), *dw2 = calloc(C, 4);
+        float        *x = rand_f(rows * C, 2), *dy = rand_f(rows * C, 1), *w = rand_f(C, 1),
+              *acc = rand_f(rows * C, 1);
+        float *acc2 = malloc(rows * C * 4), *tmp = malloc(rows * C * 4), *dw1 = calloc(C, 4),
+              *dw2 = calloc(C, 4);
         memcpy(acc2, acc, rows * C * 4);
         TST_CHECK(kn_ref_rmsnorm_bwd_acc(ctx, acc, dw1, dy, x, w, rows, C, 1e-6f, 0) == CM_OK);
         TST_CHECK(kn_ref_rmsnorm_bwd(ctx, tmp, dw2, dy, x, w, rows, C, 1e-6f, 0) == CM_OK &&
@@ -268,9 +278,10 @@ static void check_ref(void) {
         free(x), free(dy), free(w), free(acc), free(acc2), free(tmp), free(dw1), free(dw2);
     }
     be->ctx_destroy(&ctx);
-    printf("cpu reference: matmul (%d cases), cast2d, swiglu typed pair agree with gemm/gemm_dx/gemm_dw/swiglu, "
-           "rmsnorm_bwd_acc with rmsnorm_bwd + add\n",
-           N_CASES);
+    printf(
+        "cpu reference: matmul (%d cases), cast2d, swiglu typed pair agree with gemm/gemm_dx/gemm_dw/swiglu, "
+        "rmsnorm_bwd_acc with rmsnorm_bwd + add\n",
+        N_CASES);
 }
 
 // ---- cuda against the reference
@@ -314,11 +325,11 @@ static void check_cuda(const kn_backend *be) {
             const mm_case *t = &cases[ci];
             mm_data        d;
             mm_make(t, &d);
-            const size_t cbytes = (size_t)(t->M * d.ldc) * esz(t->cdt);
-            const size_t abytes = (size_t)(d.a_rows * d.lda) * esz(t->adt);
-            const size_t bbytes = (size_t)(d.b_rows * d.ldb) * esz(t->bdt);
-            void        *da = dev_put(be, ctx, d.a, abytes), *db = dev_put(be, ctx, d.b, bbytes);
-            void        *dc = dev_put(be, ctx, d.c0, cbytes);
+            const size_t     cbytes = (size_t)(t->M * d.ldc) * esz(t->cdt);
+            const size_t     abytes = (size_t)(d.a_rows * d.lda) * esz(t->adt);
+            const size_t     bbytes = (size_t)(d.b_rows * d.ldb) * esz(t->bdt);
+            void            *da = dev_put(be, ctx, d.a, abytes), *db = dev_put(be, ctx, d.b, bbytes);
+            void            *dc = dev_put(be, ctx, d.c0, cbytes);
             kn_matmul_params p = mm_params(t, &d, da, db, dc);
             TST_CHECK(be->matmul(ctx, &p) == CM_OK);
             void *hc = dev_get(be, ctx, dc, cbytes);
@@ -348,17 +359,22 @@ static void check_cuda(const kn_backend *be) {
         /* packed F32: the very bits of gemm, gemm_dx, gemm_dw */
         {
             const int64_t M = 67, N = 130, K = 99;
-            float        *x = rand_f(M * K, 1), *w = rand_f(N * K, 1), *dy = rand_f(M * N, 1), *z = rand_f(N * K, 1);
-            float        *dx_ = dev_put(be, ctx, x, M * K * 4), *dw_ = dev_put(be, ctx, w, N * K * 4);
-            float        *ddy = dev_put(be, ctx, dy, M * N * 4);
-            float        *o1 = dev_put(be, ctx, NULL, M * N * 4), *o2 = dev_put(be, ctx, NULL, M * N * 4);
-            float        *i1 = dev_put(be, ctx, NULL, M * K * 4), *i2 = dev_put(be, ctx, NULL, M * K * 4);
-            float        *g1 = dev_put(be, ctx, z, N * K * 4), *g2 = dev_put(be, ctx, z, N * K * 4);
-            kn_matmul_params pf = {M, N, K, dx_, CM_DTYPE_F32, K, 0, dw_, CM_DTYPE_F32, K, 1, o2, CM_DTYPE_F32, N, 0};
-            kn_matmul_params px = {M, K, N, ddy, CM_DTYPE_F32, N, 0, dw_, CM_DTYPE_F32, K, 0, i2, CM_DTYPE_F32, K, 0};
-            kn_matmul_params pw = {N, K, M, ddy, CM_DTYPE_F32, N, 1, dx_, CM_DTYPE_F32, K, 0, g2, CM_DTYPE_F32, K, 1};
-            TST_CHECK(be->gemm(ctx, o1, dx_, dw_, CM_DTYPE_F32, M, N, K) == CM_OK && be->matmul(ctx, &pf) == CM_OK);
-            TST_CHECK(be->gemm_dx(ctx, i1, ddy, dw_, CM_DTYPE_F32, M, N, K, 0) == CM_OK && be->matmul(ctx, &px) == CM_OK);
+            float *x = rand_f(M * K, 1), *w = rand_f(N * K, 1), *dy = rand_f(M * N, 1), *z = rand_f(N * K, 1);
+            float *dx_ = dev_put(be, ctx, x, M * K * 4), *dw_ = dev_put(be, ctx, w, N * K * 4);
+            float *ddy = dev_put(be, ctx, dy, M * N * 4);
+            float *o1 = dev_put(be, ctx, NULL, M * N * 4), *o2 = dev_put(be, ctx, NULL, M * N * 4);
+            float *i1 = dev_put(be, ctx, NULL, M * K * 4), *i2 = dev_put(be, ctx, NULL, M * K * 4);
+            float *g1 = dev_put(be, ctx, z, N * K * 4), *g2 = dev_put(be, ctx, z, N * K * 4);
+            kn_matmul_params pf = {
+                M, N, K, dx_, CM_DTYPE_F32, K, 0, dw_, CM_DTYPE_F32, K, 1, o2, CM_DTYPE_F32, N, 0};
+            kn_matmul_params px = {
+                M, K, N, ddy, CM_DTYPE_F32, N, 0, dw_, CM_DTYPE_F32, K, 0, i2, CM_DTYPE_F32, K, 0};
+            kn_matmul_params pw = {
+                N, K, M, ddy, CM_DTYPE_F32, N, 1, dx_, CM_DTYPE_F32, K, 0, g2, CM_DTYPE_F32, K, 1};
+            TST_CHECK(be->gemm(ctx, o1, dx_, dw_, CM_DTYPE_F32, M, N, K) == CM_OK &&
+                      be->matmul(ctx, &pf) == CM_OK);
+            TST_CHECK(be->gemm_dx(ctx, i1, ddy, dw_, CM_DTYPE_F32, M, N, K, 0) == CM_OK &&
+                      be->matmul(ctx, &px) == CM_OK);
             TST_CHECK(be->gemm_dw(ctx, g1, ddy, dx_, M, N, K) == CM_OK && be->matmul(ctx, &pw) == CM_OK);
             float *h1 = dev_get(be, ctx, o1, M * N * 4), *h2 = dev_get(be, ctx, o2, M * N * 4);
             float *j1 = dev_get(be, ctx, i1, M * K * 4), *j2 = dev_get(be, ctx, i2, M * K * 4);
@@ -398,8 +414,8 @@ static void check_cuda(const kn_backend *be) {
         float         *g = rand_f(n, 5), *u = rand_f(n, 2), *d = rand_f(n, 1);
         void          *hg = bf ? (void *)to_bf(g, n) : g, *hu = bf ? (void *)to_bf(u, n) : u;
         void          *hd = bf ? (void *)to_bf(d, n) : d;
-        void          *dg = dev_put(be, ctx, hg, b), *du = dev_put(be, ctx, hu, b), *dd = dev_put(be, ctx, hd, b);
-        void          *dout = dev_put(be, ctx, NULL, b), *rout = malloc(b);
+        void *dg = dev_put(be, ctx, hg, b), *du = dev_put(be, ctx, hu, b), *dd = dev_put(be, ctx, hd, b);
+        void *dout = dev_put(be, ctx, NULL, b), *rout = malloc(b);
         TST_CHECK(be->swiglu_typed(ctx, dout, dt, dg, du, dt, n) == CM_OK);
         TST_CHECK(kn_ref_swiglu_typed(cpu, rout, dt, hg, hu, dt, n) == CM_OK);
         void *gout = dev_get(be, ctx, dout, b);
@@ -407,13 +423,15 @@ static void check_cuda(const kn_backend *be) {
         TST_CHECK(be->swiglu_bwd_typed(ctx, dg, du, dd, dg, du, dt, n) == CM_OK);
         TST_CHECK(kn_ref_swiglu_bwd_typed(cpu, hg, hu, hd, hg, hu, dt, n) == CM_OK);
         void  *gdg = dev_get(be, ctx, dg, b), *gdu = dev_get(be, ctx, du, b);
-        float *a1 = widen(gout, dt, n), *a2 = widen(rout, dt, n), *b1 = widen(gdg, dt, n), *b2 = widen(hg, dt, n);
-        float *c1 = widen(gdu, dt, n), *c2 = widen(hu, dt, n);
+        float *a1 = widen(gout, dt, n), *a2 = widen(rout, dt, n), *b1 = widen(gdg, dt, n),
+              *b2 = widen(hg, dt, n);
+        float       *c1 = widen(gdu, dt, n), *c2 = widen(hu, dt, n);
         const double rtol = bf ? 8e-3 : 1e-6;
         TST_CLOSE(bf ? "cuda swiglu_typed bf16" : "cuda swiglu_typed f32", a1, a2, (long)n, 1e-7, rtol);
         TST_CLOSE(bf ? "cuda dgate bf16" : "cuda dgate f32", b1, b2, (long)n, 1e-7, rtol);
         TST_CLOSE(bf ? "cuda dup bf16" : "cuda dup f32", c1, c2, (long)n, 1e-7, rtol);
-        free(a1), free(a2), free(b1), free(b2), free(c1), free(c2), free(gout), free(gdg), free(gdu), free(rout);
+        free(a1), free(a2), free(b1), free(b2), free(c1), free(c2), free(gout), free(gdg), free(gdu),
+            free(rout);
         if (bf)
             free(hg), free(hu), free(hd);
         free(g), free(u), free(d);
@@ -432,9 +450,12 @@ static void check_cuda(const kn_backend *be) {
             for (int64_t j = 0; j < sizes[i]; j++) /* v ≥ 0 */
                 host[i][3][j] = fabsf(host[i][3][j]);
             ht[i] = (kn_mt_tensor){host[i][0], host[i][1], host[i][2], host[i][3], sizes[i], chunks};
-            dt_[i] = (kn_mt_tensor){dev_put(be, ctx, host[i][0], sizes[i] * 4), dev_put(be, ctx, host[i][1], sizes[i] * 4),
-                                    dev_put(be, ctx, host[i][2], sizes[i] * 4), dev_put(be, ctx, host[i][3], sizes[i] * 4),
-                                    sizes[i], chunks};
+            dt_[i] = (kn_mt_tensor){dev_put(be, ctx, host[i][0], sizes[i] * 4),
+                                    dev_put(be, ctx, host[i][1], sizes[i] * 4),
+                                    dev_put(be, ctx, host[i][2], sizes[i] * 4),
+                                    dev_put(be, ctx, host[i][3], sizes[i] * 4),
+                                    sizes[i],
+                                    chunks};
             chunks += (sizes[i] + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
         }
         kn_mt_tensor   *dtab = dev_put(be, ctx, dt_, sizeof dt_);
@@ -452,7 +473,10 @@ static void check_cuda(const kn_backend *be) {
         TST_CHECK(be->adamw_multi(ctx, dtab, NT, chunks, &ap, dsum, 0.5) == CM_OK);
         for (int i = 0; i < NT; i++)
             for (int k = 0; k < 4; k += (k == 0 ? 2 : 1)) { /* param, m, v */
-                float *got = dev_get(be, ctx, k == 0 ? (void *)dt_[i].param : k == 2 ? (void *)dt_[i].m : dt_[i].v,
+                float *got = dev_get(be, ctx,
+                                     k == 0   ? (void *)dt_[i].param
+                                     : k == 2 ? (void *)dt_[i].m
+                                              : dt_[i].v,
                                      sizes[i] * 4);
                 TST_CLOSE("cuda adamw_multi", got, host[i][k], (long)sizes[i], 1e-12, 1e-6);
                 free(got);
@@ -478,11 +502,14 @@ static void check_cuda(const kn_backend *be) {
     {
         const int64_t rows = 301, C = 517;
         const size_t  b = (size_t)(rows * C) * 4;
-        float        *x = rand_f(rows * C, 2), *dy = rand_f(rows * C, 1), *w = rand_f(C, 1), *acc = rand_f(rows * C, 1);
-        float        *dx_ = dev_put(be, ctx, x, b), *ddy = dev_put(be, ctx, dy, b), *dwt = dev_put(be, ctx, w, C * 4);
-        float        *a1 = dev_put(be, ctx, acc, b), *a2 = dev_put(be, ctx, acc, b), *tmp = dev_put(be, ctx, NULL, b);
-        float        *g1 = dev_put(be, ctx, NULL, C * 4), *g2 = dev_put(be, ctx, NULL, C * 4);
-        float        *ra = malloc(b), *rg = calloc(C, 4);
+        float        *x = rand_f(rows * C, 2), *dy = rand_f(rows * C, 1), *w = rand_f(C, 1),
+              *acc = rand_f(rows * C, 1);
+        float *dx_ = dev_put(be, ctx, x, b), *ddy = dev_put(be, ctx, dy, b),
+              *dwt = dev_put(be, ctx, w, C * 4);
+        float *a1 = dev_put(be, ctx, acc, b), *a2 = dev_put(be, ctx, acc, b),
+              *tmp = dev_put(be, ctx, NULL, b);
+        float *g1 = dev_put(be, ctx, NULL, C * 4), *g2 = dev_put(be, ctx, NULL, C * 4);
+        float *ra = malloc(b), *rg = calloc(C, 4);
         memcpy(ra, acc, b);
         TST_CHECK(be->rmsnorm_bwd_acc(ctx, a1, g1, ddy, dx_, dwt, rows, C, 1e-6f, 0) == CM_OK);
         TST_CHECK(be->rmsnorm_bwd(ctx, tmp, g2, ddy, dx_, dwt, rows, C, 1e-6f, 0) == CM_OK &&
@@ -501,8 +528,9 @@ static void check_cuda(const kn_backend *be) {
     kn_ref_ctx_destroy(&cpu);
     printf("cuda: rmsnorm_bwd_acc = rmsnorm_bwd + add bits, and the reference's values\n");
     printf("cuda: multi-tensor sumsq + adamw against the reference, repeatable, skip on non-finite\n");
-    printf("cuda: matmul (%d cases x 2 modes, = gemm/gemm_dx/gemm_dw bits in F32), cast2d exact, swiglu pair\n",
-           N_CASES);
+    printf(
+        "cuda: matmul (%d cases x 2 modes, = gemm/gemm_dx/gemm_dw bits in F32), cast2d exact, swiglu pair\n",
+        N_CASES);
 }
 
 int main(int argc, char **argv) {
