@@ -47,6 +47,10 @@ echo "== tandem bf16, taps from the host" >&2
 sampled tandem-bf16-host "$bin" --drafter-config "$cfgdir/drafter.json" --target-config "$cfgdir/target-config.json" \
     --precision bf16 --steps 3 --warmup 1 --gpu "$gpu" --host-taps \
     >"$out/tandem-bf16-host.json" 2>"$out/tandem-bf16-host.err" || echo "tandem bf16 host failed: $(tail -3 "$out/tandem-bf16-host.err")" >&2
+echo "== tandem bf16, taps from pageable host memory" >&2
+sampled tandem-bf16-pageable "$bin" --drafter-config "$cfgdir/drafter.json" --target-config "$cfgdir/target-config.json" \
+    --precision bf16 --steps 3 --warmup 1 --gpu "$gpu" --host-taps --pageable \
+    >"$out/tandem-bf16-pageable.json" 2>"$out/tandem-bf16-pageable.err" || echo "tandem bf16 pageable failed: $(tail -3 "$out/tandem-bf16-pageable.err")" >&2
 if [[ -z ${SKIP_REF:-} ]]; then
     echo "== pytorch flex_attention reference" >&2
     sampled ref env CUDA_VISIBLE_DEVICES="$gpu" PYTHONUNBUFFERED=1 python3 "$here/drafter_flex.py" \
@@ -82,6 +86,7 @@ def smi(name):
     except Exception:
         return None
 b, f, r, bh = js("tandem-bf16.json"), js("tandem-f32.json"), js("ref.json"), js("tandem-bf16-host.json")
+bp = js("tandem-bf16-pageable.json")
 gpu = open(os.path.join(out, "gpu.txt")).read().strip()
 L = ["# drafter step: tandem vs PyTorch compiled flex_attention", "",
      f"GPU: {gpu}. Shape: Qwen3.6-27B drafter (deploy/configs/qwen3.6-27b), 8192 tokens in 4 documents, "
@@ -89,7 +94,8 @@ L = ["# drafter step: tandem vs PyTorch compiled flex_attention", "",
      "| | step s (median) | TF/s (dt_plan FLOPs) | peak GB (own) | peak GiB (nvidia-smi) |", "|---|---|---|---|---|"]
 tf = b["tflop_per_step"] if b else (f["tflop_per_step"] if f else None)
 for name, d, own, key in (("tandem bf16", b, "mem_used_gb", "tandem-bf16"),
-                          ("tandem bf16, F32 taps uploaded from the host", bh, "mem_used_gb", "tandem-bf16-host"),
+                          ("tandem bf16, F32 taps uploaded from page-locked host memory", bh, "mem_used_gb", "tandem-bf16-host"),
+                          ("tandem bf16, F32 taps uploaded from pageable host memory", bp, "mem_used_gb", "tandem-bf16-pageable"),
                           ("tandem fp32", f, "mem_used_gb", "tandem-f32"),
                           ("pytorch flex (compiled)", r, "peak_reserved_gb", "ref")):
     if not d:
@@ -111,7 +117,7 @@ try:
           open(os.path.join(out, "tandem-profile.txt")).read().rstrip(), "```"]
 except Exception:
     pass
-L += ["", "Raw lines:", "", "```"] + [json.dumps(x) for x in (b, bh, f, r) if x] + ["```"]
+L += ["", "Raw lines:", "", "```"] + [json.dumps(x) for x in (b, bh, bp, f, r) if x] + ["```"]
 open(os.path.join(out, "drafter-step.md"), "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 EOF

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cm_dtype.h"
+#include "cm_log.h"
 #include "cm_rng.h"
 #include "cm_safetensors.h"
 #include "dt_dataset.h"
@@ -42,6 +43,11 @@ struct dt_data {
     dt_batch  pf_batch;
     cm_status pf_st;
     char      pf_msg[1024];
+    /* dt_data_set_pinning: which hidden buffers are page-locked */
+    dt_pin_fn   pin;
+    dt_unpin_fn unpin;
+    void       *pin_user;
+    float      *pinned[2];
 };
 
 // ---- FNV-1a 64
@@ -378,6 +384,9 @@ void dt_data_destroy(dt_data **d) {
     dt_data *x = *d;
     if (x->pf_running) /* a load in flight: let it end before its buffers go */
         pthread_join(x->pf_thread, NULL);
+    for (int k = 0; k < 2; k++)
+        if (x->pinned[k])
+            x->unpin(x->pin_user, x->pinned[k]);
     if (x->paths)
         for (int i = 0; i < x->n; i++)
             free(x->paths[i]);
@@ -541,6 +550,26 @@ fail:
     return st;
 }
 
+// ---- page-locked hidden buffers
+
+static void pin_hidden(dt_data *d, int k, float *p) {
+    if (!d->pin || !p || d->pinned[k])
+        return;
+    const size_t bytes = (size_t)d->max_T * (size_t)d->width * sizeof(float);
+    if (d->pin(d->pin_user, p, bytes) == CM_OK)
+        d->pinned[k] = p;
+    else
+        CM_LOG_WARN("hidden-state buffer left pageable (uploads slower): %s", cm_last_error());
+}
+
+void dt_data_set_pinning(dt_data *d, dt_pin_fn pin, dt_unpin_fn unpin, void *user) {
+    d->pin = pin;
+    d->unpin = unpin;
+    d->pin_user = user;
+    pin_hidden(d, 0, d->hidden_buf); /* the sets swap pointers later; each stays pinned */
+    pin_hidden(d, 1, d->alt_hidden);
+}
+
 // ---- prefetch
 
 static void *prefetch_main(void *arg) {
@@ -575,6 +604,7 @@ cm_status dt_data_prefetch(dt_data *d, int i) {
                            "cannot allocate a second set of batch buffers (%lld tokens x %lld floats) to load "
                            "ahead; train with --prefetch 0",
                            (long long)d->max_T, (long long)d->width);
+        pin_hidden(d, 1, d->alt_hidden);
     }
     /* the caller's batch stays in the set it was loaded into; the thread fills the other */
     int32_t *t;

@@ -116,6 +116,14 @@ cm_status dt_data_load(dt_data *d, int i, dt_batch *b);
  * The set's source must not be used by the caller meanwhile (not for live sources). */
 cm_status dt_data_prefetch(dt_data *d, int i);
 
+/* Page-locks the set's host buffers of hidden states through pin (now, and the second set
+ * when dt_data_prefetch makes it) and unlocks them through unpin at destroy, so uploads from
+ * them run at the bus's speed (kn_backend host_pin). A failure to pin is logged and the
+ * buffer stays pageable. */
+typedef cm_status (*dt_pin_fn)(void *user, void *p, size_t bytes);
+typedef void (*dt_unpin_fn)(void *user, void *p);
+void dt_data_set_pinning(dt_data *d, dt_pin_fn pin, dt_unpin_fn unpin, void *user);
+
 #ifdef __cplusplus
 }
 #endif

@@ -626,6 +626,15 @@ static void set_next_rng(run *r, int64_t step) {
 /* The training data and where its hidden states come from: batch files (--data, --data-dir)
  * or a dataset's packs (--dataset), with target_hidden from the files, --shards or --server;
  * then this process's data-parallel share. */
+static cm_status pin_host(void *user, void *p, size_t bytes) {
+    run *r = user;
+    return r->be->host_pin(r->ctx, p, bytes);
+}
+static void unpin_host(void *user, void *p) {
+    run *r = user;
+    r->be->host_unpin(r->ctx, p);
+}
+
 static cm_status open_data(run *r) {
     train_args    *a = &r->a;
     const int      taps = r->cfg.n_taps, D = r->cfg.hidden_size, V = r->cfg.vocab_size;
@@ -805,6 +814,8 @@ static cm_status train(run *r) {
     CM_TRY(load_target(r));
 
     CM_TRY(open_data(r));
+    if (r->be->host_pin && r->be->host_unpin && !dt_live_on_device(r->live)) /* host-fed: DMA uploads */
+        dt_data_set_pinning(r->data, pin_host, unpin_host, r);
     if (a->dp_size > 1 && on_cuda) {
         const char    *port = getenv("MASTER_PORT");
         int64_t        p = 0;

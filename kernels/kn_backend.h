@@ -120,6 +120,11 @@ typedef struct kn_backend {
     cm_status (*download)(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes); /* blocks */
     cm_status (*sync)(kn_ctx *ctx);
     cm_status (*zero)(kn_ctx *ctx, void *p, size_t bytes); /* enqueues a clear of bytes at p */
+    /* Page-locks the host memory [p, p + bytes) so that uploads from it run at the bus's speed
+     * (a DMA straight from it, no staging copy); host_unpin undoes it before the memory is
+     * freed. cpu: absent (its uploads are memcpy). */
+    cm_status (*host_pin)(kn_ctx *ctx, void *p, size_t bytes); /* (optional) */
+    void (*host_unpin)(kn_ctx *ctx, void *p);                   /* (optional) */
 
     // ---- elementwise and data movement
     /* dst[r, 0:cols] = src[r, 0:cols] for r < rows, with leading dimensions in elements (F32). */

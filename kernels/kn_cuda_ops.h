@@ -21,6 +21,8 @@ void      kn_cuda_ctx_destroy(kn_ctx **ctx);
 cm_status kn_cuda_alloc(kn_ctx *ctx, void **out, size_t bytes);
 void      kn_cuda_free(kn_ctx *ctx, void *p);
 cm_status kn_cuda_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
+cm_status kn_cuda_host_pin(kn_ctx *ctx, void *p, size_t bytes);
+void      kn_cuda_host_unpin(kn_ctx *ctx, void *p);
 cm_status kn_cuda_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes);
 cm_status kn_cuda_sync(kn_ctx *ctx);
 cm_status kn_cuda_zero(kn_ctx *ctx, void *p, size_t bytes);

@@ -135,6 +135,32 @@ cm_status kn_cuda_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t by
     return CM_OK;
 }
 
+cm_status kn_cuda_host_pin(kn_ctx *ctx, void *p, size_t bytes) {
+    KN_CUDA_CHECK_ARG(ctx && p, "host_pin: ctx or p is NULL");
+    if (bytes == 0)
+        return CM_OK;
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return CM_FAIL(CM_ERR_CUDA,
+                       "cannot page-lock %zu bytes of host memory for fast uploads: %s (raise the locked-memory "
+                       "limit, ulimit -l, or free host memory)",
+                       bytes, cudaGetErrorString(e));
+    }
+    return CM_OK;
+}
+
+void kn_cuda_host_unpin(kn_ctx *ctx, void *p) {
+    (void)ctx;
+    if (!p)
+        return;
+    cudaError_t e = cudaHostUnregister(p);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        CM_LOG_WARN("cudaHostUnregister(%p) failed: %s", p, cudaGetErrorString(e));
+    }
+}
+
 cm_status kn_cuda_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes) {
     KN_CUDA_CHECK_ARG(ctx, "download: ctx is NULL");
     if (bytes == 0)

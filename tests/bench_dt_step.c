@@ -5,7 +5,8 @@
  * random packed batch (T tokens in equal documents, loss_mask 1 everywhere, anchors drawn by
  * dt_anchor_sample as train does) whose hidden states are BF16 taps already in GPU memory, as
  * the NCCL data path delivers them (--host-taps: F32 on the host, uploaded every step, as the
- * ZeroMQ and shard paths do today). Prints one JSON line: median and mean step seconds, the
+ * ZeroMQ and shard paths do, from page-locked memory as the trainer's batch buffers are;
+ * --pageable: from ordinary memory). Prints one JSON line: median and mean step seconds, the
  * step's FLOPs counted as dt_plan does (drafter-trainer/dt_plan.h) and the TF/s they give,
  * and device memory in use after the steps (cudaMemGetInfo: everything the process holds).
  * --layout FILE writes the batch layout (input_ids, cu_seqlens, loss_mask, anchors) so the
@@ -216,13 +217,14 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     const char *dcfg = NULL, *tcfg = NULL, *layout = NULL, *precision = "bf16";
-    int         steps = 5, warmup = 2, gpu = 0, docs = 4, profile = 0, host_taps = 0;
+    int         steps = 5, warmup = 2, gpu = 0, docs = 4, profile = 0, host_taps = 0, pageable = 0;
     int64_t     T = 8192, A = 512;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(f, "--profile") || !strcmp(f, "--host-taps")) {
+        if (!strcmp(f, "--profile") || !strcmp(f, "--host-taps") || !strcmp(f, "--pageable")) {
             profile |= !strcmp(f, "--profile");
             host_taps |= !strcmp(f, "--host-taps");
+            pageable |= !strcmp(f, "--pageable");
             continue;
         }
         i++;
@@ -250,7 +252,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "usage: bench_dt_step --drafter-config F --target-config F [--precision "
                             "bf16|fp32] [--steps N]\n"
                             "       [--warmup N] [--gpu N] [--tokens T] [--docs N] [--anchors A] [--layout "
-                            "OUT] [--profile]\n");
+                            "OUT] [--profile]\n"
+                            "       [--host-taps [--pageable]]\n");
             return 2;
         }
     }
@@ -304,6 +307,10 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; host_taps && i < (size_t)T * (size_t)nD; i++)
         F[i] = (float)((int64_t)(mix(&s) >> 40) - (1 << 23)) / (float)(1 << 23);
+    /* host taps page-locked as the trainer's batch buffers are (--pageable: as before) */
+    const int pinned = host_taps && !pageable;
+    if (pinned)
+        DIE(cuda->host_pin(ctx, F, (size_t)T * (size_t)nD * sizeof *F));
     void *taps[DT_MAX_TAPS] = {0};
     for (int k = 0; !host_taps && k < d.n_taps; k++) {
         DIE(cuda->alloc(ctx, &taps[k], (size_t)T * (size_t)D * 2));
@@ -382,14 +389,14 @@ int main(int argc, char **argv) {
     pr.seq_len = T / docs;
     dt_plan pl;
     DIE(dt_plan_compute(&pl, &t, &d, &pr));
-    printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"host_taps\": %d, \"profile\": %d, \"tokens\": "
+    printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"host_taps\": %d, \"pinned\": %d, \"profile\": %d, \"tokens\": "
            "%lld, \"docs\": %d, "
            "\"anchors\": %lld, \"block\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"step_s_mean\": %.6f, "
            "\"step_s_min\": %.6f, \"step_s_max\": %.6f, \"tflop_per_step\": %.3f, \"tflop_attn\": %.3f, "
            "\"tflop_lm\": %.3f, \"tflops\": %.1f, \"mem_used_gb\": %.3f, \"ctx_gb\": %.3f, \"params\": %lld, "
            "\"act_gb\": %.3f, \"act_dtype\": \"%s\", \"plan_act_gb\": %.3f, "
            "\"loss_first\": %.6f, \"loss_last\": %.6f, \"setup_s\": %.1f}\n",
-           precision, host_taps, profile, (long long)T, docs, (long long)n_anchors, d.block_size, steps, med,
+           precision, host_taps, pinned, profile, (long long)T, docs, (long long)n_anchors, d.block_size, steps, med,
            mean, sec[0], sec[steps - 1], pl.f_step / 1e12, pl.f_step_attn / 1e12, pl.f_step_lm / 1e12,
            pl.f_step / med / 1e12, (double)(total - free1) / 1e9, (double)(total - free0) / 1e9,
            (long long)pl.p_drafter, (double)dt_model_act_bytes(m) / 1e9, cm_dtype_name(dt_model_act_dtype(m)),
@@ -415,6 +422,8 @@ int main(int argc, char **argv) {
     dt_model_destroy(&m);
     for (int k = 0; k < DT_MAX_TAPS; k++)
         cuda->free(ctx, taps[k]);
+    if (pinned)
+        cuda->host_unpin(ctx, F);
     cuda->ctx_destroy(&ctx);
     free(F);
     free(ids);
