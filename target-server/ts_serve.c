@@ -30,6 +30,9 @@
 #ifdef TANDEM_HAVE_NCCL
 #include "ts_nccl.h"
 #endif
+#ifdef TANDEM_HAVE_CUDA
+#include "ts_stage.h"
+#endif
 
 static void usage(FILE *f) {
     fprintf(
@@ -93,9 +96,12 @@ typedef struct serve_state {
     int              *layers; /* sorted layer ids */
     float           **outs;
     int               cap_layers;
-    float           **devs;     /* NCCL answers: per request position, T·D floats in device memory */
+    float           **devs;     /* cuda answers: per request position, T·D floats in device memory */
     float           **dev_sorted;
     int64_t           dev_elems; /* capacity of each devs[i] */
+#ifdef TANDEM_HAVE_CUDA
+    ts_stage         *stage; /* ZeroMQ answers on cuda: rounded and checked on the GPU */
+#endif
     const cm_target_cfg *cfg;   /* for STATUS */
     atomic_int        loaded;   /* the worker has loaded the model (STATUS reads it on the loop thread) */
     atomic_int        load_ms;
@@ -147,6 +153,9 @@ static void serve_fini(void *user) {
     free(s->dev_sorted);
     s->devs = NULL;
     s->dev_sorted = NULL;
+#ifdef TANDEM_HAVE_CUDA
+    ts_stage_destroy(&s->stage);
+#endif
     ts_model_destroy(&s->model);
     if (s->be && s->ctx)
         s->be->ctx_destroy(&s->ctx);
@@ -175,10 +184,10 @@ static cm_status check_capture(const float *x, size_t n, int layer, int D, uint6
     return CM_OK;
 }
 
-#ifdef TANDEM_HAVE_NCCL
-/* Encoding nccl: the captured layers stay on the GPU and leave it through the session's
- * communicator (ts_nccl_send); s->order/s->layers are already set by serve_compute. */
-static cm_status compute_nccl(serve_state *s, cm_chan_job *job) {
+#ifdef TANDEM_HAVE_CUDA
+/* The captured layers in device memory (cuda): s->dev_sorted[k] for the k-th smallest layer,
+ * s->devs[i] for request position i; s->order/s->layers are already set by serve_compute. */
+static cm_status capture_on_device(serve_state *s, const cm_chan_job *job) {
     const cm_proto_request *r = job->req;
     const int               L = (int)r->n_layers;
     const int64_t           TD = (int64_t)r->n_tokens * job->hidden_size;
@@ -202,8 +211,31 @@ static cm_status compute_nccl(serve_state *s, cm_chan_job *job) {
     for (int k = 0; k < L; k++)
         s->dev_sorted[k] = s->devs[s->order[k]];
     ts_capture cap = {.n_layers = L, .layers = s->layers, .layer_dev = s->dev_sorted};
-    CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
-    CM_TRY(ts_nccl_send(job->nccl, s->ctx, s->devs, r->layer_ids, L, r->n_tokens, job->hidden_size,
+    return ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap);
+}
+
+/* ZeroMQ answers on cuda: the captures stay on the GPU through the forward (no download in
+ * its middle), are rounded to the hidden dtype and checked there, and come to the host in
+ * that dtype (half the bytes for BF16; the worker then only compresses). */
+static cm_status compute_staged(serve_state *s, cm_chan_job *job) {
+    const cm_proto_request *r = job->req;
+    if (!s->stage)
+        CM_TRY(ts_stage_create(&s->stage, s->ctx));
+    CM_TRY(capture_on_device(s, job));
+    CM_TRY(ts_stage_download(s->stage, s->devs, r->layer_ids, (int)r->n_layers, r->n_tokens, job->hidden_size,
+                             s->a->dtype, r->batch_id, job->out));
+    job->out_dtype = s->a->dtype;
+    return CM_OK;
+}
+#endif
+
+#ifdef TANDEM_HAVE_NCCL
+/* Encoding nccl: the captured layers stay on the GPU and leave it through the session's
+ * communicator (ts_nccl_send). */
+static cm_status compute_nccl(serve_state *s, cm_chan_job *job) {
+    const cm_proto_request *r = job->req;
+    CM_TRY(capture_on_device(s, job));
+    CM_TRY(ts_nccl_send(job->nccl, s->ctx, s->devs, r->layer_ids, (int)r->n_layers, r->n_tokens, job->hidden_size,
                         s->a->dtype, r->batch_id, s->a->peer_timeout_ms));
     job->out_dtype = s->a->dtype;
     return CM_OK;
@@ -279,6 +311,10 @@ static cm_status serve_compute(void *user, cm_chan_job *job) {
     }
     if (job->nccl)
         return compute_nccl(s, job);
+#ifdef TANDEM_HAVE_CUDA
+    if (s->be != kn_backend_cpu())
+        return compute_staged(s, job);
+#endif
     ts_capture cap = {.n_layers = L, .layers = s->layers, .layer_out = s->outs};
     CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
     const size_t n = (size_t)r->n_tokens * job->hidden_size;
