@@ -217,3 +217,8 @@ cm_status cm_chan_endpoint_check(const char *ep, int *local) {
     }
     return CM_OK;
 }
+
+int cm_chan_default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+    return n < 2 ? 2 : n > 16 ? 16 : (int)n;
+}

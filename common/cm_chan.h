@@ -219,6 +219,10 @@ typedef struct cm_chan_client_config {
     const cm_chan_nccl_client *nccl; /* required for encoding nccl (then accept must be 0: the
                                         answers land in GPU memory, not host memory) */
 } cm_chan_client_config;
+/* The default number of (de)compression threads: half the online CPUs, within [2, 16] (a
+ * 27B-shape answer is ~280 MB compressed; two threads need ~0.35 s for it). */
+int cm_chan_default_threads(void);
+
 #define CM_CHAN_CLIENT_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
         NULL, "trainer", 4, CM_ENCODING_ZSTD_BYTEPLANE, CM_ENCODING_LOSSLESS_MASK, 0, 1000, 5000, 60000,     \

@@ -194,6 +194,7 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
         cc.name = cfg->name ? cfg->name : "trainer";
         cc.credits = (uint32_t)cfg->credits;
         cc.encoding = cfg->encoding;
+        cc.n_threads = cm_chan_default_threads(); /* decompression keeps up with a 27B answer per step */
         cc.curve_server_key = cfg->curve_server_key;
         cc.curve_secret_key = cfg->curve_secret_key;
         cc.target_id = 0; /* checked below with a message naming --target; a returning server with

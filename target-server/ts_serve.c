@@ -57,7 +57,7 @@ static void usage(FILE *f) {
         "  --endpoint-file PATH      write the bound endpoint (port resolved) to PATH once bound\n"
         "  --name NAME               target name shown to trainers (default: the model directory's)\n"
         "  --credits N               requests queued per trainer (default 4)\n"
-        "  --threads N               compression threads (default 2)\n"
+        "  --threads N               compression threads (default: half the CPUs, 2 to 16)\n"
         "  --encoding LIST           encodings offered, comma-separated: raw, zstd, zstd-byteplane,\n"
         "                            fp8-zstd (lossy), or 'lossless' (default) or 'all'; each trainer\n"
         "                            picks one in its requests; with --device cuda and NCCL, trainers\n"
@@ -492,7 +492,7 @@ static int parse_encodings(const char *val, uint32_t *mask) {
 int ts_serve_main(int argc, char **argv) {
     serve_args a = {.device = "cpu",
                     .bind = "tcp://127.0.0.1:5555",
-                    .threads = 2,
+                    .threads = cm_chan_default_threads(),
                     .zstd_level = 1,
                     .heartbeat_ms = 1000,
                     .peer_timeout_ms = 5000,
