@@ -244,17 +244,22 @@ static cm_status check_contents(const dt_data *d, const char *path, const int32_
 
 // ---- open / destroy
 
-/* The set's reusable buffers, sized for its largest batch. */
-static cm_status alloc_buffers(dt_data *d) {
-    d->ids = malloc((size_t)d->max_T * sizeof *d->ids);
-    d->mask = malloc((size_t)d->max_T * sizeof *d->mask);
-    d->cu = malloc((size_t)(d->max_N + 1) * sizeof *d->cu);
+/* One set of reusable buffers, sized for the largest batch (freed by destroy, also when
+ * this fails). */
+static cm_status alloc_set(const dt_data *d, int32_t **ids, int32_t **mask, int32_t **cu, float **hidden) {
+    *ids = malloc((size_t)d->max_T * sizeof **ids);
+    *mask = malloc((size_t)d->max_T * sizeof **mask);
+    *cu = malloc((size_t)(d->max_N + 1) * sizeof **cu);
     if (d->width > 0)
-        d->hidden_buf = malloc((size_t)d->max_T * (size_t)d->width * sizeof *d->hidden_buf);
-    if (!d->ids || !d->mask || !d->cu || (d->width > 0 && !d->hidden_buf))
+        *hidden = malloc((size_t)d->max_T * (size_t)d->width * sizeof **hidden);
+    if (!*ids || !*mask || !*cu || (d->width > 0 && !*hidden))
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate batch buffers for %lld tokens x %lld features",
                        (long long)d->max_T, (long long)d->width);
     return CM_OK;
+}
+
+static cm_status alloc_buffers(dt_data *d) {
+    return alloc_set(d, &d->ids, &d->mask, &d->cu, &d->hidden_buf);
 }
 
 cm_status dt_data_open_dataset(dt_data **out, const dt_dataset *ds, int n_taps, int hidden,
@@ -594,16 +599,11 @@ cm_status dt_data_prefetch(dt_data *d, int i) {
         return CM_FAIL(CM_ERR_INVALID_ARG, "batch %d is outside the %d files", i, d->n);
     prefetch_join(d, -1); /* an earlier prefetch nobody asked for */
     if (!d->alt_ids) {
-        d->alt_ids = malloc((size_t)d->max_T * sizeof *d->alt_ids);
-        d->alt_mask = malloc((size_t)d->max_T * sizeof *d->alt_mask);
-        d->alt_cu = malloc((size_t)(d->max_N + 1) * sizeof *d->alt_cu);
-        if (d->width > 0)
-            d->alt_hidden = malloc((size_t)d->max_T * (size_t)d->width * sizeof *d->alt_hidden);
-        if (!d->alt_ids || !d->alt_mask || !d->alt_cu || (d->width > 0 && !d->alt_hidden))
-            return CM_FAIL(CM_ERR_NOMEM,
-                           "cannot allocate a second set of batch buffers (%lld tokens x %lld floats) to load "
-                           "ahead; train with --prefetch 0",
-                           (long long)d->max_T, (long long)d->width);
+        if (alloc_set(d, &d->alt_ids, &d->alt_mask, &d->alt_cu, &d->alt_hidden) != CM_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", cm_last_error()); /* CM_FAIL rewrites that buffer */
+            return CM_FAIL(CM_ERR_NOMEM, "%s (a second set, to load ahead); train with --prefetch 0", why);
+        }
         pin_hidden(d, 1, d->alt_hidden);
     }
     /* the caller's batch stays in the set it was loaded into; the thread fills the other */

@@ -133,6 +133,37 @@ static __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(DFM_FULL, v, 2);
 }
 
+/* Two products over the head dim for one warp: c1 = A1·B1ᵀ and c2 = A2·B2ᵀ on the 16 rows of
+ * A at r0 and the NT 8-column tiles of B from row n0 (all four in shared memory, row-major,
+ * stride HD + 8): S and dP in dq (Q, dO against K, V), Sᵀ and dPᵀ in dk/dv (K, V against Q,
+ * dO). */
+template <int HD, int NT>
+static __device__ __forceinline__ void mma_pair_nt(float (&c1)[NT][4], float (&c2)[NT][4], const bf16 *A1,
+                                                   const bf16 *A2, int r0, const bf16 *B1, const bf16 *B2, int n0) {
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            c1[nt][e] = c2[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+        uint32_t a1[4], a2[4];
+        frag_a(a1, A1, LD, r0, ks * 16);
+        frag_a(a2, A2, LD, r0, ks * 16);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t b[4];
+            frag_b_nk(b, B1, LD, n0 + np * 16, ks * 16);
+            mma_bf16(c1[2 * np], a1, b[0], b[1]);
+            mma_bf16(c1[2 * np + 1], a1, b[2], b[3]);
+            frag_b_nk(b, B2, LD, n0 + np * 16, ks * 16);
+            mma_bf16(c2[2 * np], a2, b[0], b[1]);
+            mma_bf16(c2[2 * np + 1], a2, b[2], b[3]);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // the bf16 copies
 
@@ -405,7 +436,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
     dfm_dq_kernel(const df_params p, const bf16 *qb, const bf16 *kb, const bf16 *vb, const bf16 *dob,
                   const float *delta) {
     extern __shared__ __align__(16) unsigned char dfm_sm[];
-    constexpr int  LD = HD + 8, KS = HD / 16, NT = HD / 8;
+    constexpr int  LD = HD + 8, NT = HD / 8;
     const int      B = p.B, MT = (B + 15) / 16, n_units = blockDim.x / 32;
     bf16          *q_s = reinterpret_cast<bf16 *>(dfm_sm); /* [n_units·16, LD] */
     bf16          *do_s = q_s + n_units * 16 * LD;          /* [n_units·16, LD] */
@@ -453,27 +484,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
         const bool     full = tile_full<KT>(p, rg, tl);
 
         float s[KT / 8][4], dp[KT / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t qa[4], da[4];
-            frag_a(qa, q_s, LD, u * 16, ks * 16);
-            frag_a(da, do_s, LD, u * 16, ks * 16);
-#pragma unroll
-            for (int np = 0; np < KT / 16; np++) {
-                uint32_t b[4];
-                frag_b_nk(b, kt, LD, np * 16, ks * 16);
-                mma_bf16(s[2 * np], qa, b[0], b[1]);
-                mma_bf16(s[2 * np + 1], qa, b[2], b[3]);
-                frag_b_nk(b, vt, LD, np * 16, ks * 16);
-                mma_bf16(dp[2 * np], da, b[0], b[1]);
-                mma_bf16(dp[2 * np + 1], da, b[2], b[3]);
-            }
-        }
+        mma_pair_nt<HD, KT / 8>(s, dp, q_s, do_s, u * 16, kt, vt, 0);
 #pragma unroll
         for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
@@ -575,7 +586,7 @@ static __global__ void __launch_bounds__(128)
     dfm_dkv_kernel(const df_params p, const bf16 *qb, const bf16 *kb, const bf16 *vb, const bf16 *dob,
                    const float *delta, int blk_mode) {
     extern __shared__ __align__(16) unsigned char dfm_sm[];
-    constexpr int LD = HD + 8, KS = HD / 16, NT = HD / 8;
+    constexpr int LD = HD + 8, NT = HD / 8;
     const int     B = p.B, SP = (B + 15) / 16 * 16, group = p.nq / p.nkv;
     const int     n_chunks = (group * SP + QR - 1) / QR;
     bf16         *k_s = reinterpret_cast<bf16 *>(dfm_sm); /* [DFM_DKV_KEYS, LD] */
@@ -645,27 +656,7 @@ static __global__ void __launch_bounds__(128)
         for (int sub = 0; sub < QR / 32; sub++) {
             /* Sᵀ and dPᵀ: this warp's 16 keys × 32 query rows */
             float sT[4][4], dpT[4][4];
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sT[nt][e] = dpT[nt][e] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                uint32_t ak[4], av[4];
-                frag_a(ak, k_s, LD, w * 16, ks * 16);
-                frag_a(av, v_s, LD, w * 16, ks * 16);
-#pragma unroll
-                for (int np = 0; np < 2; np++) {
-                    uint32_t b[4];
-                    frag_b_nk(b, qt, LD, sub * 32 + np * 16, ks * 16);
-                    mma_bf16(sT[2 * np], ak, b[0], b[1]);
-                    mma_bf16(sT[2 * np + 1], ak, b[2], b[3]);
-                    frag_b_nk(b, dt, LD, sub * 32 + np * 16, ks * 16);
-                    mma_bf16(dpT[2 * np], av, b[0], b[1]);
-                    mma_bf16(dpT[2 * np + 1], av, b[2], b[3]);
-                }
-            }
+            mma_pair_nt<HD, 4>(sT, dpT, k_s, v_s, w * 16, qt, dt, sub * 32);
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
