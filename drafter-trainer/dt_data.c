@@ -615,8 +615,10 @@ cm_status dt_data_prefetch(dt_data *d, int i) {
     d->hidden_buf = d->alt_hidden, d->alt_hidden = h;
     d->pf_index = i;
     d->pf_msg[0] = 0;
-    if (pthread_create(&d->pf_thread, NULL, prefetch_main, d) != 0)
-        return CM_FAIL(CM_ERR_IO, "cannot start the batch loader thread: %s", strerror(errno));
+    const int e = pthread_create(&d->pf_thread, NULL, prefetch_main, d);
+    if (e != 0)
+        return CM_FAIL(CM_ERR_IO, "cannot start the batch loader thread: %s; train with --prefetch 0",
+                       strerror(e));
     d->pf_running = 1;
     return CM_OK;
 }

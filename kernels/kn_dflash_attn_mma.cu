@@ -139,7 +139,8 @@ static __device__ __forceinline__ float quad_sum(float v) {
  * dO). */
 template <int HD, int NT>
 static __device__ __forceinline__ void mma_pair_nt(float (&c1)[NT][4], float (&c2)[NT][4], const bf16 *A1,
-                                                   const bf16 *A2, int r0, const bf16 *B1, const bf16 *B2, int n0) {
+                                                   const bf16 *A2, int r0, const bf16 *B1, const bf16 *B2,
+                                                   int n0) {
     constexpr int LD = HD + 8;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -188,7 +189,8 @@ static cm_status to_bf16(kn_ctx *ctx, bf16 *dst, const float *src, int64_t n) {
         return CM_OK;
     const int     vec = (uintptr_t)src % 16 == 0;
     const int64_t blocks = ((vec ? n / 4 : n) + 255) / 256;
-    dfm_to_bf16_kernel<<<(unsigned int)(blocks < 8192 ? blocks : 8192), 256, 0, ctx->stream>>>(dst, src, n, vec);
+    dfm_to_bf16_kernel<<<(unsigned int)(blocks < 8192 ? blocks : 8192), 256, 0, ctx->stream>>>(dst, src, n,
+                                                                                               vec);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
@@ -226,8 +228,8 @@ typedef struct dfm_tile {
 } dfm_tile;
 
 template <int KT>
-static __device__ __forceinline__ dfm_tile tile_of(const df_params &p, const df_range &rg, int64_t j, int n_ct,
-                                                   int t) {
+static __device__ __forceinline__ dfm_tile tile_of(const df_params &p, const df_range &rg, int64_t j,
+                                                   int n_ct, int t) {
     dfm_tile tl;
     tl.is_ctx = t < n_ct;
     if (tl.is_ctx) {
@@ -275,8 +277,8 @@ static __device__ __forceinline__ void load_kv_tile(const df_params &p, const bf
 /* Streams the query-side rows of block j for kv head g: row u·16 + i is q head
  * g·group + u / MT, slot (u % MT)·16 + i (zero for slots ≥ B); src is [rows, nq, HD] bf16. */
 template <int HD>
-static __device__ __forceinline__ void load_q_rows(const df_params &p, const bf16 *src, int64_t j, int g, int n_rows,
-                                                   int MT, bf16 *dst) {
+static __device__ __forceinline__ void load_q_rows(const df_params &p, const bf16 *src, int64_t j, int g,
+                                                   int n_rows, int MT, bf16 *dst) {
     constexpr int LD = HD + 8, CH = HD / 8;
     const int     group = p.nq / p.nkv;
     for (int i = threadIdx.x; i < n_rows * CH; i += blockDim.x) {
@@ -289,8 +291,8 @@ static __device__ __forceinline__ void load_q_rows(const df_params &p, const bf1
 }
 
 /* Is element (slot row, key) of tile tl visible? */
-static __device__ __forceinline__ bool visible(const df_params &p, const df_range &rg, const dfm_tile &tl, int row,
-                                               int ki) {
+static __device__ __forceinline__ bool visible(const df_params &p, const df_range &rg, const dfm_tile &tl,
+                                               int row, int ki) {
     if (row >= p.B || ki >= tl.nk)
         return false;
     const int64_t key = tl.base + ki;
@@ -304,18 +306,18 @@ template <int HD, int KT>
 static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
     dfm_fwd_kernel(const df_params p, const bf16 *qb, const bf16 *kb, const bf16 *vb) {
     extern __shared__ __align__(16) unsigned char dfm_sm[];
-    constexpr int  LD = HD + 8, KS = HD / 16, NT = HD / 8;
-    const int      B = p.B, MT = (B + 15) / 16, n_units = blockDim.x / 32;
+    constexpr int                                 LD = HD + 8, KS = HD / 16, NT = HD / 8;
+    const int                                     B = p.B, MT = (B + 15) / 16, n_units = blockDim.x / 32;
     bf16          *q_s = reinterpret_cast<bf16 *>(dfm_sm); /* [n_units·16, LD] */
-    bf16          *k_s = q_s + n_units * 16 * LD;           /* [2][KT, LD] */
-    bf16          *v_s = k_s + 2 * KT * LD;             /* [2][KT, LD] */
+    bf16          *k_s = q_s + n_units * 16 * LD;          /* [2][KT, LD] */
+    bf16          *v_s = k_s + 2 * KT * LD;                /* [2][KT, LD] */
     const int64_t  j = blockIdx.x;
     const int      g = blockIdx.y, lane = threadIdx.x % 32, u = threadIdx.x / 32;
     const int      gq = lane / 4, tq = lane % 4;
     const int      h = g * (p.nq / p.nkv) + u / MT, s0 = (u % MT) * 16; /* this warp's head and slots */
     const df_range rg = block_range(p, j);
     const float    sc = p.scale * DFM_LOG2E;
-    const int      n_ct = (int)((rg.hi - rg.lo + KT - 1) / KT), n_bt = (B + KT - 1) / KT, n_tiles = n_ct + n_bt;
+    const int n_ct = (int)((rg.hi - rg.lo + KT - 1) / KT), n_bt = (B + KT - 1) / KT, n_tiles = n_ct + n_bt;
 
     load_q_rows<HD>(p, qb, j, g, n_units * 16, MT, q_s);
     {
@@ -335,7 +337,8 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
         const int st = t & 1;
         if (t + 1 < n_tiles) {
             const dfm_tile tn = tile_of<KT>(p, rg, j, n_ct, t + 1);
-            load_kv_tile<HD, KT>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * KT * LD, v_s + (st ^ 1) * KT * LD);
+            load_kv_tile<HD, KT>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * KT * LD,
+                                 v_s + (st ^ 1) * KT * LD);
         }
         cp_commit();
         cp_wait_1();
@@ -367,7 +370,8 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
         for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const bool vis = full || visible(p, rg, tl, s0 + gq + (e >= 2 ? 8 : 0), nt * 8 + 2 * tq + (e & 1));
+                const bool vis =
+                    full || visible(p, rg, tl, s0 + gq + (e >= 2 ? 8 : 0), nt * 8 + 2 * tq + (e & 1));
                 s[nt][e] = vis ? s[nt][e] * sc : -INFINITY;
                 mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
             }
@@ -422,7 +426,8 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
         float        *dst = p.out + task * HD;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            *reinterpret_cast<float2 *>(dst + nt * 8 + 2 * tq) = make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+            *reinterpret_cast<float2 *>(dst + nt * 8 + 2 * tq) =
+                make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
         if (tq == 0)
             p.lse[task] = (m[r] + log2f(l[r])) * DFM_LN2;
     }
@@ -436,19 +441,19 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
     dfm_dq_kernel(const df_params p, const bf16 *qb, const bf16 *kb, const bf16 *vb, const bf16 *dob,
                   const float *delta) {
     extern __shared__ __align__(16) unsigned char dfm_sm[];
-    constexpr int  LD = HD + 8, NT = HD / 8;
-    const int      B = p.B, MT = (B + 15) / 16, n_units = blockDim.x / 32;
+    constexpr int                                 LD = HD + 8, NT = HD / 8;
+    const int                                     B = p.B, MT = (B + 15) / 16, n_units = blockDim.x / 32;
     bf16          *q_s = reinterpret_cast<bf16 *>(dfm_sm); /* [n_units·16, LD] */
-    bf16          *do_s = q_s + n_units * 16 * LD;          /* [n_units·16, LD] */
-    bf16          *k_s = do_s + n_units * 16 * LD;          /* [2][KT, LD] */
-    bf16          *v_s = k_s + 2 * KT * LD;             /* [2][KT, LD] */
+    bf16          *do_s = q_s + n_units * 16 * LD;         /* [n_units·16, LD] */
+    bf16          *k_s = do_s + n_units * 16 * LD;         /* [2][KT, LD] */
+    bf16          *v_s = k_s + 2 * KT * LD;                /* [2][KT, LD] */
     const int64_t  j = blockIdx.x;
     const int      g = blockIdx.y, lane = threadIdx.x % 32, u = threadIdx.x / 32;
     const int      gq = lane / 4, tq = lane % 4;
     const int      h = g * (p.nq / p.nkv) + u / MT, s0 = (u % MT) * 16;
     const df_range rg = block_range(p, j);
     const float    sc = p.scale * DFM_LOG2E;
-    const int      n_ct = (int)((rg.hi - rg.lo + KT - 1) / KT), n_bt = (B + KT - 1) / KT, n_tiles = n_ct + n_bt;
+    const int n_ct = (int)((rg.hi - rg.lo + KT - 1) / KT), n_bt = (B + KT - 1) / KT, n_tiles = n_ct + n_bt;
 
     load_q_rows<HD>(p, qb, j, g, n_units * 16, MT, q_s);
     load_q_rows<HD>(p, dob, j, g, n_units * 16, MT, do_s);
@@ -474,7 +479,8 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
         const int st = t & 1;
         if (t + 1 < n_tiles) {
             const dfm_tile tn = tile_of<KT>(p, rg, j, n_ct, t + 1);
-            load_kv_tile<HD, KT>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * KT * LD, v_s + (st ^ 1) * KT * LD);
+            load_kv_tile<HD, KT>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * KT * LD,
+                                 v_s + (st ^ 1) * KT * LD);
         }
         cp_commit();
         cp_wait_1();
@@ -586,20 +592,20 @@ static __global__ void __launch_bounds__(128)
     dfm_dkv_kernel(const df_params p, const bf16 *qb, const bf16 *kb, const bf16 *vb, const bf16 *dob,
                    const float *delta, int blk_mode) {
     extern __shared__ __align__(16) unsigned char dfm_sm[];
-    constexpr int LD = HD + 8, NT = HD / 8;
-    const int     B = p.B, SP = (B + 15) / 16 * 16, group = p.nq / p.nkv;
-    const int     n_chunks = (group * SP + QR - 1) / QR;
-    bf16         *k_s = reinterpret_cast<bf16 *>(dfm_sm); /* [DFM_DKV_KEYS, LD] */
-    bf16         *v_s = k_s + DFM_DKV_KEYS * LD;                 /* [DFM_DKV_KEYS, LD] */
-    bf16         *q_s = v_s + DFM_DKV_KEYS * LD;                 /* [2][QR, LD] */
-    bf16         *do_s = q_s + 2 * QR * LD;            /* [2][QR, LD] */
-    float        *lse_s = reinterpret_cast<float *>(do_s + 2 * QR * LD); /* [2][QR] */
-    float        *dl_s = lse_s + 2 * QR;                                 /* [2][QR] */
-    const int     g = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
-    const int     gq = lane / 4, tq = lane % 4;
-    const float   sc = p.scale * DFM_LOG2E;
-    int64_t       key0, row0, j_begin, j_end;
-    int           nk;
+    constexpr int                                 LD = HD + 8, NT = HD / 8;
+    const int                                     B = p.B, SP = (B + 15) / 16 * 16, group = p.nq / p.nkv;
+    const int                                     n_chunks = (group * SP + QR - 1) / QR;
+    bf16       *k_s = reinterpret_cast<bf16 *>(dfm_sm);                /* [DFM_DKV_KEYS, LD] */
+    bf16       *v_s = k_s + DFM_DKV_KEYS * LD;                         /* [DFM_DKV_KEYS, LD] */
+    bf16       *q_s = v_s + DFM_DKV_KEYS * LD;                         /* [2][QR, LD] */
+    bf16       *do_s = q_s + 2 * QR * LD;                              /* [2][QR, LD] */
+    float      *lse_s = reinterpret_cast<float *>(do_s + 2 * QR * LD); /* [2][QR] */
+    float      *dl_s = lse_s + 2 * QR;                                 /* [2][QR] */
+    const int   g = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const int   gq = lane / 4, tq = lane % 4;
+    const float sc = p.scale * DFM_LOG2E;
+    int64_t     key0, row0, j_begin, j_end;
+    int         nk;
     if (!blk_mode) {
         key0 = row0 = (int64_t)blockIdx.x * DFM_DKV_KEYS;
         nk = p.T - key0 < DFM_DKV_KEYS ? (int)(p.T - key0) : DFM_DKV_KEYS;
@@ -635,7 +641,7 @@ static __global__ void __launch_bounds__(128)
         dkv_next(p, blk_mode, key0, nk, j_end, n_chunks, &jn, &cn);
         if (jn < j_end)
             load_dkv_item<HD, QR>(p, qb, dob, delta, g, jn, cn, q_s + (st ^ 1) * QR * LD,
-                              do_s + (st ^ 1) * QR * LD, lse_s + (st ^ 1) * QR, dl_s + (st ^ 1) * QR);
+                                  do_s + (st ^ 1) * QR * LD, lse_s + (st ^ 1) * QR, dl_s + (st ^ 1) * QR);
         cp_commit();
         cp_wait_1();
         __syncthreads();
@@ -668,7 +674,8 @@ static __global__ void __launch_bounds__(128)
                         vis = kr < nk && vr < group * SP && slot < B;
                         if (vis) {
                             const int64_t key = key0 + kr;
-                            vis = blk_mode ? blk_visible(p, slot, key) : key < rg.hi && ctx_visible(p, rg, slot, key);
+                            vis = blk_mode ? blk_visible(p, slot, key)
+                                           : key < rg.hi && ctx_visible(p, rg, slot, key);
                         }
                     }
                     const float pr = vis ? exp2f(sT[nt][e] * sc - lt[r]) : 0.0f;
@@ -707,8 +714,10 @@ static __global__ void __launch_bounds__(128)
         float        *dvo = (blk_mode ? p.dv_blk : p.dv_ctx) + (row * p.nkv + g) * (int64_t)HD;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            *reinterpret_cast<float2 *>(dko + nt * 8 + 2 * tq) = make_float2(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
-            *reinterpret_cast<float2 *>(dvo + nt * 8 + 2 * tq) = make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
+            *reinterpret_cast<float2 *>(dko + nt * 8 + 2 * tq) =
+                make_float2(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
+            *reinterpret_cast<float2 *>(dvo + nt * 8 + 2 * tq) =
+                make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
         }
     }
 }
@@ -727,7 +736,8 @@ static size_t dq_smem(const df_params *p) {
     return sizeof(bf16) * (size_t)(p->hd + 8) * ((size_t)2 * units_of(p) * 16 + 4 * DFM_KT);
 }
 static size_t dkv_smem(const df_params *p) {
-    return sizeof(bf16) * (size_t)(p->hd + 8) * ((size_t)2 * DFM_DKV_KEYS + 4 * DFM_QR) + sizeof(float) * 4 * DFM_QR;
+    return sizeof(bf16) * (size_t)(p->hd + 8) * ((size_t)2 * DFM_DKV_KEYS + 4 * DFM_QR) +
+           sizeof(float) * 4 * DFM_QR;
 }
 
 int kn_dflash_mma_supported(const kn_ctx *ctx, const df_params *p) {
@@ -774,8 +784,7 @@ static cm_status opt_in(kn_ctx *ctx, const void *kernel, size_t smem) {
     return CM_OK;
 }
 
-template <int HD, int KT>
-static cm_status mma_fwd(kn_ctx *ctx, const df_params *p) {
+template <int HD, int KT> static cm_status mma_fwd(kn_ctx *ctx, const df_params *p) {
     dfm_bufs b;
     CM_TRY(make_bufs(ctx, p, 0, &b));
     const size_t smem = fwd_smem(p);
@@ -786,20 +795,22 @@ static cm_status mma_fwd(kn_ctx *ctx, const df_params *p) {
     return CM_OK;
 }
 
-template <int HD, int KT>
-static cm_status mma_bwd(kn_ctx *ctx, const df_params *p) {
+template <int HD, int KT> static cm_status mma_bwd(kn_ctx *ctx, const df_params *p) {
     dfm_bufs b;
     CM_TRY(make_bufs(ctx, p, 1, &b));
     const int64_t n_q = p->n_blocks * p->B * p->nq;
     if (n_q > 0) {
         const int64_t blocks = (n_q * 32 + 255) / 256;
-        KN_CUDA_CHECK_ARG(blocks <= INT32_MAX, "dflash_attn_bwd: %lld query rows are too many", (long long)n_q);
-        dfm_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(b.delta, b.dout, p->dout, p->out, n_q, HD);
+        KN_CUDA_CHECK_ARG(blocks <= INT32_MAX, "dflash_attn_bwd: %lld query rows are too many",
+                          (long long)n_q);
+        dfm_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(b.delta, b.dout, p->dout, p->out, n_q,
+                                                                        HD);
         KN_CUDA_LAUNCHED(ctx);
         const size_t smem = dq_smem(p);
         CM_TRY(opt_in(ctx, (const void *)dfm_dq_kernel<HD, KT>, smem));
         dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nkv);
-        dfm_dq_kernel<HD, KT><<<grid, 32 * units_of(p), smem, ctx->stream>>>(*p, b.q, b.k, b.v, b.dout, b.delta);
+        dfm_dq_kernel<HD, KT>
+            <<<grid, 32 * units_of(p), smem, ctx->stream>>>(*p, b.q, b.k, b.v, b.dout, b.delta);
         KN_CUDA_LAUNCHED(ctx);
     }
     const size_t smem = dkv_smem(p);
@@ -820,10 +831,14 @@ static cm_status mma_bwd(kn_ctx *ctx, const df_params *p) {
 #define DFM_DISPATCH(fn, ctx, p)                                                                             \
     do {                                                                                                     \
         switch ((p)->hd) {                                                                                   \
-        case 16: return fn<16, DFM_KT>(ctx, p);                                                              \
-        case 32: return fn<32, DFM_KT>(ctx, p);                                                              \
-        case 64: return fn<64, DFM_KT>(ctx, p);                                                              \
-        case 128: return fn<128, DFM_KT>(ctx, p);                                                            \
+        case 16:                                                                                             \
+            return fn<16, DFM_KT>(ctx, p);                                                                   \
+        case 32:                                                                                             \
+            return fn<32, DFM_KT>(ctx, p);                                                                   \
+        case 64:                                                                                             \
+            return fn<64, DFM_KT>(ctx, p);                                                                   \
+        case 128:                                                                                            \
+            return fn<128, DFM_KT>(ctx, p);                                                                  \
         default:                                                                                             \
             return CM_FAIL(CM_ERR_UNSUPPORTED,                                                               \
                            "dflash_attn (bf16 tensor cores): head_dim %d (use 16, 32, 64 or 128)", (p)->hd); \

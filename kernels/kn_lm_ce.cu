@@ -35,10 +35,10 @@
 // kernels
 
 typedef struct lmce_row {
-    double  m, s;  /* running max and Σ exp(logit − m) */
-    float   lab;   /* logit of the label (NaN until seen) */
-    int32_t amax;  /* index of the running max */
-    float   mref;  /* the shift of dh's coefficients exp(logit − mref) */
+    double  m, s; /* running max and Σ exp(logit − m) */
+    float   lab;  /* logit of the label (NaN until seen) */
+    int32_t amax; /* index of the running max */
+    float   mref; /* the shift of dh's coefficients exp(logit − mref) */
 } lmce_row;
 
 static __global__ void lmce_init_kernel(lmce_row *st, int64_t n) {
@@ -55,8 +55,8 @@ static __global__ void lmce_init_kernel(lmce_row *st, int64_t n) {
 /* One block per row of the tile: merges logits[r, 0:nc] (columns v0 + c) into st[r]. */
 /* alpha[r] (when not NULL): the factor dh's running sum of row r takes before this chunk
  * is added (1 unless the row's shift moved). */
-static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float *logits, int64_t ld, int64_t nc,
-                                         int64_t v0, const int32_t *labels) {
+static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float *logits, int64_t ld,
+                                         int64_t nc, int64_t v0, const int32_t *labels) {
     __shared__ float   smax[LMCE_THREADS / 32];
     __shared__ int64_t sidx[LMCE_THREADS / 32];
     __shared__ double  ssum[LMCE_THREADS / 32];
@@ -104,7 +104,7 @@ static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float
         double cs = 0;
         for (int w = 0; w < LMCE_THREADS / 32; w++)
             cs += ssum[w];
-        lmce_row   *row = &st[r];
+        lmce_row    *row = &st[r];
         const double cm = (double)mx, m_new = row->m > cm ? row->m : cm;
         row->s = row->s * exp(row->m - m_new) + cs * exp(cm - m_new);
         if (cm > row->m) /* strictly: on a tie the earlier chunk's (lower) index stays */
@@ -124,7 +124,8 @@ static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float
     }
 }
 
-static __global__ void lmce_finish_kernel(float *ce, int32_t *argmax, float *lse, const lmce_row *st, int64_t n) {
+static __global__ void lmce_finish_kernel(float *ce, int32_t *argmax, float *lse, const lmce_row *st,
+                                          int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const double l = st[i].m + log(st[i].s);
@@ -165,15 +166,16 @@ static __global__ void lmce_rescale_kernel(float *dh, int64_t D, const float *al
  * W[label] is rounded as the GEMM saw it (round16: bf16 operands), so a row whose softmax is
  * one-hot at its label gets dh = 0 exactly, as the reference does. */
 static __global__ void lmce_dh_finish_kernel(float *dh, int64_t D, const lmce_row *st, const float *lse,
-                                             const int32_t *labels, const float *gscale, const void *w, int w_bf16,
-                                             int round16, int64_t V) {
+                                             const int32_t *labels, const float *gscale, const void *w,
+                                             int w_bf16, int round16, int64_t V) {
     const int64_t r = blockIdx.x, lab = labels[r];
     const float   f = expf(st[r].mref - lse[r]), gs = gscale[r];
     float        *row = dh + r * D;
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
         float wl = 0.0f; /* a label outside [0, V) already gave ce = NaN */
         if (lab >= 0 && lab < V)
-            wl = w_bf16 ? __bfloat162float(((const __nv_bfloat16 *)w)[lab * D + i]) : ((const float *)w)[lab * D + i];
+            wl = w_bf16 ? __bfloat162float(((const __nv_bfloat16 *)w)[lab * D + i])
+                        : ((const float *)w)[lab * D + i];
         if (round16)
             wl = __bfloat162float(__float2bfloat16_rn(wl));
         row[i] = gs * (row[i] * f - wl);
@@ -192,11 +194,13 @@ static unsigned int grid_for(int64_t n, int threads) {
     return (unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20));
 }
 
-cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h, const int32_t *labels,
-                        const float *gscale, const void *w, cm_dtype wdt, int64_t R, int64_t V, int64_t D) {
+cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h,
+                        const int32_t *labels, const float *gscale, const void *w, cm_dtype wdt, int64_t R,
+                        int64_t V, int64_t D) {
     KN_CUDA_CHECK_ARG(ctx, "lm_ce: ctx is NULL");
-    KN_CUDA_CHECK_ARG(R >= 0 && V > 0 && D > 0, "lm_ce: bad shape R=%lld V=%lld D=%lld (R >= 0, V > 0, D > 0)",
-                      (long long)R, (long long)V, (long long)D);
+    KN_CUDA_CHECK_ARG(R >= 0 && V > 0 && D > 0,
+                      "lm_ce: bad shape R=%lld V=%lld D=%lld (R >= 0, V > 0, D > 0)", (long long)R,
+                      (long long)V, (long long)D);
     KN_CUDA_CHECK_ARG(V <= INT32_MAX, "lm_ce: V=%lld does not fit the I32 argmax", (long long)V);
     if (wdt != CM_DTYPE_F32 && wdt != CM_DTYPE_BF16)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "lm_ce: weight dtype %s is not supported (use F32 or BF16)",
@@ -209,7 +213,8 @@ cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, cons
     const int     bf16 = ctx->gemm_mode == KN_GEMM_MODE_BF16;
     const int64_t Rt = R < LMCE_ROWS ? R : LMCE_ROWS;
     int64_t       Vc = LMCE_CHUNK_FLOATS / Rt;
-    Vc = Vc < V ? Vc / 8 * 8 : V; /* whole chunks of 8 keep the chunk pointers 16-byte aligned when D allows */
+    Vc =
+        Vc < V ? Vc / 8 * 8 : V; /* whole chunks of 8 keep the chunk pointers 16-byte aligned when D allows */
     /* W chunk operand: converted when its dtype is not the mode's */
     const int    conv_w = bf16 ? wdt == CM_DTYPE_F32 : wdt == CM_DTYPE_BF16;
     const size_t esz = bf16 ? 2 : 4;
@@ -251,8 +256,8 @@ cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, cons
             }
             /* logitsᵀ (nc×nr col-major, ld Vc) = W_chunk (stored D×nc, op T) · hᵀ (D×nr) */
             CM_TRY(kn_cuda_lt_matmul(ctx, "lm_ce", ab, 1, 0, nc, nr, D, w_op, D, h_op, D, 0.0f, logits, Vc));
-            lmce_stats_kernel<<<(unsigned int)nr, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, Vc, nc, v0,
-                                                                                  labels + r0);
+            lmce_stats_kernel<<<(unsigned int)nr, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, Vc, nc,
+                                                                                  v0, labels + r0);
             KN_CUDA_LAUNCHED(ctx);
             if (!dh)
                 continue;
@@ -264,14 +269,14 @@ cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, cons
             }
             /* dhᵀ (D×nr, ld D) (+)= W_chunk (stored D×nc, op N) · coefᵀ (nc×nr, ld Vc) */
             const void *c_op = coef16 ? (const void *)coef16 : (const void *)logits;
-            CM_TRY(kn_cuda_lt_matmul(ctx, "lm_ce", ab, 0, 0, D, nr, nc, w_op, D, c_op, Vc, v0 == 0 ? 0.0f : 1.0f,
-                                     dh + r0 * D, D));
+            CM_TRY(kn_cuda_lt_matmul(ctx, "lm_ce", ab, 0, 0, D, nr, nc, w_op, D, c_op, Vc,
+                                     v0 == 0 ? 0.0f : 1.0f, dh + r0 * D, D));
         }
         lmce_finish_kernel<<<grid_for(nr, 256), 256, 0, ctx->stream>>>(ce + r0, argmax + r0, lse, st, nr);
         KN_CUDA_LAUNCHED(ctx);
         if (dh) {
-            lmce_dh_finish_kernel<<<(unsigned int)nr, 256, 0, ctx->stream>>>(dh + r0 * D, D, st, lse, labels + r0,
-                                                                          gscale + r0, w, wdt == CM_DTYPE_BF16, bf16, V);
+            lmce_dh_finish_kernel<<<(unsigned int)nr, 256, 0, ctx->stream>>>(
+                dh + r0 * D, D, st, lse, labels + r0, gscale + r0, w, wdt == CM_DTYPE_BF16, bf16, V);
             KN_CUDA_LAUNCHED(ctx);
         }
     }

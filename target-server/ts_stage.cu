@@ -20,7 +20,8 @@ struct ts_stage {
 template <typename T_OUT>
 __global__ void round_check(T_OUT *out, const float *x, size_t n, unsigned long long *counts) {
     unsigned long long bad = 0, nz = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float v = x[i];
         bad += !isfinite(v);
         nz += v != 0.0f;
@@ -85,24 +86,26 @@ extern "C" cm_status ts_stage_round(ts_stage *s, float *const *dev, const int32_
     KN_CUDA(cudaMemsetAsync(s->counts, 0, 2 * sizeof(unsigned long long) * (size_t)n, ctx->stream));
     const size_t elems = (size_t)T * (size_t)D;
     const int    threads = 256;
-    const int    blocks = (int)((elems + threads - 1) / threads < 4096 ? (elems + threads - 1) / threads : 4096);
+    const int blocks = (int)((elems + threads - 1) / threads < 4096 ? (elems + threads - 1) / threads : 4096);
     for (int i = 0; i < n; i++) {
         uint8_t *dst = (uint8_t *)s->mem + stride * (size_t)i;
         if (elems && dt == CM_DTYPE_BF16)
-            round_check<__nv_bfloat16><<<blocks, threads, 0, ctx->stream>>>((__nv_bfloat16 *)dst, dev[i], elems,
-                                                                            s->counts + 2 * i);
+            round_check<__nv_bfloat16>
+                <<<blocks, threads, 0, ctx->stream>>>((__nv_bfloat16 *)dst, dev[i], elems, s->counts + 2 * i);
         else if (elems)
-            round_check<float><<<blocks, threads, 0, ctx->stream>>>((float *)dst, dev[i], elems, s->counts + 2 * i);
+            round_check<float>
+                <<<blocks, threads, 0, ctx->stream>>>((float *)dst, dev[i], elems, s->counts + 2 * i);
         KN_CUDA_LAUNCHED(ctx);
         out[i] = dst;
     }
     unsigned long long counts[2 * TS_STAGE_MAX];
-    KN_CUDA(cudaMemcpyAsync(counts, s->counts, 2 * sizeof(unsigned long long) * (size_t)n, cudaMemcpyDeviceToHost,
-                            ctx->stream));
+    KN_CUDA(cudaMemcpyAsync(counts, s->counts, 2 * sizeof(unsigned long long) * (size_t)n,
+                            cudaMemcpyDeviceToHost, ctx->stream));
     KN_CUDA(cudaStreamSynchronize(ctx->stream)); /* the staging memory is complete from here on */
     for (int i = 0; i < n; i++) {
         if (counts[2 * i])
-            return CM_FAIL(CM_ERR_FORMAT, "batch %llu: layer %d capture holds %llu NaN/Inf values; refusing to send it",
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "batch %llu: layer %d capture holds %llu NaN/Inf values; refusing to send it",
                            (unsigned long long)batch, layers[i], counts[2 * i]);
         if (!counts[2 * i + 1] && elems)
             return CM_FAIL(CM_ERR_FORMAT, "batch %llu: layer %d capture is all zeros; refusing to send it",
@@ -111,8 +114,8 @@ extern "C" cm_status ts_stage_round(ts_stage *s, float *const *dev, const int32_
     return CM_OK;
 }
 
-extern "C" cm_status ts_stage_download(ts_stage *s, float *const *dev, const int32_t *layers, int n, int64_t T,
-                                       int64_t D, cm_dtype dt, uint64_t batch, void *const *host) {
+extern "C" cm_status ts_stage_download(ts_stage *s, float *const *dev, const int32_t *layers, int n,
+                                       int64_t T, int64_t D, cm_dtype dt, uint64_t batch, void *const *host) {
     const void *staged[TS_STAGE_MAX];
     CM_TRY(ts_stage_round(s, dev, layers, n, T, D, dt, batch, staged));
     const size_t bytes = (size_t)T * (size_t)D * cm_dtype_size(dt);

@@ -389,7 +389,8 @@ int main(int argc, char **argv) {
     pr.seq_len = T / docs;
     dt_plan pl;
     DIE(dt_plan_compute(&pl, &t, &d, &pr));
-    printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"host_taps\": %d, \"pinned\": %d, \"profile\": %d, \"tokens\": "
+    printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"host_taps\": %d, \"pinned\": %d, "
+           "\"profile\": %d, \"tokens\": "
            "%lld, \"docs\": %d, "
            "\"anchors\": %lld, \"block\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"step_s_mean\": %.6f, "
            "\"step_s_min\": %.6f, \"step_s_max\": %.6f, \"tflop_per_step\": %.3f, \"tflop_attn\": %.3f, "
