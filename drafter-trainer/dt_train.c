@@ -623,9 +623,7 @@ static void set_next_rng(run *r, int64_t step) {
                   (uint64_t)dt_data_step_batch(r->data, r->order_next, r->ts.index));
 }
 
-/* The training data and where its hidden states come from: batch files (--data, --data-dir)
- * or a dataset's packs (--dataset), with target_hidden from the files, --shards or --server;
- * then this process's data-parallel share. */
+/* dt_data_set_pinning's callbacks: the batch buffers page-locked through the backend. */
 static cm_status pin_host(void *user, void *p, size_t bytes) {
     run *r = user;
     return r->be->host_pin(r->ctx, p, bytes);
@@ -635,6 +633,9 @@ static void unpin_host(void *user, void *p) {
     r->be->host_unpin(r->ctx, p);
 }
 
+/* The training data and where its hidden states come from: batch files (--data, --data-dir)
+ * or a dataset's packs (--dataset), with target_hidden from the files, --shards or --server;
+ * then this process's data-parallel share. */
 static cm_status open_data(run *r) {
     train_args    *a = &r->a;
     const int      taps = r->cfg.n_taps, D = r->cfg.hidden_size, V = r->cfg.vocab_size;
