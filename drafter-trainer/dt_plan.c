@@ -6,6 +6,10 @@
 #include <math.h>
 #include <string.h>
 
+/* The fp32 logits the fused LM head + CE holds per vocabulary chunk (kernels/kn_lm_ce.cu,
+ * LMCE_CHUNK_FLOATS). */
+#define DT_PLAN_LM_FLOATS ((double)(16 << 20))
+
 void dt_plan_ratio_range(cm_encoding enc, double *lo, double *hi) {
     switch (enc) {
     case CM_ENCODING_ZSTD:
@@ -157,12 +161,13 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
             p->p_target_run += lin;
     }
 
-    /* memory: mixed precision as the CUDA path keeps it (bf16 working copy, fp32 masters and
-     * gradients, Adam m and v in fp32); activations in bf16 */
+    /* memory: mixed precision as the CUDA path keeps it (fp32 masters and gradients, Adam m and
+     * v in fp32; no bf16 working copy: the GEMMs round the masters as they read them);
+     * activations in bf16 */
     const double P = (double)p->p_drafter, T = (double)r->token_budget, A = (double)r->max_anchors;
     const double B = d->block_size, Q = A * B, K = T + Q, Hd = (double)d->n_heads * d->head_dim;
     const double KVd = (double)d->n_kv_heads * d->head_dim, I = d->intermediate_size;
-    p->m_weights = 2 * P;
+    p->m_weights = 0;
     p->m_master = 4 * P;
     p->m_adam = 8 * P;
     p->m_grads = 4 * P;
@@ -183,7 +188,11 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     work = work > 4 * (Q + 1) * (double)D ? work : 4 * (Q + 1) * (double)D;
     work = work > spill ? work : spill;
     p->m_act_transient = 3 * 4 * Q * (double)D + 2 * Q * (double)D + 4 * T * (double)D + work;
-    p->m_loss = 4.0 * (double)r->lm_chunk_rows * (double)V;
+    /* kn_lm_ce: row tiles of lm_chunk_rows (bf16 copies), logits of at most DT_PLAN_LM_FLOATS
+     * per vocabulary chunk in fp32 and their bf16 coefficients */
+    const double lm_rows = (double)r->lm_chunk_rows < Q ? (double)r->lm_chunk_rows : Q;
+    const double lm_chunk = lm_rows * (double)V < DT_PLAN_LM_FLOATS ? lm_rows * (double)V : DT_PLAN_LM_FLOATS;
+    p->m_loss = 4 * lm_chunk + 2 * lm_chunk + 2 * lm_rows * (double)D;
     p->wire_raw = 2.0 * (double)n * (double)D;
     p->m_hidden_gpu = 2 * T * p->wire_raw; /* this batch and the next, decoded bf16 */
     p->m_total = p->m_weights + p->m_master + p->m_adam + p->m_grads + p->m_frozen + p->m_act +
@@ -273,14 +282,13 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
         const char *what;
         double      bytes;
     } mem[] = {
-        {"working weights, bf16", p->m_weights},
         {"master weights, fp32", p->m_master},
         {"Adam moments, 2 x fp32", p->m_adam},
         {"gradients, fp32", p->m_grads},
         {"frozen embedding/LM head, bf16", p->m_frozen},
         {"activations saved for backward, bf16", p->m_act},
         {"temporaries shared by the layers", p->m_act_transient},
-        {"chunked LM-head loss (fp32 logits)", p->m_loss},
+        {"chunked LM-head loss (one logits chunk)", p->m_loss},
         {"hidden states: this batch + next, bf16", p->m_hidden_gpu},
     };
     for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)

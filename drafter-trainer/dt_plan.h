@@ -41,7 +41,7 @@ typedef struct dt_plan_run {
     double      ratio;          /* > 0: the compression ratio to assume instead of the measured range */
     double      target_tflops;  /* achieved dense TF/s of one target GPU in prefill */
     double      drafter_tflops; /* achieved dense TF/s of one trainer GPU in the drafter step */
-    int64_t     lm_chunk_rows;  /* rows of logits the chunked LM-head loss holds at once (fp32) */
+    int64_t     lm_chunk_rows;  /* rows per LM-head row tile (kn_lm_ce: 2048) */
     int64_t     dataset_tokens; /* > 0: tokens of one epoch, for the disk total; 0 = unknown */
 } dt_plan_run;
 
@@ -71,10 +71,11 @@ typedef struct dt_plan {
     int64_t p_target_run;    /* linear parameters of layers 0..last tap: what prefill multiplies */
     int     target_layers_run;
     /* memory per trainer GPU (bytes) */
-    double m_weights, m_master, m_adam, m_grads, m_frozen; /* bf16, fp32, 2×fp32, fp32, bf16 */
+    double m_weights, m_master, m_adam, m_grads, m_frozen; /* 0 (no bf16 working copy), fp32, 2×fp32,
+                                                              fp32, bf16 */
     double m_act;                                          /* saved for backward, all layers */
     double m_act_transient;                                /* one layer's gradients in backward */
-    double m_loss;                                         /* chunked LM-head logits + final hidden */
+    double m_loss;                                         /* one LM-head logits chunk + its row tile */
     double m_hidden_gpu;                                   /* this batch's and the next's hidden states */
     double m_total;                                        /* sum of the above */
     double m_hidden_host;                                  /* credits × (decoded + encoded) on the host */
