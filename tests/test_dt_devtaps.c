@@ -3,8 +3,12 @@
  * host, on a drafter fixture of tests/fixtures/drafter (its weights, batch, embedding and LM
  * head): F32 taps give bit-identical loss and gradients; BF16 taps give bit-identical results
  * to host target_hidden holding the same BF16 values widened. Also the refusals: a missing
- * tap, a dtype other than BF16/F32; and dt_model_grad_slab spans every gradient. Without
- * NCCL in the build, dt_dp_create refuses with CM_ERR_UNSUPPORTED.
+ * tap, a dtype other than BF16/F32; and dt_model_grad_slab spans every gradient. The gradient
+ * hook data parallelism reduces buckets from (dt_model_set_grad_hook) is called at
+ * dt_model_grad_buckets' offsets in order, and what it sees from each offset to the slab's end
+ * (downloaded in the call, after everything enqueued before it) is the step's final gradient,
+ * bit for bit; a failing hook fails the step. Without NCCL in the build, dt_dp_create refuses
+ * with CM_ERR_UNSUPPORTED.
  *   test_dt_devtaps cpu   (unit; on the cpu backend "backend memory" is host memory)
  *   test_dt_devtaps cuda  (gpu; exits 77 without a cuda build or device) */
 #include <stdio.h>
@@ -54,6 +58,31 @@ static int step(dt_model *m, const kn_backend *be, kn_ctx *ctx, const dt_batch *
 
 static int same(const float *a, const float *b, int64_t n) {
     return memcmp(a, b, (size_t)n * sizeof *a) == 0;
+}
+
+/* A gradient hook that records each offset and a copy of the slab from it to the end. */
+#define HOOK_MAX 64
+typedef struct hook_rec {
+    const kn_backend *be;
+    kn_ctx           *ctx;
+    const float      *slab;
+    size_t            n;
+    int               calls, fail_at;
+    size_t            off[HOOK_MAX];
+    float            *snap[HOOK_MAX];
+} hook_rec;
+
+static cm_status rec_hook(void *user, size_t off, double weight_sum) {
+    hook_rec *h = user;
+    if (h->calls == h->fail_at)
+        return CM_FAIL(CM_ERR_NCCL, "hook refused at offset %zu (weight %g)", off, weight_sum);
+    if (h->calls >= HOOK_MAX || off > h->n)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "hook: call %d at offset %zu of %zu", h->calls, off, h->n);
+    h->off[h->calls] = off;
+    h->snap[h->calls] = malloc((h->n - off) * sizeof(float) + 4);
+    CM_TRY(h->be->download(h->ctx, h->snap[h->calls], h->slab + off, (h->n - off) * sizeof(float)));
+    h->calls++;
+    return CM_OK;
 }
 
 int main(int argc, char **argv) {
@@ -162,6 +191,35 @@ int main(int argc, char **argv) {
     const dt_param *last = dt_model_param(m, dt_model_n_params(m) - 1);
     TST_CHECK(slab == dt_model_param(m, 0)->grad && last->grad + last->numel <= slab + n_slab);
     TST_CHECK((int64_t)n_slab >= n);
+
+    /* the gradient hook: each bucket is final when announced */
+    hook_rec hr = {.be = be, .ctx = ctx, .slab = slab, .n = n_slab, .fail_at = -1};
+    size_t   want[HOOK_MAX];
+    const int n_want = dt_model_grad_buckets(m, want, HOOK_MAX);
+    dt_model_set_grad_hook(m, rec_hook, &hr);
+    dt_step_stats hs;
+    TST_CHECK(dt_model_step(m, &dev16, 7.0f, &hs) == CM_OK);
+    float *fin = malloc(n_slab * sizeof *fin);
+    TST_CHECK(be->download(ctx, fin, slab, n_slab * sizeof *fin) == CM_OK);
+    int in_order = hr.calls == n_want && n_want == cfg.n_layers + 2 && want[n_want - 1] == 0, final = 1;
+    for (int c = 0; c < hr.calls; c++) {
+        in_order = in_order && hr.off[c] == want[c] && (c == 0 || hr.off[c] < hr.off[c - 1]);
+        final = final && memcmp(hr.snap[c], fin + hr.off[c], (n_slab - hr.off[c]) * sizeof *fin) == 0;
+    }
+    fprintf(stderr, "%s: gradient hook called %d times (buckets %d), in order: %s, each bucket final: %s\n", device,
+            hr.calls, n_want, in_order ? "yes" : "no", final ? "yes" : "no");
+    TST_CHECK(in_order && final);
+    for (int c = 0; c < hr.calls; c++)
+        free(hr.snap[c]);
+    /* a hook that fails (a collective that did not complete) fails the step with its message */
+    hr.calls = 0;
+    hr.fail_at = 2;
+    TST_CHECK(dt_model_step(m, &dev16, 7.0f, NULL) == CM_ERR_NCCL);
+    TST_CHECK(strstr(cm_last_error(), "hook refused") != NULL);
+    for (int c = 0; c < hr.calls; c++)
+        free(hr.snap[c]);
+    dt_model_set_grad_hook(m, NULL, NULL);
+    free(fin);
 
 #ifndef TANDEM_HAVE_NCCL
     dt_dp             *dp = NULL;
