@@ -12,16 +12,9 @@
 #include <time.h>
 
 #include "cm_log.h"
+#include "cm_nccl_try.h"
 
 _Static_assert(sizeof(ncclUniqueId) <= CM_PROTO_NCCL_UID_MAX, "ncclUniqueId must fit NCCL_OFFER");
-
-#define NCCL_TRY(x)                                                                                          \
-    do {                                                                                                     \
-        ncclResult_t r_ = (x);                                                                               \
-        if (r_ != ncclSuccess && r_ != ncclInProgress)                                                       \
-            return CM_FAIL(CM_ERR_NCCL, "%s failed: %s (%s)", #x, ncclGetErrorString(r_),                    \
-                           ncclGetLastError(NULL));                                                          \
-    } while (0)
 
 #define CUDA_TRY(x)                                                                                          \
     do {                                                                                                     \

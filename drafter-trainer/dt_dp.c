@@ -55,18 +55,11 @@ cm_status dt_dp_grad_hook(void *user, size_t off, double weight_sum) {
 #include <nccl.h>
 #include <zmq.h>
 
+#include "cm_nccl_try.h"
 #include "kn_cuda.h"
 
 #define DP_MAGIC   "tandem-dp/1"
 #define DP_N_STATS (4 + 2 * 64) /* num, den, blocks, tau·blocks, acc hits[64], acc counts[64] */
-
-#define NCCL_TRY(x)                                                                                          \
-    do {                                                                                                     \
-        ncclResult_t r_ = (x);                                                                               \
-        if (r_ != ncclSuccess && r_ != ncclInProgress)                                                       \
-            return CM_FAIL(CM_ERR_NCCL, "%s failed: %s (%s)", #x, ncclGetErrorString(r_),                    \
-                           ncclGetLastError(NULL));                                                          \
-    } while (0)
 
 struct dt_dp {
     dt_dp_config cfg;
