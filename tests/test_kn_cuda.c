@@ -580,6 +580,7 @@ static void test_attention(void) {
     static const int one[] = {5};
     static const int small[] = {3, 1, 2};
     static const int longer[] = {700, 1, 1300, 67};
+    static const int target[] = {97, 2300, 411}; /* a long sequence between two short ones */
     for (int flash = 0; flash < 2; flash++) {
         attention_case(packed, 5, 3, 3, 32, 1, flash);  /* group 1 */
         attention_case(packed, 5, 6, 2, 64, 1, flash);  /* group 3 */
@@ -590,6 +591,17 @@ static void test_attention(void) {
     }
     attention_case(longer, 4, 3, 1, 256, 1, 1); /* long sequences: many key tiles, tiles across boundaries */
     attention_case(packed, 5, 4, 2, 128, 1, 1); /* hd 128 */
+    attention_case(target, 3, 6, 1, 256, 1, 1); /* the 27B layout: hd 256, group 6, > 2048 keys */
+    /* the kernels the dispatch would not pick here: the WMMA one (devices with less shared
+     * memory, misaligned arrays) and one head per CTA on an even group */
+    static const char *forced[] = {"wmma", "fa2-1"};
+    for (int i = 0; i < 2; i++) {
+        setenv("TANDEM_ATTN_KERNEL", forced[i], 1);
+        printf("TANDEM_ATTN_KERNEL=%s:\n", forced[i]);
+        attention_case(longer, 4, 3, 1, 256, 1, 1);
+        attention_case(packed, 5, 4, 2, 128, 1, 1);
+    }
+    unsetenv("TANDEM_ATTN_KERNEL");
 }
 
 // ----------------------------------------------------------------------------
