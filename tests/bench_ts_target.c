@@ -435,7 +435,8 @@ int main(int argc, char **argv) {
     printf("| flash attention kernel alone, the mix | %.3f ms (%.0f TF/s) |\n", t_att[1] * 1e3,
            4.0 * nq * hd * att_pairs / t_att[1] / 1e12);
     for (int f = 0; f < 3; f++)
-        printf("| TANDEM_ATTN_KERNEL=%s alone, 1 x %lld tokens / the mix | %.3f ms (%.0f TF/s) / %.3f ms (%.0f TF/s) |\n",
+        printf("| TANDEM_ATTN_KERNEL=%s alone, 1 x %lld tokens / the mix "
+               "| %.3f ms (%.0f TF/s) / %.3f ms (%.0f TF/s) |\n",
                att_forced[f], (long long)T, t_att_forced[f][0] * 1e3,
                4.0 * nq * hd * (double)T * (T + 1) / 2 / t_att_forced[f][0] / 1e12, t_att_forced[f][1] * 1e3,
                4.0 * nq * hd * att_pairs / t_att_forced[f][1] / 1e12);
