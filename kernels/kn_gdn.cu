@@ -256,6 +256,20 @@ static __device__ __forceinline__ void gdn_load_rows(bf16 *dst, const bf16 *src,
     }
 }
 
+#define GDN_VPRE (64 * 64 / GDN_THREADS) /* v values per thread of one 64-column pass of gdn_prep */
+
+/* Thread tid's GDN_VPRE values of v [t0 + r][h][c0 + c], r < 64, c < 64 (zero outside the chunk
+ * and past dv), element idx = tid + i·GDN_THREADS at (idx / 64, idx % 64), loaded unconditionally
+ * in flight together. */
+static __device__ __forceinline__ void gdn_prep_vload(float (&x)[GDN_VPRE], const float *v, int64_t t0, int L,
+                                                      int nv, int h, int dv, int c0, int tid) {
+#pragma unroll
+    for (int i = 0; i < GDN_VPRE; i++) {
+        const int idx = tid + i * GDN_THREADS, r = idx / 64, c = c0 + idx % 64;
+        x[i] = r < L && c < dv ? __ldg(v + ((t0 + r) * nv + h) * (int64_t)dv + c) : 0.0f;
+    }
+}
+
 template <int DKP> struct gdn_prep_smem {
     static constexpr int    KS = DKP + 8; /* bf16 stride of K / Q rows */
     static constexpr int    STS = DKP + 4; /* fp32 stride of the output staging rows */
@@ -274,7 +288,7 @@ template <int DKP> struct gdn_prep_smem {
  * with T = (I + A)^{-1}, A = β_r e^{γ_r−γ_j} k_r·k_j (j < r), by blocked forward substitution in
  * fp32. qc, kc: [T, nk, DKP] bf16 (q already scaled); v: [T, nv, dv] fp32. */
 template <int DKP>
-static __global__ void __launch_bounds__(GDN_THREADS)
+static __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_prep_kernel(bf16 *Wg, bf16 *Ug, bf16 *Pg, float *Eg, const bf16 *qc, const bf16 *kc, const float *v,
                     const float *g, const float *beta, const int2 *chunks, const int *n_chunks, int nk, int nv,
                     int dv, int DVP) {
@@ -301,6 +315,11 @@ static __global__ void __launch_bounds__(GDN_THREADS)
     gdn_load_rows<DKP>(Kb, kc + (t0 * nk + kh) * (int64_t)DKP, (int64_t)nk * DKP, L, tid, GDN_THREADS);
     gdn_load_rows<DKP>(Qb, qc + (t0 * nk + kh) * (int64_t)DKP, (int64_t)nk * DKP, L, tid, GDN_THREADS);
     gdn_cp_commit();
+    /* v of the first 64 columns into registers now, all loads in flight at once, so that their
+     * latency hides behind the products and the inverse (one thread's loads issued one after
+     * another were most of this kernel's time) */
+    float vpre[GDN_VPRE];
+    gdn_prep_vload(vpre, v, t0, L, nv, h, dv, 0, tid);
     if (warp == 0)
         gdn_chunk_gamma(gam, g, t0, L, nv, h, lane);
     else if (warp == 1)
@@ -441,11 +460,13 @@ static __global__ void __launch_bounds__(GDN_THREADS)
     bf16 *U = Ug + slot * 64 * (int64_t)DVP;
     for (int c0 = 0; c0 < DVP; c0 += 64) {
         __syncthreads(); /* St and Vb are free again */
-        for (int idx = tid; idx < 64 * 64; idx += GDN_THREADS) {
-            int r = idx / 64, c = idx % 64;
-            Vb[r * BS + c] = __float2bfloat16(
-                r < L && c0 + c < dv ? bet[r] * v[((t0 + r) * nv + h) * (int64_t)dv + c0 + c] : 0.0f);
+#pragma unroll
+        for (int i = 0; i < GDN_VPRE; i++) {
+            const int idx = tid + i * GDN_THREADS, r = idx / 64, c = idx % 64;
+            Vb[r * BS + c] = __float2bfloat16(bet[r] * vpre[i]);
         }
+        if (c0 + 64 < DVP) /* the next 64 columns, in flight during this product */
+            gdn_prep_vload(vpre, v, t0, L, nv, h, dv, c0 + 64, tid);
         __syncthreads();
         for (int tile = warp; tile < 16; tile += 8) {
             const int ti = tile / 4, tj = tile % 4;
@@ -664,6 +685,246 @@ static __global__ void __launch_bounds__(GDN_THREADS)
     }
 }
 
+// ---- the state recurrence on mma.sync with the state in registers (DKP 64 and 128)
+//
+// mma.sync.m16n8k16 .bf16, g = lane / 4, t = lane % 4 (PTX ISA fragment layouts):
+//   A 16×16 row-major: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B 16×8:            b0 (k = 2t..2t+1, n = g), b1 (k = 2t+8.., n = g)
+//   C 16×8 fp32:       c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
+// The recurrence runs transposed, on Sᵀ [v, dk]: then every product has Sᵀ or δᵀ as its A
+// operand, and the C accumulators of two adjacent 8-column tiles are, element for element, the
+// A fragment of a 16-wide k step (as FlashAttention-2 reuses P). So the state never leaves the
+// registers of the warp that owns its 16 rows, and no barrier orders its steps.
+
+#define GDN_MW 4               /* warps of gdn_state_mma, 16 state rows (v columns) each */
+#define GDN_MV (16 * GDN_MW)   /* v columns per block */
+#define GDN_US (GDN_MV + 8)    /* bf16 stride of the staged U slice */
+
+static __device__ __forceinline__ uint32_t gdn_smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void gdn_ldsm_x4(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(gdn_smem_u32(p)));
+}
+static __device__ __forceinline__ void gdn_ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(gdn_smem_u32(p)));
+}
+static __device__ __forceinline__ void gdn_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* B fragments of the n tiles n0.. and n0 + 8.. at k0.. with B[k][n] = M[n][k] (M row-major,
+ * n-major: Wᵀ, Qᵀ, Pᵀ from W, Q, P [token][·]): {r0, r1} for n0, {r2, r3} for n0 + 8. */
+static __device__ __forceinline__ void gdn_frag_b_nk(uint32_t r[4], const bf16 *M, int ld, int n0, int k0,
+                                                     int lane) {
+    gdn_ldsm_x4(r, M + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+/* The same with B[k][n] = M[k][n] (M k-major: K [token][dk] in δᵀ·K). */
+static __device__ __forceinline__ void gdn_frag_b_kn(uint32_t r[4], const bf16 *M, int ld, int k0, int n0,
+                                                     int lane) {
+    gdn_ldsm_x4_t(r, M + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
+static __device__ __forceinline__ uint32_t gdn_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* One pipeline stage of gdn_state_mma: the chunk's W, Q, K [64][DKP + 8], U slice [64][GDN_US],
+ * P [64][GDN_BS] (bf16) and E [192] (fp32). */
+template <int DKP> struct gdn_mstage {
+    static constexpr int    KS = DKP + 8;
+    static constexpr size_t bytes = 3 * (size_t)64 * KS * 2 + (size_t)64 * GDN_US * 2 + (size_t)64 * GDN_BS * 2 +
+                                    192 * 4;
+    static constexpr size_t smem = 2 * bytes; /* double-buffered */
+};
+
+template <int DKP>
+static __device__ __forceinline__ void gdn_mstate_load(unsigned char *sb, const bf16 *Wg, const bf16 *Ug,
+                                                       const bf16 *Pg, const float *Eg, const bf16 *qc,
+                                                       const bf16 *kc, int64_t slot, int64_t t0, int L, int nk,
+                                                       int kh, int DVP, int col0, int tid) {
+    constexpr int KS = DKP + 8, NT = 32 * GDN_MW;
+    bf16         *Wb = (bf16 *)sb, *Qb = Wb + 64 * KS, *Kb = Qb + 64 * KS, *Ub = Kb + 64 * KS;
+    bf16         *Pb = Ub + 64 * GDN_US;
+    float        *Eb = (float *)(Pb + 64 * GDN_BS);
+    gdn_load_rows<DKP>(Wb, Wg + slot * 64 * DKP, DKP, 64, tid, NT);
+    gdn_load_rows<DKP>(Qb, qc + (t0 * nk + kh) * (int64_t)DKP, (int64_t)nk * DKP, L, tid, NT);
+    gdn_load_rows<DKP>(Kb, kc + (t0 * nk + kh) * (int64_t)DKP, (int64_t)nk * DKP, L, tid, NT);
+    for (int i = tid; i < 64 * (GDN_MV / 8); i += NT) {
+        const int r = i / (GDN_MV / 8), c = (i % (GDN_MV / 8)) * 8;
+        gdn_cp16(Ub + r * GDN_US + c, Ug + (slot * 64 + r) * DVP + col0 + c, 16);
+    }
+    for (int i = tid; i < 64 * 8; i += NT) {
+        const int r = i / 8, c = (i % 8) * 8;
+        gdn_cp16(Pb + r * GDN_BS + c, Pg + (slot * 64 + r) * 64 + c, 16);
+    }
+    if (tid < 48)
+        gdn_cp16(Eb + tid * 4, Eg + slot * 192 + tid * 4, 16);
+}
+
+/* One block per (sequence, v-head, GDN_MV-column slice of dv; DVP a multiple of GDN_MV),
+ * sequential over the sequence's chunks, one barrier per chunk (the next chunk's operands are
+ * copied in by cp.async while this one is multiplied). Warp w holds rows v = col0 + 16w … + 15
+ * of Sᵀ [v][DKP] in fp32 C fragments for the whole sequence. Per chunk, with e^γ, e^{γ_last−γ},
+ * e^{γ_last} from E:
+ *   δᵀ = Uᵀ − Sᵀ Wᵀ,   Oᵀ = Sᵀ Qᵀ ⊙ e^γ + δᵀ Pᵀ,   Sᵀ ← e^{γ_last} Sᵀ + (δᵀ ⊙ e^{γ_last−γ}) K
+ * (Sᵀ, δᵀ and the decayed δᵀ enter the tensor cores in bf16, as in gdn_state). */
+template <int DKP>
+static __global__ void __launch_bounds__(32 * GDN_MW)
+    gdn_state_mma_kernel(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const bf16 *Ug,
+                         const bf16 *Pg, const float *Eg, const int32_t *cu, const int *seq_first, int64_t T, int nk,
+                         int nv, int dv, int DVP) {
+    constexpr int KS = DKP + 8, BS = GDN_BS, US = GDN_US, NS = DKP / 8;
+    const int     seq = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk);
+    const int     col0 = blockIdx.y * GDN_MV;
+    const int     tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    int64_t       bos = cu[seq], eos = cu[seq + 1];
+    bos = bos < 0 ? 0 : (bos > T ? T : bos);
+    eos = eos < bos ? bos : (eos > T ? T : eos);
+    const int nch = (int)((eos - bos + GDN_C - 1) / GDN_C), first = seq_first[seq];
+    const int vr = 16 * warp + g; /* this lane's state rows vr and vr + 8 within the slice */
+    const int c_lo = col0 + vr, c_hi = c_lo + 8;
+
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    float S[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            S[n][e] = 0.0f;
+    if (nch > 0) {
+        gdn_mstate_load<DKP>(gdn_smem, Wg, Ug, Pg, Eg, qc, kc, (int64_t)first * nv + h, bos,
+                             (int)(eos - bos < GDN_C ? eos - bos : GDN_C), nk, kh, DVP, col0, tid);
+        gdn_cp_commit();
+    }
+
+    for (int k = 0; k < nch; k++) {
+        const int64_t t0 = bos + (int64_t)k * GDN_C;
+        const int     L = (int)(eos - t0 < GDN_C ? eos - t0 : GDN_C);
+        gdn_cp_wait<0>();
+        __syncthreads(); /* chunk k has landed for every thread, and chunk k − 1's buffer is free */
+        if (k + 1 < nch) {
+            const int64_t t1 = t0 + GDN_C;
+            gdn_mstate_load<DKP>(gdn_smem + ((k + 1) & 1) * gdn_mstage<DKP>::bytes, Wg, Ug, Pg, Eg, qc, kc,
+                                 (int64_t)(first + k + 1) * nv + h, t1, (int)(eos - t1 < GDN_C ? eos - t1 : GDN_C),
+                                 nk, kh, DVP, col0, tid);
+            gdn_cp_commit();
+        }
+        const unsigned char *sb = gdn_smem + (k & 1) * gdn_mstage<DKP>::bytes;
+        const bf16          *Wb = (const bf16 *)sb, *Qb = Wb + 64 * KS, *Kb = Qb + 64 * KS, *Ub = Kb + 64 * KS;
+        const bf16          *Pb = Ub + 64 * US;
+        const float         *Eb = (const float *)(Pb + 64 * BS);
+
+        // D = Sᵀ Wᵀ and O = Sᵀ Qᵀ, [16 v][64 tokens] each, A fragments straight from the state
+        float D[8][4], O[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                D[n][e] = O[n][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < DKP / 16; ks++) {
+            uint32_t a[4];
+            a[0] = gdn_pack(S[2 * ks][0], S[2 * ks][1]);
+            a[1] = gdn_pack(S[2 * ks][2], S[2 * ks][3]);
+            a[2] = gdn_pack(S[2 * ks + 1][0], S[2 * ks + 1][1]);
+            a[3] = gdn_pack(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t b[4];
+                gdn_frag_b_nk(b, Wb, KS, np * 16, ks * 16, lane);
+                gdn_mma(D[2 * np], a, b[0], b[1]);
+                gdn_mma(D[2 * np + 1], a, b[2], b[3]);
+                gdn_frag_b_nk(b, Qb, KS, np * 16, ks * 16, lane);
+                gdn_mma(O[2 * np], a, b[0], b[1]);
+                gdn_mma(O[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+
+        // δᵀ = Uᵀ − D; its A fragments plain (for Pᵀ) and decayed by e^{γ_last−γ} (for K);
+        // O scaled by e^γ per token (column)
+        uint32_t da[4][4], dd[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            float d[2][4];
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int n = 2 * kk + hf, tok = 8 * n + 2 * t;
+                d[hf][0] = __bfloat162float(Ub[tok * US + vr]) - D[n][0];
+                d[hf][1] = __bfloat162float(Ub[(tok + 1) * US + vr]) - D[n][1];
+                d[hf][2] = __bfloat162float(Ub[tok * US + vr + 8]) - D[n][2];
+                d[hf][3] = __bfloat162float(Ub[(tok + 1) * US + vr + 8]) - D[n][3];
+                const float e0 = Eb[tok], e1 = Eb[tok + 1];
+                O[n][0] *= e0;
+                O[n][1] *= e1;
+                O[n][2] *= e0;
+                O[n][3] *= e1;
+            }
+            da[kk][0] = gdn_pack(d[0][0], d[0][1]);
+            da[kk][1] = gdn_pack(d[0][2], d[0][3]);
+            da[kk][2] = gdn_pack(d[1][0], d[1][1]);
+            da[kk][3] = gdn_pack(d[1][2], d[1][3]);
+            const int   tl = 16 * kk + 2 * t, th = tl + 8;
+            const float l0 = Eb[64 + tl], l1 = Eb[64 + tl + 1], h0 = Eb[64 + th], h1 = Eb[64 + th + 1];
+            dd[kk][0] = gdn_pack(d[0][0] * l0, d[0][1] * l1);
+            dd[kk][1] = gdn_pack(d[0][2] * l0, d[0][3] * l1);
+            dd[kk][2] = gdn_pack(d[1][0] * h0, d[1][1] * h1);
+            dd[kk][3] = gdn_pack(d[1][2] * h0, d[1][3] * h1);
+        }
+
+        // Sᵀ ← e^{γ_last} Sᵀ + (decayed δᵀ) K: the next chunk's critical path, first
+        const float elast = Eb[128];
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                S[n][e] *= elast;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int np = 0; np < DKP / 16; np++) {
+                uint32_t b[4];
+                gdn_frag_b_kn(b, Kb, KS, kk * 16, np * 16, lane);
+                gdn_mma(S[2 * np], dd[kk], b[0], b[1]);
+                gdn_mma(S[2 * np + 1], dd[kk], b[2], b[3]);
+            }
+
+        // O += δᵀ Pᵀ (P lower triangular: token tile np sees k steps kk ≤ np), then out
+#pragma unroll
+        for (int np = 0; np < 4; np++)
+#pragma unroll
+            for (int kk = 0; kk <= np; kk++) {
+                uint32_t b[4];
+                gdn_frag_b_nk(b, Pb, BS, np * 16, kk * 16, lane);
+                gdn_mma(O[2 * np], da[kk], b[0], b[1]);
+                gdn_mma(O[2 * np + 1], da[kk], b[2], b[3]);
+            }
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            const int tok = 8 * n + 2 * t;
+            float    *o0 = out + ((t0 + tok) * nv + h) * (int64_t)dv, *o1 = o0 + (int64_t)nv * dv;
+            if (tok < L) {
+                if (c_lo < dv)
+                    o0[c_lo] = O[n][0];
+                if (c_hi < dv)
+                    o0[c_hi] = O[n][2];
+            }
+            if (tok + 1 < L) {
+                if (c_lo < dv)
+                    o1[c_lo] = O[n][1];
+                if (c_hi < dv)
+                    o1[c_hi] = O[n][3];
+            }
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -692,7 +953,10 @@ static cm_status gdn_chunked_launch(kn_ctx *ctx, float *out, const float *q, con
     const int64_t cap = T / GDN_C + n_seq; /* Σ ceil(len / 64) ≤ Σ (len / 64 + 1) */
     KN_CUDA_CHECK_ARG(T + n_seq < INT32_MAX / 2 && cap * nv < INT32_MAX,
                       "gated_delta_rule: T=%lld tokens exceeds the chunk table's int32 range", (long long)T);
-    const int DVP = (dv + GDN_BV - 1) / GDN_BV * GDN_BV;
+    /* dk ≤ 128: the register-state kernel, GDN_MV columns per block; dk 256 (its state would
+     * not fit the registers): gdn_state, GDN_BV columns per block */
+    constexpr bool MMA = DKP <= 128;
+    const int      CW = MMA ? GDN_MV : GDN_BV, DVP = (dv + CW - 1) / CW * CW;
     /* scratch: q·scale and k in bf16 padded to DKP, then per chunk slot and v-head W, U, P, E,
      * then the chunk table */
     size_t off[8], sz[7] = {(size_t)T * nk * DKP * 2,        (size_t)T * nk * DKP * 2,
@@ -726,15 +990,22 @@ static cm_status gdn_chunked_launch(kn_ctx *ctx, float *out, const float *q, con
         Wg, Ug, Pg, Eg, qc, kc, v, g, beta, chunks, n_chunks, nk, nv, dv, DVP);
     KN_CUDA_LAUNCHED(ctx);
 
-    /* dk 64: two stages, two blocks per SM; dk 128: one stage, so that two blocks share an SM
-     * (192 blocks of a 27B-shaped sequence in one wave); dk 256: one stage, one block */
-    constexpr int STAGES = DKP <= 64 ? 2 : 1;
-    const size_t  state_smem = gdn_state_smem<DKP, STAGES>::bytes;
-    KN_CUDA(cudaFuncSetAttribute(gdn_state_kernel<DKP, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)state_smem));
-    dim3 grid((unsigned int)(n_seq * nv), (unsigned int)(DVP / GDN_BV));
-    gdn_state_kernel<DKP, STAGES><<<grid, GDN_THREADS, state_smem, ctx->stream>>>(
-        out, qc, kc, Wg, Ug, Pg, Eg, cu, seq_first, T, nk, nv, dv, DVP);
+    if constexpr (MMA) {
+        const size_t smem = gdn_mstage<DKP>::smem;
+        KN_CUDA(cudaFuncSetAttribute(gdn_state_mma_kernel<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem));
+        dim3 grid((unsigned int)(n_seq * nv), (unsigned int)(DVP / GDN_MV));
+        gdn_state_mma_kernel<DKP><<<grid, 32 * GDN_MW, smem, ctx->stream>>>(out, qc, kc, Wg, Ug, Pg, Eg, cu,
+                                                                             seq_first, T, nk, nv, dv, DVP);
+    } else {
+        /* dk 256: one stage, one block per SM */
+        const size_t state_smem = gdn_state_smem<DKP, 1>::bytes;
+        KN_CUDA(cudaFuncSetAttribute(gdn_state_kernel<DKP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)state_smem));
+        dim3 grid((unsigned int)(n_seq * nv), (unsigned int)(DVP / GDN_BV));
+        gdn_state_kernel<DKP, 1><<<grid, GDN_THREADS, state_smem, ctx->stream>>>(out, qc, kc, Wg, Ug, Pg, Eg, cu,
+                                                                                  seq_first, T, nk, nv, dv, DVP);
+    }
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
@@ -752,10 +1023,10 @@ static int gdn_chunked_fits(const kn_ctx *ctx, int dk) {
     size_t p, s;
     if (dk <= 64) {
         p = gdn_prep_smem<64>::bytes;
-        s = gdn_state_smem<64, 2>::bytes;
+        s = gdn_mstage<64>::smem;
     } else if (dk <= 128) {
         p = gdn_prep_smem<128>::bytes;
-        s = gdn_state_smem<128, 1>::bytes;
+        s = gdn_mstage<128>::smem;
     } else {
         p = gdn_prep_smem<256>::bytes;
         s = gdn_state_smem<256, 1>::bytes;
