@@ -12,7 +12,8 @@
  *                   [--iters 5] [--seed 1] [--gpu 0] [--json OUT.json] [--mix-only OUT.json]
  * --mix-only writes the pack's cu_seqlens as JSON and exits without touching the GPU (the
  * Transformers side of bench/target_bench.sh runs the same pack); --profile-only runs one
- * forward and exits (for a kernel profiler). TANDEM_TARGET_FUSED=0 runs the forward on the
+ * forward and exits (for a kernel profiler); --gdn-only 1 times the chunked GDN kernel alone and
+ * exits. TANDEM_TARGET_FUSED=0 runs the forward on the
  * unfused path (ts_model.h). */
 #include <math.h>
 #include <stdio.h>
@@ -179,7 +180,7 @@ static double time_op(op_fn f, const kn_backend *be, kn_ctx *cx, const op_bufs *
 int main(int argc, char **argv) {
     const double t_start = now_s();
     const char  *config = NULL, *json = NULL, *mix_only = NULL;
-    int          profile_only = 0;
+    int          profile_only = 0, gdn_only = 0;
     int64_t      T = 8192;
     int          iters = 5, gpu = 0;
     uint64_t     seed = 1;
@@ -192,6 +193,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--json")) json = argv[i + 1];
         else if (!strcmp(argv[i], "--mix-only")) mix_only = argv[i + 1];
         else if (!strcmp(argv[i], "--profile-only")) profile_only = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--gdn-only")) gdn_only = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_ts_target: unknown option '%s'\n", argv[i]);
             return 2;
@@ -227,7 +229,7 @@ int main(int argc, char **argv) {
     const double t_ctx = now_s();
 
     ts_model       *m  = NULL;
-    ts_model_config mc = {.dir = config, .backend = be, .ctx = cx, .n_layers = -1, .load_head = 0,
+    ts_model_config mc = {.dir = config, .backend = be, .ctx = cx, .n_layers = gdn_only ? 1 : -1, .load_head = 0,
                           .bf16_weights = 1, .init_random = 1, .seed = seed};
     CHECK(ts_model_load(&m, &mc));
     const double         t_loaded = now_s();
@@ -240,6 +242,35 @@ int main(int argc, char **argv) {
     if (!cu || !ids) return 1;
     int n_seq = make_mix(cu, (int)T + 1, T);
     for (int64_t t = 0; t < T; t++) ids[t] = (int32_t)(urand() * c->vocab_size) % c->vocab_size;
+
+    /* --gdn-only 1: the chunked GDN kernel alone (one sequence, the mix), nothing else (one
+     * layer loaded only for the config and the context); for iterating on kn_gdn.cu */
+    if (gdn_only) {
+        const int64_t nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim;
+        const int64_t dv = c->lin_v_head_dim;
+        op_bufs       b = {0};
+        int32_t       one[2] = {0, (int32_t)T};
+        CHECK(be->alloc(cx, (void **)&b.q, (size_t)(T * nk * dk) * 4));
+        CHECK(be->alloc(cx, (void **)&b.k, (size_t)(T * nk * dk) * 4));
+        CHECK(be->alloc(cx, (void **)&b.v, (size_t)(T * nv * dv) * 4));
+        CHECK(be->alloc(cx, (void **)&b.out, (size_t)(T * nv * dv) * 4));
+        CHECK(be->alloc(cx, (void **)&b.g, (size_t)(T * nv) * 4));
+        CHECK(be->alloc(cx, (void **)&b.beta, (size_t)(T * nv) * 4));
+        CHECK(be->alloc(cx, (void **)&b.cu, (size_t)(T + 1) * 4));
+        for (int mix = 0; mix < 2; mix++) {
+            CHECK(be->upload(cx, b.cu, mix ? cu : one, (size_t)((mix ? n_seq : 1) + 1) * 4));
+            CHECK(be->fill_uniform(cx, b.q, CM_DTYPE_F32, T * nk * dk, 11, -1, 1));
+            CHECK(be->fill_uniform(cx, b.k, CM_DTYPE_F32, T * nk * dk, 12, -1, 1));
+            CHECK(be->l2norm(cx, b.q, b.q, T * nk, (int)dk, 1e-6f));
+            CHECK(be->l2norm(cx, b.k, b.k, T * nk, (int)dk, 1e-6f));
+            CHECK(be->fill_uniform(cx, b.v, CM_DTYPE_F32, T * nv * dv, 13, -1, 1));
+            CHECK(be->fill_uniform(cx, b.g, CM_DTYPE_F32, T * nv, 14, -1.0f, -0.001f));
+            CHECK(be->fill_uniform(cx, b.beta, CM_DTYPE_F32, T * nv, 15, 0.0f, 1.0f));
+            printf("| chunked GDN kernel alone, %s | %.3f ms |\n", mix ? "the mix" : "1 sequence",
+                   time_op(run_gdn, be, cx, &b, mix ? n_seq : 1, T, c, 20) * 1e3);
+        }
+        return 0;
+    }
 
     /* captures: the drafter's taps (deploy drafter.json) and the last layer, kept on the device */
     int    taps[8], n_taps = 0;
