@@ -72,11 +72,26 @@ typedef struct cm_chan_job {
                                             the request asks for encoding nccl, else NULL: then the
                                             callback sends layer i as the server's hidden dtype [T, D]
                                             with ncclSend, in request order, and leaves out[] alone */
+    int worker;                          /* the worker (replica) running the job, 0 .. n_workers-1 */
+    /* Set by the callback before its first cm_chan_job_ready (optional): blocks until out[i] is
+     * final, or fails (the answer then becomes an ERROR with the message). Runs on the worker's
+     * encoder thread. NULL: out[i] is final when it is announced. */
+    cm_status (*wait)(void *arg, uint32_t i);
+    void *wait_arg;
+    void *stream_; /* internal */
 } cm_chan_job;
 
-/* Callbacks run on the worker thread. init (optional) runs once before the first job (e.g. load
- * the model there, so CUDA state lives on the thread that uses it); a failure ends run() with
- * its status. compute fills job->out; CM_ERR_INVALID_ARG becomes an ERROR bad-request for that
+/* Streams an answer out while the compute callback still runs: announces that out[i] holds
+ * (or, once job->wait(job->wait_arg, i) returns CM_OK, will hold) its final values in
+ * job->out_dtype, which must be set before and not change after. The worker's encoder thread
+ * encodes the tensors in request order, each as soon as it and those before it are announced;
+ * what is not announced is encoded after compute returns. Call once per tensor, from the
+ * compute callback; nothing for NCCL jobs. */
+void cm_chan_job_ready(cm_chan_job *job, uint32_t i);
+
+/* Callbacks run on a worker thread, with that worker's user (cm_chan_server_config.n_workers).
+ * init (optional) runs once before the worker's first job (e.g. load the model there, so CUDA
+ * state lives on the thread that uses it); a failure ends run() with its status. compute fills job->out; CM_ERR_INVALID_ARG becomes an ERROR bad-request for that
  * batch (the trainer does not retry), any other failure an ERROR internal (the trainer retries
  * up to its max_attempts); the message is cm_last_error(). fini (optional) runs at the end. */
 typedef cm_status (*cm_chan_init_fn)(void *user);
@@ -93,6 +108,8 @@ typedef struct cm_chan_nccl_server {
     void (*close)(void *user, void *peer);
     uint32_t device; /* the server's CUDA device ordinal, for NCCL_READY */
 } cm_chan_nccl_server;
+
+#define CM_CHAN_MAX_WORKERS 64
 
 typedef struct cm_chan_server_config {
     const char *endpoint;       /* bind: tcp://127.0.0.1:PORT (PORT may be '*'), ipc://PATH */
@@ -118,17 +135,33 @@ typedef struct cm_chan_server_config {
     cm_chan_init_fn    init;
     cm_chan_compute_fn compute; /* required */
     cm_chan_fini_fn    fini;
-    void              *user; /* passed to the callbacks */
+    void              *user; /* passed to status, and to the other callbacks without worker_users */
     const cm_chan_nccl_server *nccl; /* NULL: no NCCL path (encoding nccl is not offered) */
     /* Optional: writes a JSON object describing the target (model, device, load state) into buf
-     * for STATUS replies (its "target" field). Runs on the loop thread while the worker works:
+     * for STATUS replies (its "target" field). Runs on the loop thread while the workers work:
      * read only what is safe to read from there. */
     void (*status)(void *user, char *buf, size_t cap);
+    /* Workers (0 = 1): threads that each run init once and then jobs, one at a time, in
+     * parallel (model replicas, e.g. one per GPU); the loop gives each free worker the next job,
+     * round-robin over the sessions. A session with an NCCL communicator runs on the worker that
+     * opened it. worker_users[i] (NULL: user for all) is worker i's callbacks' user, and
+     * nccl_devices[i] (NULL: nccl->device for all) its GPU for NCCL_READY. */
+    int                    n_workers;    /* ≤ CM_CHAN_MAX_WORKERS */
+    void *const           *worker_users; /* borrowed until destroy, like nccl_devices */
+    const uint32_t        *nccl_devices;
+    /* Optional, on each worker thread once it has initialised: page-locks (and unlock
+     * releases) a worker's output buffers, which the server then sizes for max_req_layers ×
+     * max_tokens × hidden_size floats up front (so that device-to-host copies into job->out
+     * run at full speed and nothing is allocated per job). A failure is logged and the buffers
+     * stay pageable. */
+    cm_status (*host_lock)(void *user, void *p, size_t bytes);
+    void (*host_unlock)(void *user, void *p);
 } cm_chan_server_config;
 #define CM_CHAN_SERVER_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
         "tcp://127.0.0.1:5555", "target", 0, CM_DTYPE_BF16, 0, 0, 16384, 8, 4, CM_ENCODING_LOSSLESS_MASK,    \
-            64, 1000, 5000, 1, 1, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL                      \
+            64, 1000, 5000, 1, 1, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, \
+            NULL                                                                                             \
     }
 
 /* Checks the config (a non-loopback endpoint needs curve_secret_key and curve_client_keys;

@@ -71,13 +71,13 @@ typedef struct session {
     uint32_t credits, encodings;
     qjob    *queue; /* ring of cfg.credits */
     uint32_t q_head, q_len;
-    int      computing;
-    uint64_t computing_id;
+    uint32_t computing; /* jobs of this session on workers now */
     int64_t  last_recv, last_send, started, last_stats;
     uint64_t n_requests, n_resends, n_answers, n_errors, bytes, tokens;
     int           nccl_state; /* NCCL_NONE, NCCL_WANTED (offer kept, open not started), NCCL_OPENING, NCCL_UP */
     cm_proto_nccl nccl_offer;
-    void         *nccl_peer; /* NCCL_UP: the peer from cfg.nccl->open */
+    void         *nccl_peer;   /* NCCL_UP: the peer from cfg.nccl->open */
+    int           nccl_worker; /* the worker that opened it (and runs this session's jobs from then on) */
 } session;
 
 enum { NCCL_NONE, NCCL_WANTED, NCCL_OPENING, NCCL_UP };
@@ -96,7 +96,7 @@ typedef struct work {
     void         *peer;
     void         *job_peer; /* WORK_JOB: the session's NCCL peer (NULL without one) */
     char          nccl_msg[CM_PROTO_MESSAGE_MAX + 1]; /* why WORK_NCCL_OPEN failed */
-    /* NCCL peers whose sessions ended, closed by the worker before its next task */
+    /* NCCL peers of this worker whose sessions ended, closed by it before its next task */
     void   **closing;
     uint32_t n_closing;
     zmq_msg_t msg;
@@ -116,6 +116,62 @@ typedef struct work {
     size_t    err_len;
 } work;
 
+/* An answer being encoded: the output buffer, the running offset, the tensors done. Owned by
+ * the worker, or by its encoder thread while that streams (see enc_state). */
+typedef struct encoding {
+    const cm_proto_request *rq;
+    cm_dtype                out_dt; /* what the compute callback wrote */
+    uint8_t                *dst;
+    size_t                  total, off;
+    uint32_t                done; /* tensors encoded, in request order */
+} encoding;
+
+/* A worker's encoder thread: encodes the tensors a compute callback announces with
+ * cm_chan_job_ready while the compute goes on. Under mu. */
+typedef struct enc_state {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    pthread_t       thread;
+    int             started, quit;
+    int             active; /* a job streams: the thread may take announced tensors */
+    int             stop;   /* the compute returned: finish the tensor in hand, then idle */
+    int             busy;   /* the thread is encoding a tensor (outside mu) */
+    uint8_t        *announced; /* per request position */
+    cm_dtype        dt;        /* the dtype of the announced tensors (once dt_set) */
+    int             dt_set;
+    cm_chan_job    *job;
+    encoding       *enc;
+    cm_status       st; /* the first failure (wait or encode) */
+    char            msg[1024];
+} enc_state;
+
+/* One worker: a thread with its own callbacks' user (a model replica), mailbox, buffers and
+ * encoder. The loop hands it one job at a time. */
+typedef struct worker {
+    struct cm_chan_server *s;
+    int                    index;
+    void                  *user;
+    uint32_t               device; /* NCCL_READY's server GPU */
+    pthread_t              thread;
+    int                    started;
+    int                    busy;   /* loop thread: a task is handed over and not yet done */
+    uint64_t               job_id; /* loop thread: the batch of the job handed over */
+    work                   w;
+    /* worker thread */
+    int32_t         *tokens, *cu, *layers;
+    float           *out_block;
+    size_t           out_cap; /* floats */
+    int              out_pinned;
+    void           **out_ptrs;
+    uint8_t         *conv; /* hidden-dtype scratch of T·D */
+    size_t           conv_cap;
+    cm_proto_tensor *tensors;
+    cm_compress     *cc;
+    pool_buf         pool[POOL_MAX];
+    int              n_pool;
+    enc_state        es;
+} worker;
+
 struct cm_chan_server {
     cm_chan_server_config cfg;
     char                  endpoint[512];
@@ -128,27 +184,16 @@ struct cm_chan_server {
     int        n_client_keys;
     char       client_keys_dir[1024];
     atomic_int stop;
-    int        stopping, ran, worker_busy, worker_started;
+    int        stopping, ran;
     int64_t    started_ms; /* run() began (STATUS uptime) */
     int        pipe_r, pipe_w;
-    pthread_t  worker;
-    work       w;
+    worker    *workers;
+    int        n_workers, n_busy;
     session   *sessions;
     uint32_t   rr;
     uint64_t   gen_counter, hb_seq;
     /* loop thread: request decoding scratch */
     int32_t *l_tokens, *l_cu, *l_layers;
-    /* worker thread */
-    int32_t         *w_tokens, *w_cu, *w_layers;
-    float           *out_block;
-    size_t           out_cap; /* floats */
-    void           **out_ptrs;
-    uint8_t         *conv; /* hidden-dtype scratch of T·D */
-    size_t           conv_cap;
-    cm_proto_tensor *tensors;
-    cm_compress     *cc;
-    pool_buf         pool[POOL_MAX];
-    int              n_pool;
     /* warnings */
     int64_t warn_window;
     int     warn_count, warn_suppressed;
@@ -157,9 +202,10 @@ struct cm_chan_server {
     cm_chan_server_stats stats;
 };
 
-void    *cm_chan_worker_main_(void *server);                  /* the worker thread */
+void    *cm_chan_worker_main_(void *worker);                  /* a worker thread */
 uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a session's queued jobs */
-void     cm_chan_close_peer_(cm_chan_server *s, void *peer);   /* hands an NCCL peer to the worker to close */
+/* hands an NCCL peer to the worker that opened it, to close */
+void cm_chan_close_peer_(cm_chan_server *s, int worker, void *peer);
 
 // ----------------------------------------------------------------------------
 // client internals (cm_chan_client.c: the owner's API; cm_chan_client_io.c: the I/O thread)

@@ -3,8 +3,9 @@
  * frame, keeps one session per routing identity (HELLO opens or replaces it; BYE, silence
  * past the peer timeout or an unreachable peer ends it and drops its queued requests), queues
  * at most `credits` requests per session (duplicates of a queued or running id are ignored),
- * sends heartbeats and hands one job at a time to the worker (cm_chan_server_work.c),
- * round-robin over the sessions that have work, then sends the worker's result, DATA
+ * sends heartbeats and hands one job at a time to each idle worker (cm_chan_server_work.c;
+ * one per model replica), round-robin over the sessions that have work (a session with an
+ * NCCL communicator only to the worker that opened it), then sends each result, DATA
  * zero-copy (ZeroMQ hands the buffer back to the pool when it is on the wire). Nothing from a
  * peer is trusted: sizes are bounded by ZMQ_MAXMSGSIZE and cm_proto_limits before use. */
 #include "cm_chan_int.h"
@@ -166,8 +167,9 @@ static void end_session(cm_chan_server *s, session *ss, end_reason why) {
         s->stats.sessions_unreachable++;
     s->stats.sessions_active--;
     pthread_mutex_unlock(&s->stats_mu);
-    cm_chan_close_peer_(s, ss->nccl_peer); /* an opening peer is closed when its open returns */
+    cm_chan_close_peer_(s, ss->nccl_worker, ss->nccl_peer); /* an opening peer is closed when its open returns */
     ss->nccl_peer = NULL;
+    ss->nccl_worker = -1;
     ss->nccl_state = NCCL_NONE;
     ss->used = 0;
     ss->computing = 0;
@@ -236,7 +238,8 @@ static void on_hello(cm_chan_server *s, session *ss, const uint8_t *ident, size_
                     .last_recv = now,
                     .last_send = now,
                     .started = now,
-                    .last_stats = now};
+                    .last_stats = now,
+                    .nccl_worker = -1};
     memcpy(ss->ident, ident, ident_len);
     snprintf(ss->name, sizeof ss->name, "%s", h.name);
     const char *peer = zmq_msg_gets(fr, "Peer-Address");
@@ -348,7 +351,12 @@ static void on_request(cm_chan_server *s, session *ss, const cm_proto_header *h,
                        (unsigned long long)rq.batch_id, rq.layer_ids[i], s->cfg.n_layers - 1);
             return;
         }
-    int dup = ss->computing && ss->computing_id == rq.batch_id;
+    int dup = 0;
+    for (int i = 0; i < s->n_workers && !dup; i++) {
+        const worker *k = &s->workers[i];
+        dup = k->busy && k->w.kind == WORK_JOB && &s->sessions[k->w.sess] == ss && k->w.gen == ss->gen &&
+              k->job_id == rq.batch_id;
+    }
     for (uint32_t k = 0; k < ss->q_len && !dup; k++)
         dup = ss->queue[(ss->q_head + k) % s->cfg.credits].id == rq.batch_id;
     if (dup) {
@@ -426,7 +434,9 @@ static void status_reply(cm_chan_server *s, const uint8_t *ident, size_t ident_l
     for (int e = 0; e < CM_ENCODING_END; e++)
         if (s->cfg.encodings >> e & 1u)
             cJSON_AddItemToArray(encs, cJSON_CreateString(cm_encoding_name(e)));
-    cJSON_AddBoolToObject(o, "computing", s->worker_busy);
+    cJSON_AddBoolToObject(o, "computing", s->n_busy > 0);
+    cJSON_AddNumberToObject(o, "workers", s->n_workers);
+    cJSON_AddNumberToObject(o, "workers_busy", s->n_busy);
     cJSON_AddBoolToObject(o, "stopping", s->stopping);
     if (s->cfg.status) {
         s->cfg.status(s->cfg.user, info, sizeof info);
@@ -459,7 +469,7 @@ static void status_reply(cm_chan_server *s, const uint8_t *ident, size_t ident_l
         cJSON_AddNumberToObject(x, "credits", ss->credits);
         cJSON_AddBoolToObject(x, "nccl", ss->nccl_state == NCCL_UP);
         cJSON_AddNumberToObject(x, "queued", ss->q_len);
-        cJSON_AddBoolToObject(x, "computing", ss->computing);
+        cJSON_AddNumberToObject(x, "computing", ss->computing);
         cJSON_AddNumberToObject(x, "requests", (double)ss->n_requests);
         cJSON_AddNumberToObject(x, "resends", (double)ss->n_resends);
         cJSON_AddNumberToObject(x, "answers", (double)ss->n_answers);
@@ -633,64 +643,97 @@ static void handle_zap(cm_chan_server *s) {
 // ----------------------------------------------------------------------------
 // the loop
 
+/* Hands a task to idle worker k (loop thread; the mailbox fields are the worker's once
+ * have_job is set). */
+static void hand_over(cm_chan_server *s, worker *k, session *ss, int kind, qjob *j) {
+    work *w = &k->w;
+    pthread_mutex_lock(&w->mu);
+    w->kind = kind;
+    if (kind == WORK_NCCL_OPEN) {
+        w->offer = ss->nccl_offer;
+    } else {
+        zmq_msg_init(&w->msg);
+        zmq_msg_move(&w->msg, &j->msg);
+        zmq_msg_close(&j->msg);
+        w->job_peer = ss->nccl_peer;
+        k->job_id = j->id;
+    }
+    snprintf(w->session, sizeof w->session, "%s", ss->name);
+    w->sess = (int)(ss - s->sessions);
+    w->gen = ss->gen;
+    w->have_job = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    k->busy = 1;
+    s->n_busy++;
+}
+
+/* The idle worker holding the fewest NCCL sessions, or NULL. */
+static worker *idle_for_nccl(cm_chan_server *s) {
+    worker *best = NULL;
+    int     best_n = 0;
+    for (int i = 0; i < s->n_workers; i++) {
+        worker *k = &s->workers[i];
+        if (k->busy)
+            continue;
+        int n = 0;
+        for (uint32_t j = 0; j < s->cfg.max_sessions; j++)
+            n += s->sessions[j].used && s->sessions[j].nccl_worker == i;
+        if (!best || n < best_n) {
+            best = k;
+            best_n = n;
+        }
+    }
+    return best;
+}
+
 static void schedule(cm_chan_server *s) {
-    if (s->worker_busy || s->stopping)
+    if (s->stopping || s->n_busy == s->n_workers)
         return;
     uint32_t M = s->cfg.max_sessions;
     for (uint32_t i = 0; i < M; i++) { /* communicators first: their trainers wait for nothing else */
         session *ss = &s->sessions[i];
         if (!ss->used || ss->nccl_state != NCCL_WANTED)
             continue;
+        worker *k = idle_for_nccl(s);
+        if (!k)
+            return;
         ss->nccl_state = NCCL_OPENING;
-        pthread_mutex_lock(&s->w.mu);
-        s->w.kind = WORK_NCCL_OPEN;
-        s->w.offer = ss->nccl_offer;
-        snprintf(s->w.session, sizeof s->w.session, "%s", ss->name);
-        s->w.sess = (int)i;
-        s->w.gen = ss->gen;
-        s->w.have_job = 1;
-        pthread_cond_signal(&s->w.cv);
-        pthread_mutex_unlock(&s->w.mu);
-        s->worker_busy = 1;
-        return;
+        ss->nccl_worker = k->index;
+        hand_over(s, k, ss, WORK_NCCL_OPEN, NULL);
     }
-    for (uint32_t k = 1; k <= M; k++) {
-        uint32_t i = (s->rr + k) % M;
-        session *ss = &s->sessions[i];
-        if (!ss->used || !ss->q_len)
+    for (int n = 0; n < s->n_workers; n++) {
+        worker *k = &s->workers[n];
+        if (k->busy)
             continue;
-        qjob *j = &ss->queue[ss->q_head];
-        ss->q_head = (ss->q_head + 1) % s->cfg.credits;
-        ss->q_len--;
-        ss->computing = 1;
-        ss->computing_id = j->id;
-        pthread_mutex_lock(&s->w.mu);
-        zmq_msg_init(&s->w.msg);
-        zmq_msg_move(&s->w.msg, &j->msg);
-        zmq_msg_close(&j->msg);
-        snprintf(s->w.session, sizeof s->w.session, "%s", ss->name);
-        s->w.kind = WORK_JOB;
-        s->w.job_peer = ss->nccl_peer;
-        s->w.sess = (int)i;
-        s->w.gen = ss->gen;
-        s->w.have_job = 1;
-        pthread_cond_signal(&s->w.cv);
-        pthread_mutex_unlock(&s->w.mu);
-        s->worker_busy = 1;
-        s->rr = i;
-        return;
+        for (uint32_t t = 1; t <= M; t++) {
+            uint32_t i = (s->rr + t) % M;
+            session *ss = &s->sessions[i];
+            /* a session with a communicator (or one being opened) stays on its worker */
+            if (!ss->used || !ss->q_len || (ss->nccl_worker >= 0 && ss->nccl_worker != n) ||
+                ss->nccl_state == NCCL_WANTED)
+                continue;
+            qjob *j = &ss->queue[ss->q_head];
+            ss->q_head = (ss->q_head + 1) % s->cfg.credits;
+            ss->q_len--;
+            ss->computing++;
+            hand_over(s, k, ss, WORK_JOB, j);
+            s->rr = i;
+            break;
+        }
     }
 }
 
 /* The worker has joined (or failed to join) a session's NCCL communicator. */
-static void nccl_opened(cm_chan_server *s, session *ss, int live) {
-    work *w = &s->w;
+static void nccl_opened(cm_chan_server *s, worker *k, session *ss, int live) {
+    work *w = &k->w;
     if (!live) {
-        cm_chan_close_peer_(s, w->peer);
+        cm_chan_close_peer_(s, k->index, w->peer);
         return;
     }
     if (!w->is_answer) {
         ss->nccl_state = NCCL_NONE;
+        ss->nccl_worker = -1;
         CM_LOG_WARN("session '%s': cannot join its NCCL communicator: %s", ss->name, w->nccl_msg);
         send_error(s, ss->ident, ss->ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
                    "target-server '%s' cannot join the NCCL communicator: %s", s->name, w->nccl_msg);
@@ -700,34 +743,35 @@ static void nccl_opened(cm_chan_server *s, session *ss, int live) {
     ss->nccl_state = NCCL_UP;
     uint8_t   buf[CM_PROTO_HEADER_SIZE + 8];
     size_t    len;
-    cm_status st = cm_proto_nccl_ready_encode(s->cfg.nccl->device, buf, sizeof buf, &len);
+    cm_status st = cm_proto_nccl_ready_encode(k->device, buf, sizeof buf, &len);
     if (st == CM_OK)
         st = send_to(s, ss->ident, ss->ident_len, buf, len);
     ss->last_send = cm_chan_now_ms();
     if (st == CM_ERR_PEER_GONE)
         end_session(s, ss, END_UNREACHABLE);
     else
-        CM_LOG_INFO("session '%s': NCCL communicator up (server GPU %u, trainer GPU %u)", ss->name,
-                    s->cfg.nccl->device, w->offer.device);
+        CM_LOG_INFO("session '%s': NCCL communicator up (server GPU %u, trainer GPU %u)", ss->name, k->device,
+                    w->offer.device);
 }
 
-static void handle_done(cm_chan_server *s) {
-    work *w = &s->w;
+static void handle_done_one(cm_chan_server *s, worker *k) {
+    work *w = &k->w;
     pthread_mutex_lock(&w->mu);
     int done = w->done;
     w->done = 0;
     pthread_mutex_unlock(&w->mu);
     if (!done)
         return;
-    s->worker_busy = 0;
+    k->busy = 0;
+    s->n_busy--;
     session *ss = &s->sessions[w->sess];
     int      live = ss->used && ss->gen == w->gen;
     if (w->kind == WORK_NCCL_OPEN) {
-        nccl_opened(s, ss, live);
+        nccl_opened(s, k, ss, live);
         return;
     }
-    if (ss->gen == w->gen)
-        ss->computing = 0;
+    if (ss->gen == w->gen && ss->computing)
+        ss->computing--;
     if (!live) {
         if (w->data)
             atomic_store(&w->data->busy, 0);
@@ -775,6 +819,11 @@ static void handle_done(cm_chan_server *s) {
                     cm_last_error());
 }
 
+static void handle_done(cm_chan_server *s) {
+    for (int i = 0; i < s->n_workers; i++)
+        handle_done_one(s, &s->workers[i]);
+}
+
 static void timers(cm_chan_server *s, int64_t now) {
     for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {
         session *ss = &s->sessions[i];
@@ -810,28 +859,34 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
     CM_LOG_INFO("serving '%s' on %s: target %016llx, %u layers of %u, %s answers, %u credits per session",
                 s->name, s->endpoint, (unsigned long long)s->cfg.target_id, s->cfg.n_layers,
                 s->cfg.hidden_size, cm_dtype_name(s->cfg.hidden_dtype), s->cfg.credits);
-    if (pthread_create(&s->worker, NULL, cm_chan_worker_main_, s) != 0)
-        return CM_FAIL(CM_ERR_NOMEM, "cannot start the worker thread");
-    s->worker_started = 1;
     cm_status st = CM_OK;
-    for (;;) {
+    for (int i = 0; i < s->n_workers && st == CM_OK; i++) {
+        if (pthread_create(&s->workers[i].thread, NULL, cm_chan_worker_main_, &s->workers[i]) != 0)
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot start worker thread %d", i);
+        else
+            s->workers[i].started = 1;
+    }
+    while (st == CM_OK) {
         if (atomic_load(&s->stop) && !s->stopping) {
             s->stopping = 1;
             CM_LOG_INFO("stopping: %s",
-                        s->worker_busy ? "finishing the forward in progress" : "no forward in progress");
+                        s->n_busy ? "finishing the forwards in progress" : "no forward in progress");
             for (uint32_t i = 0; i < s->cfg.max_sessions; i++)
                 if (s->sessions[i].used)
                     cm_chan_drop_queue_(s, &s->sessions[i]);
         }
-        if (s->stopping && !s->worker_busy)
+        if (s->stopping && !s->n_busy)
             break;
-        pthread_mutex_lock(&s->w.mu);
-        int init_failed = s->w.init_done && s->w.init_status != CM_OK;
-        pthread_mutex_unlock(&s->w.mu);
-        if (init_failed) {
-            st = CM_FAIL(s->w.init_status, "%s", s->w.init_msg);
-            break;
+        for (int i = 0; i < s->n_workers && st == CM_OK; i++) {
+            work *w = &s->workers[i].w;
+            pthread_mutex_lock(&w->mu);
+            if (w->init_done && w->init_status != CM_OK)
+                st = s->n_workers > 1 ? CM_FAIL(w->init_status, "worker %d: %s", i, w->init_msg)
+                                      : CM_FAIL(w->init_status, "%s", w->init_msg);
+            pthread_mutex_unlock(&w->mu);
         }
+        if (st != CM_OK)
+            break;
         zmq_pollitem_t items[3] = {
             {s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->pipe_r, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
         int  n_items = s->zap ? 3 : 2;
@@ -862,15 +917,19 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         send_bye(s, ss->ident, ss->ident_len);
         end_session(s, ss, END_STOP);
     }
-    pthread_mutex_lock(&s->w.mu);
-    s->w.quit = 1;
-    pthread_cond_signal(&s->w.cv);
-    pthread_mutex_unlock(&s->w.mu);
-    pthread_join(s->worker, NULL);
-    s->worker_started = 0;
-    if (s->worker_busy) { /* only after a failure: the last result is not sent */
-        handle_done(s);
+    for (int i = 0; i < s->n_workers; i++) {
+        worker *k = &s->workers[i];
+        if (!k->started)
+            continue;
+        pthread_mutex_lock(&k->w.mu);
+        k->w.quit = 1;
+        pthread_cond_signal(&k->w.cv);
+        pthread_mutex_unlock(&k->w.mu);
+        pthread_join(k->thread, NULL);
+        k->started = 0;
     }
+    if (s->n_busy) /* only after a failure: the last results are not sent */
+        handle_done(s);
     CM_LOG_INFO("stopped serving '%s' on %s", s->name, s->endpoint);
     return st;
 }

@@ -1,10 +1,13 @@
-/* common/cm_chan_server_work.c — the server's worker thread and its lifecycle (see
- * cm_chan_server.c for the loop). The worker runs the init callback once, then one job at a
- * time: decodes the REQUEST, runs the compute callback into server-owned output buffers,
- * rounds F32 to the hidden dtype on n_threads threads, encodes every tensor with cm_compress
- * into a pooled buffer (reused once ZeroMQ has sent it), writes HEAD and posts the result to
- * the loop through a pipe. create checks the config, loads the CURVE keys and binds; nothing
- * here touches the ROUTER after create, so the loop stays its only user. */
+/* common/cm_chan_server_work.c — the server's worker threads and their lifecycle (see
+ * cm_chan_server.c for the loop). Each worker (a model replica: cfg.n_workers) runs the init
+ * callback once, then one job at a time: decodes the REQUEST, runs the compute callback into
+ * the worker's output buffers, rounds F32 to the hidden dtype on n_threads threads, encodes
+ * every tensor with cm_compress into a pooled buffer (reused once ZeroMQ has sent it), writes
+ * HEAD and posts the result to the loop through a pipe. Tensors the compute announces with
+ * cm_chan_job_ready are encoded by the worker's encoder thread while the compute goes on (the
+ * target's forward keeps running while the layers it has passed are compressed). create
+ * checks the config, loads the CURVE keys and binds; nothing here touches the ROUTER after
+ * create, so the loop stays its only user. */
 #include "cm_chan_int.h"
 
 #include <dirent.h>
@@ -72,10 +75,10 @@ static void convert_parallel(void *dst, cm_dtype dt, const float *src, size_t n,
     }
 }
 
-static pool_buf *pool_acquire(cm_chan_server *s, size_t need) {
+static pool_buf *pool_acquire(worker *k, size_t need) {
     pool_buf *grow = NULL;
-    for (int i = 0; i < s->n_pool; i++) {
-        pool_buf *b = &s->pool[i];
+    for (int i = 0; i < k->n_pool; i++) {
+        pool_buf *b = &k->pool[i];
         if (atomic_load(&b->busy))
             continue;
         if (b->cap >= need) {
@@ -85,8 +88,8 @@ static pool_buf *pool_acquire(cm_chan_server *s, size_t need) {
         if (!grow)
             grow = b;
     }
-    if (!grow && s->n_pool < POOL_MAX)
-        grow = &s->pool[s->n_pool++];
+    if (!grow && k->n_pool < POOL_MAX)
+        grow = &k->pool[k->n_pool++];
     if (!grow)
         return NULL;
     free(grow->data); /* no copy: the contents are dead */
@@ -98,27 +101,59 @@ static pool_buf *pool_acquire(cm_chan_server *s, size_t need) {
     return grow;
 }
 
-static cm_status ensure_out(cm_chan_server *s, uint32_t L, size_t TD) {
+static cm_status ensure_out(worker *k, uint32_t L, size_t TD) {
     size_t need = (size_t)L * TD;
-    if (need > s->out_cap) {
-        free(s->out_block);
-        s->out_block = malloc(need * sizeof(float));
-        s->out_cap = s->out_block ? need : 0;
-        if (!s->out_block)
+    if (need > k->out_cap) {
+        if (k->out_pinned && k->s->cfg.host_unlock)
+            k->s->cfg.host_unlock(k->user, k->out_block);
+        k->out_pinned = 0;
+        free(k->out_block);
+        k->out_block = malloc(need * sizeof(float));
+        k->out_cap = k->out_block ? need : 0;
+        if (!k->out_block)
             return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes for the captured layers", need * 4);
     }
     for (uint32_t i = 0; i < L; i++)
-        s->out_ptrs[i] = s->out_block + (size_t)i * TD;
+        k->out_ptrs[i] = k->out_block + (size_t)i * TD;
     return CM_OK;
 }
 
-/* Converts and encodes job's outputs into a pooled buffer and writes HEAD. */
+/* The worker's output buffers at their largest, page-locked through cfg.host_lock (then the
+ * compute's device-to-host copies into them run at full speed and no job allocates them). */
+static void prepare_out(worker *k) {
+    const cm_chan_server_config *c = &k->s->cfg;
+    if (!c->host_lock)
+        return;
+    size_t TD = (size_t)c->max_tokens * c->hidden_size;
+    if (ensure_out(k, c->max_req_layers, TD) != CM_OK) {
+        CM_LOG_WARN("worker %d: %s; output buffers are allocated per request instead", k->index, cm_last_error());
+        return;
+    }
+    if (c->host_lock(k->user, k->out_block, k->out_cap * sizeof(float)) == CM_OK)
+        k->out_pinned = 1;
+    else
+        CM_LOG_WARN("worker %d: cannot page-lock %zu MB of output buffers (%s); they stay pageable", k->index,
+                    k->out_cap * sizeof(float) >> 20, cm_last_error());
+}
+
+static cm_status ensure_head(work *w, size_t head) {
+    if (head <= w->head_cap)
+        return CM_OK;
+    free(w->head);
+    w->head = malloc(head);
+    w->head_cap = w->head ? head : 0;
+    if (!w->head)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate an answer head of %zu bytes", head);
+    return CM_OK;
+}
+
 /* The HEAD of an answer whose tensors went over NCCL (no DATA). */
-static cm_status encode_nccl_head(cm_chan_server *s, work *w, const cm_proto_request *rq) {
+static cm_status encode_nccl_head(cm_chan_server *s, worker *k, const cm_proto_request *rq) {
     const cm_dtype hd = s->cfg.hidden_dtype;
     const int64_t  T = rq->n_tokens, D = s->cfg.hidden_size;
+    work          *w = &k->w;
     for (uint32_t i = 0; i < rq->n_layers; i++) {
-        cm_proto_tensor *t = &s->tensors[i];
+        cm_proto_tensor *t = &k->tensors[i];
         *t = (cm_proto_tensor){.dtype = hd,
                                .encoding = CM_ENCODING_NCCL,
                                .n_dims = 2,
@@ -128,100 +163,197 @@ static cm_status encode_nccl_head(cm_chan_server *s, work *w, const cm_proto_req
     }
     cm_proto_answer a = {.batch_id = rq->batch_id,
                          .n_tensors = rq->n_layers,
-                         .tensors = s->tensors,
+                         .tensors = k->tensors,
                          .cap_tensors = rq->n_layers};
-    size_t          head = cm_proto_answer_head_size(&a);
-    if (head > w->head_cap) {
-        free(w->head);
-        w->head = malloc(head);
-        w->head_cap = w->head ? head : 0;
-        if (!w->head)
-            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate an answer head of %zu bytes", head);
-    }
+    CM_TRY(ensure_head(w, cm_proto_answer_head_size(&a)));
     CM_TRY(cm_proto_answer_encode_head(&a, w->head, w->head_cap, &w->head_len));
     w->data_len = 0;
     return CM_OK;
 }
 
-static cm_status encode_answer(cm_chan_server *s, work *w, const cm_proto_request *rq, cm_dtype out_dt) {
+/* An answer's DATA buffer: every tensor's bound, from the pool. */
+static cm_status encode_begin(cm_chan_server *s, worker *k, const cm_proto_request *rq, encoding *e) {
     const cm_dtype hd = s->cfg.hidden_dtype;
-    const int64_t  T = rq->n_tokens, D = s->cfg.hidden_size;
-    const size_t   n = (size_t)T * (size_t)D, es = cm_dtype_size(hd);
-    if (rq->encoding == CM_ENCODING_NCCL)
-        return encode_nccl_head(s, w, rq);
-    size_t         per = cm_compress_bound(s->cc, rq->encoding, hd, T, D);
+    size_t         per = cm_compress_bound(k->cc, rq->encoding, hd, rq->n_tokens, s->cfg.hidden_size);
     if (!per)
         return CM_FAIL(CM_ERR_INVALID_ARG, "cannot encode %s tensors as %s", cm_dtype_name(hd),
                        cm_encoding_name(rq->encoding));
     size_t    total = per * rq->n_layers;
-    pool_buf *b = pool_acquire(s, total);
+    pool_buf *b = pool_acquire(k, total);
     uint8_t  *dst = b ? b->data : malloc(total);
     if (!dst)
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes for an answer", total);
-    w->data = b;
-    w->data_oneoff = b ? NULL : dst;
-    size_t    off = 0;
-    cm_status st = CM_OK;
-    if (out_dt != hd && rq->encoding != CM_ENCODING_RAW && n * es > s->conv_cap) {
-        free(s->conv);
-        s->conv = malloc(n * es);
-        s->conv_cap = s->conv ? n * es : 0;
-        if (!s->conv)
-            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes to convert an answer", n * es);
-    }
-    for (uint32_t i = 0; i < rq->n_layers && st == CM_OK; i++) {
-        const void *src = s->out_ptrs[i];
-        size_t      len = n * es;
-        if (out_dt != hd && rq->encoding == CM_ENCODING_RAW) { /* convert straight into the answer */
-            convert_parallel(dst + off, hd, src, n, s->cfg.n_threads);
-        } else {
-            if (out_dt != hd) {
-                convert_parallel(s->conv, hd, src, n, s->cfg.n_threads);
-                src = s->conv;
-            }
-            st = cm_compress_encode(s->cc, rq->encoding, hd, src, T, D, dst + off, total - off, &len);
-        }
-        cm_proto_tensor *t = &s->tensors[i];
-        *t = (cm_proto_tensor){.dtype = hd,
-                               .encoding = rq->encoding,
-                               .n_dims = 2,
-                               .shape = {T, D},
-                               .raw_size = n * es,
-                               .encoded_size = len,
-                               .data = dst + off};
-        snprintf(t->name, sizeof t->name, "layer_%d", rq->layer_ids[i]);
-        off += len;
-    }
-    cm_proto_answer a = {.batch_id = rq->batch_id,
-                         .n_tensors = rq->n_layers,
-                         .tensors = s->tensors,
-                         .cap_tensors = rq->n_layers};
-    size_t          head = cm_proto_answer_head_size(&a);
-    if (st == CM_OK && head > w->head_cap) {
-        free(w->head);
-        w->head = malloc(head);
-        w->head_cap = w->head ? head : 0;
-        if (!w->head)
-            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate an answer head of %zu bytes", head);
-    }
-    if (st == CM_OK)
-        st = cm_proto_answer_encode_head(&a, w->head, w->head_cap, &w->head_len);
-    if (st != CM_OK) {
-        if (b)
-            atomic_store(&b->busy, 0);
-        free(w->data_oneoff);
-        w->data = NULL;
-        w->data_oneoff = NULL;
-        return st;
-    }
-    w->data_len = off;
+    k->w.data = b;
+    k->w.data_oneoff = b ? NULL : dst;
+    *e = (encoding){.rq = rq, .dst = dst, .total = total};
     return CM_OK;
 }
 
-static void worker_process(cm_chan_server *s, work *w) {
-    cm_proto_request rq = {.tokens = s->w_tokens,
-                           .cu_seqlens = s->w_cu,
-                           .layer_ids = s->w_layers,
+static void encode_abort(worker *k) {
+    if (k->w.data)
+        atomic_store(&k->w.data->busy, 0);
+    free(k->w.data_oneoff);
+    k->w.data = NULL;
+    k->w.data_oneoff = NULL;
+}
+
+/* Encodes tensor e->done (request order) of dtype dt at the running offset. Runs on the worker
+ * or on its encoder thread, never both at once. */
+static cm_status encode_next(cm_chan_server *s, worker *k, encoding *e, cm_dtype dt) {
+    const cm_proto_request *rq = e->rq;
+    const cm_dtype          hd = s->cfg.hidden_dtype;
+    const int64_t           T = rq->n_tokens, D = s->cfg.hidden_size;
+    const size_t            n = (size_t)T * (size_t)D, es = cm_dtype_size(hd);
+    const uint32_t          i = e->done;
+    const void             *src = k->out_ptrs[i];
+    size_t                  len = n * es;
+    if (dt != hd && rq->encoding == CM_ENCODING_RAW) { /* convert straight into the answer */
+        convert_parallel(e->dst + e->off, hd, src, n, s->cfg.n_threads);
+    } else {
+        if (dt != hd) {
+            if (n * es > k->conv_cap) {
+                free(k->conv);
+                k->conv = malloc(n * es);
+                k->conv_cap = k->conv ? n * es : 0;
+                if (!k->conv)
+                    return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes to convert an answer", n * es);
+            }
+            convert_parallel(k->conv, hd, src, n, s->cfg.n_threads);
+            src = k->conv;
+        }
+        CM_TRY(cm_compress_encode(k->cc, rq->encoding, hd, src, T, D, e->dst + e->off, e->total - e->off, &len));
+    }
+    cm_proto_tensor *t = &k->tensors[i];
+    *t = (cm_proto_tensor){.dtype = hd,
+                           .encoding = rq->encoding,
+                           .n_dims = 2,
+                           .shape = {T, D},
+                           .raw_size = n * es,
+                           .encoded_size = len,
+                           .data = e->dst + e->off};
+    snprintf(t->name, sizeof t->name, "layer_%d", rq->layer_ids[i]);
+    e->off += len;
+    e->done++;
+    return CM_OK;
+}
+
+static cm_status encode_finish(worker *k, encoding *e) {
+    const cm_proto_request *rq = e->rq;
+    cm_proto_answer         a = {.batch_id = rq->batch_id,
+                                 .n_tensors = rq->n_layers,
+                                 .tensors = k->tensors,
+                                 .cap_tensors = rq->n_layers};
+    CM_TRY(ensure_head(&k->w, cm_proto_answer_head_size(&a)));
+    CM_TRY(cm_proto_answer_encode_head(&a, k->w.head, k->w.head_cap, &k->w.head_len));
+    k->w.data_len = e->off;
+    return CM_OK;
+}
+
+// ----------------------------------------------------------------------------
+// streaming: the encoder thread takes announced tensors while the compute runs
+
+void cm_chan_job_ready(cm_chan_job *job, uint32_t i) {
+    enc_state *es = job->stream_;
+    if (!es || job->nccl || i >= job->req->n_layers)
+        return;
+    pthread_mutex_lock(&es->mu);
+    if (!es->dt_set) {
+        es->dt = job->out_dtype;
+        es->dt_set = 1;
+    }
+    es->announced[i] = 1;
+    pthread_cond_broadcast(&es->cv);
+    pthread_mutex_unlock(&es->mu);
+}
+
+static int enc_can_take(const enc_state *es) {
+    return es->active && !es->stop && es->st == CM_OK && es->enc->done < es->enc->rq->n_layers &&
+           es->announced[es->enc->done];
+}
+
+static void *enc_main(void *arg) {
+    worker    *k = arg;
+    enc_state *es = &k->es;
+    pthread_mutex_lock(&es->mu);
+    for (;;) {
+        while (!es->quit && !enc_can_take(es))
+            pthread_cond_wait(&es->cv, &es->mu);
+        if (es->quit)
+            break;
+        uint32_t     i = es->enc->done;
+        cm_chan_job *job = es->job;
+        cm_dtype     dt = es->dt;
+        es->busy = 1;
+        pthread_mutex_unlock(&es->mu);
+        cm_status st = job->wait ? job->wait(job->wait_arg, i) : CM_OK;
+        if (st == CM_OK)
+            st = encode_next(k->s, k, es->enc, dt);
+        pthread_mutex_lock(&es->mu);
+        es->busy = 0;
+        if (st != CM_OK && es->st == CM_OK) {
+            es->st = st;
+            snprintf(es->msg, sizeof es->msg, "%s", cm_last_error());
+        }
+        pthread_cond_broadcast(&es->cv);
+    }
+    pthread_mutex_unlock(&es->mu);
+    return NULL;
+}
+
+/* Ends a job's streaming: the encoder finishes the tensor in hand and takes no more. */
+static void stream_end(enc_state *es) {
+    pthread_mutex_lock(&es->mu);
+    es->stop = 1;
+    while (es->busy)
+        pthread_cond_wait(&es->cv, &es->mu);
+    es->active = 0;
+    pthread_mutex_unlock(&es->mu);
+}
+
+/* The compute, the encoding of what it streamed and then of the rest, and the HEAD. */
+static cm_status compute_and_encode(cm_chan_server *s, worker *k, const cm_proto_request *rq, cm_chan_job *job) {
+    enc_state *es = &k->es;
+    encoding   e;
+    CM_TRY(encode_begin(s, k, rq, &e));
+    pthread_mutex_lock(&es->mu);
+    memset(es->announced, 0, rq->n_layers);
+    es->job = job;
+    es->enc = &e;
+    es->dt_set = 0;
+    es->st = CM_OK;
+    es->stop = 0;
+    es->active = es->started;
+    pthread_mutex_unlock(&es->mu);
+    job->stream_ = es->started ? es : NULL;
+    cm_status st = s->cfg.compute(k->user, job);
+    stream_end(es);
+    job->stream_ = NULL;
+    if (st == CM_OK && job->out_dtype != CM_DTYPE_F32 && job->out_dtype != s->cfg.hidden_dtype)
+        st = CM_FAIL(CM_ERR_INVALID_ARG, "the compute callback returned %s; expected F32 or %s",
+                     cm_dtype_name(job->out_dtype), cm_dtype_name(s->cfg.hidden_dtype));
+    if (st == CM_OK && es->dt_set && es->dt != job->out_dtype)
+        st = CM_FAIL(CM_ERR_INVALID_ARG, "the compute callback announced %s tensors and returned %s",
+                     cm_dtype_name(es->dt), cm_dtype_name(job->out_dtype));
+    if (st == CM_OK && es->st != CM_OK)
+        st = CM_FAIL(es->st, "%s", es->msg);
+    while (st == CM_OK && e.done < rq->n_layers) {
+        if (es->announced[e.done] && job->wait)
+            st = job->wait(job->wait_arg, e.done);
+        if (st == CM_OK)
+            st = encode_next(s, k, &e, job->out_dtype);
+    }
+    if (st == CM_OK)
+        st = encode_finish(k, &e);
+    if (st != CM_OK)
+        encode_abort(k);
+    return st;
+}
+
+static void worker_process(cm_chan_server *s, worker *k) {
+    work            *w = &k->w;
+    cm_proto_request rq = {.tokens = k->tokens,
+                           .cu_seqlens = k->cu,
+                           .layer_ids = k->layers,
                            .cap_tokens = s->cfg.max_tokens,
                            .cap_cu_seqlens = s->cfg.max_tokens + 1,
                            .cap_layers = s->cfg.max_req_layers};
@@ -234,29 +366,29 @@ static void worker_process(cm_chan_server *s, work *w) {
     cm_chan_job job = {.session = w->session,
                        .req = &rq,
                        .hidden_size = s->cfg.hidden_size,
-                       .out = (void *const *)s->out_ptrs,
+                       .out = (void *const *)k->out_ptrs,
                        .out_dtype = CM_DTYPE_F32,
-                       .nccl = rq.encoding == CM_ENCODING_NCCL ? w->job_peer : NULL};
+                       .nccl = rq.encoding == CM_ENCODING_NCCL ? w->job_peer : NULL,
+                       .worker = k->index};
     if (st == CM_OK && rq.encoding == CM_ENCODING_NCCL && !job.nccl)
         st = CM_FAIL(CM_ERR_INVALID_ARG, "batch %llu asks for encoding nccl before NCCL_READY",
                      (unsigned long long)rq.batch_id);
     if (st == CM_OK && !job.nccl)
-        st = ensure_out(s, rq.n_layers, (size_t)rq.n_tokens * s->cfg.hidden_size);
+        st = ensure_out(k, rq.n_layers, (size_t)rq.n_tokens * s->cfg.hidden_size);
     int64_t t0 = cm_chan_now_ms();
-    if (st == CM_OK)
-        st = s->cfg.compute(s->cfg.user, &job);
-    int64_t t1 = cm_chan_now_ms();
-    int     bad_request = st == CM_ERR_INVALID_ARG;
-    if (st == CM_OK && !job.nccl && job.out_dtype != CM_DTYPE_F32 && job.out_dtype != s->cfg.hidden_dtype)
-        st = CM_FAIL(CM_ERR_INVALID_ARG, "the compute callback returned %s; expected F32 or %s",
-                     cm_dtype_name(job.out_dtype), cm_dtype_name(s->cfg.hidden_dtype));
-    if (st == CM_OK)
-        st = encode_answer(s, w, &rq, job.out_dtype);
+    if (st == CM_OK && job.nccl) {
+        st = s->cfg.compute(k->user, &job);
+        if (st == CM_OK)
+            st = encode_nccl_head(s, k, &rq);
+    } else if (st == CM_OK) {
+        st = compute_and_encode(s, k, &rq, &job);
+    }
+    int bad_request = st == CM_ERR_INVALID_ARG;
     if (st == CM_OK) {
         w->is_answer = 1;
-        CM_LOG_DEBUG("batch %llu of '%s': %u tokens, %u layers: compute %lld ms, encode %lld ms, %zu bytes",
-                     (unsigned long long)rq.batch_id, w->session, rq.n_tokens, rq.n_layers,
-                     (long long)(t1 - t0), (long long)(cm_chan_now_ms() - t1), w->head_len + w->data_len);
+        CM_LOG_DEBUG("batch %llu of '%s' on worker %d: %u tokens, %u layers in %lld ms, %zu bytes",
+                     (unsigned long long)rq.batch_id, w->session, k->index, rq.n_tokens, rq.n_layers,
+                     (long long)(cm_chan_now_ms() - t0), w->head_len + w->data_len);
         return;
     }
     cm_proto_error e = {.batch_id = rq.batch_id,
@@ -270,22 +402,23 @@ static void worker_process(cm_chan_server *s, work *w) {
 }
 
 /* Closes the NCCL peers of ended sessions (queued by the loop with cm_chan_close_peer_). */
-static void close_peers(cm_chan_server *s) {
-    work *w = &s->w;
+static void close_peers(worker *k) {
+    work *w = &k->w;
     for (;;) {
         pthread_mutex_lock(&w->mu);
         void *p = w->n_closing ? w->closing[--w->n_closing] : NULL;
         pthread_mutex_unlock(&w->mu);
         if (!p)
             return;
-        s->cfg.nccl->close(s->cfg.user, p);
+        k->s->cfg.nccl->close(k->user, p);
     }
 }
 
-void cm_chan_close_peer_(cm_chan_server *s, void *peer) {
-    if (!peer)
+void cm_chan_close_peer_(cm_chan_server *s, int index, void *peer) {
+    if (!peer || index < 0 || index >= s->n_workers)
         return;
-    work *w = &s->w;
+    worker *k = &s->workers[index];
+    work   *w = &k->w;
     pthread_mutex_lock(&w->mu);
     if (w->n_closing < 2 * s->cfg.max_sessions + 2) {
         w->closing[w->n_closing++] = peer;
@@ -294,13 +427,37 @@ void cm_chan_close_peer_(cm_chan_server *s, void *peer) {
     }
     pthread_mutex_unlock(&w->mu);
     if (peer) /* cannot happen (a peer per session, one more opening); close here rather than leak */
-        s->cfg.nccl->close(s->cfg.user, peer);
+        s->cfg.nccl->close(k->user, peer);
+}
+
+/* The encoder thread of a worker (without one, the worker encodes after its compute). */
+static void encoder_start(worker *k) {
+    if (pthread_create(&k->es.thread, NULL, enc_main, k) == 0)
+        k->es.started = 1;
+    else
+        CM_LOG_WARN("worker %d: no encoder thread; answers are encoded after their compute", k->index);
+}
+
+static void encoder_stop(worker *k) {
+    if (!k->es.started)
+        return;
+    pthread_mutex_lock(&k->es.mu);
+    k->es.quit = 1;
+    pthread_cond_broadcast(&k->es.cv);
+    pthread_mutex_unlock(&k->es.mu);
+    pthread_join(k->es.thread, NULL);
+    k->es.started = 0;
 }
 
 void *cm_chan_worker_main_(void *arg) {
-    cm_chan_server *s = arg;
-    work           *w = &s->w;
-    cm_status       st = s->cfg.init ? s->cfg.init(s->cfg.user) : CM_OK;
+    worker         *k = arg;
+    cm_chan_server *s = k->s;
+    work           *w = &k->w;
+    cm_status       st = s->cfg.init ? s->cfg.init(k->user) : CM_OK;
+    if (st == CM_OK) {
+        prepare_out(k);
+        encoder_start(k);
+    }
     pthread_mutex_lock(&w->mu);
     w->init_done = 1;
     w->init_status = st;
@@ -314,7 +471,7 @@ void *cm_chan_worker_main_(void *arg) {
             pthread_cond_wait(&w->cv, &w->mu);
         int quit = w->quit && !w->have_job;
         pthread_mutex_unlock(&w->mu);
-        close_peers(s);
+        close_peers(k);
         if (quit || st != CM_OK)
             break;
         pthread_mutex_lock(&w->mu);
@@ -324,14 +481,14 @@ void *cm_chan_worker_main_(void *arg) {
             continue;
         if (w->kind == WORK_NCCL_OPEN) {
             w->peer = NULL;
-            cm_status ost = s->cfg.nccl->open(s->cfg.user, &w->offer, &w->peer);
+            cm_status ost = s->cfg.nccl->open(k->user, &w->offer, &w->peer);
             if (ost != CM_OK) {
                 cm_chan_error_text(w->nccl_msg, cm_last_error());
                 w->peer = NULL;
             }
             w->is_answer = ost == CM_OK;
         } else {
-            worker_process(s, w);
+            worker_process(s, k);
         }
         pthread_mutex_lock(&w->mu);
         w->have_job = 0;
@@ -346,9 +503,13 @@ void *cm_chan_worker_main_(void *arg) {
         w->have_job = 0;
     }
     pthread_mutex_unlock(&w->mu);
-    close_peers(s);
+    close_peers(k);
+    encoder_stop(k);
+    if (k->out_pinned && s->cfg.host_unlock) /* before fini: the unlock may need the user's state */
+        s->cfg.host_unlock(k->user, k->out_block);
+    k->out_pinned = 0;
     if (s->cfg.fini)
-        s->cfg.fini(s->cfg.user);
+        s->cfg.fini(k->user);
     return NULL;
 }
 
@@ -413,10 +574,74 @@ static cm_status check_config(const cm_chan_server_config *c) {
     if (c->n_threads < 1 || c->n_threads > CM_COMPRESS_MAX_THREADS)
         return CM_FAIL(CM_ERR_INVALID_ARG, "--threads %d: expected 1 to %d", c->n_threads,
                        CM_COMPRESS_MAX_THREADS);
+    if (c->n_workers < 0 || c->n_workers > CM_CHAN_MAX_WORKERS)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "%d workers: expected 1 to %d", c->n_workers, CM_CHAN_MAX_WORKERS);
     if (c->curve_client_keys && !c->curve_secret_key)
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "--curve-client-keys needs --curve-secret-key (the server's own key)");
     return CM_OK;
+}
+
+/* The workers' state (threads start in run()). */
+static cm_status workers_create(cm_chan_server *s) {
+    const uint32_t T = s->cfg.max_tokens, L = s->cfg.max_req_layers;
+    const int      n = s->cfg.n_workers > 0 ? s->cfg.n_workers : 1;
+    s->workers = calloc((size_t)n, sizeof *s->workers);
+    if (!s->workers)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d workers", n);
+    for (int i = 0; i < n; i++) {
+        worker *k = &s->workers[i];
+        s->n_workers = i + 1; /* what destroy releases */
+        k->s = s;
+        k->index = i;
+        k->user = s->cfg.worker_users ? s->cfg.worker_users[i] : s->cfg.user;
+        k->device = s->cfg.nccl_devices ? s->cfg.nccl_devices[i] : s->cfg.nccl ? s->cfg.nccl->device : 0;
+        pthread_mutex_init(&k->w.mu, NULL);
+        pthread_cond_init(&k->w.cv, NULL);
+        pthread_mutex_init(&k->es.mu, NULL);
+        pthread_cond_init(&k->es.cv, NULL);
+        k->w.closing = calloc(2 * (size_t)s->cfg.max_sessions + 2, sizeof *k->w.closing);
+        k->tokens = malloc((size_t)T * 4);
+        k->cu = malloc(((size_t)T + 1) * 4);
+        k->layers = malloc((size_t)L * 4);
+        k->out_ptrs = calloc(L, sizeof *k->out_ptrs);
+        k->tensors = calloc(L, sizeof *k->tensors);
+        k->es.announced = calloc(L, 1);
+        if (!k->w.closing || !k->tokens || !k->cu || !k->layers || !k->out_ptrs || !k->tensors || !k->es.announced)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate worker %d's tables for %u tokens", i, T);
+        cm_compress_config cc = CM_COMPRESS_CONFIG_DEFAULT;
+        cc.n_threads = s->cfg.n_threads;
+        cc.level = s->cfg.zstd_level;
+        CM_TRY(cm_compress_create(&k->cc, &cc));
+    }
+    return CM_OK;
+}
+
+static void workers_destroy(cm_chan_server *s) {
+    for (int i = 0; s->workers && i < s->n_workers; i++) {
+        worker *k = &s->workers[i];
+        for (int j = 0; j < k->n_pool; j++)
+            free(k->pool[j].data);
+        for (uint32_t j = 0; j < k->w.n_closing; j++) /* left by a run that failed */
+            s->cfg.nccl->close(k->user, k->w.closing[j]);
+        cm_compress_destroy(&k->cc);
+        free(k->w.head);
+        free(k->w.closing);
+        free(k->tokens);
+        free(k->cu);
+        free(k->layers);
+        free(k->out_block);
+        free(k->out_ptrs);
+        free(k->conv);
+        free(k->tensors);
+        free(k->es.announced);
+        pthread_cond_destroy(&k->es.cv);
+        pthread_mutex_destroy(&k->es.mu);
+        pthread_cond_destroy(&k->w.cv);
+        pthread_mutex_destroy(&k->w.mu);
+    }
+    free(s->workers);
+    s->workers = NULL;
 }
 
 cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_config *cfg) {
@@ -438,8 +663,6 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     s->cfg = *cfg;
     s->pipe_r = s->pipe_w = -1;
     pthread_mutex_init(&s->stats_mu, NULL);
-    pthread_mutex_init(&s->w.mu, NULL);
-    pthread_cond_init(&s->w.cv, NULL);
     if (s->cfg.max_req_layers > s->cfg.n_layers)
         s->cfg.max_req_layers = s->cfg.n_layers;
     /* encoding nccl is offered exactly when the compute can send over NCCL */
@@ -454,11 +677,6 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     if (!s->cfg.encodings) {
         cm_chan_server_destroy(&s);
         return CM_FAIL(CM_ERR_INVALID_ARG, "encoding nccl needs a server that computes on a GPU with NCCL");
-    }
-    s->w.closing = calloc(2 * (size_t)s->cfg.max_sessions + 2, sizeof *s->w.closing);
-    if (!s->w.closing) {
-        cm_chan_server_destroy(&s);
-        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the server");
     }
     s->cfg.endpoint = NULL; /* borrowed strings are not kept */
     s->cfg.curve_secret_key = NULL;
@@ -491,16 +709,11 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     s->l_tokens = malloc((size_t)T * 4);
     s->l_cu = malloc(((size_t)T + 1) * 4);
     s->l_layers = malloc((size_t)L * 4);
-    s->w_tokens = malloc((size_t)T * 4);
-    s->w_cu = malloc(((size_t)T + 1) * 4);
-    s->w_layers = malloc((size_t)L * 4);
-    s->out_ptrs = calloc(L, sizeof *s->out_ptrs);
-    s->tensors = calloc(L, sizeof *s->tensors);
-    if (!s->sessions || !s->l_tokens || !s->l_cu || !s->l_layers || !s->w_tokens || !s->w_cu ||
-        !s->w_layers || !s->out_ptrs || !s->tensors) {
+    if (!s->sessions || !s->l_tokens || !s->l_cu || !s->l_layers) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the server's tables for %u tokens", T);
         goto fail;
     }
+    CM_TRY_GOTO(workers_create(s), st, fail);
     for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {
         s->sessions[i].queue = calloc(s->cfg.credits, sizeof(qjob));
         if (!s->sessions[i].queue) {
@@ -508,10 +721,6 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
             goto fail;
         }
     }
-    cm_compress_config cc = CM_COMPRESS_CONFIG_DEFAULT;
-    cc.n_threads = s->cfg.n_threads;
-    cc.level = s->cfg.zstd_level;
-    CM_TRY_GOTO(cm_compress_create(&s->cc, &cc), st, fail);
     int fds[2];
     if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
         st = CM_FAIL(CM_ERR_IO, "cannot create the worker pipe: %s", strerror(errno));
@@ -607,31 +816,16 @@ void cm_chan_server_destroy(cm_chan_server **sp) {
     struct stat sb;
     if (s->ipc_ino && stat(s->endpoint + 6, &sb) == 0 && sb.st_ino == s->ipc_ino && sb.st_dev == s->ipc_dev)
         unlink(s->endpoint + 6);
-    for (int i = 0; i < s->n_pool; i++)
-        free(s->pool[i].data);
     if (s->pipe_r >= 0)
         close(s->pipe_r);
     if (s->pipe_w >= 0)
         close(s->pipe_w);
-    cm_compress_destroy(&s->cc);
-    free(s->w.head);
+    workers_destroy(s);
     free(s->client_keys);
     free(s->sessions);
     free(s->l_tokens);
     free(s->l_cu);
     free(s->l_layers);
-    free(s->w_tokens);
-    free(s->w_cu);
-    free(s->w_layers);
-    free(s->out_block);
-    free(s->out_ptrs);
-    free(s->conv);
-    free(s->tensors);
-    for (uint32_t i = 0; i < s->w.n_closing; i++) /* left by a run that failed */
-        s->cfg.nccl->close(s->cfg.user, s->w.closing[i]);
-    free(s->w.closing);
-    pthread_cond_destroy(&s->w.cv);
-    pthread_mutex_destroy(&s->w.mu);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);
     *sp = NULL;

@@ -1218,6 +1218,133 @@ static void test_nccl_refused(void) {
     printf("nccl: refused without hooks, as a fallback, with keep_frames, and by a server without NCCL\n");
 }
 
+// ----------------------------------------------------------------------------
+// workers (replicas) and streamed answers
+
+/* What the workers of test_workers share. */
+typedef struct wshared {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             running, max_running; /* computes in progress */
+    int             waits_in_compute;     /* wait callbacks that ran before their compute returned */
+    int             fail_left;            /* wait fails this many more times (then the retry works) */
+    int             jobs[3];
+} wshared;
+
+typedef struct wsyn {
+    wshared *sh;
+    int      index;
+    int      in_compute, waited0; /* this worker's current job (its compute and its encoder) */
+} wsyn;
+
+static cm_status w_wait(void *arg, uint32_t i) {
+    wsyn    *w = arg;
+    wshared *sh = w->sh;
+    pthread_mutex_lock(&sh->mu);
+    sh->waits_in_compute += w->in_compute;
+    if (i == 0)
+        w->waited0 = 1;
+    int fail = i == 1 && sh->fail_left > 0 ? sh->fail_left-- : 0;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+    return fail ? CM_FAIL(CM_ERR_FORMAT, "the test's capture check refuses tensor 1") : CM_OK;
+}
+
+/* Writes each layer, announces it, and after the first waits (≤ 10 s) until the encoder has
+ * taken it: an answer streams while its compute runs, or the test fails. The first job also
+ * waits for a second compute to start on another worker. */
+static cm_status w_compute(void *user, cm_chan_job *job) {
+    wsyn                   *w = user;
+    wshared                *sh = w->sh;
+    const cm_proto_request *r = job->req;
+    if (job->worker != w->index)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "worker %d was given worker %d's user", job->worker, w->index);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    pthread_mutex_lock(&sh->mu);
+    sh->jobs[w->index]++;
+    if (++sh->running > sh->max_running)
+        sh->max_running = sh->running;
+    pthread_cond_broadcast(&sh->cv);
+    while (sh->max_running < 2 && pthread_cond_timedwait(&sh->cv, &sh->mu, &until) == 0) {
+    }
+    w->in_compute = 1;
+    w->waited0 = 0;
+    pthread_mutex_unlock(&sh->mu);
+    job->out_dtype = CM_DTYPE_F32;
+    job->wait = w_wait;
+    job->wait_arg = w;
+    for (uint32_t i = 0; i < r->n_layers; i++) {
+        float *o = job->out[i];
+        for (uint32_t t = 0; t < r->n_tokens; t++)
+            for (uint32_t d = 0; d < job->hidden_size; d++)
+                o[(size_t)t * job->hidden_size + d] = syn_value(r->tokens[t], r->layer_ids[i], d);
+        cm_chan_job_ready(job, i);
+        if (i == 0) {
+            pthread_mutex_lock(&sh->mu);
+            while (!w->waited0 && pthread_cond_timedwait(&sh->cv, &sh->mu, &until) == 0) {
+            }
+            pthread_mutex_unlock(&sh->mu);
+        }
+    }
+    pthread_mutex_lock(&sh->mu);
+    w->in_compute = 0;
+    sh->running--;
+    pthread_mutex_unlock(&sh->mu);
+    return CM_OK;
+}
+
+/* Three workers with their own users serve two trainers at once; every answer streams (its
+ * first tensor is encoded while its compute runs) and is exact; a failing wait becomes an
+ * ERROR and the trainer's re-send is answered. */
+static void test_workers(void) {
+    wshared sh = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .fail_left = 1};
+    wsyn    ws[3] = {{&sh, 0, 0, 0}, {&sh, 1, 0, 0}, {&sh, 2, 0, 0}};
+    void   *users[3] = {&ws[0], &ws[1], &ws[2]};
+    server  s = {.syn = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+    cm_chan_server_config cfg = server_config("tcp://127.0.0.1:*", &s);
+    cfg.compute = w_compute;
+    cfg.n_workers = 3;
+    cfg.worker_users = users;
+    if (!server_start(&s, &cfg)) {
+        TST_CHECK(0);
+        return;
+    }
+    const char       *ep = cm_chan_server_endpoint(s.srv);
+    const cm_encoding encs[2] = {CM_ENCODING_ZSTD_BYTEPLANE, CM_ENCODING_RAW};
+    cm_chan_client   *c[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        cm_chan_client_config cc = client_config(ep, k ? "w-raw" : "w-zstd");
+        cc.encoding = encs[k];
+        cc.accept = 0;
+        TST_CHECK(cm_chan_client_create(&c[k], &cc) == CM_OK);
+        TST_CHECK(cm_chan_client_wait_ready(c[k], 5000, NULL) == CM_OK);
+    }
+    int good0 = run_batches(c[0], 7000, 16, 45, CM_DTYPE_BF16, 0);
+    int good1 = run_batches(c[1], 8000, 16, 3, CM_DTYPE_BF16, 0);
+    TST_CHECK(good0 == 16 && good1 == 16);
+    cm_chan_client_stats cst;
+    cm_chan_client_get_stats(c[0], &cst);
+    uint64_t resends = cst.resends;
+    cm_chan_client_get_stats(c[1], &cst);
+    resends += cst.resends;
+    for (int k = 0; k < 2; k++)
+        cm_chan_client_destroy(&c[k]);
+    cm_chan_server_stats st;
+    cm_chan_server_get_stats(s.srv, &st);
+    server_stop(&s);
+    printf("3 workers: %d/16 + %d/16 answers exact (zstd-byteplane, raw; F32 rounded to BF16), jobs per "
+           "worker %d %d %d, at most %d computes at once, %d encodes started inside their compute, %llu "
+           "error(s) sent and %llu re-sent\n",
+           good0, good1, sh.jobs[0], sh.jobs[1], sh.jobs[2], sh.max_running, sh.waits_in_compute,
+           (unsigned long long)st.errors_sent, (unsigned long long)resends);
+    TST_CHECK(sh.max_running >= 2);
+    TST_CHECK(sh.waits_in_compute >= 32); /* every answer's first tensor, at least */
+    TST_CHECK(st.errors_sent == 1 && resends >= 1 && sh.fail_left == 0);
+    TST_CHECK(sh.jobs[0] + sh.jobs[1] + sh.jobs[2] == 33);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -1228,6 +1355,7 @@ int main(int argc, char **argv) {
     test_endpoints_and_keys();
     test_round_trip("tcp://127.0.0.1:*", CM_DTYPE_BF16);
     test_round_trip(ipc, CM_DTYPE_F32);
+    test_workers();
     test_nccl_refused();
     test_credits();
     test_fairness(2);
