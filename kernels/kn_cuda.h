@@ -1,7 +1,8 @@
 /* kernels/kn_cuda.h — what every CUDA op file shares: the check macros that turn CUDA and
  * cuBLAS failures into a cm_status with the failing statement, file:line and the library's
  * message in cm_last_error(), and the CUDA kn_ctx (device, one compute stream, the cuBLASLt
- * handle and workspace, a growable scratch buffer for GEMM input conversion, the GEMM mode).
+ * handle and workspace, a growable scratch buffer for GEMM input conversion, the GEMM mode,
+ * the table of GEMM plans).
  * A kn_ctx is used by one thread at a time; every op enqueues on ctx->stream. Compiles as C
  * and as CUDA C++. */
 #ifndef KN_CUDA_H
@@ -16,6 +17,33 @@
 extern "C" {
 #endif
 
+/* One cuBLASLt GEMM plan: everything a call needs besides its pointers and beta, made the
+ * first time its key is seen (kn_gemm_bwd.cu) and reused by every later call, so the serving
+ * loop creates no descriptor, asks no heuristic and allocates nothing. The key is every input
+ * of the descriptors and of the heuristic: operand and output types, transposes, the shape,
+ * the leading dimensions and the pointers' alignments (the workspace size is the context's). */
+typedef struct kn_lt_key {
+    int32_t  ab_type, c_type; /* cudaDataType_t */
+    int32_t  trans_a, trans_b;
+    int64_t  m, n, k, lda, ldb, ldc;
+    uint32_t al_a, al_b, al_c; /* ptr_align of A, B and C (= D) */
+} kn_lt_key;
+
+typedef struct kn_lt_plan {
+    int                    used; /* slot holds a plan */
+    kn_lt_key              key;
+    cublasLtMatmulDesc_t   op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t   algo;
+    int                    rank; /* which heuristic answer algo is (0: the first; > 0 only when timed) */
+} kn_lt_plan;
+
+/* Plan slots per context (open addressing, linear probing). The 27B target forward uses ~13
+ * keys per batch size, the drafter step a few dozen; a key that finds the table full runs
+ * the per-call path (descriptors made and freed, the heuristic's first answer): slower, the
+ * same result. */
+#define KN_LT_PLANS 256
+
 struct kn_ctx {
     int              device; /* cuda device ordinal */
     cudaStream_t     stream; /* every op enqueues here */
@@ -25,6 +53,15 @@ struct kn_ctx {
     void            *scratch;       /* GEMM operand conversion (bf16 inputs, widened weights) */
     size_t           scratch_bytes; /* grows on demand, never shrinks */
     kn_gemm_mode     gemm_mode;
+    /* GEMM plans (kn_gemm_bwd.cu). lt_plan_mode: 0 not read yet (the first GEMM reads the
+     * environment), 1 plans, 2 per call (TANDEM_GEMM_PLAN=0: descriptors and heuristic every
+     * call, as before plans existed). lt_autotune: 0 or 1 keeps the heuristic's first answer;
+     * k > 1 times its first k answers when a plan is made (TANDEM_GEMM_AUTOTUNE=k). */
+    int        lt_plan_mode;
+    int        lt_autotune;
+    int        lt_plans_used;
+    uint64_t   lt_plan_overflow; /* calls that found the table full and ran per call */
+    kn_lt_plan lt_plans[KN_LT_PLANS];
 };
 
 #define KN_CUDA_LT_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -69,6 +106,10 @@ struct kn_ctx {
 /* Makes ctx->scratch at least bytes long (cudaFree + cudaMalloc; cudaFree waits for the
  * device, so work still queued on the old buffer finishes first). Defined in kn_memory.cu. */
 cm_status kn_cuda_scratch_reserve(kn_ctx *ctx, size_t bytes);
+
+/* Destroys the context's GEMM plans (their descriptors); ctx_destroy calls it. Defined in
+ * kn_gemm_bwd.cu. */
+void kn_cuda_lt_plans_release(kn_ctx *ctx);
 
 #ifdef __cplusplus
 }

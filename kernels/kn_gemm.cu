@@ -8,10 +8,12 @@
  *   fp32 math, no TF32.
  * gemm_bf16in takes a BF16 input written by its producer: used as is in BF16 mode (the same
  * product as gemm on its F32 source, without the conversion pass), widened in F32 mode.
- * The algorithm is cublasLtMatmulAlgoGetHeuristic's first answer for the shape and the
- * operands' actual alignment (no autotuning, no cache); descriptors are made per call.
- * Writes out (beta = 0); K = 0 gives zeros. */
+ * The product is kn_cuda_lt_matmul (kn_gemm_bwd.cu): the context's plan for the shape and the
+ * operands' actual alignment, made on the first call (descriptors and
+ * cublasLtMatmulAlgoGetHeuristic's first answer) and reused after (no run-time compilation,
+ * no on-disk cache). Writes out (beta = 0); K = 0 gives zeros. */
 #include "kn_cuda.h"
+#include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
 
 #include <cuda_bf16.h>
@@ -37,75 +39,6 @@ static __global__ void bf16_to_f32_kernel(float *dst, const uint16_t *src, int64
 static unsigned int conv_grid(int64_t n) {
     int64_t blocks = (n + 255) / 256;
     return (unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20));
-}
-
-/* Largest power of two (up to 256) that divides the address: what cuBLASLt may assume. */
-static uint32_t ptr_align(const void *p) {
-    uintptr_t a = (uintptr_t)p;
-    uint32_t  al = 256;
-    while (al > 1 && (a & (al - 1)))
-        al >>= 1;
-    return al;
-}
-
-typedef struct gemm_descs {
-    cublasLtMatmulDesc_t       op;
-    cublasLtMatrixLayout_t     a, b, c;
-    cublasLtMatmulPreference_t pref;
-} gemm_descs;
-
-static void gemm_descs_release(gemm_descs *d) {
-    if (d->pref)
-        cublasLtMatmulPreferenceDestroy(d->pref);
-    if (d->c)
-        cublasLtMatrixLayoutDestroy(d->c);
-    if (d->b)
-        cublasLtMatrixLayoutDestroy(d->b);
-    if (d->a)
-        cublasLtMatrixLayoutDestroy(d->a);
-    if (d->op)
-        cublasLtMatmulDescDestroy(d->op);
-}
-
-/* D (N×M col-major) = op(A)·B with A = w_op (K×N, op T), B = in_op (K×M); ab_type is the
- * type of both operands. */
-static cm_status gemm_lt(kn_ctx *ctx, gemm_descs *d, float *out, const void *in_op, const void *w_op,
-                         cudaDataType_t ab_type, int64_t M, int64_t N, int64_t K) {
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    KN_CUBLAS(cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    KN_CUBLAS(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    KN_CUBLAS(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->a, ab_type, (uint64_t)K, (uint64_t)N, K));
-    KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->b, ab_type, (uint64_t)K, (uint64_t)M, K));
-    KN_CUBLAS(cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N));
-
-    KN_CUBLAS(cublasLtMatmulPreferenceCreate(&d->pref));
-    uint64_t ws = ctx->lt_ws_bytes;
-    uint32_t al_a = ptr_align(w_op), al_b = ptr_align(in_op), al_c = ptr_align(out);
-    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                   sizeof ws));
-    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                                   sizeof al_a));
-    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                                   sizeof al_b));
-    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                                   sizeof al_c));
-    KN_CUBLAS(cublasLtMatmulPreferenceSetAttribute(d->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
-                                                   sizeof al_c));
-
-    cublasLtMatmulHeuristicResult_t heur;
-    int                             n_found = 0;
-    KN_CUBLAS(
-        cublasLtMatmulAlgoGetHeuristic(ctx->lt, d->op, d->a, d->b, d->c, d->c, d->pref, 1, &heur, &n_found));
-    if (n_found == 0)
-        return CM_FAIL(CM_ERR_CUBLAS,
-                       "gemm: cuBLASLt has no algorithm for M=%lld N=%lld K=%lld (%s operands)", (long long)M,
-                       (long long)N, (long long)K, ab_type == CUDA_R_16BF ? "bf16" : "f32");
-    const float alpha = 1.0f, beta = 0.0f;
-    KN_CUBLAS(cublasLtMatmul(ctx->lt, d->op, &alpha, w_op, d->a, in_op, d->b, &beta, out, d->c, out, d->c,
-                             &heur.algo, ctx->lt_ws, ctx->lt_ws_bytes, ctx->stream));
-    KN_CUDA_LAUNCHED(ctx);
-    return CM_OK;
 }
 
 static size_t round_up_256(size_t x) {
@@ -176,10 +109,8 @@ static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *
         }
     }
 
-    gemm_descs d = {0};
-    cm_status  st = gemm_lt(ctx, &d, out, in_op, w_op, ab_type, M, N, K);
-    gemm_descs_release(&d);
-    return st;
+    /* outᵀ (N×M, ld N) = op(W)·inpᵀ: A = W stored K×N (op T), B = inp stored K×M */
+    return kn_cuda_lt_matmul(ctx, op, ab_type, 1, 0, N, M, K, w_op, K, in_op, K, 0.0f, out, N);
 }
 
 cm_status kn_cuda_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
