@@ -71,6 +71,7 @@ void kn_cuda_ctx_destroy(kn_ctx **pctx) {
         cudaStreamSynchronize(ctx->stream);
     cudaFree(ctx->scratch);
     cudaFree(ctx->lt_ws);
+    kn_cuda_lt_plans_release(ctx); /* the GEMM plans' descriptors (kn_gemm_bwd.cu) */
     if (ctx->lt)
         cublasLtDestroy(ctx->lt);
     if (ctx->stream)
