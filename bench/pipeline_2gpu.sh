@@ -4,12 +4,13 @@
 # random tokens (4 documents of 2048), 512 anchors x 16, 12 steps. Needs a CUDA build (BUILD_DIR, default
 # build) and python3; writes the logs, metrics, nvidia-smi samples and a summary to OUT.
 #   usage: OUT=/tmp/pipeline-2gpu BUILD_DIR=build bench/pipeline_2gpu.sh
-#   env: SERVER_GPU (0), TRAINER_GPU (1), ENCODING (nccl; one GPU shared by both: raw over ZeroMQ,
+#   env: SERVER_GPU (0; a list such as 0,1 runs one target replica per GPU in the one server),
+#        TRAINER_GPU (1), CREDITS (2), ENCODING (nccl; one GPU shared by both: raw over ZeroMQ,
 #        since NCCL takes one rank per GPU), STEPS (12)
 set -u
 cd "$(dirname "$0")/.."; OUT=${OUT:-/tmp/pipeline-2gpu}; mkdir -p "$OUT"
 B=${BUILD_DIR:-build}; T=/tmp/i9; rm -rf $T; mkdir -p $T
-SG=${SERVER_GPU:-0}; TG=${TRAINER_GPU:-1}; ENC=${ENCODING:-nccl}; STEPS=${STEPS:-12}
+SG=${SERVER_GPU:-0}; TG=${TRAINER_GPU:-1}; ENC=${ENCODING:-nccl}; STEPS=${STEPS:-12}; CR=${CREDITS:-2}
 CFG=deploy/configs/qwen3.6-27b/target-config.json; DR=deploy/configs/qwen3.6-27b/drafter.json
 python3 -c "
 import json,random
@@ -21,14 +22,14 @@ nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,n
 smi=$!
 t0=$(date +%s.%N)
 $B/target-server/target-server serve --init random --config $CFG --seed 1 --device cuda --gpu $SG \
-  --bind ipc://$T/s.ipc --max-tokens 8192 --max-layers 5 --credits 2 --stats-interval 0 > $OUT/serve.log 2>&1 &
+  --bind ipc://$T/s.ipc --max-tokens 8192 --max-layers 5 --credits $CR --stats-interval 0 > $OUT/serve.log 2>&1 &
 srv=$!
 for i in $(seq 1 300); do $B/target-server/target-server status --server ipc://$T/s.ipc --json 2>/dev/null | grep -q '"loaded":true' && break; sleep 0.2; done
 echo "server loaded after $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" > $OUT/summary.txt
 t1=$(date +%s.%N)
 timeout 300 $B/drafter-trainer/drafter-trainer train --device cuda --gpu $TG --precision bf16 --config $DR \
   --target $CFG --target-init random --target-seed 1 --dataset $T/d.jsonl --token-budget 8192 \
-  --server ipc://$T/s.ipc --encoding $ENC --credits 2 --steps $STEPS --max-anchors 512 --out $T/run \
+  --server ipc://$T/s.ipc --encoding $ENC --credits $CR --steps $STEPS --max-anchors 512 --out $T/run \
   --progress lines --log-every 1 --no-tensorboard > $OUT/train.log 2>&1
 echo "train rc $? wall $(awk "BEGIN{print $(date +%s.%N) - $t1}") s" >> $OUT/summary.txt
 $B/target-server/target-server status --server ipc://$T/s.ipc --json > $OUT/status.json 2>&1

@@ -614,7 +614,9 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
         m->tm.mlp_layers++;
         m->gemm_acc = NULL;
         if (next_cap < cap->n_layers && cap->layers[next_cap] == i) {
-            if (cap->layer_dev)
+            if (cap->on_layer)
+                CM_TRY(cap->on_layer(cap->user, next_cap++, w->x));
+            else if (cap->layer_dev)
                 CM_TRY(be->copy2d(cx, cap->layer_dev[next_cap++], D, w->x, D, T, D));
             else
                 CM_TRY(be->download(cx, cap->layer_out[next_cap++], w->x, (size_t)(T * D) * sizeof(float)));
@@ -651,4 +653,40 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
                     t->other_ms / t->forwards);
     }
     return CM_OK;
+}
+
+/* The warm-up forward's capture: the last layer, looked at by nobody (the forward runs every
+ * layer only up to the last one captured). */
+static cm_status warmup_sink(void *user, int i, const float *x) {
+    (void)user;
+    (void)i;
+    (void)x;
+    return CM_OK;
+}
+
+cm_status ts_model_warmup(ts_model *m, int64_t max_tokens) {
+    if (max_tokens < 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "warm-up for %lld tokens: expected at least 1", (long long)max_tokens);
+    const int64_t T = max_tokens;
+    const int     n_seq = (int)((T + 63) / 64);
+    int32_t      *ids = calloc((size_t)T, sizeof *ids); /* token 0: every vocabulary has it */
+    int32_t      *cu = malloc(((size_t)n_seq + 1) * sizeof *cu);
+    cm_status     st = ids && cu ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "cannot allocate a %lld-token warm-up batch", (long long)T);
+    for (int s = 0; st == CM_OK && s <= n_seq; s++)
+        cu[s] = (int32_t)(64 * (int64_t)s < T ? 64 * (int64_t)s : T);
+    if (st == CM_OK)
+        st = ws_reserve(m, T, 0);
+    if (st == CM_OK && m->n_layers > 0) {
+        const int  last = m->n_layers - 1;
+        ts_capture cap = {.n_layers = 1, .layers = &last, .on_layer = warmup_sink};
+        int        timing = m->timing;
+        ts_timing  sums = m->tm; /* the warm-up is not one of the timed forwards */
+        m->timing = 0;
+        st = ts_model_forward(m, ids, T, cu, n_seq, &cap);
+        m->timing = timing;
+        m->tm = sums;
+    }
+    free(ids);
+    free(cu);
+    return st;
 }

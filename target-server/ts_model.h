@@ -61,6 +61,12 @@ typedef struct ts_capture {
                             layers are copied there on the device and layer_out is not used */
     float  *final_norm;  /* NULL or T·D floats */
     float  *logits;      /* NULL or T·V floats */
+    /* NULL, or called instead of filling layer_out/layer_dev as the forward passes layers[i]:
+     * x is that layer's output, F32 [T, D] in the backend's memory, valid for work the hook
+     * enqueues on the context's stream before it returns (later layers overwrite it). The
+     * forward goes on after the hook returns; a failure ends it. */
+    cm_status (*on_layer)(void *user, int i, const float *x);
+    void *user;
 } ts_capture;
 
 /* Per-block times of the forwards since timing was turned on, in milliseconds, summed over
@@ -84,6 +90,13 @@ typedef struct ts_timing {
  * and q/k l2norms are one op. TANDEM_TARGET_FUSED=0 in the environment at load turns it off,
  * =1 turns it on for any backend (the cpu then rounds GEMM inputs as cuda bf16 does). */
 int ts_model_fused(const ts_model *m);
+
+/* Readies the model for batches of up to max_tokens tokens before the first request: the
+ * workspace at that size, then one forward over max_tokens tokens in 64-token sequences
+ * (every layer, nothing captured) so that every op's scratch memory and every GEMM's cuBLASLt
+ * plan exist from now on. Forwards within that size then allocate nothing, unless a batch has
+ * more sequences than max_tokens / 64 (the GDN's per-chunk scratch grows once). */
+cm_status ts_model_warmup(ts_model *m, int64_t max_tokens);
 
 /* Turns per-block timing on (and clears the sums) or off. */
 void ts_model_set_timing(ts_model *m, int on);

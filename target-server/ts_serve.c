@@ -49,7 +49,10 @@ static void usage(FILE *f) {
         "  --config FILE             the config.json for --init random (same as --model FILE)\n"
         "  --seed N                  seed of --init random (default 1)\n"
         "  --device cpu|cuda         kernel backend (default cpu)\n"
-        "  --gpu N                   cuda device ordinal (default 0)\n"
+        "  --gpu LIST                cuda device ordinals, comma-separated: one model replica per GPU\n"
+        "                            behind the one endpoint (default 0)\n"
+        "  --replicas N              model replicas (default: one per --gpu entry; on cuda without\n"
+        "                            --gpu, GPUs 0..N-1); each answers requests on its own\n"
         "  --precision bf16|fp32     cuda matrix products (default bf16, as dump)\n"
         "  --bind ENDPOINT           tcp://HOST:PORT (PORT may be '*') or ipc://PATH\n"
         "                            (default tcp://127.0.0.1:5555); a non-loopback address needs\n"
@@ -64,7 +67,9 @@ static void usage(FILE *f) {
         "                            on a GPU of this host may also ask for 'nccl' (GPU to GPU, raw)\n"
         "  --zstd-level N            zstd level (default 1)\n"
         "  --dtype bf16|f32          dtype of the hidden states sent (default bf16, rounded RNE)\n"
-        "  --max-tokens N            largest packed batch accepted (default 16384)\n"
+        "  --max-tokens N            largest packed batch accepted (default 16384); on cuda each\n"
+        "                            replica runs one forward of that size at start-up, so its memory\n"
+        "                            is taken then, not during serving\n"
         "  --max-layers N            most layers per request (default 8)\n"
         "  --heartbeat-ms N          heartbeat to idle trainers (default 1000)\n"
         "  --peer-timeout-ms N       drop a trainer silent this long, with its queued work (default 5000)\n"
@@ -75,9 +80,12 @@ static void usage(FILE *f) {
         "  --log-level L             debug, info, warn, error, off (default info; env TANDEM_LOG)\n");
 }
 
+#define TS_MAX_REPLICAS CM_CHAN_MAX_WORKERS
+
 typedef struct serve_args {
     const char  *model, *device, *bind, *name, *endpoint_file, *curve_secret, *curve_clients, *keygen;
-    int          gpu, threads, zstd_level, heartbeat_ms, peer_timeout_ms, stats_s;
+    int          gpus[TS_MAX_REPLICAS], n_gpus, replicas;
+    int          threads, zstd_level, heartbeat_ms, peer_timeout_ms, stats_s;
     int          init_random;
     uint64_t     seed;
     long         credits, max_tokens, max_layers;
@@ -86,9 +94,11 @@ typedef struct serve_args {
     kn_gemm_mode mode;
 } serve_args;
 
-/* What the worker thread owns: backend, context and model. */
+/* What one replica's worker thread owns: backend, context and model on its GPU. */
 typedef struct serve_state {
     const serve_args *a;
+    int               index, gpu;
+    cm_chan_job      *job; /* the job being computed (its streamed tensors' waits read it) */
     const kn_backend *be;
     kn_ctx           *ctx;
     ts_model         *model;
@@ -102,10 +112,17 @@ typedef struct serve_state {
 #ifdef TANDEM_HAVE_CUDA
     ts_stage         *stage; /* ZeroMQ answers on cuda: rounded and checked on the GPU */
 #endif
-    const cm_target_cfg *cfg;   /* for STATUS */
     atomic_int        loaded;   /* the worker has loaded the model (STATUS reads it on the loop thread) */
     atomic_int        load_ms;
 } serve_state;
+
+/* The replicas, and what STATUS reads on the loop thread. */
+typedef struct serve_all {
+    const serve_args    *a;
+    const cm_target_cfg *cfg;
+    serve_state         *reps;
+    int                  n;
+} serve_all;
 
 static cm_chan_server *stop_target; /* the server the signal handler stops */
 
@@ -122,7 +139,7 @@ static cm_status serve_init(void *user) {
     const serve_args *a = s->a;
     int64_t           t0 = (int64_t)time(NULL);
     kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
-    kc.device = a->gpu;
+    kc.device = s->gpu;
     kc.gemm_mode = a->mode;
     CM_TRY(s->be->ctx_create(&s->ctx, &kc));
     ts_model_config mc = {.dir = a->model,
@@ -136,11 +153,23 @@ static cm_status serve_init(void *user) {
     struct timespec ts0;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
     CM_TRY(ts_model_load(&s->model, &mc));
+    if (s->be != kn_backend_cpu()) { /* the GPU's memory and GEMM plans are taken now, not per request */
+        CM_TRY(ts_model_warmup(s->model, a->max_tokens));
+#ifdef TANDEM_HAVE_CUDA
+        CM_TRY(ts_stage_create(&s->stage, s->ctx));
+        CM_TRY(ts_stage_reserve(s->stage, s->cap_layers, a->max_tokens, ts_model_cfg(s->model)->hidden_size,
+                                a->dtype));
+#endif
+    }
     struct timespec ts1;
     clock_gettime(CLOCK_MONOTONIC, &ts1);
     atomic_store(&s->load_ms, (int)((ts1.tv_sec - ts0.tv_sec) * 1000 + (ts1.tv_nsec - ts0.tv_nsec) / 1000000));
     atomic_store(&s->loaded, 1);
-    CM_LOG_INFO("model ready in %lld s; answering requests", (long long)((int64_t)time(NULL) - t0));
+    if (s->a->replicas > 1)
+        CM_LOG_INFO("replica %d (%s %d): model ready in %lld s; answering requests", s->index, a->device, s->gpu,
+                    (long long)((int64_t)time(NULL) - t0));
+    else
+        CM_LOG_INFO("model ready in %lld s; answering requests", (long long)((int64_t)time(NULL) - t0));
     return CM_OK;
 }
 
@@ -214,18 +243,34 @@ static cm_status capture_on_device(serve_state *s, const cm_chan_job *job) {
     return ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap);
 }
 
-/* ZeroMQ answers on cuda: the captures stay on the GPU through the forward (no download in
- * its middle), are rounded to the hidden dtype and checked there, and come to the host in
- * that dtype (half the bytes for BF16; the worker then only compresses). */
+/* ZeroMQ answers on cuda, streamed: as the forward passes a wanted layer, the layer is rounded
+ * to the hidden dtype and checked on the GPU and copied to the host on a stream of its own
+ * (ts_stage_put) while the next layers run; cm_chan's encoder compresses it as soon as the
+ * copy is done (staged_wait), so only the last wanted layer is compressed after the forward. */
+static cm_status staged_layer(void *user, int k, const float *x) {
+    serve_state *s = user;
+    cm_chan_job *job = s->job;
+    const int    pos = s->order[k]; /* the capture goes in ascending layers; the answer in request order */
+    CM_TRY(ts_stage_put(s->stage, pos, x, job->req->n_tokens, job->hidden_size, s->a->dtype, job->out[pos]));
+    cm_chan_job_ready(job, (uint32_t)pos);
+    return CM_OK;
+}
+
+static cm_status staged_wait(void *arg, uint32_t i) {
+    serve_state *s = arg;
+    return ts_stage_wait(s->stage, (int)i, s->job->req->layer_ids[i], s->job->req->batch_id);
+}
+
 static cm_status compute_staged(serve_state *s, cm_chan_job *job) {
     const cm_proto_request *r = job->req;
     if (!s->stage)
         CM_TRY(ts_stage_create(&s->stage, s->ctx));
-    CM_TRY(capture_on_device(s, job));
-    CM_TRY(ts_stage_download(s->stage, s->devs, r->layer_ids, (int)r->n_layers, r->n_tokens, job->hidden_size,
-                             s->a->dtype, r->batch_id, job->out));
+    s->job = job;
     job->out_dtype = s->a->dtype;
-    return CM_OK;
+    job->wait = staged_wait;
+    job->wait_arg = s;
+    ts_capture cap = {.n_layers = (int)r->n_layers, .layers = s->layers, .on_layer = staged_layer, .user = s};
+    return ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap);
 }
 #endif
 
@@ -264,27 +309,50 @@ static cm_status compute_nccl(serve_state *s, cm_chan_job *job) {
 }
 #endif
 
-/* STATUS's "target" object (loop thread: reads only the args, the config and two atomics). */
+/* STATUS's "target" object (loop thread: reads only the args, the config and the replicas'
+ * atomics). */
 static void serve_status(void *user, char *buf, size_t cap) {
-    serve_state *s = user;
-    const serve_args *a = s->a;
-    cJSON *o = cJSON_CreateObject();
+    serve_all        *all = user;
+    const serve_args *a = all->a;
+    cJSON            *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", a->model);
-    cJSON_AddStringToObject(o, "model_type", s->cfg->model_type);
-    cJSON_AddNumberToObject(o, "n_layers", s->cfg->n_layers);
-    cJSON_AddNumberToObject(o, "hidden_size", s->cfg->hidden_size);
-    cJSON_AddNumberToObject(o, "vocab_size", s->cfg->vocab_size);
+    cJSON_AddStringToObject(o, "model_type", all->cfg->model_type);
+    cJSON_AddNumberToObject(o, "n_layers", all->cfg->n_layers);
+    cJSON_AddNumberToObject(o, "hidden_size", all->cfg->hidden_size);
+    cJSON_AddNumberToObject(o, "vocab_size", all->cfg->vocab_size);
     cJSON_AddStringToObject(o, "device", a->device);
-    if (strcmp(a->device, "cuda") == 0)
-        cJSON_AddNumberToObject(o, "gpu", a->gpu);
+    int loaded = 1, load_ms = 0;
+    for (int i = 0; i < all->n; i++) {
+        loaded &= atomic_load(&all->reps[i].loaded);
+        int ms = atomic_load(&all->reps[i].load_ms);
+        load_ms = ms > load_ms ? ms : load_ms;
+    }
+    if (strcmp(a->device, "cuda") == 0) {
+        cJSON_AddNumberToObject(o, "gpu", all->reps[0].gpu);
+        cJSON *g = cJSON_AddArrayToObject(o, "gpus");
+        for (int i = 0; i < all->n; i++)
+            cJSON_AddItemToArray(g, cJSON_CreateNumber(all->reps[i].gpu));
+    }
+    cJSON_AddNumberToObject(o, "replicas", all->n);
     cJSON_AddStringToObject(o, "precision", a->mode == KN_GEMM_MODE_BF16 ? "bf16" : "fp32");
-    cJSON_AddBoolToObject(o, "loaded", atomic_load(&s->loaded));
-    if (atomic_load(&s->loaded))
-        cJSON_AddNumberToObject(o, "load_s", atomic_load(&s->load_ms) / 1e3);
+    cJSON_AddBoolToObject(o, "loaded", loaded);
+    if (loaded)
+        cJSON_AddNumberToObject(o, "load_s", load_ms / 1e3);
     char *j = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     snprintf(buf, cap, "%s", j && strlen(j) < cap ? j : "{}");
     cJSON_free(j);
+}
+
+/* cm_chan's host_lock/unlock: the worker's output buffers page-locked for the streamed copies. */
+static cm_status serve_host_lock(void *user, void *p, size_t bytes) {
+    serve_state *s = user;
+    return s->be->host_pin(s->ctx, p, bytes);
+}
+
+static void serve_host_unlock(void *user, void *p) {
+    serve_state *s = user;
+    s->be->host_unpin(s->ctx, p);
 }
 
 static cm_status serve_compute(void *user, cm_chan_job *job) {
@@ -364,21 +432,42 @@ static void default_name(const char *dir, char *out, size_t cap) {
 static cm_status run_serve(const serve_args *a) {
     cm_status        st;
     cm_chan_server  *srv = NULL;
-    serve_state      s = {.a = a};
+    serve_state     *reps = NULL;
+    void            *users[TS_MAX_REPLICAS];
+    uint32_t         devices[TS_MAX_REPLICAS];
+    const kn_backend *be = NULL;
     cm_target_cfg    cfg;
     char             name[CM_PROTO_NAME_MAX + 1];
     struct sigaction sa = {0}, old_term, old_int;
     int              handlers = 0;
-    CM_TRY_GOTO(kn_backend_get(a->device, &s.be), st, fail);
+    const int        n = a->replicas;
+    serve_all        all = {.a = a, .cfg = &cfg, .n = n};
+    CM_TRY_GOTO(kn_backend_get(a->device, &be), st, fail);
     CM_TRY_GOTO(cm_target_cfg_load(&cfg, a->model), st, fail);
-    s.cap_layers = (int)a->max_layers;
-    s.order = malloc((size_t)s.cap_layers * sizeof *s.order);
-    s.layers = malloc((size_t)s.cap_layers * sizeof *s.layers);
-    s.outs = malloc((size_t)s.cap_layers * sizeof *s.outs);
-    if (!s.order || !s.layers || !s.outs) {
-        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the capture tables");
+    reps = calloc((size_t)n, sizeof *reps);
+    if (!reps) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d replicas", n);
         goto fail;
     }
+    all.reps = reps;
+    for (int i = 0; i < n; i++) {
+        serve_state *r = &reps[i];
+        r->a = a;
+        r->index = i;
+        r->gpu = a->gpus[i];
+        r->be = be;
+        r->cap_layers = (int)a->max_layers;
+        r->order = malloc((size_t)r->cap_layers * sizeof *r->order);
+        r->layers = malloc((size_t)r->cap_layers * sizeof *r->layers);
+        r->outs = malloc((size_t)r->cap_layers * sizeof *r->outs);
+        if (!r->order || !r->layers || !r->outs) {
+            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the capture tables");
+            goto fail;
+        }
+        users[i] = r;
+        devices[i] = (uint32_t)r->gpu;
+    }
+    (void)devices; /* NCCL_READY's GPUs, in builds with NCCL */
     if (a->name)
         snprintf(name, sizeof name, "%s", a->name);
     else
@@ -407,17 +496,26 @@ static cm_status run_serve(const serve_args *a) {
     sc.compute = serve_compute;
     sc.fini = serve_fini;
     sc.status = serve_status;
-    sc.user = &s;
-    s.cfg = &cfg;
+    sc.user = &all;
+    sc.n_workers = n;
+    sc.worker_users = users;
+    if (be->host_pin && be->host_unpin) {
+        sc.host_lock = serve_host_lock;
+        sc.host_unlock = serve_host_unlock;
+    }
 #ifdef TANDEM_HAVE_NCCL
-    const cm_chan_nccl_server nccl = {serve_nccl_open, serve_nccl_close, (uint32_t)a->gpu};
-    if (strcmp(a->device, "cuda") == 0)
+    const cm_chan_nccl_server nccl = {serve_nccl_open, serve_nccl_close, devices[0]};
+    if (strcmp(a->device, "cuda") == 0) {
         sc.nccl = &nccl;
+        sc.nccl_devices = devices;
+    }
 #endif
     CM_TRY_GOTO(cm_chan_server_create(&srv, &sc), st, fail);
     CM_LOG_INFO("target '%s' (%s, %d layers, hidden %d): id %016llx, bound %s; loading weights on %s", name,
                 cfg.model_type, cfg.n_layers, cfg.hidden_size, (unsigned long long)sc.target_id,
-                cm_chan_server_endpoint(srv), s.be->name);
+                cm_chan_server_endpoint(srv), be->name);
+    if (n > 1)
+        CM_LOG_INFO("%d replicas, each with its own copy of the weights", n);
     if (a->endpoint_file)
         CM_TRY_GOTO(write_endpoint_file(a->endpoint_file, cm_chan_server_endpoint(srv)), st, fail);
 
@@ -444,10 +542,13 @@ fail:
     }
     stop_target = NULL;
     cm_chan_server_destroy(&srv);
-    serve_fini(&s); /* no-op when the worker ran fini; frees a model left by a failed start */
-    free(s.order);
-    free(s.layers);
-    free(s.outs);
+    for (int i = 0; reps && i < n; i++) {
+        serve_fini(&reps[i]); /* no-op when the worker ran fini; frees a model left by a failed start */
+        free(reps[i].order);
+        free(reps[i].layers);
+        free(reps[i].outs);
+    }
+    free(reps);
     return st;
 }
 
@@ -462,6 +563,31 @@ static int parse_long(const char *flag, const char *val, long lo, long hi, long 
     }
     *out = v;
     return 1;
+}
+
+/* --gpu 0 or --gpu 0,1,3: distinct ordinals. */
+static int parse_gpus(const char *val, int *gpus, int *n) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", val);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (*n == TS_MAX_REPLICAS) {
+            fprintf(stderr, "target-server serve: --gpu '%s': at most %d GPUs\n", val, TS_MAX_REPLICAS);
+            return 0;
+        }
+        if (!parse_long("--gpu", tok, 0, 1023, &v))
+            return 0;
+        for (int i = 0; i < *n; i++)
+            if (gpus[i] == (int)v) {
+                fprintf(stderr, "target-server serve: --gpu '%s' names GPU %ld twice\n", val, v);
+                return 0;
+            }
+        gpus[(*n)++] = (int)v;
+    }
+    if (!*n)
+        fprintf(stderr, "target-server serve: --gpu '%s' names no GPU\n", val);
+    return *n > 0;
 }
 
 static int parse_encodings(const char *val, uint32_t *mask) {
@@ -575,9 +701,12 @@ int ts_serve_main(int argc, char **argv) {
             }
             cm_log_set_level((cm_log_level)l);
         } else if (strcmp(f, "--gpu") == 0) {
-            if (!parse_long(f, val, 0, 1023, &v))
+            if (!parse_gpus(val, a.gpus, &a.n_gpus))
                 return 2;
-            a.gpu = (int)v;
+        } else if (strcmp(f, "--replicas") == 0) {
+            if (!parse_long(f, val, 1, TS_MAX_REPLICAS, &v))
+                return 2;
+            a.replicas = (int)v;
         } else if (strcmp(f, "--credits") == 0) {
             if (!parse_long(f, val, 1, 1024, &a.credits))
                 return 2;
@@ -627,6 +756,20 @@ int ts_serve_main(int argc, char **argv) {
         fprintf(stderr, "target-server serve: --model DIR is required (or --init random --config FILE; see --help)\n");
         return 2;
     }
+    if (a.n_gpus && a.replicas && a.n_gpus != a.replicas) {
+        fprintf(stderr, "target-server serve: --gpu names %d GPUs but --replicas is %d; give one GPU per replica\n",
+                a.n_gpus, a.replicas);
+        return 2;
+    }
+    if (a.n_gpus > 1 && strcmp(a.device, "cuda") != 0) {
+        fprintf(stderr, "target-server serve: --gpu %d,... needs --device cuda (use --replicas N on the cpu)\n",
+                a.gpus[0]);
+        return 2;
+    }
+    if (!a.replicas)
+        a.replicas = a.n_gpus ? a.n_gpus : 1;
+    for (int i = a.n_gpus; i < a.replicas; i++) /* cuda without --gpu: 0..N-1; cpu: ignored */
+        a.gpus[i] = strcmp(a.device, "cuda") == 0 ? i : 0;
     if (a.peer_timeout_ms <= a.heartbeat_ms) {
         fprintf(stderr, "target-server serve: --peer-timeout-ms %d must exceed --heartbeat-ms %d\n",
                 a.peer_timeout_ms, a.heartbeat_ms);

@@ -414,6 +414,12 @@ static void test_bad_flags(void) {
     TST_CHECK(run_serve_args(unknown, "unknown", &e) == 2 && strstr(e, "unknown option '--frobnicate'"));
     const char *remote[] = {"--model", model, "--bind", "tcp://0.0.0.0:5555", NULL};
     TST_CHECK(run_serve_args(remote, "remote", &e) == 1 && strstr(e, "without CURVE"));
+    const char *gpus_cpu[] = {"--model", model, "--gpu", "0,1", NULL};
+    TST_CHECK(run_serve_args(gpus_cpu, "gpuscpu", &e) == 2 && strstr(e, "needs --device cuda"));
+    const char *gpus_twice[] = {"--model", model, "--device", "cuda", "--gpu", "1,1", NULL};
+    TST_CHECK(run_serve_args(gpus_twice, "gpustwice", &e) == 2 && strstr(e, "names GPU 1 twice"));
+    const char *gpus_reps[] = {"--model", model, "--device", "cuda", "--gpu", "0,1", "--replicas", "3", NULL};
+    TST_CHECK(run_serve_args(gpus_reps, "gpusreps", &e) == 2 && strstr(e, "one GPU per replica"));
     const char *missing[] = {"--model", "/nonexistent/model", "--bind", "tcp://127.0.0.1:*", NULL};
     TST_CHECK(run_serve_args(missing, "missing", &e) == 1 && strstr(e, "/nonexistent/model"));
     /* a busy port */
@@ -426,7 +432,7 @@ static void test_bad_flags(void) {
         TST_CHECK(0);
     }
     printf(
-        "bad flags: missing model, bad encoding, bad number, unknown option (exit 2); non-loopback without "
+        "bad flags: missing model, bad encoding, bad number, unknown option, --gpu lists (exit 2); non-loopback without "
         "CURVE, missing model dir, busy port (exit 1)\n");
 }
 
@@ -537,6 +543,58 @@ static void test_status(void) {
     printf("status: model and load state, a trainer's session and answers (text and --json), no server, bad flags\n");
 }
 
+typedef struct replica_trainer {
+    const char *endpoint;
+    uint64_t    first;
+    int         ledger[8], exact;
+} replica_trainer;
+
+static void *replica_trainer_main(void *arg) {
+    replica_trainer      *t = arg;
+    char                  name[32];
+    snprintf(name, sizeof name, "rep-%llu", (unsigned long long)t->first);
+    cm_chan_client_config cc = client_config(t->endpoint, name, CM_ENCODING_ZSTD_BYTEPLANE);
+    cm_chan_client       *c = NULL;
+    if (cm_chan_client_create(&c, &cc) != CM_OK)
+        return NULL;
+    t->exact = run_ledger(c, t->first, 8, t->ledger, NULL, NULL);
+    cm_chan_client_destroy(&c);
+    return NULL;
+}
+
+/* Two replicas behind one endpoint (--replicas 2 on the cpu, as --gpu 0,1 on cuda): both load
+ * their own weights, two trainers at once get answers bit-exact with dump, STATUS says 2. */
+static void test_replicas(void) {
+    proc              p;
+    const char *const flags[] = {"--dtype", "f32", "--encoding", "all", "--replicas", "2", "--log-level", "debug", NULL};
+    if (!serve_start(&p, "replicas", "tcp://127.0.0.1:*", flags)) {
+        TST_CHECK(0);
+        return;
+    }
+    replica_trainer t[2] = {{.endpoint = p.endpoint, .first = 900}, {.endpoint = p.endpoint, .first = 950}};
+    pthread_t       th[2];
+    for (int i = 0; i < 2; i++)
+        TST_CHECK(pthread_create(&th[i], NULL, replica_trainer_main, &t[i]) == 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    TST_CHECK(t[0].exact == 8 && t[1].exact == 8);
+    static char out[1 << 16];
+    char        args[512];
+    snprintf(args, sizeof args, "--server %s --json", p.endpoint);
+    TST_CHECK(run_status(args, out, sizeof out) == 0);
+    TST_CHECK(strstr(out, "\"replicas\":2") && strstr(out, "\"workers\":2") && strstr(out, "\"loaded\":true"));
+    TST_CHECK(serve_end(&p, SIGTERM) == 0);
+    const char *log = tst_slurp(p.log);
+    int         ready0 = log && strstr(log, "replica 0 (cpu 0): model ready"),
+                ready1 = log && strstr(log, "replica 1 (cpu 0): model ready");
+    int         on0 = 0, on1 = 0;
+    for (const char *q = log; q && (q = strstr(q, " on worker ")); q += 11)
+        *(q[11] == '0' ? &on0 : &on1) += 1;
+    TST_CHECK(ready0 && ready1 && on0 + on1 == 16);
+    printf("replicas: 2 loaded, %d/8 + %d/8 answers bit-exact with dump, %d on replica 0 and %d on replica 1\n",
+           t[0].exact, t[1].exact, on0, on1);
+}
+
 static int want(int argc, char **argv, const char *name) {
     if (argc < 2)
         return 1;
@@ -572,6 +630,8 @@ int main(int argc, char **argv) {
         test_curve_cli();
     if (want(argc, argv, "status"))
         test_status();
+    if (want(argc, argv, "replicas"))
+        test_replicas();
     for (int k = 0; k < N_PATTERNS; k++)
         for (int l = 0; l < N_LAYERS; l++)
             free(pats[k].ref[l]);
