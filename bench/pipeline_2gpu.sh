@@ -6,7 +6,7 @@
 #   usage: OUT=/tmp/pipeline-2gpu BUILD_DIR=build bench/pipeline_2gpu.sh
 #   env: SERVER_GPU (0; a list such as 0,1 runs one target replica per GPU in the one server),
 #        TRAINER_GPU (1), CREDITS (2), ENCODING (nccl; one GPU shared by both: raw over ZeroMQ,
-#        since NCCL takes one rank per GPU), STEPS (12)
+#        since NCCL takes one rank per GPU), STEPS (12), SERVE_ARGS (more serve flags)
 set -u
 cd "$(dirname "$0")/.."; OUT=${OUT:-/tmp/pipeline-2gpu}; mkdir -p "$OUT"
 B=${BUILD_DIR:-build}; T=/tmp/i9; rm -rf $T; mkdir -p $T
@@ -21,7 +21,7 @@ with open('$T/d.jsonl','w') as f:
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > $OUT/smi.csv &
 smi=$!
 t0=$(date +%s.%N)
-$B/target-server/target-server serve --init random --config $CFG --seed 1 --device cuda --gpu $SG \
+$B/target-server/target-server serve --init random --config $CFG --seed 1 --device cuda --gpu $SG ${SERVE_ARGS:-} \
   --bind ipc://$T/s.ipc --max-tokens 8192 --max-layers 5 --credits $CR --stats-interval 0 > $OUT/serve.log 2>&1 &
 srv=$!
 for i in $(seq 1 300); do $B/target-server/target-server status --server ipc://$T/s.ipc --json 2>/dev/null | grep -q '"loaded":true' && break; sleep 0.2; done
@@ -37,4 +37,8 @@ kill $srv; wait $srv; kill $smi
 cp $T/run/metrics.jsonl $OUT/metrics.jsonl 2>/dev/null
 awk -F", " '{ if ($2 > m[$1]) m[$1] = $2; u[$1] += $3; n[$1]++ } END { for (g in m) printf "GPU %s peak %d MiB, mean util %.0f%%\n", g, m[g], u[g]/n[g] }' $OUT/smi.csv >> $OUT/summary.txt
 grep -E 'NCCL from|saved|error' $OUT/train.log >> $OUT/summary.txt
+# with SERVE_ARGS="--log-level debug": each answer's time on its worker (forward + what is not overlapped)
+grep -o 'on worker [0-9]*: [0-9]* tokens, [0-9]* layers in [0-9]* ms' $OUT/serve.log |
+  awk '{ w[$3]++; s += $(NF-1); n++ } END { if (n) { printf "server: %d answers, %.0f ms each on its worker (", n, s / n;
+    for (k in w) printf "worker %s: %d ", k, w[k]; print ")" } }' >> $OUT/summary.txt
 cat $OUT/summary.txt; tail -4 $OUT/train.log

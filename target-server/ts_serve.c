@@ -86,6 +86,7 @@ typedef struct serve_args {
     const char  *model, *device, *bind, *name, *endpoint_file, *curve_secret, *curve_clients, *keygen;
     int          gpus[TS_MAX_REPLICAS], n_gpus, replicas;
     int          threads, zstd_level, heartbeat_ms, peer_timeout_ms, stats_s;
+    int          stream; /* cuda: compress layers while the forward runs (TANDEM_SERVE_STREAM=0: after it) */
     int          init_random;
     uint64_t     seed;
     long         credits, max_tokens, max_layers;
@@ -252,7 +253,8 @@ static cm_status staged_layer(void *user, int k, const float *x) {
     cm_chan_job *job = s->job;
     const int    pos = s->order[k]; /* the capture goes in ascending layers; the answer in request order */
     CM_TRY(ts_stage_put(s->stage, pos, x, job->req->n_tokens, job->hidden_size, s->a->dtype, job->out[pos]));
-    cm_chan_job_ready(job, (uint32_t)pos);
+    if (s->a->stream)
+        cm_chan_job_ready(job, (uint32_t)pos);
     return CM_OK;
 }
 
@@ -270,7 +272,12 @@ static cm_status compute_staged(serve_state *s, cm_chan_job *job) {
     job->wait = staged_wait;
     job->wait_arg = s;
     ts_capture cap = {.n_layers = (int)r->n_layers, .layers = s->layers, .on_layer = staged_layer, .user = s};
-    return ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap);
+    CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
+    if (s->a->stream)
+        return CM_OK;
+    for (uint32_t i = 0; i < r->n_layers; i++) /* not announced: every copy is done before compute returns */
+        CM_TRY(staged_wait(s, i));
+    return CM_OK;
 }
 #endif
 
@@ -768,6 +775,8 @@ int ts_serve_main(int argc, char **argv) {
     }
     if (!a.replicas)
         a.replicas = a.n_gpus ? a.n_gpus : 1;
+    const char *stream_env = getenv("TANDEM_SERVE_STREAM");
+    a.stream = !stream_env || strcmp(stream_env, "0") != 0;
     for (int i = a.n_gpus; i < a.replicas; i++) /* cuda without --gpu: 0..N-1; cpu: ignored */
         a.gpus[i] = strcmp(a.device, "cuda") == 0 ? i : 0;
     if (a.peer_timeout_ms <= a.heartbeat_ms) {
