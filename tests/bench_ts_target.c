@@ -229,8 +229,8 @@ int main(int argc, char **argv) {
     const double t_ctx = now_s();
 
     ts_model       *m  = NULL;
-    ts_model_config mc = {.dir = config, .backend = be, .ctx = cx, .n_layers = gdn_only ? 1 : -1, .load_head = 0,
-                          .bf16_weights = 1, .init_random = 1, .seed = seed};
+    ts_model_config mc = {.dir = config, .backend = be, .ctx = cx, .n_layers = gdn_only ? 1 : -1,
+                          .load_head = 0, .bf16_weights = 1, .init_random = 1, .seed = seed};
     CHECK(ts_model_load(&m, &mc));
     const double         t_loaded = now_s();
     const cm_target_cfg *c        = ts_model_cfg(m);
