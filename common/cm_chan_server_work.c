@@ -322,9 +322,9 @@ static cm_status compute_and_encode(cm_chan_server *s, worker *k, const cm_proto
     es->dt_set = 0;
     es->st = CM_OK;
     es->stop = 0;
-    es->active = es->started;
+    es->active = es->started; /* without the thread, announced tensors are waited for and encoded below */
     pthread_mutex_unlock(&es->mu);
-    job->stream_ = es->started ? es : NULL;
+    job->stream_ = es;
     cm_status st = s->cfg.compute(k->user, job);
     stream_end(es);
     job->stream_ = NULL;
