@@ -1,0 +1,100 @@
+/* kernels/kn_mma_sm80.h — the warp-level tensor-core helpers shared by the FlashAttention-2
+ * style kernels (kn_dflash_attn_mma.cu, the drafter's attention; kn_attention.cu, the
+ * target's): cp.async, ldmatrix and mma.sync m16n8k16 on bf16 with fp32 accumulation, all
+ * sm_80+ (Ampere, Hopper, Blackwell alike; no wgmma). Internal to kernels/; include from
+ * .cu files only. Every function is static, so each file gets its own copy. */
+#ifndef KN_MMA_SM80_H
+#define KN_MMA_SM80_H
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+// ----------------------------------------------------------------------------
+// cp.async, ldmatrix and mma (PTX ISA; mma.m16n8k16 .bf16 with g = lane / 4, t = lane % 4:
+//   A 16×16 row-major: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B 16×8:            b0 (k = 2t..2t+1, n = g), b1 (k = 2t+8.., n = g)
+//   C 16×8 fp32:       c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1))
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global → shared, or 16 zero bytes when !valid (src is then not read). */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+/* Waits until at most one (cp_wait_1) or no (cp_wait_0) committed group is in flight. */
+static __device__ __forceinline__ void cp_wait_1() {
+    asm volatile("cp.async.wait_group 1;\n" ::);
+}
+static __device__ __forceinline__ void cp_wait_0() {
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* A fragment: the 16×16 block of M (row-major, ld) at rows r0.., cols c0... */
+static __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *M, int ld, int r0, int c0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4(a, M + (r0 + (l & 15)) * ld + c0 + (l >> 4) * 8);
+}
+
+/* B fragments of two adjacent n tiles (n0.., n0 + 8..) at k0.. with B[k][n] = M[n][k]
+ * (M stored n-major: Kᵀ from K [key][d]): {r[0], r[1]} for n0, {r[2], r[3]} for n0 + 8. */
+static __device__ __forceinline__ void frag_b_nk(uint32_t r[4], const bf16 *M, int ld, int n0, int k0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4(r, M + (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8);
+}
+
+/* The same with B[k][n] = M[k][n] (M stored k-major: V [key][d] for P·V). */
+static __device__ __forceinline__ void frag_b_kn(uint32_t r[4], const bf16 *M, int ld, int k0, int n0) {
+    const int l = threadIdx.x % 32;
+    ldsm_x4_t(r, M + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8);
+}
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* The C accumulators of two adjacent 16×8 tiles (columns 0..7 and 8..15 of a k16 step) as
+ * the A fragment of the next product: P·V, dS·K, Pᵀ·dO, dSᵀ·Q. */
+static __device__ __forceinline__ void c_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = pack_bf16(lo[0], lo[1]);
+    a[1] = pack_bf16(lo[2], lo[3]);
+    a[2] = pack_bf16(hi[0], hi[1]);
+    a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+static __device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+static __device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+#endif /* KN_MMA_SM80_H */
