@@ -76,6 +76,29 @@ extern "C" void ts_stage_destroy(ts_stage **sp) {
     *sp = NULL;
 }
 
+/* The staging memory at least bytes and the check counters for n layers (contents dead). */
+static cm_status stage_fit(ts_stage *s, size_t bytes, int n) {
+    if (bytes > s->cap) {
+        cudaFree(s->mem);
+        s->mem = NULL;
+        s->cap = 0;
+        KN_CUDA(cudaMalloc(&s->mem, bytes));
+        s->cap = bytes;
+    }
+    if (n > s->cap_layers) {
+        cudaFree(s->counts);
+        s->counts = NULL;
+        s->cap_layers = 0;
+        KN_CUDA(cudaMalloc((void **)&s->counts, 2 * sizeof(unsigned long long) * (size_t)n));
+        s->cap_layers = n;
+    }
+    return CM_OK;
+}
+
+static int round_blocks(size_t elems) {
+    return (int)((elems + 255) / 256 < 4096 ? (elems + 255) / 256 : 4096);
+}
+
 extern "C" cm_status ts_stage_round(ts_stage *s, float *const *dev, const int32_t *layers, int n, int64_t T,
                                     int64_t D, cm_dtype dt, uint64_t batch, const void **out) {
     kn_ctx *ctx = s->ctx;
@@ -86,24 +109,10 @@ extern "C" cm_status ts_stage_round(ts_stage *s, float *const *dev, const int32_
     KN_CUDA(cudaSetDevice(ctx->device));
     const size_t es = cm_dtype_size(dt), per = (size_t)T * (size_t)D * es;
     const size_t stride = (per + 255) & ~(size_t)255, need = stride * (size_t)n;
-    if (need > s->cap) {
-        cudaFree(s->mem);
-        s->mem = NULL;
-        s->cap = 0;
-        KN_CUDA(cudaMalloc(&s->mem, need));
-        s->cap = need;
-    }
-    if (n > s->cap_layers) {
-        cudaFree(s->counts);
-        s->counts = NULL;
-        s->cap_layers = 0;
-        KN_CUDA(cudaMalloc((void **)&s->counts, 2 * sizeof(unsigned long long) * (size_t)n));
-        s->cap_layers = n;
-    }
+    CM_TRY(stage_fit(s, need, n));
     KN_CUDA(cudaMemsetAsync(s->counts, 0, 2 * sizeof(unsigned long long) * (size_t)n, ctx->stream));
     const size_t elems = (size_t)T * (size_t)D;
-    const int    threads = 256;
-    const int blocks = (int)((elems + threads - 1) / threads < 4096 ? (elems + threads - 1) / threads : 4096);
+    const int    threads = 256, blocks = round_blocks(elems);
     for (int i = 0; i < n; i++) {
         uint8_t *dst = (uint8_t *)s->mem + stride * (size_t)i;
         if (elems && dt == CM_DTYPE_BF16)
@@ -131,10 +140,6 @@ extern "C" cm_status ts_stage_round(ts_stage *s, float *const *dev, const int32_
     return CM_OK;
 }
 
-static int round_blocks(size_t elems) {
-    return (int)((elems + 255) / 256 < 4096 ? (elems + 255) / 256 : 4096);
-}
-
 extern "C" cm_status ts_stage_reserve(ts_stage *s, int n, int64_t T, int64_t D, cm_dtype dt) {
     kn_ctx *ctx = s->ctx;
     if (dt != CM_DTYPE_BF16 && dt != CM_DTYPE_F32)
@@ -154,20 +159,7 @@ extern "C" cm_status ts_stage_reserve(ts_stage *s, int n, int64_t T, int64_t D, 
     KN_CUDA(cudaStreamSynchronize(s->copy));
     KN_CUDA(cudaStreamSynchronize(ctx->stream));
     const size_t bytes = (slot > s->slot_bytes ? slot : s->slot_bytes) * (size_t)(n > s->n_slots ? n : s->n_slots);
-    if (bytes > s->cap) {
-        cudaFree(s->mem);
-        s->mem = NULL;
-        s->cap = 0;
-        KN_CUDA(cudaMalloc(&s->mem, bytes));
-        s->cap = bytes;
-    }
-    if (n > s->cap_layers) {
-        cudaFree(s->counts);
-        s->counts = NULL;
-        s->cap_layers = 0;
-        KN_CUDA(cudaMalloc((void **)&s->counts, 2 * sizeof(unsigned long long) * (size_t)n));
-        s->cap_layers = n;
-    }
+    CM_TRY(stage_fit(s, bytes, n));
     for (; s->n_slots < n; s->n_slots++) {
         KN_CUDA(cudaEventCreateWithFlags(&s->ready[s->n_slots], cudaEventDisableTiming));
         KN_CUDA(cudaEventCreateWithFlags(&s->copied[s->n_slots], cudaEventDisableTiming));
