@@ -48,6 +48,8 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include "kn_mma_sm80.h"
+
 using namespace nvcuda;
 typedef __nv_bfloat16 bf16;
 
@@ -472,39 +474,16 @@ static __global__ void __launch_bounds__(GDN_THREADS)
 #define GDN_MV (16 * GDN_MW) /* v columns per block */
 #define GDN_US (GDN_MV + 8)  /* bf16 stride of the staged U slice */
 
-static __device__ __forceinline__ uint32_t gdn_smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void gdn_ldsm_x4(uint32_t r[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(gdn_smem_u32(p)));
-}
-static __device__ __forceinline__ void gdn_ldsm_x4_t(uint32_t r[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(gdn_smem_u32(p)));
-}
-static __device__ __forceinline__ void gdn_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 /* B fragments of the n tiles n0.. and n0 + 8.. at k0.. with B[k][n] = M[n][k] (M row-major,
  * n-major: Wᵀ, Qᵀ, Pᵀ from W, Q, P [token][·]): {r0, r1} for n0, {r2, r3} for n0 + 8. */
 static __device__ __forceinline__ void gdn_frag_b_nk(uint32_t r[4], const bf16 *M, int ld, int n0, int k0,
                                                      int lane) {
-    gdn_ldsm_x4(r, M + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+    ldsm_x4(r, M + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
 }
 /* The same with B[k][n] = M[k][n] (M k-major: K [token][dk] in δᵀ·K). */
 static __device__ __forceinline__ void gdn_frag_b_kn(uint32_t r[4], const bf16 *M, int ld, int k0, int n0,
                                                      int lane) {
-    gdn_ldsm_x4_t(r, M + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
-}
-static __device__ __forceinline__ uint32_t gdn_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
-    return *reinterpret_cast<uint32_t *>(&v);
+    ldsm_x4_t(r, M + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
 }
 
 /* One pipeline stage of gdn_state_mma: the chunk's W, Q, K [64][DKP + 8], U slice [64][GDN_US],
@@ -611,19 +590,19 @@ gdn_state_warp(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const
 #pragma unroll
         for (int ks = 0; ks < KH / 16; ks++) {
             uint32_t a[4];
-            a[0] = gdn_pack(S[2 * ks][0], S[2 * ks][1]);
-            a[1] = gdn_pack(S[2 * ks][2], S[2 * ks][3]);
-            a[2] = gdn_pack(S[2 * ks + 1][0], S[2 * ks + 1][1]);
-            a[3] = gdn_pack(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+            a[0] = pack_bf16(S[2 * ks][0], S[2 * ks][1]);
+            a[1] = pack_bf16(S[2 * ks][2], S[2 * ks][3]);
+            a[2] = pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
+            a[3] = pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
 #pragma unroll
             for (int np = 0; np < 4; np++) {
                 uint32_t b[4];
                 gdn_frag_b_nk(b, Wb, KS, np * 16, HF * KH + ks * 16, lane);
-                gdn_mma(D[2 * np], a, b[0], b[1]);
-                gdn_mma(D[2 * np + 1], a, b[2], b[3]);
+                mma_bf16(D[2 * np], a, b[0], b[1]);
+                mma_bf16(D[2 * np + 1], a, b[2], b[3]);
                 gdn_frag_b_nk(b, Qb, KS, np * 16, HF * KH + ks * 16, lane);
-                gdn_mma(O[2 * np], a, b[0], b[1]);
-                gdn_mma(O[2 * np + 1], a, b[2], b[3]);
+                mma_bf16(O[2 * np], a, b[0], b[1]);
+                mma_bf16(O[2 * np + 1], a, b[2], b[3]);
             }
         }
         // exchange with the partner: all of D, O on the partner's output tiles (same fragment
@@ -664,16 +643,16 @@ gdn_state_warp(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const
                 d[hf][2] = __bfloat162float(Ub[tok * US + vr + 8]) - D[n][2];
                 d[hf][3] = __bfloat162float(Ub[(tok + 1) * US + vr + 8]) - D[n][3];
             }
-            da[kk][0] = gdn_pack(d[0][0], d[0][1]);
-            da[kk][1] = gdn_pack(d[0][2], d[0][3]);
-            da[kk][2] = gdn_pack(d[1][0], d[1][1]);
-            da[kk][3] = gdn_pack(d[1][2], d[1][3]);
+            da[kk][0] = pack_bf16(d[0][0], d[0][1]);
+            da[kk][1] = pack_bf16(d[0][2], d[0][3]);
+            da[kk][2] = pack_bf16(d[1][0], d[1][1]);
+            da[kk][3] = pack_bf16(d[1][2], d[1][3]);
             const int   tl = 16 * kk + 2 * t, th = tl + 8;
             const float l0 = Eb[64 + tl], l1 = Eb[64 + tl + 1], h0 = Eb[64 + th], h1 = Eb[64 + th + 1];
-            dd[kk][0] = gdn_pack(d[0][0] * l0, d[0][1] * l1);
-            dd[kk][1] = gdn_pack(d[0][2] * l0, d[0][3] * l1);
-            dd[kk][2] = gdn_pack(d[1][0] * h0, d[1][1] * h1);
-            dd[kk][3] = gdn_pack(d[1][2] * h0, d[1][3] * h1);
+            dd[kk][0] = pack_bf16(d[0][0] * l0, d[0][1] * l1);
+            dd[kk][1] = pack_bf16(d[0][2] * l0, d[0][3] * l1);
+            dd[kk][2] = pack_bf16(d[1][0] * h0, d[1][1] * h1);
+            dd[kk][3] = pack_bf16(d[1][2] * h0, d[1][3] * h1);
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -698,8 +677,8 @@ gdn_state_warp(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const
             for (int np = 0; np < KH / 16; np++) {
                 uint32_t b[4];
                 gdn_frag_b_kn(b, Kb, KS, kk * 16, HF * KH + np * 16, lane);
-                gdn_mma(S[2 * np], dd[kk], b[0], b[1]);
-                gdn_mma(S[2 * np + 1], dd[kk], b[2], b[3]);
+                mma_bf16(S[2 * np], dd[kk], b[0], b[1]);
+                mma_bf16(S[2 * np + 1], dd[kk], b[2], b[3]);
             }
 
         // O += δᵀ Pᵀ on this warp's token tiles (P lower triangular: k steps kk ≤ np), then out
@@ -710,8 +689,8 @@ gdn_state_warp(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const
             for (int kk = 0; kk <= np; kk++) {
                 uint32_t b[4];
                 gdn_frag_b_nk(b, Pb, BS, np * 16, kk * 16, lane);
-                gdn_mma(O[2 * np], da[kk], b[0], b[1]);
-                gdn_mma(O[2 * np + 1], da[kk], b[2], b[3]);
+                mma_bf16(O[2 * np], da[kk], b[0], b[1]);
+                mma_bf16(O[2 * np + 1], da[kk], b[2], b[3]);
             }
         }
         float *o = out + (t0 * nv + h) * (int64_t)dv;
@@ -778,7 +757,7 @@ static __global__ void __launch_bounds__(GDN_MT, 1)
 /* A fragment of the 16×16 block of M (bf16, row-major, ld) at rows r0.., cols c0... */
 static __device__ __forceinline__ void gdn_frag_a(uint32_t a[4], const bf16 *M, int ld, int r0, int c0,
                                                   int lane) {
-    gdn_ldsm_x4(a, M + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8);
+    ldsm_x4(a, M + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8);
 }
 static __device__ __forceinline__ uint32_t gdn_tf32(float x) {
     uint32_t r;
@@ -822,10 +801,10 @@ static __device__ __forceinline__ void gdn_frag_a_scaled(uint32_t a[4], const fl
     const float2 x2 = *(const float2 *)(T + (r0 + g) * ld + c + 8);
     const float2 x3 = *(const float2 *)(T + (r0 + g + 8) * ld + c + 8);
     const float  s0 = s[c], s1 = s[c + 1], s8 = s[c + 8], s9 = s[c + 9];
-    a[0] = gdn_pack(x0.x * s0, x0.y * s1);
-    a[1] = gdn_pack(x1.x * s0, x1.y * s1);
-    a[2] = gdn_pack(x2.x * s8, x2.y * s9);
-    a[3] = gdn_pack(x3.x * s8, x3.y * s9);
+    a[0] = pack_bf16(x0.x * s0, x0.y * s1);
+    a[1] = pack_bf16(x1.x * s0, x1.y * s1);
+    a[2] = pack_bf16(x2.x * s8, x2.y * s9);
+    a[3] = pack_bf16(x3.x * s8, x3.y * s9);
 }
 
 #define GDN_PT 128 /* threads of gdn_prep_mma: 4 warps */
@@ -952,10 +931,10 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
                 if (np <= w) {
                     uint32_t b[4];
                     gdn_frag_b_nk(b, Kb, KS, np * 16, ks * 16, lane);
-                    gdn_mma(kk[2 * np], ak, b[0], b[1]);
-                    gdn_mma(kk[2 * np + 1], ak, b[2], b[3]);
-                    gdn_mma(qk[2 * np], aq, b[0], b[1]);
-                    gdn_mma(qk[2 * np + 1], aq, b[2], b[3]);
+                    mma_bf16(kk[2 * np], ak, b[0], b[1]);
+                    mma_bf16(kk[2 * np + 1], ak, b[2], b[3]);
+                    mma_bf16(qk[2 * np], aq, b[0], b[1]);
+                    mma_bf16(qk[2 * np + 1], aq, b[2], b[3]);
                 }
         }
         // P = (Q Kᵀ ⊙ e^{γ_r−γ_j})[j ≤ r < L] to global, A = β_r e^{γ_r−γ_j} k_r·k_j [j < r < L] to Af
@@ -972,7 +951,7 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
                     const float e1 = j + 1 <= r ? __expf(gr - gam[j + 1]) : 0.0f;
                     const float p0 = r < L ? qk[n][2 * hf] * e0 : 0.0f,
                                 p1 = r < L ? qk[n][2 * hf + 1] * e1 : 0.0f;
-                    *(uint32_t *)(P + r * 64 + j) = gdn_pack(p0, p1);
+                    *(uint32_t *)(P + r * 64 + j) = pack_bf16(p0, p1);
                     *(float2 *)(Af + r * FS + j) =
                         make_float2(j < r ? br * e0 * kk[n][2 * hf] : 0.0f,
                                     j + 1 < r ? br * e1 * kk[n][2 * hf + 1] : 0.0f);
@@ -1002,7 +981,7 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
     __syncthreads(); /* A and the diagonal blocks of T complete; Q is dead */
 #pragma unroll
     for (int i = 0; i < 16; i++)
-        *(uint32_t *)(Vb + (w + 4 * i) * BS + 2 * lane) = gdn_pack(vr[2 * i], vr[2 * i + 1]);
+        *(uint32_t *)(Vb + (w + 4 * i) * BS + 2 * lane) = pack_bf16(vr[2 * i], vr[2 * i + 1]);
     if (DVP > 64)
         gdn_vload(vr, v, t0, L, nv, h, dv, 64, tid);
 
@@ -1035,15 +1014,15 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
             for (int np = 0; np < WC / 16; np++) {
                 uint32_t b[4];
                 gdn_frag_b_kn(b, Kb, KS, 16 * kk, c0 + 16 * np, lane);
-                gdn_mma(acc[2 * np], a, b[0], b[1]);
-                gdn_mma(acc[2 * np + 1], a, b[2], b[3]);
+                mma_bf16(acc[2 * np], a, b[0], b[1]);
+                mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
             }
         }
 #pragma unroll
         for (int n = 0; n < WC / 8; n++) {
             const int c = c0 + 8 * n + 2 * tq;
-            *(uint32_t *)(W + (r0 + gq) * DKP + c) = gdn_pack(acc[n][0], acc[n][1]);
-            *(uint32_t *)(W + (r0 + gq + 8) * DKP + c) = gdn_pack(acc[n][2], acc[n][3]);
+            *(uint32_t *)(W + (r0 + gq) * DKP + c) = pack_bf16(acc[n][0], acc[n][1]);
+            *(uint32_t *)(W + (r0 + gq + 8) * DKP + c) = pack_bf16(acc[n][2], acc[n][3]);
         }
     }
 
@@ -1055,7 +1034,7 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
             __syncthreads(); /* every warp is done with the last pass's stage */
 #pragma unroll
             for (int i = 0; i < 16; i++)
-                *(uint32_t *)(Vb + (w + 4 * i) * BS + 2 * lane) = gdn_pack(vr[2 * i], vr[2 * i + 1]);
+                *(uint32_t *)(Vb + (w + 4 * i) * BS + 2 * lane) = pack_bf16(vr[2 * i], vr[2 * i + 1]);
             if (c0 + 64 < DVP)
                 gdn_vload(vr, v, t0, L, nv, h, dv, c0 + 64, tid);
             __syncthreads();
@@ -1075,16 +1054,16 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
                 if (16 * np < nc) {
                     uint32_t b[4];
                     gdn_frag_b_kn(b, Vb, BS, 16 * kk, 16 * np, lane);
-                    gdn_mma(acc[2 * np], a, b[0], b[1]);
-                    gdn_mma(acc[2 * np + 1], a, b[2], b[3]);
+                    mma_bf16(acc[2 * np], a, b[0], b[1]);
+                    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
                 }
         }
 #pragma unroll
         for (int n = 0; n < 8; n++)
             if (8 * n < nc) {
                 const int c = c0 + 8 * n + 2 * tq;
-                *(uint32_t *)(U + (r0 + gq) * (int64_t)DVP + c) = gdn_pack(acc[n][0], acc[n][1]);
-                *(uint32_t *)(U + (r0 + gq + 8) * (int64_t)DVP + c) = gdn_pack(acc[n][2], acc[n][3]);
+                *(uint32_t *)(U + (r0 + gq) * (int64_t)DVP + c) = pack_bf16(acc[n][0], acc[n][1]);
+                *(uint32_t *)(U + (r0 + gq + 8) * (int64_t)DVP + c) = pack_bf16(acc[n][2], acc[n][3]);
             }
     }
 }
