@@ -47,6 +47,7 @@ static const kn_backend cpu_backend = {
     .rmsnorm_gated_bf16 = kn_ref_rmsnorm_gated_bf16,
     .swiglu_bf16        = kn_ref_swiglu_bf16,
     .gdn_conv_qkv       = kn_ref_gdn_conv_qkv,
+    .qk_prep            = kn_ref_qk_prep,
     .cast2d             = kn_ref_cast2d,
     .matmul             = kn_ref_matmul,
     .swiglu_typed       = kn_ref_swiglu_typed,

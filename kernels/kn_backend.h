@@ -261,6 +261,18 @@ typedef struct kn_backend {
     cm_status (*gdn_conv_qkv)(kn_ctx *ctx, float *q, float *k, float *v, const float *x, const float *w,
                               const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
                               int K, float eps); /* (optional) */
+    /* The gated attention's q/k input prep in one op: the split of the gated q_proj output,
+     * the q/k head norms and partial rope, the same as (gate ≠ NULL) copy2d(q ← qg[:, :hd]) and
+     * copy2d(gate ← qg[:, hd:]) over the T·nq rows of qg [T, nq, 2·hd] (per head [q_h | gate_h]),
+     * or (gate = NULL) copy2d(q ← qg) with qg [T, nq, hd] (qg may equal q); then
+     * rmsnorm(q, q_norm), rmsnorm(k, k_norm) per head of hd (eps, one_plus as rmsnorm), and
+     * rope(q, pos) and rope(k, pos) (rot_dim, theta as rope). q [T, nq, hd] and gate are
+     * written; k [T, nkv, hd] is updated in place. qg must not overlap q (unless equal, ungated),
+     * gate or k. A backend may refuse a shape with CM_ERR_UNSUPPORTED (the caller then runs the
+     * chain). */
+    cm_status (*qk_prep)(kn_ctx *ctx, float *q, float *gate, float *k, const float *qg, const float *q_norm,
+                         const float *k_norm, const int32_t *pos, int64_t T, int nq, int nkv, int hd, int rot_dim,
+                         float theta, float eps, int one_plus); /* (optional) */
 
     // ---- drafter training with saved activations in BF16 (dt_model when gemm rounds its
     // input): GEMMs that read and write BF16 directly and SwiGLU on BF16 storage.

@@ -48,6 +48,7 @@ static const kn_backend cuda_backend = {
     .rmsnorm_gated_bf16 = kn_cuda_rmsnorm_gated_bf16,
     .swiglu_bf16 = kn_cuda_swiglu_bf16,
     .gdn_conv_qkv = kn_cuda_gdn_conv_qkv,
+    .qk_prep = kn_cuda_qk_prep,
     .cast2d = kn_cuda_cast2d,
     .matmul = kn_cuda_matmul,
     .swiglu_typed = kn_cuda_swiglu_typed,

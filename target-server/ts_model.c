@@ -508,21 +508,30 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int64_t T, in
     ts_ws               *w  = &m->ws;
     const int64_t        D  = c->hidden_size;
     const int            nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    const float         *gate = NULL;
-    if (c->attn_output_gate) { /* q_proj rows interleave [q_h | gate_h] per head */
+    const float         *gate = c->attn_output_gate ? w->gate : NULL;
+    if (gate) /* q_proj rows interleave [q_h | gate_h] per head */
         CM_TRY(gemm_h(m, w->big0, &L->q_proj, T, 2 * (int64_t)nq * hd, D));
-        CM_TRY(be->copy2d(cx, w->q, hd, w->big0, 2 * (int64_t)hd, T * nq, hd));
-        CM_TRY(be->copy2d(cx, w->gate, hd, w->big0 + hd, 2 * (int64_t)hd, T * nq, hd));
-        gate = w->gate;
-    } else {
+    else
         CM_TRY(gemm_h(m, w->q, &L->q_proj, T, (int64_t)nq * hd, D));
-    }
     CM_TRY(gemm_h(m, w->k, &L->k_proj, T, (int64_t)nkv * hd, D));
     CM_TRY(gemm_h(m, w->v, &L->v_proj, T, (int64_t)nkv * hd, D));
-    CM_TRY(be->rmsnorm(cx, w->q, w->q, L->q_norm, T * nq, hd, c->rms_norm_eps, 1));
-    CM_TRY(be->rmsnorm(cx, w->k, w->k, L->k_norm, T * nkv, hd, c->rms_norm_eps, 1));
-    CM_TRY(be->rope(cx, w->q, w->pos, T, nq, hd, c->rotary_dim, (float)c->rope_theta));
-    CM_TRY(be->rope(cx, w->k, w->pos, T, nkv, hd, c->rotary_dim, (float)c->rope_theta));
+    /* fused path: the q/gate split, q/k norms and rope in one pass; the op may refuse a shape
+     * (very wide heads), and then the chain runs */
+    cm_status cst = CM_ERR_UNSUPPORTED;
+    if (m->fused && be->qk_prep)
+        cst = be->qk_prep(cx, w->q, gate ? w->gate : NULL, w->k, gate ? w->big0 : w->q, L->q_norm, L->k_norm,
+                          w->pos, T, nq, nkv, hd, c->rotary_dim, (float)c->rope_theta, c->rms_norm_eps, 1);
+    if (cst != CM_OK && cst != CM_ERR_UNSUPPORTED) return cst;
+    if (cst == CM_ERR_UNSUPPORTED) {
+        if (gate) {
+            CM_TRY(be->copy2d(cx, w->q, hd, w->big0, 2 * (int64_t)hd, T * nq, hd));
+            CM_TRY(be->copy2d(cx, w->gate, hd, w->big0 + hd, 2 * (int64_t)hd, T * nq, hd));
+        }
+        CM_TRY(be->rmsnorm(cx, w->q, w->q, L->q_norm, T * nq, hd, c->rms_norm_eps, 1));
+        CM_TRY(be->rmsnorm(cx, w->k, w->k, L->k_norm, T * nkv, hd, c->rms_norm_eps, 1));
+        CM_TRY(be->rope(cx, w->q, w->pos, T, nq, hd, c->rotary_dim, (float)c->rope_theta));
+        CM_TRY(be->rope(cx, w->k, w->pos, T, nkv, hd, c->rotary_dim, (float)c->rope_theta));
+    }
     double t0, t1;
     CM_TRY(mark(m, &t0));
     CM_TRY(be->attention(cx, w->attn, w->q, w->k, w->v, gate, w->cu, n_seq, T, nq, nkv, hd,

@@ -142,6 +142,11 @@ cm_status kn_ref_swiglu_bf16(kn_ctx *ctx, uint16_t *out, const float *gate, cons
 cm_status kn_ref_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const float *x, const float *w,
                               const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
                               int K, float eps);
+/* copy2d split, rmsnorm and rope of the attention's q and k in one pass per token, with the
+ * arithmetic of kn_ref_copy2d, kn_ref_rmsnorm and kn_ref_rope (bit-identical to that chain). */
+cm_status kn_ref_qk_prep(kn_ctx *ctx, float *q, float *gate, float *k, const float *qg, const float *q_norm,
+                         const float *k_norm, const int32_t *pos, int64_t T, int nq, int nkv, int hd, int rot_dim,
+                         float theta, float eps, int one_plus);
 
 // ---- drafter training with BF16 saved activations (kn_mixed_ref.c): BF16 read by widening
 // exactly, every result computed in double, rounded to F32 and then, for a BF16 output, to BF16
