@@ -690,18 +690,7 @@ static __global__ void __launch_bounds__(128 * HPB, (HD == 256 ? 2 : 4) / HPB)
                 o[nt][3] *= corr[1];
             }
         }
-#pragma unroll
-        for (int kk = 0; kk < FM_KT / 16; kk++) {
-            uint32_t a[4];
-            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t b[4];
-                frag_b_kn(b, vt, LD, kk * 16, np * 16);
-                mma_bf16(o[2 * np], a, b[0], b[1]);
-                mma_bf16(o[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        mma_tile_kn<NT, FM_KT>(o, s, vt, LD);
     }
     fm_cp_wait<0>(); /* nothing in flight at exit */
 #pragma unroll

@@ -317,18 +317,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
             o[nt][2] *= corr[1];
             o[nt][3] *= corr[1];
         }
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; kk++) {
-            uint32_t a[4];
-            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t b[4];
-                frag_b_kn(b, vt, LD, kk * 16, np * 16);
-                mma_bf16(o[2 * np], a, b[0], b[1]);
-                mma_bf16(o[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        mma_tile_kn<NT, KT>(o, s, vt, LD);
         __syncthreads(); /* this stage is consumed before tile t + 2 overwrites it */
     }
 #pragma unroll
@@ -415,18 +404,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
                 const float pr = vis ? exp2f(s[nt][e] * sc - lse2[r]) : 0.0f;
                 s[nt][e] = pr * (dp[nt][e] - dl[r]); /* dS */
             }
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; kk++) {
-            uint32_t a[4];
-            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t b[4];
-                frag_b_kn(b, kt, LD, kk * 16, np * 16);
-                mma_bf16(dq[2 * np], a, b[0], b[1]);
-                mma_bf16(dq[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        mma_tile_kn<NT, KT>(dq, s, kt, LD);
         __syncthreads();
     }
 #pragma unroll

@@ -88,6 +88,26 @@ static __device__ __forceinline__ void c_to_a(uint32_t a[4], const float lo[4], 
     a[3] = pack_bf16(hi[2], hi[3]);
 }
 
+/* acc += P · M for one tile of KT keys: P is the tile's C fragments s (KT / 8 of them, as the
+ * Q·Kᵀ product left them) rounded to bf16 as A fragments, M [key][d] k-major in shared memory
+ * (ld), NT output tiles of 8 columns: O += P·V in a forward, dQ += dS·K in a backward. */
+template <int NT, int KT>
+static __device__ __forceinline__ void mma_tile_kn(float (&acc)[NT][4], const float (&s)[KT / 8][4],
+                                                   const bf16 *M, int ld) {
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) {
+        uint32_t a[4];
+        c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t b[4];
+            frag_b_kn(b, M, ld, kk * 16, np * 16);
+            mma_bf16(acc[2 * np], a, b[0], b[1]);
+            mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
 static __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
