@@ -1068,6 +1068,91 @@ static void test_bad_args(void) {
 }
 
 // ----------------------------------------------------------------------------
+// qk_prep: the attention's q/gate split, q/k head rmsnorm and partial rope in one op
+
+/* cuda qk_prep against cpu qk_prep (itself bit-identical to the copy2d/rmsnorm/rope chain,
+ * tests/test_kn_qk_prep.c): gate exact, q and k within 1e-5 relative; outputs poisoned. */
+static void qk_prep_case(const int *lens, int n_seq, int nq, int nkv, int hd, int rot, int gated, int in_place,
+                         int one_plus, float theta, int pos_base) {
+    int32_t cu[16];
+    long    T = make_seqs(lens, n_seq, cu);
+    long    qs = gated ? 2L * hd : hd, nqg = T * nq * qs, nqe = T * nq * hd, nke = T * nkv * hd;
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+    if (!pos)
+        exit(1);
+    for (int s = 0; s < n_seq; s++)
+        for (int t = cu[s]; t < cu[s + 1]; t++)
+            pos[t] = pos_base + t - cu[s];
+    float *qg = rand_f32(nqg, -3, 3), *k = rand_f32(nke, -3, 3), *qn = rand_f32(hd, -0.5, 0.5),
+          *kn = rand_f32(hd, -0.5, 0.5);
+    dbuf bqg = dbuf_put(qg, (size_t)nqg * 4), bk = dbuf_put(k, (size_t)nke * 4), bp = dbuf_put(pos, (size_t)T * 4);
+    dbuf bqn = dbuf_put(qn, (size_t)hd * 4), bkn = dbuf_put(kn, (size_t)hd * 4);
+    dbuf bq = dbuf_put(NULL, (size_t)nqe * 4), bg = dbuf_put(NULL, (size_t)nqe * 4);
+    if (!in_place)
+        poison(bq.g, nqe);
+    poison(bg.g, nqe);
+    const dbuf *qout = in_place ? &bqg : &bq;
+    call_ok(cpu->qk_prep(cctx, qout->c, gated ? bg.c : NULL, bk.c, bqg.c, bqn.c, bkn.c, bp.c, T, nq, nkv, hd, rot,
+                         theta, 1e-6f, one_plus),
+            "cpu qk_prep");
+    call_ok(gpu->qk_prep(gctx, qout->g, gated ? bg.g : NULL, bk.g, bqg.g, bqn.g, bkn.g, bp.g, T, nq, nkv, hd, rot,
+                         theta, 1e-6f, one_plus),
+            "cuda qk_prep");
+    char name[128];
+    snprintf(name, sizeof name, "qk_prep q T=%ld seqs=%d nq=%d hd=%d rot=%d gated=%d inplace=%d pos+%d", T, n_seq,
+             nq, hd, rot, gated, in_place, pos_base);
+    compare_buf(name, qout, nqe, 1e-6, 1e-5);
+    snprintf(name, sizeof name, "qk_prep k T=%ld nkv=%d hd=%d rot=%d one_plus=%d", T, nkv, hd, rot, one_plus);
+    compare_buf(name, &bk, nke, 1e-6, 1e-5);
+    if (gated) {
+        snprintf(name, sizeof name, "qk_prep gate T=%ld nq=%d hd=%d (exact)", T, nq, hd);
+        compare_buf(name, &bg, nqe, 0, 0);
+    }
+    dbuf *all[] = {&bqg, &bk, &bp, &bqn, &bkn, &bq, &bg};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        dbuf_free(all[i]);
+    free(pos);
+    free(qg);
+    free(k);
+    free(qn);
+    free(kn);
+}
+
+static void test_qk_prep(void) {
+    if (!gpu->qk_prep) {
+        printf("%-58s skipped (no cuda qk_prep)\n", "qk_prep");
+        return;
+    }
+    static const int l1[] = {1}, l3[] = {3, 1, 7}, l4[] = {1, 17, 4}, l2[] = {9, 2}, l27[] = {70, 60},
+                     l5[] = {4, 5};
+    qk_prep_case(l1, 1, 1, 1, 2, 2, 0, 1, 1, 1e4f, 0);
+    qk_prep_case(l3, 3, 3, 1, 32, 8, 1, 0, 1, 1e7f, 0);
+    qk_prep_case(l4, 3, 6, 2, 64, 64, 1, 0, 1, 1e7f, 0);
+    qk_prep_case(l2, 2, 6, 2, 64, 16, 0, 1, 0, 1e6f, 0);
+    qk_prep_case(l2, 2, 6, 2, 64, 16, 0, 0, 1, 1e6f, 0);
+    qk_prep_case(l5, 2, 4, 2, 30, 10, 1, 0, 0, 1e4f, 0);
+    qk_prep_case(l27, 2, 24, 4, 256, 64, 1, 0, 1, 1e7f, 0); /* the 27B target's attention */
+    qk_prep_case(l27, 2, 24, 4, 256, 64, 1, 0, 1, 1e7f, 262000);
+    qk_prep_case(l5, 2, 2, 1, 1024, 1024, 1, 0, 1, 1e7f, 0);
+    float  *buf = NULL;
+    int32_t *p = NULL;
+    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&buf, 8192 * 4), "alloc"));
+    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&p, 64), "alloc"));
+    expect(gpu->qk_prep(gctx, buf + 4096, NULL, buf + 6144, buf, buf, buf, p, 1, 1, 1, 1030, 8, 1e4f, 1e-6f, 1),
+           CM_ERR_UNSUPPORTED, "qk_prep hd=1030");
+    expect(gpu->qk_prep(gctx, buf + 64, buf + 2048, buf + 4096, buf, buf + 6144, buf + 6144, p, 4, 2, 1, 8, 8, 1e4f,
+                        1e-6f, 1),
+           CM_ERR_INVALID_ARG, "qk_prep gated q overlaps qg");
+    expect(gpu->qk_prep(gctx, buf, NULL, buf + 4096, buf, buf + 6144, buf + 6144, p, 4, 2, 1, 8, 7, 1e4f, 1e-6f, 1),
+           CM_ERR_INVALID_ARG, "qk_prep odd rot_dim");
+    expect(gpu->qk_prep(gctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 1, 8, 8, 1e4f, 1e-6f, 1), CM_OK,
+           "qk_prep T=0");
+    TST_CHECK(call_ok(gpu->sync(gctx), "sync after qk_prep bad arguments"));
+    gpu->free(gctx, p);
+    gpu->free(gctx, buf);
+}
+
+// ----------------------------------------------------------------------------
 
 int main(void) {
     cpu = kn_backend_cpu();
@@ -1103,6 +1188,7 @@ int main(void) {
     test_bf16_producers();
     test_empty();
     test_bad_args();
+    test_qk_prep();
 
     cpu->ctx_destroy(&cctx);
     gpu->ctx_destroy(&gctx16);
