@@ -31,13 +31,13 @@ typedef struct qk_freqs {
 // kernel
 
 static __global__ void qk_prep_kernel(float *q, float *gate, float *k, const float *qg, const float *q_norm,
-                                      const float *k_norm, const int32_t *pos, int64_t T, int nq, int nkv, int hd,
-                                      int half, float eps, int one_plus, const qk_freqs freqs) {
+                                      const float *k_norm, const int32_t *pos, int64_t T, int nq, int nkv,
+                                      int hd, int half, float eps, int one_plus, const qk_freqs freqs) {
     extern __shared__ double qk_sm[];
-    double       *cs = qk_sm, *sn = qk_sm + half;
-    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    float        *buf = (float *)(qk_sm + 2 * half) + (int64_t)warp * hd;
-    const int64_t qs = gate ? 2 * (int64_t)hd : hd;
+    double                  *cs = qk_sm, *sn = qk_sm + half;
+    const int                lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float                   *buf = (float *)(qk_sm + 2 * half) + (int64_t)warp * hd;
+    const int64_t            qs = gate ? 2 * (int64_t)hd : hd;
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
         __syncthreads(); /* the previous token's rows are done with cs/sn */
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -93,21 +93,23 @@ static int spans_overlap(const float *a, int64_t na, const float *b, int64_t nb)
 }
 
 cm_status kn_cuda_qk_prep(kn_ctx *ctx, float *q, float *gate, float *k, const float *qg, const float *q_norm,
-                          const float *k_norm, const int32_t *pos, int64_t T, int nq, int nkv, int hd, int rot_dim,
-                          float theta, float eps, int one_plus) {
+                          const float *k_norm, const int32_t *pos, int64_t T, int nq, int nkv, int hd,
+                          int rot_dim, float theta, float eps, int one_plus) {
     KN_CUDA_CHECK_ARG(ctx, "qk_prep: ctx is NULL");
     KN_CUDA_CHECK_ARG(T >= 0 && nq > 0 && nkv > 0 && hd > 0, "qk_prep: bad shape T=%lld nq=%d nkv=%d hd=%d",
                       (long long)T, nq, nkv, hd);
     KN_CUDA_CHECK_ARG(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= hd,
                       "qk_prep: rot_dim=%d must be even, > 0 and <= head_dim=%d", rot_dim, hd);
-    KN_CUDA_CHECK_ARG(theta > 0 && isfinite(theta), "qk_prep: theta=%g must be finite and > 0", (double)theta);
+    KN_CUDA_CHECK_ARG(theta > 0 && isfinite(theta), "qk_prep: theta=%g must be finite and > 0",
+                      (double)theta);
     KN_CUDA_CHECK_ARG(eps >= 0.0f, "qk_prep: eps=%g must be >= 0", (double)eps);
     if (hd > QK_MAX_HD || rot_dim / 2 > QK_MAX_HALF)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "qk_prep: head_dim=%d is not supported by the cuda backend (max %d)", hd,
-                       QK_MAX_HD);
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "qk_prep: head_dim=%d is not supported by the cuda backend (max %d)", hd, QK_MAX_HD);
     if (T == 0)
         return CM_OK;
-    KN_CUDA_CHECK_ARG(q && k && qg && q_norm && k_norm && pos, "qk_prep: q, k, qg, q_norm, k_norm or pos is NULL");
+    KN_CUDA_CHECK_ARG(q && k && qg && q_norm && k_norm && pos,
+                      "qk_prep: q, k, qg, q_norm, k_norm or pos is NULL");
     const int64_t qs = gate ? 2 * (int64_t)hd : hd, nqg = T * nq * qs, nqe = T * nq * (int64_t)hd,
                   nke = T * nkv * (int64_t)hd;
     KN_CUDA_CHECK_ARG(!spans_overlap(qg, nqg, k, nke) && (!gate || !spans_overlap(qg, nqg, gate, nqe)) &&
@@ -120,11 +122,11 @@ cm_status kn_cuda_qk_prep(kn_ctx *ctx, float *q, float *gate, float *k, const fl
         float expo = (float)(2 * i) / (float)rot_dim;
         freqs.inv[i] = 1.0f / powf(theta, expo);
     }
-    const int    warps = nq + nkv < QK_WARPS ? nq + nkv : QK_WARPS;
-    const size_t smem = (size_t)half * 2 * sizeof(double) + (size_t)warps * (size_t)hd * sizeof(float);
+    const int     warps = nq + nkv < QK_WARPS ? nq + nkv : QK_WARPS;
+    const size_t  smem = (size_t)half * 2 * sizeof(double) + (size_t)warps * (size_t)hd * sizeof(float);
     const int64_t blocks = T < (1 << 20) ? T : (1 << 20);
-    qk_prep_kernel<<<(unsigned int)blocks, 32 * warps, smem, ctx->stream>>>(q, gate, k, qg, q_norm, k_norm, pos, T,
-                                                                            nq, nkv, hd, half, eps, one_plus, freqs);
+    qk_prep_kernel<<<(unsigned int)blocks, 32 * warps, smem, ctx->stream>>>(
+        q, gate, k, qg, q_norm, k_norm, pos, T, nq, nkv, hd, half, eps, one_plus, freqs);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

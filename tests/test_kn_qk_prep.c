@@ -35,40 +35,46 @@ static float *rand_f32(long n, double lo, double hi) {
         fprintf(stderr, "out of host memory\n");
         exit(1);
     }
-    for (long i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand());
+    for (long i = 0; i < n; i++)
+        x[i] = (float)(lo + (hi - lo) * urand());
     return x;
 }
 
 static float *nan_f32(long n) { /* an element the op never writes stays NaN and fails */
     float *x = rand_f32(n, 0, 1);
-    for (long i = 0; i < n; i++) x[i] = NAN;
+    for (long i = 0; i < n; i++)
+        x[i] = NAN;
     return x;
 }
 
 static int ok(cm_status st, const char *what) {
-    if (st != CM_OK) fprintf(stderr, "  %s failed: %s: %s\n", what, cm_status_str(st), cm_last_error());
+    if (st != CM_OK)
+        fprintf(stderr, "  %s failed: %s: %s\n", what, cm_status_str(st), cm_last_error());
     TST_CHECK(st == CM_OK);
     return st == CM_OK;
 }
 
 typedef struct qk_case {
-    int    lens[4], n_seq;
-    int    nq, nkv, hd, rot;
-    int    gated, in_place, one_plus;
-    float  theta;
-    int    pos_base; /* added to every position (0: positions restart at 0 per sequence) */
+    int   lens[4], n_seq;
+    int   nq, nkv, hd, rot;
+    int   gated, in_place, one_plus;
+    float theta;
+    int   pos_base; /* added to every position (0: positions restart at 0 per sequence) */
 } qk_case;
 
 static void run_case(const qk_case *cs) {
     long T = 0;
-    for (int s = 0; s < cs->n_seq; s++) T += cs->lens[s];
-    const int  nq = cs->nq, nkv = cs->nkv, hd = cs->hd, rot = cs->rot, half = rot / 2;
-    const long qs = cs->gated ? 2L * hd : hd, nqg = T * nq * qs, nqe = T * nq * hd, nke = T * nkv * hd;
+    for (int s = 0; s < cs->n_seq; s++)
+        T += cs->lens[s];
+    const int   nq = cs->nq, nkv = cs->nkv, hd = cs->hd, rot = cs->rot, half = rot / 2;
+    const long  qs = cs->gated ? 2L * hd : hd, nqg = T * nq * qs, nqe = T * nq * hd, nke = T * nkv * hd;
     const float eps = 1e-6f;
     int32_t    *pos = malloc((size_t)T * sizeof *pos);
-    if (!pos) exit(1);
+    if (!pos)
+        exit(1);
     for (int s = 0, t0 = 0; s < cs->n_seq; t0 += cs->lens[s], s++)
-        for (int i = 0; i < cs->lens[s]; i++) pos[t0 + i] = cs->pos_base + i;
+        for (int i = 0; i < cs->lens[s]; i++)
+            pos[t0 + i] = cs->pos_base + i;
     float *qg = rand_f32(nqg, -3, 3), *k = rand_f32(nke, -3, 3);
     float *qn = rand_f32(hd, -0.5, 0.5), *kn = rand_f32(hd, -0.5, 0.5);
 
@@ -93,15 +99,18 @@ static void run_case(const qk_case *cs) {
         qf = qgf = rand_f32(nqg, 0, 1);
         memcpy(qf, qg, (size_t)nqg * sizeof *qg);
     } else {
-        qf  = nan_f32(nqe);
+        qf = nan_f32(nqe);
         qgf = qg;
     }
-    ok(be->qk_prep(ctx, qf, gf, kf, qgf, qn, kn, pos, T, nq, nkv, hd, rot, cs->theta, eps, cs->one_plus), "qk_prep");
+    ok(be->qk_prep(ctx, qf, gf, kf, qgf, qn, kn, pos, T, nq, nkv, hd, rot, cs->theta, eps, cs->one_plus),
+       "qk_prep");
 
     char name[160];
-    snprintf(name, sizeof name, "T=%ld seqs=%d nq=%d nkv=%d hd=%d rot=%d gated=%d in_place=%d one_plus=%d pos+%d", T,
-             cs->n_seq, nq, nkv, hd, rot, cs->gated, cs->in_place, cs->one_plus, cs->pos_base);
-    int same = memcmp(qf, qc, (size_t)nqe * sizeof *qf) == 0 && memcmp(kf, kc, (size_t)nke * sizeof *kf) == 0 &&
+    snprintf(name, sizeof name,
+             "T=%ld seqs=%d nq=%d nkv=%d hd=%d rot=%d gated=%d in_place=%d one_plus=%d pos+%d", T, cs->n_seq,
+             nq, nkv, hd, rot, cs->gated, cs->in_place, cs->one_plus, cs->pos_base);
+    int same = memcmp(qf, qc, (size_t)nqe * sizeof *qf) == 0 &&
+               memcmp(kf, kc, (size_t)nke * sizeof *kf) == 0 &&
                (!cs->gated || memcmp(gf, gc, (size_t)nqe * sizeof *gf) == 0);
     TST_CHECK(same);
 
@@ -109,26 +118,31 @@ static void run_case(const qk_case *cs) {
     int gate_ok = 1, pass_ok = 1, norm_ok = 1;
     for (long r = 0; r < T * (nq + nkv); r++) {
         const int    isq = r < T * nq;
-        const long   rr  = isq ? r : r - T * nq;
-        const float *x   = isq ? qg + rr * qs : k + rr * hd;
-        const float *y   = isq ? qf + rr * hd : kf + rr * hd;
-        const float *w   = isq ? qn : kn;
-        if (isq && cs->gated) gate_ok &= memcmp(gf + rr * hd, x + hd, (size_t)hd * sizeof *x) == 0;
+        const long   rr = isq ? r : r - T * nq;
+        const float *x = isq ? qg + rr * qs : k + rr * hd;
+        const float *y = isq ? qf + rr * hd : kf + rr * hd;
+        const float *w = isq ? qn : kn;
+        if (isq && cs->gated)
+            gate_ok &= memcmp(gf + rr * hd, x + hd, (size_t)hd * sizeof *x) == 0;
         double ss = 0;
-        for (int c = 0; c < hd; c++) ss += (double)x[c] * x[c];
+        for (int c = 0; c < hd; c++)
+            ss += (double)x[c] * x[c];
         double rstd = 1 / sqrt(ss / hd + eps);
         for (int c = 0; c < hd; c++) {
             double n = (double)x[c] * rstd * (cs->one_plus ? 1 + (double)w[c] : (double)w[c]);
-            if (c >= rot) pass_ok &= fabs(y[c] - n) <= 1e-6 * fabs(n) + 1e-30;
+            if (c >= rot)
+                pass_ok &= fabs(y[c] - n) <= 1e-6 * fabs(n) + 1e-30;
             if (c < half) {
-                double n2 = (double)x[c + half] * rstd * (cs->one_plus ? 1 + (double)w[c + half] : (double)w[c + half]);
+                double n2 = (double)x[c + half] * rstd *
+                            (cs->one_plus ? 1 + (double)w[c + half] : (double)w[c + half]);
                 double a = n * n + n2 * n2, b = (double)y[c] * y[c] + (double)y[c + half] * y[c + half];
                 norm_ok &= fabs(a - b) <= 1e-5 * a + 1e-30;
             }
         }
     }
     TST_CHECK(gate_ok && pass_ok && norm_ok);
-    printf("qk_prep %-100s %s\n", name, same && gate_ok && pass_ok && norm_ok ? "ok (bit-identical)" : "FAIL");
+    printf("qk_prep %-100s %s\n", name,
+           same && gate_ok && pass_ok && norm_ok ? "ok (bit-identical)" : "FAIL");
     if (!same || !gate_ok || !pass_ok || !norm_ok)
         fprintf(stderr, "  same %d gate %d pass %d norm %d\n", same, gate_ok, pass_ok, norm_ok);
     free(pos);
@@ -145,7 +159,8 @@ static void run_case(const qk_case *cs) {
 }
 
 static void expect(cm_status got, cm_status want, const char *what) {
-    if (got != want) fprintf(stderr, "  %s: got %s, want %s\n", what, cm_status_str(got), cm_status_str(want));
+    if (got != want)
+        fprintf(stderr, "  %s: got %s, want %s\n", what, cm_status_str(got), cm_status_str(want));
     TST_CHECK(got == want);
 }
 
@@ -155,8 +170,8 @@ static void test_bad_args(void) {
     memset(buf, 0, sizeof buf);
     float *w = buf + 3000;
     /* T=4, nq=2, nkv=1, hd=8: qg (gated) 128 floats, q 64, gate 64, k 32 */
-    expect(be->qk_prep(ctx, buf + 200, buf + 300, buf + 400, buf, w, w, pos, 4, 2, 1, 8, 8, 1e4f, 1e-6f, 1), CM_OK,
-           "separate buffers");
+    expect(be->qk_prep(ctx, buf + 200, buf + 300, buf + 400, buf, w, w, pos, 4, 2, 1, 8, 8, 1e4f, 1e-6f, 1),
+           CM_OK, "separate buffers");
     expect(be->qk_prep(ctx, buf + 64, buf + 300, buf + 400, buf, w, w, pos, 4, 2, 1, 8, 8, 1e4f, 1e-6f, 1),
            CM_ERR_INVALID_ARG, "gated q overlaps qg");
     expect(be->qk_prep(ctx, buf, buf + 300, buf + 400, buf, w, w, pos, 4, 2, 1, 8, 8, 1e4f, 1e-6f, 1),
@@ -181,7 +196,8 @@ static void test_bad_args(void) {
            CM_ERR_INVALID_ARG, "eps < 0");
     expect(be->qk_prep(ctx, buf + 200, NULL, buf + 400, buf, w, w, NULL, 4, 2, 1, 8, 8, 1e4f, 1e-6f, 1),
            CM_ERR_INVALID_ARG, "pos NULL");
-    expect(be->qk_prep(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 1, 8, 8, 1e4f, 1e-6f, 1), CM_OK, "T = 0");
+    expect(be->qk_prep(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 1, 8, 8, 1e4f, 1e-6f, 1), CM_OK,
+           "T = 0");
     printf("qk_prep bad arguments and T = 0 ok\n");
 }
 
@@ -191,7 +207,8 @@ int main(void) {
         fprintf(stderr, "the cpu backend has no qk_prep\n");
         return 1;
     }
-    if (!ok(be->ctx_create(&ctx, NULL), "ctx_create")) return tst_report();
+    if (!ok(be->ctx_create(&ctx, NULL), "ctx_create"))
+        return tst_report();
     static const qk_case cases[] = {
         {{5}, 1, 1, 1, 2, 2, 0, 1, 1, 1e4f, 0},
         {{3, 1, 7}, 3, 3, 1, 32, 8, 1, 0, 1, 1e7f, 0},
@@ -203,7 +220,8 @@ int main(void) {
         {{4}, 1, 4, 2, 30, 10, 1, 0, 0, 1e4f, 0},
         {{3, 2, 2, 5}, 4, 6, 2, 32, 8, 1, 0, 1, 1e7f, 262000},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i]);
     test_bad_args();
     be->ctx_destroy(&ctx);
     return tst_report();
