@@ -203,6 +203,13 @@ struct cm_chan_server {
 };
 
 void    *cm_chan_worker_main_(void *worker);                  /* a worker thread */
+/* cm_chan_server_enc.c, on worker k's thread: the compute of rq and its answer encoded into
+ * k->w (a failure leaves no buffer held); the HEAD of an answer sent over NCCL; the encoder
+ * thread started after init and stopped before fini. */
+cm_status cm_chan_compute_encode_(cm_chan_server *s, worker *k, const cm_proto_request *rq, cm_chan_job *job);
+cm_status cm_chan_encode_nccl_head_(cm_chan_server *s, worker *k, const cm_proto_request *rq);
+void      cm_chan_encoder_start_(worker *k);
+void      cm_chan_encoder_stop_(worker *k);
 uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a session's queued jobs */
 /* hands an NCCL peer to the worker that opened it, to close */
 void cm_chan_close_peer_(cm_chan_server *s, int worker, void *peer);
