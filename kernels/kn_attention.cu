@@ -681,15 +681,8 @@ static __global__ void __launch_bounds__(128 * HPB, (HD == 256 ? 2 : 4) / HPB)
             l[r] = l[r] * corr[r] + sum;
         }
         /* once the running max settles most tiles leave it: skip the 128 multiplies then */
-        if (__any_sync(FM_FULL, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                o[nt][0] *= corr[0];
-                o[nt][1] *= corr[0];
-                o[nt][2] *= corr[1];
-                o[nt][3] *= corr[1];
-            }
-        }
+        if (__any_sync(FM_FULL, corr[0] != 1.0f || corr[1] != 1.0f))
+            scale_rows<NT>(o, corr);
         mma_tile_kn<NT, FM_KT>(o, s, vt, LD);
     }
     fm_cp_wait<0>(); /* nothing in flight at exit */

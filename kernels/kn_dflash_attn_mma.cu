@@ -189,6 +189,25 @@ static __device__ __forceinline__ void load_kv_tile(const df_params &p, const bf
     }
 }
 
+/* Tile t of block j's K/V pipeline is in stage t & 1 once this returns: starts tile t + 1
+ * into the other stage (cp.async), waits for tile t (started the step before) and syncs the
+ * block. The forward and the dq kernel run the same two-stage pipeline. */
+template <int HD, int KT>
+static __device__ __forceinline__ void kv_tile_ready(const df_params &p, const df_range &rg, int64_t j,
+                                                     int n_ct, int t, int n_tiles, const bf16 *kb,
+                                                     const bf16 *vb, int g, bf16 *k_s, bf16 *v_s) {
+    constexpr int LD = HD + 8;
+    const int     st = t & 1;
+    if (t + 1 < n_tiles) {
+        const dfm_tile tn = tile_of<KT>(p, rg, j, n_ct, t + 1);
+        load_kv_tile<HD, KT>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * KT * LD,
+                             v_s + (st ^ 1) * KT * LD);
+    }
+    cp_commit();
+    cp_wait_1();
+    __syncthreads();
+}
+
 /* Streams the query-side rows of block j for kv head g: row u·16 + i is q head
  * g·group + u / MT, slot (u % MT)·16 + i (zero for slots ≥ B); src is [rows, nq, HD] bf16. */
 template <int HD>
@@ -250,14 +269,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
 
     for (int t = 0; t < n_tiles; t++) {
         const int st = t & 1;
-        if (t + 1 < n_tiles) {
-            const dfm_tile tn = tile_of<KT>(p, rg, j, n_ct, t + 1);
-            load_kv_tile<HD, KT>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * KT * LD,
-                                 v_s + (st ^ 1) * KT * LD);
-        }
-        cp_commit();
-        cp_wait_1();
-        __syncthreads();
+        kv_tile_ready<HD, KT>(p, rg, j, n_ct, t, n_tiles, kb, vb, g, k_s, v_s);
         if (t == 0) {
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
@@ -310,13 +322,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
             l[r] = l[r] * corr[r] + quad_sum(sum[r]);
             m[r] = mx[r];
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            o[nt][0] *= corr[0];
-            o[nt][1] *= corr[0];
-            o[nt][2] *= corr[1];
-            o[nt][3] *= corr[1];
-        }
+        scale_rows<NT>(o, corr);
         mma_tile_kn<NT, KT>(o, s, vt, LD);
         __syncthreads(); /* this stage is consumed before tile t + 2 overwrites it */
     }
@@ -381,14 +387,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
 
     for (int t = 0; t < n_tiles; t++) {
         const int st = t & 1;
-        if (t + 1 < n_tiles) {
-            const dfm_tile tn = tile_of<KT>(p, rg, j, n_ct, t + 1);
-            load_kv_tile<HD, KT>(p, kb, vb, g, tn.row0, tn.nk, k_s + (st ^ 1) * KT * LD,
-                                 v_s + (st ^ 1) * KT * LD);
-        }
-        cp_commit();
-        cp_wait_1();
-        __syncthreads();
+        kv_tile_ready<HD, KT>(p, rg, j, n_ct, t, n_tiles, kb, vb, g, k_s, v_s);
         const bf16    *kt = k_s + st * KT * LD, *vt = v_s + st * KT * LD;
         const dfm_tile tl = tile_of<KT>(p, rg, j, n_ct, t);
         const bool     full = tile_full<KT>(p, rg, tl);

@@ -88,6 +88,18 @@ static __device__ __forceinline__ void c_to_a(uint32_t a[4], const float lo[4], 
     a[3] = pack_bf16(hi[2], hi[3]);
 }
 
+/* The running-softmax rescale of an output accumulator: rows g (c0, c1) times corr[0], rows
+ * g + 8 (c2, c3) times corr[1]. */
+template <int NT> static __device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float corr[2]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        o[nt][0] *= corr[0];
+        o[nt][1] *= corr[0];
+        o[nt][2] *= corr[1];
+        o[nt][3] *= corr[1];
+    }
+}
+
 /* acc += P · M for one tile of KT keys: P is the tile's C fragments s (KT / 8 of them, as the
  * Q·Kᵀ product left them) rounded to bf16 as A fragments, M [key][d] k-major in shared memory
  * (ld), NT output tiles of 8 columns: O += P·V in a forward, dQ += dS·K in a backward. */
