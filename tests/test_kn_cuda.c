@@ -82,14 +82,6 @@ static float bf16_widen(uint16_t h) {
     return f;
 }
 
-/* Reports a failed call (the status and cm_last_error) and counts it. */
-static int call_ok(cm_status st, const char *what) {
-    if (st != CM_OK)
-        fprintf(stderr, "  %s failed: %s: %s\n", what, cm_status_str(st), cm_last_error());
-    TST_CHECK(st == CM_OK);
-    return st == CM_OK;
-}
-
 /* One host array mirrored on both backends. */
 typedef struct dbuf {
     void  *c, *g;
@@ -167,28 +159,28 @@ static void compare_buf(const char *name, const dbuf *b, long n, double atol, do
 
 static void test_memory(void) {
     void *p = NULL;
-    TST_CHECK(call_ok(gpu->alloc(gctx, &p, 1001), "alloc"));
+    TST_CHECK(tst_ok(gpu->alloc(gctx, &p, 1001), "alloc"));
     unsigned char back[1001], src[1001];
     memset(back, 0xab, sizeof back);
-    TST_CHECK(call_ok(gpu->download(gctx, back, p, sizeof back), "download"));
+    TST_CHECK(tst_ok(gpu->download(gctx, back, p, sizeof back), "download"));
     int zero = 1;
     for (int i = 0; i < 1001; i++)
         zero &= back[i] == 0;
     TST_CHECK(zero);
     for (int i = 0; i < 1001; i++)
         src[i] = (unsigned char)(i * 7 + 3);
-    TST_CHECK(call_ok(gpu->upload(gctx, p, src, sizeof src), "upload"));
-    TST_CHECK(call_ok(gpu->download(gctx, back, p, sizeof back), "download"));
+    TST_CHECK(tst_ok(gpu->upload(gctx, p, src, sizeof src), "upload"));
+    TST_CHECK(tst_ok(gpu->download(gctx, back, p, sizeof back), "download"));
     TST_CHECK(memcmp(src, back, sizeof src) == 0);
-    TST_CHECK(call_ok(gpu->sync(gctx), "sync"));
+    TST_CHECK(tst_ok(gpu->sync(gctx), "sync"));
     gpu->free(gctx, p);
     gpu->free(gctx, NULL);
 
     void *z = NULL;
-    TST_CHECK(call_ok(gpu->alloc(gctx, &z, 0), "alloc 0") && z != NULL);
+    TST_CHECK(tst_ok(gpu->alloc(gctx, &z, 0), "alloc 0") && z != NULL);
     gpu->free(gctx, z);
-    TST_CHECK(call_ok(gpu->upload(gctx, NULL, NULL, 0), "upload 0"));
-    TST_CHECK(call_ok(gpu->download(gctx, NULL, NULL, 0), "download 0"));
+    TST_CHECK(tst_ok(gpu->upload(gctx, NULL, NULL, 0), "upload 0"));
+    TST_CHECK(tst_ok(gpu->download(gctx, NULL, NULL, 0), "download 0"));
 
     kn_ctx *none = NULL;
     gpu->ctx_destroy(&none);
@@ -204,13 +196,13 @@ static void test_copy2d(void) {
         float *src = rand_f32(rows * sld, -1, 1), *dst0 = rand_f32(rows * dld, 5, 6);
         dbuf   bs = dbuf_put(src, (size_t)(rows * sld) * sizeof(float));
         dbuf   bd = dbuf_put(dst0, (size_t)(rows * dld) * sizeof(float));
-        call_ok(cpu->copy2d(cctx, bd.c, dld, bs.c, sld, rows, cols), "cpu copy2d");
-        call_ok(gpu->copy2d(gctx, bd.g, dld, bs.g, sld, rows, cols), "cuda copy2d");
+        tst_ok(cpu->copy2d(cctx, bd.c, dld, bs.c, sld, rows, cols), "cpu copy2d");
+        tst_ok(gpu->copy2d(gctx, bd.g, dld, bs.g, sld, rows, cols), "cuda copy2d");
         char name[96];
         snprintf(name, sizeof name, "copy2d rows=%ld cols=%ld src_ld=%ld dst_ld=%ld", rows, cols, sld, dld);
         compare_buf(name, &bd, rows * dld, 0, 0); /* exact, including the untouched columns */
-        call_ok(cpu->zero(cctx, (float *)bd.c + 1, (size_t)(rows * dld - 1) * sizeof(float)), "cpu zero");
-        call_ok(gpu->zero(gctx, (float *)bd.g + 1, (size_t)(rows * dld - 1) * sizeof(float)), "cuda zero");
+        tst_ok(cpu->zero(cctx, (float *)bd.c + 1, (size_t)(rows * dld - 1) * sizeof(float)), "cpu zero");
+        tst_ok(gpu->zero(gctx, (float *)bd.g + 1, (size_t)(rows * dld - 1) * sizeof(float)), "cuda zero");
         snprintf(name, sizeof name, "zero n=%ld (after element 0)", rows * dld - 1);
         compare_buf(name, &bd, rows * dld, 0, 0);
         dbuf_free(&bs);
@@ -231,12 +223,12 @@ static void test_elementwise(void) {
         dbuf   bx = dbuf_put(x, (size_t)n * sizeof(float)), by = dbuf_put(y, (size_t)n * sizeof(float));
         dbuf   bo = dbuf_put(NULL, (size_t)n * sizeof(float));
         char   name[96];
-        call_ok(cpu->swiglu(cctx, bo.c, bx.c, by.c, n), "cpu swiglu");
-        call_ok(gpu->swiglu(gctx, bo.g, bx.g, by.g, n), "cuda swiglu");
+        tst_ok(cpu->swiglu(cctx, bo.c, bx.c, by.c, n), "cpu swiglu");
+        tst_ok(gpu->swiglu(gctx, bo.g, bx.g, by.g, n), "cuda swiglu");
         snprintf(name, sizeof name, "swiglu n=%ld", n);
         compare_buf(name, &bo, n, 1e-6, 1e-5);
-        call_ok(cpu->add(cctx, bx.c, by.c, n), "cpu add");
-        call_ok(gpu->add(gctx, bx.g, by.g, n), "cuda add");
+        tst_ok(cpu->add(cctx, bx.c, by.c, n), "cpu add");
+        tst_ok(gpu->add(gctx, bx.g, by.g, n), "cuda add");
         snprintf(name, sizeof name, "add n=%ld", n);
         compare_buf(name, &bx, n, 0, 0); /* one correctly rounded fp32 sum on both */
         dbuf_free(&bx);
@@ -265,12 +257,12 @@ static void test_embed(void) {
         dbuf bi = dbuf_put(ids, (size_t)T * sizeof(int32_t)),
              bo = dbuf_put(NULL, (size_t)(T * C) * sizeof(float));
         char name[96];
-        call_ok(cpu->embed(cctx, bo.c, bi.c, bt.c, CM_DTYPE_F32, T, C), "cpu embed f32");
-        call_ok(gpu->embed(gctx, bo.g, bi.g, bt.g, CM_DTYPE_F32, T, C), "cuda embed f32");
+        tst_ok(cpu->embed(cctx, bo.c, bi.c, bt.c, CM_DTYPE_F32, T, C), "cpu embed f32");
+        tst_ok(gpu->embed(gctx, bo.g, bi.g, bt.g, CM_DTYPE_F32, T, C), "cuda embed f32");
         snprintf(name, sizeof name, "embed F32 T=%ld C=%ld V=%ld", T, C, V);
         compare_buf(name, &bo, T * C, 0, 0);
-        call_ok(cpu->embed(cctx, bo.c, bi.c, bt16.c, CM_DTYPE_BF16, T, C), "cpu embed bf16");
-        call_ok(gpu->embed(gctx, bo.g, bi.g, bt16.g, CM_DTYPE_BF16, T, C), "cuda embed bf16");
+        tst_ok(cpu->embed(cctx, bo.c, bi.c, bt16.c, CM_DTYPE_BF16, T, C), "cpu embed bf16");
+        tst_ok(gpu->embed(gctx, bo.g, bi.g, bt16.g, CM_DTYPE_BF16, T, C), "cuda embed bf16");
         snprintf(name, sizeof name, "embed BF16 T=%ld C=%ld V=%ld", T, C, V);
         compare_buf(name, &bo, T * C, 0, 0);
         dbuf_free(&bt);
@@ -348,15 +340,15 @@ static void gemm_case(long M, long N, long K, long inp_off, int bf16_exact) {
         cm_dtype    wdt = wi ? CM_DTYPE_BF16 : CM_DTYPE_F32;
         const void *wc = wi ? bw16.c : bw.c, *wg = wi ? bw16.g : bw.g;
         /* the cpu reference: exact products of the f32 (or bf16-widened) values, double sums */
-        call_ok(cpu->gemm(cctx, bo.c, in_c, wc, wdt, M, N, K), "cpu gemm");
+        tst_ok(cpu->gemm(cctx, bo.c, in_c, wc, wdt, M, N, K), "cpu gemm");
         float *ref = zeros_f32(M * N), *got = zeros_f32(M * N);
         cpu->download(cctx, ref, bo.c, (size_t)(M * N) * sizeof(float));
         /* with BF16 weights the bound uses the bf16 values the reference saw */
         char name[112];
         for (int mode = 0; mode < 2; mode++) {
             kn_ctx *g = mode ? gctx16 : gctx;
-            call_ok(gpu->gemm(g, bo.g, in_g, wg, wdt, M, N, K), mode ? "cuda gemm bf16" : "cuda gemm f32");
-            call_ok(gpu->download(g, got, bo.g, (size_t)(M * N) * sizeof(float)), "download");
+            tst_ok(gpu->gemm(g, bo.g, in_g, wg, wdt, M, N, K), mode ? "cuda gemm bf16" : "cuda gemm f32");
+            tst_ok(gpu->download(g, got, bo.g, (size_t)(M * N) * sizeof(float)), "download");
             /* F32 mode: fp32 math, error ~ eps·sqrt(K)·bound. BF16 mode rounds inputs (2^-9
              * each), unless they are bf16 already. */
             double tol = mode == 0 || bf16_exact ? 1e-5 : 1e-2;
@@ -389,8 +381,8 @@ static void test_gemm(void) {
     /* K = 0: zeros, whatever out held */
     float *junk = rand_f32(12, 1, 2);
     dbuf   bo = dbuf_put(junk, 12 * sizeof(float));
-    call_ok(cpu->gemm(cctx, bo.c, bo.c, bo.c, CM_DTYPE_F32, 3, 4, 0), "cpu gemm K=0");
-    call_ok(gpu->gemm(gctx16, bo.g, bo.g, bo.g, CM_DTYPE_F32, 3, 4, 0), "cuda gemm K=0");
+    tst_ok(cpu->gemm(cctx, bo.c, bo.c, bo.c, CM_DTYPE_F32, 3, 4, 0), "cpu gemm K=0");
+    tst_ok(gpu->gemm(gctx16, bo.g, bo.g, bo.g, CM_DTYPE_F32, 3, 4, 0), "cuda gemm K=0");
     gpu->sync(gctx16);
     compare_buf("gemm M=3 N=4 K=0 (zeros)", &bo, 12, 0, 0);
     dbuf_free(&bo);
@@ -409,24 +401,24 @@ static void test_norms(void) {
         dbuf   bx = dbuf_put(x, (size_t)(rows * C) * sizeof(float)), bz = dbuf_put(z, (size_t)(rows * C) * 4);
         dbuf   bw = dbuf_put(w, (size_t)C * sizeof(float)), bo = dbuf_put(NULL, (size_t)(rows * C) * 4);
         for (int one_plus = 0; one_plus < 2; one_plus++) {
-            call_ok(cpu->rmsnorm(cctx, bo.c, bx.c, bw.c, rows, C, 1e-6f, one_plus), "cpu rmsnorm");
-            call_ok(gpu->rmsnorm(gctx, bo.g, bx.g, bw.g, rows, C, 1e-6f, one_plus), "cuda rmsnorm");
+            tst_ok(cpu->rmsnorm(cctx, bo.c, bx.c, bw.c, rows, C, 1e-6f, one_plus), "cpu rmsnorm");
+            tst_ok(gpu->rmsnorm(gctx, bo.g, bx.g, bw.g, rows, C, 1e-6f, one_plus), "cuda rmsnorm");
             snprintf(name, sizeof name, "rmsnorm rows=%ld C=%ld one_plus=%d", rows, C, one_plus);
             compare_buf(name, &bo, rows * C, 1e-6, 1e-5);
         }
-        call_ok(cpu->rmsnorm_gated(cctx, bo.c, bx.c, bz.c, bw.c, rows, C, 1e-6f), "cpu rmsnorm_gated");
-        call_ok(gpu->rmsnorm_gated(gctx, bo.g, bx.g, bz.g, bw.g, rows, C, 1e-6f), "cuda rmsnorm_gated");
+        tst_ok(cpu->rmsnorm_gated(cctx, bo.c, bx.c, bz.c, bw.c, rows, C, 1e-6f), "cpu rmsnorm_gated");
+        tst_ok(gpu->rmsnorm_gated(gctx, bo.g, bx.g, bz.g, bw.g, rows, C, 1e-6f), "cuda rmsnorm_gated");
         snprintf(name, sizeof name, "rmsnorm_gated rows=%ld C=%ld", rows, C);
         compare_buf(name, &bo, rows * C, 1e-6, 1e-5);
-        call_ok(cpu->l2norm(cctx, bo.c, bx.c, rows, C, 1e-6f), "cpu l2norm");
-        call_ok(gpu->l2norm(gctx, bo.g, bx.g, rows, C, 1e-6f), "cuda l2norm");
+        tst_ok(cpu->l2norm(cctx, bo.c, bx.c, rows, C, 1e-6f), "cpu l2norm");
+        tst_ok(gpu->l2norm(gctx, bo.g, bx.g, rows, C, 1e-6f), "cuda l2norm");
         snprintf(name, sizeof name, "l2norm rows=%ld C=%ld", rows, C);
         compare_buf(name, &bo, rows * C, 1e-6, 1e-5);
         /* in place (out == inp) */
-        call_ok(cpu->rmsnorm(cctx, bx.c, bx.c, bw.c, rows, C, 1e-6f, 1), "cpu rmsnorm in place");
-        call_ok(gpu->rmsnorm(gctx, bx.g, bx.g, bw.g, rows, C, 1e-6f, 1), "cuda rmsnorm in place");
-        call_ok(cpu->l2norm(cctx, bx.c, bx.c, rows, C, 1e-6f), "cpu l2norm in place");
-        call_ok(gpu->l2norm(gctx, bx.g, bx.g, rows, C, 1e-6f), "cuda l2norm in place");
+        tst_ok(cpu->rmsnorm(cctx, bx.c, bx.c, bw.c, rows, C, 1e-6f, 1), "cpu rmsnorm in place");
+        tst_ok(gpu->rmsnorm(gctx, bx.g, bx.g, bw.g, rows, C, 1e-6f, 1), "cuda rmsnorm in place");
+        tst_ok(cpu->l2norm(cctx, bx.c, bx.c, rows, C, 1e-6f), "cpu l2norm in place");
+        tst_ok(gpu->l2norm(gctx, bx.g, bx.g, rows, C, 1e-6f), "cuda l2norm in place");
         snprintf(name, sizeof name, "rmsnorm+l2norm in place rows=%ld C=%ld", rows, C);
         compare_buf(name, &bx, rows * C, 1e-6, 1e-5);
         dbuf_free(&bx);
@@ -471,8 +463,8 @@ static void test_rope(void) {
             pos[t] = (int32_t)(urand() * cases[s].pos_max);
         pos[T - 1] = cases[s].pos_max - 1;
         dbuf bx = dbuf_put(x, (size_t)(T * nh * hd) * sizeof(float)), bp = dbuf_put(pos, (size_t)T * 4);
-        call_ok(cpu->rope(cctx, bx.c, bp.c, T, nh, hd, rot, cases[s].theta), "cpu rope");
-        call_ok(gpu->rope(gctx, bx.g, bp.g, T, nh, hd, rot, cases[s].theta), "cuda rope");
+        tst_ok(cpu->rope(cctx, bx.c, bp.c, T, nh, hd, rot, cases[s].theta), "cpu rope");
+        tst_ok(gpu->rope(gctx, bx.g, bp.g, T, nh, hd, rot, cases[s].theta), "cuda rope");
         char name[96];
         snprintf(name, sizeof name, "rope T=%ld heads=%d hd=%d rot=%d theta=%g pos<%d", T, nh, hd, rot,
                  (double)cases[s].theta, cases[s].pos_max);
@@ -518,7 +510,7 @@ static void poison(void *dev, long n) {
     }
     for (long i = 0; i < n; i++)
         nan[i] = NAN;
-    TST_CHECK(call_ok(gpu->upload(gctx, dev, nan, (size_t)n * sizeof(float)), "poison upload"));
+    TST_CHECK(tst_ok(gpu->upload(gctx, dev, nan, (size_t)n * sizeof(float)), "poison upload"));
     free(nan);
 }
 
@@ -537,17 +529,17 @@ static void attention_case(const int *lens, int n_seq, int nq, int nkv, int hd, 
     dbuf  bv = dbuf_put(v, (size_t)(T * nkv * hd) * 4), bg = dbuf_put(gate, (size_t)(T * nq * hd) * 4);
     dbuf  bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4), bo = dbuf_put(NULL, (size_t)(T * nq * hd) * 4);
     float scale = 1.0f / sqrtf((float)hd);
-    call_ok(
+    tst_ok(
         cpu->attention(cctx, bo.c, bq.c, bk.c, bv.c, gated ? bg.c : NULL, bc.c, n_seq, T, nq, nkv, hd, scale),
         "cpu attention");
     if (flash) {
         poison(bo.g, T * nq * hd);
-        call_ok(gpu->sync(gctx), "sync");
+        tst_ok(gpu->sync(gctx), "sync");
     }
-    call_ok(gpu->attention(flash ? gctx16 : gctx, bo.g, bq.g, bk.g, bv.g, gated ? bg.g : NULL, bc.g, n_seq, T,
+    tst_ok(gpu->attention(flash ? gctx16 : gctx, bo.g, bq.g, bk.g, bv.g, gated ? bg.g : NULL, bc.g, n_seq, T,
                            nq, nkv, hd, scale),
             "cuda attention");
-    call_ok(gpu->sync(flash ? gctx16 : gctx), "sync");
+    tst_ok(gpu->sync(flash ? gctx16 : gctx), "sync");
     char name[112];
     snprintf(name, sizeof name, "attention%s T=%ld n_seq=%d nq=%d nkv=%d hd=%d%s", flash ? " flash" : "", T,
              n_seq, nq, nkv, hd, gated ? " gated" : "");
@@ -613,8 +605,8 @@ static void conv_case(const int *lens, int n_seq, long C, int K) {
     float  *x = rand_f32(T * C, -2, 2), *w = rand_f32(C * K, -1, 1);
     dbuf    bx = dbuf_put(x, (size_t)(T * C) * 4), bw = dbuf_put(w, (size_t)(C * K) * 4);
     dbuf    bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4), bo = dbuf_put(NULL, (size_t)(T * C) * 4);
-    call_ok(cpu->conv1d_silu(cctx, bo.c, bx.c, bw.c, bc.c, n_seq, T, C, K), "cpu conv1d_silu");
-    call_ok(gpu->conv1d_silu(gctx, bo.g, bx.g, bw.g, bc.g, n_seq, T, C, K), "cuda conv1d_silu");
+    tst_ok(cpu->conv1d_silu(cctx, bo.c, bx.c, bw.c, bc.c, n_seq, T, C, K), "cpu conv1d_silu");
+    tst_ok(gpu->conv1d_silu(gctx, bo.g, bx.g, bw.g, bc.g, n_seq, T, C, K), "cuda conv1d_silu");
     char name[96];
     snprintf(name, sizeof name, "conv1d_silu T=%ld n_seq=%d C=%ld K=%d", T, n_seq, C, K);
     compare_buf(name, &bo, T * C, 1e-6, 1e-5);
@@ -647,8 +639,8 @@ static void test_gdn_gate(void) {
         dbuf   ba = dbuf_put(a, (size_t)(T * nv) * 4), bb = dbuf_put(b, (size_t)(T * nv) * 4);
         dbuf   bA = dbuf_put(A_log, (size_t)nv * 4), bd = dbuf_put(dt, (size_t)nv * 4);
         dbuf   bg = dbuf_put(NULL, (size_t)(T * nv) * 4), bbeta = dbuf_put(NULL, (size_t)(T * nv) * 4);
-        call_ok(cpu->gdn_gate(cctx, bg.c, bbeta.c, ba.c, bb.c, bA.c, bd.c, T, nv), "cpu gdn_gate");
-        call_ok(gpu->gdn_gate(gctx, bg.g, bbeta.g, ba.g, bb.g, bA.g, bd.g, T, nv), "cuda gdn_gate");
+        tst_ok(cpu->gdn_gate(cctx, bg.c, bbeta.c, ba.c, bb.c, bA.c, bd.c, T, nv), "cpu gdn_gate");
+        tst_ok(gpu->gdn_gate(gctx, bg.g, bbeta.g, ba.g, bb.g, bA.g, bd.g, T, nv), "cuda gdn_gate");
         char name[96];
         snprintf(name, sizeof name, "gdn_gate g T=%ld nv=%d", T, nv);
         compare_buf(name, &bg, T * nv, 1e-6, 1e-5);
@@ -695,17 +687,17 @@ static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv,
     dbuf  bb = dbuf_put(beta, (size_t)(T * nv) * 4), bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4);
     dbuf  bo = dbuf_put(NULL, (size_t)(T * nv * dv) * 4);
     float scale = 1.0f / sqrtf((float)dk);
-    call_ok(cpu->gated_delta_rule(cctx, bo.c, bq.c, bk.c, bv.c, bg.c, bb.c, bc.c, n_seq, T, nk, nv, dk, dv,
+    tst_ok(cpu->gated_delta_rule(cctx, bo.c, bq.c, bk.c, bv.c, bg.c, bb.c, bc.c, n_seq, T, nk, nv, dk, dv,
                                   scale),
             "cpu gated_delta_rule");
     if (chunked) {
         poison(bo.g, T * nv * dv);
-        call_ok(gpu->sync(gctx), "sync");
+        tst_ok(gpu->sync(gctx), "sync");
     }
-    call_ok(gpu->gated_delta_rule(chunked ? gctx16 : gctx, bo.g, bq.g, bk.g, bv.g, bg.g, bb.g, bc.g, n_seq, T,
+    tst_ok(gpu->gated_delta_rule(chunked ? gctx16 : gctx, bo.g, bq.g, bk.g, bv.g, bg.g, bb.g, bc.g, n_seq, T,
                                   nk, nv, dk, dv, scale),
             "cuda gated_delta_rule");
-    call_ok(gpu->sync(chunked ? gctx16 : gctx), "sync");
+    tst_ok(gpu->sync(chunked ? gctx16 : gctx), "sync");
     char name[112];
     snprintf(name, sizeof name, "gated_delta_rule%s T=%ld n_seq=%d nk=%d nv=%d dk=%d dv=%d",
              chunked ? " chunked" : "", T, n_seq, nk, nv, dk, dv);
@@ -798,7 +790,7 @@ static void poison16(void *dev, long n) {
         exit(1);
     for (long i = 0; i < n; i++)
         nan[i] = 0xffffu;
-    TST_CHECK(call_ok(gpu->upload(gctx, dev, nan, (size_t)n * 2), "poison16 upload"));
+    TST_CHECK(tst_ok(gpu->upload(gctx, dev, nan, (size_t)n * 2), "poison16 upload"));
     free(nan);
 }
 
@@ -826,14 +818,14 @@ static void gemm_bf16in_case(long M, long N, long K) {
     for (int wi = 0; wi < 2; wi++) {
         cm_dtype    wdt = wi ? CM_DTYPE_BF16 : CM_DTYPE_F32;
         const void *wc = wi ? bw16.c : bw.c, *wg = wi ? bw16.g : bw.g;
-        call_ok(cpu->gemm_bf16in(cctx, bo.c, bin.c, wc, wdt, M, N, K), "cpu gemm_bf16in");
+        tst_ok(cpu->gemm_bf16in(cctx, bo.c, bin.c, wc, wdt, M, N, K), "cpu gemm_bf16in");
         float *ref = zeros_f32(M * N), *got = zeros_f32(M * N);
         cpu->download(cctx, ref, bo.c, (size_t)(M * N) * sizeof(float));
         for (int mode = 0; mode < 2; mode++) {
             kn_ctx *g = mode ? gctx16 : gctx;
             poison(bo.g, M * N);
-            call_ok(gpu->gemm_bf16in(g, bo.g, bin.g, wg, wdt, M, N, K), "cuda gemm_bf16in");
-            call_ok(gpu->download(g, got, bo.g, (size_t)(M * N) * sizeof(float)), "download");
+            tst_ok(gpu->gemm_bf16in(g, bo.g, bin.g, wg, wdt, M, N, K), "cuda gemm_bf16in");
+            tst_ok(gpu->download(g, got, bo.g, (size_t)(M * N) * sizeof(float)), "download");
             /* the input is bf16-exact: only BF16 mode with F32 weights rounds an operand */
             double tol = mode == 1 && wi == 0 ? 1e-2 : 1e-5;
             char   name[112];
@@ -869,9 +861,9 @@ static void norm_bf16_case(long rows, long C, int off) {
     for (int one_plus = 0; one_plus < 2; one_plus++) {
         /* one_plus 0: no residual (y NULL); 1: x += y first */
         poison16(bo.g, rows * C);
-        call_ok(cpu->add_rmsnorm_bf16(cctx, bo.c, xc, one_plus ? yc : NULL, bw.c, rows, C, 1e-6f, one_plus),
+        tst_ok(cpu->add_rmsnorm_bf16(cctx, bo.c, xc, one_plus ? yc : NULL, bw.c, rows, C, 1e-6f, one_plus),
                 "cpu add_rmsnorm_bf16");
-        call_ok(gpu->add_rmsnorm_bf16(gctx, bo.g, xg, one_plus ? yg : NULL, bw.g, rows, C, 1e-6f, one_plus),
+        tst_ok(gpu->add_rmsnorm_bf16(gctx, bo.g, xg, one_plus ? yg : NULL, bw.g, rows, C, 1e-6f, one_plus),
                 "cuda add_rmsnorm_bf16");
         snprintf(name, sizeof name, "add_rmsnorm_bf16 rows=%ld C=%ld %s one_plus=%d%s", rows, C,
                  one_plus ? "x+=y" : "y=NULL", one_plus, off ? " unaligned" : "");
@@ -881,13 +873,13 @@ static void norm_bf16_case(long rows, long C, int off) {
         compare_buf(name, &bx, rows * C + off, 0, 0); /* one correctly rounded fp32 sum, as add */
     }
     poison16(bo.g, rows * C);
-    call_ok(cpu->rmsnorm_gated_bf16(cctx, bo.c, xc, zc, bw.c, rows, C, 1e-6f), "cpu rmsnorm_gated_bf16");
-    call_ok(gpu->rmsnorm_gated_bf16(gctx, bo.g, xg, zg, bw.g, rows, C, 1e-6f), "cuda rmsnorm_gated_bf16");
+    tst_ok(cpu->rmsnorm_gated_bf16(cctx, bo.c, xc, zc, bw.c, rows, C, 1e-6f), "cpu rmsnorm_gated_bf16");
+    tst_ok(gpu->rmsnorm_gated_bf16(gctx, bo.g, xg, zg, bw.g, rows, C, 1e-6f), "cuda rmsnorm_gated_bf16");
     snprintf(name, sizeof name, "rmsnorm_gated_bf16 rows=%ld C=%ld%s", rows, C, off ? " unaligned" : "");
     compare_buf16(name, &bo, 0, rows * C);
     poison16(bo.g, rows * C);
-    call_ok(cpu->swiglu_bf16(cctx, bo.c, zc, yc, rows * C), "cpu swiglu_bf16");
-    call_ok(gpu->swiglu_bf16(gctx, bo.g, zg, yg, rows * C), "cuda swiglu_bf16");
+    tst_ok(cpu->swiglu_bf16(cctx, bo.c, zc, yc, rows * C), "cpu swiglu_bf16");
+    tst_ok(gpu->swiglu_bf16(gctx, bo.g, zg, yg, rows * C), "cuda swiglu_bf16");
     snprintf(name, sizeof name, "swiglu_bf16 n=%ld%s", rows * C, off ? " unaligned" : "");
     compare_buf16(name, &bo, 0, rows * C);
     dbuf_free(&bx);
@@ -913,9 +905,9 @@ static void gdn_conv_case(const int *lens, int n_seq, int nk, int nv, int dk, in
     poison(bq.g, T * qk);
     poison(bk.g, T * qk);
     poison(bv.g, T * nv * dv);
-    call_ok(cpu->gdn_conv_qkv(cctx, bq.c, bk.c, bv.c, bx.c, bw.c, bc.c, n_seq, T, nk, nv, dk, dv, K, 1e-6f),
+    tst_ok(cpu->gdn_conv_qkv(cctx, bq.c, bk.c, bv.c, bx.c, bw.c, bc.c, n_seq, T, nk, nv, dk, dv, K, 1e-6f),
             "cpu gdn_conv_qkv");
-    call_ok(gpu->gdn_conv_qkv(gctx, bq.g, bk.g, bv.g, bx.g, bw.g, bc.g, n_seq, T, nk, nv, dk, dv, K, 1e-6f),
+    tst_ok(gpu->gdn_conv_qkv(gctx, bq.g, bk.g, bv.g, bx.g, bw.g, bc.g, n_seq, T, nk, nv, dk, dv, K, 1e-6f),
             "cuda gdn_conv_qkv");
     char name[112];
     snprintf(name, sizeof name, "gdn_conv_qkv q T=%ld n_seq=%d nk=%d dk=%d K=%d", T, n_seq, nk, dk, K);
@@ -966,34 +958,34 @@ static void test_empty(void) {
     float  *buf = NULL;
     int32_t zero = 0;
     void   *cu = NULL;
-    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&buf, 64 * sizeof(float)), "alloc"));
-    TST_CHECK(call_ok(gpu->alloc(gctx, &cu, sizeof zero), "alloc"));
-    TST_CHECK(call_ok(gpu->copy2d(gctx, buf, 4, buf + 32, 4, 0, 4), "copy2d rows=0"));
-    TST_CHECK(call_ok(gpu->add(gctx, buf, buf, 0), "add n=0"));
-    TST_CHECK(call_ok(gpu->swiglu(gctx, buf, buf, buf, 0), "swiglu n=0"));
-    TST_CHECK(call_ok(gpu->embed(gctx, buf, cu, buf, CM_DTYPE_BF16, 0, 8), "embed T=0"));
-    TST_CHECK(call_ok(gpu->gemm(gctx16, buf, buf, buf, CM_DTYPE_F32, 0, 8, 8), "gemm M=0"));
-    TST_CHECK(call_ok(gpu->gemm(gctx, buf, buf, buf, CM_DTYPE_BF16, 8, 0, 8), "gemm N=0"));
-    TST_CHECK(call_ok(gpu->rmsnorm(gctx, buf, buf, buf, 0, 8, 1e-6f, 1), "rmsnorm rows=0"));
-    TST_CHECK(call_ok(gpu->rmsnorm_gated(gctx, buf, buf, buf, buf, 0, 8, 1e-6f), "rmsnorm_gated rows=0"));
-    TST_CHECK(call_ok(gpu->l2norm(gctx, buf, buf, 0, 8, 1e-6f), "l2norm rows=0"));
-    TST_CHECK(call_ok(gpu->rope(gctx, buf, cu, 0, 2, 8, 8, 1e4f), "rope T=0"));
+    TST_CHECK(tst_ok(gpu->alloc(gctx, (void **)&buf, 64 * sizeof(float)), "alloc"));
+    TST_CHECK(tst_ok(gpu->alloc(gctx, &cu, sizeof zero), "alloc"));
+    TST_CHECK(tst_ok(gpu->copy2d(gctx, buf, 4, buf + 32, 4, 0, 4), "copy2d rows=0"));
+    TST_CHECK(tst_ok(gpu->add(gctx, buf, buf, 0), "add n=0"));
+    TST_CHECK(tst_ok(gpu->swiglu(gctx, buf, buf, buf, 0), "swiglu n=0"));
+    TST_CHECK(tst_ok(gpu->embed(gctx, buf, cu, buf, CM_DTYPE_BF16, 0, 8), "embed T=0"));
+    TST_CHECK(tst_ok(gpu->gemm(gctx16, buf, buf, buf, CM_DTYPE_F32, 0, 8, 8), "gemm M=0"));
+    TST_CHECK(tst_ok(gpu->gemm(gctx, buf, buf, buf, CM_DTYPE_BF16, 8, 0, 8), "gemm N=0"));
+    TST_CHECK(tst_ok(gpu->rmsnorm(gctx, buf, buf, buf, 0, 8, 1e-6f, 1), "rmsnorm rows=0"));
+    TST_CHECK(tst_ok(gpu->rmsnorm_gated(gctx, buf, buf, buf, buf, 0, 8, 1e-6f), "rmsnorm_gated rows=0"));
+    TST_CHECK(tst_ok(gpu->l2norm(gctx, buf, buf, 0, 8, 1e-6f), "l2norm rows=0"));
+    TST_CHECK(tst_ok(gpu->rope(gctx, buf, cu, 0, 2, 8, 8, 1e4f), "rope T=0"));
     TST_CHECK(
-        call_ok(gpu->attention(gctx, buf, buf, buf, buf, NULL, cu, 0, 0, 2, 1, 8, 0.3f), "attention T=0"));
-    TST_CHECK(call_ok(gpu->conv1d_silu(gctx, buf, buf + 32, buf, cu, 0, 0, 8, 4), "conv1d_silu T=0"));
-    TST_CHECK(call_ok(gpu->gdn_conv_qkv(gctx, buf, buf, buf, buf + 32, buf, cu, 0, 0, 1, 1, 4, 4, 4, 1e-6f),
+        tst_ok(gpu->attention(gctx, buf, buf, buf, buf, NULL, cu, 0, 0, 2, 1, 8, 0.3f), "attention T=0"));
+    TST_CHECK(tst_ok(gpu->conv1d_silu(gctx, buf, buf + 32, buf, cu, 0, 0, 8, 4), "conv1d_silu T=0"));
+    TST_CHECK(tst_ok(gpu->gdn_conv_qkv(gctx, buf, buf, buf, buf + 32, buf, cu, 0, 0, 1, 1, 4, 4, 4, 1e-6f),
                       "gdn_conv_qkv T=0"));
-    TST_CHECK(call_ok(gpu->gemm_bf16in(gctx16, buf, (const uint16_t *)buf, buf, CM_DTYPE_BF16, 0, 8, 8),
+    TST_CHECK(tst_ok(gpu->gemm_bf16in(gctx16, buf, (const uint16_t *)buf, buf, CM_DTYPE_BF16, 0, 8, 8),
                       "gemm_bf16in M=0"));
-    TST_CHECK(call_ok(gpu->add_rmsnorm_bf16(gctx, (uint16_t *)buf, buf, buf, buf, 0, 8, 1e-6f, 1),
+    TST_CHECK(tst_ok(gpu->add_rmsnorm_bf16(gctx, (uint16_t *)buf, buf, buf, buf, 0, 8, 1e-6f, 1),
                       "add_rmsnorm_bf16 rows=0"));
-    TST_CHECK(call_ok(gpu->rmsnorm_gated_bf16(gctx, (uint16_t *)buf, buf, buf, buf, 0, 8, 1e-6f),
+    TST_CHECK(tst_ok(gpu->rmsnorm_gated_bf16(gctx, (uint16_t *)buf, buf, buf, buf, 0, 8, 1e-6f),
                       "rmsnorm_gated_bf16 rows=0"));
-    TST_CHECK(call_ok(gpu->swiglu_bf16(gctx, (uint16_t *)buf, buf, buf, 0), "swiglu_bf16 n=0"));
-    TST_CHECK(call_ok(gpu->gdn_gate(gctx, buf, buf, buf, buf, buf, buf, 0, 4), "gdn_gate T=0"));
-    TST_CHECK(call_ok(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 0, 0, 1, 2, 8, 8, 0.3f),
+    TST_CHECK(tst_ok(gpu->swiglu_bf16(gctx, (uint16_t *)buf, buf, buf, 0), "swiglu_bf16 n=0"));
+    TST_CHECK(tst_ok(gpu->gdn_gate(gctx, buf, buf, buf, buf, buf, buf, 0, 4), "gdn_gate T=0"));
+    TST_CHECK(tst_ok(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 0, 0, 1, 2, 8, 8, 0.3f),
                       "gated_delta_rule T=0"));
-    TST_CHECK(call_ok(gpu->sync(gctx), "sync") && call_ok(gpu->sync(gctx16), "sync"));
+    TST_CHECK(tst_ok(gpu->sync(gctx), "sync") && tst_ok(gpu->sync(gctx16), "sync"));
     gpu->free(gctx, cu);
     gpu->free(gctx, buf);
     printf("%-58s ok\n", "empty shapes: every op returns ok without launching");
@@ -1013,10 +1005,10 @@ static void expect(cm_status got, cm_status want, const char *what) {
 
 static void test_bad_args(void) {
     float *buf = NULL;
-    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&buf, 4096 * sizeof(float)), "alloc"));
+    TST_CHECK(tst_ok(gpu->alloc(gctx, (void **)&buf, 4096 * sizeof(float)), "alloc"));
     int32_t cu_h[2] = {0, 8};
     void   *cu = NULL;
-    TST_CHECK(call_ok(gpu->alloc(gctx, &cu, sizeof cu_h), "alloc"));
+    TST_CHECK(tst_ok(gpu->alloc(gctx, &cu, sizeof cu_h), "alloc"));
     gpu->upload(gctx, cu, cu_h, sizeof cu_h);
 
     kn_ctx       *c = NULL;
@@ -1062,7 +1054,7 @@ static void test_bad_args(void) {
            CM_ERR_INVALID_ARG, "gated_delta_rule nv=3 nk=2");
     expect(gpu->gated_delta_rule(gctx, buf, buf, buf, buf, buf, buf, cu, 1, 8, 1, 1, 300, 16, 0.25f),
            CM_ERR_UNSUPPORTED, "gated_delta_rule dk=300");
-    TST_CHECK(call_ok(gpu->sync(gctx), "sync after bad arguments"));
+    TST_CHECK(tst_ok(gpu->sync(gctx), "sync after bad arguments"));
     gpu->free(gctx, cu);
     gpu->free(gctx, buf);
 }
@@ -1092,10 +1084,10 @@ static void qk_prep_case(const int *lens, int n_seq, int nq, int nkv, int hd, in
         poison(bq.g, nqe);
     poison(bg.g, nqe);
     const dbuf *qout = in_place ? &bqg : &bq;
-    call_ok(cpu->qk_prep(cctx, qout->c, gated ? bg.c : NULL, bk.c, bqg.c, bqn.c, bkn.c, bp.c, T, nq, nkv, hd, rot,
+    tst_ok(cpu->qk_prep(cctx, qout->c, gated ? bg.c : NULL, bk.c, bqg.c, bqn.c, bkn.c, bp.c, T, nq, nkv, hd, rot,
                          theta, 1e-6f, one_plus),
             "cpu qk_prep");
-    call_ok(gpu->qk_prep(gctx, qout->g, gated ? bg.g : NULL, bk.g, bqg.g, bqn.g, bkn.g, bp.g, T, nq, nkv, hd, rot,
+    tst_ok(gpu->qk_prep(gctx, qout->g, gated ? bg.g : NULL, bk.g, bqg.g, bqn.g, bkn.g, bp.g, T, nq, nkv, hd, rot,
                          theta, 1e-6f, one_plus),
             "cuda qk_prep");
     char name[128];
@@ -1136,8 +1128,8 @@ static void test_qk_prep(void) {
     qk_prep_case(l5, 2, 2, 1, 1024, 1024, 1, 0, 1, 1e7f, 0);
     float  *buf = NULL;
     int32_t *p = NULL;
-    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&buf, 8192 * 4), "alloc"));
-    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&p, 64), "alloc"));
+    TST_CHECK(tst_ok(gpu->alloc(gctx, (void **)&buf, 8192 * 4), "alloc"));
+    TST_CHECK(tst_ok(gpu->alloc(gctx, (void **)&p, 64), "alloc"));
     expect(gpu->qk_prep(gctx, buf + 4096, NULL, buf + 6144, buf, buf, buf, p, 1, 1, 1, 1030, 8, 1e4f, 1e-6f, 1),
            CM_ERR_UNSUPPORTED, "qk_prep hd=1030");
     expect(gpu->qk_prep(gctx, buf + 64, buf + 2048, buf + 4096, buf, buf + 6144, buf + 6144, p, 4, 2, 1, 8, 8, 1e4f,
@@ -1147,7 +1139,7 @@ static void test_qk_prep(void) {
            CM_ERR_INVALID_ARG, "qk_prep odd rot_dim");
     expect(gpu->qk_prep(gctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 1, 8, 8, 1e4f, 1e-6f, 1), CM_OK,
            "qk_prep T=0");
-    TST_CHECK(call_ok(gpu->sync(gctx), "sync after qk_prep bad arguments"));
+    TST_CHECK(tst_ok(gpu->sync(gctx), "sync after qk_prep bad arguments"));
     gpu->free(gctx, p);
     gpu->free(gctx, buf);
 }
@@ -1169,9 +1161,9 @@ int main(void) {
         return 1;
     }
     cfg.gemm_mode = KN_GEMM_MODE_BF16;
-    if (!call_ok(gpu->ctx_create(&gctx16, &cfg), "cuda ctx_create (bf16 gemm mode)"))
+    if (!tst_ok(gpu->ctx_create(&gctx16, &cfg), "cuda ctx_create (bf16 gemm mode)"))
         return tst_report();
-    if (!call_ok(cpu->ctx_create(&cctx, NULL), "cpu ctx_create"))
+    if (!tst_ok(cpu->ctx_create(&cctx, NULL), "cpu ctx_create"))
         return tst_report();
 
     test_memory();

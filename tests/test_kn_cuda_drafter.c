@@ -96,13 +96,6 @@ static float bf16_widen(uint16_t h) {
     return f;
 }
 
-static int call_ok(cm_status st, const char *what) {
-    if (st != CM_OK)
-        fprintf(stderr, "  %s failed: %s: %s\n", what, cm_status_str(st), cm_last_error());
-    TST_CHECK(st == CM_OK);
-    return st == CM_OK;
-}
-
 /* One host array mirrored on both backends. */
 typedef struct dbuf {
     void  *c, *g;
@@ -255,10 +248,10 @@ static void gemm_bwd_case(long M, long N, long K) {
                 kn_ctx *g = mode ? gctx16 : gctx;
                 cpu->upload(cctx, bo.c, init, (size_t)(M * K) * 4);
                 gpu->upload(gctx, bo.g, init, (size_t)(M * K) * 4);
-                call_ok(cpu->gemm_dx(cctx, bo.c, bd.c, wi ? bw16.c : bw.c, wi ? CM_DTYPE_BF16 : CM_DTYPE_F32, M, N, K,
+                tst_ok(cpu->gemm_dx(cctx, bo.c, bd.c, wi ? bw16.c : bw.c, wi ? CM_DTYPE_BF16 : CM_DTYPE_F32, M, N, K,
                                      acc),
                         "cpu gemm_dx");
-                call_ok(gpu->gemm_dx(g, bo.g, bd.g, wi ? bw16.g : bw.g, wi ? CM_DTYPE_BF16 : CM_DTYPE_F32, M, N, K,
+                tst_ok(gpu->gemm_dx(g, bo.g, bd.g, wi ? bw16.g : bw.g, wi ? CM_DTYPE_BF16 : CM_DTYPE_F32, M, N, K,
                                      acc),
                         "cuda gemm_dx");
                 get_both(&bo, (size_t)(M * K) * 4, ref, got);
@@ -277,8 +270,8 @@ static void gemm_bwd_case(long M, long N, long K) {
     for (int mode = 0; mode < 2; mode++) {
         cpu->upload(cctx, bo.c, init, (size_t)(N * K) * 4);
         gpu->upload(gctx, bo.g, init, (size_t)(N * K) * 4);
-        call_ok(cpu->gemm_dw(cctx, bo.c, bd.c, bi.c, M, N, K), "cpu gemm_dw");
-        call_ok(gpu->gemm_dw(mode ? gctx16 : gctx, bo.g, bd.g, bi.g, M, N, K), "cuda gemm_dw");
+        tst_ok(cpu->gemm_dw(cctx, bo.c, bd.c, bi.c, M, N, K), "cpu gemm_dw");
+        tst_ok(gpu->gemm_dw(mode ? gctx16 : gctx, bo.g, bd.g, bi.g, M, N, K), "cuda gemm_dw");
         get_both(&bo, (size_t)(N * K) * 4, ref, got);
         snprintf(name, sizeof name, "gemm_dw %s-mode M=%ld N=%ld K=%ld (+=)", mode ? "BF16" : "F32", M, N, K);
         compare_bound(mode ? 11 : 1, name, got, ref, bound, N * K, mode ? 1e-2 : 1e-5);
@@ -318,9 +311,9 @@ static void test_rmsnorm_bwd(void) {
         dbuf       bw = dbuf_put(w, (size_t)C * 4), bdx = dbuf_put(NULL, (size_t)(rows * C) * 4);
         for (int one_plus = 0; one_plus < 2; one_plus++) {
             dbuf bdw = dbuf_put(dw0, (size_t)C * 4);
-            call_ok(cpu->rmsnorm_bwd(cctx, bdx.c, bdw.c, bdy.c, bx.c, bw.c, rows, C, 1e-6f, one_plus),
+            tst_ok(cpu->rmsnorm_bwd(cctx, bdx.c, bdw.c, bdy.c, bx.c, bw.c, rows, C, 1e-6f, one_plus),
                     "cpu rmsnorm_bwd");
-            call_ok(gpu->rmsnorm_bwd(gctx, bdx.g, bdw.g, bdy.g, bx.g, bw.g, rows, C, 1e-6f, one_plus),
+            tst_ok(gpu->rmsnorm_bwd(gctx, bdx.g, bdw.g, bdy.g, bx.g, bw.g, rows, C, 1e-6f, one_plus),
                     "cuda rmsnorm_bwd");
             char name[96];
             /* dx = r·s·dy − x·k cancels where the two terms meet: 1e-6 of the row scale */
@@ -362,8 +355,8 @@ static void test_rope_bwd(void) {
             pos[t] = (int32_t)(urand() * cases[s].pos_max);
         pos[T - 1] = cases[s].pos_max - 1;
         dbuf bx = dbuf_put(x, (size_t)(T * nh * hd) * 4), bp = dbuf_put(pos, (size_t)T * 4);
-        call_ok(cpu->rope_bwd(cctx, bx.c, bp.c, T, nh, hd, rot, cases[s].theta), "cpu rope_bwd");
-        call_ok(gpu->rope_bwd(gctx, bx.g, bp.g, T, nh, hd, rot, cases[s].theta), "cuda rope_bwd");
+        tst_ok(cpu->rope_bwd(cctx, bx.c, bp.c, T, nh, hd, rot, cases[s].theta), "cpu rope_bwd");
+        tst_ok(gpu->rope_bwd(gctx, bx.g, bp.g, T, nh, hd, rot, cases[s].theta), "cuda rope_bwd");
         char name[96];
         snprintf(name, sizeof name, "rope_bwd T=%ld heads=%d hd=%d rot=%d pos<%d", T, nh, hd, rot, cases[s].pos_max);
         compare_buf(3, name, &bx, T * nh * hd, 1e-6, 1e-5);
@@ -382,8 +375,8 @@ static void test_swiglu_bwd(void) {
         gt[0] = -1.2785f; /* near the zero of 1 + g·(1 − σ(g)) */
         dbuf bd = dbuf_put(d, (size_t)n * 4), bg = dbuf_put(gt, (size_t)n * 4), bu = dbuf_put(up, (size_t)n * 4);
         dbuf bdg = dbuf_put(NULL, (size_t)n * 4), bdu = dbuf_put(NULL, (size_t)n * 4);
-        call_ok(cpu->swiglu_bwd(cctx, bdg.c, bdu.c, bd.c, bg.c, bu.c, n), "cpu swiglu_bwd");
-        call_ok(gpu->swiglu_bwd(gctx, bdg.g, bdu.g, bd.g, bg.g, bu.g, n), "cuda swiglu_bwd");
+        tst_ok(cpu->swiglu_bwd(cctx, bdg.c, bdu.c, bd.c, bg.c, bu.c, n), "cpu swiglu_bwd");
+        tst_ok(gpu->swiglu_bwd(gctx, bdg.g, bdu.g, bd.g, bg.g, bu.g, n), "cuda swiglu_bwd");
         char name[64];
         snprintf(name, sizeof name, "swiglu_bwd dgate n=%ld", n);
         compare_buf(4, name, &bdg, n, 1e-12, 1e-5);
@@ -410,9 +403,9 @@ static void test_sumsq(void) {
         float     *x = rand_f32(n, -3, 3);
         dbuf       bx = dbuf_put(x, (size_t)n * 4);
         double     c = -1, g = -1, g2 = -2;
-        call_ok(cpu->sumsq(cctx, &c, bx.c, n), "cpu sumsq");
-        call_ok(gpu->sumsq(gctx, &g, bx.g, n), "cuda sumsq");
-        call_ok(gpu->sumsq(gctx, &g2, bx.g, n), "cuda sumsq again");
+        tst_ok(cpu->sumsq(cctx, &c, bx.c, n), "cpu sumsq");
+        tst_ok(gpu->sumsq(gctx, &g, bx.g, n), "cuda sumsq");
+        tst_ok(gpu->sumsq(gctx, &g2, bx.g, n), "cuda sumsq again");
         const double rel = fabs(g - c) / c;
         TST_CHECK(rel <= 1e-12);
         TST_CHECK(memcmp(&g, &g2, sizeof g) == 0);
@@ -424,7 +417,7 @@ static void test_sumsq(void) {
         free(x);
     }
     double z = -1;
-    call_ok(gpu->sumsq(gctx, &z, NULL, 0), "cuda sumsq n=0");
+    tst_ok(gpu->sumsq(gctx, &z, NULL, 0), "cuda sumsq n=0");
     TST_CHECK(z == 0);
 }
 
@@ -439,8 +432,8 @@ static void test_adamw(void) {
         dbuf            bm = dbuf_put(m, (size_t)n * 4), bv = dbuf_put(v, (size_t)n * 4);
         for (int it = 0; it < 3; it++) { /* three steps in a row: state carried on each side */
             ap.step += it;
-            call_ok(cpu->adamw(cctx, bp.c, bg.c, bm.c, bv.c, n, &ap), "cpu adamw");
-            call_ok(gpu->adamw(gctx, bp.g, bg.g, bm.g, bv.g, n, &ap), "cuda adamw");
+            tst_ok(cpu->adamw(cctx, bp.c, bg.c, bm.c, bv.c, n, &ap), "cpu adamw");
+            tst_ok(gpu->adamw(gctx, bp.g, bg.g, bm.g, bv.g, n, &ap), "cuda adamw");
         }
         char name[64];
         snprintf(name, sizeof name, "adamw param n=%ld (3 steps)", n);
@@ -482,7 +475,7 @@ static void lm_ce_case(long R, long V, long D, int w_bf16, int with_dh) {
     dbuf bw = w_bf16 ? dbuf_put(w16, (size_t)(V * D) * 2) : dbuf_put(w, (size_t)(V * D) * 4);
     dbuf bdh = dbuf_put(NULL, (size_t)(R * D) * 4), bce = dbuf_put(NULL, (size_t)R * 4), bam = dbuf_put(NULL, (size_t)R * 4);
     const cm_dtype wdt = w_bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32;
-    call_ok(cpu->lm_ce(cctx, with_dh ? bdh.c : NULL, bce.c, bam.c, bh.c, bl.c, bg.c, bw.c, wdt, R, V, D), "cpu lm_ce");
+    tst_ok(cpu->lm_ce(cctx, with_dh ? bdh.c : NULL, bce.c, bam.c, bh.c, bl.c, bg.c, bw.c, wdt, R, V, D), "cpu lm_ce");
     float   *ce_c = xmalloc((size_t)R * 4), *dh_c = xmalloc((size_t)(R * D) * 4);
     float   *ce_g = xmalloc((size_t)R * 4), *dh_g = xmalloc((size_t)(R * D) * 4);
     int32_t *am_c = xmalloc((size_t)R * 4), *am_g = xmalloc((size_t)R * 4);
@@ -491,7 +484,7 @@ static void lm_ce_case(long R, long V, long D, int w_bf16, int with_dh) {
     cpu->download(cctx, dh_c, bdh.c, (size_t)(R * D) * 4);
     for (int mode = 0; mode < 2; mode++) {
         kn_ctx *g = mode ? gctx16 : gctx;
-        call_ok(gpu->lm_ce(g, with_dh ? bdh.g : NULL, bce.g, bam.g, bh.g, bl.g, bg.g, bw.g, wdt, R, V, D),
+        tst_ok(gpu->lm_ce(g, with_dh ? bdh.g : NULL, bce.g, bam.g, bh.g, bl.g, bg.g, bw.g, wdt, R, V, D),
                 "cuda lm_ce");
         gpu->download(g, ce_g, bce.g, (size_t)R * 4);
         gpu->download(g, am_g, bam.g, (size_t)R * 4);
@@ -597,8 +590,8 @@ static void attn_run(const attn_case *ac, int window) {
     kn_dflash_attn_params pg = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, (float)(1.0 / sqrt((double)hd)),
                                 ba.g, bl.g, bq.g, bkc.g, bvc.g, bkb.g, bvb.g, bo.g, blse.g, bdo.g, bdq.g, bdkc.g,
                                 bdvc.g, bdkb.g, bdvb.g};
-    call_ok(cpu->dflash_attn_fwd(cctx, &pc), "cpu dflash_attn_fwd");
-    call_ok(cpu->dflash_attn_bwd(cctx, &pc), "cpu dflash_attn_bwd");
+    tst_ok(cpu->dflash_attn_fwd(cctx, &pc), "cpu dflash_attn_fwd");
+    tst_ok(cpu->dflash_attn_bwd(cctx, &pc), "cpu dflash_attn_bwd");
     const long  sizes[7] = {R * nq * hd, R * nq, R * nq * hd, T * nkv * hd, T * nkv * hd, R * nkv * hd, R * nkv * hd};
     const dbuf *bufs[7] = {&bo, &blse, &bdq, &bdkc, &bdvc, &bdkb, &bdvb};
     const char *names[7] = {"out", "lse", "dq", "dk_ctx", "dv_ctx", "dk_blk", "dv_blk"};
@@ -609,8 +602,8 @@ static void attn_run(const attn_case *ac, int window) {
         char    label[160], name[224];
         snprintf(label, sizeof label, "%s T=%ld blocks=%ld B=%ld nq=%ld nkv=%ld hd=%ld W=%d%s", ac->what, T, nb, B,
                  nq, nkv, hd, window, mode ? (mma ? " BF16 mma" : " BF16 (fp32 fallback)") : "");
-        call_ok(gpu->dflash_attn_fwd(g, &pg), "cuda dflash_attn_fwd");
-        call_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd");
+        tst_ok(gpu->dflash_attn_fwd(g, &pg), "cuda dflash_attn_fwd");
+        tst_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd");
         float *first[7] = {0};
         for (int i = 0; i < 7; i++) {
             float *c = xmalloc((size_t)sizes[i] * 4), *gg = xmalloc((size_t)sizes[i] * 4);
@@ -645,7 +638,7 @@ static void attn_run(const attn_case *ac, int window) {
             free(c);
         }
         /* determinism: the backward again gives the same bits */
-        call_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd again");
+        tst_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd again");
         int same = 1;
         for (int i = 2; i < 7; i++) {
             float *c = xmalloc((size_t)sizes[i] * 4), *gg = xmalloc((size_t)sizes[i] * 4);
@@ -703,21 +696,21 @@ static void expect(cm_status got, cm_status want, const char *what) {
 
 static void test_edges(void) {
     float *buf = NULL;
-    TST_CHECK(call_ok(gpu->alloc(gctx, (void **)&buf, 4096 * sizeof(float)), "alloc"));
+    TST_CHECK(tst_ok(gpu->alloc(gctx, (void **)&buf, 4096 * sizeof(float)), "alloc"));
     /* empty shapes: ok, nothing written */
-    TST_CHECK(call_ok(gpu->gemm_dx(gctx, buf, buf, buf, CM_DTYPE_F32, 0, 4, 4, 0), "gemm_dx M=0"));
-    TST_CHECK(call_ok(gpu->gemm_dw(gctx, buf, buf, buf, 0, 4, 4), "gemm_dw M=0"));
-    TST_CHECK(call_ok(gpu->rmsnorm_bwd(gctx, buf, buf + 64, buf + 128, buf, buf, 0, 8, 1e-6f, 0), "rmsnorm_bwd rows=0"));
-    TST_CHECK(call_ok(gpu->swiglu_bwd(gctx, buf, buf + 8, buf, buf, buf, 0), "swiglu_bwd n=0"));
-    TST_CHECK(call_ok(gpu->lm_ce(gctx, buf, buf, (int32_t *)buf, buf, (int32_t *)buf, buf, buf, CM_DTYPE_F32, 0, 8, 8),
+    TST_CHECK(tst_ok(gpu->gemm_dx(gctx, buf, buf, buf, CM_DTYPE_F32, 0, 4, 4, 0), "gemm_dx M=0"));
+    TST_CHECK(tst_ok(gpu->gemm_dw(gctx, buf, buf, buf, 0, 4, 4), "gemm_dw M=0"));
+    TST_CHECK(tst_ok(gpu->rmsnorm_bwd(gctx, buf, buf + 64, buf + 128, buf, buf, 0, 8, 1e-6f, 0), "rmsnorm_bwd rows=0"));
+    TST_CHECK(tst_ok(gpu->swiglu_bwd(gctx, buf, buf + 8, buf, buf, buf, 0), "swiglu_bwd n=0"));
+    TST_CHECK(tst_ok(gpu->lm_ce(gctx, buf, buf, (int32_t *)buf, buf, (int32_t *)buf, buf, buf, CM_DTYPE_F32, 0, 8, 8),
                       "lm_ce R=0"));
     /* gemm_dx with N = 0: zeros (=), untouched (+=) */
     float ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, got[12];
     gpu->upload(gctx, buf, ones, sizeof ones);
-    TST_CHECK(call_ok(gpu->gemm_dx(gctx, buf, buf + 64, buf + 64, CM_DTYPE_F32, 3, 0, 4, 1), "gemm_dx N=0 +="));
+    TST_CHECK(tst_ok(gpu->gemm_dx(gctx, buf, buf + 64, buf + 64, CM_DTYPE_F32, 3, 0, 4, 1), "gemm_dx N=0 +="));
     gpu->download(gctx, got, buf, sizeof got);
     TST_CHECK(memcmp(got, ones, sizeof got) == 0);
-    TST_CHECK(call_ok(gpu->gemm_dx(gctx, buf, buf + 64, buf + 64, CM_DTYPE_F32, 3, 0, 4, 0), "gemm_dx N=0 ="));
+    TST_CHECK(tst_ok(gpu->gemm_dx(gctx, buf, buf + 64, buf + 64, CM_DTYPE_F32, 3, 0, 4, 0), "gemm_dx N=0 ="));
     gpu->download(gctx, got, buf, sizeof got);
     int zero = 1;
     for (int i = 0; i < 12; i++)
@@ -734,8 +727,8 @@ static void test_edges(void) {
     p.k_ctx = p.v_ctx = buf + 2000;
     p.dk_ctx = buf + 1000;
     p.dv_ctx = buf + 1100;
-    TST_CHECK(call_ok(gpu->dflash_attn_fwd(gctx, &p), "dflash_attn_fwd n_blocks=0"));
-    TST_CHECK(call_ok(gpu->dflash_attn_bwd(gctx, &p), "dflash_attn_bwd n_blocks=0"));
+    TST_CHECK(tst_ok(gpu->dflash_attn_fwd(gctx, &p), "dflash_attn_fwd n_blocks=0"));
+    TST_CHECK(tst_ok(gpu->dflash_attn_bwd(gctx, &p), "dflash_attn_bwd n_blocks=0"));
     gpu->download(gctx, got, buf + 1000, sizeof got);
     zero = 1;
     for (int i = 0; i < 12; i++)
@@ -771,7 +764,7 @@ static void test_edges(void) {
     p.hd = 4;
     p.out = NULL;
     expect(gpu->dflash_attn_bwd(gctx, &p), CM_ERR_INVALID_ARG, "dflash_attn_bwd out=NULL");
-    TST_CHECK(call_ok(gpu->sync(gctx), "sync after bad arguments"));
+    TST_CHECK(tst_ok(gpu->sync(gctx), "sync after bad arguments"));
     gpu->free(gctx, buf);
 }
 
@@ -794,8 +787,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     cfg.gemm_mode = KN_GEMM_MODE_BF16;
-    if (!call_ok(gpu->ctx_create(&gctx16, &cfg), "cuda ctx_create (bf16 gemm mode)") ||
-        !call_ok(cpu->ctx_create(&cctx, NULL), "cpu ctx_create"))
+    if (!tst_ok(gpu->ctx_create(&gctx16, &cfg), "cuda ctx_create (bf16 gemm mode)") ||
+        !tst_ok(cpu->ctx_create(&cctx, NULL), "cpu ctx_create"))
         return tst_report();
 
     if (!only_dflash) {

@@ -47,13 +47,6 @@ static float *nan_f32(long n) { /* an element the op never writes stays NaN and 
     return x;
 }
 
-static int ok(cm_status st, const char *what) {
-    if (st != CM_OK)
-        fprintf(stderr, "  %s failed: %s: %s\n", what, cm_status_str(st), cm_last_error());
-    TST_CHECK(st == CM_OK);
-    return st == CM_OK;
-}
-
 typedef struct qk_case {
     int   lens[4], n_seq;
     int   nq, nkv, hd, rot;
@@ -82,15 +75,15 @@ static void run_case(const qk_case *cs) {
     float *qc = rand_f32(nqe, 0, 1), *gc = rand_f32(nqe, 0, 1), *kc = rand_f32(nke, 0, 1);
     memcpy(kc, k, (size_t)nke * sizeof *k);
     if (cs->gated) {
-        ok(be->copy2d(ctx, qc, hd, qg, qs, T * nq, hd), "copy2d q");
-        ok(be->copy2d(ctx, gc, hd, qg + hd, qs, T * nq, hd), "copy2d gate");
+        tst_ok(be->copy2d(ctx, qc, hd, qg, qs, T * nq, hd), "copy2d q");
+        tst_ok(be->copy2d(ctx, gc, hd, qg + hd, qs, T * nq, hd), "copy2d gate");
     } else {
         memcpy(qc, qg, (size_t)nqe * sizeof *qc);
     }
-    ok(be->rmsnorm(ctx, qc, qc, qn, T * nq, hd, eps, cs->one_plus), "rmsnorm q");
-    ok(be->rmsnorm(ctx, kc, kc, kn, T * nkv, hd, eps, cs->one_plus), "rmsnorm k");
-    ok(be->rope(ctx, qc, pos, T, nq, hd, rot, cs->theta), "rope q");
-    ok(be->rope(ctx, kc, pos, T, nkv, hd, rot, cs->theta), "rope k");
+    tst_ok(be->rmsnorm(ctx, qc, qc, qn, T * nq, hd, eps, cs->one_plus), "rmsnorm q");
+    tst_ok(be->rmsnorm(ctx, kc, kc, kn, T * nkv, hd, eps, cs->one_plus), "rmsnorm k");
+    tst_ok(be->rope(ctx, qc, pos, T, nq, hd, rot, cs->theta), "rope q");
+    tst_ok(be->rope(ctx, kc, pos, T, nkv, hd, rot, cs->theta), "rope k");
 
     /* the fused op */
     float *qf = NULL, *gf = cs->gated ? nan_f32(nqe) : NULL, *kf = rand_f32(nke, 0, 1), *qgf = NULL;
@@ -102,7 +95,7 @@ static void run_case(const qk_case *cs) {
         qf = nan_f32(nqe);
         qgf = qg;
     }
-    ok(be->qk_prep(ctx, qf, gf, kf, qgf, qn, kn, pos, T, nq, nkv, hd, rot, cs->theta, eps, cs->one_plus),
+    tst_ok(be->qk_prep(ctx, qf, gf, kf, qgf, qn, kn, pos, T, nq, nkv, hd, rot, cs->theta, eps, cs->one_plus),
        "qk_prep");
 
     char name[160];
@@ -207,7 +200,7 @@ int main(void) {
         fprintf(stderr, "the cpu backend has no qk_prep\n");
         return 1;
     }
-    if (!ok(be->ctx_create(&ctx, NULL), "ctx_create"))
+    if (!tst_ok(be->ctx_create(&ctx, NULL), "ctx_create"))
         return tst_report();
     static const qk_case cases[] = {
         {{5}, 1, 1, 1, 2, 2, 0, 1, 1, 1e4f, 0},

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cm_status.h"
+
 static int tst_failures = 0;
 static int tst_checks   = 0;
 
@@ -19,6 +21,13 @@ static int tst_checks   = 0;
             fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);                         \
         }                                                                                                    \
     } while (0)
+
+/* A call's status as a check: a failure prints what, the status and cm_last_error(). */
+static inline int tst_ok(cm_status st, const char *what) {
+    if (st != CM_OK) fprintf(stderr, "  %s failed: %s: %s\n", what, cm_status_str(st), cm_last_error());
+    TST_CHECK(st == CM_OK);
+    return st == CM_OK;
+}
 
 /* Elementwise |got - ref| <= atol + rtol·|ref|; prints up to 5 mismatches and the maxima. */
 #define TST_CLOSE(name, got, ref, n, atol, rtol) tst_close_(__FILE__, __LINE__, (name), (got), (ref), (n), (atol), (rtol))
