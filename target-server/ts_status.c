@@ -56,8 +56,14 @@ static void print_summary(const cJSON *o) {
            str(o, "target_id"), (int)(up / 3600), (int)(up / 60) % 60, (int)up % 60,
            flag(o, "stopping") ? ", stopping" : "");
     if (t) {
-        char dev[32] = "";
-        if (strcmp(str(t, "device"), "cuda") == 0)
+        char         dev[64] = "";
+        const cJSON *gpus = cJSON_GetObjectItemCaseSensitive(t, "gpus"), *g;
+        if (strcmp(str(t, "device"), "cuda") == 0 && cJSON_GetArraySize(gpus) > 1) /* a replica per GPU */
+            cJSON_ArrayForEach(g, gpus) {
+                size_t n = strlen(dev);
+                snprintf(dev + n, sizeof dev - n, "%s%d", n ? "," : ":", (int)cJSON_GetNumberValue(g));
+            }
+        else if (strcmp(str(t, "device"), "cuda") == 0)
             snprintf(dev, sizeof dev, ":%d", (int)num(t, "gpu"));
         printf("  model   %s (%s, %d layers, hidden %d, vocab %d) on %s%s%s%s; %s", str(t, "model"),
                str(t, "model_type"), (int)num(t, "n_layers"), (int)num(t, "hidden_size"), (int)num(t, "vocab_size"),
@@ -76,9 +82,14 @@ static void print_summary(const cJSON *o) {
             strcat(encs, e->valuestring);
         }
     }
+    char busy[64] = "idle";
+    if (num(o, "workers") > 1)
+        snprintf(busy, sizeof busy, "%.0f of %.0f replicas computing", num(o, "workers_busy"), num(o, "workers"));
+    else if (flag(o, "computing"))
+        snprintf(busy, sizeof busy, "computing now");
     printf("  serves  %s hidden states of layers 0..%d, up to %d tokens per request, %d credits; encodings %s; %s\n",
            str(o, "hidden_dtype"), (int)num(o, "n_layers") - 1, (int)num(o, "max_tokens"), (int)num(o, "credits"), encs,
-           flag(o, "computing") ? "computing now" : "idle");
+           busy);
     if (tot) {
         char b[32];
         human_bytes(num(tot, "bytes_sent"), b, sizeof b);
@@ -91,10 +102,12 @@ static void print_summary(const cJSON *o) {
     cJSON_ArrayForEach(x, ses) {
         char b[32];
         human_bytes(num(x, "bytes_sent"), b, sizeof b);
+        char computing[32] = ""; /* jobs of this session on replicas now */
+        if (num(x, "computing") > 0)
+            snprintf(computing, sizeof computing, ", %.0f computing", num(x, "computing"));
         printf("  session '%s' from %s for %.0f s: %.0f answers (%.0f queued%s), %.0f tokens, %s, %.0f tokens/s%s\n",
-               str(x, "name"), str(x, "peer"), num(x, "age_s"), num(x, "answers"), num(x, "queued"),
-               flag(x, "computing") ? ", one computing" : "", num(x, "tokens"), b, num(x, "tokens_per_s"),
-               flag(x, "nccl") ? ", over NCCL" : "");
+               str(x, "name"), str(x, "peer"), num(x, "age_s"), num(x, "answers"), num(x, "queued"), computing,
+               num(x, "tokens"), b, num(x, "tokens_per_s"), flag(x, "nccl") ? ", over NCCL" : "");
     }
     if (!cJSON_GetArraySize(ses))
         printf("  no trainer attached\n");

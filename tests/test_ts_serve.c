@@ -583,6 +583,8 @@ static void test_replicas(void) {
     snprintf(args, sizeof args, "--server %s --json", p.endpoint);
     TST_CHECK(run_status(args, out, sizeof out) == 0);
     TST_CHECK(strstr(out, "\"replicas\":2") && strstr(out, "\"workers\":2") && strstr(out, "\"loaded\":true"));
+    snprintf(args, sizeof args, "--server %s", p.endpoint);
+    TST_CHECK(run_status(args, out, sizeof out) == 0 && strstr(out, "0 of 2 replicas computing"));
     TST_CHECK(serve_end(&p, SIGTERM) == 0);
     const char *log = tst_slurp(p.log);
     int         ready0 = log && strstr(log, "replica 0 (cpu 0): model ready"),
