@@ -61,3 +61,24 @@ uint64_t cm_target_random_id(uint64_t cfg_hash, uint64_t seed) {
     uint64_t id = cfg_hash ^ 0x72616e646f6d0000ull ^ seed; /* "random" */
     return id ? id : 1;
 }
+
+int cm_target_identity_differs(char *buf, size_t cap, uint64_t have_cfg, uint64_t have_weights, uint64_t want_cfg,
+                               uint64_t want_weights, const char *here, const char *expected) {
+    const int cfg_differs = want_cfg && have_cfg != want_cfg;
+    const int w_differs = want_weights && have_weights != want_weights;
+    if (!cfg_differs && !w_differs) return 0;
+    if (!cfg_differs)
+        snprintf(buf, cap, "same architecture (config %016llx), different weights (fingerprint %016llx %s, %016llx %s)",
+                 (unsigned long long)have_cfg, (unsigned long long)have_weights, here,
+                 (unsigned long long)want_weights, expected);
+    else if (!w_differs)
+        snprintf(buf, cap, "another architecture (config %016llx %s, %016llx %s)", (unsigned long long)have_cfg, here,
+                 (unsigned long long)want_cfg, expected);
+    else
+        snprintf(buf, cap,
+                 "another architecture (config %016llx %s, %016llx %s) and other weights (fingerprint %016llx %s, "
+                 "%016llx %s)",
+                 (unsigned long long)have_cfg, here, (unsigned long long)want_cfg, expected,
+                 (unsigned long long)have_weights, here, (unsigned long long)want_weights, expected);
+    return 1;
+}

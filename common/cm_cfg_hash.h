@@ -24,11 +24,20 @@ size_t cm_target_cfg_canonical(const cm_target_cfg *cfg, char *buf, size_t cap);
  * mapped to 1). */
 uint64_t cm_target_cfg_hash(const cm_target_cfg *cfg);
 
-/* The identity of a target whose weights are random (`serve --init random --seed N`): the
- * config's hash with a tag and the seed folded in, so a trainer of the real checkpoint refuses
- * it and a trainer told the same random target (`train --target-init random --target-seed N`)
- * accepts it. */
+/* The weights fingerprint of a target whose weights are random (`serve --init random --seed
+ * N`; cm_weights_id.h fingerprints a checkpoint): the config's hash with a tag and the seed
+ * folded in, so a trainer of the real checkpoint refuses it and a trainer told the same random
+ * target (`train --target-init random --target-seed N`) accepts it. */
 uint64_t cm_target_random_id(uint64_t cfg_hash, uint64_t seed);
+
+/* A target's identity is its weights fingerprint, with the config hash beside it to say what
+ * kind of difference a mismatch is. Compares what a peer has with what is wanted (a wanted 0
+ * matches anything) and returns 0 when they agree; otherwise 1, with buf (cap bytes) saying
+ * how they differ, e.g. "same architecture (config 467b3a3228c0c02c), different weights
+ * (fingerprint 1d2c… here, 9a0f… expected)" or "another architecture (config … here, …
+ * expected) and other weights (…)". `here` and `expected` name the two sides in the text. */
+int cm_target_identity_differs(char *buf, size_t cap, uint64_t have_cfg, uint64_t have_weights, uint64_t want_cfg,
+                               uint64_t want_weights, const char *here, const char *expected);
 
 #ifdef __cplusplus
 }

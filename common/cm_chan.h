@@ -114,8 +114,10 @@ typedef struct cm_chan_nccl_server {
 typedef struct cm_chan_server_config {
     const char *endpoint;       /* bind: tcp://127.0.0.1:PORT (PORT may be '*'), ipc://PATH */
     const char *name;           /* target name in WELCOME (a cm_proto name) */
-    uint64_t    target_id;      /* identity sent in WELCOME (cm_target_cfg_hash); HELLOs asking
-                                   for another non-zero id are refused */
+    uint64_t    target_id;      /* config hash sent in WELCOME (cm_target_cfg_hash) */
+    uint64_t    weights_id;     /* weights fingerprint sent in WELCOME (cm_weights_id; ≠ 0);
+                                   HELLOs asking for another non-zero config or fingerprint
+                                   are refused */
     cm_dtype    hidden_dtype;   /* BF16 or F32: dtype of the answers' tensors */
     uint32_t    hidden_size;    /* D ≥ 1 */
     uint32_t    n_layers;       /* layers 0 .. n_layers-1 can be requested */
@@ -159,7 +161,7 @@ typedef struct cm_chan_server_config {
 } cm_chan_server_config;
 #define CM_CHAN_SERVER_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
-        "tcp://127.0.0.1:5555", "target", 0, CM_DTYPE_BF16, 0, 0, 16384, 8, 4, CM_ENCODING_LOSSLESS_MASK,    \
+        "tcp://127.0.0.1:5555", "target", 0, 0, CM_DTYPE_BF16, 0, 0, 16384, 8, 4, CM_ENCODING_LOSSLESS_MASK, \
             64, 1000, 5000, 1, 1, 30000, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, \
             NULL                                                                                             \
     }
@@ -235,7 +237,9 @@ typedef struct cm_chan_client_config {
     cm_encoding encoding;           /* encoding asked for in every REQUEST */
     uint32_t    accept;             /* other encodings accepted if the server lacks `encoding` (mask;
                                        default the lossless ones; 0 = `encoding` only) */
-    uint64_t    target_id;          /* the target expected (cm_target_cfg_hash); 0 = any */
+    uint64_t    target_id;          /* the config expected (cm_target_cfg_hash); 0 = any */
+    uint64_t    weights_id;         /* the weights expected (fingerprint); 0 = any; a server that
+                                       comes back must in any case serve the first one's */
     int         heartbeat_ms;       /* HEARTBEAT after this long without sending */
     int         peer_timeout_ms;    /* nothing heard for this long: the server is gone; reconnect */
     int         request_timeout_ms; /* no answer this long after sending: send the request again */
@@ -258,7 +262,7 @@ int cm_chan_default_threads(void);
 
 #define CM_CHAN_CLIENT_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
-        NULL, "trainer", 4, CM_ENCODING_ZSTD_BYTEPLANE, CM_ENCODING_LOSSLESS_MASK, 0, 1000, 5000, 60000,     \
+        NULL, "trainer", 4, CM_ENCODING_ZSTD_BYTEPLANE, CM_ENCODING_LOSSLESS_MASK, 0, 0, 1000, 5000, 60000,  \
             200, 5, 2, 1, 8ull << 30, NULL, NULL, 0, NULL                                                    \
     }
 

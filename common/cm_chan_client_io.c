@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "cm_cfg_hash.h"
 #include "cm_compress.h"
 #include "cm_log.h"
 
@@ -247,6 +248,7 @@ static cm_status open_socket(cm_chan_client *c, int64_t now) {
     CM_TRY(CM_ZMQ(zmq_connect(c->mon, mon_ep)));
     CM_TRY(CM_ZMQ(zmq_connect(c->sock, c->endpoint)));
     cm_proto_hello h = {.target_id = c->cfg.target_id,
+                        .weights_id = c->cfg.weights_id,
                         .credits = c->cfg.credits,
                         .encodings = (1u << c->cfg.encoding) | c->cfg.accept};
     snprintf(h.name, sizeof h.name, "%s", c->name);
@@ -342,23 +344,31 @@ static void on_welcome(cm_chan_client *c, const uint8_t *p, size_t len, int64_t 
         return;
     }
     char msg[512];
-    if (c->cfg.target_id && w.target_id != c->cfg.target_id) {
-        snprintf(msg, sizeof msg, "target-server '%s' serves target %016llx, not the %016llx this run needs",
-                 w.name, (unsigned long long)w.target_id, (unsigned long long)c->cfg.target_id);
+    char why[400];
+    if (cm_target_identity_differs(why, sizeof why, w.target_id, w.weights_id, c->cfg.target_id, c->cfg.weights_id,
+                                   "served", "expected")) {
+        cm_chan_fmt(msg, sizeof msg, "target-server '%s' at %s serves another target than this run needs: %s",
+                    w.name, c->endpoint, why);
         set_fatal(c, CM_ERR_INVALID_ARG, msg);
         return;
     }
     /* a server that comes back must serve what the first one served: answers of another
      * target, dtype or width would be trained on as if they were the same */
-    if (c->have_welcome &&
-        (w.target_id != c->welcome.target_id || w.hidden_dtype != c->welcome.hidden_dtype ||
-         w.hidden_size != c->welcome.hidden_size)) {
+    if (c->have_welcome && cm_target_identity_differs(why, sizeof why, w.target_id, w.weights_id,
+                                                      c->welcome.target_id, c->welcome.weights_id, "now",
+                                                      "when this run started")) {
         cm_chan_fmt(msg, sizeof msg,
-                    "the server at %s now serves target %016llx (%s, hidden %u), but this run started "
-                    "with %016llx (%s, hidden %u); restart the run against one target",
-                    c->endpoint, (unsigned long long)w.target_id, cm_dtype_name(w.hidden_dtype),
-                    w.hidden_size, (unsigned long long)c->welcome.target_id,
-                    cm_dtype_name(c->welcome.hidden_dtype), c->welcome.hidden_size);
+                    "the server at %s ('%s') now serves another target: %s; restart the run against one target",
+                    c->endpoint, w.name, why);
+        set_fatal(c, CM_ERR_INVALID_ARG, msg);
+        return;
+    }
+    if (c->have_welcome && (w.hidden_dtype != c->welcome.hidden_dtype || w.hidden_size != c->welcome.hidden_size)) {
+        cm_chan_fmt(msg, sizeof msg,
+                    "the server at %s now serves %s hidden %u, but this run started with %s hidden %u; restart the "
+                    "run against one target",
+                    c->endpoint, cm_dtype_name(w.hidden_dtype), w.hidden_size, cm_dtype_name(c->welcome.hidden_dtype),
+                    c->welcome.hidden_size);
         set_fatal(c, CM_ERR_INVALID_ARG, msg);
         return;
     }

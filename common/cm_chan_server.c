@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "cm_cfg_hash.h"
 #include "cm_compress.h"
 #include "cm_log.h"
 
@@ -191,14 +192,14 @@ static void on_hello(cm_chan_server *s, session *ss, const uint8_t *ident, size_
         send_error(s, ident, ident_len, 0, CM_PROTO_ERROR_SHUTDOWN, "the target-server is stopping");
         return;
     }
-    if (h.target_id && h.target_id != s->cfg.target_id) {
-        CM_LOG_WARN("refused trainer '%s': it asks for target %016llx, this server serves %016llx", h.name,
-                    (unsigned long long)h.target_id, (unsigned long long)s->cfg.target_id);
-        send_error(
-            s, ident, ident_len, 0, CM_PROTO_ERROR_TARGET_MISMATCH,
-            "target-server '%s' serves target %016llx, not %016llx: connect to the server of the target the "
-            "drafter is trained for",
-            s->name, (unsigned long long)s->cfg.target_id, (unsigned long long)h.target_id);
+    char why[400];
+    if (cm_target_identity_differs(why, sizeof why, s->cfg.target_id, s->cfg.weights_id, h.target_id, h.weights_id,
+                                   "served here", "asked for")) {
+        CM_LOG_WARN("refused trainer '%s': %s", h.name, why);
+        send_error(s, ident, ident_len, 0, CM_PROTO_ERROR_TARGET_MISMATCH,
+                   "target-server '%s' serves another target: %s; connect to the server of the target the drafter "
+                   "is trained for",
+                   s->name, why);
         return;
     }
     uint32_t enc = h.encodings & s->cfg.encodings;
@@ -245,6 +246,7 @@ static void on_hello(cm_chan_server *s, session *ss, const uint8_t *ident, size_
     const char *peer = zmq_msg_gets(fr, "Peer-Address");
     snprintf(ss->peer, sizeof ss->peer, "%s", peer && *peer ? peer : "a local socket");
     cm_proto_welcome wm = {.target_id = s->cfg.target_id,
+                           .weights_id = s->cfg.weights_id,
                            .version = CM_PROTO_VERSION,
                            .hidden_dtype = s->cfg.hidden_dtype,
                            .hidden_size = s->cfg.hidden_size,
@@ -423,6 +425,8 @@ static void status_reply(cm_chan_server *s, const uint8_t *ident, size_t ident_l
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)s->cfg.target_id);
     cJSON_AddStringToObject(o, "name", s->name);
     cJSON_AddStringToObject(o, "target_id", hex);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)s->cfg.weights_id);
+    cJSON_AddStringToObject(o, "weights_id", hex);
     cJSON_AddStringToObject(o, "endpoint", s->endpoint);
     cJSON_AddNumberToObject(o, "uptime_s", (double)(now - s->started_ms) / 1e3);
     cJSON_AddStringToObject(o, "hidden_dtype", cm_dtype_name(s->cfg.hidden_dtype));
@@ -856,8 +860,10 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_server_run: a server runs once");
     s->ran = 1;
     s->started_ms = cm_chan_now_ms();
-    CM_LOG_INFO("serving '%s' on %s: target %016llx, %u layers of %u, %s answers, %u credits per session",
-                s->name, s->endpoint, (unsigned long long)s->cfg.target_id, s->cfg.n_layers,
+    CM_LOG_INFO("serving '%s' on %s: weights %016llx (config %016llx), %u layers of %u, %s answers, %u credits "
+                "per session",
+                s->name, s->endpoint, (unsigned long long)s->cfg.weights_id, (unsigned long long)s->cfg.target_id,
+                s->cfg.n_layers,
                 s->cfg.hidden_size, cm_dtype_name(s->cfg.hidden_dtype), s->cfg.credits);
     cm_status st = CM_OK;
     for (int i = 0; i < s->n_workers && st == CM_OK; i++) {

@@ -252,6 +252,8 @@ static cm_status check_config(const cm_chan_server_config *c) {
     if (c->hidden_dtype != CM_DTYPE_BF16 && c->hidden_dtype != CM_DTYPE_F32)
         return CM_FAIL(CM_ERR_INVALID_ARG, "hidden dtype %s: answers are BF16 or F32",
                        cm_dtype_name(c->hidden_dtype));
+    if (c->weights_id == 0)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_server: no weights fingerprint (weights_id is 0)");
     if (c->hidden_size < 1 || c->n_layers < 1)
         return CM_FAIL(CM_ERR_INVALID_ARG, "hidden size %u and layer count %u must be at least 1",
                        c->hidden_size, c->n_layers);
@@ -384,7 +386,8 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     s->cfg.name = s->name;
     cm_status st = CM_OK;
     /* a trial WELCOME checks the name with the wire's own rules */
-    cm_proto_welcome trial = {.hidden_dtype = cfg->hidden_dtype,
+    cm_proto_welcome trial = {.weights_id = cfg->weights_id,
+                              .hidden_dtype = cfg->hidden_dtype,
                               .hidden_size = 1,
                               .n_layers = 1,
                               .max_tokens = 1,

@@ -328,10 +328,11 @@ cm_status cm_proto_hello_encode(const cm_proto_hello *m, void *buf, size_t cap, 
     if (m->encodings == 0 || m->encodings >> CM_ENCODING_END)
         return CM_FAIL(CM_ERR_INVALID_ARG, "HELLO: field 'encodings' 0x%x names no known encoding",
                        m->encodings);
-    size_t body = 18 + n;
+    size_t body = 26 + n;
     CM_TRY(need_cap("HELLO", CM_PROTO_HEADER_SIZE + body, cap, len));
     wr w = {buf, CM_PROTO_HEADER_SIZE};
     w_u64(&w, m->target_id);
+    w_u64(&w, m->weights_id);
     w_u32(&w, m->credits);
     w_u32(&w, m->encodings);
     w_str(&w, m->name);
@@ -346,6 +347,7 @@ cm_status cm_proto_hello_decode(const void *frame, size_t len, const cm_proto_li
     CM_TRY(frame_open(frame, len, lim, CM_PROTO_TYPE_HELLO, &h, &r, 0));
     cm_proto_hello m;
     CM_TRY(r_u64(&r, "target_id", &m.target_id));
+    CM_TRY(r_u64(&r, "weights_id", &m.weights_id));
     CM_TRY(r_u32(&r, "credits", &m.credits));
     CM_TRY(r_u32(&r, "encodings", &m.encodings));
     CM_TRY(r_str(&r, "name", m.name));
@@ -360,6 +362,8 @@ cm_status cm_proto_hello_decode(const void *frame, size_t len, const cm_proto_li
 }
 
 static cm_status welcome_check(const cm_proto_welcome *m, cm_status st) {
+    if (m->weights_id == 0)
+        return CM_FAIL(st, "WELCOME: field 'weights_id' is 0");
     if (m->hidden_dtype != CM_DTYPE_F32 && m->hidden_dtype != CM_DTYPE_BF16)
         return CM_FAIL(st, "WELCOME: field 'hidden_dtype' is %d, expected F32 or BF16", (int)m->hidden_dtype);
     if (m->hidden_size < 1)
@@ -380,10 +384,11 @@ cm_status cm_proto_welcome_encode(const cm_proto_welcome *m, void *buf, size_t c
     size_t n = safe_strlen(m->name, CM_PROTO_NAME_MAX);
     CM_TRY(check_name("WELCOME", "name", m->name, n, CM_ERR_INVALID_ARG));
     CM_TRY(welcome_check(m, CM_ERR_INVALID_ARG));
-    size_t body = 34 + n;
+    size_t body = 42 + n;
     CM_TRY(need_cap("WELCOME", CM_PROTO_HEADER_SIZE + body, cap, len));
     wr w = {buf, CM_PROTO_HEADER_SIZE};
     w_u64(&w, m->target_id);
+    w_u64(&w, m->weights_id);
     w_u16(&w, CM_PROTO_VERSION);
     w_u8(&w, (uint8_t)m->hidden_dtype);
     w_u8(&w, 0);
@@ -405,6 +410,7 @@ cm_status cm_proto_welcome_decode(const void *frame, size_t len, const cm_proto_
     cm_proto_welcome m;
     uint8_t          dt, rsv;
     CM_TRY(r_u64(&r, "target_id", &m.target_id));
+    CM_TRY(r_u64(&r, "weights_id", &m.weights_id));
     CM_TRY(r_u16(&r, "version", &m.version));
     CM_TRY(r_u8(&r, "hidden_dtype", &dt));
     CM_TRY(r_u8(&r, "reserved", &rsv));

@@ -30,22 +30,24 @@
  *
  * BODY by type ("str" = u16 length n, then n bytes of [A-Za-z0-9_.-], 1 ≤ n ≤ CM_PROTO_NAME_MAX;
  * "msg" = u16 length n ≤ CM_PROTO_MESSAGE_MAX, then n bytes, none a control character)
- *   HELLO (trainer → server), 18 + n bytes
- *     0  u64 target_id    config hash the trainer expects; 0 = any target
- *     8  u32 credits      requests in flight the trainer asks for (≥ 1)
- *     12 u32 encodings    bit (1 << cm_encoding) for each encoding the trainer accepts
- *     16 str name         the trainer's name, for logs
- *   WELCOME (server → trainer), 34 + n bytes
- *     0  u64 target_id    the target's identity (hash of its config)
- *     8  u16 version      protocol version, = the header's
- *     10 u8  hidden_dtype cm_dtype of decoded hidden states (F32 or BF16)
- *     11 u8  reserved     0
- *     12 u32 hidden_size  D (≥ 1)
- *     16 u32 n_layers     layers 0 .. n_layers-1 can be tapped (≥ 1)
- *     20 u32 max_tokens   largest T the server accepts in one request (≥ 1)
- *     24 u32 credits      requests the trainer may have in flight (≥ 1)
- *     28 u32 encodings    encodings the server will use (a subset of the HELLO's, ≠ 0)
- *     32 str name         the target's name, for logs
+ *   HELLO (trainer → server), 26 + n bytes
+ *     0  u64 target_id    config hash the trainer expects (cm_target_cfg_hash); 0 = any
+ *     8  u64 weights_id   weights fingerprint the trainer expects (cm_weights_id); 0 = any
+ *     16 u32 credits      requests in flight the trainer asks for (≥ 1)
+ *     20 u32 encodings    bit (1 << cm_encoding) for each encoding the trainer accepts
+ *     24 str name         the trainer's name, for logs
+ *   WELCOME (server → trainer), 42 + n bytes
+ *     0  u64 target_id    the target's architecture (hash of its config)
+ *     8  u64 weights_id   the target's weights (fingerprint; ≠ 0): the identity that counts
+ *     16 u16 version      protocol version, = the header's
+ *     18 u8  hidden_dtype cm_dtype of decoded hidden states (F32 or BF16)
+ *     19 u8  reserved     0
+ *     20 u32 hidden_size  D (≥ 1)
+ *     24 u32 n_layers     layers 0 .. n_layers-1 can be tapped (≥ 1)
+ *     28 u32 max_tokens   largest T the server accepts in one request (≥ 1)
+ *     32 u32 credits      requests the trainer may have in flight (≥ 1)
+ *     36 u32 encodings    encodings the server will use (a subset of the HELLO's, ≠ 0)
+ *     40 str name         the target's name, for logs
  *   REQUEST (trainer → server; id = batch id), exactly 16 + 4·(T + N + 1 + L) bytes
  *     0  u32 encoding     cm_encoding wanted for the answer's tensors
  *     4  u32 n_tokens     T, 1 ≤ T ≤ limits.max_tokens
@@ -105,7 +107,7 @@ extern "C" {
 #endif
 
 #define CM_PROTO_MAGIC       0x4D444E54u /* "TNDM" */
-#define CM_PROTO_VERSION     1
+#define CM_PROTO_VERSION     2 /* 2: HELLO and WELCOME carry weights_id */
 #define CM_PROTO_HEADER_SIZE 56
 #define CM_PROTO_NAME_MAX    64  /* bytes of a name (tensor, trainer, target) */
 #define CM_PROTO_MESSAGE_MAX 512 /* bytes of an ERROR message */
@@ -192,6 +194,7 @@ typedef struct cm_proto_header {
 
 typedef struct cm_proto_hello {
     uint64_t target_id;
+    uint64_t weights_id;
     uint32_t credits;
     uint32_t encodings;
     char     name[CM_PROTO_NAME_MAX + 1]; /* NUL-terminated */
@@ -199,6 +202,7 @@ typedef struct cm_proto_hello {
 
 typedef struct cm_proto_welcome {
     uint64_t target_id;
+    uint64_t weights_id;
     uint16_t version;
     cm_dtype hidden_dtype;
     uint32_t hidden_size;

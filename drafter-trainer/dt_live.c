@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cm_cfg_hash.h"
 #include "cm_chan.h"
 #include "cm_dtype.h"
 #include "cm_log.h"
@@ -97,12 +98,13 @@ void dt_live_destroy(dt_live **l) {
 /* Checks the WELCOME against the trainer's target and drafter. */
 static cm_status check_welcome(const dt_live *s, const dt_live_config *cfg, const char *endpoint,
                                const cm_proto_welcome *w) {
-    if (cfg->target_id != 0 && w->target_id != cfg->target_id)
+    char why[400];
+    if (cm_target_identity_differs(why, sizeof why, w->target_id, w->weights_id, cfg->target_id, cfg->weights_id,
+                                   "served there", "in --target"))
         return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "the server at '%s' serves target '%s' (id %016llx) but --target is another model "
-                       "(id %016llx); train against a server of the drafter's target, or pass its --target",
-                       endpoint, w->name, (unsigned long long)w->target_id,
-                       (unsigned long long)cfg->target_id);
+                       "the server at '%s' serves target '%s', which is another model than --target: %s; train "
+                       "against a server of the drafter's target, or pass its --target",
+                       endpoint, w->name, why);
     if ((int64_t)w->hidden_size != cfg->hidden)
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "the server at '%s' (target '%s') has hidden size %u but the drafter's hidden_size is "
@@ -233,11 +235,14 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
         CM_TRY_GOTO(check_welcome(s, cfg, ep, &w), st, fail);
         if (c == 0) {
             first = w;
-        } else if (w.target_id != first.target_id || w.hidden_dtype != first.hidden_dtype) {
+        } else if (w.weights_id != first.weights_id || w.target_id != first.target_id ||
+                   w.hidden_dtype != first.hidden_dtype) {
             st = CM_FAIL(CM_ERR_INVALID_ARG,
-                         "the servers disagree: '%s' serves target %016llx as %s, '%s' serves %016llx as %s; every "
-                         "--server must serve the same target with the same --dtype",
-                         s->endpoints[0], (unsigned long long)first.target_id, cm_dtype_name(first.hidden_dtype), ep,
+                         "the servers disagree: '%s' serves weights %016llx (config %016llx) as %s, '%s' serves "
+                         "%016llx (config %016llx) as %s; every --server must serve the same target with the same "
+                         "--dtype",
+                         s->endpoints[0], (unsigned long long)first.weights_id, (unsigned long long)first.target_id,
+                         cm_dtype_name(first.hidden_dtype), ep, (unsigned long long)w.weights_id,
                          (unsigned long long)w.target_id, cm_dtype_name(w.hidden_dtype));
             goto fail;
         }

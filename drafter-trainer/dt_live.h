@@ -38,7 +38,8 @@ typedef struct dt_live_config {
     const int  *layer_ids;  /* [n_taps] the drafter's target_layer_ids (distinct) */
     int         n_taps, hidden;
     int         vocab_size; /* of the drafter (ids are checked by the token view given to open) */
-    uint64_t    target_id;  /* cm_target_cfg_hash of the trainer's --target */
+    uint64_t    target_id;  /* cm_target_cfg_hash of the trainer's --target (0: not checked) */
+    uint64_t    weights_id; /* its weights fingerprint (cm_weights_id; 0: not checked) */
     const char *curve_server_key, *curve_secret_key; /* CURVE key files (NULL: loopback, or a fresh pair) */
     int         device;     /* encoding nccl: the cuda device the answers land on */
 } dt_live_config;
@@ -46,7 +47,8 @@ typedef struct dt_live_config {
 /* Takes ownership of tok (destroyed with the source, or here on failure): a token-only dt_data
  * (n_taps 0, no source) over the same batch files or dataset, in the same order and with the
  * same data-parallel rank and size, as the training data. Connects and waits for the server's
- * WELCOME, then checks it: target identity equal to target_id, hidden size equal to hidden,
+ * WELCOME, then checks it: weights fingerprint and config hash equal to weights_id and target_id,
+ * hidden size equal to hidden,
  * every layer id < the server's n_layers, the largest batch ≤ its max_tokens;
  * CM_ERR_INVALID_ARG naming the difference and the fix, CM_ERR_TIMEOUT when no server
  * answered. Caller destroys. */

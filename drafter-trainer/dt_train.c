@@ -29,6 +29,7 @@
 #include "cm_log.h"
 #include "cm_tb.h"
 #include "cm_safetensors.h"
+#include "cm_weights_id.h"
 #include "dt_anchor.h"
 #include "dt_ckpt.h"
 #include "dt_cmd.h"
@@ -408,7 +409,9 @@ typedef struct run {
     dt_live          *live;      /* --server: where target_hidden comes from */
     dt_dp            *dp;        /* cuda with W > 1 ranks: the gradient all-reduce */
     int               device;    /* cuda device of ctx */
-    uint64_t          target_id; /* cm_target_cfg_hash of --target */
+    uint64_t          target_id;  /* cm_target_cfg_hash of --target */
+    uint64_t          weights_id; /* its weights fingerprint, when hidden states come from
+                                     --server or --shards (0: not needed) */
     cm_st            *target;
     float            *frozen_owned[2]; /* widened embed / lm_head when the target is not F32/BF16 */
     char            **paths;
@@ -531,8 +534,7 @@ static cm_status load_target(run *r) {
         snprintf(tc, sizeof tc, "%s/config.json", r->a.target);
     cm_target_cfg t;
     CM_TRY(cm_target_cfg_load(&t, tc));
-    r->target_id = r->a.target_random ? cm_target_random_id(cm_target_cfg_hash(&t), r->a.target_seed)
-                                      : cm_target_cfg_hash(&t);
+    r->target_id = cm_target_cfg_hash(&t);
     if (t.hidden_size != r->cfg.hidden_size || t.vocab_size != r->cfg.vocab_size)
         return CM_FAIL(
             CM_ERR_INVALID_ARG,
@@ -549,9 +551,23 @@ static cm_status load_target(run *r) {
     if (t.n_layers != r->cfg.num_target_layers)
         CM_LOG_WARN("the drafter config says num_target_layers %d but target '%s' has %d layers",
                     r->cfg.num_target_layers, r->a.target, t.n_layers);
-    if (r->a.target_random)
+    if (r->a.target_random) {
+        r->weights_id = cm_target_random_id(r->target_id, r->a.target_seed);
         return random_frozen(r, t.vocab_size, t.hidden_size);
+    }
     CM_TRY(cm_st_open_dir(&r->target, r->a.target));
+    if (r->a.server || r->a.shards) { /* hidden states of another process: they must be of these weights */
+        cm_weights_id_info wi;
+        CM_TRY(cm_weights_id_dir(r->target, r->a.target, CM_WEIGHTS_ID_READ_CACHE | CM_WEIGHTS_ID_WRITE_CACHE, 0,
+                                 &wi));
+        r->weights_id = wi.id;
+        if (wi.from_cache)
+            CM_LOG_INFO("target weights %016llx (from '%s/%s', checked against the files' sizes and times)",
+                        (unsigned long long)wi.id, r->a.target, CM_WEIGHTS_ID_CACHE);
+        else
+            CM_LOG_INFO("target weights %016llx: %d tensors, %.2f GB hashed in %.2f s", (unsigned long long)wi.id,
+                        wi.n_tensors, (double)wi.bytes / 1e9, wi.seconds);
+    }
     const int64_t       shape[2] = {t.vocab_size, t.hidden_size};
     const cm_st_tensor *emb = NULL, *head = NULL;
     const char         *emb_key = cm_st_find(r->target, "model.language_model.embed_tokens.weight")
@@ -672,6 +688,7 @@ static cm_status open_data(run *r) {
                                    .hidden = D,
                                    .vocab_size = V,
                                    .target_id = r->target_id,
+                                   .weights_id = r->weights_id,
                                    .device = r->device};
         CM_TRY(dt_live_open(&r->live, &lc, tok)); /* owns tok from here */
     }

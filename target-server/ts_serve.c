@@ -25,6 +25,7 @@
 #include "cm_cfg_hash.h"
 #include "cm_chan.h"
 #include "cm_log.h"
+#include "cm_weights_id.h"
 #include "kn_backend.h"
 #include "ts_model.h"
 #ifdef TANDEM_HAVE_NCCL
@@ -436,6 +437,27 @@ static void default_name(const char *dir, char *out, size_t cap) {
         snprintf(out, cap, "target");
 }
 
+/* The weights' fingerprint, hashed from the checkpoint's bytes on every start (the cache beside
+ * the checkpoint is written for trainers, never trusted here); that read also brings the files
+ * into the page cache for the load that follows. Random weights: derived from config and seed. */
+static cm_status serve_fingerprint(const serve_args *a, uint64_t cfg_hash, uint64_t *id) {
+    if (a->init_random) {
+        *id = cm_target_random_id(cfg_hash, a->seed);
+        return CM_OK;
+    }
+    cm_st             *st = NULL;
+    cm_weights_id_info wi;
+    CM_TRY(cm_st_open_dir(&st, a->model));
+    cm_status s = cm_weights_id_dir(st, a->model, CM_WEIGHTS_ID_WRITE_CACHE, 0, &wi);
+    cm_st_destroy(&st);
+    CM_TRY(s);
+    CM_LOG_INFO("weights fingerprint %016llx: %d tensors, %.2f GB hashed in %.2f s (%.1f GB/s)",
+                (unsigned long long)wi.id, wi.n_tensors, (double)wi.bytes / 1e9, wi.seconds,
+                wi.seconds > 0 ? (double)wi.bytes / 1e9 / wi.seconds : 0.0);
+    *id = wi.id;
+    return CM_OK;
+}
+
 static cm_status run_serve(const serve_args *a) {
     cm_status        st;
     cm_chan_server  *srv = NULL;
@@ -483,8 +505,10 @@ static cm_status run_serve(const serve_args *a) {
     cm_chan_server_config sc = CM_CHAN_SERVER_CONFIG_DEFAULT;
     sc.endpoint = a->bind;
     sc.name = name;
-    /* random weights are another target: a trainer expecting the checkpoint refuses them */
-    sc.target_id = a->init_random ? cm_target_random_id(cm_target_cfg_hash(&cfg), a->seed) : cm_target_cfg_hash(&cfg);
+    /* the identity is the weights' fingerprint (random weights are another target: a trainer
+     * expecting the checkpoint refuses them); the config hash rides along for messages */
+    sc.target_id = cm_target_cfg_hash(&cfg);
+    CM_TRY_GOTO(serve_fingerprint(a, sc.target_id, &sc.weights_id), st, fail);
     sc.hidden_dtype = a->dtype;
     sc.hidden_size = (uint32_t)cfg.hidden_size;
     sc.n_layers = (uint32_t)cfg.n_layers;
@@ -518,9 +542,10 @@ static cm_status run_serve(const serve_args *a) {
     }
 #endif
     CM_TRY_GOTO(cm_chan_server_create(&srv, &sc), st, fail);
-    CM_LOG_INFO("target '%s' (%s, %d layers, hidden %d): id %016llx, bound %s; loading weights on %s", name,
-                cfg.model_type, cfg.n_layers, cfg.hidden_size, (unsigned long long)sc.target_id,
-                cm_chan_server_endpoint(srv), be->name);
+    CM_LOG_INFO("target '%s' (%s, %d layers, hidden %d): weights %016llx, config %016llx, bound %s; loading "
+                "weights on %s",
+                name, cfg.model_type, cfg.n_layers, cfg.hidden_size, (unsigned long long)sc.weights_id,
+                (unsigned long long)sc.target_id, cm_chan_server_endpoint(srv), be->name);
     if (n > 1)
         CM_LOG_INFO("%d replicas, each with its own copy of the weights", n);
     if (a->endpoint_file)

@@ -52,8 +52,8 @@ static void print_summary(const cJSON *o) {
     const cJSON *tot = cJSON_GetObjectItemCaseSensitive(o, "totals");
     const cJSON *ses = cJSON_GetObjectItemCaseSensitive(o, "sessions");
     double       up = num(o, "uptime_s");
-    printf("target-server '%s' on %s: target %s, up %dh%02dm%02ds%s\n", str(o, "name"), str(o, "endpoint"),
-           str(o, "target_id"), (int)(up / 3600), (int)(up / 60) % 60, (int)up % 60,
+    printf("target-server '%s' on %s: weights %s (config %s), up %dh%02dm%02ds%s\n", str(o, "name"),
+           str(o, "endpoint"), str(o, "weights_id"), str(o, "target_id"), (int)(up / 3600), (int)(up / 60) % 60, (int)up % 60,
            flag(o, "stopping") ? ", stopping" : "");
     if (t) {
         char         dev[64] = "";

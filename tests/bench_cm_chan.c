@@ -60,6 +60,7 @@ static double run_once(const char *ep_in, uint32_t T, uint32_t D, int n, int cre
     cm_chan_server_config sc = CM_CHAN_SERVER_CONFIG_DEFAULT;
     sc.endpoint = ep_in;
     sc.name = "bench";
+    sc.weights_id = 1;
     sc.hidden_size = D;
     sc.n_layers = 1;
     sc.max_tokens = T;

@@ -83,6 +83,7 @@ static cm_chan_server_config server_config(const char *ep, server *s) {
     cfg.endpoint = ep;
     cfg.name = "test-target";
     cfg.target_id = 0x1234abcdull;
+    cfg.weights_id = 0x77aa55ull;
     cfg.hidden_size = D_TEST;
     cfg.n_layers = 8;
     cfg.max_tokens = 512;
@@ -319,7 +320,7 @@ static void test_round_trip(const char *ep_in, cm_dtype dt) {
     cc.target_id = 0x999;
     TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
     TST_CHECK(cm_chan_client_wait_ready(c, 5000, NULL) == CM_ERR_INVALID_ARG);
-    TST_CHECK(strstr(cm_last_error(), "serves target") != NULL);
+    TST_CHECK(strstr(cm_last_error(), "another architecture") != NULL);
     cm_chan_client_destroy(&c);
     server_stop(&s);
 }
@@ -600,7 +601,7 @@ static void test_raw_peer_to_server(void) {
     int            n_bad = 0;
     /* truncated frame */
     memset(f, 0, sizeof f);
-    TST_CHECK(raw_exchange(d, "TNDM\1\0\3\0\0\0", 10, 0, &e) == CM_PROTO_TYPE_ERROR &&
+    TST_CHECK(raw_exchange(d, "TNDM\2\0\3\0\0\0", 10, 0, &e) == CM_PROTO_TYPE_ERROR &&
               e.code == CM_PROTO_ERROR_CORRUPT);
     n_bad++;
     /* a HELLO, then edits of it */
@@ -613,7 +614,7 @@ static void test_raw_peer_to_server(void) {
     TST_CHECK(raw_exchange(d, g, len, 0, &e) == CM_PROTO_TYPE_ERROR && e.code == CM_PROTO_ERROR_CORRUPT);
     n_bad++;
     memcpy(g, f, len);
-    g[4] = 2; /* version 2, header checksum redone */
+    g[4] = 1; /* version 1, header checksum redone */
     reseal(g);
     TST_CHECK(raw_exchange(d, g, len, 0, &e) == CM_PROTO_TYPE_ERROR && e.code == CM_PROTO_ERROR_VERSION);
     TST_CHECK(strstr(e.message, "version") != NULL);
@@ -799,6 +800,7 @@ static void *fake_main(void *arg) {
         size_t hl, dl;
         if (h.type == CM_PROTO_TYPE_HELLO) {
             cm_proto_welcome w = {.target_id = 0x1234abcdull, /* as the real test server */
+                                  .weights_id = 0x77aa55ull,
                                   .version = CM_PROTO_VERSION,
                                   .hidden_dtype = CM_DTYPE_BF16,
                                   .hidden_size = D_TEST,
@@ -841,7 +843,7 @@ static void *fake_main(void *arg) {
             hl = 40;
             break; /* truncated header */
         case 2:
-            head[4] = 2, reseal(head);
+            head[4] = 1, reseal(head);
             break; /* wrong version */
         case 3:    /* data_len far beyond the client's bound */
             for (int i = 0; i < 8; i++)
@@ -1028,13 +1030,14 @@ static void test_target_change(void) {
     TST_CHECK(run_batches(c, 6000, 2, 8, CM_DTYPE_BF16, 0) == 2);
     server_stop(&s);
     cfg.target_id = 0x5678;
+    cfg.weights_id = 0x5679;
     TST_CHECK(server_start(&s, &cfg));
     batch b;
     make_batch(&b, 6002, 8);
     TST_CHECK(submit(c, &b) == CM_OK);
     cm_chan_answer *a = NULL;
     cm_status       st = cm_chan_client_recv(c, 10000, &a);
-    TST_CHECK(st == CM_ERR_INVALID_ARG && !a && strstr(cm_last_error(), "now serves target"));
+    TST_CHECK(st == CM_ERR_INVALID_ARG && !a && strstr(cm_last_error(), "now serves another target"));
     printf("server restarted with another target: the client stops with %s\n", cm_status_str(st));
     cm_chan_client_destroy(&c);
     server_stop(&s);

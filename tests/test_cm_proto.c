@@ -149,25 +149,25 @@ static uint8_t frame2[1 << 20];
 
 static void test_small_roundtrips(void) {
     size_t         len;
-    cm_proto_hello hi = {0x1234567890abcdefull, 8, (1u << CM_ENCODING_ZSTD_BYTEPLANE) | 1u, "trainer-0.a_b"},
+    cm_proto_hello hi = {0x1234567890abcdefull, 0x0fedcba987654321ull, 8, (1u << CM_ENCODING_ZSTD_BYTEPLANE) | 1u, "trainer-0.a_b"},
                    hi2;
     TST_CHECK(cm_proto_hello_encode(&hi, frame, sizeof frame, &len) == CM_OK);
-    TST_CHECK(len == CM_PROTO_HEADER_SIZE + 18 + strlen(hi.name) && len <= CM_PROTO_SMALL_FRAME_MAX);
+    TST_CHECK(len == CM_PROTO_HEADER_SIZE + 26 + strlen(hi.name) && len <= CM_PROTO_SMALL_FRAME_MAX);
     memset(&hi2, 0, sizeof hi2);
     TST_CHECK(cm_proto_hello_decode(frame, len, &LIM, &hi2) == CM_OK);
-    TST_CHECK(hi2.target_id == hi.target_id && hi2.credits == 8 && hi2.encodings == hi.encodings &&
+    TST_CHECK(hi2.target_id == hi.target_id && hi2.weights_id == hi.weights_id && hi2.credits == 8 && hi2.encodings == hi.encodings &&
               strcmp(hi2.name, hi.name) == 0);
     cm_proto_header h;
     TST_CHECK(cm_proto_peek(frame, len, &LIM, &h) == CM_OK && h.type == CM_PROTO_TYPE_HELLO &&
-              h.version == 1);
+              h.version == 2);
 
     cm_proto_welcome
-        we = {0xfeedull,    0, CM_DTYPE_BF16, 5120, 64, 16384, 4, 1u << CM_ENCODING_ZSTD_BYTEPLANE,
+        we = {0xfeedull,    0xbeefull, 0, CM_DTYPE_BF16, 5120, 64, 16384, 4, 1u << CM_ENCODING_ZSTD_BYTEPLANE,
               "qwen3.6-27b"},
         we2;
     TST_CHECK(cm_proto_welcome_encode(&we, frame, sizeof frame, &len) == CM_OK);
     TST_CHECK(cm_proto_welcome_decode(frame, len, &LIM, &we2) == CM_OK);
-    TST_CHECK(we2.target_id == 0xfeedull && we2.version == CM_PROTO_VERSION &&
+    TST_CHECK(we2.target_id == 0xfeedull && we2.weights_id == 0xbeefull && we2.version == CM_PROTO_VERSION &&
               we2.hidden_dtype == CM_DTYPE_BF16 && we2.hidden_size == 5120 && we2.n_layers == 64 &&
               we2.max_tokens == 16384 && we2.credits == 4 && we2.encodings == we.encodings &&
               strcmp(we2.name, "qwen3.6-27b") == 0);
@@ -463,10 +463,10 @@ static void corrupt_all(const char *what, decode_fn dec, const uint8_t *good, si
 
 static void test_corruption(void) {
     size_t         len;
-    cm_proto_hello hi = {1, 2, 3, "t"};
+    cm_proto_hello hi = {1, 4, 2, 3, "t"};
     TST_CHECK(cm_proto_hello_encode(&hi, frame, sizeof frame, &len) == CM_OK);
     corrupt_all("HELLO", dec_hello, frame, len);
-    cm_proto_welcome we = {9, 0, CM_DTYPE_F32, 64, 6, 4096, 2, 1, "tiny-qwen35"};
+    cm_proto_welcome we = {9, 10, 0, CM_DTYPE_F32, 64, 6, 4096, 2, 1, "tiny-qwen35"};
     TST_CHECK(cm_proto_welcome_encode(&we, frame, sizeof frame, &len) == CM_OK);
     corrupt_all("WELCOME", dec_welcome, frame, len);
     cm_proto_error er = {3, CM_PROTO_ERROR_CORRUPT, "answer 3 arrived corrupted; sending it again"};
@@ -494,10 +494,10 @@ static void test_header_fields(void) {
     put32(frame2, 0x46554747); /* "GGUF" */
     EXPECT_FAIL(cm_proto_bye_decode(frame2, len, &LIM), CM_ERR_PROTOCOL, "bad magic");
     memcpy(frame2, frame, len);
-    frame2[4] = 2;
-    EXPECT_FAIL(cm_proto_bye_decode(frame2, len, &LIM), CM_ERR_PROTOCOL, "protocol version 2");
-    reseal_header(frame2); /* a well-sealed version-2 frame too */
-    EXPECT_FAIL(cm_proto_bye_decode(frame2, len, &LIM), CM_ERR_PROTOCOL, "protocol version 2");
+    frame2[4] = 1; /* a version-1 peer (before weights fingerprints) */
+    EXPECT_FAIL(cm_proto_bye_decode(frame2, len, &LIM), CM_ERR_PROTOCOL, "protocol version 1");
+    reseal_header(frame2); /* a well-sealed version-1 frame too */
+    EXPECT_FAIL(cm_proto_bye_decode(frame2, len, &LIM), CM_ERR_PROTOCOL, "protocol version 1");
     memcpy(frame2, frame, len);
     frame2[6] = 99;
     reseal_header(frame2);
@@ -527,14 +527,14 @@ static void test_header_fields(void) {
 
     /* lengths beyond the limits are refused from the header alone, before any body is read */
     bld body = {.n = 0};
-    len = seal_frame(frame, 1, CM_PROTO_TYPE_REQUEST, 0, 0, 1, &body, NULL, 0);
+    len = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_REQUEST, 0, 0, 1, &body, NULL, 0);
     put32(frame + 24, LIM.max_body_bytes + 1);
     reseal_header(frame);
     EXPECT_FAIL(cm_proto_peek(frame, len, &LIM, &(cm_proto_header){0}), CM_ERR_PROTOCOL, "body_len");
     put32(frame + 24, 0xffffffffu);
     reseal_header(frame);
     EXPECT_FAIL(dec_request(frame, len), CM_ERR_PROTOCOL, "body_len");
-    len = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 0, 1, &body, NULL, 0);
+    len = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 0, 1, &body, NULL, 0);
     put64(frame + 32, LIM.max_data_bytes + 1);
     reseal_header(frame);
     EXPECT_FAIL(dec_answer(frame, len), CM_ERR_PROTOCOL, "data_len");
@@ -553,7 +553,7 @@ static void test_header_fields(void) {
     /* a non-empty heartbeat */
     body.n = 0;
     b_u32(&body, 7);
-    len = seal_frame(frame, 1, CM_PROTO_TYPE_HEARTBEAT, 0, 0, 1, &body, NULL, 0);
+    len = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_HEARTBEAT, 0, 0, 1, &body, NULL, 0);
     EXPECT_FAIL(dec_heartbeat(frame, len), CM_ERR_PROTOCOL, "body_len");
 }
 
@@ -574,7 +574,7 @@ static size_t req_frame(uint32_t enc, uint32_t T, uint32_t N, uint32_t L, const 
         b_u32(&b, (uint32_t)l[i]);
     for (int i = 0; i < extra; i++)
         b_u8(&b, 0);
-    return seal_frame(frame, 1, CM_PROTO_TYPE_REQUEST, 0, 0, 9, &b, NULL, 0);
+    return seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_REQUEST, 0, 0, 9, &b, NULL, 0);
 }
 
 static void test_request_fields(void) {
@@ -615,7 +615,7 @@ static void test_request_fields(void) {
     bld b = {.n = 0};
     b_u32(&b, 1);
     b_u32(&b, 8); /* body ends inside the counts */
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_REQUEST, 0, 0, 9, &b, NULL, 0);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_REQUEST, 0, 0, 9, &b, NULL, 0);
     EXPECT_FAIL(dec_request(frame, n), CM_ERR_PROTOCOL, "truncated in field 'n_seqs'");
     /* array contents */
     t[3] = -1;
@@ -646,70 +646,72 @@ static void test_small_fields(void) {
     bld    b = {.n = 0};
     size_t n;
     /* HELLO */
-    b_u64(&b, 1), b_u32(&b, 0), b_u32(&b, 1), b_str(&b, "x");
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
+    b_u64(&b, 1), b_u64(&b, 0), b_u32(&b, 0), b_u32(&b, 1), b_str(&b, "x");
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "credits");
-    b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1u << 20), b_str(&b, "x");
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
+    b.n = 0, b_u64(&b, 1), b_u64(&b, 0), b_u32(&b, 1), b_u32(&b, 1u << 20), b_str(&b, "x");
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "encodings");
-    b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, "");
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
+    b.n = 0, b_u64(&b, 1), b_u64(&b, 0), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, "");
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "name");
     char long_name[80];
     memset(long_name, 'a', 65), long_name[65] = '\0';
-    b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, long_name);
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
+    b.n = 0, b_u64(&b, 1), b_u64(&b, 0), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, long_name);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "name");
-    b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, "a\nb");
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
+    b.n = 0, b_u64(&b, 1), b_u64(&b, 0), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, "a\nb");
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "byte 0x0a");
-    b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_u16(&b, 60),
+    b.n = 0, b_u64(&b, 1), b_u64(&b, 0), b_u32(&b, 1), b_u32(&b, 1), b_u16(&b, 60),
     b_u8(&b, 'a'); /* name runs off the body */
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "truncated in field 'name'");
-    b.n = 0, b_u64(&b, 1), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, "a"), b_u8(&b, 0);
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
+    b.n = 0, b_u64(&b, 1), b_u64(&b, 0), b_u32(&b, 1), b_u32(&b, 1), b_str(&b, "a"), b_u8(&b, 0);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_HELLO, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_hello(frame, n), CM_ERR_PROTOCOL, "unexpected bytes");
     /* WELCOME */
     struct {
+        uint64_t    wid;
         uint16_t    ver;
         uint8_t     dt, rsv;
         uint32_t    d, l, t, cr, enc;
         const char *want;
     } wb[] = {
-        {2, CM_DTYPE_F32, 0, 64, 6, 8, 1, 1, "version"},
-        {1, CM_DTYPE_I32, 0, 64, 6, 8, 1, 1, "hidden_dtype"},
-        {1, CM_DTYPE_F32, 1, 64, 6, 8, 1, 1, "reserved"},
-        {1, CM_DTYPE_F32, 0, 0, 6, 8, 1, 1, "hidden_size"},
-        {1, CM_DTYPE_F32, 0, 64, 0, 8, 1, 1, "n_layers"},
-        {1, CM_DTYPE_F32, 0, 64, 6, 0, 1, 1, "max_tokens"},
-        {1, CM_DTYPE_F32, 0, 64, 6, 8, 0, 1, "credits"},
-        {1, CM_DTYPE_F32, 0, 64, 6, 8, 1, 0, "encodings"},
+        {1, 3, CM_DTYPE_F32, 0, 64, 6, 8, 1, 1, "version"},
+        {1, 2, CM_DTYPE_I32, 0, 64, 6, 8, 1, 1, "hidden_dtype"},
+        {1, 2, CM_DTYPE_F32, 1, 64, 6, 8, 1, 1, "reserved"},
+        {1, 2, CM_DTYPE_F32, 0, 0, 6, 8, 1, 1, "hidden_size"},
+        {1, 2, CM_DTYPE_F32, 0, 64, 0, 8, 1, 1, "n_layers"},
+        {1, 2, CM_DTYPE_F32, 0, 64, 6, 0, 1, 1, "max_tokens"},
+        {1, 2, CM_DTYPE_F32, 0, 64, 6, 8, 0, 1, "credits"},
+        {1, 2, CM_DTYPE_F32, 0, 64, 6, 8, 1, 0, "encodings"},
+        {0, 2, CM_DTYPE_F32, 0, 64, 6, 8, 1, 1, "weights_id"},
     };
     for (size_t i = 0; i < sizeof wb / sizeof wb[0]; i++) {
         b.n = 0;
-        b_u64(&b, 1), b_u16(&b, wb[i].ver), b_u8(&b, wb[i].dt), b_u8(&b, wb[i].rsv), b_u32(&b, wb[i].d);
+        b_u64(&b, 1), b_u64(&b, wb[i].wid), b_u16(&b, wb[i].ver), b_u8(&b, wb[i].dt), b_u8(&b, wb[i].rsv), b_u32(&b, wb[i].d);
         b_u32(&b, wb[i].l), b_u32(&b, wb[i].t), b_u32(&b, wb[i].cr), b_u32(&b, wb[i].enc), b_str(&b, "m");
-        n = seal_frame(frame, 1, CM_PROTO_TYPE_WELCOME, 0, 0, 0, &b, NULL, 0);
+        n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_WELCOME, 0, 0, 0, &b, NULL, 0);
         EXPECT_FAIL(dec_welcome(frame, n), CM_ERR_PROTOCOL, wb[i].want);
     }
     /* ERROR */
     b.n = 0, b_u32(&b, 0), b_u16(&b, 1), b_u8(&b, 'x');
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ERROR, 0, 0, 0, &b, NULL, 0);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ERROR, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_error(frame, n), CM_ERR_PROTOCOL, "unknown code 0");
     b.n = 0, b_u32(&b, 1), b_u16(&b, CM_PROTO_MESSAGE_MAX + 1);
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ERROR, 0, 0, 0, &b, NULL, 0);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ERROR, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_error(frame, n), CM_ERR_PROTOCOL, "message");
     b.n = 0, b_u32(&b, 1), b_u16(&b, 3), b_u8(&b, 'o'), b_u8(&b, 0), b_u8(&b, 'k');
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ERROR, 0, 0, 0, &b, NULL, 0);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ERROR, 0, 0, 0, &b, NULL, 0);
     EXPECT_FAIL(dec_error(frame, n), CM_ERR_PROTOCOL, "control byte");
     /* the encoders refuse what they could not decode */
     size_t         len;
-    cm_proto_hello h = {0, 1, 1, "bad name"};
+    cm_proto_hello h = {0, 0, 1, 1, "bad name"};
     EXPECT_FAIL(cm_proto_hello_encode(&h, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, "name");
     cm_proto_error e = {0, CM_PROTO_ERROR_END, "x"};
     EXPECT_FAIL(cm_proto_error_encode(&e, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, "code");
-    cm_proto_welcome w = {1, 0, CM_DTYPE_F32, 0, 6, 8, 1, 1, "m"};
+    cm_proto_welcome w = {1, 2, 0, CM_DTYPE_F32, 0, 6, 8, 1, 1, "m"};
     EXPECT_FAIL(cm_proto_welcome_encode(&w, frame, sizeof frame, &len), CM_ERR_INVALID_ARG, "hidden_size");
 }
 
@@ -731,7 +733,7 @@ static void test_answer_fields(void) {
     bld      b = {.n = 0};
     size_t   n;
     b_desc(&b, "layer_0", CM_DTYPE_BF16, CM_ENCODING_RAW, 2, 0, s2, 64, 64, sum);
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 64);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 64);
     TST_CHECK(dec_answer(frame, n) == CM_OK);
     struct {
         const char *name;
@@ -758,7 +760,7 @@ static void test_answer_fields(void) {
         b.n = 0;
         b_desc(&b, bad[i].name, bad[i].dt, bad[i].enc, bad[i].nd, bad[i].rsv, bad[i].shape, bad[i].raw,
                bad[i].encsz, sum);
-        n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 64);
+        n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 64);
         EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, bad[i].want);
     }
     /* duplicate names */
@@ -766,33 +768,33 @@ static void test_answer_fields(void) {
     b.n = 0;
     b_desc(&b, "layer_0", CM_DTYPE_U8, CM_ENCODING_RAW, 1, 0, s1, 16, 16, cm_xxh64(data, 16, 0));
     b_desc(&b, "layer_0", CM_DTYPE_U8, CM_ENCODING_RAW, 1, 0, s1, 16, 16, cm_xxh64(data + 16, 16, 0));
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 2, 3, &b, data, 32);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 2, 3, &b, data, 32);
     EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, "repeats the name 'layer_0'");
     /* n_tensors larger than the descriptors present, and smaller */
     b.n = 0;
     b_desc(&b, "a", CM_DTYPE_U8, CM_ENCODING_RAW, 1, 0, s1, 16, 16, cm_xxh64(data, 16, 0));
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 2, 3, &b, data, 16);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 2, 3, &b, data, 16);
     EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, "truncated in field 'tensor name'");
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 0, 3, &b, data, 16);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 0, 3, &b, data, 16);
     EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, "unexpected bytes");
     /* data section longer or shorter than the descriptors say */
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 17);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 17);
     EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, "account for 16");
     b.n = 0;
     b_desc(&b, "a", CM_DTYPE_U8, CM_ENCODING_ZSTD, 1, 0, s1, 16, 200, 0);
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
     EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, "runs past the data");
     /* wrong checksum on otherwise valid data */
     b.n = 0;
     b_desc(&b, "a", CM_DTYPE_U8, CM_ENCODING_RAW, 1, 0, s1, 16, 16, cm_xxh64(data, 16, 1));
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
     EXPECT_FAIL(dec_answer(frame, n), CM_ERR_PROTOCOL, "tensor 'a': checksum mismatch");
     /* a limit lower than a tensor */
     cm_proto_limits small = LIM;
     small.max_tensor_bytes = 15;
     b.n = 0;
     b_desc(&b, "a", CM_DTYPE_U8, CM_ENCODING_RAW, 1, 0, s1, 16, 16, cm_xxh64(data, 16, 0));
-    n = seal_frame(frame, 1, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
+    n = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 1, 3, &b, data, 16);
     cm_proto_answer o = {.tensors = ts2, .cap_tensors = 8};
     EXPECT_FAIL(cm_proto_answer_decode(frame, n, &small, &o), CM_ERR_PROTOCOL, "exceed the limit of 15");
 }

@@ -34,7 +34,7 @@ static const char *const bad_names[] = {"nan", "inf", "zero", "layer", "target"}
 typedef struct fake {
     char       ep[256];
     int        mode;
-    uint64_t   target_id;
+    uint64_t   target_id, weights_id;
     atomic_int quit, ready, n_requests;
     pthread_t  th;
 } fake;
@@ -95,6 +95,7 @@ static void *fake_main(void *arg) {
         size_t hl, dl;
         if (h.type == CM_PROTO_TYPE_HELLO) {
             cm_proto_welcome w = {.target_id = f->mode == BAD_TARGET ? f->target_id ^ 0x5a5a : f->target_id,
+                                  .weights_id = f->weights_id ? f->weights_id : 1,
                                   .version = CM_PROTO_VERSION,
                                   .hidden_dtype = CM_DTYPE_BF16,
                                   .hidden_size = DTD_D,
