@@ -28,3 +28,9 @@ if(TARGET dt)
   add_test(NAME test_faults_valgrind COMMAND test_faults valgrind)
   set_tests_properties(test_faults_valgrind PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77 LABELS slow)
 endif()
+# A target is its weights: a copy of the tiny target with one bit flipped, served under the
+# original's name, is refused by a live run at reconnect, by a fresh run, and from shards.
+if(TARGET dt)
+  add_unit_test(test_identity test_identity.c LIBS dt TIMEOUT 180)
+  add_dependencies(test_identity drafter-trainer target-server)
+endif()

@@ -158,24 +158,8 @@ static int serve_start(const char *bind, const char *tag) {
                     "--heartbeat-ms",    "200",   "--peer-timeout-ms", "1500",      "--stats-interval",
                     "0",                 NULL};
     server = spawn(argv, log);
-    for (int i = 0; server > 0 && i < 600; i++) {
-        FILE *f = fopen(ep, "r");
-        if (f) {
-            int ok = fgets(endpoint, sizeof endpoint, f) != NULL;
-            fclose(f);
-            endpoint[strcspn(endpoint, "\n")] = '\0';
-            if (ok && endpoint[0])
-                return 1;
-        }
-        if (wait_exit(server, 0) >= 0) {
-            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
-            server = -1;
-            return 0;
-        }
-        sleep_ms(50);
-    }
-    fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
-    finish(server, 0);
+    if (tst_await_endpoint(server, ep, log, endpoint, sizeof endpoint, 30000))
+        return 1;
     server = -1;
     return 0;
 }

@@ -5,6 +5,7 @@
 #define TST_PROC_H
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,33 @@ static inline const char *tst_slurp(const char *path) {
     buf[n]   = '\0';
     fclose(f);
     return buf;
+}
+
+/* Waits up to ms for a `serve --endpoint-file EP_FILE` child to write its bound endpoint into
+ * out (cap bytes); 1 then. 0 if it exited first or did not bind in time (its log printed, a
+ * late child killed). */
+static inline int tst_await_endpoint(pid_t pid, const char *ep_file, const char *log, char *out, size_t cap,
+                                     int ms) {
+    for (int waited = 0; pid > 0 && waited < ms; waited += 50) {
+        FILE *f = fopen(ep_file, "r");
+        if (f) {
+            int ok = fgets(out, (int)cap, f) != NULL;
+            fclose(f);
+            out[strcspn(out, "\n")] = '\0';
+            if (ok && out[0]) return 1;
+        }
+        if (tst_wait_exit(pid, 0) >= 0) {
+            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
+            return 0;
+        }
+        tst_sleep_ms(50);
+    }
+    fprintf(stderr, "serve did not bind within %d ms:\n%s\n", ms, tst_slurp(log));
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return 0;
 }
 
 #endif /* TST_PROC_H */
