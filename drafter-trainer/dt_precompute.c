@@ -268,9 +268,12 @@ cm_status dt_shard_source_verify(dt_shard_source *s, const uint8_t *reads, int n
     free(at);
     if (j.bad < j.n)
         return CM_FAIL(j.st, "checking the shards before the first step: %s", j.msg);
-    CM_LOG_INFO("shards: %llu records, %.2f GB verified in %.2f s = %.2f GB/s (%d threads)",
+    CM_LOG_INFO("shards: %llu records, %.2f GB verified in %.2f s = %.2f GB/s (%d threads)%s",
                 (unsigned long long)j.n, (double)bytes / 1e9, dt, dt > 0 ? (double)bytes / 1e9 / dt : 0.0,
-                started + 1);
+                started + 1,
+                dt > 60 ? "; each start of the run pays this: --verify-shards lazy checks each record only "
+                          "when it is read"
+                        : "");
     return CM_OK;
 }
 
@@ -499,7 +502,7 @@ static cm_status store_answer(pc_run *r, cm_chan_answer *ans) {
     r->bytes_written += head_len + data_len + CM_SHARD_RECORD_HEADER_SIZE;
     for (uint32_t i = 0; i < ans->n_tensors; i++)
         r->raw_bytes += ans->tensors[i].bytes;
-    if ((r->stored + r->skipped) % (uint64_t)r->a.progress_every == 0)
+    if ((r->stored + r->skipped + r->restored) % (uint64_t)r->a.progress_every == 0)
         progress(r, "progress");
     return CM_OK;
 }
