@@ -16,6 +16,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cm_hash.h"
@@ -231,6 +232,24 @@ cm_status cm_shard_identity_check(const cm_shard_identity *have, const cm_shard_
             "run expects target %016llx ('%s'): use the shards of this target or another directory",
             d, (unsigned long long)have->target_id, have->target_name, (unsigned long long)want->target_id,
             want->target_name);
+    if (have->weights_id != want->weights_id && have->weights_id && want->weights_id)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "shard directory '%s' holds hidden states of the same architecture (config %016llx), "
+                       "different weights (fingerprint %016llx in the store, %016llx expected): use the "
+                       "shards of these weights, or precompute them into another directory",
+                       d, (unsigned long long)have->target_id, (unsigned long long)have->weights_id,
+                       (unsigned long long)want->weights_id);
+    if (exact && have->weights_id != want->weights_id) { /* one of them unknown: never mix in one store */
+        char a[32] = "no fingerprint", b[32] = "no fingerprint";
+        if (have->weights_id)
+            snprintf(a, sizeof a, "fingerprint %016llx", (unsigned long long)have->weights_id);
+        if (want->weights_id)
+            snprintf(b, sizeof b, "fingerprint %016llx", (unsigned long long)want->weights_id);
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "shard directory '%s' holds hidden states of weights with %s, this run's weights have "
+                       "%s: precompute into another directory",
+                       d, a, b);
+    }
     if ((exact || want->hidden_size) && have->hidden_size != want->hidden_size)
         return CM_FAIL(CM_ERR_INVALID_ARG, "shard directory '%s' holds hidden size %u, this run expects %u",
                        d, have->hidden_size, want->hidden_size);
@@ -264,22 +283,26 @@ static void index_header_encode(uint8_t *p, const cm_shard_identity *id) {
     put16(p + 14, (uint16_t)id->n_layers);
     put64(p + 16, id->target_id);
     put32(p + 24, id->hidden_size);
+    put64(p + 352, id->weights_id);
     memcpy(p + 32, id->target_name, strnlen(id->target_name, CM_PROTO_NAME_MAX));
     for (uint32_t i = 0; i < id->n_layers; i++)
         put32(p + 96 + 4 * i, (uint32_t)id->layer_ids[i]);
     put64(p + 376, cm_xxh64(p, 376, 0));
 }
 
-static cm_status index_header_decode(const uint8_t *p, const char *path, cm_shard_identity *id) {
+/* *version: the store's, CM_SHARD_VERSION or 1 (no weights_id). */
+static cm_status index_header_decode(const uint8_t *p, const char *path, cm_shard_identity *id,
+                                     uint16_t *version) {
     uint32_t magic = get32(p);
     if (magic != CM_SHARD_INDEX_MAGIC)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': bad magic 0x%08x (expected 0x%08x \"TSHX\"): not a shard index",
                        path, magic, CM_SHARD_INDEX_MAGIC);
-    if (get16(p + 4) != CM_SHARD_VERSION)
+    *version = get16(p + 4);
+    if (*version != CM_SHARD_VERSION && *version != 1)
         return CM_FAIL(CM_ERR_FORMAT,
-                       "'%s': shard format version %u, this build reads version %d: run precompute "
+                       "'%s': shard format version %u, this build reads versions 1 to %d: run precompute "
                        "again with this build",
-                       path, get16(p + 4), CM_SHARD_VERSION);
+                       path, *version, CM_SHARD_VERSION);
     uint64_t want = get64(p + 376), got = cm_xxh64(p, 376, 0);
     if (want != got)
         return CM_FAIL(CM_ERR_FORMAT,
@@ -300,9 +323,11 @@ static cm_status index_header_decode(const uint8_t *p, const char *path, cm_shar
     id->n_layers = get16(p + 14);
     id->target_id = get64(p + 16);
     id->hidden_size = get32(p + 24);
+    id->weights_id = *version >= 2 ? get64(p + 352) : 0; /* version 1: reserved, checked 0 below */
     memcpy(id->target_name, p + 32, CM_PROTO_NAME_MAX);
     size_t n = strnlen(id->target_name, CM_PROTO_NAME_MAX);
-    if (get32(p + 28) || !all_zero(p + 32 + n, CM_PROTO_NAME_MAX - n) || !all_zero(p + 352, 24))
+    if (get32(p + 28) || !all_zero(p + 32 + n, CM_PROTO_NAME_MAX - n) || (*version < 2 && !all_zero(p + 352, 8)) ||
+        !all_zero(p + 360, 16))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': reserved or padding bytes of the index header are not 0", path);
     if (id->n_layers > CM_SHARD_MAX_LAYERS)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': %u layers, at most %d", path, id->n_layers, CM_SHARD_MAX_LAYERS);
@@ -346,7 +371,7 @@ static int entry_decode(const uint8_t *p, cm_shard_entry *e) {
 static void record_header_encode(uint8_t *p, const cm_shard_entry *e) {
     memset(p, 0, CM_SHARD_RECORD_HEADER_SIZE);
     put32(p, CM_SHARD_RECORD_MAGIC);
-    put16(p + 4, CM_SHARD_VERSION);
+    put16(p + 4, CM_SHARD_RECORD_VERSION);
     put16(p + 6, CM_SHARD_RECORD_HEADER_SIZE);
     put64(p + 8, e->batch_id);
     put64(p + 16, e->length);
@@ -373,9 +398,9 @@ uint64_t cm_shard_batch_hash(const int32_t *tokens, uint32_t n_tokens, const int
     CM_FAIL(                                                                                                 \
         CM_ERR_FORMAT,                                                                                       \
         "shard directory '%s': %s offset %llu (batch %llu): " fmt                                            \
-        ": the record is corrupted; `drafter-trainer shards inspect %s --verify` lists every bad record; "   \
-        "precompute the store again into a new directory to repair it",                                      \
-        dir, name, (unsigned long long)e->offset, (unsigned long long)e->batch_id, __VA_ARGS__, dir)
+        ": the record is corrupted; run the same `drafter-trainer precompute ... --out %s` again to "       \
+        "restore it (`drafter-trainer shards inspect %s --verify` lists every bad record)",                  \
+        dir, name, (unsigned long long)e->offset, (unsigned long long)e->batch_id, __VA_ARGS__, dir, dir)
 
 /* Checks a record header against its index entry. */
 static cm_status record_header_check(const uint8_t *p, const cm_shard_entry *e, const char *dir) {
@@ -388,9 +413,9 @@ static cm_status record_header_check(const uint8_t *p, const cm_shard_entry *e, 
     if (want != got)
         return REC_FAIL("record header checksum mismatch (stored %016llx, computed %016llx)",
                         (unsigned long long)want, (unsigned long long)got);
-    if (get16(p + 4) != CM_SHARD_VERSION || get16(p + 6) != CM_SHARD_RECORD_HEADER_SIZE)
+    if (get16(p + 4) != CM_SHARD_RECORD_VERSION || get16(p + 6) != CM_SHARD_RECORD_HEADER_SIZE)
         return REC_FAIL("record version %u, header size %u (expected %d, %d)", get16(p + 4), get16(p + 6),
-                        CM_SHARD_VERSION, CM_SHARD_RECORD_HEADER_SIZE);
+                        CM_SHARD_RECORD_VERSION, CM_SHARD_RECORD_HEADER_SIZE);
     if (get64(p + 8) != e->batch_id || get64(p + 16) != e->length || get64(p + 24) != e->checksum ||
         get64(p + 32) != e->batch_hash)
         return REC_FAIL(
@@ -438,6 +463,7 @@ typedef struct shard_span {
 
 typedef struct store_index {
     cm_shard_identity id;
+    uint16_t          version; /* of the store: 1 or CM_SHARD_VERSION */
     cm_shard_entry   *entries;
     uint64_t          n;
     uint64_t          n_torn;     /* entries cut off the end (writer) */
@@ -474,7 +500,7 @@ static cm_status store_index_load(store_index *x, int fd, const char *path, int 
     if (!buf)
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %llu bytes for '%s'", (unsigned long long)size, path);
     CM_TRY_GOTO(read_all(fd, buf, (size_t)size, 0, path), st, fail);
-    CM_TRY_GOTO(index_header_decode(buf, path, &x->id), st, fail);
+    CM_TRY_GOTO(index_header_decode(buf, path, &x->id, &x->version), st, fail);
 
     uint64_t n_all = (size - CM_SHARD_INDEX_HEADER_SIZE) / CM_SHARD_ENTRY_SIZE;
     x->torn_bytes = (size - CM_SHARD_INDEX_HEADER_SIZE) % CM_SHARD_ENTRY_SIZE;
@@ -635,6 +661,10 @@ struct cm_shard_writer {
     uint32_t               shard;
     uint64_t               shard_end;
     idmap                  ids;
+    cm_shard_entry        *damaged; /* cfg.verify: records that failed verification at open */
+    uint8_t               *restored; /* [n_damaged]: 1 once written again */
+    uint64_t               n_damaged, n_restored;
+    idmap                  damaged_ids; /* batch id → position in damaged */
     cm_shard_entry        *pending;
     uint64_t               n_pending, cap_pending;
     uint64_t               n_durable;
@@ -674,6 +704,36 @@ static cm_status index_create(cm_shard_writer *w) {
     return st;
 }
 
+/* cfg.verify: checks every record of shard k (header and payload checksum); a damaged one is
+ * logged and listed, not refused. Only I/O and memory errors fail. */
+static cm_status writer_verify_shard(cm_shard_writer *w, const store_index *x, uint32_t k, int fd,
+                                     const char *path, uint8_t *buf) {
+    for (uint64_t i = x->spans[k].first; i < x->spans[k].first + x->spans[k].n_records; i++) {
+        cm_status st = record_verify_fd(fd, path, &x->entries[i], w->dir, buf);
+        if (st != CM_ERR_FORMAT) {
+            CM_TRY(st);
+            continue;
+        }
+        CM_LOG_WARN("%s", cm_last_error());
+        if (w->n_damaged % 64 == 0) {
+            cm_shard_entry *p = realloc(w->damaged, (w->n_damaged + 64) * sizeof *p);
+            uint8_t        *q = realloc(w->restored, (w->n_damaged + 64) * sizeof *q);
+            if (p)
+                w->damaged = p;
+            if (q)
+                w->restored = q;
+            if (!p || !q)
+                return CM_FAIL(CM_ERR_NOMEM, "cannot list %llu damaged records",
+                               (unsigned long long)w->n_damaged + 1);
+        }
+        int ins;
+        CM_TRY(idmap_put(&w->damaged_ids, x->entries[i].batch_id, w->n_damaged, &ins));
+        w->restored[w->n_damaged] = 0;
+        w->damaged[w->n_damaged++] = x->entries[i];
+    }
+    return CM_OK;
+}
+
 /* Resume: cut the index's torn tail, verify each shard's tail record, truncate unindexed bytes,
  * remove shard files past the last indexed one. */
 static cm_status writer_resume(cm_shard_writer *w) {
@@ -682,6 +742,14 @@ static cm_status writer_resume(cm_shard_writer *w) {
     DIR        *d = NULL;
     store_index x;
     CM_TRY(store_index_load(&x, w->index_fd, w->index_path, 1));
+    if (x.version != CM_SHARD_VERSION) {
+        st = CM_FAIL(CM_ERR_FORMAT,
+                     "shard directory '%s' is shard format version %u (written before the target's weights "
+                     "fingerprint was recorded): it can still be read (train --shards, shards inspect) but "
+                     "not appended to; precompute into a new directory",
+                     w->dir, x.version);
+        goto fail;
+    }
     CM_TRY_GOTO(cm_shard_identity_check(&x.id, &w->id, 1, w->dir), st, fail);
     w->index_end = CM_SHARD_INDEX_HEADER_SIZE + x.n * CM_SHARD_ENTRY_SIZE;
     if (x.n_torn || x.torn_bytes) {
@@ -700,6 +768,8 @@ static cm_status writer_resume(cm_shard_writer *w) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate a read buffer");
         goto fail;
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (uint32_t k = 0; k < x.n_shards; k++) {
         char     path[SH_PATH_MAX];
         int      fd = -1;
@@ -708,7 +778,9 @@ static cm_status writer_resume(cm_shard_writer *w) {
         st = file_size(fd, path, &size);
         if (st == CM_OK)
             st = span_check(&x, k, size, w->dir);
-        if (st == CM_OK)
+        if (st == CM_OK && w->cfg.verify)
+            st = writer_verify_shard(w, &x, k, fd, path, buf);
+        else if (st == CM_OK)
             st = record_verify_fd(fd, path, &x.entries[x.spans[k].first + x.spans[k].n_records - 1], w->dir,
                                   buf);
         if (st == CM_OK && size > x.spans[k].end) {
@@ -731,6 +803,17 @@ static cm_status writer_resume(cm_shard_writer *w) {
         }
         if (st != CM_OK)
             goto fail;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (w->cfg.verify && x.n) {
+        uint64_t     bytes = 0;
+        const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        for (uint32_t k = 0; k < x.n_shards; k++)
+            bytes += x.spans[k].end;
+        CM_LOG_INFO("shard directory '%s': %llu stored records, %.2f GB verified in %.2f s = %.2f GB/s; %llu "
+                    "damaged",
+                    w->dir, (unsigned long long)x.n, (double)bytes / 1e9, s, s > 0 ? (double)bytes / 1e9 / s : 0.0,
+                    (unsigned long long)w->n_damaged);
     }
     if (!(d = opendir(w->dir))) {
         st = CM_FAIL(CM_ERR_IO, "cannot list '%s': %s", w->dir, strerror(errno));
@@ -762,8 +845,8 @@ static cm_status writer_resume(cm_shard_writer *w) {
     }
     w->n_durable = x.n;
     if (x.n)
-        CM_LOG_INFO("shard directory '%s': resuming after %llu records in %u shards", w->dir,
-                    (unsigned long long)x.n, x.n_shards);
+        CM_LOG_INFO("shard directory '%s': resuming after %llu records in %u shards%s", w->dir,
+                    (unsigned long long)x.n, x.n_shards, w->cfg.verify ? ", every one verified" : "");
 fail:
     if (d)
         closedir(d);
@@ -852,6 +935,24 @@ uint64_t cm_shard_writer_count(const cm_shard_writer *w) {
 }
 uint64_t cm_shard_writer_durable(const cm_shard_writer *w) {
     return w->n_durable;
+}
+
+uint64_t cm_shard_writer_n_damaged(const cm_shard_writer *w) {
+    return w->n_damaged - w->n_restored;
+}
+
+int cm_shard_writer_damaged(const cm_shard_writer *w, uint64_t batch_id) {
+    uint64_t k;
+    return idmap_get(&w->damaged_ids, batch_id, &k) && !w->restored[k];
+}
+
+int cm_shard_writer_first_damaged(const cm_shard_writer *w, cm_shard_entry *e) {
+    for (uint64_t k = 0; k < w->n_damaged; k++)
+        if (!w->restored[k]) {
+            *e = w->damaged[k];
+            return 1;
+        }
+    return 0;
 }
 
 static cm_status writer_usable(const cm_shard_writer *w) {
@@ -1022,6 +1123,58 @@ cm_status cm_shard_writer_append_parts(cm_shard_writer *w, uint64_t batch_id, ui
     return writer_append(w, batch_id, batch_hash, &a, parts, lens);
 }
 
+cm_status cm_shard_writer_restore_parts(cm_shard_writer *w, uint64_t batch_id, uint64_t batch_hash,
+                                        const void *head, size_t head_len, const void *data, size_t data_len) {
+    CM_TRY(writer_usable(w));
+    uint64_t k;
+    if (!idmap_get(&w->damaged_ids, batch_id, &k) || w->restored[k])
+        return CM_FAIL(CM_ERR_INVALID_ARG, "shard directory '%s': batch %llu is not a damaged record", w->dir,
+                       (unsigned long long)batch_id);
+    const cm_shard_entry *e = &w->damaged[k];
+    const char           *dir = w->dir;
+    char                  name[32], path[SH_PATH_MAX];
+    shard_name(name, e->shard);
+    cm_xxh64_state hs;
+    cm_xxh64_init(&hs, 0);
+    cm_xxh64_update(&hs, head, head_len);
+    cm_xxh64_update(&hs, data, data_len);
+    const uint64_t sum = cm_xxh64_digest(&hs), len = (uint64_t)head_len + data_len;
+    if (len != e->length || sum != e->checksum || (batch_hash && e->batch_hash && batch_hash != e->batch_hash))
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "shard directory '%s': %s offset %llu (batch %llu) is corrupted and cannot be restored "
+                       "in place: the new answer (%llu bytes, checksum %016llx, batch hash %016llx) is not "
+                       "the stored one (%llu, %016llx, %016llx): the target, its weights or the data "
+                       "changed, or its forward is not bit-reproducible; precompute into a new directory",
+                       dir, name, (unsigned long long)e->offset, (unsigned long long)e->batch_id,
+                       (unsigned long long)len, (unsigned long long)sum, (unsigned long long)batch_hash,
+                       (unsigned long long)e->length, (unsigned long long)e->checksum,
+                       (unsigned long long)e->batch_hash);
+    int fd = -1;
+    CM_TRY(shard_open(&fd, dir, e->shard, O_RDWR, path));
+    uint8_t h[CM_SHARD_RECORD_HEADER_SIZE];
+    record_header_encode(h, e);
+    uint8_t  *buf = malloc(SH_READ_SIZE);
+    cm_status st = buf ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "cannot allocate a read buffer");
+    if (st == CM_OK)
+        st = write_all(fd, h, sizeof h, e->offset, path);
+    if (st == CM_OK)
+        st = write_all(fd, head, head_len, e->offset + sizeof h, path);
+    if (st == CM_OK)
+        st = write_all(fd, data, data_len, e->offset + sizeof h + head_len, path);
+    if (st == CM_OK)
+        st = fsync_fd(fd, path); /* a failure leaves the record damaged, as it was: a re-run retries */
+    if (st == CM_OK)
+        st = record_verify_fd(fd, path, e, dir, buf);
+    close(fd);
+    free(buf);
+    CM_TRY(st);
+    CM_LOG_INFO("shard directory '%s': restored %s offset %llu (batch %llu)", dir, name,
+                (unsigned long long)e->offset, (unsigned long long)e->batch_id);
+    w->restored[k] = 1;
+    w->n_restored++;
+    return CM_OK;
+}
+
 static void writer_free(cm_shard_writer *w) {
     if (w->shard_fd >= 0)
         close(w->shard_fd);
@@ -1030,6 +1183,9 @@ static void writer_free(cm_shard_writer *w) {
     if (w->dir_fd >= 0)
         close(w->dir_fd); /* releases the lock */
     idmap_release(&w->ids);
+    idmap_release(&w->damaged_ids);
+    free(w->damaged);
+    free(w->restored);
     free(w->pending);
     free(w->ibuf);
     free(w->dir);
@@ -1096,6 +1252,10 @@ cm_status cm_shard_reader_open(cm_shard_reader **out, const char *dir, const cm_
             "shard directory '%s': ignoring a partial entry (%llu bytes) at the end of the index: a writer "
             "is appending or stopped",
             dir, (unsigned long long)r->x.torn_bytes);
+    if (r->x.version < CM_SHARD_VERSION)
+        CM_LOG_WARN("shard directory '%s' is shard format version %u: it does not record the target's weights, "
+                    "so only its config (%016llx) can be checked; precompute again to record them",
+                    dir, r->x.version, (unsigned long long)r->x.id.target_id);
     if (want)
         CM_TRY_GOTO(cm_shard_identity_check(&r->x.id, want, 0, dir), st, fail);
     if (!(r->shards = calloc(r->x.n_shards ? r->x.n_shards : 1, sizeof *r->shards))) {
@@ -1152,6 +1312,9 @@ void cm_shard_reader_destroy(cm_shard_reader **pr) {
 
 const cm_shard_identity *cm_shard_reader_identity(const cm_shard_reader *r) {
     return &r->x.id;
+}
+uint32_t cm_shard_reader_version(const cm_shard_reader *r) {
+    return r->x.version;
 }
 const char *cm_shard_reader_dir(const cm_shard_reader *r) {
     return r->dir;

@@ -21,7 +21,8 @@
  * directory is created, before any shard
  *   off size field            meaning
  *   0   4    magic            0x58485354 (the bytes "TSHX")
- *   4   2    version          CM_SHARD_VERSION; any other version is refused
+ *   4   2    version          CM_SHARD_VERSION (2); version 1 (before weights_id) is read with
+ *                             weights_id = 0 and a warning, never appended to; others are refused
  *   6   2    header_size      384
  *   8   2    entry_size       64
  *   10  2    proto_version    CM_PROTO_VERSION of the ANSWER frames in the records
@@ -33,7 +34,9 @@
  *   28  4    reserved         0
  *   32  64   target_name      the target's name, NUL-padded; 0..64 bytes of [A-Za-z0-9_.-]
  *   96  256  layer_ids        i32 × 64: the tapped layers in answer order (distinct, ≥ 0), then 0
- *   352 24   reserved         0
+ *   352 8    weights_id       fingerprint of the target's weights (0 = unknown); version 1: 0
+ *                             (these bytes were reserved)
+ *   360 16   reserved         0
  *   376 8    header_checksum  XXH64 of bytes 0..375
  * ENTRY: one record, appended only after the record's bytes are durable (fsync of the shard)
  *   0   8    batch_id         unique in the store
@@ -53,7 +56,7 @@
  *
  * SHARD = RECORD × n, back to back, nothing between; RECORD = RECORD HEADER (48) | PAYLOAD
  *   0   4    magic            0x52485354 (the bytes "TSHR")
- *   4   2    version          CM_SHARD_VERSION
+ *   4   2    version          CM_SHARD_RECORD_VERSION (1, in stores of either version)
  *   6   2    header_size      48
  *   8   8    batch_id         = the entry's
  *   16  8    length           payload bytes, = the entry's
@@ -70,7 +73,11 @@
  * entry, or entries with bad checksums up to the end) is cut off; the tail record of every
  * shard is verified (header and payload checksum); bytes past the last indexed record of a
  * shard (a partial record, or records written but not indexed) are truncated, and shard files
- * past the last indexed shard are removed: those records are simply written again. */
+ * past the last indexed shard are removed: those records are simply written again. With
+ * verify set, every indexed record is verified, not only the tails, and a damaged one (a bit
+ * flipped after it was written) is listed instead of refused: cm_shard_writer_restore_parts
+ * writes it again in place, which is possible only when the new answer is the very bytes the
+ * index names (its length and checksum): the index is never rewritten. */
 #ifndef CM_SHARD_H
 #define CM_SHARD_H
 
@@ -85,7 +92,8 @@
 extern "C" {
 #endif
 
-#define CM_SHARD_VERSION            1
+#define CM_SHARD_VERSION            2 /* of the store (index header); 1 = without weights_id */
+#define CM_SHARD_RECORD_VERSION     1 /* of a record header (unchanged by version 2) */
 #define CM_SHARD_INDEX_MAGIC        0x58485354u /* "TSHX" */
 #define CM_SHARD_RECORD_MAGIC       0x52485354u /* "TSHR" */
 #define CM_SHARD_INDEX_HEADER_SIZE  384
@@ -98,7 +106,8 @@ extern "C" {
 
 /* The run a store belongs to: a trainer refuses shards from another target or tap set. */
 typedef struct cm_shard_identity {
-    uint64_t    target_id;
+    uint64_t    target_id;                          /* hash of the target's config (architecture) */
+    uint64_t    weights_id;                         /* fingerprint of its weights; 0 = unknown */
     char        target_name[CM_PROTO_NAME_MAX + 1]; /* for messages; may be empty */
     cm_dtype    hidden_dtype;                       /* F32 or BF16 */
     cm_encoding encoding;
@@ -109,8 +118,10 @@ typedef struct cm_shard_identity {
 
 /* Checks have against want and names the first difference (CM_ERR_INVALID_ARG, "shard
  * directory 'DIR' holds ... , this run expects ..."). Fields of want that are 0 are not
- * compared: target_id, hidden_size, n_layers (then layer_ids are not compared either); with
- * exact = 1 everything but target_name is compared, zeros included (the writer's rule). */
+ * compared: target_id, hidden_size, n_layers (then layer_ids are not compared either);
+ * weights_id is compared when both are non-zero ("same architecture (config C), different
+ * weights (fingerprint A in the store, B expected)"). With exact = 1 everything but
+ * target_name is compared, zeros included (the writer's rule). */
 cm_status cm_shard_identity_check(const cm_shard_identity *have, const cm_shard_identity *want, int exact,
                                   const char *dir);
 
@@ -119,14 +130,28 @@ cm_status cm_shard_identity_check(const cm_shard_identity *have, const cm_shard_
 uint64_t cm_shard_batch_hash(const int32_t *tokens, uint32_t n_tokens, const int32_t *cu_seqlens,
                              uint32_t n_seqs);
 
+/* One index entry (as stored; not yet verified against its record). */
+typedef struct cm_shard_entry {
+    uint64_t batch_id;
+    uint64_t batch_hash; /* cm_shard_batch_hash of the request, 0 = not recorded */
+    uint32_t shard;
+    uint32_t n_tensors;
+    uint64_t offset;    /* of the record header */
+    uint64_t length;    /* payload bytes */
+    uint64_t checksum;  /* XXH64 of the payload */
+    uint64_t raw_bytes; /* decoded bytes of the answer's tensors */
+} cm_shard_entry;
+
 // ---- writer
 
 typedef struct cm_shard_writer_config {
     uint64_t max_shard_bytes; /* bytes per shard file before the next one starts (≥ 4096) */
     uint32_t fsync_every; /* records between fsyncs (and index appends); 0 = only at a new shard and close */
+    uint32_t verify;      /* resume: 1 = verify every record, listing the damaged (cost: one read of the
+                             store); 0 = only each shard's last record, refusing the store if it is bad */
 } cm_shard_writer_config;
 #define CM_SHARD_WRITER_CONFIG_DEFAULT                                                                       \
-    { 4ull << 30, 16 }
+    { 4ull << 30, 16, 0 }
 
 typedef struct cm_shard_writer cm_shard_writer;
 
@@ -134,8 +159,9 @@ typedef struct cm_shard_writer cm_shard_writer;
  * resumes an existing store as described above (logging what it cut off). The directory is
  * locked (flock on index.bin) against a second writer until close. Errors: CM_ERR_INVALID_ARG
  * (bad config or identity, identity differs from the store's, directory in use), CM_ERR_FORMAT
- * (a damaged store: message names the file, the offset and the batch id), CM_ERR_IO. Caller
- * closes with cm_shard_writer_close (or destroys). */
+ * (a damaged store: message names the file, the offset and the batch id; a version-1 store),
+ * CM_ERR_IO. With cfg->verify a damaged record is not an error: see cm_shard_writer_damaged.
+ * Caller closes with cm_shard_writer_close (or destroys). */
 cm_status cm_shard_writer_create(cm_shard_writer **out, const char *dir, const cm_shard_identity *id,
                                  const cm_shard_writer_config *cfg);
 /* Makes every appended record durable and indexed, then destroys the writer (also on error;
@@ -165,21 +191,25 @@ cm_status cm_shard_writer_append_parts(cm_shard_writer *w, uint64_t batch_id, ui
 /* fsyncs the current shard and indexes every pending record now. */
 cm_status cm_shard_writer_sync(cm_shard_writer *w);
 
+/* Records found damaged at open (cfg.verify) and not restored since; cm_shard_writer_has is
+ * still 1 for them (their batch ids are taken). */
+uint64_t cm_shard_writer_n_damaged(const cm_shard_writer *w);
+/* 1 if batch_id's record is damaged and not restored yet, else 0. */
+int cm_shard_writer_damaged(const cm_shard_writer *w, uint64_t batch_id);
+/* The first damaged record in index order not restored yet: 1 and *e, else 0. */
+int cm_shard_writer_first_damaged(const cm_shard_writer *w, cm_shard_entry *e);
+/* Writes a damaged record again in place from a new answer in two parts (as append_parts):
+ * HEAD then DATA must be exactly the payload the index names (its length and checksum, and
+ * its batch hash when both are recorded), so the restored record is the original one; the
+ * record is fsynced and read back. CM_ERR_INVALID_ARG if batch_id is not damaged; CM_ERR_FORMAT
+ * naming the record if the answer differs (another target or weights, or a forward that is
+ * not bit-reproducible): nothing is written then. Borrows head and data. */
+cm_status cm_shard_writer_restore_parts(cm_shard_writer *w, uint64_t batch_id, uint64_t batch_hash,
+                                        const void *head, size_t head_len, const void *data, size_t data_len);
+
 // ---- reader
 
 typedef struct cm_shard_reader cm_shard_reader;
-
-/* One index entry (as stored; not yet verified against its record). */
-typedef struct cm_shard_entry {
-    uint64_t batch_id;
-    uint64_t batch_hash; /* cm_shard_batch_hash of the request, 0 = not recorded */
-    uint32_t shard;
-    uint32_t n_tensors;
-    uint64_t offset;    /* of the record header */
-    uint64_t length;    /* payload bytes */
-    uint64_t checksum;  /* XXH64 of the payload */
-    uint64_t raw_bytes; /* decoded bytes of the answer's tensors */
-} cm_shard_entry;
 
 /* Per-shard summary (from the index). */
 typedef struct cm_shard_info {
@@ -201,6 +231,7 @@ cm_status cm_shard_reader_open(cm_shard_reader **out, const char *dir, const cm_
 void      cm_shard_reader_destroy(cm_shard_reader **r); /* NULL-safe; sets *r = NULL */
 
 const cm_shard_identity *cm_shard_reader_identity(const cm_shard_reader *r);
+uint32_t                 cm_shard_reader_version(const cm_shard_reader *r); /* of the store: 1 or 2 */
 const char              *cm_shard_reader_dir(const cm_shard_reader *r);
 uint64_t                 cm_shard_reader_count(const cm_shard_reader *r);
 uint32_t                 cm_shard_reader_n_shards(const cm_shard_reader *r);

@@ -7,10 +7,13 @@
 #include "dt_precompute.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cm_chan.h"
 #include "cm_compress.h"
@@ -179,6 +182,101 @@ dt_hidden_source dt_shard_source_hidden(dt_shard_source *s) {
     return (dt_hidden_source){.get = shard_get, .self = s};
 }
 
+// ---- verifying the records a run will read, before its first step
+
+typedef struct verify_job {
+    const cm_shard_reader *r;
+    const uint64_t        *at; /* [n]: positions in index order */
+    uint64_t               n;
+    atomic_uint_fast64_t   next;
+    atomic_int             stop;
+    pthread_mutex_t        mu;
+    uint64_t               bad; /* the lowest failing k, n if none */
+    cm_status              st;
+    char                   msg[1024];
+} verify_job;
+
+static void *verify_worker(void *arg) {
+    verify_job *j = arg;
+    for (;;) {
+        const uint64_t k = atomic_fetch_add(&j->next, 1);
+        if (k >= j->n || atomic_load(&j->stop))
+            return NULL;
+        const void *frame;
+        size_t      len;
+        cm_status   st = cm_shard_reader_at(j->r, j->at[k], &frame, &len);
+        if (st == CM_OK)
+            continue;
+        pthread_mutex_lock(&j->mu);
+        if (k < j->bad) {
+            j->bad = k, j->st = st;
+            snprintf(j->msg, sizeof j->msg, "%s", cm_last_error());
+        }
+        pthread_mutex_unlock(&j->mu);
+        atomic_store(&j->stop, 1);
+    }
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+cm_status dt_shard_source_verify(dt_shard_source *s, const uint8_t *reads, int n_batches, int n_threads) {
+    const cm_shard_reader *r = s->r;
+    const char            *dir = cm_shard_reader_dir(r);
+    const uint64_t         count = cm_shard_reader_count(r);
+    for (int b = 0; b < n_batches; b++)
+        if (reads[b] && !cm_shard_reader_find(r, (uint64_t)b, NULL))
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "shard directory '%s' has no record for batch %d, which this run reads; run "
+                           "precompute over the same data until it completes",
+                           dir, b);
+    verify_job j = {.r = r, .st = CM_OK};
+    uint64_t  *at = malloc((count ? count : 1) * sizeof *at), bytes = 0;
+    if (!at)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %llu record positions", (unsigned long long)count);
+    for (uint64_t i = 0; i < count; i++) { /* index order: the shards are read front to back */
+        cm_shard_entry e;
+        cm_shard_reader_entry(r, i, &e);
+        if (e.batch_id < (uint64_t)n_batches && reads[e.batch_id]) {
+            at[j.n++] = i;
+            bytes += CM_SHARD_RECORD_HEADER_SIZE + e.length;
+        }
+    }
+    j.at = at;
+    j.bad = j.n;
+    atomic_init(&j.next, 0);
+    atomic_init(&j.stop, 0);
+    pthread_mutex_init(&j.mu, NULL);
+    if (n_threads < 1)
+        n_threads = 1;
+    if (n_threads > 64)
+        n_threads = 64;
+    pthread_t th[64];
+    int       started = 0;
+    double    t0 = mono_s();
+    for (; started < n_threads - 1; started++) /* and this thread */
+        if (pthread_create(&th[started], NULL, verify_worker, &j) != 0)
+            break;
+    verify_worker(&j);
+    for (int t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
+    const double dt = mono_s() - t0;
+    pthread_mutex_destroy(&j.mu);
+    free(at);
+    if (j.bad < j.n)
+        return CM_FAIL(j.st, "checking the shards before the first step: %s", j.msg);
+    CM_LOG_INFO("shards: %llu records, %.2f GB verified in %.2f s = %.2f GB/s (%d threads)%s",
+                (unsigned long long)j.n, (double)bytes / 1e9, dt, dt > 0 ? (double)bytes / 1e9 / dt : 0.0,
+                started + 1,
+                dt > 60 ? "; each start of the run pays this: --verify-shards lazy checks each record only "
+                          "when it is read"
+                        : "");
+    return CM_OK;
+}
+
 // ----------------------------------------------------------------------------
 // precompute
 
@@ -187,6 +285,7 @@ typedef struct pc_args {
     const char *curve_server_key, *curve_secret_key;
     cm_encoding encoding;
     int64_t     credits, timeout_ms, progress_every, threads, token_budget;
+    int         verify_tail; /* --verify-stored tail: only each shard's last stored record */
 } pc_args;
 
 static volatile sig_atomic_t g_signal;
@@ -223,10 +322,15 @@ static void usage(FILE *f) {
             "  --curve-server-key FILE the server's CURVE public key (a server on another host)\n"
             "  --curve-secret-key FILE this client's CURVE secret key (default: a fresh pair)\n"
             "  --progress-every N      progress line every N batches (default 16)\n"
+            "  --verify-stored full|tail  records already in SHARD_DIR: full (default) checks every one\n"
+            "                          (one read of the store; the rate is logged) and asks the server\n"
+            "                          again for a damaged one, restoring it in place; tail checks only\n"
+            "                          each shard's last record (a damaged one stops the run)\n"
             "  --name NAME             this client's name in the server's logs (default precompute)\n"
             "  --log-level LEVEL       debug, info, warn, error or off\n"
-            "Exit status: 0 all batches stored, 1 failure, 2 usage error, 130/143 stopped by\n"
-            "SIGINT/SIGTERM (everything stored so far is durable; run again to continue).\n");
+            "Exit status: 0 all batches stored (and, with --verify-stored full, every stored record\n"
+            "verified or restored), 1 failure, 2 usage error, 130/143 stopped by SIGINT/SIGTERM\n"
+            "(everything stored so far is durable; run again to continue).\n");
 }
 
 static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out) {
@@ -277,6 +381,13 @@ static int parse_args(int argc, char **argv, pc_args *a) {
             a->out = v;
         else if (strcmp(f, "--name") == 0)
             a->name = v;
+        else if (strcmp(f, "--verify-stored") == 0) {
+            if (strcmp(v, "full") != 0 && strcmp(v, "tail") != 0) {
+                fprintf(stderr, "drafter-trainer precompute: --verify-stored %s: expected full or tail\n", v);
+                return 2;
+            }
+            a->verify_tail = v[0] == 't';
+        }
         else if (strcmp(f, "--encoding") == 0) {
             if (cm_encoding_parse(v, &a->encoding) != CM_OK) {
                 fprintf(stderr, "drafter-trainer precompute: --encoding: %s\n", cm_last_error());
@@ -355,16 +466,16 @@ typedef struct pc_run {
     int32_t          layers[CM_SHARD_MAX_LAYERS];
     uint32_t         n_layers;
     /* progress */
-    uint64_t stored, skipped, bytes_written, raw_bytes;
+    uint64_t stored, skipped, restored, bytes_written, raw_bytes;
 } pc_run;
 
 static void progress(const pc_run *r, const char *what) {
     const double mb = (double)r->bytes_written / 1e6;
-    CM_LOG_INFO("precompute %s: %llu/%d batches (%llu stored now, %llu already stored), %.1f MB written, "
-                "ratio %.2fx",
-                what, (unsigned long long)(r->stored + r->skipped), dt_data_count(r->data),
-                (unsigned long long)r->stored,
-                (unsigned long long)r->skipped, mb,
+    CM_LOG_INFO("precompute %s: %llu/%d batches (%llu stored now, %llu already stored%s, %llu restored), "
+                "%.1f MB written, ratio %.2fx",
+                what, (unsigned long long)(r->stored + r->skipped + r->restored), dt_data_count(r->data),
+                (unsigned long long)r->stored, (unsigned long long)r->skipped,
+                r->a.verify_tail ? "" : " and verified", (unsigned long long)r->restored, mb,
                 r->bytes_written ? (double)r->raw_bytes / (double)r->bytes_written : 0.0);
 }
 
@@ -373,18 +484,25 @@ static cm_status store_answer(pc_run *r, cm_chan_answer *ans) {
         return CM_FAIL(ans->status, "the server cannot answer batch %llu ('%s'): %s",
                        (unsigned long long)ans->batch_id, dt_data_path(r->data, (int)ans->batch_id),
                        ans->message);
-    if (cm_shard_writer_has(r->w, ans->batch_id)) /* stored meanwhile: never twice */
+    const int damaged = cm_shard_writer_damaged(r->w, ans->batch_id);
+    if (!damaged && cm_shard_writer_has(r->w, ans->batch_id)) /* stored meanwhile: never twice */
         return CM_OK;
     const void *head, *data;
     size_t      head_len, data_len;
     CM_TRY(cm_chan_client_frames(r->cl, ans, &head, &head_len, &data, &data_len));
-    CM_TRY(cm_shard_writer_append_parts(r->w, ans->batch_id, r->hashes[ans->batch_id], head, head_len, data,
-                                        data_len));
-    r->stored++;
+    if (damaged) {
+        CM_TRY(cm_shard_writer_restore_parts(r->w, ans->batch_id, r->hashes[ans->batch_id], head, head_len,
+                                             data, data_len));
+        r->restored++;
+    } else {
+        CM_TRY(cm_shard_writer_append_parts(r->w, ans->batch_id, r->hashes[ans->batch_id], head, head_len,
+                                            data, data_len));
+        r->stored++;
+    }
     r->bytes_written += head_len + data_len + CM_SHARD_RECORD_HEADER_SIZE;
     for (uint32_t i = 0; i < ans->n_tensors; i++)
         r->raw_bytes += ans->tensors[i].bytes;
-    if ((r->stored + r->skipped) % (uint64_t)r->a.progress_every == 0)
+    if ((r->stored + r->skipped + r->restored) % (uint64_t)r->a.progress_every == 0)
         progress(r, "progress");
     return CM_OK;
 }
@@ -455,7 +573,12 @@ static cm_status precompute(pc_run *r) {
     memcpy(id.layer_ids, r->layers, r->n_layers * sizeof *r->layers);
     cm_shard_writer_config wc = CM_SHARD_WRITER_CONFIG_DEFAULT;
     wc.fsync_every = 1; /* answers are large and slow to make: keep each one once written */
+    wc.verify = !a->verify_tail;
     CM_TRY(cm_shard_writer_create(&r->w, a->out, &id, &wc));
+    if (cm_shard_writer_n_damaged(r->w))
+        CM_LOG_WARN("precompute: %llu stored records of '%s' are damaged (listed above): asking the server for "
+                    "them again to restore them in place",
+                    (unsigned long long)cm_shard_writer_n_damaged(r->w), a->out);
     CM_LOG_INFO(
         "precompute: %d batches from target '%s' (hidden %u %s, layers %s, %s) into '%s'; %llu already "
         "stored",
@@ -466,7 +589,7 @@ static cm_status precompute(pc_run *r) {
     int64_t waited = 0;
     while (!g_signal) {
         while (next < n_batches && cm_chan_client_pending(r->cl) < (uint32_t)a->credits) {
-            if (cm_shard_writer_has(r->w, (uint64_t)next)) {
+            if (cm_shard_writer_has(r->w, (uint64_t)next) && !cm_shard_writer_damaged(r->w, (uint64_t)next)) {
                 r->skipped++;
                 next++;
                 continue;
@@ -495,6 +618,15 @@ static cm_status precompute(pc_run *r) {
         cm_chan_client_release(r->cl, &ans);
         CM_TRY(st);
     }
+    cm_shard_entry e;
+    if (!g_signal && cm_shard_writer_first_damaged(r->w, &e))
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "shard directory '%s': shard-%05u.bin offset %llu (batch %llu) is damaged and cannot be "
+                       "restored: the data given has %d batches and not this one (%llu damaged records "
+                       "remain); run precompute with the data the store was made from, or into a new "
+                       "directory",
+                       a->out, e.shard, (unsigned long long)e.offset, (unsigned long long)e.batch_id, n_batches,
+                       (unsigned long long)cm_shard_writer_n_damaged(r->w));
     return CM_OK;
 }
 

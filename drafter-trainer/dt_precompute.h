@@ -41,6 +41,15 @@ void      dt_shard_source_destroy(dt_shard_source **s); /* NULL-safe; sets *s = 
  * CM_ERR_INVALID_ARG naming the batch: it is never trained on. */
 dt_hidden_source dt_shard_source_hidden(dt_shard_source *s);
 
+/* Checks, before training, the records of the batches marked in reads[n_batches] (nonzero =
+ * this run reads batch i): each is stored, and its record header and payload checksum hold
+ * (cm_shard_reader_at), so that a damaged store stops the run before its first step instead of
+ * at the batch. n_threads threads read the records in index order (front to back in each
+ * shard); the cost is one read of those bytes, logged as "shards: N records, X GB verified in
+ * Y s = Z GB/s". CM_ERR_FORMAT naming the first bad record (shard file, offset, batch) and the
+ * repair (the reader's message), or the first missing batch. */
+cm_status dt_shard_source_verify(dt_shard_source *s, const uint8_t *reads, int n_batches, int n_threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,7 @@ static const dt_runcfg_flag train_flags[] = {
     {"dp-rank", DT_RUNCFG_VALUE},
     {"dp-size", DT_RUNCFG_VALUE},
     {"shards", DT_RUNCFG_PATH},
+    {"verify-shards", DT_RUNCFG_VALUE},
     {"server", DT_RUNCFG_VALUE},
     {"credits", DT_RUNCFG_VALUE},
     {"encoding", DT_RUNCFG_VALUE},

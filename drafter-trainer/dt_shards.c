@@ -128,10 +128,15 @@ static cm_status run_inspect(const shards_args *a, int *n_bad) {
     }
     uint64_t stored = payload + n * CM_SHARD_RECORD_HEADER_SIZE;
     printf("shard directory  %s\n", a->dir);
-    printf("format           shard version %d, protocol version %d frames\n", CM_SHARD_VERSION,
+    printf("format           shard version %u%s, protocol version %d frames\n", cm_shard_reader_version(r),
+           cm_shard_reader_version(r) < CM_SHARD_VERSION ? " (read-only: no weights fingerprint)" : "",
            CM_PROTO_VERSION);
     printf("target           %s (id %016llx)\n", id->target_name[0] ? id->target_name : "(unnamed)",
            (unsigned long long)id->target_id);
+    if (id->weights_id)
+        printf("weights          fingerprint %016llx\n", (unsigned long long)id->weights_id);
+    else
+        printf("weights          unknown (no fingerprint recorded)\n");
     printf("hidden           %u x %s, %u taps: layers", id->hidden_size, cm_dtype_name(id->hidden_dtype),
            id->n_layers);
     for (uint32_t l = 0; l < id->n_layers; l++)
@@ -268,6 +273,10 @@ static cm_status run_export(const shards_args *a, const uint64_t *ids, int n_ids
     snprintf(v, sizeof v, "%016llx", (unsigned long long)id->target_id);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "target_id", v), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "target_name", id->target_name), st, fail);
+    if (id->weights_id) {
+        snprintf(v, sizeof v, "%016llx", (unsigned long long)id->weights_id);
+        CM_TRY_GOTO(cm_st_writer_set_metadata(w, "weights_id", v), st, fail);
+    }
     snprintf(v, sizeof v, "%u", id->hidden_size);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "hidden_size", v), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "hidden_dtype", cm_dtype_name(id->hidden_dtype)), st, fail);

@@ -53,6 +53,7 @@ typedef struct train_args {
     cm_encoding encoding;
     double      lr, warmup_ratio, gamma, weight_decay, clip;
     int         have_gamma, resume;
+    int         verify_lazy; /* --verify-shards lazy: a record is checked only when a step reads it */
     int         target_random; /* --target-init random: no checkpoint; random frozen matrices */
     uint64_t    target_seed;
     uint64_t    seed;
@@ -88,6 +89,9 @@ static void usage(FILE *f) {
         "                           rank needs its own --out), on cpu each rank trains alone on its share\n"
         "  --shards DIR             target_hidden from precomputed shards (drafter-trainer precompute\n"
         "                           over the same data list); the batch files then need no target_hidden\n"
+        "  --verify-shards full|lazy full (default): before step 1, check every record the run will read\n"
+        "                           (one read of them; the rate is logged); lazy: check each record only\n"
+        "                           when its step reads it (a damaged one then stops the run there)\n"
         "  --server EP[,EP...]      target_hidden live from running `target-server serve`s (several:\n"
         "                           step s goes to server s mod n; all must serve the same target)\n"
         "                           (tcp://HOST:PORT or ipc://PATH); the batch files then need no\n"
@@ -301,7 +305,13 @@ static int parse_args(int argc, char **argv, train_args *a) {
                 return 2;
             }
         }
-        else if (strcmp(f, "--log-every") == 0)
+        else if (strcmp(f, "--verify-shards") == 0) {
+            if (strcmp(v, "full") != 0 && strcmp(v, "lazy") != 0) {
+                fprintf(stderr, "drafter-trainer train: --verify-shards %s: expected full or lazy\n", v);
+                return 2;
+            }
+            a->verify_lazy = v[0] == 'l';
+        } else if (strcmp(f, "--log-every") == 0)
             ok = parse_i64(f, v, 1, &a->log_every);
         else if (strcmp(f, "--lr") == 0)
             ok = parse_f64(f, v, 0, 1e3, &a->lr);
@@ -639,6 +649,26 @@ static void set_next_rng(run *r, int64_t step) {
                   (uint64_t)dt_data_step_batch(r->data, r->order_next, r->ts.index));
 }
 
+/* --shards: verifies the record of every batch that steps start+1 .. end will read (this rank's,
+ * in the epochs' orders), before the first of them. */
+static cm_status verify_shards(run *r, int64_t start, int64_t end) {
+    const int      n = dt_data_count(r->data);
+    const long     cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint8_t       *reads = calloc((size_t)n, 1);
+    if (!reads)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d batch marks", n);
+    for (int64_t t = start, epoch = -1; t < end; t++) {
+        if (t / r->hp.n_batches != epoch) {
+            epoch = t / r->hp.n_batches;
+            dt_data_epoch_order(r->data, r->hp.seed, (uint64_t)epoch, r->order);
+        }
+        reads[dt_data_step_batch(r->data, r->order, t % r->hp.n_batches)] = 1;
+    }
+    cm_status st = dt_shard_source_verify(r->shards, reads, n, cores < 1 ? 1 : cores > 8 ? 8 : (int)cores);
+    free(reads);
+    return st;
+}
+
 /* dt_data_set_pinning's callbacks: the batch buffers page-locked through the backend. */
 static cm_status pin_host(void *user, void *p, size_t bytes) {
     run *r = user;
@@ -939,6 +969,8 @@ static cm_status train(run *r) {
         return CM_OK;
     }
 
+    if (r->shards && !a->verify_lazy)
+        CM_TRY(verify_shards(r, start, end));
     if (r->live)
         dt_live_plan(r->live, hp->seed, start, end);
     int64_t cur_epoch = -1, last_saved = a->resume ? start : -1;

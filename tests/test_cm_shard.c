@@ -3,7 +3,9 @@
  * indexed, after a torn index, and after kill -9 of a real writer at random moments (this
  * executable re-runs itself as the writer: `test_cm_shard --writer DIR N DELAY_US`); corrupted
  * payload, record header, index header and entries, entries pointing outside a shard, a wrong
- * identity and bad appends are refused with a message naming the problem; random damage never
+ * identity and bad appends are refused with a message naming the problem; a verifying writer
+ * lists damaged records and restores them in place only from the original bytes; a differing
+ * weights fingerprint is refused, a version-1 store is read but not appended to; random damage never
  * makes the reader hand out a record that differs from what was written. Seed: TST_SEED or time. */
 #include <dirent.h>
 #include <errno.h>
@@ -95,7 +97,7 @@ static cm_shard_identity ident(void) {
     return id;
 }
 
-static const cm_shard_writer_config SMALL = {8192, 5};
+static const cm_shard_writer_config SMALL = {8192, 5, 0};
 
 /* Appends ids[0..n) (frames made from each id). */
 static void put_ids(cm_shard_writer *w, const uint64_t *ids, int n) {
@@ -543,7 +545,7 @@ static void test_unindexed(void) {
 
 static int writer_main(const char *dir, uint64_t n, long delay_us) {
     cm_shard_identity            id = ident();
-    const cm_shard_writer_config cfg = {16384, 4};
+    const cm_shard_writer_config cfg = {16384, 4, 0};
     cm_shard_writer             *w = NULL;
     if (cm_shard_writer_create(&w, dir, &id, &cfg) != CM_OK) {
         fprintf(stderr, "writer: %s\n", cm_last_error());
@@ -755,6 +757,139 @@ static void test_corruption(void) {
     EXPECT_FAIL(cm_shard_reader_open(&r, dir, NULL), CM_ERR_FORMAT, "less than its 384-byte header");
 }
 
+/* A writer that verifies every record (cfg.verify) lists the damaged ones instead of refusing
+ * the store, and writes one again in place only from the very bytes its entry names. */
+static void test_repair(void) {
+    char base[512], dir[512], path[512];
+    mk(base, "repair-base");
+    mk(dir, "repair");
+    build(base, 20);
+    cm_shard_entry e5, e7, last, e;
+    entry_of(base, 5, &e5);
+    entry_of(base, 7, &e7);
+    entry_of(base, 19, &last);
+    copy_dir(base, dir);
+    shard_file(path, dir, e5.shard);
+    flip(path, (long)e5.offset + CM_SHARD_RECORD_HEADER_SIZE + 60); /* a payload byte */
+    shard_file(path, dir, e7.shard);
+    flip(path, (long)e7.offset + 12); /* a record header byte */
+    shard_file(path, dir, last.shard);
+    flip(path, (long)last.offset + CM_SHARD_RECORD_HEADER_SIZE + 3); /* the store's tail record */
+    cm_shard_writer_config vc = SMALL;
+    vc.verify = 1;
+    cm_shard_identity id = ident();
+    cm_shard_writer  *w = NULL;
+    TST_CHECK(cm_shard_writer_create(&w, dir, &id, &vc) == CM_OK);
+    if (!w)
+        return;
+    TST_CHECK(cm_shard_writer_n_damaged(w) == 3 && cm_shard_writer_count(w) == 20);
+    TST_CHECK(cm_shard_writer_damaged(w, 5) && cm_shard_writer_damaged(w, 7) && cm_shard_writer_damaged(w, 19));
+    TST_CHECK(!cm_shard_writer_damaged(w, 6) && !cm_shard_writer_damaged(w, 99) && cm_shard_writer_has(w, 5));
+    TST_CHECK(cm_shard_writer_first_damaged(w, &e) && e.batch_id == 5 && e.offset == e5.offset);
+    size_t   len, olen;
+    uint8_t *f = make_frame(5, &len), *other = make_frame(6, &olen);
+    EXPECT_FAIL(cm_shard_writer_restore_parts(w, 5, hash_of(5), other, olen, NULL, 0), CM_ERR_FORMAT,
+                "(batch 5) is corrupted and cannot be restored in place");
+    EXPECT_FAIL(cm_shard_writer_restore_parts(w, 5, hash_of(6), f, len, NULL, 0), CM_ERR_FORMAT,
+                "cannot be restored in place");
+    EXPECT_FAIL(cm_shard_writer_restore_parts(w, 6, hash_of(6), other, olen, NULL, 0), CM_ERR_INVALID_ARG,
+                "batch 6 is not a damaged record");
+    TST_CHECK(cm_shard_writer_damaged(w, 5)); /* a refused restore writes nothing */
+    TST_CHECK(cm_shard_writer_restore_parts(w, 5, hash_of(5), f, 100, f + 100, len - 100) == CM_OK);
+    TST_CHECK(!cm_shard_writer_damaged(w, 5) && cm_shard_writer_n_damaged(w) == 2);
+    EXPECT_FAIL(cm_shard_writer_restore_parts(w, 5, hash_of(5), f, len, NULL, 0), CM_ERR_INVALID_ARG,
+                "not a damaged record");
+    free(f);
+    free(other);
+    for (uint64_t b = 7; b < 20; b += 12) {
+        f = make_frame(b, &len);
+        TST_CHECK(cm_shard_writer_restore_parts(w, b, 0, f, len, NULL, 0) == CM_OK); /* 0: hash not given */
+        free(f);
+    }
+    TST_CHECK(cm_shard_writer_n_damaged(w) == 0 && !cm_shard_writer_first_damaged(w, &e));
+    put_range(w, 20, 23); /* appending goes on after the restored tail */
+    TST_CHECK(cm_shard_writer_close(&w) == CM_OK);
+    expect_range(dir, 23);
+    for (uint32_t k = 0; k + 1 < n_shards(base); k++) { /* byte-identical to the undamaged store */
+        char a[512], b[512];
+        shard_file(a, base, k);
+        shard_file(b, dir, k);
+        FILE   *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+        int     same = fa && fb;
+        for (int ca = 0, cb = 0; same && ca != EOF; same = ca == cb)
+            ca = fgetc(fa), cb = fgetc(fb);
+        TST_CHECK(same);
+        if (fa)
+            fclose(fa);
+        if (fb)
+            fclose(fb);
+    }
+    /* without verify the same damage in a tail record still refuses the store */
+    copy_dir(base, dir);
+    shard_file(path, dir, last.shard);
+    flip(path, (long)last.offset + CM_SHARD_RECORD_HEADER_SIZE + 3);
+    EXPECT_FAIL(cm_shard_writer_create(&w, dir, &id, &SMALL), CM_ERR_FORMAT, "(batch 19): payload checksum");
+}
+
+/* weights_id: a differing fingerprint is refused naming both and the config; a version-1 store
+ * (before weights_id) is read with weights_id 0 but never appended to. */
+static void test_weights(void) {
+    char dir[512], idx[512];
+    mk(dir, "weights");
+    path_of(idx, dir, "index.bin");
+    cm_shard_identity id = ident(), want;
+    cm_shard_writer  *w = NULL;
+    cm_shard_reader  *r = NULL;
+    id.weights_id = 0xaaaa5555aaaa5555ull;
+    TST_CHECK(cm_shard_writer_create(&w, dir, &id, &SMALL) == CM_OK);
+    if (!w)
+        return;
+    put_range(w, 0, 4);
+    TST_CHECK(cm_shard_writer_close(&w) == CM_OK);
+    want = id;
+    want.weights_id = 0xbbbb6666bbbb6666ull;
+    const char *msg = "holds hidden states of the same architecture (config 1234abcd5678ef01), different "
+                      "weights (fingerprint aaaa5555aaaa5555 in the store, bbbb6666bbbb6666 expected)";
+    EXPECT_FAIL(cm_shard_reader_open(&r, dir, &want), CM_ERR_INVALID_ARG, msg);
+    EXPECT_FAIL(cm_shard_writer_create(&w, dir, &want, &SMALL), CM_ERR_INVALID_ARG, msg);
+    want.target_id = 0; /* not compared: the store's config is named */
+    EXPECT_FAIL(cm_shard_reader_open(&r, dir, &want), CM_ERR_INVALID_ARG, msg);
+    want = id;
+    want.weights_id = 0; /* unknown: a reader does not compare it, a writer never mixes */
+    EXPECT_FAIL(cm_shard_writer_create(&w, dir, &want, &SMALL), CM_ERR_INVALID_ARG,
+                "weights with fingerprint aaaa5555aaaa5555, this run's weights have no fingerprint");
+    TST_CHECK(cm_shard_reader_open(&r, dir, &want) == CM_OK);
+    if (r) {
+        TST_CHECK(cm_shard_reader_version(r) == CM_SHARD_VERSION &&
+                  cm_shard_reader_identity(r)->weights_id == id.weights_id);
+        cm_shard_reader_destroy(&r);
+    }
+
+    /* version 1: bytes 352..359 were reserved */
+    uint8_t h[CM_SHARD_INDEX_HEADER_SIZE];
+    FILE   *f = fopen(idx, "rb");
+    TST_CHECK(f && fread(h, 1, sizeof h, f) == sizeof h);
+    if (f)
+        fclose(f);
+    h[4] = 1;
+    memset(h + 352, 0, 8);
+    put64le(h + 376, cm_xxh64(h, 376, 0));
+    patch(idx, 0, h, sizeof h);
+    TST_CHECK(cm_shard_reader_open(&r, dir, NULL) == CM_OK);
+    if (r) {
+        TST_CHECK(cm_shard_reader_version(r) == 1 && cm_shard_reader_identity(r)->weights_id == 0);
+        cm_shard_reader_destroy(&r);
+    }
+    expect_range(dir, 4);
+    id.weights_id = 0;
+    EXPECT_FAIL(cm_shard_writer_create(&w, dir, &id, &SMALL), CM_ERR_FORMAT,
+                "is shard format version 1 (written before the target's weights fingerprint");
+    h[355] = 1; /* a version-1 store has no fingerprint there */
+    put64le(h + 376, cm_xxh64(h, 376, 0));
+    patch(idx, 0, h, sizeof h);
+    EXPECT_FAIL(cm_shard_reader_open(&r, dir, NULL), CM_ERR_FORMAT, "reserved or padding bytes");
+}
+
 static void test_placement(void) {
     char base[512], dir[512], path[512];
     mk(base, "place-base");
@@ -866,10 +1001,10 @@ static void test_identity(void) {
         fclose(f);
     uint8_t v[CM_SHARD_INDEX_HEADER_SIZE];
     memcpy(v, h, sizeof v);
-    v[4] = 2;
+    v[4] = 3;
     put64le(v + 376, cm_xxh64(v, 376, 0));
     patch(idx, 0, v, sizeof v);
-    EXPECT_FAIL(cm_shard_reader_open(&r, dir, NULL), CM_ERR_FORMAT, "shard format version 2");
+    EXPECT_FAIL(cm_shard_reader_open(&r, dir, NULL), CM_ERR_FORMAT, "shard format version 3");
     memcpy(v, h, sizeof v);
     v[10] = 9;
     put64le(v + 376, cm_xxh64(v, 376, 0));
@@ -890,7 +1025,7 @@ static void test_bad_use(void) {
     cm_shard_identity            id = ident();
     cm_shard_writer             *w = NULL, *w2 = NULL;
     cm_shard_reader             *r = NULL;
-    const cm_shard_writer_config tiny = {1000, 1};
+    const cm_shard_writer_config tiny = {1000, 1, 0};
     EXPECT_FAIL(cm_shard_writer_create(&w, dir, &id, &tiny), CM_ERR_INVALID_ARG, "below the minimum of 4096");
     EXPECT_FAIL(cm_shard_writer_create(&w, "/nonexistent-parent/x", &id, NULL), CM_ERR_IO, "cannot create");
     EXPECT_FAIL(cm_shard_reader_open(&r, "/nonexistent-parent/x", NULL), CM_ERR_IO,
@@ -1009,6 +1144,8 @@ int main(int argc, char **argv) {
     test_unindexed();
     test_kill();
     test_corruption();
+    test_repair();
+    test_weights();
     test_placement();
     test_identity();
     test_bad_use();

@@ -5,7 +5,8 @@
  * tensors equal `target-server dump` rounded to BF16 bit for bit; training from the shards logs
  * the same losses as training from batch files holding the same dump rounded the same way;
  * shards of another target, lacking a layer, for other tokens, missing a batch or with a corrupt
- * record are refused with a clear message; bad precompute flags exit 2. */
+ * record are refused with a clear message (a damaged one before step 1); precompute over a damaged
+ * store restores it in place or says why it cannot; bad precompute flags exit 2. */
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -222,8 +223,9 @@ static int read_losses(const char *run, char *out, size_t cap, int *n) {
     return *n > 0;
 }
 
-static int train(const char *run, const char *target, const char *data, const char *shard_dir,
-                 const char *steps, const char *errname) {
+/* train with one more flag and its value (flag NULL: none). */
+static int train_with(const char *run, const char *target, const char *data, const char *shard_dir,
+                      const char *steps, const char *errname, const char *flag, const char *value) {
     char out[512], err[512];
     snprintf(out, sizeof out, "%s/%s", tmp, run);
     snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
@@ -236,8 +238,44 @@ static int train(const char *run, const char *target, const char *data, const ch
         argv[n++] = "--shards";
         argv[n++] = (char *)shard_dir;
     }
+    if (flag) {
+        argv[n++] = (char *)flag;
+        argv[n++] = (char *)value;
+    }
     argv[n] = NULL;
     return tst_run(argv, err);
+}
+
+static int train(const char *run, const char *target, const char *data, const char *shard_dir,
+                 const char *steps, const char *errname) {
+    return train_with(run, target, data, shard_dir, steps, errname, NULL, NULL);
+}
+
+/* Steps logged in RUN/metrics.jsonl (0 if absent). */
+static int metric_lines(const char *run) {
+    char p[600], line[4096];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tmp, run);
+    FILE *f = fopen(p, "r");
+    int   n = 0;
+    while (f && fgets(line, sizeof line, f))
+        n++;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static long slurp_file(const char *path, unsigned char **out) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *out = malloc((size_t)n + 1);
+    if (!*out || fread(*out, 1, (size_t)n, f) != (size_t)n)
+        n = -1;
+    fclose(f);
+    return n;
 }
 
 static const char *err_text(const char *name) {
@@ -350,6 +388,59 @@ static void test_train_same(void) {
         fprintf(stderr, "shards:\n%s\nfiles:\n%s\n", a, b);
 }
 
+/* One flipped payload byte in a complete store: train --shards stops before step 1 naming the
+ * shard file, the record and the repair (--verify-shards lazy meets it at its step instead);
+ * precompute over the store cannot restore it from other tokens under that id, nor from data
+ * lacking that batch, and says so (exit 1); the same precompute as before restores it in place
+ * (exit 0, the shard byte-identical to before the damage, inspect --verify passes). */
+static void test_damage(void) {
+    char           p[600];
+    unsigned char *orig = NULL, *now = NULL;
+    snprintf(p, sizeof p, "%s/shard-00000.bin", shards);
+    long n = slurp_file(p, &orig);
+    TST_CHECK(n > 0);
+    if (n <= 0)
+        return;
+    int fd = open(p, O_RDWR);
+    TST_CHECK(fd >= 0);
+    unsigned char c = orig[n / 2] ^ 0x10;
+    TST_CHECK(pwrite(fd, &c, 1, n / 2) == 1);
+    close(fd);
+
+    TST_CHECK(train("d-full", DTD_MODEL, csv_tok, shards, "12", "d-full") == 1);
+    const char *t = err_text("d-full");
+    TST_CHECK(strstr(t, "checking the shards before the first step") && strstr(t, "': shard-00000.bin offset ") &&
+              strstr(t, "payload checksum mismatch") &&
+              strstr(t, "run the same `drafter-trainer precompute ... --out"));
+    TST_CHECK(metric_lines("d-full") == 0);
+    TST_CHECK(train_with("d-lazy", DTD_MODEL, csv_tok, shards, "12", "d-lazy", "--verify-shards", "lazy") == 1);
+    TST_CHECK(strstr(err_text("d-lazy"), "cannot be read from shards") != NULL);
+    fprintf(stderr, "--verify-shards lazy: %d steps before the damaged record\n", metric_lines("d-lazy"));
+    TST_CHECK(metric_lines("d-lazy") < 12);
+
+    char rev[8192] = "", two[2048];
+    for (int b = N_BATCHES - 1; b >= 0; b--) {
+        size_t u = strlen(rev);
+        snprintf(rev + u, sizeof rev - u, "%s%s/tok-%02d.safetensors", b < N_BATCHES - 1 ? "," : "", tmp, b);
+    }
+    TST_CHECK(precompute(rev, "5,3,1", shards, "d-rev") == 1);
+    TST_CHECK(strstr(err_text("d-rev"), "cannot be restored in place") != NULL);
+    snprintf(two, sizeof two, "%s/tok-00.safetensors,%s/tok-01.safetensors", tmp, tmp);
+    TST_CHECK(precompute(two, "5,3,1", shards, "d-two") == 1);
+    TST_CHECK(strstr(err_text("d-two"), "is damaged and cannot be restored: the data given has 2 batches") !=
+              NULL);
+
+    TST_CHECK(precompute(csv_tok, "5,3,1", shards, "d-fix") == 0);
+    TST_CHECK(strstr(err_text("d-fix"), "0 stored now, 11 already stored and verified, 1 restored") != NULL);
+    TST_CHECK(slurp_file(p, &now) == n && memcmp(now, orig, (size_t)n) == 0);
+    char *inspect[] = {DTD_DT_BIN, "shards", "inspect", shards, "--verify", NULL}, err[512];
+    snprintf(err, sizeof err, "%s/d-inspect.err", tmp);
+    TST_CHECK(tst_run(inspect, err) == 0);
+    TST_CHECK(train("d-after", DTD_MODEL, csv_tok, shards, "2", "d-after") == 0 && metric_lines("d-after") == 2);
+    free(orig);
+    free(now);
+}
+
 static void test_refusals(void) {
     /* a store lacking layer 3 */
     char lacking[512];
@@ -416,7 +507,8 @@ static void test_refusals(void) {
         TST_CHECK(pwrite(fd, &c, 1, at) == 1);
         close(fd);
         TST_CHECK(train("r-corrupt", DTD_MODEL, csv_tok, shards, "12", "r-corrupt") == 1);
-        TST_CHECK(strstr(err_text("r-corrupt"), "cannot be read from shards") != NULL);
+        TST_CHECK(strstr(err_text("r-corrupt"), "checking the shards before the first step") != NULL);
+        TST_CHECK(metric_lines("r-corrupt") == 0);
     }
 }
 
@@ -432,6 +524,11 @@ static void test_bad_flags(void) {
     char *a3[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok,
                   "--layers", "1,99",       "--out",    dir,      NULL};
     TST_CHECK(tst_run(a3, err) == 1 && strstr(tst_slurp(err), "outside target") != NULL);
+    char *a4[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, "--layers", "1",
+                  "--out",    dir,          "--verify-stored", "some", NULL};
+    TST_CHECK(tst_run(a4, err) == 2 && strstr(tst_slurp(err), "expected full or tail") != NULL);
+    TST_CHECK(train_with("flags", DTD_MODEL, csv_tok, shards, "2", "flags", "--verify-shards", "some") == 2);
+    TST_CHECK(strstr(err_text("flags"), "expected full or lazy") != NULL);
 }
 
 int main(void) {
@@ -450,6 +547,7 @@ int main(void) {
     test_resume();
     test_export_exact();
     test_train_same();
+    test_damage();
     test_bad_flags();
     test_refusals();
     serve_stop();

@@ -83,7 +83,7 @@ static void build_store(void) {
     cc.n_threads = 2;
     TST_CHECK(cm_compress_create(&cz, &cc) == CM_OK);
     cm_shard_identity            id = ident();
-    const cm_shard_writer_config cfg = {16384, 2}; /* small shards: several files */
+    const cm_shard_writer_config cfg = {16384, 2, 0}; /* small shards: several files */
     cm_shard_writer             *w = NULL;
     snprintf(store, sizeof store, "%s/shards", tmp);
     TST_CHECK(cm_shard_writer_create(&w, store, &id, &cfg) == CM_OK);

@@ -5,7 +5,9 @@
  * payload and header checksums, each entry's copy of its record's checksum, entry and index
  * header checksums), so mutations reach the checks behind them. Flag bit 1: also resume a writer
  * on the directory with the identity its index header states; a writer that resumes must leave a
- * store that takes one more record and then opens with every record readable. */
+ * store that takes one more record and then opens with every record readable. Flag bit 2: that
+ * writer verifies every record (cfg.verify): then exactly the records it lists as damaged may
+ * fail to read. */
 #include <string.h>
 
 #include "cm_proto.h"
@@ -71,13 +73,14 @@ static void header_identity(const uint8_t *h, size_t len, cm_shard_identity *id)
     id->n_layers = fuzz_rd16(h + 14);
     id->target_id = fuzz_rd64(h + 16);
     id->hidden_size = fuzz_rd32(h + 24);
+    id->weights_id = fuzz_rd16(h + 4) >= 2 ? fuzz_rd64(h + 352) : 0;
     memcpy(id->target_name, h + 32, CM_PROTO_NAME_MAX);
     id->target_name[CM_PROTO_NAME_MAX] = '\0';
     for (int i = 0; i < CM_SHARD_MAX_LAYERS; i++)
         id->layer_ids[i] = (int32_t)fuzz_rd32(h + 96 + 4 * i);
 }
 
-static void read_all(const char *dir, int must_open, uint64_t want_count) {
+static void read_all(const char *dir, int must_open, uint64_t want_count, uint64_t want_bad) {
     cm_shard_reader *r = NULL;
     if (fuzz_note(cm_shard_reader_open(&r, dir, NULL)) != CM_OK) {
         if (must_open) {
@@ -94,6 +97,7 @@ static void read_all(const char *dir, int must_open, uint64_t want_count) {
         cm_shard_reader_shard(r, k, &info);
         FUZZ_CHECK(info.bytes <= info.file_bytes);
     }
+    uint64_t bad = 0;
     for (uint64_t i = 0; i < n; i++) {
         cm_shard_entry e;
         uint64_t       at;
@@ -102,16 +106,20 @@ static void read_all(const char *dir, int must_open, uint64_t want_count) {
         const void *frame;
         size_t      len;
         cm_status   st = cm_shard_reader_at(r, i, &frame, &len);
-        if (must_open && st != CM_OK) {
+        if (must_open && st != CM_OK && !want_bad) {
             fprintf(stderr, "record %llu of the resumed store: %s\n", (unsigned long long)i, cm_last_error());
             FUZZ_CHECK(0);
         }
-        if (st != CM_OK)
+        if (st != CM_OK) {
+            bad++;
             continue;
+        }
         FUZZ_CHECK(len == e.length);
         cm_proto_answer a = {.tensors = ten, .cap_tensors = 64};
         cm_proto_answer_decode(frame, len, &LIM, &a);
     }
+    if (must_open)
+        FUZZ_CHECK(bad == want_bad);
     cm_shard_reader_destroy(&r);
 }
 
@@ -134,21 +142,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         snprintf(path, sizeof path, "%s/shard-%05d.bin", dir, k - 1);
         fuzz_write(path, parts[k].data, parts[k].len);
     }
-    read_all(dir, 0, 0);
+    read_all(dir, 0, 0, 0);
 
     if (copy[0] & 2) {
         cm_shard_identity      id;
         cm_shard_writer       *w = NULL;
-        cm_shard_writer_config cfg = {4096, 1};
+        cm_shard_writer_config cfg = {4096, 1, (uint32_t)(copy[0] >> 2 & 1)};
         header_identity(parts[0].data, parts[0].len, &id);
         if (fuzz_note(cm_shard_writer_create(&w, dir, &id, &cfg)) == CM_OK) {
-            uint64_t count = cm_shard_writer_count(w);
+            uint64_t count = cm_shard_writer_count(w), damaged = cm_shard_writer_n_damaged(w);
             if (!cm_shard_writer_has(w, EXTRA_ID)) {
                 FUZZ_CHECK(cm_shard_writer_append(w, EXTRA_ID, 0, extra, extra_len) == CM_OK);
                 count++;
             }
             FUZZ_CHECK(cm_shard_writer_close(&w) == CM_OK);
-            read_all(dir, 1, count);
+            read_all(dir, 1, count, damaged);
         }
     }
     free(copy);

@@ -334,8 +334,9 @@ static void shard_seeds(void) {
     snprintf(id.target_name, sizeof id.target_name, "tiny-qwen35");
     id.hidden_dtype = CM_DTYPE_BF16, id.encoding = CM_ENCODING_ZSTD_BYTEPLANE, id.hidden_size = 16;
     id.n_layers = 2, id.layer_ids[0] = 1, id.layer_ids[1] = 3;
+    id.weights_id = 0x5eed0f3e1a2b3c4dull;
     cm_shard_writer       *w;
-    cm_shard_writer_config cfg = {4096, 2};
+    cm_shard_writer_config cfg = {4096, 2, 0};
     OK(cm_shard_writer_create(&w, dir, &id, &cfg));
     uint8_t frame[8192];
     for (uint64_t b = 0; b < 3; b++) { /* one shard each: the target takes three */
@@ -360,6 +361,7 @@ static void shard_seeds(void) {
     }
     seed("shard", "store", 3, parts, n);
     seed("shard", "store_unsealed", 0, parts, n);
+    seed("shard", "store_verify", 7, parts, n); /* the resumed writer verifies every record */
     parts[0].len -= 20; /* a torn last entry: the reader ignores it, the writer cuts it */
     seed("shard", "store_torn_index", 3, parts, n);
     parts[0].len += 20;
