@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cm_cfg_hash.h"
 #include "cm_chan.h"
 #include "cm_compress.h"
 #include "cm_dtype.h"
@@ -61,7 +62,7 @@ static void layer_list(const cm_shard_identity *id, char *buf, size_t cap) {
 }
 
 cm_status dt_shard_source_open(dt_shard_source **out, const char *dir, const int *layer_ids, int n_taps,
-                               int hidden, uint64_t target_id) {
+                               int hidden, uint64_t target_id, uint64_t weights_id) {
     *out = NULL;
     cm_status        st = CM_OK;
     dt_shard_source *s = calloc(1, sizeof *s);
@@ -78,13 +79,19 @@ cm_status dt_shard_source_open(dt_shard_source **out, const char *dir, const int
     const cm_shard_identity *id = cm_shard_reader_identity(s->r);
     char                     have[1024];
     layer_list(id, have, sizeof have);
-    if (target_id != 0 && id->target_id != target_id) {
+    char why[400];
+    if (cm_target_identity_differs(why, sizeof why, id->target_id, id->weights_id ? id->weights_id : weights_id,
+                                   target_id, weights_id, "in the store", "in --target")) {
         st = CM_FAIL(CM_ERR_INVALID_ARG,
-                     "shard directory '%s' holds hidden states of target '%s' (id %016llx) but --target is "
-                     "another model (id %016llx); precompute shards with a server of this target",
-                     dir, id->target_name, (unsigned long long)id->target_id, (unsigned long long)target_id);
+                     "shard directory '%s' holds hidden states of target '%s', another model than --target: %s; "
+                     "precompute shards with a server of this target",
+                     dir, id->target_name, why);
         goto fail;
     }
+    if (weights_id && !id->weights_id)
+        CM_LOG_WARN("shard directory '%s' records no weights fingerprint (written before they were recorded): "
+                    "cannot check that its hidden states are of --target's weights %016llx, only of its config",
+                    dir, (unsigned long long)weights_id);
     if ((int64_t)id->hidden_size != hidden) {
         st = CM_FAIL(CM_ERR_INVALID_ARG,
                      "shard directory '%s' holds hidden size %u but the drafter's hidden_size is %d; "
@@ -565,6 +572,7 @@ static cm_status precompute(pc_run *r) {
             (long long)dt_data_max_tokens(r->data), wl.max_tokens);
 
     cm_shard_identity id = {.target_id = wl.target_id,
+                            .weights_id = wl.weights_id,
                             .hidden_dtype = wl.hidden_dtype,
                             .encoding = a->encoding,
                             .hidden_size = wl.hidden_size,

@@ -9,7 +9,7 @@
  * the trainer, use the same ids; each record also holds cm_shard_batch_hash of its tokens, so
  * shards used with other data are refused. With --dataset (dt_dataset.h) the batches are the
  * dataset's packs at --token-budget, pack i being batch id i, exactly as train packs them. The
- * store's identity is the WELCOME's target id,
+ * store's identity is the WELCOME's config hash and weights fingerprint, the target's
  * name, hidden size and dtype, the requested layers and the encoding. */
 #ifndef DT_PRECOMPUTE_H
 #define DT_PRECOMPUTE_H
@@ -28,11 +28,13 @@ typedef struct dt_shard_source dt_shard_source;
 
 /* Opens dir (cm_shard_reader_open) and checks it against the drafter: the store's hidden size
  * must be hidden, it must hold every layer of layer_ids[n_taps] (the drafter's
- * target_layer_ids, in any answer order), and, when target_id ≠ 0, come from that target
- * (cm_target_cfg_hash of the trainer's target config). CM_ERR_INVALID_ARG naming the
- * difference and the fix; the reader's errors otherwise. Caller destroys. */
+ * target_layer_ids, in any answer order), and come from that target: config hash target_id
+ * (cm_target_cfg_hash of the trainer's target config) and weights fingerprint weights_id,
+ * each checked when ≠ 0 (a store that records no fingerprint, format 1, is let through with
+ * a warning). CM_ERR_INVALID_ARG naming the difference and the fix; the reader's errors
+ * otherwise. Caller destroys. */
 cm_status dt_shard_source_open(dt_shard_source **out, const char *dir, const int *layer_ids, int n_taps,
-                               int hidden, uint64_t target_id);
+                               int hidden, uint64_t target_id, uint64_t weights_id);
 void      dt_shard_source_destroy(dt_shard_source **s); /* NULL-safe; sets *s = NULL */
 
 /* The source's dt_hidden_source: batch i's record (batch id i, checked against the tokens'

@@ -724,7 +724,8 @@ static cm_status open_data(run *r) {
     }
     dt_hidden_source hs = {0};
     if (a->shards) {
-        CM_TRY(dt_shard_source_open(&r->shards, a->shards, r->cfg.target_layer_ids, taps, D, r->target_id));
+        CM_TRY(dt_shard_source_open(&r->shards, a->shards, r->cfg.target_layer_ids, taps, D, r->target_id,
+                                    r->weights_id));
         hs = dt_shard_source_hidden(r->shards);
     } else if (r->live)
         hs = dt_live_hidden(r->live);
