@@ -59,7 +59,8 @@ cm_status cm_lock_create(cm_lock **out, const char *path, const char *what, cons
     /* the text is for messages only: the flock is the lock, so a failed write is not fatal */
     if (ftruncate(l->fd, 0) != 0 || pwrite(l->fd, line, (size_t)n, 0) != n)
         CM_LOG_WARN("cannot record this process in lock file '%s': %s; a refused writer will not see "
-                    "its pid", path, strerror(errno));
+                    "its pid",
+                    path, strerror(errno));
     *out = l;
     return CM_OK;
 fail:

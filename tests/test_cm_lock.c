@@ -14,7 +14,7 @@
 static char dir[64], path[128];
 
 static int refused_by(pid_t pid) {
-    cm_lock *l = NULL;
+    cm_lock  *l = NULL;
     cm_status st = cm_lock_create(&l, path, "run directory 'x'", "trainer", "stop it");
     char      want[64];
     snprintf(want, sizeof want, "in use by another trainer, pid %ld on host ", (long)pid);
@@ -55,7 +55,7 @@ int main(void) {
     cm_lock_destroy(&a); /* NULL-safe */
 
     /* a child holds it until killed: refused meanwhile, free again once it is gone */
-    int   go[2];
+    int go[2];
     TST_CHECK(pipe(go) == 0);
     pid_t child = fork();
     if (child == 0) {
@@ -76,8 +76,8 @@ int main(void) {
     snprintf(kid, sizeof kid, "pid %ld on host ", (long)child);
     TST_CHECK(strncmp(text_of(path), kid, strlen(kid)) == 0);
     TST_CHECK(tst_ok(cm_lock_create(&a, path, "d", "trainer", "x"), "lock after the holder died"));
-    TST_CHECK(strncmp(text_of(path), self, strlen(self)) == 0 && strchr(text_of(path), '\n') ==
-              text_of(path) + strlen(text_of(path)) - 1);
+    TST_CHECK(strncmp(text_of(path), self, strlen(self)) == 0 &&
+              strchr(text_of(path), '\n') == text_of(path) + strlen(text_of(path)) - 1);
     cm_lock_destroy(&a);
 
     /* a lock file that cannot be created */
