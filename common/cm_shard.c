@@ -13,13 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cm_hash.h"
+#include "cm_lock.h"
 #include "cm_log.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -654,7 +654,8 @@ struct cm_shard_writer {
     char                  *dir;
     cm_shard_identity      id;
     cm_shard_writer_config cfg;
-    int                    dir_fd; /* holds the flock */
+    int                    dir_fd; /* for syncing the directory */
+    cm_lock               *lock;   /* CM_SHARD_LOCK_NAME: one writer at a time */
     int                    index_fd;
     uint64_t               index_end;
     int                    shard_fd; /* -1 until the first record of a fresh store */
@@ -887,14 +888,12 @@ cm_status cm_shard_writer_create(cm_shard_writer **out, const char *dir, const c
         st = CM_FAIL(CM_ERR_IO, "cannot open shard directory '%s': %s", dir, strerror(errno));
         goto fail;
     }
-    if (flock(w->dir_fd, LOCK_EX | LOCK_NB) != 0) {
-        st = errno == EWOULDBLOCK
-                 ? CM_FAIL(CM_ERR_INVALID_ARG,
-                           "shard directory '%s' is in use by another writer: stop it or use "
-                           "another directory",
-                           dir)
-                 : CM_FAIL(CM_ERR_IO, "cannot lock shard directory '%s': %s", dir, strerror(errno));
-        goto fail;
+    {
+        char lock_path[SH_PATH_MAX], what[SH_PATH_MAX + 32];
+        CM_TRY_GOTO(path_join(lock_path, dir, CM_SHARD_LOCK_NAME), st, fail);
+        snprintf(what, sizeof what, "shard directory '%s'", dir);
+        CM_TRY_GOTO(cm_lock_create(&w->lock, lock_path, what, "writer", "stop it or use another directory"), st,
+                    fail);
     }
     if (access(w->index_path, F_OK) != 0) {
         DIR *d = opendir(dir);
@@ -1181,7 +1180,8 @@ static void writer_free(cm_shard_writer *w) {
     if (w->index_fd >= 0)
         close(w->index_fd);
     if (w->dir_fd >= 0)
-        close(w->dir_fd); /* releases the lock */
+        close(w->dir_fd);
+    cm_lock_destroy(&w->lock);
     idmap_release(&w->ids);
     idmap_release(&w->damaged_ids);
     free(w->damaged);

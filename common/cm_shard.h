@@ -8,8 +8,8 @@
  * from several threads, and may open a directory that a writer is appending to (it sees the
  * records indexed when it opened; a writer never cuts indexed bytes).
  *
- * DIRECTORY: index.bin, shard-00000.bin, shard-00001.bin, ... (shard-%05u.bin; six digits past
- * 99999). Records are appended to the current shard; a record that would take it past
+ * DIRECTORY: index.bin, writer.lock (cm_lock.h), shard-00000.bin, shard-00001.bin, ...
+ * (shard-%05u.bin; six digits past 99999). Records are appended to the current shard; a record that would take it past
  * max_shard_bytes starts the next one (a record larger than that fills a shard alone). Binary
  * index, not JSONL: fixed-size entries each with its own checksum make a torn append
  * detectable and cut off exactly, need no parser, and load 10^6 records in one read; `drafter-
@@ -103,6 +103,7 @@ extern "C" {
 #define CM_SHARD_MAX_SHARDS         1000000u
 #define CM_SHARD_MAX_PAYLOAD        (1ull << 36) /* 64 GiB: bounds any length read from a file */
 #define CM_SHARD_INDEX_NAME         "index.bin"
+#define CM_SHARD_LOCK_NAME          "writer.lock" /* the writer's lock (cm_lock.h); no data */
 
 /* The run a store belongs to: a trainer refuses shards from another target or tap set. */
 typedef struct cm_shard_identity {
@@ -157,7 +158,8 @@ typedef struct cm_shard_writer cm_shard_writer;
 
 /* Opens dir for appending (creating it and its index if absent; the parent must exist), or
  * resumes an existing store as described above (logging what it cut off). The directory is
- * locked (flock on index.bin) against a second writer until close. Errors: CM_ERR_INVALID_ARG
+ * locked (cm_lock.h: flock on CM_SHARD_LOCK_NAME, which names the holder's pid) against a
+ * second writer until close. Errors: CM_ERR_INVALID_ARG
  * (bad config or identity, identity differs from the store's, directory in use), CM_ERR_FORMAT
  * (a damaged store: message names the file, the offset and the batch id; a version-1 store),
  * CM_ERR_IO. With cfg->verify a damaged record is not an error: see cm_shard_writer_damaged.

@@ -19,6 +19,7 @@
 #include "cm_dtype.h"
 #include "cm_log.h"
 #include "cm_safetensors.h"
+#include "dt_ckpt_sum.h"
 
 // ---- text building
 
@@ -181,28 +182,34 @@ static cm_status make_dir(const char *path) {
     return CM_FAIL(CM_ERR_IO, "cannot create directory '%s': %s", path, strerror(errno));
 }
 
-/* Removes a flat directory of our own making (its plain files, then itself); absent is fine. */
-static cm_status remove_flat_dir(const char *path) {
+/* Removes a flat directory of our own making (its plain files, then itself); absent is fine.
+ * 0, or -1 with errno and the path that could not be removed in bad (cap bytes). */
+static int rm_flat_dir(const char *path, char *bad, size_t cap) {
     DIR *dp = opendir(path);
     if (!dp) {
-        if (errno == ENOENT)
-            return CM_OK;
-        return CM_FAIL(CM_ERR_IO, "cannot open '%s' to remove it: %s", path, strerror(errno));
+        snprintf(bad, cap, "%s", path);
+        return errno == ENOENT ? 0 : -1;
     }
     struct dirent *e;
-    char           f[4096];
     while ((e = readdir(dp)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
-        if ((size_t)snprintf(f, sizeof f, "%s/%s", path, e->d_name) >= sizeof f || unlink(f) != 0) {
+        if ((size_t)snprintf(bad, cap, "%s/%s", path, e->d_name) >= cap || unlink(bad) != 0) {
             int err = errno;
             closedir(dp);
-            return CM_FAIL(CM_ERR_IO, "cannot remove '%s': %s", f, strerror(err));
+            errno = err;
+            return -1;
         }
     }
     closedir(dp);
-    if (rmdir(path) != 0)
-        return CM_FAIL(CM_ERR_IO, "cannot remove '%s': %s", path, strerror(errno));
+    snprintf(bad, cap, "%s", path);
+    return rmdir(path);
+}
+
+static cm_status remove_flat_dir(const char *path) {
+    char bad[4096];
+    if (rm_flat_dir(path, bad, sizeof bad) != 0)
+        return CM_FAIL(CM_ERR_IO, "cannot remove '%s': %s", bad, strerror(errno));
     return CM_OK;
 }
 
@@ -342,6 +349,18 @@ fail:
     return st;
 }
 
+/* tmp/checksums.json (dt_ckpt_sum.h) over the files already written into tmp. */
+static cm_status write_sums(const char *tmp) {
+    char             *json = NULL, path[4096];
+    dt_ckpt_sum_stats ss;
+    CM_TRY(join(path, sizeof path, tmp, DT_CKPT_SUM_NAME));
+    CM_TRY(dt_ckpt_sum_build(tmp, &json, &ss));
+    cm_status st = write_file_atomic(path, json, strlen(json));
+    free(json);
+    CM_LOG_DEBUG("checksums of '%s': %.1f MB in %.3f s", tmp, (double)ss.bytes / 1e6, ss.seconds);
+    return st;
+}
+
 cm_status dt_ckpt_save(const char *run_dir, const dt_model *m, const dt_optim *o, const kn_backend *be,
                        kn_ctx *ctx, const dt_hparams *hp, const dt_train_state *ts, char *step_dir,
                        size_t cap) {
@@ -356,16 +375,22 @@ cm_status dt_ckpt_save(const char *run_dir, const dt_model *m, const dt_optim *o
 
     CM_TRY(remove_flat_dir(tmp)); /* a crashed earlier attempt */
     CM_TRY(make_dir(tmp));
-    CM_TRY(dt_ckpt_write_model(tmp, m, be, ctx));
-    CM_TRY(join(path, sizeof path, tmp, "training_state.safetensors"));
-    CM_TRY(write_state(path, o, be, ctx, hp, ts));
-    CM_TRY(fsync_path(tmp));
+    /* a failed save (a full disk) takes its step-<N>.tmp/ with it rather than leave it to the
+     * next save of step N, which may never come */
+    cm_status st = CM_OK;
+    CM_TRY_GOTO(dt_ckpt_write_model(tmp, m, be, ctx), st, fail);
+    CM_TRY_GOTO(join(path, sizeof path, tmp, "training_state.safetensors"), st, fail);
+    CM_TRY_GOTO(write_state(path, o, be, ctx, hp, ts), st, fail);
+    CM_TRY_GOTO(write_sums(tmp), st, fail); /* last: it hashes the files as written */
+    CM_TRY_GOTO(fsync_path(tmp), st, fail);
     fault_kill_in_checkpoint(ts->step);
     /* a step-<N> left by a crash between its rename and the latest update is stale: the run
      * resumed from an older latest and has just recomputed step N */
-    CM_TRY(remove_flat_dir(fin));
-    if (rename(tmp, fin) != 0)
-        return CM_FAIL(CM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno));
+    CM_TRY_GOTO(remove_flat_dir(fin), st, fail);
+    if (rename(tmp, fin) != 0) {
+        st = CM_FAIL(CM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno));
+        goto fail;
+    }
     CM_TRY(fsync_path(ckdir));
 
     char line[80];
@@ -376,6 +401,11 @@ cm_status dt_ckpt_save(const char *run_dir, const dt_model *m, const dt_optim *o
     if (step_dir && cap)
         snprintf(step_dir, cap, "%s", fin);
     return CM_OK;
+fail:
+    /* quietly: the failure that brought us here is the one to report */
+    if (rm_flat_dir(tmp, path, sizeof path) != 0)
+        CM_LOG_DEBUG("cannot remove '%s' after a failed save: %s", path, strerror(errno));
+    return st;
 }
 
 cm_status dt_ckpt_latest(const char *run_dir, char *dir, size_t cap, int *found) {
@@ -409,6 +439,58 @@ cm_status dt_ckpt_latest(const char *run_dir, char *dir, size_t cap, int *found)
         return CM_FAIL(CM_ERR_FORMAT, "'%s' names '%s', which is not a checkpoint directory", path, dir);
     *found = 1;
     return CM_OK;
+}
+
+cm_status dt_ckpt_clean(const char *run_dir) {
+    char ckdir[4096], path[4096], bad[4096];
+    CM_TRY(join(ckdir, sizeof ckdir, run_dir, "checkpoints"));
+    DIR *dp = opendir(ckdir);
+    if (!dp)
+        return errno == ENOENT ? CM_OK : CM_FAIL(CM_ERR_IO, "cannot list '%s': %s", ckdir, strerror(errno));
+    cm_status st = CM_OK;
+    for (struct dirent *e; st == CM_OK && (e = readdir(dp)) != NULL;) {
+        size_t n = strlen(e->d_name);
+        int    step_tmp =
+            strncmp(e->d_name, "step-", 5) == 0 && n > 9 && strcmp(e->d_name + n - 4, ".tmp") == 0;
+        if (!step_tmp && strcmp(e->d_name, "latest.tmp") != 0)
+            continue;
+        CM_TRY_GOTO(join(path, sizeof path, ckdir, e->d_name), st, done);
+        CM_LOG_INFO("removing '%s', left by a checkpoint that did not finish", path);
+        if ((step_tmp ? rm_flat_dir(path, bad, sizeof bad) : unlink(path)) != 0 && errno != ENOENT)
+            st = CM_FAIL(CM_ERR_IO, "cannot remove '%s' (left by a checkpoint that did not finish): %s",
+                         step_tmp ? bad : path, strerror(errno));
+    }
+done:
+    closedir(dp);
+    return st;
+}
+
+cm_status dt_ckpt_verify(const char *step_dir) {
+    int               verified = 0;
+    dt_ckpt_sum_stats ss;
+    CM_TRY(dt_ckpt_sum_verify(step_dir, &verified, &ss));
+    if (verified) {
+        const double gbs = ss.seconds > 0 ? (double)ss.bytes / ss.seconds / 1e9 : 0.0;
+        CM_LOG_INFO("verified checkpoint '%s': %.1f MB hashed in %.3f s (%.2f GB/s)", step_dir,
+                    (double)ss.bytes / 1e6, ss.seconds, gbs);
+        return CM_OK;
+    }
+    CM_LOG_WARN("checkpoint '%s' has no %s (saved before checkpoints had checksums): resuming without "
+                "verifying it; the checkpoints this run saves will have them",
+                step_dir, DT_CKPT_SUM_NAME);
+    /* what can be seen without checksums: a truncated or malformed model.safetensors (the resume
+     * reads only the training state, so nothing else would notice) */
+    char   path[4096], todo[1400];
+    cm_st *f = NULL;
+    CM_TRY(join(path, sizeof path, step_dir, "model.safetensors"));
+    cm_status st = cm_st_open_file(&f, path);
+    cm_st_destroy(&f);
+    if (st == CM_OK)
+        return CM_OK;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", cm_last_error());
+    dt_ckpt_sum_advice(step_dir, todo, sizeof todo);
+    return CM_FAIL(CM_ERR_FORMAT, "cannot resume: checkpoint '%s' is damaged: %s; %s", step_dir, why, todo);
 }
 
 // ---- loading

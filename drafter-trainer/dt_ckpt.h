@@ -9,10 +9,13 @@
  *                                        no embed_tokens, no lm_head; __metadata__ {"format": "pt"}
  *   step-<N>/training_state.safetensors  (below)
  *   latest                               one line "step-<N>": the newest complete checkpoint
+ *   step-<N>/checksums.json              XXH64 of every file, header and tensor (dt_ckpt_sum.h)
  * N is the number of optimizer steps taken. A checkpoint is written into step-<N>.tmp/ (each
- * file written to a temporary name, fsync'd and renamed), the directory is fsync'd and renamed
- * to step-<N>, the parent fsync'd, then latest is replaced the same way. A leftover
- * step-<N>.tmp/ (a crash) is never read and is cleared by the next save of step N.
+ * file written to a temporary name, fsync'd and renamed; checksums.json last), the directory
+ * is fsync'd and renamed to step-<N>, the parent fsync'd, then latest is replaced the same
+ * way. A save that fails removes its step-<N>.tmp/; one left by a crash is never read, and is
+ * removed by dt_ckpt_clean when the next trainer takes the run directory (or by the next save
+ * of step N). A resume checks the step against its checksums first (dt_ckpt_verify).
  *
  * Test only: with the environment variable TANDEM_FAULT=kill-in-checkpoint[:STEP] a save raises
  * SIGKILL after every file of step-<N>.tmp/ is written and synced and before the rename (at step
@@ -97,6 +100,17 @@ cm_status dt_ckpt_save(const char *run_dir, const dt_model *m, const dt_optim *o
 /* The directory latest names (RUN_DIR/checkpoints/step-<N>) into dir; *found = 0 (and CM_OK)
  * when RUN_DIR has no latest. CM_ERR_FORMAT if latest is malformed or names a missing dir. */
 cm_status dt_ckpt_latest(const char *run_dir, char *dir, size_t cap, int *found);
+
+/* Removes what an unfinished save left in RUN_DIR/checkpoints: step-<N>.tmp/ directories and
+ * latest.tmp, logging each. Only for the holder of the run directory's lock (another trainer's
+ * save in progress looks the same). */
+cm_status dt_ckpt_clean(const char *run_dir);
+
+/* Checks step_dir against its checksums.json before anything of it is read (dt_ckpt_sum.h):
+ * CM_ERR_FORMAT, one line naming the file and the tensor and what to do, on any mismatch.
+ * A checkpoint without checksums.json (saved before they existed) is resumed with a warning
+ * that it cannot be verified, once its model.safetensors opens as a whole file. */
+cm_status dt_ckpt_verify(const char *step_dir);
 
 /* Loads the training state of step_dir into the model's parameters (masters), the
  * optimizer's moments and step, and ts. Refuses (CM_ERR_INVALID_ARG, "cannot resume: ...")

@@ -5,8 +5,10 @@
  * the time spent getting the batch and its hidden states: files, --shards or --server, live via
  * dt_live.h with requests prefetched ahead; compute_s the rest of the step).
  * Checkpoints (dt_ckpt.h) every --save-every steps and at the end; --resume continues from
- * RUN_DIR/checkpoints/latest bit for bit, refusing other hyperparameters or data. Every buffer
- * is allocated before the first step. One thread.
+ * RUN_DIR/checkpoints/latest bit for bit, refusing other hyperparameters, other data or a
+ * checkpoint that fails its checksums. One trainer per RUN_DIR: RUN_DIR/trainer.lock (cm_lock.h)
+ * is held from before the first read of the directory to exit. Every buffer is allocated before
+ * the first step. One thread.
  * On cuda: --gpu picks the device (default LOCAL_RANK modulo the visible ones), --precision
  * the GEMM mode; with W > 1 ranks every step's gradients and statistics are all-reduced over
  * NCCL (dt_dp.h) so the ranks train one model on the global batch; --encoding nccl takes each
@@ -26,6 +28,7 @@
 #include "cm_cfg_hash.h"
 #include "cm_dtype.h"
 #include "cm_rng.h"
+#include "cm_lock.h"
 #include "cm_log.h"
 #include "cm_tb.h"
 #include "cm_safetensors.h"
@@ -107,7 +110,8 @@ static void usage(FILE *f) {
         "  --curve-server-key FILE  the server's CURVE public key (a --server on another host)\n"
         "  --curve-secret-key FILE  this trainer's CURVE secret key (default: a fresh pair; a server\n"
         "                           with --curve-client-keys needs its public key)\n"
-        "  --out RUN_DIR            metrics.jsonl and checkpoints/step-<N>/ (serving format + state)\n"
+        "  --out RUN_DIR            metrics.jsonl and checkpoints/step-<N>/ (serving format + state); one\n"
+        "                           trainer at a time (RUN_DIR/trainer.lock)\n"
         "  --epochs N               passes over the data (default 6)\n"
         "  --steps N                stop after step N (the schedule still spans every epoch)\n"
         "  --lr X                   peak learning rate (default 6e-4)\n"
@@ -120,7 +124,8 @@ static void usage(FILE *f) {
         "  --save-every N           checkpoint every N steps (default 0: only at the end)\n"
         "  --prefetch 0|1           load the next batch (files, shards) on a thread during each step\n"
         "                           (default 1; 0 loads it between steps; live servers pipeline anyway)\n"
-        "  --resume                 continue RUN_DIR from checkpoints/latest exactly\n"
+        "  --resume                 continue RUN_DIR from checkpoints/latest exactly, once its files\n"
+        "                           match their checksums (step-<N>/checksums.json)\n"
         "  --device cpu|cuda        kernel backend (default cpu)\n"
         "  --gpu N                  cuda device (default: LOCAL_RANK modulo the visible devices, else 0)\n"
         "  --precision bf16|fp32    cuda GEMM inputs in bf16 (fp32 accumulate, fp32 master weights) or\n"
@@ -428,6 +433,7 @@ typedef struct run {
     int               n_paths;
     int32_t          *order, *order_next, *anchors, *work;
     FILE             *metrics;
+    cm_lock          *lock;     /* RUN_DIR/trainer.lock, held for the whole run */
     cm_tb            *tb;       /* RUN_DIR/tb event file, unless --no-tensorboard */
     dt_progress       prog;     /* --progress display on stderr */
     int64_t           prog_end; /* the step this invocation stops at (--steps or the schedule) */
@@ -621,10 +627,13 @@ static cm_status trim_metrics(const char *path, int64_t step) {
     }
     free(line);
     fclose(f);
-    int bad = fflush(g) != 0 || fsync(fileno(g)) != 0;
+    int bad = ferror(g) || fflush(g) != 0 || fsync(fileno(g)) != 0;
     bad |= fclose(g) != 0;
-    if (bad || rename(tmp, path) != 0)
-        return CM_FAIL(CM_ERR_IO, "cannot rewrite '%s': %s", path, strerror(errno));
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return CM_FAIL(CM_ERR_IO, "cannot rewrite '%s': %s", path, strerror(e));
+    }
     return CM_OK;
 }
 
@@ -634,6 +643,39 @@ static cm_status make_run_dir(const char *path) {
         return CM_FAIL(CM_ERR_IO, "cannot create run directory '%s': %s", path, strerror(errno));
     if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return CM_FAIL(CM_ERR_IO, "run directory '%s' is not a directory", path);
+    return CM_OK;
+}
+
+/* One trainer per run directory, for its whole life, taken before anything in the directory is
+ * read or written: two would interleave their checkpoints, and a resume's trim of metrics.jsonl
+ * would rename the file under the other, whose lines then go to the orphaned inode. Under the
+ * lock, what an unfinished save or trim left behind is removed. Every data-parallel rank writes
+ * its own --out (metrics, checkpoints), so each rank takes the lock of its own. */
+static cm_status lock_run_dir(run *r) {
+    const train_args *a = &r->a;
+    struct stat       sb;
+    char              path[4096 + 32], what[4096 + 32], advice[256];
+    if (a->resume && stat(a->out, &sb) != 0 && errno == ENOENT) /* nothing to lock: refuse as below */
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot resume: '%s' has no checkpoint (%s/checkpoints/latest is missing); drop "
+                       "--resume to start a new run",
+                       a->out, a->out);
+    CM_TRY(make_run_dir(a->out));
+    snprintf(path, sizeof path, "%s/trainer.lock", a->out);
+    snprintf(what, sizeof what, "run directory '%s'", a->out);
+    if (a->dp_size > 1)
+        snprintf(advice, sizeof advice,
+                 "each data-parallel rank needs its own --out (tandem-launch gives rank r RUN_DIR/rank-<r>); "
+                 "stop the other trainer or choose another --out");
+    else
+        snprintf(advice, sizeof advice, "stop that trainer or let it finish, or choose another --out");
+    CM_TRY(cm_lock_create(&r->lock, path, what, "trainer", advice));
+    CM_TRY(dt_ckpt_clean(a->out));
+    snprintf(path, sizeof path, "%s/metrics.jsonl.tmp", a->out);
+    if (unlink(path) == 0)
+        CM_LOG_INFO("removed '%s', left by a resume that did not finish", path);
+    else if (errno != ENOENT)
+        return CM_FAIL(CM_ERR_IO, "cannot remove '%s': %s", path, strerror(errno));
     return CM_OK;
 }
 
@@ -834,6 +876,7 @@ static cm_status train(run *r) {
     CM_TRY(r->be->ctx_create(&r->ctx, &kc));
     r->device = kc.device;
 
+    CM_TRY(lock_run_dir(r));
     /* resume: find the checkpoint first, since it defines the config */
     char ckpt_latest[4096];
     snprintf(ckpt_latest, sizeof ckpt_latest, "%s/checkpoints/latest", a->out);
@@ -851,6 +894,8 @@ static cm_status train(run *r) {
                        a->out, ckpt_latest);
     if (!a->resume)
         r->resume_dir[0] = '\0';
+    else /* every byte of it, before its config or state is read */
+        CM_TRY(dt_ckpt_verify(r->resume_dir));
     CM_TRY(load_config(r));
 
     CM_TRY(dt_model_create(&r->m, &r->cfg, r->be, r->ctx));
@@ -925,7 +970,6 @@ static cm_status train(run *r) {
     if (!r->order || !r->order_next || !r->anchors || !r->work)
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the step buffers");
 
-    CM_TRY(make_run_dir(a->out));
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", a->out);
     int64_t start = 0;
     if (a->resume) {
@@ -1073,6 +1117,7 @@ static void run_release(run *r) {
     free(r->frozen_owned[0]);
     if (r->be)
         r->be->ctx_destroy(&r->ctx);
+    cm_lock_destroy(&r->lock); /* last: every file of the run is closed */
 }
 
 int dt_cmd_train(int argc, char **argv) {

@@ -22,3 +22,12 @@ if(TARGET dt)
   add_unit_test(test_dt_ckpt test_dt_ckpt.c LIBS dt TIMEOUT 300)
   add_dependencies(test_dt_ckpt drafter-trainer target-server)
 endif()
+# Integrity of a resumed checkpoint (checksums.json: flipped bits, NaN, truncation, edited
+# config, a checkpoint without checksums) and of the run directory (one trainer at a time, a
+# rank per --out, what a failed save or trim left behind).
+if(TARGET dt)
+  add_unit_test(test_dt_ckpt_sum test_dt_ckpt_sum.c LIBS dt TIMEOUT 300)
+  add_dependencies(test_dt_ckpt_sum drafter-trainer target-server)
+  add_unit_test(test_dt_rundir test_dt_rundir.c LIBS dt TIMEOUT 300)
+  add_dependencies(test_dt_rundir drafter-trainer target-server)
+endif()
