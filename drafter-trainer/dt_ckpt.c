@@ -323,6 +323,10 @@ static cm_status write_state(const char *path, const dt_optim *o, const kn_backe
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "hparams", hj), st, fail);
     snprintf(hash, sizeof hash, "%016" PRIx64, hp->data_hash);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "data_hash", hash), st, fail);
+    if (hp->target_weights) {
+        snprintf(hash, sizeof hash, "%016" PRIx64, hp->target_weights);
+        CM_TRY_GOTO(cm_st_writer_set_metadata(w, "target_weights", hash), st, fail);
+    }
     static const char *const kinds[3] = {"master", "adam_m", "adam_v"};
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < dt_optim_n_params(o); i++) {

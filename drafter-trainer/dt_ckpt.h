@@ -44,7 +44,10 @@
  *                  hparams: JSON object with lr, warmup_ratio, beta1, beta2, eps, weight_decay,
  *                  clip, loss_decay_gamma (%.17g numbers), epochs, max_anchors, n_batches,
  *                  total_steps, warmup_steps (integers), seed (decimal string),
- *                  data_hash: 16 hex digits (dt_data_hash of the batch file list)
+ *                  data_hash: 16 hex digits (dt_data_hash of the batch file list),
+ *                  target_weights: 16 hex digits, the fingerprint of the target whose hidden
+ *                  states the run trains on (cm_weights_id; absent when not known, as
+ *                  from batch files)
  * One thread; borrows everything it is given. */
 #ifndef DT_CKPT_H
 #define DT_CKPT_H
@@ -75,6 +78,7 @@ typedef struct dt_hparams {
     int64_t  n_batches, total_steps, warmup_steps;
     uint64_t seed;
     uint64_t data_hash;
+    uint64_t target_weights; /* 0: not known (not written) */
 } dt_hparams;
 
 /* Where training stands after a step. */

@@ -815,6 +815,27 @@ static cm_status check_resume_dp(run *r) {
     return CM_OK;
 }
 
+/* A run trains on one target's hidden states: a resume whose --target has other weights than
+ * the checkpoint recorded would mix two targets in one drafter. */
+static cm_status check_resume_target(run *r) {
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/training_state.safetensors", r->resume_dir);
+    cm_st *f = NULL;
+    if (!r->weights_id || cm_st_open_file(&f, path) != CM_OK) {
+        cm_clear_error();
+        return CM_OK; /* nothing to compare here, or dt_ckpt_load reports it */
+    }
+    const char *h = cm_st_metadata(f, "target_weights");
+    uint64_t    saved = h ? strtoull(h, NULL, 16) : 0;
+    cm_st_destroy(&f);
+    if (!saved || saved == r->weights_id)
+        return CM_OK;
+    return CM_FAIL(CM_ERR_INVALID_ARG,
+                   "cannot resume: '%s' was trained on the hidden states of target weights %016llx, but --target "
+                   "'%s' has weights %016llx; resume with the run's target, or start a new --out",
+                   r->resume_dir, (unsigned long long)saved, r->a.target, (unsigned long long)r->weights_id);
+}
+
 static cm_status save(run *r, int64_t step) {
     set_next_rng(r, step);
     char dir[4096];
@@ -947,6 +968,7 @@ static cm_status train(run *r) {
     hp->warmup_steps = dt_optim_warmup_steps(hp->total_steps, hp->warmup_ratio);
     hp->seed = a->seed;
     hp->data_hash = dt_data_hash(r->data);
+    hp->target_weights = r->weights_id;
 
     int              np = dt_model_n_params(r->m);
     const dt_param **params = malloc((size_t)np * sizeof *params);
@@ -974,6 +996,7 @@ static cm_status train(run *r) {
     int64_t start = 0;
     if (a->resume) {
         CM_TRY(check_resume_dp(r));
+        CM_TRY(check_resume_target(r));
         CM_TRY(dt_ckpt_load(r->resume_dir, hp, r->m, r->o, r->be, r->ctx, &r->ts));
         dt_train_state saved = r->ts;
         set_next_rng(r, saved.step);

@@ -3,7 +3,9 @@
  * original's --name, is refused
  *   a. by a live run whose server was SIGKILLed and came back on the copy at the same endpoint,
  *   b. by a fresh run whose --target is the original (before any step),
- *   c. by training from shards precomputed from the copy;
+ *   c. by training from shards precomputed from the copy,
+ *   d. by a --resume of a run trained on the copy with the original as --target (and its
+ *      server);
  * and accepted by a run whose --target is the copy. `status` shows the fingerprint. */
 #include <signal.h>
 #include <stdio.h>
@@ -44,7 +46,7 @@ static void stop(pid_t pid, int sig) {
 
 /* train RUN against --server ep (or --shards dir), --target target; stderr into RUN.err. */
 static pid_t train_start(const char *run, const char *target, const char *ep, const char *shards,
-                         const char *epochs) {
+                         const char *epochs, int resume) {
     char out[512], err[600];
     snprintf(out, sizeof out, "%s/%s", tmp, run);
     snprintf(err, sizeof err, "%s/%s.err", tmp, run);
@@ -53,7 +55,7 @@ static pid_t train_start(const char *run, const char *target, const char *ep, co
                     "--epochs",     (char *)epochs,  "--seed",       "3",         "--lr",
                     "3e-3",         "--max-anchors", "16",           "--log-level", "warn",
                     "--no-tensorboard", "--progress", "off",         ep ? "--server" : "--shards",
-                    (char *)(ep ? ep : shards), "--timeout-ms", "20000", NULL};
+                    (char *)(ep ? ep : shards), "--timeout-ms", "20000", resume ? "--resume" : NULL, NULL};
     return tst_spawn(argv, err);
 }
 
@@ -122,7 +124,7 @@ int main(void) {
     /* a. the server dies mid-run and comes back at the same endpoint with other weights */
     pid_t s1 = serve(DTD_MODEL, "tcp://127.0.0.1:*", "orig", ep, sizeof ep);
     TST_CHECK(s1 > 0);
-    pid_t tr = train_start("reconnect", DTD_MODEL, ep, NULL, "40");
+    pid_t tr = train_start("reconnect", DTD_MODEL, ep, NULL, "40", 0);
     for (int i = 0; i < 6000 && metrics_lines("reconnect") < 3 && tst_wait_exit(tr, 0) < 0; i++) tst_sleep_ms(10);
     int before = metrics_lines("reconnect");
     TST_CHECK(before >= 3);
@@ -138,10 +140,10 @@ int main(void) {
     if (rc < 0) stop(tr, SIGKILL);
 
     /* b. a fresh run of the original against the copy: refused at connect */
-    rc = tst_wait_exit(train_start("fresh", DTD_MODEL, ep, NULL, "1"), 60000);
+    rc = tst_wait_exit(train_start("fresh", DTD_MODEL, ep, NULL, "1", 0), 60000);
     TST_CHECK(refused_for_weights("fresh", rc) && metrics_lines("fresh") == 0);
     /* the copy's own trainer is served */
-    rc = tst_wait_exit(train_start("copy", perturbed, ep, NULL, "1"), 60000);
+    rc = tst_wait_exit(train_start("copy", perturbed, ep, NULL, "1", 0), 60000);
     TST_CHECK(rc == 0 && metrics_lines("copy") == N_BATCHES);
     if (rc != 0) fprintf(stderr, "copy: exit %d\n%s\n", rc, err_of("copy"));
 
@@ -160,11 +162,22 @@ int main(void) {
     rc = tst_run(pargv, log);
     TST_CHECK(rc == 0);
     if (rc != 0) fprintf(stderr, "precompute: exit %d\n%s\n", rc, tst_slurp(log));
-    rc = tst_wait_exit(train_start("shards", DTD_MODEL, NULL, store, "1"), 60000);
+    rc = tst_wait_exit(train_start("shards", DTD_MODEL, NULL, store, "1", 0), 60000);
     TST_CHECK(refused_for_weights("shards", rc) && metrics_lines("shards") == 0);
-    rc = tst_wait_exit(train_start("shards-copy", perturbed, NULL, store, "1"), 60000);
+    rc = tst_wait_exit(train_start("shards-copy", perturbed, NULL, store, "1", 0), 60000);
     TST_CHECK(rc == 0 && metrics_lines("shards-copy") == N_BATCHES);
     stop(s2, SIGTERM);
+
+    /* d. the run trained on the copy, resumed with the original as --target against its server */
+    char ep3[256];
+    pid_t s3 = serve(DTD_MODEL, "tcp://127.0.0.1:*", "orig-again", ep3, sizeof ep3);
+    TST_CHECK(s3 > 0);
+    rc = tst_wait_exit(train_start("copy", DTD_MODEL, ep3, NULL, "2", 1), 60000);
+    const char *e = err_of("copy");
+    TST_CHECK(rc == 1 && strstr(e, "cannot resume") && strstr(e, "trained on the hidden states of target weights"));
+    TST_CHECK(metrics_lines("copy") == N_BATCHES);
+    if (rc == 1) fprintf(stderr, "resume refused: %s", strstr(e, "train:") ? strstr(e, "train:") : e);
+    stop(s3, SIGTERM);
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (tst_failures == 0 && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
