@@ -320,6 +320,12 @@ static int parse_args(int argc, char **argv, pc_args *a) {
         fprintf(stderr, "drafter-trainer precompute: give one of --data, --data-dir and --dataset\n");
         return 2;
     }
+    char what[96];
+    snprintf(what, sizeof what, "--name '%.70s'", a->name);
+    if (cm_proto_name_check(what, a->name) != CM_OK) { /* the server sees it: the wire's rules */
+        fprintf(stderr, "drafter-trainer precompute: %s\n", cm_last_error());
+        return 2;
+    }
     return 0;
 }
 

@@ -432,6 +432,9 @@ static void test_bad_flags(void) {
     char *a3[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok,
                   "--layers", "1,99",       "--out",    dir,      NULL};
     TST_CHECK(tst_run(a3, err) == 1 && strstr(tst_slurp(err), "outside target") != NULL);
+    char *a5[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, "--layers",
+                  "1",        "--out",      dir,        "--name", "a/b",    NULL};
+    TST_CHECK(tst_run(a5, err) == 2 && strstr(tst_slurp(err), "--name 'a/b'") != NULL);
     /* no server: a progress line every 5 s while connecting, then the timeout */
     char *a4[] = {DTD_DT_BIN, "precompute", "--server", "tcp://127.0.0.1:1", "--data", csv_tok, "--layers",
                   "1",        "--out",      dir,        "--timeout-ms",      "5800",   NULL};
