@@ -551,6 +551,17 @@ static cm_status drafter_taps(cm_drafter_cfg *cfg, const cfg_obj *dc) {
                            dc->origin, derived ? "derived" : "dflash_config.target_layer_ids:", id, i,
                            cfg->num_target_layers, derived ? "; set dflash_config.target_layer_ids" : "");
     }
+    /* each tap is one layer's hidden state: a repeat would ask the server for a layer twice
+     * (refused mid-run) and, from shards, train on a duplicated feature block */
+    for (int i = 1; i < cfg->n_taps; i++)
+        for (int j = 0; j < i; j++)
+            if (cfg->target_layer_ids[i] == cfg->target_layer_ids[j])
+                return CM_FAIL(CM_ERR_FORMAT,
+                               "'%s': %s target layer id %d appears twice (taps %d and %d); each tap must be "
+                               "a different layer%s",
+                               dc->origin, derived ? "derived" : "dflash_config.target_layer_ids:",
+                               cfg->target_layer_ids[i], j, i,
+                               derived ? "; set dflash_config.target_layer_ids" : "");
     return CM_OK;
 }
 

@@ -1,7 +1,8 @@
 /* common/cm_chan.c — the parts of cm_chan both ends share: ZeroMQ failure conversion, the
- * clock, CURVE key files (Z85 text; secret keys written 0600 and never logged or echoed) and
- * the endpoint check behind "loopback unless CURVE". The session logic lives in
- * cm_chan_server.c and cm_chan_client.c. */
+ * clock, CURVE key files (Z85 text; secret keys written 0600 and never logged or echoed), the
+ * endpoint check behind "loopback unless CURVE" and the server's bind checks (an ipc:// path
+ * held by a live server, tcp://localhost). The session logic lives in cm_chan_server.c and
+ * cm_chan_client.c. */
 #include "cm_chan_int.h"
 
 #include <errno.h>
@@ -10,10 +11,14 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
+
+#include "cm_log.h"
 
 // ----------------------------------------------------------------------------
 // ZeroMQ helpers
@@ -215,6 +220,79 @@ cm_status cm_chan_endpoint_check(const char *ep, int *local) {
         if (ok && dots == 3 && digits > 0 && digits <= 3)
             *local = 1;
     }
+    return CM_OK;
+}
+
+/* libzmq's ipc bind unlinks whatever is at the path first, so binding a path that a running
+ * server holds takes its endpoint over (and the file goes with the newcomer). A connect tells
+ * a listener from a file a dead server left behind: a listener accepts (or its backlog is full:
+ * EAGAIN, the socket being non-blocking), a stale file refuses. A server that is stopping may
+ * hold its listener a moment longer (libzmq closes it on its I/O thread), hence the re-tries. */
+static cm_status ipc_path_free(const char *ep, const char *path) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat        sb;
+    if (path[0] == '@' || path[0] == '*' || strlen(path) >= sizeof sa.sun_path)
+        return CM_OK; /* abstract names refuse a second bind themselves; zmq reports long paths */
+    if (lstat(path, &sb) != 0)
+        return errno == ENOENT
+                   ? CM_OK
+                   : CM_FAIL(CM_ERR_IO, "cannot bind '%s': cannot stat '%s': %s", ep, path, strerror(errno));
+    if (!S_ISSOCK(sb.st_mode))
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot bind '%s': '%s' exists and is not a socket (binding would delete it); "
+                       "bind another path",
+                       ep, path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    for (int attempt = 0;; attempt++) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return CM_FAIL(CM_ERR_IO, "cannot bind '%s': cannot create a socket to probe '%s': %s", ep, path,
+                           strerror(errno));
+        int          rc = connect(fd, (const struct sockaddr *)&sa, sizeof sa), e = errno;
+        struct ucred cr = {0};
+        socklen_t    crl = sizeof cr;
+        if (rc != 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crl) != 0)
+            cr.pid = 0;
+        close(fd);
+        if (rc != 0 && (e == ECONNREFUSED || e == ENOENT)) {
+            if (e == ECONNREFUSED)
+                CM_LOG_INFO(
+                    "'%s' is a socket file no server listens on (left by one that died); replacing it", path);
+            return CM_OK;
+        }
+        if (rc != 0 && e != EAGAIN)
+            return CM_FAIL(CM_ERR_IO,
+                           "cannot bind '%s': cannot tell whether a server listens on '%s' (connect: %s); "
+                           "remove the file if none does, or bind another path",
+                           ep, path, strerror(e));
+        if (attempt == 4) {
+            char who[48] = "another server";
+            if (cr.pid > 0)
+                snprintf(who, sizeof who, "another server (pid %d)", (int)cr.pid);
+            return CM_FAIL(CM_ERR_ZMQ,
+                           "cannot bind '%s': %s is listening on the socket file '%s'; stop it first, or "
+                           "bind another path",
+                           ep, who, path);
+        }
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int cm_chan_endpoint_ipv6_(const char *ep) {
+    return ep && strncmp(ep, "tcp://[", 7) == 0;
+}
+
+cm_status cm_chan_bind_check_(const char *ep) {
+    if (strncmp(ep, "ipc://", 6) == 0)
+        return ipc_path_free(ep, ep + 6);
+    /* libzmq binds an IP address, '*' or an interface name: a host name fails with "No such
+     * device", so the one a loopback bind is likely to be given gets its fix here */
+    if (strncmp(ep, "tcp://localhost:", 16) == 0)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot bind '%s': ZeroMQ binds an IP address or an interface name, not a host name; "
+                       "bind tcp://127.0.0.1:%s",
+                       ep, ep + 16);
     return CM_OK;
 }
 

@@ -15,9 +15,9 @@
  * except ANSWER: two parts, HEAD (header + descriptors) and DATA (the tensors' encoded bytes;
  * sent zero-copy). Any other shape is refused as a protocol error.
  *
- * Security. The server binds loopback (tcp://127.0.0.1, tcp://localhost, tcp://[::1]) or
- * ipc:// unless CURVE keys are configured: a secret key for the server and a directory of the
- * client public keys it accepts (checked by a ZAP handler). Key files are Z85 text (40
+ * Security. The server binds loopback (tcp://127.0.0.1 or tcp://[::1]; trainers may also
+ * connect to tcp://localhost) or ipc:// unless CURVE keys are configured: a secret key for the
+ * server and a directory of the client public keys it accepts (checked by a ZAP handler). Key files are Z85 text (40
  * characters on the first line that is not a '#' comment); secret keys are never logged. */
 #ifndef CM_CHAN_H
 #define CM_CHAN_H
@@ -168,6 +168,9 @@ typedef struct cm_chan_server_config {
 
 /* Checks the config (a non-loopback endpoint needs curve_secret_key and curve_client_keys;
  * CURVE needs a libzmq with CURVE), loads the keys and binds. Nothing is served before run().
+ * An ipc:// path on which a server listens, or that holds a file other than a socket, is
+ * refused (a socket file no one listens on is replaced); destroy removes the socket file only
+ * while it is still the one this server bound. tcp://localhost is refused (use 127.0.0.1).
  * CM_ERR_INVALID_ARG, CM_ERR_UNSUPPORTED, CM_ERR_IO/FORMAT (keys), CM_ERR_ZMQ (bind). Caller
  * destroys with cm_chan_server_destroy. */
 cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_config *cfg);

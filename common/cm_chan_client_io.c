@@ -231,6 +231,8 @@ static cm_status open_socket(cm_chan_client *c, int64_t now) {
         return CM_ZMQ(-1);
     CM_TRY(CM_ZMQ(zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->ident, strlen(c->ident))));
     CM_TRY(cm_chan_set_int(c->sock, ZMQ_LINGER, 0));
+    if (cm_chan_endpoint_ipv6_(c->endpoint))
+        CM_TRY(cm_chan_set_int(c->sock, ZMQ_IPV6, 1));
     CM_TRY(cm_chan_set_i64(c->sock, ZMQ_MAXMSGSIZE, (int64_t)c->cfg.max_answer_bytes + (1 << 20)));
     if (c->curve) {
         CM_TRY(CM_ZMQ(zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->server_key, CM_CHAN_KEY_LEN + 1)));

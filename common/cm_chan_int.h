@@ -37,6 +37,15 @@ void cm_chan_fmt(char *dst, size_t cap, const char *fmt, ...)
 #endif
     ;
 
+/* 1 for a tcp:// endpoint with a bracketed IPv6 host ([::1]): its socket needs ZMQ_IPV6, without
+ * which libzmq fails to bind it ("No such device") and to connect it. */
+int cm_chan_endpoint_ipv6_(const char *endpoint);
+
+/* The server's checks of a bind endpoint beyond cm_chan_endpoint_check (cm_chan.c): an ipc://
+ * path must not be held by a live listener (a stale socket file may be replaced) nor be a file
+ * other than a socket; tcp://localhost is refused with the address to use instead. */
+cm_status cm_chan_bind_check_(const char *endpoint);
+
 /* Copies a message into an ERROR's message field: control bytes become spaces, cut at
  * CM_PROTO_MESSAGE_MAX bytes. */
 void cm_chan_error_text(char *dst, const char *src);

@@ -358,6 +358,7 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
             cfg->endpoint);
     if (cfg->curve_secret_key)
         CM_TRY(cm_chan_curve_require("--curve-secret-key"));
+    CM_TRY(cm_chan_bind_check_(cfg->endpoint));
     cm_chan_server *s = calloc(1, sizeof *s);
     if (!s)
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the server");
@@ -461,6 +462,8 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_ROUTER_MANDATORY, 1), st, fail);
     CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_ROUTER_HANDOVER, 1), st, fail);
     CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_LINGER, 2000), st, fail);
+    if (cm_chan_endpoint_ipv6_(cfg->endpoint))
+        CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_IPV6, 1), st, fail);
     CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_SNDHWM, (int)(4 * s->cfg.credits + 64)), st, fail);
     CM_TRY_GOTO(
         cm_chan_set_i64(s->router, ZMQ_MAXMSGSIZE, CM_PROTO_HEADER_SIZE + (int64_t)s->lim.max_body_bytes), st,
@@ -478,8 +481,11 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     }
     if (zmq_bind(s->router, cfg->endpoint) != 0) {
         int e = zmq_errno();
-        st = CM_FAIL(CM_ERR_ZMQ, "cannot bind '%s': %s%s", cfg->endpoint, zmq_strerror(e),
-                     e == EADDRINUSE ? " (another server runs there? choose another port)" : "");
+        st =
+            CM_FAIL(CM_ERR_ZMQ, "cannot bind '%s': %s%s", cfg->endpoint, zmq_strerror(e),
+                    e == EADDRINUSE ? " (another server runs there? choose another port)"
+                    : e == ENODEV ? " (a bind takes an IP address, '*' or an interface name, not a host name)"
+                                  : "");
         goto fail;
     }
     size_t el = sizeof s->endpoint;

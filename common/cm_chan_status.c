@@ -31,6 +31,8 @@ cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_ke
     cm_status st = sock ? CM_OK : CM_ZMQ(-1);
     if (st == CM_OK)
         st = cm_chan_set_int(sock, ZMQ_LINGER, 0);
+    if (st == CM_OK && cm_chan_endpoint_ipv6_(endpoint))
+        st = cm_chan_set_int(sock, ZMQ_IPV6, 1);
     if (st == CM_OK)
         st = cm_chan_set_i64(sock, ZMQ_MAXMSGSIZE, CM_PROTO_HEADER_SIZE + 4 + CM_PROTO_STATUS_MAX);
     if (st == CM_OK && curve_server_key) {

@@ -134,6 +134,10 @@ static size_t safe_strlen(const char *s, size_t max) {
     return n;
 }
 
+cm_status cm_proto_name_check(const char *what, const char *name) {
+    return check_name(what, "the name", name ? name : "", name ? strlen(name) : 0, CM_ERR_INVALID_ARG);
+}
+
 // ----------------------------------------------------------------------------
 // header
 

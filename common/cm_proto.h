@@ -165,6 +165,9 @@ const char *cm_encoding_name(int enc);     /* "raw", "zstd", "zstd-byteplane", "
 const char *cm_proto_error_name(int code); /* "bad-request", ...; "unknown" */
 /* Parses an encoding name (as cm_encoding_name spells it); CM_ERR_INVALID_ARG naming the choices. */
 cm_status cm_encoding_parse(const char *name, cm_encoding *out);
+/* Checks a name (trainer, target) by the wire's rules: 1 to CM_PROTO_NAME_MAX bytes of
+ * A-Z a-z 0-9 _ . -; CM_ERR_INVALID_ARG with a message that starts with `what` (e.g. a flag). */
+cm_status cm_proto_name_check(const char *what, const char *name);
 
 /* Bounds applied by the decoders before anything is used or allocated; both sides configure
  * them (the server from its model and memory budget, the trainer from its batch size). */

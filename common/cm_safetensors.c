@@ -92,6 +92,39 @@ static cm_status index_build(const cm_st_tensor *t, int n, const cm_st_tensor **
     return CM_OK;
 }
 
+static int cmp_by_offset(const void *a, const void *b) {
+    const cm_st_tensor *x = *(const cm_st_tensor *const *)a, *y = *(const cm_st_tensor *const *)b;
+    uintptr_t           px = (uintptr_t)x->data, py = (uintptr_t)y->data;
+    return px < py ? -1 : px > py ? 1 : x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+/* Two tensors of one file whose bytes overlap (a writing to one would change the other, and
+ * their values cannot both be what the file means): sorted by start, each non-empty range must
+ * begin at or after the furthest end before it. O(n log n); *a = NULL when none overlap. */
+static cm_status overlap_find(const cm_st_tensor *t, int n, const cm_st_tensor **a, const cm_st_tensor **b) {
+    *a = *b = NULL;
+    const cm_st_tensor **by = malloc((size_t)(n > 0 ? n : 1) * sizeof *by);
+    if (!by)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the offset index of %d tensors", n);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (t[i].nbytes)
+            by[m++] = &t[i];
+    qsort(by, (size_t)m, sizeof *by, cmp_by_offset);
+    const cm_st_tensor *reach = NULL; /* the tensor that ends furthest so far */
+    for (int i = 0; i < m && !*a; i++) {
+        const uint8_t *start = by[i]->data;
+        if (reach && start < (const uint8_t *)reach->data + reach->nbytes) {
+            *a = reach;
+            *b = by[i];
+        } else if (!reach || start + by[i]->nbytes > (const uint8_t *)reach->data + reach->nbytes) {
+            reach = by[i];
+        }
+    }
+    free(by);
+    return CM_OK;
+}
+
 static const cm_st_tensor *index_find(const cm_st_tensor *const *idx, int n, const char *name) {
     cm_st_tensor               key = {.name = name};
     const cm_st_tensor        *pkey = &key;
@@ -286,8 +319,21 @@ static cm_status file_parse(st_file *f, const char *note) {
     }
     const char *dup;
     CM_TRY_GOTO(index_build(f->tensors, f->n_tensors, &f->by_name, &dup), st, fail);
-    if (dup)
+    if (dup) {
         st = ST_FAIL(CM_ERR_FORMAT, note, "'%s': duplicate tensor '%s' in the header", f->path, dup);
+        goto fail;
+    }
+    const cm_st_tensor *oa, *ob;
+    CM_TRY_GOTO(overlap_find(f->tensors, f->n_tensors, &oa, &ob), st, fail);
+    if (oa) {
+        const uint8_t *ra = oa->data, *rb = ob->data;
+        st =
+            ST_FAIL(CM_ERR_FORMAT, note,
+                    "'%s': tensors '%s' (data_offsets [%zu, %zu]) and '%s' ([%zu, %zu]) overlap; each tensor "
+                    "needs bytes of its own (a corrupt or hand-made file)",
+                    f->path, oa->name, (size_t)(ra - data), (size_t)(ra - data) + oa->nbytes, ob->name,
+                    (size_t)(rb - data), (size_t)(rb - data) + ob->nbytes);
+    }
 fail:
     cJSON_Delete(root);
     return st;

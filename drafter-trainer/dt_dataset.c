@@ -134,6 +134,16 @@ static cm_status read_jsonl(dt_docs *d, const char *path) {
     ssize_t   len;
     while ((len = getline(&buf, &cap, f)) >= 0) {
         line++;
+        /* text is read as C strings from here on: a NUL would end the line early, and a line
+         * that starts with one would pass as blank (a document lost without a word) */
+        const char *nul = memchr(buf, '\0', (size_t)len);
+        if (nul) {
+            st = CM_FAIL(CM_ERR_FORMAT,
+                         "'%s' line %lld: NUL byte at byte %lld of the line; JSONL is text (a tokenized binary "
+                         "dataset must be named *.safetensors)",
+                         path, (long long)line, (long long)(nul - buf));
+            goto fail;
+        }
         if (blank(buf))
             continue;
         const char *end = NULL;

@@ -8,7 +8,8 @@
  *     input_ids   non-empty array of integers in [0, 2^31)        the document's tokens
  *     loss_mask   optional array of 0/1 (or false/true), one per id; 1 = the token is supervised
  *                 (an assistant token); absent = every token supervised
- *   Other keys are ignored; blank lines are ignored. Errors name the file and the line number.
+ *   Other keys are ignored; blank lines are ignored; a NUL byte anywhere is an error. Errors name
+ *   the file and the line number.
  *
  * Binary (name ending in .safetensors): a safetensors file holding
  *   input_ids     I32 [total]   every document's tokens, concatenated, each in [0, 2^31)

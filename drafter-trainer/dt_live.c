@@ -4,12 +4,14 @@
  * compute in parallel and the assignment, like the data order, depends on the step alone.
  * Prefetched requests sit in a ring in step order; their answers are held (lent by their
  * client) until their step's get(), which widens the taps to F32 in target_layer_ids order. Each request's token fingerprint (cm_shard_batch_hash) is compared with the tokens
- * the trainer loaded, so an answer is never used for other tokens. */
+ * the trainer loaded, so an answer is never used for other tokens. dt_live_connect (also used by
+ * precompute) waits for a server's WELCOME and says every few seconds what it is waiting for. */
 #include "dt_live.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cm_cfg_hash.h"
@@ -58,6 +60,38 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+cm_status dt_live_connect(cm_chan_client *cl, const char *ep, int64_t timeout_ms,
+                          const volatile sig_atomic_t *stop, cm_proto_welcome *out) {
+    const double t0 = now_s();
+    double       next = DT_CONNECT_PROGRESS_MS / 1000.0;
+    for (;;) {
+        /* short waits: the stop flag and the progress lines get a turn */
+        double    left = (double)timeout_ms / 1000.0 - (now_s() - t0);
+        int       slice = left <= 0 ? 0 : left < 0.2 ? (int)(left * 1000.0) + 1 : 200;
+        cm_status st = cm_chan_client_wait_ready(cl, slice, out);
+        if (st != CM_ERR_TIMEOUT)
+            return st;
+        cm_chan_client_stats cs;
+        cm_chan_client_get_stats(cl, &cs);
+        /* the client's own "no WELCOME" problem carries the hint; before it, nothing was heard */
+        const char *problem = cs.last_problem[0]
+                                  ? cs.last_problem
+                                  : "nothing heard yet (is `target-server serve` running there?)";
+        double      waited = now_s() - t0;
+        if ((stop && *stop) || waited * 1000.0 >= (double)timeout_ms)
+            return CM_FAIL(CM_ERR_TIMEOUT, "last problem: %s", problem);
+        if (waited >= next) {
+            struct stat sb;
+            int         no_file = strncmp(ep, "ipc://", 6) == 0 && ep[6] != '@' && stat(ep + 6, &sb) != 0;
+            CM_LOG_WARN("connecting to '%s': no WELCOME after %.0f s of %.0f s (--timeout-ms %lld); %slast "
+                        "problem: %s",
+                        ep, waited, (double)timeout_ms / 1000.0, (long long)timeout_ms,
+                        no_file ? "no socket file at that path; " : "", problem);
+            next += DT_CONNECT_PROGRESS_MS / 1000.0;
+        }
+    }
 }
 
 void dt_live_destroy(dt_live **l) {
@@ -221,7 +255,7 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
     for (int c = 0; c < s->n_cl; c++) { /* the servers start up in parallel; then each is checked */
         const char      *ep = s->endpoints[c];
         cm_proto_welcome w;
-        st = cm_chan_client_wait_ready(s->cls[c], cfg->timeout_ms, &w);
+        st = dt_live_connect(s->cls[c], ep, cfg->timeout_ms, NULL, &w);
         if (st == CM_ERR_TIMEOUT) {
             char why[512];
             snprintf(why, sizeof why, "%s", cm_last_error());

@@ -16,8 +16,10 @@
 #ifndef DT_LIVE_H
 #define DT_LIVE_H
 
+#include <signal.h>
 #include <stdint.h>
 
+#include "cm_chan.h"
 #include "cm_proto.h"
 #include "cm_status.h"
 #include "dt_data.h"
@@ -53,6 +55,17 @@ typedef struct dt_live_config {
  * CM_ERR_INVALID_ARG naming the difference and the fix, CM_ERR_TIMEOUT when no server
  * answered. Caller destroys. */
 cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok);
+
+#define DT_CONNECT_PROGRESS_MS 5000 /* a "still connecting" line this often while no WELCOME came */
+
+/* Waits up to timeout_ms for cl's session with the server at endpoint and copies its WELCOME
+ * into out (may be NULL), logging a warning every DT_CONNECT_PROGRESS_MS while none has come
+ * (the endpoint, the time so far, the deadline, the last connection problem and a hint), so a
+ * trainer started before its server (or pointed at the wrong one) says what it waits for.
+ * CM_ERR_TIMEOUT at the deadline, or as soon as *stop (may be NULL) is nonzero, with the last
+ * problem in cm_last_error(); a refusal's status otherwise (cm_chan_client_wait_ready). */
+cm_status dt_live_connect(cm_chan_client *cl, const char *endpoint, int64_t timeout_ms,
+                          const volatile sig_atomic_t *stop, cm_proto_welcome *out);
 void      dt_live_destroy(dt_live **l); /* NULL-safe; sets *l = NULL */
 
 /* The plan: steps start .. end − 1 of the run, epoch e = step / dt_data_steps_per_epoch

@@ -23,6 +23,7 @@
 #include "cm_proto.h"
 #include "cm_shard.h"
 #include "dt_cmd.h"
+#include "dt_live.h" /* dt_live_connect */
 
 // ----------------------------------------------------------------------------
 // the shard source
@@ -437,6 +438,12 @@ static int parse_args(int argc, char **argv, pc_args *a) {
         fprintf(stderr, "drafter-trainer precompute: give one of --data, --data-dir and --dataset\n");
         return 2;
     }
+    char what[96];
+    snprintf(what, sizeof what, "--name '%.70s'", a->name);
+    if (cm_proto_name_check(what, a->name) != CM_OK) { /* the server sees it: the wire's rules */
+        fprintf(stderr, "drafter-trainer precompute: %s\n", cm_last_error());
+        return 2;
+    }
     return 0;
 }
 
@@ -546,11 +553,7 @@ static cm_status precompute(pc_run *r) {
     CM_TRY(cm_chan_client_create(&r->cl, &cc));
     cm_proto_welcome wl;
     cm_status        st;
-    for (int64_t waited = 0;; waited += 200) { /* wait for the server, but stop on a signal */
-        st = cm_chan_client_wait_ready(r->cl, 200, &wl);
-        if (st != CM_ERR_TIMEOUT || g_signal || waited + 200 >= a->timeout_ms)
-            break;
-    }
+    st = dt_live_connect(r->cl, a->server, a->timeout_ms, &g_signal, &wl); /* stops on a signal */
     if (g_signal)
         return CM_OK;
     if (st == CM_ERR_TIMEOUT) {

@@ -784,6 +784,12 @@ int ts_serve_main(int argc, char **argv) {
                a.keygen, a.keygen);
         return 0;
     }
+    char what[96];
+    snprintf(what, sizeof what, "--name '%.70s'", a.name ? a.name : "");
+    if (a.name && cm_proto_name_check(what, a.name) != CM_OK) { /* trainers see it: the wire's rules */
+        fprintf(stderr, "target-server serve: %s\n", cm_last_error());
+        return 2;
+    }
     if (!a.model) {
         fprintf(stderr, "target-server serve: --model DIR is required (or --init random --config FILE; see --help)\n");
         return 2;

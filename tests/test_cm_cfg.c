@@ -370,7 +370,7 @@ static void test_drafter_good(void) {
         {36, 5, {1, 9, 17, 25, 33}},
         {32, 5, {1, 8, 15, 22, 29}},
         {40, 5, {1, 10, 19, 28, 37}},
-        {7, 5, {1, 2, 2, 3, 4}} /* 2.5 rounds to 2 */,
+        {10, 5, {1, 2, 4, 6, 7}} /* 2.5 rounds to 2, 5.5 to 6 */,
         {40, 1, {20}},
     };
     for (size_t k = 0; k < sizeof def / sizeof def[0]; k++) {
@@ -424,6 +424,19 @@ static void test_drafter_bad(void) {
     TST_FAILS(drafter_of(
                   edit(edit(dflash(), "dflash_config.target_layer_ids", NULL), "num_target_layers", "2"), &d),
               CM_ERR_FORMAT, "derived target layer id", "set dflash_config.target_layer_ids");
+    // a layer tapped twice: the server refuses it mid-run, shards would train on it twice
+    TST_FAILS(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[5, 5]"), &d), CM_ERR_FORMAT,
+              "target layer id 5 appears twice (taps 0 and 1)");
+    TST_FAILS(drafter_of(edit(dflash(), "dflash_config.target_layer_ids", "[1, 16, 31, 16]"), &d),
+              CM_ERR_FORMAT, "target layer id 16 appears twice (taps 1 and 3)");
+    /* 5 taps spread over 7 layers: 1, 1.75, 2.5, 3.25, 4 round to 1, 2, 2, 3, 4 */
+    TST_FAILS(drafter_of(edit(edit(edit(edit(dflash(), "dflash_config.target_layer_ids", NULL),
+                                        "num_target_layers", "7"),
+                                   "num_hidden_layers", "5"),
+                              "layer_types", NULL),
+                         &d),
+              CM_ERR_FORMAT, "derived target layer id 2 appears twice (taps 1 and 2)",
+              "set dflash_config.target_layer_ids");
     TST_FAILS(drafter_of(edit(dflash(), "num_target_layers", NULL), &d), CM_ERR_FORMAT,
               "missing field 'num_target_layers'");
     TST_FAILS(drafter_of(edit(dflash(), "dflash_config.num_target_layers", "48"), &d), CM_ERR_FORMAT,

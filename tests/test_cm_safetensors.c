@@ -529,6 +529,27 @@ static void test_bad_files(void) {
          CM_ERR_FORMAT,
          {"tensor 'a' data_offsets must be [begin, end]"}},
         {"duplicate", NULL, 16, CM_ERR_FORMAT, {"duplicate tensor 'w'"}},
+        /* byte ranges that overlap: two tensors aliasing each other's bytes */
+        {"overlap",
+         "{\"a\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]},"
+         " \"b\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [8, 24]}}",
+         24,
+         CM_ERR_FORMAT,
+         {"tensors 'a' (data_offsets [0, 16]) and 'b' ([8, 24]) overlap"}},
+        {"overlap-inside",
+         "{\"s\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [16, 20]},"
+         " \"c\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [64, 68]},"
+         " \"big\": {\"dtype\": \"F32\", \"shape\": [16], \"data_offsets\": [0, 64]}}",
+         68,
+         CM_ERR_FORMAT,
+         {"tensors 'big' (data_offsets [0, 64]) and 's' ([16, 20]) overlap"}},
+        {"overlap-same",
+         "{\"x\": {\"dtype\": \"BF16\", \"shape\": [2], \"data_offsets\": [4, 8]},"
+         " \"p\": {\"dtype\": \"U8\", \"shape\": [4], \"data_offsets\": [0, 4]},"
+         " \"y\": {\"dtype\": \"I32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
+         8,
+         CM_ERR_FORMAT,
+         {"' ([4, 8]) overlap", "(data_offsets [4, 8]) and '"}},
         {"empty-name",
          "{\"\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}",
          1,
@@ -563,6 +584,17 @@ static void test_bad_files(void) {
         TST_FILE_FAILS(path, cases[i].st, name, cases[i].words[0],
                        cases[i].words[1] ? cases[i].words[1] : cases[i].words[0]);
     }
+
+    // touching ranges and empty tensors (anywhere, even inside another's bytes) do not overlap
+    tmp_path(path, "touching.safetensors");
+    write_raw(path, UINT64_MAX,
+              "{\"b\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [16, 32]},"
+              " \"e\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [8, 8]},"
+              " \"a\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]}}",
+              32);
+    cm_st *tf = NULL;
+    TST_CHECK(cm_st_open_file(&tf, path) == CM_OK && tf && cm_st_count(tf) == 3);
+    cm_st_destroy(&tf);
 
     // a valid file with zero tensors is fine
     tmp_path(path, "no-tensors.safetensors");

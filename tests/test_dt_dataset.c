@@ -380,6 +380,22 @@ static void test_bad_inputs(void) {
     snprintf(p, sizeof p, "%s/badmask.jsonl", tmp);
     write_text(p, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 2], \"loss_mask\": [1, 2]}\n");
     TST_CHECK(inspect_fails(p, NULL, NULL, "line 2: loss_mask[1] must be 0 or 1"));
+    /* a NUL byte: at the start of a line it made the line look blank (a document lost), inside
+     * one it cut the line short */
+    static const char nul_start[] = "{\"input_ids\": [1, 2, 3]}\n\0{\"input_ids\": [4, 5, 6]}\n";
+    static const char nul_inside[] = "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [4, 5]}\0, \"x\": 1}\n";
+    snprintf(p, sizeof p, "%s/nul-start.jsonl", tmp);
+    FILE *nf = fopen(p, "wb");
+    TST_CHECK(nf && fwrite(nul_start, 1, sizeof nul_start - 1, nf) == sizeof nul_start - 1);
+    if (nf)
+        fclose(nf);
+    TST_CHECK(inspect_fails(p, NULL, NULL, "line 2: NUL byte at byte 0 of the line"));
+    snprintf(p, sizeof p, "%s/nul-inside.jsonl", tmp);
+    nf = fopen(p, "wb");
+    TST_CHECK(nf && fwrite(nul_inside, 1, sizeof nul_inside - 1, nf) == sizeof nul_inside - 1);
+    if (nf)
+        fclose(nf);
+    TST_CHECK(inspect_fails(p, NULL, NULL, "line 2: NUL byte at byte 21 of the line"));
     snprintf(p, sizeof p, "%s/noids.jsonl", tmp);
     write_text(p, "{\"ids\": [1, 2, 3]}\n");
     TST_CHECK(inspect_fails(p, NULL, NULL, "no \"input_ids\" array"));

@@ -412,6 +412,22 @@ static void test_refusals(void) {
     snprintf(err, sizeof err, "%s/r-none.err", tmp);
     argv[9] = out;
     TST_CHECK(tst_run(argv, err) == 1 && strstr(tst_slurp(err), "no target-server answered") != NULL);
+    /* nobody there for longer: a progress line every 5 s while connecting (it was silent until the
+     * deadline, 300 s by default), naming the endpoint, the time so far and the deadline */
+    char nothing[300];
+    snprintf(nothing, sizeof nothing, "ipc://%s/nothing.sock", tmp);
+    argv[11] = nothing;
+    argv[13] = "6400";
+    TST_CHECK(tst_run(argv, err) == 1);
+    const char *log = tst_slurp(err);
+    char        want[400];
+    snprintf(want, sizeof want, "connecting to '%s': no WELCOME after 5 s of 6 s (--timeout-ms 6400)",
+             nothing);
+    TST_CHECK(strstr(log, want) && strstr(log, "no socket file at that path") &&
+              strstr(log, "is `target-server serve` running there?") &&
+              strstr(log, "no target-server answered"));
+    if (!strstr(log, want))
+        fprintf(stderr, "train --server %s:\n%s\n", nothing, log);
     /* usage errors */
     char *both[] = {DTD_DT_BIN, "train", "--config", config, "--target", DTD_MODEL, "--data", csv_tok,
                     "--out",    out,     "--shards", tmp,    "--server", endpoint,  NULL};

@@ -529,6 +529,17 @@ static void test_bad_flags(void) {
     TST_CHECK(tst_run(a4, err) == 2 && strstr(tst_slurp(err), "expected full or tail") != NULL);
     TST_CHECK(train_with("flags", DTD_MODEL, csv_tok, shards, "2", "flags", "--verify-shards", "some") == 2);
     TST_CHECK(strstr(err_text("flags"), "expected full or lazy") != NULL);
+    char *a5[] = {DTD_DT_BIN, "precompute", "--server", endpoint, "--data", csv_tok, "--layers",
+                  "1",        "--out",      dir,        "--name", "a/b",    NULL};
+    TST_CHECK(tst_run(a5, err) == 2 && strstr(tst_slurp(err), "--name 'a/b'") != NULL);
+    /* no server: a progress line every 5 s while connecting, then the timeout */
+    char *a6[] = {DTD_DT_BIN, "precompute", "--server", "tcp://127.0.0.1:1", "--data", csv_tok, "--layers",
+                  "1",        "--out",      dir,        "--timeout-ms",      "5800",   NULL};
+    TST_CHECK(tst_run(a6, err) == 1);
+    const char *log = tst_slurp(err);
+    TST_CHECK(
+        strstr(log, "connecting to 'tcp://127.0.0.1:1': no WELCOME after 5 s of 6 s (--timeout-ms 5800)") &&
+        strstr(log, "no target-server answered"));
 }
 
 int main(void) {

@@ -4,14 +4,17 @@
  * mid-run and restarted on the same endpoint, after which the run ends with every batch id
  * delivered exactly once (a ledger) and a second trainer that attached meanwhile served too;
  * SIGTERM ends the server with status 0; bad flags, a busy port and a refused non-loopback
- * bind exit with one message; CURVE keys through the command line. */
+ * bind exit with one message; an ipc:// path held by a live server is refused and tcp://[::1]
+ * binds; CURVE keys through the command line. */
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -420,6 +423,11 @@ static void test_bad_flags(void) {
     TST_CHECK(run_serve_args(gpus_twice, "gpustwice", &e) == 2 && strstr(e, "names GPU 1 twice"));
     const char *gpus_reps[] = {"--model", model, "--device", "cuda", "--gpu", "0,1", "--replicas", "3", NULL};
     TST_CHECK(run_serve_args(gpus_reps, "gpusreps", &e) == 2 && strstr(e, "one GPU per replica"));
+    const char *slash[] = {"--model", model, "--name", "a/b", NULL};
+    TST_CHECK(run_serve_args(slash, "slash", &e) == 2 && strstr(e, "--name 'a/b'") && strstr(e, "0x2f"));
+    /* libzmq binds addresses, not host names: refused up front with the address to use */
+    const char *lhost[] = {"--model", model, "--bind", "tcp://localhost:5555", NULL};
+    TST_CHECK(run_serve_args(lhost, "lhost", &e) == 1 && strstr(e, "bind tcp://127.0.0.1:5555"));
     const char *missing[] = {"--model", "/nonexistent/model", "--bind", "tcp://127.0.0.1:*", NULL};
     TST_CHECK(run_serve_args(missing, "missing", &e) == 1 && strstr(e, "/nonexistent/model"));
     /* a busy port */
@@ -431,9 +439,101 @@ static void test_bad_flags(void) {
     } else {
         TST_CHECK(0);
     }
+    printf("bad flags: missing model, bad encoding, bad number, unknown option, --gpu lists, --name a/b "
+           "(exit 2); non-loopback without CURVE, tcp://localhost, missing model dir, busy port (exit 1)\n");
+}
+
+/* Runs a second serve on bind; its exit status, or -1 (killed) if it still runs after 10 s: then it
+ * has taken the endpoint over. */
+static int second_serve(const char *bind, const char *tag, const char **err_text) {
+    char err[512];
+    snprintf(err, sizeof err, "%s/%s.err", tmp, tag);
+    unlink(err);
+    char *argv[] = {bin, "serve", "--model", model, "--bind", (char *)bind, "--stats-interval", "0", NULL};
+    pid_t pid = tst_spawn(argv, err);
+    int   rc = pid > 0 ? tst_wait_exit(pid, 10000) : -2;
+    if (rc == -1) {
+        kill(pid, SIGINT);
+        if (tst_wait_exit(pid, 10000) == -1) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+    }
+    *err_text = tst_slurp(err);
+    return rc;
+}
+
+/* An ipc:// path held by a live server is refused (libzmq's bind would unlink its socket file
+ * and take the endpoint over); a stale file left by a killed server is replaced; a file that
+ * is not a socket is never deleted; a server removes only the socket file it bound. */
+static void test_ipc_endpoint(void) {
+    char bind[320], path[300], status[8192];
+    snprintf(path, sizeof path, "%s/held.sock", tmp);
+    snprintf(bind, sizeof bind, "ipc://%s", path);
+    proc a;
+    if (!serve_start(&a, "held", bind, NULL)) {
+        TST_CHECK(0);
+        return;
+    }
+    struct stat before, after;
+    TST_CHECK(stat(path, &before) == 0);
+    const char *e;
+    int         rc = second_serve(bind, "held2", &e);
+    TST_CHECK(rc == 1 && strstr(e, "is listening on the socket file") && strstr(e, path));
+    if (rc != 1)
+        fprintf(stderr, "second serve on %s: exit %d\n%s\n", bind, rc, e);
+    TST_CHECK(stat(path, &after) == 0 && after.st_ino == before.st_ino);
+    TST_CHECK(cm_chan_status_query(a.endpoint, NULL, NULL, 3000, status, sizeof status) == CM_OK);
+    /* killed: its socket file stays behind, and the next server replaces it */
+    TST_CHECK(serve_end(&a, SIGKILL) == 128 + SIGKILL);
+    TST_CHECK(stat(path, &after) == 0 && S_ISSOCK(after.st_mode));
+    proc b;
+    TST_CHECK(serve_start(&b, "stale", bind, NULL));
+    TST_CHECK(cm_chan_status_query(b.endpoint, NULL, NULL, 3000, status, sizeof status) == CM_OK);
+    /* the path taken away from b (removed, and a third server bound it): b's stop leaves it alone */
+    TST_CHECK(unlink(path) == 0);
+    proc c;
+    TST_CHECK(serve_start(&c, "third", bind, NULL));
+    TST_CHECK(serve_end(&b, SIGTERM) == 0);
+    TST_CHECK(stat(path, &after) == 0 &&
+              cm_chan_status_query(c.endpoint, NULL, NULL, 3000, status, sizeof status) == CM_OK);
+    TST_CHECK(serve_end(&c, SIGTERM) == 0);
+    TST_CHECK(stat(path, &after) != 0); /* its own file: removed */
+    /* a regular file at the path: libzmq's bind would delete it */
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs("not a socket\n", f);
+        fclose(f);
+    }
+    rc = second_serve(bind, "notsock", &e);
+    TST_CHECK(rc == 1 && strstr(e, "is not a socket"));
+    TST_CHECK(stat(path, &after) == 0 && S_ISREG(after.st_mode) && after.st_size == 13);
+    unlink(path);
     printf(
-        "bad flags: missing model, bad encoding, bad number, unknown option, --gpu lists (exit 2); non-loopback without "
-        "CURVE, missing model dir, busy port (exit 1)\n");
+        "ipc://: a held path refused (the holder still answers), a stale socket file replaced, a file that "
+        "is not a socket kept, only a server's own socket file removed\n");
+}
+
+/* tcp://[::1] is loopback: it binds (with ZMQ_IPV6, which libzmq needs for it) and answers. */
+static void test_ipv6_loopback(void) {
+    int                 fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    int                 have = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (fd >= 0)
+        close(fd);
+    if (!have) {
+        printf("tcp://[::1]: this machine has no IPv6 loopback; not checked\n");
+        return;
+    }
+    proc p;
+    char status[8192];
+    if (!serve_start(&p, "v6", "tcp://[::1]:*", NULL)) {
+        TST_CHECK(0);
+        return;
+    }
+    TST_CHECK(cm_chan_status_query(p.endpoint, NULL, NULL, 3000, status, sizeof status) == CM_OK);
+    TST_CHECK(serve_end(&p, SIGTERM) == 0);
+    printf("tcp://[::1]: bound (%s) and answered a status query\n", p.endpoint);
 }
 
 static int run_status(const char *args, char *out, size_t cap);
@@ -630,6 +730,10 @@ int main(int argc, char **argv) {
         test_bad_flags();
     if (want(argc, argv, "curve"))
         test_curve_cli();
+    if (want(argc, argv, "bind")) {
+        test_ipc_endpoint();
+        test_ipv6_loopback();
+    }
     if (want(argc, argv, "status"))
         test_status();
     if (want(argc, argv, "replicas"))

@@ -2,7 +2,7 @@
  * cm_cfg.h (the hybrid Qwen target, nested or flat, and the DFlash drafter), as the programs
  * read --model and --config files. For a config that parses, the invariants the rest of the
  * code relies on must hold (layer counts in range, whole GQA groups, an even rotary width,
- * mask token and taps in range). */
+ * mask token and taps in range and distinct). */
 #include <string.h>
 
 #include "cm_cfg.h"
@@ -41,8 +41,11 @@ static void check_drafter(const cm_drafter_cfg *c) {
     FUZZ_CHECK(c->mask_token_id >= 0 && c->mask_token_id < c->vocab_size);
     FUZZ_CHECK(c->num_target_layers > 0);
     FUZZ_CHECK(c->n_taps >= 1 && c->n_taps <= CM_CFG_MAX_TAPS);
-    for (int i = 0; i < c->n_taps; i++)
+    for (int i = 0; i < c->n_taps; i++) {
         FUZZ_CHECK(c->target_layer_ids[i] >= 0 && c->target_layer_ids[i] < c->num_target_layers);
+        for (int j = 0; j < i; j++)
+            FUZZ_CHECK(c->target_layer_ids[i] != c->target_layer_ids[j]);
+    }
     for (int i = 0; i < c->n_layers; i++)
         if (c->layer_types[i] == CM_LAYER_TYPE_SLIDING_ATTENTION)
             FUZZ_CHECK(c->sliding_window > 0);

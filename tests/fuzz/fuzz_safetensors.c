@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz_safetensors.c — libFuzzer target: one .safetensors file (the whole input),
  * opened with cm_st_open_file as target-server and drafter-trainer open model weights and batch
  * files. For a file that opens: every tensor is found by name, its bytes are read, float tensors
- * convert with cm_st_read, and the set round-trips through the writer (same names, dtypes,
+ * convert with cm_st_read, no two tensors' bytes overlap, and the set round-trips through the writer (same names, dtypes,
  * shapes and bytes after reopening). */
 #include <string.h>
 
@@ -63,6 +63,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         (void)acc;
         if (cm_dtype_is_float(t->dtype) && t->nbytes / cm_dtype_size(t->dtype) <= sizeof dst / sizeof dst[0])
             FUZZ_CHECK(cm_st_read(st, t->name, t->n_dims, t->shape, dst, CM_DTYPE_F32) == CM_OK);
+        for (int j = 0; j < i && t->nbytes; j++) { /* no two tensors share a byte */
+            const cm_st_tensor *u = cm_st_at(st, j);
+            const uint8_t      *a = t->data, *b = u->data;
+            FUZZ_CHECK(!u->nbytes || a + t->nbytes <= b || b + u->nbytes <= a);
+        }
     }
     check_roundtrip(st);
     cm_st_destroy(&st);

@@ -135,6 +135,13 @@ static void safetensors_seeds(void) {
     uint8_t *b = slurp(tmp, &len);
     seed1("safetensors", "every_dtype", -1, b, len);
     free(b);
+    // two tensors sharing bytes (refused: the ranges overlap)
+    static const char overlap[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                                  "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}";
+    uint8_t ov[8 + sizeof overlap - 1 + 16] = {0};
+    ov[0] = (uint8_t)(sizeof overlap - 1);
+    memcpy(ov + 8, overlap, sizeof overlap - 1);
+    seed1("safetensors", "overlap", -1, ov, sizeof ov);
 }
 
 // ---- st_index: the sharded fixture, shards renamed a, b, ...
@@ -210,6 +217,25 @@ static void cfg_seeds(void) {
         seed1("cfg", files[i][1], -1, b, len);
         free(b);
     }
+    // a drafter that taps one layer twice (refused)
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/fixtures/drafter/b16_sw5_full_gqa2/drafter/config.json", src_dir);
+    size_t len;
+    char  *b = (char *)slurp(path, &len);
+    char  *taps = strstr(b, "\"target_layer_ids\"");
+    char  *open = taps ? strchr(taps, '[') : NULL, *close = open ? strchr(open, ']') : NULL;
+    if (!close) {
+        fprintf(stderr, "%s: no target_layer_ids array\n", path);
+        exit(1);
+    }
+    size_t head = (size_t)(open - b), tail = len - (size_t)(close + 1 - b);
+    char  *dup = malloc(head + 6 + tail);
+    memcpy(dup, b, head);
+    memcpy(dup + head, "[1, 1]", 6);
+    memcpy(dup + head + 6, close + 1, tail);
+    seed1("cfg", "drafter_dup_taps", -1, dup, head + 6 + tail);
+    free(dup);
+    free(b);
 }
 
 // ---- proto and compress: real encoder output
@@ -387,6 +413,8 @@ static void dataset_seeds(void) {
         "{\"input_ids\": [5, 6], \"loss_mask\": [1, 0]}\n";
     const int budget_flag = 8 << 1; /* budget 16 */
     seed1("dataset", "chat.jsonl", budget_flag, jsonl, sizeof jsonl - 1);
+    static const char nul[] = "{\"input_ids\": [7, 8, 9]}\n\0{\"input_ids\": [1, 2]}\n{\"input_ids\": [3]\0}\n";
+    seed1("dataset", "nul.jsonl", budget_flag, nul, sizeof nul - 1);
     char path[512], out[512];
     snprintf(path, sizeof path, "%s/docs.jsonl", fuzz_dir());
     snprintf(out, sizeof out, "%s/docs.safetensors", fuzz_dir());
