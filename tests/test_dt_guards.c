@@ -20,6 +20,7 @@
 #include "cm_log.h"
 #include "cm_proto.h"
 #include "cm_safetensors.h"
+#include "cm_weights_id.h"
 #include "dt_train_data.h"
 #include "tst.h"
 #include "tst_proc.h"
@@ -95,7 +96,7 @@ static void *fake_main(void *arg) {
         size_t hl, dl;
         if (h.type == CM_PROTO_TYPE_HELLO) {
             cm_proto_welcome w = {.target_id = f->mode == BAD_TARGET ? f->target_id ^ 0x5a5a : f->target_id,
-                                  .weights_id = f->weights_id ? f->weights_id : 1,
+                                  .weights_id = f->weights_id, /* the real target's weights */
                                   .version = CM_PROTO_VERSION,
                                   .hidden_dtype = CM_DTYPE_BF16,
                                   .hidden_size = DTD_D,
@@ -182,14 +183,14 @@ static void expect_refused(const char *run, int rc, const char *n1, const char *
 }
 
 /* Modes first..last of the fake against the trainer. */
-static void test_live(uint64_t target_id, int first, int last) {
+static void test_live(uint64_t target_id, uint64_t weights_id, int first, int last) {
     static const char *const needles[][2] = {{"NaN or Inf", "batch"},
                                              {"NaN or Inf", "batch"},
                                              {"only zeros", "batch"},
                                              {"layer_", "expected"},
                                              {"another model", NULL}};
     for (int mode = first; mode <= last; mode++) {
-        fake f = {.mode = mode, .target_id = target_id};
+        fake f = {.mode = mode, .target_id = target_id, .weights_id = weights_id};
         pthread_create(&f.th, NULL, fake_main, &f);
         while (!atomic_load(&f.ready))
             usleep(5000);
@@ -278,10 +279,14 @@ int main(int argc, char **argv) {
         size_t u = strlen(csv_tok);
         snprintf(csv_tok + u, sizeof csv_tok - u, "%s%s", b ? "," : "", tok);
     }
+    cm_st             *model = NULL;
+    cm_weights_id_info wi = {0};
+    TST_CHECK(cm_st_open_dir(&model, DTD_MODEL) == CM_OK && cm_weights_id_compute(model, 1, &wi) == CM_OK);
+    cm_st_destroy(&model);
     if (answers) {
-        test_live(cm_target_cfg_hash(&tc), BAD_NAN, BAD_LAYER);
+        test_live(cm_target_cfg_hash(&tc), wi.id, BAD_NAN, BAD_LAYER);
     } else {
-        test_live(cm_target_cfg_hash(&tc), BAD_TARGET, BAD_TARGET);
+        test_live(cm_target_cfg_hash(&tc), wi.id, BAD_TARGET, BAD_TARGET);
         test_files(0.0f / 0.0f, "file-nan", 0);
         test_files(1.0f / 0.0f, "file-inf", 0);
         test_files(0.0f, "file-zero-tap", 1);
