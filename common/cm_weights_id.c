@@ -29,7 +29,8 @@ static double now_s(void) {
 }
 
 static int default_threads(int n) {
-    if (n > 0) return n < MAX_THREADS ? n : MAX_THREADS;
+    if (n > 0)
+        return n < MAX_THREADS ? n : MAX_THREADS;
     long c = sysconf(_SC_NPROCESSORS_ONLN);
     return c < 1 ? 1 : c > MAX_THREADS ? MAX_THREADS : (int)c;
 }
@@ -43,9 +44,9 @@ typedef struct chunk {
 } chunk;
 
 typedef struct work {
-    const chunk *chunks;
-    uint64_t    *hashes;
-    size_t       n;
+    const chunk  *chunks;
+    uint64_t     *hashes;
+    size_t        n;
     atomic_size_t next;
 } work;
 
@@ -56,44 +57,40 @@ static void *hash_worker(void *arg) {
     return NULL;
 }
 
-static const cm_st *g_sort_st; /* qsort has no context argument; guarded by g_sort_mu */
-static pthread_mutex_t g_sort_mu = PTHREAD_MUTEX_INITIALIZER;
-
 static int by_name(const void *a, const void *b) {
-    return strcmp(cm_st_at(g_sort_st, *(const int *)a)->name, cm_st_at(g_sort_st, *(const int *)b)->name);
+    return strcmp((*(const cm_st_tensor *const *)a)->name, (*(const cm_st_tensor *const *)b)->name);
 }
 
 static void put_le(cm_xxh64_state *s, uint64_t v, int bytes) {
     uint8_t b[8];
-    for (int i = 0; i < bytes; i++) b[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < bytes; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
     cm_xxh64_update(s, b, (size_t)bytes);
 }
 
 cm_status cm_weights_id_compute(const cm_st *st, int n_threads, cm_weights_id_info *out) {
     memset(out, 0, sizeof *out);
-    const double t0 = now_s();
-    const int    n_all = cm_st_count(st);
-    int         *idx = malloc((size_t)(n_all ? n_all : 1) * sizeof *idx);
-    size_t      *first = malloc((size_t)(n_all + 1) * sizeof *first);
-    if (!idx || !first) {
-        free(idx), free(first);
+    const double         t0 = now_s();
+    const int            n_all = cm_st_count(st);
+    const cm_st_tensor **ts = malloc((size_t)(n_all ? n_all : 1) * sizeof *ts);
+    size_t              *first = malloc((size_t)(n_all + 1) * sizeof *first);
+    if (!ts || !first) {
+        free(ts), free(first);
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the fingerprint's tensor list (%d tensors)", n_all);
     }
     int      n = 0;
     size_t   n_chunks = 0;
     uint64_t bytes = 0;
     for (int i = 0; i < n_all; i++)
-        if (cm_weights_id_covers(cm_st_at(st, i)->name)) idx[n++] = i;
+        if (cm_weights_id_covers(cm_st_at(st, i)->name))
+            ts[n++] = cm_st_at(st, i);
     if (n == 0) {
-        free(idx), free(first);
+        free(ts), free(first);
         return CM_FAIL(CM_ERR_INVALID_ARG, "the checkpoint holds no text-model tensor to fingerprint");
     }
-    pthread_mutex_lock(&g_sort_mu);
-    g_sort_st = st;
-    qsort(idx, (size_t)n, sizeof *idx, by_name);
-    pthread_mutex_unlock(&g_sort_mu);
+    qsort(ts, (size_t)n, sizeof *ts, by_name);
     for (int k = 0; k < n; k++) {
-        size_t nb = cm_st_at(st, idx[k])->nbytes;
+        size_t nb = ts[k]->nbytes;
         first[k] = n_chunks;
         n_chunks += nb ? (nb + CHUNK_BYTES - 1) / CHUNK_BYTES : 1;
         bytes += nb;
@@ -102,11 +99,11 @@ cm_status cm_weights_id_compute(const cm_st *st, int n_threads, cm_weights_id_in
     chunk    *chunks = malloc(n_chunks * sizeof *chunks);
     uint64_t *hashes = malloc(n_chunks * sizeof *hashes);
     if (!chunks || !hashes) {
-        free(idx), free(first), free(chunks), free(hashes);
+        free(ts), free(first), free(chunks), free(hashes);
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the fingerprint's %zu chunks", n_chunks);
     }
     for (int k = 0; k < n; k++) {
-        const cm_st_tensor *t = cm_st_at(st, idx[k]);
+        const cm_st_tensor *t = ts[k];
         for (size_t c = first[k], off = 0; c < first[k + 1]; c++, off += CHUNK_BYTES) {
             chunks[c].p = (const uint8_t *)t->data + off;
             chunks[c].n = t->nbytes - off < CHUNK_BYTES ? t->nbytes - off : CHUNK_BYTES;
@@ -118,25 +115,30 @@ cm_status cm_weights_id_compute(const cm_st *st, int n_threads, cm_weights_id_in
     pthread_t th[MAX_THREADS];
     int       started = 0;
     atomic_init(&w.next, 0);
-    if ((size_t)nt > n_chunks) nt = (int)n_chunks;
+    if ((size_t)nt > n_chunks)
+        nt = (int)n_chunks;
     for (; started < nt - 1; started++)
-        if (pthread_create(&th[started], NULL, hash_worker, &w) != 0) break; /* fewer threads: still exact */
+        if (pthread_create(&th[started], NULL, hash_worker, &w) != 0)
+            break; /* fewer threads: still exact */
     hash_worker(&w);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
 
     cm_xxh64_state s;
     cm_xxh64_init(&s, 0);
     cm_xxh64_update(&s, "tandem-weights-v1", 17);
     for (int k = 0; k < n; k++) {
-        const cm_st_tensor *t = cm_st_at(st, idx[k]);
+        const cm_st_tensor *t = ts[k];
         const char         *dt = cm_dtype_name(t->dtype);
         cm_xxh64_state      cs;
         cm_xxh64_init(&cs, (uint64_t)t->nbytes);
-        for (size_t c = first[k]; c < first[k + 1]; c++) put_le(&cs, hashes[c], 8);
+        for (size_t c = first[k]; c < first[k + 1]; c++)
+            put_le(&cs, hashes[c], 8);
         cm_xxh64_update(&s, t->name, strlen(t->name) + 1);
         cm_xxh64_update(&s, dt, strlen(dt) + 1);
         put_le(&s, (uint64_t)t->n_dims, 4);
-        for (int d = 0; d < t->n_dims; d++) put_le(&s, (uint64_t)t->shape[d], 8);
+        for (int d = 0; d < t->n_dims; d++)
+            put_le(&s, (uint64_t)t->shape[d], 8);
         put_le(&s, (uint64_t)t->nbytes, 8);
         put_le(&s, cm_xxh64_digest(&cs), 8);
     }
@@ -145,7 +147,7 @@ cm_status cm_weights_id_compute(const cm_st *st, int n_threads, cm_weights_id_in
     out->n_tensors = n;
     out->bytes = bytes;
     out->seconds = now_s() - t0;
-    free(idx), free(first), free(chunks), free(hashes);
+    free(ts), free(first), free(chunks), free(hashes);
     return CM_OK;
 }
 
@@ -172,8 +174,10 @@ static cm_status files_of(const cm_st *st, file_list *fl) {
     for (int i = 0; i < cm_st_count(st); i++) {
         const char *f = cm_st_at(st, i)->file;
         int         seen = 0;
-        for (int j = fl->n - 1; j >= 0 && !seen; j--) seen = strcmp(fl->path[j], f) == 0;
-        if (seen) continue;
+        for (int j = fl->n - 1; j >= 0 && !seen; j--)
+            seen = strcmp(fl->path[j], f) == 0;
+        if (seen)
+            continue;
         if (fl->n == (int)(sizeof fl->path / sizeof fl->path[0]))
             return CM_FAIL(CM_ERR_UNSUPPORTED, "the checkpoint has more than %d files", fl->n);
         fl->path[fl->n++] = f;
@@ -192,18 +196,21 @@ static const char *base_name(const char *path) {
 static char *cache_text(const file_list *fl, const cm_weights_id_info *info) {
     size_t cap = 256 + (size_t)fl->n * 320, len = 0;
     char  *s = malloc(cap);
-    if (!s) return NULL;
+    if (!s)
+        return NULL;
     char hex[17];
-    len += (size_t)snprintf(s + len, cap - len, "tandem-fingerprint 1\nid %s\ntensors %d bytes %llu\n",
-                            cm_weights_id_hex(info->id, hex), info->n_tensors, (unsigned long long)info->bytes);
+    len +=
+        (size_t)snprintf(s + len, cap - len, "tandem-fingerprint 1\nid %s\ntensors %d bytes %llu\n",
+                         cm_weights_id_hex(info->id, hex), info->n_tensors, (unsigned long long)info->bytes);
     for (int i = 0; i < fl->n; i++) {
         struct stat sb;
         if (stat(fl->path[i], &sb) != 0 || strlen(base_name(fl->path[i])) > 255) {
             free(s);
             return NULL;
         }
-        len += (size_t)snprintf(s + len, cap - len, "file %lld %lld.%09ld %s\n", (long long)sb.st_size,
-                                (long long)sb.st_mtim.tv_sec, (long)sb.st_mtim.tv_nsec, base_name(fl->path[i]));
+        len +=
+            (size_t)snprintf(s + len, cap - len, "file %lld %lld.%09ld %s\n", (long long)sb.st_size,
+                             (long long)sb.st_mtim.tv_sec, (long)sb.st_mtim.tv_nsec, base_name(fl->path[i]));
     }
     snprintf(s + len, cap - len, "check %s\n", cm_weights_id_hex(cm_xxh64(s, len, 0), hex));
     return s;
@@ -215,22 +222,26 @@ static int cache_read(const char *dir, const file_list *fl, cm_weights_id_info *
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, CM_WEIGHTS_ID_CACHE);
     FILE *f = fopen(path, "rb");
-    if (!f) return 0;
+    if (!f)
+        return 0;
     char   buf[1 << 16];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     int    whole = feof(f);
     fclose(f);
-    if (!whole) return 0;
+    if (!whole)
+        return 0;
     buf[n] = '\0';
     unsigned long long id = 0, bytes = 0;
     int                tensors = 0;
-    if (sscanf(buf, "tandem-fingerprint 1\nid %16llx\ntensors %d bytes %llu\n", &id, &tensors, &bytes) != 3 || !id)
+    if (sscanf(buf, "tandem-fingerprint 1\nid %16llx\ntensors %d bytes %llu\n", &id, &tensors, &bytes) != 3 ||
+        !id)
         return 0;
     cm_weights_id_info c = {.id = id, .n_tensors = tensors, .bytes = bytes, .from_cache = 1};
     char              *now = cache_text(fl, &c);
     int                ok = now && strcmp(now, buf) == 0; /* same files, sizes, times, id, checksum */
     free(now);
-    if (ok) *info = c;
+    if (ok)
+        *info = c;
     return ok;
 }
 
@@ -241,25 +252,32 @@ static void cache_write(const char *dir, const file_list *fl, const cm_weights_i
     snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
     FILE *f = text ? fopen(tmp, "wb") : NULL;
     int   ok = f && fputs(text, f) >= 0;
-    if (f) ok = (fflush(f) == 0 && fsync(fileno(f)) == 0) && ok, ok = fclose(f) == 0 && ok;
-    if (ok) ok = rename(tmp, path) == 0;
+    if (f)
+        ok = (fflush(f) == 0 && fsync(fileno(f)) == 0) && ok, ok = fclose(f) == 0 && ok;
+    if (ok)
+        ok = rename(tmp, path) == 0;
     if (!ok) {
         CM_LOG_DEBUG("not caching the fingerprint in '%s': %s", path, strerror(errno));
-        if (f) unlink(tmp);
+        if (f)
+            unlink(tmp);
     }
     free(text);
 }
 
-cm_status cm_weights_id_dir(const cm_st *st, const char *dir, int flags, int n_threads, cm_weights_id_info *out) {
+cm_status cm_weights_id_dir(const cm_st *st, const char *dir, int flags, int n_threads,
+                            cm_weights_id_info *out) {
     file_list *fl = malloc(sizeof *fl); /* 32 KB: not on a loader thread's stack */
-    if (!fl) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the checkpoint's file list");
+    if (!fl)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the checkpoint's file list");
     cm_status st_ = files_of(st, fl);
     if (st_ == CM_OK && (flags & CM_WEIGHTS_ID_READ_CACHE) && cache_read(dir, fl, out)) {
         free(fl);
         return CM_OK;
     }
-    if (st_ == CM_OK) st_ = cm_weights_id_compute(st, n_threads, out);
-    if (st_ == CM_OK && (flags & CM_WEIGHTS_ID_WRITE_CACHE)) cache_write(dir, fl, out);
+    if (st_ == CM_OK)
+        st_ = cm_weights_id_compute(st, n_threads, out);
+    if (st_ == CM_OK && (flags & CM_WEIGHTS_ID_WRITE_CACHE))
+        cache_write(dir, fl, out);
     free(fl);
     return st_;
 }
@@ -280,14 +298,16 @@ struct cm_weights_id_job {
 static void *job_main(void *arg) {
     cm_weights_id_job *j = arg;
     j->status = cm_weights_id_dir(j->st, j->dir, j->flags, j->n_threads, &j->info);
-    if (j->status != CM_OK) snprintf(j->error, sizeof j->error, "%s", cm_last_error());
+    if (j->status != CM_OK)
+        snprintf(j->error, sizeof j->error, "%s", cm_last_error());
     return NULL;
 }
 
 cm_status cm_weights_id_start(cm_weights_id_job **out, const char *dir, int flags, int n_threads) {
     *out = NULL;
     cm_weights_id_job *j = calloc(1, sizeof *j);
-    if (!j) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a fingerprint job");
+    if (!j)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a fingerprint job");
     snprintf(j->dir, sizeof j->dir, "%s", dir);
     j->flags = flags;
     j->n_threads = n_threads;
@@ -307,7 +327,8 @@ cm_status cm_weights_id_start(cm_weights_id_job **out, const char *dir, int flag
 
 cm_status cm_weights_id_finish(cm_weights_id_job **pj, cm_weights_id_info *out) {
     cm_weights_id_job *j = pj ? *pj : NULL;
-    if (!j) return CM_FAIL(CM_ERR_INVALID_ARG, "no fingerprint job");
+    if (!j)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "no fingerprint job");
     pthread_join(j->th, NULL);
     cm_status st = j->status;
     if (st == CM_OK)

@@ -49,14 +49,15 @@ int cm_weights_id_covers(const char *name);
 cm_status cm_weights_id_compute(const cm_st *st, int n_threads, cm_weights_id_info *out);
 
 enum {
-    CM_WEIGHTS_ID_READ_CACHE  = 1, /* use a valid DIR/.tandem-fingerprint instead of hashing */
+    CM_WEIGHTS_ID_READ_CACHE = 1,  /* use a valid DIR/.tandem-fingerprint instead of hashing */
     CM_WEIGHTS_ID_WRITE_CACHE = 2, /* after hashing, (re)write it (best effort: a read-only
                                       directory is logged at debug and not an error) */
 };
 
 /* The fingerprint of the checkpoint st opened from dir (cm_st_open_dir), with the cache as
  * flags say. */
-cm_status cm_weights_id_dir(const cm_st *st, const char *dir, int flags, int n_threads, cm_weights_id_info *out);
+cm_status cm_weights_id_dir(const cm_st *st, const char *dir, int flags, int n_threads,
+                            cm_weights_id_info *out);
 
 /* The same on a thread of its own, so that a loader can read the weights meanwhile: start
  * opens dir and begins; finish waits for the result and releases the job (call it on every

@@ -40,18 +40,22 @@ static const void *data_of(int k, int which, size_t at, uint8_t flip) {
     static float small[N_BASE][128];
     float       *p = k == 2 ? big : small[k];
     size_t       n = k == 2 ? BIG_N : (size_t)(base[k].shape[0] * (base[k].nd > 1 ? base[k].shape[1] : 1));
-    for (size_t i = 0; i < n; i++) p[i] = (float)((i * 2654435761u + (size_t)k * 97) % 1000) * 1e-3f;
-    if (k == which) ((uint8_t *)p)[at] ^= flip;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)((i * 2654435761u + (size_t)k * 97) % 1000) * 1e-3f;
+    if (k == which)
+        ((uint8_t *)p)[at] ^= flip;
     return p;
 }
 
 /* Writes tensors order[0..n) of spec s into path (a .safetensors file). */
-static int write_file(const char *path, const spec *s, const int *order, int n, int which, size_t at, uint8_t flip) {
+static int write_file(const char *path, const spec *s, const int *order, int n, int which, size_t at,
+                      uint8_t flip) {
     cm_st_writer *w = NULL;
     int           ok = cm_st_writer_create(&w) == CM_OK;
     for (int i = 0; ok && i < n; i++) {
         int k = order[i];
-        ok = cm_st_writer_add(w, s[k].name, s[k].dt, s[k].nd, s[k].shape, data_of(k, which, at, flip)) == CM_OK;
+        ok = cm_st_writer_add(w, s[k].name, s[k].dt, s[k].nd, s[k].shape, data_of(k, which, at, flip)) ==
+             CM_OK;
     }
     ok = ok && cm_st_writer_write(w, path) == CM_OK;
     cm_st_writer_destroy(&w);
@@ -59,7 +63,8 @@ static int write_file(const char *path, const spec *s, const int *order, int n, 
 }
 
 /* A one-file model directory dir/NAME with tensors in `order`, one byte changed as data_of. */
-static const char *model(const char *name, const spec *s, const int *order, int which, size_t at, uint8_t flip) {
+static const char *model(const char *name, const spec *s, const int *order, int which, size_t at,
+                         uint8_t flip) {
     static char dir[512];
     char        path[600];
     snprintf(dir, sizeof dir, "%s/%s", tmp, name);
@@ -72,10 +77,12 @@ static const char *model(const char *name, const spec *s, const int *order, int 
 static uint64_t id_of(const char *dir, int threads, int flags, int *from_cache) {
     cm_st             *st = NULL;
     cm_weights_id_info wi = {0};
-    if (!tst_ok(cm_st_open_dir(&st, dir), "open")) return 0;
+    if (!tst_ok(cm_st_open_dir(&st, dir), "open"))
+        return 0;
     tst_ok(cm_weights_id_dir(st, dir, flags, threads, &wi), "fingerprint");
     cm_st_destroy(&st);
-    if (from_cache) *from_cache = wi.from_cache;
+    if (from_cache)
+        *from_cache = wi.from_cache;
     return wi.id;
 }
 
@@ -124,14 +131,15 @@ static void test_what_counts(void) {
     fprintf(f, "}}\n");
     fclose(f);
     TST_CHECK(id_of(dir, 4, 0, NULL) == ref);
-    printf("fingerprint %016llx: same for 1/3/7 threads, file order and a 2-shard split; changed by one byte, a "
-           "name, a shape, a dtype; not by model.visual.* or mtp.*\n",
-           (unsigned long long)ref);
+    printf(
+        "fingerprint %016llx: same for 1/3/7 threads, file order and a 2-shard split; changed by one byte, a "
+        "name, a shape, a dtype; not by model.visual.* or mtp.*\n",
+        (unsigned long long)ref);
 }
 
 static void test_cache(void) {
-    const int   rw = CM_WEIGHTS_ID_READ_CACHE | CM_WEIGHTS_ID_WRITE_CACHE;
-    char        dir[512], cache[600];
+    const int rw = CM_WEIGHTS_ID_READ_CACHE | CM_WEIGHTS_ID_WRITE_CACHE;
+    char      dir[512], cache[600];
     snprintf(dir, sizeof dir, "%s", model("cached", base, in_order, -1, 0, 0));
     snprintf(cache, sizeof cache, "%s/%s", dir, CM_WEIGHTS_ID_CACHE);
     int      hit = -1;
@@ -150,13 +158,14 @@ static void test_cache(void) {
     snprintf(text, sizeof text, "%s", tst_slurp(cache));
     char *idl = strstr(text, "\nid ");
     TST_CHECK(idl != NULL);
-    if (idl) idl[4] = idl[4] == '0' ? '1' : '0';
+    if (idl)
+        idl[4] = idl[4] == '0' ? '1' : '0';
     FILE *f = fopen(cache, "w");
     fputs(text, f);
     fclose(f);
     TST_CHECK(id_of(dir, 2, CM_WEIGHTS_ID_READ_CACHE, &hit) == changed && hit == 0);
     /* nor is a cache of other files (copied next to another checkpoint) */
-    char        other[512], oc[600];
+    char other[512], oc[600];
     snprintf(other, sizeof other, "%s", model("other", base, in_order, 0, 0, 0x08));
     snprintf(oc, sizeof oc, "%s/%s", other, CM_WEIGHTS_ID_CACHE);
     TST_CHECK(id_of(dir, 2, rw, &hit) == changed); /* a good cache again in `dir` */
@@ -174,7 +183,8 @@ static void test_background(void) {
     cm_weights_id_info wi = {0};
     TST_CHECK(tst_ok(cm_weights_id_start(&j, dir, 0, 3), "start"));
     TST_CHECK(tst_ok(cm_weights_id_finish(&j, &wi), "finish") && j == NULL);
-    TST_CHECK(wi.id == id_of(dir, 1, 0, NULL) && wi.n_tensors == 3 && wi.bytes == (16 * 8 + 15 + BIG_N) * 4ull);
+    TST_CHECK(wi.id == id_of(dir, 1, 0, NULL) && wi.n_tensors == 3 &&
+              wi.bytes == (16 * 8 + 15 + BIG_N) * 4ull);
     TST_CHECK(cm_weights_id_start(&j, "/nonexistent/model", 0, 0) != CM_OK && j == NULL);
     /* a checkpoint with nothing to fingerprint */
     char path[600];
@@ -186,7 +196,8 @@ static void test_background(void) {
     snprintf(path, sizeof path, "%s/vis-only", tmp);
     cm_st *st = NULL;
     TST_CHECK(cm_st_open_dir(&st, path) == CM_OK);
-    TST_CHECK(cm_weights_id_compute(st, 1, &wi) == CM_ERR_INVALID_ARG && strstr(cm_last_error(), "no text-model"));
+    TST_CHECK(cm_weights_id_compute(st, 1, &wi) == CM_ERR_INVALID_ARG &&
+              strstr(cm_last_error(), "no text-model"));
     cm_st_destroy(&st);
 }
 
@@ -200,6 +211,7 @@ int main(void) {
     free(big);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmp);
     return tst_report();
 }
