@@ -176,9 +176,14 @@ void dt_progress_step(dt_progress *p, dt_progress_line *l, double step_s, double
     p->step_s[p->head] = step_s > 0 ? step_s : 0;
     p->wait_s[p->head] = wait_s > 0 ? wait_s : 0;
     p->tokens[p->head] = tokens > 0 ? tokens : 0;
+    p->loss[p->head] = l->loss, p->tau[p->head] = l->tau, p->acc[p->head] = l->acc;
     p->head = (p->head + 1) % DT_PROGRESS_WINDOW;
     if (p->n < DT_PROGRESS_WINDOW)
         p->n++;
+    double loss = 0, tau = 0, acc = 0; /* a NaN step shows as NaN until it leaves the window */
+    for (int i = 0; i < p->n; i++)
+        loss += p->loss[i], tau += p->tau[i], acc += p->acc[i];
+    l->loss = loss / p->n, l->tau = tau / p->n, l->acc = acc / p->n;
     p->since_draw_s += p->step_s[(p->head + DT_PROGRESS_WINDOW - 1) % DT_PROGRESS_WINDOW];
     dt_progress_window(p, l);
     const int last = l->total > 0 && l->step >= l->total;

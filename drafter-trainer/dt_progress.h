@@ -6,7 +6,9 @@
  *         step 120/1200 (10%) epoch 1 loss 3.2100 tau 1.840 acc 0.420 lr 5.96e-04 12.3k tok/s wait 3% eta
  * 4m12s off   nothing; auto = bar when the stream is a terminal (and TERM is not "dumb"), else lines. Rates,
  * the wait share and the ETA come from a moving window of the last DT_PROGRESS_WINDOW steps (step time = wait
- * for hidden states + compute), so they follow the run's current speed rather than its start-up. The format
+ * for hidden states + compute), so they follow the run's current speed rather than its start-up; loss, τ and
+ * acc shown are their means over the same window (one batch's values swing too much to read a trend from;
+ * metrics.jsonl keeps every step's own). The format
  * functions are pure (they only write buf) and are what the tests check. A dt_progress is a caller-owned
  * struct: no allocation, one owner thread. */
 #ifndef DT_PROGRESS_H
@@ -67,6 +69,7 @@ typedef struct dt_progress {
     FILE            *out;
     int64_t          log_every;
     double           step_s[DT_PROGRESS_WINDOW], wait_s[DT_PROGRESS_WINDOW], tokens[DT_PROGRESS_WINDOW];
+    double           loss[DT_PROGRESS_WINDOW], tau[DT_PROGRESS_WINDOW], acc[DT_PROGRESS_WINDOW];
     int              n, head;      /* samples in the window, next slot */
     double           since_draw_s; /* step time since the bar was last drawn */
     int              drawn;        /* a bar line is on screen (needs a newline at the end) */
@@ -75,8 +78,10 @@ typedef struct dt_progress {
 /* Resolves AUTO against cfg->out (isatty, TERM). */
 void dt_progress_init(dt_progress *p, const dt_progress_config *cfg);
 /* Records one finished step (step_s = its whole time, wait_s = the part spent waiting for the
- * batch and hidden states, tokens = its packed tokens) and draws or prints when due. The line's
- * rate, wait share and ETA fields are filled here from the window; the caller sets the rest. */
+ * batch and hidden states, tokens = its packed tokens; l->loss, tau and acc this step's values)
+ * and draws or prints when due. The line's rate, wait share and ETA fields are filled here from
+ * the window, and its loss, tau and acc replaced by their window means; the caller sets the
+ * rest. */
 void dt_progress_step(dt_progress *p, dt_progress_line *l, double step_s, double wait_s, double tokens);
 /* Fills tokens_per_s, wait_frac and eta_s of l from the window (pure; used by step). */
 void dt_progress_window(const dt_progress *p, dt_progress_line *l);

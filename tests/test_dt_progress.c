@@ -1,7 +1,7 @@
 /* tests/test_dt_progress.c — the progress display (drafter-trainer/dt_progress.h): every
  * formatter against exact expected text (durations, counts, the bar and the log line, odd
  * values: 0 steps, unknown total, NaN loss, a huge ETA, a short buffer), the moving window's
- * rates and ETA from known step times (and that it forgets old steps), --progress parsing,
+ * rates, ETA and loss/τ/acc means from known steps (and that it forgets old steps), --progress parsing,
  * and the real output: lines every log_every steps and at the last, the bar throttled to
  * 0.1 s of steps and ended by a newline, and auto choosing the bar on a pseudo-terminal but
  * lines on a file or with TERM=dumb. */
@@ -168,6 +168,19 @@ static void test_window(void) {
     l.step = 1;
     dt_progress_step(&p, &l, -1, -1, 100);
     TST_CHECK(isnan(l.tokens_per_s) && isnan(l.wait_frac) && l.eta_s == 0);
+    /* loss, τ and acc shown are window means: 1 then 3 shows 2; after a window of 5s, 5 */
+    dt_progress_init(&p, &c);
+    l.loss = 1, l.tau = 1, l.acc = 0.25;
+    dt_progress_step(&p, &l, 1, 0, 100);
+    TST_CHECK(l.loss == 1 && l.tau == 1 && l.acc == 0.25);
+    l.loss = 3, l.tau = 2, l.acc = 0.75;
+    dt_progress_step(&p, &l, 1, 0, 100);
+    TST_CHECK(l.loss == 2 && l.tau == 1.5 && l.acc == 0.5);
+    for (int s = 0; s < DT_PROGRESS_WINDOW; s++) {
+        l.loss = 5, l.tau = 3, l.acc = 1;
+        dt_progress_step(&p, &l, 1, 0, 100);
+    }
+    TST_CHECK(l.loss == 5 && l.tau == 3 && l.acc == 1);
 }
 
 /* Runs 10 steps of 0.06 s each through a display writing to f; returns what it wrote. */
