@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/drafter_bench.sh — DESIGN §8's drafter-step benchmark on one GPU, in one run: our step
+# bench/drafter_bench.sh — docs/goals.md's drafter-step benchmark on one GPU, in one run: our step
 # (bench_dt_step: dt_model_step + dt_optim_step, BF16 and F32 GEMM modes) and the PyTorch
 # reference of §5 with torch.compile'd flex_attention (bench/drafter_flex.py) on the same batch
 # layout, at the Qwen3.6-27B drafter shape (deploy/configs/qwen3.6-27b: hidden 5120, 5 layers
@@ -107,7 +107,7 @@ if tf:
     L += ["", f"FLOPs per step (dt_plan's count): {tf:.1f} TFLOP, of which attention {b['tflop_attn'] if b else f['tflop_attn']:.1f}, "
           f"LM head {b['tflop_lm'] if b else f['tflop_lm']:.1f}."]
 if b and r:
-    L += ["", "Goals (DESIGN §8 / issue 7): "
+    L += ["", "Goals (docs/goals.md / issue 7): "
           f"speed-up over the reference {r['step_s_median'] / b['step_s_median']:.2f}x (goal >= 1.5x); "
           f"{tf / b['step_s_median']:.0f} TF/s = {100 * tf / b['step_s_median'] / 790:.0f}% of 790 (goal >= 65%); "
           f"peak {b['mem_used_gb']:.1f} GB (goal <= 40 GB, and less than the reference's {r['peak_reserved_gb']:.1f} GB reserved / "

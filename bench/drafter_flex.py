@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""bench/drafter_flex.py - the PyTorch reference step for DESIGN section 8's drafter benchmark.
+"""bench/drafter_flex.py - the PyTorch reference step for the drafter benchmark of docs/goals.md.
 
-A PyTorch implementation of DESIGN section 5 written from the specification (not from our C code):
+A PyTorch implementation of docs/drafter.md written from the specification (not from our C code):
 Qwen3-style DFlash layers (plain-weight RMSNorm, q/k norm, full-head half-split RoPE, GQA, SwiGLU),
 ctx = hidden_norm(F . fc^T), keys/values [ctx rows ; block rows], queries from block rows only,
 torch.compile'd flex_attention with a BlockMask built from the section 5 visibility rules

@@ -1,5 +1,5 @@
 /* common/cm_cfg.c — config.json readers for the hybrid Qwen target (Qwen3.5/3.6, nested
- * under "text_config" or flat) and the DFlash drafter (reference/dflash.md §1.4-1.5).
+ * under "text_config" or flat) and the DFlash drafter (docs/drafter.md, docs/formats.md).
  * Every field is looked up by name, type- and range-checked before it lands in the
  * caller's struct; the first problem fails with one message naming the file, the field
  * and the fix. Stateless (cJSON trees are local to each call), so safe from any thread. */
@@ -472,7 +472,7 @@ cm_status cm_target_cfg_load(cm_target_cfg *cfg, const char *path) {
 // ----------------------------------------------------------------------------
 // drafter
 
-/* build_target_layer_ids (reference/dflash.md §1.2): Ld taps spread evenly over layers
+/* build_target_layer_ids (docs/drafter.md, taps): Ld taps spread evenly over layers
  * [1, Lt − 3], rounded half to even like Python's round(). */
 static void default_taps(int n_target_layers, int n_taps, int *ids) {
     if (n_taps == 1) {

@@ -1,7 +1,7 @@
 /* common/cm_cfg.h — the model configurations Tandem reads from Hugging Face config.json:
  * the hybrid Qwen target (Qwen3.5/3.6: text model nested under "text_config" as
  * Qwen3_5ForConditionalGeneration saves it, or flat as Qwen3_5ForCausalLM saves it) and the
- * DFlash drafter (reference/dflash.md). Parsing validates every field it reads and fails
+ * DFlash drafter (docs/drafter.md). Parsing validates every field it reads and fails
  * with one message naming the file, the field and the fix. Plain structs, caller-owned. */
 #ifndef CM_CFG_H
 #define CM_CFG_H

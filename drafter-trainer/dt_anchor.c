@@ -1,5 +1,5 @@
 /* drafter-trainer/dt_anchor.c — candidate scan and seeded sampling without replacement of the
- * training anchors (DESIGN §5). The draw swaps within the ascending candidate list (partial
+ * training anchors (docs/drafter.md). The draw swaps within the ascending candidate list (partial
  * Fisher–Yates with unbiased bounded draws), then sorts the chosen prefix, so the result
  * depends only on (seed, epoch, batch id) and the batch. */
 #include "dt_anchor.h"

@@ -1,4 +1,4 @@
-/* drafter-trainer/dt_anchor.h — training anchors for one packed batch (DESIGN §5).
+/* drafter-trainer/dt_anchor.h — training anchors for one packed batch (docs/drafter.md).
  *
  * Candidates are the packed positions p with loss_mask[p] = 1 whose successor p + 1 lies in
  * the same document with loss_mask[p + 1] = 1 (slot 1 of the block then has a label). Up to

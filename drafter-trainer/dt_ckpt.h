@@ -1,5 +1,5 @@
 /* drafter-trainer/dt_ckpt.h — training checkpoints: the DFlash serving format plus the state
- * for an exact resume (DESIGN §5, reference/dflash.md §1.3–1.4).
+ * for an exact resume (docs/drafter.md, docs/formats.md).
  *
  * Layout under RUN_DIR/checkpoints/:
  *   step-<N>/config.json                 the drafter config as SGLang/vLLM read it (below)

@@ -8,7 +8,7 @@
 extern "C" {
 #endif
 
-int dt_cmd_grad(int argc, char **argv);  /* dt_grad.c: DESIGN §6 check interface */
+int dt_cmd_grad(int argc, char **argv);  /* dt_grad.c: docs/checks.md check interface */
 int dt_cmd_train(int argc, char **argv); /* dt_train.c: training from batch files */
 int dt_cmd_shards(int argc, char **argv); /* dt_shards.c: inspect and export shard directories */
 int dt_cmd_precompute(int argc, char **argv); /* dt_precompute.c: token batches → target-server → shards */

@@ -478,7 +478,7 @@ static void point(dt_data *d, int64_t T, int N, dt_batch *b) {
     b->anchors = NULL;
 }
 
-/* DESIGN §9: a capture holding NaN/Inf, or a tap that is all zeros (a broken capture, never a
+/* docs/architecture.md: a capture holding NaN/Inf, or a tap that is all zeros (a broken capture, never a
  * real layer output), is refused before anything trains on it. what names the batch. */
 static cm_status check_hidden(const dt_data *d, int64_t T, const char *what_fmt, int i, const char *name) {
     char what[1200];

@@ -1,6 +1,6 @@
 /* drafter-trainer/dt_data.h — training data from batch files: one packed batch per file.
  *
- * Batch file: a safetensors file holding (the `drafter-trainer grad` batch of DESIGN §6
+ * Batch file: a safetensors file holding (the `drafter-trainer grad` batch of docs/checks.md
  * without anchors; other tensors, e.g. anchors or embed_tokens, are ignored):
  *   input_ids      I32 [T]          token ids, each < the drafter's vocab_size, T ≥ 1
  *   cu_seqlens     I32 [N + 1]      document starts: 0 = c_0 < c_1 < ... < c_N = T, N ≥ 1

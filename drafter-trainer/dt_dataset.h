@@ -1,5 +1,5 @@
 /* drafter-trainer/dt_dataset.h — tokenized datasets of documents, packed by the trainer into
- * batches of at most a token budget (issue 5 items 2–3; DESIGN §3: the trainer owns packing).
+ * batches of at most a token budget (issue 5 items 2–3; docs/architecture.md: the trainer owns packing).
  *
  * Two file forms hold the same thing, a list of documents (tools/prepare_data.py writes both):
  *
@@ -21,7 +21,7 @@
  *
  * Packing (deterministic; a function of the files, their order, the budget and the vocabulary
  * check only): documents of the files, in the order given, are numbered 0, 1, ... across files.
- * A document without an anchor candidate (DESIGN §5: a p with loss_mask[p] = 1 and
+ * A document without an anchor candidate (docs/drafter.md: a p with loss_mask[p] = 1 and
  * loss_mask[p + 1] = 1 in the same document) can never be trained on and is dropped (counted).
  * The rest go first-fit decreasing into packs of at most budget tokens: by length, longest
  * first, ties by document number; each goes into the first pack (in creation order) with room,

@@ -1,4 +1,4 @@
-/* drafter-trainer/dt_dp.h — data parallelism of the drafter over NCCL (DESIGN §3, §5): W ranks,
+/* drafter-trainer/dt_dp.h — data parallelism of the drafter over NCCL (docs/architecture.md, docs/drafter.md): W ranks,
  * one GPU each, each holding a full replica of the drafter and its optimizer, each training on
  * its share of every epoch (dt_data_set_dp). After each rank's forward and backward, dt_dp_reduce
  * makes every rank's gradients and step statistics the global ones:

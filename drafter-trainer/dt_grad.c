@@ -1,4 +1,4 @@
-/* drafter-trainer/dt_grad.c — `drafter-trainer grad` (DESIGN §6): the loss and every
+/* drafter-trainer/dt_grad.c — `drafter-trainer grad` (docs/checks.md): the loss and every
  * parameter gradient of one packed batch, for checking the drafter step against an outside
  * oracle.
  *   drafter-trainer grad --drafter DIR --batch IN.safetensors --out OUT.safetensors
@@ -48,7 +48,7 @@ typedef struct grad_args {
     float       gamma; /* 0: the block size's default */
 } grad_args;
 
-/* DESIGN §5 defaults (γ = 7 for B = 16, 5 for 10, 4 for 8), extended to other sizes. */
+/* docs/drafter.md defaults (γ = 7 for B = 16, 5 for 10, 4 for 8), extended to other sizes. */
 static float default_gamma(int block_size) {
     if (block_size >= 16)
         return 7.0f;

@@ -1,4 +1,4 @@
-/* drafter-trainer/dt_live.h — live hidden states (DESIGN §2, §3): `train --server ENDPOINT`
+/* drafter-trainer/dt_live.h — live hidden states (docs/architecture.md): `train --server ENDPOINT`
  * asks a running target-server for each batch's taps while it trains. A dt_live is a
  * dt_hidden_source backed by a cm_chan client; it keeps up to `credits` requests in flight
  * AHEAD of the step being trained (the next batches of the epoch order, whose tokens it reads

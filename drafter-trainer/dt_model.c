@@ -1,7 +1,7 @@
 /* drafter-trainer/dt_model.c — the DFlash drafter on the kernel backend table: parameters
  * (one allocation for the fp32 masters, one for their grads, carved per tensor in the
  * serving-key order), the borrowed frozen embedding and LM head, and one training step
- * (DESIGN §5): host-side block layout, labels and weights, then forward, loss and backward.
+ * (docs/drafter.md): host-side block layout, labels and weights, then forward, loss and backward.
  *
  * Activations the backward needs are saved per layer in one backend allocation, planned
  * for the largest batch seen and reused. They are stored in the activation dtype: F32, or
@@ -780,7 +780,7 @@ cm_status dt_model_reserve(dt_model *m, int64_t T, int64_t n_anchors) {
     return ensure_capacity(m, T, n_anchors * m->cfg.block_size);
 }
 
-/* Host side of DESIGN §5: block tokens and positions, context positions restarting at
+/* Host side of docs/drafter.md: block tokens and positions, context positions restarting at
  * every document, and for every slot k ≥ 1 inside the anchor's document with loss_mask 1
  * the label ids[a + k] and weight exp(−(k − 1)/γ). Selected rows are listed in order. */
 static void layout_batch(dt_model *m, const dt_batch *b, float gamma) {

@@ -1,4 +1,4 @@
-/* drafter-trainer/dt_model.h — the DFlash drafter (DESIGN §5, reference/dflash.md §1): its
+/* drafter-trainer/dt_model.h — the DFlash drafter (docs/drafter.md): its
  * parameters (fp32 masters and fp32 gradients in backend memory), the frozen target
  * embedding and LM head it borrows from the target, and one training step: forward and
  * backward over a packed batch with given anchors, written once against the kernel backend
@@ -32,7 +32,7 @@ typedef struct dt_param {
     float      *grad;     /* backend memory, fp32, zeroed at the start of every step */
 } dt_param;
 
-/* A packed batch on the host (DESIGN §5 and §6). target_hidden is F32 [T, n_taps·D] on the
+/* A packed batch on the host (docs/drafter.md, docs/checks.md). target_hidden is F32 [T, n_taps·D] on the
  * host; or, when it is NULL, the taps are already in backend memory (the NCCL data path, a
  * benchmark): dev_taps[k] is tap k (target_layer_ids order) [T, D] in dev_taps_dt (BF16 or
  * F32), borrowed until dt_model_step returns. */
@@ -126,7 +126,7 @@ int dt_model_grad_buckets(const dt_model *m, size_t *off, int cap);
 cm_status dt_batch_validate(const dt_model *m, const dt_batch *b);
 
 /* One forward + backward: validates the batch, zeroes every grad, then accumulates
- * ∂loss/∂param for loss = Σ w·CE / Σ w with w = exp(−(k − 1)/gamma) (DESIGN §5; gamma > 0).
+ * ∂loss/∂param for loss = Σ w·CE / Σ w with w = exp(−(k − 1)/gamma) (docs/drafter.md; gamma > 0).
  * Fills stats when non-NULL. Needs dt_model_set_frozen first. A batch with no anchors or
  * Σ w = 0 runs no kernel besides the zeroing: zero gradients and loss 0 (so a rank with
  * nothing to learn can still join the gradient all-reduce). Activation buffers are sized

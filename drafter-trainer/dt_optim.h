@@ -1,4 +1,4 @@
-/* drafter-trainer/dt_optim.h — the drafter optimizer (DESIGN §5, reference/dflash.md §2.7):
+/* drafter-trainer/dt_optim.h — the drafter optimizer (docs/drafter.md):
  * AdamW on the fp32 master parameters through the backend's adamw entry, global grad-norm
  * clipping through its sumsq entry, and SpecForge's CosineAnnealingWarmupLR schedule.
  *

@@ -345,7 +345,7 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
     fprintf(f, "\nassumptions\n");
     fprintf(f,
             "  achieved rates: target %g TF/s, drafter %g TF/s per GPU (--plan-target-tflops,\n"
-            "    --plan-drafter-tflops; defaults from DESIGN §8 and reference/perf.md §8 for an H200)\n",
+            "    --plan-drafter-tflops; defaults from docs/goals.md for an H200)\n",
             r->target_tflops, r->drafter_tflops);
     if (r->ratio > 0)
         fprintf(f, "  compression ratio %.2f as given (--plan-ratio)\n", r->ratio);

@@ -16,7 +16,7 @@
  *   target prefill   per token 2 × the linear parameters of layers 0..last tap (the forward stops
  *                    there) + 2·S·H·hd per full-attention layer (causal: S/2 keys on average)
  *                    + 8·dk·dv·nv per Gated DeltaNet layer (chunked delta rule) + 2·Kc·C conv.
- * perf.md §8.2 checks the same method against SpecForge's measured FLOPs (48 vs 45 TFLOP). */
+ * docs/goals.md checks the same method against SpecForge's measured FLOPs (48 vs 45 TFLOP). */
 #ifndef DT_PLAN_H
 #define DT_PLAN_H
 
@@ -45,9 +45,9 @@ typedef struct dt_plan_run {
     int64_t     dataset_tokens; /* > 0: tokens of one epoch, for the disk total; 0 = unknown */
 } dt_plan_run;
 
-/* Achieved rates: target 550 TF/s ≈ 11k tok/s of the 27B at 8k on an H200 (perf.md §8.1 "realistic
- * 11–13k tok/s", 55–65 % MFU; DESIGN §8 asks ≥ 12.5k); drafter 430 TF/s (perf.md §8.3, SpecForge's
- * measured 43.5 % MFU; DESIGN §8's PyTorch step, 0.305 s for ~138 TFLOP, is ~450). */
+/* Achieved rates: target 550 TF/s ≈ 11k tok/s of the 27B at 8k on an H200 (docs/goals.md "realistic
+ * 11–13k tok/s", 55–65 % MFU; docs/goals.md asks ≥ 12.5k); drafter 430 TF/s (docs/goals.md, SpecForge's
+ * measured 43.5 % MFU; the design's PyTorch step, 0.305 s for ~138 TFLOP, is ~450). */
 #define DT_PLAN_TARGET_TFLOPS  550.0
 #define DT_PLAN_DRAFTER_TFLOPS 430.0
 #define DT_PLAN_RUN_DEFAULT                                                                                  \

@@ -1,4 +1,4 @@
-/* drafter-trainer/dt_precompute.h — offline hidden states (DESIGN §2, §3): `precompute` asks
+/* drafter-trainer/dt_precompute.h — offline hidden states (docs/architecture.md): `precompute` asks
  * a running target-server for the hidden states of every token batch file and stores the
  * ANSWER frames, as received, in a shard directory (common/cm_shard.h); training with
  * `--shards DIR` then reads target_hidden from those records instead of from the batch files.

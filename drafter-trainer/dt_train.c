@@ -1,5 +1,5 @@
 /* drafter-trainer/dt_train.c — `drafter-trainer train`: the training loop over batch files
- * (DESIGN §5). Per step: the next batch of the epoch's shuffled order, its anchors drawn from
+ * (docs/drafter.md). Per step: the next batch of the epoch's shuffled order, its anchors drawn from
  * (seed, epoch, batch id), dt_model_step, clip + AdamW with the warmup + cosine schedule, and
  * one metrics line (stdout every --log-every steps, RUN_DIR/metrics.jsonl every step; wait_s is
  * the time spent getting the batch and its hidden states: files, --shards or --server, live via

@@ -42,7 +42,7 @@ typedef struct kn_ctx_config {
 } kn_ctx_config;
 #define KN_CTX_CONFIG_DEFAULT {0, KN_GEMM_MODE_BF16}
 
-/* DFlash block attention (DESIGN §5) for one layer. Query rows are the n_blocks · B block
+/* DFlash block attention (docs/drafter.md) for one layer. Query rows are the n_blocks · B block
  * slots; keys/values are the T context rows plus the block rows. Query (block j, slot k)
  * sees: context rows p with ctx_lo[j] ≤ p < anchors[j] (ctx_lo = start of the anchor's
  * document), and on sliding layers (window > 0) only p ≥ anchors[j] + k − (window − 1);
@@ -186,7 +186,7 @@ typedef struct kn_backend {
                                   const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                   int64_t T, int nk, int nv, int dk, int dv, float scale);
 
-    // ---- drafter training: backward passes and the DFlash-specific ops (DESIGN §5).
+    // ---- drafter training: backward passes and the DFlash-specific ops (docs/drafter.md).
     // The cuda table fills these in a later issue; until then they are NULL there
     // (callers check and report "not available on this backend").
 

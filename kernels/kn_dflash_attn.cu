@@ -1,4 +1,4 @@
-/* kernels/kn_dflash_attn.cu — DFlash block attention (DESIGN §5; semantics and shapes in
+/* kernels/kn_dflash_attn.cu — DFlash block attention (docs/drafter.md; semantics and shapes in
  * kn_backend.h, the specification in ref/kn_dflash_attn_ref.c), forward and backward, fused:
  * scores and probabilities live in registers and shared memory only, never in global memory.
  *

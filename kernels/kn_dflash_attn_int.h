@@ -1,6 +1,6 @@
 /* kernels/kn_dflash_attn_int.h — what the two DFlash attention implementations share
  * (kn_dflash_attn.cu: the fp32 CUDA-core kernels; kn_dflash_attn_mma.cu: the bf16
- * tensor-core kernels): the visibility rules of DESIGN §5 as device functions, the K/V row
+ * tensor-core kernels): the visibility rules of docs/drafter.md as device functions, the K/V row
  * stager, and the tensor-core launchers. CUDA C++ only; internal to libkn. */
 #ifndef KN_DFLASH_ATTN_INT_H
 #define KN_DFLASH_ATTN_INT_H

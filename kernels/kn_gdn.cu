@@ -7,7 +7,7 @@
  *   per (sequence, v-head, 32-column tile of dv); the fp32 state tile S[dk, 32] lives in
  *   registers (lane = column, warp w of 8 owns rows w, w+8, …). Exact to fp32 rounding, slow.
  *
- * - KN_GEMM_MODE_BF16 (serving): the chunked WY form of reference/qwen_hybrid.md §3.1 with C = 64
+ * - KN_GEMM_MODE_BF16 (serving): the chunked WY form of docs/target.md with C = 64
  *   (kn_gdn_ref.c is its specification), matrix products on bf16 tensor cores (mma.sync
  *   m16n8k16 with ldmatrix fragments, fp32 accumulation; sm_80 and newer, no wgmma/TMA, so the
  *   same code runs on Ampere, Hopper and Blackwell), fp32 state, everything in the ctx scratch

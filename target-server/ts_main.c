@@ -3,7 +3,7 @@
  *                      [--device cpu|cuda] [--gpu N] [--precision bf16|fp32]
  *                      [--layers all|i,j,...] [--logits] [--log-level L]
  *                      [--init checkpoint|random [--config FILE] [--seed N]]
- * dump (DESIGN §6) runs the frozen forward over one packed batch and writes layer_<i>,
+ * dump (docs/checks.md) runs the frozen forward over one packed batch and writes layer_<i>,
  * final_norm and logits as F32. Every failure ends with one message and exit status 1;
  * usage errors exit 2. */
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* target-server/ts_model.c — loading a Qwen3.5/3.6 checkpoint onto a kernel backend and the
- * frozen forward over packed sequences (reference/qwen_hybrid.md §2, §4).
+ * frozen forward over packed sequences (docs/target.md).
  *
  * Weights: GEMM matrices and the embedding stay BF16 when stored BF16 (or when bf16_weights
  * asks for it), else F32; every small parameter (norms, conv, A_log, dt_bias) is widened to

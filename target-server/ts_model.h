@@ -1,6 +1,6 @@
 /* target-server/ts_model.h — the frozen hybrid Qwen target (Qwen3.5/3.6: Gated DeltaNet +
  * gated attention) loaded from a Hugging Face model directory onto one kernel backend, and
- * its forward over packed sequences with per-layer capture (DESIGN §4).
+ * its forward over packed sequences with per-layer capture (docs/target.md).
  *
  * The model owns its weights (in backend memory) and a workspace that grows to the largest
  * batch seen; it borrows the backend and the context, which must outlive it. One thread

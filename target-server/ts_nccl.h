@@ -25,7 +25,7 @@ void      ts_nccl_close(ts_nccl_peer **p); /* aborts a transfer in flight; NULL-
 /* Sends one answer: layer i of the request is dev[i] (F32 [T, D] on the context's device,
  * written by the forward on the context's stream). Each is rounded to dt (BF16, RNE, or
  * kept F32) into the peer's staging memory and checked there (a capture holding NaN/Inf or
- * nothing but zeros is refused, DESIGN §9, naming layers[i] and batch); then the sends are
+ * nothing but zeros is refused, docs/architecture.md, naming layers[i] and batch); then the sends are
  * enqueued and the call returns: the previous answer's sends are waited for (≤ timeout_ms)
  * before its staging memory is reused. */
 cm_status ts_nccl_send(ts_nccl_peer *p, kn_ctx *ctx, float *const *dev, const int32_t *layers, int n,

@@ -192,7 +192,7 @@ static void serve_fini(void *user) {
         s->be->ctx_destroy(&s->ctx);
 }
 
-/* Refuses a capture with NaN/Inf or nothing but zeros (DESIGN §9: never trained on). */
+/* Refuses a capture with NaN/Inf or nothing but zeros (docs/architecture.md, reliability: never trained on). */
 static cm_status check_capture(const float *x, size_t n, int layer, int D, uint64_t batch) {
     size_t first_bad = n, n_bad = 0;
     int    nonzero = 0;

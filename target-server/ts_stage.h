@@ -1,6 +1,6 @@
 /* target-server/ts_stage.h — the captured layers of an answer made ready on the GPU: each F32
  * [T, D] capture rounded to the hidden dtype (BF16, nearest even, or kept F32) into staging
- * memory on the device, checked there for NaN/Inf and for being all zeros (DESIGN §9), and, for
+ * memory on the device, checked there for NaN/Inf and for being all zeros (docs/architecture.md), and, for
  * answers over ZeroMQ, copied to the host in that dtype (half the bytes of F32, and no pass
  * over them on the CPU) layer by layer while the forward goes on (ts_stage_put). The NCCL
  * data path sends from staging memory of its own (ts_stage_round). Built with CUDA only;
@@ -42,7 +42,7 @@ cm_status ts_stage_put(ts_stage *s, int i, const float *x, int64_t T, int64_t D,
 
 /* Blocks until slot i's copy to the host is done (any thread), then gives the check's
  * verdict: CM_ERR_FORMAT naming layer and batch for a capture holding NaN/Inf or nothing but
- * zeros (DESIGN §9). */
+ * zeros (docs/architecture.md). */
 cm_status ts_stage_wait(ts_stage *s, int i, int layer, uint64_t batch);
 
 #ifdef __cplusplus

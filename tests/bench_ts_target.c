@@ -298,7 +298,7 @@ int main(int argc, char **argv) {
     const double nf = tm.forwards;
 
     /* FLOPs of a pack: 2·T per matrix parameter of the decoder, plus causal attention
-     * 4·nq·hd·Σ L(L+1)/2 per attention layer (qwen_hybrid.md §6); GDN and elementwise work
+     * 4·nq·hd·Σ L(L+1)/2 per attention layer (docs/target.md); GDN and elementwise work
      * (< 1 %) not counted */
     const int64_t nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
     const int64_t nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, I = c->intermediate_size;

@@ -1,4 +1,4 @@
-# Fuzzing (tests/fuzz, DESIGN: every parser of outside bytes): one libFuzzer target per parser,
+# Fuzzing (tests/fuzz, docs/architecture.md: every parser of outside bytes): one libFuzzer target per parser,
 # fuzz_<target>.c defining LLVMFuzzerTestOneInput. In every build each target is also linked with
 # fuzz/fuzz_replay.c into test_fuzz_<target>, which replays the seed corpus and the inputs that
 # once crashed (fuzz/regress/<target>/) under gcc and ASan (label unit). With -DTANDEM_FUZZ=ON

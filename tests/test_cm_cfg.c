@@ -1,7 +1,7 @@
 /* tests/test_cm_cfg.c — config.json parsing for the Qwen3.5/3.6 target (nested text_config as
  * saved by Qwen3_5ForConditionalGeneration, flat as saved by Qwen3_5ForCausalLM) and the
  * DFlash drafter, from the fixtures in tests/data/cm/ (values of Qwen3.6-27B and its DFlash
- * drafter, reference/qwen_hybrid.md §1.1 and dflash.md §1.5) and from edited copies of them:
+ * drafter, docs/target.md and docs/drafter.md) and from edited copies of them:
  * derived layer types, both RoPE spellings, default taps, and every bad case, each of which
  * must fail with the right status and a message naming the file and the field. */
 #include <cJSON.h>
@@ -362,7 +362,7 @@ static void test_drafter_good(void) {
                          &d) == CM_OK &&
               d.n_taps == 8 && d.target_layer_ids[7] == 37);
 
-    // default taps: build_target_layer_ids(Lt, Ld) of dflash.md §1.2, Python rounding
+    // default taps: build_target_layer_ids(Lt, Ld) of docs/drafter.md (taps), Python rounding
     struct {
         int lt, ld, ids[8];
     } def[] = {

@@ -2,9 +2,9 @@
  * code: each drafter.json through cm_drafter_cfg_load (the parser train and grad use), each
  * run.json's keys against the flags `drafter-trainer train --help` lists (a run config's keys
  * are train's long flag names without the dashes), and the Qwen3.6-27B drafter's shape against
- * the numbers it must have (DESIGN §8, reference/dflash.md §1.5, perf.md): hidden 5120, 5
+ * the numbers it must have (docs/goals.md, docs/drafter.md): hidden 5120, 5
  * layers (4 sliding 2048 then 1 full), 32/8 heads x 128, MLP 17408, vocab 248320, taps
- * [1,16,31,46,61] = DESIGN §5's default for 64 target layers, block 16, mask 248070. */
+ * [1,16,31,46,61] = the default of docs/drafter.md for 64 target layers, block 16, mask 248070. */
 #include <cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -75,7 +75,7 @@ static void check_run_config(const char *path) {
     cJSON_Delete(root);
 }
 
-/* DESIGN §5: round(1 + i·(Lt − 4)/(Ld − 1)), round half to even. */
+/* docs/drafter.md: round(1 + i·(Lt − 4)/(Ld − 1)), round half to even. */
 static int default_tap(int i, int n_target, int n_taps) {
     return (int)nearbyint(1.0 + (double)i * (n_target - 4) / (n_taps - 1));
 }

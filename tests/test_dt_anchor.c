@@ -1,4 +1,4 @@
-/* tests/test_dt_anchor.c — training anchors (DESIGN §5): the candidate rule on crafted masks
+/* tests/test_dt_anchor.c — training anchors (docs/drafter.md): the candidate rule on crafted masks
  * and document boundaries and against an independent per-token rule on random batches; the
  * draw (no duplicates, sorted, only candidates, max_anchors cap, all candidates when fewer,
  * zero-candidate batches); reproducibility from (seed, epoch, batch id) and independence from

@@ -148,7 +148,7 @@ static void check_config(const char *dir) {
     free(tb);
 }
 
-/* The serving keys of the tiny drafter (reference/dflash.md §1.3), in parameter order. */
+/* The serving keys of the tiny drafter (docs/drafter.md), in parameter order. */
 static int expected_keys(char names[][64], int64_t shapes[][2], int *nd) {
     int n = 0;
 #define KEY(nm, d, s0, s1)                                                                                   \

@@ -2,7 +2,7 @@
  * by hand in the comments below: a small target and drafter (every count, byte and FLOP of the
  * plan), the drafter parameter count against the parameters dt_model itself allocates, the
  * Qwen3.6-27B target and its DFlash drafter from the config fixtures in tests/data/cm (counts by
- * hand; step FLOPs against reference/perf.md §8.2's independent estimate), the printed table,
+ * hand; step FLOPs against the independent estimate of docs/goals.md), the printed table,
  * and the refusals of impossible runs. */
 #include <math.h>
 #include <stdio.h>
@@ -242,7 +242,7 @@ static void test_27b(void) {
      *   layer: q 5120·4096 = 20 971 520, k 5120·1024 = 5 242 880, v 5 242 880, o 20 971 520,
      *          MLP 3·5120·17408 = 267 386 880, norms 2·5120 + 2·128 = 10 496 → 319 826 176;
      *   5 layers 1 599 130 880 + fc 5120·25600 = 131 072 000 + hidden_norm, norm 10 240
-     *   = 1 730 213 120 (reference/perf.md: "≈ 1.73B trainable"). */
+     *   = 1 730 213 120 (docs/goals.md: "1.73 B trainable"). */
     TST_CHECK(p.p_drafter_layer == 319826176LL);
     TST_CHECK(p.p_fc == 131072000LL);
     TST_CHECK(p.p_drafter == 1730213120LL);
@@ -254,22 +254,22 @@ static void test_27b(void) {
      *   GDN layer: qkv 10240·5120 = 52 428 800, z 6144·5120 = 31 457 280, b, a 2·48·5120 = 491 520,
      *     conv 10240·4 = 40 960, dt_bias + A_log 96, norm 128, out 31 457 280, layer norms 10 240,
      *     MLP 267 386 880 → 383 273 184;
-     *   16·372 255 232 + 48·383 273 184 = 24 353 196 544 (perf.md: "24.35B non-embedding")
+     *   16·372 255 232 + 48·383 273 184 = 24 353 196 544 (docs/goals.md: "24.35 B non-embedding")
      *   + embed + lm_head 2 542 796 800 + final norm 5120 = 26 895 998 464.
      * Prefill runs layers 0..61 (last tap 61): 15 full + 47 GDN layers of linear parameters,
      *   15·372 244 480 + 47·383 221 760 = 23 595 089 920. */
     TST_CHECK(p.p_target == 26895998464LL);
     TST_CHECK(p.p_target_run == 23595089920LL && p.target_layers_run == 62);
-    /* Step FLOPs: perf.md §8.2 estimates 138 TFLOP for C = 8192 with attention at ~29 % dense
+    /* Step FLOPs: docs/goals.md estimates 138 TFLOP for C = 8192 with attention at ~29 % dense
      * density plus tile waste and the LM head over all 8192 rows; the plan counts the visible
      * keys and the 7680 trained rows: fc 2.15 + layers 5·5.41 + attention 1.52 + head 19.5 = 50.3
      * forward, 129.9 total. Within 10 % of 138 and the forward within 10 % of 53.2. */
     TST_CHECK(fabs(p.f_step / 138e12 - 1) < 0.10 && fabs(p.f_step_fwd / 53.2e12 - 1) < 0.10);
     /* target per token at 8192: 2·23 595 089 920 + 15·2·8192·6144 + 47·(8·128·128·48 + 2·4·10240)
-     * = 47 190 179 840 + 1 509 949 440 + 39 813 120 ≈ 48.74 GFLOP (perf.md: 50.6 for all 64
+     * = 47 190 179 840 + 1 509 949 440 + 39 813 120 ≈ 48.74 GFLOP (docs/goals.md: 50.6 for all 64
      * layers) */
     CLOSE(p.f_target_token, 47190179840.0 + 1509949440.0 + 47.0 * (8.0 * 128 * 128 * 48 + 2.0 * 4 * 10240));
-    /* wire: 5 taps · 5120 · 2 = 51 200 B/token raw (perf.md: 51.2 KB/token) */
+    /* wire: 5 taps · 5120 · 2 = 51 200 B/token raw (docs/goals.md: 51.2 KB/token) */
     CLOSE(p.wire_raw, 51200);
     /* memory: 16 bytes per trainable parameter = 27.7 GB (no bf16 working copy), + frozen 5.09 GB;
      * the whole estimate within 3 % of what bench_dt_step measured on an H200 at this shape
@@ -277,7 +277,7 @@ static void test_27b(void) {
      * context) */
     CLOSE(p.m_weights + p.m_master + p.m_adam + p.m_grads, 16.0 * 1730213120.0);
     TST_CHECK(fabs(p.m_total / (39.845e9 - 0.590e9) - 1) < 0.03);
-    TST_CHECK(p.target_per_trainer > 1.5 && p.target_per_trainer < 4); /* perf.md §8.3: "~3 : 1 at 8192" */
+    TST_CHECK(p.target_per_trainer > 1.5 && p.target_per_trainer < 4); /* docs/goals.md: about 3 : 1 at 8192 */
     if (getenv("TST_VERBOSE"))
         dt_plan_print(stderr, &p, &t, &d);
 }

@@ -1,4 +1,4 @@
-/* tests/test_faults.c — fault injection against real processes on loopback (issue 8, DESIGN §9):
+/* tests/test_faults.c — fault injection against real processes on loopback (issue 8, docs/architecture.md):
  * every fault is judged by the ledger of metrics.jsonl (step, epoch, batch and the loss printed
  * with %.17g, so equal text is an equal double) against an uninterrupted reference run of the
  * same seed from batch files holding the dump rounded to BF16 (what the server sends), and the

@@ -435,7 +435,7 @@ static void test_conv1d(void) {
 
 // ---- gated delta rule: chunked reference vs the per-token recurrence
 
-/* The oracle of qwen_hybrid.md §2.4, per token, with the state stored transposed as
+/* The oracle of docs/target.md, per token, with the state stored transposed as
  * St[dv][dk] (v-major) in double: decay, delta write, read after the write. */
 static void gdn_recurrent(double *out, const float *q, const float *k, const float *v, const float *g,
                           const float *beta, const int32_t *cu, int n_seq, int nk, int nv, int dk, int dv,

@@ -2,7 +2,7 @@
  * kn_backend table. Every backward is checked against central finite differences of
  * L = Σ r·out (r random, L in double) on tiny shapes, one input coordinate at a time: the
  * link "CPU bwd ← finite differences" of the chain of trust. Also: dflash_attn_fwd against a
- * dense masked softmax built here from the DESIGN §5 rules, lm_ce against full logits (with
+ * dense masked softmax built here from the docs/drafter.md rules, lm_ce against full logits (with
  * argmax ties), adamw against a double sequence written the PyTorch way, rope_bwd∘rope = id,
  * gemm_dx/gemm_dw against triple loops, sumsq, determinism and bad arguments. Label unit.
  * The cpu backend's memory is host memory, so the buffers here are plain malloc. */
@@ -349,7 +349,7 @@ static void test_swiglu_bwd(void) {
 
 // ---- dflash attention
 // The test builds ctx_lo from the documents itself and checks the op against a dense
-// softmax over all T + n_blocks·B keys with the mask written from DESIGN §5.
+// softmax over all T + n_blocks·B keys with the mask written from docs/drafter.md.
 
 typedef struct dflash_case {
     const char *name;
@@ -374,7 +374,7 @@ static int doc_of(const dflash_case *c, int64_t row) {
     return -1;
 }
 
-/* DESIGN §5 visibility of key `key` (context rows first, then the block rows) for the query
+/* docs/drafter.md visibility of key `key` (context rows first, then the block rows) for the query
  * in block j, slot k. */
 static int dense_visible(const dflash_case *c, int64_t T, int j, int k, int64_t key) {
     const int64_t a = c->anchors[j];

@@ -1,5 +1,5 @@
 /* kernels/ref/kn_conv1d_ref.c — reference causal depthwise conv1d + SiLU over packed
- * sequences (the GDN short conv, qwen_hybrid.md §3.4): out[t, c] = silu(Σ_{j<K} w[c, j] ·
+ * sequences (the GDN short conv, docs/target.md): out[t, c] = silu(Σ_{j<K} w[c, j] ·
  * x[t − (K−1) + j, c]) where taps before the sequence start read 0, so w[c, K−1] multiplies
  * the current token and a sequence's first token sees only itself. Double accumulation.
  * out must not overlap x (the op reads earlier tokens after writing later rows). Also

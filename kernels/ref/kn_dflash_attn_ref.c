@@ -1,4 +1,4 @@
-/* kernels/ref/kn_dflash_attn_ref.c — reference DFlash block attention (DESIGN §5), forward
+/* kernels/ref/kn_dflash_attn_ref.c — reference DFlash block attention (docs/drafter.md), forward
  * and backward. Query (block j, slot k) sees context rows [ctx_lo[j], anchors[j]) (on a
  * sliding layer only those ≥ anchors[j] + k − (W − 1)) and the block rows of block j (all B
  * slots, or slots ≤ k when sliding); GQA maps q head h to kv head h / (nq / nkv). Every query

@@ -1,6 +1,6 @@
 /* kernels/ref/kn_gdn_ref.c — reference Gated DeltaNet core: the gate (g = −e^{A_log} ·
  * softplus(a + dt_bias), beta = sigmoid(b)) and the gated delta rule in its chunked WY/UT form
- * (qwen_hybrid.md §3.1, as FLA chunk_gated_delta_rule and HF torch_chunk_gated_delta_rule),
+ * (docs/target.md, as FLA chunk_gated_delta_rule and HF torch_chunk_gated_delta_rule),
  * all in double. Per sequence and v-head h (qk-head h / (nv/nk)), from a zero state S [dk, dv],
  * for each chunk of L ≤ 64 tokens (chunks restart at every sequence start):
  *   γ_r = Σ_{i≤r} g_i (local),  A[r, j] = β_r e^{γ_r−γ_j} (k_r·k_j) for j < r (only j < r is

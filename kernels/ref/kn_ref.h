@@ -68,7 +68,7 @@ cm_status kn_ref_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const floa
                              const int32_t *cu_seqlens, int n_seq, int64_t T, int64_t C, int K);
 cm_status kn_ref_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b,
                           const float *A_log, const float *dt_bias, int64_t T, int nv);
-/* The chunked WY/UT form (qwen_hybrid.md §3.1) with chunks of KN_REF_GDN_CHUNK tokens that
+/* The chunked WY/UT form (docs/target.md) with chunks of KN_REF_GDN_CHUNK tokens that
  * restart at every sequence start, all in double; parallel over (sequence, v-head). */
 #define KN_REF_GDN_CHUNK 64
 cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,

@@ -1,5 +1,5 @@
 /* kernels/ref/kn_rope_ref.c — reference rotary embedding, NeoX half-split, in place on
- * x [T, n_heads, head_dim]. Matches Hugging Face Qwen3.5 (qwen_hybrid.md §2.2):
+ * x [T, n_heads, head_dim]. Matches Hugging Face Qwen3.5 (docs/target.md):
  * inv_freq[i] = 1 / theta^((2i)/rot_dim) rounded to F32 as torch computes it, the angle
  * pos·inv_freq rounded to F32 (HF's float32 product, which matters at large positions), and
  * then cos, sin and x' = x·cos + rotate_half(x)·sin in double, rounded once. Pair (i, i +

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """tests/oracle/make_drafter_fixtures.py — float64 PyTorch oracle for one DFlash drafter training step.
 
-Written from DESIGN.md §5 (packed-batch rules, visibility, labels, weights) and reference/dflash.md §1.3-1.4
+Written from docs/drafter.md (packed-batch rules, visibility, labels, weights) and its serving format
 (serving format), not from the C code. Builds tiny random drafters and packed batches (seeded), saves them in the
-serving format plus the DESIGN §6 `grad` batch format, reads the SAVED files back as float64, runs the forward
+serving format plus the `grad` batch format of docs/checks.md, reads the SAVED files back as float64, runs the forward
 with an explicit dense boolean mask and autograd, and writes tests/fixtures/drafter/<name>/{drafter/, batch.
 safetensors, ref.safetensors} and manifest.json. See tests/oracle/README.md for how to run it and what each
 fixture covers.
@@ -29,13 +29,13 @@ from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GEN = "tests/oracle/make_drafter_fixtures.py"
 FULL, SLIDE = "full_attention", "sliding_attention"
-DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # DESIGN §5
+DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # docs/drafter.md
 
 # Each fixture: drafter shape, packing (document lengths in pack order; `prompt` = fraction of each document
 # whose loss_mask is 0 at its start, then `holes` = probability of a 0 inside the rest), anchors (`n_anchors`
 # in all: forced ones — `at_start` documents whose first token is a candidate and gets an anchor, `near_end`
 # offsets from each document's end (the nearest candidate at or before), `off_rule` anchors that break the
-# candidate rule — then random candidates of the DESIGN §5 rule drawn without replacement), the dtype of target_hidden/embed/lm_head, and `hits`
+# candidate rule — then random candidates of the docs/drafter.md rule drawn without replacement), the dtype of target_hidden/embed/lm_head, and `hits`
 # (how many blocks get their leading labels set to the model's own argmax, so that tau and the accuracies are
 # not trivially 1 and 0).
 FIXTURES = [
@@ -113,7 +113,7 @@ def fail(msg):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Drafter: config and weights in the serving format (reference/dflash.md §1.3, §1.4)
+# Drafter: config and weights in the serving format (docs/drafter.md, docs/formats.md)
 # --------------------------------------------------------------------------------------------------------------
 
 def param_specs(fx):
@@ -199,7 +199,7 @@ def random_weights(fx, gen):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Packed batch (DESIGN §5, §6)
+# Packed batch (docs/drafter.md, docs/checks.md)
 # --------------------------------------------------------------------------------------------------------------
 
 def doc_tables(cu):
@@ -212,7 +212,7 @@ def doc_tables(cu):
 
 
 def is_candidate(p, cu, doc_of, loss_mask):
-    """DESIGN §5 anchor rule: loss_mask[p] = 1 and p + 1 in the same document with loss_mask[p + 1] = 1."""
+    """docs/drafter.md anchor rule: loss_mask[p] = 1 and p + 1 in the same document with loss_mask[p + 1] = 1."""
     T = cu[-1]
     return loss_mask[p] == 1 and p + 1 < T and doc_of[p + 1] == doc_of[p] and loss_mask[p + 1] == 1
 
@@ -308,7 +308,7 @@ def make_batch(fx, gen):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The step in float64 (DESIGN §5)
+# The step in float64 (docs/drafter.md)
 # --------------------------------------------------------------------------------------------------------------
 
 _MASKS = {}
@@ -692,7 +692,7 @@ def make_fixture(fx, fdir):
               metadata={"format": "pt"})
     batch, off_rule = make_batch(fx, gen)
 
-    # read the drafter back exactly as stored; keys must be those of reference/dflash.md §1.3
+    # read the drafter back exactly as stored; keys must be those of docs/drafter.md
     P = read_params(os.path.join(fdir, "drafter"))
     specs = param_specs(fx)
     if sorted(P) != sorted(n for n, _ in specs):
@@ -843,15 +843,15 @@ def main():
     manifest["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__,
                             "python": platform.python_version()}
     manifest["conventions"] = {
-        "drafter": "drafter/config.json + drafter/model.safetensors: the serving format (reference/dflash.md "
-                   "§1.3-1.4), BF16, keys fc.weight, hidden_norm.weight, norm.weight, layers.{l}.*",
-        "batch": "batch.safetensors (DESIGN §6): input_ids, cu_seqlens, loss_mask, anchors I32; target_hidden "
+        "drafter": "drafter/config.json + drafter/model.safetensors: the serving format (docs/drafter.md"
+                   "), BF16, keys fc.weight, hidden_norm.weight, norm.weight, layers.{l}.*",
+        "batch": "batch.safetensors (docs/checks.md): input_ids, cu_seqlens, loss_mask, anchors I32; target_hidden "
                  "[T, n_taps*D], embed_tokens [V, D], lm_head [V, D] in F32 or BF16 (per fixture)",
         "ref": "ref.safetensors, F64: loss [1], grad.<name> (parameter shape) for every parameter; tau F64 [1]; "
                "acc_hits, acc_count I32 [block_size] (slot 0 always 0); metadata gamma, torch, weight_sum, "
                "n_blocks, min_margin",
         "math": "float64 with autograd, weights/batch read back from the saved files and converted to float64; "
-                "explicit dense boolean mask per layer type built with Python loops from DESIGN §5",
+                "explicit dense boolean mask per layer type built with Python loops from docs/drafter.md",
         "tau": "mean over blocks of 1 + the number of leading slots k = 1, 2, ... whose argmax equals the label; "
                "a slot with weight 0 ends the run; acc over slots with weight > 0",
         "tolerances": {"finite_differences_rel": FD_TOL, "permutation_loss_rel": PERM_TOL,

@@ -398,7 +398,7 @@ def hf_recurrent_as_chunk(query, key, value, g, beta, chunk_size=64, **kw):
 
 def naive_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None,
                            output_final_state=False, use_qk_l2norm_in_kernel=False, **kw):
-    """Our own float64 per-token recurrence, written from reference/qwen_hybrid.md §2.3-2.4 (not HF code):
+    """Our own float64 per-token recurrence, written from docs/target.md (not HF code):
     S~ = e^g S;  u = beta (v - S~^T k);  S = S~ + k u^T;  o = S^T q / sqrt(dk);  v-head j uses k-head j // r."""
     if initial_state is not None:
         fail("naive_gated_delta_rule: no initial state expected in prefill")
