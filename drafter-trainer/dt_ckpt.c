@@ -484,7 +484,7 @@ cm_status dt_ckpt_verify(const char *step_dir) {
                 step_dir, DT_CKPT_SUM_NAME);
     /* what can be seen without checksums: a truncated or malformed model.safetensors (the resume
      * reads only the training state, so nothing else would notice) */
-    char   path[4096], todo[1400];
+    char   path[4096], advice[1400];
     cm_st *f = NULL;
     CM_TRY(join(path, sizeof path, step_dir, "model.safetensors"));
     cm_status st = cm_st_open_file(&f, path);
@@ -493,8 +493,8 @@ cm_status dt_ckpt_verify(const char *step_dir) {
         return CM_OK;
     char why[1024];
     snprintf(why, sizeof why, "%s", cm_last_error());
-    dt_ckpt_sum_advice(step_dir, todo, sizeof todo);
-    return CM_FAIL(CM_ERR_FORMAT, "cannot resume: checkpoint '%s' is damaged: %s; %s", step_dir, why, todo);
+    dt_ckpt_sum_advice(step_dir, advice, sizeof advice);
+    return CM_FAIL(CM_ERR_FORMAT, "cannot resume: checkpoint '%s' is damaged: %s; %s", step_dir, why, advice);
 }
 
 // ---- loading

@@ -260,7 +260,7 @@ cm_status dt_ckpt_sum_verify(const char *dir, int *verified, dt_ckpt_sum_stats *
     *verified = 0;
     sum_ctx c = {.dir = dir};
     double  t0 = now_s();
-    char    path[4096], todo[1400];
+    char    path[4096], advice[1400];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_SUM_NAME) >= sizeof path)
         return CM_FAIL(CM_ERR_INVALID_ARG, "path '%s' is too long", dir);
     FILE *fp = fopen(path, "rb");
@@ -324,8 +324,8 @@ done:
     if (stats)
         *stats = c.stats;
     if (st == CM_ERR_FORMAT && c.why[0]) {
-        dt_ckpt_sum_advice(dir, todo, sizeof todo);
-        return CM_FAIL(CM_ERR_FORMAT, "cannot resume: checkpoint '%s' is damaged: %s; %s", dir, c.why, todo);
+        dt_ckpt_sum_advice(dir, advice, sizeof advice);
+        return CM_FAIL(CM_ERR_FORMAT, "cannot resume: checkpoint '%s' is damaged: %s; %s", dir, c.why, advice);
     }
     if (st == CM_OK)
         *verified = 1;
