@@ -1,9 +1,11 @@
 /* common/base/cm_hash.c — XXH64 (public algorithm: four 64-bit lanes over 32-byte stripes,
  * merged, then the tail in 8-, 4- and 1-byte steps, then an avalanche). Reads are
- * little-endian and unaligned-safe (memcpy), so the value is the same on every host. */
+ * little-endian and unaligned-safe (cm_bytes.h), so the value is the same on every host. */
 #include "cm_hash.h"
 
 #include <string.h>
+
+#include "cm_bytes.h"
 
 #define P1 0x9E3779B185EBCA87ull
 #define P2 0xC2B2AE3D27D4EB4Full
@@ -13,24 +15,6 @@
 
 static inline uint64_t rotl64(uint64_t x, int r) {
     return (x << r) | (x >> (64 - r));
-}
-
-static inline uint64_t read64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-static inline uint32_t read32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
 }
 
 static inline uint64_t round64(uint64_t acc, uint64_t input) {
@@ -55,10 +39,10 @@ static void init_acc(uint64_t acc[4], uint64_t seed) {
 static size_t stripes(uint64_t acc[4], const uint8_t *p, size_t len) {
     size_t n = len & ~(size_t)31;
     for (size_t i = 0; i < n; i += 32) {
-        acc[0] = round64(acc[0], read64(p + i));
-        acc[1] = round64(acc[1], read64(p + i + 8));
-        acc[2] = round64(acc[2], read64(p + i + 16));
-        acc[3] = round64(acc[3], read64(p + i + 24));
+        acc[0] = round64(acc[0], cm_le_get_u64(p + i));
+        acc[1] = round64(acc[1], cm_le_get_u64(p + i + 8));
+        acc[2] = round64(acc[2], cm_le_get_u64(p + i + 16));
+        acc[3] = round64(acc[3], cm_le_get_u64(p + i + 24));
     }
     return n;
 }
@@ -76,9 +60,9 @@ static uint64_t finish(const uint64_t acc[4], int long_input, uint64_t seed, uin
     h += total_len;
     size_t i = 0;
     for (; i + 8 <= tail_len; i += 8)
-        h = rotl64(h ^ round64(0, read64(tail + i)), 27) * P1 + P4;
+        h = rotl64(h ^ round64(0, cm_le_get_u64(tail + i)), 27) * P1 + P4;
     if (i + 4 <= tail_len) {
-        h = rotl64(h ^ ((uint64_t)read32(tail + i) * P1), 23) * P2 + P3;
+        h = rotl64(h ^ ((uint64_t)cm_le_get_u32(tail + i) * P1), 23) * P2 + P3;
         i += 4;
     }
     for (; i < tail_len; i++)

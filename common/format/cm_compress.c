@@ -16,6 +16,8 @@
 #include <string.h>
 #include <zstd.h>
 
+#include "cm_bytes.h"
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "cm_compress assumes a little-endian host (streams are little-endian and bytes are split as stored)"
 #endif
@@ -613,21 +615,6 @@ static cm_status encode_chunk(cm_compress *c, worker *w, int64_t i) {
     return CM_OK;
 }
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int k = 0; k < 4; k++)
-        p[k] = (uint8_t)(v >> (8 * k));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int k = 0; k < 8; k++)
-        p[k] = (uint8_t)(v >> (8 * k));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
-
 cm_status cm_compress_encode(cm_compress *c, cm_encoding enc, cm_dtype dt, const void *src, int64_t n_rows,
                              int64_t row_len, void *dst, size_t cap, size_t *len) {
     layout L;
@@ -661,15 +648,15 @@ cm_status cm_compress_encode(cm_compress *c, cm_encoding enc, cm_dtype dt, const
         CM_TRY(ensure_scratch(c, L.chunk_in));
     if (enc == CM_ENCODING_FP8_ZSTD)
         CM_TRY(ensure_scratch(c, ((L.chunk_in + 63) & ~(size_t)63) + 4 * L.row_len));
-    put_u32(d, CM_COMPRESS_MAGIC);
+    cm_le_put_u32(d, CM_COMPRESS_MAGIC);
     d[4] = (uint8_t)enc;
     d[5] = (uint8_t)dt;
     d[6] = (uint8_t)L.transform;
     d[7] = 0;
-    put_u64(d + 8, L.n_elems);
-    put_u64(d + 16, enc == CM_ENCODING_FP8_ZSTD ? L.row_len : 0);
-    put_u32(d + 24, (uint32_t)L.chunk_elems);
-    put_u32(d + 28, (uint32_t)L.n_chunks);
+    cm_le_put_u64(d + 8, L.n_elems);
+    cm_le_put_u64(d + 16, enc == CM_ENCODING_FP8_ZSTD ? L.row_len : 0);
+    cm_le_put_u32(d + 24, (uint32_t)L.chunk_elems);
+    cm_le_put_u32(d + 28, (uint32_t)L.n_chunks);
     c->lay = &L;
     c->src = src;
     c->dst = d;
@@ -679,7 +666,7 @@ cm_status cm_compress_encode(cm_compress *c, cm_encoding enc, cm_dtype dt, const
         size_t n = c->sizes[i] & ~STORED_BIT;
         memmove(d + pos, d + L.chunks_off + i * L.slot, n);
         pos += n;
-        put_u32(d + CM_COMPRESS_HEAD_SIZE + 4 * i, c->sizes[i]);
+        cm_le_put_u32(d + CM_COMPRESS_HEAD_SIZE + 4 * i, c->sizes[i]);
     }
     *len = pos;
     return CM_OK;
@@ -700,7 +687,7 @@ static cm_status decode_chunk(cm_compress *c, worker *w, int64_t i) {
     if (!(c->sizes[i] & STORED_BIT)) {
         /* one zstd frame (magic, then the frame header descriptor whose bit 2 is the content
          * checksum flag), exactly csz bytes, declaring exactly in_len bytes of content */
-        if (csz < 6 || get_u32(cs) != 0xFD2FB528u)
+        if (csz < 6 || cm_le_get_u32(cs) != 0xFD2FB528u)
             return wfail(w, CM_ERR_PROTOCOL, "compress: chunk %lld is not a zstd frame", (long long)i);
         if (!(cs[4] & 0x04))
             return wfail(w, CM_ERR_PROTOCOL, "compress: chunk %lld has no content checksum", (long long)i);
@@ -773,7 +760,7 @@ cm_status cm_compress_decode(cm_compress *c, cm_encoding enc, cm_dtype dt, const
     if (src_len < CM_COMPRESS_HEAD_SIZE)
         return CM_FAIL(CM_ERR_PROTOCOL, "compress: %s stream truncated: %zu bytes, its head alone has %d", en,
                        src_len, CM_COMPRESS_HEAD_SIZE);
-    uint32_t magic = get_u32(s);
+    uint32_t magic = cm_le_get_u32(s);
     if (magic != CM_COMPRESS_MAGIC)
         return CM_FAIL(CM_ERR_PROTOCOL, "compress: bad stream magic 0x%08x (expected 0x%08x \"TCZ1\")", magic,
                        CM_COMPRESS_MAGIC);
@@ -789,8 +776,8 @@ cm_status cm_compress_decode(cm_compress *c, cm_encoding enc, cm_dtype dt, const
                        transform, en, cm_dtype_name(dt));
     if (s[7])
         return CM_FAIL(CM_ERR_PROTOCOL, "compress: stream field 'reserved' is %u, must be 0", s[7]);
-    uint64_t n_elems = get_u64(s + 8), srow = get_u64(s + 16), ce = get_u32(s + 24),
-             n_chunks = get_u32(s + 28);
+    uint64_t n_elems = cm_le_get_u64(s + 8), srow = cm_le_get_u64(s + 16), ce = cm_le_get_u32(s + 24),
+             n_chunks = cm_le_get_u32(s + 28);
     if (n_elems != L.n_elems)
         return CM_FAIL(CM_ERR_PROTOCOL, "compress: stream field 'n_elems' is %llu, the descriptor says %llu",
                        (unsigned long long)n_elems, (unsigned long long)L.n_elems);
@@ -823,7 +810,7 @@ cm_status cm_compress_decode(cm_compress *c, cm_encoding enc, cm_dtype dt, const
     CM_TRY(ensure_chunks(c, L.n_chunks));
     uint64_t pos = L.chunks_off;
     for (uint64_t i = 0; i < L.n_chunks; i++) {
-        uint32_t e = get_u32(s + CM_COMPRESS_HEAD_SIZE + 4 * i);
+        uint32_t e = cm_le_get_u32(s + CM_COMPRESS_HEAD_SIZE + 4 * i);
         uint64_t sz = e & ~STORED_BIT, e0, n;
         chunk_span(&L, (int64_t)i, &e0, &n);
         uint64_t in_len = n * (enc == CM_ENCODING_FP8_ZSTD ? 1 : L.esize);

@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "cm_bytes.h"
 #include "cm_hash.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -61,16 +62,16 @@ static void w_u8(wr *w, uint8_t v) {
     w->p[w->off++] = v;
 }
 static void w_u16(wr *w, uint16_t v) {
-    for (int i = 0; i < 2; i++)
-        w->p[w->off++] = (uint8_t)(v >> (8 * i));
+    cm_le_put_u16(w->p + w->off, v);
+    w->off += 2;
 }
 static void w_u32(wr *w, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        w->p[w->off++] = (uint8_t)(v >> (8 * i));
+    cm_le_put_u32(w->p + w->off, v);
+    w->off += 4;
 }
 static void w_u64(wr *w, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        w->p[w->off++] = (uint8_t)(v >> (8 * i));
+    cm_le_put_u64(w->p + w->off, v);
+    w->off += 8;
 }
 static void w_str(wr *w, const char *s) {
     size_t n = strlen(s);
@@ -78,15 +79,6 @@ static void w_str(wr *w, const char *s) {
     w_bytes(w, s, n);
 }
 
-static uint16_t get_u16(const uint8_t *p) {
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
 
 // ----------------------------------------------------------------------------
 // validation of names and messages (shared by encoders and decoders)
@@ -177,32 +169,32 @@ cm_status cm_proto_peek(const void *frame, size_t len, const cm_proto_limits *li
     if (!p || len < CM_PROTO_HEADER_SIZE)
         return CM_FAIL(CM_ERR_PROTOCOL, "frame: truncated: %zu bytes, the header alone has %d", p ? len : 0,
                        CM_PROTO_HEADER_SIZE);
-    uint32_t magic = get_u32(p);
+    uint32_t magic = cm_le_get_u32(p);
     if (magic != CM_PROTO_MAGIC)
         return CM_FAIL(CM_ERR_PROTOCOL,
                        "frame: bad magic 0x%08x (expected 0x%08x \"TNDM\"): not a tandem frame", magic,
                        CM_PROTO_MAGIC);
     cm_proto_header h;
-    h.version = get_u16(p + 4);
+    h.version = cm_le_get_u16(p + 4);
     if (h.version != CM_PROTO_VERSION)
         return CM_FAIL(CM_ERR_PROTOCOL,
                        "frame: protocol version %u is not spoken here (this build speaks %d); run matching "
                        "target-server and drafter-trainer builds",
                        h.version, CM_PROTO_VERSION);
-    uint64_t want = get_u64(p + 48), got = cm_xxh64(p, 48, 0);
+    uint64_t want = cm_le_get_u64(p + 48), got = cm_xxh64(p, 48, 0);
     if (want != got)
         return CM_FAIL(CM_ERR_PROTOCOL,
                        "frame: header checksum mismatch (field header_checksum %016llx, computed "
                        "%016llx): corrupted header",
                        (unsigned long long)want, (unsigned long long)got);
-    h.type = get_u16(p + 6);
-    h.flags = get_u32(p + 8);
-    h.n_tensors = get_u32(p + 12);
-    h.id = get_u64(p + 16);
-    h.body_len = get_u32(p + 24);
-    uint32_t rsv = get_u32(p + 28);
-    h.data_len = get_u64(p + 32);
-    h.body_checksum = get_u64(p + 40);
+    h.type = cm_le_get_u16(p + 6);
+    h.flags = cm_le_get_u32(p + 8);
+    h.n_tensors = cm_le_get_u32(p + 12);
+    h.id = cm_le_get_u64(p + 16);
+    h.body_len = cm_le_get_u32(p + 24);
+    uint32_t rsv = cm_le_get_u32(p + 28);
+    h.data_len = cm_le_get_u64(p + 32);
+    h.body_checksum = cm_le_get_u64(p + 40);
     if (h.type < CM_PROTO_TYPE_HELLO || h.type >= CM_PROTO_TYPE_END)
         return CM_FAIL(CM_ERR_PROTOCOL, "frame: unknown message type %u in field 'type'", h.type);
     const char *tn = cm_proto_type_name(h.type);
@@ -259,19 +251,19 @@ static cm_status r_u8(rd *r, const char *field, uint8_t *v) {
 }
 static cm_status r_u16(rd *r, const char *field, uint16_t *v) {
     CM_TRY(r_need(r, 2, field));
-    *v = get_u16(r->p + r->off);
+    *v = cm_le_get_u16(r->p + r->off);
     r->off += 2;
     return CM_OK;
 }
 static cm_status r_u32(rd *r, const char *field, uint32_t *v) {
     CM_TRY(r_need(r, 4, field));
-    *v = get_u32(r->p + r->off);
+    *v = cm_le_get_u32(r->p + r->off);
     r->off += 4;
     return CM_OK;
 }
 static cm_status r_u64(rd *r, const char *field, uint64_t *v) {
     CM_TRY(r_need(r, 8, field));
-    *v = get_u64(r->p + r->off);
+    *v = cm_le_get_u64(r->p + r->off);
     r->off += 8;
     return CM_OK;
 }

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cm_bytes.h"
 #include "cm_cfg.h"    /* cm_read_text_file */
 #include "cm_tensor.h" /* cm_shape_str */
 
@@ -269,9 +270,7 @@ static cm_status parse_entry(st_file *f, const cJSON *e, const uint8_t *data, si
 
 static cm_status file_parse(st_file *f, const char *note) {
     const uint8_t *bytes = f->map;
-    uint64_t       n = 0;
-    for (int i = 7; i >= 0; i--)
-        n = (n << 8) | bytes[i];
+    uint64_t       n = cm_le_get_u64(bytes);
     if (n > f->size - 8)
         return ST_FAIL(CM_ERR_IO, note,
                        "'%s': header length %llu exceeds the file size %zu (truncated or not a "
@@ -861,8 +860,7 @@ cm_status cm_st_writer_write(cm_st_writer *w, const char *path) {
         return CM_FAIL(CM_ERR_NOMEM, "cannot build the header of '%s'", path);
     size_t  hlen = strlen(hdr), padded = (hlen + 7) / 8 * 8;
     uint8_t len8[8];
-    for (int i = 0; i < 8; i++)
-        len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    cm_le_put_u64(len8, (uint64_t)padded);
     static const char spaces[8] = "        ";
 
     cm_status st = CM_OK;

@@ -15,12 +15,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "cm_bytes.h"
 #include "cm_hash.h"
 #include "cm_lock.h"
 #include "cm_log.h"
+#include "cm_time.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "cm_shard assumes a little-endian host"
@@ -29,27 +30,6 @@
 #define SH_PATH_MAX  4096
 #define SH_READ_SIZE ((size_t)1 << 20) /* streaming reads when verifying a record from a file */
 
-static void put16(uint8_t *p, uint16_t v) {
-    for (int i = 0; i < 2; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) {
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) {
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 static int all_zero(const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (p[i])
@@ -273,66 +253,66 @@ cm_status cm_shard_identity_check(const cm_shard_identity *have, const cm_shard_
 
 static void index_header_encode(uint8_t *p, const cm_shard_identity *id) {
     memset(p, 0, CM_SHARD_INDEX_HEADER_SIZE);
-    put32(p, CM_SHARD_INDEX_MAGIC);
-    put16(p + 4, CM_SHARD_VERSION);
-    put16(p + 6, CM_SHARD_INDEX_HEADER_SIZE);
-    put16(p + 8, CM_SHARD_ENTRY_SIZE);
-    put16(p + 10, CM_PROTO_VERSION);
+    cm_le_put_u32(p, CM_SHARD_INDEX_MAGIC);
+    cm_le_put_u16(p + 4, CM_SHARD_VERSION);
+    cm_le_put_u16(p + 6, CM_SHARD_INDEX_HEADER_SIZE);
+    cm_le_put_u16(p + 8, CM_SHARD_ENTRY_SIZE);
+    cm_le_put_u16(p + 10, CM_PROTO_VERSION);
     p[12] = (uint8_t)id->hidden_dtype;
     p[13] = (uint8_t)id->encoding;
-    put16(p + 14, (uint16_t)id->n_layers);
-    put64(p + 16, id->target_id);
-    put32(p + 24, id->hidden_size);
-    put64(p + 352, id->weights_id);
+    cm_le_put_u16(p + 14, (uint16_t)id->n_layers);
+    cm_le_put_u64(p + 16, id->target_id);
+    cm_le_put_u32(p + 24, id->hidden_size);
+    cm_le_put_u64(p + 352, id->weights_id);
     memcpy(p + 32, id->target_name, strnlen(id->target_name, CM_PROTO_NAME_MAX));
     for (uint32_t i = 0; i < id->n_layers; i++)
-        put32(p + 96 + 4 * i, (uint32_t)id->layer_ids[i]);
-    put64(p + 376, cm_xxh64(p, 376, 0));
+        cm_le_put_u32(p + 96 + 4 * i, (uint32_t)id->layer_ids[i]);
+    cm_le_put_u64(p + 376, cm_xxh64(p, 376, 0));
 }
 
 /* *version: the store's, CM_SHARD_VERSION or 1 (no weights_id). */
 static cm_status index_header_decode(const uint8_t *p, const char *path, cm_shard_identity *id,
                                      uint16_t *version) {
-    uint32_t magic = get32(p);
+    uint32_t magic = cm_le_get_u32(p);
     if (magic != CM_SHARD_INDEX_MAGIC)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': bad magic 0x%08x (expected 0x%08x \"TSHX\"): not a shard index",
                        path, magic, CM_SHARD_INDEX_MAGIC);
-    *version = get16(p + 4);
+    *version = cm_le_get_u16(p + 4);
     if (*version != CM_SHARD_VERSION && *version != 1)
         return CM_FAIL(CM_ERR_FORMAT,
                        "'%s': shard format version %u, this build reads versions 1 to %d: run precompute "
                        "again with this build",
                        path, *version, CM_SHARD_VERSION);
-    uint64_t want = get64(p + 376), got = cm_xxh64(p, 376, 0);
+    uint64_t want = cm_le_get_u64(p + 376), got = cm_xxh64(p, 376, 0);
     if (want != got)
         return CM_FAIL(CM_ERR_FORMAT,
                        "'%s': index header checksum mismatch (stored %016llx, computed %016llx): the "
                        "index is corrupted",
                        path, (unsigned long long)want, (unsigned long long)got);
-    if (get16(p + 6) != CM_SHARD_INDEX_HEADER_SIZE || get16(p + 8) != CM_SHARD_ENTRY_SIZE)
+    if (cm_le_get_u16(p + 6) != CM_SHARD_INDEX_HEADER_SIZE || cm_le_get_u16(p + 8) != CM_SHARD_ENTRY_SIZE)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': header size %u and entry size %u, expected %d and %d", path,
-                       get16(p + 6), get16(p + 8), CM_SHARD_INDEX_HEADER_SIZE, CM_SHARD_ENTRY_SIZE);
-    if (get16(p + 10) != CM_PROTO_VERSION)
+                       cm_le_get_u16(p + 6), cm_le_get_u16(p + 8), CM_SHARD_INDEX_HEADER_SIZE, CM_SHARD_ENTRY_SIZE);
+    if (cm_le_get_u16(p + 10) != CM_PROTO_VERSION)
         return CM_FAIL(CM_ERR_FORMAT,
                        "'%s': the records hold protocol version %u frames, this build reads version "
                        "%d: run precompute again with this build",
-                       path, get16(p + 10), CM_PROTO_VERSION);
+                       path, cm_le_get_u16(p + 10), CM_PROTO_VERSION);
     memset(id, 0, sizeof *id);
     id->hidden_dtype = (cm_dtype)p[12];
     id->encoding = (cm_encoding)p[13];
-    id->n_layers = get16(p + 14);
-    id->target_id = get64(p + 16);
-    id->hidden_size = get32(p + 24);
-    id->weights_id = *version >= 2 ? get64(p + 352) : 0; /* version 1: reserved, checked 0 below */
+    id->n_layers = cm_le_get_u16(p + 14);
+    id->target_id = cm_le_get_u64(p + 16);
+    id->hidden_size = cm_le_get_u32(p + 24);
+    id->weights_id = *version >= 2 ? cm_le_get_u64(p + 352) : 0; /* version 1: reserved, checked 0 below */
     memcpy(id->target_name, p + 32, CM_PROTO_NAME_MAX);
     size_t n = strnlen(id->target_name, CM_PROTO_NAME_MAX);
-    if (get32(p + 28) || !all_zero(p + 32 + n, CM_PROTO_NAME_MAX - n) || (*version < 2 && !all_zero(p + 352, 8)) ||
+    if (cm_le_get_u32(p + 28) || !all_zero(p + 32 + n, CM_PROTO_NAME_MAX - n) || (*version < 2 && !all_zero(p + 352, 8)) ||
         !all_zero(p + 360, 16))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': reserved or padding bytes of the index header are not 0", path);
     if (id->n_layers > CM_SHARD_MAX_LAYERS)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': %u layers, at most %d", path, id->n_layers, CM_SHARD_MAX_LAYERS);
     for (uint32_t i = 0; i < id->n_layers; i++)
-        id->layer_ids[i] = (int32_t)get32(p + 96 + 4 * i);
+        id->layer_ids[i] = (int32_t)cm_le_get_u32(p + 96 + 4 * i);
     if (!all_zero(p + 96 + 4 * id->n_layers, 4 * (CM_SHARD_MAX_LAYERS - id->n_layers)))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': unused layer id slots are not 0", path);
     return identity_valid(id, CM_ERR_FORMAT, path);
@@ -342,50 +322,50 @@ static cm_status index_header_decode(const uint8_t *p, const char *path, cm_shar
 // entries and records
 
 static void entry_encode(uint8_t *p, const cm_shard_entry *e) {
-    put64(p, e->batch_id);
-    put32(p + 8, e->shard);
-    put32(p + 12, e->n_tensors);
-    put64(p + 16, e->offset);
-    put64(p + 24, e->length);
-    put64(p + 32, e->checksum);
-    put64(p + 40, e->raw_bytes);
-    put64(p + 48, e->batch_hash);
-    put64(p + 56, cm_xxh64(p, 56, 0));
+    cm_le_put_u64(p, e->batch_id);
+    cm_le_put_u32(p + 8, e->shard);
+    cm_le_put_u32(p + 12, e->n_tensors);
+    cm_le_put_u64(p + 16, e->offset);
+    cm_le_put_u64(p + 24, e->length);
+    cm_le_put_u64(p + 32, e->checksum);
+    cm_le_put_u64(p + 40, e->raw_bytes);
+    cm_le_put_u64(p + 48, e->batch_hash);
+    cm_le_put_u64(p + 56, cm_xxh64(p, 56, 0));
 }
 
 /* 1 if the entry's checksum holds (and *e is filled), else 0. */
 static int entry_decode(const uint8_t *p, cm_shard_entry *e) {
-    if (get64(p + 56) != cm_xxh64(p, 56, 0))
+    if (cm_le_get_u64(p + 56) != cm_xxh64(p, 56, 0))
         return 0;
-    e->batch_id = get64(p);
-    e->shard = get32(p + 8);
-    e->n_tensors = get32(p + 12);
-    e->offset = get64(p + 16);
-    e->length = get64(p + 24);
-    e->checksum = get64(p + 32);
-    e->raw_bytes = get64(p + 40);
-    e->batch_hash = get64(p + 48);
+    e->batch_id = cm_le_get_u64(p);
+    e->shard = cm_le_get_u32(p + 8);
+    e->n_tensors = cm_le_get_u32(p + 12);
+    e->offset = cm_le_get_u64(p + 16);
+    e->length = cm_le_get_u64(p + 24);
+    e->checksum = cm_le_get_u64(p + 32);
+    e->raw_bytes = cm_le_get_u64(p + 40);
+    e->batch_hash = cm_le_get_u64(p + 48);
     return 1;
 }
 
 static void record_header_encode(uint8_t *p, const cm_shard_entry *e) {
     memset(p, 0, CM_SHARD_RECORD_HEADER_SIZE);
-    put32(p, CM_SHARD_RECORD_MAGIC);
-    put16(p + 4, CM_SHARD_RECORD_VERSION);
-    put16(p + 6, CM_SHARD_RECORD_HEADER_SIZE);
-    put64(p + 8, e->batch_id);
-    put64(p + 16, e->length);
-    put64(p + 24, e->checksum);
-    put64(p + 32, e->batch_hash);
-    put64(p + 40, cm_xxh64(p, 40, 0));
+    cm_le_put_u32(p, CM_SHARD_RECORD_MAGIC);
+    cm_le_put_u16(p + 4, CM_SHARD_RECORD_VERSION);
+    cm_le_put_u16(p + 6, CM_SHARD_RECORD_HEADER_SIZE);
+    cm_le_put_u64(p + 8, e->batch_id);
+    cm_le_put_u64(p + 16, e->length);
+    cm_le_put_u64(p + 24, e->checksum);
+    cm_le_put_u64(p + 32, e->batch_hash);
+    cm_le_put_u64(p + 40, cm_xxh64(p, 40, 0));
 }
 
 uint64_t cm_shard_batch_hash(const int32_t *tokens, uint32_t n_tokens, const int32_t *cu_seqlens,
                              uint32_t n_seqs) {
     cm_xxh64_state s;
     uint8_t        n[8];
-    put32(n, n_tokens);
-    put32(n + 4, n_seqs);
+    cm_le_put_u32(n, n_tokens);
+    cm_le_put_u32(n + 4, n_seqs);
     cm_xxh64_init(&s, 0);
     cm_xxh64_update(&s, n, sizeof n);
     cm_xxh64_update(&s, tokens,
@@ -406,23 +386,23 @@ uint64_t cm_shard_batch_hash(const int32_t *tokens, uint32_t n_tokens, const int
 static cm_status record_header_check(const uint8_t *p, const cm_shard_entry *e, const char *dir) {
     char name[32];
     shard_name(name, e->shard);
-    uint64_t want = get64(p + 40), got = cm_xxh64(p, 40, 0);
-    if (get32(p) != CM_SHARD_RECORD_MAGIC)
-        return REC_FAIL("bad record magic 0x%08x (expected 0x%08x \"TSHR\")", get32(p),
+    uint64_t want = cm_le_get_u64(p + 40), got = cm_xxh64(p, 40, 0);
+    if (cm_le_get_u32(p) != CM_SHARD_RECORD_MAGIC)
+        return REC_FAIL("bad record magic 0x%08x (expected 0x%08x \"TSHR\")", cm_le_get_u32(p),
                         CM_SHARD_RECORD_MAGIC);
     if (want != got)
         return REC_FAIL("record header checksum mismatch (stored %016llx, computed %016llx)",
                         (unsigned long long)want, (unsigned long long)got);
-    if (get16(p + 4) != CM_SHARD_RECORD_VERSION || get16(p + 6) != CM_SHARD_RECORD_HEADER_SIZE)
-        return REC_FAIL("record version %u, header size %u (expected %d, %d)", get16(p + 4), get16(p + 6),
+    if (cm_le_get_u16(p + 4) != CM_SHARD_RECORD_VERSION || cm_le_get_u16(p + 6) != CM_SHARD_RECORD_HEADER_SIZE)
+        return REC_FAIL("record version %u, header size %u (expected %d, %d)", cm_le_get_u16(p + 4), cm_le_get_u16(p + 6),
                         CM_SHARD_RECORD_VERSION, CM_SHARD_RECORD_HEADER_SIZE);
-    if (get64(p + 8) != e->batch_id || get64(p + 16) != e->length || get64(p + 24) != e->checksum ||
-        get64(p + 32) != e->batch_hash)
+    if (cm_le_get_u64(p + 8) != e->batch_id || cm_le_get_u64(p + 16) != e->length || cm_le_get_u64(p + 24) != e->checksum ||
+        cm_le_get_u64(p + 32) != e->batch_hash)
         return REC_FAIL(
             "record header says batch %llu, %llu bytes, checksum %016llx, batch hash %016llx; the index says "
             "%llu, %llu, %016llx, %016llx",
-            (unsigned long long)get64(p + 8), (unsigned long long)get64(p + 16),
-            (unsigned long long)get64(p + 24), (unsigned long long)get64(p + 32),
+            (unsigned long long)cm_le_get_u64(p + 8), (unsigned long long)cm_le_get_u64(p + 16),
+            (unsigned long long)cm_le_get_u64(p + 24), (unsigned long long)cm_le_get_u64(p + 32),
             (unsigned long long)e->batch_id, (unsigned long long)e->length, (unsigned long long)e->checksum,
             (unsigned long long)e->batch_hash);
     return CM_OK;
@@ -769,8 +749,7 @@ static cm_status writer_resume(cm_shard_writer *w) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate a read buffer");
         goto fail;
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = cm_now_s();
     for (uint32_t k = 0; k < x.n_shards; k++) {
         char     path[SH_PATH_MAX];
         int      fd = -1;
@@ -805,10 +784,10 @@ static cm_status writer_resume(cm_shard_writer *w) {
         if (st != CM_OK)
             goto fail;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double t1 = cm_now_s();
     if (w->cfg.verify && x.n) {
         uint64_t     bytes = 0;
-        const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        const double s = t1 - t0;
         for (uint32_t k = 0; k < x.n_shards; k++)
             bytes += x.spans[k].end;
         CM_LOG_INFO("shard directory '%s': %llu stored records, %.2f GB verified in %.2f s = %.2f GB/s; %llu "

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cm_bytes.h"
 #include "cm_log.h"
 
 // ---- CRC32C
@@ -55,9 +56,16 @@ static void pb_varint(pb *b, uint64_t v) {
     pb_byte(b, (uint8_t)v);
 }
 
-static void pb_le(pb *b, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; i++)
-        pb_byte(b, (uint8_t)(v >> (8 * i)));
+static void pb_u32(pb *b, uint32_t v) {
+    CM_ASSERT(b->n + 4 <= b->cap);
+    cm_le_put_u32(b->p + b->n, v);
+    b->n += 4;
+}
+
+static void pb_u64(pb *b, uint64_t v) {
+    CM_ASSERT(b->n + 8 <= b->cap);
+    cm_le_put_u64(b->p + b->n, v);
+    b->n += 8;
 }
 
 static void pb_bytes(pb *b, int field, const void *data, size_t len) {
@@ -81,7 +89,7 @@ static void pb_header(pb *b, double wall_time, int64_t step) {
     uint64_t bits;
     memcpy(&bits, &wall_time, 8);
     pb_varint(b, 1 << 3 | 1); /* wall_time: fixed64 */
-    pb_le(b, bits, 8);
+    pb_u64(b, bits);
     pb_varint(b, 2 << 3 | 0); /* step: varint (two's complement for negatives, as int64 is) */
     pb_varint(b, (uint64_t)step);
 }
@@ -103,14 +111,10 @@ static double wall_now(void) {
 
 /* Frames b->p[0..n) as one TFRecord and hands it to stdio. */
 static cm_status write_record(cm_tb *tb, const uint8_t *data, size_t n) {
-    uint8_t head[12];
-    for (int i = 0; i < 8; i++)
-        head[i] = (uint8_t)((uint64_t)n >> (8 * i));
-    uint32_t c = cm_crc32c_mask(cm_crc32c(head, 8));
-    for (int i = 0; i < 4; i++)
-        head[8 + i] = (uint8_t)(c >> (8 * i));
-    uint32_t d = cm_crc32c_mask(cm_crc32c(data, n));
-    uint8_t  tail[4] = {(uint8_t)d, (uint8_t)(d >> 8), (uint8_t)(d >> 16), (uint8_t)(d >> 24)};
+    uint8_t head[12], tail[4];
+    cm_le_put_u64(head, (uint64_t)n);
+    cm_le_put_u32(head + 8, cm_crc32c_mask(cm_crc32c(head, 8)));
+    cm_le_put_u32(tail, cm_crc32c_mask(cm_crc32c(data, n)));
     if (fwrite(head, 1, 12, tb->f) != 12 || fwrite(data, 1, n, tb->f) != n || fwrite(tail, 1, 4, tb->f) != 4)
         return CM_FAIL(CM_ERR_IO, "cannot write to '%s': %s", tb->path, strerror(errno));
     if (++tb->pending >= tb->flush_every) {
@@ -227,7 +231,7 @@ cm_status cm_tb_scalars(cm_tb *tb, double wall_time, int64_t step, int n, const 
         uint32_t bits;
         memcpy(&bits, &v, 4);
         pb_varint(&b, 2 << 3 | 5); /* simple_value: fixed32 */
-        pb_le(&b, bits, 4);
+        pb_u32(&b, bits);
     }
     CM_ASSERT(b.n - at == summary_len);
     return write_record(tb, b.p, b.n);
@@ -300,13 +304,6 @@ cm_status cm_tb_reader_open(cm_tb_reader **out, const char *path) {
     return CM_OK;
 }
 
-static uint64_t get_le(const uint8_t *p, int bytes) {
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* A protobuf reader over [p, end): every length is checked against what is left. */
 typedef struct pr {
     const uint8_t *p, *end;
@@ -338,13 +335,13 @@ static int pr_field(pr *r, int *field, int *wire, pr *sub, uint64_t *scalar) {
     case 1:
         if (r->end - r->p < 8)
             return 0;
-        *scalar = get_le(r->p, 8);
+        *scalar = cm_le_get_u64(r->p);
         r->p += 8;
         return 1;
     case 5:
         if (r->end - r->p < 4)
             return 0;
-        *scalar = get_le(r->p, 4);
+        *scalar = cm_le_get_u32(r->p);
         r->p += 4;
         return 1;
     case 2: {
@@ -445,13 +442,13 @@ cm_status cm_tb_reader_next(cm_tb_reader *r, cm_tb_event *ev, int *done) {
     if (left < 12)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': truncated record header at offset %zu (%zu bytes left)", r->path,
                        at, left);
-    const uint64_t len = get_le(p, 8);
-    if ((uint32_t)get_le(p + 8, 4) != cm_crc32c_mask(cm_crc32c(p, 8)))
+    const uint64_t len = cm_le_get_u64(p);
+    if (cm_le_get_u32(p + 8) != cm_crc32c_mask(cm_crc32c(p, 8)))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': bad length checksum of the record at offset %zu", r->path, at);
     if (len > left - 12 || left - 12 - len < 4)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': truncated record at offset %zu (length %llu, %zu bytes left)",
                        r->path, at, (unsigned long long)len, left);
-    if ((uint32_t)get_le(p + 12 + len, 4) != cm_crc32c_mask(cm_crc32c(p + 12, (size_t)len)))
+    if (cm_le_get_u32(p + 12 + len) != cm_crc32c_mask(cm_crc32c(p + 12, (size_t)len)))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': bad data checksum of the record at offset %zu", r->path, at);
     memset(ev, 0, sizeof *ev);
     if (!decode_event((pr){p + 12, p + 12 + len}, ev))

@@ -9,23 +9,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "cm_bytes.h"
 #include "cm_hash.h"
 #include "cm_log.h"
+#include "cm_time.h"
 
 #define CHUNK_BYTES (32u << 20)
 #define MAX_THREADS 16
 
 int cm_weights_id_covers(const char *name) {
     return strncmp(name, "model.visual.", 13) != 0 && strncmp(name, "mtp.", 4) != 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int default_threads(int n) {
@@ -61,16 +56,21 @@ static int by_name(const void *a, const void *b) {
     return strcmp((*(const cm_st_tensor *const *)a)->name, (*(const cm_st_tensor *const *)b)->name);
 }
 
-static void put_le(cm_xxh64_state *s, uint64_t v, int bytes) {
+static void hash_u32(cm_xxh64_state *s, uint32_t v) {
+    uint8_t b[4];
+    cm_le_put_u32(b, v);
+    cm_xxh64_update(s, b, 4);
+}
+
+static void hash_u64(cm_xxh64_state *s, uint64_t v) {
     uint8_t b[8];
-    for (int i = 0; i < bytes; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    cm_xxh64_update(s, b, (size_t)bytes);
+    cm_le_put_u64(b, v);
+    cm_xxh64_update(s, b, 8);
 }
 
 cm_status cm_weights_id_compute(const cm_st *st, int n_threads, cm_weights_id_info *out) {
     memset(out, 0, sizeof *out);
-    const double         t0 = now_s();
+    const double         t0 = cm_now_s();
     const int            n_all = cm_st_count(st);
     const cm_st_tensor **ts = malloc((size_t)(n_all ? n_all : 1) * sizeof *ts);
     size_t              *first = malloc((size_t)(n_all + 1) * sizeof *first);
@@ -133,20 +133,20 @@ cm_status cm_weights_id_compute(const cm_st *st, int n_threads, cm_weights_id_in
         cm_xxh64_state      cs;
         cm_xxh64_init(&cs, (uint64_t)t->nbytes);
         for (size_t c = first[k]; c < first[k + 1]; c++)
-            put_le(&cs, hashes[c], 8);
+            hash_u64(&cs, hashes[c]);
         cm_xxh64_update(&s, t->name, strlen(t->name) + 1);
         cm_xxh64_update(&s, dt, strlen(dt) + 1);
-        put_le(&s, (uint64_t)t->n_dims, 4);
+        hash_u32(&s, (uint32_t)t->n_dims);
         for (int d = 0; d < t->n_dims; d++)
-            put_le(&s, (uint64_t)t->shape[d], 8);
-        put_le(&s, (uint64_t)t->nbytes, 8);
-        put_le(&s, cm_xxh64_digest(&cs), 8);
+            hash_u64(&s, (uint64_t)t->shape[d]);
+        hash_u64(&s, (uint64_t)t->nbytes);
+        hash_u64(&s, cm_xxh64_digest(&cs));
     }
     uint64_t id = cm_xxh64_digest(&s);
     out->id = id ? id : 1;
     out->n_tensors = n;
     out->bytes = bytes;
-    out->seconds = now_s() - t0;
+    out->seconds = cm_now_s() - t0;
     free(ts), free(first), free(chunks), free(hashes);
     return CM_OK;
 }
