@@ -1,7 +1,8 @@
-/* common/base/cm_dtype.c — dtype names, sizes and bit-exact scalar conversions. */
+/* common/base/cm_dtype.c — dtype names, sizes, bit-exact scalar conversions and shape strings. */
 #include "cm_dtype.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static const struct {
@@ -151,4 +152,13 @@ cm_status cm_convert(void *dst, cm_dtype dst_dt, const void *src, cm_dtype src_d
     }
     for (size_t i = 0; i < n; i++) store_float(dst, dst_dt, i, load_float(src, src_dt, i));
     return CM_OK;
+}
+
+char *cm_shape_str(char *buf, size_t len, int n_dims, const int64_t *ne) {
+    size_t off = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < n_dims && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)ne[i]);
+    if (off < len)
+        snprintf(buf + off, len - off, "]");
+    return buf;
 }

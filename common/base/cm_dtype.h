@@ -1,5 +1,6 @@
-/* common/base/cm_dtype.h — element types shared by files, the wire and kernels, and scalar
- * conversions between them. Names are the safetensors spellings ("F32", "BF16", ...).
+/* common/base/cm_dtype.h — element types shared by files, the wire and kernels, scalar
+ * conversions between them, and shape strings for messages. Names are the safetensors
+ * spellings ("F32", "BF16", ...).
  * Conversions to narrower types round to nearest even; NaN stays NaN; F8 E4M3 (the
  * "fn" variant: no infinities, max 448) saturates finite values to ±448. */
 #ifndef CM_DTYPE_H
@@ -45,6 +46,9 @@ uint8_t  cm_f32_to_f8e4m3(float f);
 /* Converts n float elements between any two float dtypes (F32, F64, BF16, F16, F8_E4M3).
  * dst and src must not overlap. CM_ERR_INVALID_ARG for a non-float dtype. */
 cm_status cm_convert(void *dst, cm_dtype dst_dt, const void *src, cm_dtype src_dt, size_t n);
+
+/* Writes the extents ne[0..n_dims) as "[a, b, c]" into buf (truncated to len); returns buf. */
+char *cm_shape_str(char *buf, size_t len, int n_dims, const int64_t *ne);
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,6 @@
 
 #include "cm_bytes.h"
 #include "cm_cfg.h"    /* cm_read_text_file */
-#include "cm_tensor.h" /* cm_shape_str */
 
 #define ST_MAX_HEADER     ((uint64_t)100 << 20) /* the safetensors library's own limit */
 #define ST_MAX_INDEX      ((size_t)64 << 20)
