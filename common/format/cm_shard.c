@@ -291,7 +291,8 @@ static cm_status index_header_decode(const uint8_t *p, const char *path, cm_shar
                        path, (unsigned long long)want, (unsigned long long)got);
     if (cm_le_get_u16(p + 6) != CM_SHARD_INDEX_HEADER_SIZE || cm_le_get_u16(p + 8) != CM_SHARD_ENTRY_SIZE)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': header size %u and entry size %u, expected %d and %d", path,
-                       cm_le_get_u16(p + 6), cm_le_get_u16(p + 8), CM_SHARD_INDEX_HEADER_SIZE, CM_SHARD_ENTRY_SIZE);
+                       cm_le_get_u16(p + 6), cm_le_get_u16(p + 8), CM_SHARD_INDEX_HEADER_SIZE,
+                       CM_SHARD_ENTRY_SIZE);
     if (cm_le_get_u16(p + 10) != CM_PROTO_VERSION)
         return CM_FAIL(CM_ERR_FORMAT,
                        "'%s': the records hold protocol version %u frames, this build reads version "
@@ -306,8 +307,8 @@ static cm_status index_header_decode(const uint8_t *p, const char *path, cm_shar
     id->weights_id = *version >= 2 ? cm_le_get_u64(p + 352) : 0; /* version 1: reserved, checked 0 below */
     memcpy(id->target_name, p + 32, CM_PROTO_NAME_MAX);
     size_t n = strnlen(id->target_name, CM_PROTO_NAME_MAX);
-    if (cm_le_get_u32(p + 28) || !all_zero(p + 32 + n, CM_PROTO_NAME_MAX - n) || (*version < 2 && !all_zero(p + 352, 8)) ||
-        !all_zero(p + 360, 16))
+    if (cm_le_get_u32(p + 28) || !all_zero(p + 32 + n, CM_PROTO_NAME_MAX - n) ||
+        (*version < 2 && !all_zero(p + 352, 8)) || !all_zero(p + 360, 16))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': reserved or padding bytes of the index header are not 0", path);
     if (id->n_layers > CM_SHARD_MAX_LAYERS)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': %u layers, at most %d", path, id->n_layers, CM_SHARD_MAX_LAYERS);
@@ -393,11 +394,12 @@ static cm_status record_header_check(const uint8_t *p, const cm_shard_entry *e, 
     if (want != got)
         return REC_FAIL("record header checksum mismatch (stored %016llx, computed %016llx)",
                         (unsigned long long)want, (unsigned long long)got);
-    if (cm_le_get_u16(p + 4) != CM_SHARD_RECORD_VERSION || cm_le_get_u16(p + 6) != CM_SHARD_RECORD_HEADER_SIZE)
-        return REC_FAIL("record version %u, header size %u (expected %d, %d)", cm_le_get_u16(p + 4), cm_le_get_u16(p + 6),
-                        CM_SHARD_RECORD_VERSION, CM_SHARD_RECORD_HEADER_SIZE);
-    if (cm_le_get_u64(p + 8) != e->batch_id || cm_le_get_u64(p + 16) != e->length || cm_le_get_u64(p + 24) != e->checksum ||
-        cm_le_get_u64(p + 32) != e->batch_hash)
+    if (cm_le_get_u16(p + 4) != CM_SHARD_RECORD_VERSION ||
+        cm_le_get_u16(p + 6) != CM_SHARD_RECORD_HEADER_SIZE)
+        return REC_FAIL("record version %u, header size %u (expected %d, %d)", cm_le_get_u16(p + 4),
+                        cm_le_get_u16(p + 6), CM_SHARD_RECORD_VERSION, CM_SHARD_RECORD_HEADER_SIZE);
+    if (cm_le_get_u64(p + 8) != e->batch_id || cm_le_get_u64(p + 16) != e->length ||
+        cm_le_get_u64(p + 24) != e->checksum || cm_le_get_u64(p + 32) != e->batch_hash)
         return REC_FAIL(
             "record header says batch %llu, %llu bytes, checksum %016llx, batch hash %016llx; the index says "
             "%llu, %llu, %016llx, %016llx",
