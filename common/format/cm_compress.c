@@ -1,4 +1,4 @@
-/* common/format/cm_compress.c — the tensor encodings of cm_compress.h over a small worker pool.
+/* common/format/cm_compress.c — the tensor encodings of cm_compress.h over a worker pool (cm_pool.h).
  * A job is "do item i for i in [0, n)" (an item is a chunk); workers, the caller among them,
  * take items from an atomic counter, so the split of work varies from run to run but each
  * chunk's bytes do not. Encoding compresses chunk i into its own worst-case slot of dst, then
@@ -10,13 +10,12 @@
 
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <string.h>
 #include <zstd.h>
 
 #include "cm_bytes.h"
+#include "cm_pool.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "cm_compress assumes a little-endian host (streams are little-endian and bytes are split as stored)"
@@ -30,16 +29,11 @@ typedef struct worker worker;
 typedef cm_status (*item_fn)(cm_compress *c, worker *w, int64_t i);
 
 struct worker {
-    cm_compress *c;
-    pthread_t    thread;
-    int          started;
-    ZSTD_CCtx   *cctx;
-    ZSTD_DCtx   *dctx;
-    uint8_t     *scratch; /* a chunk's planes or fp8 bytes */
-    size_t       scratch_cap;
-    cm_status    st; /* this worker's failure in the current job */
-    int64_t      fail_item;
-    char         err[768];
+    ZSTD_CCtx *cctx;
+    ZSTD_DCtx *dctx;
+    uint8_t   *scratch; /* a chunk's planes or fp8 bytes */
+    size_t     scratch_cap;
+    char       err[768]; /* this worker's failure in the current job */
 };
 
 /* Where everything of one stream lies. */
@@ -58,21 +52,14 @@ typedef struct layout {
 
 struct cm_compress {
     cm_compress_config cfg;
-    worker            *w;
+    worker            *w; /* [n_workers]: worker k's contexts and scratch */
     int                n_workers;
-    pthread_mutex_t    mu;
-    pthread_cond_t     go, done;
-    int                sync_ok;
-    uint64_t           gen;
-    int                pending, quit;
+    cm_pool           *pool;
     /* the current job */
     item_fn        fn;
     const layout  *lay;
     const uint8_t *src;
     uint8_t       *dst;
-    int64_t        n_items;
-    atomic_llong   next;
-    atomic_int     abort;
     /* per-chunk sizes (encode) or stream offsets (decode), grown to the most chunks seen */
     int       tuned; /* whether the CCtxs hold the tuned parameters now */
     uint32_t *sizes;
@@ -95,97 +82,31 @@ static cm_status wfail(worker *w, cm_status st, const char *fmt, ...) {
 }
 
 // ----------------------------------------------------------------------------
-// worker pool
+// jobs on the worker pool (cm_pool)
 
-static void run_items(cm_compress *c, worker *w) {
-    for (;;) {
-        if (atomic_load(&c->abort))
-            break;
-        int64_t i = atomic_fetch_add(&c->next, 1);
-        if (i >= c->n_items)
-            break;
-        cm_status st = c->fn(c, w, i);
-        if (st != CM_OK) {
-            w->st = st;
-            w->fail_item = i;
-            atomic_store(&c->abort, 1);
-            break;
-        }
-    }
-}
-
-static void *worker_main(void *arg) {
-    worker      *w = arg;
-    cm_compress *c = w->c;
-    uint64_t     seen = 0;
-    pthread_mutex_lock(&c->mu);
-    for (;;) {
-        while (c->gen == seen && !c->quit)
-            pthread_cond_wait(&c->go, &c->mu);
-        if (c->quit)
-            break;
-        seen = c->gen;
-        pthread_mutex_unlock(&c->mu);
-        run_items(c, w);
-        pthread_mutex_lock(&c->mu);
-        if (--c->pending == 0)
-            pthread_cond_signal(&c->done);
-    }
-    pthread_mutex_unlock(&c->mu);
-    return NULL;
+static cm_status run_item(void *ctx, int k, int64_t i) {
+    cm_compress *c = ctx;
+    return c->fn(c, &c->w[k], i);
 }
 
 /* Runs fn over n items on every worker and returns the failure of the lowest item seen. */
 static cm_status run_job(cm_compress *c, item_fn fn, int64_t n) {
-    for (int k = 0; k < c->n_workers; k++)
-        c->w[k].st = CM_OK;
+    int bad = 0;
     c->fn = fn;
-    c->n_items = n;
-    atomic_store(&c->next, 0);
-    atomic_store(&c->abort, 0);
-    if (c->n_workers > 1 && n > 1) {
-        pthread_mutex_lock(&c->mu);
-        c->pending = c->n_workers - 1;
-        c->gen++;
-        pthread_cond_broadcast(&c->go);
-        pthread_mutex_unlock(&c->mu);
-        run_items(c, &c->w[0]);
-        pthread_mutex_lock(&c->mu);
-        while (c->pending)
-            pthread_cond_wait(&c->done, &c->mu);
-        pthread_mutex_unlock(&c->mu);
-    } else {
-        run_items(c, &c->w[0]);
-    }
-    worker *bad = NULL;
-    for (int k = 0; k < c->n_workers; k++)
-        if (c->w[k].st != CM_OK && (!bad || c->w[k].fail_item < bad->fail_item))
-            bad = &c->w[k];
-    return bad ? CM_FAIL(bad->st, "%s", bad->err) : CM_OK;
+    cm_status st = cm_pool_run(c->pool, run_item, c, n, &bad);
+    return st != CM_OK ? CM_FAIL(st, "%s", c->w[bad].err) : CM_OK;
 }
 
 void cm_compress_destroy(cm_compress **cp) {
     if (!cp || !*cp)
         return;
     cm_compress *c = *cp;
-    if (c->sync_ok) {
-        pthread_mutex_lock(&c->mu);
-        c->quit = 1;
-        pthread_cond_broadcast(&c->go);
-        pthread_mutex_unlock(&c->mu);
-    }
+    cm_pool_destroy(&c->pool);
     for (int k = 0; c->w && k < c->n_workers; k++) {
         worker *w = &c->w[k];
-        if (w->started)
-            pthread_join(w->thread, NULL);
         ZSTD_freeCCtx(w->cctx);
         ZSTD_freeDCtx(w->dctx);
         free(w->scratch);
-    }
-    if (c->sync_ok) {
-        pthread_cond_destroy(&c->go);
-        pthread_cond_destroy(&c->done);
-        pthread_mutex_destroy(&c->mu);
     }
     free(c->w);
     free(c->sizes);
@@ -247,25 +168,8 @@ cm_status cm_compress_create(cm_compress **out, const cm_compress_config *cfg) {
         st = CM_FAIL(CM_ERR_NOMEM, "compress: out of memory");
         goto fail;
     }
-    if (pthread_mutex_init(&c->mu, NULL)) {
-        st = CM_FAIL(CM_ERR_NOMEM, "compress: cannot create a mutex");
-        goto fail;
-    }
-    if (pthread_cond_init(&c->go, NULL)) {
-        pthread_mutex_destroy(&c->mu);
-        st = CM_FAIL(CM_ERR_NOMEM, "compress: cannot create a condition variable");
-        goto fail;
-    }
-    if (pthread_cond_init(&c->done, NULL)) {
-        pthread_cond_destroy(&c->go);
-        pthread_mutex_destroy(&c->mu);
-        st = CM_FAIL(CM_ERR_NOMEM, "compress: cannot create a condition variable");
-        goto fail;
-    }
-    c->sync_ok = 1;
     for (int k = 0; k < c->n_workers; k++) {
         worker *w = &c->w[k];
-        w->c = c;
         w->cctx = ZSTD_createCCtx();
         w->dctx = ZSTD_createDCtx();
         if (!w->cctx || !w->dctx) {
@@ -274,15 +178,7 @@ cm_status cm_compress_create(cm_compress **out, const cm_compress_config *cfg) {
         }
         CM_TRY_GOTO(set_params(c, w, 0), st, fail);
     }
-    for (int k = 1; k < c->n_workers; k++) {
-        int e = pthread_create(&c->w[k].thread, NULL, worker_main, &c->w[k]);
-        if (e) {
-            st = CM_FAIL(CM_ERR_NOMEM, "compress: cannot start worker thread %d of %d: %s", k, c->n_workers,
-                         strerror(e));
-            goto fail;
-        }
-        c->w[k].started = 1;
-    }
+    CM_TRY_GOTO(cm_pool_create(&c->pool, c->n_workers, "compress"), st, fail);
     *out = c;
     return CM_OK;
 fail:
