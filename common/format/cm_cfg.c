@@ -459,16 +459,6 @@ fail:
     return st;
 }
 
-cm_status cm_target_cfg_load(cm_target_cfg *cfg, const char *path) {
-    char *text = NULL;
-    char  file[4096];
-    memset(cfg, 0, sizeof *cfg);
-    CM_TRY(cfg_read(path, &text, file, sizeof file));
-    cm_status st = cm_target_cfg_parse(cfg, text, file);
-    free(text);
-    return st;
-}
-
 // ----------------------------------------------------------------------------
 // drafter
 
@@ -659,12 +649,25 @@ cm_status cm_drafter_cfg_parse(cm_drafter_cfg *cfg, const char *json, const char
     return st;
 }
 
-cm_status cm_drafter_cfg_load(cm_drafter_cfg *cfg, const char *path) {
+// ----------------------------------------------------------------------------
+// loading from a path
+
+/* Reads the config at path (a file, or a directory's config.json) and parses it as the
+ * drafter's (drafter = 1) or the target's. cfg is zeroed first, so a failed read leaves it 0. */
+static cm_status cfg_load(void *cfg, int drafter, const char *path) {
     char *text = NULL;
     char  file[4096];
-    memset(cfg, 0, sizeof *cfg);
+    memset(cfg, 0, drafter ? sizeof(cm_drafter_cfg) : sizeof(cm_target_cfg));
     CM_TRY(cfg_read(path, &text, file, sizeof file));
-    cm_status st = cm_drafter_cfg_parse(cfg, text, file);
+    cm_status st = drafter ? cm_drafter_cfg_parse(cfg, text, file) : cm_target_cfg_parse(cfg, text, file);
     free(text);
     return st;
+}
+
+cm_status cm_target_cfg_load(cm_target_cfg *cfg, const char *path) {
+    return cfg_load(cfg, 0, path);
+}
+
+cm_status cm_drafter_cfg_load(cm_drafter_cfg *cfg, const char *path) {
+    return cfg_load(cfg, 1, path);
 }
