@@ -1,3 +1,5 @@
+/* common/base/cm_args.c — the command-line parser of cm_args.h: a cursor over argv and typed,
+ * range-checked values; a refusal prints its message to stderr and marks the line bad. */
 #include "cm_args.h"
 
 #include <errno.h>
