@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include "cm_bytes.h"
 #include "cm_hash.h"
 #include "cm_log.h"
+#include "cm_pool.h"
 #include "cm_time.h"
 
 #define CHUNK_BYTES (32u << 20)
@@ -39,17 +39,15 @@ typedef struct chunk {
 } chunk;
 
 typedef struct work {
-    const chunk  *chunks;
-    uint64_t     *hashes;
-    size_t        n;
-    atomic_size_t next;
+    const chunk *chunks;
+    uint64_t    *hashes;
 } work;
 
-static void *hash_worker(void *arg) {
-    work *w = arg;
-    for (size_t i; (i = atomic_fetch_add(&w->next, 1)) < w->n;)
-        w->hashes[i] = cm_xxh64(w->chunks[i].p, w->chunks[i].n, 0);
-    return NULL;
+static cm_status hash_item(void *ctx, int worker, int64_t i) {
+    work *w = ctx;
+    (void)worker;
+    w->hashes[i] = cm_xxh64(w->chunks[i].p, w->chunks[i].n, 0);
+    return CM_OK;
 }
 
 static int by_name(const void *a, const void *b) {
@@ -110,19 +108,18 @@ cm_status cm_weights_id_compute(const cm_st *st, int n_threads, cm_weights_id_in
         }
     }
 
-    work      w = {.chunks = chunks, .hashes = hashes, .n = n_chunks};
-    int       nt = default_threads(n_threads);
-    pthread_t th[MAX_THREADS];
-    int       started = 0;
-    atomic_init(&w.next, 0);
+    work     w = {.chunks = chunks, .hashes = hashes};
+    int      nt = default_threads(n_threads), failed;
+    cm_pool *pool = NULL;
     if ((size_t)nt > n_chunks)
         nt = (int)n_chunks;
-    for (; started < nt - 1; started++)
-        if (pthread_create(&th[started], NULL, hash_worker, &w) != 0)
-            break; /* fewer threads: still exact */
-    hash_worker(&w);
-    for (int i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
+    if (nt > 1 && cm_pool_create(&pool, nt, "weights fingerprint") == CM_OK) {
+        cm_pool_run(pool, hash_item, &w, (int64_t)n_chunks, &failed); /* hash_item never fails */
+        cm_pool_destroy(&pool);
+    } else { /* one thread, or no pool: fewer threads are still exact */
+        for (size_t i = 0; i < n_chunks; i++)
+            hash_item(&w, 0, (int64_t)i);
+    }
 
     cm_xxh64_state s;
     cm_xxh64_init(&s, 0);
