@@ -1,0 +1,91 @@
+/* common/format/cm_cfg.h — the model configurations Tandem reads from Hugging Face config.json:
+ * the hybrid Qwen target (Qwen3.5/3.6: text model nested under "text_config" as
+ * Qwen3_5ForConditionalGeneration saves it, or flat as Qwen3_5ForCausalLM saves it) and the
+ * DFlash drafter (docs/drafter.md). Parsing validates every field it reads and fails
+ * with one message naming the file, the field and the fix. Plain structs, caller-owned. */
+#ifndef CM_CFG_H
+#define CM_CFG_H
+
+#include "cm_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CM_CFG_MAX_LAYERS 256
+#define CM_CFG_MAX_TAPS   64
+
+typedef enum cm_layer_type {
+    CM_LAYER_TYPE_LINEAR_ATTENTION = 0, /* Gated DeltaNet */
+    CM_LAYER_TYPE_FULL_ATTENTION,
+    CM_LAYER_TYPE_SLIDING_ATTENTION,    /* drafter only */
+} cm_layer_type;
+
+typedef enum cm_target_family {
+    CM_TARGET_FAMILY_QWEN3_5 = 0, /* qwen3_5 / qwen3_5_text: split in_proj_{qkv,z,b,a}, dense MLP */
+} cm_target_family;
+
+typedef struct cm_target_cfg {
+    cm_target_family family;
+    char          model_type[32];      /* of the text model, e.g. "qwen3_5_text" */
+    int           nested;              /* 1 if read from "text_config" */
+    int           hidden_size;         /* D */
+    int           n_layers;
+    int           intermediate_size;
+    int           vocab_size;          /* V */
+    float         rms_norm_eps;
+    int           tie_word_embeddings; /* from the text config, else top level; default 0 */
+    cm_layer_type layer_types[CM_CFG_MAX_LAYERS];
+    /* gated attention */
+    int    n_heads;
+    int    n_kv_heads;
+    int    head_dim;
+    int    rotary_dim;                 /* head_dim · partial_rotary_factor, even */
+    double rope_theta;
+    int    attn_output_gate;           /* default 1 */
+    /* gated deltanet */
+    int lin_n_k_heads;
+    int lin_n_v_heads;                 /* a multiple of lin_n_k_heads */
+    int lin_k_head_dim;
+    int lin_v_head_dim;
+    int lin_conv_kernel;
+} cm_target_cfg;
+
+/* Reads DIR/config.json (or a file path). Unknown model_type → CM_ERR_UNSUPPORTED naming
+ * the supported ones; missing or bad fields → CM_ERR_FORMAT. */
+cm_status cm_target_cfg_load(cm_target_cfg *cfg, const char *path);
+/* Parses JSON text; origin names it in messages. */
+cm_status cm_target_cfg_parse(cm_target_cfg *cfg, const char *json, const char *origin);
+
+typedef struct cm_drafter_cfg {
+    int           hidden_size;
+    int           n_layers;
+    int           intermediate_size;
+    int           vocab_size;
+    int           n_heads;
+    int           n_kv_heads;
+    int           head_dim;
+    float         rms_norm_eps;
+    double        rope_theta;
+    int           max_position_embeddings;
+    int           tie_word_embeddings;
+    int           attention_bias;
+    cm_layer_type layer_types[CM_CFG_MAX_LAYERS]; /* FULL or SLIDING */
+    int           sliding_window;                 /* W, for sliding layers; 0 if none */
+    int           block_size;                     /* B ≥ 2 */
+    int           mask_token_id;                  /* < vocab_size */
+    int           num_target_layers;
+    int           n_taps;
+    int           target_layer_ids[CM_CFG_MAX_TAPS];
+} cm_drafter_cfg;
+
+cm_status cm_drafter_cfg_load(cm_drafter_cfg *cfg, const char *path);
+cm_status cm_drafter_cfg_parse(cm_drafter_cfg *cfg, const char *json, const char *origin);
+
+/* Reads a whole text file (≤ max_bytes) into a malloc'd NUL-terminated buffer; caller frees. */
+cm_status cm_read_text_file(const char *path, size_t max_bytes, char **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CM_CFG_H */
