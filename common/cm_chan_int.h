@@ -51,7 +51,11 @@ cm_status cm_chan_bind_check_(const char *endpoint);
 void cm_chan_error_text(char *dst, const char *src);
 
 // ----------------------------------------------------------------------------
-// server internals (cm_chan_server.c: the loop; cm_chan_server_work.c: the worker, create)
+// server internals. cm_chan_server.c: the lifecycle (create, destroy, start and join the
+// workers, stop); cm_chan_server_loop.c: run, the loop thread, which calls the files of its
+// concerns: _session.c (sessions and what they receive), _sched.c (tasks to workers, results
+// back), _status.c (STATUS), _zap.c (CURVE clients), _send.c (frames out, refusals);
+// cm_chan_server_work.c: the worker threads, cm_chan_server_enc.c: their answers' encoding.
 
 #define POOL_MAX        64  /* pooled answer buffers; beyond that an answer gets a one-off buffer */
 #define IDENT_MAX       255 /* ZeroMQ routing ids are 1..255 bytes */
@@ -211,6 +215,59 @@ struct cm_chan_server {
     cm_chan_server_stats stats;
 };
 
+#define STAT_ADD(s, field, v)                                                                                \
+    do {                                                                                                     \
+        pthread_mutex_lock(&(s)->stats_mu);                                                                  \
+        (s)->stats.field += (v);                                                                             \
+        pthread_mutex_unlock(&(s)->stats_mu);                                                                \
+    } while (0)
+
+/* cm_chan_server.c: the worker threads started (a failure leaves those started running: join
+ * ends them), and asked to quit and joined. */
+cm_status cm_chan_server_start_(cm_chan_server *s);
+void      cm_chan_server_join_(cm_chan_server *s);
+
+/* cm_chan_server_send.c (loop thread). send_to: identity + one part; CM_ERR_PEER_GONE when
+ * the peer is not connected, CM_ERR_TIMEOUT when its queue is full (the frame is dropped),
+ * CM_ERR_ZMQ otherwise. refuse_frame: a frame that failed cm_proto_peek, refused with ERROR
+ * version or corrupt. warn_ok: 0 once WARN_BURST warnings went out in the last 10 s. */
+int       cm_chan_warn_ok_(cm_chan_server *s);
+cm_status cm_chan_send_to_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const void *frame,
+                           size_t len);
+cm_status cm_chan_send_error_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, uint64_t id,
+                              cm_proto_error_code code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 6, 7)))
+#endif
+    ;
+cm_status cm_chan_send_bye_(cm_chan_server *s, const uint8_t *ident, size_t ident_len);
+void      cm_chan_refuse_frame_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len,
+                                const uint8_t *p, size_t len, const char *why);
+
+/* cm_chan_server_session.c (loop thread) */
+typedef enum end_reason { END_BYE, END_TIMEOUT, END_REPLACED, END_UNREACHABLE, END_STOP } end_reason;
+session *cm_chan_find_session_(cm_chan_server *s, const uint8_t *ident, size_t len);
+void     cm_chan_log_session_(const session *ss, const char *what, int64_t now);
+uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a session's queued jobs */
+void     cm_chan_end_session_(cm_chan_server *s, session *ss, end_reason why);
+void     cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len, zmq_msg_t *fr);
+void     cm_chan_on_nccl_offer_(cm_chan_server *s, session *ss, zmq_msg_t *fr);
+void     cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *h, zmq_msg_t *fr);
+
+/* cm_chan_server_sched.c (loop thread): tasks handed to idle workers; the results of the
+ * workers that are done sent. */
+void cm_chan_schedule_(cm_chan_server *s);
+void cm_chan_handle_done_(cm_chan_server *s);
+
+/* cm_chan_server_status.c (loop thread): the answer to a STATUS frame. */
+void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const uint8_t *p,
+                           size_t len);
+
+/* cm_chan_server_zap.c: the client key directory read (create); a ZAP request answered (loop). */
+cm_status cm_chan_zap_load_keys_(cm_chan_server *s, const char *dir);
+void      cm_chan_zap_handle_(cm_chan_server *s);
+
+/* cm_chan_server_work.c */
 void    *cm_chan_worker_main_(void *worker);                  /* a worker thread */
 /* cm_chan_server_enc.c, on worker k's thread: the compute of rq and its answer encoded into
  * k->w (a failure leaves no buffer held); the HEAD of an answer sent over NCCL; the encoder
@@ -219,7 +276,6 @@ cm_status cm_chan_compute_encode_(cm_chan_server *s, worker *k, const cm_proto_r
 cm_status cm_chan_encode_nccl_head_(cm_chan_server *s, worker *k, const cm_proto_request *rq);
 void      cm_chan_encoder_start_(worker *k);
 void      cm_chan_encoder_stop_(worker *k);
-uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a session's queued jobs */
 /* hands an NCCL peer to the worker that opened it, to close */
 void cm_chan_close_peer_(cm_chan_server *s, int worker, void *peer);
 
