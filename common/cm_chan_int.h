@@ -69,9 +69,11 @@ typedef struct pool_buf {
     size_t     cap;
 } pool_buf;
 
+/* A queue slot: a REQUEST decoded and validated by the loop. Its arrays are the slot's, grown
+ * to fit (cm_chan_request_reserve_) and kept when the slot frees; requests move between the
+ * loop, the slots and the workers by swapping these structs, arrays and all. */
 typedef struct qjob {
-    zmq_msg_t msg; /* the REQUEST frame, validated */
-    uint64_t  id;
+    cm_proto_request rq;
 } qjob;
 
 typedef struct session {
@@ -112,7 +114,7 @@ typedef struct work {
     /* NCCL peers of this worker whose sessions ended, closed by it before its next task */
     void   **closing;
     uint32_t n_closing;
-    zmq_msg_t msg;
+    cm_proto_request rq; /* WORK_JOB: the request, as decoded by the loop (swapped in from its slot) */
     char      session[CM_PROTO_NAME_MAX + 1];
     int       sess;
     uint64_t  gen;
@@ -171,7 +173,6 @@ typedef struct worker {
     uint64_t               job_id; /* loop thread: the batch of the job handed over */
     work                   w;
     /* worker thread */
-    int32_t         *tokens, *cu, *layers;
     float           *out_block;
     size_t           out_cap; /* floats */
     int              out_pinned;
@@ -205,8 +206,8 @@ struct cm_chan_server {
     session   *sessions;
     uint32_t   rr;
     uint64_t   gen_counter, hb_seq;
-    /* loop thread: request decoding scratch */
-    int32_t *l_tokens, *l_cu, *l_layers;
+    /* loop thread: the REQUEST being decoded (its arrays owned, grown to fit) */
+    cm_proto_request req;
     /* warnings */
     int64_t warn_window;
     int     warn_count, warn_suppressed;
@@ -221,6 +222,11 @@ struct cm_chan_server {
         (s)->stats.field += (v);                                                                             \
         pthread_mutex_unlock(&(s)->stats_mu);                                                                \
     } while (0)
+
+/* cm_chan_server.c: a REQUEST's own arrays, grown to hold n_tokens tokens (and n_tokens + 1
+ * cu_seqlens) and n_layers layer ids, and freed. */
+cm_status cm_chan_request_reserve_(cm_proto_request *r, uint32_t n_tokens, uint32_t n_layers);
+void      cm_chan_request_release_(cm_proto_request *r);
 
 /* cm_chan_server.c: the worker threads started (a failure leaves those started running: join
  * ends them), and asked to quit and joined. */
@@ -248,11 +254,12 @@ void      cm_chan_refuse_frame_(cm_chan_server *s, session *ss, const uint8_t *i
 typedef enum end_reason { END_BYE, END_TIMEOUT, END_REPLACED, END_UNREACHABLE, END_STOP } end_reason;
 session *cm_chan_find_session_(cm_chan_server *s, const uint8_t *ident, size_t len);
 void     cm_chan_log_session_(const session *ss, const char *what, int64_t now);
-uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a session's queued jobs */
+uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* drops a session's queued jobs */
 void     cm_chan_end_session_(cm_chan_server *s, session *ss, end_reason why);
 void     cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len, zmq_msg_t *fr);
 void     cm_chan_on_nccl_offer_(cm_chan_server *s, session *ss, zmq_msg_t *fr);
-void     cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *h, zmq_msg_t *fr);
+void     cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *h, const uint8_t *p,
+                            size_t len);
 
 /* cm_chan_server_sched.c (loop thread): tasks handed to idle workers; the results of the
  * workers that are done sent. */

@@ -75,13 +75,10 @@ static cm_status workers_create(cm_chan_server *s) {
         pthread_mutex_init(&k->es.mu, NULL);
         pthread_cond_init(&k->es.cv, NULL);
         k->w.closing = calloc(2 * (size_t)s->cfg.max_sessions + 2, sizeof *k->w.closing);
-        k->tokens = malloc((size_t)T * 4);
-        k->cu = malloc(((size_t)T + 1) * 4);
-        k->layers = malloc((size_t)L * 4);
         k->out_ptrs = calloc(L, sizeof *k->out_ptrs);
         k->tensors = calloc(L, sizeof *k->tensors);
         k->es.announced = calloc(L, 1);
-        if (!k->w.closing || !k->tokens || !k->cu || !k->layers || !k->out_ptrs || !k->tensors || !k->es.announced)
+        if (!k->w.closing || !k->out_ptrs || !k->tensors || !k->es.announced)
             return CM_FAIL(CM_ERR_NOMEM, "cannot allocate worker %d's tables for %u tokens", i, T);
         cm_compress_config cc = CM_COMPRESS_CONFIG_DEFAULT;
         cc.n_threads = s->cfg.n_threads;
@@ -101,9 +98,7 @@ static void workers_destroy(cm_chan_server *s) {
         cm_compress_destroy(&k->cc);
         free(k->w.head);
         free(k->w.closing);
-        free(k->tokens);
-        free(k->cu);
-        free(k->layers);
+        cm_chan_request_release_(&k->w.rq);
         free(k->out_block);
         free(k->out_ptrs);
         free(k->conv);
@@ -182,10 +177,7 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
                                .max_tensor_bytes = 0,
                                .max_data_bytes = 0};
     s->sessions = calloc(s->cfg.max_sessions, sizeof *s->sessions);
-    s->l_tokens = malloc((size_t)T * 4);
-    s->l_cu = malloc(((size_t)T + 1) * 4);
-    s->l_layers = malloc((size_t)L * 4);
-    if (!s->sessions || !s->l_tokens || !s->l_cu || !s->l_layers) {
+    if (!s->sessions) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the server's tables for %u tokens", T);
         goto fail;
     }
@@ -280,12 +272,11 @@ void cm_chan_server_destroy(cm_chan_server **sp) {
     if (!sp || !*sp)
         return;
     cm_chan_server *s = *sp;
-    if (s->sessions)
-        for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {
-            if (s->sessions[i].used)
-                cm_chan_drop_queue_(s, &s->sessions[i]);
-            free(s->sessions[i].queue);
-        }
+    for (uint32_t i = 0; s->sessions && i < s->cfg.max_sessions; i++) {
+        for (uint32_t j = 0; s->sessions[i].queue && j < s->cfg.credits; j++)
+            cm_chan_request_release_(&s->sessions[i].queue[j].rq);
+        free(s->sessions[i].queue);
+    }
     if (s->router)
         zmq_close(s->router);
     if (s->zap)
@@ -304,12 +295,42 @@ void cm_chan_server_destroy(cm_chan_server **sp) {
     workers_destroy(s);
     free(s->client_keys);
     free(s->sessions);
-    free(s->l_tokens);
-    free(s->l_cu);
-    free(s->l_layers);
+    cm_chan_request_release_(&s->req);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);
     *sp = NULL;
+}
+
+cm_status cm_chan_request_reserve_(cm_proto_request *r, uint32_t n_tokens, uint32_t n_layers) {
+    n_tokens = n_tokens ? n_tokens : 1;
+    n_layers = n_layers ? n_layers : 1;
+    if (n_tokens > r->cap_tokens) {
+        int32_t *tokens = realloc(r->tokens, (size_t)n_tokens * sizeof *tokens);
+        if (tokens)
+            r->tokens = tokens;
+        int32_t *cu = tokens ? realloc(r->cu_seqlens, ((size_t)n_tokens + 1) * sizeof *cu) : NULL;
+        if (cu)
+            r->cu_seqlens = cu;
+        if (!tokens || !cu)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a request of %u tokens", n_tokens);
+        r->cap_tokens = n_tokens;
+        r->cap_cu_seqlens = n_tokens + 1;
+    }
+    if (n_layers > r->cap_layers) {
+        int32_t *layers = realloc(r->layer_ids, (size_t)n_layers * sizeof *layers);
+        if (!layers)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a request of %u layers", n_layers);
+        r->layer_ids = layers;
+        r->cap_layers = n_layers;
+    }
+    return CM_OK;
+}
+
+void cm_chan_request_release_(cm_proto_request *r) {
+    free(r->tokens);
+    free(r->cu_seqlens);
+    free(r->layer_ids);
+    *r = (cm_proto_request){0};
 }
 
 cm_status cm_chan_server_start_(cm_chan_server *s) {

@@ -76,7 +76,7 @@ static int handle_msg(cm_chan_server *s) {
         if (h.type != CM_PROTO_TYPE_BYE)
             cm_chan_send_bye_(s, ident, ident_len);
     } else if (h.type == CM_PROTO_TYPE_REQUEST) {
-        cm_chan_on_request_(s, ss, &h, &fr);
+        cm_chan_on_request_(s, ss, &h, p, len);
     } else if (h.type == CM_PROTO_TYPE_NCCL_OFFER) {
         cm_chan_on_nccl_offer_(s, ss, &fr);
     } else if (h.type == CM_PROTO_TYPE_HEARTBEAT) {

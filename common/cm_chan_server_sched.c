@@ -30,11 +30,11 @@ static void hand_over(cm_chan_server *s, worker *k, session *ss, int kind, qjob 
     if (kind == WORK_NCCL_OPEN) {
         w->offer = ss->nccl_offer;
     } else {
-        zmq_msg_init(&w->msg);
-        zmq_msg_move(&w->msg, &j->msg);
-        zmq_msg_close(&j->msg);
+        cm_proto_request done = w->rq; /* the worker's last request's arrays go to the freed slot */
+        w->rq = j->rq;
+        j->rq = done;
         w->job_peer = ss->nccl_peer;
-        k->job_id = j->id;
+        k->job_id = w->rq.batch_id;
     }
     snprintf(w->session, sizeof w->session, "%s", ss->name);
     w->sess = (int)(ss - s->sessions);

@@ -27,13 +27,6 @@ int cm_chan_warn_ok_(cm_chan_server *s) {
     return 0;
 }
 
-static uint32_t get_le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_le64(const uint8_t *p) {
-    return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
-}
-
 static const char *sess_label(const session *ss) {
     return ss ? ss->name : "(no session)";
 }
@@ -84,12 +77,13 @@ void cm_chan_refuse_frame_(cm_chan_server *s, session *ss, const uint8_t *ident,
     STAT_ADD(s, bad_frames, 1);
     if (cm_chan_warn_ok_(s))
         CM_LOG_WARN("refused a frame from %s (%zu bytes): %s", sess_label(ss), len, why);
-    uint64_t id = len >= 24 ? get_le64(p + 16) : 0;
-    if (len >= 6 && get_le32(p) == CM_PROTO_MAGIC && (p[4] | p[5] << 8) != CM_PROTO_VERSION)
+    uint64_t id;
+    uint16_t version;
+    if (cm_proto_frame_claims(p, len, &id, &version))
         cm_chan_send_error_(
             s, ident, ident_len, 0, CM_PROTO_ERROR_VERSION,
             "this target-server speaks protocol version %d, the frame has version %u: run matching builds",
-            CM_PROTO_VERSION, (unsigned)(p[4] | p[5] << 8));
+            CM_PROTO_VERSION, (unsigned)version);
     else
         cm_chan_send_error_(s, ident, ident_len, id, CM_PROTO_ERROR_CORRUPT, "frame refused: %s", why);
 }

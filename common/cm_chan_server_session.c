@@ -14,9 +14,6 @@
 #include "cm_cfg_hash.h"
 #include "cm_log.h"
 
-static uint32_t get_le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 session *cm_chan_find_session_(cm_chan_server *s, const uint8_t *ident, size_t len) {
     for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {
@@ -38,9 +35,7 @@ void cm_chan_log_session_(const session *ss, const char *what, int64_t now) {
 }
 
 uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss) {
-    uint32_t n = ss->q_len;
-    for (uint32_t k = 0; k < ss->q_len; k++)
-        zmq_msg_close(&ss->queue[(ss->q_head + k) % s->cfg.credits].msg);
+    uint32_t n = ss->q_len; /* the slots keep their arrays for the session's next requests */
     ss->q_head = ss->q_len = 0;
     if (n)
         STAT_ADD(s, dropped_jobs, n);
@@ -196,16 +191,21 @@ void cm_chan_on_nccl_offer_(cm_chan_server *s, session *ss, zmq_msg_t *fr) {
     CM_LOG_INFO("session '%s': joining the NCCL communicator of its GPU %u", ss->name, o.device);
 }
 
-void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *h, zmq_msg_t *fr) {
-    const uint8_t *p = zmq_msg_data(fr);
+/* The REQUEST is decoded here, once, into the loop's request (s->req); a request that passes
+ * every check is queued by swapping that struct with the free queue slot's, and goes to its
+ * worker the same way (cm_chan_server_sched.c), so its arrays are never decoded or copied
+ * again. */
+void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *h, const uint8_t *p,
+                         size_t len) {
     if (s->stopping) {
         cm_chan_send_error_(s, ss->ident, ss->ident_len, h->id, CM_PROTO_ERROR_SHUTDOWN,
                    "the target-server is stopping");
         return;
     }
-    if (h->body_len >= 16 && zmq_msg_size(fr) >= CM_PROTO_HEADER_SIZE + 16) {
+    uint32_t T, L;
+    int      counted = cm_proto_request_counts(p, len, &T, &L) == CM_OK;
+    if (counted) {
         /* sizes first, so an oversized batch is a bad request, not a corrupt frame */
-        uint32_t T = get_le32(p + CM_PROTO_HEADER_SIZE + 4), L = get_le32(p + CM_PROTO_HEADER_SIZE + 12);
         if (T > s->cfg.max_tokens || L > s->cfg.max_req_layers) {
             cm_chan_send_error_(
                 s, ss->ident, ss->ident_len, h->id, CM_PROTO_ERROR_BAD_REQUEST,
@@ -214,14 +214,16 @@ void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *
                 (unsigned long long)h->id, T, L, s->cfg.max_tokens, s->cfg.max_req_layers);
             return;
         }
+        /* arrays for the counts claimed (without them the decode fails before it needs arrays) */
+        if (cm_chan_request_reserve_(&s->req, T, L) != CM_OK) {
+            CM_LOG_WARN("session '%s': cannot take batch %llu: %s", ss->name, (unsigned long long)h->id,
+                        cm_last_error());
+            cm_chan_send_error_(s, ss->ident, ss->ident_len, h->id, CM_PROTO_ERROR_INTERNAL, "%s",
+                                cm_last_error());
+            return;
+        }
     }
-    cm_proto_request rq = {.tokens = s->l_tokens,
-                           .cu_seqlens = s->l_cu,
-                           .layer_ids = s->l_layers,
-                           .cap_tokens = s->cfg.max_tokens,
-                           .cap_cu_seqlens = s->cfg.max_tokens + 1,
-                           .cap_layers = s->cfg.max_req_layers};
-    if (cm_proto_request_decode(p, zmq_msg_size(fr), &s->lim, &rq) != CM_OK) {
+    if (cm_proto_request_decode(p, len, &s->lim, &s->req) != CM_OK) {
         STAT_ADD(s, bad_frames, 1);
         if (cm_chan_warn_ok_(s))
             CM_LOG_WARN("session '%s': refused a REQUEST: %s", ss->name, cm_last_error());
@@ -229,6 +231,7 @@ void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *
                    cm_last_error());
         return;
     }
+    const cm_proto_request rq = s->req; /* its arrays stay s->req's until it is queued */
     if (rq.encoding == CM_ENCODING_NCCL && ss->nccl_state != NCCL_UP) {
         cm_chan_send_error_(s, ss->ident, ss->ident_len, rq.batch_id, CM_PROTO_ERROR_BAD_REQUEST,
                    "batch %llu asks for encoding nccl, but this session has no NCCL communicator yet "
@@ -256,7 +259,7 @@ void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *
               k->job_id == rq.batch_id;
     }
     for (uint32_t k = 0; k < ss->q_len && !dup; k++)
-        dup = ss->queue[(ss->q_head + k) % s->cfg.credits].id == rq.batch_id;
+        dup = ss->queue[(ss->q_head + k) % s->cfg.credits].rq.batch_id == rq.batch_id;
     if (dup) {
         STAT_ADD(s, duplicates, 1);
         return;
@@ -267,10 +270,10 @@ void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *
                    ss->credits);
         return;
     }
-    qjob *j = &ss->queue[(ss->q_head + ss->q_len) % s->cfg.credits];
-    zmq_msg_init(&j->msg);
-    zmq_msg_move(&j->msg, fr);
-    j->id = rq.batch_id;
+    qjob            *j = &ss->queue[(ss->q_head + ss->q_len) % s->cfg.credits];
+    cm_proto_request free_arrays = j->rq; /* the slot's arrays become the loop's next request's */
+    j->rq = s->req;
+    s->req = free_arrays;
     ss->q_len++;
     ss->n_requests++;
     if (rq.flags & CM_PROTO_FLAG_RESEND)

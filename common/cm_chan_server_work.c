@@ -1,8 +1,8 @@
 /* common/cm_chan_server_work.c — the server's worker threads (created and started by
  * cm_chan_server.c, fed by the scheduler, cm_chan_server_sched.c; the encoding is in
  * cm_chan_server_enc.c). Each worker (a model replica: cfg.n_workers) runs the init callback
- * once, then one job at a time: decodes the REQUEST, runs the compute callback into the
- * worker's output buffers and has the answer encoded, then posts the result to the loop
+ * once, then one job at a time: runs the compute callback on the REQUEST the loop decoded, into
+ * the worker's output buffers and has the answer encoded, then posts the result to the loop
  * through a pipe. Nothing here touches the ROUTER, so the loop stays its only user. */
 #include "cm_chan_int.h"
 
@@ -67,52 +67,47 @@ static void prepare_out(worker *k) {
 }
 
 static void worker_process(cm_chan_server *s, worker *k) {
-    work            *w = &k->w;
-    cm_proto_request rq = {.tokens = k->tokens,
-                           .cu_seqlens = k->cu,
-                           .layer_ids = k->layers,
-                           .cap_tokens = s->cfg.max_tokens,
-                           .cap_cu_seqlens = s->cfg.max_tokens + 1,
-                           .cap_layers = s->cfg.max_req_layers};
+    work                   *w = &k->w;
+    const cm_proto_request *rq = &w->rq; /* decoded and checked by the loop (cm_chan_on_request_) */
     w->is_answer = 0;
     w->data = NULL;
     w->data_oneoff = NULL;
-    cm_status st = cm_proto_request_decode(zmq_msg_data(&w->msg), zmq_msg_size(&w->msg), &s->lim, &rq);
-    w->id = rq.batch_id;
-    w->n_tokens = rq.n_tokens;
+    w->id = rq->batch_id;
+    w->n_tokens = rq->n_tokens;
     cm_chan_job job = {.session = w->session,
-                       .req = &rq,
+                       .req = rq,
                        .hidden_size = s->cfg.hidden_size,
                        .out = (void *const *)k->out_ptrs,
                        .out_dtype = CM_DTYPE_F32,
-                       .nccl = rq.encoding == CM_ENCODING_NCCL ? w->job_peer : NULL,
+                       .nccl = rq->encoding == CM_ENCODING_NCCL ? w->job_peer : NULL,
                        .worker = k->index};
-    if (st == CM_OK && rq.encoding == CM_ENCODING_NCCL && !job.nccl)
+    cm_status st = CM_OK;
+    if (rq->encoding == CM_ENCODING_NCCL && !job.nccl)
         st = CM_FAIL(CM_ERR_INVALID_ARG, "batch %llu asks for encoding nccl before NCCL_READY",
-                     (unsigned long long)rq.batch_id);
+                     (unsigned long long)rq->batch_id);
     if (st == CM_OK && !job.nccl)
-        st = ensure_out(k, rq.n_layers, (size_t)rq.n_tokens * s->cfg.hidden_size);
+        st = ensure_out(k, rq->n_layers, (size_t)rq->n_tokens * s->cfg.hidden_size);
     int64_t t0 = cm_chan_now_ms();
     if (st == CM_OK && job.nccl) {
         st = s->cfg.compute(k->user, &job);
         if (st == CM_OK)
-            st = cm_chan_encode_nccl_head_(s, k, &rq);
+            st = cm_chan_encode_nccl_head_(s, k, rq);
     } else if (st == CM_OK) {
-        st = cm_chan_compute_encode_(s, k, &rq, &job);
+        st = cm_chan_compute_encode_(s, k, rq, &job);
     }
     int bad_request = st == CM_ERR_INVALID_ARG;
     if (st == CM_OK) {
         w->is_answer = 1;
         CM_LOG_DEBUG("batch %llu of '%s' on worker %d: %u tokens, %u layers in %lld ms, %zu bytes",
-                     (unsigned long long)rq.batch_id, w->session, k->index, rq.n_tokens, rq.n_layers,
+                     (unsigned long long)rq->batch_id, w->session, k->index, rq->n_tokens, rq->n_layers,
                      (long long)(cm_chan_now_ms() - t0), w->head_len + w->data_len);
         return;
     }
-    cm_proto_error e = {.batch_id = rq.batch_id,
+    cm_proto_error e = {.batch_id = rq->batch_id,
                         .code = bad_request ? CM_PROTO_ERROR_BAD_REQUEST : CM_PROTO_ERROR_INTERNAL};
     cm_chan_error_text(e.message, cm_last_error());
     if (!bad_request)
-        CM_LOG_WARN("batch %llu of '%s' failed: %s", (unsigned long long)rq.batch_id, w->session,
+        CM_LOG_WARN("batch %llu of '%s' failed: %s", (unsigned long long)rq->batch_id, w->session,
                     cm_last_error());
     if (cm_proto_error_encode(&e, w->err, sizeof w->err, &w->err_len) != CM_OK)
         w->err_len = 0;
@@ -191,15 +186,12 @@ void *cm_chan_worker_main_(void *arg) {
         pthread_mutex_lock(&w->mu);
         w->have_job = 0;
         w->done = 1;
-        zmq_msg_close(&w->msg);
         pthread_mutex_unlock(&w->mu);
         notify_loop(s);
     }
     pthread_mutex_lock(&w->mu);
-    if (w->have_job) { /* handed over before init failed: never run */
-        zmq_msg_close(&w->msg);
+    if (w->have_job) /* handed over before init failed: never run */
         w->have_job = 0;
-    }
     pthread_mutex_unlock(&w->mu);
     close_peers(k);
     cm_chan_encoder_stop_(k);

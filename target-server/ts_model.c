@@ -341,15 +341,20 @@ int ts_model_fused(const ts_model *m) { return m->fused; }
 // ----------------------------------------------------------------------------
 // forward
 
-cm_status ts_batch_validate(const cm_target_cfg *cfg, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq) {
-    if (T <= 0) return CM_FAIL(CM_ERR_INVALID_ARG, "empty batch: input_ids has no tokens");
-    if (n_seq <= 0) return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens must hold at least 2 values (0 and T)");
+cm_status ts_tokens_validate(const cm_target_cfg *cfg, const int32_t *ids, int64_t T) {
     for (int64_t t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= cfg->vocab_size)
             return CM_FAIL(CM_ERR_INVALID_ARG,
                            "input_ids[%lld] = %d is out of range for vocab_size %d (was the data tokenized for "
                            "another model?)",
                            (long long)t, ids[t], cfg->vocab_size);
+    return CM_OK;
+}
+
+cm_status ts_batch_validate(const cm_target_cfg *cfg, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq) {
+    if (T <= 0) return CM_FAIL(CM_ERR_INVALID_ARG, "empty batch: input_ids has no tokens");
+    if (n_seq <= 0) return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens must hold at least 2 values (0 and T)");
+    CM_TRY(ts_tokens_validate(cfg, ids, T));
     if (cu[0] != 0) return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens[0] = %d; it must be 0", cu[0]);
     for (int i = 1; i <= n_seq; i++)
         if (cu[i] <= cu[i - 1])

@@ -367,9 +367,11 @@ static cm_status serve_compute(void *user, cm_chan_job *job) {
     serve_state            *s = user;
     const cm_proto_request *r = job->req;
     const cm_target_cfg    *cfg = ts_model_cfg(s->model);
-    CM_TRY(ts_batch_validate(cfg, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs));
+    /* cm_chan decoded and checked the request (counts, cu_seqlens, layer ids < n_layers and
+     * distinct); what depends on the model is the token ids against its vocabulary */
+    CM_TRY(ts_tokens_validate(cfg, r->tokens, r->n_tokens));
     int L = (int)r->n_layers;
-    if (L > s->cap_layers)
+    if (L > s->cap_layers) /* the capture tables' size (cm_chan holds L to --max-layers) */
         return CM_FAIL(CM_ERR_INVALID_ARG, "batch %llu asks for %d layers; at most %d",
                        (unsigned long long)r->batch_id, L, s->cap_layers);
     /* the capture wants ascending layers; the answer keeps the request's order */
