@@ -287,7 +287,8 @@ void      cm_chan_encoder_stop_(worker *k);
 void cm_chan_close_peer_(cm_chan_server *s, int worker, void *peer);
 
 // ----------------------------------------------------------------------------
-// client internals (cm_chan_client.c: the owner's API; cm_chan_client_io.c: the I/O thread)
+// client internals (cm_chan_client.c: the owner's API; cm_chan_client_io.c: the I/O thread,
+// which calls cm_chan_client_session.c and cm_chan_client_answer.c)
 
 #define MAX_TENSORS   256
 #define IO_RECV_BURST 64
@@ -353,5 +354,35 @@ struct cm_chan_client {
 };
 
 void *cm_chan_client_io_main_(void *client); /* the I/O thread */
+
+/* cm_chan_client_io.c, on the I/O thread: problem records stats.last_problem (under mu); fatal
+ * ends the client with st and msg; find_sent is the SENT slot of batch id, or NULL; slot_state
+ * reads a slot's state under mu; complete moves a slot to READY with st (msg when it failed);
+ * send sends one frame; retry schedules a re-send of a SENT slot in delay_ms, or completes it
+ * with give_up once its attempts are spent; protocol_error reports a refused frame and
+ * re-requests the batch it names; lose_session closes the socket and re-queues what is in
+ * flight. */
+void  cm_chan_client_problem_(cm_chan_client *c, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void  cm_chan_client_fatal_(cm_chan_client *c, cm_status st, const char *msg);
+slot *cm_chan_client_find_sent_(cm_chan_client *c, uint64_t id);
+int   cm_chan_client_slot_state_(cm_chan_client *c, const slot *s);
+void  cm_chan_client_complete_(cm_chan_client *c, slot *s, cm_status st, const char *msg, uint64_t bytes);
+void  cm_chan_client_send_(cm_chan_client *c, const void *buf, size_t len, int64_t now);
+void  cm_chan_client_retry_(cm_chan_client *c, slot *s, cm_status give_up, const char *why, int64_t now,
+                            int delay_ms);
+void  cm_chan_client_protocol_error_(cm_chan_client *c, const char *why, uint64_t id, int is_answer, int64_t now);
+void  cm_chan_client_lose_session_(cm_chan_client *c, const char *why, int64_t now);
+
+/* cm_chan_client_session.c: a WELCOME, an NCCL_READY (I/O thread). */
+void cm_chan_client_on_welcome_(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now);
+void cm_chan_client_on_nccl_ready_(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now);
+
+/* cm_chan_client_answer.c: an ANSWER (HEAD and DATA parts; id from the header), an ERROR. */
+void cm_chan_client_on_answer_(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *data, uint64_t id, int64_t now);
+void cm_chan_client_on_error_(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now);
 
 #endif /* CM_CHAN_INT_H */
