@@ -30,12 +30,6 @@ cm_status cm_zmq_check_(int failed, const char *stmt, const char *file, int line
     return cm_fail_at(CM_ERR_ZMQ, file, line, "%s: %s", stmt, zmq_strerror(e));
 }
 
-int64_t cm_chan_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 cm_status cm_chan_set_int(void *sock, int option, int value) {
     return CM_ZMQ(zmq_setsockopt(sock, option, &value, sizeof value));
 }

@@ -498,7 +498,7 @@ void *cm_chan_client_io_main_(void *arg) {
     c->conn = CONN_WAIT;
     c->reconnect_at = 0;
     while (!atomic_load(&c->quit)) {
-        int64_t        now = cm_chan_now_ms();
+        int64_t        now = cm_now_ms();
         zmq_pollitem_t items[3] = {
             {NULL, c->wake_r, ZMQ_POLLIN, 0}, {c->sock, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
         int  n = c->sock ? 3 : 1;
@@ -513,19 +513,19 @@ void *cm_chan_client_io_main_(void *arg) {
             while (read(c->wake_r, drain, sizeof drain) > 0) {
             }
         }
-        now = cm_chan_now_ms();
+        now = cm_now_ms();
         if (n == 3 && (items[2].revents & ZMQ_POLLIN))
             handle_monitor(c, now);
         for (int k = 0; k < IO_RECV_BURST && c->sock && handle_msg(c, now); k++)
-            now = cm_chan_now_ms();
+            now = cm_now_ms();
         if (c->conn != CONN_DEAD)
-            tick(c, cm_chan_now_ms());
+            tick(c, cm_now_ms());
     }
     if (c->conn == CONN_READY) {
         uint8_t buf[CM_PROTO_HEADER_SIZE];
         size_t  len;
         cm_proto_bye_encode(buf, sizeof buf, &len);
-        cm_chan_client_send_(c, buf, len, cm_chan_now_ms());
+        cm_chan_client_send_(c, buf, len, cm_now_ms());
     }
     close_socket(c, 200); /* lets the BYE out */
     nccl_leave(c);

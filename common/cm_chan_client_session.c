@@ -35,7 +35,7 @@ static void nccl_offer(cm_chan_client *c, const cm_proto_welcome *w, int64_t now
         return;
     }
     c->nccl_joined = 1;
-    c->last_recv = cm_chan_now_ms(); /* the join blocked this thread; the server kept talking */
+    c->last_recv = cm_now_ms(); /* the join blocked this thread; the server kept talking */
 }
 
 void cm_chan_client_on_nccl_ready_(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now) {

@@ -1,5 +1,5 @@
 /* common/cm_chan_int.h — what the files of cm_chan share and nobody else needs: the CM_ZMQ
- * conversion of ZeroMQ failures, the clock, socket option setters, the CURVE helpers (all in
+ * conversion of ZeroMQ failures, socket option setters, the CURVE helpers (all in
  * cm_chan.c), and the server's and the client's internal structs, each split over two files
  * (loop and worker; owner API and I/O thread). Internal to common/; not installed. */
 #ifndef CM_CHAN_INT_H
@@ -14,13 +14,13 @@
 
 #include "cm_chan.h"
 #include "cm_compress.h"
+#include "cm_time.h"
 
 /* Converts a ZeroMQ return value once, where the call is made: -1 → CM_ERR_ZMQ with the
  * statement, file:line and zmq_strerror(zmq_errno()) in cm_last_error(); else CM_OK. */
 #define CM_ZMQ(x) cm_zmq_check_((x) == -1, #x, __FILE__, __LINE__)
 cm_status cm_zmq_check_(int failed, const char *stmt, const char *file, int line);
 
-int64_t   cm_chan_now_ms(void);                               /* CLOCK_MONOTONIC */
 cm_status cm_chan_set_int(void *sock, int option, int value); /* zmq_setsockopt of an int */
 cm_status cm_chan_set_i64(void *sock, int option, int64_t value);
 

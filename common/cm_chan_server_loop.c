@@ -54,7 +54,7 @@ static int handle_msg(cm_chan_server *s) {
     const uint8_t *p = zmq_msg_data(&fr);
     size_t         len = zmq_msg_size(&fr);
     if (ss)
-        ss->last_recv = cm_chan_now_ms();
+        ss->last_recv = cm_now_ms();
     cm_proto_header h;
     if (!ident_len) {
         /* nothing to answer to */
@@ -136,7 +136,7 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
     if (s->ran)
         return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_server_run: a server runs once");
     s->ran = 1;
-    s->started_ms = cm_chan_now_ms();
+    s->started_ms = cm_now_ms();
     CM_LOG_INFO("serving '%s' on %s: weights %016llx (config %016llx), %u layers of %u, %s answers, %u credits "
                 "per session",
                 s->name, s->endpoint, (unsigned long long)s->cfg.weights_id, (unsigned long long)s->cfg.target_id,
@@ -184,7 +184,7 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
             cm_chan_zap_handle_(s);
         for (int k = 0; k < RECV_BURST && handle_msg(s); k++) {
         }
-        timers(s, cm_chan_now_ms());
+        timers(s, cm_now_ms());
         cm_chan_schedule_(s);
     }
     for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {

@@ -124,7 +124,7 @@ static void nccl_opened(cm_chan_server *s, worker *k, session *ss, int live) {
     cm_status st = cm_proto_nccl_ready_encode(k->device, buf, sizeof buf, &len);
     if (st == CM_OK)
         st = cm_chan_send_to_(s, ss->ident, ss->ident_len, buf, len);
-    ss->last_send = cm_chan_now_ms();
+    ss->last_send = cm_now_ms();
     if (st == CM_ERR_PEER_GONE)
         cm_chan_end_session_(s, ss, END_UNREACHABLE);
     else
@@ -189,7 +189,7 @@ static void handle_done_one(cm_chan_server *s, worker *k) {
             STAT_ADD(s, errors_sent, 1);
         ss->n_errors++;
     }
-    ss->last_send = cm_chan_now_ms();
+    ss->last_send = cm_now_ms();
     if (st == CM_ERR_PEER_GONE)
         cm_chan_end_session_(s, ss, END_UNREACHABLE);
     else if (st != CM_OK)

@@ -13,7 +13,7 @@
 #include "cm_log.h"
 
 int cm_chan_warn_ok_(cm_chan_server *s) {
-    int64_t now = cm_chan_now_ms();
+    int64_t now = cm_now_ms();
     if (now - s->warn_window > 10000) {
         if (s->warn_suppressed)
             CM_LOG_WARN("%d more refused frames in the last 10 s (not logged)", s->warn_suppressed);

@@ -45,7 +45,7 @@ uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss) {
 void cm_chan_end_session_(cm_chan_server *s, session *ss, end_reason why) {
     static const char *what[] = {"said bye", "timed out", "was replaced by a new HELLO", "is unreachable",
                                  "ended: the server is stopping"};
-    int64_t            now = cm_chan_now_ms();
+    int64_t            now = cm_now_ms();
     uint32_t           n = cm_chan_drop_queue_(s, ss);
     cm_chan_log_session_(ss, what[why], now);
     if (n || ss->computing)
@@ -123,7 +123,7 @@ void cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, siz
         }
     }
     qjob   *queue = ss->queue;
-    int64_t now = cm_chan_now_ms();
+    int64_t now = cm_now_ms();
     *ss = (session){.used = 1,
                     .ident_len = ident_len,
                     .gen = ++s->gen_counter,

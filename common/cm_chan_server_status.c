@@ -19,7 +19,7 @@ void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident
         cm_chan_refuse_frame_(s, NULL, ident, ident_len, p, len, "a STATUS request carries no body");
         return;
     }
-    int64_t              now = cm_chan_now_ms();
+    int64_t              now = cm_now_ms();
     cm_chan_server_stats st;
     cm_chan_server_get_stats(s, &st);
     cJSON *o = cJSON_CreateObject(), *ses = cJSON_CreateArray(), *tot = cJSON_CreateObject();

@@ -87,7 +87,7 @@ static void worker_process(cm_chan_server *s, worker *k) {
                      (unsigned long long)rq->batch_id);
     if (st == CM_OK && !job.nccl)
         st = ensure_out(k, rq->n_layers, (size_t)rq->n_tokens * s->cfg.hidden_size);
-    int64_t t0 = cm_chan_now_ms();
+    int64_t t0 = cm_now_ms();
     if (st == CM_OK && job.nccl) {
         st = s->cfg.compute(k->user, &job);
         if (st == CM_OK)
@@ -100,7 +100,7 @@ static void worker_process(cm_chan_server *s, worker *k) {
         w->is_answer = 1;
         CM_LOG_DEBUG("batch %llu of '%s' on worker %d: %u tokens, %u layers in %lld ms, %zu bytes",
                      (unsigned long long)rq->batch_id, w->session, k->index, rq->n_tokens, rq->n_layers,
-                     (long long)(cm_chan_now_ms() - t0), w->head_len + w->data_len);
+                     (long long)(cm_now_ms() - t0), w->head_len + w->data_len);
         return;
     }
     cm_proto_error e = {.batch_id = rq->batch_id,

@@ -20,8 +20,7 @@
 
 #include "cm_log.h"
 #include "cm_safetensors.h"
-
-#include <time.h>
+#include "cm_time.h"
 
 typedef struct ts_mat {
     void    *data; /* backend memory, [rows, cols] */
@@ -413,12 +412,6 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
 
 // ---- timing (TANDEM_LAYER_TIMING / ts_model_set_timing): host clock after a device sync
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 /* The time now once the device has finished everything queued; 0 when timing is off. */
 static cm_status mark(ts_model *m, double *t) {
     if (!m->timing) {
@@ -426,7 +419,7 @@ static cm_status mark(ts_model *m, double *t) {
         return CM_OK;
     }
     CM_TRY(m->be->sync(m->ctx));
-    *t = now_ms();
+    *t = 1e3 * cm_now_s();
     return CM_OK;
 }
 
@@ -650,7 +643,7 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
     }
     CM_TRY(be->sync(cx));
     if (m->timing) {
-        double tend = now_ms();
+        double tend = 1e3 * cm_now_s();
         m->tm.other_ms += tend - ta;
         m->tm.total_ms += tend - tf0;
         m->tm.forwards++;

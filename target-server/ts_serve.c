@@ -25,6 +25,7 @@
 #include "cm_cfg_hash.h"
 #include "cm_chan.h"
 #include "cm_log.h"
+#include "cm_time.h"
 #include "cm_weights_id.h"
 #include "kn_backend.h"
 #include "ts_model.h"
@@ -152,8 +153,7 @@ static cm_status serve_init(void *user) {
                           .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16,
                           .init_random = a->init_random,
                           .seed = a->seed};
-    struct timespec ts0;
-    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    const int64_t t0_ms = cm_now_ms();
     CM_TRY(ts_model_load(&s->model, &mc));
     if (s->be != kn_backend_cpu()) { /* the GPU's memory and GEMM plans are taken now, not per request */
         CM_TRY(ts_model_warmup(s->model, a->max_tokens));
@@ -163,9 +163,7 @@ static cm_status serve_init(void *user) {
                                 a->dtype));
 #endif
     }
-    struct timespec ts1;
-    clock_gettime(CLOCK_MONOTONIC, &ts1);
-    atomic_store(&s->load_ms, (int)((ts1.tv_sec - ts0.tv_sec) * 1000 + (ts1.tv_nsec - ts0.tv_nsec) / 1000000));
+    atomic_store(&s->load_ms, (int)(cm_now_ms() - t0_ms));
     atomic_store(&s->loaded, 1);
     if (s->a->replicas > 1)
         CM_LOG_INFO("replica %d (%s %d): model ready in %lld s; answering requests", s->index, a->device, s->gpu,
