@@ -38,6 +38,15 @@ cm_status cm_chan_set_i64(void *sock, int option, int64_t value) {
     return CM_ZMQ(zmq_setsockopt(sock, option, &value, sizeof value));
 }
 
+cm_status cm_chan_pipe_(int *read_end, int *write_end, const char *what) {
+    int fds[2];
+    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0)
+        return CM_FAIL(CM_ERR_IO, "cannot create %s: %s", what, strerror(errno));
+    *read_end = fds[0];
+    *write_end = fds[1];
+    return CM_OK;
+}
+
 uint64_t cm_chan_random_u64(void) {
     uint64_t v = 0;
     if (getrandom(&v, sizeof v, 0) == (ssize_t)sizeof v)

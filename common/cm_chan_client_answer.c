@@ -43,6 +43,19 @@ static void scan_values(cm_dtype dt, const void *data, size_t n, int *any_bad, i
         SCAN_LOOP(uint32_t, 0x7F800000u, 0x00800000u, 0x80000000u);
 }
 
+/* The answer's tensor i as the trainer sees it (data: where it lies, set later when NULL). */
+static void describe(cm_chan_tensor *ct, const slot *s, uint32_t i, const cm_proto_tensor *t, cm_dtype hd, uint32_t D,
+                     const void *data, int on_device) {
+    memcpy(ct->name, t->name, sizeof ct->name);
+    ct->layer = s->layers[i];
+    ct->dtype = hd;
+    ct->n_tokens = s->n_tokens;
+    ct->hidden = D;
+    ct->bytes = t->raw_size;
+    ct->data = data;
+    ct->on_device = on_device;
+}
+
 /* An ANSWER of encoding nccl: its tensors follow over NCCL and are received whatever happens
  * (into scratch when no one waits for them) so the transfers stay paired with the ANSWERs. */
 static void on_nccl_answer(cm_chan_client *c, const cm_proto_answer *a, size_t received, int64_t now) {
@@ -86,15 +99,7 @@ static void on_nccl_answer(cm_chan_client *c, const cm_proto_answer *a, size_t r
             snprintf(why, sizeof why, "answer to batch %llu: tensor %u is '%s' %s, expected '%s' %s [%u, %u]",
                      (unsigned long long)a->batch_id, i, t->name, cm_dtype_name(t->dtype), want,
                      cm_dtype_name(hd), s->n_tokens, D);
-        cm_chan_tensor *ct = &s->tensors[i];
-        memcpy(ct->name, t->name, sizeof ct->name);
-        ct->layer = s->layers[i];
-        ct->dtype = hd;
-        ct->n_tokens = s->n_tokens;
-        ct->hidden = D;
-        ct->bytes = t->raw_size;
-        ct->data = dev[i];
-        ct->on_device = 1;
+        describe(&s->tensors[i], s, i, t, hd, D, dev[i], 1);
     }
     if (why[0]) { /* well paired but not what was asked for: ask again on this session */
         pthread_mutex_lock(&c->mu);
@@ -167,13 +172,7 @@ void cm_chan_client_on_answer_(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *da
     for (uint32_t i = 0; i < a.n_tensors && !why[0]; i++) {
         const cm_proto_tensor *t = &a.tensors[i];
         cm_chan_tensor        *ct = &s->tensors[i];
-        memcpy(ct->name, t->name, sizeof ct->name);
-        ct->layer = s->layers[i];
-        ct->dtype = hd;
-        ct->n_tokens = s->n_tokens;
-        ct->hidden = D;
-        ct->bytes = t->raw_size;
-        ct->on_device = 0;
+        describe(ct, s, i, t, hd, D, NULL, 0);
         if (zero_copy) {
             ct->data = t->data;
         } else if (c->enc == CM_ENCODING_RAW) {

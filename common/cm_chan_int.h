@@ -27,6 +27,9 @@ cm_status cm_chan_set_i64(void *sock, int option, int64_t value);
 /* Fails with CM_ERR_UNSUPPORTED and the fix when libzmq lacks CURVE. */
 cm_status cm_chan_curve_require(const char *what);
 
+/* A non-blocking, close-on-exec pipe (what names it in the message: "the worker pipe"). */
+cm_status cm_chan_pipe_(int *read_end, int *write_end, const char *what);
+
 /* A random 64-bit value (getrandom, falling back to the clock and the pid). */
 uint64_t cm_chan_random_u64(void);
 

@@ -189,13 +189,7 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
             goto fail;
         }
     }
-    int fds[2];
-    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
-        st = CM_FAIL(CM_ERR_IO, "cannot create the worker pipe: %s", strerror(errno));
-        goto fail;
-    }
-    s->pipe_r = fds[0];
-    s->pipe_w = fds[1];
+    CM_TRY_GOTO(cm_chan_pipe_(&s->pipe_r, &s->pipe_w, "the worker pipe"), st, fail);
 
     if (!(s->ctx = zmq_ctx_new())) {
         st = CM_ZMQ(-1);

@@ -430,26 +430,33 @@ void ts_model_set_timing(ts_model *m, int on) {
 
 void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
 
-static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
-    if (!m->timing) return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+/* The backend's GEMM from an f32 input, or from a bf16 one (inp16) written by its producer
+ * (fused path). */
+static cm_status gemm_call(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
+                           int64_t M, int64_t N, int64_t K) {
+    if (inp16) return m->be->gemm_bf16in(m->ctx, out, inp16, w->data, w->dtype, M, N, K);
+    return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+}
+
+/* gemm_call, timed into *m->gemm_acc when timing is on. */
+static cm_status gemm_any(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
+                          int64_t M, int64_t N, int64_t K) {
+    if (!m->timing) return gemm_call(m, out, inp, inp16, w, M, N, K);
     double t0, t1;
     CM_TRY(mark(m, &t0));
-    CM_TRY(m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K));
+    CM_TRY(gemm_call(m, out, inp, inp16, w, M, N, K));
     CM_TRY(mark(m, &t1));
     if (m->gemm_acc) *m->gemm_acc += t1 - t0;
     return CM_OK;
 }
 
-/* gemm from a bf16 input written by its producer (fused path). */
+static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    return gemm_any(m, out, inp, NULL, w, M, N, K);
+}
+
 static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_mat *w, int64_t M, int64_t N,
                         int64_t K) {
-    if (!m->timing) return m->be->gemm_bf16in(m->ctx, out, inp, w->data, w->dtype, M, N, K);
-    double t0, t1;
-    CM_TRY(mark(m, &t0));
-    CM_TRY(m->be->gemm_bf16in(m->ctx, out, inp, w->data, w->dtype, M, N, K));
-    CM_TRY(mark(m, &t1));
-    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
-    return CM_OK;
+    return gemm_any(m, out, NULL, inp, w, M, N, K);
 }
 
 /* The projections' GEMM: from the bf16 normed input on the fused path, else from h. */
