@@ -44,8 +44,8 @@ static void scan_values(cm_dtype dt, const void *data, size_t n, int *any_bad, i
 }
 
 /* The answer's tensor i as the trainer sees it (data: where it lies, set later when NULL). */
-static void describe(cm_chan_tensor *ct, const slot *s, uint32_t i, const cm_proto_tensor *t, cm_dtype hd, uint32_t D,
-                     const void *data, int on_device) {
+static void describe(cm_chan_tensor *ct, const slot *s, uint32_t i, const cm_proto_tensor *t, cm_dtype hd,
+                     uint32_t D, const void *data, int on_device) {
     memcpy(ct->name, t->name, sizeof ct->name);
     ct->layer = s->layers[i];
     ct->dtype = hd;
@@ -114,7 +114,8 @@ static void on_nccl_answer(cm_chan_client *c, const cm_proto_answer *a, size_t r
     cm_chan_client_complete_(c, s, CM_OK, "", received);
 }
 
-void cm_chan_client_on_answer_(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *data, uint64_t id, int64_t now) {
+void cm_chan_client_on_answer_(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *data, uint64_t id,
+                               int64_t now) {
     cm_proto_answer a = {.tensors = c->pt, .cap_tensors = MAX_TENSORS};
     if (cm_proto_answer_decode_parts(zmq_msg_data(head), zmq_msg_size(head), zmq_msg_data(data),
                                      zmq_msg_size(data), &c->lim, &a) != CM_OK) {

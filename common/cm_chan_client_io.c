@@ -155,13 +155,15 @@ static void send_request(cm_chan_client *c, slot *s, int64_t now) {
 }
 
 /* A corrupt or failed answer for s: send again, or give the batch up after max_attempts. */
-void cm_chan_client_retry_(cm_chan_client *c, slot *s, cm_status give_up, const char *why, int64_t now, int delay_ms) {
+void cm_chan_client_retry_(cm_chan_client *c, slot *s, cm_status give_up, const char *why, int64_t now,
+                           int delay_ms) {
     if (++s->attempts >= c->cfg.max_attempts) {
         char msg[CM_PROTO_MESSAGE_MAX + 96];
-        cm_chan_fmt(msg, sizeof msg,
-                    "request %llu given up after %d failed answers (the server keeps sending what the trainer "
-                    "refuses: check the server's log and model); last: %s",
-                    (unsigned long long)s->batch_id, s->attempts, why);
+        cm_chan_fmt(
+            msg, sizeof msg,
+            "request %llu given up after %d failed answers (the server keeps sending what the trainer "
+            "refuses: check the server's log and model); last: %s",
+            (unsigned long long)s->batch_id, s->attempts, why);
         cm_chan_client_complete_(c, s, give_up, msg, 0);
         return;
     }
@@ -173,7 +175,8 @@ void cm_chan_client_retry_(cm_chan_client *c, slot *s, cm_status give_up, const 
 
 /* A frame from the server was refused: report it, and re-request the batch it names if that
  * batch is in flight (the id may be untrusted; a wrong guess costs one idempotent request). */
-void cm_chan_client_protocol_error_(cm_chan_client *c, const char *why, uint64_t id, int is_answer, int64_t now) {
+void cm_chan_client_protocol_error_(cm_chan_client *c, const char *why, uint64_t id, int is_answer,
+                                    int64_t now) {
     slot *s = id ? cm_chan_client_find_sent_(c, id) : NULL;
     pthread_mutex_lock(&c->mu);
     c->stats.protocol_errors++;
@@ -401,8 +404,9 @@ static void handle_monitor(cm_chan_client *c, int64_t now) {
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
                    event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
             cm_chan_client_problem_(c, "the handshake with %s failed (%s, code 0x%x)%s", c->endpoint,
-                    event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail", value,
-                    c->curve ? ": is --curve-server-key the server's public key?" : "");
+                                    event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",
+                                    value,
+                                    c->curve ? ": is --curve-server-key the server's public key?" : "");
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
             if (!c->handshake_ok && c->curve)
                 cm_chan_fmt(msg, sizeof msg,

@@ -60,8 +60,8 @@ void cm_chan_client_on_welcome_(cm_chan_client *c, const uint8_t *p, size_t len,
     }
     char msg[512];
     char why[400];
-    if (cm_target_identity_differs(why, sizeof why, w.target_id, w.weights_id, c->cfg.target_id, c->cfg.weights_id,
-                                   "served", "expected")) {
+    if (cm_target_identity_differs(why, sizeof why, w.target_id, w.weights_id, c->cfg.target_id,
+                                   c->cfg.weights_id, "served", "expected")) {
         cm_chan_fmt(msg, sizeof msg, "target-server '%s' at %s serves another target than this run needs: %s",
                     w.name, c->endpoint, why);
         cm_chan_client_fatal_(c, CM_ERR_INVALID_ARG, msg);
@@ -69,21 +69,24 @@ void cm_chan_client_on_welcome_(cm_chan_client *c, const uint8_t *p, size_t len,
     }
     /* a server that comes back must serve what the first one served: answers of another
      * target, dtype or width would be trained on as if they were the same */
-    if (c->have_welcome && cm_target_identity_differs(why, sizeof why, w.target_id, w.weights_id,
-                                                      c->welcome.target_id, c->welcome.weights_id, "now",
-                                                      "when this run started")) {
-        cm_chan_fmt(msg, sizeof msg,
-                    "the server at %s ('%s') now serves another target: %s; restart the run against one target",
-                    c->endpoint, w.name, why);
+    if (c->have_welcome &&
+        cm_target_identity_differs(why, sizeof why, w.target_id, w.weights_id, c->welcome.target_id,
+                                   c->welcome.weights_id, "now", "when this run started")) {
+        cm_chan_fmt(
+            msg, sizeof msg,
+            "the server at %s ('%s') now serves another target: %s; restart the run against one target",
+            c->endpoint, w.name, why);
         cm_chan_client_fatal_(c, CM_ERR_INVALID_ARG, msg);
         return;
     }
-    if (c->have_welcome && (w.hidden_dtype != c->welcome.hidden_dtype || w.hidden_size != c->welcome.hidden_size)) {
-        cm_chan_fmt(msg, sizeof msg,
-                    "the server at %s now serves %s hidden %u, but this run started with %s hidden %u; restart the "
-                    "run against one target",
-                    c->endpoint, cm_dtype_name(w.hidden_dtype), w.hidden_size, cm_dtype_name(c->welcome.hidden_dtype),
-                    c->welcome.hidden_size);
+    if (c->have_welcome &&
+        (w.hidden_dtype != c->welcome.hidden_dtype || w.hidden_size != c->welcome.hidden_size)) {
+        cm_chan_fmt(
+            msg, sizeof msg,
+            "the server at %s now serves %s hidden %u, but this run started with %s hidden %u; restart the "
+            "run against one target",
+            c->endpoint, cm_dtype_name(w.hidden_dtype), w.hidden_size, cm_dtype_name(c->welcome.hidden_dtype),
+            c->welcome.hidden_size);
         cm_chan_client_fatal_(c, CM_ERR_INVALID_ARG, msg);
         return;
     }

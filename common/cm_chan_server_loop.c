@@ -1,13 +1,10 @@
-/* common/cm_chan_server_loop.c — the target-server's session loop (see cm_chan.h). The loop thread
- * owns the ROUTER (and the ZAP socket when client keys are configured): it validates every
- * frame, keeps one session per routing identity (HELLO opens or replaces it; BYE, silence
- * past the peer timeout or an unreachable peer ends it and drops its queued requests), queues
- * at most `credits` requests per session (duplicates of a queued or running id are ignored),
- * sends heartbeats and hands one job at a time to each idle worker (cm_chan_server_work.c;
- * one per model replica), round-robin over the sessions that have work (a session with an
- * NCCL communicator only to the worker that opened it), then sends each result, DATA
- * zero-copy (ZeroMQ hands the buffer back to the pool when it is on the wire). Nothing from a
- * peer is trusted: sizes are bounded by ZMQ_MAXMSGSIZE and cm_proto_limits before use. */
+/* common/cm_chan_server_loop.c — the target-server's session loop (see cm_chan.h). The loop
+ * thread owns the ROUTER (and the ZAP socket when client keys are configured): it reads every
+ * message and hands each frame to what handles it (sessions and their REQUESTs:
+ * cm_chan_server_session.c; STATUS: _status.c; ZAP: _zap.c; refusals: _send.c), ends the
+ * sessions silent past the peer timeout, sends heartbeats, and after each turn sends the
+ * workers' results and hands them new tasks (cm_chan_server_sched.c). Nothing from a peer is
+ * trusted: sizes are bounded by ZMQ_MAXMSGSIZE and cm_proto_limits before use. */
 #include "cm_chan_int.h"
 
 #include <errno.h>
@@ -137,11 +134,11 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         return CM_FAIL(CM_ERR_INVALID_ARG, "cm_chan_server_run: a server runs once");
     s->ran = 1;
     s->started_ms = cm_now_ms();
-    CM_LOG_INFO("serving '%s' on %s: weights %016llx (config %016llx), %u layers of %u, %s answers, %u credits "
-                "per session",
-                s->name, s->endpoint, (unsigned long long)s->cfg.weights_id, (unsigned long long)s->cfg.target_id,
-                s->cfg.n_layers,
-                s->cfg.hidden_size, cm_dtype_name(s->cfg.hidden_dtype), s->cfg.credits);
+    CM_LOG_INFO(
+        "serving '%s' on %s: weights %016llx (config %016llx), %u layers of %u, %s answers, %u credits "
+        "per session",
+        s->name, s->endpoint, (unsigned long long)s->cfg.weights_id, (unsigned long long)s->cfg.target_id,
+        s->cfg.n_layers, s->cfg.hidden_size, cm_dtype_name(s->cfg.hidden_dtype), s->cfg.credits);
     cm_status st = cm_chan_server_start_(s);
     while (st == CM_OK) {
         if (atomic_load(&s->stop) && !s->stopping) {

@@ -114,7 +114,7 @@ static void nccl_opened(cm_chan_server *s, worker *k, session *ss, int live) {
         ss->nccl_worker = -1;
         CM_LOG_WARN("session '%s': cannot join its NCCL communicator: %s", ss->name, w->nccl_msg);
         cm_chan_send_error_(s, ss->ident, ss->ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
-                   "target-server '%s' cannot join the NCCL communicator: %s", s->name, w->nccl_msg);
+                            "target-server '%s' cannot join the NCCL communicator: %s", s->name, w->nccl_msg);
         return;
     }
     ss->nccl_peer = w->peer;

@@ -31,11 +31,10 @@ static const char *sess_label(const session *ss) {
     return ss ? ss->name : "(no session)";
 }
 
-
 /* Sends identity + one part. CM_ERR_PEER_GONE when the peer is not connected, CM_ERR_TIMEOUT
  * when its queue is full (the frame is dropped), CM_ERR_ZMQ otherwise. */
 cm_status cm_chan_send_to_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const void *frame,
-                         size_t len) {
+                           size_t len) {
     if (zmq_send(s->router, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
         if (zmq_errno() == EHOSTUNREACH)
             return CM_FAIL(CM_ERR_PEER_GONE, "the trainer is no longer connected");
@@ -47,7 +46,7 @@ cm_status cm_chan_send_to_(cm_chan_server *s, const uint8_t *ident, size_t ident
 }
 
 cm_status cm_chan_send_error_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, uint64_t id,
-                            cm_proto_error_code code, const char *fmt, ...) {
+                              cm_proto_error_code code, const char *fmt, ...) {
     cm_proto_error e = {.batch_id = id, .code = code};
     char           text[1024];
     va_list        ap;
@@ -73,7 +72,7 @@ cm_status cm_chan_send_bye_(cm_chan_server *s, const uint8_t *ident, size_t iden
  * else ERROR corrupt with the id the bytes claim (the trainer re-sends that batch if it waits
  * for it; requests are idempotent, so a wrong guess costs one forward). */
 void cm_chan_refuse_frame_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len,
-                         const uint8_t *p, size_t len, const char *why) {
+                           const uint8_t *p, size_t len, const char *why) {
     STAT_ADD(s, bad_frames, 1);
     if (cm_chan_warn_ok_(s))
         CM_LOG_WARN("refused a frame from %s (%zu bytes): %s", sess_label(ss), len, why);

@@ -14,7 +14,6 @@
 #include "cm_cfg_hash.h"
 #include "cm_log.h"
 
-
 session *cm_chan_find_session_(cm_chan_server *s, const uint8_t *ident, size_t len) {
     for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {
         session *ss = &s->sessions[i];
@@ -62,7 +61,8 @@ void cm_chan_end_session_(cm_chan_server *s, session *ss, end_reason why) {
         s->stats.sessions_unreachable++;
     s->stats.sessions_active--;
     pthread_mutex_unlock(&s->stats_mu);
-    cm_chan_close_peer_(s, ss->nccl_worker, ss->nccl_peer); /* an opening peer is closed when its open returns */
+    cm_chan_close_peer_(s, ss->nccl_worker,
+                        ss->nccl_peer); /* an opening peer is closed when its open returns */
     ss->nccl_peer = NULL;
     ss->nccl_worker = -1;
     ss->nccl_state = NCCL_NONE;
@@ -73,13 +73,15 @@ void cm_chan_end_session_(cm_chan_server *s, session *ss, end_reason why) {
 // ----------------------------------------------------------------------------
 // incoming frames
 
-void cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len, zmq_msg_t *fr) {
+void cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len,
+                       zmq_msg_t *fr) {
     cm_proto_hello h;
     if (cm_proto_hello_decode(zmq_msg_data(fr), zmq_msg_size(fr), &s->lim, &h) != CM_OK) {
         STAT_ADD(s, bad_frames, 1);
         if (cm_chan_warn_ok_(s))
             CM_LOG_WARN("refused a HELLO: %s", cm_last_error());
-        cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_CORRUPT, "HELLO refused: %s", cm_last_error());
+        cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_CORRUPT, "HELLO refused: %s",
+                            cm_last_error());
         return;
     }
     if (s->stopping) {
@@ -87,27 +89,29 @@ void cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, siz
         return;
     }
     char why[400];
-    if (cm_target_identity_differs(why, sizeof why, s->cfg.target_id, s->cfg.weights_id, h.target_id, h.weights_id,
-                                   "served here", "asked for")) {
+    if (cm_target_identity_differs(why, sizeof why, s->cfg.target_id, s->cfg.weights_id, h.target_id,
+                                   h.weights_id, "served here", "asked for")) {
         CM_LOG_WARN("refused trainer '%s': %s", h.name, why);
-        cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_TARGET_MISMATCH,
-                   "target-server '%s' serves another target: %s; connect to the server of the target the drafter "
-                   "is trained for",
-                   s->name, why);
+        cm_chan_send_error_(
+            s, ident, ident_len, 0, CM_PROTO_ERROR_TARGET_MISMATCH,
+            "target-server '%s' serves another target: %s; connect to the server of the target the drafter "
+            "is trained for",
+            s->name, why);
         return;
     }
     uint32_t enc = h.encodings & s->cfg.encodings;
     if (!enc && h.encodings == 1u << CM_ENCODING_NCCL) {
-        cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
-                   "target-server '%s' has no NCCL path (it computes on the CPU, or was built without "
-                   "NCCL); ask for a ZeroMQ encoding such as zstd-byteplane",
-                   s->name);
+        cm_chan_send_error_(
+            s, ident, ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
+            "target-server '%s' has no NCCL path (it computes on the CPU, or was built without "
+            "NCCL); ask for a ZeroMQ encoding such as zstd-byteplane",
+            s->name);
         return;
     }
     if (!enc) {
         cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
-                   "no common encoding: the server offers mask 0x%x, the trainer accepts 0x%x",
-                   s->cfg.encodings, h.encodings);
+                            "no common encoding: the server offers mask 0x%x, the trainer accepts 0x%x",
+                            s->cfg.encodings, h.encodings);
         return;
     }
     if (ss) {
@@ -118,7 +122,7 @@ void cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, siz
                 ss = &s->sessions[i];
         if (!ss) {
             cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_BUSY,
-                       "the server has its maximum of %u sessions", s->cfg.max_sessions);
+                                "the server has its maximum of %u sessions", s->cfg.max_sessions);
             return;
         }
     }
@@ -171,19 +175,22 @@ void cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, siz
 void cm_chan_on_nccl_offer_(cm_chan_server *s, session *ss, zmq_msg_t *fr) {
     cm_proto_nccl o;
     if (cm_proto_nccl_offer_decode(zmq_msg_data(fr), zmq_msg_size(fr), &s->lim, &o) != CM_OK) {
-        cm_chan_refuse_frame_(s, ss, ss->ident, ss->ident_len, zmq_msg_data(fr), zmq_msg_size(fr), cm_last_error());
+        cm_chan_refuse_frame_(s, ss, ss->ident, ss->ident_len, zmq_msg_data(fr), zmq_msg_size(fr),
+                              cm_last_error());
         return;
     }
     if (!s->cfg.nccl) {
-        cm_chan_send_error_(s, ss->ident, ss->ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
-                   "target-server '%s' has no NCCL path (it computes on the CPU or was built without "
-                   "NCCL); use a ZeroMQ encoding such as zstd-byteplane",
-                   s->name);
+        cm_chan_send_error_(
+            s, ss->ident, ss->ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
+            "target-server '%s' has no NCCL path (it computes on the CPU or was built without "
+            "NCCL); use a ZeroMQ encoding such as zstd-byteplane",
+            s->name);
         return;
     }
     if (ss->nccl_state != NCCL_NONE) {
         cm_chan_send_error_(s, ss->ident, ss->ident_len, 0, CM_PROTO_ERROR_BAD_REQUEST,
-                   "session '%s' already has an NCCL communicator; say HELLO again for a new one", ss->name);
+                            "session '%s' already has an NCCL communicator; say HELLO again for a new one",
+                            ss->name);
         return;
     }
     ss->nccl_offer = o;
@@ -199,12 +206,11 @@ void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *
                          size_t len) {
     if (s->stopping) {
         cm_chan_send_error_(s, ss->ident, ss->ident_len, h->id, CM_PROTO_ERROR_SHUTDOWN,
-                   "the target-server is stopping");
+                            "the target-server is stopping");
         return;
     }
     uint32_t T, L;
-    int      counted = cm_proto_request_counts(p, len, &T, &L) == CM_OK;
-    if (counted) {
+    if (cm_proto_request_counts(p, len, &T, &L) == CM_OK) {
         /* sizes first, so an oversized batch is a bad request, not a corrupt frame */
         if (T > s->cfg.max_tokens || L > s->cfg.max_req_layers) {
             cm_chan_send_error_(
@@ -228,28 +234,30 @@ void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *
         if (cm_chan_warn_ok_(s))
             CM_LOG_WARN("session '%s': refused a REQUEST: %s", ss->name, cm_last_error());
         cm_chan_send_error_(s, ss->ident, ss->ident_len, h->id, CM_PROTO_ERROR_CORRUPT, "REQUEST refused: %s",
-                   cm_last_error());
+                            cm_last_error());
         return;
     }
     const cm_proto_request rq = s->req; /* its arrays stay s->req's until it is queued */
     if (rq.encoding == CM_ENCODING_NCCL && ss->nccl_state != NCCL_UP) {
-        cm_chan_send_error_(s, ss->ident, ss->ident_len, rq.batch_id, CM_PROTO_ERROR_BAD_REQUEST,
-                   "batch %llu asks for encoding nccl, but this session has no NCCL communicator yet "
-                   "(send NCCL_OFFER and wait for NCCL_READY)",
-                   (unsigned long long)rq.batch_id);
+        cm_chan_send_error_(
+            s, ss->ident, ss->ident_len, rq.batch_id, CM_PROTO_ERROR_BAD_REQUEST,
+            "batch %llu asks for encoding nccl, but this session has no NCCL communicator yet "
+            "(send NCCL_OFFER and wait for NCCL_READY)",
+            (unsigned long long)rq.batch_id);
         return;
     }
     if (!(ss->encodings >> rq.encoding & 1u)) {
-        cm_chan_send_error_(s, ss->ident, ss->ident_len, rq.batch_id, CM_PROTO_ERROR_BAD_REQUEST,
-                   "batch %llu asks for encoding %s, which this session did not agree on (mask 0x%x)",
-                   (unsigned long long)rq.batch_id, cm_encoding_name(rq.encoding), ss->encodings);
+        cm_chan_send_error_(
+            s, ss->ident, ss->ident_len, rq.batch_id, CM_PROTO_ERROR_BAD_REQUEST,
+            "batch %llu asks for encoding %s, which this session did not agree on (mask 0x%x)",
+            (unsigned long long)rq.batch_id, cm_encoding_name(rq.encoding), ss->encodings);
         return;
     }
     for (uint32_t i = 0; i < rq.n_layers; i++)
         if ((uint32_t)rq.layer_ids[i] >= s->cfg.n_layers) {
             cm_chan_send_error_(s, ss->ident, ss->ident_len, rq.batch_id, CM_PROTO_ERROR_BAD_REQUEST,
-                       "batch %llu asks for layer %d; the target has layers 0..%u",
-                       (unsigned long long)rq.batch_id, rq.layer_ids[i], s->cfg.n_layers - 1);
+                                "batch %llu asks for layer %d; the target has layers 0..%u",
+                                (unsigned long long)rq.batch_id, rq.layer_ids[i], s->cfg.n_layers - 1);
             return;
         }
     int dup = 0;
@@ -266,8 +274,8 @@ void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *
     }
     if (ss->q_len + (uint32_t)ss->computing >= ss->credits) {
         cm_chan_send_error_(s, ss->ident, ss->ident_len, rq.batch_id, CM_PROTO_ERROR_NO_CREDIT,
-                   "batch %llu exceeds the %u credits of this session", (unsigned long long)rq.batch_id,
-                   ss->credits);
+                            "batch %llu exceeds the %u credits of this session",
+                            (unsigned long long)rq.batch_id, ss->credits);
         return;
     }
     qjob            *j = &ss->queue[(ss->q_head + ss->q_len) % s->cfg.credits];

@@ -11,7 +11,8 @@
 
 /* STATUS: what the server serves, to whom, how fast; answered to anyone who can reach the
  * socket (the socket's CURVE rules apply), outside any session. */
-void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const uint8_t *p, size_t len) {
+void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const uint8_t *p,
+                           size_t len) {
     char   *json = NULL, info[4096] = "";
     size_t  n_json, dummy;
     uint8_t tmp[CM_PROTO_HEADER_SIZE];
@@ -61,7 +62,8 @@ void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident
     cJSON_AddNumberToObject(tot, "bad_frames", (double)st.bad_frames);
     cJSON_AddNumberToObject(tot, "dropped_jobs", (double)st.dropped_jobs);
     cJSON_AddNumberToObject(tot, "tokens_per_s",
-                            now > s->started_ms ? (double)st.tokens * 1e3 / (double)(now - s->started_ms) : 0);
+                            now > s->started_ms ? (double)st.tokens * 1e3 / (double)(now - s->started_ms)
+                                                : 0);
     cJSON_AddItemToObject(o, "totals", tot);
     for (uint32_t i = 0; i < s->cfg.max_sessions; i++) {
         const session *ss = &s->sessions[i];
@@ -95,7 +97,8 @@ void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident
     if (buf && cm_proto_status_encode(json, n_json, buf, cap, &flen) == CM_OK)
         cm_chan_send_to_(s, ident, ident_len, buf, flen);
     else
-        cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_INTERNAL, "cannot build the status (%zu bytes)", n_json);
+        cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_INTERNAL,
+                            "cannot build the status (%zu bytes)", n_json);
     free(buf);
     cJSON_free(json);
 }

@@ -56,7 +56,8 @@ static void prepare_out(worker *k) {
         return;
     size_t TD = (size_t)c->max_tokens * c->hidden_size;
     if (ensure_out(k, c->max_req_layers, TD) != CM_OK) {
-        CM_LOG_WARN("worker %d: %s; output buffers are allocated per request instead", k->index, cm_last_error());
+        CM_LOG_WARN("worker %d: %s; output buffers are allocated per request instead", k->index,
+                    cm_last_error());
         return;
     }
     if (c->host_lock(k->user, k->out_block, k->out_cap * sizeof(float)) == CM_OK)
@@ -81,7 +82,7 @@ static void worker_process(cm_chan_server *s, worker *k) {
                        .out_dtype = CM_DTYPE_F32,
                        .nccl = rq->encoding == CM_ENCODING_NCCL ? w->job_peer : NULL,
                        .worker = k->index};
-    cm_status st = CM_OK;
+    cm_status   st = CM_OK;
     if (rq->encoding == CM_ENCODING_NCCL && !job.nccl)
         st = CM_FAIL(CM_ERR_INVALID_ARG, "batch %llu asks for encoding nccl before NCCL_READY",
                      (unsigned long long)rq->batch_id);

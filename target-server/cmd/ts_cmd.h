@@ -23,7 +23,8 @@ typedef struct ts_target_args {
     uint64_t     seed;        /* --seed N (of --init random) */
     kn_gemm_mode mode;        /* --precision bf16|fp32 */
 } ts_target_args;
-#define TS_TARGET_ARGS_DEFAULT { NULL, "cpu", 0, 1, KN_GEMM_MODE_BF16 }
+#define TS_TARGET_ARGS_DEFAULT                                                                               \
+    { NULL, "cpu", 0, 1, KN_GEMM_MODE_BF16 }
 
 /* 1 when the current argument is one of ts_target_args' flags or --log-level (applied at
  * once); a bad value sets p->bad with the message printed. */

@@ -2,8 +2,8 @@
 #include "ts_cmd.h"
 
 int ts_args_target(cm_args *p, ts_target_args *t) {
-    static const char *const inits[] = {"checkpoint", "random", NULL};
-    static const char *const precisions[] = {"bf16", "fp32", NULL};
+    static const char *const  inits[] = {"checkpoint", "random", NULL};
+    static const char *const  precisions[] = {"bf16", "fp32", NULL};
     static const kn_gemm_mode modes[] = {KN_GEMM_MODE_BF16, KN_GEMM_MODE_F32};
     int                       k = 0;
     if (cm_args_str(p, "--model", &t->model) || cm_args_str(p, "--config", &t->model) ||

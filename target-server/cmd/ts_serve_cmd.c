@@ -132,7 +132,8 @@ int ts_serve_main(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else if (ts_args_target(&p, &t) || cm_args_str(&p, "--bind", &a.bind) ||
-                   cm_args_str(&p, "--name", &a.name) || cm_args_str(&p, "--endpoint-file", &a.endpoint_file) ||
+                   cm_args_str(&p, "--name", &a.name) ||
+                   cm_args_str(&p, "--endpoint-file", &a.endpoint_file) ||
                    cm_args_str(&p, "--curve-secret-key", &a.curve_secret) ||
                    cm_args_str(&p, "--curve-client-keys", &a.curve_clients) ||
                    cm_args_str(&p, "--curve-keygen", &a.keygen) ||
@@ -182,16 +183,20 @@ int ts_serve_main(int argc, char **argv) {
         return 2;
     }
     if (!a.model) {
-        fprintf(stderr, "target-server serve: --model DIR is required (or --init random --config FILE; see --help)\n");
+        fprintf(
+            stderr,
+            "target-server serve: --model DIR is required (or --init random --config FILE; see --help)\n");
         return 2;
     }
     if (a.n_gpus && a.replicas && a.n_gpus != a.replicas) {
-        fprintf(stderr, "target-server serve: --gpu names %d GPUs but --replicas is %d; give one GPU per replica\n",
+        fprintf(stderr,
+                "target-server serve: --gpu names %d GPUs but --replicas is %d; give one GPU per replica\n",
                 a.n_gpus, a.replicas);
         return 2;
     }
     if (a.n_gpus > 1 && strcmp(a.device, "cuda") != 0) {
-        fprintf(stderr, "target-server serve: --gpu %d,... needs --device cuda (use --replicas N on the cpu)\n",
+        fprintf(stderr,
+                "target-server serve: --gpu %d,... needs --device cuda (use --replicas N on the cpu)\n",
                 a.gpus[0]);
         return 2;
     }
