@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cJSON.h>
@@ -79,7 +78,7 @@ static void on_signal(int sig) {
 static cm_status serve_init(void *user) {
     serve_state      *s = user;
     const ts_serve_args *a = s->a;
-    int64_t           t0 = (int64_t)time(NULL);
+    const double      t0 = cm_now_s();
     kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
     kc.device = s->gpu;
     kc.gemm_mode = a->mode;
@@ -106,9 +105,9 @@ static cm_status serve_init(void *user) {
     atomic_store(&s->loaded, 1);
     if (s->a->replicas > 1)
         CM_LOG_INFO("replica %d (%s %d): model ready in %lld s; answering requests", s->index, a->device, s->gpu,
-                    (long long)((int64_t)time(NULL) - t0));
+                    (long long)(cm_now_s() - t0));
     else
-        CM_LOG_INFO("model ready in %lld s; answering requests", (long long)((int64_t)time(NULL) - t0));
+        CM_LOG_INFO("model ready in %lld s; answering requests", (long long)(cm_now_s() - t0));
     return CM_OK;
 }
 
