@@ -20,8 +20,7 @@
 
 #include "cm_log.h"
 #include "cm_safetensors.h"
-
-#include <time.h>
+#include "cm_time.h"
 
 typedef struct ts_mat {
     void    *data; /* backend memory, [rows, cols] */
@@ -341,15 +340,20 @@ int ts_model_fused(const ts_model *m) { return m->fused; }
 // ----------------------------------------------------------------------------
 // forward
 
-cm_status ts_batch_validate(const cm_target_cfg *cfg, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq) {
-    if (T <= 0) return CM_FAIL(CM_ERR_INVALID_ARG, "empty batch: input_ids has no tokens");
-    if (n_seq <= 0) return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens must hold at least 2 values (0 and T)");
+cm_status ts_tokens_validate(const cm_target_cfg *cfg, const int32_t *ids, int64_t T) {
     for (int64_t t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= cfg->vocab_size)
             return CM_FAIL(CM_ERR_INVALID_ARG,
                            "input_ids[%lld] = %d is out of range for vocab_size %d (was the data tokenized for "
                            "another model?)",
                            (long long)t, ids[t], cfg->vocab_size);
+    return CM_OK;
+}
+
+cm_status ts_batch_validate(const cm_target_cfg *cfg, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq) {
+    if (T <= 0) return CM_FAIL(CM_ERR_INVALID_ARG, "empty batch: input_ids has no tokens");
+    if (n_seq <= 0) return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens must hold at least 2 values (0 and T)");
+    CM_TRY(ts_tokens_validate(cfg, ids, T));
     if (cu[0] != 0) return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens[0] = %d; it must be 0", cu[0]);
     for (int i = 1; i <= n_seq; i++)
         if (cu[i] <= cu[i - 1])
@@ -408,12 +412,6 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
 
 // ---- timing (TANDEM_LAYER_TIMING / ts_model_set_timing): host clock after a device sync
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 /* The time now once the device has finished everything queued; 0 when timing is off. */
 static cm_status mark(ts_model *m, double *t) {
     if (!m->timing) {
@@ -421,7 +419,7 @@ static cm_status mark(ts_model *m, double *t) {
         return CM_OK;
     }
     CM_TRY(m->be->sync(m->ctx));
-    *t = now_ms();
+    *t = 1e3 * cm_now_s();
     return CM_OK;
 }
 
@@ -432,26 +430,33 @@ void ts_model_set_timing(ts_model *m, int on) {
 
 void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
 
-static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
-    if (!m->timing) return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+/* The backend's GEMM from an f32 input, or from a bf16 one (inp16) written by its producer
+ * (fused path). */
+static cm_status gemm_call(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
+                           int64_t M, int64_t N, int64_t K) {
+    if (inp16) return m->be->gemm_bf16in(m->ctx, out, inp16, w->data, w->dtype, M, N, K);
+    return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+}
+
+/* gemm_call, timed into *m->gemm_acc when timing is on. */
+static cm_status gemm_any(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
+                          int64_t M, int64_t N, int64_t K) {
+    if (!m->timing) return gemm_call(m, out, inp, inp16, w, M, N, K);
     double t0, t1;
     CM_TRY(mark(m, &t0));
-    CM_TRY(m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K));
+    CM_TRY(gemm_call(m, out, inp, inp16, w, M, N, K));
     CM_TRY(mark(m, &t1));
     if (m->gemm_acc) *m->gemm_acc += t1 - t0;
     return CM_OK;
 }
 
-/* gemm from a bf16 input written by its producer (fused path). */
+static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    return gemm_any(m, out, inp, NULL, w, M, N, K);
+}
+
 static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_mat *w, int64_t M, int64_t N,
                         int64_t K) {
-    if (!m->timing) return m->be->gemm_bf16in(m->ctx, out, inp, w->data, w->dtype, M, N, K);
-    double t0, t1;
-    CM_TRY(mark(m, &t0));
-    CM_TRY(m->be->gemm_bf16in(m->ctx, out, inp, w->data, w->dtype, M, N, K));
-    CM_TRY(mark(m, &t1));
-    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
-    return CM_OK;
+    return gemm_any(m, out, NULL, inp, w, M, N, K);
 }
 
 /* The projections' GEMM: from the bf16 normed input on the fused path, else from h. */
@@ -645,7 +650,7 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
     }
     CM_TRY(be->sync(cx));
     if (m->timing) {
-        double tend = now_ms();
+        double tend = 1e3 * cm_now_s();
         m->tm.other_ms += tend - ta;
         m->tm.total_ms += tend - tf0;
         m->tm.forwards++;

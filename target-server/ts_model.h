@@ -49,6 +49,9 @@ int                  ts_model_n_loaded_layers(const ts_model *m);
  * index and value. */
 cm_status ts_batch_validate(const cm_target_cfg *cfg, const int32_t *input_ids, int64_t T,
                             const int32_t *cu_seqlens, int n_seq);
+/* The part of ts_batch_validate that depends on the model: 0 ≤ input_ids[t] < vocab_size
+ * (for a batch whose shape is already checked, e.g. a decoded cm_proto_request). */
+cm_status ts_tokens_validate(const cm_target_cfg *cfg, const int32_t *input_ids, int64_t T);
 
 /* What a forward captures; host buffers owned by the caller. layer_out[i] receives the output
  * of decoder layer layers[i] (before the final norm) as F32 [T, D]; final_norm [T, D] and

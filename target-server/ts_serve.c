@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cJSON.h>
@@ -25,6 +24,7 @@
 #include "cm_cfg_hash.h"
 #include "cm_chan.h"
 #include "cm_log.h"
+#include "cm_time.h"
 #include "cm_weights_id.h"
 #include "kn_backend.h"
 #include "ts_model.h"
@@ -35,70 +35,9 @@
 #include "ts_stage.h"
 #endif
 
-static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: target-server serve --model DIR [options]\n"
-        "\n"
-        "Loads the target once and answers hidden-state requests from drafter-trainers over ZeroMQ\n"
-        "until SIGTERM or SIGINT (then finishes the forward in progress, says BYE, exits 0).\n"
-        "\n"
-        "  --model DIR               Hugging Face model directory (config.json + safetensors)\n"
-        "  --init checkpoint|random  weights from the checkpoint (default) or, for benchmarks, filled\n"
-        "                            on the device from --seed with the checkpoint's shapes (then\n"
-        "                            --model or --config may name a config.json alone)\n"
-        "  --config FILE             the config.json for --init random (same as --model FILE)\n"
-        "  --seed N                  seed of --init random (default 1)\n"
-        "  --device cpu|cuda         kernel backend (default cpu)\n"
-        "  --gpu LIST                cuda device ordinals, comma-separated: one model replica per GPU\n"
-        "                            behind the one endpoint (default 0)\n"
-        "  --replicas N              model replicas (default: one per --gpu entry; on cuda without\n"
-        "                            --gpu, GPUs 0..N-1); each answers requests on its own\n"
-        "  --precision bf16|fp32     cuda matrix products (default bf16, as dump)\n"
-        "  --bind ENDPOINT           tcp://HOST:PORT (PORT may be '*') or ipc://PATH\n"
-        "                            (default tcp://127.0.0.1:5555); a non-loopback address needs\n"
-        "                            --curve-secret-key and --curve-client-keys\n"
-        "  --endpoint-file PATH      write the bound endpoint (port resolved) to PATH once bound\n"
-        "  --name NAME               target name shown to trainers (default: the model directory's)\n"
-        "  --credits N               requests queued per trainer (default 4)\n"
-        "  --threads N               compression threads (default: half the CPUs, 2 to 16)\n"
-        "  --encoding LIST           encodings offered, comma-separated: raw, zstd, zstd-byteplane,\n"
-        "                            fp8-zstd (lossy), or 'lossless' (default) or 'all'; each trainer\n"
-        "                            picks one in its requests; with --device cuda and NCCL, trainers\n"
-        "                            on a GPU of this host may also ask for 'nccl' (GPU to GPU, raw)\n"
-        "  --zstd-level N            zstd level (default 1)\n"
-        "  --dtype bf16|f32          dtype of the hidden states sent (default bf16, rounded RNE)\n"
-        "  --max-tokens N            largest packed batch accepted (default 16384); on cuda each\n"
-        "                            replica runs one forward of that size at start-up, so its memory\n"
-        "                            is taken then, not during serving\n"
-        "  --max-layers N            most layers per request (default 8)\n"
-        "  --heartbeat-ms N          heartbeat to idle trainers (default 1000)\n"
-        "  --peer-timeout-ms N       drop a trainer silent this long, with its queued work (default 5000)\n"
-        "  --stats-interval S        per-session log line every S seconds (default 30; 0 = off)\n"
-        "  --curve-secret-key FILE   this server's CURVE secret key (Z85 text)\n"
-        "  --curve-client-keys DIR   accept only trainers whose public key is a DIR/*.pub file\n"
-        "  --curve-keygen PREFIX     write a new key pair PREFIX.key (secret) and PREFIX.pub, then exit\n"
-        "  --log-level L             debug, info, warn, error, off (default info; env TANDEM_LOG)\n");
-}
-
-#define TS_MAX_REPLICAS CM_CHAN_MAX_WORKERS
-
-typedef struct serve_args {
-    const char  *model, *device, *bind, *name, *endpoint_file, *curve_secret, *curve_clients, *keygen;
-    int          gpus[TS_MAX_REPLICAS], n_gpus, replicas;
-    int          threads, zstd_level, heartbeat_ms, peer_timeout_ms, stats_s;
-    int          stream; /* cuda: compress layers while the forward runs (TANDEM_SERVE_STREAM=0: after it) */
-    int          init_random;
-    uint64_t     seed;
-    long         credits, max_tokens, max_layers;
-    uint32_t     encodings;
-    cm_dtype     dtype;
-    kn_gemm_mode mode;
-} serve_args;
-
 /* What one replica's worker thread owns: backend, context and model on its GPU. */
 typedef struct serve_state {
-    const serve_args *a;
+    const ts_serve_args *a;
     int               index, gpu;
     cm_chan_job      *job; /* the job being computed (its streamed tensors' waits read it) */
     const kn_backend *be;
@@ -120,7 +59,7 @@ typedef struct serve_state {
 
 /* The replicas, and what STATUS reads on the loop thread. */
 typedef struct serve_all {
-    const serve_args    *a;
+    const ts_serve_args    *a;
     const cm_target_cfg *cfg;
     serve_state         *reps;
     int                  n;
@@ -138,8 +77,8 @@ static void on_signal(int sig) {
 
 static cm_status serve_init(void *user) {
     serve_state      *s = user;
-    const serve_args *a = s->a;
-    int64_t           t0 = (int64_t)time(NULL);
+    const ts_serve_args *a = s->a;
+    const double      t0 = cm_now_s();
     kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
     kc.device = s->gpu;
     kc.gemm_mode = a->mode;
@@ -152,8 +91,7 @@ static cm_status serve_init(void *user) {
                           .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16,
                           .init_random = a->init_random,
                           .seed = a->seed};
-    struct timespec ts0;
-    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    const int64_t t0_ms = cm_now_ms();
     CM_TRY(ts_model_load(&s->model, &mc));
     if (s->be != kn_backend_cpu()) { /* the GPU's memory and GEMM plans are taken now, not per request */
         CM_TRY(ts_model_warmup(s->model, a->max_tokens));
@@ -163,15 +101,13 @@ static cm_status serve_init(void *user) {
                                 a->dtype));
 #endif
     }
-    struct timespec ts1;
-    clock_gettime(CLOCK_MONOTONIC, &ts1);
-    atomic_store(&s->load_ms, (int)((ts1.tv_sec - ts0.tv_sec) * 1000 + (ts1.tv_nsec - ts0.tv_nsec) / 1000000));
+    atomic_store(&s->load_ms, (int)(cm_now_ms() - t0_ms));
     atomic_store(&s->loaded, 1);
     if (s->a->replicas > 1)
         CM_LOG_INFO("replica %d (%s %d): model ready in %lld s; answering requests", s->index, a->device, s->gpu,
-                    (long long)((int64_t)time(NULL) - t0));
+                    (long long)(cm_now_s() - t0));
     else
-        CM_LOG_INFO("model ready in %lld s; answering requests", (long long)((int64_t)time(NULL) - t0));
+        CM_LOG_INFO("model ready in %lld s; answering requests", (long long)(cm_now_s() - t0));
     return CM_OK;
 }
 
@@ -321,7 +257,7 @@ static cm_status compute_nccl(serve_state *s, cm_chan_job *job) {
  * atomics). */
 static void serve_status(void *user, char *buf, size_t cap) {
     serve_all        *all = user;
-    const serve_args *a = all->a;
+    const ts_serve_args *a = all->a;
     cJSON            *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", a->model);
     cJSON_AddStringToObject(o, "model_type", all->cfg->model_type);
@@ -367,9 +303,11 @@ static cm_status serve_compute(void *user, cm_chan_job *job) {
     serve_state            *s = user;
     const cm_proto_request *r = job->req;
     const cm_target_cfg    *cfg = ts_model_cfg(s->model);
-    CM_TRY(ts_batch_validate(cfg, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs));
+    /* cm_chan decoded and checked the request (counts, cu_seqlens, layer ids < n_layers and
+     * distinct); what depends on the model is the token ids against its vocabulary */
+    CM_TRY(ts_tokens_validate(cfg, r->tokens, r->n_tokens));
     int L = (int)r->n_layers;
-    if (L > s->cap_layers)
+    if (L > s->cap_layers) /* the capture tables' size (cm_chan holds L to --max-layers) */
         return CM_FAIL(CM_ERR_INVALID_ARG, "batch %llu asks for %d layers; at most %d",
                        (unsigned long long)r->batch_id, L, s->cap_layers);
     /* the capture wants ascending layers; the answer keeps the request's order */
@@ -440,7 +378,7 @@ static void default_name(const char *dir, char *out, size_t cap) {
 /* The weights' fingerprint, hashed from the checkpoint's bytes on every start (the cache beside
  * the checkpoint is written for trainers, never trusted here); that read also brings the files
  * into the page cache for the load that follows. Random weights: derived from config and seed. */
-static cm_status serve_fingerprint(const serve_args *a, uint64_t cfg_hash, uint64_t *id) {
+static cm_status serve_fingerprint(const ts_serve_args *a, uint64_t cfg_hash, uint64_t *id) {
     if (a->init_random) {
         *id = cm_target_random_id(cfg_hash, a->seed);
         return CM_OK;
@@ -458,7 +396,7 @@ static cm_status serve_fingerprint(const serve_args *a, uint64_t cfg_hash, uint6
     return CM_OK;
 }
 
-static cm_status run_serve(const serve_args *a) {
+cm_status ts_serve_run(const ts_serve_args *a) {
     cm_status        st;
     cm_chan_server  *srv = NULL;
     serve_state     *reps = NULL;
@@ -582,243 +520,4 @@ fail:
     }
     free(reps);
     return st;
-}
-
-static int parse_long(const char *flag, const char *val, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(val, &end, 10);
-    if (end == val || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "target-server serve: %s '%s': expected a whole number from %ld to %ld\n", flag, val,
-                lo, hi);
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
-
-/* --gpu 0 or --gpu 0,1,3: distinct ordinals. */
-static int parse_gpus(const char *val, int *gpus, int *n) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", val);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        long v;
-        if (*n == TS_MAX_REPLICAS) {
-            fprintf(stderr, "target-server serve: --gpu '%s': at most %d GPUs\n", val, TS_MAX_REPLICAS);
-            return 0;
-        }
-        if (!parse_long("--gpu", tok, 0, 1023, &v))
-            return 0;
-        for (int i = 0; i < *n; i++)
-            if (gpus[i] == (int)v) {
-                fprintf(stderr, "target-server serve: --gpu '%s' names GPU %ld twice\n", val, v);
-                return 0;
-            }
-        gpus[(*n)++] = (int)v;
-    }
-    if (!*n)
-        fprintf(stderr, "target-server serve: --gpu '%s' names no GPU\n", val);
-    return *n > 0;
-}
-
-static int parse_encodings(const char *val, uint32_t *mask) {
-    if (strcmp(val, "lossless") == 0) {
-        *mask = CM_ENCODING_LOSSLESS_MASK;
-        return 1;
-    }
-    if (strcmp(val, "all") == 0) {
-        *mask = (1u << CM_ENCODING_END) - 1;
-        return 1;
-    }
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", val);
-    *mask = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        cm_encoding e;
-        if (cm_encoding_parse(tok, &e) != CM_OK) {
-            fprintf(stderr, "target-server serve: --encoding '%s': %s\n", val, cm_last_error());
-            return 0;
-        }
-        *mask |= 1u << e;
-    }
-    if (!*mask)
-        fprintf(stderr, "target-server serve: --encoding '%s' names no encoding\n", val);
-    return *mask != 0;
-}
-
-int ts_serve_main(int argc, char **argv) {
-    serve_args a = {.device = "cpu",
-                    .bind = "tcp://127.0.0.1:5555",
-                    .threads = cm_chan_default_threads(),
-                    .zstd_level = 1,
-                    .heartbeat_ms = 1000,
-                    .peer_timeout_ms = 5000,
-                    .stats_s = 30,
-                    .credits = 4,
-                    .max_tokens = 16384,
-                    .max_layers = 8,
-                    .encodings = CM_ENCODING_LOSSLESS_MASK,
-                    .dtype = CM_DTYPE_BF16,
-                    .mode = KN_GEMM_MODE_BF16,
-                    .seed = 1};
-    for (int i = 0; i < argc; i++) {
-        const char *f = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        long        v;
-        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (!val) {
-            fprintf(stderr, "target-server serve: option '%s' needs a value (see --help)\n", f);
-            return 2;
-        }
-        if (strcmp(f, "--model") == 0 || strcmp(f, "--config") == 0)
-            a.model = val;
-        else if (strcmp(f, "--init") == 0) {
-            if (strcmp(val, "random") != 0 && strcmp(val, "checkpoint") != 0) {
-                fprintf(stderr, "target-server serve: --init '%s': expected checkpoint or random\n", val);
-                return 2;
-            }
-            a.init_random = strcmp(val, "random") == 0;
-        } else if (strcmp(f, "--seed") == 0) {
-            char *end;
-            a.seed = strtoull(val, &end, 10);
-            if (*end || !*val) {
-                fprintf(stderr, "target-server serve: --seed '%s' is not a number\n", val);
-                return 2;
-            }
-        } else if (strcmp(f, "--device") == 0)
-            a.device = val;
-        else if (strcmp(f, "--bind") == 0)
-            a.bind = val;
-        else if (strcmp(f, "--name") == 0)
-            a.name = val;
-        else if (strcmp(f, "--endpoint-file") == 0)
-            a.endpoint_file = val;
-        else if (strcmp(f, "--curve-secret-key") == 0)
-            a.curve_secret = val;
-        else if (strcmp(f, "--curve-client-keys") == 0)
-            a.curve_clients = val;
-        else if (strcmp(f, "--curve-keygen") == 0)
-            a.keygen = val;
-        else if (strcmp(f, "--encoding") == 0) {
-            if (!parse_encodings(val, &a.encodings))
-                return 2;
-        } else if (strcmp(f, "--dtype") == 0) {
-            if (strcmp(val, "bf16") == 0)
-                a.dtype = CM_DTYPE_BF16;
-            else if (strcmp(val, "f32") == 0)
-                a.dtype = CM_DTYPE_F32;
-            else {
-                fprintf(stderr, "target-server serve: --dtype '%s': expected bf16 or f32\n", val);
-                return 2;
-            }
-        } else if (strcmp(f, "--precision") == 0) {
-            if (strcmp(val, "bf16") == 0)
-                a.mode = KN_GEMM_MODE_BF16;
-            else if (strcmp(val, "fp32") == 0)
-                a.mode = KN_GEMM_MODE_F32;
-            else {
-                fprintf(stderr, "target-server serve: --precision '%s': expected bf16 or fp32\n", val);
-                return 2;
-            }
-        } else if (strcmp(f, "--log-level") == 0) {
-            int l = cm_log_level_parse(val);
-            if (l < 0) {
-                fprintf(stderr,
-                        "target-server serve: --log-level '%s': expected debug, info, warn, error or off\n",
-                        val);
-                return 2;
-            }
-            cm_log_set_level((cm_log_level)l);
-        } else if (strcmp(f, "--gpu") == 0) {
-            if (!parse_gpus(val, a.gpus, &a.n_gpus))
-                return 2;
-        } else if (strcmp(f, "--replicas") == 0) {
-            if (!parse_long(f, val, 1, TS_MAX_REPLICAS, &v))
-                return 2;
-            a.replicas = (int)v;
-        } else if (strcmp(f, "--credits") == 0) {
-            if (!parse_long(f, val, 1, 1024, &a.credits))
-                return 2;
-        } else if (strcmp(f, "--threads") == 0) {
-            if (!parse_long(f, val, 1, 256, &v))
-                return 2;
-            a.threads = (int)v;
-        } else if (strcmp(f, "--zstd-level") == 0) {
-            if (!parse_long(f, val, -7, 22, &v))
-                return 2;
-            a.zstd_level = (int)v;
-        } else if (strcmp(f, "--max-tokens") == 0) {
-            if (!parse_long(f, val, 1, 1 << 24, &a.max_tokens))
-                return 2;
-        } else if (strcmp(f, "--max-layers") == 0) {
-            if (!parse_long(f, val, 1, 256, &a.max_layers))
-                return 2;
-        } else if (strcmp(f, "--heartbeat-ms") == 0) {
-            if (!parse_long(f, val, 10, 600000, &v))
-                return 2;
-            a.heartbeat_ms = (int)v;
-        } else if (strcmp(f, "--peer-timeout-ms") == 0) {
-            if (!parse_long(f, val, 20, 3600000, &v))
-                return 2;
-            a.peer_timeout_ms = (int)v;
-        } else if (strcmp(f, "--stats-interval") == 0) {
-            if (!parse_long(f, val, 0, 86400, &v))
-                return 2;
-            a.stats_s = (int)v;
-        } else {
-            fprintf(stderr, "target-server serve: unknown option '%s' (see --help)\n", f);
-            return 2;
-        }
-        i++;
-    }
-    if (a.keygen) {
-        cm_status st = cm_chan_curve_keygen(a.keygen);
-        if (st != CM_OK) {
-            fprintf(stderr, "target-server serve: %s: %s\n", cm_status_str(st), cm_last_error());
-            return 1;
-        }
-        printf("wrote %s.key (secret: keep it private) and %s.pub (public: give it to the other side)\n",
-               a.keygen, a.keygen);
-        return 0;
-    }
-    char what[96];
-    snprintf(what, sizeof what, "--name '%.70s'", a.name ? a.name : "");
-    if (a.name && cm_proto_name_check(what, a.name) != CM_OK) { /* trainers see it: the wire's rules */
-        fprintf(stderr, "target-server serve: %s\n", cm_last_error());
-        return 2;
-    }
-    if (!a.model) {
-        fprintf(stderr, "target-server serve: --model DIR is required (or --init random --config FILE; see --help)\n");
-        return 2;
-    }
-    if (a.n_gpus && a.replicas && a.n_gpus != a.replicas) {
-        fprintf(stderr, "target-server serve: --gpu names %d GPUs but --replicas is %d; give one GPU per replica\n",
-                a.n_gpus, a.replicas);
-        return 2;
-    }
-    if (a.n_gpus > 1 && strcmp(a.device, "cuda") != 0) {
-        fprintf(stderr, "target-server serve: --gpu %d,... needs --device cuda (use --replicas N on the cpu)\n",
-                a.gpus[0]);
-        return 2;
-    }
-    if (!a.replicas)
-        a.replicas = a.n_gpus ? a.n_gpus : 1;
-    const char *stream_env = getenv("TANDEM_SERVE_STREAM");
-    a.stream = !stream_env || strcmp(stream_env, "0") != 0;
-    for (int i = a.n_gpus; i < a.replicas; i++) /* cuda without --gpu: 0..N-1; cpu: ignored */
-        a.gpus[i] = strcmp(a.device, "cuda") == 0 ? i : 0;
-    if (a.peer_timeout_ms <= a.heartbeat_ms) {
-        fprintf(stderr, "target-server serve: --peer-timeout-ms %d must exceed --heartbeat-ms %d\n",
-                a.peer_timeout_ms, a.heartbeat_ms);
-        return 2;
-    }
-    cm_status st = run_serve(&a);
-    if (st != CM_OK) {
-        fprintf(stderr, "target-server serve: %s: %s\n", cm_status_str(st), cm_last_error());
-        return 1;
-    }
-    return 0;
 }

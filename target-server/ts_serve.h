@@ -1,20 +1,37 @@
-/* target-server/ts_serve.h — `target-server serve`: loads the frozen target once and answers
- * hidden-state requests from any number of trainers over ZeroMQ (cm_chan) until SIGTERM or
- * SIGINT, then finishes the forward in progress, says BYE and exits 0. */
+/* target-server/ts_serve.h — the serving of `target-server serve` (its command line is
+ * cmd/ts_serve_cmd.c): loads the frozen target once and answers hidden-state requests from any
+ * number of trainers over ZeroMQ (cm_chan) until SIGTERM or SIGINT, then finishes the forward in
+ * progress and says BYE. */
 #ifndef TS_SERVE_H
 #define TS_SERVE_H
+
+#include <stdint.h>
+
+#include "cm_chan.h"
+#include "kn_backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* argv holds the options after "serve". Returns the exit status: 0 after a clean stop (or
- * --help, --curve-keygen), 1 for a failure (one message on stderr), 2 for a usage error. */
-int ts_serve_main(int argc, char **argv);
+#define TS_MAX_REPLICAS CM_CHAN_MAX_WORKERS
 
-/* `target-server status --server ENDPOINT [--json] ...` (ts_status.c): asks a running server for
- * its STATUS and prints it. 0, 1 (no answer, or a refusal; one message), 2 (usage). */
-int ts_status_main(int argc, char **argv);
+typedef struct ts_serve_args {
+    const char  *model, *device, *bind, *name, *endpoint_file, *curve_secret, *curve_clients, *keygen;
+    int          gpus[TS_MAX_REPLICAS], n_gpus, replicas;
+    int          threads, zstd_level, heartbeat_ms, peer_timeout_ms, stats_s;
+    int          stream; /* cuda: compress layers while the forward runs (TANDEM_SERVE_STREAM=0: after it) */
+    int          init_random;
+    uint64_t     seed;
+    int          credits, max_tokens, max_layers;
+    uint32_t     encodings;
+    cm_dtype     dtype;
+    kn_gemm_mode mode;
+} ts_serve_args;
+
+/* Serves until stopped by a signal; a failure to start or to serve comes back with its message
+ * in cm_last_error(). Borrows a. */
+cm_status ts_serve_run(const ts_serve_args *a);
 
 #ifdef __cplusplus
 }

@@ -30,18 +30,21 @@ cm_status cm_zmq_check_(int failed, const char *stmt, const char *file, int line
     return cm_fail_at(CM_ERR_ZMQ, file, line, "%s: %s", stmt, zmq_strerror(e));
 }
 
-int64_t cm_chan_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 cm_status cm_chan_set_int(void *sock, int option, int value) {
     return CM_ZMQ(zmq_setsockopt(sock, option, &value, sizeof value));
 }
 
 cm_status cm_chan_set_i64(void *sock, int option, int64_t value) {
     return CM_ZMQ(zmq_setsockopt(sock, option, &value, sizeof value));
+}
+
+cm_status cm_chan_pipe_(int *read_end, int *write_end, const char *what) {
+    int fds[2];
+    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0)
+        return CM_FAIL(CM_ERR_IO, "cannot create %s: %s", what, strerror(errno));
+    *read_end = fds[0];
+    *write_end = fds[1];
+    return CM_OK;
 }
 
 uint64_t cm_chan_random_u64(void) {

@@ -377,13 +377,7 @@ cm_status cm_chan_client_create(cm_chan_client **out, const cm_chan_client_confi
     cm_compress_config cc = CM_COMPRESS_CONFIG_DEFAULT;
     cc.n_threads = cfg->n_threads;
     CM_TRY_GOTO(cm_compress_create(&c->cc, &cc), st, fail);
-    int fds[2];
-    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
-        st = CM_FAIL(CM_ERR_IO, "cannot create the client's wake pipe: %s", strerror(errno));
-        goto fail;
-    }
-    c->wake_r = fds[0];
-    c->wake_w = fds[1];
+    CM_TRY_GOTO(cm_chan_pipe_(&c->wake_r, &c->wake_w, "the client's wake pipe"), st, fail);
     if (!(c->ctx = zmq_ctx_new())) {
         st = CM_ZMQ(-1);
         goto fail;

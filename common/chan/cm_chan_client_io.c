@@ -2,9 +2,10 @@
  * side). It owns the DEALER: says HELLO, sends queued requests within the granted credits,
  * heartbeats, re-sends a request whose answer is late, corrupt or refused as malformed,
  * re-creates the socket and re-sends everything in flight when the session is lost (silence,
- * BYE, disconnect), and decodes answers ahead of time so the trainer never waits on
- * decompression; decoding runs without the lock, on SENT slots only this thread touches. An
- * answer is accepted only for a SENT slot with its id, so a batch is never delivered twice. */
+ * BYE, disconnect). This file holds the slots' transitions, the socket, the dispatch of what
+ * arrives (the session's setup is cm_chan_client_session.c, answers and errors
+ * cm_chan_client_answer.c) and the timers. An answer is accepted only for a SENT slot with its
+ * id, so a batch is never delivered twice. */
 #include "cm_chan_int.h"
 
 #include <errno.h>
@@ -18,20 +19,13 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "cm_cfg_hash.h"
 #include "cm_compress.h"
 #include "cm_log.h"
 
 // ----------------------------------------------------------------------------
 // helpers (I/O thread unless noted)
 
-static void problem(cm_chan_client *c, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-static void problem(cm_chan_client *c, const char *fmt, ...) {
+void cm_chan_client_problem_(cm_chan_client *c, const char *fmt, ...) {
     char    text[256];
     va_list ap;
     va_start(ap, fmt);
@@ -53,7 +47,7 @@ static void nccl_leave(cm_chan_client *c) {
     }
 }
 
-static void set_fatal(cm_chan_client *c, cm_status st, const char *msg) {
+void cm_chan_client_fatal_(cm_chan_client *c, cm_status st, const char *msg) {
     CM_LOG_ERROR("client '%s': %s", c->name, msg);
     pthread_mutex_lock(&c->mu);
     if (c->fatal == CM_OK) {
@@ -68,7 +62,7 @@ static void set_fatal(cm_chan_client *c, cm_status st, const char *msg) {
     nccl_leave(c);
 }
 
-static slot *find_sent(cm_chan_client *c, uint64_t id) {
+slot *cm_chan_client_find_sent_(cm_chan_client *c, uint64_t id) {
     slot *found = NULL;
     pthread_mutex_lock(&c->mu);
     for (uint32_t i = 0; i < c->n_slots && !found; i++)
@@ -78,7 +72,7 @@ static slot *find_sent(cm_chan_client *c, uint64_t id) {
     return found; /* SENT slots change state only on this thread */
 }
 
-static int slot_state(cm_chan_client *c, const slot *s) {
+int cm_chan_client_slot_state_(cm_chan_client *c, const slot *s) {
     pthread_mutex_lock(&c->mu);
     int st = s->state;
     pthread_mutex_unlock(&c->mu);
@@ -86,7 +80,7 @@ static int slot_state(cm_chan_client *c, const slot *s) {
 }
 
 /* Moves a SENT or QUEUED slot to READY (with data, or failed) and wakes the owner. */
-static void complete(cm_chan_client *c, slot *s, cm_status st, const char *msg, uint64_t bytes) {
+void cm_chan_client_complete_(cm_chan_client *c, slot *s, cm_status st, const char *msg, uint64_t bytes) {
     s->ans.batch_id = s->batch_id;
     s->ans.status = st;
     if (st != CM_OK) {
@@ -114,7 +108,7 @@ static void complete(cm_chan_client *c, slot *s, cm_status st, const char *msg, 
     pthread_mutex_unlock(&c->mu);
 }
 
-static void send_frame(cm_chan_client *c, const void *buf, size_t len, int64_t now) {
+void cm_chan_client_send_(cm_chan_client *c, const void *buf, size_t len, int64_t now) {
     if (c->sock && zmq_send(c->sock, buf, len, ZMQ_DONTWAIT) >= 0)
         c->last_send = now;
 }
@@ -124,7 +118,7 @@ static void send_request(cm_chan_client *c, slot *s, int64_t now) {
     if (need > s->frame_cap) {
         uint8_t *f = realloc(s->frame, need);
         if (!f) {
-            complete(c, s, CM_ERR_NOMEM, "cannot allocate the request frame", 0);
+            cm_chan_client_complete_(c, s, CM_ERR_NOMEM, "cannot allocate the request frame", 0);
             return;
         }
         s->frame = f;
@@ -141,7 +135,7 @@ static void send_request(cm_chan_client *c, slot *s, int64_t now) {
                            .layer_ids = s->layers};
     size_t           len;
     if (cm_proto_request_encode(&rq, s->frame, s->frame_cap, &len) != CM_OK) {
-        complete(c, s, CM_ERR_INVALID_ARG, cm_last_error(), 0);
+        cm_chan_client_complete_(c, s, CM_ERR_INVALID_ARG, cm_last_error(), 0);
         return;
     }
     if (zmq_send(c->sock, s->frame, len, ZMQ_DONTWAIT) < 0)
@@ -161,14 +155,16 @@ static void send_request(cm_chan_client *c, slot *s, int64_t now) {
 }
 
 /* A corrupt or failed answer for s: send again, or give the batch up after max_attempts. */
-static void retry(cm_chan_client *c, slot *s, cm_status give_up, const char *why, int64_t now, int delay_ms) {
+void cm_chan_client_retry_(cm_chan_client *c, slot *s, cm_status give_up, const char *why, int64_t now,
+                           int delay_ms) {
     if (++s->attempts >= c->cfg.max_attempts) {
         char msg[CM_PROTO_MESSAGE_MAX + 96];
-        cm_chan_fmt(msg, sizeof msg,
-                    "request %llu given up after %d failed answers (the server keeps sending what the trainer "
-                    "refuses: check the server's log and model); last: %s",
-                    (unsigned long long)s->batch_id, s->attempts, why);
-        complete(c, s, give_up, msg, 0);
+        cm_chan_fmt(
+            msg, sizeof msg,
+            "request %llu given up after %d failed answers (the server keeps sending what the trainer "
+            "refuses: check the server's log and model); last: %s",
+            (unsigned long long)s->batch_id, s->attempts, why);
+        cm_chan_client_complete_(c, s, give_up, msg, 0);
         return;
     }
     if (delay_ms > 0)
@@ -177,12 +173,11 @@ static void retry(cm_chan_client *c, slot *s, cm_status give_up, const char *why
         send_request(c, s, now);
 }
 
-static void lose_session(cm_chan_client *c, const char *why, int64_t now);
-
 /* A frame from the server was refused: report it, and re-request the batch it names if that
  * batch is in flight (the id may be untrusted; a wrong guess costs one idempotent request). */
-static void protocol_error(cm_chan_client *c, const char *why, uint64_t id, int is_answer, int64_t now) {
-    slot *s = id ? find_sent(c, id) : NULL;
+void cm_chan_client_protocol_error_(cm_chan_client *c, const char *why, uint64_t id, int is_answer,
+                                    int64_t now) {
+    slot *s = id ? cm_chan_client_find_sent_(c, id) : NULL;
     pthread_mutex_lock(&c->mu);
     c->stats.protocol_errors++;
     if (is_answer)
@@ -198,13 +193,13 @@ static void protocol_error(cm_chan_client *c, const char *why, uint64_t id, int 
             char msg[CM_PROTO_MESSAGE_MAX + 96];
             cm_chan_fmt(msg, sizeof msg, "request %llu given up after %d refused answers; last: %s",
                         (unsigned long long)s->batch_id, s->attempts, why);
-            complete(c, s, CM_ERR_PROTOCOL, msg, 0);
+            cm_chan_client_complete_(c, s, CM_ERR_PROTOCOL, msg, 0);
         }
-        lose_session(c, "an NCCL answer was refused", now);
+        cm_chan_client_lose_session_(c, "an NCCL answer was refused", now);
         return;
     }
     if (s)
-        retry(c, s, CM_ERR_PROTOCOL, why, now, 0);
+        cm_chan_client_retry_(c, s, CM_ERR_PROTOCOL, why, now, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -257,7 +252,7 @@ static cm_status open_socket(cm_chan_client *c, int64_t now) {
     uint8_t buf[CM_PROTO_SMALL_FRAME_MAX];
     size_t  len;
     CM_TRY(cm_proto_hello_encode(&h, buf, sizeof buf, &len));
-    send_frame(c, buf, len, now);
+    cm_chan_client_send_(c, buf, len, now);
     c->conn = CONN_HELLO;
     c->hello_at = now;
     c->last_recv = now;
@@ -267,7 +262,7 @@ static cm_status open_socket(cm_chan_client *c, int64_t now) {
 
 /* The session is gone: everything in flight is queued again and re-sent after the next
  * WELCOME; the socket is re-created after a backoff. */
-static void lose_session(cm_chan_client *c, const char *why, int64_t now) {
+void cm_chan_client_lose_session_(cm_chan_client *c, const char *why, int64_t now) {
     if (c->conn == CONN_DEAD)
         return;
     int was_ready = c->conn == CONN_READY;
@@ -292,414 +287,6 @@ static void lose_session(cm_chan_client *c, const char *why, int64_t now) {
     c->conn = CONN_WAIT;
     c->reconnect_at = now + c->backoff_ms;
     c->backoff_ms = c->backoff_ms * 2 < 2000 ? c->backoff_ms * 2 : 2000;
-}
-
-// ----------------------------------------------------------------------------
-// incoming frames
-
-static void session_ready(cm_chan_client *c, const cm_proto_welcome *w);
-
-/* Encoding nccl: makes a communicator id, offers it and joins as rank 0 (blocking until the
- * server joins too, bounded by the hook); the session is ready at NCCL_READY. */
-static void nccl_offer(cm_chan_client *c, const cm_proto_welcome *w, int64_t now) {
-    cm_proto_nccl o = {0};
-    uint8_t       buf[CM_PROTO_HEADER_SIZE + 8 + CM_PROTO_NCCL_UID_MAX];
-    size_t        len;
-    char          msg[1024];
-    if (c->cfg.nccl->offer(c->cfg.nccl->user, &o) != CM_OK ||
-        cm_proto_nccl_offer_encode(&o, buf, sizeof buf, &len) != CM_OK) {
-        cm_chan_fmt(msg, sizeof msg, "cannot make an NCCL communicator: %s", cm_last_error());
-        set_fatal(c, CM_ERR_UNSUPPORTED, msg);
-        return;
-    }
-    c->nccl_welcome = *w;
-    c->conn = CONN_NCCL;
-    send_frame(c, buf, len, now);
-    if (c->cfg.nccl->join(c->cfg.nccl->user, &o) != CM_OK) {
-        cm_chan_fmt(msg, sizeof msg, "cannot join the NCCL communicator with target-server '%s': %s", w->name,
-                    cm_last_error());
-        set_fatal(c, CM_ERR_UNSUPPORTED, msg);
-        return;
-    }
-    c->nccl_joined = 1;
-    c->last_recv = cm_chan_now_ms(); /* the join blocked this thread; the server kept talking */
-}
-
-static void on_nccl_ready(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now) {
-    uint32_t device;
-    if (cm_proto_nccl_ready_decode(p, len, &c->lim, &device) != CM_OK) {
-        protocol_error(c, cm_last_error(), 0, 0, now);
-        lose_session(c, "a refused NCCL_READY", now);
-        return;
-    }
-    CM_LOG_INFO("client '%s': NCCL communicator with '%s' up (its GPU %u)", c->name, c->nccl_welcome.name,
-                device);
-    session_ready(c, &c->nccl_welcome);
-}
-
-static void on_welcome(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now) {
-    if (c->conn != CONN_HELLO)
-        return;
-    cm_proto_welcome w;
-    if (cm_proto_welcome_decode(p, len, &c->lim, &w) != CM_OK) {
-        protocol_error(c, cm_last_error(), 0, 0, now);
-        return;
-    }
-    char msg[512];
-    char why[400];
-    if (cm_target_identity_differs(why, sizeof why, w.target_id, w.weights_id, c->cfg.target_id, c->cfg.weights_id,
-                                   "served", "expected")) {
-        cm_chan_fmt(msg, sizeof msg, "target-server '%s' at %s serves another target than this run needs: %s",
-                    w.name, c->endpoint, why);
-        set_fatal(c, CM_ERR_INVALID_ARG, msg);
-        return;
-    }
-    /* a server that comes back must serve what the first one served: answers of another
-     * target, dtype or width would be trained on as if they were the same */
-    if (c->have_welcome && cm_target_identity_differs(why, sizeof why, w.target_id, w.weights_id,
-                                                      c->welcome.target_id, c->welcome.weights_id, "now",
-                                                      "when this run started")) {
-        cm_chan_fmt(msg, sizeof msg,
-                    "the server at %s ('%s') now serves another target: %s; restart the run against one target",
-                    c->endpoint, w.name, why);
-        set_fatal(c, CM_ERR_INVALID_ARG, msg);
-        return;
-    }
-    if (c->have_welcome && (w.hidden_dtype != c->welcome.hidden_dtype || w.hidden_size != c->welcome.hidden_size)) {
-        cm_chan_fmt(msg, sizeof msg,
-                    "the server at %s now serves %s hidden %u, but this run started with %s hidden %u; restart the "
-                    "run against one target",
-                    c->endpoint, cm_dtype_name(w.hidden_dtype), w.hidden_size, cm_dtype_name(c->welcome.hidden_dtype),
-                    c->welcome.hidden_size);
-        set_fatal(c, CM_ERR_INVALID_ARG, msg);
-        return;
-    }
-    uint32_t offer = w.encodings & ((1u << c->cfg.encoding) | c->cfg.accept);
-    if (offer >> c->cfg.encoding & 1u) {
-        c->enc = c->cfg.encoding;
-    } else {
-        static const cm_encoding pref[] = {CM_ENCODING_ZSTD_BYTEPLANE, CM_ENCODING_ZSTD, CM_ENCODING_RAW,
-                                           CM_ENCODING_FP8_ZSTD};
-        int                      found = 0;
-        for (int i = 0; i < 4 && !found; i++)
-            if (offer >> pref[i] & 1u) {
-                c->enc = pref[i];
-                found = 1;
-            }
-        if (!found) {
-            snprintf(msg, sizeof msg,
-                     "target-server '%s' offers encodings 0x%x, none of which this client accepts "
-                     "(%s or mask 0x%x)",
-                     w.name, w.encodings, cm_encoding_name(c->cfg.encoding), c->cfg.accept);
-            set_fatal(c, CM_ERR_INVALID_ARG, msg);
-            return;
-        }
-    }
-    if (c->enc == CM_ENCODING_NCCL) {
-        nccl_offer(c, &w, now);
-        return;
-    }
-    session_ready(c, &w);
-}
-
-/* The session can carry requests: WELCOME read (and, for encoding nccl, NCCL_READY too). */
-static void session_ready(cm_chan_client *c, const cm_proto_welcome *wp) {
-    const cm_proto_welcome w = *wp;
-    char                   msg[512];
-    c->conn = CONN_READY;
-    c->granted = w.credits;
-    c->in_flight = 0;
-    c->backoff_ms = c->cfg.reconnect_ms;
-    pthread_mutex_lock(&c->mu);
-    c->welcome = w;
-    c->have_welcome = 1;
-    c->session_up = 1;
-    c->stats.sessions++;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    /* batches queued before this WELCOME that it rules out fail now, with the reason */
-    for (uint32_t i = 0; i < c->n_slots; i++) {
-        slot *s = &c->slots[i];
-        if (slot_state(c, s) != SLOT_QUEUED)
-            continue;
-        int bad = s->n_tokens > w.max_tokens;
-        for (uint32_t k = 0; k < s->n_layers; k++)
-            bad |= (uint32_t)s->layers[k] >= w.n_layers;
-        if (bad) {
-            snprintf(msg, sizeof msg,
-                     "batch %llu (%u tokens) does not fit target-server '%s': at most %u tokens, "
-                     "layers 0..%u",
-                     (unsigned long long)s->batch_id, s->n_tokens, w.name, w.max_tokens, w.n_layers - 1);
-            complete(c, s, CM_ERR_INVALID_ARG, msg, 0);
-        }
-    }
-    CM_LOG_INFO("client '%s': session with '%s' on %s: %u credits, %s %s answers, hidden size %u, %u layers",
-                c->name, w.name, c->endpoint, w.credits, cm_encoding_name(c->enc),
-                cm_dtype_name(w.hidden_dtype), w.hidden_size, w.n_layers);
-}
-
-/* Whether any value is NaN/Inf and whether every value is zero. The exponent test is
- * branch-free ((x & EXP) + EXP_LSB carries into the sign bit only for an all-ones exponent)
- * and runs in fixed blocks of 64 so the compiler vectorises it even at -O2. */
-#define SCAN_BLOCK 64
-#define SCAN_LOOP(T, EXP, LSB, SIGN)                                                                         \
-    do {                                                                                                     \
-        const T *v = data;                                                                                   \
-        T        bad = 0, nz = 0;                                                                            \
-        size_t   i = 0;                                                                                      \
-        for (; i + SCAN_BLOCK <= n; i += SCAN_BLOCK)                                                         \
-            for (int k = 0; k < SCAN_BLOCK; k++) {                                                           \
-                bad |= (T)((v[i + k] & EXP) + LSB);                                                          \
-                nz |= (T)(v[i + k] & (T)~SIGN);                                                              \
-            }                                                                                                \
-        for (; i < n; i++) {                                                                                 \
-            bad |= (T)((v[i] & EXP) + LSB);                                                                  \
-            nz |= (T)(v[i] & (T)~SIGN);                                                                      \
-        }                                                                                                    \
-        *any_bad = (bad & SIGN) != 0;                                                                        \
-        *all_zero = n > 0 && nz == 0;                                                                        \
-    } while (0)
-
-static void scan_values(cm_dtype dt, const void *data, size_t n, int *any_bad, int *all_zero) {
-    if (dt == CM_DTYPE_BF16)
-        SCAN_LOOP(uint16_t, 0x7F80u, 0x0080u, 0x8000u);
-    else
-        SCAN_LOOP(uint32_t, 0x7F800000u, 0x00800000u, 0x80000000u);
-}
-
-/* An ANSWER of encoding nccl: its tensors follow over NCCL and are received whatever happens
- * (into scratch when no one waits for them) so the transfers stay paired with the ANSWERs. */
-static void on_nccl_answer(cm_chan_client *c, const cm_proto_answer *a, size_t received, int64_t now) {
-    slot       *s = find_sent(c, a->batch_id);
-    const void *dev[MAX_TENSORS];
-    uint32_t    at = s ? (uint32_t)(s - c->slots) : c->n_slots;
-    for (uint32_t i = 0; i < a->n_tensors; i++)
-        if (a->tensors[i].encoding != CM_ENCODING_NCCL) {
-            char why[160];
-            snprintf(why, sizeof why, "answer to batch %llu mixes encoding %s into an nccl session",
-                     (unsigned long long)a->batch_id, cm_encoding_name(a->tensors[i].encoding));
-            protocol_error(c, why, a->batch_id, 1, now);
-            return;
-        }
-    if (c->cfg.nccl->recv(c->cfg.nccl->user, at, a->n_tensors, a->tensors, dev) != CM_OK) {
-        char why[512];
-        cm_chan_fmt(why, sizeof why, "NCCL receive of batch %llu failed: %s", (unsigned long long)a->batch_id,
-                    cm_last_error());
-        problem(c, "%s", why);
-        lose_session(c, why, now);
-        return;
-    }
-    if (!s) {
-        pthread_mutex_lock(&c->mu);
-        c->stats.duplicates++;
-        pthread_mutex_unlock(&c->mu);
-        return;
-    }
-    const uint32_t D = c->welcome.hidden_size;
-    const cm_dtype hd = c->welcome.hidden_dtype;
-    char           why[256] = "";
-    if (a->n_tensors != s->n_layers)
-        snprintf(why, sizeof why, "answer to batch %llu has %u tensors for %u requested layers",
-                 (unsigned long long)a->batch_id, a->n_tensors, s->n_layers);
-    for (uint32_t i = 0; i < a->n_tensors && !why[0]; i++) {
-        const cm_proto_tensor *t = &a->tensors[i];
-        char                   want[32];
-        snprintf(want, sizeof want, "layer_%d", s->layers[i]);
-        if (strcmp(t->name, want) != 0 || t->dtype != hd || t->n_dims != 2 || t->shape[0] != s->n_tokens ||
-            t->shape[1] != D)
-            snprintf(why, sizeof why, "answer to batch %llu: tensor %u is '%s' %s, expected '%s' %s [%u, %u]",
-                     (unsigned long long)a->batch_id, i, t->name, cm_dtype_name(t->dtype), want,
-                     cm_dtype_name(hd), s->n_tokens, D);
-        cm_chan_tensor *ct = &s->tensors[i];
-        memcpy(ct->name, t->name, sizeof ct->name);
-        ct->layer = s->layers[i];
-        ct->dtype = hd;
-        ct->n_tokens = s->n_tokens;
-        ct->hidden = D;
-        ct->bytes = t->raw_size;
-        ct->data = dev[i];
-        ct->on_device = 1;
-    }
-    if (why[0]) { /* well paired but not what was asked for: ask again on this session */
-        pthread_mutex_lock(&c->mu);
-        c->stats.protocol_errors++;
-        c->stats.corrupt_answers++;
-        pthread_mutex_unlock(&c->mu);
-        CM_LOG_WARN("client '%s': %s", c->name, why);
-        retry(c, s, CM_ERR_PROTOCOL, why, now, 0);
-        return;
-    }
-    s->attempts = 0;
-    complete(c, s, CM_OK, "", received);
-}
-
-static void on_answer(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *data, uint64_t id, int64_t now) {
-    cm_proto_answer a = {.tensors = c->pt, .cap_tensors = MAX_TENSORS};
-    if (cm_proto_answer_decode_parts(zmq_msg_data(head), zmq_msg_size(head), zmq_msg_data(data),
-                                     zmq_msg_size(data), &c->lim, &a) != CM_OK) {
-        protocol_error(c, cm_last_error(), id, 1, now);
-        return;
-    }
-    if (c->nccl_joined) {
-        on_nccl_answer(c, &a, zmq_msg_size(head) + zmq_msg_size(data), now);
-        return;
-    }
-    slot *s = find_sent(c, a.batch_id);
-    if (!s) {
-        pthread_mutex_lock(&c->mu);
-        c->stats.duplicates++;
-        pthread_mutex_unlock(&c->mu);
-        CM_LOG_DEBUG("client '%s': dropped an answer to batch %llu, which is not awaited", c->name,
-                     (unsigned long long)a.batch_id);
-        return;
-    }
-    const uint32_t D = c->welcome.hidden_size;
-    const cm_dtype hd = c->welcome.hidden_dtype;
-    char           why[256] = "";
-    if (a.n_tensors != s->n_layers)
-        snprintf(why, sizeof why, "answer to batch %llu has %u tensors for %u requested layers",
-                 (unsigned long long)a.batch_id, a.n_tensors, s->n_layers);
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < a.n_tensors && !why[0]; i++) {
-        const cm_proto_tensor *t = &a.tensors[i];
-        char                   want[32];
-        snprintf(want, sizeof want, "layer_%d", s->layers[i]);
-        if (strcmp(t->name, want) != 0 || t->dtype != hd || t->n_dims != 2 || t->shape[0] != s->n_tokens ||
-            t->shape[1] != D || t->encoding != c->enc)
-            snprintf(why, sizeof why,
-                     "answer to batch %llu: tensor %u is '%s' %s %s [%lld, %lld], expected '%s' %s %s "
-                     "[%u, %u]",
-                     (unsigned long long)a.batch_id, i, t->name, cm_dtype_name(t->dtype),
-                     cm_encoding_name(t->encoding), (long long)t->shape[0],
-                     (long long)(t->n_dims > 1 ? t->shape[1] : 0), want, cm_dtype_name(hd),
-                     cm_encoding_name(c->enc), s->n_tokens, D);
-        total += t->raw_size;
-    }
-    /* raw answers are lent zero-copy when every tensor is aligned to its dtype (large ZeroMQ
-     * messages are; small ones may sit at any offset of a shared receive buffer), else copied */
-    int zero_copy = c->enc == CM_ENCODING_RAW;
-    for (uint32_t i = 0; i < a.n_tensors && zero_copy; i++)
-        zero_copy = (uintptr_t)a.tensors[i].data % cm_dtype_size(hd) == 0;
-    if (!why[0] && !zero_copy && total > s->buf_cap) {
-        free(s->buf);
-        s->buf = malloc(total);
-        s->buf_cap = s->buf ? total : 0;
-        if (!s->buf)
-            snprintf(why, sizeof why, "cannot allocate %llu bytes for an answer", (unsigned long long)total);
-    }
-    uint64_t off = 0;
-    for (uint32_t i = 0; i < a.n_tensors && !why[0]; i++) {
-        const cm_proto_tensor *t = &a.tensors[i];
-        cm_chan_tensor        *ct = &s->tensors[i];
-        memcpy(ct->name, t->name, sizeof ct->name);
-        ct->layer = s->layers[i];
-        ct->dtype = hd;
-        ct->n_tokens = s->n_tokens;
-        ct->hidden = D;
-        ct->bytes = t->raw_size;
-        ct->on_device = 0;
-        if (zero_copy) {
-            ct->data = t->data;
-        } else if (c->enc == CM_ENCODING_RAW) {
-            memcpy(s->buf + off, t->data, t->raw_size);
-            ct->data = s->buf + off;
-            off += t->raw_size;
-        } else {
-            if (cm_compress_decode_tensor(c->cc, t, s->buf + off, t->raw_size) != CM_OK)
-                snprintf(why, sizeof why, "%s", cm_last_error());
-            ct->data = s->buf + off;
-            off += t->raw_size;
-        }
-        if (!why[0] && c->cfg.check_values) {
-            int any_bad, zero;
-            scan_values(hd, ct->data, (size_t)s->n_tokens * D, &any_bad, &zero);
-            if (any_bad || zero)
-                snprintf(why, sizeof why, "answer to batch %llu: %s holds %s", (unsigned long long)a.batch_id,
-                         t->name, zero ? "only zeros" : "NaN or Inf values");
-        }
-    }
-    if (why[0]) {
-        protocol_error(c, why, a.batch_id, 1, now);
-        return;
-    }
-    const size_t received = zmq_msg_size(head) + zmq_msg_size(data);
-    if (zero_copy || c->cfg.keep_frames) { /* the tensors point into DATA, or the owner wants it: keep it */
-        const uint8_t *base = zmq_msg_data(data);
-        zmq_msg_init(&s->raw);
-        zmq_msg_move(&s->raw, data);
-        s->has_raw = 1;
-        /* a small message lives inside the zmq_msg_t itself: re-point at its new home */
-        for (uint32_t i = 0; i < a.n_tensors && zero_copy; i++)
-            s->tensors[i].data =
-                (const uint8_t *)zmq_msg_data(&s->raw) + ((const uint8_t *)a.tensors[i].data - base);
-    }
-    if (c->cfg.keep_frames) {
-        zmq_msg_init(&s->head_raw);
-        zmq_msg_move(&s->head_raw, head);
-        s->has_head = 1;
-    }
-    s->attempts = 0;
-    complete(c, s, CM_OK, "", received);
-}
-
-static void on_error(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now) {
-    cm_proto_error e;
-    if (cm_proto_error_decode(p, len, &c->lim, &e) != CM_OK) {
-        protocol_error(c, cm_last_error(), 0, 0, now);
-        return;
-    }
-    pthread_mutex_lock(&c->mu);
-    c->stats.server_errors++;
-    cm_chan_fmt(c->stats.last_problem, sizeof c->stats.last_problem, "server: %s: %s",
-                cm_proto_error_name(e.code), e.message);
-    pthread_mutex_unlock(&c->mu);
-    char msg[CM_PROTO_MESSAGE_MAX + 64];
-    snprintf(msg, sizeof msg, "target-server: %s", e.message);
-    if (e.code == CM_PROTO_ERROR_VERSION) {
-        set_fatal(c, CM_ERR_PROTOCOL, msg);
-        return;
-    }
-    if (e.code == CM_PROTO_ERROR_TARGET_MISMATCH ||
-        (e.code == CM_PROTO_ERROR_BAD_REQUEST && e.batch_id == 0)) {
-        set_fatal(c, CM_ERR_INVALID_ARG, msg);
-        return;
-    }
-    if (e.code == CM_PROTO_ERROR_SHUTDOWN || (e.batch_id == 0 && e.code == CM_PROTO_ERROR_BUSY)) {
-        lose_session(c, msg, now);
-        return;
-    }
-    slot *s = e.batch_id ? find_sent(c, e.batch_id) : NULL;
-    if (!s) {
-        if (e.code == CM_PROTO_ERROR_CORRUPT && c->conn == CONN_HELLO)
-            lose_session(c, msg, now); /* HELLO again */
-        else
-            CM_LOG_WARN("client '%s': %s (%s)", c->name, msg, cm_proto_error_name(e.code));
-        return;
-    }
-    switch (e.code) {
-    case CM_PROTO_ERROR_BAD_REQUEST:
-        complete(c, s, CM_ERR_INVALID_ARG, msg, 0);
-        break;
-    case CM_PROTO_ERROR_CORRUPT:
-        retry(c, s, CM_ERR_PROTOCOL, msg, now, 0);
-        break;
-    case CM_PROTO_ERROR_NO_CREDIT:
-    case CM_PROTO_ERROR_BUSY:
-        s->resend_at = now + 100;
-        break;
-    default:
-        CM_LOG_WARN("client '%s': batch %llu: %s (%s)", c->name, (unsigned long long)s->batch_id, msg,
-                    cm_proto_error_name(e.code));
-        retry(c, s, CM_ERR_IO, msg, now, 100);
-        break;
-    }
-}
-
-static uint64_t raw_id(const uint8_t *p, size_t len) {
-    uint64_t id = 0;
-    for (int i = 7; len >= 24 && i >= 0; i--)
-        id = id << 8 | p[16 + i];
-    return id;
 }
 
 /* Reads one message; 0 when none was waiting. */
@@ -739,40 +326,43 @@ static int handle_msg(cm_chan_client *c, int64_t now) {
                         "the server at %s speaks protocol version %u, this client %d: run matching "
                         "target-server and drafter-trainer builds",
                         c->endpoint, (unsigned)(p[4] | p[5] << 8), CM_PROTO_VERSION);
-            set_fatal(c, CM_ERR_PROTOCOL, msg);
+            cm_chan_client_fatal_(c, CM_ERR_PROTOCOL, msg);
         } else {
-            protocol_error(c, why, raw_id(p, n), parts == 2, now);
+            uint64_t id;
+            uint16_t version;
+            cm_proto_frame_claims(p, n, &id, &version);
+            cm_chan_client_protocol_error_(c, why, id, parts == 2, now);
         }
     } else if (parts != (h.type == CM_PROTO_TYPE_ANSWER ? 2 : 1)) {
         char why[160];
         snprintf(why, sizeof why, "a %s frame in %d message parts (expected %d)", cm_proto_type_name(h.type),
                  parts, h.type == CM_PROTO_TYPE_ANSWER ? 2 : 1);
-        protocol_error(c, why, h.id, h.type == CM_PROTO_TYPE_ANSWER, now);
+        cm_chan_client_protocol_error_(c, why, h.id, h.type == CM_PROTO_TYPE_ANSWER, now);
     } else if (h.type == CM_PROTO_TYPE_WELCOME) {
-        on_welcome(c, p, n, now);
+        cm_chan_client_on_welcome_(c, p, n, now);
     } else if (h.type == CM_PROTO_TYPE_NCCL_READY && c->conn == CONN_NCCL) {
-        on_nccl_ready(c, p, n, now);
+        cm_chan_client_on_nccl_ready_(c, p, n, now);
     } else if (c->conn != CONN_READY) {
         if (h.type == CM_PROTO_TYPE_ERROR)
-            on_error(c, p, n, now);
+            cm_chan_client_on_error_(c, p, n, now);
         /* anything else before WELCOME belongs to no session */
     } else if (h.type == CM_PROTO_TYPE_ANSWER) {
-        on_answer(c, &m[0], &m[1], h.id, now);
+        cm_chan_client_on_answer_(c, &m[0], &m[1], h.id, now);
     } else if (h.type == CM_PROTO_TYPE_ERROR) {
-        on_error(c, p, n, now);
+        cm_chan_client_on_error_(c, p, n, now);
     } else if (h.type == CM_PROTO_TYPE_HEARTBEAT) {
         uint64_t seq;
         if (cm_proto_heartbeat_decode(p, n, &c->lim, &seq) != CM_OK)
-            protocol_error(c, cm_last_error(), 0, 0, now);
+            cm_chan_client_protocol_error_(c, cm_last_error(), 0, 0, now);
     } else if (h.type == CM_PROTO_TYPE_BYE) {
         if (cm_proto_bye_decode(p, n, &c->lim) != CM_OK)
-            protocol_error(c, cm_last_error(), 0, 0, now);
+            cm_chan_client_protocol_error_(c, cm_last_error(), 0, 0, now);
         else
-            lose_session(c, "the server ended the session (BYE)", now);
+            cm_chan_client_lose_session_(c, "the server ended the session (BYE)", now);
     } else {
         char why[96];
         snprintf(why, sizeof why, "unexpected %s frame from the server", cm_proto_type_name(h.type));
-        protocol_error(c, why, 0, 0, now);
+        cm_chan_client_protocol_error_(c, why, 0, 0, now);
     }
     zmq_msg_close(&m[0]);
     zmq_msg_close(&m[1]);
@@ -808,14 +398,15 @@ static void handle_monitor(cm_chan_client *c, int64_t now) {
                         "the server at %s refused this client's CURVE key (status %u): add its public "
                         "key to the server's --curve-client-keys directory",
                         c->endpoint, value);
-            set_fatal(c, CM_ERR_PROTOCOL, msg);
+            cm_chan_client_fatal_(c, CM_ERR_PROTOCOL, msg);
             close_socket(c, 0);
             return;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
                    event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
-            problem(c, "the handshake with %s failed (%s, code 0x%x)%s", c->endpoint,
-                    event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail", value,
-                    c->curve ? ": is --curve-server-key the server's public key?" : "");
+            cm_chan_client_problem_(c, "the handshake with %s failed (%s, code 0x%x)%s", c->endpoint,
+                                    event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",
+                                    value,
+                                    c->curve ? ": is --curve-server-key the server's public key?" : "");
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
             if (!c->handshake_ok && c->curve)
                 cm_chan_fmt(msg, sizeof msg,
@@ -824,7 +415,7 @@ static void handle_monitor(cm_chan_client *c, int64_t now) {
                             c->endpoint);
             else
                 cm_chan_fmt(msg, sizeof msg, "disconnected from %s", c->endpoint);
-            lose_session(c, msg, now);
+            cm_chan_client_lose_session_(c, msg, now);
             return; /* the monitor socket is closed with the socket */
         }
     }
@@ -851,8 +442,8 @@ static void tick(cm_chan_client *c, int64_t now) {
         c->stats.reconnects += c->stats.sessions > 0 || c->mon_n > 0;
         pthread_mutex_unlock(&c->mu);
         if (open_socket(c, now) != CM_OK) {
-            problem(c, "cannot open a socket to %s: %s", c->endpoint, cm_last_error());
-            lose_session(c, "cannot open a socket", now);
+            cm_chan_client_problem_(c, "cannot open a socket to %s: %s", c->endpoint, cm_last_error());
+            cm_chan_client_lose_session_(c, "cannot open a socket", now);
         }
         return;
     }
@@ -860,11 +451,11 @@ static void tick(cm_chan_client *c, int64_t now) {
         char msg[600];
         snprintf(msg, sizeof msg, "no WELCOME from %s within %d ms (is the target-server running there?)",
                  c->endpoint, c->cfg.peer_timeout_ms);
-        lose_session(c, msg, now);
+        cm_chan_client_lose_session_(c, msg, now);
         return;
     }
     if (c->conn == CONN_NCCL && now - c->last_recv > c->cfg.peer_timeout_ms) {
-        lose_session(c, "no NCCL_READY from the server", now);
+        cm_chan_client_lose_session_(c, "no NCCL_READY from the server", now);
         return;
     }
     if (c->conn != CONN_READY)
@@ -872,19 +463,19 @@ static void tick(cm_chan_client *c, int64_t now) {
     if (now - c->last_recv > c->cfg.peer_timeout_ms) {
         char msg[96];
         snprintf(msg, sizeof msg, "the server has been silent for %lld ms", (long long)(now - c->last_recv));
-        lose_session(c, msg, now);
+        cm_chan_client_lose_session_(c, msg, now);
         return;
     }
     slot *q;
     while (c->conn == CONN_READY && c->in_flight < c->granted && (q = next_queued(c))) {
         uint32_t before = c->in_flight;
         send_request(c, q, now);
-        if (c->in_flight == before && slot_state(c, q) == SLOT_QUEUED)
+        if (c->in_flight == before && cm_chan_client_slot_state_(c, q) == SLOT_QUEUED)
             break; /* socket full: later */
     }
     for (uint32_t i = 0; i < c->n_slots && c->conn == CONN_READY; i++) {
         slot *s = &c->slots[i];
-        if (slot_state(c, s) != SLOT_SENT)
+        if (cm_chan_client_slot_state_(c, s) != SLOT_SENT)
             continue;
         if (s->resend_at && now >= s->resend_at) {
             send_request(c, s, now);
@@ -901,7 +492,7 @@ static void tick(cm_chan_client *c, int64_t now) {
         uint8_t buf[CM_PROTO_HEADER_SIZE];
         size_t  len;
         cm_proto_heartbeat_encode(++c->hb_seq, buf, sizeof buf, &len);
-        send_frame(c, buf, len, now);
+        cm_chan_client_send_(c, buf, len, now);
         c->last_send = now; /* even when the queue is full: the next try is a heartbeat later */
     }
 }
@@ -911,7 +502,7 @@ void *cm_chan_client_io_main_(void *arg) {
     c->conn = CONN_WAIT;
     c->reconnect_at = 0;
     while (!atomic_load(&c->quit)) {
-        int64_t        now = cm_chan_now_ms();
+        int64_t        now = cm_now_ms();
         zmq_pollitem_t items[3] = {
             {NULL, c->wake_r, ZMQ_POLLIN, 0}, {c->sock, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
         int  n = c->sock ? 3 : 1;
@@ -919,26 +510,26 @@ void *cm_chan_client_io_main_(void *arg) {
         if (zmq_poll(items, n, timeout) < 0 && zmq_errno() != EINTR) {
             char msg[300];
             snprintf(msg, sizeof msg, "zmq_poll failed: %s", zmq_strerror(zmq_errno()));
-            set_fatal(c, CM_ERR_ZMQ, msg);
+            cm_chan_client_fatal_(c, CM_ERR_ZMQ, msg);
         }
         if (items[0].revents & ZMQ_POLLIN) {
             char drain[64];
             while (read(c->wake_r, drain, sizeof drain) > 0) {
             }
         }
-        now = cm_chan_now_ms();
+        now = cm_now_ms();
         if (n == 3 && (items[2].revents & ZMQ_POLLIN))
             handle_monitor(c, now);
         for (int k = 0; k < IO_RECV_BURST && c->sock && handle_msg(c, now); k++)
-            now = cm_chan_now_ms();
+            now = cm_now_ms();
         if (c->conn != CONN_DEAD)
-            tick(c, cm_chan_now_ms());
+            tick(c, cm_now_ms());
     }
     if (c->conn == CONN_READY) {
         uint8_t buf[CM_PROTO_HEADER_SIZE];
         size_t  len;
         cm_proto_bye_encode(buf, sizeof buf, &len);
-        send_frame(c, buf, len, cm_chan_now_ms());
+        cm_chan_client_send_(c, buf, len, cm_now_ms());
     }
     close_socket(c, 200); /* lets the BYE out */
     nccl_leave(c);

@@ -1,5 +1,5 @@
 /* common/cm_chan_int.h — what the files of cm_chan share and nobody else needs: the CM_ZMQ
- * conversion of ZeroMQ failures, the clock, socket option setters, the CURVE helpers (all in
+ * conversion of ZeroMQ failures, socket option setters, the CURVE helpers (all in
  * cm_chan.c), and the server's and the client's internal structs, each split over two files
  * (loop and worker; owner API and I/O thread). Internal to common/; not installed. */
 #ifndef CM_CHAN_INT_H
@@ -14,18 +14,21 @@
 
 #include "cm_chan.h"
 #include "cm_compress.h"
+#include "cm_time.h"
 
 /* Converts a ZeroMQ return value once, where the call is made: -1 → CM_ERR_ZMQ with the
  * statement, file:line and zmq_strerror(zmq_errno()) in cm_last_error(); else CM_OK. */
 #define CM_ZMQ(x) cm_zmq_check_((x) == -1, #x, __FILE__, __LINE__)
 cm_status cm_zmq_check_(int failed, const char *stmt, const char *file, int line);
 
-int64_t   cm_chan_now_ms(void);                               /* CLOCK_MONOTONIC */
 cm_status cm_chan_set_int(void *sock, int option, int value); /* zmq_setsockopt of an int */
 cm_status cm_chan_set_i64(void *sock, int option, int64_t value);
 
 /* Fails with CM_ERR_UNSUPPORTED and the fix when libzmq lacks CURVE. */
 cm_status cm_chan_curve_require(const char *what);
+
+/* A non-blocking, close-on-exec pipe (what names it in the message: "the worker pipe"). */
+cm_status cm_chan_pipe_(int *read_end, int *write_end, const char *what);
 
 /* A random 64-bit value (getrandom, falling back to the clock and the pid). */
 uint64_t cm_chan_random_u64(void);
@@ -51,7 +54,11 @@ cm_status cm_chan_bind_check_(const char *endpoint);
 void cm_chan_error_text(char *dst, const char *src);
 
 // ----------------------------------------------------------------------------
-// server internals (cm_chan_server.c: the loop; cm_chan_server_work.c: the worker, create)
+// server internals. cm_chan_server.c: the lifecycle (create, destroy, start and join the
+// workers, stop); cm_chan_server_loop.c: run, the loop thread, which calls the files of its
+// concerns: _session.c (sessions and what they receive), _sched.c (tasks to workers, results
+// back), _status.c (STATUS), _zap.c (CURVE clients), _send.c (frames out, refusals);
+// cm_chan_server_work.c: the worker threads, cm_chan_server_enc.c: their answers' encoding.
 
 #define POOL_MAX        64  /* pooled answer buffers; beyond that an answer gets a one-off buffer */
 #define IDENT_MAX       255 /* ZeroMQ routing ids are 1..255 bytes */
@@ -65,9 +72,11 @@ typedef struct pool_buf {
     size_t     cap;
 } pool_buf;
 
+/* A queue slot: a REQUEST decoded and validated by the loop. Its arrays are the slot's, grown
+ * to fit (cm_chan_request_reserve_) and kept when the slot frees; requests move between the
+ * loop, the slots and the workers by swapping these structs, arrays and all. */
 typedef struct qjob {
-    zmq_msg_t msg; /* the REQUEST frame, validated */
-    uint64_t  id;
+    cm_proto_request rq;
 } qjob;
 
 typedef struct session {
@@ -108,7 +117,7 @@ typedef struct work {
     /* NCCL peers of this worker whose sessions ended, closed by it before its next task */
     void   **closing;
     uint32_t n_closing;
-    zmq_msg_t msg;
+    cm_proto_request rq; /* WORK_JOB: the request, as decoded by the loop (swapped in from its slot) */
     char      session[CM_PROTO_NAME_MAX + 1];
     int       sess;
     uint64_t  gen;
@@ -167,7 +176,6 @@ typedef struct worker {
     uint64_t               job_id; /* loop thread: the batch of the job handed over */
     work                   w;
     /* worker thread */
-    int32_t         *tokens, *cu, *layers;
     float           *out_block;
     size_t           out_cap; /* floats */
     int              out_pinned;
@@ -201,8 +209,8 @@ struct cm_chan_server {
     session   *sessions;
     uint32_t   rr;
     uint64_t   gen_counter, hb_seq;
-    /* loop thread: request decoding scratch */
-    int32_t *l_tokens, *l_cu, *l_layers;
+    /* loop thread: the REQUEST being decoded (its arrays owned, grown to fit) */
+    cm_proto_request req;
     /* warnings */
     int64_t warn_window;
     int     warn_count, warn_suppressed;
@@ -211,6 +219,65 @@ struct cm_chan_server {
     cm_chan_server_stats stats;
 };
 
+#define STAT_ADD(s, field, v)                                                                                \
+    do {                                                                                                     \
+        pthread_mutex_lock(&(s)->stats_mu);                                                                  \
+        (s)->stats.field += (v);                                                                             \
+        pthread_mutex_unlock(&(s)->stats_mu);                                                                \
+    } while (0)
+
+/* cm_chan_server.c: a REQUEST's own arrays, grown to hold n_tokens tokens (and n_tokens + 1
+ * cu_seqlens) and n_layers layer ids, and freed. */
+cm_status cm_chan_request_reserve_(cm_proto_request *r, uint32_t n_tokens, uint32_t n_layers);
+void      cm_chan_request_release_(cm_proto_request *r);
+
+/* cm_chan_server.c: the worker threads started (a failure leaves those started running: join
+ * ends them), and asked to quit and joined. */
+cm_status cm_chan_server_start_(cm_chan_server *s);
+void      cm_chan_server_join_(cm_chan_server *s);
+
+/* cm_chan_server_send.c (loop thread). send_to: identity + one part; CM_ERR_PEER_GONE when
+ * the peer is not connected, CM_ERR_TIMEOUT when its queue is full (the frame is dropped),
+ * CM_ERR_ZMQ otherwise. refuse_frame: a frame that failed cm_proto_peek, refused with ERROR
+ * version or corrupt. warn_ok: 0 once WARN_BURST warnings went out in the last 10 s. */
+int       cm_chan_warn_ok_(cm_chan_server *s);
+cm_status cm_chan_send_to_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const void *frame,
+                           size_t len);
+cm_status cm_chan_send_error_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, uint64_t id,
+                              cm_proto_error_code code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 6, 7)))
+#endif
+    ;
+cm_status cm_chan_send_bye_(cm_chan_server *s, const uint8_t *ident, size_t ident_len);
+void      cm_chan_refuse_frame_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len,
+                                const uint8_t *p, size_t len, const char *why);
+
+/* cm_chan_server_session.c (loop thread) */
+typedef enum end_reason { END_BYE, END_TIMEOUT, END_REPLACED, END_UNREACHABLE, END_STOP } end_reason;
+session *cm_chan_find_session_(cm_chan_server *s, const uint8_t *ident, size_t len);
+void     cm_chan_log_session_(const session *ss, const char *what, int64_t now);
+uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* drops a session's queued jobs */
+void     cm_chan_end_session_(cm_chan_server *s, session *ss, end_reason why);
+void     cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len, zmq_msg_t *fr);
+void     cm_chan_on_nccl_offer_(cm_chan_server *s, session *ss, zmq_msg_t *fr);
+void     cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *h, const uint8_t *p,
+                            size_t len);
+
+/* cm_chan_server_sched.c (loop thread): tasks handed to idle workers; the results of the
+ * workers that are done sent. */
+void cm_chan_schedule_(cm_chan_server *s);
+void cm_chan_handle_done_(cm_chan_server *s);
+
+/* cm_chan_server_status.c (loop thread): the answer to a STATUS frame. */
+void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const uint8_t *p,
+                           size_t len);
+
+/* cm_chan_server_zap.c: the client key directory read (create); a ZAP request answered (loop). */
+cm_status cm_chan_zap_load_keys_(cm_chan_server *s, const char *dir);
+void      cm_chan_zap_handle_(cm_chan_server *s);
+
+/* cm_chan_server_work.c */
 void    *cm_chan_worker_main_(void *worker);                  /* a worker thread */
 /* cm_chan_server_enc.c, on worker k's thread: the compute of rq and its answer encoded into
  * k->w (a failure leaves no buffer held); the HEAD of an answer sent over NCCL; the encoder
@@ -219,12 +286,12 @@ cm_status cm_chan_compute_encode_(cm_chan_server *s, worker *k, const cm_proto_r
 cm_status cm_chan_encode_nccl_head_(cm_chan_server *s, worker *k, const cm_proto_request *rq);
 void      cm_chan_encoder_start_(worker *k);
 void      cm_chan_encoder_stop_(worker *k);
-uint32_t cm_chan_drop_queue_(cm_chan_server *s, session *ss); /* closes a session's queued jobs */
 /* hands an NCCL peer to the worker that opened it, to close */
 void cm_chan_close_peer_(cm_chan_server *s, int worker, void *peer);
 
 // ----------------------------------------------------------------------------
-// client internals (cm_chan_client.c: the owner's API; cm_chan_client_io.c: the I/O thread)
+// client internals (cm_chan_client.c: the owner's API; cm_chan_client_io.c: the I/O thread,
+// which calls cm_chan_client_session.c and cm_chan_client_answer.c)
 
 #define MAX_TENSORS   256
 #define IO_RECV_BURST 64
@@ -290,5 +357,35 @@ struct cm_chan_client {
 };
 
 void *cm_chan_client_io_main_(void *client); /* the I/O thread */
+
+/* cm_chan_client_io.c, on the I/O thread: problem records stats.last_problem (under mu); fatal
+ * ends the client with st and msg; find_sent is the SENT slot of batch id, or NULL; slot_state
+ * reads a slot's state under mu; complete moves a slot to READY with st (msg when it failed);
+ * send sends one frame; retry schedules a re-send of a SENT slot in delay_ms, or completes it
+ * with give_up once its attempts are spent; protocol_error reports a refused frame and
+ * re-requests the batch it names; lose_session closes the socket and re-queues what is in
+ * flight. */
+void  cm_chan_client_problem_(cm_chan_client *c, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void  cm_chan_client_fatal_(cm_chan_client *c, cm_status st, const char *msg);
+slot *cm_chan_client_find_sent_(cm_chan_client *c, uint64_t id);
+int   cm_chan_client_slot_state_(cm_chan_client *c, const slot *s);
+void  cm_chan_client_complete_(cm_chan_client *c, slot *s, cm_status st, const char *msg, uint64_t bytes);
+void  cm_chan_client_send_(cm_chan_client *c, const void *buf, size_t len, int64_t now);
+void  cm_chan_client_retry_(cm_chan_client *c, slot *s, cm_status give_up, const char *why, int64_t now,
+                            int delay_ms);
+void  cm_chan_client_protocol_error_(cm_chan_client *c, const char *why, uint64_t id, int is_answer, int64_t now);
+void  cm_chan_client_lose_session_(cm_chan_client *c, const char *why, int64_t now);
+
+/* cm_chan_client_session.c: a WELCOME, an NCCL_READY (I/O thread). */
+void cm_chan_client_on_welcome_(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now);
+void cm_chan_client_on_nccl_ready_(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now);
+
+/* cm_chan_client_answer.c: an ANSWER (HEAD and DATA parts; id from the header), an ERROR. */
+void cm_chan_client_on_answer_(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *data, uint64_t id, int64_t now);
+void cm_chan_client_on_error_(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now);
 
 #endif /* CM_CHAN_INT_H */

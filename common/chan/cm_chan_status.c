@@ -50,9 +50,9 @@ cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_ke
         st = cm_proto_status_encode(NULL, 0, req, sizeof req, &len);
     if (st == CM_OK)
         st = CM_ZMQ(zmq_send(sock, req, len, 0));
-    int64_t deadline = cm_chan_now_ms() + timeout_ms;
+    int64_t deadline = cm_now_ms() + timeout_ms;
     while (st == CM_OK) {
-        int64_t        left = deadline - cm_chan_now_ms();
+        int64_t        left = deadline - cm_now_ms();
         zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
         if (left <= 0 || zmq_poll(&it, 1, (long)left) == 0) {
             st = CM_FAIL(CM_ERR_TIMEOUT, "no status from %s within %d ms (is a target-server running there%s?)",

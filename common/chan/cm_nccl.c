@@ -9,10 +9,10 @@
 #include <nccl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cm_log.h"
 #include "cm_nccl_try.h"
+#include "cm_time.h"
 
 _Static_assert(sizeof(ncclUniqueId) <= CM_PROTO_NCCL_UID_MAX, "ncclUniqueId must fit NCCL_OFFER");
 
@@ -24,11 +24,6 @@ _Static_assert(sizeof(ncclUniqueId) <= CM_PROTO_NCCL_UID_MAX, "ncclUniqueId must
                            cudaGetErrorName(e_));                                                            \
     } while (0)
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static void nap(void) {
     struct timespec t = {0, 20000}; /* 20 µs: transfers of interest take ≥ 100 µs */
@@ -54,7 +49,7 @@ struct cm_nccl_peer {
 
 /* Waits until the communicator has no operation in progress (ncclSuccess) or fails. */
 static cm_status comm_settle(ncclComm_t comm, int timeout_ms, const char *what) {
-    double deadline = now_s() + timeout_ms * 1e-3;
+    double deadline = cm_now_s() + timeout_ms * 1e-3;
     for (;;) {
         ncclResult_t state;
         NCCL_TRY(ncclCommGetAsyncError(comm, &state));
@@ -62,7 +57,7 @@ static cm_status comm_settle(ncclComm_t comm, int timeout_ms, const char *what) 
             return CM_OK;
         if (state != ncclInProgress)
             return CM_FAIL(CM_ERR_NCCL, "%s: %s (%s)", what, ncclGetErrorString(state), ncclGetLastError(comm));
-        if (now_s() > deadline)
+        if (cm_now_s() > deadline)
             return CM_FAIL(CM_ERR_TIMEOUT, "%s: no progress within %d ms (is the other side alive?)", what,
                            timeout_ms);
         nap();
@@ -72,7 +67,7 @@ static cm_status comm_settle(ncclComm_t comm, int timeout_ms, const char *what) 
 cm_status cm_nccl_peer_wait(cm_nccl_peer *p, int timeout_ms) {
     CUDA_TRY(cudaSetDevice(p->device));
     CM_TRY(comm_settle(p->comm, timeout_ms, "NCCL transfer"));
-    double deadline = now_s() + timeout_ms * 1e-3;
+    double deadline = cm_now_s() + timeout_ms * 1e-3;
     for (;;) {
         cudaError_t e = cudaStreamQuery(p->stream);
         if (e == cudaSuccess)
@@ -84,7 +79,7 @@ cm_status cm_nccl_peer_wait(cm_nccl_peer *p, int timeout_ms) {
         if (state != ncclSuccess && state != ncclInProgress)
             return CM_FAIL(CM_ERR_NCCL, "NCCL transfer failed: %s (%s)", ncclGetErrorString(state),
                            ncclGetLastError(p->comm));
-        if (now_s() > deadline)
+        if (cm_now_s() > deadline)
             return CM_FAIL(CM_ERR_TIMEOUT,
                            "NCCL transfer did not complete within %d ms (the other side stopped receiving "
                            "or sending)",
@@ -296,10 +291,10 @@ static cm_status hook_recv(void *user, uint32_t slot, uint32_t n, const cm_proto
     void *bufs[256];
     for (uint32_t i = 0; i < n; i++)
         bufs[i] = (uint8_t *)s->mem + off[i];
-    double t0 = now_s();
+    double t0 = cm_now_s();
     CM_TRY(cm_nccl_peer_recv(c->peer, bufs, bytes, (int)n));
     CM_TRY(cm_nccl_peer_wait(c->peer, c->timeout_ms));
-    c->stats.recv_s += now_s() - t0;
+    c->stats.recv_s += cm_now_s() - t0;
     c->stats.answers++;
     for (uint32_t i = 0; i < n; i++) {
         dev[i] = bufs[i];

@@ -343,6 +343,21 @@ cm_status cm_proto_answer_decode(const void *frame, size_t len, const cm_proto_l
 cm_status cm_proto_tensor_check(const cm_proto_tensor *t, const cm_proto_limits *lim, cm_status on_bad,
                                 int64_t *n_rows, int64_t *row_len);
 
+// ----------------------------------------------------------------------------
+// what a frame claims before, or without, a decode (cm_proto_claims.c)
+
+/* The counts a REQUEST's body claims, n_tokens (body offset 4) and n_layers (12), read without
+ * checking the body, so that a server refuses a batch larger than it takes as bad-request
+ * rather than as the corrupt frame its decode against the server's limits would report. The
+ * header must have passed cm_proto_peek. CM_ERR_PROTOCOL when the frame or its body_len is
+ * shorter than the body's fixed fields (the decode then fails on them). */
+cm_status cm_proto_request_counts(const void *frame, size_t len, uint32_t *n_tokens, uint32_t *n_layers);
+
+/* What the bytes of a frame that failed cm_proto_peek claim, for its refusal: *id is the id
+ * field (0 when the frame is shorter than 24 bytes); returns 1 when the frame starts with the
+ * magic and a version other than CM_PROTO_VERSION, stored in *version. */
+int cm_proto_frame_claims(const void *frame, size_t len, uint64_t *id, uint16_t *version);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,8 @@
-/* target-server/ts_status.c — `target-server status`: one STATUS request to a running server
+/* target-server/cmd/ts_status.c — `target-server status`: one STATUS request to a running server
  * (cm_chan_status_query; works while trainers are attached, needs no session) and a readable
  * summary of the reply, or the reply itself with --json (for scripts and monitoring). */
+#include "ts_cmd.h"
+
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +10,6 @@
 
 #include "cm_chan.h"
 #include "cm_log.h"
-#include "ts_serve.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: target-server status [--server ENDPOINT] [options]\n"
@@ -116,42 +117,23 @@ static void print_summary(const cJSON *o) {
 int ts_status_main(int argc, char **argv) {
     const char *endpoint = "tcp://127.0.0.1:5555", *key = NULL, *secret = NULL;
     int         timeout_ms = 3000, json = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
+    cm_args     p;
+    cm_args_init(&p, "target-server status", argc, argv);
+    while (cm_args_next(&p)) {
+        if (cm_args_help(&p)) {
             usage(stdout);
             return 0;
-        }
-        if (strcmp(f, "--json") == 0) {
+        } else if (cm_args_flag(&p, "--json"))
             json = 1;
-            continue;
-        }
-        if (strcmp(f, "--server") != 0 && strcmp(f, "--curve-server-key") != 0 && strcmp(f, "--timeout-ms") != 0 &&
-            strcmp(f, "--curve-secret-key") != 0) {
-            fprintf(stderr, "target-server status: unknown option '%s' (see --help)\n", f);
-            return 2;
-        }
-        if (!v) {
-            fprintf(stderr, "target-server status: option '%s' needs a value (see --help)\n", f);
-            return 2;
-        }
-        if (strcmp(f, "--server") == 0) {
-            endpoint = v;
-        } else if (strcmp(f, "--curve-server-key") == 0) {
-            key = v;
-        } else if (strcmp(f, "--curve-secret-key") == 0) {
-            secret = v;
-        } else if (strcmp(f, "--timeout-ms") == 0) {
-            char *end;
-            long  t = strtol(v, &end, 10);
-            if (*end || t < 1 || t > 600000) {
-                fprintf(stderr, "target-server status: --timeout-ms '%s': expected 1 to 600000\n", v);
-                return 2;
-            }
-            timeout_ms = (int)t;
-        }
-        i++;
+        else if (cm_args_str(&p, "--server", &endpoint) || cm_args_str(&p, "--curve-server-key", &key) ||
+                 cm_args_str(&p, "--curve-secret-key", &secret) ||
+                 cm_args_int(&p, "--timeout-ms", 1, 600000, &timeout_ms))
+            ;
+        else
+            cm_args_unknown(&p);
     }
+    if (p.bad)
+        return 2;
     cm_log_set_level(CM_LOG_LEVEL_ERROR);
     static char reply[CM_PROTO_STATUS_MAX + 1];
     cm_status   st = cm_chan_status_query(endpoint, key, secret, timeout_ms, reply, sizeof reply);

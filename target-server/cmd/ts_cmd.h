@@ -1,0 +1,44 @@
+/* target-server/cmd/ts_cmd.h — the target-server's commands (dump, serve, status): each turns
+ * its options into arguments with the shared parser (cm_args.h) and runs the model code below
+ * (ts_model.h, ts_serve.h). Each returns the exit status: 0 (done, or --help), 1 for a failure
+ * (one message on stderr), 2 for a usage error. */
+#ifndef TS_CMD_H
+#define TS_CMD_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cm_args.h"
+#include "kn_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What dump and serve both take to build the target (the command's argument struct holds one). */
+typedef struct ts_target_args {
+    const char  *model;       /* --model DIR, or --config FILE (for --init random) */
+    const char  *device;      /* --device cpu|cuda */
+    int          init_random; /* --init checkpoint|random */
+    uint64_t     seed;        /* --seed N (of --init random) */
+    kn_gemm_mode mode;        /* --precision bf16|fp32 */
+} ts_target_args;
+#define TS_TARGET_ARGS_DEFAULT                                                                               \
+    { NULL, "cpu", 0, 1, KN_GEMM_MODE_BF16 }
+
+/* 1 when the current argument is one of ts_target_args' flags or --log-level (applied at
+ * once); a bad value sets p->bad with the message printed. */
+int ts_args_target(cm_args *p, ts_target_args *t);
+
+/* The options after the command's name. */
+int ts_dump_main(int argc, char **argv);   /* cmd/ts_dump.c */
+int ts_serve_main(int argc, char **argv);  /* cmd/ts_serve_cmd.c */
+int ts_status_main(int argc, char **argv); /* cmd/ts_status.c */
+
+/* The top-level usage with dump's options (cmd/ts_dump.c). */
+void ts_dump_usage(FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TS_CMD_H */
