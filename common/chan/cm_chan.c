@@ -1,4 +1,4 @@
-/* common/cm_chan.c — the parts of cm_chan both ends share: ZeroMQ failure conversion, the
+/* common/chan/cm_chan.c — the parts of cm_chan both ends share: ZeroMQ failure conversion, the
  * clock, CURVE key files (Z85 text; secret keys written 0600 and never logged or echoed), the
  * endpoint check behind "loopback unless CURVE" and the server's bind checks (an ipc:// path
  * held by a live server, tcp://localhost). The session logic lives in cm_chan_server.c and

@@ -1,4 +1,4 @@
-/* common/cm_chan.h — ZeroMQ sessions between drafter-trainers and the target-server over the
+/* common/chan/cm_chan.h — ZeroMQ sessions between drafter-trainers and the target-server over the
  * cm_proto wire format (docs/formats.md, docs/architecture.md). The server is a ROUTER that answers REQUESTs with the
  * captured hidden states of exactly that request; each trainer is a DEALER with its own
  * routing identity. Requests are idempotent: a lost, late or corrupted answer is asked for

@@ -1,4 +1,4 @@
-/* common/cm_chan_client.c — the trainer's end of a session, owner side (see cm_chan.h): the
+/* common/chan/cm_chan_client.c — the trainer's end of a session, owner side (see cm_chan.h): the
  * owner thread submits requests into `credits` slots and receives completed answers, while
  * the I/O thread (cm_chan_client_io.c) owns the socket. Slot states move FREE → QUEUED → SENT
  * → READY → HELD → FREE under `mu`; a slot's arrays and buffers belong to whichever thread its

@@ -1,4 +1,4 @@
-/* common/cm_chan_client_io.c — the trainer's I/O thread (see cm_chan_client.c for the owner
+/* common/chan/cm_chan_client_io.c — the trainer's I/O thread (see cm_chan_client.c for the owner
  * side). It owns the DEALER: says HELLO, sends queued requests within the granted credits,
  * heartbeats, re-sends a request whose answer is late, corrupt or refused as malformed,
  * re-creates the socket and re-sends everything in flight when the session is lost (silence,
@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "cm_bytes.h"
 #include "cm_compress.h"
 #include "cm_log.h"
 
@@ -318,14 +319,13 @@ static int handle_msg(cm_chan_client *c, int64_t now) {
     if (cm_proto_peek(p, n, &c->lim, &h) != CM_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", cm_last_error());
-        if (c->conn == CONN_HELLO && n >= 6 &&
-            (uint32_t)(p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24) == CM_PROTO_MAGIC &&
-            (p[4] | p[5] << 8) != CM_PROTO_VERSION) {
+        if (c->conn == CONN_HELLO && n >= 6 && cm_le_get_u32(p) == CM_PROTO_MAGIC &&
+            cm_le_get_u16(p + 4) != CM_PROTO_VERSION) {
             char msg[600];
             cm_chan_fmt(msg, sizeof msg,
                         "the server at %s speaks protocol version %u, this client %d: run matching "
                         "target-server and drafter-trainer builds",
-                        c->endpoint, (unsigned)(p[4] | p[5] << 8), CM_PROTO_VERSION);
+                        c->endpoint, (unsigned)cm_le_get_u16(p + 4), CM_PROTO_VERSION);
             cm_chan_client_fatal_(c, CM_ERR_PROTOCOL, msg);
         } else {
             uint64_t id;

@@ -1,4 +1,4 @@
-/* common/cm_chan_int.h — what the files of cm_chan share and nobody else needs: the CM_ZMQ
+/* common/chan/cm_chan_int.h — what the files of cm_chan share and nobody else needs: the CM_ZMQ
  * conversion of ZeroMQ failures, socket option setters, the CURVE helpers (all in
  * cm_chan.c), and the server's and the client's internal structs, each split over two files
  * (loop and worker; owner API and I/O thread). Internal to common/; not installed. */

@@ -1,4 +1,4 @@
-/* common/cm_chan_server.c — the server's lifecycle (see cm_chan.h): create checks the config,
+/* common/chan/cm_chan_server.c — the server's lifecycle (see cm_chan.h): create checks the config,
  * allocates the sessions and the workers' state, loads the CURVE keys and binds; start and join
  * run and end the worker threads (cm_chan_server_run, cm_chan_server_loop.c); stop asks the
  * loop to stop; destroy releases it all. The loop (cm_chan_server_loop.c and the files it

@@ -1,4 +1,4 @@
-/* common/cm_chan_server_enc.c — a worker's answers encoded (see cm_chan_server_work.c for the
+/* common/chan/cm_chan_server_enc.c — a worker's answers encoded (see cm_chan_server_work.c for the
  * worker): F32 rounded to the hidden dtype on n_threads threads, every tensor compressed with
  * cm_compress into a pooled buffer (reused once ZeroMQ has sent it), the HEAD written. Tensors
  * the compute announces with cm_chan_job_ready are encoded by the worker's encoder thread, in

@@ -1,4 +1,4 @@
-/* common/cm_chan_server_work.c — the server's worker threads (created and started by
+/* common/chan/cm_chan_server_work.c — the server's worker threads (created and started by
  * cm_chan_server.c, fed by the scheduler, cm_chan_server_sched.c; the encoding is in
  * cm_chan_server_enc.c). Each worker (a model replica: cfg.n_workers) runs the init callback
  * once, then one job at a time: runs the compute callback on the REQUEST the loop decoded, into

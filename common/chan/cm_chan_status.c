@@ -1,4 +1,4 @@
-/* common/cm_chan_status.c — cm_chan_status_query (cm_chan.h): one STATUS request on a fresh
+/* common/chan/cm_chan_status.c — cm_chan_status_query (cm_chan.h): one STATUS request on a fresh
  * DEALER, outside any session, for `target-server status` and monitoring scripts. */
 #include "cm_chan_int.h"
 

@@ -1,4 +1,4 @@
-/* common/cm_nccl.c — two-rank NCCL communicators for the hidden-state data path (cm_nccl.h).
+/* common/chan/cm_nccl.c — two-rank NCCL communicators for the hidden-state data path (cm_nccl.h).
  * Non-blocking communicators (ncclConfig_t.blocking = 0): every NCCL call may return
  * ncclInProgress, and completion is polled with ncclCommGetAsyncError under a deadline, so no
  * wait is unbounded; on any failure the communicator is aborted (ncclCommAbort also ends

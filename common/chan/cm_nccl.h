@@ -1,4 +1,4 @@
-/* common/cm_nccl.h — the NCCL data path's two-rank communicators (docs/architecture.md: hidden states GPU
+/* common/chan/cm_nccl.h — the NCCL data path's two-rank communicators (docs/architecture.md: hidden states GPU
  * to GPU on one host, control on ZeroMQ). Built into libcm_nccl only where CUDA and NCCL are
  * found; the header has no CUDA or NCCL types, so host code includes it freely.
  *

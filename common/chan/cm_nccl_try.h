@@ -1,4 +1,4 @@
-/* common/cm_nccl_try.h — NCCL_TRY, shared by the files that call NCCL (cm_nccl.c, and the
+/* common/chan/cm_nccl_try.h — NCCL_TRY, shared by the files that call NCCL (cm_nccl.c, and the
  * trainer's data parallelism, drafter-trainer/dt_dp.c): returns CM_ERR_NCCL naming the call
  * and NCCL's message unless it succeeded or is in progress on a non-blocking communicator.
  * Include after <nccl.h> and cm_status.h. */

@@ -1,4 +1,4 @@
-/* common/cm_chan_server_sched.c — the server's scheduler (loop thread): hands one task at a time
+/* common/chan/cm_chan_server_sched.c — the server's scheduler (loop thread): hands one task at a time
  * to each idle worker, NCCL joins first, then jobs round-robin over the sessions that have work
  * (a session with an NCCL communicator only to the worker that opened it), and sends each
  * result when its worker is done, DATA zero-copy (ZeroMQ hands the buffer back to the pool

@@ -1,4 +1,4 @@
-/* common/cm_chan_client_answer.c — what the trainer's I/O thread does with an ANSWER and an
+/* common/chan/cm_chan_client_answer.c — what the trainer's I/O thread does with an ANSWER and an
  * ERROR: answers are decoded ahead of time so the trainer never waits on decompression (the
  * decoding runs without the lock, on SENT slots only this thread touches), checked for NaN/Inf
  * and all-zero tensors, and received over NCCL for encoding nccl; an ERROR fails its batch or

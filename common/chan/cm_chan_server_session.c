@@ -1,4 +1,4 @@
-/* common/cm_chan_server_session.c — the server's sessions (loop thread): one per routing
+/* common/chan/cm_chan_server_session.c — the server's sessions (loop thread): one per routing
  * identity, opened or replaced by HELLO, ended by BYE, silence past the peer timeout, an
  * unreachable peer or the stop (its queued requests are dropped), and what a session receives:
  * NCCL_OFFER (the communicator is joined between jobs, cm_chan_server_sched.c) and REQUEST

@@ -1,4 +1,4 @@
-/* common/cm_chan_server_status.c — the server's answer to STATUS (loop thread): a JSON object of
+/* common/chan/cm_chan_server_status.c — the server's answer to STATUS (loop thread): a JSON object of
  * what the server serves, its totals and one entry per session, with the target's own object
  * from cfg.status. */
 #include "cm_chan_int.h"

@@ -1,4 +1,4 @@
-/* common/cm_proto_claims.c — what a frame's bytes claim before, or without, a decode (see
+/* common/format/cm_proto_claims.c — what a frame's bytes claim before, or without, a decode (see
  * cm_proto.h): the counts of a REQUEST, read ahead of its decode, and the id and version of a
  * frame whose header was refused. The values are claims, used only to word an answer. */
 #include "cm_proto.h"

@@ -1,4 +1,4 @@
-/* common/cm_chan_client_session.c — the trainer's session setup (I/O thread): the WELCOME
+/* common/chan/cm_chan_client_session.c — the trainer's session setup (I/O thread): the WELCOME
  * checked against what this run needs and what the first server served, the encoding chosen,
  * for encoding nccl the communicator offered and joined (the session is ready at NCCL_READY),
  * and the queued batches the WELCOME rules out failed with the reason. */

@@ -1,4 +1,4 @@
-/* common/cm_chan_server_loop.c — the target-server's session loop (see cm_chan.h). The loop
+/* common/chan/cm_chan_server_loop.c — the target-server's session loop (see cm_chan.h). The loop
  * thread owns the ROUTER (and the ZAP socket when client keys are configured): it reads every
  * message and hands each frame to what handles it (sessions and their REQUESTs:
  * cm_chan_server_session.c; STATUS: _status.c; ZAP: _zap.c; refusals: _send.c), ends the

@@ -1,4 +1,4 @@
-/* common/cm_chan_server_send.c — what the server's loop thread sends outside an answer: one-part
+/* common/chan/cm_chan_server_send.c — what the server's loop thread sends outside an answer: one-part
  * frames to a routing identity (send_to maps an unreachable peer and a full queue to their own
  * statuses), ERRORs, BYE, the refusal of a frame that failed cm_proto_peek, and the rate limit
  * of the warnings about refused frames. Loop thread only. */

@@ -1,4 +1,4 @@
-/* common/cm_chan_server_zap.c — which CURVE clients may connect: the client key directory read
+/* common/chan/cm_chan_server_zap.c — which CURVE clients may connect: the client key directory read
  * at create, and the ZAP handler the loop thread runs when libzmq asks about a connecting
  * client (accepted when its public key is one of the directory's). */
 #include "cm_chan_int.h"
