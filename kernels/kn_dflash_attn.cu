@@ -35,6 +35,7 @@
  * them into [0, T] so a bad value cannot read out of bounds (the cpu reference refuses it). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 #include "kn_dflash_attn_int.h"
 
 #include <math.h>
@@ -49,18 +50,6 @@
 
 // ----------------------------------------------------------------------------
 // device helpers
-
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(DF_FULL_MASK, v, o));
-    return v;
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(DF_FULL_MASK, v, o);
-    return v;
-}
 
 /* Stages DF_TILE key rows (see load_kv_rows). */
 static __device__ void load_kv_tile(const df_params &p, bool is_ctx, int64_t j, int64_t base, int nk, int g,

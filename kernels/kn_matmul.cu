@@ -14,22 +14,12 @@
 #include "kn_cuda.h"
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #include <cuda_bf16.h>
 
 // ----------------------------------------------------------------------------
 // kernels
-
-static __device__ __forceinline__ float ld_f(const void *p, int bf, int64_t i) {
-    return bf ? __uint_as_float((unsigned int)((const uint16_t *)p)[i] << 16) : ((const float *)p)[i];
-}
-
-static __device__ __forceinline__ void st_f(void *p, int bf, int64_t i, float v) {
-    if (bf)
-        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-    else
-        ((float *)p)[i] = v;
-}
 
 static __global__ void cast2d_kernel(void *dst, int dbf, int64_t dld, const void *src, int sbf, int64_t sld,
                                      int64_t rows, int64_t cols) {

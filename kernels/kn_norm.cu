@@ -12,27 +12,12 @@
  * conversion pass of gemm disappears. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #include <cuda_bf16.h>
 
 // ----------------------------------------------------------------------------
 // kernels
-
-/* Sum over the block (blockDim.x a multiple of 32); every thread gets the total. sh holds
- * 32 floats; the leading barrier makes back-to-back calls safe. */
-static __device__ float block_sum(float v, float *sh) {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    v = lane < (int)(blockDim.x / 32) ? sh[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 static __device__ __forceinline__ float row_sumsq(const float *x, int64_t C, float *sh) {
     float s = 0.0f;
@@ -159,8 +144,7 @@ static __global__ void rmsnorm_gated_bf16_kernel(__nv_bfloat16 *out, const float
         float          s = 0.0f;
         for (int64_t c = lane; c < C; c += 32)
             s += x[c] * x[c];
-        for (int d = 16; d > 0; d >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, d);
+        s = warp_sum(s);
         float scale = 1.0f / sqrtf(s / (float)C + eps);
         for (int64_t c = lane; c < C; c += 32) {
             float zc = z[c];
