@@ -3,7 +3,7 @@
  * - cast2d: one thread per element over a (column-tiles × rows) grid, F32 ↔ BF16 (nearest
  *   even) or a same-type copy, each side with its own leading dimension; streaming.
  * - matmul: C[M, N] (= or +=) op(A)·op(B) in row-major terms, run as the column-major
- *   Cᵀ = op(B)ᵀ·op(A)ᵀ through kn_cuda_lt_matmul_ct (kn_gemm_bwd.cu). In BF16 mode an operand
+ *   Cᵀ = op(B)ᵀ·op(A)ᵀ through kn_cuda_lt_matmul_ct (kn_gemm_plan.cu). In BF16 mode an operand
  *   that is already BF16 is used as stored: no conversion pass, half the operand traffic,
  *   which is why dt_model saves GEMM inputs in BF16; an F32 operand is rounded into the ctx
  *   scratch first, as gemm does. A BF16 C comes straight out of cuBLASLt's epilogue (fp32
