@@ -82,6 +82,27 @@ static __device__ __forceinline__ int64_t seq_start(const int32_t *cu, int n_seq
 }
 
 // ----------------------------------------------------------------------------
+// padded bf16 copies
+
+/* x [rows, n] fp32 (times scale when SCALED) → dst [rows, P] bf16, zero past n (P a multiple of
+ * 8): tile operands whose rows are whole 16-byte vectors. One thread per 8 outputs, grid-stride. */
+template <bool SCALED>
+static __device__ __forceinline__ void to_bf16_padded(__nv_bfloat16 *dst, const float *x, int64_t rows, int n,
+                                                      int P, float scale) {
+    const int64_t nvec = rows * (P / 8), stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+        const int64_t               r = i / (P / 8);
+        const int                   c0 = (int)(i % (P / 8)) * 8;
+        __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = __float2bfloat16(c0 + j < n ? (SCALED ? x[r * n + c0 + j] * scale : x[r * n + c0 + j])
+                                               : 0.0f);
+        *(uint4 *)(dst + r * P + c0) = *(const uint4 *)v;
+    }
+}
+
+// ----------------------------------------------------------------------------
 // typed storage: element i of an F32 (bf == 0) or BF16 (bf != 0) array, as fp32
 
 static __device__ __forceinline__ float ld_f(const void *p, int bf, int64_t i) {

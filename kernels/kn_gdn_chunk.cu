@@ -46,16 +46,7 @@
 /* x [rows, n] fp32 · scale → dst [rows, P] bf16, zero past n (P a multiple of 8). */
 static __global__ void gdn_to_bf16_padded(bf16 *dst, const float *x, int64_t rows, int n, int P,
                                           float scale) {
-    const int64_t nvec = rows * (P / 8), stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
-        const int64_t      r = i / (P / 8);
-        const int          c0 = (int)(i % (P / 8)) * 8;
-        __align__(16) bf16 v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] = __float2bfloat16(c0 + j < n ? x[r * n + c0 + j] * scale : 0.0f);
-        *(uint4 *)(dst + r * P + c0) = *(const uint4 *)v;
-    }
+    to_bf16_padded<true>(dst, x, rows, n, P, scale);
 }
 
 /* Chunks of every sequence: chunks[i] = (first token, length ≤ 64), seq_first[s] = the slot
