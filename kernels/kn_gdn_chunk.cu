@@ -33,7 +33,7 @@
  *   dk is zero-padded to 64, 128 or 256 (zero columns change no dot product); dv is any size.
  *   gdn_state_mma at dk 128 takes 188 KB of shared memory with its two stages, 118 KB with one
  *   (A100: 163 KB per block); where a device's shared memory per block is too small even for
- *   that (sm_86/89/120 parts: 99 KB), the per-token kernel runs instead (gdn_chunked_fits). */
+ *   that (sm_86/89/120 parts: 99 KB), the per-token kernel runs instead (kn_gdn_chunked_fits). */
 #include "kn_cuda.h"
 #include "kn_gdn_int.h"
 #include "kn_mma_sm80.h"

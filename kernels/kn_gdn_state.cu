@@ -512,7 +512,7 @@ static cm_status gdn_state_launch(kn_ctx *ctx, float *out, const bf16 *qc, const
                                   int DVP) {
     constexpr bool MMA = DKP <= 128;
     if constexpr (MMA) {
-        /* two stages where the device's shared memory per block allows (gdn_chunked_fits has
+        /* two stages where the device's shared memory per block allows (kn_gdn_chunked_fits has
          * checked that one does) */
         if (gdn_mstage<DKP>::smem(2) <= (size_t)kn_gdn_smem_optin(ctx)) {
             const size_t smem = gdn_mstage<DKP>::smem(2);
