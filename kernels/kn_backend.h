@@ -187,8 +187,8 @@ typedef struct kn_backend {
                                   int64_t T, int nk, int nv, int dk, int dv, float scale);
 
     // ---- drafter training: backward passes and the DFlash-specific ops (docs/drafter.md).
-    // The cuda table fills these in a later issue; until then they are NULL there
-    // (callers check and report "not available on this backend").
+    // The cpu and cuda tables both fill every entry; an entry marked (optional) may be NULL in
+    // another backend, so callers check it and report "not available on this backend".
 
     /* dinp[M, K] (= or += when accumulate) dout[M, N] · W[N, K]; W in wdt (F32 or BF16). */
     cm_status (*gemm_dx)(kn_ctx *ctx, float *dinp, const float *dout, const void *w, cm_dtype wdt, int64_t M,

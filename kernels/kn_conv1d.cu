@@ -11,23 +11,10 @@
  * q/k head l2norms; its kernel walks runs of tokens per channel instead (see there). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 // ----------------------------------------------------------------------------
 // kernels
-
-/* Start of the sequence holding token t: cu[s] for the last s with cu[s] <= t, clamped. */
-static __device__ __forceinline__ int64_t seq_start(const int32_t *cu, int n_seq, int64_t t) {
-    int lo = 0, hi = n_seq - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    int64_t bos = cu[lo];
-    return bos < 0 ? 0 : (bos > t ? t : bos);
-}
 
 static __global__ void conv1d_silu_kernel(float *out, const float *x, const float *w, const int32_t *cu,
                                           int n_seq, int64_t T, int64_t C, int K) {
@@ -44,19 +31,6 @@ static __global__ void conv1d_silu_kernel(float *out, const float *x, const floa
             out[t * C + c] = acc / (1.0f + expf(-acc));
         }
     }
-}
-
-/* Index of the sequence holding token t: the last s with cu[s] <= t (0 if none). */
-static __device__ __forceinline__ int seq_of(const int32_t *cu, int n_seq, int64_t t) {
-    int lo = 0, hi = n_seq - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
 }
 
 #define GDN_CONV_THREADS 128
@@ -168,8 +142,7 @@ static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const f
             float ss = 0.0f;
             for (int c = lane; c < width; c += 32)
                 ss += y[c] * y[c];
-            for (int o = 16; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            ss = warp_sum(ss);
             scale = 1.0f / sqrtf(ss + eps);
         }
         float *out = dst + (t0 + r) * dst_ld;

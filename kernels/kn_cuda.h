@@ -2,9 +2,27 @@
  * cuBLAS failures into a cm_status with the failing statement, file:line and the library's
  * message in cm_last_error(), and the CUDA kn_ctx (device, one compute stream, the cuBLASLt
  * handle and workspace, a growable scratch buffer for GEMM input conversion, the GEMM mode,
- * the table of GEMM plans).
+ * the table of GEMM plans, the run-time switches read at ctx_create).
  * A kn_ctx is used by one thread at a time; every op enqueues on ctx->stream. Compiles as C
- * and as CUDA C++. */
+ * and as CUDA C++.
+ *
+ * Run-time switches of the CUDA kernels (environment variables; benchmark and comparison aids,
+ * every default is the serving choice):
+ *
+ *   variable              where read, into       values (default first) and meaning
+ *   TANDEM_GEMM_PLAN      ctx_create,            unset or not "0": 1, one cuBLASLt plan per key, made on
+ *                         ctx->lt_plan_mode      its first call and reused; "0": 2, per call (descriptors
+ *                                                and heuristic every call, as before plans existed)
+ *   TANDEM_GEMM_AUTOTUNE  ctx_create,            unset: 0; else atoi clamped to 0..KN_LT_TUNE_MAX (16);
+ *                         ctx->lt_autotune       k > 1: a new plan times the heuristic's first k answers
+ *                                                and keeps the fastest; 0, 1: its first answer
+ *   TANDEM_ATTN_KERNEL    every kn_cuda_attention unset: the dispatch of kn_attention.cu; bf16 mode only:
+ *                         call (kn_attention.cu) "wmma" forces the WMMA kernel, "fa2-2" two q heads per
+ *                                                CTA of the FlashAttention-2 kernel (group even, fits)
+ *
+ * TANDEM_ATTN_KERNEL is read per call, not at ctx_create: the tests and benchmarks
+ * (test_kn_cuda, bench_ts_target) switch it on a live context. The target's
+ * TANDEM_TARGET_FUSED and TANDEM_LAYER_TIMING are model choices, read in ts_model.c. */
 #ifndef KN_CUDA_H
 #define KN_CUDA_H
 
@@ -18,7 +36,7 @@ extern "C" {
 #endif
 
 /* One cuBLASLt GEMM plan: everything a call needs besides its pointers and beta, made the
- * first time its key is seen (kn_gemm_bwd.cu) and reused by every later call, so the serving
+ * first time its key is seen (kn_gemm_plan.cu) and reused by every later call, so the serving
  * loop creates no descriptor, asks no heuristic and allocates nothing. The key is every input
  * of the descriptors and of the heuristic: operand and output types, transposes, the shape,
  * the leading dimensions and the pointers' alignments (the workspace size is the context's). */
@@ -45,6 +63,9 @@ typedef struct kn_lt_plan {
  * call on an H200, the same result. */
 #define KN_LT_PLANS 256
 
+/* Most heuristic answers timed per plan (TANDEM_GEMM_AUTOTUNE's upper clamp). */
+#define KN_LT_TUNE_MAX 16
+
 struct kn_ctx {
     int              device; /* cuda device ordinal */
     cudaStream_t     stream; /* every op enqueues here */
@@ -54,10 +75,10 @@ struct kn_ctx {
     void            *scratch;       /* GEMM operand conversion (bf16 inputs, widened weights) */
     size_t           scratch_bytes; /* grows on demand, never shrinks */
     kn_gemm_mode     gemm_mode;
-    /* GEMM plans (kn_gemm_bwd.cu). lt_plan_mode: 0 not read yet (the first GEMM reads the
-     * environment), 1 plans, 2 per call (TANDEM_GEMM_PLAN=0: descriptors and heuristic every
-     * call, as before plans existed). lt_autotune: 0 or 1 keeps the heuristic's first answer;
-     * k > 1 times its first k answers when a plan is made (TANDEM_GEMM_AUTOTUNE=k). */
+    /* GEMM plans (kn_gemm_plan.cu). lt_plan_mode: 1 plans, 2 per call (TANDEM_GEMM_PLAN=0:
+     * descriptors and heuristic every call, as before plans existed). lt_autotune: 0 or 1 keeps
+     * the heuristic's first answer; k > 1 times its first k answers when a plan is made
+     * (TANDEM_GEMM_AUTOTUNE=k). Both set by ctx_create (the table above). */
     int        lt_plan_mode;
     int        lt_autotune;
     int        lt_plans_used;
@@ -109,7 +130,7 @@ struct kn_ctx {
 cm_status kn_cuda_scratch_reserve(kn_ctx *ctx, size_t bytes);
 
 /* Destroys the context's GEMM plans (their descriptors); ctx_destroy calls it. Defined in
- * kn_gemm_bwd.cu. */
+ * kn_gemm_plan.cu. */
 void kn_cuda_lt_plans_release(kn_ctx *ctx);
 
 #ifdef __cplusplus

@@ -1,6 +1,6 @@
-/* kernels/kn_cuda_lt.h — internal helpers of the drafter's CUDA ops (kn_gemm_bwd.cu,
- * kn_lm_ce.cu): one general cuBLASLt matmul in the column-major BLAS convention and the
- * bf16 <-> f32 conversion launchers. Not part of the backend table; compiles as C and as
+/* kernels/kn_cuda_lt.h — internal helpers of the CUDA GEMM ops (kn_gemm.cu, kn_gemm_bwd.cu,
+ * kn_matmul.cu, kn_lm_ce.cu): one general cuBLASLt matmul in the column-major BLAS convention
+ * (kn_gemm_plan.cu) and the bf16 <-> f32 conversion launchers (kn_gemm.cu). Not part of the backend table; compiles as C and as
  * CUDA C++. */
 #ifndef KN_CUDA_LT_H
 #define KN_CUDA_LT_H

@@ -46,14 +46,14 @@ cm_status kn_cuda_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const f
                                 int64_t rows, int64_t C, float eps);
 cm_status kn_cuda_l2norm(kn_ctx *ctx, float *out, const float *inp, int64_t rows, int64_t C, float eps);
 
-// ---- attention pieces (kn_rope.cu, kn_attention.cu)
+// ---- attention pieces (kn_rope.cu; kn_attention.cu with kn_attention_mma.cu, kn_attention_wmma.cu)
 cm_status kn_cuda_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim,
                        int rot_dim, float theta);
 cm_status kn_cuda_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                             const float *gate, const int32_t *cu_seqlens, int n_seq, int64_t T, int nq,
                             int nkv, int hd, float scale);
 
-// ---- gated deltanet pieces (kn_conv1d.cu, kn_gdn.cu)
+// ---- gated deltanet pieces (kn_conv1d.cu, kn_gdn_gate.cu; kn_gdn.cu with kn_gdn_chunk.cu, kn_gdn_state.cu)
 cm_status kn_cuda_conv1d_silu(kn_ctx *ctx, float *out, const float *x, const float *w,
                               const int32_t *cu_seqlens, int n_seq, int64_t T, int64_t C, int K);
 cm_status kn_cuda_gdn_gate(kn_ctx *ctx, float *g, float *beta, const float *a, const float *b,
@@ -62,7 +62,7 @@ cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, cons
                                    const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                    int64_t T, int nk, int nv, int dk, int dv, float scale);
 
-// ---- drafter training (kn_gemm_bwd.cu, kn_norm_bwd.cu, kn_rope_bwd.cu, kn_elementwise_bwd.cu,
+// ---- drafter training (kn_gemm_bwd.cu, kn_norm_bwd.cu, kn_rope.cu, kn_elementwise_bwd.cu,
 // kn_dflash_attn.cu, kn_lm_ce.cu, kn_optim.cu). Deterministic: no float atomics, fixed
 // reduction orders. Device-memory indices (anchors, ctx_lo, labels) are not validated on the
 // host: the kernels clamp or flag them (see each file).

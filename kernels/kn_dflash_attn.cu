@@ -35,6 +35,7 @@
  * them into [0, T] so a bad value cannot read out of bounds (the cpu reference refuses it). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 #include "kn_dflash_attn_int.h"
 
 #include <math.h>
@@ -50,16 +51,33 @@
 // ----------------------------------------------------------------------------
 // device helpers
 
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(DF_FULL_MASK, v, o));
-    return v;
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(DF_FULL_MASK, v, o);
-    return v;
+/* One warp's update of an output row o[0, hd): o = o·c (SCALE) + Σ_{i<nk} w_i · M[i][·], where
+ * w_i is lane i's w (broadcast by shuffle) and M is [nk][ld] in shared memory; lane l owns
+ * dims l, l + 32, …: P·V in the forward, dS·K in dq. */
+template <bool SCALE>
+static __device__ __forceinline__ void row_update(float *o, int hd, float c, float w, int nk, const float *M,
+                                                  int ld, int lane) {
+    float acc[DF_NPL];
+#pragma unroll
+    for (int u = 0; u < DF_NPL; u++) {
+        const int d = lane + 32 * u;
+        acc[u] = d < hd ? (SCALE ? o[d] * c : o[d]) : 0.0f;
+    }
+    for (int i = 0; i < nk; i++) {
+        const float wi = __shfl_sync(DF_FULL_MASK, w, i);
+#pragma unroll
+        for (int u = 0; u < DF_NPL; u++) {
+            const int d = lane + 32 * u;
+            if (d < hd)
+                acc[u] += wi * M[i * ld + d];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < DF_NPL; u++) {
+        const int d = lane + 32 * u;
+        if (d < hd)
+            o[d] = acc[u];
+    }
 }
 
 /* Stages DF_TILE key rows (see load_kv_rows). */
@@ -121,27 +139,7 @@ static __global__ void dflash_fwd_kernel(const df_params p) {
             const float corr = expf(m_old - m_new); /* 0 on the first visible tile */
             const float pv = vis ? expf(s - m_new) : 0.0f;
             const float psum = warp_sum(pv);
-            float       acc[DF_NPL];
-#pragma unroll
-            for (int u = 0; u < DF_NPL; u++) {
-                const int d = lane + 32 * u;
-                acc[u] = d < hd ? o_s[r * hd + d] * corr : 0.0f;
-            }
-            for (int i = 0; i < nk; i++) {
-                const float pi = __shfl_sync(DF_FULL_MASK, pv, i);
-#pragma unroll
-                for (int u = 0; u < DF_NPL; u++) {
-                    const int d = lane + 32 * u;
-                    if (d < hd)
-                        acc[u] += pi * v_s[i * hd + d];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < DF_NPL; u++) {
-                const int d = lane + 32 * u;
-                if (d < hd)
-                    o_s[r * hd + d] = acc[u];
-            }
+            row_update<true>(o_s + r * hd, hd, corr, pv, nk, v_s, hd, lane);
             __syncwarp(); /* every lane has read m_s[r], l_s[r] */
             if (lane == 0) {
                 m_s[r] = m_new;
@@ -228,27 +226,7 @@ static __global__ void dflash_dq_kernel(const df_params p, const float *delta) {
                 const float pr = expf(a * p.scale - lse_s[r]);
                 ds = pr * (b - dl_s[r]);
             }
-            float acc[DF_NPL];
-#pragma unroll
-            for (int u = 0; u < DF_NPL; u++) {
-                const int d = lane + 32 * u;
-                acc[u] = d < hd ? dq_s[r * hd + d] : 0.0f;
-            }
-            for (int i = 0; i < nk; i++) {
-                const float di = __shfl_sync(DF_FULL_MASK, ds, i);
-#pragma unroll
-                for (int u = 0; u < DF_NPL; u++) {
-                    const int d = lane + 32 * u;
-                    if (d < hd)
-                        acc[u] += di * k_s[i * hdp + d];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < DF_NPL; u++) {
-                const int d = lane + 32 * u;
-                if (d < hd)
-                    dq_s[r * hd + d] = acc[u];
-            }
+            row_update<false>(dq_s + r * hd, hd, 1.0f, ds, nk, k_s, hdp, lane);
         }
     }
     __syncthreads();

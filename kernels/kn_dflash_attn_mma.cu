@@ -204,7 +204,7 @@ static __device__ __forceinline__ void kv_tile_ready(const df_params &p, const d
                              v_s + (st ^ 1) * KT * LD);
     }
     cp_commit();
-    cp_wait_1();
+    cp_wait<1>();
     __syncthreads();
 }
 
@@ -535,7 +535,7 @@ static __global__ void __launch_bounds__(128)
             load_dkv_item<HD, QR>(p, qb, dob, delta, g, jn, cn, q_s + (st ^ 1) * QR * LD,
                                   do_s + (st ^ 1) * QR * LD, lse_s + (st ^ 1) * QR, dl_s + (st ^ 1) * QR);
         cp_commit();
-        cp_wait_1();
+        cp_wait<1>();
         __syncthreads();
         const bf16    *qt = q_s + st * QR * LD, *dt = do_s + st * QR * LD;
         const float   *lt = lse_s + st * QR, *dlt = dl_s + st * QR;
@@ -595,7 +595,7 @@ static __global__ void __launch_bounds__(128)
         j = jn;
         c = cn;
     }
-    cp_wait_0(); /* nothing in flight at exit (the K/V tile when no block sees it) */
+    cp_wait<0>(); /* nothing in flight at exit (the K/V tile when no block sees it) */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int kr = w * 16 + gq + 8 * r;

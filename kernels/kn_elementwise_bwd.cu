@@ -11,6 +11,7 @@
  * inputs before writing), which lets the MLP backward reuse the saved gate/up buffers. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #include <cuda_bf16.h>
 
@@ -42,17 +43,6 @@ cm_status kn_cuda_swiglu_bwd(kn_ctx *ctx, float *dgate, float *dup, const float 
 
 // ----------------------------------------------------------------------------
 // typed storage
-
-static __device__ __forceinline__ float ld_f(const void *p, int bf, int64_t i) {
-    return bf ? __uint_as_float((unsigned int)((const uint16_t *)p)[i] << 16) : ((const float *)p)[i];
-}
-
-static __device__ __forceinline__ void st_f(void *p, int bf, int64_t i, float v) {
-    if (bf)
-        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-    else
-        ((float *)p)[i] = v;
-}
 
 static __global__ void swiglu_typed_kernel(void *out, int obf, const void *gate, const void *up, int ibf,
                                            int64_t n) {

@@ -8,7 +8,7 @@
  *   fp32 math, no TF32.
  * gemm_bf16in takes a BF16 input written by its producer: used as is in BF16 mode (the same
  * product as gemm on its F32 source, without the conversion pass), widened in F32 mode.
- * The product is kn_cuda_lt_matmul (kn_gemm_bwd.cu): the context's plan for the shape and the
+ * The product is kn_cuda_lt_matmul (kn_gemm_plan.cu): the context's plan for the shape and the
  * operands' actual alignment, made on the first call (descriptors and
  * cublasLtMatmulAlgoGetHeuristic's first answer) and reused after (no run-time compilation,
  * no on-disk cache). Writes out (beta = 0); K = 0 gives zeros. */
@@ -34,12 +34,31 @@ static __global__ void bf16_to_f32_kernel(float *dst, const uint16_t *src, int64
 }
 
 // ----------------------------------------------------------------------------
-// launchers
+// conversions (kn_cuda_lt.h)
 
 static unsigned int conv_grid(int64_t n) {
     int64_t blocks = (n + 255) / 256;
     return (unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20));
 }
+
+cm_status kn_cuda_f32_to_bf16(kn_ctx *ctx, void *dst, const float *src, int64_t n) {
+    if (n <= 0)
+        return CM_OK;
+    f32_to_bf16_kernel<<<conv_grid(n), 256, 0, ctx->stream>>>((__nv_bfloat16 *)dst, src, n);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_bf16_to_f32(kn_ctx *ctx, float *dst, const void *src, int64_t n) {
+    if (n <= 0)
+        return CM_OK;
+    bf16_to_f32_kernel<<<conv_grid(n), 256, 0, ctx->stream>>>(dst, (const uint16_t *)src, n);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+// ----------------------------------------------------------------------------
+// launchers
 
 static size_t round_up_256(size_t x) {
     return (x + 255) / 256 * 256;
@@ -75,15 +94,12 @@ static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *
             CM_TRY(kn_cuda_scratch_reserve(ctx, in_size + w_size));
         if (!inp16) {
             __nv_bfloat16 *in_bf = (__nv_bfloat16 *)ctx->scratch;
-            f32_to_bf16_kernel<<<conv_grid((int64_t)n_in), 256, 0, ctx->stream>>>(in_bf, inp, (int64_t)n_in);
-            KN_CUDA_LAUNCHED(ctx);
+            CM_TRY(kn_cuda_f32_to_bf16(ctx, in_bf, inp, (int64_t)n_in));
             in_op = in_bf;
         }
         if (wdt == CM_DTYPE_F32) {
             __nv_bfloat16 *w_bf = (__nv_bfloat16 *)((char *)ctx->scratch + in_size);
-            f32_to_bf16_kernel<<<conv_grid((int64_t)n_w), 256, 0, ctx->stream>>>(w_bf, (const float *)w,
-                                                                                 (int64_t)n_w);
-            KN_CUDA_LAUNCHED(ctx);
+            CM_TRY(kn_cuda_f32_to_bf16(ctx, w_bf, (const float *)w, (int64_t)n_w));
             w_op = w_bf;
         }
     } else {
@@ -95,16 +111,12 @@ static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *
             CM_TRY(kn_cuda_scratch_reserve(ctx, in_size + w_size));
         if (inp16) {
             float *in_f = (float *)ctx->scratch;
-            bf16_to_f32_kernel<<<conv_grid((int64_t)n_in), 256, 0, ctx->stream>>>(
-                in_f, (const uint16_t *)inp16, (int64_t)n_in);
-            KN_CUDA_LAUNCHED(ctx);
+            CM_TRY(kn_cuda_bf16_to_f32(ctx, in_f, inp16, (int64_t)n_in));
             in_op = in_f;
         }
         if (wdt == CM_DTYPE_BF16) {
             float *w_f = (float *)((char *)ctx->scratch + in_size);
-            bf16_to_f32_kernel<<<conv_grid((int64_t)n_w), 256, 0, ctx->stream>>>(w_f, (const uint16_t *)w,
-                                                                                 (int64_t)n_w);
-            KN_CUDA_LAUNCHED(ctx);
+            CM_TRY(kn_cuda_bf16_to_f32(ctx, w_f, w, (int64_t)n_w));
             w_op = w_f;
         }
     }

@@ -22,6 +22,7 @@
 #include "kn_cuda.h"
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #include <cuda_bf16.h>
 #include <math.h>
@@ -95,8 +96,7 @@ static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float
     double s = 0;
     for (int64_t c = threadIdx.x; c < nc; c += LMCE_THREADS)
         s += (double)expf(lg[c] - mx);
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if (lane == 0)
         ssum[warp] = s;
     __syncthreads();

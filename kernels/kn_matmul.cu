@@ -3,7 +3,7 @@
  * - cast2d: one thread per element over a (column-tiles × rows) grid, F32 ↔ BF16 (nearest
  *   even) or a same-type copy, each side with its own leading dimension; streaming.
  * - matmul: C[M, N] (= or +=) op(A)·op(B) in row-major terms, run as the column-major
- *   Cᵀ = op(B)ᵀ·op(A)ᵀ through kn_cuda_lt_matmul_ct (kn_gemm_bwd.cu). In BF16 mode an operand
+ *   Cᵀ = op(B)ᵀ·op(A)ᵀ through kn_cuda_lt_matmul_ct (kn_gemm_plan.cu). In BF16 mode an operand
  *   that is already BF16 is used as stored: no conversion pass, half the operand traffic,
  *   which is why dt_model saves GEMM inputs in BF16; an F32 operand is rounded into the ctx
  *   scratch first, as gemm does. A BF16 C comes straight out of cuBLASLt's epilogue (fp32
@@ -14,22 +14,12 @@
 #include "kn_cuda.h"
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #include <cuda_bf16.h>
 
 // ----------------------------------------------------------------------------
 // kernels
-
-static __device__ __forceinline__ float ld_f(const void *p, int bf, int64_t i) {
-    return bf ? __uint_as_float((unsigned int)((const uint16_t *)p)[i] << 16) : ((const float *)p)[i];
-}
-
-static __device__ __forceinline__ void st_f(void *p, int bf, int64_t i, float v) {
-    if (bf)
-        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-    else
-        ((float *)p)[i] = v;
-}
 
 static __global__ void cast2d_kernel(void *dst, int dbf, int64_t dld, const void *src, int sbf, int64_t sld,
                                      int64_t rows, int64_t cols) {

@@ -4,12 +4,14 @@
  * cudaMemcpyAsync on the stream followed by a stream synchronise (so host buffers may be
  * reused, or read, when they return: pageable or pinned alike); copy2d is one
  * cudaMemcpy2DAsync (device to device, pitched). The GEMM scratch buffer grows here. No
- * kernels: every transfer is a copy-engine operation. The calling thread must have the
+ * kernels: every transfer is a copy-engine operation. ctx_create also reads the run-time
+ * switches the context holds (kn_cuda.h's table). The calling thread must have the
  * context's device current (ctx_create makes it current on the creating thread). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "cm_log.h"
 
@@ -23,6 +25,15 @@ static cm_status ctx_init(kn_ctx *ctx) {
     KN_CUDA(cudaMalloc(&ctx->lt_ws, KN_CUDA_LT_WORKSPACE_BYTES));
     ctx->lt_ws_bytes = KN_CUDA_LT_WORKSPACE_BYTES;
     return CM_OK;
+}
+
+/* The run-time switches of kn_cuda.h's table that the context holds, read once. */
+static void ctx_switches_read(kn_ctx *ctx) {
+    const char *p = getenv("TANDEM_GEMM_PLAN");
+    ctx->lt_plan_mode = p && strcmp(p, "0") == 0 ? 2 : 1;
+    const char *t = getenv("TANDEM_GEMM_AUTOTUNE");
+    int         k = t ? atoi(t) : 0;
+    ctx->lt_autotune = k < 0 ? 0 : k > KN_LT_TUNE_MAX ? KN_LT_TUNE_MAX : k;
 }
 
 cm_status kn_cuda_ctx_create(kn_ctx **out, const kn_ctx_config *cfg) {
@@ -54,6 +65,7 @@ cm_status kn_cuda_ctx_create(kn_ctx **out, const kn_ctx_config *cfg) {
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a cuda kernel context");
     ctx->device = c.device;
     ctx->gemm_mode = c.gemm_mode;
+    ctx_switches_read(ctx);
     cm_status st = ctx_init(ctx);
     if (st != CM_OK) {
         kn_cuda_ctx_destroy(&ctx);
@@ -71,7 +83,7 @@ void kn_cuda_ctx_destroy(kn_ctx **pctx) {
         cudaStreamSynchronize(ctx->stream);
     cudaFree(ctx->scratch);
     cudaFree(ctx->lt_ws);
-    kn_cuda_lt_plans_release(ctx); /* the GEMM plans' descriptors (kn_gemm_bwd.cu) */
+    kn_cuda_lt_plans_release(ctx); /* the GEMM plans' descriptors (kn_gemm_plan.cu) */
     if (ctx->lt)
         cublasLtDestroy(ctx->lt);
     if (ctx->stream)

@@ -1,40 +1,28 @@
 /* kernels/kn_mma_sm80.h — the warp-level tensor-core helpers shared by the FlashAttention-2
- * style kernels (kn_dflash_attn_mma.cu, the drafter's attention; kn_attention.cu, the
- * target's): cp.async, ldmatrix and mma.sync m16n8k16 on bf16 with fp32 accumulation, all
- * sm_80+ (Ampere, Hopper, Blackwell alike; no wgmma). Internal to kernels/; include from
- * .cu files only. Every function is static, so each file gets its own copy. */
+ * style kernels (kn_dflash_attn_mma.cu, the drafter's attention; kn_attention_mma.cu, the
+ * target's) and the chunked delta rule (kn_gdn_chunk.cu, kn_gdn_state.cu): ldmatrix and
+ * mma.sync m16n8k16 on bf16 with fp32 accumulation, all sm_80+ (Ampere, Hopper, Blackwell
+ * alike; no wgmma); cp.async comes from kn_device.h. Internal to kernels/; include from .cu
+ * files only. Every function is static, so each file gets its own copy. */
 #ifndef KN_MMA_SM80_H
 #define KN_MMA_SM80_H
 
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "kn_device.h"
+
 typedef __nv_bfloat16 bf16;
 
 // ----------------------------------------------------------------------------
-// cp.async, ldmatrix and mma (PTX ISA; mma.m16n8k16 .bf16 with g = lane / 4, t = lane % 4:
+// ldmatrix and mma (PTX ISA; cp.async is in kn_device.h; mma.m16n8k16 .bf16 with g = lane / 4, t = lane % 4:
 //   A 16×16 row-major: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
 //   B 16×8:            b0 (k = 2t..2t+1, n = g), b1 (k = 2t+8.., n = g)
 //   C 16×8 fp32:       c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1))
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 /* 16 bytes global → shared, or 16 zero bytes when !valid (src is then not read). */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void cp_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-/* Waits until at most one (cp_wait_1) or no (cp_wait_0) committed group is in flight. */
-static __device__ __forceinline__ void cp_wait_1() {
-    asm volatile("cp.async.wait_group 1;\n" ::);
-}
-static __device__ __forceinline__ void cp_wait_0() {
-    asm volatile("cp.async.wait_group 0;\n" ::);
+    cp_async16_n(dst, src, valid ? 16 : 0);
 }
 
 static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
@@ -55,23 +43,31 @@ static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* A fragment: the 16×16 block of M (row-major, ld) at rows r0.., cols c0... */
-static __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *M, int ld, int r0, int c0) {
-    const int l = threadIdx.x % 32;
+/* A fragment: the 16×16 block of M (row-major, ld) at rows r0.., cols c0... The _l forms take
+ * the lane (threadIdx.x % 32) from a caller that has it at hand; the others compute it. */
+static __device__ __forceinline__ void frag_a_l(uint32_t a[4], const bf16 *M, int ld, int r0, int c0, int l) {
     ldsm_x4(a, M + (r0 + (l & 15)) * ld + c0 + (l >> 4) * 8);
+}
+static __device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *M, int ld, int r0, int c0) {
+    frag_a_l(a, M, ld, r0, c0, threadIdx.x % 32);
 }
 
 /* B fragments of two adjacent n tiles (n0.., n0 + 8..) at k0.. with B[k][n] = M[n][k]
- * (M stored n-major: Kᵀ from K [key][d]): {r[0], r[1]} for n0, {r[2], r[3]} for n0 + 8. */
-static __device__ __forceinline__ void frag_b_nk(uint32_t r[4], const bf16 *M, int ld, int n0, int k0) {
-    const int l = threadIdx.x % 32;
+ * (M stored n-major: Kᵀ from K [key][d], Wᵀ from W [token][·]): {r[0], r[1]} for n0,
+ * {r[2], r[3]} for n0 + 8. */
+static __device__ __forceinline__ void frag_b_nk_l(uint32_t r[4], const bf16 *M, int ld, int n0, int k0, int l) {
     ldsm_x4(r, M + (n0 + (l & 7) + (l >> 4) * 8) * ld + k0 + ((l >> 3) & 1) * 8);
 }
+static __device__ __forceinline__ void frag_b_nk(uint32_t r[4], const bf16 *M, int ld, int n0, int k0) {
+    frag_b_nk_l(r, M, ld, n0, k0, threadIdx.x % 32);
+}
 
-/* The same with B[k][n] = M[k][n] (M stored k-major: V [key][d] for P·V). */
-static __device__ __forceinline__ void frag_b_kn(uint32_t r[4], const bf16 *M, int ld, int k0, int n0) {
-    const int l = threadIdx.x % 32;
+/* The same with B[k][n] = M[k][n] (M stored k-major: V [key][d] for P·V, K [token][dk]). */
+static __device__ __forceinline__ void frag_b_kn_l(uint32_t r[4], const bf16 *M, int ld, int k0, int n0, int l) {
     ldsm_x4_t(r, M + (k0 + (l & 7) + ((l >> 3) & 1) * 8) * ld + n0 + (l >> 4) * 8);
+}
+static __device__ __forceinline__ void frag_b_kn(uint32_t r[4], const bf16 *M, int ld, int k0, int n0) {
+    frag_b_kn_l(r, M, ld, k0, n0, threadIdx.x % 32);
 }
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

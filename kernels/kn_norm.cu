@@ -12,27 +12,12 @@
  * conversion pass of gemm disappears. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #include <cuda_bf16.h>
 
 // ----------------------------------------------------------------------------
 // kernels
-
-/* Sum over the block (blockDim.x a multiple of 32); every thread gets the total. sh holds
- * 32 floats; the leading barrier makes back-to-back calls safe. */
-static __device__ float block_sum(float v, float *sh) {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    v = lane < (int)(blockDim.x / 32) ? sh[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 static __device__ __forceinline__ float row_sumsq(const float *x, int64_t C, float *sh) {
     float s = 0.0f;
@@ -159,8 +144,7 @@ static __global__ void rmsnorm_gated_bf16_kernel(__nv_bfloat16 *out, const float
         float          s = 0.0f;
         for (int64_t c = lane; c < C; c += 32)
             s += x[c] * x[c];
-        for (int d = 16; d > 0; d >>= 1)
-            s += __shfl_xor_sync(0xffffffffu, s, d);
+        s = warp_sum(s);
         float scale = 1.0f / sqrtf(s / (float)C + eps);
         for (int64_t c = lane; c < C; c += 32) {
             float zc = z[c];
@@ -181,12 +165,18 @@ static unsigned int norm_grid(int64_t rows) {
     return (unsigned int)(rows < (1 << 20) ? rows : (1 << 20));
 }
 
+/* The checks every launcher here starts with; op names the call in the messages. */
+static cm_status norm_check(const kn_ctx *ctx, const char *op, int64_t rows, int64_t C, float eps) {
+    KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", op);
+    KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "%s: bad shape rows=%lld C=%lld (rows >= 0, C > 0)", op,
+                      (long long)rows, (long long)C);
+    KN_CUDA_CHECK_ARG(eps >= 0.0f, "%s: eps=%g must be >= 0", op, (double)eps);
+    return CM_OK;
+}
+
 cm_status kn_cuda_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float *w, int64_t rows, int64_t C,
                           float eps, int one_plus) {
-    KN_CUDA_CHECK_ARG(ctx, "rmsnorm: ctx is NULL");
-    KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "rmsnorm: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
-                      (long long)rows, (long long)C);
-    KN_CUDA_CHECK_ARG(eps >= 0.0f, "rmsnorm: eps=%g must be >= 0", (double)eps);
+    CM_TRY(norm_check(ctx, "rmsnorm", rows, C, eps));
     if (rows == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && inp && w, "rmsnorm: out, inp or w is NULL");
@@ -198,10 +188,7 @@ cm_status kn_cuda_rmsnorm(kn_ctx *ctx, float *out, const float *inp, const float
 
 cm_status kn_cuda_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const float *z, const float *w,
                                 int64_t rows, int64_t C, float eps) {
-    KN_CUDA_CHECK_ARG(ctx, "rmsnorm_gated: ctx is NULL");
-    KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "rmsnorm_gated: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
-                      (long long)rows, (long long)C);
-    KN_CUDA_CHECK_ARG(eps >= 0.0f, "rmsnorm_gated: eps=%g must be >= 0", (double)eps);
+    CM_TRY(norm_check(ctx, "rmsnorm_gated", rows, C, eps));
     if (rows == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && x && z && w, "rmsnorm_gated: out, x, z or w is NULL");
@@ -211,10 +198,7 @@ cm_status kn_cuda_rmsnorm_gated(kn_ctx *ctx, float *out, const float *x, const f
 }
 
 cm_status kn_cuda_l2norm(kn_ctx *ctx, float *out, const float *inp, int64_t rows, int64_t C, float eps) {
-    KN_CUDA_CHECK_ARG(ctx, "l2norm: ctx is NULL");
-    KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "l2norm: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
-                      (long long)rows, (long long)C);
-    KN_CUDA_CHECK_ARG(eps >= 0.0f, "l2norm: eps=%g must be >= 0", (double)eps);
+    CM_TRY(norm_check(ctx, "l2norm", rows, C, eps));
     if (rows == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && inp, "l2norm: out or inp is NULL");
@@ -225,10 +209,7 @@ cm_status kn_cuda_l2norm(kn_ctx *ctx, float *out, const float *inp, int64_t rows
 
 cm_status kn_cuda_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
                                    int64_t rows, int64_t C, float eps, int one_plus) {
-    KN_CUDA_CHECK_ARG(ctx, "add_rmsnorm_bf16: ctx is NULL");
-    KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "add_rmsnorm_bf16: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
-                      (long long)rows, (long long)C);
-    KN_CUDA_CHECK_ARG(eps >= 0.0f, "add_rmsnorm_bf16: eps=%g must be >= 0", (double)eps);
+    CM_TRY(norm_check(ctx, "add_rmsnorm_bf16", rows, C, eps));
     if (rows == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && x && w, "add_rmsnorm_bf16: out, x or w is NULL");
@@ -242,10 +223,7 @@ cm_status kn_cuda_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const f
 
 cm_status kn_cuda_rmsnorm_gated_bf16(kn_ctx *ctx, uint16_t *out, const float *x, const float *z,
                                      const float *w, int64_t rows, int64_t C, float eps) {
-    KN_CUDA_CHECK_ARG(ctx, "rmsnorm_gated_bf16: ctx is NULL");
-    KN_CUDA_CHECK_ARG(rows >= 0 && C > 0, "rmsnorm_gated_bf16: bad shape rows=%lld C=%lld (rows >= 0, C > 0)",
-                      (long long)rows, (long long)C);
-    KN_CUDA_CHECK_ARG(eps >= 0.0f, "rmsnorm_gated_bf16: eps=%g must be >= 0", (double)eps);
+    CM_TRY(norm_check(ctx, "rmsnorm_gated_bf16", rows, C, eps));
     if (rows == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && x && z && w, "rmsnorm_gated_bf16: out, x, z or w is NULL");

@@ -13,28 +13,13 @@
  * [rows, C]. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #define NORM_BWD_ROWS    128 /* rows per partial of dw */
 #define NORM_BWD_THREADS 128
 
 // ----------------------------------------------------------------------------
 // kernels
-
-/* Sum over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the total.
- * sh holds 32 doubles; the leading barrier makes back-to-back calls safe. */
-static __device__ double block_sum_d(double v, double *sh) {
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    v = lane < (int)(blockDim.x / 32) ? sh[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 static __global__ void rmsnorm_bwd_dx_kernel(float *dinp, double *rstd, const float *dout, const float *inp,
                                              const float *w, int64_t rows, int64_t C, float eps, int one_plus,
@@ -49,8 +34,8 @@ static __global__ void rmsnorm_bwd_dx_kernel(float *dinp, double *rstd, const fl
             ss += (double)x[c] * (double)x[c];
             g += (double)dy[c] * s * (double)x[c];
         }
-        ss = block_sum_d(ss, sh);
-        g = block_sum_d(g, sh);
+        ss = block_sum(ss, sh);
+        g = block_sum(g, sh);
         const double rs = 1.0 / sqrt(ss / (double)C + (double)eps);
         const double k = rs * rs * rs / (double)C * g;
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {

@@ -65,20 +65,27 @@ static __global__ void sumsq_final_kernel(double *out, const double *partial, in
         *out = s;
 }
 
+/* One AdamW element update in double, decoupled weight decay first (adamw and adamw_multi). */
+static __device__ __forceinline__ void adamw_elem(float *param, const float *grad, float *m, float *v,
+                                                  int64_t i, double lr, double b1, double b2, double eps,
+                                                  double wd, double gs, double bc1, double bc2) {
+    const double g = (double)grad[i] * gs;
+    double       pv = param[i];
+    pv -= lr * wd * pv;
+    const double mi = b1 * (double)m[i] + (1.0 - b1) * g;
+    const double vi = b2 * (double)v[i] + (1.0 - b2) * g * g;
+    pv -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
+    param[i] = (float)pv;
+    m[i] = (float)mi;
+    v[i] = (float)vi;
+}
+
 static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, int64_t n, double lr,
                                     double b1, double b2, double eps, double wd, double gs, double bc1,
                                     double bc2) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const double g = (double)grad[i] * gs;
-        double       pv = param[i];
-        pv -= lr * wd * pv;
-        const double mi = b1 * (double)m[i] + (1.0 - b1) * g;
-        const double vi = b2 * (double)v[i] + (1.0 - b2) * g * g;
-        pv -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
-        param[i] = (float)pv;
-        m[i] = (float)mi;
-        v[i] = (float)vi;
+        adamw_elem(param, grad, m, v, i, lr, b1, b2, eps, wd, gs, bc1, bc2);
     }
 }
 
@@ -181,15 +188,7 @@ static __global__ void adamw_multi_kernel(const kn_mt_tensor *tab, int n_t, cons
     const int64_t i0 = (b - tab[t].chunk0) * KN_MT_CHUNK;
     const int64_t i1 = i0 + KN_MT_CHUNK < tab[t].n ? i0 + KN_MT_CHUNK : tab[t].n;
     for (int64_t i = i0 + threadIdx.x; i < i1; i += MT_THREADS) {
-        const double g = (double)grad[i] * gs;
-        double       pv = param[i];
-        pv -= lr * wd * pv;
-        const double mi = b1 * (double)m[i] + (1.0 - b1) * g;
-        const double vi = b2 * (double)v[i] + (1.0 - b2) * g * g;
-        pv -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);
-        param[i] = (float)pv;
-        m[i] = (float)mi;
-        v[i] = (float)vi;
+        adamw_elem(param, grad, m, v, i, lr, b1, b2, eps, wd, gs, bc1, bc2);
     }
 }
 

@@ -16,6 +16,7 @@
  * memory ≤ 40 KiB); beyond, CM_ERR_UNSUPPORTED and the caller runs the chain. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #include <math.h>
 
@@ -62,8 +63,7 @@ static __global__ void qk_prep_kernel(float *q, float *gate, float *k, const flo
                 if (g)
                     g[c] = src[hd + c];
             }
-            for (int o = 16; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            ss = warp_sum(ss);
             const double rstd = 1.0 / sqrt(ss / (double)hd + (double)eps);
             for (int c = lane; c < hd; c += 32) {
                 double sc = one_plus ? 1.0 + (double)w[c] : (double)w[c];
