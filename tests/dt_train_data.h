@@ -149,4 +149,49 @@ static int dtd_make_batches(const char *dir, int n_batches, uint64_t seed, char 
     return 1;
 }
 
+/* dtd_make_batches into dir (their paths into csv_dump), and from each batch-<i> a token-only
+ * file dir/tok-<ii>.safetensors (input_ids, cu_seqlens, loss_mask) and a file
+ * dir/bf-<ii>.safetensors with its taps rounded to BF16 (what a BF16 server sends); their
+ * comma-separated paths into csv_tok and csv_bf. The three lists have cap bytes each; T_of
+ * (n_batches entries, may be NULL) gets each batch's token count. Returns 1 on success. */
+static inline int dtd_make_tok_bf(const char *dir, int n_batches, uint64_t seed, char *csv_dump, char *csv_tok,
+                                  char *csv_bf, size_t cap, int *T_of) {
+    static float    hid[DTD_MAX_T * 2 * DTD_D];
+    static uint16_t h16[DTD_MAX_T * 2 * DTD_D];
+    if (!dtd_make_batches(dir, n_batches, seed, csv_dump, cap))
+        return 0;
+    csv_tok[0] = csv_bf[0] = '\0';
+    for (int b = 0; b < n_batches; b++) {
+        char src[512], tok[512], bf[512];
+        snprintf(src, sizeof src, "%s/batch-%d.safetensors", dir, b);
+        snprintf(tok, sizeof tok, "%s/tok-%02d.safetensors", dir, b);
+        snprintf(bf, sizeof bf, "%s/bf-%02d.safetensors", dir, b);
+        cm_st *s = NULL;
+        if (cm_st_open_file(&s, src) != CM_OK)
+            return 0;
+        const cm_st_tensor *ti = cm_st_find(s, "input_ids"), *tc = cm_st_find(s, "cu_seqlens"),
+                           *tm = cm_st_find(s, "loss_mask"), *th = cm_st_find(s, "target_hidden");
+        int64_t T = ti->shape[0];
+        if (T_of)
+            T_of[b] = (int)T;
+        cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
+        cm_convert(h16, CM_DTYPE_BF16, hid, CM_DTYPE_F32, (size_t)T * 2 * DTD_D);
+        cm_st_writer *w = NULL;
+        int           ok =
+            cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
+            dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
+            dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
+            dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) &&
+            cm_st_writer_write(w, bf) == CM_OK;
+        cm_st_writer_destroy(&w);
+        cm_st_destroy(&s);
+        if (!ok)
+            return 0;
+        size_t u = strlen(csv_tok), v = strlen(csv_bf);
+        snprintf(csv_tok + u, cap - u, "%s%s", b ? "," : "", tok);
+        snprintf(csv_bf + v, cap - v, "%s%s", b ? "," : "", bf);
+    }
+    return 1;
+}
+
 #endif /* DT_TRAIN_DATA_H */

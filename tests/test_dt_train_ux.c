@@ -19,15 +19,7 @@
 static char tmp[256];
 
 /* Runs cmd (a shell line) and returns its exit status; stdout + stderr into out. */
-static int run_sh(const char *cmd, char *out, size_t cap) {
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int status = pclose(f);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+static int run_sh(const char *cmd, char *out, size_t cap) { return tst_sh(cmd, out, cap); }
 
 /* The losses of metrics.jsonl, in order; returns how many. */
 static int read_losses(const char *path, double *loss, int cap) {

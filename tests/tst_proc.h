@@ -1,5 +1,7 @@
 /* tests/tst_proc.h — running a program of the build as a real child process: argv, exit
- * status, and its stderr captured to a file for checking messages. Sanitizer exit codes are
+ * status, and its stderr captured to a file for checking messages; a child waited for with a
+ * deadline or ended with a signal (SIGKILL when it outlives the wait), the text of a file in the
+ * test's folder, and the removal of that folder after a passing run. Sanitizer exit codes are
  * moved away from 1 so "exit 1 with a message" cannot be mistaken for a sanitizer report. */
 #ifndef TST_PROC_H
 #define TST_PROC_H
@@ -106,6 +108,71 @@ static inline int tst_await_endpoint(pid_t pid, const char *ep_file, const char 
         waitpid(pid, NULL, 0);
     }
     return 0;
+}
+
+/* Sends sig to pid (after a SIGCONT, so a stopped child can act on it) and waits up to ms:
+ * its exit status (128 + signal), or -1 when it had to be killed with SIGKILL (or pid <= 0). */
+static inline int tst_end(pid_t pid, int sig, int ms) {
+    if (pid <= 0)
+        return -1;
+    kill(pid, SIGCONT);
+    kill(pid, sig);
+    int rc = tst_wait_exit(pid, ms);
+    if (rc < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return rc;
+}
+
+/* Ends *pid with SIGTERM (SIGKILL after 15 s) and sets it to -1; nothing when it is < 0. */
+static inline void tst_stop(pid_t *pid) {
+    if (*pid < 0)
+        return;
+    tst_end(*pid, SIGTERM, 15000);
+    *pid = -1;
+}
+
+/* Waits up to ms for pid (-1 when none started); its exit status, or -1 when it ran past ms
+ * (then it is killed). */
+static inline int tst_finish(pid_t pid, int ms) {
+    int rc = pid < 0 ? -1 : tst_wait_exit(pid, ms);
+    if (rc < 0 && pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return rc;
+}
+
+/* The text of dir/name (tst_slurp: a static buffer, "" if unreadable). */
+static inline const char *tst_text_in(const char *dir, const char *name) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return tst_slurp(p);
+}
+
+/* Runs cmd (a shell line) and returns its exit status (-1 if it did not run or exit); its
+ * stdout (and whatever cmd redirects there) into out, cap bytes. */
+static inline int tst_sh(const char *cmd, char *out, size_t cap) {
+    out[0]  = '\0';
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n]   = '\0';
+    int status = pclose(f);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Removes the test's folder dir when rc is 0 (a failed run keeps its logs); returns rc. */
+static inline int tst_cleanup(const char *dir, int rc) {
+    if (rc == 0) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot remove %s\n", dir);
+    }
+    return rc;
 }
 
 #endif /* TST_PROC_H */

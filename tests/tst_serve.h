@@ -1,0 +1,66 @@
+/* tests/tst_serve.h — a `target-server serve` child for the end-to-end tests, started with an
+ * endpoint file and waited for until it has bound, and the lines of a run's metrics.jsonl.
+ * Header-only; include after tst_proc.h. */
+#ifndef TST_SERVE_H
+#define TST_SERVE_H
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tst_proc.h"
+
+/* Starts `bin serve --model model --bind bind --endpoint-file PATH.ep --heartbeat-ms 200
+ * --peer-timeout-ms 1500 --stats-interval 0` and the NULL-terminated extra args (extra may be
+ * NULL), stderr appended to PATH.log, and waits up to ms for the endpoint it bound (into
+ * endpoint, cap bytes). Its pid; -1 if it exited first or did not bind in time (its log
+ * printed, a late child killed). */
+static inline pid_t tst_serve_start(const char *bin, const char *model, const char *bind, const char *path,
+                                    const char *const *extra, char *endpoint, size_t cap, int ms) {
+    char log[600], ep_file[600];
+    snprintf(log, sizeof log, "%s.log", path);
+    snprintf(ep_file, sizeof ep_file, "%s.ep", path);
+    endpoint[0] = '\0';
+    unlink(ep_file);
+    const char *argv[48] = {bin,
+                            "serve",
+                            "--model",
+                            model,
+                            "--bind",
+                            bind,
+                            "--endpoint-file",
+                            ep_file,
+                            "--heartbeat-ms",
+                            "200",
+                            "--peer-timeout-ms",
+                            "1500",
+                            "--stats-interval",
+                            "0"};
+    int         n = 14;
+    for (int i = 0; extra && extra[i] && n < 46; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = tst_spawn((char *const *)argv, log);
+    if (pid < 0)
+        fprintf(stderr, "cannot start '%s'\n", bin);
+    return tst_await_endpoint(pid, ep_file, log, endpoint, cap, ms) ? pid : -1;
+}
+
+/* The lines of dir/run/metrics.jsonl, one a logged step (0 if absent). */
+static inline int tst_metrics_lines(const char *dir, const char *run) {
+    char path[900];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, run);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+#endif /* TST_SERVE_H */
