@@ -30,17 +30,8 @@
 #include "kn_backend.h"
 #include "tst.h"
 #include "tst_proc.h"
+#include "tst_cuda.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) {
-    return "protect_shadow_gap=0";
-}
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublasLt.so\nleak:libcublas.so\n";
-}
-#endif
 
 /* 12 layers on cuda (depth for the error growth); 6 on cpu, where three 12-layer dumps took
  * over 3 minutes under ASan */
