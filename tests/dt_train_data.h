@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cm_dtype.h"
 #include "cm_rng.h"
 #include "cm_safetensors.h"
+#include "tst.h"
 #include "tst_proc.h"
+#include "tst_serve.h"
 
 #define DTD_MAX_T  512
 #define DTD_TAP_A  1
@@ -192,6 +195,47 @@ static inline int dtd_make_tok_bf(const char *dir, int n_batches, uint64_t seed,
         snprintf(csv_bf + v, cap - v, "%s%s", b ? "," : "", bf);
     }
     return 1;
+}
+
+/* Starts `target-server serve --model model --bind bind --dtype bf16` (and `--encoding
+ * encoding` unless NULL) logging to PATH.log; its pid, or -1 if it did not bind within 30 s,
+ * and the endpoint it bound into endpoint (cap bytes). */
+static inline pid_t dtd_serve(const char *model, const char *bind, const char *path, const char *encoding,
+                              char *endpoint, size_t cap) {
+    const char *extra[] = {"--dtype", "bf16", encoding ? "--encoding" : NULL, encoding, NULL};
+    return tst_serve_start(DTD_TS_BIN, model, bind, path, extra, endpoint, cap, 30000);
+}
+
+/* The start of a training-loop test: both programs must be built (else a message and 0), one
+ * kernel thread (results are the same for any count, and OpenMP spinning on a shared small box
+ * costs several times the work itself), and a fresh folder made from templ ("…XXXXXX") into dir
+ * (cap bytes). 1 on success. */
+static inline int dtd_begin(char *dir, size_t cap, const char *templ) {
+    if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
+        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
+                DTD_TS_BIN);
+        return 0;
+    }
+    setenv("OMP_NUM_THREADS", "1", 1);
+    snprintf(dir, cap, "%s", templ);
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "cannot create a temporary directory\n");
+        return 0;
+    }
+    return 1;
+}
+
+/* The end of a training-loop test: dir removed (a failed removal is a failed check) unless
+ * DT_TRAIN_KEEP is set; returns tst_report(). */
+static inline int dtd_end(const char *dir) {
+    if (getenv("DT_TRAIN_KEEP"))
+        fprintf(stderr, "kept %s\n", dir);
+    else {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        TST_CHECK(system(cmd) == 0);
+    }
+    return tst_report();
 }
 
 #endif /* DT_TRAIN_DATA_H */

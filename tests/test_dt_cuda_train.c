@@ -455,17 +455,8 @@ int main(void) {
     if (be->ctx_create(&ctx, &kc) != CM_OK)
         TST_SKIP("no usable cuda device: %s", cm_last_error());
     be->ctx_destroy(&ctx);
-    if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
-        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
-                DTD_TS_BIN);
+    if (!dtd_begin(tmp, sizeof tmp, "/tmp/tandem-dtcuda-XXXXXX"))
         return 1;
-    }
-    snprintf(tmp, sizeof tmp, "/tmp/tandem-dtcuda-XXXXXX");
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "cannot create a temporary directory\n");
-        return 1;
-    }
-    setenv("OMP_NUM_THREADS", "1", 1);
     snprintf(config, sizeof config, "%s/drafter.json", tmp);
     TST_CHECK(dtd_write_config(config, 2));
     TST_CHECK(dtd_make_batches(tmp, 6, 11, csv, sizeof csv));
@@ -476,12 +467,5 @@ int main(void) {
         test_resume();
         test_data_parallel();
     }
-    if (getenv("DT_TRAIN_KEEP"))
-        fprintf(stderr, "kept %s\n", tmp);
-    else {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        TST_CHECK(system(cmd) == 0);
-    }
-    return tst_report();
+    return dtd_end(tmp);
 }

@@ -39,12 +39,9 @@ static pid_t server = -1;
 static char  endpoint[256];
 
 static int serve_start(void) {
-    static const char *const extra[] = {"--dtype", "bf16", NULL};
-    char                     path[512];
+    char path[512];
     snprintf(path, sizeof path, "%s/serve", tmp);
-    server = tst_serve_start(DTD_TS_BIN, DTD_MODEL, "tcp://127.0.0.1:*", path, extra, endpoint, sizeof endpoint,
-                             30000);
-    return server > 0;
+    return (server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", path, NULL, endpoint, sizeof endpoint)) > 0;
 }
 
 static void serve_stop(void) { tst_stop(&server); }

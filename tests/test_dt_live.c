@@ -37,10 +37,9 @@ static int  n_ref;
 /* Starts serve --model model bound to bind (BF16 zstd-byteplane answers); the resolved endpoint
  * into ep_out. */
 static pid_t serve_start(const char *model, const char *bind, const char *tag, char *ep_out, size_t cap) {
-    static const char *const extra[] = {"--encoding", "zstd-byteplane", "--dtype", "bf16", NULL};
-    char                     path[512];
+    char path[512];
     snprintf(path, sizeof path, "%s/serve-%s", tmp, tag);
-    return tst_serve_start(DTD_TS_BIN, model, bind, path, extra, ep_out, cap, 30000);
+    return dtd_serve(model, bind, path, "zstd-byteplane", ep_out, cap);
 }
 
 // ---- data: token-only batch files and batch files with the dump's taps rounded to BF16
@@ -52,40 +51,13 @@ static int make_data(void) {
 
 // ---- helpers
 
-static const char *field(const char *line, const char *key) {
-    const char *p = strstr(line, key);
-    return p ? p + strlen(key) : NULL;
-}
-
 /* RUN/metrics.jsonl's "loss" and "tau" texts, one line each step, into out; *timed counts the
  * lines with wait_s and compute_s, their sums into *wait and *compute. */
 static int read_losses(const char *run, char *out, size_t cap, int *n, int *timed, double *wait,
                        double *compute) {
     char path[600];
     snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tmp, run);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    char line[4096];
-    out[0] = '\0';
-    *n = *timed = 0;
-    *wait = *compute = 0;
-    while (fgets(line, sizeof line, f)) {
-        const char *l = field(line, "\"loss\": "), *t = field(line, "\"tau\": ");
-        const char *w = field(line, "\"wait_s\": "), *c = field(line, "\"compute_s\": ");
-        if (!l || !t)
-            break;
-        size_t u = strlen(out);
-        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(l, ","), l, (int)strcspn(t, ","), t);
-        (*n)++;
-        if (w && c && atof(w) >= 0 && atof(c) > 0) {
-            (*timed)++;
-            *wait += atof(w);
-            *compute += atof(c);
-        }
-    }
-    fclose(f);
-    return *n > 0;
+    return tst_read_losses(path, out, cap, n, timed, wait, compute);
 }
 
 static int count_lines(const char *run) { return tst_metrics_lines(tmp, run); }

@@ -38,12 +38,9 @@ static pid_t server = -1;
 static char  endpoint[256];
 
 static int serve_start(void) {
-    static const char *const extra[] = {"--dtype", "bf16", NULL};
-    char                     path[512];
+    char path[512];
     snprintf(path, sizeof path, "%s/serve", tmp);
-    server = tst_serve_start(DTD_TS_BIN, DTD_MODEL, "tcp://127.0.0.1:*", path, extra, endpoint, sizeof endpoint,
-                             30000);
-    return server > 0;
+    return (server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", path, NULL, endpoint, sizeof endpoint)) > 0;
 }
 
 static void serve_stop(void) { tst_stop(&server); }
@@ -118,31 +115,11 @@ static int precompute_interrupted(int sig, int more, const char *errname) {
     return rc;
 }
 
-static const char *field(const char *line, const char *key) {
-    const char *p = strstr(line, key);
-    return p ? p + strlen(key) : NULL;
-}
-
 /* RUN/metrics.jsonl's "loss" and "tau" texts, one line each step, into out. */
 static int read_losses(const char *run, char *out, size_t cap, int *n) {
     char path[600];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    char line[4096];
-    out[0] = '\0';
-    *n = 0;
-    while (fgets(line, sizeof line, f)) {
-        const char *l = field(line, "\"loss\": "), *t = field(line, "\"tau\": ");
-        if (!l || !t)
-            break;
-        size_t u = strlen(out);
-        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(l, ","), l, (int)strcspn(t, ","), t);
-        (*n)++;
-    }
-    fclose(f);
-    return *n > 0;
+    return tst_read_losses(path, out, cap, n, NULL, NULL, NULL);
 }
 
 /* train with one more flag and its value (flag NULL: none). */

@@ -1,6 +1,6 @@
 /* tests/tst_serve.h — a `target-server serve` child for the end-to-end tests, started with an
- * endpoint file and waited for until it has bound, and the lines of a run's metrics.jsonl.
- * Header-only; include after tst_proc.h. */
+ * endpoint file and waited for until it has bound, and what a run's metrics.jsonl says: its
+ * lines, and its losses as text to compare runs by. Header-only; include after tst_proc.h. */
 #ifndef TST_SERVE_H
 #define TST_SERVE_H
 
@@ -61,6 +61,46 @@ static inline int tst_metrics_lines(const char *dir, const char *run) {
         n += c == '\n';
     fclose(f);
     return n;
+}
+
+/* The text after key in line, or NULL. */
+static inline const char *tst_field(const char *line, const char *key) {
+    const char *p = strstr(line, key);
+    return p ? p + strlen(key) : NULL;
+}
+
+/* A metrics.jsonl's "loss" and "tau" texts, "loss|tau\n" a step, into out (cap bytes), up to the
+ * first line without both; their count into *n. With timed (then wait and compute) not NULL,
+ * the lines with wait_s ≥ 0 and compute_s > 0 are counted there and those summed. 1 if there
+ * was a step. */
+static inline int tst_read_losses(const char *path, char *out, size_t cap, int *n, int *timed, double *wait,
+                                  double *compute) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[4096];
+    out[0] = '\0';
+    *n = 0;
+    if (timed) {
+        *timed = 0;
+        *wait = *compute = 0;
+    }
+    while (fgets(line, sizeof line, f)) {
+        const char *l = tst_field(line, "\"loss\": "), *t = tst_field(line, "\"tau\": ");
+        const char *w = tst_field(line, "\"wait_s\": "), *c = tst_field(line, "\"compute_s\": ");
+        if (!l || !t)
+            break;
+        size_t u = strlen(out);
+        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(l, ","), l, (int)strcspn(t, ","), t);
+        (*n)++;
+        if (timed && w && c && atof(w) >= 0 && atof(c) > 0) {
+            (*timed)++;
+            *wait += atof(w);
+            *compute += atof(c);
+        }
+    }
+    fclose(f);
+    return *n > 0;
 }
 
 #endif /* TST_SERVE_H */
