@@ -157,8 +157,8 @@ static int dtd_make_batches(const char *dir, int n_batches, uint64_t seed, char 
  * dir/bf-<ii>.safetensors with its taps rounded to BF16 (what a BF16 server sends); their
  * comma-separated paths into csv_tok and csv_bf. The three lists have cap bytes each; T_of
  * (n_batches entries, may be NULL) gets each batch's token count. Returns 1 on success. */
-static inline int dtd_make_tok_bf(const char *dir, int n_batches, uint64_t seed, char *csv_dump, char *csv_tok,
-                                  char *csv_bf, size_t cap, int *T_of) {
+static inline int dtd_make_tok_bf(const char *dir, int n_batches, uint64_t seed, char *csv_dump,
+                                  char *csv_tok, char *csv_bf, size_t cap, int *T_of) {
     static float    hid[DTD_MAX_T * 2 * DTD_D];
     static uint16_t h16[DTD_MAX_T * 2 * DTD_D];
     if (!dtd_make_batches(dir, n_batches, seed, csv_dump, cap))

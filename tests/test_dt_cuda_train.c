@@ -140,23 +140,6 @@ static void test_cpu_vs_cuda(void) {
     free(c);
 }
 
-static int same_file(const char *a, const char *b) {
-    FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
-    int   same = f && g;
-    while (same) {
-        int x = fgetc(f), y = fgetc(g);
-        if (x != y)
-            same = 0;
-        if (x == EOF || y == EOF)
-            break;
-    }
-    if (f)
-        fclose(f);
-    if (g)
-        fclose(g);
-    return same;
-}
-
 static void test_resume(void) {
     const char *a[] = {"--device", "cuda", "--max-anchors", "16", "--save-every", "4", "--steps", "8", NULL};
     const char *b1[] = {"--device", "cuda", "--max-anchors", "16", "--save-every", "4", "--steps", "4", NULL};
@@ -181,7 +164,7 @@ static void test_resume(void) {
         char fa[900], fb[900];
         snprintf(fa, sizeof fa, "%s/res-a/checkpoints/step-8/%s", tmp, files[k]);
         snprintf(fb, sizeof fb, "%s/res-b/checkpoints/step-8/%s", tmp, files[k]);
-        TST_CHECK(same_file(fa, fb));
+        TST_CHECK(tst_same_file(fa, fb));
     }
     free(m);
 }
@@ -287,16 +270,10 @@ static int no_loss_copy(const char *src, const char *out) {
     return ok;
 }
 
-/* Starts argv with stderr into err_path; returns the pid or -1. */
+/* Starts argv with stderr into err_path (emptied first); returns the pid or -1. */
 static pid_t spawn(char *const argv[], const char *err_path) {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    return rc == 0 ? pid : -1;
+    unlink(err_path);
+    return tst_spawn(argv, err_path);
 }
 
 static int reap(pid_t pid) {
@@ -354,11 +331,6 @@ static void test_dp(const char *tag, const char *pair, const char *global, int p
 
 // ---- live over NCCL
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static void test_live_nccl(void) {
     char log[700], epfile[700], bind[700], endpoint[400] = "";
     snprintf(log, sizeof log, "%s/serve.log", tmp);
@@ -369,22 +341,8 @@ static void test_live_nccl(void) {
                     "--log-level", "warn",   NULL};
     pid_t pid = spawn(argv, log);
     TST_CHECK(pid > 0);
-    for (int i = 0; pid > 0 && i < 1200 && !endpoint[0]; i++) {
-        FILE *f = fopen(epfile, "r");
-        if (f) {
-            if (!fgets(endpoint, sizeof endpoint, f))
-                endpoint[0] = '\0';
-            endpoint[strcspn(endpoint, "\n")] = '\0';
-            fclose(f);
-        }
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            fprintf(stderr, "target-server serve exited early: %s\n", tst_slurp(log));
-            pid = -1;
-        }
-        if (!endpoint[0])
-            sleep_ms(50);
-    }
+    if (!tst_await_endpoint(pid, epfile, log, endpoint, sizeof endpoint, 60000))
+        pid = -1;
     TST_CHECK(endpoint[0] != '\0');
     if (endpoint[0]) {
         const char *raw[] = {"--device",      "cuda", "--gpu",        "1",      "--precision", "fp32",
@@ -408,19 +366,7 @@ static void test_live_nccl(void) {
         TST_CHECK(same);
         free(m);
     }
-    if (pid > 0) {
-        kill(pid, SIGTERM);
-        int status = 0, done = 0;
-        for (int i = 0; i < 200 && !done; i++) {
-            done = waitpid(pid, &status, WNOHANG) == pid;
-            if (!done)
-                sleep_ms(50);
-        }
-        if (!done) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-        }
-    }
+    tst_end(pid, SIGTERM, 10000);
 }
 
 static void test_data_parallel(void) {

@@ -44,7 +44,9 @@ static int serve_start(void) {
     return (server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", path, NULL, endpoint, sizeof endpoint)) > 0;
 }
 
-static void serve_stop(void) { tst_stop(&server); }
+static void serve_stop(void) {
+    tst_stop(&server);
+}
 
 /* Runs argv to completion (stderr into tmp/name.err); its exit status. */
 static int run_named(char *const argv[], const char *name) {

@@ -60,7 +60,9 @@ static int read_losses(const char *run, char *out, size_t cap, int *n, int *time
     return tst_read_losses(path, out, cap, n, timed, wait, compute);
 }
 
-static int count_lines(const char *run) { return tst_metrics_lines(tmp, run); }
+static int count_lines(const char *run) {
+    return tst_metrics_lines(tmp, run);
+}
 
 /* Starts a train run RUN (stderr into RUN.err); server NULL = from csv_bf. */
 static pid_t train_start(const char *run, const char *target, const char *server, const char *steps,

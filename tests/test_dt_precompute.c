@@ -43,7 +43,9 @@ static int serve_start(void) {
     return (server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", path, NULL, endpoint, sizeof endpoint)) > 0;
 }
 
-static void serve_stop(void) { tst_stop(&server); }
+static void serve_stop(void) {
+    tst_stop(&server);
+}
 
 // ---- data: batch files with the dump's taps (F32, batch 1 BF16), token-only files, and
 // batch files with the taps rounded to BF16
@@ -151,7 +153,9 @@ static int train(const char *run, const char *target, const char *data, const ch
 }
 
 /* Steps logged in RUN/metrics.jsonl (0 if absent). */
-static int metric_lines(const char *run) { return tst_metrics_lines(tmp, run); }
+static int metric_lines(const char *run) {
+    return tst_metrics_lines(tmp, run);
+}
 
 static long slurp_file(const char *path, unsigned char **out) {
     FILE *f = fopen(path, "rb");

@@ -93,23 +93,6 @@ static double mean(const double *x, int n) {
     return s / n;
 }
 
-static int same_file(const char *a, const char *b) {
-    FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
-    int   same = f && g;
-    while (same) {
-        int c = fgetc(f), d = fgetc(g);
-        if (c != d)
-            same = 0;
-        if (c == EOF || d == EOF)
-            break;
-    }
-    if (f)
-        fclose(f);
-    if (g)
-        fclose(g);
-    return same;
-}
-
 static void test_learns(void) {
     double t0 = now_s();
     TST_CHECK(train("learn", NULL, NULL, NULL, NULL, "34", "learn") == 0);
@@ -155,10 +138,10 @@ static void test_resume_exact(void) {
         char fa[700], fb[700];
         snprintf(fa, sizeof fa, "%s/checkpoints/step-24/%s", a, files[k]);
         snprintf(fb, sizeof fb, "%s/checkpoints/step-24/%s", b, files[k]);
-        TST_CHECK(same_file(fa, fb));
+        TST_CHECK(tst_same_file(fa, fb));
         snprintf(fa, sizeof fa, "%s/checkpoints/step-16/%s", a, files[k]);
         snprintf(fb, sizeof fb, "%s/checkpoints/step-16/%s", b, files[k]);
-        TST_CHECK(same_file(fa, fb));
+        TST_CHECK(tst_same_file(fa, fb));
     }
     /* a straight run and a resumed one differ from a run with another seed (the check can fail) */
     TST_CHECK(ma->n == 24 && ma->loss[23] != ma->loss[0]);

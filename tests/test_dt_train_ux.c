@@ -19,7 +19,9 @@
 static char tmp[256];
 
 /* Runs cmd (a shell line) and returns its exit status; stdout + stderr into out. */
-static int run_sh(const char *cmd, char *out, size_t cap) { return tst_sh(cmd, out, cap); }
+static int run_sh(const char *cmd, char *out, size_t cap) {
+    return tst_sh(cmd, out, cap);
+}
 
 /* The losses of metrics.jsonl, in order; returns how many. */
 static int read_losses(const char *path, double *loss, int cap) {

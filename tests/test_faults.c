@@ -133,7 +133,9 @@ static int serve_start(const char *bind, const char *tag) {
     return 0;
 }
 
-static void serve_stop(void) { tst_stop(&server); }
+static void serve_stop(void) {
+    tst_stop(&server);
+}
 
 // ---- data: token-only batch files and batch files with the dump's taps rounded to BF16
 
@@ -421,7 +423,7 @@ static void fault_full_disk(int rep) {
     TST_CHECK(model > 0 && model < limit);
     snprintf(p, sizeof p, "%s/%s", tmp, err);
     unlink(p);
-    int rc = tst_finish(train_start(run, SRC_FILES, 1, NULL, limit), 120000);
+    int         rc = tst_finish(train_start(run, SRC_FILES, 1, NULL, limit), 120000);
     const char *e = tst_text_in(tmp, err);
     int         one_line = strchr(e, '\n') == strrchr(e, '\n');
     TST_CHECK(rc == 1 && strstr(e, "File too large") != NULL && one_line);
@@ -542,7 +544,7 @@ static void fault_precompute_kill(int rep) {
         tst_sleep_ms(1);
     }
     kill(pid, SIGKILL);
-    int killed = tst_finish(pid, 30000) == 128 + SIGKILL;
+    int  killed = tst_finish(pid, 30000) == 128 + SIGKILL;
     long at = durable(dir);
     TST_CHECK(rc < 0 && killed && at < N_BATCHES);
     pid = precompute_start(dir, err);

@@ -31,7 +31,9 @@ static pid_t serve(const char *model, const char *bind, const char *tag, char *e
     return tst_serve_start(DTD_TS_BIN, model, bind, path, extra, endpoint, cap, 30000);
 }
 
-static void stop(pid_t pid, int sig) { tst_end(pid, sig, 15000); }
+static void stop(pid_t pid, int sig) {
+    tst_end(pid, sig, 15000);
+}
 
 /* train RUN against --server ep (or --shards dir), --target target; stderr into RUN.err. */
 static pid_t train_start(const char *run, const char *target, const char *ep, const char *shards,
@@ -71,7 +73,9 @@ static pid_t train_start(const char *run, const char *target, const char *ep, co
     return tst_spawn(argv, err);
 }
 
-static int metrics_lines(const char *run) { return tst_metrics_lines(tmp, run); }
+static int metrics_lines(const char *run) {
+    return tst_metrics_lines(tmp, run);
+}
 
 static const char *err_of(const char *run) {
     char file[300];

@@ -273,7 +273,8 @@ static void test_norms(void) {
     char              name[96];
     for (int s = 0; s < 4; s++) {
         long   rows = shapes[s][0], C = shapes[s][1];
-        float *x = tst_rand_f32(rows * C, -2, 2), *z = tst_rand_f32(rows * C, -4, 4), *w = tst_rand_f32(C, -0.5, 1.5);
+        float *x = tst_rand_f32(rows * C, -2, 2), *z = tst_rand_f32(rows * C, -4, 4),
+              *w = tst_rand_f32(C, -0.5, 1.5);
         dbuf   bx = dbuf_put(x, (size_t)(rows * C) * sizeof(float)), bz = dbuf_put(z, (size_t)(rows * C) * 4);
         dbuf   bw = dbuf_put(w, (size_t)C * sizeof(float)), bo = dbuf_put(NULL, (size_t)(rows * C) * 4);
         for (int one_plus = 0; one_plus < 2; one_plus++) {

@@ -102,7 +102,8 @@ static void compare_bound(int op, const char *name, const float *got, const floa
 /* dinp[M, K] (=/+=) dout[M, N]·W[N, K] and dw[N, K] += dout[M, N]ᵀ·inp[M, K], W in F32 and
  * BF16, both GEMM modes, accumulate off and on. */
 static void gemm_bwd_case(long M, long N, long K) {
-    float    *dout = tst_rand_f32(M * N, -1, 1), *w = tst_rand_f32(N * K, -1, 1), *inp = tst_rand_f32(M * K, -1, 1);
+    float *dout = tst_rand_f32(M * N, -1, 1), *w = tst_rand_f32(N * K, -1, 1),
+          *inp = tst_rand_f32(M * K, -1, 1);
     float    *init = tst_rand_f32(M * K > N * K ? M * K : N * K, -1, 1);
     uint16_t *w16 = tst_xcalloc((size_t)(N * K) * 2);
     for (long i = 0; i < N * K; i++)
@@ -122,7 +123,8 @@ static void gemm_bwd_case(long M, long N, long K) {
                 for (long k = 0; k < K; k++) {
                     double s = acc ? fabs((double)init[m * K + k]) : 0;
                     for (long n = 0; n < N; n++)
-                        s += fabs((double)dout[m * N + n] * (double)(wi ? tst_bf16_widen(w16[n * K + k]) : w[n * K + k]));
+                        s += fabs((double)dout[m * N + n] *
+                                  (double)(wi ? tst_bf16_widen(w16[n * K + k]) : w[n * K + k]));
                     bound[m * K + k] = s;
                 }
             for (int mode = 0; mode < 2; mode++) {
@@ -186,7 +188,8 @@ static void test_rmsnorm_bwd(void) {
     static const long shapes[][2] = {{1, 1}, {37, 64}, {1500, 257}, {3, 5120}}; /* rows C */
     for (int s = 0; s < 4; s++) {
         const long rows = shapes[s][0], C = shapes[s][1];
-        float     *x = tst_rand_f32(rows * C, -2, 2), *dy = tst_rand_f32(rows * C, -1, 1), *w = tst_rand_f32(C, -0.5, 1.5);
+        float     *x = tst_rand_f32(rows * C, -2, 2), *dy = tst_rand_f32(rows * C, -1, 1),
+              *w = tst_rand_f32(C, -0.5, 1.5);
         float     *dw0 = tst_rand_f32(C, -1, 1);
         dbuf       bx = dbuf_put(x, (size_t)(rows * C) * 4), bdy = dbuf_put(dy, (size_t)(rows * C) * 4);
         dbuf       bw = dbuf_put(w, (size_t)C * 4), bdx = dbuf_put(NULL, (size_t)(rows * C) * 4);
@@ -306,7 +309,8 @@ static void test_adamw(void) {
     static const long ns[] = {1, 1001, 100003};
     for (int s = 0; s < 3; s++) {
         const long      n = ns[s];
-        float          *p = tst_rand_f32(n, -1, 1), *gr = tst_rand_f32(n, -0.1, 0.1), *m = tst_rand_f32(n, -0.01, 0.01);
+        float          *p = tst_rand_f32(n, -1, 1), *gr = tst_rand_f32(n, -0.1, 0.1),
+              *m = tst_rand_f32(n, -0.01, 0.01);
         float          *v = tst_rand_f32(n, 0, 1e-4);
         kn_adamw_params ap = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, s == 0 ? 1 : 7 + s};
         dbuf            bp = dbuf_put(p, (size_t)n * 4), bg = dbuf_put(gr, (size_t)n * 4);
@@ -455,8 +459,10 @@ static void attn_run(const attn_case *ac, int window) {
         anchors[j] = starts[d] + off;
         ctx_lo[j] = starts[d];
     }
-    float *q = tst_rand_f32(R * nq * hd, -2, 2), *kc = tst_rand_f32(T * nkv * hd, -1, 1), *vc = tst_rand_f32(T * nkv * hd, -1, 1);
-    float *kb = tst_rand_f32(R * nkv * hd, -1, 1), *vb = tst_rand_f32(R * nkv * hd, -1, 1), *dout = tst_rand_f32(R * nq * hd, -1, 1);
+    float *q = tst_rand_f32(R * nq * hd, -2, 2), *kc = tst_rand_f32(T * nkv * hd, -1, 1),
+          *vc = tst_rand_f32(T * nkv * hd, -1, 1);
+    float *kb = tst_rand_f32(R * nkv * hd, -1, 1), *vb = tst_rand_f32(R * nkv * hd, -1, 1),
+          *dout = tst_rand_f32(R * nq * hd, -1, 1);
     dbuf   ba = dbuf_put(anchors, (size_t)nb * 4), bl = dbuf_put(ctx_lo, (size_t)nb * 4);
     dbuf   bq = dbuf_put(q, (size_t)(R * nq * hd) * 4), bkc = dbuf_put(kc, (size_t)(T * nkv * hd) * 4);
     dbuf   bvc = dbuf_put(vc, (size_t)(T * nkv * hd) * 4), bkb = dbuf_put(kb, (size_t)(R * nkv * hd) * 4);

@@ -12,9 +12,8 @@
 
 #include "kn_backend.h"
 #include "tst.h"
-#include "tst_kn.h"
 #include "tst_cuda.h"
-
+#include "tst_kn.h"
 
 #define N 100003
 
@@ -63,7 +62,8 @@ static void test_cpu(const kn_backend *cpu, kn_ctx *ctx) {
     TST_CHECK(fill_host(cpu, ctx, CM_DTYPE_BF16, N, 42, -0.5f, 1.5f, h));
     int bf_ok = 1;
     for (int i = 0; i < N; i++)
-        if (h[i] != tst_bf16_round(a[i])) bf_ok = 0;
+        if (h[i] != tst_bf16_round(a[i]))
+            bf_ok = 0;
     TST_CHECK(bf_ok);
 
     void *dev = NULL;

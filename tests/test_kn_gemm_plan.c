@@ -24,8 +24,8 @@
 #include "tst.h"
 
 #define TST_KN_SEED 0x243F6A8885A308D3ull
-#include "tst_kn.h"
 #include "tst_cuda.h"
+#include "tst_kn.h"
 
 static const kn_backend *gpu;
 
@@ -39,11 +39,17 @@ static const kn_backend *gpu;
         }                                                                                                    \
     } while (0)
 
-static float frand(void) { return (float)(tst_urand() * 2.0 - 1.0); } /* [-1, 1) */
+static float frand(void) {
+    return (float)(tst_urand() * 2.0 - 1.0);
+} /* [-1, 1) */
 
 /* x rounded to bf16, nearest even, as the kernels round (finite inputs) */
-static float    bf16_round(float x) { return tst_bf16_widen(tst_bf16_round(x)); }
-static uint16_t bf16_bits(float x) { return tst_bf16_round(x); }
+static float bf16_round(float x) {
+    return tst_bf16_widen(tst_bf16_round(x));
+}
+static uint16_t bf16_bits(float x) {
+    return tst_bf16_round(x);
+}
 
 /* Host out[M, N] = inp[M, K] · W[N, K]ᵀ in double, inputs rounded to bf16 when bf; and the
  * bound Σ|a·b| per element for the tolerance. */

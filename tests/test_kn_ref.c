@@ -129,7 +129,8 @@ static void test_embed(void) {
     TST_CHECK(be->embed(ctx, dout, dids, dtb, CM_DTYPE_BF16, T, C) == CM_OK);
     dev_get(out, dout, sizeof out);
     for (int t = 0; t < T; t++)
-        for (int c = 0; c < C; c++) TST_CHECK(out[t * C + c] == tst_bf16_widen(tb[ids[t] * C + c]));
+        for (int c = 0; c < C; c++)
+            TST_CHECK(out[t * C + c] == tst_bf16_widen(tb[ids[t] * C + c]));
     TST_CHECK(be->embed(ctx, dout, dids, dtf, CM_DTYPE_F16, T, C) == CM_ERR_UNSUPPORTED);
     be->free(ctx, dtf);
     be->free(ctx, dtb);

@@ -22,8 +22,10 @@ static kn_ctx           *ctx;
 
 // ---- helpers: buffers, deterministic random numbers, finite differences
 
-static float  *fnew(long n) { return tst_xcalloc((size_t)n * sizeof(float)); }
-static double *dnew(long n) { return tst_xcalloc((size_t)n * sizeof(double)); }
+static void   *xalloc(size_t bytes) { return tst_xcalloc(bytes); }
+static float  *fnew(long n) { return xalloc((size_t)n * sizeof(float)); }
+static double *dnew(long n) { return xalloc((size_t)n * sizeof(double)); }
+static float  *frand(long n, double lo, double hi) { return tst_rand_f32(n, lo, hi); }
 
 static uint16_t bf16_trunc(float f) { /* any bf16 value will do as a weight */
     uint32_t u;
@@ -111,7 +113,7 @@ static double gemm_loss(void *vs) {
 }
 
 static void test_gemm_fd(void) {
-    gemm_st s    = {tst_rand_f32(3 * 5, -1, 1), tst_rand_f32(4 * 5, -1, 1), tst_rand_f32(3 * 4, -1, 1), fnew(3 * 4), 3, 4, 5};
+    gemm_st s    = {frand(3 * 5, -1, 1), frand(4 * 5, -1, 1), frand(3 * 4, -1, 1), fnew(3 * 4), 3, 4, 5};
     float  *dinp = fnew(15), *dw = fnew(20);
     ok(be->gemm_dx(ctx, dinp, s.r, s.w, CM_DTYPE_F32, 3, 4, 5, 0), "gemm_dx");
     ok(be->gemm_dw(ctx, dw, s.r, s.inp, 3, 4, 5), "gemm_dw");
@@ -129,10 +131,10 @@ static void test_gemm_fd(void) {
 
 /* Odd sizes across the 32 × 128 output tiles, F32 and BF16 weights, = and +=. */
 static void gemm_bwd_case(int64_t M, int64_t N, int64_t K) {
-    float    *dout = tst_rand_f32(M * N, -1, 1), *inp = tst_rand_f32(M * K, -1, 1), *wf = tst_rand_f32(N * K, -1, 1);
-    uint16_t *wb = tst_xcalloc((size_t)(N * K) * sizeof(uint16_t));
+    float    *dout = frand(M * N, -1, 1), *inp = frand(M * K, -1, 1), *wf = frand(N * K, -1, 1);
+    uint16_t *wb = xalloc((size_t)(N * K) * sizeof(uint16_t));
     for (int64_t i = 0; i < N * K; i++) wb[i] = bf16_trunc(wf[i]);
-    float *got = fnew(M * K), *ref = fnew(M * K), *prev = tst_rand_f32(M * K, -2, 2);
+    float *got = fnew(M * K), *ref = fnew(M * K), *prev = frand(M * K, -2, 2);
 
     for (int bf = 0; bf < 2; bf++) {
         for (int acc = 0; acc < 2; acc++) {
@@ -154,7 +156,7 @@ static void gemm_bwd_case(int64_t M, int64_t N, int64_t K) {
         }
     }
 
-    float *dw = tst_rand_f32(N * K, -2, 2), *dw_ref = fnew(N * K);
+    float *dw = frand(N * K, -2, 2), *dw_ref = fnew(N * K);
     for (int64_t n = 0; n < N; n++)
         for (int64_t k = 0; k < K; k++) {
             double t = 0;
@@ -209,8 +211,8 @@ static void test_rmsnorm_bwd(void) {
     for (int one_plus = 0; one_plus < 2; one_plus++) {
         const int64_t rows = 3, C = 7, n = rows * C;
         norm_st       s = {
-                  tst_rand_f32(n, -1.5, 1.5), tst_rand_f32(C, -0.8, 0.8), tst_rand_f32(n, -1, 1), fnew(n), rows, C, 1e-6f, one_plus};
-        float *dinp = tst_rand_f32(n, 50, 60), *dw = tst_rand_f32(C, -1, 1), *dw0 = fnew(C);
+                  frand(n, -1.5, 1.5), frand(C, -0.8, 0.8), frand(n, -1, 1), fnew(n), rows, C, 1e-6f, one_plus};
+        float *dinp = frand(n, 50, 60), *dw = frand(C, -1, 1), *dw0 = fnew(C);
         memcpy(dw0, dw, (size_t)C * sizeof(float));
         ok(be->rmsnorm_bwd(ctx, dinp, dw, s.r, s.inp, s.w, rows, C, s.eps, one_plus), "rmsnorm_bwd");
         for (int64_t c = 0; c < C; c++) dw[c] = (float)((double)dw[c] - (double)dw0[c]); /* dw += */
@@ -221,7 +223,7 @@ static void test_rmsnorm_bwd(void) {
 
     /* many rows and columns (several column chunks), against the closed form in double */
     const int64_t rows = 9, C = 150, n = rows * C;
-    float        *x = tst_rand_f32(n, -2, 2), *w = tst_rand_f32(C, -1, 1), *dy = tst_rand_f32(n, -1, 1);
+    float        *x = frand(n, -2, 2), *w = frand(C, -1, 1), *dy = frand(n, -1, 1);
     float        *dx = fnew(n), *dw = fnew(C), *dx_ref = fnew(n), *dw_ref = fnew(C);
     double       *dwd = dnew(C);
     for (int64_t r = 0; r < rows; r++) {
@@ -265,7 +267,7 @@ static void test_rope_bwd(void) {
     const int64_t T      = 5;
     const int     nh = 2, hdim = 6, rot = 4;
     const long    n  = (long)T * nh * hdim;
-    rope_st       s  = {tst_rand_f32(n, -1, 1), tst_rand_f32(n, -1, 1), fnew(n), pos, T, nh, hdim, rot, 10000.0f};
+    rope_st       s  = {frand(n, -1, 1), frand(n, -1, 1), fnew(n), pos, T, nh, hdim, rot, 10000.0f};
     float        *dx = fnew(n);
     memcpy(dx, s.r, (size_t)n * sizeof(float));
     ok(be->rope_bwd(ctx, dx, pos, T, nh, hdim, rot, 10000.0f), "rope_bwd");
@@ -299,7 +301,7 @@ static double swiglu_loss(void *vs) {
 
 static void test_swiglu_bwd(void) {
     const int64_t n  = 13;
-    swiglu_st     s  = {tst_rand_f32(n, -4, 4), tst_rand_f32(n, -2, 2), tst_rand_f32(n, -1, 1), fnew(n), n};
+    swiglu_st     s  = {frand(n, -4, 4), frand(n, -2, 2), frand(n, -1, 1), fnew(n), n};
     float        *dg = fnew(n), *du = fnew(n);
     ok(be->swiglu_bwd(ctx, dg, du, s.r, s.gate, s.up, n), "swiglu_bwd");
     fd_check("swiglu dgate", swiglu_loss, &s, s.gate, dg, (long)n);
@@ -368,10 +370,10 @@ static void dflash_setup(dflash_st *s, const dflash_case *c) {
     p->T = T, p->n_blocks = c->n_blocks, p->B = c->B, p->nq = c->nq, p->nkv = c->nkv, p->hd = c->hd;
     p->window = c->window, p->scale = (float)(1.0 / sqrt((double)c->hd));
     p->anchors = c->anchors, p->ctx_lo = s->ctx_lo;
-    p->q = tst_rand_f32(s->n_q, -1, 1), p->k_ctx = tst_rand_f32(s->n_kctx, -1, 1), p->v_ctx = tst_rand_f32(s->n_kctx, -1, 1);
-    p->k_blk = tst_rand_f32(s->n_kblk, -1, 1), p->v_blk = tst_rand_f32(s->n_kblk, -1, 1);
+    p->q = frand(s->n_q, -1, 1), p->k_ctx = frand(s->n_kctx, -1, 1), p->v_ctx = frand(s->n_kctx, -1, 1);
+    p->k_blk = frand(s->n_kblk, -1, 1), p->v_blk = frand(s->n_kblk, -1, 1);
     p->out = fnew(s->n_q), p->lse = fnew(nrows * c->nq);
-    s->r = tst_rand_f32(s->n_q, -1, 1);
+    s->r = frand(s->n_q, -1, 1);
 }
 
 static void dflash_free(dflash_st *s) {
@@ -433,8 +435,8 @@ static void dflash_dense_check(dflash_st *s) {
 
 static void dflash_bwd_check(dflash_st *s) {
     kn_dflash_attn_params *p = &s->p;
-    float *dq = tst_rand_f32(s->n_q, 1e6, 2e6), *dkc = tst_rand_f32(s->n_kctx, 1e6, 2e6), *dvc = tst_rand_f32(s->n_kctx, 1e6, 2e6);
-    float *dkb = tst_rand_f32(s->n_kblk, 1e6, 2e6), *dvb = tst_rand_f32(s->n_kblk, 1e6, 2e6); /* garbage: outputs are = */
+    float *dq = frand(s->n_q, 1e6, 2e6), *dkc = frand(s->n_kctx, 1e6, 2e6), *dvc = frand(s->n_kctx, 1e6, 2e6);
+    float *dkb = frand(s->n_kblk, 1e6, 2e6), *dvb = frand(s->n_kblk, 1e6, 2e6); /* garbage: outputs are = */
     ok(be->dflash_attn_fwd(ctx, p), "dflash_attn_fwd");
     p->dout = s->r, p->dq = dq, p->dk_ctx = dkc, p->dv_ctx = dvc, p->dk_blk = dkb, p->dv_blk = dvb;
     ok(be->dflash_attn_bwd(ctx, p), "dflash_attn_bwd");
@@ -551,21 +553,21 @@ static void lm_naive(const float *h, const void *w, int bf, const int32_t *label
 }
 
 static void lm_case(int64_t R, int64_t V, int64_t D, int bf) {
-    float   *h = tst_rand_f32(R * D, -1, 1), *wf = tst_rand_f32(V * D, -0.5, 0.5), *gs = tst_rand_f32(R, 0.1, 2);
-    int32_t *labels = tst_xcalloc((size_t)R * sizeof(int32_t));
+    float   *h = frand(R * D, -1, 1), *wf = frand(V * D, -0.5, 0.5), *gs = frand(R, 0.1, 2);
+    int32_t *labels = xalloc((size_t)R * sizeof(int32_t));
     for (int64_t r = 0; r < R; r++) labels[r] = (int32_t)((r * 7 + 3) % V);
     /* ties: rows 3 and 20 of W are equal and dominant for h row 1 (argmax 3, not 20);
      * h row 2 is zero, so every logit ties (argmax 0); row 3 has zero weight */
     for (int64_t d = 0; d < D; d++) wf[3 * D + d] = wf[20 * D + d] = 3.0f * wf[3 * D + d];
     for (int64_t d = 0; d < D; d++) h[1 * D + d] = wf[3 * D + d], h[2 * D + d] = 0;
     gs[3]        = 0;
-    uint16_t *wb = tst_xcalloc((size_t)(V * D) * sizeof(uint16_t));
+    uint16_t *wb = xalloc((size_t)(V * D) * sizeof(uint16_t));
     for (int64_t i = 0; i < V * D; i++) wb[i] = bf16_trunc(wf[i]);
     const void    *w   = bf ? (const void *)wb : wf;
     const cm_dtype wdt = bf ? CM_DTYPE_BF16 : CM_DTYPE_F32;
 
-    float   *ce = fnew(R), *dh = tst_rand_f32(R * D, 5, 6), *ce_ref = fnew(R), *dh_ref = fnew(R * D), *ce2 = fnew(R);
-    int32_t *amax = tst_xcalloc((size_t)R * 4), *amax_ref = tst_xcalloc((size_t)R * 4), *amax2 = tst_xcalloc((size_t)R * 4);
+    float   *ce = fnew(R), *dh = frand(R * D, 5, 6), *ce_ref = fnew(R), *dh_ref = fnew(R * D), *ce2 = fnew(R);
+    int32_t *amax = xalloc((size_t)R * 4), *amax_ref = xalloc((size_t)R * 4), *amax2 = xalloc((size_t)R * 4);
     lm_naive(h, w, bf, labels, gs, R, V, D, ce_ref, amax_ref, dh_ref);
     ok(be->lm_ce(ctx, dh, ce, amax, h, labels, gs, w, wdt, R, V, D), "lm_ce");
     TST_CLOSE(bf ? "lm_ce bf16 ce" : "lm_ce f32 ce", ce, ce_ref, (long)R, 1e-6, 1e-6);
@@ -580,7 +582,7 @@ static void lm_case(int64_t R, int64_t V, int64_t D, int bf) {
     TST_CHECK(memcmp(ce, ce2, (size_t)R * 4) == 0 && memcmp(amax, amax2, (size_t)R * 4) == 0);
 
     if (!bf && R <= 8) { /* finite differences of L = Σ gscale·ce over h */
-        lm_st s = {h, gs, wf, fnew(R), labels, tst_xcalloc((size_t)R * 4), R, V, D};
+        lm_st s = {h, gs, wf, fnew(R), labels, xalloc((size_t)R * 4), R, V, D};
         fd_check("lm_ce dh", lm_loss, &s, h, dh, (long)(R * D));
         free(s.ce), free(s.amax);
     }
@@ -599,7 +601,7 @@ static void test_lm_ce(void) {
 
 static void test_sumsq(void) {
     const int64_t n   = 3 * 65536 + 17;
-    float        *x   = tst_rand_f32(n, -3, 3);
+    float        *x   = frand(n, -3, 3);
     double        got = -1, ref = 0, again = -1;
     for (int64_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
     ok(be->sumsq(ctx, &got, x, n), "sumsq");

@@ -29,9 +29,8 @@
 #include "cm_safetensors.h"
 #include "kn_backend.h"
 #include "tst.h"
-#include "tst_proc.h"
 #include "tst_cuda.h"
-
+#include "tst_proc.h"
 
 /* 12 layers on cuda (depth for the error growth); 6 on cpu, where three 12-layer dumps took
  * over 3 minutes under ASan */

@@ -52,7 +52,9 @@ static int serve_start(proc *p, const char *tag, const char *bind, const char *c
 }
 
 /* Sends sig and returns the exit status (128 + signal when killed); -1 if it outlived 15 s. */
-static int serve_end(proc *p, int sig) { return tst_end(p->pid, sig, 15000); }
+static int serve_end(proc *p, int sig) {
+    return tst_end(p->pid, sig, 15000);
+}
 
 // ----------------------------------------------------------------------------
 // batches and the dump reference

@@ -39,7 +39,9 @@ static inline void *tst_xcalloc(size_t bytes) {
     return p;
 }
 
-static inline float *tst_zeros_f32(long n) { return tst_xcalloc((size_t)(n > 0 ? n : 0) * sizeof(float)); }
+static inline float *tst_zeros_f32(long n) {
+    return tst_xcalloc((size_t)(n > 0 ? n : 0) * sizeof(float));
+}
 
 /* x[0..n) uniform in [lo, hi). */
 static inline void tst_fill(float *x, long n, double lo, double hi) {
@@ -102,8 +104,8 @@ static inline int tst_compare(const char *name, int width, const float *got, con
             e.worst = tol > 0 ? d / tol : INFINITY;
     }
     int ok = TST_CLOSE(name, got, ref, n, atol, rtol);
-    printf("%-*s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", width, name, n, e.max_ref, e.max_abs,
-           e.worst, ok ? "ok" : "FAIL");
+    printf("%-*s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", width, name, n, e.max_ref,
+           e.max_abs, e.worst, ok ? "ok" : "FAIL");
     if (err)
         *err = e;
     return ok;
@@ -134,8 +136,8 @@ static inline int tst_compare_bound(const char *name, int width, const float *go
         }
     }
     TST_CHECK(bad == 0);
-    printf("%-*s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", width, name, n, e.max_ref, e.max_abs,
-           e.worst, bad ? "FAIL" : "ok");
+    printf("%-*s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", width, name, n, e.max_ref,
+           e.max_abs, e.worst, bad ? "FAIL" : "ok");
     if (err)
         *err = e;
     return bad == 0;

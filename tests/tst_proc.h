@@ -151,15 +151,45 @@ static inline const char *tst_text_in(const char *dir, const char *name) {
     return tst_slurp(p);
 }
 
+/* The lines of a text file (its '\n's; 0 if unreadable). */
+static inline int tst_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* 1 if files a and b both open and hold the same bytes. */
+static inline int tst_same_file(const char *a, const char *b) {
+    FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
+    int   same = f && g;
+    while (same) {
+        int x = fgetc(f), y = fgetc(g);
+        if (x != y)
+            same = 0;
+        if (x == EOF || y == EOF)
+            break;
+    }
+    if (f)
+        fclose(f);
+    if (g)
+        fclose(g);
+    return same;
+}
+
 /* Runs cmd (a shell line) and returns its exit status (-1 if it did not run or exit); its
  * stdout (and whatever cmd redirects there) into out, cap bytes. */
 static inline int tst_sh(const char *cmd, char *out, size_t cap) {
-    out[0]  = '\0';
+    out[0] = '\0';
     FILE *f = popen(cmd, "r");
     if (!f)
         return -1;
     size_t n = fread(out, 1, cap - 1, f);
-    out[n]   = '\0';
+    out[n] = '\0';
     int status = pclose(f);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }

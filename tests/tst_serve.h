@@ -53,14 +53,7 @@ static inline pid_t tst_serve_start(const char *bin, const char *model, const ch
 static inline int tst_metrics_lines(const char *dir, const char *run) {
     char path[900];
     snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, run);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF)
-        n += c == '\n';
-    fclose(f);
-    return n;
+    return tst_lines(path);
 }
 
 /* The text after key in line, or NULL. */
