@@ -198,11 +198,13 @@ static inline int dtd_make_tok_bf(const char *dir, int n_batches, uint64_t seed,
 }
 
 /* Starts `target-server serve --model model --bind bind --dtype bf16` (and `--encoding
- * encoding` unless NULL) logging to PATH.log; its pid, or -1 if it did not bind within 30 s,
- * and the endpoint it bound into endpoint (cap bytes). */
-static inline pid_t dtd_serve(const char *model, const char *bind, const char *path, const char *encoding,
-                              char *endpoint, size_t cap) {
+ * encoding` unless NULL) logging to dir/NAME.log; its pid, or -1 if it did not bind within
+ * 30 s, and the endpoint it bound into endpoint (cap bytes). */
+static inline pid_t dtd_serve(const char *model, const char *bind, const char *dir, const char *name,
+                              const char *encoding, char *endpoint, size_t cap) {
     const char *extra[] = {"--dtype", "bf16", encoding ? "--encoding" : NULL, encoding, NULL};
+    char        path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     return tst_serve_start(DTD_TS_BIN, model, bind, path, extra, endpoint, cap, 30000);
 }
 

@@ -44,9 +44,7 @@ static int train(const char *out, const char *errname, const char *data, const c
 }
 
 static const char *err_text(const char *errname) {
-    char err[512];
-    snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
-    return tst_slurp(err);
+    return tst_err_in(tmp, errname);
 }
 
 static void expect_refused(const char *what, int rc, const char *errname, const char *needle) {

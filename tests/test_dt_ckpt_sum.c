@@ -38,9 +38,7 @@ static int train(const char *out, const char *errname, const char *const *extra)
 }
 
 static const char *err_text(const char *errname) {
-    char err[512];
-    snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
-    return tst_slurp(err);
+    return tst_err_in(tmp, errname);
 }
 
 static int sh(const char *fmt, const char *a, const char *b) {

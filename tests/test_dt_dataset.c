@@ -38,16 +38,6 @@ static char tmp[256], config[512], jsonl_a[512], jsonl_b[512], bin_b[512], datas
 static pid_t server = -1;
 static char  endpoint[256];
 
-static int serve_start(void) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/serve", tmp);
-    return (server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", path, NULL, endpoint, sizeof endpoint)) > 0;
-}
-
-static void serve_stop(void) {
-    tst_stop(&server);
-}
-
 /* Runs argv to completion (stderr into tmp/name.err); its exit status. */
 static int run_named(char *const argv[], const char *name) {
     char err[512];
@@ -57,9 +47,7 @@ static int run_named(char *const argv[], const char *name) {
 }
 
 static const char *err_of(const char *name) {
-    char file[300];
-    snprintf(file, sizeof file, "%s.err", name);
-    return tst_text_in(tmp, file);
+    return tst_err_in(tmp, name);
 }
 
 // ---- data
@@ -592,9 +580,10 @@ int main(void) {
     test_formats();
     test_packing();
     test_bad_inputs();
-    if (serve_start()) {
+    server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", tmp, "serve", NULL, endpoint, sizeof endpoint);
+    if (server > 0) {
         test_end_to_end();
-        serve_stop();
+        tst_stop(&server);
     } else
         TST_CHECK(0);
     return tst_cleanup(tmp, tst_report());

@@ -164,9 +164,7 @@ static int train(const char *run, const char *data, const char *ep) {
 }
 
 static const char *err_text(const char *run) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s.err", tmp, run);
-    return tst_slurp(p);
+    return tst_err_in(tmp, run);
 }
 
 static void expect_refused(const char *run, int rc, const char *n1, const char *n2) {

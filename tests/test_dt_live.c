@@ -37,9 +37,9 @@ static int  n_ref;
 /* Starts serve --model model bound to bind (BF16 zstd-byteplane answers); the resolved endpoint
  * into ep_out. */
 static pid_t serve_start(const char *model, const char *bind, const char *tag, char *ep_out, size_t cap) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/serve-%s", tmp, tag);
-    return dtd_serve(model, bind, path, "zstd-byteplane", ep_out, cap);
+    char name[64];
+    snprintf(name, sizeof name, "serve-%s", tag);
+    return dtd_serve(model, bind, tmp, name, "zstd-byteplane", ep_out, cap);
 }
 
 // ---- data: token-only batch files and batch files with the dump's taps rounded to BF16
@@ -100,9 +100,7 @@ static int train(const char *run, const char *target, const char *server, const 
 }
 
 static const char *err_text(const char *run) {
-    char name[300];
-    snprintf(name, sizeof name, "%s.err", run);
-    return tst_text_in(tmp, name);
+    return tst_err_in(tmp, run);
 }
 
 /* The run's losses equal the offline run's first n (n = its line count); 1 if so. */

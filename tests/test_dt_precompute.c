@@ -37,16 +37,6 @@ static int  T_of[N_BATCHES];
 static pid_t server = -1;
 static char  endpoint[256];
 
-static int serve_start(void) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/serve", tmp);
-    return (server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", path, NULL, endpoint, sizeof endpoint)) > 0;
-}
-
-static void serve_stop(void) {
-    tst_stop(&server);
-}
-
 // ---- data: batch files with the dump's taps (F32, batch 1 BF16), token-only files, and
 // batch files with the taps rounded to BF16
 
@@ -172,9 +162,7 @@ static long slurp_file(const char *path, unsigned char **out) {
 }
 
 static const char *err_text(const char *name) {
-    char file[300];
-    snprintf(file, sizeof file, "%s.err", name);
-    return tst_text_in(tmp, file);
+    return tst_err_in(tmp, name);
 }
 
 // ---- the tests
@@ -443,9 +431,10 @@ int main(void) {
     mkdir(tmp, 0700);
     snprintf(config, sizeof config, "%s/drafter.json", tmp);
     snprintf(shards, sizeof shards, "%s/shards", tmp);
-    if (!dtd_write_config(config, 1) || !make_data() || !serve_start()) {
+    if (dtd_write_config(config, 1) && make_data())
+        server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", tmp, "serve", NULL, endpoint, sizeof endpoint);
+    if (server < 0) {
         TST_CHECK(0);
-        serve_stop();
         return tst_report();
     }
     test_resume();
@@ -454,6 +443,6 @@ int main(void) {
     test_damage();
     test_bad_flags();
     test_refusals();
-    serve_stop();
+    tst_stop(&server);
     return tst_cleanup(tmp, tst_report()); /* logs are kept for a failed run */
 }

@@ -78,9 +78,7 @@ static int metrics_lines(const char *run) {
 }
 
 static const char *err_of(const char *run) {
-    char file[300];
-    snprintf(file, sizeof file, "%s.err", run);
-    return tst_text_in(tmp, file);
+    return tst_err_in(tmp, run);
 }
 
 /* Exit 1 with the weights named as the difference. */

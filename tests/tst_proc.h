@@ -18,13 +18,14 @@
 
 extern char **environ;
 
-/* Runs argv (argv[0] a path), stderr into err_path. Returns the exit status, or 128 + signal. */
-static inline int tst_run(char *const argv[], const char *err_path) {
+/* Starts argv (argv[0] a path) with stderr opened on err_path with oflag (O_TRUNC or O_APPEND)
+ * and stdout on /dev/null, sanitizer exit codes set; the pid, or -1 (said on stderr). */
+static inline pid_t tst_spawn_(char *const argv[], const char *err_path, int oflag) {
     setenv("ASAN_OPTIONS", "exitcode=86", 1);
     setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | oflag, 0644);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
     pid_t pid;
     int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
@@ -33,9 +34,19 @@ static inline int tst_run(char *const argv[], const char *err_path) {
         fprintf(stderr, "cannot start '%s': %s\n", argv[0], strerror(rc));
         return -1;
     }
+    return pid;
+}
+
+/* Runs argv (argv[0] a path), stderr into err_path. Returns the exit status, or 128 + signal. */
+static inline int tst_run(char *const argv[], const char *err_path) {
+    pid_t pid = tst_spawn_(argv, err_path, O_TRUNC);
+    if (pid < 0)
+        return -1;
     int status;
-    if (waitpid(pid, &status, 0) < 0) return -1;
-    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (waitpid(pid, &status, 0) < 0)
+        return -1;
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
     return 128 + WTERMSIG(status);
 }
 
@@ -47,16 +58,7 @@ static inline void tst_sleep_ms(int ms) {
 /* Starts argv (argv[0] a path) as a child with stderr appended to err_path, without waiting
  * (sanitizer exit codes as tst_run). Returns the pid, or -1. */
 static inline pid_t tst_spawn(char *const argv[], const char *err_path) {
-    setenv("ASAN_OPTIONS", "exitcode=86", 1);
-    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    return rc == 0 ? pid : -1;
+    return tst_spawn_(argv, err_path, O_APPEND);
 }
 
 /* Waits up to ms for pid; its exit status (128 + signal), or -1 if it is still running. */
@@ -148,6 +150,13 @@ static inline int tst_finish(pid_t pid, int ms) {
 static inline const char *tst_text_in(const char *dir, const char *name) {
     char p[900];
     snprintf(p, sizeof p, "%s/%s", dir, name);
+    return tst_slurp(p);
+}
+
+/* The text of dir/NAME.err, where a child's stderr was sent (as tst_text_in). */
+static inline const char *tst_err_in(const char *dir, const char *name) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/%s.err", dir, name);
     return tst_slurp(p);
 }
 
