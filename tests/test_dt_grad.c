@@ -874,8 +874,6 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n; i++)
         free(names[i]);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    TST_CHECK(system(cmd) == 0);
+    TST_CHECK(tst_rmdir(tmp));
     return tst_report();
 }

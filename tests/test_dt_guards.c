@@ -289,12 +289,5 @@ int main(int argc, char **argv) {
         test_files(1.0f / 0.0f, "file-inf", 0);
         test_files(0.0f, "file-zero-tap", 1);
     }
-    int rc = tst_report();
-    if (rc == 0) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    return tst_cleanup(tmp, tst_report());
 }

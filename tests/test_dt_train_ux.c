@@ -144,8 +144,6 @@ int main(void) {
     TST_CHECK(run_sh(cmd, out, sizeof out) == 1 && strstr(out, "/nonexistent/config.json"));
     printf("unknown run-config key refused; --dry-run prints the plan; a missing target config is named\n");
 
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", tmp);
+    tst_rmdir(tmp);
     return tst_report();
 }

@@ -296,7 +296,6 @@ int main(int argc, char **argv) {
         test_cpu(cfg);
         test_serve(cfg);
     }
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    TST_CHECK(system(cmd) == 0);
+    TST_CHECK(tst_rmdir(dir));
     return tst_report();
 }

@@ -203,14 +203,20 @@ static inline int tst_sh(const char *cmd, char *out, size_t cap) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* rm -rf dir; 1 if that succeeded, else 0 with a message. */
+static inline int tst_rmdir(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) == 0)
+        return 1;
+    fprintf(stderr, "cannot remove %s\n", dir);
+    return 0;
+}
+
 /* Removes the test's folder dir when rc is 0 (a failed run keeps its logs); returns rc. */
 static inline int tst_cleanup(const char *dir, int rc) {
-    if (rc == 0) {
-        char cmd[600];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", dir);
-    }
+    if (rc == 0)
+        tst_rmdir(dir);
     return rc;
 }
 

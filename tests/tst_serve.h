@@ -23,7 +23,6 @@ static inline pid_t tst_serve_start(const char *bin, const char *model, const ch
     char log[600], ep_file[600];
     snprintf(log, sizeof log, "%s.log", path);
     snprintf(ep_file, sizeof ep_file, "%s.ep", path);
-    endpoint[0] = '\0';
     unlink(ep_file);
     const char *argv[48] = {bin,
                             "serve",
@@ -43,9 +42,8 @@ static inline pid_t tst_serve_start(const char *bin, const char *model, const ch
     for (int i = 0; extra && extra[i] && n < 46; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    pid_t pid = tst_spawn((char *const *)argv, log);
-    if (pid < 0)
-        fprintf(stderr, "cannot start '%s'\n", bin);
+    pid_t pid = tst_spawn((char *const *)argv, log); /* bind may be endpoint: spawned before it is cleared */
+    endpoint[0] = '\0';
     return tst_await_endpoint(pid, ep_file, log, endpoint, cap, ms) ? pid : -1;
 }
 
