@@ -29,6 +29,7 @@
 #include "dt_train_data.h"
 #include "kn_backend.h"
 #include "tst.h"
+#include "tst_kn.h"
 #include "tst_proc.h"
 
 #define MAX_STEPS 64
@@ -393,14 +394,7 @@ static void test_data_parallel(void) {
 }
 
 int main(void) {
-    const kn_backend *be = kn_backend_cuda();
-    if (!be)
-        TST_SKIP("this build has no cuda backend");
-    kn_ctx       *ctx = NULL;
-    kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
-    if (be->ctx_create(&ctx, &kc) != CM_OK)
-        TST_SKIP("no usable cuda device: %s", cm_last_error());
-    be->ctx_destroy(&ctx);
+    tst_need_cuda();
     if (!dtd_begin(tmp, sizeof tmp, "/tmp/tandem-dtcuda-XXXXXX"))
         return 1;
     snprintf(config, sizeof config, "%s/drafter.json", tmp);

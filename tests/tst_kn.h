@@ -1,9 +1,9 @@
 /* tests/tst_kn.h — the kernel tests' inputs and verdicts: deterministic random numbers
  * (xorshift64 from TST_KN_SEED, which a test may define before including this), random and
  * zeroed host arrays, bf16 rounding (nearest even) and widening written independently of
- * cm_dtype, and comparisons that print their errors whatever the verdict: elementwise
- * against atol + rtol·|ref| (TST_CLOSE) and against a per-element bound (the rounding bound
- * of a dot product). Header-only; include once, after tst.h. */
+ * cm_dtype, a skip without a usable cuda device, and comparisons that print their errors whatever the
+ * verdict: elementwise against atol + rtol·|ref| (TST_CLOSE) and against a per-element bound (the rounding
+ * bound of a dot product). Header-only; include once, after tst.h. */
 #ifndef TST_KN_H
 #define TST_KN_H
 
@@ -13,20 +13,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kn_backend.h"
 #include "tst.h"
 
 #ifndef TST_KN_SEED
 #define TST_KN_SEED 0x9e3779b97f4a7c15ull
 #endif
 
-static uint64_t tst_rng_state = TST_KN_SEED;
-
 /* Uniform in [0, 1), 53 bits. */
 static inline double tst_urand(void) {
-    tst_rng_state ^= tst_rng_state << 13;
-    tst_rng_state ^= tst_rng_state >> 7;
-    tst_rng_state ^= tst_rng_state << 17;
-    return (double)(tst_rng_state >> 11) / 9007199254740992.0;
+    static uint64_t state = TST_KN_SEED;
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return (double)(state >> 11) / 9007199254740992.0;
+}
+
+/* Exits 77 (skipped) unless this build has a cuda backend and a context opens on a device. */
+static inline void tst_need_cuda(void) {
+    const kn_backend *be = kn_backend_cuda();
+    if (!be)
+        TST_SKIP("this build has no cuda backend");
+    kn_ctx       *ctx = NULL;
+    kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+    if (be->ctx_create(&ctx, &kc) != CM_OK)
+        TST_SKIP("no usable cuda device: %s", cm_last_error());
+    be->ctx_destroy(&ctx);
 }
 
 /* Zeroed host memory (at least 1 byte); exits 1 when there is none. */
