@@ -12,11 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cm_dtype.h"
 #include "cm_rng.h"
 #include "cm_safetensors.h"
+#include "cm_shard.h"
 #include "tst.h"
 #include "tst_proc.h"
 #include "tst_serve.h"
@@ -238,6 +240,16 @@ static inline int dtd_end(const char *dir) {
         TST_CHECK(system(cmd) == 0);
     }
     return tst_report();
+}
+
+/* Records durable in the shard store dir (from the size of its index.bin; 0 without one). */
+static inline long dtd_durable(const char *dir) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/index.bin", dir);
+    struct stat st;
+    if (stat(p, &st) != 0 || st.st_size < CM_SHARD_INDEX_HEADER_SIZE)
+        return 0;
+    return (long)((st.st_size - CM_SHARD_INDEX_HEADER_SIZE) / CM_SHARD_ENTRY_SIZE);
 }
 
 #endif /* DT_TRAIN_DATA_H */

@@ -43,11 +43,6 @@ typedef struct metrics {
     char   text[MAX_STEPS][200]; /* loss|grad_norm as printed, for bitwise equality */
 } metrics;
 
-static const char *field(const char *line, const char *key) {
-    const char *p = strstr(line, key);
-    return p ? p + strlen(key) : NULL;
-}
-
 static int read_metrics(const char *run, metrics *m) {
     char path[700];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
@@ -59,7 +54,7 @@ static int read_metrics(const char *run, metrics *m) {
     m->n = 0;
     while (fgets(line, sizeof line, f) && m->n < MAX_STEPS) {
         long long   step = -1;
-        const char *l = field(line, "\"loss\": "), *g = field(line, "\"grad_norm\": ");
+        const char *l = tst_field(line, "\"loss\": "), *g = tst_field(line, "\"grad_norm\": ");
         if (sscanf(line, "{\"step\": %lld", &step) != 1 || step != m->n + 1 || !l || !g) {
             ok = 0;
             break;

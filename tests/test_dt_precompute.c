@@ -46,16 +46,6 @@ static int make_data(void) {
 
 // ---- helpers
 
-/* Entries durable in DIR's index (from its size). */
-static long durable(const char *dir) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/index.bin", dir);
-    struct stat st;
-    if (stat(p, &st) != 0 || st.st_size < CM_SHARD_INDEX_HEADER_SIZE)
-        return 0;
-    return (long)((st.st_size - CM_SHARD_INDEX_HEADER_SIZE) / CM_SHARD_ENTRY_SIZE);
-}
-
 static pid_t precompute_start(const char *data, const char *layers, const char *dir, const char *err) {
     char *argv[] = {DTD_DT_BIN,   "precompute", "--server",         endpoint, "--data",
                     (char *)data, "--layers",   (char *)layers,     "--out",  (char *)dir,
@@ -81,12 +71,12 @@ static int precompute_interrupted(int sig, int more, const char *errname) {
     char err[512];
     snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
     unlink(err);
-    long  before = durable(shards);
+    long  before = dtd_durable(shards);
     pid_t pid = precompute_start(csv_tok, "5,3,1", shards, err);
     if (pid < 0)
         return -1;
     int rc = -1;
-    for (int i = 0; i < 60000 && durable(shards) < before + more; i++) {
+    for (int i = 0; i < 60000 && dtd_durable(shards) < before + more; i++) {
         if ((rc = tst_wait_exit(pid, 0)) >= 0)
             break;
         tst_sleep_ms(2);
@@ -103,7 +93,7 @@ static int precompute_interrupted(int sig, int more, const char *errname) {
         waitpid(pid, NULL, 0);
     }
     fprintf(stderr, "precompute %s: exit %d, %ld -> %ld records durable\n", errname, rc, before,
-            durable(shards));
+            dtd_durable(shards));
     return rc;
 }
 
@@ -170,11 +160,11 @@ static const char *err_text(const char *name) {
 static void test_resume(void) {
     /* SIGTERM: a clean stop, exit 143, everything so far durable */
     TST_CHECK(precompute_interrupted(SIGTERM, 2, "term") == 143);
-    long after_term = durable(shards);
+    long after_term = dtd_durable(shards);
     TST_CHECK(after_term >= 2 && after_term < N_BATCHES);
     /* SIGKILL mid-run */
     TST_CHECK(precompute_interrupted(SIGKILL, 2, "kill") == 128 + SIGKILL);
-    long after_kill = durable(shards);
+    long after_kill = dtd_durable(shards);
     TST_CHECK(after_kill >= after_term + 2 && after_kill < N_BATCHES);
     /* resumed to the end */
     TST_CHECK(precompute(csv_tok, "5,3,1", shards, "resume") == 0);
@@ -202,7 +192,7 @@ static void test_resume(void) {
     }
     /* a run over a complete store stores nothing and exits 0 */
     TST_CHECK(precompute(csv_tok, "5,3,1", shards, "again") == 0);
-    TST_CHECK(durable(shards) == N_BATCHES);
+    TST_CHECK(dtd_durable(shards) == N_BATCHES);
     char *inspect[] = {DTD_DT_BIN, "shards", "inspect", shards, "--verify", NULL};
     char  err[512];
     snprintf(err, sizeof err, "%s/inspect.err", tmp);

@@ -31,11 +31,6 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static const char *field(const char *line, const char *key) {
-    const char *p = strstr(line, key);
-    return p ? p + strlen(key) : NULL;
-}
-
 /* Reads RUN/metrics.jsonl; steps must be 1, 2, ... in order. */
 static int read_metrics(const char *run, metrics *m) {
     char path[600];
@@ -48,8 +43,8 @@ static int read_metrics(const char *run, metrics *m) {
     int ok = 1;
     while (fgets(line, sizeof line, f) && m->n < MAX_STEPS) {
         long long   step = -1;
-        const char *l = field(line, "\"loss\": "), *t = field(line, "\"tau\": "),
-                   *r = field(line, "\"lr\": ");
+        const char *l = tst_field(line, "\"loss\": "), *t = tst_field(line, "\"tau\": "),
+                   *r = tst_field(line, "\"lr\": ");
         if (sscanf(line, "{\"step\": %lld", &step) != 1 || step != m->n + 1 || !l || !t || !r) {
             ok = 0;
             break;

@@ -517,13 +517,6 @@ static void fault_server_kill(int rep) {
 
 // ---- e. precompute kill -9 mid-run
 
-static long durable(const char *dir) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/index.bin", dir);
-    long s = file_size(p);
-    return s < CM_SHARD_INDEX_HEADER_SIZE ? 0 : (s - CM_SHARD_INDEX_HEADER_SIZE) / CM_SHARD_ENTRY_SIZE;
-}
-
 static pid_t precompute_start(const char *dir, const char *err) {
     char *argv[] = {DTD_DT_BIN,  "precompute", "--server", endpoint, "--data",       csv_tok,
                     "--layers",  "1,3",        "--out",    (char *)dir, "--credits", "1",
@@ -538,14 +531,14 @@ static void fault_precompute_kill(int rep) {
     snprintf(err, sizeof err, "%s/precompute-%d.err", tmp, rep);
     pid_t pid = precompute_start(dir, err);
     int   want = 1 + rnd(N_BATCHES - 2), rc = -1;
-    for (int i = 0; i < 60000 && durable(dir) < want; i++) {
+    for (int i = 0; i < 60000 && dtd_durable(dir) < want; i++) {
         if ((rc = tst_wait_exit(pid, 0)) >= 0)
             break;
         tst_sleep_ms(1);
     }
     kill(pid, SIGKILL);
     int  killed = tst_finish(pid, 30000) == 128 + SIGKILL;
-    long at = durable(dir);
+    long at = dtd_durable(dir);
     TST_CHECK(rc < 0 && killed && at < N_BATCHES);
     pid = precompute_start(dir, err);
     TST_CHECK(tst_finish(pid, 120000) == 0);
