@@ -1,8 +1,9 @@
 /* tests/tst_proc.h — running a program of the build as a real child process: argv, exit
  * status, and its stderr captured to a file for checking messages; a child waited for with a
- * deadline or ended with a signal (SIGKILL when it outlives the wait), the text of a file in the
- * test's folder, and the removal of that folder after a passing run. Sanitizer exit codes are
- * moved away from 1 so "exit 1 with a message" cannot be mistaken for a sanitizer report. */
+ * deadline or ended with a signal (SIGKILL when it outlives the wait), a shell line's output,
+ * small files read back (whole, a child's .err, their lines, compared byte for byte), and the
+ * removal of the test's folder. Sanitizer exit codes are moved away from 1 so "exit 1 with a
+ * message" cannot be mistaken for a sanitizer report. */
 #ifndef TST_PROC_H
 #define TST_PROC_H
 
