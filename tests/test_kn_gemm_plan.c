@@ -39,9 +39,9 @@ static const kn_backend *gpu;
         }                                                                                                    \
     } while (0)
 
-static float frand(void) {
+static float frand(void) { /* [-1, 1) */
     return (float)(tst_urand() * 2.0 - 1.0);
-} /* [-1, 1) */
+}
 
 /* x rounded to bf16, nearest even, as the kernels round (finite inputs) */
 static float bf16_round(float x) {

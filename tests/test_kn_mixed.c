@@ -23,9 +23,9 @@
 #include "tst.h"
 #include "tst_kn.h"
 
-static float urand(void) {
+static float urand(void) { /* [-1, 1) */
     return (float)(tst_urand() * 2.0 - 1.0);
-} /* [-1, 1) */
+}
 
 static float *rand_f(int64_t n, float scale) {
     float *x = malloc((size_t)n * sizeof *x);
