@@ -12,11 +12,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cm_dtype.h"
 #include "cm_rng.h"
 #include "cm_safetensors.h"
+#include "cm_shard.h"
+#include "tst.h"
 #include "tst_proc.h"
+#include "tst_serve.h"
 
 #define DTD_MAX_T  512
 #define DTD_TAP_A  1
@@ -147,6 +152,104 @@ static int dtd_make_batches(const char *dir, int n_batches, uint64_t seed, char 
         snprintf(csv + used, cap - used, "%s%s", b ? "," : "", path);
     }
     return 1;
+}
+
+/* dtd_make_batches into dir (their paths into csv_dump), and from each batch-<i> a token-only
+ * file dir/tok-<ii>.safetensors (input_ids, cu_seqlens, loss_mask) and a file
+ * dir/bf-<ii>.safetensors with its taps rounded to BF16 (what a BF16 server sends); their
+ * comma-separated paths into csv_tok and csv_bf. The three lists have cap bytes each; T_of
+ * (n_batches entries, may be NULL) gets each batch's token count. Returns 1 on success. */
+static inline int dtd_make_tok_bf(const char *dir, int n_batches, uint64_t seed, char *csv_dump,
+                                  char *csv_tok, char *csv_bf, size_t cap, int *T_of) {
+    static float    hid[DTD_MAX_T * 2 * DTD_D];
+    static uint16_t h16[DTD_MAX_T * 2 * DTD_D];
+    if (!dtd_make_batches(dir, n_batches, seed, csv_dump, cap))
+        return 0;
+    csv_tok[0] = csv_bf[0] = '\0';
+    for (int b = 0; b < n_batches; b++) {
+        char src[512], tok[512], bf[512];
+        snprintf(src, sizeof src, "%s/batch-%d.safetensors", dir, b);
+        snprintf(tok, sizeof tok, "%s/tok-%02d.safetensors", dir, b);
+        snprintf(bf, sizeof bf, "%s/bf-%02d.safetensors", dir, b);
+        cm_st *s = NULL;
+        if (cm_st_open_file(&s, src) != CM_OK)
+            return 0;
+        const cm_st_tensor *ti = cm_st_find(s, "input_ids"), *tc = cm_st_find(s, "cu_seqlens"),
+                           *tm = cm_st_find(s, "loss_mask"), *th = cm_st_find(s, "target_hidden");
+        int64_t T = ti->shape[0];
+        if (T_of)
+            T_of[b] = (int)T;
+        cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
+        cm_convert(h16, CM_DTYPE_BF16, hid, CM_DTYPE_F32, (size_t)T * 2 * DTD_D);
+        cm_st_writer *w = NULL;
+        int           ok =
+            cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
+            dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
+            dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
+            dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) &&
+            cm_st_writer_write(w, bf) == CM_OK;
+        cm_st_writer_destroy(&w);
+        cm_st_destroy(&s);
+        if (!ok)
+            return 0;
+        size_t u = strlen(csv_tok), v = strlen(csv_bf);
+        snprintf(csv_tok + u, cap - u, "%s%s", b ? "," : "", tok);
+        snprintf(csv_bf + v, cap - v, "%s%s", b ? "," : "", bf);
+    }
+    return 1;
+}
+
+/* Starts `target-server serve --model model --bind bind --dtype bf16` (and `--encoding
+ * encoding` unless NULL) logging to dir/NAME.log; its pid, or -1 if it did not bind within
+ * 30 s, and the endpoint it bound into endpoint (cap bytes). */
+static inline pid_t dtd_serve(const char *model, const char *bind, const char *dir, const char *name,
+                              const char *encoding, char *endpoint, size_t cap) {
+    const char *extra[] = {"--dtype", "bf16", encoding ? "--encoding" : NULL, encoding, NULL};
+    char        path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return tst_serve_start(DTD_TS_BIN, model, bind, path, extra, endpoint, cap, 30000);
+}
+
+/* The start of a training-loop test: both programs must be built (else a message and 0), one
+ * kernel thread (results are the same for any count, and OpenMP spinning on a shared small box
+ * costs several times the work itself), and a fresh folder made from templ ("…XXXXXX") into dir
+ * (cap bytes). 1 on success. */
+static inline int dtd_begin(char *dir, size_t cap, const char *templ) {
+    if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
+        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
+                DTD_TS_BIN);
+        return 0;
+    }
+    setenv("OMP_NUM_THREADS", "1", 1);
+    snprintf(dir, cap, "%s", templ);
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "cannot create a temporary directory\n");
+        return 0;
+    }
+    return 1;
+}
+
+/* The end of a training-loop test: dir removed (a failed removal is a failed check) unless
+ * DT_TRAIN_KEEP is set; returns tst_report(). */
+static inline int dtd_end(const char *dir) {
+    if (getenv("DT_TRAIN_KEEP"))
+        fprintf(stderr, "kept %s\n", dir);
+    else {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        TST_CHECK(system(cmd) == 0);
+    }
+    return tst_report();
+}
+
+/* Records durable in the shard store dir (from the size of its index.bin; 0 without one). */
+static inline long dtd_durable(const char *dir) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/index.bin", dir);
+    struct stat st;
+    if (stat(p, &st) != 0 || st.st_size < CM_SHARD_INDEX_HEADER_SIZE)
+        return 0;
+    return (long)((st.st_size - CM_SHARD_INDEX_HEADER_SIZE) / CM_SHARD_ENTRY_SIZE);
 }
 
 #endif /* DT_TRAIN_DATA_H */

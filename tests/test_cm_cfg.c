@@ -17,21 +17,6 @@
 #define DATA   TANDEM_TEST_DATA "/data/cm"
 #define ORIGIN "fixture/config.json"
 
-static int fails_with(cm_status got, cm_status want, const char *const *words) {
-    int ok = got != CM_OK && (want == CM_OK || got == want);
-    for (int i = 0; words[i]; i++)
-        ok = ok && strstr(cm_last_error(), words[i]) != NULL;
-    if (!ok || getenv("TST_VERBOSE"))
-        fprintf(stderr, "  %s: %s\n", cm_status_str(got), cm_last_error());
-    return ok;
-}
-#define TST_FAILS(call, want, ...)                                                                           \
-    do {                                                                                                     \
-        cm_clear_error();                                                                                    \
-        const char *words_[] = {__VA_ARGS__, NULL};                                                          \
-        TST_CHECK(fails_with((call), (want), words_));                                                       \
-    } while (0)
-
 static cJSON *load_json(const char *path) {
     char *text = NULL;
     if (cm_read_text_file(path, 1 << 20, &text) != CM_OK) {

@@ -279,26 +279,7 @@ static void test_corruption(void) {
     cm_compress_destroy(&c);
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-#define EXPECT_FAIL(call, st, want)                                                                          \
-    do {                                                                                                     \
-        cm_clear_error();                                                                                    \
-        cm_status got_ = (call);                                                                             \
-        TST_CHECK(got_ == (st));                                                                             \
-        if (!strstr(cm_last_error(), (want))) {                                                              \
-            fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__, cm_last_error(),         \
-                    (want));                                                                                 \
-            tst_failures++;                                                                                  \
-        }                                                                                                    \
-    } while (0)
+#define EXPECT_FAIL TST_EXPECT_FAIL /* tst.h */
 
 /* Each stream field set to a bad value is refused with a message naming it. */
 static void test_stream_fields(void) {
@@ -322,13 +303,13 @@ static void test_stream_fields(void) {
     BADFIELD(enc2[5] = CM_DTYPE_BF16, "dtype");
     BADFIELD(enc2[6] = 1, "transform");
     BADFIELD(enc2[7] = 1, "reserved");
-    BADFIELD(put64(enc2 + 8, 40 * 64 + 1), "n_elems");
-    BADFIELD(put64(enc2 + 16, 32), "row_len");
-    BADFIELD(put32(enc2 + 24, 0), "chunk_elems");
-    BADFIELD(put32(enc2 + 24, 100), "not a multiple of row_len");
-    BADFIELD(put32(enc2 + 24, 0x7fffffff), "chunk_elems");
-    BADFIELD(put32(enc2 + 28, 99), "n_chunks");
-    BADFIELD(put32(enc2 + CM_COMPRESS_HEAD_SIZE, 0x7fffffff), "runs past");
+    BADFIELD(tst_put64(enc2 + 8, 40 * 64 + 1), "n_elems");
+    BADFIELD(tst_put64(enc2 + 16, 32), "row_len");
+    BADFIELD(tst_put32(enc2 + 24, 0), "chunk_elems");
+    BADFIELD(tst_put32(enc2 + 24, 100), "not a multiple of row_len");
+    BADFIELD(tst_put32(enc2 + 24, 0x7fffffff), "chunk_elems");
+    BADFIELD(tst_put32(enc2 + 28, 99), "n_chunks");
+    BADFIELD(tst_put32(enc2 + CM_COMPRESS_HEAD_SIZE, 0x7fffffff), "runs past");
     BADFIELD(enc2[CM_COMPRESS_HEAD_SIZE + 3] |= 0x80, "stored chunk");
     uint32_t n_chunks = (uint32_t)(enc1[28] | enc1[29] << 8);
     size_t   scales = CM_COMPRESS_HEAD_SIZE + 4 * n_chunks;
@@ -352,10 +333,10 @@ static void test_stream_fields(void) {
     /* a stored chunk of NaN codes (made by hand) */
     static uint8_t hand[256];
     memset(hand, 0, sizeof hand);
-    put32(hand, CM_COMPRESS_MAGIC);
+    tst_put32(hand, CM_COMPRESS_MAGIC);
     hand[4] = CM_ENCODING_FP8_ZSTD, hand[5] = CM_DTYPE_F32;
-    put64(hand + 8, 8), put64(hand + 16, 4), put32(hand + 24, 8), put32(hand + 28, 1);
-    put32(hand + 32, 8 | 0x80000000u);
+    tst_put64(hand + 8, 8), tst_put64(hand + 16, 4), tst_put32(hand + 24, 8), tst_put32(hand + 28, 1);
+    tst_put32(hand + 32, 8 | 0x80000000u);
     float one = 1.0f;
     memcpy(hand + 36, &one, 4), memcpy(hand + 40, &one, 4);
     for (int i = 0; i < 8; i++)

@@ -14,17 +14,7 @@
 static const cm_proto_limits LIM = CM_PROTO_LIMITS_DEFAULT;
 
 /* The decoder must fail with st and a message containing want (NULL: any). */
-#define EXPECT_FAIL(call, st, want)                                                                          \
-    do {                                                                                                     \
-        cm_clear_error();                                                                                    \
-        cm_status got_ = (call);                                                                             \
-        TST_CHECK(got_ == (st));                                                                             \
-        if ((want) && !strstr(cm_last_error(), (want) ? (want) : "")) {                                      \
-            fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__, cm_last_error(),         \
-                    (want) ? (want) : "");                                                                   \
-            tst_failures++;                                                                                  \
-        }                                                                                                    \
-    } while (0)
+#define EXPECT_FAIL TST_EXPECT_FAIL /* tst.h */
 
 // ---- hand-built frames
 
@@ -54,32 +44,23 @@ static void b_str(bld *b, const char *s) {
     b->n += strlen(s);
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
 /* Writes header + body (+ data) to out with valid checksums; returns the frame size. */
 static size_t seal_frame(uint8_t *out, uint16_t version, uint16_t type, uint32_t flags, uint32_t n_tensors,
                          uint64_t id, const bld *body, const void *data, uint64_t data_len) {
     uint8_t *h = out;
-    put32(h, CM_PROTO_MAGIC);
+    tst_put32(h, CM_PROTO_MAGIC);
     h[4] = (uint8_t)version;
     h[5] = (uint8_t)(version >> 8);
     h[6] = (uint8_t)type;
     h[7] = (uint8_t)(type >> 8);
-    put32(h + 8, flags);
-    put32(h + 12, n_tensors);
-    put64(h + 16, id);
-    put32(h + 24, (uint32_t)body->n);
-    put32(h + 28, 0);
-    put64(h + 32, data_len);
-    put64(h + 40, cm_xxh64(body->b, body->n, 0));
-    put64(h + 48, cm_xxh64(h, 48, 0));
+    tst_put32(h + 8, flags);
+    tst_put32(h + 12, n_tensors);
+    tst_put64(h + 16, id);
+    tst_put32(h + 24, (uint32_t)body->n);
+    tst_put32(h + 28, 0);
+    tst_put64(h + 32, data_len);
+    tst_put64(h + 40, cm_xxh64(body->b, body->n, 0));
+    tst_put64(h + 48, cm_xxh64(h, 48, 0));
     memcpy(out + CM_PROTO_HEADER_SIZE, body->b, body->n);
     if (data_len)
         memcpy(out + CM_PROTO_HEADER_SIZE + body->n, data, data_len);
@@ -88,7 +69,7 @@ static size_t seal_frame(uint8_t *out, uint16_t version, uint16_t type, uint32_t
 
 /* Recomputes the header checksum after a header field was patched. */
 static void reseal_header(uint8_t *f) {
-    put64(f + 48, cm_xxh64(f, 48, 0));
+    tst_put64(f + 48, cm_xxh64(f, 48, 0));
 }
 
 // ---- xxh64
@@ -491,7 +472,7 @@ static void test_header_fields(void) {
     size_t len;
     TST_CHECK(cm_proto_bye_encode(frame, sizeof frame, &len) == CM_OK);
     memcpy(frame2, frame, len);
-    put32(frame2, 0x46554747); /* "GGUF" */
+    tst_put32(frame2, 0x46554747); /* "GGUF" */
     EXPECT_FAIL(cm_proto_bye_decode(frame2, len, &LIM), CM_ERR_PROTOCOL, "bad magic");
     memcpy(frame2, frame, len);
     frame2[4] = 1; /* a version-1 peer (before weights fingerprints) */
@@ -528,26 +509,26 @@ static void test_header_fields(void) {
     /* lengths beyond the limits are refused from the header alone, before any body is read */
     bld body = {.n = 0};
     len = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_REQUEST, 0, 0, 1, &body, NULL, 0);
-    put32(frame + 24, LIM.max_body_bytes + 1);
+    tst_put32(frame + 24, LIM.max_body_bytes + 1);
     reseal_header(frame);
     EXPECT_FAIL(cm_proto_peek(frame, len, &LIM, &(cm_proto_header){0}), CM_ERR_PROTOCOL, "body_len");
-    put32(frame + 24, 0xffffffffu);
+    tst_put32(frame + 24, 0xffffffffu);
     reseal_header(frame);
     EXPECT_FAIL(dec_request(frame, len), CM_ERR_PROTOCOL, "body_len");
     len = seal_frame(frame, CM_PROTO_VERSION, CM_PROTO_TYPE_ANSWER, 0, 0, 1, &body, NULL, 0);
-    put64(frame + 32, LIM.max_data_bytes + 1);
+    tst_put64(frame + 32, LIM.max_data_bytes + 1);
     reseal_header(frame);
     EXPECT_FAIL(dec_answer(frame, len), CM_ERR_PROTOCOL, "data_len");
-    put64(frame + 32, UINT64_MAX);
+    tst_put64(frame + 32, UINT64_MAX);
     reseal_header(frame);
     EXPECT_FAIL(dec_answer(frame, len), CM_ERR_PROTOCOL, "data_len");
-    put64(frame + 32, 0);
-    put32(frame + 12, LIM.max_tensors + 1);
+    tst_put64(frame + 32, 0);
+    tst_put32(frame + 12, LIM.max_tensors + 1);
     reseal_header(frame);
     EXPECT_FAIL(dec_answer(frame, len), CM_ERR_PROTOCOL, "n_tensors");
     /* a header promising more than is there */
-    put32(frame + 12, 0);
-    put64(frame + 32, 1000);
+    tst_put32(frame + 12, 0);
+    tst_put64(frame + 32, 1000);
     reseal_header(frame);
     EXPECT_FAIL(dec_answer(frame, len), CM_ERR_PROTOCOL, "truncated");
     /* a non-empty heartbeat */

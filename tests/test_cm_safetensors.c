@@ -50,22 +50,6 @@ static void write_raw(const char *path, uint64_t n_field, const char *hdr, size_
     free(buf);
 }
 
-/* A non-OK status with the expected code (or any, if want == CM_OK) and every word in the message. */
-static int fails_with(cm_status got, cm_status want, const char *const *words) {
-    int ok = got != CM_OK && (want == CM_OK || got == want);
-    for (int i = 0; words[i]; i++)
-        ok = ok && strstr(cm_last_error(), words[i]) != NULL;
-    if (!ok || getenv("TST_VERBOSE"))
-        fprintf(stderr, "  %s: %s\n", cm_status_str(got), cm_last_error());
-    return ok;
-}
-#define TST_FAILS(call, want, ...)                                                                           \
-    do {                                                                                                     \
-        cm_clear_error();                                                                                    \
-        const char *words_[] = {__VA_ARGS__, NULL};                                                          \
-        TST_CHECK(fails_with((call), (want), words_));                                                       \
-    } while (0)
-
 /* Opens a raw file, which must fail with want and the words. */
 #define TST_FILE_FAILS(path, want, ...)                                                                      \
     do {                                                                                                     \

@@ -25,17 +25,7 @@
 
 extern char **environ;
 
-#define EXPECT_FAIL(call, st, want)                                                                          \
-    do {                                                                                                     \
-        cm_clear_error();                                                                                    \
-        cm_status got_ = (call);                                                                             \
-        TST_CHECK(got_ == (st));                                                                             \
-        if (!strstr(cm_last_error(), (want))) {                                                              \
-            fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", __FILE__, __LINE__, cm_last_error(),         \
-                    (want));                                                                                 \
-            tst_failures++;                                                                                  \
-        }                                                                                                    \
-    } while (0)
+#define EXPECT_FAIL TST_EXPECT_FAIL /* tst.h */
 
 static char     tmp[64];
 static uint64_t rng_state;

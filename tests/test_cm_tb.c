@@ -14,6 +14,7 @@
 
 #include "cm_tb.h"
 #include "tst.h"
+#include "tst_proc.h"
 
 static char tmp[256];
 
@@ -248,9 +249,6 @@ int main(int argc, char **argv) {
     test_round_trip(evs);
     test_bad_create();
     free(evs);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", tmp);
+    tst_rmdir(tmp);
     return tst_report();
 }

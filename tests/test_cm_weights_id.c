@@ -209,9 +209,6 @@ int main(void) {
     test_cache();
     test_background();
     free(big);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", tmp);
+    tst_rmdir(tmp);
     return tst_report();
 }

@@ -23,6 +23,8 @@
 #include "cm_rng.h"
 #include "cm_safetensors.h"
 #include "tst.h"
+#include "tst_proc.h"
+#include "tst_serve.h"
 
 #define LAUNCH  TANDEM_TEST_DATA "/../deploy/tandem-launch"
 #define MODEL   TANDEM_TEST_DATA "/../models/tiny-qwen35"
@@ -31,11 +33,6 @@
 extern char **environ;
 
 static char tmp[256], config[512], csv[8192];
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 // ---- fixtures: the tiny drafter's config and token batch files (no hidden states: live)
 
@@ -116,17 +113,7 @@ static pid_t launch_start(const char *out, char **args) {
 
 /* Waits up to ms; the exit status (128 + signal), or -1 (then the launcher is SIGKILLed). */
 static int launch_wait(pid_t pid, int ms) {
-    int status;
-    for (int waited = 0;; waited += 20) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (waited >= ms) {
-            kill(pid, SIGKILL);
-            waitpid(pid, NULL, 0);
-            return -1;
-        }
-        sleep_ms(20);
-    }
+    return tst_finish(pid, ms);
 }
 
 static int launch(const char *out, char **args, int ms) {
@@ -153,17 +140,6 @@ static const char *file_in(const char *run, const char *name) {
     k = (k + 1) % 4;
     snprintf(p[k], sizeof p[k], "%s/%s/%s", tmp, run, name);
     return p[k];
-}
-
-static int lines_of(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF)
-        n += c == '\n';
-    fclose(f);
-    return n;
 }
 
 /* 1 if a is found in text before b (both present). */
@@ -208,7 +184,7 @@ static int none_left(int ms) {
     for (int waited = 0; waited < ms; waited += 100) {
         if (count_ours(0) == 0)
             return 1;
-        sleep_ms(100);
+        tst_sleep_ms(100);
     }
     return count_ours(1) == 0;
 }
@@ -216,32 +192,20 @@ static int none_left(int ms) {
 // ---- the launches
 
 #define COMMON "--device", "cpu", "--model", MODEL, "--drafter-config", config, "--bin-dir", TANDEM_BINARY_DIR
+/* one server and one trainer on GPU 0 (the cpu here), ports from the system */
+#define ONE_EACH "--server-gpus", "0", "--trainer-gpus", "0", "--base-port", "0", COMMON
+
+/* TMP/OUT_NAME, the launcher's output, into out and TMP/RUN_NAME, the run, into run. */
+static void paths(const char *out_name, const char *run_name, char out[512], char run[512]) {
+    snprintf(out, 512, "%s/%s", tmp, out_name);
+    snprintf(run, 512, "%s/%s", tmp, run_name);
+}
 
 static void test_run(void) {
     char out[512], run[512];
-    snprintf(out, sizeof out, "%s/run.out", tmp);
-    snprintf(run, sizeof run, "%s/run", tmp);
-    char *args[] = {"--server-gpus",
-                    "0",
-                    "--trainer-gpus",
-                    "0",
-                    "--base-port",
-                    "0",
-                    COMMON,
-                    "--out",
-                    run,
-                    "--",
-                    "--data",
-                    csv,
-                    "--steps",
-                    "4",
-                    "--max-anchors",
-                    "16",
-                    "--seed",
-                    "3",
-                    "--credits",
-                    "2",
-                    NULL};
+    paths("run.out", "run", out, run);
+    char *args[] = {ONE_EACH,        "--out", run,      "--", "--data",    csv, "--steps", "4",
+                    "--max-anchors", "16",    "--seed", "3",  "--credits", "2", NULL};
     int   rc = launch(out, args, 60000);
     TST_CHECK(rc == 0);
     const char *o = slurp(out);
@@ -251,7 +215,7 @@ static void test_run(void) {
     TST_CHECK(strstr(o, "server 0 ready at tcp://127.0.0.1:") != NULL);
     TST_CHECK(before(o, "server 0 ready", "trainer 0 started"));
     TST_CHECK(before(o, "trainer 0 exited with status 0", "server 0 exited with status 0"));
-    TST_CHECK(lines_of(file_in("run", "metrics.jsonl")) == 4);
+    TST_CHECK(tst_metrics_lines(tmp, "run") == 4);
     TST_CHECK(strstr(slurp(file_in("run", "logs/server-0.log")), "answering requests") != NULL);
     TST_CHECK(strstr(slurp(file_in("run", "logs/server-0.log")), "served ") != NULL); /* a clean stop */
     TST_CHECK(strstr(slurp(file_in("run", "logs/trainer-0.log")), "=== ") != NULL);
@@ -263,55 +227,33 @@ static void test_run(void) {
  * (a plain second start would be refused: the run directory already holds a run). */
 static void test_auto_resume(void) {
     char out[512], run[512];
-    snprintf(out, sizeof out, "%s/again.out", tmp);
-    snprintf(run, sizeof run, "%s/run", tmp);
-    char *args[] = {"--server-gpus",
-                    "0",
-                    "--trainer-gpus",
-                    "0",
-                    "--base-port",
-                    "0",
-                    COMMON,
-                    "--auto-resume",
-                    "--out",
-                    run,
-                    "--",
-                    "--data",
-                    csv,
-                    "--steps",
-                    "6",
-                    "--max-anchors",
-                    "16",
-                    "--seed",
-                    "3",
-                    "--credits",
-                    "2",
-                    NULL};
+    paths("again.out", "run", out, run);
+    char *args[] = {ONE_EACH, "--auto-resume", "--out", run,      "--", "--data",    csv, "--steps",
+                    "6",      "--max-anchors", "16",    "--seed", "3",  "--credits", "2", NULL};
     int   rc = launch(out, args, 60000);
     TST_CHECK(rc == 0);
     if (rc != 0)
         fprintf(stderr, "launcher output:\n%s\n", slurp(out));
     TST_CHECK(strstr(slurp(out), " --resume ") != NULL);
     TST_CHECK(strstr(slurp(file_in("run", "logs/trainer-0.log")), "resuming") != NULL);
-    TST_CHECK(lines_of(file_in("run", "metrics.jsonl")) == 6);
+    TST_CHECK(tst_metrics_lines(tmp, "run") == 6);
     TST_CHECK(none_left(5000));
 }
 
 /* A run that lasts (many epochs), stopped with sig once it has trained 2 steps. */
 static int stop_mid_run(const char *name, int sig, int *steps_at_stop) {
-    char out[512], run[512];
-    snprintf(out, sizeof out, "%s/%s.out", tmp, name);
-    snprintf(run, sizeof run, "%s/%s", tmp, name);
-    char *args[] = {
-        "--server-gpus", "0", "--trainer-gpus", "0",      "--base-port",   "0",  COMMON,   "--out", run, "--",
-        "--data",        csv, "--epochs",       "100000", "--max-anchors", "16", "--seed", "3",     NULL};
+    char out[512], run[512], out_name[300];
+    snprintf(out_name, sizeof out_name, "%s.out", name);
+    paths(out_name, name, out, run);
+    char *args[] = {ONE_EACH, "--out",         run,  "--",     "--data", csv, "--epochs",
+                    "100000", "--max-anchors", "16", "--seed", "3",      NULL};
     pid_t pid = launch_start(out, args);
     if (pid < 0)
         return -1;
     const char *metrics = file_in(name, "metrics.jsonl");
-    for (int i = 0; i < 3000 && lines_of(metrics) < 2; i++)
-        sleep_ms(10);
-    *steps_at_stop = lines_of(metrics);
+    for (int i = 0; i < 3000 && tst_lines(metrics) < 2; i++)
+        tst_sleep_ms(10);
+    *steps_at_stop = tst_lines(metrics);
     kill(pid, sig);
     return launch_wait(pid, 30000);
 }
@@ -342,25 +284,9 @@ static void test_launcher_killed(void) {
  * the model is loaded only by asking `target-server status`. */
 static void test_trainer_fails(void) {
     char out[512], run[512];
-    snprintf(out, sizeof out, "%s/fail.out", tmp);
-    snprintf(run, sizeof run, "%s/fail", tmp);
-    char *args[] = {"--server-gpus",
-                    "0",
-                    "--trainer-gpus",
-                    "0",
-                    "--base-port",
-                    "0",
-                    COMMON,
-                    "--out",
-                    run,
-                    "--server-args",
-                    "--log-level warn",
-                    "--",
-                    "--data",
-                    csv,
-                    "--lr",
-                    "fast",
-                    NULL};
+    paths("fail.out", "fail", out, run);
+    char *args[] = {ONE_EACH, "--out", run, "--server-args", "--log-level warn", "--", "--data", csv,
+                    "--lr",   "fast",  NULL};
     TST_CHECK(launch(out, args, 60000) == 2);
     const char *o = slurp(out);
     TST_CHECK(strstr(o, "server 0 ready at tcp://127.0.0.1:") != NULL);
@@ -378,8 +304,7 @@ static void test_server_fails(void) {
     mkdir(model, 0755);
     snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/'", MODEL, model);
     TST_CHECK(system(cmd) == 0);
-    snprintf(out, sizeof out, "%s/sfail.out", tmp);
-    snprintf(run, sizeof run, "%s/sfail", tmp);
+    paths("sfail.out", "sfail", out, run);
     char *args[] = {"--server-gpus",
                     "0",
                     "--trainer-gpus",
@@ -426,7 +351,7 @@ static void test_swap_runs(void) {
         if (p)
             sscanf(p + strlen("servers up: "), "%255s", endpoint);
         else
-            sleep_ms(10);
+            tst_sleep_ms(10);
     }
     TST_CHECK(strncmp(endpoint, "tcp://127.0.0.1:", 16) == 0);
     const char *runs[] = {"swap-a", "swap-b"}, *lrs[] = {"1e-3", "3e-3"};
@@ -456,7 +381,7 @@ static void test_swap_runs(void) {
         TST_CHECK(rc == 0);
         if (rc != 0)
             fprintf(stderr, "%s:\n%s\n", runs[k], slurp(rout));
-        TST_CHECK(lines_of(file_in(runs[k], "metrics.jsonl")) == 3);
+        TST_CHECK(tst_metrics_lines(tmp, runs[k]) == 3);
         TST_CHECK(strstr(slurp(rout), "server 0") == NULL); /* it started no server */
     }
     /* precompute from the warm server, then a run from the shards alone (--shards: no server) */
@@ -464,26 +389,22 @@ static void test_swap_runs(void) {
         char shards[512], err[512], pout[512], run[512];
         snprintf(shards, sizeof shards, "%s/shards", tmp);
         snprintf(err, sizeof err, "%s/precompute.err", tmp);
-        char                      *pre[] = {TANDEM_BINARY_DIR "/drafter-trainer/drafter-trainer",
-                                            "precompute",
-                                            "--server",
-                                            endpoint,
-                                            "--data",
-                                            csv,
-                                            "--layers",
-                                            "1,3",
-                                            "--out",
-                                            shards,
-                                            "--log-level",
-                                            "warn",
-                                            NULL};
-        pid_t                      p = -1;
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int ok = posix_spawn(&p, pre[0], &fa, NULL, pre, environ) == 0;
-        posix_spawn_file_actions_destroy(&fa);
-        TST_CHECK(ok && launch_wait(p, 60000) == 0);
+        char *pre[] = {TANDEM_BINARY_DIR "/drafter-trainer/drafter-trainer",
+                       "precompute",
+                       "--server",
+                       endpoint,
+                       "--data",
+                       csv,
+                       "--layers",
+                       "1,3",
+                       "--out",
+                       shards,
+                       "--log-level",
+                       "warn",
+                       NULL};
+        unlink(err);
+        pid_t p = tst_spawn(pre, err);
+        TST_CHECK(p > 0 && launch_wait(p, 60000) == 0);
         snprintf(pout, sizeof pout, "%s/from-shards.out", tmp);
         snprintf(run, sizeof run, "%s/from-shards", tmp);
         char *sargs2[] = {"--trainers-only",
@@ -508,7 +429,7 @@ static void test_swap_runs(void) {
             fprintf(stderr, "from-shards:\n%s\n%s\n", slurp(pout),
                     slurp(file_in("from-shards", "logs/trainer-0.log")));
         TST_CHECK(strstr(slurp(pout), "shards ") != NULL);
-        TST_CHECK(lines_of(file_in("from-shards", "metrics.jsonl")) == 3);
+        TST_CHECK(tst_metrics_lines(tmp, "from-shards") == 3);
     }
     /* the same server answered every run, and still runs */
     TST_CHECK(kill(srv, 0) == 0 && strstr(slurp(out), "exited") == NULL);
@@ -522,8 +443,7 @@ static void test_swap_runs(void) {
 
 static void test_dry_run(void) {
     char out[512], run[512];
-    snprintf(out, sizeof out, "%s/dry.out", tmp);
-    snprintf(run, sizeof run, "%s/never", tmp);
+    paths("dry.out", "never", out, run);
     char *seeds[] = {"--server-gpus",
                      "0,1",
                      "--trainer-gpus",
@@ -617,12 +537,5 @@ int main(void) {
     test_launcher_killed();
     test_swap_runs();
     fprintf(stderr, "launcher tests took %lld s\n", (long long)(time(NULL) - t0));
-    int rc = tst_report();
-    if (rc == 0) { /* logs are kept for a failed run */
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    return tst_cleanup(tmp, tst_report()); /* logs are kept for a failed run */
 }

@@ -483,8 +483,6 @@ int main(void) {
         char *a6[] = {"--drafter", good_drafter, "--batch", good_batch, "--out"};
         expect_usage("option without value", a6, 5, "needs a value");
     }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    TST_CHECK(system(cmd) == 0);
+    TST_CHECK(tst_rmdir(tmp));
     return tst_report();
 }

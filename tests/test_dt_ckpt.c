@@ -44,9 +44,7 @@ static int train(const char *out, const char *errname, const char *data, const c
 }
 
 static const char *err_text(const char *errname) {
-    char err[512];
-    snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
-    return tst_slurp(err);
+    return tst_err_in(tmp, errname);
 }
 
 static void expect_refused(const char *what, int rc, const char *errname, const char *needle) {
@@ -458,17 +456,8 @@ static void test_init_from(void) {
 }
 
 int main(void) {
-    if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
-        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
-                DTD_TS_BIN);
+    if (!dtd_begin(tmp, sizeof tmp, "/tmp/tandem-dtc-XXXXXX"))
         return 1;
-    }
-    setenv("OMP_NUM_THREADS", "1", 1);
-    snprintf(tmp, sizeof tmp, "/tmp/tandem-dtc-XXXXXX");
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "cannot create a temporary directory\n");
-        return 1;
-    }
     snprintf(config, sizeof config, "%s/drafter.json", tmp);
     snprintf(config1, sizeof config1, "%s/drafter1.json", tmp);
     TST_CHECK(dtd_write_config(config, 2) && dtd_write_config(config1, 1));
@@ -483,12 +472,5 @@ int main(void) {
         test_usage();
         test_init_from();
     }
-    if (getenv("DT_TRAIN_KEEP"))
-        fprintf(stderr, "kept %s\n", tmp);
-    else {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        TST_CHECK(system(cmd) == 0);
-    }
-    return tst_report();
+    return dtd_end(tmp);
 }

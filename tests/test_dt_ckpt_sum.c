@@ -38,9 +38,7 @@ static int train(const char *out, const char *errname, const char *const *extra)
 }
 
 static const char *err_text(const char *errname) {
-    char err[512];
-    snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
-    return tst_slurp(err);
+    return tst_err_in(tmp, errname);
 }
 
 static int sh(const char *fmt, const char *a, const char *b) {
@@ -210,17 +208,8 @@ static void test_legacy(void) {
 }
 
 int main(void) {
-    if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
-        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
-                DTD_TS_BIN);
+    if (!dtd_begin(tmp, sizeof tmp, "/tmp/tandem-dcs-XXXXXX"))
         return 1;
-    }
-    setenv("OMP_NUM_THREADS", "1", 1);
-    snprintf(tmp, sizeof tmp, "/tmp/tandem-dcs-XXXXXX");
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "cannot create a temporary directory\n");
-        return 1;
-    }
     snprintf(config, sizeof config, "%s/drafter.json", tmp);
     TST_CHECK(dtd_write_config(config, 2));
     TST_CHECK(dtd_make_batches(tmp, 3, 5, csv, sizeof csv));
@@ -228,12 +217,5 @@ int main(void) {
         test_damage();
         test_legacy();
     }
-    if (getenv("DT_TRAIN_KEEP"))
-        fprintf(stderr, "kept %s\n", tmp);
-    else {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        TST_CHECK(system(cmd) == 0);
-    }
-    return tst_report();
+    return dtd_end(tmp);
 }

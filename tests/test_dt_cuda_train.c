@@ -29,6 +29,7 @@
 #include "dt_train_data.h"
 #include "kn_backend.h"
 #include "tst.h"
+#include "tst_kn.h"
 #include "tst_proc.h"
 
 #define MAX_STEPS 64
@@ -42,11 +43,6 @@ typedef struct metrics {
     char   text[MAX_STEPS][200]; /* loss|grad_norm as printed, for bitwise equality */
 } metrics;
 
-static const char *field(const char *line, const char *key) {
-    const char *p = strstr(line, key);
-    return p ? p + strlen(key) : NULL;
-}
-
 static int read_metrics(const char *run, metrics *m) {
     char path[700];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
@@ -58,7 +54,7 @@ static int read_metrics(const char *run, metrics *m) {
     m->n = 0;
     while (fgets(line, sizeof line, f) && m->n < MAX_STEPS) {
         long long   step = -1;
-        const char *l = field(line, "\"loss\": "), *g = field(line, "\"grad_norm\": ");
+        const char *l = tst_field(line, "\"loss\": "), *g = tst_field(line, "\"grad_norm\": ");
         if (sscanf(line, "{\"step\": %lld", &step) != 1 || step != m->n + 1 || !l || !g) {
             ok = 0;
             break;
@@ -140,23 +136,6 @@ static void test_cpu_vs_cuda(void) {
     free(c);
 }
 
-static int same_file(const char *a, const char *b) {
-    FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
-    int   same = f && g;
-    while (same) {
-        int x = fgetc(f), y = fgetc(g);
-        if (x != y)
-            same = 0;
-        if (x == EOF || y == EOF)
-            break;
-    }
-    if (f)
-        fclose(f);
-    if (g)
-        fclose(g);
-    return same;
-}
-
 static void test_resume(void) {
     const char *a[] = {"--device", "cuda", "--max-anchors", "16", "--save-every", "4", "--steps", "8", NULL};
     const char *b1[] = {"--device", "cuda", "--max-anchors", "16", "--save-every", "4", "--steps", "4", NULL};
@@ -181,7 +160,7 @@ static void test_resume(void) {
         char fa[900], fb[900];
         snprintf(fa, sizeof fa, "%s/res-a/checkpoints/step-8/%s", tmp, files[k]);
         snprintf(fb, sizeof fb, "%s/res-b/checkpoints/step-8/%s", tmp, files[k]);
-        TST_CHECK(same_file(fa, fb));
+        TST_CHECK(tst_same_file(fa, fb));
     }
     free(m);
 }
@@ -287,16 +266,10 @@ static int no_loss_copy(const char *src, const char *out) {
     return ok;
 }
 
-/* Starts argv with stderr into err_path; returns the pid or -1. */
+/* Starts argv with stderr into err_path (emptied first); returns the pid or -1. */
 static pid_t spawn(char *const argv[], const char *err_path) {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int   rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    return rc == 0 ? pid : -1;
+    unlink(err_path);
+    return tst_spawn(argv, err_path);
 }
 
 static int reap(pid_t pid) {
@@ -354,11 +327,6 @@ static void test_dp(const char *tag, const char *pair, const char *global, int p
 
 // ---- live over NCCL
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static void test_live_nccl(void) {
     char log[700], epfile[700], bind[700], endpoint[400] = "";
     snprintf(log, sizeof log, "%s/serve.log", tmp);
@@ -369,22 +337,8 @@ static void test_live_nccl(void) {
                     "--log-level", "warn",   NULL};
     pid_t pid = spawn(argv, log);
     TST_CHECK(pid > 0);
-    for (int i = 0; pid > 0 && i < 1200 && !endpoint[0]; i++) {
-        FILE *f = fopen(epfile, "r");
-        if (f) {
-            if (!fgets(endpoint, sizeof endpoint, f))
-                endpoint[0] = '\0';
-            endpoint[strcspn(endpoint, "\n")] = '\0';
-            fclose(f);
-        }
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            fprintf(stderr, "target-server serve exited early: %s\n", tst_slurp(log));
-            pid = -1;
-        }
-        if (!endpoint[0])
-            sleep_ms(50);
-    }
+    if (!tst_await_endpoint(pid, epfile, log, endpoint, sizeof endpoint, 60000))
+        pid = -1;
     TST_CHECK(endpoint[0] != '\0');
     if (endpoint[0]) {
         const char *raw[] = {"--device",      "cuda", "--gpu",        "1",      "--precision", "fp32",
@@ -408,19 +362,7 @@ static void test_live_nccl(void) {
         TST_CHECK(same);
         free(m);
     }
-    if (pid > 0) {
-        kill(pid, SIGTERM);
-        int status = 0, done = 0;
-        for (int i = 0; i < 200 && !done; i++) {
-            done = waitpid(pid, &status, WNOHANG) == pid;
-            if (!done)
-                sleep_ms(50);
-        }
-        if (!done) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-        }
-    }
+    tst_end(pid, SIGTERM, 10000);
 }
 
 static void test_data_parallel(void) {
@@ -447,25 +389,9 @@ static void test_data_parallel(void) {
 }
 
 int main(void) {
-    const kn_backend *be = kn_backend_cuda();
-    if (!be)
-        TST_SKIP("this build has no cuda backend");
-    kn_ctx       *ctx = NULL;
-    kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
-    if (be->ctx_create(&ctx, &kc) != CM_OK)
-        TST_SKIP("no usable cuda device: %s", cm_last_error());
-    be->ctx_destroy(&ctx);
-    if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
-        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
-                DTD_TS_BIN);
+    tst_need_cuda();
+    if (!dtd_begin(tmp, sizeof tmp, "/tmp/tandem-dtcuda-XXXXXX"))
         return 1;
-    }
-    snprintf(tmp, sizeof tmp, "/tmp/tandem-dtcuda-XXXXXX");
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "cannot create a temporary directory\n");
-        return 1;
-    }
-    setenv("OMP_NUM_THREADS", "1", 1);
     snprintf(config, sizeof config, "%s/drafter.json", tmp);
     TST_CHECK(dtd_write_config(config, 2));
     TST_CHECK(dtd_make_batches(tmp, 6, 11, csv, sizeof csv));
@@ -476,12 +402,5 @@ int main(void) {
         test_resume();
         test_data_parallel();
     }
-    if (getenv("DT_TRAIN_KEEP"))
-        fprintf(stderr, "kept %s\n", tmp);
-    else {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        TST_CHECK(system(cmd) == 0);
-    }
-    return tst_report();
+    return dtd_end(tmp);
 }

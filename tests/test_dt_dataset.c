@@ -26,6 +26,7 @@
 #include "dt_train_data.h"
 #include "tst.h"
 #include "tst_proc.h"
+#include "tst_serve.h"
 
 #define N_DOCS 48 /* per file; two files */
 #define BUDGET "160"
@@ -37,79 +38,16 @@ static char tmp[256], config[512], jsonl_a[512], jsonl_b[512], bin_b[512], datas
 static pid_t server = -1;
 static char  endpoint[256];
 
-static int serve_start(void) {
-    char log[512], ep[512];
-    snprintf(log, sizeof log, "%s/serve.log", tmp);
-    snprintf(ep, sizeof ep, "%s/serve.ep", tmp);
-    char *argv[] = {DTD_TS_BIN,
-                    "serve",
-                    "--model",
-                    DTD_MODEL,
-                    "--bind",
-                    "tcp://127.0.0.1:*",
-                    "--endpoint-file",
-                    ep,
-                    "--dtype",
-                    "bf16",
-                    "--heartbeat-ms",
-                    "200",
-                    "--peer-timeout-ms",
-                    "1500",
-                    "--stats-interval",
-                    "0",
-                    NULL};
-    server = tst_spawn(argv, log);
-    if (server < 0)
-        return 0;
-    for (int i = 0; i < 600; i++) {
-        FILE *f = fopen(ep, "r");
-        if (f) {
-            int ok = fgets(endpoint, sizeof endpoint, f) != NULL;
-            fclose(f);
-            endpoint[strcspn(endpoint, "\n")] = '\0';
-            if (ok && endpoint[0])
-                return 1;
-        }
-        if (tst_wait_exit(server, 0) >= 0) {
-            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
-            server = -1;
-            return 0;
-        }
-        tst_sleep_ms(50);
-    }
-    fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
-    return 0;
-}
-
-static void serve_stop(void) {
-    if (server < 0)
-        return;
-    kill(server, SIGTERM);
-    if (tst_wait_exit(server, 15000) < 0) {
-        kill(server, SIGKILL);
-        waitpid(server, NULL, 0);
-    }
-    server = -1;
-}
-
 /* Runs argv to completion (stderr into tmp/name.err); its exit status. */
 static int run_named(char *const argv[], const char *name) {
     char err[512];
     snprintf(err, sizeof err, "%s/%s.err", tmp, name);
     unlink(err);
-    pid_t pid = tst_spawn(argv, err);
-    int   rc = pid < 0 ? -1 : tst_wait_exit(pid, 120000);
-    if (rc < 0 && pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    return rc;
+    return tst_finish(tst_spawn(argv, err), 120000);
 }
 
 static const char *err_of(const char *name) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s.err", tmp, name);
-    return tst_slurp(p);
+    return tst_err_in(tmp, name);
 }
 
 // ---- data
@@ -642,17 +580,11 @@ int main(void) {
     test_formats();
     test_packing();
     test_bad_inputs();
-    if (serve_start()) {
+    server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", tmp, "serve", NULL, endpoint, sizeof endpoint);
+    if (server > 0) {
         test_end_to_end();
-        serve_stop();
+        tst_stop(&server);
     } else
         TST_CHECK(0);
-    int rc = tst_report();
-    if (rc == 0) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    return tst_cleanup(tmp, tst_report());
 }

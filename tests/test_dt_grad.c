@@ -31,6 +31,7 @@
 #include "dt_model.h"
 #include "kn_backend.h"
 #include "tst.h"
+#include "tst_kn.h"
 #include "tst_proc.h"
 
 static char bin[1024];
@@ -822,14 +823,7 @@ int main(int argc, char **argv) {
     const char *device = argc > 1 ? argv[1] : "cpu";
     double      loss_tol = 1e-5, grad_tol = 1e-4;
     if (strcmp(device, "cuda") == 0) {
-        const kn_backend *be = kn_backend_cuda();
-        if (!be)
-            TST_SKIP("this build has no cuda backend");
-        kn_ctx       *ctx = NULL;
-        kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
-        if (be->ctx_create(&ctx, &kc) != CM_OK)
-            TST_SKIP("no usable cuda device: %s", cm_last_error());
-        be->ctx_destroy(&ctx);
+        tst_need_cuda();
         loss_tol = 1e-2; /* issue 7's limits for the cuda step against the float64 oracle */
         grad_tol = 5e-2;
     }
@@ -874,8 +868,6 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n; i++)
         free(names[i]);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    TST_CHECK(system(cmd) == 0);
+    TST_CHECK(tst_rmdir(tmp));
     return tst_report();
 }

@@ -164,9 +164,7 @@ static int train(const char *run, const char *data, const char *ep) {
 }
 
 static const char *err_text(const char *run) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s.err", tmp, run);
-    return tst_slurp(p);
+    return tst_err_in(tmp, run);
 }
 
 static void expect_refused(const char *run, int rc, const char *n1, const char *n2) {
@@ -291,12 +289,5 @@ int main(int argc, char **argv) {
         test_files(1.0f / 0.0f, "file-inf", 0);
         test_files(0.0f, "file-zero-tap", 1);
     }
-    int rc = tst_report();
-    if (rc == 0) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    return tst_cleanup(tmp, tst_report());
 }

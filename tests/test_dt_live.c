@@ -24,6 +24,7 @@
 #include "dt_train_data.h"
 #include "tst.h"
 #include "tst_proc.h"
+#include "tst_serve.h"
 
 #define N_BATCHES 12
 #define N_STEPS   24 /* two epochs */
@@ -33,112 +34,22 @@ static int  n_ref;
 
 // ---- servers
 
-/* Starts serve --model model bound to bind; the resolved endpoint into ep_out. */
+/* Starts serve --model model bound to bind (BF16 zstd-byteplane answers); the resolved endpoint
+ * into ep_out. */
 static pid_t serve_start(const char *model, const char *bind, const char *tag, char *ep_out, size_t cap) {
-    char log[512], ep[512];
-    snprintf(log, sizeof log, "%s/serve-%s.log", tmp, tag);
-    snprintf(ep, sizeof ep, "%s/serve-%s.ep", tmp, tag);
-    unlink(ep);
-    char *argv[] = {DTD_TS_BIN,
-                    "serve",
-                    "--model",
-                    (char *)model,
-                    "--bind",
-                    (char *)bind,
-                    "--endpoint-file",
-                    ep,
-                    "--encoding",
-                    "zstd-byteplane",
-                    "--dtype",
-                    "bf16",
-                    "--heartbeat-ms",
-                    "200",
-                    "--peer-timeout-ms",
-                    "1500",
-                    "--stats-interval",
-                    "0",
-                    NULL};
-    pid_t pid = tst_spawn(argv, log);
-    if (pid < 0)
-        return -1;
-    for (int i = 0; i < 600; i++) {
-        FILE *f = fopen(ep, "r");
-        if (f) {
-            int ok = fgets(ep_out, (int)cap, f) != NULL;
-            fclose(f);
-            ep_out[strcspn(ep_out, "\n")] = '\0';
-            if (ok && ep_out[0])
-                return pid;
-        }
-        if (tst_wait_exit(pid, 0) >= 0) {
-            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
-            return -1;
-        }
-        tst_sleep_ms(50);
-    }
-    fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-}
-
-static void serve_stop(pid_t *pid) {
-    if (*pid < 0)
-        return;
-    kill(*pid, SIGTERM);
-    if (tst_wait_exit(*pid, 15000) < 0) {
-        kill(*pid, SIGKILL);
-        waitpid(*pid, NULL, 0);
-    }
-    *pid = -1;
+    char name[64];
+    snprintf(name, sizeof name, "serve-%s", tag);
+    return dtd_serve(model, bind, tmp, name, "zstd-byteplane", ep_out, cap);
 }
 
 // ---- data: token-only batch files and batch files with the dump's taps rounded to BF16
 
 static int make_data(void) {
-    static char     csv_dump[8192];
-    static float    hid[DTD_MAX_T * 2 * DTD_D];
-    static uint16_t h16[DTD_MAX_T * 2 * DTD_D];
-    if (!dtd_make_batches(tmp, N_BATCHES, 11, csv_dump, sizeof csv_dump))
-        return 0;
-    csv_tok[0] = csv_bf[0] = '\0';
-    for (int b = 0; b < N_BATCHES; b++) {
-        char src[512], tok[512], bf[512];
-        snprintf(src, sizeof src, "%s/batch-%d.safetensors", tmp, b);
-        snprintf(tok, sizeof tok, "%s/tok-%02d.safetensors", tmp, b);
-        snprintf(bf, sizeof bf, "%s/bf-%02d.safetensors", tmp, b);
-        cm_st *s = NULL;
-        if (cm_st_open_file(&s, src) != CM_OK)
-            return 0;
-        const cm_st_tensor *ti = cm_st_find(s, "input_ids"), *tc = cm_st_find(s, "cu_seqlens"),
-                           *tm = cm_st_find(s, "loss_mask"), *th = cm_st_find(s, "target_hidden");
-        int64_t T = ti->shape[0];
-        cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
-        cm_convert(h16, CM_DTYPE_BF16, hid, CM_DTYPE_F32, (size_t)T * 2 * DTD_D);
-        cm_st_writer *w = NULL;
-        int           ok =
-            cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
-            dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
-            dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
-            dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) &&
-            cm_st_writer_write(w, bf) == CM_OK;
-        cm_st_writer_destroy(&w);
-        cm_st_destroy(&s);
-        if (!ok)
-            return 0;
-        size_t u = strlen(csv_tok), v = strlen(csv_bf);
-        snprintf(csv_tok + u, sizeof csv_tok - u, "%s%s", b ? "," : "", tok);
-        snprintf(csv_bf + v, sizeof csv_bf - v, "%s%s", b ? "," : "", bf);
-    }
-    return 1;
+    static char csv_dump[8192];
+    return dtd_make_tok_bf(tmp, N_BATCHES, 11, csv_dump, csv_tok, csv_bf, sizeof csv_tok, NULL);
 }
 
 // ---- helpers
-
-static const char *field(const char *line, const char *key) {
-    const char *p = strstr(line, key);
-    return p ? p + strlen(key) : NULL;
-}
 
 /* RUN/metrics.jsonl's "loss" and "tau" texts, one line each step, into out; *timed counts the
  * lines with wait_s and compute_s, their sums into *wait and *compute. */
@@ -146,42 +57,11 @@ static int read_losses(const char *run, char *out, size_t cap, int *n, int *time
                        double *compute) {
     char path[600];
     snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tmp, run);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    char line[4096];
-    out[0] = '\0';
-    *n = *timed = 0;
-    *wait = *compute = 0;
-    while (fgets(line, sizeof line, f)) {
-        const char *l = field(line, "\"loss\": "), *t = field(line, "\"tau\": ");
-        const char *w = field(line, "\"wait_s\": "), *c = field(line, "\"compute_s\": ");
-        if (!l || !t)
-            break;
-        size_t u = strlen(out);
-        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(l, ","), l, (int)strcspn(t, ","), t);
-        (*n)++;
-        if (w && c && atof(w) >= 0 && atof(c) > 0) {
-            (*timed)++;
-            *wait += atof(w);
-            *compute += atof(c);
-        }
-    }
-    fclose(f);
-    return *n > 0;
+    return tst_read_losses(path, out, cap, n, timed, wait, compute);
 }
 
 static int count_lines(const char *run) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tmp, run);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF)
-        n += c == '\n';
-    fclose(f);
-    return n;
+    return tst_metrics_lines(tmp, run);
 }
 
 /* Starts a train run RUN (stderr into RUN.err); server NULL = from csv_bf. */
@@ -216,19 +96,11 @@ static pid_t train_start(const char *run, const char *target, const char *server
 }
 
 static int train(const char *run, const char *target, const char *server, const char *steps, int resume) {
-    pid_t pid = train_start(run, target, server, steps, resume);
-    int   rc = pid < 0 ? -1 : tst_wait_exit(pid, 120000);
-    if (rc < 0 && pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    return rc;
+    return tst_finish(train_start(run, target, server, steps, resume), 120000);
 }
 
 static const char *err_text(const char *run) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s.err", tmp, run);
-    return tst_slurp(p);
+    return tst_err_in(tmp, run);
 }
 
 /* The run's losses equal the offline run's first n (n = its line count); 1 if so. */
@@ -328,7 +200,7 @@ static void test_two_servers(void) {
     char dup[600];
     snprintf(dup, sizeof dup, "%s,%s", endpoint, endpoint);
     TST_CHECK(train("r-dup", DTD_MODEL, dup, "2", 0) == 1 && strstr(err_text("r-dup"), "twice") != NULL);
-    serve_stop(&s2);
+    tst_stop(&s2);
     char other_ep[256], model[600], mixed[600];
     snprintf(model, sizeof model, "%s/fixtures/target/qwen35_mm_sharded/model", TANDEM_TEST_DATA);
     pid_t other = serve_start(model, "tcp://127.0.0.1:*", "other2", other_ep, sizeof other_ep);
@@ -336,7 +208,7 @@ static void test_two_servers(void) {
         snprintf(mixed, sizeof mixed, "%s,%s", endpoint, other_ep);
         TST_CHECK(train("r-mixed", DTD_MODEL, mixed, "2", 0) == 1);
         TST_CHECK(strstr(err_text("r-mixed"), other_ep) != NULL);
-        serve_stop(&other);
+        tst_stop(&other);
     }
     fprintf(stderr, "two servers: 14 steps alternating, losses as offline; the second served 7\n");
 }
@@ -353,22 +225,10 @@ static void test_random_target(void) {
     char *sargv[] = {DTD_TS_BIN, "serve", "--init", "random", "--config", cfgp, "--seed", "7", "--bind",
                      "tcp://127.0.0.1:*", "--endpoint-file", epf, "--encoding", "zstd-byteplane", NULL};
     pid_t srv = tst_spawn(sargv, log);
-    int   up = 0;
-    for (int i = 0; i < 600 && srv > 0 && !up; i++) {
-        FILE *f = fopen(epf, "r");
-        if (f) {
-            up = fgets(ep, sizeof ep, f) != NULL;
-            fclose(f);
-            ep[strcspn(ep, "\n")] = '\0';
-        }
-        if (!up)
-            tst_sleep_ms(50);
-    }
+    int   up = tst_await_endpoint(srv, epf, log, ep, sizeof ep, 30000);
     TST_CHECK(up);
-    if (!up) {
-        serve_stop(&srv);
+    if (!up)
         return;
-    }
     TST_CHECK(train("rnd-real", DTD_MODEL, ep, "2", 0) == 1 && strstr(err_text("rnd-real"), "another model"));
     char out[512], err[512];
     const char *seeds[2] = {"8", "7"};
@@ -387,7 +247,7 @@ static void test_random_target(void) {
             fprintf(stderr, "rnd-7: %s\n", tst_slurp(err));
     }
     TST_CHECK(count_lines("rnd-7") == 3);
-    serve_stop(&srv);
+    tst_stop(&srv);
     fprintf(stderr, "random-weights server: refused by the checkpoint's trainer and by another seed; 3 steps with "
                     "--target-init random --target-seed 7\n");
 }
@@ -401,7 +261,7 @@ static void test_refusals(void) {
     if (other > 0) {
         TST_CHECK(train("r-other", DTD_MODEL, other_ep, "2", 0) == 1);
         TST_CHECK(strstr(err_text("r-other"), "another model") != NULL);
-        serve_stop(&other);
+        tst_stop(&other);
     }
     /* nobody listening */
     char *argv[] = {DTD_DT_BIN,     "train", "--config", config, "--target", DTD_MODEL,
@@ -460,7 +320,7 @@ int main(void) {
     server = serve_start(DTD_MODEL, "tcp://127.0.0.1:*", "main", endpoint, sizeof endpoint);
     if (server < 0 || n_ref != N_STEPS) {
         TST_CHECK(0);
-        serve_stop(&server);
+        tst_stop(&server);
         return tst_report();
     }
     test_live_same();
@@ -469,13 +329,6 @@ int main(void) {
     test_random_target();
     test_server_killed();
     test_refusals();
-    serve_stop(&server);
-    int rc = tst_report();
-    if (rc == 0) { /* logs are kept for a failed run */
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    tst_stop(&server);
+    return tst_cleanup(tmp, tst_report()); /* logs are kept for a failed run */
 }

@@ -25,6 +25,7 @@
 #include "dt_train_data.h"
 #include "tst.h"
 #include "tst_proc.h"
+#include "tst_serve.h"
 
 #define N_BATCHES 12
 
@@ -36,114 +37,14 @@ static int  T_of[N_BATCHES];
 static pid_t server = -1;
 static char  endpoint[256];
 
-static int serve_start(void) {
-    char log[512], ep[512];
-    snprintf(log, sizeof log, "%s/serve.log", tmp);
-    snprintf(ep, sizeof ep, "%s/serve.ep", tmp);
-    char *argv[] = {DTD_TS_BIN,
-                    "serve",
-                    "--model",
-                    DTD_MODEL,
-                    "--bind",
-                    "tcp://127.0.0.1:*",
-                    "--endpoint-file",
-                    ep,
-                    "--dtype",
-                    "bf16",
-                    "--heartbeat-ms",
-                    "200",
-                    "--peer-timeout-ms",
-                    "1500",
-                    "--stats-interval",
-                    "0",
-                    NULL};
-    server = tst_spawn(argv, log);
-    if (server < 0)
-        return 0;
-    for (int i = 0; i < 600; i++) {
-        FILE *f = fopen(ep, "r");
-        if (f) {
-            int ok = fgets(endpoint, sizeof endpoint, f) != NULL;
-            fclose(f);
-            endpoint[strcspn(endpoint, "\n")] = '\0';
-            if (ok && endpoint[0])
-                return 1;
-        }
-        if (tst_wait_exit(server, 0) >= 0) {
-            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(log));
-            server = -1;
-            return 0;
-        }
-        tst_sleep_ms(50);
-    }
-    fprintf(stderr, "serve did not bind within 30 s:\n%s\n", tst_slurp(log));
-    return 0;
-}
-
-static void serve_stop(void) {
-    if (server < 0)
-        return;
-    kill(server, SIGCONT);
-    kill(server, SIGTERM);
-    if (tst_wait_exit(server, 15000) < 0) {
-        kill(server, SIGKILL);
-        waitpid(server, NULL, 0);
-    }
-    server = -1;
-}
-
 // ---- data: batch files with the dump's taps (F32, batch 1 BF16), token-only files, and
 // batch files with the taps rounded to BF16
 
 static int make_data(void) {
-    if (!dtd_make_batches(tmp, N_BATCHES, 11, csv_dump, sizeof csv_dump))
-        return 0;
-    static float    hid[DTD_MAX_T * 2 * DTD_D];
-    static uint16_t h16[DTD_MAX_T * 2 * DTD_D];
-    csv_tok[0] = csv_bf[0] = '\0';
-    for (int b = 0; b < N_BATCHES; b++) {
-        char src[512], tok[512], bf[512];
-        snprintf(src, sizeof src, "%s/batch-%d.safetensors", tmp, b);
-        snprintf(tok, sizeof tok, "%s/tok-%02d.safetensors", tmp, b);
-        snprintf(bf, sizeof bf, "%s/bf-%02d.safetensors", tmp, b);
-        cm_st *s = NULL;
-        if (cm_st_open_file(&s, src) != CM_OK)
-            return 0;
-        const cm_st_tensor *ti = cm_st_find(s, "input_ids"), *tc = cm_st_find(s, "cu_seqlens"),
-                           *tm = cm_st_find(s, "loss_mask"), *th = cm_st_find(s, "target_hidden");
-        int64_t T = ti->shape[0];
-        T_of[b] = (int)T;
-        cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
-        cm_convert(h16, CM_DTYPE_BF16, hid, CM_DTYPE_F32, (size_t)T * 2 * DTD_D);
-        cm_st_writer *w = NULL;
-        int           ok =
-            cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
-            dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
-            dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
-            dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) &&
-            cm_st_writer_write(w, bf) == CM_OK;
-        cm_st_writer_destroy(&w);
-        cm_st_destroy(&s);
-        if (!ok)
-            return 0;
-        size_t u = strlen(csv_tok), v = strlen(csv_bf);
-        snprintf(csv_tok + u, sizeof csv_tok - u, "%s%s", b ? "," : "", tok);
-        snprintf(csv_bf + v, sizeof csv_bf - v, "%s%s", b ? "," : "", bf);
-    }
-    return 1;
+    return dtd_make_tok_bf(tmp, N_BATCHES, 11, csv_dump, csv_tok, csv_bf, sizeof csv_tok, T_of);
 }
 
 // ---- helpers
-
-/* Entries durable in DIR's index (from its size). */
-static long durable(const char *dir) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/index.bin", dir);
-    struct stat st;
-    if (stat(p, &st) != 0 || st.st_size < CM_SHARD_INDEX_HEADER_SIZE)
-        return 0;
-    return (long)((st.st_size - CM_SHARD_INDEX_HEADER_SIZE) / CM_SHARD_ENTRY_SIZE);
-}
 
 static pid_t precompute_start(const char *data, const char *layers, const char *dir, const char *err) {
     char *argv[] = {DTD_DT_BIN,   "precompute", "--server",         endpoint, "--data",
@@ -170,12 +71,12 @@ static int precompute_interrupted(int sig, int more, const char *errname) {
     char err[512];
     snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
     unlink(err);
-    long  before = durable(shards);
+    long  before = dtd_durable(shards);
     pid_t pid = precompute_start(csv_tok, "5,3,1", shards, err);
     if (pid < 0)
         return -1;
     int rc = -1;
-    for (int i = 0; i < 60000 && durable(shards) < before + more; i++) {
+    for (int i = 0; i < 60000 && dtd_durable(shards) < before + more; i++) {
         if ((rc = tst_wait_exit(pid, 0)) >= 0)
             break;
         tst_sleep_ms(2);
@@ -192,35 +93,15 @@ static int precompute_interrupted(int sig, int more, const char *errname) {
         waitpid(pid, NULL, 0);
     }
     fprintf(stderr, "precompute %s: exit %d, %ld -> %ld records durable\n", errname, rc, before,
-            durable(shards));
+            dtd_durable(shards));
     return rc;
-}
-
-static const char *field(const char *line, const char *key) {
-    const char *p = strstr(line, key);
-    return p ? p + strlen(key) : NULL;
 }
 
 /* RUN/metrics.jsonl's "loss" and "tau" texts, one line each step, into out. */
 static int read_losses(const char *run, char *out, size_t cap, int *n) {
     char path[600];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    char line[4096];
-    out[0] = '\0';
-    *n = 0;
-    while (fgets(line, sizeof line, f)) {
-        const char *l = field(line, "\"loss\": "), *t = field(line, "\"tau\": ");
-        if (!l || !t)
-            break;
-        size_t u = strlen(out);
-        snprintf(out + u, cap - u, "%.*s|%.*s\n", (int)strcspn(l, ","), l, (int)strcspn(t, ","), t);
-        (*n)++;
-    }
-    fclose(f);
-    return *n > 0;
+    return tst_read_losses(path, out, cap, n, NULL, NULL, NULL);
 }
 
 /* train with one more flag and its value (flag NULL: none). */
@@ -253,15 +134,7 @@ static int train(const char *run, const char *target, const char *data, const ch
 
 /* Steps logged in RUN/metrics.jsonl (0 if absent). */
 static int metric_lines(const char *run) {
-    char p[600], line[4096];
-    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tmp, run);
-    FILE *f = fopen(p, "r");
-    int   n = 0;
-    while (f && fgets(line, sizeof line, f))
-        n++;
-    if (f)
-        fclose(f);
-    return n;
+    return tst_metrics_lines(tmp, run);
 }
 
 static long slurp_file(const char *path, unsigned char **out) {
@@ -279,9 +152,7 @@ static long slurp_file(const char *path, unsigned char **out) {
 }
 
 static const char *err_text(const char *name) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s.err", tmp, name);
-    return tst_slurp(p);
+    return tst_err_in(tmp, name);
 }
 
 // ---- the tests
@@ -289,11 +160,11 @@ static const char *err_text(const char *name) {
 static void test_resume(void) {
     /* SIGTERM: a clean stop, exit 143, everything so far durable */
     TST_CHECK(precompute_interrupted(SIGTERM, 2, "term") == 143);
-    long after_term = durable(shards);
+    long after_term = dtd_durable(shards);
     TST_CHECK(after_term >= 2 && after_term < N_BATCHES);
     /* SIGKILL mid-run */
     TST_CHECK(precompute_interrupted(SIGKILL, 2, "kill") == 128 + SIGKILL);
-    long after_kill = durable(shards);
+    long after_kill = dtd_durable(shards);
     TST_CHECK(after_kill >= after_term + 2 && after_kill < N_BATCHES);
     /* resumed to the end */
     TST_CHECK(precompute(csv_tok, "5,3,1", shards, "resume") == 0);
@@ -321,7 +192,7 @@ static void test_resume(void) {
     }
     /* a run over a complete store stores nothing and exits 0 */
     TST_CHECK(precompute(csv_tok, "5,3,1", shards, "again") == 0);
-    TST_CHECK(durable(shards) == N_BATCHES);
+    TST_CHECK(dtd_durable(shards) == N_BATCHES);
     char *inspect[] = {DTD_DT_BIN, "shards", "inspect", shards, "--verify", NULL};
     char  err[512];
     snprintf(err, sizeof err, "%s/inspect.err", tmp);
@@ -550,9 +421,10 @@ int main(void) {
     mkdir(tmp, 0700);
     snprintf(config, sizeof config, "%s/drafter.json", tmp);
     snprintf(shards, sizeof shards, "%s/shards", tmp);
-    if (!dtd_write_config(config, 1) || !make_data() || !serve_start()) {
+    if (dtd_write_config(config, 1) && make_data())
+        server = dtd_serve(DTD_MODEL, "tcp://127.0.0.1:*", tmp, "serve", NULL, endpoint, sizeof endpoint);
+    if (server < 0) {
         TST_CHECK(0);
-        serve_stop();
         return tst_report();
     }
     test_resume();
@@ -561,13 +433,6 @@ int main(void) {
     test_damage();
     test_bad_flags();
     test_refusals();
-    serve_stop();
-    int rc = tst_report();
-    if (rc == 0) { /* logs are kept for a failed run */
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    tst_stop(&server);
+    return tst_cleanup(tmp, tst_report()); /* logs are kept for a failed run */
 }

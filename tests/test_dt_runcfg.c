@@ -15,6 +15,7 @@
 
 #include "dt_runcfg.h"
 #include "tst.h"
+#include "tst_proc.h"
 
 static char                  tmp[256];
 static int                   n_flags;
@@ -241,9 +242,6 @@ int main(void) {
     test_refusals();
     test_help_in_sync();
     test_deploy_config();
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", tmp);
+    tst_rmdir(tmp);
     return tst_report();
 }

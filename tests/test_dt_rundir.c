@@ -212,17 +212,8 @@ static void test_leftovers(void) {
 }
 
 int main(void) {
-    if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
-        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
-                DTD_TS_BIN);
+    if (!dtd_begin(tmp, sizeof tmp, "/tmp/tandem-drd-XXXXXX"))
         return 1;
-    }
-    setenv("OMP_NUM_THREADS", "1", 1);
-    snprintf(tmp, sizeof tmp, "/tmp/tandem-drd-XXXXXX");
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "cannot create a temporary directory\n");
-        return 1;
-    }
     snprintf(config, sizeof config, "%s/drafter.json", tmp);
     TST_CHECK(dtd_write_config(config, 2));
     TST_CHECK(dtd_make_batches(tmp, 3, 5, csv, sizeof csv));
@@ -231,12 +222,5 @@ int main(void) {
         test_dp_share();
         test_leftovers();
     }
-    if (getenv("DT_TRAIN_KEEP"))
-        fprintf(stderr, "kept %s\n", tmp);
-    else {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        TST_CHECK(system(cmd) == 0);
-    }
-    return tst_report();
+    return dtd_end(tmp);
 }

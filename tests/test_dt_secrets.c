@@ -215,12 +215,5 @@ int main(void) {
     TST_CHECK(n_files >= 10);
     fprintf(stderr, "%d files (logs at debug, run and shard directories, status) searched: no secret key\n",
             n_files);
-    int rc = tst_report();
-    if (rc == 0) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    return tst_cleanup(tmp, tst_report());
 }

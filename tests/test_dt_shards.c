@@ -383,12 +383,5 @@ int main(void) {
             free(B[b].hidden[l]);
         free(B[b].norm);
     }
-    int rc = tst_report();
-    if (rc == 0) {
-        char cmd[200];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    return tst_cleanup(tmp, tst_report());
 }

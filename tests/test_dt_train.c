@@ -31,11 +31,6 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static const char *field(const char *line, const char *key) {
-    const char *p = strstr(line, key);
-    return p ? p + strlen(key) : NULL;
-}
-
 /* Reads RUN/metrics.jsonl; steps must be 1, 2, ... in order. */
 static int read_metrics(const char *run, metrics *m) {
     char path[600];
@@ -48,8 +43,8 @@ static int read_metrics(const char *run, metrics *m) {
     int ok = 1;
     while (fgets(line, sizeof line, f) && m->n < MAX_STEPS) {
         long long   step = -1;
-        const char *l = field(line, "\"loss\": "), *t = field(line, "\"tau\": "),
-                   *r = field(line, "\"lr\": ");
+        const char *l = tst_field(line, "\"loss\": "), *t = tst_field(line, "\"tau\": "),
+                   *r = tst_field(line, "\"lr\": ");
         if (sscanf(line, "{\"step\": %lld", &step) != 1 || step != m->n + 1 || !l || !t || !r) {
             ok = 0;
             break;
@@ -91,23 +86,6 @@ static double mean(const double *x, int n) {
     for (int i = 0; i < n; i++)
         s += x[i];
     return s / n;
-}
-
-static int same_file(const char *a, const char *b) {
-    FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
-    int   same = f && g;
-    while (same) {
-        int c = fgetc(f), d = fgetc(g);
-        if (c != d)
-            same = 0;
-        if (c == EOF || d == EOF)
-            break;
-    }
-    if (f)
-        fclose(f);
-    if (g)
-        fclose(g);
-    return same;
 }
 
 static void test_learns(void) {
@@ -155,10 +133,10 @@ static void test_resume_exact(void) {
         char fa[700], fb[700];
         snprintf(fa, sizeof fa, "%s/checkpoints/step-24/%s", a, files[k]);
         snprintf(fb, sizeof fb, "%s/checkpoints/step-24/%s", b, files[k]);
-        TST_CHECK(same_file(fa, fb));
+        TST_CHECK(tst_same_file(fa, fb));
         snprintf(fa, sizeof fa, "%s/checkpoints/step-16/%s", a, files[k]);
         snprintf(fb, sizeof fb, "%s/checkpoints/step-16/%s", b, files[k]);
-        TST_CHECK(same_file(fa, fb));
+        TST_CHECK(tst_same_file(fa, fb));
     }
     /* a straight run and a resumed one differ from a run with another seed (the check can fail) */
     TST_CHECK(ma->n == 24 && ma->loss[23] != ma->loss[0]);
@@ -167,19 +145,8 @@ static void test_resume_exact(void) {
 }
 
 int main(void) {
-    if (access(DTD_DT_BIN, X_OK) != 0 || access(DTD_TS_BIN, X_OK) != 0) {
-        fprintf(stderr, "missing %s or %s: build drafter-trainer and target-server\n", DTD_DT_BIN,
-                DTD_TS_BIN);
+    if (!dtd_begin(tmp, sizeof tmp, "/tmp/tandem-dtt-XXXXXX"))
         return 1;
-    }
-    snprintf(tmp, sizeof tmp, "/tmp/tandem-dtt-XXXXXX");
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "cannot create a temporary directory\n");
-        return 1;
-    }
-    /* one kernel thread: results are the same for any count, and OpenMP spinning on this
-     * shared 2-core box costs several times the work itself */
-    setenv("OMP_NUM_THREADS", "1", 1);
     snprintf(config, sizeof config, "%s/drafter.json", tmp);
     TST_CHECK(dtd_write_config(config, 2));
     double t0 = now_s();
@@ -189,12 +156,5 @@ int main(void) {
         test_learns();
         test_resume_exact();
     }
-    if (getenv("DT_TRAIN_KEEP"))
-        fprintf(stderr, "kept %s\n", tmp);
-    else {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        TST_CHECK(system(cmd) == 0);
-    }
-    return tst_report();
+    return dtd_end(tmp);
 }

@@ -20,13 +20,7 @@ static char tmp[256];
 
 /* Runs cmd (a shell line) and returns its exit status; stdout + stderr into out. */
 static int run_sh(const char *cmd, char *out, size_t cap) {
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int status = pclose(f);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return tst_sh(cmd, out, cap);
 }
 
 /* The losses of metrics.jsonl, in order; returns how many. */
@@ -150,8 +144,6 @@ int main(void) {
     TST_CHECK(run_sh(cmd, out, sizeof out) == 1 && strstr(out, "/nonexistent/config.json"));
     printf("unknown run-config key refused; --dry-run prints the plan; a missing target config is named\n");
 
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", tmp);
+    tst_rmdir(tmp);
     return tst_report();
 }

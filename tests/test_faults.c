@@ -45,6 +45,7 @@
 #include "dt_train_data.h"
 #include "tst.h"
 #include "tst_proc.h"
+#include "tst_serve.h"
 
 #define N_BATCHES  8
 #define N_EPOCHS   "2"
@@ -70,11 +71,6 @@ static tally tallies[F_N] = {
 
 /* `test_faults valgrind`: every child runs under this valgrind (leak check, error exit 99) */
 static const char *valgrind_bin;
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* Starts argv as a child (stderr appended to err), without waiting. fsize > 0: the child runs
  * under RLIMIT_FSIZE fsize with SIGXFSZ ignored, so an oversized write fails with EFBIG. */
@@ -115,33 +111,6 @@ static pid_t spawn_lim(char *const argv[], const char *err, long fsize) {
 
 static pid_t spawn(char *const argv[], const char *err) { return spawn_lim(argv, err, 0); }
 
-/* Waits up to ms for pid; its exit status (128 + signal), or -1 if still running. */
-static int wait_exit(pid_t pid, int ms) {
-    int status;
-    for (int waited = 0;; waited += 5) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (waited >= ms)
-            return -1;
-        sleep_ms(5);
-    }
-}
-
-static int finish(pid_t pid, int ms) {
-    int rc = pid < 0 ? -1 : wait_exit(pid, ms);
-    if (rc < 0 && pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    return rc;
-}
-
-static const char *text_of(const char *name) {
-    char p[900];
-    snprintf(p, sizeof p, "%s/%s", tmp, name);
-    return tst_slurp(p);
-}
-
 // ---- the server
 
 static pid_t server = -1;
@@ -165,54 +134,14 @@ static int serve_start(const char *bind, const char *tag) {
 }
 
 static void serve_stop(void) {
-    if (server < 0)
-        return;
-    kill(server, SIGTERM);
-    if (wait_exit(server, 15000) < 0) {
-        kill(server, SIGKILL);
-        waitpid(server, NULL, 0);
-    }
-    server = -1;
+    tst_stop(&server);
 }
 
 // ---- data: token-only batch files and batch files with the dump's taps rounded to BF16
 
 static int make_data(void) {
-    static char     csv_dump[8192];
-    static float    hid[DTD_MAX_T * 2 * DTD_D];
-    static uint16_t h16[DTD_MAX_T * 2 * DTD_D];
-    if (!dtd_make_batches(tmp, N_BATCHES, 17, csv_dump, sizeof csv_dump))
-        return 0;
-    csv_tok[0] = csv_bf[0] = '\0';
-    for (int b = 0; b < N_BATCHES; b++) {
-        char src[512], tok[512], bf[512];
-        snprintf(src, sizeof src, "%s/batch-%d.safetensors", tmp, b);
-        snprintf(tok, sizeof tok, "%s/tok-%02d.safetensors", tmp, b);
-        snprintf(bf, sizeof bf, "%s/bf-%02d.safetensors", tmp, b);
-        cm_st *s = NULL;
-        if (cm_st_open_file(&s, src) != CM_OK)
-            return 0;
-        const cm_st_tensor *ti = cm_st_find(s, "input_ids"), *tc = cm_st_find(s, "cu_seqlens"),
-                           *tm = cm_st_find(s, "loss_mask"), *th = cm_st_find(s, "target_hidden");
-        int64_t T = ti->shape[0];
-        cm_convert(hid, CM_DTYPE_F32, th->data, th->dtype, (size_t)T * 2 * DTD_D);
-        cm_convert(h16, CM_DTYPE_BF16, hid, CM_DTYPE_F32, (size_t)T * 2 * DTD_D);
-        cm_st_writer *w = NULL;
-        int           ok =
-            cm_st_writer_create(&w) == CM_OK && dtd_put(w, "input_ids", CM_DTYPE_I32, 1, T, 0, ti->data) &&
-            dtd_put(w, "cu_seqlens", CM_DTYPE_I32, 1, tc->shape[0], 0, tc->data) &&
-            dtd_put(w, "loss_mask", CM_DTYPE_I32, 1, T, 0, tm->data) && cm_st_writer_write(w, tok) == CM_OK &&
-            dtd_put(w, "target_hidden", CM_DTYPE_BF16, 2, T, 2 * DTD_D, h16) &&
-            cm_st_writer_write(w, bf) == CM_OK;
-        cm_st_writer_destroy(&w);
-        cm_st_destroy(&s);
-        if (!ok)
-            return 0;
-        size_t u = strlen(csv_tok), v = strlen(csv_bf);
-        snprintf(csv_tok + u, sizeof csv_tok - u, "%s%s", b ? "," : "", tok);
-        snprintf(csv_bf + v, sizeof csv_bf - v, "%s%s", b ? "," : "", bf);
-    }
-    return 1;
+    static char csv_dump[8192];
+    return dtd_make_tok_bf(tmp, N_BATCHES, 17, csv_dump, csv_tok, csv_bf, sizeof csv_tok, NULL);
 }
 
 // ---- the ledger
@@ -380,7 +309,7 @@ static pid_t train_start(const char *run, int src, int resume, const char *steps
 }
 
 static int train(const char *run, int src, int resume, const char *steps) {
-    int rc = finish(train_start(run, src, resume, steps, 0), 120000);
+    int rc = tst_finish(train_start(run, src, resume, steps, 0), 120000);
     if (rc != 0)
         fprintf(stderr, "%s exited %d:\n%s\n", run, rc, tst_slurp(err_path(run)));
     return rc;
@@ -391,9 +320,9 @@ static int await_lines(pid_t pid, const char *run, int n) {
     for (int i = 0; i < 60000; i++) {
         if (count_lines(run) >= n)
             return 1;
-        if (wait_exit(pid, 0) >= 0)
+        if (tst_wait_exit(pid, 0) >= 0)
             return 0;
-        sleep_ms(1);
+        tst_sleep_ms(1);
     }
     return 0;
 }
@@ -414,9 +343,9 @@ static void fault_trainer_kill(int src, int rep) {
     pid_t pid = train_start(run, src, 0, NULL, 0);
     int   after = 1 + rnd(N_STEPS - 3); /* killed while computing the step after this one */
     int   up = await_lines(pid, run, after);
-    sleep_ms(rnd(30));
+    tst_sleep_ms(rnd(30));
     kill(pid, SIGKILL);
-    int rc = finish(pid, 30000);
+    int rc = tst_finish(pid, 30000);
     TST_CHECK(up && rc == 128 + SIGKILL);
     ledger before;
     read_ledger(run, &before);
@@ -446,7 +375,7 @@ static void fault_kill_in_checkpoint(int rep) {
     char      fault[64];
     snprintf(fault, sizeof fault, "kill-in-checkpoint:%d", at);
     setenv("TANDEM_FAULT", fault, 1);
-    int rc = finish(train_start(run, SRC_FILES, 0, NULL, 0), 120000);
+    int rc = tst_finish(train_start(run, SRC_FILES, 0, NULL, 0), 120000);
     unsetenv("TANDEM_FAULT");
     TST_CHECK(rc == 128 + SIGKILL);
     /* the half-written checkpoint holds every file but was never renamed or named by latest */
@@ -494,8 +423,8 @@ static void fault_full_disk(int rep) {
     TST_CHECK(model > 0 && model < limit);
     snprintf(p, sizeof p, "%s/%s", tmp, err);
     unlink(p);
-    int rc = finish(train_start(run, SRC_FILES, 1, NULL, limit), 120000);
-    const char *e = text_of(err);
+    int         rc = tst_finish(train_start(run, SRC_FILES, 1, NULL, limit), 120000);
+    const char *e = tst_text_in(tmp, err);
     int         one_line = strchr(e, '\n') == strrchr(e, '\n');
     TST_CHECK(rc == 1 && strstr(e, "File too large") != NULL && one_line);
     if (rc != 1 || !one_line || rep == 0)
@@ -545,7 +474,7 @@ static void fault_enospc(int rep) {
         close(fd);
     TST_CHECK(ok && fd >= 0);
     unlink(err_path(run));
-    int         rc = finish(train_start(run, SRC_FILES, 1, NULL, 0), 120000);
+    int         rc = tst_finish(train_start(run, SRC_FILES, 1, NULL, 0), 120000);
     const char *e = tst_slurp(err_path(run));
     TST_CHECK(rc == 1 && strstr(e, "No space left on device") != NULL);
     if (rc != 1 || rep == 0)
@@ -575,11 +504,11 @@ static void fault_server_kill(int rep) {
     waitpid(server, NULL, 0);
     server = -1;
     int at = count_lines(run);
-    sleep_ms(300);
+    tst_sleep_ms(300);
     char bind[256];
     snprintf(bind, sizeof bind, "%s", endpoint);
     TST_CHECK(serve_start(bind, "restart") && strcmp(bind, endpoint) == 0);
-    int rc = finish(pid, 120000);
+    int rc = tst_finish(pid, 120000);
     TST_CHECK(up && rc == 0);
     t->runs++;
     TST_CHECK(judge(t, run));
@@ -587,13 +516,6 @@ static void fault_server_kill(int rep) {
 }
 
 // ---- e. precompute kill -9 mid-run
-
-static long durable(const char *dir) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/index.bin", dir);
-    long s = file_size(p);
-    return s < CM_SHARD_INDEX_HEADER_SIZE ? 0 : (s - CM_SHARD_INDEX_HEADER_SIZE) / CM_SHARD_ENTRY_SIZE;
-}
 
 static pid_t precompute_start(const char *dir, const char *err) {
     char *argv[] = {DTD_DT_BIN,  "precompute", "--server", endpoint, "--data",       csv_tok,
@@ -609,17 +531,17 @@ static void fault_precompute_kill(int rep) {
     snprintf(err, sizeof err, "%s/precompute-%d.err", tmp, rep);
     pid_t pid = precompute_start(dir, err);
     int   want = 1 + rnd(N_BATCHES - 2), rc = -1;
-    for (int i = 0; i < 60000 && durable(dir) < want; i++) {
-        if ((rc = wait_exit(pid, 0)) >= 0)
+    for (int i = 0; i < 60000 && dtd_durable(dir) < want; i++) {
+        if ((rc = tst_wait_exit(pid, 0)) >= 0)
             break;
-        sleep_ms(1);
+        tst_sleep_ms(1);
     }
     kill(pid, SIGKILL);
-    int killed = finish(pid, 30000) == 128 + SIGKILL;
-    long at = durable(dir);
+    int  killed = tst_finish(pid, 30000) == 128 + SIGKILL;
+    long at = dtd_durable(dir);
     TST_CHECK(rc < 0 && killed && at < N_BATCHES);
     pid = precompute_start(dir, err);
-    TST_CHECK(finish(pid, 120000) == 0);
+    TST_CHECK(tst_finish(pid, 120000) == 0);
     cm_shard_reader *r = NULL;
     int              seen[N_BATCHES] = {0}, ok = cm_shard_reader_open(&r, dir, NULL) == CM_OK;
     TST_CHECK(ok && cm_shard_reader_count(r) == N_BATCHES);
@@ -705,14 +627,14 @@ static void fault_slow_and_flood(int rep) {
     kill(b, SIGSTOP); /* receives nothing, sends no heartbeat: the server drops it (1.5 s) */
     int busy = 0, welcomed = flood(200, &busy);
     TST_CHECK(welcomed >= 1 && busy >= 1 && welcomed + busy == 200);
-    sleep_ms(3000);
+    tst_sleep_ms(3000);
     kill(b, SIGCONT);
     char out[600];
     snprintf(out, sizeof out, "%s/status-%d.out", tmp, rep);
     char *st[] = {DTD_TS_BIN, "status", "--server", endpoint, NULL};
     TST_CHECK(tst_run(st, out) == 0);
-    TST_CHECK(server > 0 && wait_exit(server, 0) < 0);
-    TST_CHECK(finish(a, 120000) == 0 && finish(b, 120000) == 0);
+    TST_CHECK(server > 0 && tst_wait_exit(server, 0) < 0);
+    TST_CHECK(tst_finish(a, 120000) == 0 && tst_finish(b, 120000) == 0);
     tallies[F_SLOW].runs++;
     tallies[F_FLOOD].runs++;
     TST_CHECK(judge(&tallies[F_FLOOD], norm));
@@ -746,7 +668,7 @@ static void fault_corrupt_shard(void) {
     snprintf(shards, sizeof shards, "%s", bad);
     int rc = train("corrupt", SRC_SHARDS, 0, NULL);
     snprintf(shards, sizeof shards, "%s", save);
-    const char *e = text_of("corrupt.err");
+    const char *e = tst_text_in(tmp, "corrupt.err");
     const char *m = strstr(e, "batch ");
     long        named = m ? strtol(m + 6, NULL, 10) : -1;
     TST_CHECK(rc == 1 && named >= 0 && strstr(e, "shards") != NULL && strchr(e, '\n') == strrchr(e, '\n'));
@@ -774,12 +696,12 @@ static void valgrind_e2e(void) {
     TST_CHECK(train("vg-live", SRC_LIVE, 0, "4") == 0);
     char err[600];
     snprintf(err, sizeof err, "%s/vg-precompute.err", tmp);
-    TST_CHECK(finish(precompute_start(shards, err), 600000) == 0);
+    TST_CHECK(tst_finish(precompute_start(shards, err), 600000) == 0);
     TST_CHECK(train("vg-shards", SRC_SHARDS, 0, "4") == 0);
     TST_CHECK(train("vg-files", SRC_FILES, 0, "4") == 0);
     TST_CHECK(train("vg-files", SRC_FILES, 1, "6") == 0); /* and a resume */
     kill(server, SIGTERM);
-    TST_CHECK(finish(server, 120000) == 0);
+    TST_CHECK(tst_finish(server, 120000) == 0);
     server = -1;
     valgrind_bin = NULL;
     static const char *const runs[] = {"vg-live", "vg-shards", "vg-files"};
@@ -843,12 +765,5 @@ int main(int argc, char **argv) {
     for (int f = 0; f < F_N; f++)
         fprintf(stderr, "| %s | %d | %d | %d | %d | %d |\n", tallies[f].name, tallies[f].runs, tallies[f].redone,
                 tallies[f].lost, tallies[f].twice, tallies[f].bad);
-    int rc = tst_report();
-    if (rc == 0) { /* logs are kept for a failed run */
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    return tst_cleanup(tmp, tst_report()); /* logs are kept for a failed run */
 }

@@ -17,45 +17,22 @@
 
 #include "dt_train_data.h"
 #include "tst.h"
+#include "tst_proc.h"
+#include "tst_serve.h"
 
 #define N_BATCHES 6
 
 static char tmp[256], config[512], csv[8192], perturbed[512];
 
 static pid_t serve(const char *model, const char *bind, const char *tag, char *endpoint, size_t cap) {
-    char log[512], ep[512];
-    snprintf(log, sizeof log, "%s/serve-%s.log", tmp, tag);
-    snprintf(ep, sizeof ep, "%s/serve-%s.ep", tmp, tag);
-    unlink(ep);
-    char *argv[] = {DTD_TS_BIN,
-                    "serve",
-                    "--model",
-                    (char *)model,
-                    "--name",
-                    "tiny-qwen35",
-                    "--bind",
-                    (char *)bind,
-                    "--endpoint-file",
-                    ep,
-                    "--heartbeat-ms",
-                    "200",
-                    "--peer-timeout-ms",
-                    "1500",
-                    "--stats-interval",
-                    "0",
-                    NULL};
-    pid_t pid = tst_spawn(argv, log);
-    return tst_await_endpoint(pid, ep, log, endpoint, cap, 30000) ? pid : -1;
+    static const char *const extra[] = {"--name", "tiny-qwen35", NULL};
+    char                     path[512];
+    snprintf(path, sizeof path, "%s/serve-%s", tmp, tag);
+    return tst_serve_start(DTD_TS_BIN, model, bind, path, extra, endpoint, cap, 30000);
 }
 
 static void stop(pid_t pid, int sig) {
-    if (pid <= 0)
-        return;
-    kill(pid, sig);
-    if (tst_wait_exit(pid, 15000) < 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
+    tst_end(pid, sig, 15000);
 }
 
 /* train RUN against --server ep (or --shards dir), --target target; stderr into RUN.err. */
@@ -97,22 +74,11 @@ static pid_t train_start(const char *run, const char *target, const char *ep, co
 }
 
 static int metrics_lines(const char *run) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tmp, run);
-    FILE *f = fopen(path, "r");
-    int   n = 0, c;
-    if (!f)
-        return 0;
-    while ((c = fgetc(f)) != EOF)
-        n += c == '\n';
-    fclose(f);
-    return n;
+    return tst_metrics_lines(tmp, run);
 }
 
 static const char *err_of(const char *run) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s.err", tmp, run);
-    return tst_slurp(path);
+    return tst_err_in(tmp, run);
 }
 
 /* Exit 1 with the weights named as the difference. */
@@ -230,8 +196,5 @@ int main(void) {
         fprintf(stderr, "resume refused: %s", strstr(e, "train:") ? strstr(e, "train:") : e);
     stop(s3, SIGTERM);
 
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (tst_failures == 0 && system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", tmp);
-    return tst_report();
+    return tst_cleanup(tmp, tst_report());
 }

@@ -18,105 +18,17 @@
 #include "kn_backend.h"
 #include "tst.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-/* ASan's default shadow-gap protection makes the CUDA driver fail to initialise, and the
- * driver keeps allocations until exit: let it start, and do not report its leaks. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) {
-    return "protect_shadow_gap=0";
-}
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublasLt.so\nleak:libcublas.so\n";
-}
-#endif
-
-static const kn_backend *cpu, *gpu;
-static kn_ctx           *cctx;   /* cpu */
-static kn_ctx           *gctx;   /* cuda, KN_GEMM_MODE_F32: every op but the bf16 GEMMs */
-static kn_ctx           *gctx16; /* cuda, KN_GEMM_MODE_BF16 */
+#define TST_KN_SEED 0x2545f4914f6cdd1dull
+#include "tst_kn.h"
+#include "tst_kn_pair.h"
 
 // ----------------------------------------------------------------------------
-// helpers: random numbers, paired buffers, comparisons
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static double urand(void) { /* uniform in [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static float *rand_f32(long n, double lo, double hi) {
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    if (!x) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    for (long i = 0; i < n; i++)
-        x[i] = (float)(lo + (hi - lo) * urand());
-    return x;
-}
-
-static float *zeros_f32(long n) {
-    float *x = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
-    if (!x) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return x;
-}
-
-static uint16_t bf16_round(float f) { /* nearest even; inputs here are finite */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_widen(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float    f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* One host array mirrored on both backends. */
-typedef struct dbuf {
-    void  *c, *g;
-    size_t bytes;
-} dbuf;
-
-static dbuf dbuf_put(const void *host, size_t bytes) {
-    dbuf b = {NULL, NULL, bytes};
-    if (cpu->alloc(cctx, &b.c, bytes) != CM_OK || gpu->alloc(gctx, &b.g, bytes) != CM_OK) {
-        fprintf(stderr, "alloc of %zu bytes failed: %s\n", bytes, cm_last_error());
-        exit(1);
-    }
-    if (host &&
-        (cpu->upload(cctx, b.c, host, bytes) != CM_OK || gpu->upload(gctx, b.g, host, bytes) != CM_OK)) {
-        fprintf(stderr, "upload of %zu bytes failed: %s\n", bytes, cm_last_error());
-        exit(1);
-    }
-    /* the zero fill is ordered on gctx's stream; gctx16 uses these buffers too */
-    if (gpu->sync(gctx) != CM_OK) {
-        fprintf(stderr, "sync failed: %s\n", cm_last_error());
-        exit(1);
-    }
-    return b;
-}
-
-static void dbuf_free(dbuf *b) {
-    cpu->free(cctx, b->c);
-    gpu->free(gctx, b->g);
-    b->c = b->g = NULL;
-}
+// helpers: paired buffers, comparisons (random numbers, cpu/cuda pair: tst_kn.h, tst_kn_pair.h)
 
 /* Downloads both sides of b (n floats from element offset off) into fresh host arrays. */
 static void dbuf_get(const dbuf *b, long off, long n, float **c_out, float **g_out) {
-    *c_out = zeros_f32(n);
-    *g_out = zeros_f32(n);
+    *c_out = tst_zeros_f32(n);
+    *g_out = tst_zeros_f32(n);
     if (cpu->download(cctx, *c_out, (const float *)b->c + off, (size_t)n * sizeof(float)) != CM_OK ||
         gpu->download(gctx, *g_out, (const float *)b->g + off, (size_t)n * sizeof(float)) != CM_OK) {
         fprintf(stderr, "download failed: %s\n", cm_last_error());
@@ -127,22 +39,7 @@ static void dbuf_get(const dbuf *b, long off, long n, float **c_out, float **g_o
 /* |got − ref| ≤ atol + rtol·|ref| elementwise; prints the max abs error and the worst
  * error/tolerance ratio (≤ 1 passes) for every comparison. */
 static void compare(const char *name, const float *got, const float *ref, long n, double atol, double rtol) {
-    double max_abs = 0, worst = 0, max_ref = 0;
-    for (long i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)ref[i]);
-        if (isnan(d))
-            d = INFINITY;
-        double tol = atol + rtol * fabs((double)ref[i]);
-        if (fabs((double)ref[i]) > max_ref)
-            max_ref = fabs((double)ref[i]);
-        if (d > max_abs)
-            max_abs = d;
-        if (tol > 0 ? d / tol > worst : d > 0)
-            worst = tol > 0 ? d / tol : INFINITY;
-    }
-    int ok = TST_CLOSE(name, got, ref, n, atol, rtol);
-    printf("%-58s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", name, n, max_ref, max_abs, worst,
-           ok ? "ok" : "FAIL");
+    tst_compare(name, 58, got, ref, n, atol, rtol, NULL);
 }
 
 /* Compares dbuf b (n floats) between the backends. */
@@ -193,7 +90,7 @@ static void test_copy2d(void) {
         {1, 1, 1, 1}, {7, 13, 29, 17}, {130, 257, 300, 263}}; /* rows cols src_ld dst_ld */
     for (int s = 0; s < 3; s++) {
         long   rows = shapes[s][0], cols = shapes[s][1], sld = shapes[s][2], dld = shapes[s][3];
-        float *src = rand_f32(rows * sld, -1, 1), *dst0 = rand_f32(rows * dld, 5, 6);
+        float *src = tst_rand_f32(rows * sld, -1, 1), *dst0 = tst_rand_f32(rows * dld, 5, 6);
         dbuf   bs = dbuf_put(src, (size_t)(rows * sld) * sizeof(float));
         dbuf   bd = dbuf_put(dst0, (size_t)(rows * dld) * sizeof(float));
         tst_ok(cpu->copy2d(cctx, bd.c, dld, bs.c, sld, rows, cols), "cpu copy2d");
@@ -219,7 +116,7 @@ static void test_elementwise(void) {
     static const long ns[] = {1, 1000, 100003};
     for (int s = 0; s < 3; s++) {
         long   n = ns[s];
-        float *x = rand_f32(n, -3, 3), *y = rand_f32(n, -3, 3);
+        float *x = tst_rand_f32(n, -3, 3), *y = tst_rand_f32(n, -3, 3);
         dbuf   bx = dbuf_put(x, (size_t)n * sizeof(float)), by = dbuf_put(y, (size_t)n * sizeof(float));
         dbuf   bo = dbuf_put(NULL, (size_t)n * sizeof(float));
         char   name[96];
@@ -243,15 +140,15 @@ static void test_embed(void) {
     static const long shapes[][3] = {{1, 1, 1}, {7, 33, 50}, {130, 257, 1000}}; /* T C V */
     for (int s = 0; s < 3; s++) {
         long      T = shapes[s][0], C = shapes[s][1], V = shapes[s][2];
-        float    *tab = rand_f32(V * C, -2, 2);
+        float    *tab = tst_rand_f32(V * C, -2, 2);
         uint16_t *tab16 = malloc((size_t)(V * C) * sizeof(uint16_t));
         int32_t  *ids = malloc((size_t)T * sizeof(int32_t));
         if (!tab16 || !ids)
             exit(1);
         for (long i = 0; i < V * C; i++)
-            tab16[i] = bf16_round(tab[i]);
+            tab16[i] = tst_bf16_round(tab[i]);
         for (long t = 0; t < T; t++)
-            ids[t] = (int32_t)(urand() * (double)V);
+            ids[t] = (int32_t)(tst_urand() * (double)V);
         ids[T - 1] = (int32_t)(V - 1);
         dbuf bt = dbuf_put(tab, (size_t)(V * C) * sizeof(float)), bt16 = dbuf_put(tab16, (size_t)(V * C) * 2);
         dbuf bi = dbuf_put(ids, (size_t)T * sizeof(int32_t)),
@@ -282,44 +179,23 @@ static void test_embed(void) {
  * floor): the rounding-error bound of a dot product, meaningful even where ref ≈ 0. */
 static void compare_bound(const char *name, const float *got, const float *ref, const double *bound, long n,
                           double tol) {
-    double max_abs = 0, worst = 0, max_ref = 0;
-    int    bad = 0;
-    for (long i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)ref[i]);
-        if (isnan(d))
-            d = INFINITY;
-        double lim = tol * bound[i] + 1e-30;
-        if (fabs((double)ref[i]) > max_ref)
-            max_ref = fabs((double)ref[i]);
-        if (d > max_abs)
-            max_abs = d;
-        if (d / lim > worst)
-            worst = d / lim;
-        if (!(d <= lim)) {
-            if (bad < 5)
-                fprintf(stderr, "  %s[%ld]: got %.8g ref %.8g (limit %.3g)\n", name, i, got[i], ref[i], lim);
-            bad++;
-        }
-    }
-    TST_CHECK(bad == 0);
-    printf("%-58s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", name, n, max_ref, max_abs, worst,
-           bad ? "FAIL" : "ok");
+    tst_compare_bound(name, 58, got, ref, bound, n, tol, NULL);
 }
 
 /* One shape: W in F32 and BF16, each through the F32-mode and BF16-mode contexts. inp_off
  * shifts the input pointer by that many floats to exercise unaligned operands. */
 static void gemm_case(long M, long N, long K, long inp_off, int bf16_exact) {
-    float    *inp = rand_f32(M * K + inp_off, -1, 1), *w = rand_f32(N * K, -1, 1);
+    float    *inp = tst_rand_f32(M * K + inp_off, -1, 1), *w = tst_rand_f32(N * K, -1, 1);
     uint16_t *w16 = malloc((size_t)(N * K > 0 ? N * K : 1) * sizeof(uint16_t));
     if (!w16)
         exit(1);
     if (bf16_exact)
         for (long i = 0; i < M * K + inp_off; i++)
-            inp[i] = bf16_widen(bf16_round(inp[i]));
+            inp[i] = tst_bf16_widen(tst_bf16_round(inp[i]));
     for (long i = 0; i < N * K; i++) {
-        w16[i] = bf16_round(w[i]);
+        w16[i] = tst_bf16_round(w[i]);
         if (bf16_exact)
-            w[i] = bf16_widen(w16[i]);
+            w[i] = tst_bf16_widen(w16[i]);
     }
     double *bound = malloc((size_t)(M * N > 0 ? M * N : 1) * sizeof(double));
     if (!bound)
@@ -341,7 +217,7 @@ static void gemm_case(long M, long N, long K, long inp_off, int bf16_exact) {
         const void *wc = wi ? bw16.c : bw.c, *wg = wi ? bw16.g : bw.g;
         /* the cpu reference: exact products of the f32 (or bf16-widened) values, double sums */
         tst_ok(cpu->gemm(cctx, bo.c, in_c, wc, wdt, M, N, K), "cpu gemm");
-        float *ref = zeros_f32(M * N), *got = zeros_f32(M * N);
+        float *ref = tst_zeros_f32(M * N), *got = tst_zeros_f32(M * N);
         cpu->download(cctx, ref, bo.c, (size_t)(M * N) * sizeof(float));
         /* with BF16 weights the bound uses the bf16 values the reference saw */
         char name[112];
@@ -379,7 +255,7 @@ static void test_gemm(void) {
     gemm_case(7, 13, 29, 1, 1);
 
     /* K = 0: zeros, whatever out held */
-    float *junk = rand_f32(12, 1, 2);
+    float *junk = tst_rand_f32(12, 1, 2);
     dbuf   bo = dbuf_put(junk, 12 * sizeof(float));
     tst_ok(cpu->gemm(cctx, bo.c, bo.c, bo.c, CM_DTYPE_F32, 3, 4, 0), "cpu gemm K=0");
     tst_ok(gpu->gemm(gctx16, bo.g, bo.g, bo.g, CM_DTYPE_F32, 3, 4, 0), "cuda gemm K=0");
@@ -397,7 +273,8 @@ static void test_norms(void) {
     char              name[96];
     for (int s = 0; s < 4; s++) {
         long   rows = shapes[s][0], C = shapes[s][1];
-        float *x = rand_f32(rows * C, -2, 2), *z = rand_f32(rows * C, -4, 4), *w = rand_f32(C, -0.5, 1.5);
+        float *x = tst_rand_f32(rows * C, -2, 2), *z = tst_rand_f32(rows * C, -4, 4),
+              *w = tst_rand_f32(C, -0.5, 1.5);
         dbuf   bx = dbuf_put(x, (size_t)(rows * C) * sizeof(float)), bz = dbuf_put(z, (size_t)(rows * C) * 4);
         dbuf   bw = dbuf_put(w, (size_t)C * sizeof(float)), bo = dbuf_put(NULL, (size_t)(rows * C) * 4);
         for (int one_plus = 0; one_plus < 2; one_plus++) {
@@ -455,12 +332,12 @@ static void test_rope(void) {
     for (int s = 0; s < 4; s++) {
         long     T = cases[s].T;
         int      nh = cases[s].nh, hd = cases[s].hd, rot = cases[s].rot;
-        float   *x = rand_f32(T * nh * hd, -2, 2);
+        float   *x = tst_rand_f32(T * nh * hd, -2, 2);
         int32_t *pos = malloc((size_t)T * sizeof(int32_t));
         if (!pos)
             exit(1);
         for (long t = 0; t < T; t++)
-            pos[t] = (int32_t)(urand() * cases[s].pos_max);
+            pos[t] = (int32_t)(tst_urand() * cases[s].pos_max);
         pos[T - 1] = cases[s].pos_max - 1;
         dbuf bx = dbuf_put(x, (size_t)(T * nh * hd) * sizeof(float)), bp = dbuf_put(pos, (size_t)T * 4);
         tst_ok(cpu->rope(cctx, bx.c, bp.c, T, nh, hd, rot, cases[s].theta), "cpu rope");
@@ -519,9 +396,9 @@ static void poison(void *dev, long n) {
 static void attention_case(const int *lens, int n_seq, int nq, int nkv, int hd, int gated, int flash) {
     int32_t cu[16];
     long    T = make_seqs(lens, n_seq, cu);
-    float  *q = rand_f32(T * nq * hd, -1, 1), *k = rand_f32(T * nkv * hd, -1, 1),
-          *v = rand_f32(T * nkv * hd, -1, 1);
-    float *gate = rand_f32(T * nq * hd, -3, 3);
+    float  *q = tst_rand_f32(T * nq * hd, -1, 1), *k = tst_rand_f32(T * nkv * hd, -1, 1),
+          *v = tst_rand_f32(T * nkv * hd, -1, 1);
+    float *gate = tst_rand_f32(T * nq * hd, -3, 3);
     /* spread the scores a little more than unit-variance q·k/sqrt(hd) would */
     for (long i = 0; i < T * nq * hd; i++)
         q[i] *= 2.0f;
@@ -602,7 +479,7 @@ static void test_attention(void) {
 static void conv_case(const int *lens, int n_seq, long C, int K) {
     int32_t cu[16];
     long    T = make_seqs(lens, n_seq, cu);
-    float  *x = rand_f32(T * C, -2, 2), *w = rand_f32(C * K, -1, 1);
+    float  *x = tst_rand_f32(T * C, -2, 2), *w = tst_rand_f32(C * K, -1, 1);
     dbuf    bx = dbuf_put(x, (size_t)(T * C) * 4), bw = dbuf_put(w, (size_t)(C * K) * 4);
     dbuf    bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4), bo = dbuf_put(NULL, (size_t)(T * C) * 4);
     tst_ok(cpu->conv1d_silu(cctx, bo.c, bx.c, bw.c, bc.c, n_seq, T, C, K), "cpu conv1d_silu");
@@ -633,9 +510,9 @@ static void test_gdn_gate(void) {
     for (int s = 0; s < 3; s++) {
         long   T = Ts[s];
         int    nv = nvs[s];
-        float *a = rand_f32(T * nv, -8, 24),
-              *b = rand_f32(T * nv, -6, 6); /* a + dt crosses the threshold 20 */
-        float *A_log = rand_f32(nv, -2, 2), *dt = rand_f32(nv, -1, 1);
+        float *a = tst_rand_f32(T * nv, -8, 24),
+              *b = tst_rand_f32(T * nv, -6, 6); /* a + dt crosses the threshold 20 */
+        float *A_log = tst_rand_f32(nv, -2, 2), *dt = tst_rand_f32(nv, -1, 1);
         dbuf   ba = dbuf_put(a, (size_t)(T * nv) * 4), bb = dbuf_put(b, (size_t)(T * nv) * 4);
         dbuf   bA = dbuf_put(A_log, (size_t)nv * 4), bd = dbuf_put(dt, (size_t)nv * 4);
         dbuf   bg = dbuf_put(NULL, (size_t)(T * nv) * 4), bbeta = dbuf_put(NULL, (size_t)(T * nv) * 4);
@@ -674,9 +551,9 @@ static void l2normalise_rows(float *x, long rows, int C) {
 static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv, int chunked) {
     int32_t cu[16];
     long    T = make_seqs(lens, n_seq, cu);
-    float  *q = rand_f32(T * nk * dk, -1, 1), *k = rand_f32(T * nk * dk, -1, 1),
-          *v = rand_f32(T * nv * dv, -1, 1);
-    float *g = rand_f32(T * nv, -1.5, -0.001), *beta = rand_f32(T * nv, 0.02, 0.98);
+    float  *q = tst_rand_f32(T * nk * dk, -1, 1), *k = tst_rand_f32(T * nk * dk, -1, 1),
+          *v = tst_rand_f32(T * nv * dv, -1, 1);
+    float *g = tst_rand_f32(T * nv, -1.5, -0.001), *beta = tst_rand_f32(T * nv, 0.02, 0.98);
     if (chunked) /* also slow decays, so the state carries far across chunk boundaries */
         for (long i = 0; i < T * nv; i += 2)
             g[i] *= 0.01f;
@@ -760,11 +637,11 @@ static void dbuf_get16(const dbuf *b, long off, long n, float **c_out, float **g
         fprintf(stderr, "download failed: %s\n", cm_last_error());
         exit(1);
     }
-    *c_out = zeros_f32(n);
-    *g_out = zeros_f32(n);
+    *c_out = tst_zeros_f32(n);
+    *g_out = tst_zeros_f32(n);
     for (long i = 0; i < n; i++) {
-        (*c_out)[i] = bf16_widen(c16[i]);
-        (*g_out)[i] = bf16_widen(g16[i]);
+        (*c_out)[i] = tst_bf16_widen(c16[i]);
+        (*g_out)[i] = tst_bf16_widen(g16[i]);
     }
     free(c16);
     free(g16);
@@ -795,17 +672,17 @@ static void poison16(void *dev, long n) {
 }
 
 static void gemm_bf16in_case(long M, long N, long K) {
-    float    *inp = rand_f32(M * K, -1, 1), *w = rand_f32(N * K, -1, 1);
+    float    *inp = tst_rand_f32(M * K, -1, 1), *w = tst_rand_f32(N * K, -1, 1);
     uint16_t *in16 = malloc((size_t)(M * K) * 2), *w16 = malloc((size_t)(N * K) * 2);
     double   *bound = malloc((size_t)(M * N) * sizeof(double));
     if (!in16 || !w16 || !bound)
         exit(1);
     for (long i = 0; i < M * K; i++) {
-        in16[i] = bf16_round(inp[i]);
-        inp[i] = bf16_widen(in16[i]);
+        in16[i] = tst_bf16_round(inp[i]);
+        inp[i] = tst_bf16_widen(in16[i]);
     }
     for (long i = 0; i < N * K; i++)
-        w16[i] = bf16_round(w[i]);
+        w16[i] = tst_bf16_round(w[i]);
     for (long m = 0; m < M; m++)
         for (long n = 0; n < N; n++) {
             double sum = 0;
@@ -819,7 +696,7 @@ static void gemm_bf16in_case(long M, long N, long K) {
         cm_dtype    wdt = wi ? CM_DTYPE_BF16 : CM_DTYPE_F32;
         const void *wc = wi ? bw16.c : bw.c, *wg = wi ? bw16.g : bw.g;
         tst_ok(cpu->gemm_bf16in(cctx, bo.c, bin.c, wc, wdt, M, N, K), "cpu gemm_bf16in");
-        float *ref = zeros_f32(M * N), *got = zeros_f32(M * N);
+        float *ref = tst_zeros_f32(M * N), *got = tst_zeros_f32(M * N);
         cpu->download(cctx, ref, bo.c, (size_t)(M * N) * sizeof(float));
         for (int mode = 0; mode < 2; mode++) {
             kn_ctx *g = mode ? gctx16 : gctx;
@@ -849,8 +726,8 @@ static void gemm_bf16in_case(long M, long N, long K) {
 
 /* off shifts x and y by one float, so the cuda kernels take their scalar (unaligned) path. */
 static void norm_bf16_case(long rows, long C, int off) {
-    float *x = rand_f32(rows * C + off, -2, 2), *y = rand_f32(rows * C + off, -2, 2);
-    float *z = rand_f32(rows * C + off, -4, 4), *w = rand_f32(C, -0.5, 1.5);
+    float *x = tst_rand_f32(rows * C + off, -2, 2), *y = tst_rand_f32(rows * C + off, -2, 2);
+    float *z = tst_rand_f32(rows * C + off, -4, 4), *w = tst_rand_f32(C, -0.5, 1.5);
     dbuf   bx = dbuf_put(x, (size_t)(rows * C + off) * 4), by = dbuf_put(y, (size_t)(rows * C + off) * 4);
     dbuf   bz = dbuf_put(z, (size_t)(rows * C + off) * 4), bw = dbuf_put(w, (size_t)C * 4);
     dbuf   bo = dbuf_put(NULL, (size_t)(rows * C) * 2);
@@ -897,7 +774,7 @@ static void gdn_conv_case(const int *lens, int n_seq, int nk, int nv, int dk, in
     int32_t cu[16];
     long    T = make_seqs(lens, n_seq, cu);
     long    qk = (long)nk * dk, C = 2 * qk + (long)nv * dv;
-    float  *x = rand_f32(T * C, -2, 2), *w = rand_f32(C * K, -1, 1);
+    float  *x = tst_rand_f32(T * C, -2, 2), *w = tst_rand_f32(C * K, -1, 1);
     dbuf    bx = dbuf_put(x, (size_t)(T * C) * 4), bw = dbuf_put(w, (size_t)(C * K) * 4);
     dbuf    bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4);
     dbuf    bq = dbuf_put(NULL, (size_t)(T * qk) * 4), bk = dbuf_put(NULL, (size_t)(T * qk) * 4);
@@ -1075,8 +952,8 @@ static void qk_prep_case(const int *lens, int n_seq, int nq, int nkv, int hd, in
     for (int s = 0; s < n_seq; s++)
         for (int t = cu[s]; t < cu[s + 1]; t++)
             pos[t] = pos_base + t - cu[s];
-    float *qg = rand_f32(nqg, -3, 3), *k = rand_f32(nke, -3, 3), *qn = rand_f32(hd, -0.5, 0.5),
-          *kn = rand_f32(hd, -0.5, 0.5);
+    float *qg = tst_rand_f32(nqg, -3, 3), *k = tst_rand_f32(nke, -3, 3), *qn = tst_rand_f32(hd, -0.5, 0.5),
+          *kn = tst_rand_f32(hd, -0.5, 0.5);
     dbuf bqg = dbuf_put(qg, (size_t)nqg * 4), bk = dbuf_put(k, (size_t)nke * 4), bp = dbuf_put(pos, (size_t)T * 4);
     dbuf bqn = dbuf_put(qn, (size_t)hd * 4), bkn = dbuf_put(kn, (size_t)hd * 4);
     dbuf bq = dbuf_put(NULL, (size_t)nqe * 4), bg = dbuf_put(NULL, (size_t)nqe * 4);
@@ -1147,23 +1024,7 @@ static void test_qk_prep(void) {
 // ----------------------------------------------------------------------------
 
 int main(void) {
-    cpu = kn_backend_cpu();
-    gpu = kn_backend_cuda();
-    if (!gpu)
-        TST_SKIP("this build has no cuda backend");
-
-    kn_ctx_config cfg = {0, KN_GEMM_MODE_F32};
-    cm_status     st = gpu->ctx_create(&gctx, &cfg);
-    if (st == CM_ERR_UNSUPPORTED)
-        TST_SKIP("%s", cm_last_error());
-    if (st != CM_OK) {
-        fprintf(stderr, "cuda ctx_create failed: %s: %s\n", cm_status_str(st), cm_last_error());
-        return 1;
-    }
-    cfg.gemm_mode = KN_GEMM_MODE_BF16;
-    if (!tst_ok(gpu->ctx_create(&gctx16, &cfg), "cuda ctx_create (bf16 gemm mode)"))
-        return tst_report();
-    if (!tst_ok(cpu->ctx_create(&cctx, NULL), "cpu ctx_create"))
+    if (!tst_pair_open())
         return tst_report();
 
     test_memory();
@@ -1182,9 +1043,7 @@ int main(void) {
     test_bad_args();
     test_qk_prep();
 
-    cpu->ctx_destroy(&cctx);
-    gpu->ctx_destroy(&gctx16);
-    gpu->ctx_destroy(&gctx);
+    tst_pair_close();
     TST_CHECK(gctx == NULL && gctx16 == NULL);
     return tst_report();
 }

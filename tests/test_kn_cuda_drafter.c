@@ -35,96 +35,11 @@
 
 #include "kn_backend.h"
 #include "tst.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-/* ASan's default shadow-gap protection makes the CUDA driver fail to initialise, and the
- * driver keeps allocations until exit: let it start, and do not report its leaks. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) {
-    return "protect_shadow_gap=0";
-}
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublasLt.so\nleak:libcublas.so\n";
-}
-#endif
-
-static const kn_backend *cpu, *gpu;
-static kn_ctx           *cctx;   /* cpu */
-static kn_ctx           *gctx;   /* cuda, KN_GEMM_MODE_F32 */
-static kn_ctx           *gctx16; /* cuda, KN_GEMM_MODE_BF16 */
+#include "tst_kn.h"
+#include "tst_kn_pair.h"
 
 // ----------------------------------------------------------------------------
-// helpers
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static double urand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return p;
-}
-
-static float *rand_f32(long n, double lo, double hi) {
-    float *x = xmalloc((size_t)n * sizeof(float));
-    for (long i = 0; i < n; i++)
-        x[i] = (float)(lo + (hi - lo) * urand());
-    return x;
-}
-
-static uint16_t bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_widen(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float    f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* One host array mirrored on both backends. */
-typedef struct dbuf {
-    void  *c, *g;
-    size_t bytes;
-} dbuf;
-
-static dbuf dbuf_put(const void *host, size_t bytes) {
-    dbuf b = {NULL, NULL, bytes};
-    if (cpu->alloc(cctx, &b.c, bytes) != CM_OK || gpu->alloc(gctx, &b.g, bytes) != CM_OK) {
-        fprintf(stderr, "alloc of %zu bytes failed: %s\n", bytes, cm_last_error());
-        exit(1);
-    }
-    if (host &&
-        (cpu->upload(cctx, b.c, host, bytes) != CM_OK || gpu->upload(gctx, b.g, host, bytes) != CM_OK)) {
-        fprintf(stderr, "upload of %zu bytes failed: %s\n", bytes, cm_last_error());
-        exit(1);
-    }
-    if (gpu->sync(gctx) != CM_OK) { /* gctx16 uses these buffers too */
-        fprintf(stderr, "sync failed: %s\n", cm_last_error());
-        exit(1);
-    }
-    return b;
-}
-
-static void dbuf_free(dbuf *b) {
-    cpu->free(cctx, b->c);
-    gpu->free(gctx, b->g);
-    b->c = b->g = NULL;
-}
+// helpers (random numbers, comparisons, the cpu/cuda pair: tst_kn.h, tst_kn_pair.h)
 
 /* Downloads both sides of b; work queued on either cuda context is finished first. */
 static void get_both(const dbuf *b, size_t bytes, void *c_out, void *g_out) {
@@ -153,39 +68,20 @@ static void note(int op, double worst, double max_abs) {
 /* |got − ref| ≤ atol + rtol·|ref|, elementwise; prints max abs error and worst ratio. */
 static void compare(int op, const char *name, const float *got, const float *ref, long n, double atol,
                     double rtol) {
-    double max_abs = 0, worst = 0, max_ref = 0;
-    for (long i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)ref[i]);
-        if (isnan(d))
-            d = INFINITY;
-        double tol = atol + rtol * fabs((double)ref[i]);
-        max_ref = fabs((double)ref[i]) > max_ref ? fabs((double)ref[i]) : max_ref;
-        max_abs = d > max_abs ? d : max_abs;
-        if (tol > 0 ? d / tol > worst : d > 0)
-            worst = tol > 0 ? d / tol : INFINITY;
-    }
-    int ok = TST_CLOSE(name, got, ref, n, atol, rtol);
-    note(op, worst, max_abs);
-    printf("%-64s n=%-8ld max|ref| %.2e  max_abs %.2e  err/tol %.3f  %s\n", name, n, max_ref, max_abs, worst,
-           ok ? "ok" : "FAIL");
-}
-
-static double max_abs_of(const float *x, long n) {
-    double m = 0;
-    for (long i = 0; i < n; i++)
-        m = fabs((double)x[i]) > m ? fabs((double)x[i]) : m;
-    return m;
+    tst_err e;
+    tst_compare(name, 64, got, ref, n, atol, rtol, &e);
+    note(op, e.worst, e.max_abs);
 }
 
 /* compare() with atol = scale_tol·max|ref|: for outputs whose error scales with the tensor. */
 static void compare_scaled(int op, const char *name, const float *got, const float *ref, long n, double scale_tol,
                            double rtol) {
-    compare(op, name, got, ref, n, scale_tol * max_abs_of(ref, n) + 1e-30, rtol);
+    compare(op, name, got, ref, n, scale_tol * tst_max_abs(ref, n) + 1e-30, rtol);
 }
 
 /* Compares dbuf b (n floats) between the backends. */
 static void compare_buf(int op, const char *name, const dbuf *b, long n, double atol, double rtol) {
-    float *c = xmalloc((size_t)n * 4), *g = xmalloc((size_t)n * 4);
+    float *c = tst_xcalloc((size_t)n * 4), *g = tst_xcalloc((size_t)n * 4);
     get_both(b, (size_t)n * 4, c, g);
     compare(op, name, g, c, n, atol, rtol);
     free(c);
@@ -195,24 +91,9 @@ static void compare_buf(int op, const char *name, const dbuf *b, long n, double 
 /* |got − ref| ≤ tol·bound elementwise (bound = Σ|a·b| of each output). */
 static void compare_bound(int op, const char *name, const float *got, const float *ref, const double *bound, long n,
                           double tol) {
-    double max_abs = 0, worst = 0;
-    int    bad = 0;
-    for (long i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)ref[i]);
-        if (isnan(d))
-            d = INFINITY;
-        double lim = tol * bound[i] + 1e-30;
-        max_abs = d > max_abs ? d : max_abs;
-        worst = d / lim > worst ? d / lim : worst;
-        if (!(d <= lim)) {
-            if (bad < 5)
-                fprintf(stderr, "  %s[%ld]: got %.8g ref %.8g (limit %.3g)\n", name, i, got[i], ref[i], lim);
-            bad++;
-        }
-    }
-    TST_CHECK(bad == 0);
-    note(op, worst, max_abs);
-    printf("%-64s n=%-8ld max_abs %.2e  err/tol %.3f  %s\n", name, n, max_abs, worst, bad ? "FAIL" : "ok");
+    tst_err e;
+    tst_compare_bound(name, 64, got, ref, bound, n, tol, &e);
+    note(op, e.worst, e.max_abs);
 }
 
 // ----------------------------------------------------------------------------
@@ -221,17 +102,18 @@ static void compare_bound(int op, const char *name, const float *got, const floa
 /* dinp[M, K] (=/+=) dout[M, N]·W[N, K] and dw[N, K] += dout[M, N]ᵀ·inp[M, K], W in F32 and
  * BF16, both GEMM modes, accumulate off and on. */
 static void gemm_bwd_case(long M, long N, long K) {
-    float    *dout = rand_f32(M * N, -1, 1), *w = rand_f32(N * K, -1, 1), *inp = rand_f32(M * K, -1, 1);
-    float    *init = rand_f32(M * K > N * K ? M * K : N * K, -1, 1);
-    uint16_t *w16 = xmalloc((size_t)(N * K) * 2);
+    float *dout = tst_rand_f32(M * N, -1, 1), *w = tst_rand_f32(N * K, -1, 1),
+          *inp = tst_rand_f32(M * K, -1, 1);
+    float    *init = tst_rand_f32(M * K > N * K ? M * K : N * K, -1, 1);
+    uint16_t *w16 = tst_xcalloc((size_t)(N * K) * 2);
     for (long i = 0; i < N * K; i++)
-        w16[i] = bf16_round(w[i]);
+        w16[i] = tst_bf16_round(w[i]);
     dbuf    bd = dbuf_put(dout, (size_t)(M * N) * 4), bw = dbuf_put(w, (size_t)(N * K) * 4);
     dbuf    bw16 = dbuf_put(w16, (size_t)(N * K) * 2), bi = dbuf_put(inp, (size_t)(M * K) * 4);
     long    n_out = M * K > N * K ? M * K : N * K;
     dbuf    bo = dbuf_put(NULL, (size_t)n_out * 4);
-    float  *ref = xmalloc((size_t)n_out * 4), *got = xmalloc((size_t)n_out * 4);
-    double *bound = xmalloc((size_t)n_out * sizeof(double));
+    float  *ref = tst_xcalloc((size_t)n_out * 4), *got = tst_xcalloc((size_t)n_out * 4);
+    double *bound = tst_xcalloc((size_t)n_out * sizeof(double));
     char    name[128];
 
     for (int wi = 0; wi < 2; wi++)
@@ -241,7 +123,8 @@ static void gemm_bwd_case(long M, long N, long K) {
                 for (long k = 0; k < K; k++) {
                     double s = acc ? fabs((double)init[m * K + k]) : 0;
                     for (long n = 0; n < N; n++)
-                        s += fabs((double)dout[m * N + n] * (double)(wi ? bf16_widen(w16[n * K + k]) : w[n * K + k]));
+                        s += fabs((double)dout[m * N + n] *
+                                  (double)(wi ? tst_bf16_widen(w16[n * K + k]) : w[n * K + k]));
                     bound[m * K + k] = s;
                 }
             for (int mode = 0; mode < 2; mode++) {
@@ -305,8 +188,9 @@ static void test_rmsnorm_bwd(void) {
     static const long shapes[][2] = {{1, 1}, {37, 64}, {1500, 257}, {3, 5120}}; /* rows C */
     for (int s = 0; s < 4; s++) {
         const long rows = shapes[s][0], C = shapes[s][1];
-        float     *x = rand_f32(rows * C, -2, 2), *dy = rand_f32(rows * C, -1, 1), *w = rand_f32(C, -0.5, 1.5);
-        float     *dw0 = rand_f32(C, -1, 1);
+        float     *x = tst_rand_f32(rows * C, -2, 2), *dy = tst_rand_f32(rows * C, -1, 1),
+              *w = tst_rand_f32(C, -0.5, 1.5);
+        float     *dw0 = tst_rand_f32(C, -1, 1);
         dbuf       bx = dbuf_put(x, (size_t)(rows * C) * 4), bdy = dbuf_put(dy, (size_t)(rows * C) * 4);
         dbuf       bw = dbuf_put(w, (size_t)C * 4), bdx = dbuf_put(NULL, (size_t)(rows * C) * 4);
         for (int one_plus = 0; one_plus < 2; one_plus++) {
@@ -317,7 +201,7 @@ static void test_rmsnorm_bwd(void) {
                     "cuda rmsnorm_bwd");
             char name[96];
             /* dx = r·s·dy − x·k cancels where the two terms meet: 1e-6 of the row scale */
-            float *c = xmalloc((size_t)(rows * C) * 4), *g = xmalloc((size_t)(rows * C) * 4);
+            float *c = tst_xcalloc((size_t)(rows * C) * 4), *g = tst_xcalloc((size_t)(rows * C) * 4);
             get_both(&bdx, (size_t)(rows * C) * 4, c, g);
             snprintf(name, sizeof name, "rmsnorm_bwd dx rows=%ld C=%ld one_plus=%d", rows, C, one_plus);
             compare_scaled(2, name, g, c, rows * C, 1e-6, 1e-5);
@@ -349,10 +233,10 @@ static void test_rope_bwd(void) {
     for (int s = 0; s < 4; s++) {
         const long T = cases[s].T;
         const int  nh = cases[s].nh, hd = cases[s].hd, rot = cases[s].rot;
-        float     *x = rand_f32(T * nh * hd, -2, 2);
-        int32_t   *pos = xmalloc((size_t)T * 4);
+        float     *x = tst_rand_f32(T * nh * hd, -2, 2);
+        int32_t   *pos = tst_xcalloc((size_t)T * 4);
         for (long t = 0; t < T; t++)
-            pos[t] = (int32_t)(urand() * cases[s].pos_max);
+            pos[t] = (int32_t)(tst_urand() * cases[s].pos_max);
         pos[T - 1] = cases[s].pos_max - 1;
         dbuf bx = dbuf_put(x, (size_t)(T * nh * hd) * 4), bp = dbuf_put(pos, (size_t)T * 4);
         tst_ok(cpu->rope_bwd(cctx, bx.c, bp.c, T, nh, hd, rot, cases[s].theta), "cpu rope_bwd");
@@ -371,7 +255,7 @@ static void test_swiglu_bwd(void) {
     static const long ns[] = {1, 1000, 100003};
     for (int s = 0; s < 3; s++) {
         const long n = ns[s];
-        float     *d = rand_f32(n, -1, 1), *gt = rand_f32(n, -8, 8), *up = rand_f32(n, -2, 2);
+        float     *d = tst_rand_f32(n, -1, 1), *gt = tst_rand_f32(n, -8, 8), *up = tst_rand_f32(n, -2, 2);
         gt[0] = -1.2785f; /* near the zero of 1 + g·(1 − σ(g)) */
         dbuf bd = dbuf_put(d, (size_t)n * 4), bg = dbuf_put(gt, (size_t)n * 4), bu = dbuf_put(up, (size_t)n * 4);
         dbuf bdg = dbuf_put(NULL, (size_t)n * 4), bdu = dbuf_put(NULL, (size_t)n * 4);
@@ -400,7 +284,7 @@ static void test_sumsq(void) {
     static const long ns[] = {1, 8191, 8193, 1000003};
     for (int s = 0; s < 4; s++) {
         const long n = ns[s];
-        float     *x = rand_f32(n, -3, 3);
+        float     *x = tst_rand_f32(n, -3, 3);
         dbuf       bx = dbuf_put(x, (size_t)n * 4);
         double     c = -1, g = -1, g2 = -2;
         tst_ok(cpu->sumsq(cctx, &c, bx.c, n), "cpu sumsq");
@@ -425,8 +309,9 @@ static void test_adamw(void) {
     static const long ns[] = {1, 1001, 100003};
     for (int s = 0; s < 3; s++) {
         const long      n = ns[s];
-        float          *p = rand_f32(n, -1, 1), *gr = rand_f32(n, -0.1, 0.1), *m = rand_f32(n, -0.01, 0.01);
-        float          *v = rand_f32(n, 0, 1e-4);
+        float          *p = tst_rand_f32(n, -1, 1), *gr = tst_rand_f32(n, -0.1, 0.1),
+              *m = tst_rand_f32(n, -0.01, 0.01);
+        float          *v = tst_rand_f32(n, 0, 1e-4);
         kn_adamw_params ap = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, s == 0 ? 1 : 7 + s};
         dbuf            bp = dbuf_put(p, (size_t)n * 4), bg = dbuf_put(gr, (size_t)n * 4);
         dbuf            bm = dbuf_put(m, (size_t)n * 4), bv = dbuf_put(v, (size_t)n * 4);
@@ -457,16 +342,16 @@ static void test_adamw(void) {
 // lm_ce
 
 static void lm_ce_case(long R, long V, long D, int w_bf16, int with_dh) {
-    float    *h = rand_f32(R * D, -1, 1), *w = rand_f32(V * D, -1, 1), *gs = rand_f32(R, 0, 1);
-    uint16_t *w16 = xmalloc((size_t)(V * D) * 2);
-    int32_t  *lab = xmalloc((size_t)R * 4);
+    float    *h = tst_rand_f32(R * D, -1, 1), *w = tst_rand_f32(V * D, -1, 1), *gs = tst_rand_f32(R, 0, 1);
+    uint16_t *w16 = tst_xcalloc((size_t)(V * D) * 2);
+    int32_t  *lab = tst_xcalloc((size_t)R * 4);
     for (long i = 0; i < V * D; i++) {
-        w16[i] = bf16_round(w[i]);
+        w16[i] = tst_bf16_round(w[i]);
         if (w_bf16)
-            w[i] = bf16_widen(w16[i]); /* the host copy holds what the kernels see */
+            w[i] = tst_bf16_widen(w16[i]); /* the host copy holds what the kernels see */
     }
     for (long r = 0; r < R; r++) {
-        lab[r] = (int32_t)(urand() * (double)V);
+        lab[r] = (int32_t)(tst_urand() * (double)V);
         if (r % 5 == 3)
             gs[r] = 0; /* rows that do not count: zero gradient */
     }
@@ -476,9 +361,9 @@ static void lm_ce_case(long R, long V, long D, int w_bf16, int with_dh) {
     dbuf bdh = dbuf_put(NULL, (size_t)(R * D) * 4), bce = dbuf_put(NULL, (size_t)R * 4), bam = dbuf_put(NULL, (size_t)R * 4);
     const cm_dtype wdt = w_bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32;
     tst_ok(cpu->lm_ce(cctx, with_dh ? bdh.c : NULL, bce.c, bam.c, bh.c, bl.c, bg.c, bw.c, wdt, R, V, D), "cpu lm_ce");
-    float   *ce_c = xmalloc((size_t)R * 4), *dh_c = xmalloc((size_t)(R * D) * 4);
-    float   *ce_g = xmalloc((size_t)R * 4), *dh_g = xmalloc((size_t)(R * D) * 4);
-    int32_t *am_c = xmalloc((size_t)R * 4), *am_g = xmalloc((size_t)R * 4);
+    float   *ce_c = tst_xcalloc((size_t)R * 4), *dh_c = tst_xcalloc((size_t)(R * D) * 4);
+    float   *ce_g = tst_xcalloc((size_t)R * 4), *dh_g = tst_xcalloc((size_t)(R * D) * 4);
+    int32_t *am_c = tst_xcalloc((size_t)R * 4), *am_g = tst_xcalloc((size_t)R * 4);
     cpu->download(cctx, ce_c, bce.c, (size_t)R * 4);
     cpu->download(cctx, am_c, bam.c, (size_t)R * 4);
     cpu->download(cctx, dh_c, bdh.c, (size_t)(R * D) * 4);
@@ -567,15 +452,17 @@ static void attn_run(const attn_case *ac, int window) {
         T += ac->lens[i];
     }
     const long nb = ac->n_blocks, B = ac->B, nq = ac->nq, nkv = ac->nkv, hd = ac->hd, R = nb * B;
-    int32_t   *anchors = xmalloc((size_t)nb * 4), *ctx_lo = xmalloc((size_t)nb * 4);
+    int32_t   *anchors = tst_xcalloc((size_t)nb * 4), *ctx_lo = tst_xcalloc((size_t)nb * 4);
     for (long j = 0; j < nb; j++) { /* document starts and ends first, then random, unsorted */
         const int d = (int)(j % ac->n_docs), len = ac->lens[d];
-        const int off = j < ac->n_docs ? 0 : j < 2 * ac->n_docs ? len - 1 : (int)(urand() * len);
+        const int off = j < ac->n_docs ? 0 : j < 2 * ac->n_docs ? len - 1 : (int)(tst_urand() * len);
         anchors[j] = starts[d] + off;
         ctx_lo[j] = starts[d];
     }
-    float *q = rand_f32(R * nq * hd, -2, 2), *kc = rand_f32(T * nkv * hd, -1, 1), *vc = rand_f32(T * nkv * hd, -1, 1);
-    float *kb = rand_f32(R * nkv * hd, -1, 1), *vb = rand_f32(R * nkv * hd, -1, 1), *dout = rand_f32(R * nq * hd, -1, 1);
+    float *q = tst_rand_f32(R * nq * hd, -2, 2), *kc = tst_rand_f32(T * nkv * hd, -1, 1),
+          *vc = tst_rand_f32(T * nkv * hd, -1, 1);
+    float *kb = tst_rand_f32(R * nkv * hd, -1, 1), *vb = tst_rand_f32(R * nkv * hd, -1, 1),
+          *dout = tst_rand_f32(R * nq * hd, -1, 1);
     dbuf   ba = dbuf_put(anchors, (size_t)nb * 4), bl = dbuf_put(ctx_lo, (size_t)nb * 4);
     dbuf   bq = dbuf_put(q, (size_t)(R * nq * hd) * 4), bkc = dbuf_put(kc, (size_t)(T * nkv * hd) * 4);
     dbuf   bvc = dbuf_put(vc, (size_t)(T * nkv * hd) * 4), bkb = dbuf_put(kb, (size_t)(R * nkv * hd) * 4);
@@ -606,7 +493,7 @@ static void attn_run(const attn_case *ac, int window) {
         tst_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd");
         float *first[7] = {0};
         for (int i = 0; i < 7; i++) {
-            float *c = xmalloc((size_t)sizes[i] * 4), *gg = xmalloc((size_t)sizes[i] * 4);
+            float *c = tst_xcalloc((size_t)sizes[i] * 4), *gg = tst_xcalloc((size_t)sizes[i] * 4);
             get_both(bufs[i], (size_t)sizes[i] * 4, c, gg);
             snprintf(name, sizeof name, "dflash %-6s %s", names[i], label);
             if (mode == 0) {
@@ -625,7 +512,7 @@ static void attn_run(const attn_case *ac, int window) {
                 else
                     compare_scaled(i == 0 ? 12 : 13, name, gg, c, sizes[i], 3e-2, 3e-2);
                 if (i != 1) {
-                    double *cd = xmalloc((size_t)sizes[i] * sizeof(double));
+                    double *cd = tst_xcalloc((size_t)sizes[i] * sizeof(double));
                     for (long e = 0; e < sizes[i]; e++)
                         cd[e] = c[e];
                     const double rl2 = tst_rel_l2(gg, cd, sizes[i]);
@@ -641,7 +528,7 @@ static void attn_run(const attn_case *ac, int window) {
         tst_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd again");
         int same = 1;
         for (int i = 2; i < 7; i++) {
-            float *c = xmalloc((size_t)sizes[i] * 4), *gg = xmalloc((size_t)sizes[i] * 4);
+            float *c = tst_xcalloc((size_t)sizes[i] * 4), *gg = tst_xcalloc((size_t)sizes[i] * 4);
             get_both(bufs[i], (size_t)sizes[i] * 4, c, gg);
             same = same && memcmp(gg, first[i], (size_t)sizes[i] * 4) == 0;
             free(c);
@@ -774,21 +661,7 @@ static void test_edges(void) {
  * compute-sanitizer) */
 int main(int argc, char **argv) {
     const int only_dflash = argc > 1 && strcmp(argv[1], "dflash") == 0;
-    cpu = kn_backend_cpu();
-    gpu = kn_backend_cuda();
-    if (!gpu)
-        TST_SKIP("this build has no cuda backend");
-    kn_ctx_config cfg = {0, KN_GEMM_MODE_F32};
-    cm_status     st = gpu->ctx_create(&gctx, &cfg);
-    if (st == CM_ERR_UNSUPPORTED)
-        TST_SKIP("%s", cm_last_error());
-    if (st != CM_OK) {
-        fprintf(stderr, "cuda ctx_create failed: %s: %s\n", cm_status_str(st), cm_last_error());
-        return 1;
-    }
-    cfg.gemm_mode = KN_GEMM_MODE_BF16;
-    if (!tst_ok(gpu->ctx_create(&gctx16, &cfg), "cuda ctx_create (bf16 gemm mode)") ||
-        !tst_ok(cpu->ctx_create(&cctx, NULL), "cpu ctx_create"))
+    if (!tst_pair_open())
         return tst_report();
 
     if (!only_dflash) {
@@ -807,8 +680,6 @@ int main(int argc, char **argv) {
     printf("\nworst error/tolerance per op (<= 1 passes) and max abs error:\n");
     for (int i = 0; i < N_OPS; i++)
         printf("  %-12s %.3f  %.2e\n", op_names[i], op_worst[i], op_max_abs[i]);
-    cpu->ctx_destroy(&cctx);
-    gpu->ctx_destroy(&gctx16);
-    gpu->ctx_destroy(&gctx);
+    tst_pair_close();
     return tst_report();
 }

@@ -12,26 +12,10 @@
 
 #include "kn_backend.h"
 #include "tst.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) {
-    return "protect_shadow_gap=0";
-}
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublasLt.so\nleak:libcublas.so\n";
-}
-#endif
+#include "tst_cuda.h"
+#include "tst_kn.h"
 
 #define N 100003
-
-static uint16_t bf16_rne(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* Fills n values on backend be and brings them to the host (F32 or BF16 by dt). */
 static int fill_host(const kn_backend *be, kn_ctx *ctx, cm_dtype dt, int64_t n, uint64_t seed, float lo, float hi,
@@ -78,7 +62,8 @@ static void test_cpu(const kn_backend *cpu, kn_ctx *ctx) {
     TST_CHECK(fill_host(cpu, ctx, CM_DTYPE_BF16, N, 42, -0.5f, 1.5f, h));
     int bf_ok = 1;
     for (int i = 0; i < N; i++)
-        if (h[i] != bf16_rne(a[i])) bf_ok = 0;
+        if (h[i] != tst_bf16_round(a[i]))
+            bf_ok = 0;
     TST_CHECK(bf_ok);
 
     void *dev = NULL;

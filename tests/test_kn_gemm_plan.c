@@ -23,18 +23,9 @@
 #include "kn_cuda_lt.h"
 #include "tst.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-/* ASan's default shadow-gap protection makes the CUDA driver fail to initialise, and the
- * driver keeps allocations until exit: let it start, and do not report its leaks. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) {
-    return "protect_shadow_gap=0";
-}
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublasLt.so\nleak:libcublas.so\n";
-}
-#endif
+#define TST_KN_SEED 0x243F6A8885A308D3ull
+#include "tst_cuda.h"
+#include "tst_kn.h"
 
 static const kn_backend *gpu;
 
@@ -48,27 +39,16 @@ static const kn_backend *gpu;
         }                                                                                                    \
     } while (0)
 
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
-static float    frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+static float frand(void) { /* [-1, 1) */
+    return (float)(tst_urand() * 2.0 - 1.0);
 }
 
-static float bf16_round(float x) { /* nearest even, as the kernels round (finite inputs) */
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    memcpy(&x, &u, 4);
-    return x;
+/* x rounded to bf16, nearest even, as the kernels round (finite inputs) */
+static float bf16_round(float x) {
+    return tst_bf16_widen(tst_bf16_round(x));
 }
-
 static uint16_t bf16_bits(float x) {
-    uint32_t u;
-    x = bf16_round(x);
-    memcpy(&u, &x, 4);
-    return (uint16_t)(u >> 16);
+    return tst_bf16_round(x);
 }
 
 /* Host out[M, N] = inp[M, K] · W[N, K]ᵀ in double, inputs rounded to bf16 when bf; and the

@@ -21,13 +21,10 @@
 #include "kn_backend.h"
 #include "kn_ref.h"
 #include "tst.h"
+#include "tst_kn.h"
 
-static uint64_t rs = 0x9e3779b97f4a7c15ull;
-static float    urand(void) { /* [-1, 1) */
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((double)(rs >> 11) / 4503599627370496.0 - 1.0);
+static float urand(void) { /* [-1, 1) */
+    return (float)(tst_urand() * 2.0 - 1.0);
 }
 
 static float *rand_f(int64_t n, float scale) {

@@ -17,31 +17,14 @@
 #include "kn_backend.h"
 #include "tst.h"
 
+#define TST_KN_SEED 0x51ed270b27a3c0f1ull
+#include "tst_kn.h"
+
 static const kn_backend *be;
 static kn_ctx           *ctx;
 
-static uint64_t rng_state = 0x51ed270b27a3c0f1ull;
-
-static double urand(void) { /* uniform in [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static float *rand_f32(long n, double lo, double hi) {
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
-    if (!x) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    for (long i = 0; i < n; i++)
-        x[i] = (float)(lo + (hi - lo) * urand());
-    return x;
-}
-
 static float *nan_f32(long n) { /* an element the op never writes stays NaN and fails */
-    float *x = rand_f32(n, 0, 1);
+    float *x = tst_rand_f32(n, 0, 1);
     for (long i = 0; i < n; i++)
         x[i] = NAN;
     return x;
@@ -68,11 +51,11 @@ static void run_case(const qk_case *cs) {
     for (int s = 0, t0 = 0; s < cs->n_seq; t0 += cs->lens[s], s++)
         for (int i = 0; i < cs->lens[s]; i++)
             pos[t0 + i] = cs->pos_base + i;
-    float *qg = rand_f32(nqg, -3, 3), *k = rand_f32(nke, -3, 3);
-    float *qn = rand_f32(hd, -0.5, 0.5), *kn = rand_f32(hd, -0.5, 0.5);
+    float *qg = tst_rand_f32(nqg, -3, 3), *k = tst_rand_f32(nke, -3, 3);
+    float *qn = tst_rand_f32(hd, -0.5, 0.5), *kn = tst_rand_f32(hd, -0.5, 0.5);
 
     /* the chain, as forward_attention ran it */
-    float *qc = rand_f32(nqe, 0, 1), *gc = rand_f32(nqe, 0, 1), *kc = rand_f32(nke, 0, 1);
+    float *qc = tst_rand_f32(nqe, 0, 1), *gc = tst_rand_f32(nqe, 0, 1), *kc = tst_rand_f32(nke, 0, 1);
     memcpy(kc, k, (size_t)nke * sizeof *k);
     if (cs->gated) {
         tst_ok(be->copy2d(ctx, qc, hd, qg, qs, T * nq, hd), "copy2d q");
@@ -86,10 +69,10 @@ static void run_case(const qk_case *cs) {
     tst_ok(be->rope(ctx, kc, pos, T, nkv, hd, rot, cs->theta), "rope k");
 
     /* the fused op */
-    float *qf = NULL, *gf = cs->gated ? nan_f32(nqe) : NULL, *kf = rand_f32(nke, 0, 1), *qgf = NULL;
+    float *qf = NULL, *gf = cs->gated ? nan_f32(nqe) : NULL, *kf = tst_rand_f32(nke, 0, 1), *qgf = NULL;
     memcpy(kf, k, (size_t)nke * sizeof *k);
     if (cs->in_place) {
-        qf = qgf = rand_f32(nqg, 0, 1);
+        qf = qgf = tst_rand_f32(nqg, 0, 1);
         memcpy(qf, qg, (size_t)nqg * sizeof *qg);
     } else {
         qf = nan_f32(nqe);

@@ -11,24 +11,12 @@
 
 #include "kn_backend.h"
 #include "tst.h"
+#include "tst_kn.h"
 
 static const kn_backend *be;
 static kn_ctx           *ctx;
 
 // ---- helpers: backend buffers and deterministic random numbers
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static double urand(void) { /* uniform in [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static void fill(float *x, long n, double lo, double hi) {
-    for (long i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand());
-}
 
 static void *dev_put(const void *host, size_t bytes) {
     void *p = NULL;
@@ -48,13 +36,6 @@ static void dev_get(void *host, const void *dev, size_t bytes) {
         fprintf(stderr, "download failed: %s\n", cm_last_error());
         exit(1);
     }
-}
-
-static float bf16_widen(uint16_t h) { /* independent of cm_bf16_to_f32 */
-    uint32_t u = (uint32_t)h << 16;
-    float    f;
-    memcpy(&f, &u, sizeof f);
-    return f;
 }
 
 // ---- context and memory
@@ -148,7 +129,8 @@ static void test_embed(void) {
     TST_CHECK(be->embed(ctx, dout, dids, dtb, CM_DTYPE_BF16, T, C) == CM_OK);
     dev_get(out, dout, sizeof out);
     for (int t = 0; t < T; t++)
-        for (int c = 0; c < C; c++) TST_CHECK(out[t * C + c] == bf16_widen(tb[ids[t] * C + c]));
+        for (int c = 0; c < C; c++)
+            TST_CHECK(out[t * C + c] == tst_bf16_widen(tb[ids[t] * C + c]));
     TST_CHECK(be->embed(ctx, dout, dids, dtf, CM_DTYPE_F16, T, C) == CM_ERR_UNSUPPORTED);
     be->free(ctx, dtf);
     be->free(ctx, dtb);
@@ -160,15 +142,15 @@ static void gemm_case(int M, int N, int K, cm_dtype wdt) {
     float    *inp = malloc(sizeof(float) * M * K), *wf = malloc(sizeof(float) * N * K);
     uint16_t *wb  = malloc(sizeof(uint16_t) * N * K);
     float    *out = malloc(sizeof(float) * M * N), *ref = malloc(sizeof(float) * M * N);
-    fill(inp, (long)M * K, -1, 1);
-    fill(wf, (long)N * K, -1, 1);
+    tst_fill(inp, (long)M * K, -1, 1);
+    tst_fill(wf, (long)N * K, -1, 1);
     for (long i = 0; i < (long)N * K; i++) wb[i] = cm_f32_to_bf16(wf[i]);
     // naive triple loop, k outermost, accumulated in double
     double *acc = calloc((size_t)M * N, sizeof(double));
     for (int k = 0; k < K; k++)
         for (int m = 0; m < M; m++)
             for (int n = 0; n < N; n++) {
-                double wv = wdt == CM_DTYPE_BF16 ? bf16_widen(wb[n * K + k]) : wf[n * K + k];
+                double wv = wdt == CM_DTYPE_BF16 ? tst_bf16_widen(wb[n * K + k]) : wf[n * K + k];
                 acc[m * N + n] += (double)inp[m * K + k] * wv;
             }
     for (long i = 0; i < (long)M * N; i++) ref[i] = (float)acc[i];
@@ -284,7 +266,7 @@ static void test_rope(void) {
     enum { T = 4, NH = 2, HD = 10, ROT = 6 };
     const int32_t pos[T] = {0, 1, 7, 1000};
     float         x[T * NH * HD], y[T * NH * HD];
-    fill(x, T * NH * HD, -2, 2);
+    tst_fill(x, T * NH * HD, -2, 2);
     float   *dx = dev_put(x, sizeof x);
     int32_t *dp = dev_put(pos, sizeof pos);
     TST_CHECK(be->rope(ctx, dx, dp, T, NH, HD, ROT, 10000.0f) == CM_OK);
@@ -329,10 +311,10 @@ static void attention_case(int use_gate) {
     float        *q = malloc(sizeof(float) * T * NQ * HD), *gate = malloc(sizeof(float) * T * NQ * HD);
     float        *k = malloc(sizeof(float) * T * NKV * HD), *v = malloc(sizeof(float) * T * NKV * HD);
     float        *out = malloc(sizeof(float) * T * NQ * HD), *ref = malloc(sizeof(float) * T * NQ * HD);
-    fill(q, (long)T * NQ * HD, -1.5, 1.5);
-    fill(k, (long)T * NKV * HD, -1.5, 1.5);
-    fill(v, (long)T * NKV * HD, -1, 1);
-    fill(gate, (long)T * NQ * HD, -3, 3);
+    tst_fill(q, (long)T * NQ * HD, -1.5, 1.5);
+    tst_fill(k, (long)T * NKV * HD, -1.5, 1.5);
+    tst_fill(v, (long)T * NKV * HD, -1, 1);
+    tst_fill(gate, (long)T * NQ * HD, -3, 3);
     for (int s = 0; s < NS; s++) {
         int     L = cu[s + 1] - cu[s], b = cu[s];
         double *P = malloc(sizeof(double) * L * L);
@@ -397,8 +379,8 @@ static void test_conv1d(void) {
     const int32_t cu[NS + 1] = {0, 3, 5, 11};
     const int     T          = cu[NS];
     float         x[T * C], w[C * K], out[T * C], ref[T * C];
-    fill(x, T * C, -2, 2);
-    fill(w, C * K, -1, 1);
+    tst_fill(x, T * C, -2, 2);
+    tst_fill(w, C * K, -1, 1);
     // naive: walk back from t, stopping at the sequence start; tap K-1-back multiplies x[t - back]
     for (int s = 0; s < NS; s++)
         for (int t = cu[s]; t < cu[s + 1]; t++)
@@ -486,13 +468,13 @@ static void gdn_case(const int32_t *cu, int n_seq, int strong_decay) {
     float       *g = malloc(sizeof(float) * (ng + 1)), *beta = malloc(sizeof(float) * (ng + 1));
     double      *ref  = malloc(sizeof(double) * (nvv + 1));
     float       *reff = malloc(sizeof(float) * (nvv + 1));
-    fill(q, nqk, -1, 1);
-    fill(k, nqk, -1, 1);
+    tst_fill(q, nqk, -1, 1);
+    tst_fill(k, nqk, -1, 1);
     l2norm_rows(q, (long)T * NK, DK);
     l2norm_rows(k, (long)T * NK, DK);
-    fill(v, nvv, -1, 1);
-    fill(g, ng, -0.4, 0.0);
-    fill(beta, ng, 0.0, 1.0);
+    tst_fill(v, nvv, -1, 1);
+    tst_fill(g, ng, -0.4, 0.0);
+    tst_fill(beta, ng, 0.0, 1.0);
     if (strong_decay)
         for (long i = 0; i < ng; i += 7) g[i] = -30.0f; /* e^γ underflows across a chunk */
     gdn_recurrent(ref, q, k, v, g, beta, cu, n_seq, NK, NV, DK, DV, scale);

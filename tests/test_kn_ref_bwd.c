@@ -14,48 +14,18 @@
 #include "kn_backend.h"
 #include "tst.h"
 
+#define TST_KN_SEED 0x2545f4914f6cdd1dull
+#include "tst_kn.h"
+
 static const kn_backend *be;
 static kn_ctx           *ctx;
 
 // ---- helpers: buffers, deterministic random numbers, finite differences
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static double urand(void) { /* uniform in [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static void fill(float *x, long n, double lo, double hi) {
-    for (long i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand());
-}
-
-static void *xalloc(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "cannot allocate %zu bytes\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
+static void   *xalloc(size_t bytes) { return tst_xcalloc(bytes); }
 static float  *fnew(long n) { return xalloc((size_t)n * sizeof(float)); }
 static double *dnew(long n) { return xalloc((size_t)n * sizeof(double)); }
-
-static float *frand(long n, double lo, double hi) {
-    float *x = fnew(n);
-    fill(x, n, lo, hi);
-    return x;
-}
-
-static float bf16_widen(uint16_t h) { /* independent of cm_bf16_to_f32 */
-    uint32_t u = (uint32_t)h << 16;
-    float    f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+static float  *frand(long n, double lo, double hi) { return tst_rand_f32(n, lo, hi); }
 
 static uint16_t bf16_trunc(float f) { /* any bf16 value will do as a weight */
     uint32_t u;
@@ -177,7 +147,7 @@ static void gemm_bwd_case(int64_t M, int64_t N, int64_t K) {
                     double s = acc ? prev[m * K + k] : 0.0;
                     double t = 0;
                     for (int64_t n = 0; n < N; n++)
-                        t += (double)dout[m * N + n] * (bf ? bf16_widen(wb[n * K + k]) : wf[n * K + k]);
+                        t += (double)dout[m * N + n] * (bf ? tst_bf16_widen(wb[n * K + k]) : wf[n * K + k]);
                     ref[m * K + k] = (float)(s + t);
                 }
             TST_CLOSE(bf ? (acc ? "gemm_dx bf16 +=" : "gemm_dx bf16")
@@ -550,7 +520,7 @@ static double lm_loss(void *vs) {
 }
 
 static double w_at(const void *w, int bf, int64_t i) {
-    return bf ? bf16_widen(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+    return bf ? tst_bf16_widen(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
 /* Full [R, V] logits in double, written out naively. */

@@ -255,7 +255,6 @@ int main(void) {
         cm_st_writer_destroy(&w);
         expect_fail("input_ids of dtype F32", single_model, input, "input_ids", "I32");
     }
-    snprintf(path, sizeof path, "rm -rf '%s'", tmp);
-    TST_CHECK(system(path) == 0);
+    TST_CHECK(tst_rmdir(tmp));
     return tst_report();
 }

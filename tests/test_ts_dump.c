@@ -12,6 +12,7 @@
 #include "cm_safetensors.h"
 #include "kn_backend.h"
 #include "tst.h"
+#include "tst_kn.h"
 #include "tst_proc.h"
 
 static double rel_l2_f32_f64(const float *got, const void *ref_data, cm_dtype ref_dt, long n) {
@@ -87,12 +88,7 @@ int main(int argc, char **argv) {
     const char *precision = argc > 2 ? argv[2] : "bf16";
     double      tol       = 1e-4;
     if (strcmp(device, "cuda") == 0) {
-        const kn_backend *be = kn_backend_cuda();
-        if (!be) TST_SKIP("this build has no cuda backend");
-        kn_ctx       *ctx = NULL;
-        kn_ctx_config kc  = KN_CTX_CONFIG_DEFAULT;
-        if (be->ctx_create(&ctx, &kc) != CM_OK) TST_SKIP("no usable cuda device: %s", cm_last_error());
-        be->ctx_destroy(&ctx);
+        tst_need_cuda();
         tol = strcmp(precision, "fp32") == 0 ? 1e-3 : 3e-2;
     }
     char root[1024];

@@ -28,11 +28,6 @@
 static char          bin[1024], model[1024], tmp[256];
 static const int32_t want_layers[N_REQ] = {5, 0, 3};
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 typedef struct proc {
     pid_t pid;
     char  endpoint[320], log[512], epfile[512];
@@ -55,38 +50,15 @@ static int serve_start(proc *p, const char *tag, const char *bind) {
         _exit(127);
     }
     p->pid = pid;
-    for (int i = 0; i < 1200; i++) { /* the weights load after the bind; the endpoint file is written at bind */
-        FILE *f = fopen(p->epfile, "r");
-        if (f) {
-            int ok = fgets(p->endpoint, sizeof p->endpoint, f) != NULL;
-            fclose(f);
-            if (ok) {
-                p->endpoint[strcspn(p->endpoint, "\n")] = '\0';
-                return 1;
-            }
-        }
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(p->log));
-            return 0;
-        }
-        sleep_ms(50);
-    }
-    fprintf(stderr, "serve did not bind within 60 s:\n%s\n", tst_slurp(p->log));
+    /* the weights load after the bind; the endpoint file is written at bind */
+    if (tst_await_endpoint(pid, p->epfile, p->log, p->endpoint, sizeof p->endpoint, 60000))
+        return 1;
+    p->pid = -1; /* exited, or killed for being late */
     return 0;
 }
 
 static int serve_end(proc *p, int sig) {
-    kill(p->pid, sig);
-    int status = 0;
-    for (int i = 0; i < 600; i++) {
-        if (waitpid(p->pid, &status, WNOHANG) == p->pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        sleep_ms(50);
-    }
-    kill(p->pid, SIGKILL);
-    waitpid(p->pid, &status, 0);
-    return -1;
+    return tst_end(p->pid, sig, 30000);
 }
 
 typedef struct pattern {
@@ -222,7 +194,7 @@ static void test_nccl(void) {
         cm_chan_client_release(c, &a);
         if (++done == 20) {
             killed = serve_end(&p, SIGKILL) == 128 + SIGKILL;
-            sleep_ms(300);
+            tst_sleep_ms(300);
             restarted = serve_start(&p, "serve-2", p.endpoint);
         }
     }
@@ -266,9 +238,6 @@ int main(int argc, char **argv) {
         cm_log_set_level(CM_LOG_LEVEL_WARN);
     make_patterns();
     test_nccl();
-    char cmd[320];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", tmp);
+    tst_rmdir(tmp);
     return tst_report();
 }

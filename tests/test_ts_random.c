@@ -29,18 +29,9 @@
 #include "cm_safetensors.h"
 #include "kn_backend.h"
 #include "tst.h"
+#include "tst_cuda.h"
+#include "tst_kn.h"
 #include "tst_proc.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) {
-    return "protect_shadow_gap=0";
-}
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublasLt.so\nleak:libcublas.so\n";
-}
-#endif
 
 /* 12 layers on cuda (depth for the error growth); 6 on cpu, where three 12-layer dumps took
  * over 3 minutes under ASan */
@@ -285,14 +276,8 @@ static void test_cuda(const char *cfg, const char *precision) {
 
 int main(int argc, char **argv) {
     const char *device = argc > 1 ? argv[1] : "cpu", *precision = argc > 2 ? argv[2] : "bf16";
-    if (strcmp(device, "cuda") == 0) {
-        const kn_backend *be = kn_backend_cuda();
-        if (!be) TST_SKIP("this build has no cuda backend");
-        kn_ctx       *ctx = NULL;
-        kn_ctx_config kc  = KN_CTX_CONFIG_DEFAULT;
-        if (be->ctx_create(&ctx, &kc) != CM_OK) TST_SKIP("no usable cuda device: %s", cm_last_error());
-        be->ctx_destroy(&ctx);
-    }
+    if (strcmp(device, "cuda") == 0)
+        tst_need_cuda();
     snprintf(dir, sizeof dir, "/tmp/tandem-random-%d", (int)getpid());
     char cmd[600], cfg[512];
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
@@ -306,7 +291,6 @@ int main(int argc, char **argv) {
         test_cpu(cfg);
         test_serve(cfg);
     }
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    TST_CHECK(system(cmd) == 0);
+    TST_CHECK(tst_rmdir(dir));
     return tst_report();
 }

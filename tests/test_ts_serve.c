@@ -25,17 +25,13 @@
 #include "cm_safetensors.h"
 #include "tst.h"
 #include "tst_proc.h"
+#include "tst_serve.h"
 
 #define N_PATTERNS 4
 #define D_MODEL    64
 #define N_LAYERS   6
 
 static char bin[1024], model[1024], tmp[256];
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 // ----------------------------------------------------------------------------
 // the server process
@@ -47,71 +43,17 @@ typedef struct proc {
 
 /* Starts `target-server serve` with extra args; waits for its endpoint file (bound). */
 static int serve_start(proc *p, const char *tag, const char *bind, const char *const *extra) {
-    snprintf(p->log, sizeof p->log, "%s/%s.log", tmp, tag);
-    snprintf(p->ep_file, sizeof p->ep_file, "%s/%s.ep", tmp, tag);
-    unlink(p->ep_file);
-    const char *argv[48] = {bin,
-                            "serve",
-                            "--model",
-                            model,
-                            "--bind",
-                            bind,
-                            "--endpoint-file",
-                            p->ep_file,
-                            "--heartbeat-ms",
-                            "200",
-                            "--peer-timeout-ms",
-                            "1500",
-                            "--stats-interval",
-                            "0"};
-    int         n = 14;
-    for (int i = 0; extra && extra[i] && n < 46; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    setenv("ASAN_OPTIONS", "exitcode=86", 1);
-    setenv("UBSAN_OPTIONS", "halt_on_error=1:exitcode=87:print_stacktrace=1", 1);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, p->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    int rc = posix_spawn(&p->pid, bin, &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        fprintf(stderr, "cannot start '%s': %s\n", bin, strerror(rc));
-        return 0;
-    }
-    for (int i = 0; i < 400; i++) {
-        FILE *f = fopen(p->ep_file, "r");
-        if (f) {
-            int ok = fgets(p->endpoint, sizeof p->endpoint, f) != NULL;
-            fclose(f);
-            p->endpoint[strcspn(p->endpoint, "\n")] = '\0';
-            if (ok && p->endpoint[0])
-                return 1;
-        }
-        int status;
-        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
-            fprintf(stderr, "serve exited early:\n%s\n", tst_slurp(p->log));
-            return 0;
-        }
-        sleep_ms(50);
-    }
-    fprintf(stderr, "serve did not bind within 20 s:\n%s\n", tst_slurp(p->log));
-    return 0;
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", tmp, tag);
+    snprintf(p->log, sizeof p->log, "%s.log", path);
+    snprintf(p->ep_file, sizeof p->ep_file, "%s.ep", path);
+    p->pid = tst_serve_start(bin, model, bind, path, extra, p->endpoint, sizeof p->endpoint, 20000);
+    return p->pid > 0;
 }
 
-/* Sends sig and returns the exit status (128 + signal when killed). */
+/* Sends sig and returns the exit status (128 + signal when killed); -1 if it outlived 15 s. */
 static int serve_end(proc *p, int sig) {
-    kill(p->pid, sig);
-    int status = 0;
-    for (int i = 0; i < 300; i++) {
-        if (waitpid(p->pid, &status, WNOHANG) == p->pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        sleep_ms(50);
-    }
-    kill(p->pid, SIGKILL);
-    waitpid(p->pid, &status, 0);
-    return -1;
+    return tst_end(p->pid, sig, 15000);
 }
 
 // ----------------------------------------------------------------------------
@@ -296,7 +238,7 @@ static void on_progress(int done, void *arg) {
     killer *k = arg;
     if (done == 15 && !k->killed) {
         k->killed = serve_end(k->p, SIGKILL) == 128 + SIGKILL;
-        sleep_ms(300);
+        tst_sleep_ms(300);
         k->restarted = serve_start(k->p, "ledger-2", k->bind, NULL);
     }
     if (done == 30 && !k->second_started) {
@@ -362,7 +304,7 @@ static void test_sigterm_in_flight(void) {
     TST_CHECK(cm_chan_client_wait_ready(c, 10000, NULL) == CM_OK);
     for (uint64_t id = 1; id <= 4; id++)
         TST_CHECK(submit_pattern(c, id) == CM_OK);
-    sleep_ms(5);
+    tst_sleep_ms(5);
     int rc = serve_end(&p, SIGTERM);
     TST_CHECK(rc == 0);
     /* what was answered before the BYE stays answered; the rest is re-sent to the next server */
@@ -452,13 +394,8 @@ static int second_serve(const char *bind, const char *tag, const char **err_text
     char *argv[] = {bin, "serve", "--model", model, "--bind", (char *)bind, "--stats-interval", "0", NULL};
     pid_t pid = tst_spawn(argv, err);
     int   rc = pid > 0 ? tst_wait_exit(pid, 10000) : -2;
-    if (rc == -1) {
-        kill(pid, SIGINT);
-        if (tst_wait_exit(pid, 10000) == -1) {
-            kill(pid, SIGKILL);
-            waitpid(pid, NULL, 0);
-        }
-    }
+    if (rc == -1)
+        tst_end(pid, SIGINT, 10000);
     *err_text = tst_slurp(err);
     return rc;
 }
@@ -594,13 +531,7 @@ static void test_curve_cli(void) {
 static int run_status(const char *args, char *out, size_t cap) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "'%s' status %s 2>&1", bin, args);
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int status = pclose(f);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return tst_sh(cmd, out, cap);
 }
 
 /* `target-server status`: the served model and its load state with no trainer, a trainer's
@@ -620,7 +551,7 @@ static void test_status(void) {
         TST_CHECK(run_status(args, out, sizeof out) == 0);
         ok = strstr(out, "loaded in") != NULL;
         if (!ok)
-            sleep_ms(50);
+            tst_sleep_ms(50);
     }
     TST_CHECK(ok && strstr(out, "qwen3_5_text, 6 layers, hidden 64, vocab 512") && strstr(out, "no trainer attached"));
     cm_chan_client_config cc = client_config(p.endpoint, "status-probe", CM_ENCODING_ZSTD_BYTEPLANE);
@@ -741,12 +672,5 @@ int main(int argc, char **argv) {
     for (int k = 0; k < N_PATTERNS; k++)
         for (int l = 0; l < N_LAYERS; l++)
             free(pats[k].ref[l]);
-    int rc = tst_report();
-    if (rc == 0) { /* logs are kept for a failed run */
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        if (system(cmd) != 0)
-            fprintf(stderr, "cannot remove %s\n", tmp);
-    }
-    return rc;
+    return tst_cleanup(tmp, tst_report()); /* logs are kept for a failed run */
 }

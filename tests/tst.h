@@ -1,12 +1,15 @@
 /* tests/tst.h — the test harness: checks that count failures, a closeness check that prints
- * the first mismatches and the max errors (llm.c validate_result), skip, and the report.
+ * the first mismatches and the max errors (llm.c validate_result), checks that a call fails with
+ * a given status and message, little-endian stores for hand-built bytes, skip, and the report.
  * Header-only; one test executable includes it once. */
 #ifndef TST_H
 #define TST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cm_status.h"
 
@@ -64,6 +67,52 @@ static inline double tst_rel_l2(const float *got, const double *ref, long n) {
         den += ref[i] * ref[i];
     }
     return sqrt(num) / (sqrt(den) + 1e-300);
+}
+
+/* 1 if cm_last_error() lacks want (said, with file:line); 0 if it holds it or want is NULL. */
+static inline int tst_lacks_(const char *file, int line, const char *want) {
+    if (!want || strstr(cm_last_error(), want))
+        return 0;
+    fprintf(stderr, "%s:%d: message '%s' lacks '%s'\n", file, line, cm_last_error(), want);
+    return 1;
+}
+
+/* call fails with status st, and cm_last_error() holds want (want NULL: any message). */
+#define TST_EXPECT_FAIL(call, st, want)                                                                      \
+    do {                                                                                                     \
+        cm_clear_error();                                                                                    \
+        cm_status got_ = (call);                                                                             \
+        TST_CHECK(got_ == (st));                                                                             \
+        if (tst_lacks_(__FILE__, __LINE__, (want)))                                                          \
+            tst_failures++;                                                                                  \
+    } while (0)
+
+/* A non-OK status with the expected code (or any, if want == CM_OK) and every word in the message. */
+static inline int tst_fails_with(cm_status got, cm_status want, const char *const *words) {
+    int ok = got != CM_OK && (want == CM_OK || got == want);
+    for (int i = 0; words[i]; i++)
+        ok = ok && strstr(cm_last_error(), words[i]) != NULL;
+    if (!ok || getenv("TST_VERBOSE"))
+        fprintf(stderr, "  %s: %s\n", cm_status_str(got), cm_last_error());
+    return ok;
+}
+
+/* TST_FAILS(call, want, words...): call fails as tst_fails_with says. */
+#define TST_FAILS(call, want, ...)                                                                           \
+    do {                                                                                                     \
+        cm_clear_error();                                                                                    \
+        const char *words_[] = {__VA_ARGS__, NULL};                                                          \
+        TST_CHECK(tst_fails_with((call), (want), words_));                                                   \
+    } while (0)
+
+/* Little-endian stores, for bytes built by hand. */
+static inline void tst_put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void tst_put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 
 #define TST_SKIP(...)                                                                                        \
