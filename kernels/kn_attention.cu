@@ -146,17 +146,16 @@ cm_status kn_cuda_attention(kn_ctx *ctx, float *out, const float *q, const float
          * arrays (float4 reads of q, float2 of gate and out), a work list within the grid's y
          * limit, and its 99 KB of shared memory at head dim 256 (every sm_80+ part, sm_86/89/
          * 120 included), else the WMMA kernel. TANDEM_ATTN_KERNEL=wmma (the WMMA kernel) or
-         * fa2-2 (two heads per CTA, the group even) is a benchmark switch; fa2-1 is the
-         * default. */
-        const char     *force = getenv("TANDEM_ATTN_KERNEL");
+         * fa2-2 (two heads per CTA, the group even) is a benchmark switch read at ctx_create
+         * (ctx->attn_force); fa2-1 is the default. */
         const int64_t   n_max = (T + KN_ATT_FA2_LEVEL - 1) / KN_ATT_FA2_LEVEL + n_seq;
         const uintptr_t bits =
             (uintptr_t)out | (uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)(gate ? gate : q);
         const int aligned = bits % 16 == 0;
         int       form = kn_attention_fa2_smem(hd, 1, 2) <= (size_t)optin; /* 1: one head per CTA, 2 stages */
-        if (force && !strcmp(force, "wmma"))
+        if (ctx->attn_force == 1)
             form = 0;
-        else if (force && !strcmp(force, "fa2-2") && (nq / nkv) % 2 == 0 &&
+        else if (ctx->attn_force == 2 && (nq / nkv) % 2 == 0 &&
                  kn_attention_fa2_smem(hd, 2, 2) <= (size_t)optin)
             form = 2;
         if (form && aligned && n_max <= 65535 && (hd == 64 || hd == 128 || hd == 256)) {

@@ -16,13 +16,13 @@
  *   TANDEM_GEMM_AUTOTUNE  ctx_create,            unset: 0; else atoi clamped to 0..KN_LT_TUNE_MAX (16);
  *                         ctx->lt_autotune       k > 1: a new plan times the heuristic's first k answers
  *                                                and keeps the fastest; 0, 1: its first answer
- *   TANDEM_ATTN_KERNEL    every kn_cuda_attention unset: the dispatch of kn_attention.cu; bf16 mode only:
- *                         call (kn_attention.cu) "wmma" forces the WMMA kernel, "fa2-2" two q heads per
+ *   TANDEM_ATTN_KERNEL    ctx_create,            unset: 0, the dispatch of kn_attention.cu; bf16 mode only:
+ *                         ctx->attn_force        "wmma": 1, the WMMA kernel; "fa2-2": 2, two q heads per
  *                                                CTA of the FlashAttention-2 kernel (group even, fits)
  *
- * TANDEM_ATTN_KERNEL is read per call, not at ctx_create: the tests and benchmarks
- * (test_kn_cuda, bench_ts_target) switch it on a live context. The target's
- * TANDEM_TARGET_FUSED and TANDEM_LAYER_TIMING are model choices, read in ts_model.c. */
+ * A test or benchmark that compares the forced kernels makes a context per setting
+ * (test_kn_cuda, bench_ts_target). The target's TANDEM_TARGET_FUSED and TANDEM_LAYER_TIMING
+ * are model choices, read in ts_model.c. */
 #ifndef KN_CUDA_H
 #define KN_CUDA_H
 
@@ -81,6 +81,7 @@ struct kn_ctx {
      * (TANDEM_GEMM_AUTOTUNE=k). Both set by ctx_create (the table above). */
     int        lt_plan_mode;
     int        lt_autotune;
+    int        attn_force; /* TANDEM_ATTN_KERNEL: 0 the dispatch, 1 wmma, 2 fa2-2 */
     int        lt_plans_used;
     uint64_t   lt_plan_overflow; /* calls that found the table full and ran per call */
     kn_lt_plan lt_plans[KN_LT_PLANS];

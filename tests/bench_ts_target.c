@@ -347,9 +347,13 @@ int main(int argc, char **argv) {
         CHECK(be->fill_uniform(cx, b.v, CM_DTYPE_F32, T * nkv * hd, 18, -1, 1));
         CHECK(be->fill_uniform(cx, b.gate, CM_DTYPE_F32, T * nq * hd, 19, -3, 3));
         t_att[mix] = time_op(run_attn, be, cx, &b, mix ? n_seq : 1, T, c, 5);
-        for (int f = 0; f < 2; f++) {
+        CHECK(be->sync(cx));
+        for (int f = 0; f < 2; f++) { /* the switch is read at ctx_create: one context per kernel */
+            kn_ctx *fx = NULL;
             setenv("TANDEM_ATTN_KERNEL", att_forced[f], 1);
-            t_att_forced[f][mix] = time_op(run_attn, be, cx, &b, mix ? n_seq : 1, T, c, 5);
+            CHECK(be->ctx_create(&fx, &kc));
+            t_att_forced[f][mix] = time_op(run_attn, be, fx, &b, mix ? n_seq : 1, T, c, 5);
+            be->ctx_destroy(&fx);
         }
         unsetenv("TANDEM_ATTN_KERNEL");
     }

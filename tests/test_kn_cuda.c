@@ -463,14 +463,22 @@ static void test_attention(void) {
     attention_case(target, 3, 6, 1, 256, 1, 1); /* the 27B layout: hd 256, group 6, > 2048 keys */
     /* the kernels the dispatch would not pick here: the WMMA one (other head dims, devices with
      * less shared memory, misaligned arrays) and two heads per CTA */
-    static const char *forced[] = {"wmma", "fa2-2"};
-    for (int i = 0; i < 2; i++) {
-        setenv("TANDEM_ATTN_KERNEL", forced[i], 1);
+    static const char *forced[] = {"wmma", "fa2-2", NULL};
+    for (int i = 0; i < 3; i++) { /* the switch is read at ctx_create: a bf16 context per kernel */
+        kn_ctx_config c16 = {0, KN_GEMM_MODE_BF16};
+        if (forced[i])
+            setenv("TANDEM_ATTN_KERNEL", forced[i], 1);
+        else
+            unsetenv("TANDEM_ATTN_KERNEL"); /* the last one: the dispatch again, for what follows */
+        gpu->ctx_destroy(&gctx16);
+        if (!tst_ok(gpu->ctx_create(&gctx16, &c16), "cuda ctx_create (bf16, forced attention kernel)"))
+            exit(1);
+        if (!forced[i])
+            break;
         printf("TANDEM_ATTN_KERNEL=%s:\n", forced[i]);
         attention_case(longer, 4, 3, 1, 256, 1, 1);
         attention_case(packed, 5, 4, 2, 128, 1, 1);
     }
-    unsetenv("TANDEM_ATTN_KERNEL");
 }
 
 // ----------------------------------------------------------------------------
