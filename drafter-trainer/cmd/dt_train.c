@@ -1,0 +1,1177 @@
+/* drafter-trainer/cmd/dt_train.c — `drafter-trainer train`: the training loop over batch files
+ * (docs/drafter.md). Per step: the next batch of the epoch's shuffled order, its anchors drawn from
+ * (seed, epoch, batch id), dt_model_step, clip + AdamW with the warmup + cosine schedule, and
+ * one metrics line (stdout every --log-every steps, RUN_DIR/metrics.jsonl every step; wait_s is
+ * the time spent getting the batch and its hidden states: files, --shards or --server, live via
+ * dt_live.h with requests prefetched ahead; compute_s the rest of the step).
+ * Checkpoints (dt_ckpt.h) every --save-every steps and at the end; --resume continues from
+ * RUN_DIR/checkpoints/latest bit for bit, refusing other hyperparameters, other data or a
+ * checkpoint that fails its checksums. One trainer per RUN_DIR: RUN_DIR/trainer.lock (cm_lock.h)
+ * is held from before the first read of the directory to exit. Every buffer is allocated before
+ * the first step. One thread.
+ * On cuda: --gpu picks the device (default LOCAL_RANK modulo the visible ones), --precision
+ * the GEMM mode; with W > 1 ranks every step's gradients and statistics are all-reduced over
+ * NCCL (dt_dp.h) so the ranks train one model on the global batch; --encoding nccl takes each
+ * batch's taps straight into GPU memory (dt_live_get_device) instead of widening them on the
+ * host. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_cfg.h"
+#include "cm_cfg_hash.h"
+#include "cm_dtype.h"
+#include "cm_rng.h"
+#include "cm_lock.h"
+#include "cm_log.h"
+#include "cm_tb.h"
+#include "cm_safetensors.h"
+#include "cm_weights_id.h"
+#include "dt_anchor.h"
+#include "dt_ckpt.h"
+#include "dt_cmd.h"
+#include "dt_data.h"
+#include "dt_dp.h"
+#include "dt_live.h"
+#include "dt_model.h"
+#include "dt_optim.h"
+#include "dt_plan.h"
+#include "dt_precompute.h"
+#include "dt_progress.h"
+#include "dt_runcfg.h"
+
+typedef struct train_args {
+    const char *config, *init_from, *target, *data, *data_dir, *dataset, *out, *device, *shards, *server;
+    const char *curve_server_key, *curve_secret_key; /* --server on another host (CURVE) */
+    int64_t     epochs, steps, max_anchors, save_every, log_every, credits, timeout_ms, prefetch;
+    int64_t     token_budget, dp_rank, dp_size; /* dp: -1 = from RANK / WORLD_SIZE, else 0 / 1 */
+    int64_t     gpu;       /* cuda device; -1 = LOCAL_RANK modulo the visible devices, else 0 */
+    const char *precision; /* "bf16" or "fp32" GEMMs on cuda; NULL = bf16 */
+    cm_encoding encoding;
+    double      lr, warmup_ratio, gamma, weight_decay, clip;
+    int         have_gamma, resume;
+    int         verify_lazy; /* --verify-shards lazy: a record is checked only when a step reads it */
+    int         target_random; /* --target-init random: no checkpoint; random frozen matrices */
+    uint64_t    target_seed;
+    uint64_t    seed;
+    dt_progress_mode progress;
+    int              dry_run, no_tensorboard;
+    int64_t          plan_seq_len;
+    double           plan_target_tflops, plan_drafter_tflops, plan_ratio;
+} train_args;
+
+static void usage(FILE *f) {
+    fprintf(
+        f,
+        "usage: drafter-trainer train (--config DRAFTER_CONFIG.json | --init-from DIR) --target TARGET_DIR\n"
+        "                             (--data FILE[,FILE...] | --data-dir DIR | --dataset FILE[,FILE...])\n"
+        "                             --out RUN_DIR [options]\n"
+        "\n"
+        "Trains a DFlash drafter on packed batch files (safetensors: input_ids, cu_seqlens, loss_mask I32;\n"
+        "target_hidden BF16/F32 [T, n_taps*hidden]; see drafter-trainer/feed/dt_data.h) or on a tokenized\n"
+        "dataset of documents that it packs itself (JSONL or binary; see drafter-trainer/feed/dt_dataset.h).\n"
+        "\n"
+        "  --config FILE            drafter config.json; parameters start from the Qwen3 init (--seed)\n"
+        "  --init-from DIR          start from a drafter checkpoint (config.json + model.safetensors)\n"
+        "  --target DIR             target model: its frozen embed_tokens and lm_head\n"
+        "  --data FILE[,FILE...]    batch files, one packed batch each (one step per batch)\n"
+        "  --data-dir DIR           every DIR/*.safetensors, sorted by name\n"
+        "  --dataset FILE[,FILE...] tokenized documents (.jsonl or .safetensors), packed into batches of\n"
+        "                           at most --token-budget tokens; needs --shards or --server\n"
+        "  --token-budget N         tokens per packed batch with --dataset (default 8192)\n"
+        "  --dp-rank R --dp-size W  data-parallel rank R of W: positions R, R+W, ... of each epoch's\n"
+        "                           order (default: RANK and WORLD_SIZE from the environment, else 0 of 1);\n"
+        "                           with --device cuda the ranks all-reduce their gradients over NCCL\n"
+        "                           (rendezvous at MASTER_ADDR:MASTER_PORT, default 127.0.0.1:29500; each\n"
+        "                           rank needs its own --out), on cpu each rank trains alone on its share\n"
+        "  --shards DIR             target_hidden from precomputed shards (drafter-trainer precompute\n"
+        "                           over the same data list); the batch files then need no target_hidden\n"
+        "  --verify-shards full|lazy full (default): before step 1, check every record the run will read\n"
+        "                           (one read of them; the rate is logged); lazy: check each record only\n"
+        "                           when its step reads it (a damaged one then stops the run there)\n"
+        "  --server EP[,EP...]      target_hidden live from running `target-server serve`s (several:\n"
+        "                           step s goes to server s mod n; all must serve the same target)\n"
+        "                           (tcp://HOST:PORT or ipc://PATH); the batch files then need no\n"
+        "                           target_hidden; mutually exclusive with --shards\n"
+        "  --credits N              requests in flight ahead of training with --server (default 4)\n"
+        "  --encoding NAME          answers' encoding with --server: raw, zstd, zstd-byteplane (default)\n"
+        "                           or fp8-zstd (lossy); nccl (--device cuda, a server on this host with\n"
+        "                           --device cuda): GPU to GPU into this trainer's --gpu, no host copy\n"
+        "  --timeout-ms N           longest wait for the server with --server (default 300000)\n"
+        "  --target-init random     benchmarks: the target is `serve --init random --seed N`: --target is only\n"
+        "                           its config (dir or file), the frozen embedding/LM head are random\n"
+        "  --target-seed N          that server's --seed (default 1)\n"
+        "  --curve-server-key FILE  the server's CURVE public key (a --server on another host)\n"
+        "  --curve-secret-key FILE  this trainer's CURVE secret key (default: a fresh pair; a server\n"
+        "                           with --curve-client-keys needs its public key)\n"
+        "  --out RUN_DIR            metrics.jsonl and checkpoints/step-<N>/ (serving format + state); one\n"
+        "                           trainer at a time (RUN_DIR/trainer.lock)\n"
+        "  --epochs N               passes over the data (default 6)\n"
+        "  --steps N                stop after step N (the schedule still spans every epoch)\n"
+        "  --lr X                   peak learning rate (default 6e-4)\n"
+        "  --warmup-ratio X         linear warmup share of the steps, then cosine to 0 (default 0.04)\n"
+        "  --max-anchors N          anchors (blocks) per batch (default 512)\n"
+        "  --loss-decay-gamma G     slot weight exp(-(k-1)/G) (default 7 for block 16, 5 for 10, 4 for 8)\n"
+        "  --weight-decay X         AdamW decoupled weight decay (default 0)\n"
+        "  --clip X                 global grad-norm clip, 0 = off (default 1)\n"
+        "  --seed N                 init, shuffle and anchor seed (default 0)\n"
+        "  --save-every N           checkpoint every N steps (default 0: only at the end)\n"
+        "  --prefetch 0|1           load the next batch (files, shards) on a thread during each step\n"
+        "                           (default 1; 0 loads it between steps; live servers pipeline anyway)\n"
+        "  --resume                 continue RUN_DIR from checkpoints/latest exactly, once its files\n"
+        "                           match their checksums (step-<N>/checksums.json)\n"
+        "  --device cpu|cuda        kernel backend (default cpu)\n"
+        "  --gpu N                  cuda device (default: LOCAL_RANK modulo the visible devices, else 0)\n"
+        "  --precision bf16|fp32    cuda GEMM inputs in bf16 (fp32 accumulate, fp32 master weights) or\n"
+        "                           true fp32 (default bf16; the cpu backend always computes in fp32)\n"
+        "  --log-every N            print every N-th step's metrics (default 1)\n"
+        "  --log-level L            debug, info, warn, error, off (default info)\n"
+        "  --progress MODE          auto (a bar on a terminal, else lines), bar, lines or off (stderr)\n"
+        "  --no-tensorboard         no RUN_DIR/tb/events.out.tfevents.* (written by default)\n"
+        "  --run-config FILE.json   flags from a JSON object {\"lr\": 6e-4, \"resume\": true, ...}; keys are\n"
+        "                           the long flags without dashes; the command line overrides the file\n"
+        "  --dry-run                print the plan (parameters, memory per GPU, bytes per token, target\n"
+        "                           GPUs per trainer GPU) from the configs, and exit; needs no data\n"
+        "  --plan-seq-len N         document length for the plan (default: --token-budget)\n"
+        "  --plan-target-tflops X   achieved target prefill TF/s per GPU for the plan (default 550)\n"
+        "  --plan-drafter-tflops X  achieved drafter TF/s per GPU for the plan (default 430)\n"
+        "  --plan-ratio X           compression ratio for the plan (default: the measured range)\n");
+}
+
+// ---- argument parsing
+
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo) {
+        fprintf(stderr, "drafter-trainer train: %s '%s': expected an integer >= %lld\n", flag, s,
+                (long long)lo);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_f64(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "drafter-trainer train: %s '%s': expected a number in [%g, %g]\n", flag, s, lo, hi);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* --dp-rank / --dp-size, else RANK / WORLD_SIZE as torchrun and Slurm launchers set them
+ * (both or neither), else 0 of 1. 0 ok, else a message was printed. */
+static int dp_from_env(train_args *a) {
+    if ((a->dp_rank < 0) != (a->dp_size < 0)) {
+        fprintf(stderr, "drafter-trainer train: give --dp-rank and --dp-size together\n");
+        return 1;
+    }
+    if (a->dp_size < 0) {
+        const char *r = getenv("RANK"), *w = getenv("WORLD_SIZE");
+        a->dp_rank = 0;
+        a->dp_size = 1;
+        if (r && w && (!parse_i64("RANK", r, 0, &a->dp_rank) || !parse_i64("WORLD_SIZE", w, 1, &a->dp_size)))
+            return 1;
+    }
+    if (a->dp_rank >= a->dp_size || a->dp_size > 1 << 20) {
+        fprintf(stderr, "drafter-trainer train: data-parallel rank %lld of %lld: need 0 <= rank < size <= %d\n",
+                (long long)a->dp_rank, (long long)a->dp_size, 1 << 20);
+        return 1;
+    }
+    return 0;
+}
+
+/* 0 ok, 1 help printed, 2 usage error (message printed). */
+static int parse_args(int argc, char **argv, train_args *a) {
+    *a = (train_args){.target_seed = 1,
+                      .device = "cpu",
+                      .epochs = 6,
+                      .max_anchors = 512,
+                      .log_every = 1,
+                      .lr = 6e-4,
+                      .warmup_ratio = 0.04,
+                      .clip = 1.0,
+                      .credits = 4,
+                      .prefetch = 1,
+                      .timeout_ms = 300000,
+                      .token_budget = 8192,
+                      .dp_rank = -1,
+                      .dp_size = -1,
+                      .gpu = -1,
+                      .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
+                      .progress = DT_PROGRESS_AUTO,
+                      .plan_target_tflops = DT_PLAN_TARGET_TFLOPS,
+                      .plan_drafter_tflops = DT_PLAN_DRAFTER_TFLOPS};
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
+            usage(stdout);
+            return 1;
+        }
+        if (strcmp(f, "--resume") == 0) {
+            a->resume = 1;
+            continue;
+        }
+        if (strcmp(f, "--dry-run") == 0) {
+            a->dry_run = 1;
+            continue;
+        }
+        if (strcmp(f, "--no-tensorboard") == 0) {
+            a->no_tensorboard = 1;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "drafter-trainer train: option '%s' needs a value (see --help)\n", f);
+            return 2;
+        }
+        int64_t seed = 0, ok = 1;
+        if (strcmp(f, "--config") == 0)
+            a->config = v;
+        else if (strcmp(f, "--init-from") == 0)
+            a->init_from = v;
+        else if (strcmp(f, "--target") == 0)
+            a->target = v;
+        else if (strcmp(f, "--data") == 0)
+            a->data = v;
+        else if (strcmp(f, "--data-dir") == 0)
+            a->data_dir = v;
+        else if (strcmp(f, "--dataset") == 0)
+            a->dataset = v;
+        else if (strcmp(f, "--token-budget") == 0)
+            ok = parse_i64(f, v, 2, &a->token_budget);
+        else if (strcmp(f, "--dp-rank") == 0)
+            ok = parse_i64(f, v, 0, &a->dp_rank);
+        else if (strcmp(f, "--dp-size") == 0)
+            ok = parse_i64(f, v, 1, &a->dp_size);
+        else if (strcmp(f, "--shards") == 0)
+            a->shards = v;
+        else if (strcmp(f, "--server") == 0)
+            a->server = v;
+        else if (strcmp(f, "--credits") == 0)
+            ok = parse_i64(f, v, 1, &a->credits);
+        else if (strcmp(f, "--timeout-ms") == 0)
+            ok = parse_i64(f, v, 1, &a->timeout_ms);
+        else if (strcmp(f, "--target-init") == 0) {
+            if (strcmp(v, "random") != 0 && strcmp(v, "checkpoint") != 0) {
+                fprintf(stderr, "drafter-trainer train: --target-init '%s': expected checkpoint or random\n", v);
+                return 2;
+            }
+            a->target_random = strcmp(v, "random") == 0;
+        } else if (strcmp(f, "--target-seed") == 0) {
+            int64_t ts = 0;
+            ok = parse_i64(f, v, 0, &ts);
+            a->target_seed = (uint64_t)ts;
+        } else if (strcmp(f, "--curve-server-key") == 0)
+            a->curve_server_key = v;
+        else if (strcmp(f, "--curve-secret-key") == 0)
+            a->curve_secret_key = v;
+        else if (strcmp(f, "--encoding") == 0) {
+            if (cm_encoding_parse(v, &a->encoding) != CM_OK) {
+                fprintf(stderr, "drafter-trainer train: --encoding: %s\n", cm_last_error());
+                return 2;
+            }
+        } else if (strcmp(f, "--out") == 0)
+            a->out = v;
+        else if (strcmp(f, "--device") == 0)
+            a->device = v;
+        else if (strcmp(f, "--gpu") == 0)
+            ok = parse_i64(f, v, 0, &a->gpu);
+        else if (strcmp(f, "--precision") == 0) {
+            if (strcmp(v, "bf16") != 0 && strcmp(v, "fp32") != 0) {
+                fprintf(stderr, "drafter-trainer train: --precision '%s': expected bf16 or fp32\n", v);
+                return 2;
+            }
+            a->precision = v;
+        }
+        else if (strcmp(f, "--epochs") == 0)
+            ok = parse_i64(f, v, 1, &a->epochs);
+        else if (strcmp(f, "--steps") == 0)
+            ok = parse_i64(f, v, 1, &a->steps);
+        else if (strcmp(f, "--max-anchors") == 0)
+            ok = parse_i64(f, v, 1, &a->max_anchors);
+        else if (strcmp(f, "--save-every") == 0)
+            ok = parse_i64(f, v, 0, &a->save_every);
+        else if (strcmp(f, "--prefetch") == 0) {
+            ok = parse_i64(f, v, 0, &a->prefetch);
+            if (ok && a->prefetch > 1) {
+                fprintf(stderr, "drafter-trainer train: --prefetch %s: expected 0 (off) or 1 (on)\n", v);
+                return 2;
+            }
+        }
+        else if (strcmp(f, "--verify-shards") == 0) {
+            if (strcmp(v, "full") != 0 && strcmp(v, "lazy") != 0) {
+                fprintf(stderr, "drafter-trainer train: --verify-shards %s: expected full or lazy\n", v);
+                return 2;
+            }
+            a->verify_lazy = v[0] == 'l';
+        } else if (strcmp(f, "--log-every") == 0)
+            ok = parse_i64(f, v, 1, &a->log_every);
+        else if (strcmp(f, "--lr") == 0)
+            ok = parse_f64(f, v, 0, 1e3, &a->lr);
+        else if (strcmp(f, "--warmup-ratio") == 0)
+            ok = parse_f64(f, v, 0, 1, &a->warmup_ratio);
+        else if (strcmp(f, "--weight-decay") == 0)
+            ok = parse_f64(f, v, 0, 1e3, &a->weight_decay);
+        else if (strcmp(f, "--clip") == 0)
+            ok = parse_f64(f, v, 0, 1e30, &a->clip);
+        else if (strcmp(f, "--loss-decay-gamma") == 0) {
+            ok = parse_f64(f, v, 1e-30, 1e30, &a->gamma);
+            a->have_gamma = 1;
+        } else if (strcmp(f, "--seed") == 0) {
+            ok = parse_i64(f, v, 0, &seed);
+            a->seed = (uint64_t)seed;
+        } else if (strcmp(f, "--progress") == 0) {
+            if (dt_progress_mode_parse(v, &a->progress) != CM_OK) {
+                fprintf(stderr, "drafter-trainer train: %s\n", cm_last_error());
+                return 2;
+            }
+        } else if (strcmp(f, "--plan-seq-len") == 0)
+            ok = parse_i64(f, v, 1, &a->plan_seq_len);
+        else if (strcmp(f, "--plan-target-tflops") == 0)
+            ok = parse_f64(f, v, 1e-6, 1e6, &a->plan_target_tflops);
+        else if (strcmp(f, "--plan-drafter-tflops") == 0)
+            ok = parse_f64(f, v, 1e-6, 1e6, &a->plan_drafter_tflops);
+        else if (strcmp(f, "--plan-ratio") == 0)
+            ok = parse_f64(f, v, 1, 1e6, &a->plan_ratio);
+        else if (strcmp(f, "--log-level") == 0) {
+            int l = cm_log_level_parse(v);
+            if (l < 0) {
+                fprintf(stderr,
+                        "drafter-trainer train: --log-level '%s': expected debug, info, warn, error or off\n",
+                        v);
+                return 2;
+            }
+            cm_log_set_level((cm_log_level)l);
+        } else {
+            fprintf(stderr, "drafter-trainer train: unknown option '%s' (see --help)\n", f);
+            return 2;
+        }
+        if (!ok)
+            return 2;
+        i++;
+    }
+    if (a->dry_run) { /* the plan needs the two configs only */
+        if (!a->target || (!a->config && !a->init_from)) {
+            fprintf(stderr, "drafter-trainer train: --dry-run needs --target and --config or --init-from\n");
+            return 2;
+        }
+        return dp_from_env(a) != 0 ? 2 : 0;
+    }
+    if (!a->target || !a->out || (!a->data && !a->data_dir && !a->dataset)) {
+        fprintf(stderr, "drafter-trainer train: --target, --out and --data, --data-dir or --dataset are "
+                        "required (see --help)\n");
+        return 2;
+    }
+    if (!!a->data + !!a->data_dir + !!a->dataset > 1) {
+        fprintf(stderr, "drafter-trainer train: give one of --data, --data-dir and --dataset\n");
+        return 2;
+    }
+    if (a->dataset && !a->shards && !a->server) {
+        fprintf(stderr, "drafter-trainer train: a --dataset has no hidden states of its own; give --shards "
+                        "DIR (from drafter-trainer precompute --dataset) or --server ENDPOINT\n");
+        return 2;
+    }
+    if (a->token_budget > INT32_MAX) {
+        fprintf(stderr, "drafter-trainer train: --token-budget is at most %d\n", INT32_MAX);
+        return 2;
+    }
+    if (dp_from_env(a) != 0)
+        return 2;
+    if (a->credits > 1024 || a->timeout_ms > INT32_MAX) {
+        fprintf(stderr, "drafter-trainer train: --credits is at most 1024 and --timeout-ms at most %d\n",
+                INT32_MAX);
+        return 2;
+    }
+    if (a->shards && a->server) {
+        fprintf(stderr, "drafter-trainer train: give --shards or --server, not both\n");
+        return 2;
+    }
+    if (a->config && a->init_from) {
+        fprintf(stderr, "drafter-trainer train: give --config or --init-from, not both\n");
+        return 2;
+    }
+    if (!a->config && !a->init_from && !a->resume) {
+        fprintf(stderr, "drafter-trainer train: --config or --init-from is required (see --help)\n");
+        return 2;
+    }
+    return 0;
+}
+
+// ---- pieces of the run
+
+typedef struct run {
+    train_args        a;
+    const kn_backend *be;
+    kn_ctx           *ctx;
+    cm_drafter_cfg    cfg;
+    dt_model         *m;
+    dt_optim         *o;
+    dt_data          *data;
+    dt_dataset       *ds;        /* --dataset: the packed documents behind data */
+    dt_shard_source  *shards;    /* --shards: where target_hidden comes from */
+    dt_live          *live;      /* --server: where target_hidden comes from */
+    dt_dp            *dp;        /* cuda with W > 1 ranks: the gradient all-reduce */
+    int               device;    /* cuda device of ctx */
+    uint64_t          target_id;  /* cm_target_cfg_hash of --target */
+    uint64_t          weights_id; /* its weights fingerprint, when hidden states come from
+                                     --server or --shards (0: not needed) */
+    cm_st            *target;
+    float            *frozen_owned[2]; /* widened embed / lm_head when the target is not F32/BF16 */
+    char            **paths;
+    int               n_paths;
+    int32_t          *order, *order_next, *anchors, *work;
+    FILE             *metrics;
+    cm_lock          *lock;     /* RUN_DIR/trainer.lock, held for the whole run */
+    cm_tb            *tb;       /* RUN_DIR/tb event file, unless --no-tensorboard */
+    dt_progress       prog;     /* --progress display on stderr */
+    int64_t           prog_end; /* the step this invocation stops at (--steps or the schedule) */
+    dt_hparams        hp;
+    dt_train_state    ts;
+    char              resume_dir[4096];
+    char              metrics_path[4096];
+} run;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static cm_status default_gamma(int block_size, double *g) {
+    switch (block_size) {
+    case 16:
+        *g = 7;
+        return CM_OK;
+    case 10:
+        *g = 5;
+        return CM_OK;
+    case 8:
+        *g = 4;
+        return CM_OK;
+    default:
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "no default loss-decay gamma for block_size %d (defaults exist for 8, 10, 16); pass "
+                       "--loss-decay-gamma",
+                       block_size);
+    }
+}
+
+/* The drafter config: from the checkpoint when resuming (cross-checked against --config or
+ * --init-from when given), else from --config or --init-from. */
+static cm_status load_config(run *r) {
+    char        path[4096];
+    const char *given = r->a.config;
+    if (!given && r->a.init_from) {
+        snprintf(path, sizeof path, "%s/config.json", r->a.init_from);
+        given = path;
+    }
+    if (!r->resume_dir[0])
+        return cm_drafter_cfg_load(&r->cfg, given);
+    char ck[4096 + 16];
+    snprintf(ck, sizeof ck, "%s/config.json", r->resume_dir);
+    CM_TRY(cm_drafter_cfg_load(&r->cfg, ck));
+    if (!given)
+        return CM_OK;
+    cm_drafter_cfg other;
+    CM_TRY(cm_drafter_cfg_load(&other, given));
+    char     *x = NULL, *y = NULL;
+    cm_status st = dt_ckpt_config_json(&r->cfg, &x);
+    if (st == CM_OK)
+        st = dt_ckpt_config_json(&other, &y);
+    if (st == CM_OK && strcmp(x, y) != 0)
+        st = CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "cannot resume: the drafter config '%s' differs from the checkpoint's '%s'; drop the flag "
+            "or start a new --out",
+            given, ck);
+    free(x);
+    free(y);
+    return st;
+}
+
+/* A frozen [V, D] matrix as dt_model_set_frozen takes it: F32 or BF16 in place (borrowed
+ * from the mmapped target), any other float dtype widened into *owned. */
+static cm_status frozen_matrix(const cm_st *st, const cm_st_tensor *t, const void **data, cm_dtype *dt,
+                               float **owned) {
+    if (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) {
+        *data = t->data;
+        *dt = t->dtype;
+        return CM_OK;
+    }
+    size_t n = (size_t)t->shape[0] * (size_t)t->shape[1];
+    if (!(*owned = malloc(n * sizeof **owned)))
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu floats for '%s'", n, t->name);
+    CM_TRY(cm_st_read(st, t->name, 2, t->shape, *owned, CM_DTYPE_F32));
+    *data = *owned;
+    *dt = CM_DTYPE_F32;
+    return CM_OK;
+}
+
+/* --target-init random: BF16 embedding and LM head drawn from (target_seed, matrix) with the
+ * checkpoint's scale (std ≈ 0.02), for benchmarks against a `serve --init random` target; the
+ * drafter learns nothing real from them. */
+static cm_status random_frozen(run *r, int64_t V, int64_t D) {
+    const size_t n = (size_t)V * (size_t)D;
+    for (int k = 0; k < 2; k++) {
+        uint16_t *m = malloc(n * sizeof *m);
+        if (!m)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a random [%lld, %lld] frozen matrix", (long long)V,
+                           (long long)D);
+        cm_rng g;
+        cm_rng_seed_stream(&g, r->a.target_seed ^ 0x66726f7a656eull, (uint64_t)k, 0); /* "frozen" */
+        for (size_t i = 0; i < n; i++)
+            m[i] = cm_f32_to_bf16(0.0346f * (2.0f * (float)cm_rng_uniform(&g) - 1.0f)); /* std 0.02 */
+        r->frozen_owned[k] = (float *)m;
+    }
+    return dt_model_set_frozen(r->m, r->frozen_owned[0], CM_DTYPE_BF16, r->frozen_owned[1], CM_DTYPE_BF16, V, D);
+}
+
+/* The frozen embedding and LM head from the target directory (the keys dt_grad reads:
+ * model.language_model.embed_tokens.weight or model.embed_tokens.weight, and lm_head.weight
+ * unless the target ties them). */
+static cm_status load_target(run *r) {
+    char   tc[4096];
+    size_t tl = strlen(r->a.target);
+    if (r->a.target_random && tl > 5 && strcmp(r->a.target + tl - 5, ".json") == 0)
+        snprintf(tc, sizeof tc, "%s", r->a.target);
+    else
+        snprintf(tc, sizeof tc, "%s/config.json", r->a.target);
+    cm_target_cfg t;
+    CM_TRY(cm_target_cfg_load(&t, tc));
+    r->target_id = cm_target_cfg_hash(&t);
+    if (t.hidden_size != r->cfg.hidden_size || t.vocab_size != r->cfg.vocab_size)
+        return CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "target '%s' has hidden %d and vocab %d but the drafter has hidden %d and vocab %d; use the "
+            "target the drafter is for",
+            r->a.target, t.hidden_size, t.vocab_size, r->cfg.hidden_size, r->cfg.vocab_size);
+    for (int i = 0; i < r->cfg.n_taps; i++)
+        if (r->cfg.target_layer_ids[i] >= t.n_layers)
+            return CM_FAIL(
+                CM_ERR_INVALID_ARG,
+                "dflash_config.target_layer_ids[%d] = %d is outside the target's layers [0, %d) ('%s'); "
+                "choose tap ids below %d",
+                i, r->cfg.target_layer_ids[i], t.n_layers, r->a.target, t.n_layers);
+    if (t.n_layers != r->cfg.num_target_layers)
+        CM_LOG_WARN("the drafter config says num_target_layers %d but target '%s' has %d layers",
+                    r->cfg.num_target_layers, r->a.target, t.n_layers);
+    if (r->a.target_random) {
+        r->weights_id = cm_target_random_id(r->target_id, r->a.target_seed);
+        return random_frozen(r, t.vocab_size, t.hidden_size);
+    }
+    CM_TRY(cm_st_open_dir(&r->target, r->a.target));
+    if (r->a.server || r->a.shards) { /* hidden states of another process: they must be of these weights */
+        cm_weights_id_info wi;
+        CM_TRY(cm_weights_id_dir(r->target, r->a.target, CM_WEIGHTS_ID_READ_CACHE | CM_WEIGHTS_ID_WRITE_CACHE, 0,
+                                 &wi));
+        r->weights_id = wi.id;
+        if (wi.from_cache)
+            CM_LOG_INFO("target weights %016llx (from '%s/%s', checked against the files' sizes and times)",
+                        (unsigned long long)wi.id, r->a.target, CM_WEIGHTS_ID_CACHE);
+        else
+            CM_LOG_INFO("target weights %016llx: %d tensors, %.2f GB hashed in %.2f s", (unsigned long long)wi.id,
+                        wi.n_tensors, (double)wi.bytes / 1e9, wi.seconds);
+    }
+    const int64_t       shape[2] = {t.vocab_size, t.hidden_size};
+    const cm_st_tensor *emb = NULL, *head = NULL;
+    const char         *emb_key = cm_st_find(r->target, "model.language_model.embed_tokens.weight")
+                                      ? "model.language_model.embed_tokens.weight"
+                                      : "model.embed_tokens.weight";
+    CM_TRY(cm_st_expect(r->target, emb_key, 2, shape, &emb));
+    if (t.tie_word_embeddings && !cm_st_find(r->target, "lm_head.weight"))
+        head = emb;
+    else
+        CM_TRY(cm_st_expect(r->target, "lm_head.weight", 2, shape, &head));
+    const void *e, *h;
+    cm_dtype    edt, hdt;
+    CM_TRY(frozen_matrix(r->target, emb, &e, &edt, &r->frozen_owned[0]));
+    if (head == emb) {
+        h = e;
+        hdt = edt;
+    } else {
+        CM_TRY(frozen_matrix(r->target, head, &h, &hdt, &r->frozen_owned[1]));
+    }
+    return dt_model_set_frozen(r->m, e, edt, h, hdt, t.vocab_size, t.hidden_size);
+}
+
+/* Keeps the metrics lines of steps ≤ step (a resumed run rewrites what came after). */
+static cm_status trim_metrics(const char *path, int64_t step) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errno == ENOENT ? CM_OK : CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    char tmp[4096 + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *g = fopen(tmp, "wb");
+    if (!g) {
+        fclose(f);
+        return CM_FAIL(CM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+    }
+    char  *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        long long s;
+        if (sscanf(line, "{\"step\": %lld", &s) == 1 && s <= step)
+            fputs(line, g);
+    }
+    free(line);
+    fclose(f);
+    int bad = ferror(g) || fflush(g) != 0 || fsync(fileno(g)) != 0;
+    bad |= fclose(g) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return CM_FAIL(CM_ERR_IO, "cannot rewrite '%s': %s", path, strerror(e));
+    }
+    return CM_OK;
+}
+
+static cm_status make_run_dir(const char *path) {
+    struct stat sb;
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        return CM_FAIL(CM_ERR_IO, "cannot create run directory '%s': %s", path, strerror(errno));
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return CM_FAIL(CM_ERR_IO, "run directory '%s' is not a directory", path);
+    return CM_OK;
+}
+
+/* One trainer per run directory, for its whole life, taken before anything in the directory is
+ * read or written: two would interleave their checkpoints, and a resume's trim of metrics.jsonl
+ * would rename the file under the other, whose lines then go to the orphaned inode. Under the
+ * lock, what an unfinished save or trim left behind is removed. Every data-parallel rank writes
+ * its own --out (metrics, checkpoints), so each rank takes the lock of its own. */
+static cm_status lock_run_dir(run *r) {
+    const train_args *a = &r->a;
+    struct stat       sb;
+    char              path[4096 + 32], what[4096 + 32], advice[256];
+    if (a->resume && stat(a->out, &sb) != 0 && errno == ENOENT) /* nothing to lock: refuse as below */
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot resume: '%s' has no checkpoint (%s/checkpoints/latest is missing); drop "
+                       "--resume to start a new run",
+                       a->out, a->out);
+    CM_TRY(make_run_dir(a->out));
+    snprintf(path, sizeof path, "%s/trainer.lock", a->out);
+    snprintf(what, sizeof what, "run directory '%s'", a->out);
+    if (a->dp_size > 1)
+        snprintf(advice, sizeof advice,
+                 "each data-parallel rank needs its own --out (tandem-launch gives rank r RUN_DIR/rank-<r>); "
+                 "stop the other trainer or choose another --out");
+    else
+        snprintf(advice, sizeof advice, "stop that trainer or let it finish, or choose another --out");
+    CM_TRY(cm_lock_create(&r->lock, path, what, "trainer", advice));
+    CM_TRY(dt_ckpt_clean(a->out));
+    snprintf(path, sizeof path, "%s/metrics.jsonl.tmp", a->out);
+    if (unlink(path) == 0)
+        CM_LOG_INFO("removed '%s', left by a resume that did not finish", path);
+    else if (errno != ENOENT)
+        return CM_FAIL(CM_ERR_IO, "cannot remove '%s': %s", path, strerror(errno));
+    return CM_OK;
+}
+
+/* The training state before step `step` (0-based count of steps taken): cursor and the
+ * anchor generator that step will use. */
+static void set_next_rng(run *r, int64_t step) {
+    const int64_t n = r->hp.n_batches;
+    r->ts.step = step;
+    r->ts.epoch = step / n;
+    r->ts.index = step % n;
+    dt_data_epoch_order(r->data, r->hp.seed, (uint64_t)r->ts.epoch, r->order_next);
+    dt_anchor_rng(&r->ts.rng, r->hp.seed, (uint64_t)r->ts.epoch,
+                  (uint64_t)dt_data_step_batch(r->data, r->order_next, r->ts.index));
+}
+
+/* --shards: verifies the record of every batch that steps start+1 .. end will read (this rank's,
+ * in the epochs' orders), before the first of them. */
+static cm_status verify_shards(run *r, int64_t start, int64_t end) {
+    const int      n = dt_data_count(r->data);
+    const long     cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint8_t       *reads = calloc((size_t)n, 1);
+    if (!reads)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d batch marks", n);
+    for (int64_t t = start, epoch = -1; t < end; t++) {
+        if (t / r->hp.n_batches != epoch) {
+            epoch = t / r->hp.n_batches;
+            dt_data_epoch_order(r->data, r->hp.seed, (uint64_t)epoch, r->order);
+        }
+        reads[dt_data_step_batch(r->data, r->order, t % r->hp.n_batches)] = 1;
+    }
+    cm_status st = dt_shard_source_verify(r->shards, reads, n, cores < 1 ? 1 : cores > 8 ? 8 : (int)cores);
+    free(reads);
+    return st;
+}
+
+/* dt_data_set_pinning's callbacks: the batch buffers page-locked through the backend. */
+static cm_status pin_host(void *user, void *p, size_t bytes) {
+    run *r = user;
+    return r->be->host_pin(r->ctx, p, bytes);
+}
+static void unpin_host(void *user, void *p) {
+    run *r = user;
+    r->be->host_unpin(r->ctx, p);
+}
+
+/* The training data and where its hidden states come from: batch files (--data, --data-dir)
+ * or a dataset's packs (--dataset), with target_hidden from the files, --shards or --server;
+ * then this process's data-parallel share. */
+static cm_status open_data(run *r) {
+    train_args    *a = &r->a;
+    const int      taps = r->cfg.n_taps, D = r->cfg.hidden_size, V = r->cfg.vocab_size;
+    dt_data       *tok = NULL; /* --server: the live source's token-only twin of the data */
+    if (a->dataset) {
+        CM_TRY(dt_data_split_list(a->dataset, &r->paths, &r->n_paths));
+        CM_TRY(dt_dataset_open(&r->ds, (const char *const *)r->paths, r->n_paths, a->token_budget, V));
+    } else if (a->data)
+        CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
+    else
+        CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
+    const int on_device = a->server && a->encoding == CM_ENCODING_NCCL;
+    if (on_device && r->be != kn_backend_cuda())
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--encoding nccl puts hidden states in GPU memory; it needs --device cuda");
+    if (a->server) {
+        if (r->ds)
+            CM_TRY(dt_data_open_dataset(&tok, r->ds, 0, 0, NULL));
+        else
+            CM_TRY(dt_data_open_source(&tok, (const char *const *)r->paths, r->n_paths, 0, 0, V, NULL));
+        cm_status st = dt_data_set_dp(tok, (int)a->dp_rank, (int)a->dp_size);
+        if (st != CM_OK) {
+            dt_data_destroy(&tok);
+            return st;
+        }
+        const dt_live_config lc = {.endpoint = a->server,
+                                   .name = "drafter-trainer",
+                                   .credits = (int)a->credits,
+                                   .encoding = a->encoding,
+                                   .timeout_ms = (int)a->timeout_ms,
+                                   .curve_server_key = a->curve_server_key,
+                                   .curve_secret_key = a->curve_secret_key,
+                                   .layer_ids = r->cfg.target_layer_ids,
+                                   .n_taps = taps,
+                                   .hidden = D,
+                                   .vocab_size = V,
+                                   .target_id = r->target_id,
+                                   .weights_id = r->weights_id,
+                                   .device = r->device};
+        CM_TRY(dt_live_open(&r->live, &lc, tok)); /* owns tok from here */
+    }
+    dt_hidden_source hs = {0};
+    if (a->shards) {
+        CM_TRY(dt_shard_source_open(&r->shards, a->shards, r->cfg.target_layer_ids, taps, D, r->target_id,
+                                    r->weights_id));
+        hs = dt_shard_source_hidden(r->shards);
+    } else if (r->live)
+        hs = dt_live_hidden(r->live);
+    const dt_hidden_source *src = a->shards || (r->live && !on_device) ? &hs : NULL;
+    if (on_device) /* tokens only: each step takes its taps from dt_live_get_device */
+        CM_TRY(r->ds ? dt_data_open_dataset(&r->data, r->ds, 0, 0, NULL)
+                     : dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, 0, 0, V, NULL));
+    else if (r->ds)
+        CM_TRY(dt_data_open_dataset(&r->data, r->ds, taps, D, src));
+    else if (src)
+        CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, taps, D, V, src));
+    else
+        CM_TRY(dt_data_open(&r->data, (const char *const *)r->paths, r->n_paths, taps, D, V));
+    return dt_data_set_dp(r->data, (int)a->dp_rank, (int)a->dp_size);
+}
+
+/* A resume with another data-parallel size would visit other batches: say so plainly (the
+ * checkpoint's data hash covers the dp size; dt_ckpt_load refuses any other difference). */
+static cm_status check_resume_dp(run *r) {
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/training_state.safetensors", r->resume_dir);
+    cm_st *f = NULL;
+    if (cm_st_open_file(&f, path) != CM_OK) {
+        cm_clear_error();
+        return CM_OK; /* dt_ckpt_load reports it */
+    }
+    const char *h = cm_st_metadata(f, "data_hash");
+    uint64_t    saved = h ? strtoull(h, NULL, 16) : 0;
+    cm_st_destroy(&f);
+    const int W = dt_data_dp_size(r->data);
+    if (!h || saved == dt_data_hash(r->data))
+        return CM_OK;
+    for (int w = 1; w <= 4096; w++)
+        if (w != W && dt_data_hash_dp(r->data, w) == saved)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "cannot resume: '%s' was trained with data-parallel size %d but this run has %d; "
+                           "resume with --dp-size %d (or that WORLD_SIZE), or start a new --out",
+                           r->resume_dir, w, W, w);
+    if (r->ds)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot resume: the dataset or its packing differs from the run's (data hash %016llx, "
+                       "checkpoint %016llx); pass the same --dataset files in the same order and the same "
+                       "--token-budget, or start a new --out",
+                       (unsigned long long)dt_data_hash(r->data), (unsigned long long)saved);
+    return CM_OK;
+}
+
+/* A run trains on one target's hidden states: a resume whose --target has other weights than
+ * the checkpoint recorded would mix two targets in one drafter. */
+static cm_status check_resume_target(run *r) {
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/training_state.safetensors", r->resume_dir);
+    cm_st *f = NULL;
+    if (!r->weights_id || cm_st_open_file(&f, path) != CM_OK) {
+        cm_clear_error();
+        return CM_OK; /* nothing to compare here, or dt_ckpt_load reports it */
+    }
+    const char *h = cm_st_metadata(f, "target_weights");
+    uint64_t    saved = h ? strtoull(h, NULL, 16) : 0;
+    cm_st_destroy(&f);
+    if (!saved || saved == r->weights_id)
+        return CM_OK;
+    return CM_FAIL(CM_ERR_INVALID_ARG,
+                   "cannot resume: '%s' was trained on the hidden states of target weights %016llx, but --target "
+                   "'%s' has weights %016llx; resume with the run's target, or start a new --out",
+                   r->resume_dir, (unsigned long long)saved, r->a.target, (unsigned long long)r->weights_id);
+}
+
+static cm_status save(run *r, int64_t step) {
+    set_next_rng(r, step);
+    char dir[4096];
+    CM_TRY(dt_ckpt_save(r->a.out, r->m, r->o, r->be, r->ctx, &r->hp, &r->ts, dir, sizeof dir));
+    if (r->metrics && (fflush(r->metrics) != 0 || fsync(fileno(r->metrics)) != 0))
+        return CM_FAIL(CM_ERR_IO, "cannot sync '%s': %s", r->metrics_path, strerror(errno));
+    CM_LOG_INFO("saved checkpoint '%s'", dir);
+    return CM_OK;
+}
+
+static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batch, const dt_batch *b,
+                               const dt_step_stats *s, const dt_optim_stats *os, double secs, double wait_s) {
+    const int B = r->cfg.block_size;
+    double    tps = secs > 0 ? (double)b->T / secs : 0;
+    fprintf(r->metrics,
+            "{\"step\": %" PRId64 ", \"epoch\": %" PRId64 ", \"batch\": %d, \"loss\": %.17g, \"tau\": %.17g, "
+            "\"acc\": [",
+            step, epoch, batch, s->loss, s->tau);
+    for (int k = 1; k < B; k++) {
+        if (s->acc_count[k] > 0)
+            fprintf(r->metrics, "%s%.9g", k > 1 ? ", " : "",
+                    (double)s->acc_hits[k] / (double)s->acc_count[k]);
+        else
+            fprintf(r->metrics, "%snull", k > 1 ? ", " : "");
+    }
+    fprintf(r->metrics,
+            "], \"lr\": %.17g, \"grad_norm\": %.17g, \"grad_scale\": %.17g, \"weight_sum\": %.17g, "
+            "\"n_anchors\": %" PRId64 ", \"n_blocks\": %" PRId64 ", \"tokens\": %" PRId64
+            ", \"seconds\": %.6f, "
+            "\"wait_s\": %.6f, \"compute_s\": %.6f, \"tokens_per_s\": %.1f}\n",
+            os->lr, os->grad_norm, os->grad_scale, s->weight_sum, b->n_anchors, s->n_blocks, b->T, secs,
+            wait_s, secs - wait_s, tps);
+    if (fflush(r->metrics) != 0 || ferror(r->metrics))
+        return CM_FAIL(CM_ERR_IO, "cannot append to '%s': %s", r->metrics_path, strerror(errno));
+    const double acc1 = s->acc_count[1] > 0 ? (double)s->acc_hits[1] / (double)s->acc_count[1] : 0.0;
+    if (r->tb) {
+        static const char *const tags[] = {"train/loss", "train/tau",         "train/acc1",  "train/lr",
+                                           "train/grad_norm", "perf/tokens_per_s", "perf/wait_s", "perf/compute_s"};
+        const double vals[] = {s->loss, s->tau, acc1, os->lr, os->grad_norm, tps, wait_s, secs - wait_s};
+        CM_TRY(cm_tb_scalars(r->tb, 0, step, 8, tags, vals));
+    }
+    dt_progress_line pl = {
+        .step = step, .total = r->prog_end, .epoch = epoch, .loss = s->loss, .tau = s->tau, .acc = acc1,
+        .lr = os->lr};
+    dt_progress_step(&r->prog, &pl, secs, wait_s, (double)b->T);
+    return CM_OK;
+}
+
+static cm_status train(run *r) {
+    cm_status   st = CM_OK;
+    train_args *a = &r->a;
+    CM_TRY(kn_backend_get(a->device, &r->be));
+    kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+    const int     on_cuda = r->be == kn_backend_cuda();
+    kc.device = a->gpu >= 0 ? (int)a->gpu : on_cuda ? dt_dp_default_device() : 0;
+    kc.gemm_mode = a->precision && strcmp(a->precision, "fp32") == 0 ? KN_GEMM_MODE_F32 : KN_GEMM_MODE_BF16;
+    if (!on_cuda && (a->gpu >= 0 || a->precision))
+        CM_LOG_WARN("--gpu and --precision apply to --device cuda; the cpu backend computes in fp32");
+    CM_TRY(r->be->ctx_create(&r->ctx, &kc));
+    r->device = kc.device;
+
+    CM_TRY(lock_run_dir(r));
+    /* resume: find the checkpoint first, since it defines the config */
+    char ckpt_latest[4096];
+    snprintf(ckpt_latest, sizeof ckpt_latest, "%s/checkpoints/latest", a->out);
+    int found = 0;
+    CM_TRY(dt_ckpt_latest(a->out, r->resume_dir, sizeof r->resume_dir, &found));
+    if (a->resume && !found)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "cannot resume: '%s' has no checkpoint (%s is missing); drop --resume "
+                       "to start a new run",
+                       a->out, ckpt_latest);
+    if (!a->resume && found)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "'%s' already holds a run (%s); pass --resume to continue it or choose "
+                       "a new --out",
+                       a->out, ckpt_latest);
+    if (!a->resume)
+        r->resume_dir[0] = '\0';
+    else /* every byte of it, before its config or state is read */
+        CM_TRY(dt_ckpt_verify(r->resume_dir));
+    CM_TRY(load_config(r));
+
+    CM_TRY(dt_model_create(&r->m, &r->cfg, r->be, r->ctx));
+    if (!a->resume) {
+        if (a->init_from)
+            CM_TRY(dt_model_load(r->m, a->init_from));
+        else
+            CM_TRY(dt_model_init_random(r->m, a->seed));
+    }
+    CM_TRY(load_target(r));
+
+    CM_TRY(open_data(r));
+    if (r->be->host_pin && r->be->host_unpin && !dt_live_on_device(r->live)) /* host-fed: DMA uploads */
+        dt_data_set_pinning(r->data, pin_host, unpin_host, r);
+    if (a->dp_size > 1 && on_cuda) {
+        const char    *port = getenv("MASTER_PORT");
+        int64_t        p = 0;
+        if (port && !parse_i64("MASTER_PORT", port, 1, &p))
+            return CM_FAIL(CM_ERR_INVALID_ARG, "MASTER_PORT '%s' is not a port number", port);
+        const dt_dp_config dc = {.rank = (int)a->dp_rank,
+                                 .size = (int)a->dp_size,
+                                 .master_addr = getenv("MASTER_ADDR"),
+                                 .master_port = (int)p,
+                                 .timeout_ms = (int)a->timeout_ms};
+        CM_TRY(dt_dp_create(&r->dp, &dc, r->be, r->ctx, r->m));
+    } else if (a->dp_size > 1)
+        CM_LOG_WARN("rank %" PRId64 " of %" PRId64 " on cpu trains alone on its share of the data (gradients are "
+                    "all-reduced only with --device cuda)",
+                    a->dp_rank, a->dp_size);
+
+    dt_hparams *hp = &r->hp;
+    hp->lr = a->lr;
+    hp->warmup_ratio = a->warmup_ratio;
+    hp->beta1 = 0.9;
+    hp->beta2 = 0.999;
+    hp->eps = 1e-8;
+    hp->weight_decay = a->weight_decay;
+    hp->clip = a->clip;
+    if (a->have_gamma)
+        hp->loss_decay_gamma = a->gamma;
+    else
+        CM_TRY(default_gamma(r->cfg.block_size, &hp->loss_decay_gamma));
+    hp->epochs = a->epochs;
+    hp->max_anchors = a->max_anchors;
+    hp->n_batches = dt_data_steps_per_epoch(r->data); /* of this rank */
+    if (hp->epochs > INT64_MAX / hp->n_batches)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--epochs %" PRId64 " is too large", hp->epochs);
+    hp->total_steps = hp->epochs * hp->n_batches;
+    hp->warmup_steps = dt_optim_warmup_steps(hp->total_steps, hp->warmup_ratio);
+    hp->seed = a->seed;
+    hp->data_hash = dt_data_hash(r->data);
+    hp->target_weights = r->weights_id;
+
+    int              np = dt_model_n_params(r->m);
+    const dt_param **params = malloc((size_t)np * sizeof *params);
+    if (!params)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the parameter list");
+    for (int i = 0; i < np; i++)
+        params[i] = dt_model_param(r->m, i);
+    dt_optim_config oc = {hp->lr,           hp->beta1, hp->beta2,       hp->eps,
+                          hp->weight_decay, hp->clip,  hp->total_steps, hp->warmup_steps};
+    st = dt_optim_create(&r->o, r->be, r->ctx, params, np, &oc);
+    free(params);
+    CM_TRY(st);
+
+    const int64_t max_T = dt_data_max_tokens(r->data);
+    /* every activation buffer now, for the largest batch: nothing is allocated in the loop */
+    CM_TRY(dt_model_reserve(r->m, max_T, hp->max_anchors < max_T ? hp->max_anchors : max_T));
+    r->order = malloc((size_t)dt_data_count(r->data) * sizeof *r->order);
+    r->order_next = malloc((size_t)dt_data_count(r->data) * sizeof *r->order_next);
+    r->anchors = malloc((size_t)max_T * sizeof *r->anchors);
+    r->work = malloc((size_t)max_T * sizeof *r->work);
+    if (!r->order || !r->order_next || !r->anchors || !r->work)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the step buffers");
+
+    snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", a->out);
+    int64_t start = 0;
+    if (a->resume) {
+        CM_TRY(check_resume_dp(r));
+        CM_TRY(check_resume_target(r));
+        CM_TRY(dt_ckpt_load(r->resume_dir, hp, r->m, r->o, r->be, r->ctx, &r->ts));
+        dt_train_state saved = r->ts;
+        set_next_rng(r, saved.step);
+        if (memcmp(&saved.rng, &r->ts.rng, sizeof saved.rng) != 0)
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': the saved anchor generator does not match (seed, epoch, batch); "
+                           "the checkpoint is damaged",
+                           r->resume_dir);
+        start = saved.step;
+        CM_TRY(trim_metrics(r->metrics_path, start));
+        CM_LOG_INFO("resuming '%s' at step %" PRId64 " (epoch %" PRId64 ", batch %" PRId64 " of the epoch)",
+                    r->resume_dir, start, saved.epoch, saved.index);
+    } else {
+        FILE *f = fopen(r->metrics_path, "wb");
+        if (!f)
+            return CM_FAIL(CM_ERR_IO, "cannot create '%s': %s", r->metrics_path, strerror(errno));
+        fclose(f);
+    }
+    r->metrics = fopen(r->metrics_path, "ab");
+    if (!r->metrics)
+        return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", r->metrics_path, strerror(errno));
+    if (!a->no_tensorboard)
+        CM_TRY(cm_tb_create(&r->tb, a->out, 10, start));
+    const dt_progress_config pc = {a->progress, stderr, a->log_every};
+    dt_progress_init(&r->prog, &pc);
+
+    int64_t end = hp->total_steps;
+    if (a->steps > 0 && a->steps < end)
+        end = a->steps;
+    r->prog_end = end;
+    CM_LOG_INFO("training %d parameters on %" PRId64 " batches per epoch (%d %s%s) x %" PRId64
+                " epochs = %" PRId64 " steps (warmup %" PRId64 "), steps %" PRId64 "..%" PRId64 ", device %s",
+                np, hp->n_batches, dt_data_count(r->data), r->ds ? "packs" : "batch files",
+                dt_data_dp_size(r->data) > 1 ? ", this rank's share" : "", hp->epochs, hp->total_steps,
+                hp->warmup_steps, start + 1, end, r->be->name);
+    if (start >= end) {
+        CM_LOG_INFO("nothing to do: the run is at step %" PRId64 " and stops at %" PRId64, start, end);
+        return CM_OK;
+    }
+
+    if (r->shards && !a->verify_lazy)
+        CM_TRY(verify_shards(r, start, end));
+    if (r->live)
+        dt_live_plan(r->live, hp->seed, start, end);
+    int64_t cur_epoch = -1, last_saved = a->resume ? start : -1;
+    for (int64_t t = start; t < end; t++) {
+        double        t0 = now_s();
+        const int64_t epoch = t / hp->n_batches, index = t % hp->n_batches;
+        if (epoch != cur_epoch) {
+            dt_data_epoch_order(r->data, hp->seed, (uint64_t)epoch, r->order);
+            cur_epoch = epoch;
+        }
+        const int32_t batch = dt_data_step_batch(r->data, r->order, index);
+        dt_batch      b = {0};
+        CM_TRY(dt_data_load(r->data, batch, &b));
+        if (dt_live_on_device(r->live)) /* the taps, already in this GPU's memory */
+            CM_TRY(dt_live_get_device(r->live, batch, &b));
+        const double wait_s = now_s() - t0; /* the batch and its hidden states (file, shards, server) */
+        CM_TRY(dt_anchor_sample(b.cu_seqlens, b.n_seq, b.loss_mask, b.T, hp->max_anchors, hp->seed,
+                                (uint64_t)epoch, (uint64_t)batch, r->work, r->anchors, &b.n_anchors));
+        b.anchors = r->anchors;
+        dt_step_stats ss;
+        memset(&ss, 0, sizeof ss);
+        /* the next batch of this epoch loads while this step computes (a new epoch's first batch
+         * waits for its order) */
+        if (a->prefetch && !r->live && t + 1 < end && (t + 1) / hp->n_batches == epoch)
+            CM_TRY(dt_data_prefetch(r->data, dt_data_step_batch(r->data, r->order, index + 1)));
+        CM_TRY(dt_model_step(r->m, &b, (float)hp->loss_decay_gamma, &ss));
+        dt_live_release(r->live); /* the step has synchronised: the answer's memory is free */
+        if (r->dp) /* every rank, anchors or not: the loss and gradients become the global ones */
+            CM_TRY(dt_dp_reduce(r->dp, &ss));
+        dt_optim_stats os;
+        CM_TRY(dt_optim_step(r->o, &os));
+        CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0, wait_s));
+        if (a->save_every > 0 && (t + 1) % a->save_every == 0) {
+            dt_progress_break(&r->prog);
+            CM_TRY(save(r, t + 1));
+            last_saved = t + 1;
+        }
+    }
+    dt_progress_release(&r->prog);
+    if (last_saved != end)
+        CM_TRY(save(r, end));
+    if (r->tb)
+        CM_TRY(cm_tb_flush(r->tb));
+    return CM_OK;
+}
+
+/* --dry-run: the plan from the drafter config (--config or --init-from) and the target's. */
+static cm_status dry_run(const train_args *a) {
+    cm_drafter_cfg d;
+    cm_target_cfg  t;
+    char           path[4096 + 16];
+    if (a->config)
+        CM_TRY(cm_drafter_cfg_load(&d, a->config));
+    else {
+        snprintf(path, sizeof path, "%s/config.json", a->init_from);
+        CM_TRY(cm_drafter_cfg_load(&d, path));
+    }
+    /* a plan needs no weights: --target may name the model directory or just its config file */
+    size_t tl = strlen(a->target);
+    if (tl > 5 && strcmp(a->target + tl - 5, ".json") == 0)
+        snprintf(path, sizeof path, "%s", a->target);
+    else
+        snprintf(path, sizeof path, "%s/config.json", a->target);
+    CM_TRY(cm_target_cfg_load(&t, path));
+    dt_plan_run pr = DT_PLAN_RUN_DEFAULT;
+    pr.token_budget = a->token_budget;
+    pr.max_anchors = a->max_anchors;
+    pr.seq_len = a->plan_seq_len;
+    pr.dp_size = (int)a->dp_size;
+    pr.credits = a->server ? (int)a->credits : 0;
+    pr.encoding = a->encoding;
+    pr.ratio = a->plan_ratio;
+    pr.target_tflops = a->plan_target_tflops;
+    pr.drafter_tflops = a->plan_drafter_tflops;
+    dt_plan p;
+    CM_TRY(dt_plan_compute(&p, &t, &d, &pr));
+    dt_plan_print(stdout, &p, &t, &d);
+    return CM_OK;
+}
+
+static void run_release(run *r) {
+    cm_tb_destroy(&r->tb);
+    if (r->metrics)
+        fclose(r->metrics);
+    free(r->work);
+    free(r->anchors);
+    free(r->order_next);
+    free(r->order);
+    dt_data_destroy(&r->data);
+    dt_shard_source_destroy(&r->shards);
+    dt_live_destroy(&r->live);
+    dt_dp_destroy(&r->dp);
+    dt_dataset_destroy(&r->ds);
+    dt_data_free_list(r->paths, r->n_paths);
+    dt_optim_destroy(&r->o);
+    dt_model_destroy(&r->m);
+    cm_st_destroy(&r->target);
+    free(r->frozen_owned[1]);
+    free(r->frozen_owned[0]);
+    if (r->be)
+        r->be->ctx_destroy(&r->ctx);
+    cm_lock_destroy(&r->lock); /* last: every file of the run is closed */
+}
+
+int dt_cmd_train(int argc, char **argv) {
+    run *r = calloc(1, sizeof *r);
+    if (!r) {
+        fprintf(stderr, "drafter-trainer train: out of memory\n");
+        return 1;
+    }
+    /* --run-config FILE: its flags first, so the command line's win; r->a borrows ex's strings */
+    int                   n_flags;
+    const dt_runcfg_flag *flags = dt_runcfg_train_flags(&n_flags);
+    dt_runcfg_argv        ex;
+    cm_status             st = dt_runcfg_expand(&ex, flags, n_flags, argc, argv);
+    if (st != CM_OK) {
+        fprintf(stderr, "drafter-trainer train: %s\n", cm_last_error());
+        free(r);
+        return st == CM_ERR_INVALID_ARG ? 2 : 1;
+    }
+    int rc = parse_args(ex.argc, ex.argv, &r->a);
+    if (rc != 0) {
+        dt_runcfg_argv_release(&ex);
+        free(r);
+        return rc == 1 ? 0 : 2;
+    }
+    st = r->a.dry_run ? dry_run(&r->a) : train(r);
+    run_release(r);
+    dt_runcfg_argv_release(&ex);
+    free(r);
+    if (st != CM_OK) {
+        fprintf(stderr, "drafter-trainer train: %s: %s\n", cm_status_str(st), cm_last_error());
+        return 1;
+    }
+    return 0;
+}
