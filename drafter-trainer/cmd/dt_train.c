@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cm_args.h"
 #include "cm_cfg.h"
 #include "cm_cfg_hash.h"
 #include "cm_dtype.h"
@@ -45,369 +46,10 @@
 #include "dt_precompute.h"
 #include "dt_progress.h"
 #include "dt_runcfg.h"
+#include "dt_train_args.h"
+#include "dt_train_rundir.h"
 
-typedef struct train_args {
-    const char *config, *init_from, *target, *data, *data_dir, *dataset, *out, *device, *shards, *server;
-    const char *curve_server_key, *curve_secret_key; /* --server on another host (CURVE) */
-    int64_t     epochs, steps, max_anchors, save_every, log_every, credits, timeout_ms, prefetch;
-    int64_t     token_budget, dp_rank, dp_size; /* dp: -1 = from RANK / WORLD_SIZE, else 0 / 1 */
-    int64_t     gpu;       /* cuda device; -1 = LOCAL_RANK modulo the visible devices, else 0 */
-    const char *precision; /* "bf16" or "fp32" GEMMs on cuda; NULL = bf16 */
-    cm_encoding encoding;
-    double      lr, warmup_ratio, gamma, weight_decay, clip;
-    int         have_gamma, resume;
-    int         verify_lazy; /* --verify-shards lazy: a record is checked only when a step reads it */
-    int         target_random; /* --target-init random: no checkpoint; random frozen matrices */
-    uint64_t    target_seed;
-    uint64_t    seed;
-    dt_progress_mode progress;
-    int              dry_run, no_tensorboard;
-    int64_t          plan_seq_len;
-    double           plan_target_tflops, plan_drafter_tflops, plan_ratio;
-} train_args;
 
-static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: drafter-trainer train (--config DRAFTER_CONFIG.json | --init-from DIR) --target TARGET_DIR\n"
-        "                             (--data FILE[,FILE...] | --data-dir DIR | --dataset FILE[,FILE...])\n"
-        "                             --out RUN_DIR [options]\n"
-        "\n"
-        "Trains a DFlash drafter on packed batch files (safetensors: input_ids, cu_seqlens, loss_mask I32;\n"
-        "target_hidden BF16/F32 [T, n_taps*hidden]; see drafter-trainer/feed/dt_data.h) or on a tokenized\n"
-        "dataset of documents that it packs itself (JSONL or binary; see drafter-trainer/feed/dt_dataset.h).\n"
-        "\n"
-        "  --config FILE            drafter config.json; parameters start from the Qwen3 init (--seed)\n"
-        "  --init-from DIR          start from a drafter checkpoint (config.json + model.safetensors)\n"
-        "  --target DIR             target model: its frozen embed_tokens and lm_head\n"
-        "  --data FILE[,FILE...]    batch files, one packed batch each (one step per batch)\n"
-        "  --data-dir DIR           every DIR/*.safetensors, sorted by name\n"
-        "  --dataset FILE[,FILE...] tokenized documents (.jsonl or .safetensors), packed into batches of\n"
-        "                           at most --token-budget tokens; needs --shards or --server\n"
-        "  --token-budget N         tokens per packed batch with --dataset (default 8192)\n"
-        "  --dp-rank R --dp-size W  data-parallel rank R of W: positions R, R+W, ... of each epoch's\n"
-        "                           order (default: RANK and WORLD_SIZE from the environment, else 0 of 1);\n"
-        "                           with --device cuda the ranks all-reduce their gradients over NCCL\n"
-        "                           (rendezvous at MASTER_ADDR:MASTER_PORT, default 127.0.0.1:29500; each\n"
-        "                           rank needs its own --out), on cpu each rank trains alone on its share\n"
-        "  --shards DIR             target_hidden from precomputed shards (drafter-trainer precompute\n"
-        "                           over the same data list); the batch files then need no target_hidden\n"
-        "  --verify-shards full|lazy full (default): before step 1, check every record the run will read\n"
-        "                           (one read of them; the rate is logged); lazy: check each record only\n"
-        "                           when its step reads it (a damaged one then stops the run there)\n"
-        "  --server EP[,EP...]      target_hidden live from running `target-server serve`s (several:\n"
-        "                           step s goes to server s mod n; all must serve the same target)\n"
-        "                           (tcp://HOST:PORT or ipc://PATH); the batch files then need no\n"
-        "                           target_hidden; mutually exclusive with --shards\n"
-        "  --credits N              requests in flight ahead of training with --server (default 4)\n"
-        "  --encoding NAME          answers' encoding with --server: raw, zstd, zstd-byteplane (default)\n"
-        "                           or fp8-zstd (lossy); nccl (--device cuda, a server on this host with\n"
-        "                           --device cuda): GPU to GPU into this trainer's --gpu, no host copy\n"
-        "  --timeout-ms N           longest wait for the server with --server (default 300000)\n"
-        "  --target-init random     benchmarks: the target is `serve --init random --seed N`: --target is only\n"
-        "                           its config (dir or file), the frozen embedding/LM head are random\n"
-        "  --target-seed N          that server's --seed (default 1)\n"
-        "  --curve-server-key FILE  the server's CURVE public key (a --server on another host)\n"
-        "  --curve-secret-key FILE  this trainer's CURVE secret key (default: a fresh pair; a server\n"
-        "                           with --curve-client-keys needs its public key)\n"
-        "  --out RUN_DIR            metrics.jsonl and checkpoints/step-<N>/ (serving format + state); one\n"
-        "                           trainer at a time (RUN_DIR/trainer.lock)\n"
-        "  --epochs N               passes over the data (default 6)\n"
-        "  --steps N                stop after step N (the schedule still spans every epoch)\n"
-        "  --lr X                   peak learning rate (default 6e-4)\n"
-        "  --warmup-ratio X         linear warmup share of the steps, then cosine to 0 (default 0.04)\n"
-        "  --max-anchors N          anchors (blocks) per batch (default 512)\n"
-        "  --loss-decay-gamma G     slot weight exp(-(k-1)/G) (default 7 for block 16, 5 for 10, 4 for 8)\n"
-        "  --weight-decay X         AdamW decoupled weight decay (default 0)\n"
-        "  --clip X                 global grad-norm clip, 0 = off (default 1)\n"
-        "  --seed N                 init, shuffle and anchor seed (default 0)\n"
-        "  --save-every N           checkpoint every N steps (default 0: only at the end)\n"
-        "  --prefetch 0|1           load the next batch (files, shards) on a thread during each step\n"
-        "                           (default 1; 0 loads it between steps; live servers pipeline anyway)\n"
-        "  --resume                 continue RUN_DIR from checkpoints/latest exactly, once its files\n"
-        "                           match their checksums (step-<N>/checksums.json)\n"
-        "  --device cpu|cuda        kernel backend (default cpu)\n"
-        "  --gpu N                  cuda device (default: LOCAL_RANK modulo the visible devices, else 0)\n"
-        "  --precision bf16|fp32    cuda GEMM inputs in bf16 (fp32 accumulate, fp32 master weights) or\n"
-        "                           true fp32 (default bf16; the cpu backend always computes in fp32)\n"
-        "  --log-every N            print every N-th step's metrics (default 1)\n"
-        "  --log-level L            debug, info, warn, error, off (default info)\n"
-        "  --progress MODE          auto (a bar on a terminal, else lines), bar, lines or off (stderr)\n"
-        "  --no-tensorboard         no RUN_DIR/tb/events.out.tfevents.* (written by default)\n"
-        "  --run-config FILE.json   flags from a JSON object {\"lr\": 6e-4, \"resume\": true, ...}; keys are\n"
-        "                           the long flags without dashes; the command line overrides the file\n"
-        "  --dry-run                print the plan (parameters, memory per GPU, bytes per token, target\n"
-        "                           GPUs per trainer GPU) from the configs, and exit; needs no data\n"
-        "  --plan-seq-len N         document length for the plan (default: --token-budget)\n"
-        "  --plan-target-tflops X   achieved target prefill TF/s per GPU for the plan (default 550)\n"
-        "  --plan-drafter-tflops X  achieved drafter TF/s per GPU for the plan (default 430)\n"
-        "  --plan-ratio X           compression ratio for the plan (default: the measured range)\n");
-}
-
-// ---- argument parsing
-
-static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo) {
-        fprintf(stderr, "drafter-trainer train: %s '%s': expected an integer >= %lld\n", flag, s,
-                (long long)lo);
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
-
-static int parse_f64(const char *flag, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "drafter-trainer train: %s '%s': expected a number in [%g, %g]\n", flag, s, lo, hi);
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
-
-/* --dp-rank / --dp-size, else RANK / WORLD_SIZE as torchrun and Slurm launchers set them
- * (both or neither), else 0 of 1. 0 ok, else a message was printed. */
-static int dp_from_env(train_args *a) {
-    if ((a->dp_rank < 0) != (a->dp_size < 0)) {
-        fprintf(stderr, "drafter-trainer train: give --dp-rank and --dp-size together\n");
-        return 1;
-    }
-    if (a->dp_size < 0) {
-        const char *r = getenv("RANK"), *w = getenv("WORLD_SIZE");
-        a->dp_rank = 0;
-        a->dp_size = 1;
-        if (r && w && (!parse_i64("RANK", r, 0, &a->dp_rank) || !parse_i64("WORLD_SIZE", w, 1, &a->dp_size)))
-            return 1;
-    }
-    if (a->dp_rank >= a->dp_size || a->dp_size > 1 << 20) {
-        fprintf(stderr, "drafter-trainer train: data-parallel rank %lld of %lld: need 0 <= rank < size <= %d\n",
-                (long long)a->dp_rank, (long long)a->dp_size, 1 << 20);
-        return 1;
-    }
-    return 0;
-}
-
-/* 0 ok, 1 help printed, 2 usage error (message printed). */
-static int parse_args(int argc, char **argv, train_args *a) {
-    *a = (train_args){.target_seed = 1,
-                      .device = "cpu",
-                      .epochs = 6,
-                      .max_anchors = 512,
-                      .log_every = 1,
-                      .lr = 6e-4,
-                      .warmup_ratio = 0.04,
-                      .clip = 1.0,
-                      .credits = 4,
-                      .prefetch = 1,
-                      .timeout_ms = 300000,
-                      .token_budget = 8192,
-                      .dp_rank = -1,
-                      .dp_size = -1,
-                      .gpu = -1,
-                      .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
-                      .progress = DT_PROGRESS_AUTO,
-                      .plan_target_tflops = DT_PLAN_TARGET_TFLOPS,
-                      .plan_drafter_tflops = DT_PLAN_DRAFTER_TFLOPS};
-    for (int i = 0; i < argc; i++) {
-        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
-            usage(stdout);
-            return 1;
-        }
-        if (strcmp(f, "--resume") == 0) {
-            a->resume = 1;
-            continue;
-        }
-        if (strcmp(f, "--dry-run") == 0) {
-            a->dry_run = 1;
-            continue;
-        }
-        if (strcmp(f, "--no-tensorboard") == 0) {
-            a->no_tensorboard = 1;
-            continue;
-        }
-        if (!v) {
-            fprintf(stderr, "drafter-trainer train: option '%s' needs a value (see --help)\n", f);
-            return 2;
-        }
-        int64_t seed = 0, ok = 1;
-        if (strcmp(f, "--config") == 0)
-            a->config = v;
-        else if (strcmp(f, "--init-from") == 0)
-            a->init_from = v;
-        else if (strcmp(f, "--target") == 0)
-            a->target = v;
-        else if (strcmp(f, "--data") == 0)
-            a->data = v;
-        else if (strcmp(f, "--data-dir") == 0)
-            a->data_dir = v;
-        else if (strcmp(f, "--dataset") == 0)
-            a->dataset = v;
-        else if (strcmp(f, "--token-budget") == 0)
-            ok = parse_i64(f, v, 2, &a->token_budget);
-        else if (strcmp(f, "--dp-rank") == 0)
-            ok = parse_i64(f, v, 0, &a->dp_rank);
-        else if (strcmp(f, "--dp-size") == 0)
-            ok = parse_i64(f, v, 1, &a->dp_size);
-        else if (strcmp(f, "--shards") == 0)
-            a->shards = v;
-        else if (strcmp(f, "--server") == 0)
-            a->server = v;
-        else if (strcmp(f, "--credits") == 0)
-            ok = parse_i64(f, v, 1, &a->credits);
-        else if (strcmp(f, "--timeout-ms") == 0)
-            ok = parse_i64(f, v, 1, &a->timeout_ms);
-        else if (strcmp(f, "--target-init") == 0) {
-            if (strcmp(v, "random") != 0 && strcmp(v, "checkpoint") != 0) {
-                fprintf(stderr, "drafter-trainer train: --target-init '%s': expected checkpoint or random\n", v);
-                return 2;
-            }
-            a->target_random = strcmp(v, "random") == 0;
-        } else if (strcmp(f, "--target-seed") == 0) {
-            int64_t ts = 0;
-            ok = parse_i64(f, v, 0, &ts);
-            a->target_seed = (uint64_t)ts;
-        } else if (strcmp(f, "--curve-server-key") == 0)
-            a->curve_server_key = v;
-        else if (strcmp(f, "--curve-secret-key") == 0)
-            a->curve_secret_key = v;
-        else if (strcmp(f, "--encoding") == 0) {
-            if (cm_encoding_parse(v, &a->encoding) != CM_OK) {
-                fprintf(stderr, "drafter-trainer train: --encoding: %s\n", cm_last_error());
-                return 2;
-            }
-        } else if (strcmp(f, "--out") == 0)
-            a->out = v;
-        else if (strcmp(f, "--device") == 0)
-            a->device = v;
-        else if (strcmp(f, "--gpu") == 0)
-            ok = parse_i64(f, v, 0, &a->gpu);
-        else if (strcmp(f, "--precision") == 0) {
-            if (strcmp(v, "bf16") != 0 && strcmp(v, "fp32") != 0) {
-                fprintf(stderr, "drafter-trainer train: --precision '%s': expected bf16 or fp32\n", v);
-                return 2;
-            }
-            a->precision = v;
-        }
-        else if (strcmp(f, "--epochs") == 0)
-            ok = parse_i64(f, v, 1, &a->epochs);
-        else if (strcmp(f, "--steps") == 0)
-            ok = parse_i64(f, v, 1, &a->steps);
-        else if (strcmp(f, "--max-anchors") == 0)
-            ok = parse_i64(f, v, 1, &a->max_anchors);
-        else if (strcmp(f, "--save-every") == 0)
-            ok = parse_i64(f, v, 0, &a->save_every);
-        else if (strcmp(f, "--prefetch") == 0) {
-            ok = parse_i64(f, v, 0, &a->prefetch);
-            if (ok && a->prefetch > 1) {
-                fprintf(stderr, "drafter-trainer train: --prefetch %s: expected 0 (off) or 1 (on)\n", v);
-                return 2;
-            }
-        }
-        else if (strcmp(f, "--verify-shards") == 0) {
-            if (strcmp(v, "full") != 0 && strcmp(v, "lazy") != 0) {
-                fprintf(stderr, "drafter-trainer train: --verify-shards %s: expected full or lazy\n", v);
-                return 2;
-            }
-            a->verify_lazy = v[0] == 'l';
-        } else if (strcmp(f, "--log-every") == 0)
-            ok = parse_i64(f, v, 1, &a->log_every);
-        else if (strcmp(f, "--lr") == 0)
-            ok = parse_f64(f, v, 0, 1e3, &a->lr);
-        else if (strcmp(f, "--warmup-ratio") == 0)
-            ok = parse_f64(f, v, 0, 1, &a->warmup_ratio);
-        else if (strcmp(f, "--weight-decay") == 0)
-            ok = parse_f64(f, v, 0, 1e3, &a->weight_decay);
-        else if (strcmp(f, "--clip") == 0)
-            ok = parse_f64(f, v, 0, 1e30, &a->clip);
-        else if (strcmp(f, "--loss-decay-gamma") == 0) {
-            ok = parse_f64(f, v, 1e-30, 1e30, &a->gamma);
-            a->have_gamma = 1;
-        } else if (strcmp(f, "--seed") == 0) {
-            ok = parse_i64(f, v, 0, &seed);
-            a->seed = (uint64_t)seed;
-        } else if (strcmp(f, "--progress") == 0) {
-            if (dt_progress_mode_parse(v, &a->progress) != CM_OK) {
-                fprintf(stderr, "drafter-trainer train: %s\n", cm_last_error());
-                return 2;
-            }
-        } else if (strcmp(f, "--plan-seq-len") == 0)
-            ok = parse_i64(f, v, 1, &a->plan_seq_len);
-        else if (strcmp(f, "--plan-target-tflops") == 0)
-            ok = parse_f64(f, v, 1e-6, 1e6, &a->plan_target_tflops);
-        else if (strcmp(f, "--plan-drafter-tflops") == 0)
-            ok = parse_f64(f, v, 1e-6, 1e6, &a->plan_drafter_tflops);
-        else if (strcmp(f, "--plan-ratio") == 0)
-            ok = parse_f64(f, v, 1, 1e6, &a->plan_ratio);
-        else if (strcmp(f, "--log-level") == 0) {
-            int l = cm_log_level_parse(v);
-            if (l < 0) {
-                fprintf(stderr,
-                        "drafter-trainer train: --log-level '%s': expected debug, info, warn, error or off\n",
-                        v);
-                return 2;
-            }
-            cm_log_set_level((cm_log_level)l);
-        } else {
-            fprintf(stderr, "drafter-trainer train: unknown option '%s' (see --help)\n", f);
-            return 2;
-        }
-        if (!ok)
-            return 2;
-        i++;
-    }
-    if (a->dry_run) { /* the plan needs the two configs only */
-        if (!a->target || (!a->config && !a->init_from)) {
-            fprintf(stderr, "drafter-trainer train: --dry-run needs --target and --config or --init-from\n");
-            return 2;
-        }
-        return dp_from_env(a) != 0 ? 2 : 0;
-    }
-    if (!a->target || !a->out || (!a->data && !a->data_dir && !a->dataset)) {
-        fprintf(stderr, "drafter-trainer train: --target, --out and --data, --data-dir or --dataset are "
-                        "required (see --help)\n");
-        return 2;
-    }
-    if (!!a->data + !!a->data_dir + !!a->dataset > 1) {
-        fprintf(stderr, "drafter-trainer train: give one of --data, --data-dir and --dataset\n");
-        return 2;
-    }
-    if (a->dataset && !a->shards && !a->server) {
-        fprintf(stderr, "drafter-trainer train: a --dataset has no hidden states of its own; give --shards "
-                        "DIR (from drafter-trainer precompute --dataset) or --server ENDPOINT\n");
-        return 2;
-    }
-    if (a->token_budget > INT32_MAX) {
-        fprintf(stderr, "drafter-trainer train: --token-budget is at most %d\n", INT32_MAX);
-        return 2;
-    }
-    if (dp_from_env(a) != 0)
-        return 2;
-    if (a->credits > 1024 || a->timeout_ms > INT32_MAX) {
-        fprintf(stderr, "drafter-trainer train: --credits is at most 1024 and --timeout-ms at most %d\n",
-                INT32_MAX);
-        return 2;
-    }
-    if (a->shards && a->server) {
-        fprintf(stderr, "drafter-trainer train: give --shards or --server, not both\n");
-        return 2;
-    }
-    if (a->config && a->init_from) {
-        fprintf(stderr, "drafter-trainer train: give --config or --init-from, not both\n");
-        return 2;
-    }
-    if (!a->config && !a->init_from && !a->resume) {
-        fprintf(stderr, "drafter-trainer train: --config or --init-from is required (see --help)\n");
-        return 2;
-    }
-    return 0;
-}
 
 // ---- pieces of the run
 
@@ -604,79 +246,6 @@ static cm_status load_target(run *r) {
         CM_TRY(frozen_matrix(r->target, head, &h, &hdt, &r->frozen_owned[1]));
     }
     return dt_model_set_frozen(r->m, e, edt, h, hdt, t.vocab_size, t.hidden_size);
-}
-
-/* Keeps the metrics lines of steps ≤ step (a resumed run rewrites what came after). */
-static cm_status trim_metrics(const char *path, int64_t step) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return errno == ENOENT ? CM_OK : CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    char tmp[4096 + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *g = fopen(tmp, "wb");
-    if (!g) {
-        fclose(f);
-        return CM_FAIL(CM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-    }
-    char  *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) > 0) {
-        long long s;
-        if (sscanf(line, "{\"step\": %lld", &s) == 1 && s <= step)
-            fputs(line, g);
-    }
-    free(line);
-    fclose(f);
-    int bad = ferror(g) || fflush(g) != 0 || fsync(fileno(g)) != 0;
-    bad |= fclose(g) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return CM_FAIL(CM_ERR_IO, "cannot rewrite '%s': %s", path, strerror(e));
-    }
-    return CM_OK;
-}
-
-static cm_status make_run_dir(const char *path) {
-    struct stat sb;
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return CM_FAIL(CM_ERR_IO, "cannot create run directory '%s': %s", path, strerror(errno));
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return CM_FAIL(CM_ERR_IO, "run directory '%s' is not a directory", path);
-    return CM_OK;
-}
-
-/* One trainer per run directory, for its whole life, taken before anything in the directory is
- * read or written: two would interleave their checkpoints, and a resume's trim of metrics.jsonl
- * would rename the file under the other, whose lines then go to the orphaned inode. Under the
- * lock, what an unfinished save or trim left behind is removed. Every data-parallel rank writes
- * its own --out (metrics, checkpoints), so each rank takes the lock of its own. */
-static cm_status lock_run_dir(run *r) {
-    const train_args *a = &r->a;
-    struct stat       sb;
-    char              path[4096 + 32], what[4096 + 32], advice[256];
-    if (a->resume && stat(a->out, &sb) != 0 && errno == ENOENT) /* nothing to lock: refuse as below */
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "cannot resume: '%s' has no checkpoint (%s/checkpoints/latest is missing); drop "
-                       "--resume to start a new run",
-                       a->out, a->out);
-    CM_TRY(make_run_dir(a->out));
-    snprintf(path, sizeof path, "%s/trainer.lock", a->out);
-    snprintf(what, sizeof what, "run directory '%s'", a->out);
-    if (a->dp_size > 1)
-        snprintf(advice, sizeof advice,
-                 "each data-parallel rank needs its own --out (tandem-launch gives rank r RUN_DIR/rank-<r>); "
-                 "stop the other trainer or choose another --out");
-    else
-        snprintf(advice, sizeof advice, "stop that trainer or let it finish, or choose another --out");
-    CM_TRY(cm_lock_create(&r->lock, path, what, "trainer", advice));
-    CM_TRY(dt_ckpt_clean(a->out));
-    snprintf(path, sizeof path, "%s/metrics.jsonl.tmp", a->out);
-    if (unlink(path) == 0)
-        CM_LOG_INFO("removed '%s', left by a resume that did not finish", path);
-    else if (errno != ENOENT)
-        return CM_FAIL(CM_ERR_IO, "cannot remove '%s': %s", path, strerror(errno));
-    return CM_OK;
 }
 
 /* The training state before step `step` (0-based count of steps taken): cursor and the
@@ -897,7 +466,7 @@ static cm_status train(run *r) {
     CM_TRY(r->be->ctx_create(&r->ctx, &kc));
     r->device = kc.device;
 
-    CM_TRY(lock_run_dir(r));
+    CM_TRY(dt_train_lock_run_dir(&r->a, &r->lock));
     /* resume: find the checkpoint first, since it defines the config */
     char ckpt_latest[4096];
     snprintf(ckpt_latest, sizeof ckpt_latest, "%s/checkpoints/latest", a->out);
@@ -934,7 +503,7 @@ static cm_status train(run *r) {
     if (a->dp_size > 1 && on_cuda) {
         const char    *port = getenv("MASTER_PORT");
         int64_t        p = 0;
-        if (port && !parse_i64("MASTER_PORT", port, 1, &p))
+        if (port && !cm_parse_i64("drafter-trainer train", "MASTER_PORT", port, 1, INT64_MAX, &p))
             return CM_FAIL(CM_ERR_INVALID_ARG, "MASTER_PORT '%s' is not a port number", port);
         const dt_dp_config dc = {.rank = (int)a->dp_rank,
                                  .size = (int)a->dp_size,
@@ -1006,7 +575,7 @@ static cm_status train(run *r) {
                            "the checkpoint is damaged",
                            r->resume_dir);
         start = saved.step;
-        CM_TRY(trim_metrics(r->metrics_path, start));
+        CM_TRY(dt_train_trim_metrics(r->metrics_path, start));
         CM_LOG_INFO("resuming '%s' at step %" PRId64 " (epoch %" PRId64 ", batch %" PRId64 " of the epoch)",
                     r->resume_dir, start, saved.epoch, saved.index);
     } else {
@@ -1159,7 +728,7 @@ int dt_cmd_train(int argc, char **argv) {
         free(r);
         return st == CM_ERR_INVALID_ARG ? 2 : 1;
     }
-    int rc = parse_args(ex.argc, ex.argv, &r->a);
+    int rc = dt_train_args_parse(ex.argc, ex.argv, &r->a);
     if (rc != 0) {
         dt_runcfg_argv_release(&ex);
         free(r);
