@@ -1,12 +1,12 @@
 /* drafter-trainer/cmd/dt_dataset_cli.c — `drafter-trainer dataset convert|inspect`: JSONL to the
  * binary tokenized form, and a summary of a dataset (documents, tokens, supervised tokens,
  * length histogram, packs at a token budget). Formats and packing in dt_dataset.h. */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cm_args.h"
 #include "cm_log.h"
 #include "dt_cmd.h"
 #include "dt_data.h"
@@ -25,19 +25,6 @@ static void usage(FILE *f) {
                "            (atomically), which opens faster\n"
                "  inspect   documents, tokens, supervised tokens, a length histogram, and how train packs\n"
                "            the files at --token-budget (default 8192); --vocab-size also checks the ids\n");
-}
-
-static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "drafter-trainer dataset: %s '%s': expected an integer in [%lld, %lld]\n", flag, v,
-                (long long)lo, (long long)hi);
-        return 0;
-    }
-    *out = x;
-    return 1;
 }
 
 static cm_status convert(const char *in, const char *out) {
@@ -131,33 +118,14 @@ int dt_cmd_dataset(int argc, char **argv) {
             return 2;
         }
         int64_t budget = DT_DATASET_DEFAULT_BUDGET, vocab = INT32_MAX;
-        for (int i = 2; i < argc; i += 2) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "drafter-trainer dataset inspect: option '%s' needs a value\n", argv[i]);
-                return 2;
-            }
-            if (strcmp(argv[i], "--token-budget") == 0) {
-                if (!parse_i64(argv[i], argv[i + 1], 2, INT32_MAX, &budget))
-                    return 2;
-            } else if (strcmp(argv[i], "--vocab-size") == 0) {
-                if (!parse_i64(argv[i], argv[i + 1], 1, INT32_MAX, &vocab))
-                    return 2;
-            } else if (strcmp(argv[i], "--log-level") == 0) {
-                int l = cm_log_level_parse(argv[i + 1]);
-                if (l < 0) {
-                    fprintf(stderr,
-                            "drafter-trainer dataset: --log-level '%s': expected debug, info, warn, "
-                            "error or off\n",
-                            argv[i + 1]);
-                    return 2;
-                }
-                cm_log_set_level((cm_log_level)l);
-            } else {
-                fprintf(stderr, "drafter-trainer dataset inspect: unknown option '%s' (see --help)\n",
-                        argv[i]);
-                return 2;
-            }
-        }
+        cm_args p;
+        cm_args_init(&p, "drafter-trainer dataset inspect", argc - 2, argv + 2);
+        while (cm_args_next(&p))
+            if (!cm_args_i64(&p, "--token-budget", 2, INT32_MAX, &budget) &&
+                !cm_args_i64(&p, "--vocab-size", 1, INT32_MAX, &vocab) && !cm_args_log_level(&p))
+                cm_args_unknown(&p);
+        if (p.bad)
+            return 2;
         st = inspect(argv[1], budget, vocab);
     } else {
         fprintf(stderr, "drafter-trainer dataset: unknown action '%s' (convert or inspect; see --help)\n",

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cm_args.h"
 #include "cm_cfg.h"
 #include "cm_log.h"
 #include "cm_safetensors.h"
@@ -376,64 +377,39 @@ fail:
 }
 
 int dt_cmd_grad(int argc, char **argv) {
-    grad_args a = {.device = "cpu"};
-    for (int i = 0; i < argc; i++) {
-        const char *f = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
+    static const char *const devices[] = {"cpu", "cuda", NULL};
+    grad_args                a = {.device = "cpu"};
+    cm_args                  p;
+    cm_args_init(&p, "drafter-trainer grad", argc, argv);
+    while (cm_args_next(&p)) {
+        const char *val = NULL;
+        int         k = 0;
+        if (cm_args_help(&p)) {
             usage(stdout);
             return 0;
-        } else if (!val) {
-            fprintf(stderr, "drafter-trainer grad: option '%s' needs a value (see --help)\n", f);
-            return 2;
-        } else if (strcmp(f, "--drafter") == 0) {
-            a.drafter = val;
-        } else if (strcmp(f, "--batch") == 0) {
-            a.batch = val;
-        } else if (strcmp(f, "--out") == 0) {
-            a.out = val;
-        } else if (strcmp(f, "--target") == 0) {
-            a.target = val;
-        } else if (strcmp(f, "--device") == 0) {
-            if (strcmp(val, "cpu") != 0 && strcmp(val, "cuda") != 0) {
-                fprintf(stderr, "drafter-trainer grad: --device '%s': expected cpu or cuda\n", val);
-                return 2;
-            }
-            a.device = val;
-        } else if (strcmp(f, "--gpu") == 0) {
+        } else if (cm_args_str(&p, "--drafter", &a.drafter) || cm_args_str(&p, "--batch", &a.batch) ||
+                   cm_args_str(&p, "--out", &a.out) || cm_args_str(&p, "--target", &a.target)) {
+        } else if (cm_args_choice(&p, "--device", devices, &k)) {
+            a.device = devices[k];
+        } else if (cm_args_str(&p, "--gpu", &val)) {
             char *end;
             errno = 0;
-            long gpu = strtol(val, &end, 10);
-            if (*end || end == val || errno || gpu < 0 || gpu > 1024) {
-                fprintf(stderr, "drafter-trainer grad: --gpu '%s' is not a device ordinal\n", val);
-                return 2;
-            }
+            long gpu = val ? strtol(val, &end, 10) : 0;
+            if (val && (*end || end == val || errno || gpu < 0 || gpu > 1024))
+                cm_args_fail(&p, "not a device ordinal");
             a.gpu = (int)gpu;
-        } else if (strcmp(f, "--loss-decay-gamma") == 0) {
+        } else if (cm_args_str(&p, "--loss-decay-gamma", &val)) {
             char *end;
             errno = 0;
-            double g = strtod(val, &end);
-            if (*end || end == val || errno || !(g > 0) || !isfinite(g) || g > 1e30) {
-                fprintf(stderr, "drafter-trainer grad: --loss-decay-gamma '%s': expected a positive number\n",
-                        val);
-                return 2;
-            }
+            double g = val ? strtod(val, &end) : 0;
+            if (val && (*end || end == val || errno || !(g > 0) || !isfinite(g) || g > 1e30))
+                cm_args_fail(&p, "expected a positive number");
             a.gamma = (float)g;
-        } else if (strcmp(f, "--log-level") == 0) {
-            int l = cm_log_level_parse(val);
-            if (l < 0) {
-                fprintf(stderr,
-                        "drafter-trainer grad: --log-level '%s': expected debug, info, warn, error or off\n",
-                        val);
-                return 2;
-            }
-            cm_log_set_level((cm_log_level)l);
-        } else {
-            fprintf(stderr, "drafter-trainer grad: unknown option '%s' (see --help)\n", f);
-            return 2;
-        }
-        i++;
+        } else if (!cm_args_log_level(&p))
+            cm_args_unknown(&p);
     }
+    if (p.bad)
+        return 2;
     if (!a.drafter || !a.batch || !a.out) {
         fprintf(stderr, "drafter-trainer grad: --drafter, --batch and --out are required (see --help)\n");
         return 2;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cm_args.h"
 #include "cm_compress.h"
 #include "cm_log.h"
 #include "cm_proto.h"
@@ -312,57 +313,29 @@ int dt_cmd_shards(int argc, char **argv) {
         return 2;
     }
     a.cmd = argv[0];
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) {
+    char name[64];
+    snprintf(name, sizeof name, "drafter-trainer shards %s", a.cmd);
+    const int export = a.cmd[0] == 'e';
+    cm_args   p;
+    cm_args_init(&p, name, argc - 1, argv + 1);
+    while (cm_args_next(&p)) {
+        if (cm_args_help(&p)) {
             usage(stdout);
             return 0;
-        } else if (f[0] != '-') {
+        } else if (p.arg[0] != '-') {
             if (a.dir) {
-                fprintf(stderr, "drafter-trainer shards %s: one directory only ('%s' and '%s')\n", a.cmd,
-                        a.dir, f);
+                fprintf(stderr, "%s: one directory only ('%s' and '%s')\n", name, a.dir, p.arg);
                 return 2;
             }
-            a.dir = f;
-            continue;
-        } else if (strcmp(f, "--verify") == 0 && a.cmd[0] == 'i') {
+            a.dir = p.arg;
+        } else if (!export && cm_args_flag(&p, "--verify")) {
             a.verify = 1;
-            continue;
-        } else if (!(a.cmd[0] == 'e' && (strcmp(f, "--batch") == 0 || strcmp(f, "--out") == 0)) &&
-                   strcmp(f, "--threads") != 0 && strcmp(f, "--log-level") != 0) {
-            fprintf(stderr, "drafter-trainer shards %s: unknown option '%s' (see --help)\n", a.cmd, f);
-            return 2;
-        } else if (!val) {
-            fprintf(stderr, "drafter-trainer shards %s: option '%s' needs a value (see --help)\n", a.cmd, f);
-            return 2;
-        } else if (strcmp(f, "--batch") == 0) {
-            a.batches = val;
-        } else if (strcmp(f, "--out") == 0) {
-            a.out = val;
-        } else if (strcmp(f, "--threads") == 0) {
-            char *end;
-            errno = 0;
-            long t = strtol(val, &end, 10);
-            if (*end || end == val || errno || t < 1 || t > CM_COMPRESS_MAX_THREADS) {
-                fprintf(stderr, "drafter-trainer shards %s: --threads '%s': expected 1 to %d\n", a.cmd, val,
-                        CM_COMPRESS_MAX_THREADS);
-                return 2;
-            }
-            a.threads = (int)t;
-        } else if (strcmp(f, "--log-level") == 0) {
-            int l = cm_log_level_parse(val);
-            if (l < 0) {
-                fprintf(
-                    stderr,
-                    "drafter-trainer shards %s: --log-level '%s': expected debug, info, warn, error or off\n",
-                    a.cmd, val);
-                return 2;
-            }
-            cm_log_set_level((cm_log_level)l);
-        }
-        i++;
+        } else if (export && (cm_args_str(&p, "--batch", &a.batches) || cm_args_str(&p, "--out", &a.out))) {
+        } else if (!cm_args_int(&p, "--threads", 1, CM_COMPRESS_MAX_THREADS, &a.threads) && !cm_args_log_level(&p))
+            cm_args_unknown(&p);
     }
+    if (p.bad)
+        return 2;
     if (!a.dir) {
         fprintf(stderr, "drafter-trainer shards %s: the shard directory is required (see --help)\n", a.cmd);
         return 2;
