@@ -38,14 +38,15 @@
 #include "dt_ckpt.h"
 #include "dt_cmd.h"
 #include "dt_data.h"
+#include "dt_feed.h"
 #include "dt_dp.h"
 #include "dt_live.h"
 #include "dt_model.h"
 #include "dt_optim.h"
 #include "dt_plan.h"
-#include "dt_precompute.h"
 #include "dt_progress.h"
 #include "dt_runcfg.h"
+#include "dt_shard_source.h"
 #include "dt_train_args.h"
 #include "dt_train_rundir.h"
 
@@ -60,10 +61,11 @@ typedef struct run {
     cm_drafter_cfg    cfg;
     dt_model         *m;
     dt_optim         *o;
-    dt_data          *data;
-    dt_dataset       *ds;        /* --dataset: the packed documents behind data */
-    dt_shard_source  *shards;    /* --shards: where target_hidden comes from */
-    dt_live          *live;      /* --server: where target_hidden comes from */
+    dt_feed          *feed;       /* the batches and their hidden states; owns the three below */
+    dt_data          *data;       /* its batches */
+    dt_shard_source  *shards;     /* --shards: where target_hidden comes from */
+    dt_live          *live;       /* --server: where target_hidden comes from */
+    int               is_dataset; /* --dataset: the batches are packed documents */
     dt_dp            *dp;        /* cuda with W > 1 ranks: the gradient all-reduce */
     int               device;    /* cuda device of ctx */
     uint64_t          target_id;  /* cm_target_cfg_hash of --target */
@@ -71,8 +73,6 @@ typedef struct run {
                                      --server or --shards (0: not needed) */
     cm_st            *target;
     float            *frozen_owned[2]; /* widened embed / lm_head when the target is not F32/BF16 */
-    char            **paths;
-    int               n_paths;
     int32_t          *order, *order_next, *anchors, *work;
     FILE             *metrics;
     cm_lock          *lock;     /* RUN_DIR/trainer.lock, held for the whole run */
@@ -290,67 +290,46 @@ static void unpin_host(void *user, void *p) {
     r->be->host_unpin(r->ctx, p);
 }
 
-/* The training data and where its hidden states come from: batch files (--data, --data-dir)
- * or a dataset's packs (--dataset), with target_hidden from the files, --shards or --server;
- * then this process's data-parallel share. */
+/* The training data and where its hidden states come from (dt_feed.h): batch files (--data,
+ * --data-dir) or a dataset's packs (--dataset), with target_hidden from the files, --shards or
+ * --server; this process's data-parallel share. */
 static cm_status open_data(run *r) {
-    train_args    *a = &r->a;
-    const int      taps = r->cfg.n_taps, D = r->cfg.hidden_size, V = r->cfg.vocab_size;
-    dt_data       *tok = NULL; /* --server: the live source's token-only twin of the data */
-    if (a->dataset) {
-        CM_TRY(dt_data_split_list(a->dataset, &r->paths, &r->n_paths));
-        CM_TRY(dt_dataset_open(&r->ds, (const char *const *)r->paths, r->n_paths, a->token_budget, V));
-    } else if (a->data)
-        CM_TRY(dt_data_split_list(a->data, &r->paths, &r->n_paths));
-    else
-        CM_TRY(dt_data_list_dir(a->data_dir, &r->paths, &r->n_paths));
-    const int on_device = a->server && a->encoding == CM_ENCODING_NCCL;
-    if (on_device && r->be != kn_backend_cuda())
-        return CM_FAIL(CM_ERR_INVALID_ARG, "--encoding nccl puts hidden states in GPU memory; it needs --device cuda");
-    if (a->server) {
-        if (r->ds)
-            CM_TRY(dt_data_open_dataset(&tok, r->ds, 0, 0, NULL));
-        else
-            CM_TRY(dt_data_open_source(&tok, (const char *const *)r->paths, r->n_paths, 0, 0, V, NULL));
-        cm_status st = dt_data_set_dp(tok, (int)a->dp_rank, (int)a->dp_size);
-        if (st != CM_OK) {
-            dt_data_destroy(&tok);
-            return st;
-        }
-        const dt_live_config lc = {.endpoint = a->server,
-                                   .name = "drafter-trainer",
-                                   .credits = (int)a->credits,
-                                   .encoding = a->encoding,
-                                   .timeout_ms = (int)a->timeout_ms,
-                                   .curve_server_key = a->curve_server_key,
-                                   .curve_secret_key = a->curve_secret_key,
-                                   .layer_ids = r->cfg.target_layer_ids,
-                                   .n_taps = taps,
-                                   .hidden = D,
-                                   .vocab_size = V,
-                                   .target_id = r->target_id,
-                                   .weights_id = r->weights_id,
-                                   .device = r->device};
-        CM_TRY(dt_live_open(&r->live, &lc, tok)); /* owns tok from here */
-    }
-    dt_hidden_source hs = {0};
-    if (a->shards) {
-        CM_TRY(dt_shard_source_open(&r->shards, a->shards, r->cfg.target_layer_ids, taps, D, r->target_id,
-                                    r->weights_id));
-        hs = dt_shard_source_hidden(r->shards);
-    } else if (r->live)
-        hs = dt_live_hidden(r->live);
-    const dt_hidden_source *src = a->shards || (r->live && !on_device) ? &hs : NULL;
-    if (on_device) /* tokens only: each step takes its taps from dt_live_get_device */
-        CM_TRY(r->ds ? dt_data_open_dataset(&r->data, r->ds, 0, 0, NULL)
-                     : dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, 0, 0, V, NULL));
-    else if (r->ds)
-        CM_TRY(dt_data_open_dataset(&r->data, r->ds, taps, D, src));
-    else if (src)
-        CM_TRY(dt_data_open_source(&r->data, (const char *const *)r->paths, r->n_paths, taps, D, V, src));
-    else
-        CM_TRY(dt_data_open(&r->data, (const char *const *)r->paths, r->n_paths, taps, D, V));
-    return dt_data_set_dp(r->data, (int)a->dp_rank, (int)a->dp_size);
+    const train_args    *a = &r->a;
+    const dt_live_config lc = {.endpoint = a->server,
+                               .name = "drafter-trainer",
+                               .credits = (int)a->credits,
+                               .encoding = a->encoding,
+                               .timeout_ms = (int)a->timeout_ms,
+                               .curve_server_key = a->curve_server_key,
+                               .curve_secret_key = a->curve_secret_key,
+                               .layer_ids = r->cfg.target_layer_ids,
+                               .n_taps = r->cfg.n_taps,
+                               .hidden = r->cfg.hidden_size,
+                               .vocab_size = r->cfg.vocab_size,
+                               .target_id = r->target_id,
+                               .weights_id = r->weights_id,
+                               .device = r->device};
+    const dt_feed_config fc = {.data = a->data,
+                               .data_dir = a->data_dir,
+                               .dataset = a->dataset,
+                               .token_budget = a->token_budget,
+                               .shards = a->shards,
+                               .live = a->server ? &lc : NULL,
+                               .layer_ids = r->cfg.target_layer_ids,
+                               .n_taps = r->cfg.n_taps,
+                               .hidden = r->cfg.hidden_size,
+                               .vocab_size = r->cfg.vocab_size,
+                               .target_id = r->target_id,
+                               .weights_id = r->weights_id,
+                               .dp_rank = (int)a->dp_rank,
+                               .dp_size = (int)a->dp_size,
+                               .on_cuda = r->be == kn_backend_cuda()};
+    CM_TRY(dt_feed_open(&r->feed, &fc));
+    r->data = dt_feed_data(r->feed);
+    r->shards = dt_feed_shards(r->feed);
+    r->live = dt_feed_live(r->feed);
+    r->is_dataset = dt_feed_is_dataset(r->feed);
+    return CM_OK;
 }
 
 /* A resume with another data-parallel size would visit other batches: say so plainly (the
@@ -375,7 +354,7 @@ static cm_status check_resume_dp(run *r) {
                            "cannot resume: '%s' was trained with data-parallel size %d but this run has %d; "
                            "resume with --dp-size %d (or that WORLD_SIZE), or start a new --out",
                            r->resume_dir, w, W, w);
-    if (r->ds)
+    if (r->is_dataset)
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "cannot resume: the dataset or its packing differs from the run's (data hash %016llx, "
                        "checkpoint %016llx); pass the same --dataset files in the same order and the same "
@@ -598,7 +577,7 @@ static cm_status train(run *r) {
     r->prog_end = end;
     CM_LOG_INFO("training %d parameters on %" PRId64 " batches per epoch (%d %s%s) x %" PRId64
                 " epochs = %" PRId64 " steps (warmup %" PRId64 "), steps %" PRId64 "..%" PRId64 ", device %s",
-                np, hp->n_batches, dt_data_count(r->data), r->ds ? "packs" : "batch files",
+                np, hp->n_batches, dt_data_count(r->data), r->is_dataset ? "packs" : "batch files",
                 dt_data_dp_size(r->data) > 1 ? ", this rank's share" : "", hp->epochs, hp->total_steps,
                 hp->warmup_steps, start + 1, end, r->be->name);
     if (start >= end) {
@@ -696,12 +675,8 @@ static void run_release(run *r) {
     free(r->anchors);
     free(r->order_next);
     free(r->order);
-    dt_data_destroy(&r->data);
-    dt_shard_source_destroy(&r->shards);
-    dt_live_destroy(&r->live);
+    dt_feed_destroy(&r->feed);
     dt_dp_destroy(&r->dp);
-    dt_dataset_destroy(&r->ds);
-    dt_data_free_list(r->paths, r->n_paths);
     dt_optim_destroy(&r->o);
     dt_model_destroy(&r->m);
     cm_st_destroy(&r->target);

@@ -48,6 +48,8 @@ struct dt_data {
     dt_unpin_fn unpin;
     void       *pin_user;
     float      *pinned[2];
+    /* dt_data_load_tokens: a third, token-only set, for a hidden-state source reading ahead */
+    int32_t *tok_ids, *tok_cu, *tok_mask;
 };
 
 // ---- FNV-1a 64
@@ -406,6 +408,9 @@ void dt_data_destroy(dt_data **d) {
     free(x->alt_cu);
     free(x->alt_mask);
     free(x->alt_hidden);
+    free(x->tok_ids);
+    free(x->tok_cu);
+    free(x->tok_mask);
     free(x);
     *d = NULL;
 }
@@ -503,43 +508,48 @@ static cm_status check_hidden(const dt_data *d, int64_t T, const char *what_fmt,
     return CM_OK;
 }
 
-/* Pack i of a dataset: tokens from memory (checked at open), target_hidden from the source. */
-static cm_status load_pack(dt_data *d, int i, dt_batch *b) {
-    int64_t T;
-    int     N;
-    dt_dataset_pack_size(d->ds, i, &T, &N);
-    dt_dataset_pack(d->ds, i, d->ids, d->cu, d->mask);
-    if (d->have_src) {
-        CM_TRY(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf));
-        CM_TRY(check_hidden(d, T, "pack %d of dataset '%s'", i, dt_dataset_name(d->ds)));
+/* Batch i's tokens into ids, cu and mask, checked: a pack of the dataset from memory (checked at
+ * open), or batch file i, whose mapping stays open in *f for its target_hidden (*th) when it
+ * holds one (the caller closes *f, also on failure). */
+static cm_status read_tokens(dt_data *d, int i, int32_t *ids, int32_t *cu, int32_t *mask, int64_t *T, int *N,
+                             cm_st **f, const cm_st_tensor **th) {
+    *f = NULL;
+    if (i < 0 || i >= d->n)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "batch %d is outside the %d files", i, d->n);
+    if (d->ds) {
+        dt_dataset_pack_size(d->ds, i, T, N);
+        dt_dataset_pack(d->ds, i, ids, cu, mask);
+        return CM_OK;
     }
-    point(d, T, N, b);
-    return CM_OK;
+    const char         *path = d->paths[i];
+    const cm_st_tensor *ti, *tc, *tm;
+    CM_TRY(cm_st_open_file(f, path));
+    CM_TRY(check_shapes(d, *f, path, T, N, &ti, &tc, &tm, th));
+    if (*T != d->T[i] || *N != d->N[i])
+        return CM_FAIL(CM_ERR_FORMAT, "batch file '%s' changed since the run started (%lld tokens, was %lld)", path,
+                       (long long)*T, (long long)d->T[i]);
+    memcpy(ids, ti->data, ti->nbytes);
+    memcpy(cu, tc->data, tc->nbytes);
+    memcpy(mask, tm->data, tm->nbytes);
+    return check_contents(d, path, ids, cu, mask, *T, *N);
 }
 
 static cm_status load_now(dt_data *d, int i, dt_batch *b) {
     memset(b, 0, sizeof *b);
-    if (i < 0 || i >= d->n)
-        return CM_FAIL(CM_ERR_INVALID_ARG, "batch %d is outside the %d files", i, d->n);
-    if (d->ds)
-        return load_pack(d, i, b);
-    const char         *path = d->paths[i];
     cm_st              *f = NULL;
-    cm_status           st = CM_OK;
-    const cm_st_tensor *ti, *tc, *tm, *th;
+    const cm_st_tensor *th = NULL;
     int64_t             T;
     int                 N;
-    CM_TRY(cm_st_open_file(&f, path));
-    CM_TRY_GOTO(check_shapes(d, f, path, &T, &N, &ti, &tc, &tm, &th), st, fail);
-    if (T != d->T[i] || N != d->N[i]) {
-        st = CM_FAIL(CM_ERR_FORMAT, "batch file '%s' changed since the run started (%lld tokens, was %lld)",
-                     path, (long long)T, (long long)d->T[i]);
-        goto fail;
+    cm_status           st;
+    CM_TRY_GOTO(read_tokens(d, i, d->ids, d->cu, d->mask, &T, &N, &f, &th), st, fail);
+    if (d->ds) { /* a pack: target_hidden from the source */
+        if (d->have_src) {
+            CM_TRY(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf));
+            CM_TRY(check_hidden(d, T, "pack %d of dataset '%s'", i, dt_dataset_name(d->ds)));
+        }
+        point(d, T, N, b);
+        return CM_OK;
     }
-    memcpy(d->ids, ti->data, ti->nbytes);
-    memcpy(d->cu, tc->data, tc->nbytes);
-    memcpy(d->mask, tm->data, tm->nbytes);
-    CM_TRY_GOTO(check_contents(d, path, d->ids, d->cu, d->mask, T, N), st, fail);
     if (d->file_hidden)
         CM_TRY_GOTO(cm_convert(d->hidden_buf, CM_DTYPE_F32, th->data, th->dtype, (size_t)(T * d->width)), st,
                     fail);
@@ -547,12 +557,37 @@ static cm_status load_now(dt_data *d, int i, dt_batch *b) {
     if (d->have_src)
         CM_TRY_GOTO(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf), st, fail);
     if (d->width)
-        CM_TRY_GOTO(check_hidden(d, T, "batch %d, file '%s'", i, path), st, fail);
+        CM_TRY_GOTO(check_hidden(d, T, "batch %d, file '%s'", i, d->paths[i]), st, fail);
     point(d, T, N, b);
     return CM_OK;
 fail:
     cm_st_destroy(&f);
     return st;
+}
+
+cm_status dt_data_load_tokens(dt_data *d, int i, dt_batch *b) {
+    memset(b, 0, sizeof *b);
+    if (!d->tok_ids) {
+        d->tok_ids = malloc((size_t)d->max_T * sizeof *d->tok_ids);
+        d->tok_mask = malloc((size_t)d->max_T * sizeof *d->tok_mask);
+        d->tok_cu = malloc((size_t)(d->max_N + 1) * sizeof *d->tok_cu);
+        if (!d->tok_ids || !d->tok_mask || !d->tok_cu)
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate token buffers for %lld tokens", (long long)d->max_T);
+    }
+    cm_st              *f = NULL;
+    const cm_st_tensor *th = NULL;
+    int64_t             T;
+    int                 N;
+    cm_status           st = read_tokens(d, i, d->tok_ids, d->tok_cu, d->tok_mask, &T, &N, &f, &th);
+    cm_st_destroy(&f);
+    if (st != CM_OK)
+        return st;
+    b->T = T;
+    b->n_seq = N;
+    b->cu_seqlens = d->tok_cu;
+    b->input_ids = d->tok_ids;
+    b->loss_mask = d->tok_mask;
+    return CM_OK;
 }
 
 // ---- page-locked hidden buffers

@@ -109,6 +109,13 @@ void dt_data_epoch_order(const dt_data *d, uint64_t seed, uint64_t epoch, int32_
  * the load after a dt_data_prefetch, or destroy. */
 cm_status dt_data_load(dt_data *d, int i, dt_batch *b);
 
+/* Batch i's tokens only (input_ids, cu_seqlens, loss_mask, checked as dt_data_load checks them;
+ * target_hidden NULL, no source asked), in a set of buffers of their own: for a hidden-state
+ * source that reads ahead of the batch being loaded (dt_live.h), also from inside that load's
+ * call of the source. b stays valid until the next dt_data_load_tokens or destroy. Not for use
+ * while a dt_data_prefetch is in flight. */
+cm_status dt_data_load_tokens(dt_data *d, int i, dt_batch *b);
+
 /* Starts loading batch i on a thread while the caller still uses the batch of the last
  * dt_data_load (it stays valid: the thread fills a second set of buffers, allocated by the
  * first call). The next dt_data_load(d, i) waits for it and returns it (with the thread's

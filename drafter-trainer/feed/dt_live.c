@@ -36,7 +36,7 @@ struct dt_live {
     cm_chan_client  *cls[DT_LIVE_MAX_SERVERS]; /* one per server */
     char            *endpoints[DT_LIVE_MAX_SERVERS];
     int              n_cl;
-    dt_data         *tok; /* token-only view of the same files, for prefetching */
+    dt_data         *data; /* the training data (borrowed): tokens of the steps ahead, for requests */
     int             *layer_ids;
     int              n_taps, hidden, credits, timeout_ms, n;
     int              depth; /* credits · n_cl: requests in flight over all servers */
@@ -119,7 +119,6 @@ void dt_live_destroy(dt_live **l) {
 #endif
         free(s->endpoints[c]);
     }
-    dt_data_destroy(&s->tok);
     free(s->layer_ids);
     free(s->ring);
     free(s->held);
@@ -150,28 +149,23 @@ static cm_status check_welcome(const dt_live *s, const dt_live_config *cfg, cons
                            "the drafter needs layer %d (target_layer_ids[%d]) but the server at '%s' (target "
                            "'%s') has layers [0, %u); choose tap ids below %u",
                            cfg->layer_ids[k], k, endpoint, w->name, w->n_layers, w->n_layers);
-    if (dt_data_max_tokens(s->tok) > (int64_t)w->max_tokens)
+    if (dt_data_max_tokens(s->data) > (int64_t)w->max_tokens)
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "the largest batch has %lld tokens but the server at '%s' takes at most %u; start it "
                        "with a larger --max-tokens or repack the data",
-                       (long long)dt_data_max_tokens(s->tok), endpoint, w->max_tokens);
+                       (long long)dt_data_max_tokens(s->data), endpoint, w->max_tokens);
     return CM_OK;
 }
 
-cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
+cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *data) {
     *out = NULL;
     cm_status st = CM_OK;
-    if (!cfg->endpoint || cfg->credits < 1 || cfg->n_taps < 1 || cfg->hidden < 1 || cfg->timeout_ms < 1) {
-        dt_data_destroy(&tok);
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "live source: bad config (endpoint, credits, taps, hidden, timeout)");
-    }
+    if (!cfg->endpoint || cfg->credits < 1 || cfg->n_taps < 1 || cfg->hidden < 1 || cfg->timeout_ms < 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "live source: bad config (endpoint, credits, taps, hidden, timeout)");
     dt_live *s = calloc(1, sizeof *s);
-    if (!s) {
-        dt_data_destroy(&tok);
+    if (!s)
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the live source");
-    }
-    s->tok = tok;
+    s->data = data;
     s->n_taps = cfg->n_taps;
     s->hidden = cfg->hidden;
     s->credits = cfg->credits;
@@ -216,7 +210,7 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok) {
         goto fail;
     }
     memcpy(s->layer_ids, cfg->layer_ids, (size_t)cfg->n_taps * sizeof *s->layer_ids);
-    s->n = dt_data_count(s->tok);
+    s->n = dt_data_count(s->data);
     if (!(s->order = malloc((size_t)s->n * sizeof *s->order))) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the epoch order of %d batches", s->n);
         goto fail;
@@ -299,12 +293,12 @@ void dt_live_plan(dt_live *l, uint64_t seed, int64_t start, int64_t end) {
 }
 
 static int32_t batch_of(dt_live *s, int64_t step) {
-    const int64_t per = dt_data_steps_per_epoch(s->tok), e = step / per;
+    const int64_t per = dt_data_steps_per_epoch(s->data), e = step / per;
     if (e != s->order_epoch) {
-        dt_data_epoch_order(s->tok, s->seed, (uint64_t)e, s->order);
+        dt_data_epoch_order(s->data, s->seed, (uint64_t)e, s->order);
         s->order_epoch = e;
     }
-    return dt_data_step_batch(s->tok, s->order, step % per);
+    return dt_data_step_batch(s->data, s->order, step % per);
 }
 
 /* The server of a step (outside the plan: the first). */
@@ -317,7 +311,7 @@ static cm_status top_up(dt_live *s) {
     while (s->next_submit < s->end && s->count < s->depth) {
         const int32_t batch = batch_of(s, s->next_submit);
         dt_batch      b;
-        CM_TRY(dt_data_load(s->tok, batch, &b));
+        CM_TRY(dt_data_load_tokens(s->data, batch, &b));
         const uint64_t id = (uint64_t)s->next_submit + 1;
         cm_status      st = cm_chan_client_submit(s->cls[server_of(s, s->next_submit)], id, b.input_ids,
                                                   (uint32_t)b.T, b.cu_seqlens, (uint32_t)b.n_seq, s->layer_ids,
@@ -397,7 +391,7 @@ static cm_status live_take(dt_live *s, int batch, const int32_t *ids, int64_t T,
             return CM_FAIL(CM_ERR_INVALID_ARG,
                            "batch %d ('%s') changed between its request and its step; do not edit the data "
                            "during a run",
-                           batch, dt_data_path(s->tok, batch));
+                           batch, dt_data_path(s->data, batch));
         id = r->id;
         c = server_of(s, r->step);
     } else { /* outside the plan: one request, answered before returning */
@@ -414,7 +408,7 @@ static cm_status live_take(dt_live *s, int batch, const int32_t *ids, int64_t T,
     const int64_t   D = s->hidden;
     if (a->status != CM_OK)
         return CM_FAIL(a->status, "the server at '%s' cannot serve batch %d ('%s'): %s", endpoint, batch,
-                       dt_data_path(s->tok, batch), a->message);
+                       dt_data_path(s->data, batch), a->message);
     if (a->n_tensors != (uint32_t)s->n_taps)
         return CM_FAIL(CM_ERR_PROTOCOL, "the server at '%s' answered batch %d with %u tensors, expected %d",
                        endpoint, batch, a->n_tensors, s->n_taps);

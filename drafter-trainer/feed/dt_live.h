@@ -2,7 +2,7 @@
  * asks a running target-server for each batch's taps while it trains. A dt_live is a
  * dt_hidden_source backed by a cm_chan client; it keeps up to `credits` requests in flight
  * AHEAD of the step being trained (the next batches of the epoch order, whose tokens it reads
- * through its own token-only dt_data over the same files), so the trainer does not wait when
+ * from the training data itself with dt_data_load_tokens), so the trainer does not wait when
  * the server is fast enough. Request ids are step + 1 (unique for the run; a resume starts at
  * the cursor); a batch asked for out of the planned order gets an id from a separate counter.
  * Answers are taken in the drafter's target_layer_ids order and widened to F32 [T, n·D].
@@ -39,22 +39,21 @@ typedef struct dt_live_config {
     int         timeout_ms; /* longest wait for the server at connect and for one answer */
     const int  *layer_ids;  /* [n_taps] the drafter's target_layer_ids (distinct) */
     int         n_taps, hidden;
-    int         vocab_size; /* of the drafter (ids are checked by the token view given to open) */
+    int         vocab_size; /* of the drafter (ids are checked by the data given to open) */
     uint64_t    target_id;  /* cm_target_cfg_hash of the trainer's --target (0: not checked) */
     uint64_t    weights_id; /* its weights fingerprint (cm_weights_id; 0: not checked) */
     const char *curve_server_key, *curve_secret_key; /* CURVE key files (NULL: loopback, or a fresh pair) */
     int         device;     /* encoding nccl: the cuda device the answers land on */
 } dt_live_config;
 
-/* Takes ownership of tok (destroyed with the source, or here on failure): a token-only dt_data
- * (n_taps 0, no source) over the same batch files or dataset, in the same order and with the
- * same data-parallel rank and size, as the training data. Connects and waits for the server's
- * WELCOME, then checks it: weights fingerprint and config hash equal to weights_id and target_id,
- * hidden size equal to hidden,
- * every layer id < the server's n_layers, the largest batch ≤ its max_tokens;
- * CM_ERR_INVALID_ARG naming the difference and the fix, CM_ERR_TIMEOUT when no server
- * answered. Caller destroys. */
-cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *tok);
+/* Borrows data (must outlive the source): the training data whose dt_data_load asks this
+ * source for target_hidden (or, with encoding nccl, a token-only one), with its data-parallel
+ * rank and size set; the requests ahead take their tokens from it (dt_data_load_tokens).
+ * Connects and waits for the server's WELCOME, then checks it: weights fingerprint and config
+ * hash equal to weights_id and target_id, hidden size equal to hidden, every layer id < the
+ * server's n_layers, the largest batch ≤ its max_tokens; CM_ERR_INVALID_ARG naming the
+ * difference and the fix, CM_ERR_TIMEOUT when no server answered. Caller destroys. */
+cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *data);
 
 #define DT_CONNECT_PROGRESS_MS 5000 /* a "still connecting" line this often while no WELCOME came */
 
@@ -76,7 +75,7 @@ void dt_live_plan(dt_live *l, uint64_t seed, int64_t start, int64_t end);
 /* The source for dt_data_open_source (host encodings). */
 dt_hidden_source dt_live_hidden(dt_live *l);
 
-/* Encoding nccl: batch b (loaded by a token-only dt_data in plan order; its ids and
+/* Encoding nccl: batch b (loaded by the token-only training data in plan order; its ids and
  * cu_seqlens are checked against the request's) gets its taps as device pointers:
  * b->target_hidden = NULL, b->dev_taps[k] in target_layer_ids order, b->dev_taps_dt the
  * server's dtype. The answer stays held, and its device memory untouched, until
