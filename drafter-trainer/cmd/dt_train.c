@@ -295,19 +295,13 @@ static void unpin_host(void *user, void *p) {
  * --server; this process's data-parallel share. */
 static cm_status open_data(run *r) {
     const train_args    *a = &r->a;
-    const dt_live_config lc = {.endpoint = a->server,
+    const dt_live_config lc = {.endpoint = a->server, /* the rest of it is the feed's */
                                .name = "drafter-trainer",
                                .credits = (int)a->credits,
                                .encoding = a->encoding,
                                .timeout_ms = (int)a->timeout_ms,
                                .curve_server_key = a->curve_server_key,
                                .curve_secret_key = a->curve_secret_key,
-                               .layer_ids = r->cfg.target_layer_ids,
-                               .n_taps = r->cfg.n_taps,
-                               .hidden = r->cfg.hidden_size,
-                               .vocab_size = r->cfg.vocab_size,
-                               .target_id = r->target_id,
-                               .weights_id = r->weights_id,
                                .device = r->device};
     const dt_feed_config fc = {.data = a->data,
                                .data_dir = a->data_dir,

@@ -49,7 +49,14 @@ static cm_status feed_open(dt_feed *f, const dt_feed_config *c) {
     if (c->live) { /* on the device: tokens only, each step takes its taps from dt_live_get_device */
         const dt_hidden_source hs = {.get = live_get, .self = f};
         CM_TRY(open_data(f, c, on_device ? 0 : c->n_taps, on_device ? NULL : &hs));
-        return dt_live_open(&f->live, c->live, f->data);
+        dt_live_config lc = *c->live;
+        lc.layer_ids = c->layer_ids;
+        lc.n_taps = c->n_taps;
+        lc.hidden = c->hidden;
+        lc.vocab_size = c->vocab_size;
+        lc.target_id = c->target_id;
+        lc.weights_id = c->weights_id;
+        return dt_live_open(&f->live, &lc, f->data);
     }
     if (c->shards) {
         CM_TRY(dt_shard_source_open(&f->shards, c->shards, c->layer_ids, c->n_taps, c->hidden, c->target_id,

@@ -26,7 +26,8 @@ typedef struct dt_feed_config {
     const char           *data, *data_dir, *dataset; /* one of them: --data, --data-dir, --dataset */
     int64_t               token_budget;              /* tokens per pack of a dataset */
     const char           *shards;                    /* --shards DIR, or NULL */
-    const dt_live_config *live;                      /* --server and its settings, or NULL */
+    const dt_live_config *live;                      /* --server and its settings, or NULL; its taps,
+                                                        sizes and ids are taken from below */
     const int            *layer_ids;                 /* [n_taps] the drafter's target_layer_ids */
     int                   n_taps, hidden, vocab_size;
     uint64_t              target_id, weights_id; /* of --target, for the shards' and servers' checks */

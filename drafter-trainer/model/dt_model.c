@@ -159,17 +159,11 @@ void dt_model_acts_release(dt_model *m) {
     m->Fh = NULL;
     m->Fh_T = 0;
     free(m->acts.layer);
-    free(m->host.blk_ids);
-    free(m->host.blk_pos);
-    free(m->host.ctx_pos);
-    free(m->host.ctx_lo);
-    free(m->host.sel_row);
-    free(m->host.labels);
-    free(m->host.argmax);
-    free(m->host.weight);
-    free(m->host.gscale);
-    free(m->host.ce);
-    free(m->host.inv);
+    dt_host *h = &m->host;
+    void    *host[] = {h->blk_ids, h->blk_pos, h->ctx_pos, h->ctx_lo, h->sel_row, h->labels,
+                       h->argmax,  h->weight,  h->gscale,  h->ce,     h->inv};
+    for (size_t k = 0; k < sizeof host / sizeof host[0]; k++)
+        free(host[k]);
     memset(&m->acts, 0, sizeof m->acts);
     memset(&m->host, 0, sizeof m->host);
 }

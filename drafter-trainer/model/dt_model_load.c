@@ -105,18 +105,16 @@ cm_status dt_model_set_frozen(dt_model *m, const void *embed, cm_dtype embed_dt,
                               cm_dtype lm_head_dt, int64_t V, int64_t D) {
     if (!embed || !lm_head)
         return CM_FAIL(CM_ERR_INVALID_ARG, "dt_model_set_frozen: embedding or LM head is NULL");
-    if (D != m->cfg.hidden_size)
-        return CM_FAIL(
-            CM_ERR_INVALID_ARG,
-            "the target embedding is %lld wide but the drafter's hidden_size is %d; a DFlash drafter "
-            "must have its target's hidden size",
-            (long long)D, m->cfg.hidden_size);
-    if (V != m->cfg.vocab_size)
-        return CM_FAIL(
-            CM_ERR_INVALID_ARG,
-            "the target embedding has %lld rows but the drafter's vocab_size is %d; set vocab_size to "
-            "the target's",
-            (long long)V, m->cfg.vocab_size);
+    if (D != m->cfg.hidden_size || V != m->cfg.vocab_size)
+        return D != m->cfg.hidden_size
+                   ? CM_FAIL(CM_ERR_INVALID_ARG,
+                             "the target embedding is %lld wide but the drafter's hidden_size is %d; a DFlash "
+                             "drafter must have its target's hidden size",
+                             (long long)D, m->cfg.hidden_size)
+                   : CM_FAIL(CM_ERR_INVALID_ARG,
+                             "the target embedding has %lld rows but the drafter's vocab_size is %d; set "
+                             "vocab_size to the target's",
+                             (long long)V, m->cfg.vocab_size);
     const cm_dtype dts[2] = {embed_dt, lm_head_dt};
     for (int i = 0; i < 2; i++)
         if (dts[i] != CM_DTYPE_F32 && dts[i] != CM_DTYPE_BF16)
