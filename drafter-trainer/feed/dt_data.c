@@ -567,7 +567,10 @@ fail:
 
 cm_status dt_data_load_tokens(dt_data *d, int i, dt_batch *b) {
     memset(b, 0, sizeof *b);
-    if (!d->tok_ids) {
+    if (!d->tok_ids || !d->tok_mask || !d->tok_cu) {
+        free(d->tok_ids);
+        free(d->tok_mask);
+        free(d->tok_cu);
         d->tok_ids = malloc((size_t)d->max_T * sizeof *d->tok_ids);
         d->tok_mask = malloc((size_t)d->max_T * sizeof *d->tok_mask);
         d->tok_cu = malloc((size_t)(d->max_N + 1) * sizeof *d->tok_cu);
