@@ -12,9 +12,9 @@ endif()
 # The dt modules here depend on libcm only, so their tests compile them directly and do not
 # wait for (or break with) the rest of libdt.
 foreach(m progress runcfg)
-  if(EXISTS ${PROJECT_SOURCE_DIR}/drafter-trainer/dt_${m}.c)
-    add_unit_test(test_dt_${m} "test_dt_${m}.c;${PROJECT_SOURCE_DIR}/drafter-trainer/dt_${m}.c" LABELS unit)
-    target_include_directories(test_dt_${m} PRIVATE ${PROJECT_SOURCE_DIR}/drafter-trainer)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/drafter-trainer/cmd/dt_${m}.c)
+    add_unit_test(test_dt_${m} "test_dt_${m}.c;${PROJECT_SOURCE_DIR}/drafter-trainer/cmd/dt_${m}.c" LABELS unit)
+    target_include_directories(test_dt_${m} PRIVATE ${PROJECT_SOURCE_DIR}/drafter-trainer/cmd)
   endif()
 endforeach()
 # test_dt_runcfg also checks every flag of `drafter-trainer train --help` is a known key.

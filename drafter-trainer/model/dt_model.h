@@ -1,0 +1,140 @@
+/* drafter-trainer/model/dt_model.h — the DFlash drafter (docs/drafter.md): its
+ * parameters (fp32 masters and fp32 gradients in backend memory), the frozen target
+ * embedding and LM head it borrows from the target, and one training step: forward and
+ * backward over a packed batch with given anchors, written once against the kernel backend
+ * table (so the whole step runs on the cpu reference).
+ *
+ * Parameter names are the serving-checkpoint keys ("fc.weight", "hidden_norm.weight",
+ * "norm.weight", "layers.{l}.self_attn.q_proj.weight", ...), in a fixed order. The model
+ * owns its memory; it borrows the backend and context, which must outlive it. One thread. */
+#ifndef DT_MODEL_H
+#define DT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cm_cfg.h"
+#include "cm_status.h"
+#include "kn_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_model dt_model;
+
+typedef struct dt_param {
+    const char *name;     /* serving key */
+    int         n_dims;   /* 1 or 2 */
+    int64_t     shape[2];
+    int64_t     numel;
+    float      *data;     /* backend memory, fp32 master */
+    float      *grad;     /* backend memory, fp32, zeroed at the start of every step */
+} dt_param;
+
+/* A packed batch on the host (docs/drafter.md, docs/checks.md). target_hidden is F32 [T, n_taps·D] on the
+ * host; or, when it is NULL, the taps are already in backend memory (the NCCL data path, a
+ * benchmark): dev_taps[k] is tap k (target_layer_ids order) [T, D] in dev_taps_dt (BF16 or
+ * F32), borrowed until dt_model_step returns. */
+#define DT_MAX_TAPS CM_CFG_MAX_TAPS
+typedef struct dt_batch {
+    int64_t        T;
+    int            n_seq;
+    const int32_t *cu_seqlens;    /* [n_seq + 1] */
+    const int32_t *input_ids;     /* [T] */
+    const int32_t *loss_mask;     /* [T], 0 or 1 */
+    const float   *target_hidden; /* [T, n_taps·D] */
+    int64_t        n_anchors;
+    const int32_t *anchors;       /* [n_anchors], sorted ascending, each in [0, T) */
+    const void    *dev_taps[DT_MAX_TAPS]; /* backend memory, used when target_hidden is NULL */
+    cm_dtype       dev_taps_dt;
+} dt_batch;
+
+/* What a step measured. acc_hits[k] / acc_count[k] is the accuracy of slot k (k ≥ 1, over
+ * slots with weight > 0); tau is the mean over blocks of 1 + the number of leading slots
+ * k = 1, 2, ... whose argmax equals the label (a slot without a label stops the run); 0 when
+ * there are no blocks, 1 when there are blocks but no labels. loss uses the fp32 CE values of
+ * the LM-head op, summed in double. */
+typedef struct dt_step_stats {
+    double  loss;         /* Σ w·CE / Σ w (0 when Σ w = 0) */
+    double  weight_sum;   /* Σ w */
+    int64_t n_blocks;
+    double  tau;
+    int64_t acc_hits[64], acc_count[64]; /* indexed by slot, [0, B) */
+} dt_step_stats;
+
+/* Creates a drafter of cfg (block_size ≤ 64, even head_dim, no attention_bias, ...) on the
+ * backend with parameters zeroed: one backend allocation for all parameters and one for all
+ * gradients. CM_ERR_UNSUPPORTED ("the cuda backend has no drafter kernels yet ...") when the
+ * backend table lacks an entry the step needs. The frozen embedding and LM head are attached
+ * separately. Caller destroys with dt_model_destroy. */
+cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_backend *be, kn_ctx *ctx);
+void      dt_model_destroy(dt_model **m); /* NULL-safe */
+const cm_drafter_cfg *dt_model_cfg(const dt_model *m);
+
+/* Hugging Face Qwen3 initialisation: every weight matrix ~ normal(0, 0.02) from one cm_rng
+ * stream seeded with seed, drawn over the parameters in order (deterministic across
+ * machines), every norm weight 1. */
+cm_status dt_model_init_random(dt_model *m, uint64_t seed);
+/* Loads the parameters from a serving checkpoint directory (config.json must match cfg;
+ * model.safetensors with every key, optionally "model."-prefixed, any float dtype; extra keys
+ * are ignored). Missing or misshapen tensors name the key. */
+cm_status dt_model_load(dt_model *m, const char *dir);
+/* Attaches the frozen target embedding and LM head ([V, D] each, host data in F32 or BF16,
+ * copied to the backend). lm_head may equal embed (tied). Checks V and D against cfg. */
+cm_status dt_model_set_frozen(dt_model *m, const void *embed, cm_dtype embed_dt, const void *lm_head,
+                              cm_dtype lm_head_dt, int64_t V, int64_t D);
+
+int             dt_model_n_params(const dt_model *m);
+const dt_param *dt_model_param(const dt_model *m, int i);
+const dt_param *dt_model_find_param(const dt_model *m, const char *name); /* NULL if absent */
+
+/* Plans the activation memory for batches of up to T tokens and n_anchors anchors now (one
+ * backend allocation), so the training loop allocates nothing and a batch that cannot fit
+ * fails before the first step. Later larger batches still grow it (dt_model_step). With BF16
+ * storage, device taps are read where they are; the first step fed host features
+ * (target_hidden) adds one allocation that keeps them as BF16 (T · n_taps · D · 2 bytes). */
+cm_status dt_model_reserve(dt_model *m, int64_t T, int64_t n_anchors);
+
+/* The dtype of the activations the step saves for its backward: F32, or BF16 by default
+ * where the backend's gemm rounds its inputs to bf16 anyway (cuda with KN_GEMM_MODE_BF16:
+ * half the activation memory, and GEMM inputs that need no conversion pass; see dt_model.c).
+ * Setting it (F32 or BF16; BF16 needs the backend's matmul entry) re-plans the activation
+ * memory at its current size; a cpu model with BF16 storage computes what the cuda one does
+ * with it, in fp32 GEMMs (tests). */
+cm_status dt_model_set_act_dtype(dt_model *m, cm_dtype dt);
+cm_dtype  dt_model_act_dtype(const dt_model *m);
+/* Bytes of backend memory the activation plan holds now (0 before the first reserve/step). */
+size_t dt_model_act_bytes(const dt_model *m);
+
+/* Every gradient as one backend array of n floats, in parameter order (alignment padding
+ * between tensors is zeroed with them): what a data-parallel all-reduce takes at once. */
+void dt_model_grad_slab(const dt_model *m, float **grad, size_t *n);
+/* Called during dt_model_step's backward, in the backend context's stream order, each time
+ * the gradients from slab offset off (floats) to the slab's end are final (off decreases over
+ * the calls: the final norm, then each layer from the last, then fc and hidden_norm, ending
+ * at 0); weight_sum is the step's Σ w. Not called when the batch has nothing to train on.
+ * Data parallelism reduces each such bucket while the backward goes on (dt_dp). */
+typedef cm_status (*dt_grad_hook)(void *user, size_t off, double weight_sum);
+void dt_model_set_grad_hook(dt_model *m, dt_grad_hook fn, void *user);
+/* The offsets the hook is called with, in call order (n_layers + 2 of them, the last 0):
+ * writes up to cap, returns how many there are. */
+int dt_model_grad_buckets(const dt_model *m, size_t *off, int cap);
+
+/* Checks a batch against the model: cu_seqlens 0 … T strictly increasing, ids < vocab,
+ * loss_mask 0/1, anchors sorted and in range. CM_ERR_INVALID_ARG naming the first problem. */
+cm_status dt_batch_validate(const dt_model *m, const dt_batch *b);
+
+/* One forward + backward: validates the batch, zeroes every grad, then accumulates
+ * ∂loss/∂param for loss = Σ w·CE / Σ w with w = exp(−(k − 1)/gamma) (docs/drafter.md; gamma > 0).
+ * Fills stats when non-NULL. Needs dt_model_set_frozen first. A batch with no anchors or
+ * Σ w = 0 runs no kernel besides the zeroing: zero gradients and loss 0 (so a rank with
+ * nothing to learn can still join the gradient all-reduce). Activation buffers are sized
+ * for the largest batch seen (T tokens, n_anchors · B block rows), grown when a larger one
+ * arrives and reused; results do not depend on that history. Synchronises before return. */
+cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_MODEL_H */

@@ -1,0 +1,165 @@
+/* drafter-trainer/model/dt_model_batch.c — a batch: validation, the host-side block layout (labels,
+ * weights, positions) and its upload to the backend. The design: dt_model_int.h. */
+#include "dt_model_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// batch validation and layout
+
+cm_status dt_batch_validate(const dt_model *m, const dt_batch *b) {
+    if (!b)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "no batch given");
+    if (b->T < 1 || b->T > INT32_MAX)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the batch has %lld tokens; expected 1 to %d", (long long)b->T,
+                       INT32_MAX);
+    if (b->n_seq < 1 || b->n_seq > b->T)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the batch has %d sequences for %lld tokens; expected 1 to T",
+                       b->n_seq, (long long)b->T);
+    if (!b->cu_seqlens || !b->input_ids || !b->loss_mask)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the batch lacks cu_seqlens, input_ids or loss_mask");
+    if (!b->target_hidden) {
+        if (m->cfg.n_taps > DT_MAX_TAPS)
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "%d taps in device memory; at most %d", m->cfg.n_taps, DT_MAX_TAPS);
+        for (int k = 0; k < m->cfg.n_taps; k++)
+            if (!b->dev_taps[k])
+                return CM_FAIL(CM_ERR_INVALID_ARG, "the batch has no target_hidden and no device tap %d", k);
+        if (b->dev_taps_dt != CM_DTYPE_BF16 && b->dev_taps_dt != CM_DTYPE_F32)
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "device taps in %s; expected BF16 or F32",
+                           cm_dtype_name(b->dev_taps_dt));
+    }
+    if (b->cu_seqlens[0] != 0)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens[0] is %d; it must be 0", b->cu_seqlens[0]);
+    for (int s = 0; s < b->n_seq; s++)
+        if (b->cu_seqlens[s + 1] <= b->cu_seqlens[s])
+            return CM_FAIL(
+                CM_ERR_INVALID_ARG,
+                "cu_seqlens must increase strictly (no empty sequence): cu_seqlens[%d] = %d follows %d",
+                s + 1, b->cu_seqlens[s + 1], b->cu_seqlens[s]);
+    if (b->cu_seqlens[b->n_seq] != b->T)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens ends at %d but the batch has %lld tokens",
+                       b->cu_seqlens[b->n_seq], (long long)b->T);
+    const int V = m->cfg.vocab_size;
+    for (int64_t t = 0; t < b->T; t++) {
+        if (b->input_ids[t] < 0 || b->input_ids[t] >= V)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "input_ids[%lld] = %d is outside the vocabulary [0, %d)",
+                           (long long)t, b->input_ids[t], V);
+        if (b->loss_mask[t] != 0 && b->loss_mask[t] != 1)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "loss_mask[%lld] = %d; it must be 0 or 1", (long long)t,
+                           b->loss_mask[t]);
+    }
+    if (b->n_anchors < 0 || b->n_anchors > INT32_MAX / m->cfg.block_size)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "%lld anchors is out of range (0 to %d with block size %d)",
+                       (long long)b->n_anchors, INT32_MAX / m->cfg.block_size, m->cfg.block_size);
+    if (b->n_anchors > 0 && !b->anchors)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the batch lacks anchors");
+    for (int64_t j = 0; j < b->n_anchors; j++) {
+        if (b->anchors[j] < 0 || b->anchors[j] >= b->T)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "anchors[%lld] = %d is outside the batch's tokens [0, %lld)",
+                           (long long)j, b->anchors[j], (long long)b->T);
+        if (j > 0 && b->anchors[j] < b->anchors[j - 1])
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "anchors are not sorted: anchors[%lld] = %d follows %d; sort them "
+                           "ascending",
+                           (long long)j, b->anchors[j], b->anchors[j - 1]);
+    }
+    return CM_OK;
+}
+/* Host side of docs/drafter.md: block tokens and positions, context positions restarting at
+ * every document, and for every slot k ≥ 1 inside the anchor's document with loss_mask 1
+ * the label ids[a + k] and weight exp(−(k − 1)/γ). Selected rows are listed in order. */
+void dt_model_layout_batch(dt_model *m, const dt_batch *b, float gamma) {
+    const int B = m->cfg.block_size;
+    dt_host  *h = &m->host;
+    for (int s = 0; s < b->n_seq; s++)
+        for (int32_t p = b->cu_seqlens[s]; p < b->cu_seqlens[s + 1]; p++)
+            h->ctx_pos[p] = p - b->cu_seqlens[s];
+    int    s = 0;
+    double wsum = 0;
+    m->n_sel = 0;
+    for (int64_t j = 0; j < b->n_anchors; j++) {
+        const int32_t a = b->anchors[j];
+        while (b->cu_seqlens[s + 1] <= a)
+            s++; /* anchors are sorted */
+        const int32_t lo = b->cu_seqlens[s], hi = b->cu_seqlens[s + 1];
+        h->ctx_lo[j] = lo;
+        for (int k = 0; k < B; k++) {
+            const int64_t r = j * B + k;
+            h->blk_ids[r] = k == 0 ? b->input_ids[a] : m->cfg.mask_token_id;
+            h->blk_pos[r] = a - lo + k;
+            if (k >= 1 && (int64_t)a + k < hi && b->loss_mask[a + k]) {
+                const double w = exp(-(double)(k - 1) / (double)gamma);
+                h->sel_row[m->n_sel] = (int32_t)r;
+                h->labels[m->n_sel] = b->input_ids[a + k];
+                h->weight[m->n_sel] = w;
+                wsum += w;
+                m->n_sel++;
+            }
+        }
+    }
+    for (int64_t i = 0; i < m->n_sel; i++)
+        h->gscale[i] = (float)(h->weight[i] / wsum);
+    for (int64_t r = 0; r < m->R; r++)
+        h->inv[r] = (int32_t)m->n_sel;
+    for (int64_t i = 0; i < m->n_sel; i++)
+        h->inv[h->sel_row[i]] = (int32_t)i;
+    m->weight_sum = wsum;
+}
+
+cm_status dt_model_upload_batch(dt_model *m, const dt_batch *b) {
+    const kn_backend *be = m->be;
+    dt_acts          *a = &m->acts;
+    const int64_t     NA = m->n_anchors, R = m->R, T = m->T;
+    const int64_t     D = m->cfg.hidden_size, nD = (int64_t)m->cfg.n_taps * D;
+    if (m->adt == CM_DTYPE_F32) {
+        if (b->target_hidden)
+            CM_TRY(be->upload(m->ctx, a->F, b->target_hidden, (size_t)T * (size_t)nD * sizeof(float)));
+        else /* taps in device memory: each into its columns of F */
+            for (int k = 0; k < m->cfg.n_taps; k++)
+                CM_TRY(be->cast2d(m->ctx, a->F + k * D, CM_DTYPE_F32, nD, b->dev_taps[k], b->dev_taps_dt, D, T, D));
+    } else if (b->target_hidden) {
+        const size_t es = cm_dtype_size(m->adt), tap_bytes = ((size_t)(a->T_cap * D) * es + 255) / 256 * 256;
+        if (m->Fh_T < a->T_cap) { /* the first host-fed step (or a grown plan) */
+            be->free(m->ctx, m->Fh);
+            m->Fh = NULL;
+            m->Fh_T = 0;
+            CM_TRY(be->alloc(m->ctx, &m->Fh, tap_bytes * (size_t)m->cfg.n_taps));
+            m->Fh_T = a->T_cap;
+        }
+        for (int k = 0; k < m->cfg.n_taps; k++)
+            m->tap[k] = (const char *)m->Fh + tap_bytes * (size_t)k;
+        /* through the larger of layer 0's span and the work region, free until the forward, in
+         * chunks of rows rounded as they land */
+        const int     in_span = a->span_bytes > a->work_bytes;
+        float        *stage = in_span ? (float *)a->layer[0].gate : (float *)a->work;
+        const size_t  stage_bytes = in_span ? a->span_bytes : a->work_bytes;
+        const int64_t rows = (int64_t)(stage_bytes / ((size_t)nD * sizeof(float)));
+        for (int64_t r0 = 0; r0 < T; r0 += rows) {
+            const int64_t n = T - r0 < rows ? T - r0 : rows;
+            CM_TRY(be->upload(m->ctx, stage, b->target_hidden + r0 * nD, (size_t)(n * nD) * sizeof(float)));
+            for (int k = 0; k < m->cfg.n_taps; k++)
+                CM_TRY(be->cast2d(m->ctx, (char *)m->tap[k] + (size_t)(r0 * D) * es, m->adt, D, stage + k * D,
+                                  CM_DTYPE_F32, nD, n, D));
+        }
+        m->tap_dt = m->adt;
+        m->tap_ld = D;
+    } else {
+        for (int k = 0; k < m->cfg.n_taps; k++)
+            m->tap[k] = b->dev_taps[k];
+        m->tap_dt = b->dev_taps_dt;
+        m->tap_ld = D;
+    }
+    CM_TRY(be->upload(m->ctx, a->blk_ids, m->host.blk_ids, (size_t)R * sizeof(int32_t)));
+    CM_TRY(be->upload(m->ctx, a->blk_pos, m->host.blk_pos, (size_t)R * sizeof(int32_t)));
+    CM_TRY(be->upload(m->ctx, a->ctx_pos, m->host.ctx_pos, (size_t)T * sizeof(int32_t)));
+    CM_TRY(be->upload(m->ctx, a->anchors, b->anchors, (size_t)NA * sizeof(int32_t)));
+    CM_TRY(be->upload(m->ctx, a->ctx_lo, m->host.ctx_lo, (size_t)NA * sizeof(int32_t)));
+    CM_TRY(be->upload(m->ctx, a->labels, m->host.labels, (size_t)m->n_sel * sizeof(int32_t)));
+    CM_TRY(be->upload(m->ctx, a->gscale, m->host.gscale, (size_t)m->n_sel * sizeof(float)));
+    CM_TRY(be->upload(m->ctx, a->sel, m->host.sel_row, (size_t)m->n_sel * sizeof(int32_t)));
+    CM_TRY(be->upload(m->ctx, a->inv, m->host.inv, (size_t)R * sizeof(int32_t)));
+    return CM_OK;
+}

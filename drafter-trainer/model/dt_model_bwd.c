@@ -1,0 +1,172 @@
+/* drafter-trainer/model/dt_model_bwd.c — the loss (final norm, LM head, cross-entropy on the selected
+ * rows) and the backward. The design: dt_model_int.h. */
+#include "dt_model_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// loss and backward
+
+/* The final norm, the LM head and cross-entropy on the selected rows only (compacted), then
+ * the gradient through the final norm into acts.dx (rows without a label get zero gradient). */
+static cm_status loss_fwd_bwd(dt_model *m) {
+    const kn_backend *be = m->be;
+    dt_acts          *a = &m->acts;
+    const int64_t     D = m->cfg.hidden_size, n = m->n_sel;
+    dt_param         *norm = &m->params[m->n_params - 1];
+    float            *hsel = a->dx, *dhsel = a->work; /* [n, D], [n + 1, D] */
+    CM_TRY(be->rmsnorm(m->ctx, a->dh, a->xw, norm->data, m->R, D, m->cfg.rms_norm_eps, 0));
+    /* gathers as row lookups (the embed op on an F32 table): two launches instead of one
+     * copy per run of selected rows (~1000 at 512 anchors) */
+    CM_TRY(be->embed(m->ctx, hsel, a->sel, a->dh, CM_DTYPE_F32, n, D));
+    CM_TRY(be->lm_ce(m->ctx, dhsel, a->ce, a->argmax, hsel, a->labels, a->gscale, m->lm_head, m->lm_head_dt, n,
+                     m->V, D));
+    CM_TRY(be->download(m->ctx, m->host.ce, a->ce, (size_t)n * sizeof(float)));
+    CM_TRY(be->download(m->ctx, m->host.argmax, a->argmax, (size_t)n * sizeof(int32_t)));
+    CM_TRY(dt_model_dev_zero(m, dhsel + n * D, D)); /* the row unselected block rows read */
+    CM_TRY(be->embed(m->ctx, a->dh, a->inv, dhsel, CM_DTYPE_F32, m->R, D));
+    CM_TRY(be->rmsnorm_bwd(m->ctx, a->dx, norm->grad, a->dh, a->xw, norm->data, m->R, D, m->cfg.rms_norm_eps,
+                           0));
+    return CM_OK;
+}
+
+/* acts.dx holds ∂/∂x_next on entry and ∂/∂x_mid on return. */
+static cm_status mlp_bwd(dt_model *m, int l) {
+    const kn_backend     *be = m->be;
+    const cm_drafter_cfg *g = &m->cfg;
+    dt_acts              *a = &m->acts;
+    const dt_layer_acts  *A = &a->layer[l];
+    const int64_t         D = g->hidden_size, I = g->intermediate_size, R = m->R;
+    const cm_dtype        t = m->adt;
+    dt_param             *gate = dt_model_lp(m, l, LP_GATE), *up = dt_model_lp(m, l, LP_UP),
+             *down = dt_model_lp(m, l, LP_DOWN), *ln = dt_model_lp(m, l, LP_POST_LN);
+    const float *x_mid;
+    const void  *hop, *dxop;
+    CM_TRY(dt_model_dx_op(m, &dxop));
+    /* the SwiGLU product, recomputed, then its gradient in the same place */
+    CM_TRY(be->swiglu_typed(m->ctx, a->work, t, A->gate, A->up, t, R * I));
+    CM_TRY(dt_model_mm_dw(m, down->grad, dxop, t, a->work, t, R, D, I));
+    CM_TRY(dt_model_mm_dx(m, a->work, t, dxop, t, down->data, R, D, I, 0));
+    CM_TRY(be->swiglu_bwd_typed(m->ctx, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
+    CM_TRY(dt_model_act_f32(m, &x_mid, A->x_mid, a->xw, R * D));
+    CM_TRY(dt_model_norm_op(m, &hop, dt_model_h_buf(m), x_mid, ln->data, R)); /* h2, recomputed (over dxop) */
+    CM_TRY(dt_model_mm_dw(m, gate->grad, A->gate, t, hop, t, R, I, D));
+    CM_TRY(dt_model_mm_dw(m, up->grad, A->up, t, hop, t, R, I, D));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->gate, t, gate->data, R, I, D, 0));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up->data, R, I, D, 1));
+    CM_TRY(be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x_mid, ln->data, R, D, g->rms_norm_eps, 0));
+    return CM_OK;
+}
+
+/* Backward of kv_fwd given dk (after RoPE and k_norm; rotated in place) and dv: the k/v
+ * weight grads and the input gradient into dinp (= or += as accumulate says). k is the
+ * attention slot that held the keys (it gets k_pre back), dk_pre a free slot. */
+static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, const void *k_pre_s,
+                        float *k, float *dk, const float *dv, float *dk_pre, float *dinp, int accumulate) {
+    const kn_backend     *be = m->be;
+    const cm_drafter_cfg *g = &m->cfg;
+    const int64_t         D = g->hidden_size, KV = (int64_t)g->n_kv_heads * g->head_dim;
+    dt_param *wk = dt_model_lp(m, l, LP_K), *wv = dt_model_lp(m, l, LP_V), *kn = dt_model_lp(m, l, LP_K_NORM);
+    CM_TRY(
+        be->rope_bwd(m->ctx, dk, pos, rows, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
+    CM_TRY(dt_model_load_act(m, k, k_pre_s, rows * KV));
+    CM_TRY(be->rmsnorm_bwd(m->ctx, dk_pre, kn->grad, dk, k, kn->data, rows * g->n_kv_heads, g->head_dim,
+                           g->rms_norm_eps, 0));
+    CM_TRY(dt_model_mm_dw(m, wk->grad, dk_pre, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
+    CM_TRY(dt_model_mm_dw(m, wv->grad, dv, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
+    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, CM_DTYPE_F32, wk->data, rows, KV, D, accumulate));
+    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dv, CM_DTYPE_F32, wv->data, rows, KV, D, 1));
+    return CM_OK;
+}
+
+/* acts.dx holds ∂/∂x_mid on entry and ∂/∂x (the layer's input) on return; the context
+ * key/value gradients of this layer go into acts.dctx (written by the last layer, the first
+ * one the backward visits, and summed by the others). */
+static cm_status attn_bwd(dt_model *m, int l) {
+    const kn_backend     *be = m->be;
+    const cm_drafter_cfg *g = &m->cfg;
+    dt_acts              *a = &m->acts;
+    const dt_layer_acts  *A = &a->layer[l];
+    const int64_t         D = g->hidden_size, Q = (int64_t)g->n_heads * g->head_dim, R = m->R, T = m->T;
+    const int64_t         KV = (int64_t)g->n_kv_heads * g->head_dim;
+    dt_param *wq = dt_model_lp(m, l, LP_Q), *wo = dt_model_lp(m, l, LP_O), *qn = dt_model_lp(m, l, LP_Q_NORM),
+             *ln = dt_model_lp(m, l, LP_INPUT_LN);
+    kn_dflash_attn_params p = dt_model_attn_params(m, l);
+    float *q = (float *)p.q, *kc = (float *)p.k_ctx, *vc = (float *)p.v_ctx, *kb = (float *)p.k_blk,
+          *vb = (float *)p.v_blk, *o = p.out;
+    const void *dxop;
+    CM_TRY(dt_model_dx_op(m, &dxop));
+    CM_TRY(dt_model_mm_dw(m, wo->grad, dxop, m->adt, A->attn, m->adt, R, D, Q));
+    p.dout = dt_model_slot_ptr(m, l, AS_DO);
+    CM_TRY(dt_model_mm_dx(m, (float *)p.dout, CM_DTYPE_F32, dxop, m->adt, wo->data, R, D, Q, 0));
+    /* the attention's inputs and output again: q and k through their norms and RoPE */
+    CM_TRY(dt_model_load_act(m, q, A->q_pre, R * Q));
+    CM_TRY(dt_model_q_post(m, l, q));
+    CM_TRY(dt_model_load_act(m, kc, A->kc_pre, T * KV));
+    CM_TRY(dt_model_k_post(m, l, kc, T, a->ctx_pos));
+    CM_TRY(dt_model_load_act(m, vc, A->vc, T * KV));
+    CM_TRY(dt_model_load_act(m, kb, A->kb_pre, R * KV));
+    CM_TRY(dt_model_k_post(m, l, kb, R, a->blk_pos));
+    CM_TRY(dt_model_load_act(m, vb, A->vb, R * KV));
+    CM_TRY(dt_model_load_act(m, o, A->attn, R * Q));
+    p.dq = dt_model_slot_ptr(m, l, AS_DQ);
+    p.dk_ctx = dt_model_slot_ptr(m, l, AS_DKC);
+    p.dv_ctx = dt_model_slot_ptr(m, l, AS_DVC);
+    p.dk_blk = dt_model_slot_ptr(m, l, AS_DKB);
+    p.dv_blk = dt_model_slot_ptr(m, l, AS_DVB);
+    CM_TRY(be->dflash_attn_bwd(m->ctx, &p));
+    /* queries: q gets q_pre back, o takes dq_pre */
+    CM_TRY(be->rope_bwd(m->ctx, p.dq, a->blk_pos, R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
+    CM_TRY(dt_model_load_act(m, q, A->q_pre, R * Q));
+    CM_TRY(be->rmsnorm_bwd(m->ctx, o, qn->grad, p.dq, q, qn->data, R * g->n_heads, g->head_dim,
+                           g->rms_norm_eps, 0));
+    const float *x;
+    const void  *hop;
+    if (A->x)
+        CM_TRY(dt_model_act_f32(m, &x, A->x, a->xw, R * D));
+    else { /* layer 0 with BF16 storage: the embedding again, rounded as the forward rounded it */
+        CM_TRY(be->embed(m->ctx, a->xw, a->blk_ids, m->embed, m->embed_dt, R, D));
+        CM_TRY(dt_model_round_x(m, a->xw, R * D));
+        x = a->xw;
+    }
+    CM_TRY(dt_model_norm_op(m, &hop, dt_model_h_buf(m), x, ln->data, R)); /* h, recomputed */
+    CM_TRY(dt_model_mm_dw(m, wq->grad, o, CM_DTYPE_F32, hop, m->adt, R, Q, D));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, CM_DTYPE_F32, wq->data, R, Q, D, 0));
+    /* block keys and values feed dh; context keys and values feed dctx */
+    CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, kb, p.dk_blk, p.dv_blk, vb, a->dh, 1));
+    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, kc, p.dk_ctx, p.dv_ctx, vc, a->dctx,
+                  l != g->n_layers - 1));
+    CM_TRY(be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x, ln->data, R, D, g->rms_norm_eps, 0));
+    return CM_OK;
+}
+
+cm_status dt_model_backward(dt_model *m) {
+    const kn_backend     *be = m->be;
+    const cm_drafter_cfg *g = &m->cfg;
+    dt_acts              *a = &m->acts;
+    const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D, T = m->T;
+    CM_TRY(loss_fwd_bwd(m));
+    CM_TRY(dt_model_grads_final_from(m, m->n_params - 1)); /* the final norm */
+    for (int l = g->n_layers - 1; l >= 0; l--) {
+        CM_TRY(mlp_bwd(m, l));
+        CM_TRY(attn_bwd(m, l));
+        CM_TRY(dt_model_grads_final_from(m, P_LAYER0 + l * LP_COUNT)); /* layer l's */
+    }
+    /* acts.dx now holds the gradient of the (frozen) embedding output: dropped. */
+    dt_param *hn = &m->params[P_HIDDEN_NORM], *fc = &m->params[P_FC];
+    float    *pre = dt_model_fc_slot(m, FS_PRE), *dpre = dt_model_fc_slot(m, FS_OUT);
+    CM_TRY(dt_model_load_act(m, pre, a->ctx_pre, T * D));
+    CM_TRY(be->rmsnorm_bwd(m->ctx, dpre, hn->grad, a->dctx, pre, hn->data, T, D, g->rms_norm_eps, 0));
+    if (m->adt == CM_DTYPE_F32)
+        CM_TRY(dt_model_mm_dw(m, fc->grad, dpre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, T, D, nD));
+    else
+        for (int k = 0; k < g->n_taps; k++) {
+            kn_matmul_params p = {.M = D, .N = D, .K = T, .a = dpre, .a_dt = CM_DTYPE_F32, .lda = D, .trans_a = 1,
+                                  .b = m->tap[k], .b_dt = m->tap_dt, .ldb = m->tap_ld, .c = fc->grad + k * D,
+                                  .c_dt = CM_DTYPE_F32, .ldc = nD, .accumulate = 1};
+            CM_TRY(be->matmul(m->ctx, &p));
+        }
+    return dt_model_grads_final_from(m, 0); /* fc and hidden_norm: all of them */
+}

@@ -1,0 +1,152 @@
+/* drafter-trainer/model/dt_model_fwd.c — the forward: fc and hidden_norm over the context, then each
+ * layer's attention and MLP on the block rows. The design: dt_model_int.h. */
+#include "dt_model_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// forward
+
+kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l) {
+    const cm_drafter_cfg *g = &m->cfg;
+    kn_dflash_attn_params p = {0};
+    p.T = m->T;
+    p.n_blocks = m->n_anchors;
+    p.B = g->block_size;
+    p.nq = g->n_heads;
+    p.nkv = g->n_kv_heads;
+    p.hd = g->head_dim;
+    p.window = g->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION ? g->sliding_window : 0;
+    p.scale = (float)(1.0 / sqrt((double)g->head_dim));
+    p.anchors = m->acts.anchors;
+    p.ctx_lo = m->acts.ctx_lo;
+    p.q = dt_model_slot_ptr(m, l, AS_Q);
+    p.k_ctx = dt_model_slot_ptr(m, l, AS_KC);
+    p.v_ctx = dt_model_slot_ptr(m, l, AS_VC);
+    p.k_blk = dt_model_slot_ptr(m, l, AS_KB);
+    p.v_blk = dt_model_slot_ptr(m, l, AS_VB);
+    p.out = dt_model_slot_ptr(m, l, AS_O);
+    p.lse = m->acts.layer[l].lse;
+    return p;
+}
+
+/* acts.xw += inp [R, K] (adt) · W[N = D, K]ᵀ: with BF16 storage one GEMM adding into the
+ * residual (cuBLASLt's beta = 1: the fp32 sum the add kernel would make); with F32 storage
+ * gemm into acts.dh and add, as always. */
+static cm_status residual_add(dt_model *m, const void *inp, const float *w, int64_t N, int64_t K) {
+    if (m->adt == CM_DTYPE_F32) {
+        CM_TRY(dt_model_mm_fwd(m, m->acts.dh, CM_DTYPE_F32, inp, CM_DTYPE_F32, w, m->R, N, K));
+        return m->be->add(m->ctx, m->acts.xw, m->acts.dh, m->R * N);
+    }
+    kn_matmul_params p = {.M = m->R, .N = N, .K = K, .a = inp, .a_dt = m->adt, .lda = K, .b = w,
+                          .b_dt = CM_DTYPE_F32, .ldb = K, .trans_b = 1, .c = m->acts.xw, .c_dt = CM_DTYPE_F32,
+                          .ldc = N, .accumulate = 1};
+    return m->be->matmul(m->ctx, &p);
+}
+
+/* k_norm per head and RoPE, in place on k [rows, nkv·hd] (F32). */
+cm_status dt_model_k_post(dt_model *m, int l, float *k, int64_t rows, const int32_t *pos) {
+    const cm_drafter_cfg *g = &m->cfg;
+    CM_TRY(m->be->rmsnorm(m->ctx, k, k, dt_model_lp(m, l, LP_K_NORM)->data, rows * g->n_kv_heads, g->head_dim,
+                          g->rms_norm_eps, 0));
+    return m->be->rope(m->ctx, k, pos, rows, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta);
+}
+
+/* q_norm per head and RoPE, in place on q [R, nq·hd] (F32). */
+cm_status dt_model_q_post(dt_model *m, int l, float *q) {
+    const cm_drafter_cfg *g = &m->cfg;
+    CM_TRY(m->be->rmsnorm(m->ctx, q, q, dt_model_lp(m, l, LP_Q_NORM)->data, m->R * g->n_heads, g->head_dim,
+                          g->rms_norm_eps, 0));
+    return m->be->rope(m->ctx, q, m->acts.blk_pos, m->R, g->n_heads, g->head_dim, g->head_dim,
+                       (float)g->rope_theta);
+}
+
+/* Keys and values of `rows` rows of inp [rows, D] (adt) at positions pos through layer l's
+ * k_proj (saved, then k_norm and RoPE into k) and v_proj (saved, and into v). */
+static cm_status kv_fwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, void *k_pre_s,
+                        float *k, void *v_s, float *v) {
+    const int64_t D = m->cfg.hidden_size, KV = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    CM_TRY(dt_model_mm_fwd(m, k, CM_DTYPE_F32, inp, m->adt, dt_model_lp(m, l, LP_K)->data, rows, KV, D));
+    CM_TRY(dt_model_save_act(m, k_pre_s, k, rows * KV));
+    CM_TRY(dt_model_k_post(m, l, k, rows, pos));
+    CM_TRY(dt_model_mm_fwd(m, v, CM_DTYPE_F32, inp, m->adt, dt_model_lp(m, l, LP_V)->data, rows, KV, D));
+    CM_TRY(dt_model_save_act(m, v_s, v, rows * KV));
+    return CM_OK;
+}
+
+/* acts.xw: x on entry (saved as A->x), x_mid = x + o_proj(attention(q from the block rows;
+ * k, v from [ctx ; block rows])) on return (saved as A->x_mid). */
+static cm_status attn_fwd(dt_model *m, int l) {
+    const kn_backend     *be = m->be;
+    const cm_drafter_cfg *g = &m->cfg;
+    dt_acts              *a = &m->acts;
+    dt_layer_acts        *A = &a->layer[l];
+    const int64_t         D = g->hidden_size, Q = (int64_t)g->n_heads * g->head_dim, R = m->R;
+    const void           *hop;
+    if (A->x)
+        CM_TRY(dt_model_save_act(m, A->x, a->xw, R * D));
+    else
+        CM_TRY(dt_model_round_x(m, a->xw, R * D));
+    CM_TRY(dt_model_norm_op(m, &hop, a->dx, a->xw, dt_model_lp(m, l, LP_INPUT_LN)->data, R));
+    float *q = dt_model_slot_ptr(m, l, AS_Q);
+    CM_TRY(dt_model_mm_fwd(m, q, CM_DTYPE_F32, hop, m->adt, dt_model_lp(m, l, LP_Q)->data, R, Q, D));
+    CM_TRY(dt_model_save_act(m, A->q_pre, q, R * Q));
+    CM_TRY(dt_model_q_post(m, l, q));
+    CM_TRY(kv_fwd(m, l, a->ctx, m->T, a->ctx_pos, A->kc_pre, dt_model_slot_ptr(m, l, AS_KC), A->vc,
+                  dt_model_slot_ptr(m, l, AS_VC)));
+    CM_TRY(kv_fwd(m, l, hop, R, a->blk_pos, A->kb_pre, dt_model_slot_ptr(m, l, AS_KB), A->vb,
+                  dt_model_slot_ptr(m, l, AS_VB)));
+    kn_dflash_attn_params p = dt_model_attn_params(m, l);
+    CM_TRY(be->dflash_attn_fwd(m->ctx, &p));
+    CM_TRY(be->cast2d(m->ctx, A->attn, m->adt, R * Q, p.out, CM_DTYPE_F32, R * Q, 1, R * Q));
+    CM_TRY(residual_add(m, A->attn, dt_model_lp(m, l, LP_O)->data, D, Q));
+    CM_TRY(dt_model_save_act(m, A->x_mid, a->xw, R * D));
+    return CM_OK;
+}
+
+/* acts.xw: x_mid on entry, x_next = x_mid + down(silu(gate(h2)) · up(h2)) on return,
+ * h2 = post_attention_layernorm(x_mid). */
+static cm_status mlp_fwd(dt_model *m, int l) {
+    const kn_backend     *be = m->be;
+    const cm_drafter_cfg *g = &m->cfg;
+    dt_acts              *a = &m->acts;
+    dt_layer_acts        *A = &a->layer[l];
+    const int64_t         D = g->hidden_size, I = g->intermediate_size, R = m->R;
+    const void           *hop;
+    CM_TRY(dt_model_norm_op(m, &hop, a->dx, a->xw, dt_model_lp(m, l, LP_POST_LN)->data, R));
+    CM_TRY(dt_model_mm_fwd(m, A->gate, m->adt, hop, m->adt, dt_model_lp(m, l, LP_GATE)->data, R, I, D));
+    CM_TRY(dt_model_mm_fwd(m, A->up, m->adt, hop, m->adt, dt_model_lp(m, l, LP_UP)->data, R, I, D));
+    CM_TRY(be->swiglu_typed(m->ctx, a->work, m->adt, A->gate, A->up, m->adt, R * I));
+    CM_TRY(residual_add(m, a->work, dt_model_lp(m, l, LP_DOWN)->data, D, I));
+    return CM_OK;
+}
+
+cm_status dt_model_forward(dt_model *m) {
+    const kn_backend     *be = m->be;
+    const cm_drafter_cfg *g = &m->cfg;
+    dt_acts              *a = &m->acts;
+    const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D, T = m->T;
+    /* ctx = hidden_norm(F · fcᵀ), shared by every layer */
+    float *pre = dt_model_fc_slot(m, FS_PRE), *out = dt_model_fc_slot(m, FS_OUT);
+    if (m->adt == CM_DTYPE_F32)
+        CM_TRY(dt_model_mm_fwd(m, pre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, m->params[P_FC].data, T, D, nD));
+    else
+        for (int k = 0; k < g->n_taps; k++) {
+            kn_matmul_params p = {.M = T, .N = D, .K = D, .a = m->tap[k], .a_dt = m->tap_dt, .lda = m->tap_ld,
+                                  .b = m->params[P_FC].data + k * D, .b_dt = CM_DTYPE_F32, .ldb = nD, .trans_b = 1,
+                                  .c = pre, .c_dt = CM_DTYPE_F32, .ldc = D, .accumulate = k > 0};
+            CM_TRY(be->matmul(m->ctx, &p));
+        }
+    CM_TRY(dt_model_save_act(m, a->ctx_pre, pre, T * D));
+    CM_TRY(be->rmsnorm(m->ctx, out, pre, m->params[P_HIDDEN_NORM].data, T, D, g->rms_norm_eps, 0));
+    CM_TRY(be->cast2d(m->ctx, a->ctx, m->adt, T * D, out, CM_DTYPE_F32, T * D, 1, T * D));
+    CM_TRY(be->embed(m->ctx, a->xw, a->blk_ids, m->embed, m->embed_dt, m->R, D));
+    for (int l = 0; l < g->n_layers; l++) {
+        CM_TRY(attn_fwd(m, l));
+        CM_TRY(mlp_fwd(m, l));
+    }
+    return CM_OK; /* x_out in acts.xw */
+}

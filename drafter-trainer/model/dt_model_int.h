@@ -1,0 +1,207 @@
+/* drafter-trainer/model/dt_model_int.h — private to model/dt_model*.c: the dt_model struct,
+ * its activation plan and the helpers the files of the drafter share.
+ *
+ * The DFlash drafter on the kernel backend table: parameters
+ * (one allocation for the fp32 masters, one for their grads, carved per tensor in the
+ * serving-key order), the borrowed frozen embedding and LM head, and one training step
+ * (docs/drafter.md): host-side block layout, labels and weights, then forward, loss and backward.
+ *
+ * Activations the backward needs are saved per layer in one backend allocation, planned
+ * for the largest batch seen and reused. They are stored in the activation dtype: F32, or
+ * BF16 when the backend's gemm rounds its inputs to bf16 anyway (cuda --precision bf16), so
+ * a saved GEMM input costs half and feeds the GEMM without a conversion pass. Everything the
+ * forward saves in BF16 it also goes on with as rounded (the residual stream at each save,
+ * q/k before their norms, v), so the backward's recomputations see the forward's exact
+ * values. Only what needs a GEMM to rebuild is saved: the norms' outputs (input and
+ * post-attention layernorm, q/k norm and RoPE) are recomputed in the backward from their
+ * saved inputs, the SwiGLU product too, and the MLP backward writes dgate/dup over the saved
+ * gate/up. Each layer's gate/up span is also the attention scratch of that layer (the
+ * forward's attention runs before the MLP writes it, the backward's after the MLP backward
+ * has consumed it); what does not fit there, and the other phases' temporaries, share one
+ * work region. Context rows pass only through fc, hidden_norm and each layer's k/v
+ * projections, so their key and value gradients from every layer sum into one dctx. One
+ * thread; every op is CM_TRY'd. */
+#ifndef DT_MODEL_INT_H
+#define DT_MODEL_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dt_model.h"
+
+#define DT_MAX_BLOCK 64 /* dt_step_stats holds 64 slots */
+#define DT_ALIGN     64 /* bytes: every carved buffer starts on this boundary */
+
+/* Per-layer parameters, in serving-key order after fc.weight and hidden_norm.weight. */
+enum {
+    LP_INPUT_LN = 0,
+    LP_Q,
+    LP_K,
+    LP_V,
+    LP_O,
+    LP_Q_NORM,
+    LP_K_NORM,
+    LP_POST_LN,
+    LP_GATE,
+    LP_UP,
+    LP_DOWN,
+    LP_COUNT
+};
+#define P_FC          0
+#define P_HIDDEN_NORM 1
+#define P_LAYER0      2
+
+/* What layer l saved in the forward for the backward, in the activation dtype (adt).
+ * R = n_anchors · B block rows. */
+typedef struct dt_layer_acts {
+    void  *x;           /* [R, D] residual stream into the layer */
+    void  *q_pre;       /* [R, nq·hd] q_proj(input_layernorm(x)) */
+    void  *kc_pre, *vc; /* [T, nkv·hd] context: k_proj(ctx), v_proj(ctx) */
+    void  *kb_pre, *vb; /* [R, nkv·hd] the same for the block rows */
+    void  *attn;        /* [R, nq·hd] attention output */
+    float *lse;         /* [R, nq] */
+    void  *x_mid;       /* [R, D] x + o_proj(attn) */
+    void  *gate, *up;   /* [R, I] gate_proj(h2), up_proj(h2), one span (up follows gate);
+                           the backward overwrites them with their gradients */
+} dt_layer_acts;
+
+/* The F32 temporaries of the attention of one layer (forward: q, k, v after their norms and
+ * RoPE and the output; backward: those again, the output gradient and the five input
+ * gradients, later the pre-norm q/k and their gradients), placed first-fit in the layer's
+ * gate/up span, the rest in the work region. */
+enum {
+    AS_Q = 0, /* [R, Q] q; then q_pre (backward) */
+    AS_O,     /* [R, Q] attention output; then dq_pre */
+    AS_DO,    /* [R, Q] dattn */
+    AS_DQ,    /* [R, Q] */
+    AS_KC,    /* [T, KV] k of the context rows; then kc_pre */
+    AS_VC,    /* [T, KV] v; then dkc_pre */
+    AS_KB,    /* [R, KV] k of the block rows; then kb_pre */
+    AS_VB,    /* [R, KV] v; then dkb_pre */
+    AS_DKC,
+    AS_DVC, /* [T, KV] */
+    AS_DKB,
+    AS_DVB, /* [R, KV] */
+    AS_COUNT
+};
+/* The fc/hidden_norm temporaries (forward start, backward end), in layer 0's span or the
+ * work region: ctx_pre and ctx in F32; then ctx_pre again and dctx_pre. */
+enum { FS_PRE = 0, FS_OUT, FS_COUNT };
+
+typedef struct dt_slot {
+    int    in_span; /* 1: offset into a layer's gate/up span; 0: into the work region */
+    size_t off;     /* bytes */
+} dt_slot;
+
+/* Backend buffers for one step, sized for T_cap context rows and R_cap block rows. */
+typedef struct dt_acts {
+    int64_t  T_cap, R_cap;
+    void    *base;
+    size_t   bytes;                       /* of base */
+    int32_t *blk_ids, *blk_pos, *ctx_pos; /* [R], [R], [T] */
+    int32_t *anchors, *ctx_lo;            /* [n_anchors] */
+    int32_t *labels, *argmax;             /* [R] (first n_sel used) */
+    int32_t *sel, *inv;                   /* [R] selected row → block row; block row → selected
+                                             row or n_sel (the zero row of dhsel) */
+    float *gscale, *ce;                   /* [R] */
+    float *F;                             /* [T, n·D] F32: target features (adt F32 only; BF16
+                                             reads the taps where they are, see dt_model.tap) */
+    void          *ctx_pre, *ctx;         /* [T, D] adt: F·fcᵀ; hidden_norm of it */
+    dt_layer_acts *layer;                 /* [L] (host array of pointers into base) */
+    /* F32 [R, D] buffers of both passes: xw the residual stream (forward; x_out at the end),
+     * then the widened saved x / x_mid (backward with BF16 storage) or the recomputed normed
+     * rows (F32 storage); dx its gradient (the forward's normed rows and the selected rows of
+     * the loss before that); dh the gradient of a norm's output (the forward's o_proj/down
+     * outputs, the final norm's output, the backward's normed rows before their BF16 copy) */
+    float  *xw, *dx, *dh;
+    void   *H;    /* [R, D] BF16: normed rows as GEMM input (adt BF16 only) */
+    float  *dctx; /* [T, D] */
+    void   *work; /* the work region (see dt_slot) */
+    size_t  span_bytes, work_bytes;
+    dt_slot as[AS_COUNT], fs[FS_COUNT];
+} dt_acts;
+
+/* Host-side layout of the current batch (grown with the plan). */
+typedef struct dt_host {
+    int32_t *blk_ids, *blk_pos, *ctx_pos, *ctx_lo; /* [R], [R], [T], [n_anchors] */
+    int32_t *sel_row, *labels, *argmax;            /* [R]: selected row → block row, label, argmax */
+    int32_t *inv;                                  /* [R] block row → selected row, or n_sel */
+    double  *weight;                               /* [R] w of each selected row */
+    float   *gscale, *ce;                          /* [R] */
+} dt_host;
+
+struct dt_model {
+    cm_drafter_cfg    cfg;
+    const kn_backend *be;
+    kn_ctx           *ctx;
+    int               n_params;
+    dt_param         *params;
+    char (*names)[80];
+    float       *data_base, *grad_base; /* backend; carved into params */
+    dt_grad_hook grad_hook;             /* dt_model_set_grad_hook, or NULL */
+    void        *grad_hook_user;
+    size_t       n_slab; /* floats in each slab (with alignment padding) */
+    /* frozen target embedding and LM head, [V, D] */
+    void    *embed, *lm_head;
+    cm_dtype embed_dt, lm_head_dt;
+    int      lm_head_shared; /* lm_head aliases embed */
+    int64_t  V;
+    cm_dtype adt; /* saved activations: F32, or BF16 when gemm rounds its inputs (see the top) */
+    /* With BF16 storage fc multiplies tap by tap (F · fcᵀ = Σ_k tap_k · fc[:, kD:(k+1)D]ᵀ) from
+     * where the taps are: the batch's device taps, or Fh, the host features rounded to BF16 on
+     * upload, tap by tap like device taps ([n_taps][T_cap, D], each tap 256-byte aligned; a
+     * separate allocation made by the first host-fed step). Both paths run the same GEMMs with
+     * the same layout on the same values, so they give the same bits. */
+    const void *tap[DT_MAX_TAPS];
+    cm_dtype    tap_dt;
+    int64_t     tap_ld;
+    void       *Fh;
+    int64_t     Fh_T;
+    dt_acts     acts;
+    dt_host     host;
+    /* the current batch */
+    int64_t T, n_anchors, R, n_sel;
+    double  weight_sum;
+};
+
+static inline size_t align_floats(size_t n) {
+    const size_t a = DT_ALIGN / sizeof(float);
+    return (n + a - 1) / a * a;
+}
+
+/* parameters (dt_model.c) */
+dt_param *dt_model_lp(dt_model *m, int l, int j);
+cm_status dt_model_dev_zero(dt_model *m, float *p, int64_t n);
+void      dt_model_acts_release(dt_model *m);
+cm_status dt_model_grads_final_from(dt_model *m, int i);
+/* the batch (dt_model_batch.c) */
+void      dt_model_layout_batch(dt_model *m, const dt_batch *b, float gamma);
+cm_status dt_model_upload_batch(dt_model *m, const dt_batch *b);
+/* the activation plan (dt_model_act.c) */
+float    *dt_model_slot_ptr(const dt_model *m, int l, int s);
+float    *dt_model_fc_slot(const dt_model *m, int s);
+cm_status dt_model_ensure_capacity(dt_model *m, int64_t T, int64_t R);
+/* typed helpers of both passes (dt_model_ops.c) */
+cm_status dt_model_save_act(dt_model *m, void *dst, float *src, int64_t n);
+cm_status dt_model_round_x(dt_model *m, float *x, int64_t n);
+cm_status dt_model_dx_op(dt_model *m, const void **op);
+float    *dt_model_h_buf(dt_model *m);
+cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n);
+cm_status dt_model_act_f32(dt_model *m, const float **out, const void *src, float *buf, int64_t n);
+cm_status dt_model_norm_op(dt_model *m, const void **hop, float *h32, const float *inp, const float *w,
+                           int64_t rows);
+cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt, const float *w,
+                          int64_t M, int64_t N, int64_t K);
+cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt,
+                         const float *w, int64_t M, int64_t N, int64_t K, int acc);
+cm_status dt_model_mm_dw(dt_model *m, float *dw, const void *dout, cm_dtype ddt, const void *inp,
+                         cm_dtype idt, int64_t M, int64_t N, int64_t K);
+/* forward (dt_model_fwd.c) */
+kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l);
+cm_status             dt_model_k_post(dt_model *m, int l, float *k, int64_t rows, const int32_t *pos);
+cm_status             dt_model_q_post(dt_model *m, int l, float *q);
+cm_status             dt_model_forward(dt_model *m);
+/* backward (dt_model_bwd.c) */
+cm_status dt_model_backward(dt_model *m);
+
+#endif /* DT_MODEL_INT_H */

@@ -1,0 +1,142 @@
+/* drafter-trainer/model/dt_model_load.c — parameters from the Qwen3 init or a drafter checkpoint, and the
+ * borrowed frozen embedding and LM head. The design: dt_model_int.h. */
+#include "dt_model_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_rng.h"
+#include "cm_safetensors.h"
+
+// ----------------------------------------------------------------------------
+// initialisation and loading
+
+cm_status dt_model_init_random(dt_model *m, uint64_t seed) {
+    int64_t widest = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].numel > widest)
+            widest = m->params[i].numel;
+    float *host = malloc((size_t)widest * sizeof *host);
+    if (!host)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %lld floats for the initialisation", (long long)widest);
+    cm_rng rng; /* one stream over the parameters in serving-key order */
+    cm_rng_seed(&rng, seed);
+    cm_status st = CM_OK;
+    for (int i = 0; i < m->n_params && st == CM_OK; i++) {
+        const dt_param *p = &m->params[i];
+        for (int64_t e = 0; e < p->numel; e++)
+            host[e] = p->n_dims == 2 ? (float)(0.02 * cm_rng_normal(&rng)) : 1.0f;
+        st = m->be->upload(m->ctx, p->data, host, (size_t)p->numel * sizeof(float));
+    }
+    free(host);
+    return st;
+}
+
+/* The fields that decide the parameter shapes and the step's semantics must agree. */
+static cm_status cfg_agrees(const cm_drafter_cfg *want, const cm_drafter_cfg *got, const char *dir) {
+#define DT_SAME(field, label)                                                                                \
+    if (want->field != got->field)                                                                           \
+        return CM_FAIL(CM_ERR_INVALID_ARG, "'%s/config.json' has %s %g but the model was created with %g",   \
+                       dir, label, (double)got->field, (double)want->field);
+    DT_SAME(hidden_size, "hidden_size")
+    DT_SAME(n_layers, "num_hidden_layers")
+    DT_SAME(intermediate_size, "intermediate_size")
+    DT_SAME(vocab_size, "vocab_size")
+    DT_SAME(n_heads, "num_attention_heads")
+    DT_SAME(n_kv_heads, "num_key_value_heads")
+    DT_SAME(head_dim, "head_dim")
+    DT_SAME(rms_norm_eps, "rms_norm_eps")
+    DT_SAME(rope_theta, "rope_theta")
+    DT_SAME(sliding_window, "sliding_window")
+    DT_SAME(block_size, "block_size")
+    DT_SAME(mask_token_id, "mask_token_id")
+    DT_SAME(n_taps, "the number of target_layer_ids")
+#undef DT_SAME
+    for (int l = 0; l < want->n_layers; l++)
+        if (want->layer_types[l] != got->layer_types[l])
+            return CM_FAIL(CM_ERR_INVALID_ARG, "'%s/config.json': layer_types[%d] differs from the model's",
+                           dir, l);
+    for (int i = 0; i < want->n_taps; i++)
+        if (want->target_layer_ids[i] != got->target_layer_ids[i])
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "'%s/config.json': target_layer_ids[%d] is %d, the model's is %d", dir, i,
+                           got->target_layer_ids[i], want->target_layer_ids[i]);
+    return CM_OK;
+}
+
+cm_status dt_model_load(dt_model *m, const char *dir) {
+    cm_drafter_cfg file_cfg;
+    CM_TRY(cm_drafter_cfg_load(&file_cfg, dir));
+    CM_TRY(cfg_agrees(&m->cfg, &file_cfg, dir));
+    cm_status st;
+    cm_st    *sts = NULL;
+    float    *host = NULL;
+    CM_TRY_GOTO(cm_st_open_dir(&sts, dir), st, fail);
+    int64_t widest = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].numel > widest)
+            widest = m->params[i].numel;
+    host = malloc((size_t)widest * sizeof *host);
+    if (!host) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %lld floats to load '%s'", (long long)widest, dir);
+        goto fail;
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        const dt_param *p = &m->params[i];
+        const char     *key = p->name; /* SGLang also accepts the keys with a "model." prefix */
+        char            prefixed[96];
+        if (!cm_st_find(sts, p->name)) {
+            snprintf(prefixed, sizeof prefixed, "model.%s", p->name);
+            if (cm_st_find(sts, prefixed))
+                key = prefixed;
+        }
+        CM_TRY_GOTO(cm_st_read(sts, key, p->n_dims, p->shape, host, CM_DTYPE_F32), st, fail);
+        CM_TRY_GOTO(m->be->upload(m->ctx, p->data, host, (size_t)p->numel * sizeof(float)), st, fail);
+    }
+    st = CM_OK;
+fail:
+    free(host);
+    cm_st_destroy(&sts);
+    return st;
+}
+
+cm_status dt_model_set_frozen(dt_model *m, const void *embed, cm_dtype embed_dt, const void *lm_head,
+                              cm_dtype lm_head_dt, int64_t V, int64_t D) {
+    if (!embed || !lm_head)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "dt_model_set_frozen: embedding or LM head is NULL");
+    if (D != m->cfg.hidden_size || V != m->cfg.vocab_size)
+        return D != m->cfg.hidden_size
+                   ? CM_FAIL(CM_ERR_INVALID_ARG,
+                             "the target embedding is %lld wide but the drafter's hidden_size is %d; a DFlash "
+                             "drafter must have its target's hidden size",
+                             (long long)D, m->cfg.hidden_size)
+                   : CM_FAIL(CM_ERR_INVALID_ARG,
+                             "the target embedding has %lld rows but the drafter's vocab_size is %d; set "
+                             "vocab_size to the target's",
+                             (long long)V, m->cfg.vocab_size);
+    const cm_dtype dts[2] = {embed_dt, lm_head_dt};
+    for (int i = 0; i < 2; i++)
+        if (dts[i] != CM_DTYPE_F32 && dts[i] != CM_DTYPE_BF16)
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "the frozen %s is %s; convert it to F32 or BF16",
+                           i ? "LM head" : "embedding", cm_dtype_name(dts[i]));
+    if (!m->lm_head_shared)
+        m->be->free(m->ctx, m->lm_head);
+    m->be->free(m->ctx, m->embed);
+    m->embed = m->lm_head = NULL;
+    m->lm_head_shared = 0;
+    const size_t n = (size_t)V * (size_t)D;
+    CM_TRY(m->be->alloc(m->ctx, &m->embed, n * cm_dtype_size(embed_dt)));
+    CM_TRY(m->be->upload(m->ctx, m->embed, embed, n * cm_dtype_size(embed_dt)));
+    m->embed_dt = embed_dt;
+    if (lm_head == embed && lm_head_dt == embed_dt) {
+        m->lm_head = m->embed;
+        m->lm_head_shared = 1;
+    } else {
+        CM_TRY(m->be->alloc(m->ctx, &m->lm_head, n * cm_dtype_size(lm_head_dt)));
+        CM_TRY(m->be->upload(m->ctx, m->lm_head, lm_head, n * cm_dtype_size(lm_head_dt)));
+    }
+    m->lm_head_dt = lm_head_dt;
+    m->V = V;
+    return CM_OK;
+}
