@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/test_check_floors.sh — the floor check (scripts/check_floors.py) on the real tree, and on
 # copies of it with one planted fault each, every one of which it must refuse by name: an include
-# from base up to chan, from format up to kernels, one program including the other, a header
-# circle, and a source file left in flat common/.
+# from base up to chan, from format up to kernels, from the drafter's model up to its commands,
+# one program including the other, a header circle, and a source file left in flat common/.
 # Usage: test_check_floors.sh SOURCE_DIR
 set -euo pipefail
 
@@ -48,6 +48,10 @@ ts=$(cd "$tmp/t" && ls target-server/*.c | head -1)
 dt=$(cd "$tmp/t" && find drafter-trainer -name '*.h' | head -1)
 plant "$tmp/t/$ts" "#include \"$(basename "$dt")\""
 expect "one program includes the other" 1 "the two programs never include each other" "$tmp/t"
+
+fresh
+plant "$tmp/t/drafter-trainer/model/dt_model.c" '#include "dt_train_args.h"'
+expect "the drafter model includes a command" 1 'drafter-trainer/model/dt_model.c: includes "dt_train_args.h" from drafter-trainer/cmd, a higher floor' "$tmp/t"
 
 fresh
 printf '#include "cm_loop_b.h"\n' >"$tmp/t/common/base/cm_loop_a.h"

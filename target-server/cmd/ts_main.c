@@ -1,4 +1,4 @@
-/* target-server/ts_main.c — the target-server command line: `target-server <command>
+/* target-server/cmd/ts_main.c — the target-server command line: `target-server <command>
  * [options]` hands the options to the command (cmd/: dump, serve, status; see --help). */
 #include <stdio.h>
 #include <string.h>
