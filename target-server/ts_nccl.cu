@@ -1,6 +1,6 @@
 /* target-server/ts_nccl.cu — the server side of the NCCL data path (ts_nccl.h): the captured
  * layers rounded and checked in staging memory (ts_stage.h), then ncclSend through
- * common/cm_nccl. */
+ * common/chan/cm_nccl. */
 #include "ts_nccl.h"
 
 #include <stdlib.h>

@@ -7,7 +7,7 @@
  * the NCCL data path delivers them (--host-taps: F32 on the host, uploaded every step, as the
  * ZeroMQ and shard paths do, from page-locked memory as the trainer's batch buffers are;
  * --pageable: from ordinary memory). Prints one JSON line: median and mean step seconds, the
- * step's FLOPs counted as dt_plan does (drafter-trainer/dt_plan.h) and the TF/s they give,
+ * step's FLOPs counted as dt_plan does (drafter-trainer/cmd/dt_plan.h) and the TF/s they give,
  * and device memory in use after the steps (cudaMemGetInfo: everything the process holds).
  * --layout FILE writes the batch layout (input_ids, cu_seqlens, loss_mask, anchors) so the
  * PyTorch reference (bench/drafter_flex.py) trains on the same rows. --profile times every

@@ -1,4 +1,4 @@
-/* tests/test_cm_tb.c — TensorBoard event files (common/cm_tb.h): CRC32C against its published
+/* tests/test_cm_tb.c — TensorBoard event files (common/format/cm_tb.h): CRC32C against its published
  * check value, a written file read back record by record (file_version first, every scalar's
  * tag, step, wall time and float value, NaN and inf included), flush_every putting records on
  * disk without an explicit flush, a resumed writer's new file name and SessionLog START, and a

@@ -1,4 +1,4 @@
-/* tests/test_cm_weights_id.c — the weights fingerprint (common/cm_weights_id.h): what changes
+/* tests/test_cm_weights_id.c — the weights fingerprint (common/format/cm_weights_id.h): what changes
  * it (one byte of any text-model tensor, a name, a shape, a dtype) and what does not (thread
  * count, tensor order in the file, the shard split, the vision tower and MTP head), and the
  * cache beside the checkpoint: used only while the files are as it lists them and its own

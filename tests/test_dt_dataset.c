@@ -1,4 +1,4 @@
-/* tests/test_dt_dataset.c — tokenized datasets (drafter-trainer/dt_dataset.h): the JSONL and
+/* tests/test_dt_dataset.c — tokenized datasets (drafter-trainer/feed/dt_dataset.h): the JSONL and
  * binary forms read the same documents and `dataset convert` round-trips them; packing keeps
  * every pack within the budget, holds every trainable document exactly once, drops the rest,
  * is deterministic and equals an independent first-fit-decreasing; epoch orders are

@@ -1,4 +1,4 @@
-/* tests/test_dt_plan.c — the --dry-run plan (drafter-trainer/dt_plan.h) against numbers computed
+/* tests/test_dt_plan.c — the --dry-run plan (drafter-trainer/cmd/dt_plan.h) against numbers computed
  * by hand in the comments below: a small target and drafter (every count, byte and FLOP of the
  * plan), the drafter parameter count against the parameters dt_model itself allocates, the
  * Qwen3.6-27B target and its DFlash drafter from the config fixtures in tests/data/cm (counts by

@@ -1,4 +1,4 @@
-/* tests/test_dt_progress.c — the progress display (drafter-trainer/dt_progress.h): every
+/* tests/test_dt_progress.c — the progress display (drafter-trainer/cmd/dt_progress.h): every
  * formatter against exact expected text (durations, counts, the bar and the log line, odd
  * values: 0 steps, unknown total, NaN loss, a huge ETA, a short buffer), the moving window's
  * rates, ETA and loss/τ/acc means from known steps (and that it forgets old steps), --progress parsing,

@@ -1,4 +1,4 @@
-/* tests/test_dt_runcfg.c — run config files (drafter-trainer/dt_runcfg.h) written to a temporary
+/* tests/test_dt_runcfg.c — run config files (drafter-trainer/cmd/dt_runcfg.h) written to a temporary
  * directory: every value kind (strings, numbers in their shortest exact form, bare flags
  * true/false, arrays joined by commas), relative paths resolved against the file's directory
  * (and left alone for absolute paths, non-path keys and a file in the working directory), the
@@ -204,7 +204,7 @@ static void test_help_in_sync(void) {
                 found |= strcmp(flags[i].name, name) == 0;
             if (!found)
                 fprintf(stderr,
-                        "  train --help lists --%s: add it to train_flags in drafter-trainer/dt_runcfg.c\n",
+                        "  train --help lists --%s: add it to train_flags in drafter-trainer/cmd/dt_runcfg.c\n",
                         name);
             TST_CHECK(found);
             seen++;

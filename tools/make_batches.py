@@ -4,7 +4,7 @@
 Reads documents ({"input_ids": [...], "loss_mask": [...]} one a line, e.g. data/tiny/train.jsonl), packs them in
 file order into batches of at most --tokens tokens (a document never spans two batches), runs
 `target-server dump` of the target on each batch for the drafter's taps and writes OUT_DIR/batch-<i>.safetensors
-in the format of drafter-trainer/dt_data.h: input_ids, cu_seqlens, loss_mask (I32) and target_hidden
+in the format of drafter-trainer/feed/dt_data.h: input_ids, cu_seqlens, loss_mask (I32) and target_hidden
 ([T, taps x D], the taps in target_layer_ids order; F32, or BF16 with --bf16). Prints the comma-separated list of
 files for --data on its last line. Needs numpy and safetensors (no torch).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/prepare_data.py — conversations to a Tandem tokenized dataset (drafter-trainer/dt_dataset.h).
+"""tools/prepare_data.py — conversations to a Tandem tokenized dataset (drafter-trainer/feed/dt_dataset.h).
 
 Reads ShareGPT ({"conversations": [{"from": "human"|"gpt"|"system", "value": ...}]}) or OpenAI
 messages ({"messages": [{"role": ..., "content": ...}]}) JSONL, renders each conversation with a

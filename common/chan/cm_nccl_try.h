@@ -1,5 +1,5 @@
 /* common/chan/cm_nccl_try.h — NCCL_TRY, shared by the files that call NCCL (cm_nccl.c, and the
- * trainer's data parallelism, drafter-trainer/dt_dp.c): returns CM_ERR_NCCL naming the call
+ * trainer's data parallelism, drafter-trainer/model/dt_dp.c): returns CM_ERR_NCCL naming the call
  * and NCCL's message unless it succeeded or is in progress on a non-blocking communicator.
  * Include after <nccl.h> and cm_status.h. */
 #ifndef CM_NCCL_TRY_H

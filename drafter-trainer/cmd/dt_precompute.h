@@ -1,6 +1,6 @@
 /* drafter-trainer/cmd/dt_precompute.h — offline hidden states (docs/architecture.md): `precompute` asks
  * a running target-server for the hidden states of every token batch file and stores the
- * ANSWER frames, as received, in a shard directory (common/cm_shard.h); training with
+ * ANSWER frames, as received, in a shard directory (common/format/cm_shard.h); training with
  * `--shards DIR` then reads target_hidden from those records instead of from the batch files.
  *
  * Input: token batch files (dt_data.h without target_hidden: input_ids, cu_seqlens, loss_mask;

@@ -1,5 +1,5 @@
 /* drafter-trainer/cmd/dt_shards.c — `drafter-trainer shards inspect|export`: looking at a shard
- * directory written by precompute (common/cm_shard.h).
+ * directory written by precompute (common/format/cm_shard.h).
  *   drafter-trainer shards inspect DIR [--verify] [--threads N]
  *     prints the run's identity, records, bytes, the compression ratio and one line per shard
  *     (stdout); --verify also checks every record: its header and payload checksum, the ANSWER

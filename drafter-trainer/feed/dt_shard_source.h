@@ -1,4 +1,4 @@
-/* drafter-trainer/feed/dt_shard_source.h — hidden states from a shard directory (common/cm_shard.h)
+/* drafter-trainer/feed/dt_shard_source.h — hidden states from a shard directory (common/format/cm_shard.h)
  * that `drafter-trainer precompute` wrote (dt_precompute.h: the store, its batch ids and
  * identity): the dt_hidden_source of `train --shards DIR`. */
 #ifndef DT_SHARD_SOURCE_H

@@ -1,6 +1,6 @@
 /* drafter-trainer/model/dt_dp.c — data parallelism over NCCL (dt_dp.h): the ZeroMQ rendezvous that
  * hands rank 0's NCCL unique id to the others, a non-blocking communicator whose every wait is
- * polled under a deadline (as common/cm_nccl.c), and the per-step reduction, bucketed and
+ * polled under a deadline (as common/chan/cm_nccl.c), and the per-step reduction, bucketed and
  * overlapped with the backward: the model's gradient hook (dt_model_set_grad_hook) says when
  * the slab from some offset to its end is final (the final norm, then each layer from the last,
  * then fc); the first call all-reduces Σ den (one double), and each call after an event on the
