@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cm_time.h"
 #include "cm_args.h"
 #include "cm_cfg.h"
 #include "cm_cfg_hash.h"
@@ -84,12 +85,6 @@ typedef struct run {
     char              resume_dir[4096];
     char              metrics_path[4096];
 } run;
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static cm_status default_gamma(int block_size, double *g) {
     switch (block_size) {
@@ -585,7 +580,7 @@ static cm_status train(run *r) {
         dt_live_plan(r->live, hp->seed, start, end);
     int64_t cur_epoch = -1, last_saved = a->resume ? start : -1;
     for (int64_t t = start; t < end; t++) {
-        double        t0 = now_s();
+        double        t0 = cm_now_s();
         const int64_t epoch = t / hp->n_batches, index = t % hp->n_batches;
         if (epoch != cur_epoch) {
             dt_data_epoch_order(r->data, hp->seed, (uint64_t)epoch, r->order);
@@ -596,7 +591,7 @@ static cm_status train(run *r) {
         CM_TRY(dt_data_load(r->data, batch, &b));
         if (dt_live_on_device(r->live)) /* the taps, already in this GPU's memory */
             CM_TRY(dt_live_get_device(r->live, batch, &b));
-        const double wait_s = now_s() - t0; /* the batch and its hidden states (file, shards, server) */
+        const double wait_s = cm_now_s() - t0; /* the batch and its hidden states (file, shards, server) */
         CM_TRY(dt_anchor_sample(b.cu_seqlens, b.n_seq, b.loss_mask, b.T, hp->max_anchors, hp->seed,
                                 (uint64_t)epoch, (uint64_t)batch, r->work, r->anchors, &b.n_anchors));
         b.anchors = r->anchors;
@@ -612,7 +607,7 @@ static cm_status train(run *r) {
             CM_TRY(dt_dp_reduce(r->dp, &ss));
         dt_optim_stats os;
         CM_TRY(dt_optim_step(r->o, &os));
-        CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, now_s() - t0, wait_s));
+        CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, cm_now_s() - t0, wait_s));
         if (a->save_every > 0 && (t + 1) % a->save_every == 0) {
             dt_progress_break(&r->prog);
             CM_TRY(save(r, t + 1));

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cm_time.h"
 #include "cm_cfg_hash.h"
 #include "cm_chan.h"
 #include "cm_dtype.h"
@@ -56,19 +57,13 @@ struct dt_live {
     int                 dev_slot, dev_planned; /* the answer lent (-1: none) */
 };
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 cm_status dt_live_connect(cm_chan_client *cl, const char *ep, int64_t timeout_ms,
                           const volatile sig_atomic_t *stop, cm_proto_welcome *out) {
-    const double t0 = now_s();
+    const double t0 = cm_now_s();
     double       next = DT_CONNECT_PROGRESS_MS / 1000.0;
     for (;;) {
         /* short waits: the stop flag and the progress lines get a turn */
-        double    left = (double)timeout_ms / 1000.0 - (now_s() - t0);
+        double    left = (double)timeout_ms / 1000.0 - (cm_now_s() - t0);
         int       slice = left <= 0 ? 0 : left < 0.2 ? (int)(left * 1000.0) + 1 : 200;
         cm_status st = cm_chan_client_wait_ready(cl, slice, out);
         if (st != CM_ERR_TIMEOUT)
@@ -79,7 +74,7 @@ cm_status dt_live_connect(cm_chan_client *cl, const char *ep, int64_t timeout_ms
         const char *problem = cs.last_problem[0]
                                   ? cs.last_problem
                                   : "nothing heard yet (is `target-server serve` running there?)";
-        double      waited = now_s() - t0;
+        double      waited = cm_now_s() - t0;
         if ((stop && *stop) || waited * 1000.0 >= (double)timeout_ms)
             return CM_FAIL(CM_ERR_TIMEOUT, "last problem: %s", problem);
         if (waited >= next) {
@@ -330,14 +325,14 @@ static cm_status top_up(dt_live *s) {
 
 /* Receives until the answer for id is held; its slot in *slot. */
 static cm_status await(dt_live *s, uint64_t id, int c, int batch, int *slot) {
-    double t0 = now_s(), warned = t0;
+    double t0 = cm_now_s(), warned = t0;
     for (;;) {
         for (int i = 0; i < s->depth; i++)
             if (s->held[i] && s->held[i]->batch_id == id) {
                 *slot = i;
                 return CM_OK;
             }
-        double waited = now_s() - t0;
+        double waited = cm_now_s() - t0;
         if (waited * 1000.0 >= (double)s->timeout_ms) {
             cm_chan_client_stats cs;
             cm_chan_client_get_stats(s->cls[c], &cs);
@@ -347,10 +342,10 @@ static cm_status await(dt_live *s, uint64_t id, int c, int batch, int *slot) {
                 "check that the server is running",
                 batch, s->endpoints[c], s->timeout_ms, cs.last_problem[0] ? cs.last_problem : "none");
         }
-        if (now_s() - warned >= 10.0) {
+        if (cm_now_s() - warned >= 10.0) {
             CM_LOG_WARN("waiting %.0f s for the hidden states of batch %d from '%s'", waited, batch,
                         s->endpoints[c]);
-            warned = now_s();
+            warned = cm_now_s();
         }
         cm_chan_answer *a = NULL;
         cm_status       st = cm_chan_client_recv(s->cls[c], 200, &a);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cm_time.h"
 #include "cm_cfg_hash.h"
 #include "cm_compress.h"
 #include "cm_dtype.h"
@@ -214,12 +215,6 @@ static void *verify_worker(void *arg) {
     }
 }
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 cm_status dt_shard_source_verify(dt_shard_source *s, const uint8_t *reads, int n_batches, int n_threads) {
     const cm_shard_reader *r = s->r;
     const char            *dir = cm_shard_reader_dir(r);
@@ -253,14 +248,14 @@ cm_status dt_shard_source_verify(dt_shard_source *s, const uint8_t *reads, int n
         n_threads = 64;
     pthread_t th[64];
     int       started = 0;
-    double    t0 = mono_s();
+    double    t0 = cm_now_s();
     for (; started < n_threads - 1; started++) /* and this thread */
         if (pthread_create(&th[started], NULL, verify_worker, &j) != 0)
             break;
     verify_worker(&j);
     for (int t = 0; t < started; t++)
         pthread_join(th[t], NULL);
-    const double dt = mono_s() - t0;
+    const double dt = cm_now_s() - t0;
     pthread_mutex_destroy(&j.mu);
     free(at);
     if (j.bad < j.n)

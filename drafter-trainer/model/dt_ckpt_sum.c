@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cm_time.h"
 #include "cm_hash.h"
 #include "cm_safetensors.h"
 
@@ -26,12 +27,6 @@ typedef struct sum_ctx {
     char              why[900]; /* the first mismatch (verify), for the message */
     dt_ckpt_sum_stats stats;
 } sum_ctx;
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static void hex64(char out[17], uint64_t h) {
     snprintf(out, 17, "%016" PRIx64, h);
@@ -193,7 +188,7 @@ done:
 cm_status dt_ckpt_sum_build(const char *dir, char **json, dt_ckpt_sum_stats *stats) {
     *json = NULL;
     sum_ctx   c = {.dir = dir};
-    double    t0 = now_s();
+    double    t0 = cm_now_s();
     cm_status st = CM_OK;
     cJSON    *j = cJSON_CreateObject(), *files = NULL;
     if (!j || !cJSON_AddStringToObject(j, "format", DT_CKPT_SUM_FORMAT) ||
@@ -222,7 +217,7 @@ cm_status dt_ckpt_sum_build(const char *dir, char **json, dt_ckpt_sum_stats *sta
     free(text);
 done:
     cJSON_Delete(j);
-    c.stats.seconds = now_s() - t0;
+    c.stats.seconds = cm_now_s() - t0;
     if (stats)
         *stats = c.stats;
     return st;
@@ -259,7 +254,7 @@ void dt_ckpt_sum_advice(const char *dir, char *out, size_t cap) {
 cm_status dt_ckpt_sum_verify(const char *dir, int *verified, dt_ckpt_sum_stats *stats) {
     *verified = 0;
     sum_ctx c = {.dir = dir};
-    double  t0 = now_s();
+    double  t0 = cm_now_s();
     char    path[4096], advice[1400];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, DT_CKPT_SUM_NAME) >= sizeof path)
         return CM_FAIL(CM_ERR_INVALID_ARG, "path '%s' is too long", dir);
@@ -320,7 +315,7 @@ cm_status dt_ckpt_sum_verify(const char *dir, int *verified, dt_ckpt_sum_stats *
     }
 done:
     cJSON_Delete(j);
-    c.stats.seconds = now_s() - t0;
+    c.stats.seconds = cm_now_s() - t0;
     if (stats)
         *stats = c.stats;
     if (st == CM_ERR_FORMAT && c.why[0]) {

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cm_time.h"
 #include "cm_log.h"
 
 #ifndef TANDEM_HAVE_NCCL
@@ -82,12 +83,6 @@ struct dt_dp {
     ncclRedOp_t op;
 };
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void nap(void) {
     struct timespec t = {0, 20000};
     nanosleep(&t, NULL);
@@ -135,10 +130,10 @@ static cm_status serve_id(const dt_dp_config *c, const ncclUniqueId *id) {
             goto done;
         }
     }
-    const double deadline = now_s() + c->timeout_ms * 1e-3;
+    const double deadline = cm_now_s() + c->timeout_ms * 1e-3;
     while (seen < c->size - 1) {
         zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
-        const double   left = deadline - now_s();
+        const double   left = deadline - cm_now_s();
         if (left <= 0) {
             st =
                 CM_FAIL(CM_ERR_TIMEOUT,
@@ -240,7 +235,7 @@ done:
 /* Waits until the communicator has nothing in progress and (stream_too) our stream has
  * drained. */
 static cm_status settle(dt_dp *dp, const char *what, int stream_too) {
-    const double deadline = now_s() + dp->cfg.timeout_ms * 1e-3;
+    const double deadline = cm_now_s() + dp->cfg.timeout_ms * 1e-3;
     for (;;) {
         ncclResult_t state;
         NCCL_TRY(ncclCommGetAsyncError(dp->comm, &state));
@@ -257,7 +252,7 @@ static cm_status settle(dt_dp *dp, const char *what, int stream_too) {
             if (e != cudaErrorNotReady)
                 KN_CUDA(e);
         }
-        if (now_s() > deadline)
+        if (cm_now_s() > deadline)
             return CM_FAIL(CM_ERR_TIMEOUT,
                            "%s did not complete within %d ms on rank %d of %d (another rank stopped or is "
                            "stuck)",
