@@ -43,11 +43,12 @@ typedef struct kn_ctx_config {
 #define KN_CTX_CONFIG_DEFAULT {0, KN_GEMM_MODE_BF16}
 
 /* DFlash block attention (docs/drafter.md) for one layer. Query rows are the n_blocks · B block
- * slots; keys/values are the T context rows plus the block rows. Query (block j, slot k)
- * sees: context rows p with ctx_lo[j] ≤ p < anchors[j] (ctx_lo = start of the anchor's
- * document), and on sliding layers (window > 0) only p ≥ anchors[j] + k − (window − 1);
- * block rows of its own block only: all B slots (window = 0) or slots ≤ k (window > 0).
- * GQA: q head h uses kv head h / (nq / nkv). A query that sees nothing outputs 0.
+ * slots; keys/values are the T context rows plus the block rows. Query (block j, slot k) at
+ * position a_j + k sees: context rows p with ctx_lo[j] ≤ p < a_j = anchors[j] (ctx_lo = start of
+ * the anchor's document); block slots s of its own block only, all B of them, or s ≤ k when
+ * causal. On a sliding layer (window W > 0) the window bounds every key by position: context
+ * rows only p ≥ a_j + k − (W − 1), block slots only k − s < W and, when not causal, s − k < W
+ * (both directions, as z-lab's, vLLM's and SGLang's masks apply it). GQA: q head h uses kv head h / (nq / nkv). A query that sees nothing outputs 0.
  * Shapes: q, out, dout, dq [n_blocks·B, nq, hd]; k_ctx, v_ctx [T, nkv, hd];
  * k_blk, v_blk [n_blocks·B, nkv, hd]; lse [n_blocks·B, nq] (natural log, written by fwd,
  * read by bwd; −inf for a query that sees nothing). anchors, ctx_lo: I32 [n_blocks] in
@@ -58,6 +59,7 @@ typedef struct kn_dflash_attn_params {
     int     B;          /* block size */
     int     nq, nkv, hd;
     int     window;     /* 0: full_attention layer; W > 0: sliding_attention with window W */
+    int     causal;     /* 1: slot k sees block slots ≤ k; 0: all slots of its block (within the window) */
     float   scale;      /* usually hd^-0.5 */
     const int32_t *anchors, *ctx_lo;
     const float   *q, *k_ctx, *v_ctx, *k_blk, *v_blk;

@@ -3,9 +3,10 @@
  * scores and probabilities live in registers and shared memory only, never in global memory.
  *
  * Visibility. Block j (anchor a_j, document start ctx_lo[j]) sees the context rows
- * [lo_j, a_j) and its own B block rows. On a sliding layer (window W > 0) slot k sees only
- * context rows ≥ a_j + k − (W − 1) and block slots ≤ k; on a full layer every slot sees the
- * whole range and all B slots. The union over the block's slots is [max(ctx_lo, a_j − W + 1),
+ * [lo_j, a_j) and its own B block rows: all B slots, or slots ≤ k when the layer is causal. On
+ * a sliding layer (window W > 0) the window bounds every key: slot k sees only context rows
+ * ≥ a_j + k − (W − 1) and block slots s with |k − s| < W; on a full layer every slot sees the
+ * whole range. The union over the block's slots is [max(ctx_lo, a_j − W + 1),
  * a_j): the kernels loop over key tiles of that range and then the block's own rows, so
  * tiles with nothing visible are never visited; a tile's masked keys get probability 0.
  *

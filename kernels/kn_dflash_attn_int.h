@@ -38,9 +38,17 @@ static __device__ __forceinline__ bool ctx_visible(const df_params &p, const df_
     return p.window <= 0 || key >= r.hi + k - (p.window - 1);
 }
 
-/* Does slot k see block slot s of its own block? */
+/* Does slot k see block slot s of its own block? All slots, or s ≤ k when causal; on a
+ * sliding layer also |k − s| < W (for a causal layer that is k − s < W). */
 static __device__ __forceinline__ bool blk_visible(const df_params &p, int k, int64_t s) {
-    return p.window <= 0 || s <= k;
+    if (p.causal && s > k)
+        return false;
+    return p.window <= 0 || (s > k ? s - k : k - s) < p.window;
+}
+
+/* Does every slot of a block see every slot of it (no mask needed over the block's rows)? */
+static __device__ __forceinline__ bool blk_all_visible(const df_params &p) {
+    return !p.causal && (p.window <= 0 || p.window >= p.B);
 }
 
 /* Stages key rows [base, base + nk) of kv head g into ks (row stride ks_ld) and vs (vs_ld)

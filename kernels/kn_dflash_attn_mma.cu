@@ -167,7 +167,7 @@ static __device__ __forceinline__ bool tile_full(const df_params &p, const df_ra
     if (tl.nk != KT || p.B % 16 != 0)
         return false;
     if (!tl.is_ctx)
-        return p.window <= 0;
+        return blk_all_visible(p);
     if (tl.base < rg.doc_lo)
         return false;
     /* slot B − 1 has the tightest lower bound on a sliding layer */
@@ -545,7 +545,7 @@ static __global__ void __launch_bounds__(128)
         bool full = nk == DFM_DKV_KEYS && B % 16 == 0 && (c + 1) * QR <= group * SP;
         if (full) {
             if (blk_mode)
-                full = p.window <= 0;
+                full = blk_all_visible(p);
             else
                 full = key0 >= rg.doc_lo && key0 + DFM_DKV_KEYS <= rg.hi &&
                        (p.window <= 0 || key0 >= rg.hi + (B - 1) - (p.window - 1));

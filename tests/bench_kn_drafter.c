@@ -101,6 +101,7 @@ static void bench_attn(int nq, int nkv, int hd, int B, int n_docs, int doc_len, 
     p.nkv = nkv;
     p.hd = hd;
     p.window = W;
+    p.causal = W > 0;
     p.scale = 1.0f / sqrtf((float)hd);
     p.anchors = da;
     p.ctx_lo = dl;

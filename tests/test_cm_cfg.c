@@ -333,6 +333,13 @@ static void test_drafter_good(void) {
               d.head_dim == 160 && d.n_kv_heads == 32);
     TST_CHECK(drafter_of(edit(dflash(), "max_position_embeddings", NULL), &d) == CM_OK &&
               d.max_position_embeddings == 32768);
+    // causality per layer: absent (or null) -> sliding layers causal, full not; is_causal decides for all
+    TST_CHECK(d.is_causal == -1 && cm_drafter_layer_causal(&d, 0) == 1 && cm_drafter_layer_causal(&d, 4) == 0);
+    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "false"), &d) == CM_OK && d.is_causal == 0 &&
+              cm_drafter_layer_causal(&d, 0) == 0 && cm_drafter_layer_causal(&d, 4) == 0);
+    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "true"), &d) == CM_OK && d.is_causal == 1 &&
+              cm_drafter_layer_causal(&d, 0) == 1 && cm_drafter_layer_causal(&d, 4) == 1);
+    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "null"), &d) == CM_OK && d.is_causal == -1);
     // mask_token_id at the top level (vLLM accepts it there)
     TST_CHECK(drafter_of(edit(edit(dflash(), "dflash_config.mask_token_id", NULL), "mask_token_id", "151669"),
                          &d) == CM_OK &&
@@ -380,6 +387,9 @@ static void test_drafter_bad(void) {
               "missing field 'hidden_size'");
     TST_FAILS(drafter_of(edit(dflash(), "num_attention_heads", "30"), &d), CM_ERR_FORMAT,
               "num_attention_heads 30 is not a multiple of num_key_value_heads 8");
+
+    TST_FAILS(drafter_of(edit(dflash(), "is_causal", "\"no\""), &d), CM_ERR_FORMAT,
+              "field 'is_causal' must be true or false, found");
 
     // block size
     TST_FAILS(drafter_of(edit(edit(dflash(), "block_size", "1"), "dflash_config.block_size", NULL), &d),

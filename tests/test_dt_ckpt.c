@@ -142,6 +142,20 @@ static void check_config(const char *dir) {
     TST_CHECK(cm_drafter_cfg_load(&a, path) == CM_OK && cm_drafter_cfg_load(&b, config) == CM_OK);
     TST_CHECK(dt_ckpt_config_json(&a, &ta) == CM_OK && dt_ckpt_config_json(&b, &tb) == CM_OK);
     TST_CHECK(ta && tb && strcmp(ta, tb) == 0);
+    /* is_causal: absent stays absent (the loaders derive it from layer_types as we do); given, it is
+     * written and parses back to the same per-layer causality */
+    TST_CHECK(ta && !strstr(ta, "is_causal"));
+    for (int v = 0; v < 2; v++) {
+        cm_drafter_cfg c = a, back;
+        char          *tc = NULL;
+        c.is_causal = v;
+        TST_CHECK(dt_ckpt_config_json(&c, &tc) == CM_OK && tc &&
+                  strstr(tc, v ? "\"is_causal\": true" : "\"is_causal\": false"));
+        TST_CHECK(tc && cm_drafter_cfg_parse(&back, tc, "written config") == CM_OK && back.is_causal == v);
+        for (int l = 0; tc && l < back.n_layers; l++)
+            TST_CHECK(cm_drafter_layer_causal(&back, l) == v);
+        free(tc);
+    }
     free(ta);
     free(tb);
 }

@@ -444,7 +444,7 @@ typedef struct attn_case {
     int         windows[3]; /* tried in turn; 0 = full attention; -1 ends */
 } attn_case;
 
-static void attn_run(const attn_case *ac, int window) {
+static void attn_run(const attn_case *ac, int window, int causal) {
     int32_t starts[8];
     long    T = 0;
     for (int i = 0; i < ac->n_docs; i++) {
@@ -471,10 +471,10 @@ static void attn_run(const attn_case *ac, int window) {
     dbuf   bdq = dbuf_put(NULL, (size_t)(R * nq * hd) * 4), bdkc = dbuf_put(NULL, (size_t)(T * nkv * hd) * 4);
     dbuf   bdvc = dbuf_put(NULL, (size_t)(T * nkv * hd) * 4), bdkb = dbuf_put(NULL, (size_t)(R * nkv * hd) * 4);
     dbuf   bdvb = dbuf_put(NULL, (size_t)(R * nkv * hd) * 4);
-    kn_dflash_attn_params pc = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, (float)(1.0 / sqrt((double)hd)),
+    kn_dflash_attn_params pc = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, causal, (float)(1.0 / sqrt((double)hd)),
                                 ba.c, bl.c, bq.c, bkc.c, bvc.c, bkb.c, bvb.c, bo.c, blse.c, bdo.c, bdq.c, bdkc.c,
                                 bdvc.c, bdkb.c, bdvb.c};
-    kn_dflash_attn_params pg = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, (float)(1.0 / sqrt((double)hd)),
+    kn_dflash_attn_params pg = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, causal, (float)(1.0 / sqrt((double)hd)),
                                 ba.g, bl.g, bq.g, bkc.g, bvc.g, bkb.g, bvb.g, bo.g, blse.g, bdo.g, bdq.g, bdkc.g,
                                 bdvc.g, bdkb.g, bdvb.g};
     tst_ok(cpu->dflash_attn_fwd(cctx, &pc), "cpu dflash_attn_fwd");
@@ -487,8 +487,8 @@ static void attn_run(const attn_case *ac, int window) {
     for (int mode = 0; mode < 2; mode++) {
         kn_ctx *g = mode ? gctx16 : gctx;
         char    label[160], name[224];
-        snprintf(label, sizeof label, "%s T=%ld blocks=%ld B=%ld nq=%ld nkv=%ld hd=%ld W=%d%s", ac->what, T, nb, B,
-                 nq, nkv, hd, window, mode ? (mma ? " BF16 mma" : " BF16 (fp32 fallback)") : "");
+        snprintf(label, sizeof label, "%s T=%ld blocks=%ld B=%ld nq=%ld nkv=%ld hd=%ld W=%d%s%s", ac->what, T, nb,
+                 B, nq, nkv, hd, window, causal ? " causal" : "", mode ? (mma ? " BF16 mma" : " BF16 (fp32 fallback)") : "");
         tst_ok(gpu->dflash_attn_fwd(g, &pg), "cuda dflash_attn_fwd");
         tst_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd");
         float *first[7] = {0};
@@ -564,9 +564,12 @@ static void test_dflash(void) {
         {"gqa8 hd32", 2, {129, 200}, 8, 16, 8, 1, 32, {0, 9, -1}},
         {"B20 hd64", 3, {1, 90, 77}, 6, 20, 2, 2, 64, {0, 30, -1}},
     };
+    /* every window causal and not (non-causal sliding layers; is_causal true on a full layer);
+     * windows below B cut block slots too, in both directions when not causal */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int w = 0; w < 3 && cases[c].windows[w] >= 0; w++)
-            attn_run(&cases[c], cases[c].windows[w]);
+            for (int causal = 0; causal < 2; causal++)
+                attn_run(&cases[c], cases[c].windows[w], causal);
 }
 
 // ----------------------------------------------------------------------------

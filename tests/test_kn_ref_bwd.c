@@ -328,6 +328,7 @@ typedef struct dflash_case {
     int         n_blocks;
     int32_t     anchors[4];
     int         B, nq, nkv, hd, window;
+    int         causal; /* block slots ≤ k only */
 } dflash_case;
 
 typedef struct dflash_st {
@@ -352,9 +353,10 @@ static int dense_visible(const dflash_case *c, int64_t T, int j, int k, int64_t 
         if (doc_of(c, key) != doc_of(c, a) || key >= a) return 0;
         return c->window == 0 || key >= a + k - (c->window - 1);
     }
-    const int64_t br = key - T;
+    const int64_t br = key - T, slot = br % c->B;
     if (br / c->B != j) return 0;
-    return c->window == 0 || br % c->B <= k;
+    if (c->causal && slot > k) return 0;
+    return c->window == 0 || (slot > k ? slot - k : k - slot) < c->window; /* the window bounds slots too */
 }
 
 static void dflash_setup(dflash_st *s, const dflash_case *c) {
@@ -368,7 +370,7 @@ static void dflash_setup(dflash_st *s, const dflash_case *c) {
     for (int j = 0; j < c->n_blocks; j++) s->ctx_lo[j] = c->cu[doc_of(c, c->anchors[j])];
     kn_dflash_attn_params *p = &s->p;
     p->T = T, p->n_blocks = c->n_blocks, p->B = c->B, p->nq = c->nq, p->nkv = c->nkv, p->hd = c->hd;
-    p->window = c->window, p->scale = (float)(1.0 / sqrt((double)c->hd));
+    p->window = c->window, p->causal = c->causal, p->scale = (float)(1.0 / sqrt((double)c->hd));
     p->anchors = c->anchors, p->ctx_lo = s->ctx_lo;
     p->q = frand(s->n_q, -1, 1), p->k_ctx = frand(s->n_kctx, -1, 1), p->v_ctx = frand(s->n_kctx, -1, 1);
     p->k_blk = frand(s->n_kblk, -1, 1), p->v_blk = frand(s->n_kblk, -1, 1);
@@ -474,15 +476,20 @@ static void dflash_bwd_check(dflash_st *s) {
 static void test_dflash_attn(void) {
     static const dflash_case cases[] = {
         /* two documents; anchor 5 starts the second (empty context); GQA group 2 */
-        {"full", 2, {0, 5, 12}, 3, {2, 5, 9}, 3, 4, 2, 4, 0},
-        {"sliding W=2", 2, {0, 5, 12}, 3, {2, 5, 9}, 3, 4, 2, 4, 2},
-        {"sliding W=1", 2, {0, 5, 12}, 3, {2, 5, 9}, 3, 4, 2, 4, 1},
+        {"full", 2, {0, 5, 12}, 3, {2, 5, 9}, 3, 4, 2, 4, 0, 0},
+        {"sliding W=2", 2, {0, 5, 12}, 3, {2, 5, 9}, 3, 4, 2, 4, 2, 1},
+        {"sliding W=3 = B", 2, {0, 5, 12}, 3, {2, 5, 9}, 3, 4, 2, 4, 3, 1}, /* W = 1 would leave one key each */
+        /* non-causal sliding: the window bounds block slots in both directions */
+        {"sliding W=2 non-causal", 2, {0, 5, 12}, 3, {2, 5, 9}, 3, 4, 2, 4, 2, 0},
+        {"full causal", 2, {0, 5, 12}, 3, {2, 5, 9}, 3, 4, 2, 4, 0, 1},
         /* three documents, window longer than some contexts, GQA group 1 */
-        {"sliding W=4 3 docs", 3, {0, 4, 6, 13}, 4, {1, 4, 8, 12}, 3, 2, 2, 3, 4},
-        {"full 3 docs", 3, {0, 4, 6, 13}, 4, {1, 4, 8, 12}, 3, 2, 2, 3, 0},
+        {"sliding W=4 3 docs", 3, {0, 4, 6, 13}, 4, {1, 4, 8, 12}, 3, 2, 2, 3, 4, 1},
+        {"sliding W=4 3 docs non-causal", 3, {0, 4, 6, 13}, 4, {1, 4, 8, 12}, 3, 2, 2, 3, 4, 0},
+        {"full 3 docs", 3, {0, 4, 6, 13}, 4, {1, 4, 8, 12}, 3, 2, 2, 3, 0, 0},
         /* one document, anchor 0 (empty context), B = 4, one kv head for three q heads */
-        {"full 1 doc", 1, {0, 9}, 3, {0, 3, 6}, 4, 3, 1, 5, 0},
-        {"sliding W=3 1 doc", 1, {0, 9}, 3, {0, 3, 6}, 4, 3, 1, 5, 3},
+        {"full 1 doc", 1, {0, 9}, 3, {0, 3, 6}, 4, 3, 1, 5, 0, 0},
+        {"sliding W=3 1 doc", 1, {0, 9}, 3, {0, 3, 6}, 4, 3, 1, 5, 3, 1},
+        {"sliding W=2 1 doc non-causal", 1, {0, 9}, 3, {0, 3, 6}, 4, 3, 1, 5, 2, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dflash_st s;

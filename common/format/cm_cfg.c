@@ -582,7 +582,7 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     CM_TRY(cfg_bool(top, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
     CM_TRY(cfg_bool(top, "attention_bias", 0, &cfg->attention_bias));
 
-    // layer types: full (non-causal block) or sliding (causal within the block, window W)
+    // layer types: full or sliding (window W); causal within the block: is_causal, else sliding
     static const char *const   names[] = {"full_attention", "sliding_attention"};
     static const cm_layer_type types[] = {CM_LAYER_TYPE_FULL_ATTENTION, CM_LAYER_TYPE_SLIDING_ATTENTION};
     const cJSON               *lt = cfg_item(top, "layer_types");
@@ -607,6 +607,7 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
                            origin, i, window);
         cfg->sliding_window = window;
     }
+    CM_TRY(cfg_bool(top, "is_causal", -1, &cfg->is_causal));
 
     // DFlash fields
     CM_TRY(cfg_int_either(top, &dc, "block_size", &cfg->block_size, &found));

@@ -72,12 +72,20 @@ typedef struct cm_drafter_cfg {
     int           attention_bias;
     cm_layer_type layer_types[CM_CFG_MAX_LAYERS]; /* FULL or SLIDING */
     int           sliding_window;                 /* W, for sliding layers; 0 if none */
+    int           is_causal;                      /* -1 absent: sliding layers causal, full not; 0/1: all */
     int           block_size;                     /* B ≥ 2 */
     int           mask_token_id;                  /* < vocab_size */
     int           num_target_layers;
     int           n_taps;
     int           target_layer_ids[CM_CFG_MAX_TAPS];
 } cm_drafter_cfg;
+
+/* Does layer l's block attention see only the slots up to a query's own (causal) or all of the
+ * block? The top-level is_causal, where given, decides for every layer (as z-lab's and vLLM's
+ * loaders read it); else sliding layers are causal and full layers are not. */
+static inline int cm_drafter_layer_causal(const cm_drafter_cfg *cfg, int l) {
+    return cfg->is_causal >= 0 ? cfg->is_causal : cfg->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION;
+}
 
 cm_status cm_drafter_cfg_load(cm_drafter_cfg *cfg, const char *path);
 cm_status cm_drafter_cfg_parse(cm_drafter_cfg *cfg, const char *json, const char *origin);

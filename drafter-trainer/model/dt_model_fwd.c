@@ -20,6 +20,7 @@ kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l) {
     p.nkv = g->n_kv_heads;
     p.hd = g->head_dim;
     p.window = g->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION ? g->sliding_window : 0;
+    p.causal = cm_drafter_layer_causal(g, l);
     p.scale = (float)(1.0 / sqrt((double)g->head_dim));
     p.anchors = m->acts.anchors;
     p.ctx_lo = m->acts.ctx_lo;

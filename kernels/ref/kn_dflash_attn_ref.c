@@ -1,8 +1,10 @@
 /* kernels/ref/kn_dflash_attn_ref.c — reference DFlash block attention (docs/drafter.md), forward
- * and backward. Query (block j, slot k) sees context rows [ctx_lo[j], anchors[j]) (on a
- * sliding layer only those ≥ anchors[j] + k − (W − 1)) and the block rows of block j (all B
- * slots, or slots ≤ k when sliding); GQA maps q head h to kv head h / (nq / nkv). Every query
- * sees at least its own slot, so its lse is finite. Scores, softmax (max subtracted) and sums
+ * and backward. Query (block j, slot k) sees context rows [ctx_lo[j], anchors[j]) and the block
+ * rows of block j: all B slots, or slots ≤ k when causal. On a sliding layer (window W) the
+ * window bounds every key by position: context rows ≥ anchors[j] + k − (W − 1), block slots s
+ * with k − s < W and, when not causal, s − k < W. GQA maps q head h to kv head h / (nq / nkv).
+ * Every query sees at least its own slot, so its lse is finite. Scores, softmax (max subtracted)
+ * and sums
  * are in double, one query row at a time in per-thread scratch. The backward recomputes the
  * probabilities from the saved lse: pass 1 (parallel over query rows × heads) gives dq and
  * Δ = Σ p·dp; pass 2 (parallel over key rows × kv heads) gives dk and dv by looping the
@@ -12,20 +14,27 @@
 
 #include <stdlib.h>
 
-/* The keys a query sees: context rows [c0, c1) and own-block slots [0, s1). */
+/* The keys a query sees: context rows [c0, c1) and own-block slots [s0, s1). */
 typedef struct dflash_vis {
     int64_t c0, c1;
-    int     s1;
+    int     s0, s1;
 } dflash_vis;
 
 static dflash_vis visible(const kn_dflash_attn_params *p, int64_t j, int k) {
-    dflash_vis v = {p->ctx_lo[j], p->anchors[j], p->B};
+    dflash_vis v = {p->ctx_lo[j], p->anchors[j], 0, p->causal ? k + 1 : p->B};
     if (p->window > 0) {
         int64_t lo = (int64_t)p->anchors[j] + k - (p->window - 1);
         if (lo > v.c0) v.c0 = lo < v.c1 ? lo : v.c1;
-        v.s1 = k + 1;
+        if (k - (p->window - 1) > v.s0) v.s0 = k - (p->window - 1);
+        if (k + p->window < v.s1) v.s1 = k + p->window;
     }
     return v;
+}
+
+/* Does slot k see block slot s of its own block? (the same rule as visible()) */
+static int slot_sees(const kn_dflash_attn_params *p, int k, int s) {
+    if (p->causal && s > k) return 0;
+    return p->window <= 0 || (s > k ? s - k : k - s) < p->window;
 }
 
 static const float *kctx_row(const kn_dflash_attn_params *p, int64_t row, int g) {
@@ -86,7 +95,7 @@ static int64_t scores(const kn_dflash_attn_params *p, const float *qr, int64_t j
     int64_t          n = 0;
     for (int64_t r = v.c0; r < v.c1; r++)
         sc[n++] = kn_ref_dot(qr, kctx_row(p, r, g), p->hd) * (double)p->scale;
-    for (int s = 0; s < v.s1; s++)
+    for (int s = v.s0; s < v.s1; s++)
         sc[n++] = kn_ref_dot(qr, kblk_row(p, j * p->B + s, g), p->hd) * (double)p->scale;
     return n;
 }
@@ -95,7 +104,7 @@ static int64_t scores(const kn_dflash_attn_params *p, const float *qr, int64_t j
 static const float *key_row(const kn_dflash_attn_params *p, const float *ctx_t, const float *blk_t, int64_t j,
                             int k, int g, int64_t i) {
     const dflash_vis v = visible(p, j, k);
-    const int64_t    r = i < v.c1 - v.c0 ? v.c0 + i : j * p->B + (i - (v.c1 - v.c0));
+    const int64_t    r = i < v.c1 - v.c0 ? v.c0 + i : j * p->B + v.s0 + (i - (v.c1 - v.c0));
     return (i < v.c1 - v.c0 ? ctx_t : blk_t) + (r * p->nkv + g) * p->hd;
 }
 
@@ -218,9 +227,11 @@ static void bwd_key(const kn_dflash_attn_params *p, const double *delta, int64_t
         const int64_t br = row - p->T, j = br / B;
         const int     s  = (int)(br % B);
         const float  *kr = kblk_row(p, br, g), *vr = vblk_row(p, br, g);
-        for (int k = p->window > 0 ? s : 0; k < B; k++)
+        for (int k = 0; k < B; k++) {
+            if (!slot_sees(p, k, s)) continue;
             for (int h = g * group; h < (g + 1) * group; h++)
                 bwd_pair(p, delta, j * B + k, h, kr, vr, dk, dv);
+        }
         dko = p->dk_blk + (br * p->nkv + g) * hd;
         dvo = p->dv_blk + (br * p->nkv + g) * hd;
     }

@@ -42,7 +42,7 @@ FIXTURES = [
     dict(
         name="b16_sw5_full_gqa2",
         about="block 16, layers [sliding W=5, full]: on the sliding layer slots k >= 5 see no context at all and "
-              "slot k sees its own slots <= k; GQA 4 q / 2 kv heads x 8; 2 taps [1, 3] of 6; 4 documents "
+              "slot k sees its own slots k-4 .. k (the window bounds block slots too); GQA 4 q / 2 kv heads x 8; 2 taps [1, 3] of 6; 4 documents "
               "17, 90, 1, 40; F32 batch; gamma 7 (default for 16)",
         seed=5101, D=32, V=96, I=64, nq=4, nkv=2, hd=8, layer_types=[SLIDE, FULL], window=5, B=16,
         Lt=6, taps=[1, 3], mask_token_id=90, theta=10000.0, eps=1e-6,
@@ -92,6 +92,28 @@ FIXTURES = [
         Lt=10, taps=[1, 4, 7], mask_token_id=0, theta=1e6, eps=1e-6,
         docs=[90, 40, 1, 17, 150], prompt=[0.2, 0.0, 0.0, 0.0, 0.3], holes=0.1,
         n_anchors=64, near_end=[2, 3, 7], at_start=[1, 3], off_rule=[], dtype="f32", gamma=None, hits=20,
+    ),
+    dict(
+        name="b8_sw3_sw3_full_noncausal",
+        about="is_causal false (every layer sees its whole block), layers [sliding W=3, sliding W=3, full], "
+              "block 8: on the sliding layers slot k sees block slots s with |k - s| < 3 in both directions "
+              "and context rows >= a + k - 2; GQA 4 q / 2 kv heads x 8; 2 taps [1, 3] of 5; 4 documents "
+              "30, 1, 60, 17; F32 batch; gamma 4",
+        seed=5606, D=32, V=88, I=48, nq=4, nkv=2, hd=8, layer_types=[SLIDE, SLIDE, FULL], window=3, B=8,
+        Lt=5, taps=[1, 3], mask_token_id=87, theta=1e7, eps=1e-6, is_causal=False,
+        docs=[30, 1, 60, 17], prompt=[0.2, 0.0, 0.3, 0.0], holes=0.1,
+        n_anchors=24, near_end=[2, 4], at_start=[0, 2], off_rule=[], dtype="f32", gamma=None, hits=8,
+    ),
+    dict(
+        name="b16_sw11_sw11_noncausal_bf16",
+        about="the published DFlash2 attention layout in miniature: is_causal false, every layer sliding "
+              "(W=11 < B=16, so the window cuts block slots both ways and the context), BF16 target_hidden, "
+              "embed_tokens and lm_head; no GQA (2 = 2 heads x 16); 3 taps [0, 2, 4] of 6; 3 documents 70, 9, "
+              "45; gamma 7",
+        seed=5707, D=32, V=72, I=40, nq=2, nkv=2, hd=16, layer_types=[SLIDE, SLIDE], window=11, B=16,
+        Lt=6, taps=[0, 2, 4], mask_token_id=5, theta=1e7, eps=1e-6, is_causal=False,
+        docs=[70, 9, 45], prompt=[0.2, 0.0, 0.25], holes=0.1,
+        n_anchors=20, near_end=[2, 3], at_start=[1], off_rule=[], dtype="bf16", gamma=None, hits=6,
     ),
 ]
 
@@ -165,6 +187,7 @@ def config_dict(fx):
         "layer_types": list(fx["layer_types"]),
         "use_sliding_window": has_sliding,
         "sliding_window": fx["window"] if has_sliding else None,
+        **({"is_causal": fx["is_causal"]} if fx.get("is_causal") is not None else {}),
         "tie_word_embeddings": False,
         "vocab_size": fx["V"],
         "initializer_range": 0.02,
@@ -314,15 +337,20 @@ def make_batch(fx, gen):
 _MASKS = {}
 
 
-def loop_mask(cu, anchors, B, sliding, W):
+def layer_causal(fx, lt):
+    """Is a layer of type lt causal within the block? The top-level is_causal where given, else sliding."""
+    return fx["is_causal"] if fx.get("is_causal") is not None else lt == SLIDE
+
+
+def loop_mask(cu, anchors, B, sliding, W, causal):
     """Dense visibility [n_blocks·B, T + n_blocks·B] from the rules, one entry at a time (memoised)."""
-    key = (tuple(cu), tuple(anchors), B, sliding, W)
+    key = (tuple(cu), tuple(anchors), B, sliding, W, causal)
     if key not in _MASKS:
-        _MASKS[key] = build_loop_mask(cu, anchors, B, sliding, W)
+        _MASKS[key] = build_loop_mask(cu, anchors, B, sliding, W, causal)
     return _MASKS[key]
 
 
-def build_loop_mask(cu, anchors, B, sliding, W):
+def build_loop_mask(cu, anchors, B, sliding, W, causal):
     T = cu[-1]
     doc_of, _ = doc_tables(cu)
     nb = len(anchors)
@@ -337,14 +365,17 @@ def build_loop_mask(cu, anchors, B, sliding, W):
                 row[p] = vis
             for jj in range(nb):
                 for kk in range(B):
-                    row[T + jj * B + kk] = jj == j and (not sliding or kk <= k)
+                    # the window bounds every key by position, the block's own slots too (both
+                    # directions; a causal layer sees only kk <= k anyway)
+                    row[T + jj * B + kk] = (jj == j and (not causal or kk <= k)
+                                            and (not sliding or abs(kk - k) < W))
             if not any(row):
                 fail(f"query (block {j}, slot {k}) sees nothing")
             rows.append(row)
     return torch.tensor(rows, dtype=torch.bool).reshape(nb * B, T + nb * B)
 
 
-def vector_mask(cu, anchors, B, sliding, W):
+def vector_mask(cu, anchors, B, sliding, W, causal):
     """The same mask with broadcast tensor ops (an independent second implementation)."""
     cu_t = torch.tensor(cu)
     T = int(cu_t[-1])
@@ -357,8 +388,10 @@ def vector_mask(cu, anchors, B, sliding, W):
     if sliding:
         ctx &= p[None, :] >= (a + qk - (W - 1))[:, None]
     blk = qj[:, None] == qj[None, :]
-    if sliding:
+    if causal:
         blk &= qk[None, :] <= qk[:, None]
+    if sliding:
+        blk &= (qk[None, :] - qk[:, None]).abs() < W
     return torch.cat([ctx, blk], dim=1)
 
 
@@ -417,9 +450,13 @@ class Step:
         self.F = batch["target_hidden"].to(torch.float64)
         self.embed = batch["embed_tokens"].to(torch.float64)
         self.lm_head = batch["lm_head"].to(torch.float64)
-        self.masks = {FULL: loop_mask(self.cu, self.anchors, B, False, W)}
-        if SLIDE in fx["layer_types"]:
-            self.masks[SLIDE] = loop_mask(self.cu, self.anchors, B, True, W)
+        # one mask per (layer type, causal) that occurs, and the full bidirectional one that
+        # check_masks measures the window's cut against
+        self.masks = {(FULL, False): loop_mask(self.cu, self.anchors, B, False, W, False)}
+        for lt in fx["layer_types"]:
+            key = (lt, layer_causal(fx, lt))
+            if key not in self.masks:
+                self.masks[key] = loop_mask(self.cu, self.anchors, B, lt == SLIDE, W, key[1])
         pos_ctx, pos_blk = positions(self.cu, self.anchors, B)
         self.pos_blk = pos_blk
         self.cos_q, self.sin_q = rope_tables(pos_blk, fx["hd"], fx["theta"])
@@ -449,7 +486,7 @@ class Step:
             k = k.repeat_interleave(group, dim=1)        # q head h uses kv head h // group
             v = v.repeat_interleave(group, dim=1)
             s = torch.einsum("qhd,khd->hqk", q, k) * hd ** -0.5
-            s = s.masked_fill(~self.masks[lt][None, :, :], float("-inf"))
+            s = s.masked_fill(~self.masks[(lt, layer_causal(fx, lt))][None, :, :], float("-inf"))
             attn = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v).reshape(Q, nq * hd)
             x = x + attn @ P[p + "self_attn.o_proj.weight"].T
             m = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
@@ -513,20 +550,60 @@ def grads(step, P):
 
 def check_masks(step):
     fx, worst = step.fx, 0
-    for lt, m in step.masks.items():
-        vm = vector_mask(step.cu, step.anchors, fx["B"], lt == SLIDE, fx["window"])
+    for (lt, causal), m in step.masks.items():
+        vm = vector_mask(step.cu, step.anchors, fx["B"], lt == SLIDE, fx["window"], causal)
         diff = int((vm != m).sum())
         if diff > MASK_TOL:
-            fail(f"{fx['name']}: loop and vectorised {lt} masks differ in {diff} entries")
+            fail(f"{fx['name']}: loop and vectorised {lt} (causal {causal}) masks differ in {diff} entries")
         worst = max(worst, diff)
-    cut = 0
-    if SLIDE in step.masks:
-        cut = int((step.masks[FULL][:, :step.T] & ~step.masks[SLIDE][:, :step.T]).sum())
+    cut = cut_blk = 0
+    full = step.masks[(FULL, False)]
+    for (lt, causal), m in step.masks.items():
+        if lt != SLIDE:
+            continue
+        cut = int((full[:, :step.T] & ~m[:, :step.T]).sum())
         if cut == 0:
             fail(f"{fx['name']}: the sliding window never hides a context row; make it smaller")
+        # block slots the window hides beyond what causality hides
+        own = step.masks.get((FULL, causal), loop_mask(step.cu, step.anchors, fx["B"], False, fx["window"], causal))
+        cut_blk = int((own[:, step.T:] & ~m[:, step.T:]).sum())
+        if fx["window"] < fx["B"] and cut_blk == 0:
+            fail(f"{fx['name']}: W < B but the window hides no block slot")
+    zl = check_masks_against_zlab(step)
     log(f"    self-check loop mask == vectorised mask: {sum(int(m.numel()) for m in step.masks.values())} "
-        f"entries equal; the window hides {cut} context entries")
-    return dict(mask_entries_differing=worst, window_hidden_context_entries=cut)
+        f"entries equal; the window hides {cut} context entries and {cut_blk} block-slot entries")
+    return dict(mask_entries_differing=worst, window_hidden_context_entries=cut,
+                window_hidden_block_entries=cut_blk, zlab_mask_entries_differing=zl)
+
+
+def check_masks_against_zlab(step):
+    """Every block's rows of every layer's mask against z-lab's decoder (dflash.model._attention_mask, the
+    mask its DFlashDraftModel applies at inference): keys = the anchor's document before the anchor, then the
+    block; queries = the block. An outside implementation of the same rule; entries differing must be 0."""
+    try:
+        from dflash.model import _attention_mask
+    except ImportError as e:
+        fail(f"z-lab's dflash package is needed for the mask cross-check (pip install --no-deps dflash==0.1.0): {e}")
+    fx, B, T = step.fx, step.fx["B"], step.T
+    _, start_of = doc_tables(step.cu)
+    bad = 0
+    for (lt, causal), m in step.masks.items():
+        W = fx["window"] if lt == SLIDE else None
+        for j, a in enumerate(step.anchors):
+            lo = start_of[a]
+            q = torch.zeros(1, 1, B, 1)
+            k = torch.zeros(1, 1, (a - lo) + B, 1)
+            z = _attention_mask(q, k, is_causal=causal, sliding_window=W)[0, 0]
+            ours = torch.cat([m[j * B:(j + 1) * B, lo:a], m[j * B:(j + 1) * B, T + j * B:T + (j + 1) * B]], dim=1)
+            bad += int((z != ours).sum())
+            # and nothing outside the document and the own block
+            rest = m[j * B:(j + 1) * B].clone()
+            rest[:, lo:a] = False
+            rest[:, T + j * B:T + (j + 1) * B] = False
+            bad += int(rest.sum())
+    if bad:
+        fail(f"{fx['name']}: our masks differ from z-lab's _attention_mask in {bad} entries")
+    return bad
 
 
 def check_finite_differences(step, P, g, gen):
@@ -748,6 +825,7 @@ def make_fixture(fx, fdir):
         name=name, about=fx["about"], seed=fx["seed"],
         drafter=dict(hidden_size=fx["D"], intermediate_size=fx["I"], vocab_size=fx["V"], num_layers=len(lt),
                      layer_types=lt, sliding_window=fx["window"] if SLIDE in lt else None,
+                     is_causal=fx.get("is_causal"), causal_layers=[layer_causal(fx, t) for t in lt],
                      num_attention_heads=fx["nq"], num_key_value_heads=fx["nkv"], head_dim=fx["hd"],
                      block_size=B, mask_token_id=fx["mask_token_id"], num_target_layers=fx["Lt"],
                      target_layer_ids=fx["taps"], rope_theta=fx["theta"], rms_norm_eps=fx["eps"],
