@@ -96,7 +96,8 @@ static void drafter_flops_step(const cm_drafter_cfg *d, double T, double A, doub
     double       lin = 0, attn = 0;
     for (int l = 0; l < d->n_layers; l++) {
         const int    sliding = d->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION;
-        const double vis = visible_context(S, sliding ? d->sliding_window : 0) + (sliding ? (B + 1) / 2 : B);
+        const double vis =
+            visible_context(S, sliding ? d->sliding_window : 0) + (cm_drafter_layer_causal(d, l) ? (B + 1) / 2 : B);
         lin += 2 * 2 * Q * D * H * hd + 2 * 2 * K * D * KV * hd + 2 * 3 * Q * D * I;
         attn += 4 * Q * H * hd * vis;
     }

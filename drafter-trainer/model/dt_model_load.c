@@ -53,10 +53,17 @@ static cm_status cfg_agrees(const cm_drafter_cfg *want, const cm_drafter_cfg *go
     DT_SAME(mask_token_id, "mask_token_id")
     DT_SAME(n_taps, "the number of target_layer_ids")
 #undef DT_SAME
-    for (int l = 0; l < want->n_layers; l++)
+    for (int l = 0; l < want->n_layers; l++) {
         if (want->layer_types[l] != got->layer_types[l])
             return CM_FAIL(CM_ERR_INVALID_ARG, "'%s/config.json': layer_types[%d] differs from the model's",
                            dir, l);
+        if (cm_drafter_layer_causal(want, l) != cm_drafter_layer_causal(got, l))
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "'%s/config.json': layer %d is %scausal (is_causal %s) but the model's is %scausal",
+                           dir, l, cm_drafter_layer_causal(got, l) ? "" : "non-",
+                           got->is_causal < 0 ? "absent" : got->is_causal ? "true" : "false",
+                           cm_drafter_layer_causal(want, l) ? "" : "non-");
+    }
     for (int i = 0; i < want->n_taps; i++)
         if (want->target_layer_ids[i] != got->target_layer_ids[i])
             return CM_FAIL(CM_ERR_INVALID_ARG,

@@ -101,7 +101,7 @@ FIXTURES = [
               "30, 1, 60, 17; F32 batch; gamma 4",
         seed=5606, D=32, V=88, I=48, nq=4, nkv=2, hd=8, layer_types=[SLIDE, SLIDE, FULL], window=3, B=8,
         Lt=5, taps=[1, 3], mask_token_id=87, theta=1e7, eps=1e-6, is_causal=False,
-        docs=[30, 1, 60, 17], prompt=[0.2, 0.0, 0.3, 0.0], holes=0.1,
+        docs=[30, 1, 60, 17], prompt=[0.0, 0.0, 0.0, 0.3], holes=0.1,
         n_anchors=24, near_end=[2, 4], at_start=[0, 2], off_rule=[], dtype="f32", gamma=None, hits=8,
     ),
     dict(
@@ -571,7 +571,8 @@ def check_masks(step):
             fail(f"{fx['name']}: W < B but the window hides no block slot")
     zl = check_masks_against_zlab(step)
     log(f"    self-check loop mask == vectorised mask: {sum(int(m.numel()) for m in step.masks.values())} "
-        f"entries equal; the window hides {cut} context entries and {cut_blk} block-slot entries")
+        f"entries equal; the window hides {cut} context entries and {cut_blk} block-slot entries; z-lab's "
+        f"_attention_mask differs in {zl} entries")
     return dict(mask_entries_differing=worst, window_hidden_context_entries=cut,
                 window_hidden_block_entries=cut_blk, zlab_mask_entries_differing=zl)
 
