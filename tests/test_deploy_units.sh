@@ -93,12 +93,17 @@ exec_start "$units/tandem-target-server@.service" 1
 unit_env x 1 "$tmp/server.env"
 env -i "${ENVV[@]}" "${CMD[@]}" >"$tmp/server.log" 2>&1 &
 server=$!
-for _ in $(seq 300); do
+for _ in $(seq 600); do
     if grep -q "answering requests" "$tmp/server.log" 2>/dev/null || ! kill -0 "$server" 2>/dev/null; then break; fi
     sleep 0.1
 done
 check "server bound TANDEM_BASE_PORT + instance" grep -qx "tcp://127.0.0.1:$port" "$tmp/run-1/endpoint"
 check "server ready" grep -q "answering requests" "$tmp/server.log"
+if ((fails > 0)); then # no server: the trainer steps would only wait out their timeout
+    echo "the server's log:"
+    cat "$tmp/server.log"
+    exit 1
+fi
 
 # ---- tandem-drafter-trainer@r1, started twice
 cat >"$tmp/r1.env" <<EOF

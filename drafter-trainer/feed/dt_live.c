@@ -82,7 +82,7 @@ cm_status dt_live_connect(cm_chan_client *cl, const char *ep, int64_t timeout_ms
             int         no_file = strncmp(ep, "ipc://", 6) == 0 && ep[6] != '@' && stat(ep + 6, &sb) != 0;
             CM_LOG_WARN("connecting to '%s': no WELCOME after %.0f s of %.0f s (--timeout-ms %lld); %slast "
                         "problem: %s",
-                        ep, waited, (double)timeout_ms / 1000.0, (long long)timeout_ms,
+                        ep, next, (double)timeout_ms / 1000.0, (long long)timeout_ms,
                         no_file ? "no socket file at that path; " : "", problem);
             next += DT_CONNECT_PROGRESS_MS / 1000.0;
         }
