@@ -68,6 +68,24 @@ typedef struct kn_dflash_attn_params {
     float         *dq, *dk_ctx, *dv_ctx, *dk_blk, *dv_blk; /* bwd outputs */
 } kn_dflash_attn_params;
 
+/* DFlash2's grouped dynamic causal convolution of one side of one module (docs/drafter.md), over
+ * the block rows only: rows = n_blocks · B, row i is slot i % B of block i / B. With n_g = D / G
+ * groups and side s (0: the input side, "prepare"; 1: the output side, "finish"):
+ *   out[i, c] = Σ_{t < Kc, t ≤ slot(i)} (base[s, t, c] + delta[i, s, t, c / G]) · x[i − t, c]
+ * so no tap crosses a block's start. base [2, Kc, D] (index 0 the input side, 1 the output side),
+ * delta [rows, 2, Kc, n_g] (the sublayer input's kernel projection, made by a GEMM outside), x and
+ * out [rows, D] (out may not alias x). Backward, given dout [rows, D]: dx = ∂/∂x (written),
+ * dbase[s] (this side's [Kc, D] slice) and ddelta[:, s] (this side's [rows, Kc, n_g] part) written;
+ * the other side's slices are left alone. 1 ≤ Kc ≤ B, G ≥ 1 divides D. */
+typedef struct kn_dynconv_params {
+    int64_t      rows;
+    int          B, D, G, Kc, side;
+    const float *x, *base, *delta;
+    float       *out;                 /* fwd output */
+    const float *dout;                /* bwd input */
+    float       *dx, *dbase, *ddelta; /* bwd outputs */
+} kn_dynconv_params;
+
 typedef struct kn_adamw_params {
     float   lr, beta1, beta2, eps, weight_decay;
     float   grad_scale; /* multiplies the gradient first (global-norm clipping) */
@@ -212,6 +230,9 @@ typedef struct kn_backend {
     cm_status (*dflash_attn_fwd)(kn_ctx *ctx, const kn_dflash_attn_params *p); /* (optional) */
     /* DFlash block attention, backward: writes dq, dk_ctx, dv_ctx, dk_blk, dv_blk (=). */
     cm_status (*dflash_attn_bwd)(kn_ctx *ctx, const kn_dflash_attn_params *p); /* (optional) */
+    /* DFlash2 grouped dynamic causal convolution, forward and backward (see kn_dynconv_params). */
+    cm_status (*dynconv_fwd)(kn_ctx *ctx, const kn_dynconv_params *p); /* (optional) */
+    cm_status (*dynconv_bwd)(kn_ctx *ctx, const kn_dynconv_params *p); /* (optional) */
     /* Fused LM head + cross-entropy over R rows, never holding more than one chunk of logits:
      *   logits_r = h_r · Wᵀ (W [V, D] frozen, in wdt), ce_r = logsumexp(logits_r) − logits_r[label_r],
      *   argmax_r = index of the largest logit (lowest index on ties),

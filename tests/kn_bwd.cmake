@@ -1,3 +1,6 @@
 # The cpu reference of the drafter training ops (backward passes, DFlash attention, fused LM
 # head + CE, sumsq, AdamW) against finite differences and naive formulas (unit).
 add_unit_test(test_kn_ref_bwd test_kn_ref_bwd.c LABELS unit LIBS kn)
+# DFlash2's grouped dynamic causal convolution (cpu reference): a padded second implementation,
+# the identity initialisation, finite differences, bad arguments (unit).
+add_unit_test(test_kn_dynconv test_kn_dynconv.c LABELS unit LIBS kn)

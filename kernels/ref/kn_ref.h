@@ -105,6 +105,11 @@ cm_status kn_ref_swiglu_bwd(kn_ctx *ctx, float *dgate, float *dup, const float *
  * that fixed order. */
 cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
 cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
+/* kn_dynconv_ref.c: sums in double, one output row (fwd) or one input row (bwd: its dx gathers
+ * the taps of the rows after it in the block) per task, so results do not depend on the thread
+ * count; dbase and ddelta are sums over rows taken in row order. */
+cm_status kn_ref_dynconv_fwd(kn_ctx *ctx, const kn_dynconv_params *p);
+cm_status kn_ref_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p);
 /* Chunks of KN_REF_LM_CE_ROWS rows share each widened row of W; per-thread scratch is one
  * chunk of logits in double ([rows, V]) and one [rows, D] accumulator for dh. Labels must be
  * in [0, V); gscale may be NULL when dh is NULL. */
