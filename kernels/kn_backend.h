@@ -76,7 +76,7 @@ typedef struct kn_dflash_attn_params {
  * delta [rows, 2, Kc, n_g] (the sublayer input's kernel projection, made by a GEMM outside), x and
  * out [rows, D] (out may not alias x). Backward, given dout [rows, D]: dx = ∂/∂x (written),
  * dbase[s] (this side's [Kc, D] slice) and ddelta[:, s] (this side's [rows, Kc, n_g] part) written;
- * the other side's slices are left alone. 1 ≤ Kc ≤ B, G ≥ 1 divides D. */
+ * the other side's slices are left alone (rows = 0 writes nothing). 1 ≤ Kc ≤ B, G ≥ 1 divides D. */
 typedef struct kn_dynconv_params {
     int64_t      rows;
     int          B, D, G, Kc, side;
@@ -85,6 +85,9 @@ typedef struct kn_dynconv_params {
     const float *dout;                /* bwd input */
     float       *dx, *dbase, *ddelta; /* bwd outputs */
 } kn_dynconv_params;
+/* The shape and pointer rules above, as both backends apply them (ref/kn_dynconv_ref.c): CM_OK, or
+ * CM_ERR_INVALID_ARG naming op and the broken rule. bwd: the backward's pointers, else the forward's. */
+cm_status kn_dynconv_check(const char *op, kn_ctx *ctx, const kn_dynconv_params *p, int bwd);
 
 typedef struct kn_adamw_params {
     float   lr, beta1, beta2, eps, weight_decay;

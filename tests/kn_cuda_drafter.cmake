@@ -8,3 +8,7 @@ if(TANDEM_HAVE_CUDA)
   target_compile_options(bench_kn_drafter PRIVATE ${TANDEM_C_WARNINGS})
   target_link_libraries(bench_kn_drafter PRIVATE kn cm m)
 endif()
+# The CUDA grouped dynamic causal convolution of DFlash2 against the cpu reference (label gpu).
+if(TANDEM_HAVE_CUDA)
+  add_unit_test(test_kn_cuda_dynconv test_kn_cuda_dynconv.c LABELS gpu LIBS kn TIMEOUT 120)
+endif()

@@ -140,15 +140,27 @@ static void expect_refused(kn_dynconv_params p, int bwd, const char *want) {
     cm_status st = bwd ? be->dynconv_bwd(ctx, &p) : be->dynconv_fwd(ctx, &p);
     const int good = st == CM_ERR_INVALID_ARG && strstr(cm_last_error(), want);
     if (!good)
-        fprintf(stderr, "  expected a refusal with '%s', got %s: %s\n", want, cm_status_str(st), cm_last_error());
+        fprintf(stderr, "  expected a refusal with '%s', got %s: %s\n", want, cm_status_str(st),
+                cm_last_error());
     TST_CHECK(good);
 }
 
 static void test_bad_args(void) {
     float             buf[4096] = {0}, out[1024];
-    kn_dynconv_params good = {.rows = 8,    .B = 4,     .D = 6,      .G = 3,   .Kc = 2,
-                              .side = 1,    .x = buf,   .base = buf, .delta = buf,
-                              .out = out,   .dout = buf, .dx = out,  .dbase = out, .ddelta = out};
+    kn_dynconv_params good = {.rows = 8,
+                              .B = 4,
+                              .D = 6,
+                              .G = 3,
+                              .Kc = 2,
+                              .side = 1,
+                              .x = buf,
+                              .base = buf,
+                              .delta = buf,
+                              .out = out,
+                              .dout = buf,
+                              .dx = out,
+                              .dbase = out,
+                              .ddelta = out};
     TST_CHECK(tst_ok(be->dynconv_fwd(ctx, &good), "dynconv_fwd good"));
     kn_dynconv_params p = good;
     p.G = 4;
@@ -175,7 +187,7 @@ int main(void) {
         return 1;
     }
     static const dc_case cases[] = {
-        {"Kc 3, 3 groups", 3, 5, 12, 4, 3},  /* B odd, taps cut at every block start */
+        {"Kc 3, 3 groups", 3, 5, 12, 4, 3}, /* B odd, taps cut at every block start */
         {"Kc 1 (no taps back)", 2, 4, 6, 3, 1},
         {"Kc = B, one group", 2, 3, 5, 5, 3}, /* a group of the whole width; the last slot taps all */
         {"Kc 2, group size 1", 4, 2, 3, 1, 2},

@@ -35,18 +35,19 @@ typedef double (*loss_fn)(void *st);
 static inline void fd_grad(loss_fn f, void *st, float *x, long n, double *g) {
     for (long i = 0; i < n; i++) {
         const float x0 = x[i], xp = (float)(x0 + FD_H), xm = (float)(x0 - FD_H);
-        x[i]            = xp;
+        x[i] = xp;
         const double lp = f(st);
-        x[i]            = xm;
+        x[i] = xm;
         const double lm = f(st);
-        x[i]            = x0;
-        g[i]            = (lp - lm) / ((double)xp - (double)xm);
+        x[i] = x0;
+        g[i] = (lp - lm) / ((double)xp - (double)xm);
     }
 }
 
 static inline int fd_agrees(const char *name, const float *got, const double *fd, long n, int quiet) {
     double ss = 0;
-    for (long i = 0; i < n; i++) ss += fd[i] * fd[i];
+    for (long i = 0; i < n; i++)
+        ss += fd[i] * fd[i];
     const double rms = sqrt(ss / (double)(n > 0 ? n : 1));
     const double rel = tst_rel_l2(got, fd, n);
     int          bad = 0;

@@ -11,10 +11,11 @@
 
 #include <stdlib.h>
 
-static cm_status check_params(const char *op, kn_ctx *ctx, const kn_dynconv_params *p, int bwd) {
+cm_status kn_dynconv_check(const char *op, kn_ctx *ctx, const kn_dynconv_params *p, int bwd) {
     KN_REF_CHECK(ctx && p, "%s: ctx or params is NULL", op);
     KN_REF_CHECK(p->rows >= 0 && p->B > 0 && p->D > 0 && p->G > 0 && p->Kc > 0,
-                 "%s: bad shape rows=%lld B=%d D=%d G=%d Kc=%d", op, (long long)p->rows, p->B, p->D, p->G, p->Kc);
+                 "%s: bad shape rows=%lld B=%d D=%d G=%d Kc=%d", op, (long long)p->rows, p->B, p->D, p->G,
+                 p->Kc);
     KN_REF_CHECK(p->rows % p->B == 0, "%s: rows=%lld is not a whole number of blocks of B=%d", op,
                  (long long)p->rows, p->B);
     KN_REF_CHECK(p->D % p->G == 0, "%s: conv_group_size G=%d does not divide the hidden size D=%d", op, p->G,
@@ -41,7 +42,7 @@ static double coef(const kn_dynconv_params *p, int64_t i, int t, int c) {
 }
 
 cm_status kn_ref_dynconv_fwd(kn_ctx *ctx, const kn_dynconv_params *p) {
-    CM_TRY(check_params("dynconv_fwd", ctx, p, 0));
+    CM_TRY(kn_dynconv_check("dynconv_fwd", ctx, p, 0));
     const int D = p->D;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
@@ -59,7 +60,9 @@ cm_status kn_ref_dynconv_fwd(kn_ctx *ctx, const kn_dynconv_params *p) {
 }
 
 cm_status kn_ref_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p) {
-    CM_TRY(check_params("dynconv_bwd", ctx, p, 1));
+    CM_TRY(kn_dynconv_check("dynconv_bwd", ctx, p, 1));
+    if (p->rows == 0)
+        return CM_OK;
     const int     D = p->D, B = p->B, Kc = p->Kc, G = p->G, ng = D / G, s = p->side;
     const int64_t rows = p->rows;
     /* dx: row m is tapped by rows m + t of its block */
