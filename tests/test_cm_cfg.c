@@ -83,6 +83,15 @@ static cJSON *dflash(void) {
     return load_json(DATA "/dflash_qwen3_6_27b/config.json");
 }
 
+/* The same drafter as DFlash2 with the published 27B values (Kc 2, G 16, R 256, K 16). */
+static cJSON *dflash2(void) {
+    cJSON *j = edit(dflash(), "architectures", "[\"DFlash2DraftModel\"]");
+    j = edit(j, "dflash_config.conv_kernel_size", "2");
+    j = edit(j, "dflash_config.conv_group_size", "16");
+    j = edit(j, "dflash_config.selector_rank", "256");
+    return edit(j, "dflash_config.selector_top_k", "16");
+}
+
 // ---- target
 
 static void check_27b(const cm_target_cfg *c) {
@@ -333,6 +342,13 @@ static void test_drafter_good(void) {
               d.head_dim == 160 && d.n_kv_heads == 32);
     TST_CHECK(drafter_of(edit(dflash(), "max_position_embeddings", NULL), &d) == CM_OK &&
               d.max_position_embeddings == 32768);
+    // a DFlash config is kind DFlash with no DFlash2 fields; a DFlash2 config carries its four keys
+    TST_CHECK(d.kind == CM_DRAFTER_DFLASH && d.conv_kernel_size == 0 && d.selector_top_k == 0);
+    TST_CHECK(drafter_of(dflash2(), &d) == CM_OK && d.kind == CM_DRAFTER_DFLASH2 && d.conv_kernel_size == 2 &&
+              d.conv_group_size == 16 && d.selector_rank == 256 && d.selector_top_k == 16 && d.hidden_size == 5120);
+    TST_CHECK(drafter_of(edit(dflash2(), "dflash_config.conv_kernel_size", "16"), &d) == CM_OK &&
+              d.conv_kernel_size == 16); /* Kc = B is allowed */
+    TST_CHECK(drafter_of(dflash(), &d) == CM_OK);
     // causality per layer: absent (or null) -> sliding layers causal, full not; is_causal decides for all
     TST_CHECK(d.is_causal == -1 && cm_drafter_layer_causal(&d, 0) == 1 && cm_drafter_layer_causal(&d, 4) == 0);
     TST_CHECK(drafter_of(edit(dflash(), "is_causal", "false"), &d) == CM_OK && d.is_causal == 0 &&
@@ -382,7 +398,26 @@ static void test_drafter_bad(void) {
     TST_FAILS(drafter_of(edit(dflash(), "architectures", NULL), &d), CM_ERR_FORMAT, ORIGIN,
               "missing field 'architectures'", "DFlashDraftModel");
     TST_FAILS(drafter_of(edit(dflash(), "architectures", "[\"Qwen3ForCausalLM\"]"), &d), CM_ERR_UNSUPPORTED,
-              "architectures has no \"DFlashDraftModel\" (found 'Qwen3ForCausalLM')");
+              "architectures has no \"DFlashDraftModel\" or \"DFlash2DraftModel\" (found 'Qwen3ForCausalLM')");
+
+    // DFlash2: the four dflash_config keys, each missing and each out of its shape
+    {
+        const char *keys[4] = {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"};
+        for (int i = 0; i < 4; i++) {
+            char key[64], want[96];
+            snprintf(key, sizeof key, "dflash_config.%s", keys[i]);
+            snprintf(want, sizeof want, "missing field 'dflash_config.%s'", keys[i]);
+            TST_FAILS(drafter_of(edit(dflash2(), key, NULL), &d), CM_ERR_FORMAT, want);
+            snprintf(want, sizeof want, "dflash_config.%s must be at least 1, found 0", keys[i]);
+            TST_FAILS(drafter_of(edit(dflash2(), key, "0"), &d), CM_ERR_FORMAT, want);
+        }
+        TST_FAILS(drafter_of(edit(dflash2(), "dflash_config.conv_kernel_size", "17"), &d), CM_ERR_FORMAT,
+                  "dflash_config.conv_kernel_size 17 is above block_size 16");
+        TST_FAILS(drafter_of(edit(dflash2(), "dflash_config.conv_group_size", "3"), &d), CM_ERR_FORMAT,
+                  "dflash_config.conv_group_size 3 does not divide hidden_size 5120");
+        TST_FAILS(drafter_of(edit(dflash2(), "dflash_config.selector_top_k", "248321"), &d), CM_ERR_FORMAT,
+                  "dflash_config.selector_top_k 248321 is above vocab_size 248320");
+    }
     TST_FAILS(drafter_of(edit(dflash(), "hidden_size", NULL), &d), CM_ERR_FORMAT,
               "missing field 'hidden_size'");
     TST_FAILS(drafter_of(edit(dflash(), "num_attention_heads", "30"), &d), CM_ERR_FORMAT,

@@ -106,13 +106,19 @@ static void write_config(const char *path, const cm_drafter_cfg *c) {
     TST_CHECK(f != NULL);
     if (!f)
         return;
-    fprintf(f, "{\n  \"architectures\": [\"DFlashDraftModel\"],\n  \"model_type\": \"qwen3\",\n");
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"qwen3\",\n",
+            c->kind == CM_DRAFTER_DFLASH2 ? "DFlash2DraftModel" : "DFlashDraftModel");
     fprintf(f, "  \"block_size\": %d,\n  \"num_target_layers\": %d,\n", c->block_size, c->num_target_layers);
     fprintf(f, "  \"dflash_config\": {\"mask_token_id\": %d, \"block_size\": %d, \"target_layer_ids\": [",
             c->mask_token_id, c->block_size);
     for (int i = 0; i < c->n_taps; i++)
         fprintf(f, "%s%d", i ? ", " : "", c->target_layer_ids[i]);
-    fprintf(f, "]},\n");
+    fprintf(f, "]");
+    if (c->kind == CM_DRAFTER_DFLASH2)
+        fprintf(f, ", \"conv_kernel_size\": %d, \"conv_group_size\": %d, \"selector_rank\": %d, "
+                   "\"selector_top_k\": %d",
+                c->conv_kernel_size, c->conv_group_size, c->selector_rank, c->selector_top_k);
+    fprintf(f, "},\n");
     fprintf(f, "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n",
             c->hidden_size, c->intermediate_size, c->n_layers);
     fprintf(f, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n",
@@ -293,6 +299,15 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/mask-vocab", tmp);
     make_drafter(dir, &c, NULL);
     expect_fail("mask_token_id >= vocab_size", dir, NULL, NULL, "mask_token_id", "vocabulary");
+
+    /* a DFlash2 config parses and is refused by name before any work */
+    c = cfg;
+    c.kind = CM_DRAFTER_DFLASH2;
+    c.conv_kernel_size = 2, c.conv_group_size = 1, c.selector_rank = 8, c.selector_top_k = 4;
+    snprintf(dir, sizeof dir, "%s/dflash2", tmp);
+    make_drafter(dir, &c, NULL);
+    expect_fail("DFlash2 drafter", dir, NULL, NULL, "is a DFlash2 drafter (DFlash2DraftModel: conv_kernel_size 2",
+                "training DFlash2 is not implemented yet");
 
     c = cfg;
     c.attention_bias = 1;

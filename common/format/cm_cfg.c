@@ -474,12 +474,12 @@ static void default_taps(int n_target_layers, int n_taps, int *ids) {
         ids[i] = (int)nearbyint(start + i * span / (n_taps - 1));
 }
 
-static cm_status drafter_architectures(const cfg_obj *o) {
+static cm_status drafter_architectures(const cfg_obj *o, cm_drafter_kind *kind) {
     const cJSON *arch = cfg_item(o, "architectures");
     if (!arch)
         return CM_FAIL(CM_ERR_FORMAT,
                        "'%s': missing field 'architectures'; a DFlash drafter config lists "
-                       "\"DFlashDraftModel\"",
+                       "\"DFlashDraftModel\" (or \"DFlash2DraftModel\")",
                        o->origin);
     if (!cJSON_IsArray(arch))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field 'architectures' must be an array of strings, found %s",
@@ -489,14 +489,16 @@ static cm_status drafter_architectures(const cfg_obj *o) {
     cJSON_ArrayForEach(it, arch) {
         if (!cJSON_IsString(it))
             continue;
-        if (strcmp(it->valuestring, "DFlashDraftModel") == 0)
+        if (strcmp(it->valuestring, "DFlashDraftModel") == 0 || strcmp(it->valuestring, "DFlash2DraftModel") == 0) {
+            *kind = it->valuestring[6] == '2' ? CM_DRAFTER_DFLASH2 : CM_DRAFTER_DFLASH;
             return CM_OK;
+        }
         if (!first)
             first = it->valuestring;
     }
     return CM_FAIL(CM_ERR_UNSUPPORTED,
-                   "'%s': architectures has no \"DFlashDraftModel\" (found '%s'); not a DFlash "
-                   "drafter config",
+                   "'%s': architectures has no \"DFlashDraftModel\" or \"DFlash2DraftModel\" (found '%s'); "
+                   "not a DFlash drafter config",
                    o->origin, first ? first : "");
 }
 
@@ -555,9 +557,42 @@ static cm_status drafter_taps(cm_drafter_cfg *cfg, const cfg_obj *dc) {
     return CM_OK;
 }
 
+/* DFlash2's four dflash_config keys (z-lab's loader needs every one; the top level is accepted too),
+ * each checked against the shapes it must fit. */
+static cm_status drafter2_fields(cm_drafter_cfg *cfg, const cfg_obj *top, const cfg_obj *dc) {
+    static const char *const keys[4] = {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"};
+    int *const               out[4] = {&cfg->conv_kernel_size, &cfg->conv_group_size, &cfg->selector_rank,
+                                       &cfg->selector_top_k};
+    const char              *origin = top->origin;
+    for (int i = 0; i < 4; i++) {
+        int found;
+        CM_TRY(cfg_int_either(dc, top, keys[i], out[i], &found));
+        if (!found)
+            return CM_FAIL(CM_ERR_FORMAT,
+                           "'%s': missing field 'dflash_config.%s'; a DFlash2DraftModel config needs "
+                           "conv_kernel_size, conv_group_size, selector_rank and selector_top_k",
+                           origin, keys[i]);
+        if (*out[i] < 1)
+            return CM_FAIL(CM_ERR_FORMAT, "'%s': dflash_config.%s must be at least 1, found %d", origin, keys[i],
+                           *out[i]);
+    }
+    if (cfg->conv_kernel_size > cfg->block_size)
+        return CM_FAIL(CM_ERR_FORMAT,
+                       "'%s': dflash_config.conv_kernel_size %d is above block_size %d (a tap cannot reach "
+                       "past its block)",
+                       origin, cfg->conv_kernel_size, cfg->block_size);
+    if (cfg->hidden_size % cfg->conv_group_size != 0)
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': dflash_config.conv_group_size %d does not divide hidden_size %d",
+                       origin, cfg->conv_group_size, cfg->hidden_size);
+    if (cfg->selector_top_k > cfg->vocab_size)
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': dflash_config.selector_top_k %d is above vocab_size %d", origin,
+                       cfg->selector_top_k, cfg->vocab_size);
+    return CM_OK;
+}
+
 static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     const char *origin = top->origin;
-    CM_TRY(drafter_architectures(top));
+    CM_TRY(drafter_architectures(top, &cfg->kind));
     char    dc_prefix[32], rp_prefix[32], rs_prefix[32];
     cfg_obj dc, rp, rs;
     CM_TRY(cfg_sub(top, "dflash_config", dc_prefix, sizeof dc_prefix, &dc));
@@ -635,7 +670,8 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     if (cfg->num_target_layers <= 0)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': num_target_layers must be positive, found %d", origin,
                        cfg->num_target_layers);
-    return drafter_taps(cfg, &dc);
+    CM_TRY(drafter_taps(cfg, &dc));
+    return cfg->kind == CM_DRAFTER_DFLASH2 ? drafter2_fields(cfg, top, &dc) : CM_OK;
 }
 
 cm_status cm_drafter_cfg_parse(cm_drafter_cfg *cfg, const char *json, const char *origin) {

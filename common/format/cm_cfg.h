@@ -57,7 +57,13 @@ cm_status cm_target_cfg_load(cm_target_cfg *cfg, const char *path);
 /* Parses JSON text; origin names it in messages. */
 cm_status cm_target_cfg_parse(cm_target_cfg *cfg, const char *json, const char *origin);
 
+typedef enum cm_drafter_kind {
+    CM_DRAFTER_DFLASH = 0, /* DFlashDraftModel */
+    CM_DRAFTER_DFLASH2,    /* DFlash2DraftModel: + dynamic convolutions and the candidate selector */
+} cm_drafter_kind;
+
 typedef struct cm_drafter_cfg {
+    cm_drafter_kind kind;
     int           hidden_size;
     int           n_layers;
     int           intermediate_size;
@@ -78,6 +84,9 @@ typedef struct cm_drafter_cfg {
     int           num_target_layers;
     int           n_taps;
     int           target_layer_ids[CM_CFG_MAX_TAPS];
+    /* DFlash2 only (dflash_config; 0 for DFlash): conv_kernel_size Kc ≤ block_size, conv_group_size G
+     * dividing hidden_size, selector_rank R ≥ 1, selector_top_k K ≤ vocab_size */
+    int conv_kernel_size, conv_group_size, selector_rank, selector_top_k;
 } cm_drafter_cfg;
 
 /* Does layer l's block attention see only the slots up to a query's own (causal) or all of the

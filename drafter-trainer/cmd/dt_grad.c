@@ -278,6 +278,7 @@ static cm_status run_grad(const grad_args *a) {
     memset(&tcfg, 0, sizeof tcfg);
 
     CM_TRY_GOTO(cm_drafter_cfg_load(&cfg, a->drafter), st, fail);
+    CM_TRY_GOTO(dt_model_kind_supported(&cfg, a->drafter), st, fail);
     if (a->target) {
         CM_TRY_GOTO(cm_target_cfg_load(&tcfg, a->target), st, fail);
         CM_TRY_GOTO(check_target(&cfg, &tcfg, a->drafter, a->target), st, fail);

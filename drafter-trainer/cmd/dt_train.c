@@ -114,8 +114,10 @@ static cm_status load_config(run *r) {
         snprintf(path, sizeof path, "%s/config.json", r->a.init_from);
         given = path;
     }
-    if (!r->resume_dir[0])
-        return cm_drafter_cfg_load(&r->cfg, given);
+    if (!r->resume_dir[0]) {
+        CM_TRY(cm_drafter_cfg_load(&r->cfg, given));
+        return dt_model_kind_supported(&r->cfg, given);
+    }
     char ck[4096 + 16];
     snprintf(ck, sizeof ck, "%s/config.json", r->resume_dir);
     CM_TRY(cm_drafter_cfg_load(&r->cfg, ck));
@@ -633,6 +635,7 @@ static cm_status dry_run(const train_args *a) {
         snprintf(path, sizeof path, "%s/config.json", a->init_from);
         CM_TRY(cm_drafter_cfg_load(&d, path));
     }
+    CM_TRY(dt_model_kind_supported(&d, a->config ? a->config : path));
     /* a plan needs no weights: --target may name the model directory or just its config file */
     size_t tl = strlen(a->target);
     if (tl > 5 && strcmp(a->target + tl - 5, ".json") == 0)

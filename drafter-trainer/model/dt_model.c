@@ -48,7 +48,19 @@ static void params_define(dt_model *m) {
     param_def(m, m->n_params - 1, "norm.weight", D, 0);
 }
 
+cm_status dt_model_kind_supported(const cm_drafter_cfg *c, const char *where) {
+    if (c->kind == CM_DRAFTER_DFLASH)
+        return CM_OK;
+    return CM_FAIL(CM_ERR_UNSUPPORTED,
+                   "'%s' is a DFlash2 drafter (DFlash2DraftModel: conv_kernel_size %d, conv_group_size %d, "
+                   "selector_rank %d, selector_top_k %d): training DFlash2 is not implemented yet; use a "
+                   "DFlashDraftModel config (precompute and shards serve both: the taps are the same)",
+                   where ? where : "the drafter config", c->conv_kernel_size, c->conv_group_size, c->selector_rank,
+                   c->selector_top_k);
+}
+
 static cm_status check_cfg(const cm_drafter_cfg *c) {
+    CM_TRY(dt_model_kind_supported(c, NULL));
     if (c->block_size < 2 || c->block_size > DT_MAX_BLOCK)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "block_size %d is not supported (2 to %d)", c->block_size,
                        DT_MAX_BLOCK);

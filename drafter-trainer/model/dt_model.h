@@ -69,6 +69,10 @@ typedef struct dt_step_stats {
  * backend table lacks an entry the step needs. The frozen embedding and LM head are attached
  * separately. Caller destroys with dt_model_destroy. */
 cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_backend *be, kn_ctx *ctx);
+/* CM_OK for a drafter kind this trainer builds (DFlash). A DFlash2 config parses (its keys are
+ * checked at load) but is refused here with one message naming where it came from; commands call
+ * it right after loading a config, before any other work. */
+cm_status dt_model_kind_supported(const cm_drafter_cfg *cfg, const char *where);
 void      dt_model_destroy(dt_model **m); /* NULL-safe */
 const cm_drafter_cfg *dt_model_cfg(const dt_model *m);
 
