@@ -350,12 +350,12 @@ static void test_drafter_good(void) {
               d.conv_kernel_size == 16); /* Kc = B is allowed */
     TST_CHECK(drafter_of(dflash(), &d) == CM_OK);
     // causality per layer: absent (or null) -> sliding layers causal, full not; is_causal decides for all
-    TST_CHECK(d.is_causal == -1 && cm_drafter_layer_causal(&d, 0) == 1 && cm_drafter_layer_causal(&d, 4) == 0);
-    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "false"), &d) == CM_OK && d.is_causal == 0 &&
+    TST_CHECK(d.is_causal == CM_CAUSAL_BY_LAYER_TYPE && cm_drafter_layer_causal(&d, 0) == 1 && cm_drafter_layer_causal(&d, 4) == 0);
+    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "false"), &d) == CM_OK && d.is_causal == CM_CAUSAL_NONE &&
               cm_drafter_layer_causal(&d, 0) == 0 && cm_drafter_layer_causal(&d, 4) == 0);
-    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "true"), &d) == CM_OK && d.is_causal == 1 &&
+    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "true"), &d) == CM_OK && d.is_causal == CM_CAUSAL_ALL &&
               cm_drafter_layer_causal(&d, 0) == 1 && cm_drafter_layer_causal(&d, 4) == 1);
-    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "null"), &d) == CM_OK && d.is_causal == -1);
+    TST_CHECK(drafter_of(edit(dflash(), "is_causal", "null"), &d) == CM_OK && d.is_causal == CM_CAUSAL_BY_LAYER_TYPE);
     // mask_token_id at the top level (vLLM accepts it there)
     TST_CHECK(drafter_of(edit(edit(dflash(), "dflash_config.mask_token_id", NULL), "mask_token_id", "151669"),
                          &d) == CM_OK &&

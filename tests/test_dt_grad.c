@@ -736,7 +736,6 @@ static void check_large_random(void) {
     cfg.layer_types[1] = CM_LAYER_TYPE_FULL_ATTENTION;
     cfg.layer_types[2] = CM_LAYER_TYPE_SLIDING_ATTENTION;
     cfg.sliding_window = 200;
-    cfg.is_causal = -1;
     cfg.block_size = 16;
     cfg.mask_token_id = 4098;
     cfg.num_target_layers = 12;

@@ -56,7 +56,6 @@ static void small_cfgs(cm_target_cfg *t, cm_drafter_cfg *d) {
     d->layer_types[0] = CM_LAYER_TYPE_SLIDING_ATTENTION;
     d->layer_types[1] = CM_LAYER_TYPE_FULL_ATTENTION;
     d->sliding_window = 4;
-    d->is_causal = -1;
     d->block_size = 4;
     d->mask_token_id = 31;
     d->num_target_layers = 4;

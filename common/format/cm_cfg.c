@@ -642,7 +642,9 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
                            origin, i, window);
         cfg->sliding_window = window;
     }
-    CM_TRY(cfg_bool(top, "is_causal", -1, &cfg->is_causal));
+    int causal;
+    CM_TRY(cfg_bool(top, "is_causal", -1, &causal));
+    cfg->is_causal = causal < 0 ? CM_CAUSAL_BY_LAYER_TYPE : causal ? CM_CAUSAL_ALL : CM_CAUSAL_NONE;
 
     // DFlash fields
     CM_TRY(cfg_int_either(top, &dc, "block_size", &cfg->block_size, &found));

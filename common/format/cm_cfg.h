@@ -62,6 +62,14 @@ typedef enum cm_drafter_kind {
     CM_DRAFTER_DFLASH2,    /* DFlash2DraftModel: + dynamic convolutions and the candidate selector */
 } cm_drafter_kind;
 
+/* The config's top-level is_causal: absent (or null) leaves it to layer_types; zero-initialised
+ * configs therefore keep that default. */
+typedef enum cm_causal {
+    CM_CAUSAL_BY_LAYER_TYPE = 0, /* absent: sliding layers causal within the block, full layers not */
+    CM_CAUSAL_NONE,              /* is_causal false: no layer causal */
+    CM_CAUSAL_ALL,               /* is_causal true: every layer causal */
+} cm_causal;
+
 typedef struct cm_drafter_cfg {
     cm_drafter_kind kind;
     int           hidden_size;
@@ -78,7 +86,7 @@ typedef struct cm_drafter_cfg {
     int           attention_bias;
     cm_layer_type layer_types[CM_CFG_MAX_LAYERS]; /* FULL or SLIDING */
     int           sliding_window;                 /* W, for sliding layers; 0 if none */
-    int           is_causal;                      /* -1 absent: sliding layers causal, full not; 0/1: all */
+    cm_causal     is_causal;
     int           block_size;                     /* B ≥ 2 */
     int           mask_token_id;                  /* < vocab_size */
     int           num_target_layers;
@@ -93,7 +101,9 @@ typedef struct cm_drafter_cfg {
  * block? The top-level is_causal, where given, decides for every layer (as z-lab's and vLLM's
  * loaders read it); else sliding layers are causal and full layers are not. */
 static inline int cm_drafter_layer_causal(const cm_drafter_cfg *cfg, int l) {
-    return cfg->is_causal >= 0 ? cfg->is_causal : cfg->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION;
+    if (cfg->is_causal != CM_CAUSAL_BY_LAYER_TYPE)
+        return cfg->is_causal == CM_CAUSAL_ALL;
+    return cfg->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION;
 }
 
 cm_status cm_drafter_cfg_load(cm_drafter_cfg *cfg, const char *path);

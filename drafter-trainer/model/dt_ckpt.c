@@ -111,8 +111,8 @@ cm_status dt_ckpt_config_json(const cm_drafter_cfg *c, char **out) {
         sb_add(&s, "  \"sliding_window\": %d,\n", c->sliding_window);
     else
         sb_add(&s, "  \"sliding_window\": null,\n");
-    if (c->is_causal >= 0) /* absent stays absent: the loaders then derive it from layer_types as we do */
-        sb_add(&s, "  \"is_causal\": %s,\n", c->is_causal ? "true" : "false");
+    if (c->is_causal != CM_CAUSAL_BY_LAYER_TYPE) /* absent stays absent: the loaders then derive it as we do */
+        sb_add(&s, "  \"is_causal\": %s,\n", c->is_causal == CM_CAUSAL_ALL ? "true" : "false");
     sb_add(&s, "  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n  \"tie_word_embeddings\": %s,\n",
            c->tie_word_embeddings ? "true" : "false");
     sb_add(&s, "  \"vocab_size\": %d,\n  \"dtype\": \"bfloat16\"\n}\n", c->vocab_size);

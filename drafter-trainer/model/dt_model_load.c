@@ -61,7 +61,9 @@ static cm_status cfg_agrees(const cm_drafter_cfg *want, const cm_drafter_cfg *go
             return CM_FAIL(CM_ERR_INVALID_ARG,
                            "'%s/config.json': layer %d is %scausal (is_causal %s) but the model's is %scausal",
                            dir, l, cm_drafter_layer_causal(got, l) ? "" : "non-",
-                           got->is_causal < 0 ? "absent" : got->is_causal ? "true" : "false",
+                           got->is_causal == CM_CAUSAL_BY_LAYER_TYPE ? "absent"
+                           : got->is_causal == CM_CAUSAL_ALL        ? "true"
+                                                                    : "false",
                            cm_drafter_layer_causal(want, l) ? "" : "non-");
     }
     for (int i = 0; i < want->n_taps; i++)

@@ -565,7 +565,7 @@ def check_masks(step):
         if cut == 0:
             fail(f"{fx['name']}: the sliding window never hides a context row; make it smaller")
         # block slots the window hides beyond what causality hides
-        own = step.masks.get((FULL, causal), loop_mask(step.cu, step.anchors, fx["B"], False, fx["window"], causal))
+        own = loop_mask(step.cu, step.anchors, fx["B"], False, fx["window"], causal)  # memoised
         cut_blk = int((own[:, step.T:] & ~m[:, step.T:]).sum())
         if fx["window"] < fx["B"] and cut_blk == 0:
             fail(f"{fx['name']}: W < B but the window hides no block slot")
