@@ -89,6 +89,74 @@ typedef struct kn_dynconv_params {
  * CM_ERR_INVALID_ARG naming op and the broken rule. bwd: the backward's pointers, else the forward's. */
 cm_status kn_dynconv_check(const char *op, kn_ctx *ctx, const kn_dynconv_params *p, int bwd);
 
+/* The fused LM head with top-K (DFlash2's candidate set): lm_ce's outputs over the R rows (dh, ce
+ * and argmax exactly as lm_ce defines them; dh may be NULL, then gscale may be too) and, per row,
+ * the K largest logits in descending order, equal logits lower index first, with their indices,
+ * and the logit of the row's label; all taken inside the same chunked pass over the vocabulary,
+ * so [R, V] logits never exist. 1 ≤ K ≤ KN_TOPK_MAX, K ≤ V. */
+#define KN_TOPK_MAX 64
+typedef struct kn_lm_topk_params {
+    int64_t        R, V, D;
+    int            K;
+    const float   *h;           /* [R, D] */
+    const int32_t *labels;      /* [R] */
+    const float   *gscale;      /* [R] (lm_ce's) */
+    const void    *w;           /* [V, D] in wdt (F32 or BF16), frozen */
+    cm_dtype       wdt;
+    float         *dh, *ce;     /* [R, D] (optional), [R] */
+    int32_t       *argmax;      /* [R] */
+    int32_t       *topk_idx;    /* [R, K] */
+    float         *topk_val;    /* [R, K] */
+    float         *label_logit; /* [R] */
+} kn_lm_topk_params;
+
+/* DFlash2's candidate selector over n rows (docs/drafter.md): row i has the final-normed hidden h_i,
+ * its true token labels[i], its predecessor token pred[i] (teacher forcing) and the unary top-K
+ * (topk_idx, topk_val, label_logit from lm_ce_topk). With u = h · W_hᵀ [n, Rk] made by a GEMM outside:
+ *   candidates  cand[i, c] = topk_idx[i, c]; lab_pos[i] = the c with cand[i, c] = labels[i], or −1;
+ *               when lab_pos = −1 and miss = KN_SEL_INJECT: cand[i, K−1] = labels[i] (its unary logit
+ *               label_logit[i]) and the label index is K − 1; with KN_SEL_DROP the row has no label
+ *               (ce = 0; the caller gives it gscale 0);
+ *   scores      score[i, c] = z(cand[i, c]) + Σ_r P[pred_i, r] · u[i, r] · S[cand[i, c], r]
+ *               (z = topk_val, or label_logit for an injected candidate);
+ *   ce[i]       = logsumexp_c score[i, :] − score[i, label index];
+ *   choice[i]   = argmax_c score[i, c] (lowest c on ties), an index into cand.
+ * fwd writes cand, score, ce, lab_pos, choice. bwd reads them (and the fwd inputs) with gscale [n]
+ * (∂loss/∂ce per row, 0 for rows out of the term) and, with d[i, c] = gscale_i · (softmax(score_i)
+ * − onehot(label index))_c (0 for a row without a label):
+ *   dh[i, :]  += Σ_c d[i, c] · W[cand[i, c], :]                  (W the frozen LM head; skipped when dh is NULL)
+ *   du[i, r]   = Σ_c d[i, c] · P[pred_i, r] · S[cand[i, c], r]   (written)
+ *   dP[v, r]  += Σ_{i: pred_i = v} u[i, r] · Σ_c d[i, c] · S[cand[i, c], r]
+ *   dS[v, r]  += Σ_{i, c: cand[i, c] = v} d[i, c] · P[pred_i, r] · u[i, r]
+ * Only the rows of dP and dS that some pred or cand names are touched; every sum has a fixed order
+ * (rows of dP/dS: contributions in ascending (i, c)), so results are reproducible. 1 ≤ K ≤ KN_TOPK_MAX. */
+typedef enum kn_sel_miss {
+    KN_SEL_INJECT = 0, /* a label outside the top-K replaces the K-th candidate (speculators) */
+    KN_SEL_DROP,       /* such a row leaves the selector term (SpecForge's strict top-K) */
+} kn_sel_miss;
+typedef struct kn_selector_params {
+    int64_t        n, V;
+    int            K, Rk, D;
+    kn_sel_miss    miss;
+    const int32_t *topk_idx;    /* [n, K] */
+    const float   *topk_val;    /* [n, K] */
+    const float   *label_logit; /* [n] */
+    const int32_t *labels, *pred; /* [n] */
+    const float   *u;           /* [n, Rk] */
+    const float   *P, *S;       /* [V, Rk] predecessor and successor codebooks */
+    int32_t       *cand;        /* [n, K] fwd output */
+    float         *score;       /* [n, K] fwd output */
+    float         *ce;          /* [n] fwd output */
+    int32_t       *lab_pos;     /* [n] fwd output */
+    int32_t       *choice;      /* [n] fwd output */
+    const float   *gscale;      /* [n] bwd input */
+    const void    *w;           /* [V, D] LM head in wdt, bwd input (for dh) */
+    cm_dtype       wdt;
+    float         *dh;          /* [n, D] bwd, += (optional) */
+    float         *du;          /* [n, Rk] bwd, = */
+    float         *dP, *dS;     /* [V, Rk] bwd, += */
+} kn_selector_params;
+
 typedef struct kn_adamw_params {
     float   lr, beta1, beta2, eps, weight_decay;
     float   grad_scale; /* multiplies the gradient first (global-norm clipping) */
@@ -244,6 +312,11 @@ typedef struct kn_backend {
     cm_status (*lm_ce)(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h, const int32_t *labels,
                        const float *gscale, const void *w, cm_dtype wdt, int64_t R, int64_t V,
                        int64_t D); /* (optional) */
+    /* lm_ce with the per-row top-K and label logit (see kn_lm_topk_params). */
+    cm_status (*lm_ce_topk)(kn_ctx *ctx, const kn_lm_topk_params *p); /* (optional) */
+    /* DFlash2's candidate selector, forward and backward (see kn_selector_params). */
+    cm_status (*selector_fwd)(kn_ctx *ctx, const kn_selector_params *p); /* (optional) */
+    cm_status (*selector_bwd)(kn_ctx *ctx, const kn_selector_params *p); /* (optional) */
     /* Sum of squares of x[0, n) in double, returned on the host (blocks). */
     cm_status (*sumsq)(kn_ctx *ctx, double *out, const float *x, int64_t n); /* (optional) */
     /* One AdamW step on n fp32 values (PyTorch semantics, decoupled weight decay):
