@@ -665,6 +665,13 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
         return CM_FAIL(CM_ERR_FORMAT,
                        "'%s': dflash_config.mask_token_id %d is outside the vocabulary [0, %d)", origin,
                        cfg->mask_token_id, cfg->vocab_size);
+    const cJSON *mt = cfg_item(&dc, "mask_token");
+    if (mt) {
+        if (!cJSON_IsString(mt) || !mt->valuestring[0] || strlen(mt->valuestring) >= sizeof cfg->mask_token)
+            return CM_FAIL(CM_ERR_FORMAT, "'%s': dflash_config.mask_token must be a string of 1 to %d bytes", origin,
+                           (int)sizeof cfg->mask_token - 1);
+        snprintf(cfg->mask_token, sizeof cfg->mask_token, "%s", mt->valuestring);
+    }
     CM_TRY(cfg_int_either(top, &dc, "num_target_layers", &cfg->num_target_layers, &found));
     if (!found)
         return CM_FAIL(CM_ERR_FORMAT,

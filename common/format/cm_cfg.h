@@ -70,6 +70,8 @@ typedef enum cm_causal {
     CM_CAUSAL_ALL,               /* is_causal true: every layer causal */
 } cm_causal;
 
+#define CM_CFG_MAX_TOKEN 64 /* bytes of a token string, with its terminator */
+
 typedef struct cm_drafter_cfg {
     cm_drafter_kind kind;
     int           hidden_size;
@@ -95,6 +97,10 @@ typedef struct cm_drafter_cfg {
     /* DFlash2 only (dflash_config; 0 for DFlash): conv_kernel_size Kc ≤ block_size, conv_group_size G
      * dividing hidden_size, selector_rank R ≥ 1, selector_top_k K ≤ vocab_size */
     int conv_kernel_size, conv_group_size, selector_rank, selector_top_k;
+    /* dflash_config.mask_token: the mask token's string in the target's tokenizer ("" when the config
+     * has none; the trainer fills it from the target's tokenizer.json so that a serving loader does not
+     * default it to "<|MASK|>") */
+    char mask_token[CM_CFG_MAX_TOKEN];
 } cm_drafter_cfg;
 
 /* Does layer l's block attention see only the slots up to a query's own (causal) or all of the
@@ -111,6 +117,11 @@ cm_status cm_drafter_cfg_parse(cm_drafter_cfg *cfg, const char *json, const char
 
 /* Reads a whole text file (≤ max_bytes) into a malloc'd NUL-terminated buffer; caller frees. */
 cm_status cm_read_text_file(const char *path, size_t max_bytes, char **out);
+
+/* The string of token id in MODEL_DIR/tokenizer.json (its added tokens first, then its model vocabulary)
+ * into out [cap]: *found = 1, or 0 (out "") when the file is absent, the id is not there or the string
+ * does not fit. CM_ERR_IO / CM_ERR_FORMAT for a file that cannot be read or parsed. */
+cm_status cm_tokenizer_token(const char *model_dir, int id, char *out, size_t cap, int *found);
 
 #ifdef __cplusplus
 }

@@ -40,13 +40,22 @@ static void usage(FILE *f) {
         "  --gpu N                  cuda device ordinal (default 0)\n"
         "  --loss-decay-gamma G     slot weight exp(-(k-1)/G); default 7 for block size >= 16,\n"
         "                           4 for block size <= 8, else 5\n"
-        "  --log-level L            debug, info, warn, error, off (default info; env TANDEM_LOG)\n");
+        "  --selector-alpha A       DFlash2: loss = unary + A x selector (default 1)\n"
+        "  --selector-miss inject|drop\n"
+        "                           DFlash2: a label outside the unary top-K replaces the K-th candidate\n"
+        "                           (inject, the default) or leaves the selector term (drop)\n"
+        "  --selector-stop-grad     DFlash2: the selector's gradient stops at its own parameters\n"
+        "  --log-level L            debug, info, warn, error, off (default info; env TANDEM_LOG)\n"
+        "\n"
+        "A DFlash2 drafter also writes loss_unary, loss_selector, sel_tau (F32 [1]), sel_in_topk and\n"
+        "sel_hits (I32 [block]).\n");
 }
 
 typedef struct grad_args {
     const char *drafter, *batch, *out, *device, *target;
-    int         gpu;
-    float       gamma; /* 0: the block size's default */
+    int              gpu;
+    float            gamma; /* 0: the block size's default */
+    dt_selector_opts sel;
 } grad_args;
 
 /* docs/drafter.md defaults (γ = 7 for B = 16, 5 for 10, 4 for 8), extended to other sizes. */
@@ -245,6 +254,19 @@ static cm_status write_out(const grad_args *a, dt_model *m, const kn_backend *be
     CM_TRY_GOTO(cm_st_writer_add(w, "tau", CM_DTYPE_F32, 1, &one, &tau), st, fail);
     CM_TRY_GOTO(cm_st_writer_add(w, "acc_hits", CM_DTYPE_I32, 1, &B, hits), st, fail);
     CM_TRY_GOTO(cm_st_writer_add(w, "acc_count", CM_DTYPE_I32, 1, &B, count), st, fail);
+    if (dt_model_cfg(m)->kind == CM_DRAFTER_DFLASH2) {
+        const float lu = (float)s->loss_unary, ls = (float)s->loss_selector, stau = (float)s->sel_tau;
+        int32_t     in[64], sh[64];
+        for (int k = 0; k < B; k++) {
+            in[k] = (int32_t)s->sel_in_topk[k];
+            sh[k] = (int32_t)s->sel_hits[k];
+        }
+        CM_TRY_GOTO(cm_st_writer_add(w, "loss_unary", CM_DTYPE_F32, 1, &one, &lu), st, fail);
+        CM_TRY_GOTO(cm_st_writer_add(w, "loss_selector", CM_DTYPE_F32, 1, &one, &ls), st, fail);
+        CM_TRY_GOTO(cm_st_writer_add(w, "sel_tau", CM_DTYPE_F32, 1, &one, &stau), st, fail);
+        CM_TRY_GOTO(cm_st_writer_add(w, "sel_in_topk", CM_DTYPE_I32, 1, &B, in), st, fail);
+        CM_TRY_GOTO(cm_st_writer_add(w, "sel_hits", CM_DTYPE_I32, 1, &B, sh), st, fail);
+    }
     for (int i = 0; i < dt_model_n_params(m); i++) {
         const dt_param *p = dt_model_param(m, i);
         char            name[128];
@@ -278,7 +300,6 @@ static cm_status run_grad(const grad_args *a) {
     memset(&tcfg, 0, sizeof tcfg);
 
     CM_TRY_GOTO(cm_drafter_cfg_load(&cfg, a->drafter), st, fail);
-    CM_TRY_GOTO(dt_model_kind_supported(&cfg, a->drafter), st, fail);
     if (a->target) {
         CM_TRY_GOTO(cm_target_cfg_load(&tcfg, a->target), st, fail);
         CM_TRY_GOTO(check_target(&cfg, &tcfg, a->drafter, a->target), st, fail);
@@ -344,6 +365,7 @@ static cm_status run_grad(const grad_args *a) {
     CM_TRY_GOTO(be->ctx_create(&ctx, &kc), st, fail);
     CM_TRY_GOTO(dt_model_create(&m, &cfg, be, ctx), st, fail);
     CM_TRY_GOTO(dt_model_load(m, a->drafter), st, fail);
+    CM_TRY_GOTO(dt_model_set_selector(m, &a->sel), st, fail);
     CM_TRY_GOTO(dt_model_set_frozen(m, fz.embed, fz.embed_dt, fz.lm_head, fz.lm_head_dt, fz.V, fz.D), st,
                 fail);
 
@@ -379,7 +401,8 @@ fail:
 
 int dt_cmd_grad(int argc, char **argv) {
     static const char *const devices[] = {"cpu", "cuda", NULL};
-    grad_args                a = {.device = "cpu"};
+    static const char *const misses[] = {"inject", "drop", NULL};
+    grad_args                a = {.device = "cpu", .sel = DT_SELECTOR_OPTS_DEFAULT};
     cm_args                  p;
     cm_args_init(&p, "drafter-trainer grad", argc, argv);
     while (cm_args_next(&p)) {
@@ -406,6 +429,11 @@ int dt_cmd_grad(int argc, char **argv) {
             if (val && (*end || end == val || errno || !(g > 0) || !isfinite(g) || g > 1e30))
                 cm_args_fail(&p, "expected a positive number");
             a.gamma = (float)g;
+        } else if (cm_args_f64(&p, "--selector-alpha", 0, 1e6, &a.sel.alpha)) {
+        } else if (cm_args_choice(&p, "--selector-miss", misses, &k)) {
+            a.sel.miss = k == 0 ? KN_SEL_INJECT : KN_SEL_DROP;
+        } else if (cm_args_flag(&p, "--selector-stop-grad")) {
+            a.sel.stop_grad = 1;
         } else if (!cm_args_log_level(&p))
             cm_args_unknown(&p);
     }

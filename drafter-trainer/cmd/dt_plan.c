@@ -35,7 +35,16 @@ static int64_t drafter_layer_params(const cm_drafter_cfg *d) {
     int64_t n = D * H * hd * 2 + D * KV * hd * 2 + 3 * D * I + 2 * D + 2 * hd;
     if (d->attention_bias)
         n += H * hd + 2 * KV * hd;
+    if (d->kind == CM_DRAFTER_DFLASH2) /* two convolutions: base_kernel [2, Kc, D], projection [2·Kc·n_g, D] */
+        n += 2 * (2 * (int64_t)d->conv_kernel_size * D + 2 * (int64_t)d->conv_kernel_size * (D / d->conv_group_size) * D);
     return n;
+}
+
+/* DFlash2's candidate selector: two [V, R] codebooks and the [R, D] hidden projection; 0 for DFlash. */
+static int64_t drafter_selector_params(const cm_drafter_cfg *d) {
+    if (d->kind != CM_DRAFTER_DFLASH2)
+        return 0;
+    return 2 * (int64_t)d->vocab_size * d->selector_rank + (int64_t)d->selector_rank * d->hidden_size;
 }
 
 /* Linear (matrix) parameters of target layer l, and all its parameters. */
@@ -101,6 +110,12 @@ static void drafter_flops_step(const cm_drafter_cfg *d, double T, double A, doub
         lin += 2 * 2 * Q * D * H * hd + 2 * 2 * K * D * KV * hd + 2 * 3 * Q * D * I;
         attn += 4 * Q * H * hd * vis;
     }
+    if (d->kind == CM_DRAFTER_DFLASH2) { /* per layer and module: δ's GEMM and both sides' convolution;
+                                            then the selector's projection and scores per trained slot */
+        const double np = 2.0 * d->conv_kernel_size * (D / d->conv_group_size);
+        lin += d->n_layers * 2 * (2 * Q * D * np + 2 * 2 * Q * D * d->conv_kernel_size);
+        lin += A * (B - 1) * (2 * D * d->selector_rank + 2.0 * d->selector_top_k * d->selector_rank);
+    }
     const double lm = 2 * A * (B - 1) * D * V;
     *fwd = fc + lin + attn + lm;
     *total = *fwd + fc + 2 * lin + 2.5 * attn + lm;
@@ -149,7 +164,8 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     const int64_t D = d->hidden_size, V = d->vocab_size, n = d->n_taps;
     p->p_drafter_layer = drafter_layer_params(d);
     p->p_fc = n * D * D;
-    p->p_drafter = p->p_fc + 2 * D + (int64_t)d->n_layers * p->p_drafter_layer;
+    p->p_selector = drafter_selector_params(d);
+    p->p_drafter = p->p_fc + 2 * D + (int64_t)d->n_layers * p->p_drafter_layer + p->p_selector;
     const int tied = t->tie_word_embeddings;
     p->p_frozen = (tied ? 1 : 2) * V * D;
     p->p_target = (tied ? 1 : 2) * V * D + D; /* embeddings, lm_head, final norm */
@@ -180,6 +196,13 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
      * shared context (fc output and its norm) */
     const double per_layer = 2 * Q * (2 * (double)D + 2 * Hd + 2 * I) + 4 * Q * d->n_heads + 2 * K * 2 * KVd;
     p->m_act = d->n_layers * per_layer - 2 * Q * (double)D + 2 * 2 * T * (double)D;
+    double conv_tmp = 0;
+    if (d->kind == CM_DRAFTER_DFLASH2) { /* per layer: both modules' δ (fp32) and sublayer outputs (bf16);
+                                            shared: u, u', s and ∂/∂δ (fp32), the selector's rows */
+        const double np = 2.0 * d->conv_kernel_size * (D / d->conv_group_size), Rk = d->selector_rank;
+        p->m_act += d->n_layers * 2 * (4 * Q * np + 2 * Q * (double)D);
+        conv_tmp = 3 * 4 * Q * (double)D + 4 * Q * np + 8 * Q * Rk + 4 * Q * (4.0 * d->selector_top_k + 6);
+    }
     /* shared by the layers: the residual stream, its gradient and a norm's output gradient
      * (fp32), the normed rows as bf16 GEMM input, the context's gradient (fp32), and the work
      * region: the SwiGLU product (bf16), the loss gradient rows (fp32) or the attention's fp32
@@ -188,7 +211,7 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     double       work = 2 * Q * I;
     work = work > 4 * (Q + 1) * (double)D ? work : 4 * (Q + 1) * (double)D;
     work = work > spill ? work : spill;
-    p->m_act_transient = 3 * 4 * Q * (double)D + 2 * Q * (double)D + 4 * T * (double)D + work;
+    p->m_act_transient = 3 * 4 * Q * (double)D + 2 * Q * (double)D + 4 * T * (double)D + work + conv_tmp;
     /* kn_lm_ce: row tiles of lm_chunk_rows (bf16 copies), logits of at most DT_PLAN_LM_FLOATS
      * per vocabulary chunk in fp32 and their bf16 coefficients */
     const double lm_rows = (double)r->lm_chunk_rows < Q ? (double)r->lm_chunk_rows : Q;
@@ -271,6 +294,8 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
             human(a, sizeof a, (double)p->p_drafter, ""));
     fprintf(f, "  %-40s %16lld\n", "  one layer", (long long)p->p_drafter_layer);
     fprintf(f, "  %-40s %16lld\n", "  fc (taps x hidden -> hidden)", (long long)p->p_fc);
+    if (p->p_selector)
+        fprintf(f, "  %-40s %16lld\n", "  DFlash2 candidate selector", (long long)p->p_selector);
     fprintf(f, "  %-40s %16lld  (%s)\n",
             t->tie_word_embeddings ? "frozen embedding = LM head (tied)" : "frozen embedding + LM head",
             (long long)p->p_frozen, human(b, sizeof b, (double)p->p_frozen, ""));

@@ -64,7 +64,8 @@ typedef struct dt_plan {
     dt_plan_run run; /* as given, seq_len filled */
     /* parameters (elements) */
     int64_t p_drafter;       /* trainable: fc, hidden_norm, norm, every layer */
-    int64_t p_drafter_layer; /* one drafter layer */
+    int64_t p_drafter_layer; /* one drafter layer (DFlash2: with its two convolutions) */
+    int64_t p_selector;      /* DFlash2's candidate selector (codebooks, hidden projection); 0 for DFlash */
     int64_t p_fc;            /* fc: n·D → D */
     int64_t p_frozen;        /* embed_tokens + lm_head (one matrix when the target ties them) */
     int64_t p_target;        /* every target parameter (text model) */

@@ -114,8 +114,11 @@ size_t dt_progress_fmt_bar(char *buf, size_t cap, const dt_progress_line *l) {
         put(buf, cap, &n, i < fill ? "#" : ".");
     put(buf, cap, &n, "] ");
     put_pct(buf, cap, &n, f);
-    put(buf, cap, &n, " | loss %.3g | τ %.3g | acc %.2f | %s tok/s | wait %.0f%% | eta %s", l->loss, l->tau,
-        l->acc, dt_progress_fmt_count(rate, sizeof rate, l->tokens_per_s), 100 * clamp01(l->wait_frac),
+    put(buf, cap, &n, " | loss %.3g | τ %.3g | acc %.2f", l->loss, l->tau, l->acc);
+    if (l->v2)
+        put(buf, cap, &n, " | sel τ %.3g | r@K %.2f", l->sel_tau, l->recall);
+    put(buf, cap, &n, " | %s tok/s | wait %.0f%% | eta %s",
+        dt_progress_fmt_count(rate, sizeof rate, l->tokens_per_s), 100 * clamp01(l->wait_frac),
         dt_progress_fmt_duration(eta, sizeof eta, l->eta_s));
     return n;
 }
@@ -135,6 +138,8 @@ size_t dt_progress_fmt_lines(char *buf, size_t cap, const dt_progress_line *l) {
     if (l->epoch >= 0)
         put(buf, cap, &n, " epoch %" PRId64, l->epoch);
     put(buf, cap, &n, " loss %.4f tau %.3f acc %.3f", l->loss, l->tau, l->acc);
+    if (l->v2)
+        put(buf, cap, &n, " sel_tau %.3f recall@K %.3f", l->sel_tau, l->recall);
     if (l->lr >= 0)
         put(buf, cap, &n, " lr %.2e", l->lr);
     put(buf, cap, &n, " %s tok/s wait %.0f%% eta %s",
@@ -177,13 +182,15 @@ void dt_progress_step(dt_progress *p, dt_progress_line *l, double step_s, double
     p->wait_s[p->head] = wait_s > 0 ? wait_s : 0;
     p->tokens[p->head] = tokens > 0 ? tokens : 0;
     p->loss[p->head] = l->loss, p->tau[p->head] = l->tau, p->acc[p->head] = l->acc;
+    p->sel_tau[p->head] = l->sel_tau, p->recall[p->head] = l->recall;
     p->head = (p->head + 1) % DT_PROGRESS_WINDOW;
     if (p->n < DT_PROGRESS_WINDOW)
         p->n++;
-    double loss = 0, tau = 0, acc = 0; /* a NaN step shows as NaN until it leaves the window */
+    double loss = 0, tau = 0, acc = 0, stau = 0, rec = 0; /* a NaN step shows as NaN until it leaves the window */
     for (int i = 0; i < p->n; i++)
-        loss += p->loss[i], tau += p->tau[i], acc += p->acc[i];
+        loss += p->loss[i], tau += p->tau[i], acc += p->acc[i], stau += p->sel_tau[i], rec += p->recall[i];
     l->loss = loss / p->n, l->tau = tau / p->n, l->acc = acc / p->n;
+    l->sel_tau = stau / p->n, l->recall = rec / p->n;
     p->since_draw_s += p->step_s[(p->head + DT_PROGRESS_WINDOW - 1) % DT_PROGRESS_WINDOW];
     dt_progress_window(p, l);
     const int last = l->total > 0 && l->step >= l->total;

@@ -47,6 +47,8 @@ typedef struct dt_progress_line {
     double  tokens_per_s;   /* over the window */
     double  wait_frac;      /* waiting for hidden states / step time, over the window, in [0, 1] */
     double  eta_s;          /* < 0 or NaN: unknown */
+    int     v2;             /* DFlash2: also the selector's τ and recall@K (windowed like loss) */
+    double  sel_tau, recall;
 } dt_progress_line;
 
 /* "4m12s", "59s", "1h02m", "3d04h", ">99d"; "?" for negative or NaN. Returns buf. */
@@ -70,6 +72,7 @@ typedef struct dt_progress {
     int64_t          log_every;
     double           step_s[DT_PROGRESS_WINDOW], wait_s[DT_PROGRESS_WINDOW], tokens[DT_PROGRESS_WINDOW];
     double           loss[DT_PROGRESS_WINDOW], tau[DT_PROGRESS_WINDOW], acc[DT_PROGRESS_WINDOW];
+    double           sel_tau[DT_PROGRESS_WINDOW], recall[DT_PROGRESS_WINDOW];
     int              n, head;      /* samples in the window, next slot */
     double           since_draw_s; /* step time since the bar was last drawn */
     int              drawn;        /* a bar line is on screen (needs a newline at the end) */

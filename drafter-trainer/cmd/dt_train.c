@@ -115,8 +115,7 @@ static cm_status load_config(run *r) {
         given = path;
     }
     if (!r->resume_dir[0]) {
-        CM_TRY(cm_drafter_cfg_load(&r->cfg, given));
-        return dt_model_kind_supported(&r->cfg, given);
+        return cm_drafter_cfg_load(&r->cfg, given);
     }
     char ck[4096 + 16];
     snprintf(ck, sizeof ck, "%s/config.json", r->resume_dir);
@@ -209,6 +208,13 @@ static cm_status load_target(run *r) {
     if (r->a.target_random) {
         r->weights_id = cm_target_random_id(r->target_id, r->a.target_seed);
         return random_frozen(r, t.vocab_size, t.hidden_size);
+    }
+    if (!r->cfg.mask_token[0]) { /* the checkpoint names the mask token as the target's tokenizer spells it */
+        int found;
+        CM_TRY(cm_tokenizer_token(r->a.target, r->cfg.mask_token_id, r->cfg.mask_token, sizeof r->cfg.mask_token,
+                                  &found));
+        if (found)
+            CM_LOG_DEBUG("mask token %d is '%s' in the target's tokenizer", r->cfg.mask_token_id, r->cfg.mask_token);
     }
     CM_TRY(cm_st_open_dir(&r->target, r->a.target));
     if (r->a.server || r->a.shards) { /* hidden states of another process: they must be of these weights */
@@ -400,6 +406,22 @@ static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batc
         else
             fprintf(r->metrics, "%snull", k > 1 ? ", " : "");
     }
+    if (r->cfg.kind == CM_DRAFTER_DFLASH2) {
+        int64_t in = 0, hit = 0, cnt = 0;
+        for (int k = 1; k < B; k++) {
+            in += s->sel_in_topk[k];
+            hit += s->sel_hits[k];
+            cnt += s->acc_count[k];
+        }
+        fprintf(r->metrics,
+                "], \"loss_unary\": %.17g, \"loss_selector\": %.17g, \"selector_alpha\": %.17g, "
+                "\"recall_at_k\": %.9g, \"selector_acc\": %.9g, \"selector_tau\": %.17g, \"sel_acc\": [",
+                s->loss_unary, s->loss_selector, s->alpha, cnt ? (double)in / (double)cnt : 0.0,
+                in ? (double)hit / (double)in : 0.0, s->sel_tau);
+        for (int k = 1; k < B; k++)
+            fprintf(r->metrics, s->sel_in_topk[k] > 0 ? "%s%.9g" : "%snull", k > 1 ? ", " : "",
+                    s->sel_in_topk[k] > 0 ? (double)s->sel_hits[k] / (double)s->sel_in_topk[k] : 0.0);
+    }
     fprintf(r->metrics,
             "], \"lr\": %.17g, \"grad_norm\": %.17g, \"grad_scale\": %.17g, \"weight_sum\": %.17g, "
             "\"n_anchors\": %" PRId64 ", \"n_blocks\": %" PRId64 ", \"tokens\": %" PRId64
@@ -410,15 +432,34 @@ static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batc
     if (fflush(r->metrics) != 0 || ferror(r->metrics))
         return CM_FAIL(CM_ERR_IO, "cannot append to '%s': %s", r->metrics_path, strerror(errno));
     const double acc1 = s->acc_count[1] > 0 ? (double)s->acc_hits[1] / (double)s->acc_count[1] : 0.0;
+    double       acc_all = 0;
     if (r->tb) {
         static const char *const tags[] = {"train/loss", "train/tau",         "train/acc1",  "train/lr",
                                            "train/grad_norm", "perf/tokens_per_s", "perf/wait_s", "perf/compute_s"};
         const double vals[] = {s->loss, s->tau, acc1, os->lr, os->grad_norm, tps, wait_s, secs - wait_s};
         CM_TRY(cm_tb_scalars(r->tb, 0, step, 8, tags, vals));
+        if (r->cfg.kind == CM_DRAFTER_DFLASH2) {
+            int64_t in = 0, hit = 0, cnt = 0;
+            for (int k = 1; k < B; k++) {
+                in += s->sel_in_topk[k];
+                hit += s->sel_hits[k];
+                cnt += s->acc_count[k];
+            }
+            static const char *const tags2[] = {"train/loss_unary",  "train/loss_selector", "train/recall_at_k",
+                                                "train/selector_acc", "train/selector_tau", "train/selector_alpha"};
+            const double vals2[] = {s->loss_unary, s->loss_selector, cnt ? (double)in / (double)cnt : 0.0,
+                                    in ? (double)hit / (double)in : 0.0, s->sel_tau, s->alpha};
+            CM_TRY(cm_tb_scalars(r->tb, 0, step, 6, tags2, vals2));
+        }
     }
     dt_progress_line pl = {
         .step = step, .total = r->prog_end, .epoch = epoch, .loss = s->loss, .tau = s->tau, .acc = acc1,
-        .lr = os->lr};
+        .lr = os->lr, .v2 = r->cfg.kind == CM_DRAFTER_DFLASH2, .sel_tau = s->sel_tau};
+    for (int k = 1; k < B; k++) { /* recall@K over the step's trained slots */
+        pl.recall += (double)s->sel_in_topk[k];
+        acc_all += (double)s->acc_count[k];
+    }
+    pl.recall = acc_all > 0 ? pl.recall / acc_all : 0.0;
     dt_progress_step(&r->prog, &pl, secs, wait_s, (double)b->T);
     return CM_OK;
 }
@@ -508,6 +549,11 @@ static cm_status train(run *r) {
     hp->seed = a->seed;
     hp->data_hash = dt_data_hash(r->data);
     hp->target_weights = r->weights_id;
+    hp->selector_alpha = a->sel_alpha;
+    hp->selector_warmup_ratio = a->sel_warmup_ratio;
+    hp->selector_ramp_ratio = a->sel_ramp_ratio;
+    hp->selector_miss = a->sel_miss;
+    hp->selector_stop_grad = a->sel_stop_grad;
 
     int              np = dt_model_n_params(r->m);
     const dt_param **params = malloc((size_t)np * sizeof *params);
@@ -603,6 +649,9 @@ static cm_status train(run *r) {
          * waits for its order) */
         if (a->prefetch && !r->live && t + 1 < end && (t + 1) / hp->n_batches == epoch)
             CM_TRY(dt_data_prefetch(r->data, dt_data_step_batch(r->data, r->order, index + 1)));
+        const dt_selector_opts so = {dt_hparams_selector_alpha(hp, t), (kn_sel_miss)hp->selector_miss,
+                                     hp->selector_stop_grad};
+        CM_TRY(dt_model_set_selector(r->m, &so));
         CM_TRY(dt_model_step(r->m, &b, (float)hp->loss_decay_gamma, &ss));
         dt_live_release(r->live); /* the step has synchronised: the answer's memory is free */
         if (r->dp) /* every rank, anchors or not: the loss and gradients become the global ones */
@@ -635,7 +684,6 @@ static cm_status dry_run(const train_args *a) {
         snprintf(path, sizeof path, "%s/config.json", a->init_from);
         CM_TRY(cm_drafter_cfg_load(&d, path));
     }
-    CM_TRY(dt_model_kind_supported(&d, a->config ? a->config : path));
     /* a plan needs no weights: --target may name the model directory or just its config file */
     size_t tl = strlen(a->target);
     if (tl > 5 && strcmp(a->target + tl - 5, ".json") == 0)

@@ -64,6 +64,13 @@ static void usage(FILE *f) {
         "  --warmup-ratio X         linear warmup share of the steps, then cosine to 0 (default 0.04)\n"
         "  --max-anchors N          anchors (blocks) per batch (default 512)\n"
         "  --loss-decay-gamma G     slot weight exp(-(k-1)/G) (default 7 for block 16, 5 for 10, 4 for 8)\n"
+        "  --selector-alpha A       DFlash2: loss = unary + A x selector (default 1)\n"
+        "  --selector-warmup-ratio X  DFlash2: the selector term is off for this share of the steps\n"
+        "  --selector-ramp-ratio X  DFlash2: then A rises linearly over this share (default 0: at once)\n"
+        "  --selector-miss inject|drop\n"
+        "                           DFlash2: a label outside the unary top-K replaces the K-th candidate\n"
+        "                           (inject, default, as speculators) or leaves the term (drop, SpecForge)\n"
+        "  --selector-stop-grad     DFlash2: the selector's gradient stops at its own parameters\n"
         "  --weight-decay X         AdamW decoupled weight decay (default 0)\n"
         "  --clip X                 global grad-norm clip, 0 = off (default 1)\n"
         "  --seed N                 init, shuffle and anchor seed (default 0)\n"
@@ -120,6 +127,8 @@ static const char *const precisions[] = {"bf16", "fp32", NULL};
 static const char *const verify_modes[] = {"full", "lazy", NULL};
 
 /* One flag at the cursor; 0 when it is none of train's. */
+static const char *const sel_misses[] = {"inject", "drop", NULL}; /* kn_sel_miss order */
+
 static int parse_flag(cm_args *p, train_args *a) {
     const char *v = NULL;
     int64_t     x = 0;
@@ -191,6 +200,13 @@ static int parse_flag(cm_args *p, train_args *a) {
         ;
     else if (cm_args_f64(p, "--loss-decay-gamma", 1e-30, 1e30, &a->gamma))
         a->have_gamma = 1;
+    else if (cm_args_f64(p, "--selector-alpha", 0, 1e6, &a->sel_alpha) ||
+             cm_args_f64(p, "--selector-warmup-ratio", 0, 1, &a->sel_warmup_ratio) ||
+             cm_args_f64(p, "--selector-ramp-ratio", 0, 1, &a->sel_ramp_ratio) ||
+             cm_args_choice(p, "--selector-miss", sel_misses, &a->sel_miss))
+        ;
+    else if (cm_args_flag(p, "--selector-stop-grad"))
+        a->sel_stop_grad = 1;
     else if (cm_args_i64(p, "--seed", 0, INT64_MAX, &x)) {
         if (!p->bad)
             a->seed = (uint64_t)x;
@@ -218,6 +234,7 @@ int dt_train_args_parse(int argc, char **argv, train_args *a) {
                       .lr = 6e-4,
                       .warmup_ratio = 0.04,
                       .clip = 1.0,
+                      .sel_alpha = 1.0,
                       .credits = 4,
                       .prefetch = 1,
                       .timeout_ms = 300000,

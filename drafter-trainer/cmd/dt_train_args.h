@@ -27,6 +27,9 @@ typedef struct train_args {
     int              dry_run, no_tensorboard;
     int64_t          plan_seq_len;
     double           plan_target_tflops, plan_drafter_tflops, plan_ratio;
+    /* DFlash2's selector term (dt_hparams) */
+    double sel_alpha, sel_warmup_ratio, sel_ramp_ratio;
+    int    sel_miss, sel_stop_grad;
 } train_args;
 
 /* Parses argv (the arguments after `train`, strings borrowed) into a. 0 ok, 1 help printed,

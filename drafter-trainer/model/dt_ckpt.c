@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,10 +88,23 @@ cm_status dt_ckpt_config_json(const cm_drafter_cfg *c, char **out) {
     for (int l = 0; l < c->n_layers; l++)
         any_sliding |= c->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION;
 
-    sb_add(&s, "{\n  \"architectures\": [\"DFlashDraftModel\"],\n  \"model_type\": \"qwen3\",\n");
+    const int v2 = c->kind == CM_DRAFTER_DFLASH2;
+    sb_add(&s, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"qwen3\",\n",
+           v2 ? "DFlash2DraftModel" : "DFlashDraftModel");
     sb_add(&s, "  \"block_size\": %d,\n  \"num_target_layers\": %d,\n", c->block_size, c->num_target_layers);
     sb_add(&s, "  \"dflash_config\": {\n    \"block_size\": %d,\n    \"mask_token_id\": %d,\n", c->block_size,
            c->mask_token_id);
+    if (c->mask_token[0]) { /* the loaders default the string to "<|MASK|>" otherwise */
+        sb_add(&s, "    \"mask_token\": \"");
+        for (const unsigned char *t = (const unsigned char *)c->mask_token; *t; t++)
+            sb_add(&s, *t == '"' || *t == '\\' ? "\\%c" : *t < 0x20 ? "\\u%04x" : "%c", *t);
+        sb_add(&s, "\",\n");
+    }
+    if (v2)
+        sb_add(&s,
+               "    \"conv_kernel_size\": %d,\n    \"conv_group_size\": %d,\n    \"selector_rank\": %d,\n"
+               "    \"selector_top_k\": %d,\n",
+               c->conv_kernel_size, c->conv_group_size, c->selector_rank, c->selector_top_k);
     sb_add(&s, "    \"target_layer_ids\": [");
     for (int i = 0; i < c->n_taps; i++)
         sb_add(&s, "%s%d", i ? ", " : "", c->target_layer_ids[i]);
@@ -100,6 +114,7 @@ cm_status dt_ckpt_config_json(const cm_drafter_cfg *c, char **out) {
     sb_add(&s, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n",
            c->n_heads, c->n_kv_heads, c->head_dim);
     sb_add(&s, "  \"hidden_act\": \"silu\",\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n", eps, theta);
+    sb_add(&s, "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %s},\n", theta);
     sb_add(&s, "  \"rope_scaling\": null,\n  \"attention_bias\": %s,\n  \"attention_dropout\": 0.0,\n",
            c->attention_bias ? "true" : "false");
     sb_add(&s, "  \"max_position_embeddings\": %d,\n  \"layer_types\": [", c->max_position_embeddings);
@@ -301,6 +316,9 @@ static cm_status hparams_json(const dt_hparams *h, char **out) {
            h->clip, h->loss_decay_gamma);
     sb_add(&s, "\"epochs\": %" PRId64 ", \"max_anchors\": %" PRId64 ", \"n_batches\": %" PRId64 ", ",
            h->epochs, h->max_anchors, h->n_batches);
+    sb_add(&s, "\"selector_alpha\": %.17g, \"selector_warmup_ratio\": %.17g, \"selector_ramp_ratio\": %.17g, ",
+           h->selector_alpha, h->selector_warmup_ratio, h->selector_ramp_ratio);
+    sb_add(&s, "\"selector_miss\": %d, \"selector_stop_grad\": %d, ", h->selector_miss, h->selector_stop_grad);
     sb_add(&s, "\"total_steps\": %" PRId64 ", \"warmup_steps\": %" PRId64 ", \"seed\": \"%" PRIu64 "\"}",
            h->total_steps, h->warmup_steps, h->seed);
     if (s.oom) {
@@ -562,6 +580,20 @@ static cm_status check_hparams(const char *origin, const char *text, const char 
     CM_TRY_GOTO(cmp_i("the number of batch files", w->n_batches, (int64_t)v[10], "batch files"), st, done);
     CM_TRY_GOTO(cmp_i("the schedule length", w->total_steps, (int64_t)v[11], "total steps"), st, done);
     CM_TRY_GOTO(cmp_i("the warmup length", w->warmup_steps, (int64_t)v[12], "warmup steps"), st, done);
+    { /* the selector's settings; absent in checkpoints older than DFlash2: the defaults */
+        static const char *const sk[5] = {"selector_alpha", "selector_warmup_ratio", "selector_ramp_ratio",
+                                          "selector_miss", "selector_stop_grad"};
+        static const char *const flag[5] = {"--selector-alpha", "--selector-warmup-ratio", "--selector-ramp-ratio",
+                                            "--selector-miss", "--selector-stop-grad"};
+        const double want[5] = {w->selector_alpha, w->selector_warmup_ratio, w->selector_ramp_ratio,
+                                (double)w->selector_miss, (double)w->selector_stop_grad};
+        double       got[5] = {1, 0, 0, 0, 0};
+        for (int k = 0; k < 5; k++) {
+            if (cJSON_GetObjectItemCaseSensitive(j, sk[k]))
+                CM_TRY_GOTO(json_num(j, sk[k], origin, &got[k]), st, done);
+            CM_TRY_GOTO(cmp_f(flag[k], want[k], got[k], flag[k]), st, done);
+        }
+    }
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, w->seed);
     if (strcmp(seed, sv->valuestring) != 0) {
@@ -658,4 +690,14 @@ cm_status dt_ckpt_load(const char *step_dir, const dt_hparams *want, const dt_mo
 fail:
     cm_st_destroy(&f);
     return st;
+}
+
+double dt_hparams_selector_alpha(const dt_hparams *h, int64_t steps) {
+    const int64_t warm = (int64_t)floor(h->selector_warmup_ratio * (double)h->total_steps);
+    const int64_t ramp = (int64_t)floor(h->selector_ramp_ratio * (double)h->total_steps);
+    if (steps < warm)
+        return 0.0;
+    if (steps < warm + ramp)
+        return h->selector_alpha * (double)(steps - warm + 1) / (double)ramp;
+    return h->selector_alpha;
 }

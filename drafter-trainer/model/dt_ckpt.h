@@ -79,7 +79,17 @@ typedef struct dt_hparams {
     uint64_t seed;
     uint64_t data_hash;
     uint64_t target_weights; /* 0: not known (not written) */
+    /* DFlash2's selector term: loss = unary + α(step)·selector, α ramped from 0 after a warm-up (see
+     * dt_hparams_selector_alpha); miss and stop_grad as dt_selector_opts. Checkpoints written before
+     * these existed read as the defaults (1, 0, 0, inject, 0). */
+    double   selector_alpha, selector_warmup_ratio, selector_ramp_ratio;
+    int      selector_miss, selector_stop_grad;
 } dt_hparams;
+
+/* α at the step that follows `steps` optimizer steps: 0 for the first floor(warmup_ratio·N) steps,
+ * then rising linearly over floor(ramp_ratio·N) steps (α·(i + 1)/ramp at the i-th of them), then α;
+ * N = total_steps. */
+double dt_hparams_selector_alpha(const dt_hparams *h, int64_t steps);
 
 /* Where training stands after a step. */
 typedef struct dt_train_state {

@@ -60,7 +60,8 @@ cm_status dt_dp_grad_hook(void *user, size_t off, double weight_sum) {
 #include "kn_cuda.h"
 
 #define DP_MAGIC   "tandem-dp/1"
-#define DP_N_STATS (4 + 2 * 64) /* num, den, blocks, tau·blocks, acc hits[64], acc counts[64] */
+#define DP_N_STATS (4 + 4 * 64 + 4) /* loss·w, Σw, blocks, τ·blocks, per-slot hits/counts, DFlash2's per-slot
+                                    recall and selector hits, unary·w, selector·w_sel, Σ w_sel, sel τ·blocks */
 
 struct dt_dp {
     dt_dp_config cfg;
@@ -425,7 +426,13 @@ cm_status dt_dp_reduce(dt_dp *dp, dt_step_stats *s) {
         for (int k = 0; k < 64; k++) {
             h[4 + k] = (double)s->acc_hits[k];
             h[4 + 64 + k] = (double)s->acc_count[k];
+            h[4 + 128 + k] = (double)s->sel_in_topk[k];
+            h[4 + 192 + k] = (double)s->sel_hits[k];
         }
+        h[4 + 256] = s->loss_unary * s->weight_sum;
+        h[4 + 257] = s->loss_selector * s->sel_weight_sum;
+        h[4 + 258] = s->sel_weight_sum;
+        h[4 + 259] = s->sel_tau * (double)s->n_blocks;
         if (cudaMemcpyAsync(dp->d_stats, h, DP_N_STATS * sizeof(double), cudaMemcpyHostToDevice, dp->stream) !=
             cudaSuccess)
             st = CM_FAIL(CM_ERR_CUDA, "cannot copy the step statistics: %s", cudaGetErrorString(cudaGetLastError()));
@@ -459,7 +466,17 @@ cm_status dt_dp_reduce(dt_dp *dp, dt_step_stats *s) {
     for (int k = 0; k < 64; k++) {
         s->acc_hits[k] = (int64_t)h[4 + k];
         s->acc_count[k] = (int64_t)h[4 + 64 + k];
+        s->sel_in_topk[k] = (int64_t)h[4 + 128 + k];
+        s->sel_hits[k] = (int64_t)h[4 + 192 + k];
     }
+    /* DFlash2: each term over its own weights (with --selector-miss drop the ranks' gradients were
+     * normalised by their own kept weight, so only the figures, not the step, are the global ones) */
+    s->loss_unary = den > 0 ? h[4 + 256] / den : 0.0;
+    s->sel_weight_sum = h[4 + 258];
+    s->loss_selector = h[4 + 258] > 0 ? h[4 + 257] / h[4 + 258] : 0.0;
+    s->sel_tau = h[2] > 0 ? h[4 + 259] / h[2] : 0.0;
+    if (s->alpha > 0 || s->loss_selector > 0)
+        s->loss = s->loss_unary + s->alpha * s->loss_selector;
     return CM_OK;
 }
 

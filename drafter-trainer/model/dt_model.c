@@ -3,6 +3,7 @@
  * design: dt_model_int.h. */
 #include "dt_model_int.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,17 +12,23 @@
 // parameters
 
 dt_param *dt_model_lp(dt_model *m, int l, int j) {
-    return &m->params[P_LAYER0 + l * LP_COUNT + j];
+    return &m->params[P_LAYER0 + l * m->n_lp + j];
 }
 
-static void param_def(dt_model *m, int i, const char *name, int64_t rows, int64_t cols) {
+/* A parameter of shape [d0], [d0, d1] or [d0, d1, d2] (trailing zeros end the shape). */
+static void param_def3(dt_model *m, int i, const char *name, int64_t d0, int64_t d1, int64_t d2) {
     dt_param *p = &m->params[i];
     snprintf(m->names[i], sizeof m->names[i], "%s", name);
     p->name = m->names[i];
-    p->n_dims = cols ? 2 : 1;
-    p->shape[0] = rows;
-    p->shape[1] = cols;
-    p->numel = rows * (cols ? cols : 1);
+    p->n_dims = d2 ? 3 : d1 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->shape[2] = d2;
+    p->numel = d0 * (d1 ? d1 : 1) * (d2 ? d2 : 1);
+}
+
+static void param_def(dt_model *m, int i, const char *name, int64_t rows, int64_t cols) {
+    param_def3(m, i, name, rows, cols, 0);
 }
 
 static void params_define(dt_model *m) {
@@ -39,28 +46,54 @@ static void params_define(dt_model *m) {
     const int64_t            shape[LP_COUNT][2] = {{D, 0},       {nq * hd, D}, {nkv * hd, D}, {nkv * hd, D},
                                                    {D, nq * hd}, {hd, 0},      {hd, 0},       {D, 0},
                                                    {I, D},       {I, D},       {D, I}};
-    for (int l = 0; l < c->n_layers; l++)
+    for (int l = 0; l < c->n_layers; l++) {
+        char name[80];
         for (int j = 0; j < LP_COUNT; j++) {
-            char name[80];
             snprintf(name, sizeof name, "layers.%d.%s", l, suffix[j]);
-            param_def(m, P_LAYER0 + l * LP_COUNT + j, name, shape[j][0], shape[j][1]);
+            param_def(m, P_LAYER0 + l * m->n_lp + j, name, shape[j][0], shape[j][1]);
         }
-    param_def(m, m->n_params - 1, "norm.weight", D, 0);
+        if (m->n_lp == LP_COUNT)
+            continue;
+        const int64_t Kc = c->conv_kernel_size, proj = 2 * Kc * m->ng;
+        static const char *const conv[2] = {"attention_conv", "mlp_conv"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "layers.%d.%s.base_kernel", l, conv[k]);
+            param_def3(m, P_LAYER0 + l * m->n_lp + LP_ACONV_BASE + 2 * k, name, 2, Kc, D);
+            snprintf(name, sizeof name, "layers.%d.%s.kernel_projection.weight", l, conv[k]);
+            param_def(m, P_LAYER0 + l * m->n_lp + LP_ACONV_PROJ + 2 * k, name, proj, D);
+        }
+    }
+    param_def(m, m->p_norm, "norm.weight", D, 0);
+    if (m->p_sel < 0)
+        return;
+    const int64_t V = c->vocab_size, Rk = c->selector_rank;
+    param_def(m, m->p_sel + SP_PRED, "candidate_selector.predecessor_codebook", V, Rk);
+    param_def(m, m->p_sel + SP_SUCC, "candidate_selector.successor_codebook", V, Rk);
+    param_def(m, m->p_sel + SP_HPROJ, "candidate_selector.hidden_projection.weight", Rk, D);
 }
 
-cm_status dt_model_kind_supported(const cm_drafter_cfg *c, const char *where) {
-    if (c->kind == CM_DRAFTER_DFLASH)
-        return CM_OK;
-    return CM_FAIL(CM_ERR_UNSUPPORTED,
-                   "'%s' is a DFlash2 drafter (DFlash2DraftModel: conv_kernel_size %d, conv_group_size %d, "
-                   "selector_rank %d, selector_top_k %d): training DFlash2 is not implemented yet; use a "
-                   "DFlashDraftModel config (precompute and shards serve both: the taps are the same)",
-                   where ? where : "the drafter config", c->conv_kernel_size, c->conv_group_size, c->selector_rank,
-                   c->selector_top_k);
+cm_status dt_model_set_selector(dt_model *m, const dt_selector_opts *o) {
+    if (!(o->alpha >= 0) || !isfinite(o->alpha))
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the selector loss weight alpha %g must be finite and >= 0", o->alpha);
+    if (o->miss != KN_SEL_INJECT && o->miss != KN_SEL_DROP)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "unknown selector miss policy %d", (int)o->miss);
+    m->sel = *o;
+    return CM_OK;
 }
 
 static cm_status check_cfg(const cm_drafter_cfg *c) {
-    CM_TRY(dt_model_kind_supported(c, NULL));
+    if (c->kind == CM_DRAFTER_DFLASH2) {
+        if (c->selector_top_k < 1 || c->selector_top_k > KN_TOPK_MAX)
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "selector_top_k %d is not supported (1 to %d)", c->selector_top_k,
+                           KN_TOPK_MAX);
+        if (c->conv_kernel_size < 1 || c->conv_kernel_size > c->block_size || c->conv_group_size < 1 ||
+            c->hidden_size % c->conv_group_size != 0 || c->selector_rank < 1)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "DFlash2 config: conv_kernel_size %d (1 to block_size %d), conv_group_size %d (must "
+                           "divide hidden_size %d), selector_rank %d (>= 1)",
+                           c->conv_kernel_size, c->block_size, c->conv_group_size, c->hidden_size,
+                           c->selector_rank);
+    }
     if (c->block_size < 2 || c->block_size > DT_MAX_BLOCK)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "block_size %d is not supported (2 to %d)", c->block_size,
                        DT_MAX_BLOCK);
@@ -95,7 +128,7 @@ static cm_status check_cfg(const cm_drafter_cfg *c) {
     return CM_OK;
 }
 
-static cm_status check_backend(const kn_backend *be) {
+static cm_status check_backend(const kn_backend *be, int v2) {
     // clang-format off
 #define DT_NEED(fn) {#fn, be->fn != NULL}
     const struct {
@@ -107,8 +140,13 @@ static cm_status check_backend(const kn_backend *be) {
         DT_NEED(cast2d),   DT_NEED(add),        DT_NEED(swiglu_typed), DT_NEED(embed),      DT_NEED(gemm),
         DT_NEED(rmsnorm),  DT_NEED(rope),       DT_NEED(gemm_dx), DT_NEED(gemm_dw),         DT_NEED(rmsnorm_bwd),
         DT_NEED(rope_bwd), DT_NEED(swiglu_bwd_typed), DT_NEED(lm_ce), DT_NEED(dflash_attn_fwd),
-        DT_NEED(dflash_attn_bwd), DT_NEED(rmsnorm_bwd_acc),
+        DT_NEED(dflash_attn_bwd), DT_NEED(rmsnorm_bwd_acc), DT_NEED(matmul),
     };
+    const struct {
+        const char *name;
+        int         present;
+    } need2[] = {DT_NEED(dynconv_fwd), DT_NEED(dynconv_bwd), DT_NEED(lm_ce_topk), DT_NEED(selector_fwd),
+                 DT_NEED(selector_bwd)};
     // clang-format on
 #undef DT_NEED
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
@@ -116,6 +154,11 @@ static cm_status check_backend(const kn_backend *be) {
             return CM_FAIL(CM_ERR_UNSUPPORTED,
                            "the %s backend has no drafter kernels yet (no %s; use --device cpu)", be->name,
                            need[i].name);
+    for (size_t i = 0; v2 && i < sizeof need2 / sizeof need2[0]; i++)
+        if (!need2[i].present)
+            return CM_FAIL(CM_ERR_UNSUPPORTED,
+                           "the %s backend has no DFlash2 kernels yet (no %s; use --device cpu)", be->name,
+                           need2[i].name);
     return CM_OK;
 }
 
@@ -129,7 +172,7 @@ cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_ba
         return CM_FAIL(CM_ERR_INVALID_ARG, "dt_model_create: NULL argument");
     *out = NULL;
     CM_TRY(check_cfg(cfg));
-    CM_TRY(check_backend(be));
+    CM_TRY(check_backend(be, cfg->kind == CM_DRAFTER_DFLASH2));
     cm_status st;
     dt_model *m = calloc(1, sizeof *m);
     if (!m)
@@ -139,7 +182,13 @@ cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_ba
     m->ctx = ctx;
     /* BF16 storage only where the GEMMs would round these inputs anyway */
     m->adt = be->gemm_rounds_input && be->matmul && be->gemm_rounds_input(ctx) ? CM_DTYPE_BF16 : CM_DTYPE_F32;
-    m->n_params = P_LAYER0 + cfg->n_layers * LP_COUNT + 1;
+    const int v2 = cfg->kind == CM_DRAFTER_DFLASH2;
+    m->n_lp = v2 ? LP_COUNT2 : LP_COUNT;
+    m->ng = v2 ? cfg->hidden_size / cfg->conv_group_size : 0;
+    m->p_norm = P_LAYER0 + cfg->n_layers * m->n_lp;
+    m->p_sel = v2 ? m->p_norm + 1 : -1;
+    m->n_params = m->p_norm + 1 + (v2 ? SP_COUNT : 0);
+    m->sel = (dt_selector_opts)DT_SELECTOR_OPTS_DEFAULT;
     m->params = calloc((size_t)m->n_params, sizeof *m->params);
     m->names = calloc((size_t)m->n_params, sizeof *m->names);
     if (!m->params || !m->names) {
@@ -172,8 +221,9 @@ void dt_model_acts_release(dt_model *m) {
     m->Fh_T = 0;
     free(m->acts.layer);
     dt_host *h = &m->host;
-    void    *host[] = {h->blk_ids, h->blk_pos, h->ctx_pos, h->ctx_lo, h->sel_row, h->labels,
-                       h->argmax,  h->weight,  h->gscale,  h->ce,     h->inv};
+    void    *host[] = {h->blk_ids, h->blk_pos, h->ctx_pos, h->ctx_lo, h->sel_row, h->labels, h->argmax,
+                       h->weight,  h->gscale,  h->ce,      h->inv,    h->pred,    h->lab_pos, h->choice,
+                       h->sce,     h->sgs};
     for (size_t k = 0; k < sizeof host / sizeof host[0]; k++)
         free(host[k]);
     memset(&m->acts, 0, sizeof m->acts);
@@ -247,7 +297,9 @@ void dt_model_set_grad_hook(dt_model *m, dt_grad_hook fn, void *user) {
 int dt_model_grad_buckets(const dt_model *m, size_t *off, int cap) {
     const int n = m->cfg.n_layers + 2;
     for (int b = 0; b < n && b < cap; b++) {
-        const int i = b == 0 ? m->n_params - 1 : b <= m->cfg.n_layers ? P_LAYER0 + (m->cfg.n_layers - b) * LP_COUNT : 0;
+        const int i = b == 0                 ? m->p_norm
+                      : b <= m->cfg.n_layers ? P_LAYER0 + (m->cfg.n_layers - b) * m->n_lp
+                                             : 0;
         off[b] = (size_t)(m->params[i].grad - m->grad_base);
     }
     return n;

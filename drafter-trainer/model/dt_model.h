@@ -25,8 +25,8 @@ typedef struct dt_model dt_model;
 
 typedef struct dt_param {
     const char *name;     /* serving key */
-    int         n_dims;   /* 1 or 2 */
-    int64_t     shape[2];
+    int         n_dims;   /* 1, 2 or 3 (DFlash2's base_kernel [2, Kc, D]) */
+    int64_t     shape[3];
     int64_t     numel;
     float      *data;     /* backend memory, fp32 master */
     float      *grad;     /* backend memory, fp32, zeroed at the start of every step */
@@ -56,12 +56,30 @@ typedef struct dt_batch {
  * there are no blocks, 1 when there are blocks but no labels. loss uses the fp32 CE values of
  * the LM-head op, summed in double. */
 typedef struct dt_step_stats {
-    double  loss;         /* Σ w·CE / Σ w (0 when Σ w = 0) */
+    double  loss;         /* Σ w·CE / Σ w (0 when Σ w = 0); DFlash2: loss_unary + α·loss_selector */
     double  weight_sum;   /* Σ w */
     int64_t n_blocks;
     double  tau;
     int64_t acc_hits[64], acc_count[64]; /* indexed by slot, [0, B) */
+    /* DFlash2 (0 for DFlash): the two terms, α, and the selector's figures per slot over the
+     * trained slots: sel_in_topk[k] of acc_count[k] have their label in the unary top-K (recall@K),
+     * sel_hits[k] of those the selector's choice right (teacher forced); sel_tau is τ of the
+     * greedy selector path (1 + the leading run of slots whose label is in the top-K and chosen);
+     * sel_weight_sum is the selector term's Σ w (the kept slots' under KN_SEL_DROP). */
+    double  loss_unary, loss_selector, alpha, sel_weight_sum, sel_tau;
+    int64_t sel_in_topk[64], sel_hits[64];
 } dt_step_stats;
+
+/* DFlash2's selector term in the step: loss = unary + alpha · selector (alpha 0: the selector is
+ * scored for the metrics but nothing flows back from it); miss: a label outside the unary top-K
+ * is injected at rank K (default) or the slot leaves the term; stop_grad: the selector's gradient
+ * reaches its own parameters only, not the drafter's hidden states. */
+typedef struct dt_selector_opts {
+    double      alpha;
+    kn_sel_miss miss;
+    int         stop_grad;
+} dt_selector_opts;
+#define DT_SELECTOR_OPTS_DEFAULT {1.0, KN_SEL_INJECT, 0}
 
 /* Creates a drafter of cfg (block_size ≤ 64, even head_dim, no attention_bias, ...) on the
  * backend with parameters zeroed: one backend allocation for all parameters and one for all
@@ -69,16 +87,17 @@ typedef struct dt_step_stats {
  * backend table lacks an entry the step needs. The frozen embedding and LM head are attached
  * separately. Caller destroys with dt_model_destroy. */
 cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_backend *be, kn_ctx *ctx);
-/* CM_OK for a drafter kind this trainer builds (DFlash). A DFlash2 config parses (its keys are
- * checked at load) but is refused here with one message naming where it came from; commands call
- * it right after loading a config, before any other work. */
-cm_status dt_model_kind_supported(const cm_drafter_cfg *cfg, const char *where);
+/* Sets DFlash2's selector options for the next steps (ignored by a DFlash drafter). CM_ERR_INVALID_ARG
+ * for alpha < 0 or not finite. */
+cm_status dt_model_set_selector(dt_model *m, const dt_selector_opts *o);
 void      dt_model_destroy(dt_model **m); /* NULL-safe */
 const cm_drafter_cfg *dt_model_cfg(const dt_model *m);
 
 /* Hugging Face Qwen3 initialisation: every weight matrix ~ normal(0, 0.02) from one cm_rng
  * stream seeded with seed, drawn over the parameters in order (deterministic across
- * machines), every norm weight 1. */
+ * machines), every norm weight 1. DFlash2's convolutions start as the identity (base tap 0 = 1,
+ * the other taps and the kernel projection 0, drawing nothing from the stream), so an untrained
+ * DFlash2 computes what a DFlash does; its codebooks and hidden projection are weight matrices. */
 cm_status dt_model_init_random(dt_model *m, uint64_t seed);
 /* Loads the parameters from a serving checkpoint directory (config.json must match cfg;
  * model.safetensors with every key, optionally "model."-prefixed, any float dtype; extra keys

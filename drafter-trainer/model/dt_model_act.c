@@ -52,6 +52,7 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
     const int64_t         D = g->hidden_size, I = g->intermediate_size, Q = (int64_t)g->n_heads * g->head_dim;
     const int64_t         KV = (int64_t)g->n_kv_heads * g->head_dim, NA = R / g->block_size;
     const size_t          es = cm_dtype_size(m->adt);
+    const int64_t         NP = 2 * (int64_t)g->conv_kernel_size * m->ng; /* δ per row (DFlash2) */
     dt_acts              *a = &m->acts;
     a->blk_ids = CARVE_I(c, R);
     a->blk_pos = CARVE_I(c, R);
@@ -81,6 +82,31 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
         A->x_mid = CARVE_A(c, R * D);
         A->gate = CARVE_A(c, R * I);
         A->up = CARVE_A(c, R * I); /* right after gate: one span */
+        if (dt_model_is_v2(m)) {
+            A->dA = CARVE_F(c, R * NP);
+            A->dM = CARVE_F(c, R * NP);
+            A->sA = CARVE_A(c, R * D);
+            A->sM = CARVE_A(c, R * D);
+        }
+    }
+    if (dt_model_is_v2(m)) {
+        const int64_t K = g->selector_top_k, Rk = g->selector_rank;
+        a->cu = CARVE_F(c, R * D);
+        a->cup = CARVE_F(c, R * D);
+        a->cs = CARVE_F(c, R * D);
+        a->cdd = CARVE_F(c, R * NP);
+        a->topk_idx = CARVE_I(c, R * K);
+        a->cand = CARVE_I(c, R * K);
+        a->pred = CARVE_I(c, R);
+        a->lab_pos = CARVE_I(c, R);
+        a->choice = CARVE_I(c, R);
+        a->topk_val = CARVE_F(c, R * K);
+        a->score = CARVE_F(c, R * K);
+        a->lab_logit = CARVE_F(c, R);
+        a->sce = CARVE_F(c, R);
+        a->sgs = CARVE_F(c, R);
+        a->su = CARVE_F(c, R * Rk);
+        a->sdu = CARVE_F(c, R * Rk);
     }
     a->xw = CARVE_F(c, R * D);
     a->dx = CARVE_F(c, R * D);
@@ -138,8 +164,15 @@ cm_status dt_model_ensure_capacity(dt_model *m, int64_t T, int64_t R) {
     h->gscale = malloc((size_t)R * sizeof *h->gscale);
     h->ce = malloc((size_t)R * sizeof *h->ce);
     h->inv = malloc((size_t)R * sizeof *h->inv);
+    const size_t r2 = dt_model_is_v2(m) ? (size_t)R : 1; /* DFlash: a token allocation */
+    h->pred = malloc(r2 * sizeof *h->pred);
+    h->lab_pos = malloc(r2 * sizeof *h->lab_pos);
+    h->choice = malloc(r2 * sizeof *h->choice);
+    h->sce = malloc(r2 * sizeof *h->sce);
+    h->sgs = malloc(r2 * sizeof *h->sgs);
     if (!a->layer || !h->blk_ids || !h->blk_pos || !h->ctx_pos || !h->ctx_lo || !h->sel_row || !h->labels ||
-        !h->argmax || !h->weight || !h->gscale || !h->ce || !h->inv) {
+        !h->argmax || !h->weight || !h->gscale || !h->ce || !h->inv || !h->pred || !h->lab_pos || !h->choice ||
+        !h->sce || !h->sgs) {
         dt_model_acts_release(m);
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate host buffers for %lld tokens and %lld block rows",
                        (long long)T, (long long)R);

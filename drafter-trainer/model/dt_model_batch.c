@@ -94,6 +94,8 @@ void dt_model_layout_batch(dt_model *m, const dt_batch *b, float gamma) {
                 const double w = exp(-(double)(k - 1) / (double)gamma);
                 h->sel_row[m->n_sel] = (int32_t)r;
                 h->labels[m->n_sel] = b->input_ids[a + k];
+                if (dt_model_is_v2(m)) /* teacher forcing: the true token before the slot */
+                    h->pred[m->n_sel] = b->input_ids[a + k - 1];
                 h->weight[m->n_sel] = w;
                 wsum += w;
                 m->n_sel++;
@@ -161,5 +163,7 @@ cm_status dt_model_upload_batch(dt_model *m, const dt_batch *b) {
     CM_TRY(be->upload(m->ctx, a->gscale, m->host.gscale, (size_t)m->n_sel * sizeof(float)));
     CM_TRY(be->upload(m->ctx, a->sel, m->host.sel_row, (size_t)m->n_sel * sizeof(int32_t)));
     CM_TRY(be->upload(m->ctx, a->inv, m->host.inv, (size_t)R * sizeof(int32_t)));
+    if (dt_model_is_v2(m))
+        CM_TRY(be->upload(m->ctx, a->pred, m->host.pred, (size_t)m->n_sel * sizeof(int32_t)));
     return CM_OK;
 }

@@ -15,16 +15,27 @@ static cm_status loss_fwd_bwd(dt_model *m) {
     const kn_backend *be = m->be;
     dt_acts          *a = &m->acts;
     const int64_t     D = m->cfg.hidden_size, n = m->n_sel;
-    dt_param         *norm = &m->params[m->n_params - 1];
+    dt_param         *norm = &m->params[m->p_norm];
     float            *hsel = a->dx, *dhsel = a->work; /* [n, D], [n + 1, D] */
     CM_TRY(be->rmsnorm(m->ctx, a->dh, a->xw, norm->data, m->R, D, m->cfg.rms_norm_eps, 0));
     /* gathers as row lookups (the embed op on an F32 table): two launches instead of one
      * copy per run of selected rows (~1000 at 512 anchors) */
     CM_TRY(be->embed(m->ctx, hsel, a->sel, a->dh, CM_DTYPE_F32, n, D));
-    CM_TRY(be->lm_ce(m->ctx, dhsel, a->ce, a->argmax, hsel, a->labels, a->gscale, m->lm_head, m->lm_head_dt, n,
-                     m->V, D));
+    if (dt_model_is_v2(m)) { /* the unary pass also takes each row's top-K for the selector */
+        const kn_lm_topk_params p = {.R = n, .V = m->V, .D = D, .K = m->cfg.selector_top_k, .h = hsel,
+                                     .labels = a->labels, .gscale = a->gscale, .w = m->lm_head,
+                                     .wdt = m->lm_head_dt, .dh = dhsel, .ce = a->ce, .argmax = a->argmax,
+                                     .topk_idx = a->topk_idx, .topk_val = a->topk_val,
+                                     .label_logit = a->lab_logit};
+        CM_TRY(be->lm_ce_topk(m->ctx, &p));
+    } else {
+        CM_TRY(be->lm_ce(m->ctx, dhsel, a->ce, a->argmax, hsel, a->labels, a->gscale, m->lm_head, m->lm_head_dt,
+                         n, m->V, D));
+    }
     CM_TRY(be->download(m->ctx, m->host.ce, a->ce, (size_t)n * sizeof(float)));
     CM_TRY(be->download(m->ctx, m->host.argmax, a->argmax, (size_t)n * sizeof(int32_t)));
+    if (dt_model_is_v2(m))
+        CM_TRY(dt_model_selector(m, hsel, dhsel));
     CM_TRY(dt_model_dev_zero(m, dhsel + n * D, D)); /* the row unselected block rows read */
     CM_TRY(be->embed(m->ctx, a->dh, a->inv, dhsel, CM_DTYPE_F32, m->R, D));
     CM_TRY(be->rmsnorm_bwd(m->ctx, a->dx, norm->grad, a->dh, a->xw, norm->data, m->R, D, m->cfg.rms_norm_eps,
@@ -44,20 +55,29 @@ static cm_status mlp_bwd(dt_model *m, int l) {
              *down = dt_model_lp(m, l, LP_DOWN), *ln = dt_model_lp(m, l, LP_POST_LN);
     const float *x_mid;
     const void  *hop, *dxop;
-    CM_TRY(dt_model_dx_op(m, &dxop));
+    if (dt_model_is_v2(m)) { /* ∂/∂(down's output) through the output-side convolution, in dh */
+        CM_TRY(dt_model_conv_out_bwd(m, l, 1));
+        CM_TRY(dt_model_f32_op(m, &dxop, a->dh, R * D));
+    } else {
+        CM_TRY(dt_model_dx_op(m, &dxop));
+    }
     /* the SwiGLU product, recomputed, then its gradient in the same place */
     CM_TRY(be->swiglu_typed(m->ctx, a->work, t, A->gate, A->up, t, R * I));
     CM_TRY(dt_model_mm_dw(m, down->grad, dxop, t, a->work, t, R, D, I));
     CM_TRY(dt_model_mm_dx(m, a->work, t, dxop, t, down->data, R, D, I, 0));
     CM_TRY(be->swiglu_bwd_typed(m->ctx, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
     CM_TRY(dt_model_act_f32(m, &x_mid, A->x_mid, a->xw, R * D));
-    CM_TRY(dt_model_norm_op(m, &hop, dt_model_h_buf(m), x_mid, ln->data, R)); /* h2, recomputed (over dxop) */
+    if (dt_model_is_v2(m)) /* h2' (the convolved h2), recomputed (over dxop) */
+        CM_TRY(dt_model_conv_in_recompute(m, l, 1, x_mid, &hop));
+    else /* h2, recomputed (over dxop) */
+        CM_TRY(dt_model_norm_op(m, &hop, dt_model_h_buf(m), x_mid, ln->data, R));
     CM_TRY(dt_model_mm_dw(m, gate->grad, A->gate, t, hop, t, R, I, D));
     CM_TRY(dt_model_mm_dw(m, up->grad, A->up, t, hop, t, R, I, D));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->gate, t, gate->data, R, I, D, 0));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up->data, R, I, D, 1));
-    CM_TRY(be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x_mid, ln->data, R, D, g->rms_norm_eps, 0));
-    return CM_OK;
+    if (dt_model_is_v2(m))
+        return dt_model_conv_in_bwd(m, l, 1, x_mid);
+    return be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x_mid, ln->data, R, D, g->rms_norm_eps, 0);
 }
 
 /* Backward of kv_fwd given dk (after RoPE and k_norm; rotated in place) and dv: the k/v
@@ -97,7 +117,12 @@ static cm_status attn_bwd(dt_model *m, int l) {
     float *q = (float *)p.q, *kc = (float *)p.k_ctx, *vc = (float *)p.v_ctx, *kb = (float *)p.k_blk,
           *vb = (float *)p.v_blk, *o = p.out;
     const void *dxop;
-    CM_TRY(dt_model_dx_op(m, &dxop));
+    if (dt_model_is_v2(m)) { /* ∂/∂(o_proj's output) through the output-side convolution, in dh */
+        CM_TRY(dt_model_conv_out_bwd(m, l, 0));
+        CM_TRY(dt_model_f32_op(m, &dxop, a->dh, R * D));
+    } else {
+        CM_TRY(dt_model_dx_op(m, &dxop));
+    }
     CM_TRY(dt_model_mm_dw(m, wo->grad, dxop, m->adt, A->attn, m->adt, R, D, Q));
     p.dout = dt_model_slot_ptr(m, l, AS_DO);
     CM_TRY(dt_model_mm_dx(m, (float *)p.dout, CM_DTYPE_F32, dxop, m->adt, wo->data, R, D, Q, 0));
@@ -131,15 +156,19 @@ static cm_status attn_bwd(dt_model *m, int l) {
         CM_TRY(dt_model_round_x(m, a->xw, R * D));
         x = a->xw;
     }
-    CM_TRY(dt_model_norm_op(m, &hop, dt_model_h_buf(m), x, ln->data, R)); /* h, recomputed */
+    if (dt_model_is_v2(m)) /* h' (the convolved h), recomputed */
+        CM_TRY(dt_model_conv_in_recompute(m, l, 0, x, &hop));
+    else /* h, recomputed */
+        CM_TRY(dt_model_norm_op(m, &hop, dt_model_h_buf(m), x, ln->data, R));
     CM_TRY(dt_model_mm_dw(m, wq->grad, o, CM_DTYPE_F32, hop, m->adt, R, Q, D));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, CM_DTYPE_F32, wq->data, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
     CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, kb, p.dk_blk, p.dv_blk, vb, a->dh, 1));
     CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, kc, p.dk_ctx, p.dv_ctx, vc, a->dctx,
                   l != g->n_layers - 1));
-    CM_TRY(be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x, ln->data, R, D, g->rms_norm_eps, 0));
-    return CM_OK;
+    if (dt_model_is_v2(m))
+        return dt_model_conv_in_bwd(m, l, 0, x);
+    return be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x, ln->data, R, D, g->rms_norm_eps, 0);
 }
 
 cm_status dt_model_backward(dt_model *m) {
@@ -148,11 +177,11 @@ cm_status dt_model_backward(dt_model *m) {
     dt_acts              *a = &m->acts;
     const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D, T = m->T;
     CM_TRY(loss_fwd_bwd(m));
-    CM_TRY(dt_model_grads_final_from(m, m->n_params - 1)); /* the final norm */
+    CM_TRY(dt_model_grads_final_from(m, m->p_norm)); /* the final norm (and the selector) */
     for (int l = g->n_layers - 1; l >= 0; l--) {
         CM_TRY(mlp_bwd(m, l));
         CM_TRY(attn_bwd(m, l));
-        CM_TRY(dt_model_grads_final_from(m, P_LAYER0 + l * LP_COUNT)); /* layer l's */
+        CM_TRY(dt_model_grads_final_from(m, P_LAYER0 + l * m->n_lp)); /* layer l's */
     }
     /* acts.dx now holds the gradient of the (frozen) embedding output: dropped. */
     dt_param *hn = &m->params[P_HIDDEN_NORM], *fc = &m->params[P_FC];

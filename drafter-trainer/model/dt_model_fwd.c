@@ -92,6 +92,8 @@ static cm_status attn_fwd(dt_model *m, int l) {
     else
         CM_TRY(dt_model_round_x(m, a->xw, R * D));
     CM_TRY(dt_model_norm_op(m, &hop, a->dx, a->xw, dt_model_lp(m, l, LP_INPUT_LN)->data, R));
+    if (dt_model_is_v2(m))
+        CM_TRY(dt_model_conv_in_fwd(m, l, 0, &hop));
     float *q = dt_model_slot_ptr(m, l, AS_Q);
     CM_TRY(dt_model_mm_fwd(m, q, CM_DTYPE_F32, hop, m->adt, dt_model_lp(m, l, LP_Q)->data, R, Q, D));
     CM_TRY(dt_model_save_act(m, A->q_pre, q, R * Q));
@@ -103,7 +105,13 @@ static cm_status attn_fwd(dt_model *m, int l) {
     kn_dflash_attn_params p = dt_model_attn_params(m, l);
     CM_TRY(be->dflash_attn_fwd(m->ctx, &p));
     CM_TRY(be->cast2d(m->ctx, A->attn, m->adt, R * Q, p.out, CM_DTYPE_F32, R * Q, 1, R * Q));
-    CM_TRY(residual_add(m, A->attn, dt_model_lp(m, l, LP_O)->data, D, Q));
+    if (dt_model_is_v2(m)) { /* o_proj's output s, then the output-side convolution of s */
+        CM_TRY(dt_model_mm_fwd(m, a->cs, CM_DTYPE_F32, A->attn, m->adt, dt_model_lp(m, l, LP_O)->data, R, D, Q));
+        CM_TRY(dt_model_save_act(m, A->sA, a->cs, R * D));
+        CM_TRY(dt_model_conv_out_fwd(m, l, 0));
+    } else {
+        CM_TRY(residual_add(m, A->attn, dt_model_lp(m, l, LP_O)->data, D, Q));
+    }
     CM_TRY(dt_model_save_act(m, A->x_mid, a->xw, R * D));
     return CM_OK;
 }
@@ -118,11 +126,16 @@ static cm_status mlp_fwd(dt_model *m, int l) {
     const int64_t         D = g->hidden_size, I = g->intermediate_size, R = m->R;
     const void           *hop;
     CM_TRY(dt_model_norm_op(m, &hop, a->dx, a->xw, dt_model_lp(m, l, LP_POST_LN)->data, R));
+    if (dt_model_is_v2(m))
+        CM_TRY(dt_model_conv_in_fwd(m, l, 1, &hop));
     CM_TRY(dt_model_mm_fwd(m, A->gate, m->adt, hop, m->adt, dt_model_lp(m, l, LP_GATE)->data, R, I, D));
     CM_TRY(dt_model_mm_fwd(m, A->up, m->adt, hop, m->adt, dt_model_lp(m, l, LP_UP)->data, R, I, D));
     CM_TRY(be->swiglu_typed(m->ctx, a->work, m->adt, A->gate, A->up, m->adt, R * I));
-    CM_TRY(residual_add(m, a->work, dt_model_lp(m, l, LP_DOWN)->data, D, I));
-    return CM_OK;
+    if (!dt_model_is_v2(m))
+        return residual_add(m, a->work, dt_model_lp(m, l, LP_DOWN)->data, D, I);
+    CM_TRY(dt_model_mm_fwd(m, a->cs, CM_DTYPE_F32, a->work, m->adt, dt_model_lp(m, l, LP_DOWN)->data, R, D, I));
+    CM_TRY(dt_model_save_act(m, A->sM, a->cs, R * D));
+    return dt_model_conv_out_fwd(m, l, 1);
 }
 
 cm_status dt_model_forward(dt_model *m) {

@@ -45,11 +45,18 @@ enum {
     LP_GATE,
     LP_UP,
     LP_DOWN,
-    LP_COUNT
+    LP_COUNT, /* DFlash's per-layer count; DFlash2 adds the two convolutions: */
+    LP_ACONV_BASE = LP_COUNT, /* attention_conv.base_kernel [2, Kc, D] */
+    LP_ACONV_PROJ,            /* attention_conv.kernel_projection.weight [2·Kc·n_g, D] */
+    LP_MCONV_BASE,            /* mlp_conv.base_kernel */
+    LP_MCONV_PROJ,            /* mlp_conv.kernel_projection.weight */
+    LP_COUNT2
 };
 #define P_FC          0
 #define P_HIDDEN_NORM 1
 #define P_LAYER0      2
+/* After the layers: norm.weight (m->p_norm), then DFlash2's selector (m->p_sel): */
+enum { SP_PRED = 0, SP_SUCC, SP_HPROJ, SP_COUNT };
 
 /* What layer l saved in the forward for the backward, in the activation dtype (adt).
  * R = n_anchors · B block rows. */
@@ -63,6 +70,10 @@ typedef struct dt_layer_acts {
     void  *x_mid;       /* [R, D] x + o_proj(attn) */
     void  *gate, *up;   /* [R, I] gate_proj(h2), up_proj(h2), one span (up follows gate);
                            the backward overwrites them with their gradients */
+    /* DFlash2 (NULL for DFlash): each convolution's coefficients δ = u · kernel_projectionᵀ (F32
+     * [R, 2·Kc·n_g]) and the sublayer's output before the output-side convolution (adt [R, D]) */
+    float *dA, *dM;
+    void  *sA, *sM;
 } dt_layer_acts;
 
 /* The F32 temporaries of the attention of one layer (forward: q, k, v after their norms and
@@ -116,6 +127,14 @@ typedef struct dt_acts {
     float  *xw, *dx, *dh;
     void   *H;    /* [R, D] BF16: normed rows as GEMM input (adt BF16 only) */
     float  *dctx; /* [T, D] */
+    /* DFlash2 only: F32 [R, D] the sublayer input u, its convolved u' (then ∂/∂u), the sublayer
+     * output s (then its gradient); [R, 2·Kc·n_g] ∂/∂δ. The selector over the n_sel rows: the unary
+     * top-K, label logits, predecessors, u = h·W_hᵀ and its gradient [R, Rk], and selector_fwd's
+     * outputs. */
+    float   *cu, *cup, *cs, *cdd;
+    int32_t *topk_idx, *pred, *cand, *lab_pos, *choice; /* [R, K], [R], [R, K], [R], [R] */
+    float   *topk_val, *lab_logit, *score, *sce, *sgs;  /* [R, K], [R], [R, K], [R], [R] */
+    float   *su, *sdu;                                  /* [R, Rk] */
     void   *work; /* the work region (see dt_slot) */
     size_t  span_bytes, work_bytes;
     dt_slot as[AS_COUNT], fs[FS_COUNT];
@@ -128,6 +147,10 @@ typedef struct dt_host {
     int32_t *inv;                                  /* [R] block row → selected row, or n_sel */
     double  *weight;                               /* [R] w of each selected row */
     float   *gscale, *ce;                          /* [R] */
+    /* DFlash2: per selected row the predecessor token, selector_fwd's label position, choice and
+     * K-way CE, and the selector term's gscale */
+    int32_t *pred, *lab_pos, *choice;
+    float   *sce, *sgs;
 } dt_host;
 
 struct dt_model {
@@ -135,6 +158,11 @@ struct dt_model {
     const kn_backend *be;
     kn_ctx           *ctx;
     int               n_params;
+    int               n_lp;   /* parameters per layer: LP_COUNT (DFlash) or LP_COUNT2 (DFlash2) */
+    int               p_norm; /* index of norm.weight */
+    int               p_sel;  /* index of the selector's first parameter (DFlash2), else −1 */
+    int               ng;     /* DFlash2: groups per convolution, hidden_size / conv_group_size */
+    dt_selector_opts  sel;
     dt_param         *params;
     char (*names)[80];
     float       *data_base, *grad_base; /* backend; carved into params */
@@ -162,11 +190,16 @@ struct dt_model {
     /* the current batch */
     int64_t T, n_anchors, R, n_sel;
     double  weight_sum;
+    double  sel_weight_sum; /* DFlash2: Σ w over the slots in the selector term */
 };
 
 static inline size_t align_floats(size_t n) {
     const size_t a = DT_ALIGN / sizeof(float);
     return (n + a - 1) / a * a;
+}
+
+static inline int dt_model_is_v2(const dt_model *m) {
+    return m->cfg.kind == CM_DRAFTER_DFLASH2;
 }
 
 /* parameters (dt_model.c) */
@@ -185,6 +218,7 @@ cm_status dt_model_ensure_capacity(dt_model *m, int64_t T, int64_t R);
 cm_status dt_model_save_act(dt_model *m, void *dst, float *src, int64_t n);
 cm_status dt_model_round_x(dt_model *m, float *x, int64_t n);
 cm_status dt_model_dx_op(dt_model *m, const void **op);
+cm_status dt_model_f32_op(dt_model *m, const void **op, const float *src, int64_t n);
 float    *dt_model_h_buf(dt_model *m);
 cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n);
 cm_status dt_model_act_f32(dt_model *m, const float **out, const void *src, float *buf, int64_t n);
@@ -203,5 +237,14 @@ cm_status             dt_model_q_post(dt_model *m, int l, float *q);
 cm_status             dt_model_forward(dt_model *m);
 /* backward (dt_model_bwd.c) */
 cm_status dt_model_backward(dt_model *m);
+/* DFlash2's convolutions (dt_model_conv.c): module 0 around attention, 1 around the MLP */
+cm_status dt_model_conv_in_fwd(dt_model *m, int l, int mod, const void **hop);
+cm_status dt_model_conv_out_fwd(dt_model *m, int l, int mod);
+cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod);
+cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const float *x, const void **hop);
+cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const float *x);
+/* DFlash2's selector term (dt_model_sel.c): after the unary LM-head pass over hsel [n_sel, D], adds its
+ * gradient into dhsel and the selector parameters' grads; fills the host figures */
+cm_status dt_model_selector(dt_model *m, const float *hsel, float *dhsel);
 
 #endif /* DT_MODEL_INT_H */

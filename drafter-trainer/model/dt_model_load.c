@@ -25,8 +25,18 @@ cm_status dt_model_init_random(dt_model *m, uint64_t seed) {
     cm_status st = CM_OK;
     for (int i = 0; i < m->n_params && st == CM_OK; i++) {
         const dt_param *p = &m->params[i];
-        for (int64_t e = 0; e < p->numel; e++)
-            host[e] = p->n_dims == 2 ? (float)(0.02 * cm_rng_normal(&rng)) : 1.0f;
+        const int       j = i >= P_LAYER0 && i < m->p_norm ? (i - P_LAYER0) % m->n_lp : -1;
+        if (j == LP_ACONV_BASE || j == LP_MCONV_BASE) { /* identity: tap 0 = 1 on both sides */
+            const int64_t Kc = p->shape[1], D = p->shape[2];
+            for (int64_t e = 0; e < p->numel; e++)
+                host[e] = (e / D) % Kc == 0 ? 1.0f : 0.0f;
+        } else if (j == LP_ACONV_PROJ || j == LP_MCONV_PROJ) { /* so an untrained DFlash2 is a DFlash */
+            for (int64_t e = 0; e < p->numel; e++)
+                host[e] = 0.0f;
+        } else {
+            for (int64_t e = 0; e < p->numel; e++)
+                host[e] = p->n_dims == 2 ? (float)(0.02 * cm_rng_normal(&rng)) : 1.0f;
+        }
         st = m->be->upload(m->ctx, p->data, host, (size_t)p->numel * sizeof(float));
     }
     free(host);
@@ -52,6 +62,11 @@ static cm_status cfg_agrees(const cm_drafter_cfg *want, const cm_drafter_cfg *go
     DT_SAME(block_size, "block_size")
     DT_SAME(mask_token_id, "mask_token_id")
     DT_SAME(n_taps, "the number of target_layer_ids")
+    DT_SAME(kind, "the drafter kind (0 DFlash, 1 DFlash2)")
+    DT_SAME(conv_kernel_size, "conv_kernel_size")
+    DT_SAME(conv_group_size, "conv_group_size")
+    DT_SAME(selector_rank, "selector_rank")
+    DT_SAME(selector_top_k, "selector_top_k")
 #undef DT_SAME
     for (int l = 0; l < want->n_layers; l++) {
         if (want->layer_types[l] != got->layer_types[l])

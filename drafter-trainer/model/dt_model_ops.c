@@ -31,11 +31,15 @@ cm_status dt_model_round_x(dt_model *m, float *x, int64_t n) {
  * every GEMM would otherwise do on its own, in its own scratch. H is free until the layer's
  * normed rows are recomputed. */
 cm_status dt_model_dx_op(dt_model *m, const void **op) {
-    *op = m->acts.dx;
+    return dt_model_f32_op(m, op, m->acts.dx, m->R * m->cfg.hidden_size);
+}
+
+/* src [n ≤ R·D] (F32) as a GEMM operand: itself (F32 storage), or rounded once into acts.H. */
+cm_status dt_model_f32_op(dt_model *m, const void **op, const float *src, int64_t n) {
+    *op = src;
     if (m->adt == CM_DTYPE_F32)
         return CM_OK;
-    const int64_t n = m->R * m->cfg.hidden_size;
-    CM_TRY(m->be->cast2d(m->ctx, m->acts.H, m->adt, n, m->acts.dx, CM_DTYPE_F32, n, 1, n));
+    CM_TRY(m->be->cast2d(m->ctx, m->acts.H, m->adt, n, src, CM_DTYPE_F32, n, 1, n));
     *op = m->acts.H;
     return CM_OK;
 }

@@ -10,6 +10,41 @@
 // ----------------------------------------------------------------------------
 // step
 
+/* DFlash2: the two loss terms, recall@K and the selector's teacher-forced accuracy per slot, and τ of
+ * the greedy selector path (a slot continues the run when its label is in the top-K and chosen). */
+static void fill_selector_stats(const dt_model *m, dt_step_stats *s) {
+    const dt_host *h = &m->host;
+    const int      B = m->cfg.block_size;
+    double         num = 0;
+    s->loss_unary = s->loss;
+    s->alpha = m->sel.alpha;
+    s->sel_weight_sum = m->sel_weight_sum;
+    for (int64_t i = 0; i < m->n_sel; i++) {
+        const int k = h->sel_row[i] % B, in = h->lab_pos[i] >= 0;
+        if (in || m->sel.miss == KN_SEL_INJECT)
+            num += h->weight[i] * (double)h->sce[i];
+        s->sel_in_topk[k] += in;
+        s->sel_hits[k] += in && h->choice[i] == h->lab_pos[i];
+    }
+    s->loss_selector = m->sel_weight_sum > 0 ? num / m->sel_weight_sum : 0.0;
+    s->loss = s->loss_unary + m->sel.alpha * s->loss_selector;
+    double  tau_sum = 0;
+    int64_t i = 0;
+    for (int64_t j = 0; j < m->n_anchors; j++) {
+        int run = 0, alive = 1;
+        for (int k = 1; k < B; k++) {
+            const int64_t r = j * B + k;
+            while (i < m->n_sel && h->sel_row[i] < r)
+                i++;
+            alive = alive && i < m->n_sel && h->sel_row[i] == r && h->lab_pos[i] >= 0 &&
+                    h->choice[i] == h->lab_pos[i];
+            run += alive;
+        }
+        tau_sum += 1 + run;
+    }
+    s->sel_tau = m->n_anchors > 0 ? tau_sum / (double)m->n_anchors : 0.0;
+}
+
 static void fill_stats(const dt_model *m, dt_step_stats *s) {
     const dt_host *h = &m->host;
     const int      B = m->cfg.block_size;
@@ -39,6 +74,8 @@ static void fill_stats(const dt_model *m, dt_step_stats *s) {
         tau_sum += 1 + run;
     }
     s->tau = m->n_anchors > 0 ? tau_sum / (double)m->n_anchors : 0.0;
+    if (dt_model_is_v2(m))
+        fill_selector_stats(m, s);
 }
 
 cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_stats *stats) {
@@ -54,6 +91,7 @@ cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_sta
     m->R = b->n_anchors * m->cfg.block_size;
     m->n_sel = 0;
     m->weight_sum = 0;
+    m->sel_weight_sum = 0;
     if (m->R > 0) {
         CM_TRY(dt_model_ensure_capacity(m, m->T, m->R));
         dt_model_layout_batch(m, b, gamma);

@@ -1,0 +1,105 @@
+/* drafter-trainer/model/dt_model_conv.c — DFlash2's grouped dynamic causal convolutions around each
+ * layer's attention (module 0) and MLP (module 1), on the block rows (docs/drafter.md). For the
+ * sublayer input u (the normed rows), δ = u · kernel_projectionᵀ gives each row's coefficients of
+ * both sides; the input side turns u into u' = conv(u), the sublayer runs on u', and the output side
+ * convolves its output s before the residual add. Saved per module: δ (F32) and s (adt); u and u' are
+ * recomputed in the backward from the saved residual stream. Scratch: acts.cu (u), acts.cup (u', then
+ * ∂/∂u), acts.cs (s), acts.cdd (∂/∂δ of both sides), acts.dh (∂/∂s on the way down). The design:
+ * dt_model_int.h. */
+#include "dt_model_int.h"
+
+static float *conv_delta(dt_model *m, int l, int mod) {
+    return mod ? m->acts.layer[l].dM : m->acts.layer[l].dA;
+}
+
+static kn_dynconv_params conv_params(dt_model *m, int l, int mod, int side) {
+    const cm_drafter_cfg *g = &m->cfg;
+    kn_dynconv_params     p = {0};
+    p.rows = m->R;
+    p.B = g->block_size;
+    p.D = g->hidden_size;
+    p.G = g->conv_group_size;
+    p.Kc = g->conv_kernel_size;
+    p.side = side;
+    p.base = dt_model_lp(m, l, mod ? LP_MCONV_BASE : LP_ACONV_BASE)->data;
+    p.delta = conv_delta(m, l, mod);
+    return p;
+}
+
+static int64_t conv_np(const dt_model *m) {
+    return 2 * (int64_t)m->cfg.conv_kernel_size * m->ng;
+}
+
+static const float *conv_ln(dt_model *m, int l, int mod) {
+    return dt_model_lp(m, l, mod ? LP_POST_LN : LP_INPUT_LN)->data;
+}
+
+/* acts.dx holds u (F32) and *hop its GEMM operand on entry: δ = u · Wpᵀ (saved), u' = the input-side
+ * convolution of u into acts.cup, and *hop becomes u' as a GEMM operand. */
+cm_status dt_model_conv_in_fwd(dt_model *m, int l, int mod, const void **hop) {
+    const int64_t D = m->cfg.hidden_size, R = m->R;
+    const float  *wp = dt_model_lp(m, l, mod ? LP_MCONV_PROJ : LP_ACONV_PROJ)->data;
+    CM_TRY(dt_model_mm_fwd(m, conv_delta(m, l, mod), CM_DTYPE_F32, *hop, m->adt, wp, R, conv_np(m), D));
+    kn_dynconv_params p = conv_params(m, l, mod, 0);
+    p.x = m->acts.dx;
+    p.out = m->acts.cup;
+    CM_TRY(m->be->dynconv_fwd(m->ctx, &p));
+    return dt_model_f32_op(m, hop, m->acts.cup, R * D);
+}
+
+/* acts.cs holds the sublayer's output s (saved and rounded by the caller): xw += the output-side
+ * convolution of s (through acts.dh). */
+cm_status dt_model_conv_out_fwd(dt_model *m, int l, int mod) {
+    kn_dynconv_params p = conv_params(m, l, mod, 1);
+    p.x = m->acts.cs;
+    p.out = m->acts.dh;
+    CM_TRY(m->be->dynconv_fwd(m->ctx, &p));
+    return m->be->add(m->ctx, m->acts.xw, m->acts.dh, m->R * m->cfg.hidden_size);
+}
+
+/* acts.dx holds ∂/∂(the residual after the module): ∂/∂s into acts.dh, the output side's base
+ * gradient and its half of ∂/∂δ into acts.cdd. */
+cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod) {
+    const dt_layer_acts *A = &m->acts.layer[l];
+    CM_TRY(dt_model_load_act(m, m->acts.cs, mod ? A->sM : A->sA, m->R * m->cfg.hidden_size));
+    kn_dynconv_params p = conv_params(m, l, mod, 1);
+    p.x = m->acts.cs;
+    p.dout = m->acts.dx;
+    p.dx = m->acts.dh;
+    p.dbase = dt_model_lp(m, l, mod ? LP_MCONV_BASE : LP_ACONV_BASE)->grad;
+    p.ddelta = m->acts.cdd;
+    return m->be->dynconv_bwd(m->ctx, &p);
+}
+
+/* The forward's u' again from the module's input x (F32): u = its norm into acts.cu, u' into
+ * acts.cup, *hop = u' as a GEMM operand. */
+cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const float *x, const void **hop) {
+    const cm_drafter_cfg *g = &m->cfg;
+    const int64_t         R = m->R;
+    CM_TRY(m->be->rmsnorm(m->ctx, m->acts.cu, x, conv_ln(m, l, mod), R, g->hidden_size, g->rms_norm_eps, 0));
+    kn_dynconv_params p = conv_params(m, l, mod, 0);
+    p.x = m->acts.cu;
+    p.out = m->acts.cup;
+    CM_TRY(m->be->dynconv_fwd(m->ctx, &p));
+    return dt_model_f32_op(m, hop, m->acts.cup, R * g->hidden_size);
+}
+
+/* acts.dh holds ∂/∂u' (u and u' as dt_model_conv_in_recompute left them): through the input-side
+ * convolution and the kernel projection to ∂/∂u, then the norm's backward adds ∂/∂x into acts.dx. */
+cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const float *x) {
+    const cm_drafter_cfg *g = &m->cfg;
+    const int64_t         D = g->hidden_size, R = m->R, NP = conv_np(m);
+    dt_param             *wp = dt_model_lp(m, l, mod ? LP_MCONV_PROJ : LP_ACONV_PROJ);
+    dt_param             *ln = dt_model_lp(m, l, mod ? LP_POST_LN : LP_INPUT_LN);
+    kn_dynconv_params     p = conv_params(m, l, mod, 0);
+    p.x = m->acts.cu;
+    p.dout = m->acts.dh;
+    p.dx = m->acts.cup;
+    p.dbase = dt_model_lp(m, l, mod ? LP_MCONV_BASE : LP_ACONV_BASE)->grad;
+    p.ddelta = m->acts.cdd;
+    CM_TRY(m->be->dynconv_bwd(m->ctx, &p));
+    /* δ = u · Wpᵀ: both sides' ∂/∂δ back into u and Wp */
+    CM_TRY(dt_model_mm_dx(m, m->acts.cup, CM_DTYPE_F32, m->acts.cdd, CM_DTYPE_F32, wp->data, R, NP, D, 1));
+    CM_TRY(dt_model_mm_dw(m, wp->grad, m->acts.cdd, CM_DTYPE_F32, m->acts.cu, CM_DTYPE_F32, R, NP, D));
+    return m->be->rmsnorm_bwd_acc(m->ctx, m->acts.dx, ln->grad, m->acts.cup, x, ln->data, R, D, g->rms_norm_eps, 0);
+}
