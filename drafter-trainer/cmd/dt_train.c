@@ -115,7 +115,16 @@ static cm_status load_config(run *r) {
         given = path;
     }
     if (!r->resume_dir[0]) {
-        return cm_drafter_cfg_load(&r->cfg, given);
+        CM_TRY(cm_drafter_cfg_load(&r->cfg, given));
+        if (!r->cfg.mask_token[0] && r->a.target && !r->a.target_random) { /* named as the target spells it */
+            int found;
+            CM_TRY(cm_tokenizer_token(r->a.target, r->cfg.mask_token_id, r->cfg.mask_token,
+                                      sizeof r->cfg.mask_token, &found));
+            if (found)
+                CM_LOG_DEBUG("mask token %d is '%s' in the target's tokenizer", r->cfg.mask_token_id,
+                             r->cfg.mask_token);
+        }
+        return CM_OK;
     }
     char ck[4096 + 16];
     snprintf(ck, sizeof ck, "%s/config.json", r->resume_dir);
@@ -124,6 +133,8 @@ static cm_status load_config(run *r) {
         return CM_OK;
     cm_drafter_cfg other;
     CM_TRY(cm_drafter_cfg_load(&other, given));
+    if (!other.mask_token[0]) /* the run filled it in from the target's tokenizer */
+        memcpy(other.mask_token, r->cfg.mask_token, sizeof other.mask_token);
     char     *x = NULL, *y = NULL;
     cm_status st = dt_ckpt_config_json(&r->cfg, &x);
     if (st == CM_OK)
@@ -208,13 +219,6 @@ static cm_status load_target(run *r) {
     if (r->a.target_random) {
         r->weights_id = cm_target_random_id(r->target_id, r->a.target_seed);
         return random_frozen(r, t.vocab_size, t.hidden_size);
-    }
-    if (!r->cfg.mask_token[0]) { /* the checkpoint names the mask token as the target's tokenizer spells it */
-        int found;
-        CM_TRY(cm_tokenizer_token(r->a.target, r->cfg.mask_token_id, r->cfg.mask_token, sizeof r->cfg.mask_token,
-                                  &found));
-        if (found)
-            CM_LOG_DEBUG("mask token %d is '%s' in the target's tokenizer", r->cfg.mask_token_id, r->cfg.mask_token);
     }
     CM_TRY(cm_st_open_dir(&r->target, r->a.target));
     if (r->a.server || r->a.shards) { /* hidden states of another process: they must be of these weights */
