@@ -300,14 +300,33 @@ int main(void) {
     make_drafter(dir, &c, NULL);
     expect_fail("mask_token_id >= vocab_size", dir, NULL, NULL, "mask_token_id", "vocabulary");
 
-    /* a DFlash2 config parses and is refused by name before any work */
-    c = cfg;
-    c.kind = CM_DRAFTER_DFLASH2;
-    c.conv_kernel_size = 2, c.conv_group_size = 1, c.selector_rank = 8, c.selector_top_k = 4;
-    snprintf(dir, sizeof dir, "%s/dflash2", tmp);
-    make_drafter(dir, &c, NULL);
-    expect_fail("DFlash2 drafter", dir, NULL, NULL, "is a DFlash2 drafter (DFlash2DraftModel: conv_kernel_size 2",
-                "training DFlash2 is not implemented yet");
+    /* DFlash2: each invalid combination stops at the config with one message naming the field; a
+     * valid config whose checkpoint lacks the DFlash2 tensors names the first missing one */
+    {
+        cm_drafter_cfg c2 = cfg;
+        c2.kind = CM_DRAFTER_DFLASH2;
+        c2.conv_kernel_size = 2, c2.conv_group_size = 4, c2.selector_rank = 8, c2.selector_top_k = 4;
+        const struct {
+            const char *what, *n1, *n2;
+            int         kc, g, rank, k;
+        } bad2[] = {
+            {"DFlash2 group size not dividing hidden", "conv_group_size 5", "does not divide hidden_size", 2, 5, 8, 4},
+            {"DFlash2 kernel size above block size", "conv_kernel_size", "above block_size", 99, 4, 8, 4},
+            {"DFlash2 top-K above vocabulary", "selector_top_k", "above vocab_size", 2, 4, 8, 9999},
+            {"DFlash2 selector rank 0", "selector_rank must be at least 1", NULL, 2, 4, 0, 4},
+        };
+        for (size_t i = 0; i < sizeof bad2 / sizeof bad2[0]; i++) {
+            c = c2;
+            c.conv_kernel_size = bad2[i].kc, c.conv_group_size = bad2[i].g;
+            c.selector_rank = bad2[i].rank, c.selector_top_k = bad2[i].k;
+            snprintf(dir, sizeof dir, "%s/dflash2-bad%zu", tmp, i);
+            make_drafter(dir, &c, NULL);
+            expect_fail(bad2[i].what, dir, NULL, NULL, bad2[i].n1, bad2[i].n2);
+        }
+        snprintf(dir, sizeof dir, "%s/dflash2-dflash-weights", tmp);
+        make_drafter(dir, &c2, NULL);
+        expect_fail("DFlash2 config, DFlash weights", dir, NULL, NULL, "layers.0.attention_conv.base_kernel", NULL);
+    }
 
     c = cfg;
     c.attention_bias = 1;
