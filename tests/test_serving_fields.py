@@ -680,7 +680,7 @@ def main(argv):
         print(f"{step}: {'FAIL' if bad else 'ok'} ({bad} failures, {len(gaps_seen)} known gaps)")
         return 1 if bad else 0
     if len(argv) != 1:
-        print(__doc__.split("\n\n")[-2], file=sys.stderr)
+        print(__doc__[__doc__.index("usage:"):], file=sys.stderr)
         return 2
     trainer = argv[0]
     target = load_target(TARGET)
