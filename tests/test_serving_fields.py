@@ -11,14 +11,13 @@ loader accepts (a name it would skip silently, refuse, or take in place of the t
 head is a failure), every tensor it needs is there with the shape the config implies (both loaders
 leave a missing tensor uninitialized without a word), the files of the directory it would read hold
 nothing else; and the config agrees with the target (vocabulary, hidden size, layers, mask token).
-DFlash2: a DFlash2DraftModel config goes through the same trainer; while the trainer refuses it
-("training DFlash2 is not implemented yet") the DFlash2 checks say they did not run; once it writes a
-checkpoint they run (the two loaders' DFlash2 lists and the reference tensor list, dflash2.md §6).
+DFlash2: a DFlash2DraftModel config goes through the same trainer and its checkpoint through the two
+loaders' DFlash2 lists and the reference tensor list.
 The checker is checked too: mutations of the real checkpoint (a deleted field, a renamed tensor,
 a 'model.' prefix, a wrong shape, ...) must each be caught.
 
-Known gaps of today's writer (drafter-trainer/model/dt_ckpt.c) are listed in KNOWN_GAPS: reported,
-not failed, and a gap that no longer occurs fails until it is removed from the list;
+Known gaps of the writer (drafter-trainer/model/dt_ckpt.c) would be listed in KNOWN_GAPS (none today):
+reported, not failed, and a gap that no longer occurs fails until it is removed from the list;
 TANDEM_SERVING_STRICT=1 fails them too.
 
 usage: test_serving_fields.py DRAFTER_TRAINER          (the ctest form)
@@ -40,24 +39,10 @@ SPEC_PATH = os.path.join(HERE, "serving", "loader_fields.json")
 TARGET = os.path.join(REPO, "models", "tandem-tiny")
 DRAFTER = os.path.join(REPO, "models", "tandem-tiny-drafter.json")
 DOCS = os.path.join(REPO, "data", "tiny", "train.jsonl")
-DFLASH2_REFUSAL = "training DFlash2 is not implemented yet"
 
 # Failure ids (see Checker.fail) that today's checkpoint writer is known to produce. Each is reported
 # as a known gap, not a failure; one that stops occurring fails the test so the entry gets removed.
-KNOWN_GAPS = {
-    "sglang:config:dflash_config.mask_token":
-        "config.json has no dflash_config.mask_token, so SGLang assumes '<|MASK|>' for the mask token's "
-        "string (and refuses to start if the target tokenizer holds '<|MASK|>' at another id): "
-        "dt_ckpt.c should write the string of mask_token_id from the training config",
-    "vllm:files:training_state.safetensors":
-        "step-N/ holds training_state.safetensors beside model.safetensors and no "
-        "model.safetensors.index.json, so vLLM reads both and fails on the first training-state name: "
-        "dt_ckpt.c should write model.safetensors.index.json (weight_map: every tensor -> "
-        "model.safetensors), or keep the training state out of the serving directory",
-    "sglang:files:training_state.safetensors":
-        "the same file is read by SGLang, which skips its tensors one by one without a word (masters "
-        "and Adam moments: 3x the model in fp32 read for nothing); fixed by the same index file",
-}
+KNOWN_GAPS = {}
 
 class _Missing:
     def __repr__(self):
@@ -523,6 +508,12 @@ def mutations():
             del node[last]
         return f
 
+    def drop_all(*keys):
+        def f(cfg, header):
+            for k in keys:
+                cfg.pop(k, None)
+        return f
+
     def rename(old, new):
         def f(cfg, header):
             header[new] = header.pop(old)
@@ -555,7 +546,7 @@ def mutations():
     return [
         ("delete dflash_config.mask_token_id", drop("dflash_config.mask_token_id"),
          ["vllm:config:dflash_config.mask_token_id", "sglang:config:dflash_config.mask_token_id"]),
-        ("delete rope_theta", drop("rope_theta"),
+        ("delete rope_theta (and rope_parameters, which carries it too)", drop_all("rope_theta", "rope_parameters"),
          ["hf:config:rope_theta", "vllm:config:rope_theta", "sglang:config:rope_theta"]),
         ("delete dflash_config.target_layer_ids", drop("dflash_config.target_layer_ids"),
          ["vllm:config:dflash_config.target_layer_ids", "sglang:config:dflash_config.target_layer_ids"]),
@@ -584,7 +575,7 @@ def mutations():
 
 def as_dflash2(cfg, header, kc=2, g=16, r=8, k=4):
     """A DFlash2 checkpoint made from a DFlash one by hand (config keys and the reference's extra
-    tensors, BF16, shapes from dflash2.md §6), so the DFlash2 checks are exercised before the trainer
+    tensors, BF16, shapes of the DFlash2 serving format), so the DFlash2 checks are exercised before the trainer
     writes DFlash2 checkpoints."""
     cfg, header = copy.deepcopy(cfg), copy.deepcopy(header)
     cfg["architectures"] = ["DFlash2DraftModel"]
@@ -693,10 +684,6 @@ def main(argv):
             cfg_path = os.path.join(tmp, name + ".json")
             json.dump(cfg, open(cfg_path, "w"), indent=1)
             rc, err, step = train(trainer, cfg_path, batch, os.path.join(tmp, name))
-            if name == "dflash2" and rc != 0 and DFLASH2_REFUSAL in err:
-                print(f"{name}: the DFlash2 checks did NOT run: drafter-trainer refuses DFlash2 configs "
-                      f"('{DFLASH2_REFUSAL}'); they run once it writes a DFlash2 checkpoint")
-                continue
             if rc != 0 or not os.path.isdir(step):
                 bad += 1
                 print(f"FAIL {name}: drafter-trainer train exited {rc}:\n{err}", file=sys.stderr)

@@ -268,6 +268,31 @@ static cm_status download_param(const kn_backend *be, kn_ctx *ctx, const float *
     return st;
 }
 
+/* model.safetensors.index.json naming model.safetensors for every tensor: vLLM and SGLang read every
+ * *.safetensors of a directory that has no index, training_state.safetensors included (vLLM then fails
+ * on its names); with the index they read only the weights. */
+static cm_status write_index(const char *dir, const dt_model *m) {
+    sbuf    s = {0};
+    int64_t bytes = 0;
+    for (int i = 0; i < dt_model_n_params(m); i++)
+        bytes += dt_model_param(m, i)->numel * 2;
+    sb_add(&s, "{\n  \"metadata\": {\"total_size\": %lld},\n  \"weight_map\": {\n", (long long)bytes);
+    for (int i = 0; i < dt_model_n_params(m); i++)
+        sb_add(&s, "    \"%s\": \"model.safetensors\"%s\n", dt_model_param(m, i)->name,
+               i + 1 < dt_model_n_params(m) ? "," : "");
+    sb_add(&s, "  }\n}\n");
+    if (s.oom) {
+        free(s.p);
+        return CM_FAIL(CM_ERR_NOMEM, "cannot build model.safetensors.index.json");
+    }
+    char      path[4096];
+    cm_status st = join(path, sizeof path, dir, "model.safetensors.index.json");
+    if (st == CM_OK)
+        st = write_file_atomic(path, s.p, strlen(s.p));
+    free(s.p);
+    return st;
+}
+
 cm_status dt_ckpt_write_model(const char *dir, const dt_model *m, const kn_backend *be, kn_ctx *ctx) {
     cm_status     st = CM_OK;
     char         *json = NULL;
@@ -297,6 +322,7 @@ cm_status dt_ckpt_write_model(const char *dir, const dt_model *m, const kn_backe
     }
     CM_TRY_GOTO(join(path, sizeof path, dir, "model.safetensors"), st, fail);
     CM_TRY_GOTO(cm_st_writer_write(w, path), st, fail);
+    CM_TRY_GOTO(write_index(dir, m), st, fail);
 fail:
     free(bf);
     free(host);
