@@ -1,5 +1,7 @@
 /* tests/test_dt_grad.c — `drafter-trainer grad` against the float64 PyTorch oracle
- * (tests/oracle/make_drafter_fixtures.py) on every fixture under tests/fixtures/drafter/:
+ * (tests/oracle/make_drafter_fixtures.py) on every fixture under tests/fixtures/drafter/, and DFlash2's
+ * (tests/oracle/make_dflash2_fixtures.py) under tests/fixtures/drafter2/ (also both loss terms, the
+ * selector's τ and per-slot recall and hits, with the fixture's α and miss policy from its metadata):
  * the loss (relative error ≤ 1e-5), every gradient (relative L2 ≤ 1e-4), tau and the per-slot
  * accuracy counts (equal). The real binary runs as a child process; the fixture's gamma (ref
  * metadata) is passed only when it is not the block size's default, so the default is tested too.
@@ -41,9 +43,12 @@ static double default_gamma(int64_t block_size) {
     return block_size >= 16 ? 7.0 : block_size <= 8 ? 4.0 : 5.0;
 }
 
+/* DFlash2 fixtures' selector settings (ref metadata), passed when not the defaults */
+static const char *sel_alpha, *sel_miss;
+
 static int run_grad(const char *drafter, const char *batch, const char *out, const char *device,
                     const char *gamma, const char *target, const char *err) {
-    char *argv[16];
+    char *argv[24];
     int   n = 0;
     argv[n++] = bin;
     argv[n++] = "grad";
@@ -64,6 +69,14 @@ static int run_grad(const char *drafter, const char *batch, const char *out, con
     if (target) {
         argv[n++] = "--target";
         argv[n++] = (char *)target;
+    }
+    if (sel_alpha) {
+        argv[n++] = "--selector-alpha";
+        argv[n++] = (char *)sel_alpha;
+    }
+    if (sel_miss) {
+        argv[n++] = "--selector-miss";
+        argv[n++] = (char *)sel_miss;
     }
     argv[n] = NULL;
     return tst_run(argv, err);
@@ -116,6 +129,24 @@ static void compare(const char *name, const char *out, const char *ref_path, dou
         fprintf(stderr, "%s: tau %.9g, reference %.9g\n", name, tau_got, tau_ref);
     TST_CHECK(same_i32(cm_st_find(got, "acc_hits"), cm_st_find(ref, "acc_hits")));
     TST_CHECK(same_i32(cm_st_find(got, "acc_count"), cm_st_find(ref, "acc_count")));
+    if (cm_st_find(ref, "loss_selector")) { /* DFlash2: both terms, the selector's figures */
+        static const char *const terms[2] = {"loss_unary", "loss_selector"};
+        for (int k = 0; k < 2; k++) {
+            const double r = scalar(cm_st_find(ref, terms[k])), g = scalar(cm_st_find(got, terms[k]));
+            const double e = fabs(g - r) / fmax(fabs(r), 1e-30);
+            TST_CHECK(e <= loss_tol);
+            if (!(e <= loss_tol))
+                fprintf(stderr, "%s: %s %.9g, reference %.12g\n", name, terms[k], g, r);
+        }
+        const double st_ref = scalar(cm_st_find(ref, "sel_tau")), st_got = scalar(cm_st_find(got, "sel_tau"));
+        TST_CHECK(fabs(st_got - st_ref) <= 1e-6 * st_ref);
+        if (!(fabs(st_got - st_ref) <= 1e-6 * st_ref))
+            fprintf(stderr, "%s: sel_tau %.9g, reference %.9g\n", name, st_got, st_ref);
+        TST_CHECK(same_i32(cm_st_find(got, "sel_in_topk"), cm_st_find(ref, "sel_in_topk")));
+        TST_CHECK(same_i32(cm_st_find(got, "sel_hits"), cm_st_find(ref, "sel_hits")));
+        printf("%-30s loss_unary %.9f  loss_selector %.9f  sel_tau %.4f\n", name,
+               scalar(cm_st_find(got, "loss_unary")), scalar(cm_st_find(got, "loss_selector")), st_got);
+    }
 
     double      worst = 0;
     const char *worst_name = "";
@@ -174,8 +205,17 @@ static void check_fixture(const char *root, const char *name, const char *device
     TST_CHECK(g != NULL && hits != NULL);
     if (g && hits && atof(g) != default_gamma(hits->shape[0]))
         snprintf(gamma, sizeof gamma, "%s", g);
+    char        alpha[64] = "", miss[16] = "";
+    const char *a = cm_st_metadata(ref, "selector_alpha"), *mp = cm_st_metadata(ref, "selector_miss");
+    if (a && atof(a) != 1.0)
+        snprintf(alpha, sizeof alpha, "%s", a);
+    if (mp && strcmp(mp, "inject") != 0)
+        snprintf(miss, sizeof miss, "%s", mp);
+    sel_alpha = alpha[0] ? alpha : NULL;
+    sel_miss = miss[0] ? miss : NULL;
     cm_st_destroy(&ref);
     int rc = run_grad(drafter, batch, out, device, gamma[0] ? gamma : NULL, NULL, err);
+    sel_alpha = sel_miss = NULL;
     TST_CHECK(rc == 0);
     if (rc != 0) {
         fprintf(stderr, "%s: grad exited %d:\n%s\n", name, rc, tst_slurp(err));
@@ -819,6 +859,30 @@ static void check_large_random(void) {
     free(head);
 }
 
+/* The fixtures under root (those with a ref.safetensors), sorted for a stable report; at most 64. */
+static int list_fixtures(const char *root, char **names) {
+    DIR *d = opendir(root);
+    int  n = 0;
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        char ref[2048];
+        snprintf(ref, sizeof ref, "%s/%s/ref.safetensors", root, e->d_name);
+        if (e->d_name[0] != '.' && access(ref, R_OK) == 0)
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(names[j], names[i]) < 0) {
+                char *t = names[i];
+                names[i] = names[j];
+                names[j] = t;
+            }
+    return n;
+}
+
 int main(int argc, char **argv) {
     const char *device = argc > 1 ? argv[1] : "cpu";
     double      loss_tol = 1e-5, grad_tol = 1e-4;
@@ -830,32 +894,21 @@ int main(int argc, char **argv) {
     snprintf(bin, sizeof bin, "%s/drafter-trainer/drafter-trainer", TANDEM_BINARY_DIR);
     snprintf(tmp, sizeof tmp, "/tmp/tandem-dtgrad-XXXXXX");
     TST_CHECK(mkdtemp(tmp) != NULL);
-    char root[1024];
+    char root[1024], root2[1024];
     snprintf(root, sizeof root, "%s/fixtures/drafter", TANDEM_TEST_DATA);
-    DIR *d = opendir(root);
-    TST_CHECK(d != NULL);
-    if (!d)
-        return tst_report();
-    char          *names[64];
-    int            n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        char ref[2048];
-        snprintf(ref, sizeof ref, "%s/%s/ref.safetensors", root, e->d_name);
-        if (e->d_name[0] != '.' && access(ref, R_OK) == 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    TST_CHECK(n >= 3);
-    for (int i = 0; i < n; i++) /* sorted for a stable report */
-        for (int j = i + 1; j < n; j++)
-            if (strcmp(names[j], names[i]) < 0) {
-                char *t = names[i];
-                names[i] = names[j];
-                names[j] = t;
-            }
+    snprintf(root2, sizeof root2, "%s/fixtures/drafter2", TANDEM_TEST_DATA);
+    char *names[64], *names2[64];
+    int   n = list_fixtures(root, names), n2 = list_fixtures(root2, names2);
+    TST_CHECK(n >= 3 && n2 >= 3);
     for (int i = 0; i < n; i++)
         check_fixture(root, names[i], device, loss_tol, grad_tol);
+    for (int i = 0; i < n2; i++) /* DFlash2 (tests/oracle/make_dflash2_fixtures.py) */
+        check_fixture(root2, names2[i], device, loss_tol, grad_tol);
+    if (strcmp(device, "cpu") == 0)
+        for (int i = 0; i < n2; i++)
+            check_bf16_storage(root2, names2[i]);
+    for (int i = 0; i < n2; i++)
+        free(names2[i]);
     if (strcmp(device, "cpu") == 0 && n > 0) {
         check_target_path(root, names[0]);
         char out[256];
