@@ -40,6 +40,7 @@ static const kn_backend cpu_backend = {
     .dynconv_fwd      = kn_ref_dynconv_fwd,
     .dynconv_bwd      = kn_ref_dynconv_bwd,
     .lm_ce            = kn_ref_lm_ce,
+    .lm_ce_topk       = kn_ref_lm_ce_topk,
     .sumsq            = kn_ref_sumsq,
     .adamw            = kn_ref_adamw,
     .fill_uniform     = kn_ref_fill_uniform,

@@ -117,6 +117,10 @@ cm_status kn_ref_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p);
 cm_status kn_ref_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h,
                        const int32_t *labels, const float *gscale, const void *w, cm_dtype wdt, int64_t R,
                        int64_t V, int64_t D);
+/* lm_ce's pass (the same code, so ce, argmax and dh are lm_ce's bits) with the top-K of each
+ * row's double logits, ordered by the double value, stored rounded to float, and the label's
+ * logit likewise. A row with fewer than K logits that are not NaN pads with (−1, NaN). */
+cm_status kn_ref_lm_ce_topk(kn_ctx *ctx, const kn_lm_topk_params *p);
 /* Fixed chunks of KN_REF_SUMSQ_CHUNK values, each summed in double, then the chunk sums in
  * order: the same result for any thread count. */
 #define KN_REF_SUMSQ_CHUNK 65536
