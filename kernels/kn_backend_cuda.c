@@ -41,6 +41,7 @@ static const kn_backend cuda_backend = {
     .dynconv_fwd     = kn_cuda_dynconv_fwd,
     .dynconv_bwd     = kn_cuda_dynconv_bwd,
     .lm_ce = kn_cuda_lm_ce,
+    .lm_ce_topk = kn_cuda_lm_ce_topk,
     .sumsq = kn_cuda_sumsq,
     .adamw = kn_cuda_adamw,
     .fill_uniform = kn_cuda_fill_uniform,

@@ -82,6 +82,7 @@ cm_status kn_cuda_dynconv_fwd(kn_ctx *ctx, const kn_dynconv_params *p); /* kn_dy
 cm_status kn_cuda_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p);
 cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h, const int32_t *labels,
                         const float *gscale, const void *w, cm_dtype wdt, int64_t R, int64_t V, int64_t D);
+cm_status kn_cuda_lm_ce_topk(kn_ctx *ctx, const kn_lm_topk_params *p);
 cm_status kn_cuda_sumsq(kn_ctx *ctx, double *out, const float *x, int64_t n);
 cm_status kn_cuda_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, float *v, int64_t n,
                         const kn_adamw_params *p);

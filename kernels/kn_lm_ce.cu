@@ -18,7 +18,17 @@
  * has a fixed order, so results are reproducible. Labels are device memory and not
  * validated here: a label outside [0, V), which the cpu reference refuses, gives ce = NaN
  * (the caller validates labels on the host; dt_model builds them from token ids it has
- * checked). */
+ * checked).
+ * lm_ce_topk runs the same pass (lm_ce's outputs bit for bit) and keeps, per row, the running
+ * top-K of the fp32 logits (larger first, then lower index) in its outputs topk_val/topk_idx,
+ * merged in by the stats kernel: each thread keeps the best KMAX (K rounded up to 4, 8, 16, 32
+ * or 64) of its strided columns in registers, taking only logits that beat the row's K-th
+ * entry so far (after the first chunk almost none do, so the later chunks cost a compare per
+ * logit); K rounds of a block arg-best (one barrier each, stopping when no candidate is left)
+ * pull the chunk's top-K out of those lists; a rank merge (each entry's place = its own rank
+ * + the entries of the other list that beat it) joins it with the row's list. Exact (the
+ * order is total: indices differ) and deterministic; no extra memory. The label's logit is
+ * the one the stats kernel picks up for ce. */
 #include "kn_cuda.h"
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
@@ -40,7 +50,19 @@ typedef struct lmce_row {
     float   lab;  /* logit of the label (NaN until seen) */
     int32_t amax; /* index of the running max */
     float   mref; /* the shift of dh's coefficients exp(logit − mref) */
+    int32_t tk_n; /* entries of the row's running top-K (lm_ce_topk) */
 } lmce_row;
+
+/* lm_ce_topk's outputs for the rows of one tile (K = 0: lm_ce, none). val/idx [rows, K] hold
+ * each row's running top-K, sorted, its first tk_n entries valid, until the finish kernel. */
+typedef struct lmce_topk {
+    int      K;
+    float   *val;
+    int32_t *idx;
+    float   *label_logit;
+} lmce_topk;
+
+#define TOPK_NONE 0x7fffffff /* the index of an empty slot; with −inf it loses to every logit */
 
 static __global__ void lmce_init_kernel(lmce_row *st, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -50,28 +72,169 @@ static __global__ void lmce_init_kernel(lmce_row *st, int64_t n) {
         st[i].lab = __int_as_float(0x7fc00000);
         st[i].amax = 0;
         st[i].mref = -INFINITY;
+        st[i].tk_n = 0;
     }
+}
+
+/* The top-K order: a larger logit first, then the lower index. NaN is never better. */
+static __device__ __forceinline__ bool topk_better(float a, int32_t ia, float b, int32_t ib) {
+    return a > b || (a == b && ia < ib);
+}
+
+/* Inserts (x, xi) into the sorted list (a bubble pass, unrolled so the list stays in
+ * registers); the last entry drops out. */
+template <int KMAX>
+static __device__ __forceinline__ void topk_insert(float (&lv)[KMAX], int32_t (&li)[KMAX], float x,
+                                                   int32_t xi) {
+#pragma unroll
+    for (int j = 0; j < KMAX; j++)
+        if (topk_better(x, xi, lv[j], li[j])) {
+            const float   tv = lv[j];
+            const int32_t ti = li[j];
+            lv[j] = x;
+            li[j] = xi;
+            x = tv;
+            xi = ti;
+        }
+}
+
+template <int KMAX> static __device__ __forceinline__ void topk_pop(float (&lv)[KMAX], int32_t (&li)[KMAX]) {
+#pragma unroll
+    for (int j = 0; j + 1 < KMAX; j++) {
+        lv[j] = lv[j + 1];
+        li[j] = li[j + 1];
+    }
+    lv[KMAX - 1] = -INFINITY;
+    li[KMAX - 1] = TOPK_NONE;
+}
+
+/* The chunk's top-K out of the threads' sorted lists lv/li, then merged with the row's list
+ * val/idx (n_old entries, sorted) into its best min(K, n_old + n_new); *n_out takes the count.
+ * Called by every thread of the block. Round k: each thread offers its head, the block's best
+ * head (butterfly in each warp, then the 8 warp bests, read by every thread) is entry k, its
+ * owner pops it; the warp bests are double-buffered, so one barrier per round suffices. */
+template <int KMAX>
+static __device__ void topk_merge(float (&lv)[KMAX], int32_t (&li)[KMAX], int K, int n_old, float *val,
+                                  int32_t *idx, int32_t *n_out) {
+    static_assert(2 * KMAX <= LMCE_THREADS, "the rank merge takes one thread per entry of both lists");
+    __shared__ float   s_wv[2][LMCE_THREADS / 32];
+    __shared__ int32_t s_wi[2][LMCE_THREADS / 32];
+    __shared__ float   s_nv[KMAX], s_ov[KMAX];
+    __shared__ int32_t s_ni[KMAX], s_oi[KMAX];
+    const int          lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int                n_new = 0;
+    for (; n_new < K; n_new++) {
+        float   bv = lv[0];
+        int32_t bi = li[0];
+        for (int o = 16; o > 0; o >>= 1) {
+            const float   ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (topk_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        const int b = n_new & 1;
+        if (lane == 0) {
+            s_wv[b][warp] = bv;
+            s_wi[b][warp] = bi;
+        }
+        __syncthreads();
+        bv = s_wv[b][0];
+        bi = s_wi[b][0];
+        for (int w = 1; w < LMCE_THREADS / 32; w++)
+            if (topk_better(s_wv[b][w], s_wi[b][w], bv, bi)) {
+                bv = s_wv[b][w];
+                bi = s_wi[b][w];
+            }
+        if (bi == TOPK_NONE) /* no candidate left; every thread sees the same */
+            break;
+        if (li[0] == bi) /* the one thread whose column it is */
+            topk_pop<KMAX>(lv, li);
+        if (threadIdx.x == 0) {
+            s_nv[n_new] = bv;
+            s_ni[n_new] = bi;
+        }
+    }
+    if (n_new == 0)
+        return;
+    for (int t = threadIdx.x; t < n_old; t += LMCE_THREADS) {
+        s_ov[t] = val[t];
+        s_oi[t] = idx[t];
+    }
+    __syncthreads();
+    /* the chunk's indices all exceed the old ones, so the old entry wins a tie, as the order says */
+    const int t = threadIdx.x;
+    float     v = 0.0f;
+    int32_t   i = 0;
+    int       rank = K;
+    if (t < n_old) {
+        v = s_ov[t];
+        i = s_oi[t];
+        rank = t;
+        for (int j = 0; j < n_new; j++)
+            rank += topk_better(s_nv[j], s_ni[j], v, i);
+    } else if (t >= KMAX && t < KMAX + n_new) {
+        v = s_nv[t - KMAX];
+        i = s_ni[t - KMAX];
+        rank = t - KMAX;
+        for (int j = 0; j < n_old; j++)
+            rank += topk_better(s_ov[j], s_oi[j], v, i);
+    }
+    if (rank < K) {
+        val[rank] = v;
+        idx[rank] = i;
+    }
+    if (t == 0)
+        *n_out = n_old + n_new < K ? n_old + n_new : K;
 }
 
 /* One block per row of the tile: merges logits[r, 0:nc] (columns v0 + c) into st[r]. */
 /* alpha[r] (when not NULL): the factor dh's running sum of row r takes before this chunk
- * is added (1 unless the row's shift moved). */
+ * is added (1 unless the row's shift moved). KMAX > 0 (lm_ce_topk, K ≤ KMAX): the chunk also
+ * goes into the row's running top-K (tk). */
+template <int KMAX>
 static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float *logits, int64_t ld,
-                                         int64_t nc, int64_t v0, const int32_t *labels) {
+                                         int64_t nc, int64_t v0, const int32_t *labels, lmce_topk tk) {
     __shared__ float   smax[LMCE_THREADS / 32];
     __shared__ int64_t sidx[LMCE_THREADS / 32];
     __shared__ double  ssum[LMCE_THREADS / 32];
     const int64_t      r = blockIdx.x;
     const float       *lg = logits + r * ld;
     const int          lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    /* top-K: this thread's best KMAX columns among those that beat the row's K-th entry (the
+     * empty slot (−inf, TOPK_NONE) until the row has K), read before any barrier, that is
+     * before this block's merge writes the list */
+    float   lv[KMAX > 0 ? KMAX : 1], thr_v = -INFINITY;
+    int32_t li[KMAX > 0 ? KMAX : 1], thr_i = TOPK_NONE;
+    int     n_old = 0;
+    if constexpr (KMAX > 0) {
+#pragma unroll
+        for (int j = 0; j < KMAX; j++) {
+            lv[j] = -INFINITY;
+            li[j] = TOPK_NONE;
+        }
+        n_old = st[r].tk_n;
+        if (n_old == tk.K) {
+            thr_v = tk.val[r * tk.K + tk.K - 1];
+            thr_i = tk.idx[r * tk.K + tk.K - 1];
+        }
+    }
     /* chunk max and its lowest index: per thread, then warps, then warp 0 */
     float   mx = -INFINITY;
     int64_t ix = 0x7fffffffffffffffll;
-    for (int64_t c = threadIdx.x; c < nc; c += LMCE_THREADS)
-        if (lg[c] > mx) { /* strided ascending: the first max a thread sees has its lowest index */
-            mx = lg[c];
+    for (int64_t c = threadIdx.x; c < nc; c += LMCE_THREADS) {
+        const float x = lg[c];
+        if (x > mx) { /* strided ascending: the first max a thread sees has its lowest index */
+            mx = x;
             ix = c;
         }
+        if constexpr (KMAX > 0) {
+            const int32_t xi = (int32_t)(v0 + c);
+            if (topk_better(x, xi, thr_v, thr_i) && topk_better(x, xi, lv[KMAX - 1], li[KMAX - 1]))
+                topk_insert<KMAX>(lv, li, x, xi);
+        }
+    }
     for (int o = 16; o > 0; o >>= 1) {
         float   om = __shfl_xor_sync(0xffffffffu, mx, o);
         int64_t oi = __shfl_xor_sync(0xffffffffu, ix, o);
@@ -122,16 +285,27 @@ static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float
         if (lab >= v0 && lab < v0 + nc)
             row->lab = lg[lab - v0];
     }
+    if constexpr (KMAX > 0)
+        topk_merge<KMAX>(lv, li, tk.K, n_old, tk.val + r * tk.K, tk.idx + r * tk.K, &st[r].tk_n);
 }
 
+/* With tk.K > 0 also the label logit, and (−1, NaN) in the top-K slots no logit filled (only
+ * a row with fewer than K logits that are not NaN has such slots). */
 static __global__ void lmce_finish_kernel(float *ce, int32_t *argmax, float *lse, const lmce_row *st,
-                                          int64_t n) {
+                                          int64_t n, lmce_topk tk) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const double l = st[i].m + log(st[i].s);
         lse[i] = (float)l;
         ce[i] = (float)(l - (double)st[i].lab);
         argmax[i] = st[i].amax;
+        if (tk.K > 0) {
+            tk.label_logit[i] = st[i].lab;
+            for (int k = st[i].tk_n; k < tk.K; k++) {
+                tk.val[i * tk.K + k] = __int_as_float(0x7fc00000);
+                tk.idx[i * tk.K + k] = -1;
+            }
+        }
     }
 }
 
@@ -194,21 +368,54 @@ static unsigned int grid_for(int64_t n, int threads) {
     return (unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20));
 }
 
-cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h,
-                        const int32_t *labels, const float *gscale, const void *w, cm_dtype wdt, int64_t R,
-                        int64_t V, int64_t D) {
-    KN_CUDA_CHECK_ARG(ctx, "lm_ce: ctx is NULL");
-    KN_CUDA_CHECK_ARG(R >= 0 && V > 0 && D > 0,
-                      "lm_ce: bad shape R=%lld V=%lld D=%lld (R >= 0, V > 0, D > 0)", (long long)R,
-                      (long long)V, (long long)D);
-    KN_CUDA_CHECK_ARG(V <= INT32_MAX, "lm_ce: V=%lld does not fit the I32 argmax", (long long)V);
+/* The stats kernel with the list size that K needs (KMAX 0: lm_ce). */
+static cm_status lmce_stats(kn_ctx *ctx, int64_t nr, lmce_row *st, float *alpha, const float *logits,
+                            int64_t ld, int64_t nc, int64_t v0, const int32_t *labels, lmce_topk tk) {
+    const unsigned int g = (unsigned int)nr;
+    if (tk.K == 0)
+        lmce_stats_kernel<0><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+    else if (tk.K <= 4)
+        lmce_stats_kernel<4><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+    else if (tk.K <= 8)
+        lmce_stats_kernel<8><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+    else if (tk.K <= 16)
+        lmce_stats_kernel<16><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+    else if (tk.K <= 32)
+        lmce_stats_kernel<32><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+    else
+        lmce_stats_kernel<KN_TOPK_MAX>
+            <<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+/* The checks that come before R = 0 returns: context, shape, dtype (op names the entry). */
+static cm_status lmce_check_shape(const char *op, kn_ctx *ctx, int64_t R, int64_t V, int64_t D,
+                                  cm_dtype wdt) {
+    KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", op);
+    KN_CUDA_CHECK_ARG(R >= 0 && V > 0 && D > 0, "%s: bad shape R=%lld V=%lld D=%lld (R >= 0, V > 0, D > 0)",
+                      op, (long long)R, (long long)V, (long long)D);
+    KN_CUDA_CHECK_ARG(V <= INT32_MAX, "%s: V=%lld does not fit the I32 argmax", op, (long long)V);
     if (wdt != CM_DTYPE_F32 && wdt != CM_DTYPE_BF16)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "lm_ce: weight dtype %s is not supported (use F32 or BF16)",
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: weight dtype %s is not supported (use F32 or BF16)", op,
                        cm_dtype_name(wdt));
+    return CM_OK;
+}
+
+/* The pass of lm_ce and lm_ce_topk (p->K = 0: lm_ce, no top-K outputs). */
+static cm_status lmce_run(const char *op, kn_ctx *ctx, const kn_lm_topk_params *p) {
+    const int64_t R = p->R, V = p->V, D = p->D;
+    const int     K = p->K;
     if (R == 0)
         return CM_OK;
-    KN_CUDA_CHECK_ARG(ce && argmax && h && labels && w, "lm_ce: ce, argmax, h, labels or w is NULL");
-    KN_CUDA_CHECK_ARG(!dh || gscale, "lm_ce: gscale is NULL but dh is requested");
+    KN_CUDA_CHECK_ARG(p->ce && p->argmax && p->h && p->labels && p->w,
+                      "%s: ce, argmax, h, labels or w is NULL", op);
+    KN_CUDA_CHECK_ARG(!p->dh || p->gscale, "%s: gscale is NULL but dh is requested", op);
+    float *const         dh = p->dh;
+    const float *const   h = p->h;
+    const void *const    w = p->w;
+    const cm_dtype       wdt = p->wdt;
+    const int32_t *const labels = p->labels;
 
     const int     bf16 = ctx->gemm_mode == KN_GEMM_MODE_BF16;
     const int64_t Rt = R < LMCE_ROWS ? R : LMCE_ROWS;
@@ -238,6 +445,9 @@ cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, cons
     for (int64_t r0 = 0; r0 < R; r0 += Rt) {
         const int64_t nr = R - r0 < Rt ? R - r0 : Rt;
         const void   *h_op = h + r0 * D;
+        /* the tile's rows of the top-K outputs, which hold the running lists meanwhile */
+        const lmce_topk tk = {K, K ? p->topk_val + r0 * K : NULL, K ? p->topk_idx + r0 * K : NULL,
+                              K ? p->label_logit + r0 : NULL};
         if (bf16) {
             CM_TRY(kn_cuda_f32_to_bf16(ctx, h16, h + r0 * D, nr * D));
             h_op = h16;
@@ -255,10 +465,8 @@ cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, cons
                 w_op = wbuf;
             }
             /* logitsᵀ (nc×nr col-major, ld Vc) = W_chunk (stored D×nc, op T) · hᵀ (D×nr) */
-            CM_TRY(kn_cuda_lt_matmul(ctx, "lm_ce", ab, 1, 0, nc, nr, D, w_op, D, h_op, D, 0.0f, logits, Vc));
-            lmce_stats_kernel<<<(unsigned int)nr, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, Vc, nc,
-                                                                                  v0, labels + r0);
-            KN_CUDA_LAUNCHED(ctx);
+            CM_TRY(kn_cuda_lt_matmul(ctx, op, ab, 1, 0, nc, nr, D, w_op, D, h_op, D, 0.0f, logits, Vc));
+            CM_TRY(lmce_stats(ctx, nr, st, alpha, logits, Vc, nc, v0, labels + r0, tk));
             if (!dh)
                 continue;
             lmce_coef_kernel<<<grid_for(nr * nc, 256), 256, 0, ctx->stream>>>(logits, coef16, Vc, nr, nc, st);
@@ -269,16 +477,41 @@ cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, cons
             }
             /* dhᵀ (D×nr, ld D) (+)= W_chunk (stored D×nc, op N) · coefᵀ (nc×nr, ld Vc) */
             const void *c_op = coef16 ? (const void *)coef16 : (const void *)logits;
-            CM_TRY(kn_cuda_lt_matmul(ctx, "lm_ce", ab, 0, 0, D, nr, nc, w_op, D, c_op, Vc,
-                                     v0 == 0 ? 0.0f : 1.0f, dh + r0 * D, D));
+            CM_TRY(kn_cuda_lt_matmul(ctx, op, ab, 0, 0, D, nr, nc, w_op, D, c_op, Vc, v0 == 0 ? 0.0f : 1.0f,
+                                     dh + r0 * D, D));
         }
-        lmce_finish_kernel<<<grid_for(nr, 256), 256, 0, ctx->stream>>>(ce + r0, argmax + r0, lse, st, nr);
+        lmce_finish_kernel<<<grid_for(nr, 256), 256, 0, ctx->stream>>>(p->ce + r0, p->argmax + r0, lse, st,
+                                                                       nr, tk);
         KN_CUDA_LAUNCHED(ctx);
         if (dh) {
             lmce_dh_finish_kernel<<<(unsigned int)nr, 256, 0, ctx->stream>>>(
-                dh + r0 * D, D, st, lse, labels + r0, gscale + r0, w, wdt == CM_DTYPE_BF16, bf16, V);
+                dh + r0 * D, D, st, lse, labels + r0, p->gscale + r0, w, wdt == CM_DTYPE_BF16, bf16, V);
             KN_CUDA_LAUNCHED(ctx);
         }
     }
     return CM_OK;
+}
+
+cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h,
+                        const int32_t *labels, const float *gscale, const void *w, cm_dtype wdt, int64_t R,
+                        int64_t V, int64_t D) {
+    CM_TRY(lmce_check_shape("lm_ce", ctx, R, V, D, wdt));
+    kn_lm_topk_params p = {};
+    p.R = R, p.V = V, p.D = D, p.K = 0, p.h = h, p.labels = labels, p.gscale = gscale, p.w = w, p.wdt = wdt;
+    p.dh = dh, p.ce = ce, p.argmax = argmax;
+    return lmce_run("lm_ce", ctx, &p);
+}
+
+cm_status kn_cuda_lm_ce_topk(kn_ctx *ctx, const kn_lm_topk_params *p) {
+    KN_CUDA_CHECK_ARG(p, "lm_ce_topk: params are NULL");
+    CM_TRY(lmce_check_shape("lm_ce_topk", ctx, p->R, p->V, p->D, p->wdt));
+    KN_CUDA_CHECK_ARG(p->K >= 1 && p->K <= KN_TOPK_MAX, "lm_ce_topk: K=%d is outside [1, KN_TOPK_MAX=%d]",
+                      p->K, KN_TOPK_MAX);
+    KN_CUDA_CHECK_ARG(p->K <= p->V, "lm_ce_topk: K=%d exceeds the vocabulary size V=%lld", p->K,
+                      (long long)p->V);
+    if (p->R == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(p->topk_idx && p->topk_val && p->label_logit,
+                      "lm_ce_topk: topk_idx, topk_val or label_logit is NULL");
+    return lmce_run("lm_ce_topk", ctx, p);
 }

@@ -12,3 +12,9 @@ endif()
 if(TANDEM_HAVE_CUDA)
   add_unit_test(test_kn_cuda_dynconv test_kn_cuda_dynconv.c LABELS gpu LIBS kn TIMEOUT 120)
 endif()
+# lm_ce_topk in CUDA against the cpu reference in both GEMM modes (several row tiles and
+# vocabulary chunks, ties, the worst-case order), and the time of lm_ce vs lm_ce_topk at the
+# training shape, printed (label gpu; exits 77 without a cuda device).
+if(TANDEM_HAVE_CUDA)
+  add_unit_test(test_kn_cuda_lm_topk test_kn_cuda_lm_topk.c LABELS gpu LIBS kn TIMEOUT 300)
+endif()

@@ -73,9 +73,9 @@ static void plant(float *h, float *wf, int64_t R, int64_t V, int64_t D) {
 
 static void run_case(const topk_case *c, int K, int w_bf16) {
     const int64_t R = c->R, V = c->V, D = c->D;
-    float        *h = tst_rand_f32(R * D, -1, 1), *wf = tst_rand_f32(V * D, -1, 1), *gs = tst_rand_f32(R, 0.1, 2);
-    uint16_t     *w16 = tst_xcalloc((size_t)(V * D) * 2);
-    int32_t      *lab = tst_xcalloc((size_t)R * 4);
+    float    *h = tst_rand_f32(R * D, -1, 1), *wf = tst_rand_f32(V * D, -1, 1), *gs = tst_rand_f32(R, 0.1, 2);
+    uint16_t *w16 = tst_xcalloc((size_t)(V * D) * 2);
+    int32_t  *lab = tst_xcalloc((size_t)R * 4);
     plant(h, wf, R, V, D);
     for (int64_t i = 0; i < V * D; i++) {
         w16[i] = tst_bf16_round(wf[i]);
@@ -87,13 +87,27 @@ static void run_case(const topk_case *c, int K, int w_bf16) {
     const void    *w = w_bf16 ? (const void *)w16 : (const void *)wf;
     const cm_dtype wdt = w_bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32;
 
-    float   *dh = tst_zeros_f32(R * D), *ce = tst_zeros_f32(R), *dh0 = tst_zeros_f32(R * D), *ce0 = tst_zeros_f32(R);
+    float *dh = tst_zeros_f32(R * D), *ce = tst_zeros_f32(R), *dh0 = tst_zeros_f32(R * D),
+          *ce0 = tst_zeros_f32(R);
     float   *ce1 = tst_zeros_f32(R), *val = tst_zeros_f32(R * K), *ll = tst_zeros_f32(R);
     float   *val1 = tst_zeros_f32(R * K), *ll1 = tst_zeros_f32(R);
-    int32_t *am = tst_xcalloc((size_t)R * 4), *am0 = tst_xcalloc((size_t)R * 4), *am1 = tst_xcalloc((size_t)R * 4);
-    int32_t *idx = tst_xcalloc((size_t)(R * K) * 4), *idx1 = tst_xcalloc((size_t)(R * K) * 4);
-    kn_lm_topk_params p = {.R = R, .V = V, .D = D, .K = K, .h = h, .labels = lab, .gscale = gs, .w = w,
-                           .wdt = wdt, .dh = dh, .ce = ce, .argmax = am, .topk_idx = idx, .topk_val = val,
+    int32_t *am = tst_xcalloc((size_t)R * 4), *am0 = tst_xcalloc((size_t)R * 4),
+            *am1 = tst_xcalloc((size_t)R * 4);
+    int32_t          *idx = tst_xcalloc((size_t)(R * K) * 4), *idx1 = tst_xcalloc((size_t)(R * K) * 4);
+    kn_lm_topk_params p = {.R = R,
+                           .V = V,
+                           .D = D,
+                           .K = K,
+                           .h = h,
+                           .labels = lab,
+                           .gscale = gs,
+                           .w = w,
+                           .wdt = wdt,
+                           .dh = dh,
+                           .ce = ce,
+                           .argmax = am,
+                           .topk_idx = idx,
+                           .topk_val = val,
                            .label_logit = ll};
     tst_ok(be->lm_ce_topk(ctx, &p), "lm_ce_topk");
     tst_ok(be->lm_ce(ctx, dh0, ce0, am0, h, lab, gs, w, wdt, R, V, D), "lm_ce");
@@ -120,14 +134,16 @@ static void run_case(const topk_case *c, int K, int w_bf16) {
             const float want = (float)sorted[k].v, got = val[r * K + k];
             if (idx[r * K + k] != sorted[k].i) {
                 if (bad_idx++ < 5)
-                    fprintf(stderr, "  row %lld rank %d: index %d, brute force %d (%.17g vs %.17g)\n", (long long)r,
-                            k, idx[r * K + k], sorted[k].i, got, sorted[k].v);
+                    fprintf(stderr, "  row %lld rank %d: index %d, brute force %d (%.17g vs %.17g)\n",
+                            (long long)r, k, idx[r * K + k], sorted[k].i, got, sorted[k].v);
             }
             if (!(fabsf(got - want) <= 2e-7f * fabsf(want) + 1e-30f) && bad_val++ < 5)
-                fprintf(stderr, "  row %lld rank %d: value %.9g, brute force %.9g\n", (long long)r, k, got, want);
+                fprintf(stderr, "  row %lld rank %d: value %.9g, brute force %.9g\n", (long long)r, k, got,
+                        want);
         }
         if (!(fabs((double)ll[r] - lab_logit) <= 2e-7 * fabs(lab_logit) + 1e-30) && bad_lab++ < 5)
-            fprintf(stderr, "  row %lld: label logit %.9g, brute force %.9g\n", (long long)r, ll[r], lab_logit);
+            fprintf(stderr, "  row %lld: label logit %.9g, brute force %.9g\n", (long long)r, ll[r],
+                    lab_logit);
     }
     TST_CHECK(bad_idx == 0 && bad_val == 0 && bad_lab == 0);
     /* the planted ties, spelled out */
@@ -141,7 +157,8 @@ static void run_case(const topk_case *c, int K, int w_bf16) {
         for (int k = 0; k < K; k++)
             ties_ok &= idx[K + k] == k && val[K + k] == 0.0f;
     TST_CHECK(ties_ok);
-    printf("lm_topk R=%-3lld V=%-4lld D=%-3lld K=%-2d W=%-4s %ld wrong indices, %ld wrong values, %ld wrong label "
+    printf("lm_topk R=%-3lld V=%-4lld D=%-3lld K=%-2d W=%-4s %ld wrong indices, %ld wrong values, %ld wrong "
+           "label "
            "logits, ties %s, lm_ce bits %s\n",
            (long long)R, (long long)V, (long long)D, K, w_bf16 ? "BF16" : "F32", bad_idx, bad_val, bad_lab,
            ties_ok ? "ok" : "WRONG",
@@ -158,11 +175,23 @@ static void run_case(const topk_case *c, int K, int w_bf16) {
 // bad arguments
 
 static void test_bad_args(void) {
-    float   buf[64] = {0};
-    int32_t ibuf[64] = {0};
-    kn_lm_topk_params good = {.R = 2, .V = 8, .D = 4, .K = 4, .h = buf, .labels = ibuf, .gscale = buf, .w = buf,
-                              .wdt = CM_DTYPE_F32, .dh = buf + 32, .ce = buf + 40, .argmax = ibuf + 8,
-                              .topk_idx = ibuf + 16, .topk_val = buf + 48, .label_logit = buf + 56};
+    float             buf[64] = {0};
+    int32_t           ibuf[64] = {0};
+    kn_lm_topk_params good = {.R = 2,
+                              .V = 8,
+                              .D = 4,
+                              .K = 4,
+                              .h = buf,
+                              .labels = ibuf,
+                              .gscale = buf,
+                              .w = buf,
+                              .wdt = CM_DTYPE_F32,
+                              .dh = buf + 32,
+                              .ce = buf + 40,
+                              .argmax = ibuf + 8,
+                              .topk_idx = ibuf + 16,
+                              .topk_val = buf + 48,
+                              .label_logit = buf + 56};
     TST_CHECK(tst_ok(be->lm_ce_topk(ctx, &good), "lm_ce_topk good"));
     kn_lm_topk_params p = good;
     p.K = 0;
@@ -182,7 +211,8 @@ static void test_bad_args(void) {
     p = good, p.gscale = NULL;
     TST_FAILS(be->lm_ce_topk(ctx, &p), CM_ERR_INVALID_ARG, "lm_ce_topk: gscale is NULL but dh is requested");
     p = good, ibuf[1] = 8;
-    TST_FAILS(be->lm_ce_topk(ctx, &p), CM_ERR_INVALID_ARG, "lm_ce_topk: label 8 of row 1 is outside [0, V=8)");
+    TST_FAILS(be->lm_ce_topk(ctx, &p), CM_ERR_INVALID_ARG,
+              "lm_ce_topk: label 8 of row 1 is outside [0, V=8)");
     ibuf[1] = 0;
     p = good, p.wdt = CM_DTYPE_I32;
     TST_FAILS(be->lm_ce_topk(ctx, &p), CM_ERR_UNSUPPORTED, "lm_ce_topk: weight dtype");
@@ -200,13 +230,12 @@ int main(void) {
         return 1;
     }
     static const topk_case cases[] = {
-        {1, 1, 1},    /* one logit: K = V = 1 */
-        {1, 300, 7},  /* one row */
-        {7, 300, 5},  /* a partial row chunk */
-        {7, 16, 3},   /* V = K = 16 */
-        {33, 64, 9},  /* several row chunks; V = K = 64 */
-        {33, 257, 13},
-        {7, 131, 1}, /* D = 1 */
+        {1, 1, 1},                  /* one logit: K = V = 1 */
+        {1, 300, 7},                /* one row */
+        {7, 300, 5},                /* a partial row chunk */
+        {7, 16, 3},                 /* V = K = 16 */
+        {33, 64, 9},                /* several row chunks; V = K = 64 */
+        {33, 257, 13}, {7, 131, 1}, /* D = 1 */
         {33, 299, 31},
     };
     static const int ks[] = {1, 4, 16, 64};
