@@ -26,19 +26,9 @@ bin=$build/tests/bench_dt_step
 mkdir -p "$out"
 [[ -x $bin ]] || { echo "drafter_bench: no $bin; build the bench_dt_step target" >&2; exit 1; }
 
-# sample GPU memory while "$@" runs; the peak MiB goes to $out/$name.smi
-sampled() {
-    local name=$1; shift
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "$gpu" -lms 100 >"$out/$name.smi.log" 2>/dev/null &
-    local smi=$!
-    "$@"
-    local rc=$?
-    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-    sort -n "$out/$name.smi.log" | tail -1 >"$out/$name.smi"
-    return $rc
-}
+source "$here/drafter_bench_lib.sh"  # sampled, gpu_info
 
-nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=csv,noheader -i "$gpu" >"$out/gpu.txt" 2>&1
+gpu_info
 echo "== tandem bf16" >&2
 sampled tandem-bf16 "$bin" --drafter-config "$cfgdir/drafter.json" --target-config "$cfgdir/target-config.json" \
     --precision bf16 --steps "$steps" --warmup "$warmup" --gpu "$gpu" --layout "$out/layout.safetensors" \

@@ -4,7 +4,9 @@
  * are train's long flag names without the dashes), and the Qwen3.6-27B drafter's shape against
  * the numbers it must have (docs/goals.md, docs/drafter.md): hidden 5120, 5
  * layers (4 sliding 2048 then 1 full), 32/8 heads x 128, MLP 17408, vocab 248320, taps
- * [1,16,31,46,61] = the default of docs/drafter.md for 64 target layers, block 16, mask 248070. */
+ * [1,16,31,46,61] = the default of docs/drafter.md for 64 target layers, block 16, mask 248070; and the
+ * Qwen3.6-27B DFlash2 drafter's (docs/drafter.md, the DFlash2 reference notes, section 6): the same
+ * backbone with 5 non-causal sliding 2048 layers, taps [5,19,33,47,61], block 8, Kc 2, G 16, R 256, K 16. */
 #include <cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -98,13 +100,34 @@ static void check_qwen36_27b(const cm_drafter_cfg *c) {
     TST_CHECK(!c->tie_word_embeddings && !c->attention_bias);
 }
 
+static void check_qwen36_27b_dflash2(const cm_drafter_cfg *c) {
+    TST_CHECK(c->kind == CM_DRAFTER_DFLASH2);
+    TST_CHECK(c->hidden_size == 5120 && c->n_layers == 5 && c->intermediate_size == 17408);
+    TST_CHECK(c->n_heads == 32 && c->n_kv_heads == 8 && c->head_dim == 128);
+    TST_CHECK(c->vocab_size == 248320 && c->mask_token_id == 248070);
+    TST_CHECK(c->block_size == 8 && c->num_target_layers == 64 && c->rope_theta == 1e7);
+    /* the published layout: every layer sliding (window 2048) and non-causal */
+    for (int l = 0; l < 5; l++) {
+        TST_CHECK(c->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION);
+        TST_CHECK(!cm_drafter_layer_causal(c, l));
+    }
+    TST_CHECK(c->sliding_window == 2048 && c->is_causal == CM_CAUSAL_NONE);
+    static const int taps[5] = {5, 19, 33, 47, 61};
+    TST_CHECK(c->n_taps == 5);
+    for (int i = 0; i < 5 && i < c->n_taps; i++)
+        TST_CHECK(c->target_layer_ids[i] == taps[i]);
+    TST_CHECK(c->conv_kernel_size == 2 && c->conv_group_size == 16);
+    TST_CHECK(c->selector_rank == 256 && c->selector_top_k == 16);
+    TST_CHECK(!c->tie_word_embeddings && !c->attention_bias);
+}
+
 int main(void) {
     TST_CHECK(read_help());
     DIR *d = opendir(CONFIGS);
     TST_CHECK(d != NULL);
     if (!d)
         return tst_report();
-    int            n_drafters = 0, n_runs = 0, saw_27b = 0;
+    int            n_drafters = 0, n_runs = 0, saw_27b = 0, saw_27b_v2 = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.')
@@ -124,6 +147,9 @@ int main(void) {
             else if (strcmp(e->d_name, "qwen3.6-27b") == 0) {
                 check_qwen36_27b(&c);
                 saw_27b = 1;
+            } else if (strcmp(e->d_name, "qwen3.6-27b-dflash2") == 0) {
+                check_qwen36_27b_dflash2(&c);
+                saw_27b_v2 = 1;
             }
             n_drafters++;
         }
@@ -134,7 +160,7 @@ int main(void) {
         }
     }
     closedir(d);
-    TST_CHECK(n_drafters >= 1 && n_runs >= 1 && saw_27b);
+    TST_CHECK(n_drafters >= 2 && n_runs >= 2 && saw_27b && saw_27b_v2);
     fprintf(stderr, "deploy/configs: %d drafter configs, %d run configs\n", n_drafters, n_runs);
     return tst_report();
 }
