@@ -116,7 +116,8 @@ typedef struct kn_lm_topk_params {
  *   candidates  cand[i, c] = topk_idx[i, c]; lab_pos[i] = the c with cand[i, c] = labels[i], or −1;
  *               when lab_pos = −1 and miss = KN_SEL_INJECT: cand[i, K−1] = labels[i] (its unary logit
  *               label_logit[i]) and the label index is K − 1; with KN_SEL_DROP the row has no label
- *               (ce = 0; the caller gives it gscale 0);
+ *               (ce = 0, and d = 0 below whatever gscale says); lab_pos stays −1 either way, so bwd
+ *               (given the same miss) finds the label index from lab_pos;
  *   scores      score[i, c] = z(cand[i, c]) + Σ_r P[pred_i, r] · u[i, r] · S[cand[i, c], r]
  *               (z = topk_val, or label_logit for an injected candidate);
  *   ce[i]       = logsumexp_c score[i, :] − score[i, label index];
@@ -128,6 +129,7 @@ typedef struct kn_lm_topk_params {
  *   du[i, r]   = Σ_c d[i, c] · P[pred_i, r] · S[cand[i, c], r]   (written)
  *   dP[v, r]  += Σ_{i: pred_i = v} u[i, r] · Σ_c d[i, c] · S[cand[i, c], r]
  *   dS[v, r]  += Σ_{i, c: cand[i, c] = v} d[i, c] · P[pred_i, r] · u[i, r]
+ * A row with d ≡ 0 (no label, or gscale 0) adds exactly nothing to dh and reads no row of W.
  * Only the rows of dP and dS that some pred or cand names are touched; every sum has a fixed order
  * (rows of dP/dS: contributions in ascending (i, c)), so results are reproducible. 1 ≤ K ≤ KN_TOPK_MAX. */
 typedef enum kn_sel_miss {
@@ -156,6 +158,11 @@ typedef struct kn_selector_params {
     float         *du;          /* [n, Rk] bwd, = */
     float         *dP, *dS;     /* [V, Rk] bwd, += */
 } kn_selector_params;
+/* The rules above, as both backends apply them (ref/kn_selector_ref.c): CM_OK; CM_ERR_INVALID_ARG
+ * naming op and the broken rule (shape, miss, a NULL pointer: dh may be NULL, and w with it);
+ * CM_ERR_UNSUPPORTED for a wdt other than F32 or BF16 when dh is asked for. bwd: the backward's
+ * pointers, else the forward's. Token ids are device memory on cuda and not looked at here. */
+cm_status kn_selector_check(const char *op, kn_ctx *ctx, const kn_selector_params *p, int bwd);
 
 typedef struct kn_adamw_params {
     float   lr, beta1, beta2, eps, weight_decay;

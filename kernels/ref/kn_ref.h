@@ -76,7 +76,8 @@ cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const
                                   int64_t T, int nk, int nv, int dk, int dv, float scale);
 
 // ---- drafter training: backward passes and the DFlash ops (kn_gemm_ref.c, kn_norm_ref.c,
-// kn_rope_ref.c, kn_elementwise_ref.c, kn_dflash_attn_ref.c, kn_lm_ce_ref.c, kn_optim_ref.c).
+// kn_rope_ref.c, kn_elementwise_ref.c, kn_dflash_attn_ref.c, kn_dynconv_ref.c, kn_lm_ce_ref.c,
+// kn_selector_ref.c, kn_optim_ref.c).
 // Each is deterministic: bit-identical run to run and for any thread count (every output
 // element is summed by one thread in a fixed order; no atomics).
 /* dinp[m, k] = Σ_n dout[m, n]·W[n, k] in double over n = 0..N-1 in order (plus the old
@@ -110,6 +111,13 @@ cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
  * count; dbase and ddelta are sums over rows taken in row order. */
 cm_status kn_ref_dynconv_fwd(kn_ctx *ctx, const kn_dynconv_params *p);
 cm_status kn_ref_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p);
+/* kn_selector_ref.c: scores in double rounded once, choice and ce from the stored F32 scores; the
+ * backward's d from the stored scores in double, dP and dS by a stable counting sort of the
+ * contributions by target row (scratch: d [n, K] doubles, the sort's order [n·K] and starts
+ * [V + 2]), each touched row one double sum in ascending (i, c) added to its old value. Token ids
+ * (labels, pred, topk_idx; bwd: pred, cand, lab_pos in [−1, K)) are validated. */
+cm_status kn_ref_selector_fwd(kn_ctx *ctx, const kn_selector_params *p);
+cm_status kn_ref_selector_bwd(kn_ctx *ctx, const kn_selector_params *p);
 /* Chunks of KN_REF_LM_CE_ROWS rows share each widened row of W; per-thread scratch is one
  * chunk of logits in double ([rows, V]) and one [rows, D] accumulator for dh. Labels must be
  * in [0, V); gscale may be NULL when dh is NULL. */
