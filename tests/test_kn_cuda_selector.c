@@ -93,13 +93,14 @@ static void run_case(const sel_case *c) {
     snprintf(name, sizeof name, "selector %s (n %ld K %ld Rk %ld D %ld V %ld %s %s)", c->name, n, K, Rk, D, V,
              c->miss == KN_SEL_INJECT ? "inject" : "drop", c->bf16 ? "bf16" : "f32");
     printf("%s\n", name);
-    int32_t *topk = malloc(4 * nk), *labels = malloc(4 * n), *pred = malloc(4 * n);
-    float   *gscale = tst_zeros_f32(n);
+    int32_t *topk = tst_xcalloc(4 * (size_t)nk), *labels = tst_xcalloc(4 * (size_t)n),
+            *pred = tst_xcalloc(4 * (size_t)n);
+    float *gscale = tst_zeros_f32(n);
     make_ids(c, topk, labels, pred, gscale);
     float *tv = tst_rand_f32(nk, -2, 2), *ll = tst_rand_f32(n, -2, 2), *u = tst_rand_f32(n * Rk, -1, 1);
     float *P = tst_rand_f32(V * Rk, -1, 1), *S = tst_rand_f32(V * Rk, -1, 1),
           *wf = tst_rand_f32(V * D, -1, 1);
-    uint16_t *w16 = malloc(2 * V * D);
+    uint16_t *w16 = tst_xcalloc(2 * (size_t)V * D);
     for (long e = 0; e < V * D; e++) {
         w16[e] = tst_bf16_round(wf[e]);
         wf[e] = c->bf16 ? tst_bf16_widen(w16[e]) : wf[e];
@@ -133,8 +134,9 @@ static void run_case(const sel_case *c) {
     tst_ok(gpu->selector_bwd(gctx, &pg), "cuda selector_bwd");
 
     /* the forward */
-    int32_t *cand_c = malloc(4 * nk), *cand_g = malloc(4 * nk), *lp_c = malloc(4 * n), *lp_g = malloc(4 * n);
-    int32_t *ch_c = malloc(4 * n), *ch_g = malloc(4 * n);
+    int32_t *cand_c = tst_xcalloc(4 * (size_t)nk), *cand_g = tst_xcalloc(4 * (size_t)nk),
+            *lp_c = tst_xcalloc(4 * (size_t)n), *lp_g = tst_xcalloc(4 * (size_t)n);
+    int32_t *ch_c = tst_xcalloc(4 * (size_t)n), *ch_g = tst_xcalloc(4 * (size_t)n);
     float   *sc_c = tst_zeros_f32(nk), *sc_g = tst_zeros_f32(nk), *ce_c = tst_zeros_f32(n),
           *ce_g = tst_zeros_f32(n);
     get(cpu, cctx, cand_c, bcand.c, 4 * nk), get(gpu, gctx, cand_g, bcand.g, 4 * nk);
@@ -345,8 +347,9 @@ static double now_s(void) {
 static void timing(void) {
     const long     n = 7680, K = 16, Rk = 256, D = 5120, V = 248320, nk = n * K;
     const sel_case c = {"timing", (int)n, (int)K, (int)Rk, (int)D, (int)V, KN_SEL_INJECT, 1, 4.0};
-    int32_t       *topk = malloc(4 * nk), *labels = malloc(4 * n), *pred = malloc(4 * n);
-    float         *gscale = tst_zeros_f32(n);
+    int32_t       *topk = tst_xcalloc(4 * (size_t)nk), *labels = tst_xcalloc(4 * (size_t)n),
+            *pred = tst_xcalloc(4 * (size_t)n);
+    float *gscale = tst_zeros_f32(n);
     make_ids(&c, topk, labels, pred, gscale);
     const size_t by[13] = {4 * nk,     4 * nk,    4 * n,     4 * n,      4 * n,      4 * n * Rk, 4 * V * Rk,
                            4 * V * Rk, 2 * V * D, 4 * n * D, 4 * n * Rk, 4 * V * Rk, 4 * V * Rk};
