@@ -160,8 +160,8 @@ typedef struct kn_selector_params {
 } kn_selector_params;
 /* The rules above, as both backends apply them (ref/kn_selector_ref.c): CM_OK; CM_ERR_INVALID_ARG
  * naming op and the broken rule (shape, miss, a NULL pointer: dh may be NULL, and w with it);
- * CM_ERR_UNSUPPORTED for a wdt other than F32 or BF16 when dh is asked for. bwd: the backward's
- * pointers, else the forward's. Token ids are device memory on cuda and not looked at here. */
+ * CM_ERR_UNSUPPORTED for a wdt other than F32 or BF16 (bwd). bwd: the backward's pointers, else
+ * the forward's. Token ids are device memory on cuda and not looked at here (the cpu ops check them). */
 cm_status kn_selector_check(const char *op, kn_ctx *ctx, const kn_selector_params *p, int bwd);
 
 typedef struct kn_adamw_params {

@@ -80,6 +80,8 @@ cm_status kn_cuda_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
 cm_status kn_cuda_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p);
 cm_status kn_cuda_dynconv_fwd(kn_ctx *ctx, const kn_dynconv_params *p); /* kn_dynconv.cu */
 cm_status kn_cuda_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p);
+cm_status kn_cuda_selector_fwd(kn_ctx *ctx, const kn_selector_params *p); /* kn_selector.cu */
+cm_status kn_cuda_selector_bwd(kn_ctx *ctx, const kn_selector_params *p);
 cm_status kn_cuda_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *argmax, const float *h, const int32_t *labels,
                         const float *gscale, const void *w, cm_dtype wdt, int64_t R, int64_t V, int64_t D);
 cm_status kn_cuda_lm_ce_topk(kn_ctx *ctx, const kn_lm_topk_params *p);

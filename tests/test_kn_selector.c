@@ -118,7 +118,7 @@ static void check_forward(const sel_st *s, const char *name) {
  * row 5 (one id K times: every score ties, choice 0), pred from a third of the vocabulary, gscale
  * 0 on row 6. Small V makes cand and pred ids repeat across rows. */
 static void make_ids(const sel_case *c, int32_t *topk, int32_t *labels, int32_t *pred, float *gscale) {
-    int32_t *perm = malloc(sizeof(int32_t) * c->V);
+    int32_t *perm = tst_xcalloc(sizeof(int32_t) * (size_t)c->V);
     for (int i = 0; i < c->n; i++) {
         for (int v = 0; v < c->V; v++)
             perm[v] = v;
@@ -146,13 +146,13 @@ static void run_case(const sel_case *c) {
     snprintf(name, sizeof name, "selector %s (n %ld K %ld Rk %ld D %ld V %ld %s %s)", c->name, n, K, Rk, D, V,
              c->miss == KN_SEL_INJECT ? "inject" : "drop", c->bf16 ? "bf16" : "f32");
     sel_st   s = {.c = c};
-    int32_t *labels = malloc(4 * n), *pred = malloc(4 * n);
+    int32_t *labels = tst_xcalloc(4 * (size_t)n), *pred = tst_xcalloc(4 * (size_t)n);
     float   *gscale = tst_zeros_f32(n);
-    s.topk = malloc(4 * n * K);
+    s.topk = tst_xcalloc(4 * (size_t)n * K);
     make_ids(c, s.topk, labels, pred, gscale);
     s.h = tst_rand_f32(n * D, -1, 1);
     s.wf = tst_rand_f32(V * D, -1, 1);
-    uint16_t *w16 = malloc(2 * V * D);
+    uint16_t *w16 = tst_xcalloc(2 * (size_t)V * D);
     for (long e = 0; e < V * D; e++) {
         w16[e] = tst_bf16_round(s.wf[e]);
         if (c->bf16)
@@ -166,8 +166,8 @@ static void run_case(const sel_case *c) {
     p->topk_idx = s.topk, p->topk_val = s.tv, p->label_logit = s.ll, p->labels = labels, p->pred = pred;
     p->u = u, p->P = P, p->S = S, p->gscale = gscale;
     p->w = c->bf16 ? (const void *)w16 : (const void *)s.wf, p->wdt = c->bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32;
-    p->cand = malloc(4 * n * K), p->score = tst_zeros_f32(n * K), p->ce = tst_zeros_f32(n);
-    p->lab_pos = malloc(4 * n), p->choice = malloc(4 * n);
+    p->cand = tst_xcalloc(4 * (size_t)n * K), p->score = tst_zeros_f32(n * K), p->ce = tst_zeros_f32(n);
+    p->lab_pos = tst_xcalloc(4 * (size_t)n), p->choice = tst_xcalloc(4 * (size_t)n);
     float *du = tst_zeros_f32(n * Rk), *dP = tst_zeros_f32(V * Rk), *dS = tst_zeros_f32(V * Rk),
           *dh = tst_zeros_f32(n * D);
     p->du = du, p->dP = dP, p->dS = dS, p->dh = dh;
