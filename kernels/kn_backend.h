@@ -80,10 +80,15 @@ typedef struct kn_dflash_attn_params {
 typedef struct kn_dynconv_params {
     int64_t      rows;
     int          B, D, G, Kc, side;
-    const float *x, *base, *delta;
+    const void  *x;                   /* [rows, D] in x_dt */
+    cm_dtype     x_dt;                /* F32 (0, the default) or BF16 (bit patterns, widened exactly) */
+    const float *base, *delta;
     float       *out;                 /* fwd output */
+    int          accumulate;          /* fwd: out += the convolution instead of = */
+    uint16_t    *out_bf16;            /* fwd, optional: bf16 of what out holds afterwards (nearest even) */
     const float *dout;                /* bwd input */
     float       *dx, *dbase, *ddelta; /* bwd outputs */
+    uint16_t    *dx_bf16;             /* bwd, optional: bf16 of dx */
 } kn_dynconv_params;
 /* The shape and pointer rules above, as both backends apply them (ref/kn_dynconv_ref.c): CM_OK, or
  * CM_ERR_INVALID_ARG naming op and the broken rule. bwd: the backward's pointers, else the forward's. */

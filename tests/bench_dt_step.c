@@ -57,11 +57,14 @@ enum {
     P_ROPE,
     P_ELEM,
     P_OPTIM,
+    P_DYNCONV,
+    P_SEL,
     P_COUNT
 };
 static const char *const p_name[P_COUNT] = {
     "gemm (fwd)",    "gemm_dx",         "gemm_dw",      "dflash_attn_fwd",    "dflash_attn_bwd",
-    "lm_ce (fused)", "rmsnorm fwd+bwd", "rope fwd+bwd", "elementwise/copies", "sumsq+adamw"};
+    "lm_ce (fused)", "rmsnorm fwd+bwd", "rope fwd+bwd", "elementwise/copies", "sumsq+adamw",
+    "dynconv fwd+bwd (DFlash2)", "selector fwd+bwd (DFlash2)"};
 static double            p_sec[P_COUNT], p_flop[P_COUNT];
 static long              p_calls[P_COUNT];
 static const kn_backend *cuda;
@@ -100,6 +103,21 @@ static cm_status w_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
 static cm_status w_lm_ce(kn_ctx *ctx, float *dh, float *ce, int32_t *am, const float *h, const int32_t *l,
                          const float *g, const void *w, cm_dtype wdt, int64_t R, int64_t V, int64_t D) {
     PROF(P_LM_CE, (dh ? 6.0 : 2.0) * R * V * D, cuda->lm_ce(ctx, dh, ce, am, h, l, g, w, wdt, R, V, D));
+}
+static cm_status w_lm_ce_topk(kn_ctx *ctx, const kn_lm_topk_params *p) {
+    PROF(P_LM_CE, (p->dh ? 6.0 : 2.0) * p->R * p->V * p->D, cuda->lm_ce_topk(ctx, p));
+}
+static cm_status w_dynconv_fwd(kn_ctx *ctx, const kn_dynconv_params *p) {
+    PROF(P_DYNCONV, 0, cuda->dynconv_fwd(ctx, p));
+}
+static cm_status w_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p) {
+    PROF(P_DYNCONV, 0, cuda->dynconv_bwd(ctx, p));
+}
+static cm_status w_selector_fwd(kn_ctx *ctx, const kn_selector_params *p) {
+    PROF(P_SEL, 0, cuda->selector_fwd(ctx, p));
+}
+static cm_status w_selector_bwd(kn_ctx *ctx, const kn_selector_params *p) {
+    PROF(P_SEL, 0, cuda->selector_bwd(ctx, p));
 }
 static cm_status w_rmsnorm(kn_ctx *ctx, float *o, const float *i, const float *w, int64_t r, int64_t C,
                            float e, int op) {
@@ -175,6 +193,11 @@ static const kn_backend *profiled(void) {
     prof.dflash_attn_fwd = w_attn_fwd;
     prof.dflash_attn_bwd = w_attn_bwd;
     prof.lm_ce = w_lm_ce;
+    prof.lm_ce_topk = cuda->lm_ce_topk ? w_lm_ce_topk : NULL;
+    prof.dynconv_fwd = cuda->dynconv_fwd ? w_dynconv_fwd : NULL;
+    prof.dynconv_bwd = cuda->dynconv_bwd ? w_dynconv_bwd : NULL;
+    prof.selector_fwd = cuda->selector_fwd ? w_selector_fwd : NULL;
+    prof.selector_bwd = cuda->selector_bwd ? w_selector_bwd : NULL;
     prof.rmsnorm = w_rmsnorm;
     prof.rmsnorm_bwd = w_rmsnorm_bwd;
     prof.rope = w_rope;

@@ -3,7 +3,8 @@
  * that pads every block's start with Kc − 1 zero rows (as z-lab's decoder convolves one block at a
  * time), the identity initialisation (base tap 0 = 1, the rest and delta 0) giving x back exactly,
  * every gradient (dx, this side's dbase and ddelta) against finite differences, the other side's
- * slices left untouched, and each bad argument refused with a message. */
+ * slices left untouched, the trainer's options (x in BF16, accumulate, the bf16 copies of out and dx),
+ * and each bad argument refused with a message. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -47,7 +48,7 @@ static void padded_forward(const kn_dynconv_params *p, double *out) {
     for (int64_t b = 0; b < p->rows / B; b++) {
         for (int k = 0; k < B; k++)
             for (int c = 0; c < D; c++)
-                pad[(size_t)(Kc - 1 + k) * D + c] = p->x[(b * B + k) * D + c];
+                pad[(size_t)(Kc - 1 + k) * D + c] = ((const float *)p->x)[(b * B + k) * D + c];
         for (int k = 0; k < B; k++) {
             const int64_t i = b * B + k;
             for (int c = 0; c < D; c++) {
@@ -136,6 +137,53 @@ static void run_case(const dc_case *c, int side) {
     free(x), free(base), free(delta), free(p->out), free(s.r), free(dx), free(dbase), free(ddelta);
 }
 
+/* The options the trainer uses: x in BF16 gives exactly what its widened F32 values give (both
+ * passes); accumulate adds the convolution onto out; the bf16 copies of out and dx are exactly
+ * bf16(out) and bf16(dx). */
+static void run_options(const dc_case *c, int side) {
+    const long rows = (long)c->n_blocks * c->B, n_x = rows * c->D, ng = c->D / c->G;
+    const long n_base = 2L * c->Kc * c->D, n_delta = rows * 2 * c->Kc * ng;
+    float     *x = tst_rand_f32(n_x, -1, 1), *base = tst_rand_f32(n_base, -1, 1);
+    float     *delta = tst_rand_f32(n_delta, -0.5, 0.5), *dout = tst_rand_f32(n_x, -1, 1);
+    uint16_t  *x16 = tst_xcalloc((size_t)n_x * 2), *o16 = tst_xcalloc((size_t)n_x * 2);
+    uint16_t  *dx16 = tst_xcalloc((size_t)n_x * 2);
+    for (long i = 0; i < n_x; i++) { /* x rounded to bf16, kept as both */
+        x16[i] = cm_f32_to_bf16(x[i]);
+        x[i] = cm_bf16_to_f32(x16[i]);
+    }
+    float *out_a = tst_xcalloc((size_t)n_x * 4), *out_b = tst_rand_f32(n_x, -1, 1);
+    float *prev = tst_xcalloc((size_t)n_x * 4), *dx_a = tst_xcalloc((size_t)n_x * 4);
+    float *dx_b = tst_xcalloc((size_t)n_x * 4), *db_a = tst_xcalloc((size_t)n_base * 4);
+    float *db_b = tst_xcalloc((size_t)n_base * 4), *dd_a = tst_xcalloc((size_t)n_delta * 4);
+    float *dd_b = tst_xcalloc((size_t)n_delta * 4);
+    memcpy(prev, out_b, (size_t)n_x * 4);
+    kn_dynconv_params a = {.rows = rows, .B = c->B, .D = c->D, .G = c->G, .Kc = c->Kc, .side = side, .x = x,
+                           .base = base, .delta = delta, .out = out_a, .dout = dout, .dx = dx_a, .dbase = db_a,
+                           .ddelta = dd_a};
+    kn_dynconv_params b = a;
+    b.x = x16, b.x_dt = CM_DTYPE_BF16, b.out = out_b, b.accumulate = 1, b.out_bf16 = o16;
+    b.dx = dx_b, b.dbase = db_b, b.ddelta = dd_b, b.dx_bf16 = dx16;
+    TST_CHECK(tst_ok(be->dynconv_fwd(ctx, &a), "dynconv_fwd F32 x"));
+    TST_CHECK(tst_ok(be->dynconv_fwd(ctx, &b), "dynconv_fwd BF16 x, accumulate, bf16 copy"));
+    TST_CHECK(tst_ok(be->dynconv_bwd(ctx, &a), "dynconv_bwd F32 x"));
+    TST_CHECK(tst_ok(be->dynconv_bwd(ctx, &b), "dynconv_bwd BF16 x, bf16 copy of dx"));
+    double acc_worst = 0;
+    int    copies = 1;
+    for (long i = 0; i < n_x; i++) {
+        const double want = (double)prev[i] + (double)out_a[i];
+        acc_worst = fmax(acc_worst, fabs(out_b[i] - want) / (fabs(prev[i]) + fabs(out_a[i]) + 1e-6));
+        copies &= o16[i] == cm_f32_to_bf16(out_b[i]) && dx16[i] == cm_f32_to_bf16(dx_b[i]);
+    }
+    const int same_bwd = memcmp(dx_a, dx_b, (size_t)n_x * 4) == 0 &&
+                         memcmp(db_a, db_b, (size_t)n_base * 4) == 0 &&
+                         memcmp(dd_a, dd_b, (size_t)n_delta * 4) == 0;
+    TST_CHECK(acc_worst <= 1e-6 && copies && same_bwd);
+    printf("%-72s BF16 x + accumulate: max rel %.2e; bf16 copies %s; backward %s\n", c->name, acc_worst,
+           copies ? "exact" : "WRONG", same_bwd ? "bit-identical" : "DIFFERS");
+    free(x), free(base), free(delta), free(dout), free(x16), free(o16), free(dx16), free(out_a), free(out_b);
+    free(prev), free(dx_a), free(dx_b), free(db_a), free(db_b), free(dd_a), free(dd_b);
+}
+
 static void expect_refused(kn_dynconv_params p, int bwd, const char *want) {
     cm_status st = bwd ? be->dynconv_bwd(ctx, &p) : be->dynconv_fwd(ctx, &p);
     const int good = st == CM_ERR_INVALID_ARG && strstr(cm_last_error(), want);
@@ -177,6 +225,8 @@ static void test_bad_args(void) {
     expect_refused(p, 0, "out is NULL or aliases x");
     p = good, p.ddelta = NULL;
     expect_refused(p, 1, "dout, dx, dbase or ddelta is NULL");
+    p = good, p.x_dt = CM_DTYPE_F16;
+    expect_refused(p, 0, "x in F16; expected F32 or BF16");
 }
 
 int main(void) {
@@ -196,6 +246,8 @@ int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int side = 0; side < 2; side++)
             run_case(&cases[i], side);
+    run_options(&cases[0], 0);
+    run_options(&cases[2], 1);
     test_bad_args();
     be->ctx_destroy(&ctx);
     return tst_report();

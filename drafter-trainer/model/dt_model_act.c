@@ -93,7 +93,6 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
         const int64_t K = g->selector_top_k, Rk = g->selector_rank;
         a->cu = CARVE_F(c, R * D);
         a->cup = CARVE_F(c, R * D);
-        a->cs = CARVE_F(c, R * D);
         a->cdd = CARVE_F(c, R * NP);
         a->topk_idx = CARVE_I(c, R * K);
         a->cand = CARVE_I(c, R * K);

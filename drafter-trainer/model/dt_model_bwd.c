@@ -56,8 +56,7 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     const float *x_mid;
     const void  *hop, *dxop;
     if (dt_model_is_v2(m)) { /* ∂/∂(down's output) through the output-side convolution, in dh */
-        CM_TRY(dt_model_conv_out_bwd(m, l, 1));
-        CM_TRY(dt_model_f32_op(m, &dxop, a->dh, R * D));
+        CM_TRY(dt_model_conv_out_bwd(m, l, 1, &dxop));
     } else {
         CM_TRY(dt_model_dx_op(m, &dxop));
     }
@@ -118,8 +117,7 @@ static cm_status attn_bwd(dt_model *m, int l) {
           *vb = (float *)p.v_blk, *o = p.out;
     const void *dxop;
     if (dt_model_is_v2(m)) { /* ∂/∂(o_proj's output) through the output-side convolution, in dh */
-        CM_TRY(dt_model_conv_out_bwd(m, l, 0));
-        CM_TRY(dt_model_f32_op(m, &dxop, a->dh, R * D));
+        CM_TRY(dt_model_conv_out_bwd(m, l, 0, &dxop));
     } else {
         CM_TRY(dt_model_dx_op(m, &dxop));
     }

@@ -2,10 +2,12 @@
  * layer's attention (module 0) and MLP (module 1), on the block rows (docs/drafter.md). For the
  * sublayer input u (the normed rows), δ = u · kernel_projectionᵀ gives each row's coefficients of
  * both sides; the input side turns u into u' = conv(u), the sublayer runs on u', and the output side
- * convolves its output s before the residual add. Saved per module: δ (F32) and s (adt); u and u' are
- * recomputed in the backward from the saved residual stream. Scratch: acts.cu (u), acts.cup (u', then
- * ∂/∂u), acts.cs (s), acts.cdd (∂/∂δ of both sides), acts.dh (∂/∂s on the way down). The design:
- * dt_model_int.h. */
+ * convolves its output s into the residual stream. Saved per module: δ (F32) and s (adt, written by
+ * the sublayer's last GEMM and read by the convolution in both passes as it is); u and u' are
+ * recomputed in the backward from the saved residual stream. The convolutions write the next GEMM's
+ * bf16 operand themselves (no conversion pass) and add into the residual stream. Scratch: acts.cu (u),
+ * acts.cup (u', then ∂/∂u), acts.cdd (∂/∂δ of both sides), acts.dh (∂/∂s on the way down). The
+ * design: dt_model_int.h. */
 #include "dt_model_int.h"
 
 static float *conv_delta(dt_model *m, int l, int mod) {
@@ -34,40 +36,52 @@ static const float *conv_ln(dt_model *m, int l, int mod) {
     return dt_model_lp(m, l, mod ? LP_POST_LN : LP_INPUT_LN)->data;
 }
 
+/* u' = the input-side convolution of u (F32) into acts.cup and, with BF16 storage, its bf16 copy into
+ * acts.H (the GEMM operand, made in the same pass); *hop = the operand. */
+static cm_status conv_in(dt_model *m, int l, int mod, const float *u, const void **hop) {
+    kn_dynconv_params p = conv_params(m, l, mod, 0);
+    p.x = u;
+    p.out = m->acts.cup;
+    p.out_bf16 = m->adt == CM_DTYPE_BF16 ? m->acts.H : NULL;
+    *hop = p.out_bf16 ? (const void *)p.out_bf16 : (const void *)p.out;
+    return m->be->dynconv_fwd(m->ctx, &p);
+}
+
 /* acts.dx holds u (F32) and *hop its GEMM operand on entry: δ = u · Wpᵀ (saved), u' = the input-side
  * convolution of u into acts.cup, and *hop becomes u' as a GEMM operand. */
 cm_status dt_model_conv_in_fwd(dt_model *m, int l, int mod, const void **hop) {
     const int64_t D = m->cfg.hidden_size, R = m->R;
     const float  *wp = dt_model_lp(m, l, mod ? LP_MCONV_PROJ : LP_ACONV_PROJ)->data;
     CM_TRY(dt_model_mm_fwd(m, conv_delta(m, l, mod), CM_DTYPE_F32, *hop, m->adt, wp, R, conv_np(m), D));
-    kn_dynconv_params p = conv_params(m, l, mod, 0);
-    p.x = m->acts.dx;
-    p.out = m->acts.cup;
-    CM_TRY(m->be->dynconv_fwd(m->ctx, &p));
-    return dt_model_f32_op(m, hop, m->acts.cup, R * D);
+    return conv_in(m, l, mod, m->acts.dx, hop);
 }
 
-/* acts.cs holds the sublayer's output s (saved and rounded by the caller): xw += the output-side
- * convolution of s (through acts.dh). */
+/* The module's saved sublayer output s (adt, written there by the sublayer's last GEMM): xw += its
+ * output-side convolution, in one pass. */
 cm_status dt_model_conv_out_fwd(dt_model *m, int l, int mod) {
-    kn_dynconv_params p = conv_params(m, l, mod, 1);
-    p.x = m->acts.cs;
-    p.out = m->acts.dh;
-    CM_TRY(m->be->dynconv_fwd(m->ctx, &p));
-    return m->be->add(m->ctx, m->acts.xw, m->acts.dh, m->R * m->cfg.hidden_size);
+    const dt_layer_acts *A = &m->acts.layer[l];
+    kn_dynconv_params    p = conv_params(m, l, mod, 1);
+    p.x = mod ? A->sM : A->sA;
+    p.x_dt = m->adt;
+    p.out = m->acts.xw;
+    p.accumulate = 1;
+    return m->be->dynconv_fwd(m->ctx, &p);
 }
 
-/* acts.dx holds ∂/∂(the residual after the module): ∂/∂s into acts.dh, the output side's base
- * gradient and its half of ∂/∂δ into acts.cdd. */
-cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod) {
+/* acts.dx holds ∂/∂(the residual after the module): ∂/∂s into acts.dh and *dop (its GEMM operand:
+ * dh, or its bf16 copy in acts.H), the output side's base gradient and its half of ∂/∂δ into
+ * acts.cdd. */
+cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod, const void **dop) {
     const dt_layer_acts *A = &m->acts.layer[l];
-    CM_TRY(dt_model_load_act(m, m->acts.cs, mod ? A->sM : A->sA, m->R * m->cfg.hidden_size));
-    kn_dynconv_params p = conv_params(m, l, mod, 1);
-    p.x = m->acts.cs;
+    kn_dynconv_params    p = conv_params(m, l, mod, 1);
+    p.x = mod ? A->sM : A->sA;
+    p.x_dt = m->adt;
     p.dout = m->acts.dx;
     p.dx = m->acts.dh;
+    p.dx_bf16 = m->adt == CM_DTYPE_BF16 ? m->acts.H : NULL;
     p.dbase = dt_model_lp(m, l, mod ? LP_MCONV_BASE : LP_ACONV_BASE)->grad;
     p.ddelta = m->acts.cdd;
+    *dop = p.dx_bf16 ? (const void *)p.dx_bf16 : (const void *)p.dx;
     return m->be->dynconv_bwd(m->ctx, &p);
 }
 
@@ -77,11 +91,7 @@ cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const float *x
     const cm_drafter_cfg *g = &m->cfg;
     const int64_t         R = m->R;
     CM_TRY(m->be->rmsnorm(m->ctx, m->acts.cu, x, conv_ln(m, l, mod), R, g->hidden_size, g->rms_norm_eps, 0));
-    kn_dynconv_params p = conv_params(m, l, mod, 0);
-    p.x = m->acts.cu;
-    p.out = m->acts.cup;
-    CM_TRY(m->be->dynconv_fwd(m->ctx, &p));
-    return dt_model_f32_op(m, hop, m->acts.cup, R * g->hidden_size);
+    return conv_in(m, l, mod, m->acts.cu, hop);
 }
 
 /* acts.dh holds ∂/∂u' (u and u' as dt_model_conv_in_recompute left them): through the input-side

@@ -106,8 +106,7 @@ static cm_status attn_fwd(dt_model *m, int l) {
     CM_TRY(be->dflash_attn_fwd(m->ctx, &p));
     CM_TRY(be->cast2d(m->ctx, A->attn, m->adt, R * Q, p.out, CM_DTYPE_F32, R * Q, 1, R * Q));
     if (dt_model_is_v2(m)) { /* o_proj's output s, then the output-side convolution of s */
-        CM_TRY(dt_model_mm_fwd(m, a->cs, CM_DTYPE_F32, A->attn, m->adt, dt_model_lp(m, l, LP_O)->data, R, D, Q));
-        CM_TRY(dt_model_save_act(m, A->sA, a->cs, R * D));
+        CM_TRY(dt_model_mm_fwd(m, A->sA, m->adt, A->attn, m->adt, dt_model_lp(m, l, LP_O)->data, R, D, Q));
         CM_TRY(dt_model_conv_out_fwd(m, l, 0));
     } else {
         CM_TRY(residual_add(m, A->attn, dt_model_lp(m, l, LP_O)->data, D, Q));
@@ -133,8 +132,7 @@ static cm_status mlp_fwd(dt_model *m, int l) {
     CM_TRY(be->swiglu_typed(m->ctx, a->work, m->adt, A->gate, A->up, m->adt, R * I));
     if (!dt_model_is_v2(m))
         return residual_add(m, a->work, dt_model_lp(m, l, LP_DOWN)->data, D, I);
-    CM_TRY(dt_model_mm_fwd(m, a->cs, CM_DTYPE_F32, a->work, m->adt, dt_model_lp(m, l, LP_DOWN)->data, R, D, I));
-    CM_TRY(dt_model_save_act(m, A->sM, a->cs, R * D));
+    CM_TRY(dt_model_mm_fwd(m, A->sM, m->adt, a->work, m->adt, dt_model_lp(m, l, LP_DOWN)->data, R, D, I));
     return dt_model_conv_out_fwd(m, l, 1);
 }
 

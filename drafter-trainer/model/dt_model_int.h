@@ -127,11 +127,10 @@ typedef struct dt_acts {
     float  *xw, *dx, *dh;
     void   *H;    /* [R, D] BF16: normed rows as GEMM input (adt BF16 only) */
     float  *dctx; /* [T, D] */
-    /* DFlash2 only: F32 [R, D] the sublayer input u, its convolved u' (then ∂/∂u), the sublayer
-     * output s (then its gradient); [R, 2·Kc·n_g] ∂/∂δ. The selector over the n_sel rows: the unary
+    /* DFlash2 only: F32 [R, D] the sublayer input u, its convolved u' (then ∂/∂u); [R, 2·Kc·n_g] ∂/∂δ. The selector over the n_sel rows: the unary
      * top-K, label logits, predecessors, u = h·W_hᵀ and its gradient [R, Rk], and selector_fwd's
      * outputs. */
-    float   *cu, *cup, *cs, *cdd;
+    float   *cu, *cup, *cdd;
     int32_t *topk_idx, *pred, *cand, *lab_pos, *choice; /* [R, K], [R], [R, K], [R], [R] */
     float   *topk_val, *lab_logit, *score, *sce, *sgs;  /* [R, K], [R], [R, K], [R], [R] */
     float   *su, *sdu;                                  /* [R, Rk] */
@@ -240,7 +239,7 @@ cm_status dt_model_backward(dt_model *m);
 /* DFlash2's convolutions (dt_model_conv.c): module 0 around attention, 1 around the MLP */
 cm_status dt_model_conv_in_fwd(dt_model *m, int l, int mod, const void **hop);
 cm_status dt_model_conv_out_fwd(dt_model *m, int l, int mod);
-cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod);
+cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod, const void **dop);
 cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const float *x, const void **hop);
 cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const float *x);
 /* DFlash2's selector term (dt_model_sel.c): after the unary LM-head pass over hsel [n_sel, D], adds its

@@ -6,7 +6,9 @@
  *   dx[m, c]            = Σ_{t ≤ min(Kc − 1, B − 1 − slot(m))} coef(m + t, t, c) · dout[m + t, c]
  *   dbase[s, t, c]      = Σ_{i: slot(i) ≥ t} x[i − t, c] · dout[i, c]
  *   ddelta[i, s, t, g]  = [slot(i) ≥ t] · Σ_{c in group g} x[i − t, c] · dout[i, c]
- * Sums in double, rounded once on store; fixed orders, so any thread count gives the same bits. */
+ * Sums in double, rounded once on store (accumulate: the old out is the sum's first term); x is F32 or
+ * BF16 (widened); the optional bf16 copies of out and dx round the stored F32 to nearest even. Fixed
+ * orders, so any thread count gives the same bits. */
 #include "kn_ref.h"
 
 #include <stdlib.h>
@@ -24,14 +26,23 @@ cm_status kn_dynconv_check(const char *op, kn_ctx *ctx, const kn_dynconv_params 
     KN_REF_CHECK(p->side == 0 || p->side == 1, "%s: side=%d must be 0 (input side) or 1 (output side)", op,
                  p->side);
     KN_REF_CHECK(p->rows <= INT64_MAX / 2 / p->Kc / p->D, "%s: rows=%lld overflows", op, (long long)p->rows);
+    KN_REF_CHECK(p->x_dt == CM_DTYPE_F32 || p->x_dt == CM_DTYPE_BF16, "%s: x in %s; expected F32 or BF16", op,
+                 cm_dtype_name(p->x_dt));
     if (p->rows == 0)
         return CM_OK;
     KN_REF_CHECK(p->x && p->base && p->delta, "%s: x, base or delta is NULL", op);
     if (bwd)
         KN_REF_CHECK(p->dout && p->dx && p->dbase && p->ddelta, "%s: dout, dx, dbase or ddelta is NULL", op);
     else
-        KN_REF_CHECK(p->out && p->out != p->x, "%s: out is NULL or aliases x", op);
+        KN_REF_CHECK(p->out && (const void *)p->out != p->x, "%s: out is NULL or aliases x", op);
     return CM_OK;
+}
+
+/* x[k] widened to double. */
+static double xv(const kn_dynconv_params *p, int64_t k) {
+    if (p->x_dt == CM_DTYPE_BF16)
+        return (double)cm_bf16_to_f32(((const uint16_t *)p->x)[k]);
+    return (double)((const float *)p->x)[k];
 }
 
 /* The coefficient of tap t for row i, channel c, on side s. */
@@ -50,10 +61,12 @@ cm_status kn_ref_dynconv_fwd(kn_ctx *ctx, const kn_dynconv_params *p) {
     for (int64_t i = 0; i < p->rows; i++) {
         const int taps = (int)(i % p->B) + 1 < p->Kc ? (int)(i % p->B) + 1 : p->Kc;
         for (int c = 0; c < D; c++) {
-            double acc = 0;
+            double acc = p->accumulate ? (double)p->out[i * D + c] : 0;
             for (int t = 0; t < taps; t++)
-                acc += coef(p, i, t, c) * (double)p->x[(i - t) * D + c];
+                acc += coef(p, i, t, c) * xv(p, (i - t) * D + c);
             p->out[i * D + c] = (float)acc;
+            if (p->out_bf16)
+                p->out_bf16[i * D + c] = cm_f32_to_bf16(p->out[i * D + c]);
         }
     }
     return CM_OK;
@@ -77,6 +90,8 @@ cm_status kn_ref_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p) {
             for (int t = 0; t < taps; t++)
                 acc += coef(p, m + t, t, c) * (double)p->dout[(m + t) * D + c];
             p->dx[m * D + c] = (float)acc;
+            if (p->dx_bf16)
+                p->dx_bf16[m * D + c] = cm_f32_to_bf16(p->dx[m * D + c]);
         }
     }
     /* ddelta: this side's slice of every row; taps that reach before the block's start are 0 */
@@ -90,7 +105,7 @@ cm_status kn_ref_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p) {
                 double acc = 0;
                 if (t <= slot)
                     for (int c = g * G; c < (g + 1) * G; c++)
-                        acc += (double)p->x[(i - t) * D + c] * (double)p->dout[i * D + c];
+                        acc += xv(p, (i - t) * D + c) * (double)p->dout[i * D + c];
                 p->ddelta[((i * 2 + s) * Kc + t) * ng + g] = (float)acc;
             }
     }
@@ -103,7 +118,7 @@ cm_status kn_ref_dynconv_bwd(kn_ctx *ctx, const kn_dynconv_params *p) {
         double    acc = 0;
         for (int64_t i = 0; i < rows; i++)
             if ((int)(i % B) >= t)
-                acc += (double)p->x[(i - t) * D + c] * (double)p->dout[i * D + c];
+                acc += xv(p, (i - t) * D + c) * (double)p->dout[i * D + c];
         p->dbase[((int64_t)s * Kc + t) * D + c] = (float)acc;
     }
     return CM_OK;
