@@ -192,11 +192,16 @@ static void test_small(void) {
     TST_CHECK(strstr(cm_last_error(), "use the target the drafter is for") != NULL);
 }
 
-/* The parameters dt_model allocates for the small drafter add up to the plan's count. */
-static void test_against_model(void) {
+/* The parameters dt_model allocates for the small drafter add up to the plan's count; and for its
+ * DFlash2 form (two convolutions per layer, the selector). */
+static void test_against_model(int v2) {
     cm_target_cfg  t;
     cm_drafter_cfg d;
     small_cfgs(&t, &d);
+    if (v2) {
+        d.kind = CM_DRAFTER_DFLASH2;
+        d.conv_kernel_size = 2, d.conv_group_size = 4, d.selector_rank = 6, d.selector_top_k = 5;
+    }
     const kn_backend *be = NULL;
     kn_ctx           *ctx = NULL;
     kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
@@ -218,6 +223,9 @@ static void test_against_model(void) {
         if (n != p.p_drafter)
             fprintf(stderr, "  dt_model has %lld parameters, the plan %lld\n", (long long)n,
                     (long long)p.p_drafter);
+        TST_CHECK(!v2 || p.p_selector == 2 * 32 * 6 + 6 * 8);
+        printf("%s drafter: %lld parameters, plan %lld\n", v2 ? "DFlash2" : "DFlash", (long long)n,
+               (long long)p.p_drafter);
     }
     dt_model_destroy(&m);
     if (be && ctx)
@@ -284,7 +292,8 @@ static void test_27b(void) {
 
 int main(void) {
     test_small();
-    test_against_model();
+    test_against_model(0);
+    test_against_model(1);
     test_27b();
     return tst_report();
 }

@@ -201,7 +201,7 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
                                             shared: u, u', s and ∂/∂δ (fp32), the selector's rows */
         const double np = 2.0 * d->conv_kernel_size * (D / d->conv_group_size), Rk = d->selector_rank;
         p->m_act += d->n_layers * 2 * (4 * Q * np + 2 * Q * (double)D);
-        conv_tmp = 3 * 4 * Q * (double)D + 4 * Q * np + 8 * Q * Rk + 4 * Q * (4.0 * d->selector_top_k + 6);
+        conv_tmp = 2 * 4 * Q * (double)D + 4 * Q * np + 8 * Q * Rk + 4 * Q * (4.0 * d->selector_top_k + 6);
     }
     /* shared by the layers: the residual stream, its gradient and a norm's output gradient
      * (fp32), the normed rows as bf16 GEMM input, the context's gradient (fp32), and the work
