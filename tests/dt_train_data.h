@@ -33,25 +33,31 @@
 
 /* Writes the tiny drafter's config.json (n_layers layers; the first is sliding with window
  * 16 when n_layers > 1, the last full). Returns 1 on success. */
-static int dtd_write_config(const char *path, int n_layers) {
+static int dtd_write_config_kind(const char *path, int n_layers, int v2) {
     FILE *f = fopen(path, "w");
     if (!f)
         return 0;
     fprintf(f,
-            "{\"architectures\": [\"DFlashDraftModel\"], \"model_type\": \"qwen3\", \"block_size\": 8,\n"
-            " \"num_target_layers\": 6,\n"
-            " \"dflash_config\": {\"mask_token_id\": 511, \"target_layer_ids\": [%d, %d]},\n"
+            "{\"architectures\": [\"%s\"], \"model_type\": \"qwen3\", \"block_size\": 8,\n"
+            " \"num_target_layers\": 6,%s\n"
+            " \"dflash_config\": {\"mask_token_id\": 511, \"target_layer_ids\": [%d, %d]%s},\n"
             " \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": %d,\n"
             " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"hidden_act\": "
             "\"silu\",\n"
             " \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000, \"attention_bias\": false,\n"
             " \"max_position_embeddings\": 4096, \"layer_types\": [",
-            DTD_TAP_A, DTD_TAP_B, n_layers);
+            v2 ? "DFlash2DraftModel" : "DFlashDraftModel", v2 ? " \"is_causal\": false," : "", DTD_TAP_A, DTD_TAP_B,
+            v2 ? ", \"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_rank\": 8, \"selector_top_k\": 8" : "",
+            n_layers);
     for (int l = 0; l < n_layers; l++)
         fprintf(f, "%s\"%s\"", l ? ", " : "", l + 1 < n_layers ? "sliding_attention" : "full_attention");
     fprintf(f, "], \"sliding_window\": 16,\n \"tie_word_embeddings\": false, \"vocab_size\": 512, "
                "\"dtype\": \"bfloat16\"}\n");
     return fclose(f) == 0;
+}
+
+static int dtd_write_config(const char *path, int n_layers) {
+    return dtd_write_config_kind(path, n_layers, 0);
 }
 
 /* One patterned document of len tokens into ids (prompt mask 0 on the first 3). */

@@ -3,7 +3,10 @@
  * a tiny 2-layer drafter trained for 204 steps (34 epochs of 6 batches, 16 anchors each) whose loss must fall
  * clearly and whose τ must rise (read from metrics.jsonl); then resume exactness: run A takes 24 steps
  * straight with checkpoints, run B stops at step 10 and resumes to 24; every logged loss, τ and lr and the
- * final checkpoint files must be bit-identical. Set DT_TRAIN_KEEP=1 to keep the work dir. */
+ * final checkpoint files must be bit-identical; the same for a DFlash2 drafter with the selector's α
+ * ramped and the drop policy, whose metrics carry the selector's fields and whose resume refuses another
+ * α. Set DT_TRAIN_KEEP=1 to keep the work dir. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +20,8 @@
 
 #define MAX_STEPS 1024
 
-static char tmp[256], config[512], csv[8192];
+static char tmp[256], config[512], config2[512], csv[8192];
+static const char *cur_config = config; /* the drafter config train() uses */
 
 typedef struct metrics {
     int    n;
@@ -60,12 +64,15 @@ static int read_metrics(const char *run, metrics *m) {
     return ok;
 }
 
+/* DFlash2 runs add these flags (NULL-terminated) */
+static const char *const *sel_flags;
+
 static int train(const char *run, const char *extra1, const char *extra2, const char *extra3,
                  const char *extra4, const char *epochs, const char *errname) {
     char out[512], err[512];
     snprintf(out, sizeof out, "%s/%s", tmp, run);
     snprintf(err, sizeof err, "%s/%s.err", tmp, errname);
-    char       *argv[32] = {DTD_DT_BIN,    "train", "--config",    config, "--target",      DTD_MODEL,
+    char       *argv[40] = {DTD_DT_BIN,    "train", "--config",    (char *)cur_config, "--target",      DTD_MODEL,
                             "--data",      csv,     "--out",       out,    "--epochs",      (char *)epochs,
                             "--seed",      "3",     "--lr",        "3e-3", "--max-anchors", "16",
                             "--log-every", "50",    "--log-level", "warn"};
@@ -74,6 +81,8 @@ static int train(const char *run, const char *extra1, const char *extra2, const 
     for (int i = 0; i < 4; i++)
         if (x[i])
             argv[n++] = (char *)x[i];
+    for (int i = 0; sel_flags && sel_flags[i] && n < 38; i++)
+        argv[n++] = (char *)sel_flags[i];
     argv[n] = NULL;
     int rc = tst_run(argv, err);
     if (rc != 0)
@@ -108,15 +117,19 @@ static void test_learns(void) {
     free(m);
 }
 
-static void test_resume_exact(void) {
-    char a[512], b[512];
-    snprintf(a, sizeof a, "%s/run-a", tmp);
-    snprintf(b, sizeof b, "%s/run-b", tmp);
+static void test_resume_exact(const char *tag) {
+    char a[512], b[512], ra[32], rb[32], eb1[40], eb2[40];
+    snprintf(ra, sizeof ra, "run-a%s", tag);
+    snprintf(rb, sizeof rb, "run-b%s", tag);
+    snprintf(eb1, sizeof eb1, "%s1", rb);
+    snprintf(eb2, sizeof eb2, "%s2", rb);
+    snprintf(a, sizeof a, "%s/%s", tmp, ra);
+    snprintf(b, sizeof b, "%s/%s", tmp, rb);
     /* A: 24 steps (4 epochs of 6 batches) straight, checkpoints at 8, 16, 24 */
-    TST_CHECK(train("run-a", "--save-every", "8", NULL, NULL, "4", "run-a") == 0);
+    TST_CHECK(train(ra, "--save-every", "8", NULL, NULL, "4", ra) == 0);
     /* B: stops after step 10 (mid-epoch, checkpoints 8 and 10), then resumes to 24 */
-    TST_CHECK(train("run-b", "--save-every", "8", "--steps", "10", "4", "run-b1") == 0);
-    TST_CHECK(train("run-b", "--save-every", "8", "--resume", NULL, "4", "run-b2") == 0);
+    TST_CHECK(train(rb, "--save-every", "8", "--steps", "10", "4", eb1) == 0);
+    TST_CHECK(train(rb, "--save-every", "8", "--resume", NULL, "4", eb2) == 0);
 
     metrics *ma = calloc(1, sizeof *ma), *mb = calloc(1, sizeof *mb);
     TST_CHECK(read_metrics(a, ma) && read_metrics(b, mb));
@@ -144,6 +157,47 @@ static void test_resume_exact(void) {
     free(mb);
 }
 
+/* DFlash2: the same exactness with the selector on (α ramped over the first quarter of the steps, so
+ * every resumed step has another α, and the drop policy); the selector's fields in metrics.jsonl, α
+ * following the schedule; a resume with another α refused by name. */
+static void test_dflash2(void) {
+    static const char *const flags[] = {"--selector-alpha", "0.5", "--selector-ramp-ratio", "0.25",
+                                        "--selector-miss",  "drop", NULL};
+    cur_config = config2;
+    sel_flags = flags;
+    test_resume_exact("-v2");
+    char path[600], line[4096];
+    snprintf(path, sizeof path, "%s/run-a-v2/metrics.jsonl", tmp);
+    FILE  *f = fopen(path, "r");
+    int    n = 0, fields = 1;
+    double alpha[24] = {0};
+    while (f && fgets(line, sizeof line, f) && n < 24) {
+        const char *a = tst_field(line, "\"selector_alpha\": ");
+        fields &= a && tst_field(line, "\"loss_selector\": ") && tst_field(line, "\"recall_at_k\": ") &&
+                  tst_field(line, "\"selector_tau\": ");
+        alpha[n++] = a ? strtod(a, NULL) : -1;
+    }
+    if (f)
+        fclose(f);
+    /* ramp over floor(0.25 · 24) = 6 steps: 0.5·k/6 at step k ≤ 6, then 0.5 */
+    int ramp = n == 24 && fields;
+    for (int k = 1; ramp && k <= 24; k++)
+        ramp = fabs(alpha[k - 1] - (k <= 6 ? 0.5 * k / 6 : 0.5)) < 1e-12;
+    TST_CHECK(ramp);
+    printf("DFlash2 metrics: %d steps with the selector's fields, alpha %.4f at step 1 .. %.4f at step 24%s\n", n,
+           alpha[0], alpha[23], ramp ? "" : " (NOT the schedule)");
+    /* resuming with another alpha */
+    static const char *const other[] = {"--selector-alpha", "0.7", "--selector-ramp-ratio", "0.25",
+                                        "--selector-miss",  "drop", NULL};
+    sel_flags = other;
+    char err[600];
+    snprintf(err, sizeof err, "%s/run-a-v2x.err", tmp);
+    TST_CHECK(train("run-a-v2", "--resume", NULL, NULL, NULL, "4", "run-a-v2x") == 1);
+    TST_CHECK(strstr(tst_slurp(err), "--selector-alpha") != NULL);
+    sel_flags = NULL;
+    cur_config = config;
+}
+
 int main(void) {
     if (!dtd_begin(tmp, sizeof tmp, "/tmp/tandem-dtt-XXXXXX"))
         return 1;
@@ -152,9 +206,12 @@ int main(void) {
     double t0 = now_s();
     TST_CHECK(dtd_make_batches(tmp, 6, 11, csv, sizeof csv));
     fprintf(stderr, "dataset: 6 batches in %.1f s\n", now_s() - t0);
+    snprintf(config2, sizeof config2, "%s/drafter2.json", tmp);
+    TST_CHECK(dtd_write_config_kind(config2, 2, 1)); /* DFlash2: convolutions Kc 2 / G 16, rank 8, top-8, non-causal */
     if (tst_failures == 0) {
         test_learns();
-        test_resume_exact();
+        test_resume_exact("");
+        test_dflash2();
     }
     return dtd_end(tmp);
 }
