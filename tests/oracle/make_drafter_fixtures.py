@@ -467,31 +467,48 @@ class Step:
         self.blk_ids = torch.tensor(blk_ids, dtype=torch.int64)
         self.labels, self.w = labels_weights(self.cu, self.ids, self.loss_mask, self.anchors, B, gamma)
 
-    def logits(self, P):
+    def context(self, P):
+        """ctx = hidden_norm(F · fcᵀ) [T, D], shared by every layer."""
+        return rms_norm(self.F @ P["fc.weight"].T, P["hidden_norm.weight"], self.fx["eps"])
+
+    def attention(self, P, l, lt, h, ctx):
+        """o_proj(block attention) of layer l: queries and block keys/values from the block rows h [Q, D],
+        context keys/values from ctx [T, D] (no input norm on ctx)."""
         fx = self.fx
         eps, nq, nkv, hd = fx["eps"], fx["nq"], fx["nkv"], fx["hd"]
-        ctx = rms_norm(self.F @ P["fc.weight"].T, P["hidden_norm.weight"], eps)
+        Q, T = h.shape[0], self.T
+        p = f"layers.{l}."
+        q = (h @ P[p + "self_attn.q_proj.weight"].T).reshape(Q, nq, hd)
+        q = rope(rms_norm(q, P[p + "self_attn.q_norm.weight"], eps), self.cos_q, self.sin_q)
+        kv_in = torch.cat([ctx, h], dim=0)
+        k = (kv_in @ P[p + "self_attn.k_proj.weight"].T).reshape(T + Q, nkv, hd)
+        k = rope(rms_norm(k, P[p + "self_attn.k_norm.weight"], eps), self.cos_k, self.sin_k)
+        v = (kv_in @ P[p + "self_attn.v_proj.weight"].T).reshape(T + Q, nkv, hd)
+        group = nq // nkv
+        k = k.repeat_interleave(group, dim=1)        # q head h uses kv head h // group
+        v = v.repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q, k) * hd ** -0.5
+        s = s.masked_fill(~self.masks[(lt, layer_causal(fx, lt))][None, :, :], float("-inf"))
+        attn = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v).reshape(Q, nq * hd)
+        return attn @ P[p + "self_attn.o_proj.weight"].T
+
+    def mlp(self, P, l, m):
+        """down(silu(gate(m)) · up(m)) of layer l."""
+        p = f"layers.{l}."
+        g, u = m @ P[p + "mlp.gate_proj.weight"].T, m @ P[p + "mlp.up_proj.weight"].T
+        return (torch.nn.functional.silu(g) * u) @ P[p + "mlp.down_proj.weight"].T
+
+    def logits(self, P):
+        fx = self.fx
+        eps = fx["eps"]
+        ctx = self.context(P)
         x = self.embed[self.blk_ids]
-        Q, T = x.shape[0], self.T
         for l, lt in enumerate(fx["layer_types"]):
             p = f"layers.{l}."
             h = rms_norm(x, P[p + "input_layernorm.weight"], eps)
-            q = (h @ P[p + "self_attn.q_proj.weight"].T).reshape(Q, nq, hd)
-            q = rope(rms_norm(q, P[p + "self_attn.q_norm.weight"], eps), self.cos_q, self.sin_q)
-            kv_in = torch.cat([ctx, h], dim=0)
-            k = (kv_in @ P[p + "self_attn.k_proj.weight"].T).reshape(T + Q, nkv, hd)
-            k = rope(rms_norm(k, P[p + "self_attn.k_norm.weight"], eps), self.cos_k, self.sin_k)
-            v = (kv_in @ P[p + "self_attn.v_proj.weight"].T).reshape(T + Q, nkv, hd)
-            group = nq // nkv
-            k = k.repeat_interleave(group, dim=1)        # q head h uses kv head h // group
-            v = v.repeat_interleave(group, dim=1)
-            s = torch.einsum("qhd,khd->hqk", q, k) * hd ** -0.5
-            s = s.masked_fill(~self.masks[(lt, layer_causal(fx, lt))][None, :, :], float("-inf"))
-            attn = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v).reshape(Q, nq * hd)
-            x = x + attn @ P[p + "self_attn.o_proj.weight"].T
+            x = x + self.attention(P, l, lt, h, ctx)
             m = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
-            g, u = m @ P[p + "mlp.gate_proj.weight"].T, m @ P[p + "mlp.up_proj.weight"].T
-            x = x + (torch.nn.functional.silu(g) * u) @ P[p + "mlp.down_proj.weight"].T
+            x = x + self.mlp(P, l, m)
         return rms_norm(x, P["norm.weight"], eps) @ self.lm_head.T
 
     def loss(self, P, logits=None):
@@ -850,7 +867,7 @@ def finish_summary(summary, fdir, root):
     return summary
 
 
-def verify(committed_root, fresh_root, names):
+def verify(committed_root, fresh_root, names, meta_keys=("gamma", "n_blocks")):
     """Drafter and batch files bitwise, references to 1e-12 (relative to the largest entry), same metadata."""
     bad = []
     for n in names:
@@ -871,7 +888,7 @@ def verify(committed_root, fresh_root, names):
                         bad.append(f"{n}/{f}: {k} differs")
                 with safe_open(os.path.join(a, f), "pt") as fa_, safe_open(os.path.join(b, f), "pt") as fb_:
                     ma, mb = fa_.metadata(), fb_.metadata()
-                for k in ("gamma", "n_blocks"):
+                for k in meta_keys:
                     if ma.get(k) != mb.get(k):
                         bad.append(f"{n}/{f}: metadata {k} differs")
             elif sha256(os.path.join(a, f)) != sha256(os.path.join(b, f)):
