@@ -412,14 +412,22 @@ static void check_bf16_storage(const char *root, const char *name) {
                   CM_OK);
         const dt_batch b = view(&hb, hb.n_anchors, NULL);
         dt_step_stats  s32, s16;
+        /* DFlash2: the selector term off here. Its top-K is a discontinuous choice: the bf16 roundings move
+         * near-tie logits across the K-th place and a changed candidate set changes the gradient of the
+         * whole stack, which is no measure of the storage path (the selector's numerics are checked
+         * against the oracle above and on cuda). */
+        const dt_selector_opts no_sel = {0.0, KN_SEL_INJECT, 0};
+        if (cfg.kind == CM_DRAFTER_DFLASH2)
+            TST_CHECK(dt_model_set_selector(m, &no_sel) == CM_OK);
         int64_t        n32 = 0, n16 = 0;
         TST_CHECK(dt_model_step(m, &b, (float)default_gamma(cfg.block_size), &s32) == CM_OK);
         float *g32 = grads_of(m, be, ctx, &n32);
         TST_CHECK(dt_model_set_act_dtype(m, CM_DTYPE_BF16) == CM_OK);
         TST_CHECK(dt_model_step(m, &b, (float)default_gamma(cfg.block_size), &s16) == CM_OK);
         float  *g16 = grads_of(m, be, ctx, &n16);
-        double  worst = 0;
-        int64_t o = 0;
+        double      worst = 0;
+        const char *worst_name = "";
+        int64_t     o = 0;
         for (int i = 0; i < dt_model_n_params(m) && n16 == n32; i++) {
             const dt_param *p = dt_model_param(m, i);
             double          num = 0, den = 0;
@@ -429,13 +437,14 @@ static void check_bf16_storage(const char *root, const char *name) {
                 den += (double)g32[o + j] * g32[o + j];
             }
             const double err = den > 0 ? sqrt(num / den) : sqrt(num);
-            worst = err > worst ? err : worst;
+            if (err > worst)
+                worst = err, worst_name = p->name;
             o += p->numel;
         }
         const double loss_err = fabs(s16.loss - s32.loss) / fabs(s32.loss);
         TST_CHECK(n16 == n32 && loss_err <= 1e-2 && worst <= 5e-2 && loss_err > 0);
-        printf("%-30s BF16 saved activations (cpu): loss rel err %.1e, worst grad rel L2 %.2e\n", name,
-               loss_err, worst);
+        printf("%-30s BF16 saved activations (cpu): loss rel err %.1e, worst grad rel L2 %.2e (%s)\n", name,
+               loss_err, worst, worst_name);
         free(g32);
         free(g16);
     }
