@@ -700,7 +700,8 @@ static int big_step(const cm_drafter_cfg *cfg, const kn_backend *be, kn_gemm_mod
         clock_gettime(CLOCK_MONOTONIC, &t0);
         ok = dt_model_step(m, b, 7.0f, &out->s) == CM_OK;
         clock_gettime(CLOCK_MONOTONIC, &t1);
-        printf("%-30s %s %s step: %.1f ms, activations %s, %.1f MB\n", "random T=1500", be->name,
+        printf("%-30s %s %s step: %.1f ms, activations %s, %.1f MB\n",
+               cfg->kind == CM_DRAFTER_DFLASH2 ? "random T=1500 DFlash2" : "random T=1500", be->name,
                mode == KN_GEMM_MODE_BF16 ? "BF16" : "F32",
                1e3 * ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)),
                cm_dtype_name(dt_model_act_dtype(m)), (double)dt_model_act_bytes(m) / 1e6);
@@ -768,9 +769,17 @@ static double big_compare(const char *what, const cm_drafter_cfg *cfg, const big
     return worst;
 }
 
-static void check_large_random(void) {
+/* v2: the same drafter as DFlash2 (convolutions Kc 2 over groups of 16, selector rank 32, top-16; the
+ * convolutions at their identity init, their gradients and the selector's are compared all the same). */
+static void check_large_random(int v2) {
     cm_drafter_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
+    if (v2) {
+        cfg.kind = CM_DRAFTER_DFLASH2;
+        cfg.conv_kernel_size = 2, cfg.conv_group_size = 16, cfg.selector_rank = 32, cfg.selector_top_k = 16;
+    }
+    const char *tag = v2 ? "random T=1500 DFlash2" : "random T=1500";
+    char        what[96];
     cfg.hidden_size = 256;
     cfg.n_layers = 3;
     cfg.intermediate_size = 704;
@@ -847,16 +856,20 @@ static void check_large_random(void) {
     if (big_step(&cfg, kn_backend_cpu(), KN_GEMM_MODE_F32, &b, embed, head, 0, &r_cpu, &unused) &&
         big_step(&cfg, kn_backend_cuda(), KN_GEMM_MODE_F32, &b, embed, head, 1, &r_f32, &same)) {
         TST_CHECK(r_cpu.s.weight_sum > 0 && r_cpu.s.n_blocks == 64);
-        big_compare("random T=1500 cuda F32", &cfg, &r_cpu, &r_f32, 1e-4, 1e-3, 1);
+        snprintf(what, sizeof what, "%s cuda F32", tag);
+        big_compare(what, &cfg, &r_cpu, &r_f32, 1e-4, 1e-3, 1);
         TST_CHECK(same);
-        printf("%-30s repeated cuda step: %s\n", "random T=1500 cuda F32",
-               same ? "bit-identical" : "DIFFERS");
+        printf("%-30s repeated cuda step: %s\n", what, same ? "bit-identical" : "DIFFERS");
         TST_CHECK(memcmp(r_cpu.s.acc_count, r_f32.s.acc_count, sizeof r_cpu.s.acc_count) == 0);
         /* BF16 GEMMs and BF16 saved activations: the loss within the bf16 training bar (3e-2,
          * as test_dt_cuda_train's), every gradient finite and within 100 % (the figures are
          * printed: information on how far bf16 moves them) */
+        snprintf(what, sizeof what, "%s cuda BF16", tag);
         if (big_step(&cfg, kn_backend_cuda(), KN_GEMM_MODE_BF16, &b, embed, head, 0, &r_bf16, &unused))
-            big_compare("random T=1500 cuda BF16", &cfg, &r_cpu, &r_bf16, 3e-2, 1.0, 1);
+            big_compare(what, &cfg, &r_cpu, &r_bf16, 3e-2, 1.0, 1);
+        if (v2) /* the selector's figures: the same candidate sets and choices as the cpu's */
+            TST_CHECK(memcmp(r_cpu.s.sel_in_topk, r_f32.s.sel_in_topk, sizeof r_cpu.s.sel_in_topk) == 0 &&
+                      memcmp(r_cpu.s.sel_hits, r_f32.s.sel_hits, sizeof r_cpu.s.sel_hits) == 0);
     }
     free(r_cpu.g);
     free(r_f32.g);
@@ -926,7 +939,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++)
             check_bf16_storage(root, names[i]);
     } else if (strcmp(device, "cuda") == 0) {
-        check_large_random();
+        check_large_random(0);
+        check_large_random(1);
     }
     for (int i = 0; i < n; i++)
         free(names[i]);
