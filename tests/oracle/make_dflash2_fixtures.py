@@ -22,7 +22,6 @@ import tempfile
 from types import SimpleNamespace
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import transformers
@@ -551,7 +550,6 @@ def check_against_zlab(step, P, fx, ddir, trace, h, z):
     if bad_keys:
         fail(f"{fx['name']}: z-lab's loader: {[(k, info[k]) for k in bad_keys]}")
     sd = model.state_dict()
-    worst_w = 0.0
     for n, v in P.items():
         zn = n + ".weight" if n.endswith("_codebook") else n
         if zn not in sd or sd[zn].dtype != torch.float64 or not torch.equal(sd[zn], v):
