@@ -15,8 +15,8 @@
 #   5. z-lab's loader and decoder on the held-out prompts (zlab_decode.py): fails on a missing or unexpected key,
 #      on a decode that is not the target's own greedy output, or when a trained drafter's real τ is not above
 #      its untrained one's; prints the table.
-# About 5 minutes on 2 cores once the environment exists (its first install downloads about 3 GB from PyPI when
-# the CPU-only torch index cannot be reached). Knobs:
+# About 3 minutes on 2 cores once the environment exists; making it adds 1-2 minutes (PyPI's torch with its CUDA
+# libraries, about 3 GB, where the CPU-only torch index cannot be reached). Knobs:
 #   BUILD_DIR               where target-server and drafter-trainer are built (default build)
 #   INTEROP_VENV            the virtual environment (default $BUILD_DIR/interop-venv)
 #   INTEROP_OUT             the run's files: shards, checkpoints, logs (default $BUILD_DIR/interop-run, emptied)
@@ -79,7 +79,8 @@ taps=$("$py" -c "import json,sys; t=[json.load(open(f))['dflash_config']['target
 endpoint="ipc://$out/target.ipc"
 "$ts" serve --model models/tandem-tiny --bind "$endpoint" --log-level warn &
 server=$!
-trap 'kill "$server" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+bg=("$server") # what an early exit stops
+trap 'kill "${bg[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 t0=$SECONDS
 "$dt" precompute --server "$endpoint" --dataset data/tiny/train.jsonl --token-budget 1024 --layers "$taps" \
     --out "$out/shards" --log-level warn || die "precompute failed"
@@ -88,18 +89,19 @@ wait "$server" 2>/dev/null || true
 say "shards of data/tiny/train.jsonl (layers $taps) in $((SECONDS - t0)) s"
 
 # ---- 3. training: DFlash and DFlash2 side by side (one core each), then the one-step untrained drafters
-train() { # NAME CONFIG EXTRA... ; the log in $out/NAME.log
+train() { # NAME CONFIG EXTRA... ; the log in $out/NAME.log (exec: a background run's pid is the trainer's)
     local name=$1 config=$2
     shift 2
-    "$dt" train --config "$config" --target models/tandem-tiny --dataset data/tiny/train.jsonl --token-budget 1024 \
-        --shards "$out/shards" --out "$out/$name" --max-anchors 64 --progress off --no-tensorboard \
-        --log-level warn "$@" >"$out/$name.log" 2>&1
+    exec "$dt" train --config "$config" --target models/tandem-tiny --dataset data/tiny/train.jsonl \
+        --token-budget 1024 --shards "$out/shards" --out "$out/$name" --max-anchors 64 --progress off \
+        --no-tensorboard --log-level warn "$@" >"$out/$name.log" 2>&1
 }
 ckpt() { echo "$out/$1/checkpoints/$(cat "$out/$1/checkpoints/latest")"; }
 t0=$SECONDS
-train dflash2 $cfg2 --epochs "$epochs" --lr 3e-3 &
+(train dflash2 $cfg2 --epochs "$epochs" --lr 3e-3) &
 d2=$!
-train dflash $cfg1 --epochs "$epochs" --lr 3e-3 || { tail -n 20 "$out/dflash.log" >&2; die "training DFlash failed"; }
+bg+=("$d2")
+(train dflash $cfg1 --epochs "$epochs" --lr 3e-3) || { tail -n 20 "$out/dflash.log" >&2; die "training DFlash failed"; }
 dflash2=1
 if ! wait $d2; then
     if grep -q "training DFlash2 is not implemented yet" "$out/dflash2.log"; then
@@ -109,10 +111,10 @@ if ! wait $d2; then
         die "training DFlash2 failed"
     fi
 fi
-train dflash-untrained $cfg1 --steps 1 --lr 0 || { tail -n 20 "$out/dflash-untrained.log" >&2; die "the untrained DFlash run failed"; }
+(train dflash-untrained $cfg1 --steps 1 --lr 0) || { tail -n 20 "$out/dflash-untrained.log" >&2; die "the untrained DFlash run failed"; }
 cases=(--case DFlash "$(ckpt dflash)" "$(ckpt dflash-untrained)")
 if [ $dflash2 = 1 ]; then
-    train dflash2-untrained $cfg2 --steps 1 --lr 0 ||
+    (train dflash2-untrained $cfg2 --steps 1 --lr 0) ||
         { tail -n 20 "$out/dflash2-untrained.log" >&2; die "the untrained DFlash2 run failed"; }
     cases+=(--case DFlash2 "$(ckpt dflash2)" "$(ckpt dflash2-untrained)")
 fi
