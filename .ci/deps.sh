@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Tandem builds against, where they are missing.
 set -euo pipefail
-pkgs="build-essential cmake pkg-config libzmq3-dev libzstd-dev libcjson-dev libopenblas-dev clang"
+# python3-venv: tests/interop makes a virtual environment for z-lab's dflash package (pip from PyPI)
+pkgs="build-essential cmake pkg-config libzmq3-dev libzstd-dev libcjson-dev libopenblas-dev clang python3 python3-venv"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
