@@ -13,10 +13,10 @@ weights of that moment); this is the same statistic on data it never trained on.
   heldout_tau.py --target-server BIN --drafter-trainer BIN --target DIR --valid FILE.jsonl --work DIR
                  --json OUT.json DRAFTER_DIR [DRAFTER_DIR ...]
 
-Writes OUT.json: {"anchors": N, "documents": D, "tokens": T, "drafters": {DIR: {"tau": x, "acc": [...]} or
-{"error": "message"}}} and prints one line per drafter. Needs numpy and safetensors (no torch). A drafter that
-`grad` refuses (e.g. a kind the trainer cannot run yet) is recorded with its message, not a failure; a failure
-to build the batch is (exit 1).
+Writes OUT.json: {"anchors": N, "documents": D, "tokens": T, "drafters": {DIR: {"tau": x, "unary_tau": y,
+"acc": [...]}}} and prints one line per drafter. For a DFlash2 drafter "tau" is the τ of its greedy selector path
+(`grad`'s sel_tau: what its decoder proposes), "unary_tau" the unary argmax's; for DFlash both are the same.
+Needs numpy and safetensors (no torch). A failure of `grad` or of building the batch is an error (exit 1).
 """
 
 import argparse
@@ -95,14 +95,14 @@ def main():
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             msg = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-            result["drafters"][d] = {"error": msg}
-            print(f"heldout_tau: {d}: grad refused: {msg}", file=sys.stderr)
-            continue
+            fail(f"drafter-trainer grad failed on '{d}': {msg}")
         g = load_file(out)
-        tau = float(g["tau"][0])
+        # DFlash2 decodes with its selector: the estimate is τ of the greedy selector path (teacher forced);
+        # the unary argmax's τ is kept beside it
+        tau = float(g["sel_tau"][0]) if "sel_tau" in g else float(g["tau"][0])
         hits, count = g["acc_hits"].astype(np.int64), g["acc_count"].astype(np.int64)
         acc = [float(h) / c if c else None for h, c in zip(hits[1:], count[1:])]
-        result["drafters"][d] = {"tau": tau, "acc": acc}
+        result["drafters"][d] = {"tau": tau, "acc": acc, "unary_tau": float(g["tau"][0])}
         os.remove(out)
         print(f"heldout_tau: {d}: teacher-forced τ {tau:.3f} over {anchors.size} anchors of {docs} held-out "
               f"documents ({tokens} tokens)", file=sys.stderr)
