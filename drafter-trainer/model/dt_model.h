@@ -1,11 +1,12 @@
-/* drafter-trainer/model/dt_model.h — the DFlash drafter (docs/drafter.md): its
+/* drafter-trainer/model/dt_model.h — the DFlash and DFlash2 drafters (docs/drafter.md): its
  * parameters (fp32 masters and fp32 gradients in backend memory), the frozen target
  * embedding and LM head it borrows from the target, and one training step: forward and
  * backward over a packed batch with given anchors, written once against the kernel backend
  * table (so the whole step runs on the cpu reference).
  *
  * Parameter names are the serving-checkpoint keys ("fc.weight", "hidden_norm.weight",
- * "norm.weight", "layers.{l}.self_attn.q_proj.weight", ...), in a fixed order. The model
+ * "norm.weight", "layers.{l}.self_attn.q_proj.weight", ...; DFlash2 adds each layer's two convolutions and,
+ * after norm.weight, the candidate selector), in a fixed order. The model
  * owns its memory; it borrows the backend and context, which must outlive it. One thread. */
 #ifndef DT_MODEL_H
 #define DT_MODEL_H

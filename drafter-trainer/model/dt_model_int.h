@@ -1,7 +1,7 @@
 /* drafter-trainer/model/dt_model_int.h — private to model/dt_model*.c: the dt_model struct,
  * its activation plan and the helpers the files of the drafter share.
  *
- * The DFlash drafter on the kernel backend table: parameters
+ * The DFlash drafter on the kernel backend table (DFlash2's additions: dt_model_conv.c, dt_model_sel.c): parameters
  * (one allocation for the fp32 masters, one for their grads, carved per tensor in the
  * serving-key order), the borrowed frozen embedding and LM head, and one training step
  * (docs/drafter.md): host-side block layout, labels and weights, then forward, loss and backward.
