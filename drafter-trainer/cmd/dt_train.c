@@ -395,6 +395,19 @@ static cm_status save(run *r, int64_t step) {
     return CM_OK;
 }
 
+/* DFlash2's step figures over the trained slots: recall@K (label in the unary top-K) and the selector's
+ * teacher-forced accuracy over those (0 for DFlash, whose counts are 0). */
+static void selector_rates(const dt_step_stats *s, int B, double *recall, double *acc) {
+    int64_t in = 0, hit = 0, cnt = 0;
+    for (int k = 1; k < B; k++) {
+        in += s->sel_in_topk[k];
+        hit += s->sel_hits[k];
+        cnt += s->acc_count[k];
+    }
+    *recall = cnt ? (double)in / (double)cnt : 0.0;
+    *acc = in ? (double)hit / (double)in : 0.0;
+}
+
 static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batch, const dt_batch *b,
                                const dt_step_stats *s, const dt_optim_stats *os, double secs, double wait_s) {
     const int B = r->cfg.block_size;
@@ -410,18 +423,13 @@ static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batc
         else
             fprintf(r->metrics, "%snull", k > 1 ? ", " : "");
     }
+    double recall, sel_acc;
+    selector_rates(s, B, &recall, &sel_acc);
     if (r->cfg.kind == CM_DRAFTER_DFLASH2) {
-        int64_t in = 0, hit = 0, cnt = 0;
-        for (int k = 1; k < B; k++) {
-            in += s->sel_in_topk[k];
-            hit += s->sel_hits[k];
-            cnt += s->acc_count[k];
-        }
         fprintf(r->metrics,
                 "], \"loss_unary\": %.17g, \"loss_selector\": %.17g, \"selector_alpha\": %.17g, "
                 "\"recall_at_k\": %.9g, \"selector_acc\": %.9g, \"selector_tau\": %.17g, \"sel_acc\": [",
-                s->loss_unary, s->loss_selector, s->alpha, cnt ? (double)in / (double)cnt : 0.0,
-                in ? (double)hit / (double)in : 0.0, s->sel_tau);
+                s->loss_unary, s->loss_selector, s->alpha, recall, sel_acc, s->sel_tau);
         for (int k = 1; k < B; k++)
             fprintf(r->metrics, s->sel_in_topk[k] > 0 ? "%s%.9g" : "%snull", k > 1 ? ", " : "",
                     s->sel_in_topk[k] > 0 ? (double)s->sel_hits[k] / (double)s->sel_in_topk[k] : 0.0);
@@ -436,34 +444,21 @@ static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batc
     if (fflush(r->metrics) != 0 || ferror(r->metrics))
         return CM_FAIL(CM_ERR_IO, "cannot append to '%s': %s", r->metrics_path, strerror(errno));
     const double acc1 = s->acc_count[1] > 0 ? (double)s->acc_hits[1] / (double)s->acc_count[1] : 0.0;
-    double       acc_all = 0;
     if (r->tb) {
         static const char *const tags[] = {"train/loss", "train/tau",         "train/acc1",  "train/lr",
                                            "train/grad_norm", "perf/tokens_per_s", "perf/wait_s", "perf/compute_s"};
         const double vals[] = {s->loss, s->tau, acc1, os->lr, os->grad_norm, tps, wait_s, secs - wait_s};
         CM_TRY(cm_tb_scalars(r->tb, 0, step, 8, tags, vals));
         if (r->cfg.kind == CM_DRAFTER_DFLASH2) {
-            int64_t in = 0, hit = 0, cnt = 0;
-            for (int k = 1; k < B; k++) {
-                in += s->sel_in_topk[k];
-                hit += s->sel_hits[k];
-                cnt += s->acc_count[k];
-            }
             static const char *const tags2[] = {"train/loss_unary",  "train/loss_selector", "train/recall_at_k",
                                                 "train/selector_acc", "train/selector_tau", "train/selector_alpha"};
-            const double vals2[] = {s->loss_unary, s->loss_selector, cnt ? (double)in / (double)cnt : 0.0,
-                                    in ? (double)hit / (double)in : 0.0, s->sel_tau, s->alpha};
+            const double vals2[] = {s->loss_unary, s->loss_selector, recall, sel_acc, s->sel_tau, s->alpha};
             CM_TRY(cm_tb_scalars(r->tb, 0, step, 6, tags2, vals2));
         }
     }
     dt_progress_line pl = {
         .step = step, .total = r->prog_end, .epoch = epoch, .loss = s->loss, .tau = s->tau, .acc = acc1,
-        .lr = os->lr, .v2 = r->cfg.kind == CM_DRAFTER_DFLASH2, .sel_tau = s->sel_tau};
-    for (int k = 1; k < B; k++) { /* recall@K over the step's trained slots */
-        pl.recall += (double)s->sel_in_topk[k];
-        acc_all += (double)s->acc_count[k];
-    }
-    pl.recall = acc_all > 0 ? pl.recall / acc_all : 0.0;
+        .lr = os->lr, .v2 = r->cfg.kind == CM_DRAFTER_DFLASH2, .sel_tau = s->sel_tau, .recall = recall};
     dt_progress_step(&r->prog, &pl, secs, wait_s, (double)b->T);
     return CM_OK;
 }
