@@ -122,9 +122,13 @@ static __global__ void dynconv_dbase_part_kernel(kn_dynconv_params p, float *par
     const int     t = (int)(e / p.D), c = (int)(e % p.D);
     const int64_t r0 = (int64_t)blockIdx.y * DC_CHUNK, r1 = r0 + DC_CHUNK < p.rows ? r0 + DC_CHUNK : p.rows;
     float         acc = 0.0f;
-    for (int64_t i = r0; i < r1; i++)
-        if ((int)(i % p.B) >= t)
+    int           slot = (int)(r0 % p.B); /* slot(i), kept as i advances (no division per row) */
+    for (int64_t i = r0; i < r1; i++) {
+        if (slot >= t)
             acc = fmaf(dc_x(p, (i - t) * p.D + c), p.dout[i * p.D + c], acc);
+        if (++slot == p.B)
+            slot = 0;
+    }
     part[(int64_t)blockIdx.y * n + e] = acc;
 }
 
