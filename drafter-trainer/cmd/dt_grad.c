@@ -401,7 +401,6 @@ fail:
 
 int dt_cmd_grad(int argc, char **argv) {
     static const char *const devices[] = {"cpu", "cuda", NULL};
-    static const char *const misses[] = {"inject", "drop", NULL};
     grad_args                a = {.device = "cpu", .sel = DT_SELECTOR_OPTS_DEFAULT};
     cm_args                  p;
     cm_args_init(&p, "drafter-trainer grad", argc, argv);
@@ -430,8 +429,8 @@ int dt_cmd_grad(int argc, char **argv) {
                 cm_args_fail(&p, "expected a positive number");
             a.gamma = (float)g;
         } else if (cm_args_f64(&p, "--selector-alpha", 0, 1e6, &a.sel.alpha)) {
-        } else if (cm_args_choice(&p, "--selector-miss", misses, &k)) {
-            a.sel.miss = k == 0 ? KN_SEL_INJECT : KN_SEL_DROP;
+        } else if (cm_args_choice(&p, "--selector-miss", dt_selector_miss_names, &k)) {
+            a.sel.miss = (kn_sel_miss)k;
         } else if (cm_args_flag(&p, "--selector-stop-grad")) {
             a.sel.stop_grad = 1;
         } else if (!cm_args_log_level(&p))

@@ -8,6 +8,7 @@
 
 #include "cm_args.h"
 #include "cm_log.h"
+#include "dt_model.h"
 #include "dt_plan.h"
 
 #define CMD "drafter-trainer train"
@@ -127,8 +128,6 @@ static const char *const precisions[] = {"bf16", "fp32", NULL};
 static const char *const verify_modes[] = {"full", "lazy", NULL};
 
 /* One flag at the cursor; 0 when it is none of train's. */
-static const char *const sel_misses[] = {"inject", "drop", NULL}; /* kn_sel_miss order */
-
 static int parse_flag(cm_args *p, train_args *a) {
     const char *v = NULL;
     int64_t     x = 0;
@@ -203,7 +202,7 @@ static int parse_flag(cm_args *p, train_args *a) {
     else if (cm_args_f64(p, "--selector-alpha", 0, 1e6, &a->sel_alpha) ||
              cm_args_f64(p, "--selector-warmup-ratio", 0, 1, &a->sel_warmup_ratio) ||
              cm_args_f64(p, "--selector-ramp-ratio", 0, 1, &a->sel_ramp_ratio) ||
-             cm_args_choice(p, "--selector-miss", sel_misses, &a->sel_miss))
+             cm_args_choice(p, "--selector-miss", dt_selector_miss_names, &a->sel_miss))
         ;
     else if (cm_args_flag(p, "--selector-stop-grad"))
         a->sel_stop_grad = 1;

@@ -72,6 +72,8 @@ static void params_define(dt_model *m) {
     param_def(m, m->p_sel + SP_HPROJ, "candidate_selector.hidden_projection.weight", Rk, D);
 }
 
+const char *const dt_selector_miss_names[3] = {"inject", "drop", NULL};
+
 cm_status dt_model_set_selector(dt_model *m, const dt_selector_opts *o) {
     if (!(o->alpha >= 0) || !isfinite(o->alpha))
         return CM_FAIL(CM_ERR_INVALID_ARG, "the selector loss weight alpha %g must be finite and >= 0", o->alpha);

@@ -81,6 +81,8 @@ typedef struct dt_selector_opts {
     int         stop_grad;
 } dt_selector_opts;
 #define DT_SELECTOR_OPTS_DEFAULT {1.0, KN_SEL_INJECT, 0}
+/* The --selector-miss names in kn_sel_miss order ("inject", "drop"), NULL-terminated (cm_args_choice). */
+extern const char *const dt_selector_miss_names[3];
 
 /* Creates a drafter of cfg (block_size ≤ 64, even head_dim, no attention_bias, ...) on the
  * backend with parameters zeroed: one backend allocation for all parameters and one for all

@@ -10,6 +10,28 @@
 // ----------------------------------------------------------------------------
 // step
 
+/* τ: the mean over blocks of 1 + the leading run of slots 1, 2, ... that have a label and predict it: the
+ * unary argmax (selector 0), or DFlash2's selector with the label in the top-K and chosen (selector 1). */
+static double leading_tau(const dt_model *m, int selector) {
+    const dt_host *h = &m->host;
+    const int      B = m->cfg.block_size;
+    double         tau_sum = 0;
+    int64_t        i = 0;
+    for (int64_t j = 0; j < m->n_anchors; j++) {
+        int run = 0, alive = 1;
+        for (int k = 1; k < B; k++) {
+            const int64_t r = j * B + k;
+            while (i < m->n_sel && h->sel_row[i] < r)
+                i++;
+            alive = alive && i < m->n_sel && h->sel_row[i] == r &&
+                    (selector ? h->lab_pos[i] >= 0 && h->choice[i] == h->lab_pos[i] : h->argmax[i] == h->labels[i]);
+            run += alive;
+        }
+        tau_sum += 1 + run;
+    }
+    return m->n_anchors > 0 ? tau_sum / (double)m->n_anchors : 0.0;
+}
+
 /* DFlash2: the two loss terms, recall@K and the selector's teacher-forced accuracy per slot, and τ of
  * the greedy selector path (a slot continues the run when its label is in the top-K and chosen). */
 static void fill_selector_stats(const dt_model *m, dt_step_stats *s) {
@@ -28,21 +50,7 @@ static void fill_selector_stats(const dt_model *m, dt_step_stats *s) {
     }
     s->loss_selector = m->sel_weight_sum > 0 ? num / m->sel_weight_sum : 0.0;
     s->loss = s->loss_unary + m->sel.alpha * s->loss_selector;
-    double  tau_sum = 0;
-    int64_t i = 0;
-    for (int64_t j = 0; j < m->n_anchors; j++) {
-        int run = 0, alive = 1;
-        for (int k = 1; k < B; k++) {
-            const int64_t r = j * B + k;
-            while (i < m->n_sel && h->sel_row[i] < r)
-                i++;
-            alive = alive && i < m->n_sel && h->sel_row[i] == r && h->lab_pos[i] >= 0 &&
-                    h->choice[i] == h->lab_pos[i];
-            run += alive;
-        }
-        tau_sum += 1 + run;
-    }
-    s->sel_tau = m->n_anchors > 0 ? tau_sum / (double)m->n_anchors : 0.0;
+    s->sel_tau = leading_tau(m, 1);
 }
 
 static void fill_stats(const dt_model *m, dt_step_stats *s) {
@@ -59,21 +67,7 @@ static void fill_stats(const dt_model *m, dt_step_stats *s) {
         s->acc_hits[k] += hit;
     }
     s->loss = m->n_sel > 0 ? num / m->weight_sum : 0.0;
-    /* τ: 1 + the leading run of slots 1, 2, ... that have a label and predict it */
-    double  tau_sum = 0;
-    int64_t i = 0;
-    for (int64_t j = 0; j < m->n_anchors; j++) {
-        int run = 0, alive = 1;
-        for (int k = 1; k < B; k++) {
-            const int64_t r = j * B + k;
-            while (i < m->n_sel && h->sel_row[i] < r)
-                i++;
-            alive = alive && i < m->n_sel && h->sel_row[i] == r && h->argmax[i] == h->labels[i];
-            run += alive;
-        }
-        tau_sum += 1 + run;
-    }
-    s->tau = m->n_anchors > 0 ? tau_sum / (double)m->n_anchors : 0.0;
+    s->tau = leading_tau(m, 0);
     if (dt_model_is_v2(m))
         fill_selector_stats(m, s);
 }
