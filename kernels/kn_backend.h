@@ -409,6 +409,47 @@ typedef struct kn_backend {
     cm_status (*rmsnorm_bwd_acc)(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* (optional) */
 
+    // ---- incremental decoding (target-server's decoding sessions, docs/target.md). A cache holds,
+    // per sequence slot, what the forward over a sequence's earlier tokens left behind: the
+    // attention layers' keys and values, the GDN layers' last K − 1 conv inputs and recurrent
+    // state. A batch packs n_seq sequences' new tokens by cu_seqlens (len_s = cu[s+1] − cu[s] ≥ 1);
+    // sequence s lives in slot slots[s] and has base[s] tokens before its new ones, so its token
+    // i sits at position base[s] + i. slots, base and n_adv are I32 [n_seq] in backend memory;
+    // distinct slots within a batch; a new sequence's slot is zeroed first (zero). "n_adv":
+    // NULL leaves the state alone; else the state of slots[s] is advanced by the first n_adv[s]
+    // new tokens (0 ≤ n_adv[s] ≤ len_s; 0 leaves it), as if only those had been fed.
+    /* kc[slots[s], base[s] + i] = k[cu[s] + i] and vc likewise from v, for i < len_s;
+     * kc, vc [n_slots, max_len, nkv, hd]; k, v [T, nkv, hd]; base[s] + len_s ≤ max_len. */
+    cm_status (*kv_cache_write)(kn_ctx *ctx, float *kc, float *vc, const float *k, const float *v,
+                                const int32_t *slots, const int32_t *base, const int32_t *cu_seqlens, int n_seq,
+                                int64_t T, int nkv, int hd, int64_t max_len); /* (optional) */
+    /* attention's math over the cache: token t = cu[s] + i (position p = base[s] + i) sees cache
+     * rows j ≤ p of its slot: out[t, h, :] = softmax_j(q[t,h]·kc[slot, j, h/(nq/nkv)] · scale) ·
+     * vc[slot, j, h/(nq/nkv)] ⊙ sigmoid(gate[t, h, :]) (gate NULL: no gate). The new tokens'
+     * keys and values must be in the cache already (kv_cache_write). q, gate, out [T, nq, hd]. */
+    cm_status (*attention_cached)(kn_ctx *ctx, float *out, const float *q, const float *kc, const float *vc,
+                                  const float *gate, const int32_t *slots, const int32_t *base,
+                                  const int32_t *cu_seqlens, int n_seq, int64_t T, int nq, int nkv, int hd,
+                                  int64_t max_len, float scale); /* (optional) */
+    /* conv1d_silu continued from a state: state [n_slots, K − 1, C] holds each slot's last K − 1
+     * inputs, oldest first (zeros before a sequence's start), and the sequence's rows follow
+     * them: out[cu[s] + i, c] = silu(Σ_{j<K} w[c, j] · x̃[i − (K − 1) + j, c]) with x̃[r] = state
+     * row K − 1 + r for r < 0 and x[cu[s] + r] for r ≥ 0. out may be NULL (the state update
+     * only). With n_adv the state becomes the last K − 1 rows of (state rows, then x rows
+     * cu[s] .. cu[s] + n_adv[s] − 1), after out is computed. x, out [T, C]; w [C, K]. */
+    cm_status (*conv1d_silu_cached)(kn_ctx *ctx, float *out, const float *x, const float *w, float *state,
+                                    const int32_t *slots, const int32_t *n_adv, const int32_t *cu_seqlens,
+                                    int n_seq, int64_t T, int64_t C, int K); /* (optional) */
+    /* The gated delta rule of gated_delta_rule (its per-token recurrence, exactly) continued
+     * from a state: S = state[slots[s]] [nv, dk, dv] (the v-head's dk × dv matrix; zeros for a
+     * new sequence) instead of zeros, the sequence's tokens in order. out [T, nv, dv] may be
+     * NULL (then q may be too: the state update only). With n_adv the state becomes S after
+     * token n_adv[s] − 1, after out is computed. q, k [T, nk, dk]; v [T, nv, dv]; g, beta [T, nv]. */
+    cm_status (*gdn_cached)(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                            const float *g, const float *beta, float *state, const int32_t *slots,
+                            const int32_t *n_adv, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
+                            int dk, int dv, float scale); /* (optional) */
+
     // ---- the optimizer step over a table of tensors, without a host round trip
     /* *out (backend memory) = Σ over the table's grads of g², in double, in an order fixed by
      * the table alone (deterministic; cpu: sumsq of each tensor, summed in table order).

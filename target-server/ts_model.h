@@ -70,6 +70,15 @@ typedef struct ts_capture {
      * forward goes on after the hook returns; a failure ends it. */
     cm_status (*on_layer)(void *user, int i, const float *x);
     void *user;
+    /* The head at chosen rows only (decoding): n_head_rows > 0 runs the final norm and the LM
+     * head on rows head_rows[0 .. n_head_rows) (host, token indices < T, any order, repeats
+     * allowed) and writes, when non-NULL, head_argmax [n_head_rows] (the largest logit's index,
+     * lowest on ties) and head_logits [n_head_rows, V] (host). final_norm and logits must then
+     * be NULL. */
+    int            n_head_rows;
+    const int32_t *head_rows;
+    int32_t       *head_argmax;
+    float         *head_logits;
 } ts_capture;
 
 /* Per-block times of the forwards since timing was turned on, in milliseconds, summed over
@@ -110,6 +119,50 @@ void ts_model_get_timing(const ts_model *m, ts_timing *out);
  * host. */
 cm_status ts_model_forward(ts_model *m, const int32_t *input_ids, int64_t T, const int32_t *cu_seqlens,
                            int n_seq, const ts_capture *cap);
+
+// ----------------------------------------------------------------------------
+// incremental decoding (ts_cache.c): the state a forward leaves behind per sequence
+
+/* Per sequence slot: every attention layer's keys and values for max_len positions (F32), every
+ * GDN layer's last K − 1 conv inputs and recurrent state (F32), in the model's backend memory;
+ * plus, for the step that is not committed yet, the GDN layers' inputs of its tokens (up to
+ * max_step_tokens over all its sequences), from which ts_cache_commit advances the states. */
+typedef struct ts_cache ts_cache;
+
+/* Bytes a cache of these sizes takes in backend memory (the planner's and the session limit's
+ * figure). */
+size_t    ts_cache_bytes(const cm_target_cfg *cfg, int n_slots, int64_t max_len, int64_t max_step_tokens);
+/* Allocates a cache for the model's loaded layers (all of them: decoding needs every layer and
+ * the head). CM_ERR_NOMEM names the bytes asked for. */
+cm_status ts_cache_create(ts_model *m, int n_slots, int64_t max_len, int64_t max_step_tokens, ts_cache **out);
+void      ts_cache_destroy(ts_cache **c); /* NULL-safe */
+int       ts_cache_slots(const ts_cache *c);
+int64_t   ts_cache_max_len(const ts_cache *c);
+/* Zeroes a slot's state (a new sequence starts there). */
+cm_status ts_cache_clear(ts_cache *c, int slot);
+
+/* One cached forward's sequences: host arrays [n_seq]. Sequence s (its tokens packed by the
+ * forward's cu_seqlens) lives in slot slots[s] (distinct) and has base[s] tokens cached before
+ * them; base[s] + len_s ≤ max_len. n_adv NULL: the GDN states stay as they were and the step's
+ * GDN inputs are kept for ts_cache_commit (len_s summed ≤ max_step_tokens); else every state
+ * advances by the first n_adv[s] tokens during the forward (prefill: n_adv = len). Keys and
+ * values of every new token are written into the cache either way (positions past what is
+ * committed are simply overwritten later). */
+typedef struct ts_cache_step {
+    int            n_seq;
+    const int32_t *slots, *base, *n_adv;
+} ts_cache_step;
+
+/* ts_model_forward continued from the cache: positions start at base[s], attention sees the
+ * cached keys, GDN layers start from their cached states. The capture is as for
+ * ts_model_forward (every layer runs when the head is asked for). Blocks until the outputs are
+ * on the host. */
+cm_status ts_model_forward_cached(ts_model *m, ts_cache *c, const ts_cache_step *st, const int32_t *input_ids,
+                                  int64_t T, const int32_t *cu_seqlens, const ts_capture *cap);
+/* Advances the GDN states of the last ts_model_forward_cached that kept its inputs (n_adv
+ * NULL) by n_adv[s] tokens of its sequence s (host [n_seq], 0 ≤ n_adv[s] ≤ len_s): the
+ * accepted prefix of a verified block. Once per such forward; CM_ERR_INVALID_ARG otherwise. */
+cm_status ts_cache_commit(ts_cache *c, const int32_t *n_adv);
 
 #ifdef __cplusplus
 }

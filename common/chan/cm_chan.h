@@ -206,6 +206,13 @@ typedef struct cm_chan_server_stats {
 /* A snapshot of the counters; thread-safe (tests read it while run() works). */
 void cm_chan_server_get_stats(cm_chan_server *s, cm_chan_server_stats *out);
 
+/* Runs fn(user of worker `worker`, arg) on that worker's thread between its jobs and returns its
+ * status (its message in the caller's cm_last_error()); blocks the calling thread (any thread but
+ * the loop's) until then. Other work on the model (decoding, through cm_dec) goes this way, so that
+ * a model replica stays one thread's. CM_ERR_PEER_GONE when run() is not running or is stopping,
+ * CM_ERR_INVALID_ARG for a worker out of range. */
+cm_status cm_chan_server_call(cm_chan_server *s, int worker, cm_status (*fn)(void *user, void *arg), void *arg);
+
 /* Asks the server at endpoint for its status (a STATUS frame outside any session; works
  * while trainers are attached) and copies the JSON reply into out (NUL-terminated). CURVE as
  * for a client: curve_server_key NULL for loopback; curve_secret_key NULL = a fresh key pair

@@ -85,6 +85,37 @@
  *     4  u8  json[n]      a JSON object: the target, its sessions and their throughput (ts_serve.c
  *                         and cm_chan_server.c document the fields); printable UTF-8, no control bytes
  *
+ *   DECODE (client → the server's decoding endpoint; id = the step's id), exactly
+ *   20 + 40·N + 4·(T + L) bytes
+ *     0  u32 op           cm_decode_op: STEP or CLOSE
+ *     4  u32 encoding     cm_encoding of the answer's hidden states (raw, zstd or zstd-byteplane)
+ *     8  u32 n_seqs       N, 1 ≤ N ≤ limits.max_seqs
+ *     12 u32 n_tokens     T = Σ (n_ctx + n_draft) ≤ limits.max_tokens (0 for CLOSE)
+ *     16 u32 n_layers     L ≤ limits.max_layers (0 for CLOSE)
+ *     20 N records of 40 bytes, one per sequence:
+ *        u32 handle       0: a new sequence (base 0); else a handle the server returned
+ *        u32 base         tokens the client believes the sequence has committed (the server checks it)
+ *        u32 n_ctx        tokens committed unconditionally: a new sequence's prompt, then the token the
+ *                         previous step returned; ≥ 1 on STEP, 0 on CLOSE
+ *        u32 n_draft      draft tokens to verify after them (0: the target alone)
+ *        u32 top_k        0: no top-k cut
+ *        f32 temperature  0: greedy (argmax); > 0: sampled
+ *        f32 top_p        in (0, 1]
+ *        u32 flags        CM_DECODE_FLAG_* bits; unknown bits are refused
+ *        u64 seed         the sequence's sampling stream (read for new sequences)
+ *     .. i32 tokens[T]    per sequence in record order: its n_ctx tokens, then its n_draft tokens
+ *     .. i32 layer_ids[L] distinct, < limits.max_layer_id: the hidden states returned
+ *   The server answers a DECODE with an ANSWER (id = the step's id) whose first tensor is
+ *   "decode", I32 [N, 4], per sequence (handle, committed tokens after the step, accepted drafts
+ *   a, next token), followed on STEP by "layer_<id>" [Σ (n_ctx + a), D] in the hidden dtype for
+ *   each layer id in request order: the committed tokens' hidden states, sequences in record
+ *   order. Verification: the target's token at position base + n_ctx − 1 + i (sampled with the
+ *   sequence's settings, or its argmax) is drawn for i = 0, 1, ...; draft i is accepted while it
+ *   equals that token, and the first token not matched (or the one after the last draft) is the
+ *   next token. On CLOSE each record is (handle, 0, 0, −1). A failed step is an ERROR and changes
+ *   nothing (bad-request: a handle not this client's, a wrong base, a length past the server's
+ *   limit, too many sequences; the message says which).
+ *
  * The nccl encoding: an ANSWER whose tensors have encoding nccl carries no DATA for them
  * (encoded_size 0, checksum of zero bytes); right after sending it the server sends each
  * tensor's raw_size bytes (dtype elements, [T, D] row-major, in descriptor order) with ncclSend
@@ -107,7 +138,7 @@ extern "C" {
 #endif
 
 #define CM_PROTO_MAGIC       0x4D444E54u /* "TNDM" */
-#define CM_PROTO_VERSION     2 /* 2: HELLO and WELCOME carry weights_id */
+#define CM_PROTO_VERSION     3 /* 2: HELLO and WELCOME carry weights_id; 3: DECODE */
 #define CM_PROTO_HEADER_SIZE 56
 #define CM_PROTO_NAME_MAX    64  /* bytes of a name (tensor, trainer, target) */
 #define CM_PROTO_MESSAGE_MAX 512 /* bytes of an ERROR message */
@@ -128,6 +159,7 @@ typedef enum cm_proto_type {
     CM_PROTO_TYPE_NCCL_OFFER,
     CM_PROTO_TYPE_NCCL_READY,
     CM_PROTO_TYPE_STATUS,
+    CM_PROTO_TYPE_DECODE,
     CM_PROTO_TYPE_END /* one past the last */
 } cm_proto_type;
 
@@ -264,6 +296,33 @@ typedef struct cm_proto_nccl {
     uint8_t  uid[CM_PROTO_NCCL_UID_MAX];
 } cm_proto_nccl;
 
+typedef enum cm_decode_op { CM_DECODE_STEP = 1, CM_DECODE_CLOSE = 2 } cm_decode_op;
+/* Sample with the target's generation_config.json (temperature, top_p, top_k of the record are
+ * not used). */
+#define CM_DECODE_FLAG_TARGET_SAMPLING 0x1u
+#define CM_DECODE_FLAGS_KNOWN          0x1u
+#define CM_DECODE_RECORD_SIZE          40
+
+typedef struct cm_proto_decode_seq {
+    uint32_t handle, base, n_ctx, n_draft, top_k;
+    float    temperature, top_p;
+    uint32_t flags;
+    uint64_t seed;
+} cm_proto_decode_seq;
+
+/* A DECODE. Encode reads n_* and the arrays; decode copies into the caller's arrays (room for
+ * cap_* elements; a count within the limits but beyond a capacity is CM_ERR_INVALID_ARG). */
+typedef struct cm_proto_decode {
+    uint64_t             id;
+    cm_decode_op         op;
+    cm_encoding          encoding;
+    uint32_t             n_seqs, n_tokens, n_layers;
+    cm_proto_decode_seq *seqs;      /* [N] */
+    int32_t             *tokens;    /* [T] */
+    int32_t             *layer_ids; /* [L] */
+    uint32_t             cap_seqs, cap_tokens, cap_layers;
+} cm_proto_decode;
+
 typedef struct cm_proto_error {
     uint64_t            batch_id;
     cm_proto_error_code code;
@@ -285,6 +344,8 @@ cm_status cm_proto_heartbeat_encode(uint64_t seq, void *buf, size_t cap, size_t 
 cm_status cm_proto_bye_encode(void *buf, size_t cap, size_t *len);
 cm_status cm_proto_nccl_offer_encode(const cm_proto_nccl *m, void *buf, size_t cap, size_t *len);
 cm_status cm_proto_nccl_ready_encode(uint32_t device, void *buf, size_t cap, size_t *len);
+size_t    cm_proto_decode_size(uint32_t n_seqs, uint32_t n_tokens, uint32_t n_layers);
+cm_status cm_proto_decode_encode(const cm_proto_decode *m, void *buf, size_t cap, size_t *len);
 /* json NULL: the STATUS request (empty body); else the reply carrying n bytes of JSON. */
 cm_status cm_proto_status_encode(const char *json, size_t n, void *buf, size_t cap, size_t *len);
 
@@ -321,6 +382,12 @@ cm_status cm_proto_nccl_offer_decode(const void *frame, size_t len, const cm_pro
                                      cm_proto_nccl *out);
 cm_status cm_proto_nccl_ready_decode(const void *frame, size_t len, const cm_proto_limits *lim,
                                      uint32_t *device);
+/* Checks everything the body says by itself: op, encoding, counts against the limits, T = Σ (n_ctx
+ * + n_draft), n_ctx ≥ 1 on STEP and 0 with no tokens or layers on CLOSE, a new sequence's base 0,
+ * temperature finite and ≥ 0, top_p in (0, 1], known flags, tokens ≥ 0, layer ids distinct and
+ * < max_layer_id. */
+cm_status cm_proto_decode_decode(const void *frame, size_t len, const cm_proto_limits *lim,
+                                 cm_proto_decode *out);
 /* A STATUS frame: *n = 0 for a request; a reply's JSON is copied NUL-terminated into out (cap ≥ n + 1). */
 cm_status cm_proto_status_decode(const void *frame, size_t len, const cm_proto_limits *lim, char *out,
                                  size_t cap, size_t *n);
