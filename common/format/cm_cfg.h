@@ -116,6 +116,21 @@ cm_status cm_drafter_cfg_load(cm_drafter_cfg *cfg, const char *path);
 cm_status cm_drafter_cfg_parse(cm_drafter_cfg *cfg, const char *json, const char *origin);
 
 /* Reads a whole text file (≤ max_bytes) into a malloc'd NUL-terminated buffer; caller frees. */
+/* A model's sampling defaults and end tokens, as Hugging Face's generate reads them: from
+ * DIR/generation_config.json (do_sample, temperature, top_p, top_k, eos_token_id) with Hugging
+ * Face's defaults for what is absent (greedy; 1.0, 1.0, 50), and end tokens from it or else from
+ * config.json's eos_token_id (top level or text_config; an integer or a list). A missing
+ * generation_config.json is not an error. */
+#define CM_GEN_MAX_EOS 8
+typedef struct cm_gen_cfg {
+    int   do_sample;
+    float temperature, top_p;
+    int   top_k;
+    int   n_eos;
+    int   eos[CM_GEN_MAX_EOS];
+} cm_gen_cfg;
+cm_status cm_gen_cfg_load(cm_gen_cfg *g, const char *model_dir);
+
 cm_status cm_read_text_file(const char *path, size_t max_bytes, char **out);
 
 /* The string of token id in MODEL_DIR/tokenizer.json (its added tokens first, then its model vocabulary)

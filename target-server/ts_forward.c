@@ -1,0 +1,479 @@
+/* target-server/ts_forward.c — the frozen forward over packed sequences (docs/target.md), from
+ * scratch (ts_model_forward) or continued from a decoding cache (ts_model_forward_cached, whose
+ * cache ts_cache.c owns), with per-layer capture and the head at all rows or at chosen ones.
+ *
+ * Activations are F32; the backend's GEMM mode decides the precision of matrix products. When
+ * the backend's gemm rounds its inputs to bf16 anyway (cuda, --precision bf16) the forward takes
+ * the fused path: the producers of GEMM inputs (the norms, swiglu, the gated norm) write them as
+ * bf16 themselves, the residual add runs inside the norm that follows it, and the GDN conv,
+ * q/k/v split and q/k l2norms are one op: the same products without the conversion passes. The
+ * workspace is sized for the largest batch seen and reused. */
+#include "ts_model_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_log.h"
+#include "cm_time.h"
+
+void ts_ws_release(ts_model *m) {
+    ts_ws *w = &m->ws;
+    void  *bufs[] = {w->ids, w->cu, w->pos, w->x, w->h, w->o, w->big0, w->big1, w->big2, w->q, w->k, w->v,
+                     w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits, w->h16, w->act16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(m->ctx, bufs[i]);
+    free(w->pos_host);
+    memset(w, 0, sizeof *w);
+}
+
+static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+/* Sizes the workspace for T tokens (cu_seqlens fits in T + 1 since sequences are non-empty). */
+static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
+    ts_ws *w = &m->ws;
+    if (T <= w->T && (!want_logits || w->logits)) return CM_OK;
+    ts_ws_release(m);
+    const cm_target_cfg *c  = &m->cfg;
+    const int64_t        D  = c->hidden_size, I = c->intermediate_size;
+    const int64_t nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    const int64_t nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    const int64_t conv_dim = 2 * nk * dk + nv * dv;
+    const int64_t wide     = max3(conv_dim, 2 * nq * hd, I);
+    const int64_t qdim     = max3(nq * hd, nk * dk, 1);
+    const int64_t kdim     = max3(nkv * hd, nk * dk, 1);
+    const int64_t vdim     = max3(nkv * hd, nv * dv, 1);
+    const int64_t odim     = max3(nq * hd, nv * dv, 1);
+    struct {
+        void  **p;
+        int64_t n;
+        size_t  el;
+    } plan[] = {
+        {(void **)&w->ids, T, 4},           {(void **)&w->cu, T + 1, 4},        {(void **)&w->pos, T, 4},
+        {(void **)&w->x, T * D, 4},         {(void **)&w->h, T * D, 4},         {(void **)&w->o, T * D, 4},
+        {(void **)&w->big0, T * wide, 4},   {(void **)&w->big1, T * wide, 4},   {(void **)&w->big2, T * wide, 4},
+        {(void **)&w->q, T * qdim, 4},      {(void **)&w->k, T * kdim, 4},      {(void **)&w->v, T * vdim, 4},
+        {(void **)&w->gate, T * odim, 4},   {(void **)&w->z, T * odim, 4},      {(void **)&w->a, T * nv, 4},
+        {(void **)&w->b, T * nv, 4},        {(void **)&w->g, T * nv, 4},        {(void **)&w->beta, T * nv, 4},
+        {(void **)&w->attn, T * odim, 4},
+    };
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
+        CM_TRY(m->be->alloc(m->ctx, plan[i].p, (size_t)(plan[i].n > 0 ? plan[i].n : 1) * plan[i].el));
+    if (want_logits) CM_TRY(m->be->alloc(m->ctx, (void **)&w->logits, (size_t)T * (size_t)c->vocab_size * 4));
+    if (m->fused) {
+        CM_TRY(m->be->alloc(m->ctx, (void **)&w->h16, (size_t)(T * D) * 2));
+        CM_TRY(m->be->alloc(m->ctx, (void **)&w->act16, (size_t)(T * max3(I, nv * dv, 1)) * 2));
+    }
+    w->pos_host = malloc((size_t)T * sizeof *w->pos_host);
+    if (!w->pos_host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate positions for %lld tokens", (long long)T);
+    w->T = T;
+    return CM_OK;
+}
+
+// ---- timing (TANDEM_LAYER_TIMING / ts_model_set_timing): host clock after a device sync
+
+/* The time now once the device has finished everything queued; 0 when timing is off. */
+static cm_status mark(ts_model *m, double *t) {
+    if (!m->timing) {
+        *t = 0;
+        return CM_OK;
+    }
+    CM_TRY(m->be->sync(m->ctx));
+    *t = 1e3 * cm_now_s();
+    return CM_OK;
+}
+
+void ts_model_set_timing(ts_model *m, int on) {
+    m->timing = on;
+    memset(&m->tm, 0, sizeof m->tm);
+}
+
+void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
+
+/* The backend's GEMM from an f32 input, or from a bf16 one (inp16) written by its producer
+ * (fused path). */
+static cm_status gemm_call(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
+                           int64_t M, int64_t N, int64_t K) {
+    if (inp16) return m->be->gemm_bf16in(m->ctx, out, inp16, w->data, w->dtype, M, N, K);
+    return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+}
+
+/* gemm_call, timed into *m->gemm_acc when timing is on. */
+static cm_status gemm_any(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
+                          int64_t M, int64_t N, int64_t K) {
+    if (!m->timing) return gemm_call(m, out, inp, inp16, w, M, N, K);
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
+    CM_TRY(gemm_call(m, out, inp, inp16, w, M, N, K));
+    CM_TRY(mark(m, &t1));
+    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
+    return CM_OK;
+}
+
+static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    return gemm_any(m, out, inp, NULL, w, M, N, K);
+}
+
+static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_mat *w, int64_t M, int64_t N,
+                        int64_t K) {
+    return gemm_any(m, out, NULL, inp, w, M, N, K);
+}
+
+/* The projections' GEMM: from the bf16 normed input on the fused path, else from h. */
+static cm_status gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    return m->fused ? gemm16(m, out, m->ws.h16, w, M, N, K) : gemm(m, out, m->ws.h, w, M, N, K);
+}
+
+/* The GDN short conv, the q/k/v split and the q/k l2norms, from a decoding cache: the conv
+ * continues from the cache's state (advanced now when the step says how far, else the conv
+ * input is kept for ts_cache_commit). */
+static cm_status gdn_conv_cached(ts_model *m, const ts_layer *L, int li, int64_t T, int n_seq) {
+    const kn_backend    *be = m->be;
+    kn_ctx              *cx = m->ctx;
+    const cm_target_cfg *c  = &m->cfg;
+    ts_ws               *w  = &m->ws;
+    ts_cache            *ch = m->cache;
+    const int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    const int64_t conv_dim = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
+    const int32_t *adv = m->step->n_adv ? ch->d_adv : NULL;
+    CM_TRY(be->conv1d_silu_cached(cx, w->big1, w->big0, L->conv_w, ch->conv[li], ch->d_slots, adv, w->cu, n_seq, T,
+                                  conv_dim, c->lin_conv_kernel));
+    if (!adv) CM_TRY(be->copy2d(cx, ch->sx[li], conv_dim, w->big0, conv_dim, T, conv_dim));
+    CM_TRY(be->copy2d(cx, w->q, (int64_t)nk * dk, w->big1, conv_dim, T, (int64_t)nk * dk));
+    CM_TRY(be->copy2d(cx, w->k, (int64_t)nk * dk, w->big1 + (int64_t)nk * dk, conv_dim, T, (int64_t)nk * dk));
+    CM_TRY(be->copy2d(cx, w->v, (int64_t)nv * dv, w->big1 + 2 * (int64_t)nk * dk, conv_dim, T, (int64_t)nv * dv));
+    CM_TRY(be->l2norm(cx, w->q, w->q, T * nk, dk, 1e-6f));
+    return be->l2norm(cx, w->k, w->k, T * nk, dk, 1e-6f);
+}
+
+/* The gated delta rule from a decoding cache's states; a step without n_adv keeps k, v, g and
+ * beta for ts_cache_commit. */
+static cm_status gdn_core_cached(ts_model *m, int li, int64_t T, int n_seq) {
+    const kn_backend    *be = m->be;
+    kn_ctx              *cx = m->ctx;
+    const cm_target_cfg *c  = &m->cfg;
+    ts_ws               *w  = &m->ws;
+    ts_cache            *ch = m->cache;
+    const int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    const int32_t *adv = m->step->n_adv ? ch->d_adv : NULL;
+    CM_TRY(be->gdn_cached(cx, w->attn, w->q, w->k, w->v, w->g, w->beta, ch->state[li], ch->d_slots, adv, w->cu, n_seq,
+                          T, nk, nv, dk, dv, 1.0f / sqrtf((float)dk)));
+    if (adv) return CM_OK;
+    CM_TRY(be->copy2d(cx, ch->sk[li], (int64_t)nk * dk, w->k, (int64_t)nk * dk, T, (int64_t)nk * dk));
+    CM_TRY(be->copy2d(cx, ch->sv[li], (int64_t)nv * dv, w->v, (int64_t)nv * dv, T, (int64_t)nv * dv));
+    CM_TRY(be->copy2d(cx, ch->sg[li], nv, w->g, nv, T, nv));
+    return be->copy2d(cx, ch->sb[li], nv, w->beta, nv, T, nv);
+}
+
+static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, int n_seq) {
+    const kn_backend    *be = m->be;
+    kn_ctx              *cx = m->ctx;
+    const cm_target_cfg *c  = &m->cfg;
+    ts_ws               *w  = &m->ws;
+    const int64_t        D  = c->hidden_size;
+    const int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    const int64_t conv_dim = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
+    CM_TRY(gemm_h(m, w->big0, &L->in_qkv, T, conv_dim, D));
+    CM_TRY(gemm_h(m, w->z, &L->in_z, T, (int64_t)nv * dv, D));
+    CM_TRY(gemm_h(m, w->b, &L->in_b, T, nv, D));
+    CM_TRY(gemm_h(m, w->a, &L->in_a, T, nv, D));
+    /* the fused op may refuse a shape (a long conv kernel, very wide heads): then the chain */
+    cm_status cst = CM_ERR_UNSUPPORTED;
+    if (m->cache)
+        cst = gdn_conv_cached(m, L, li, T, n_seq);
+    else if (m->fused)
+        cst = be->gdn_conv_qkv(cx, w->q, w->k, w->v, w->big0, L->conv_w, w->cu, n_seq, T, nk, nv, dk, dv,
+                               c->lin_conv_kernel, 1e-6f);
+    if (cst != CM_OK && cst != CM_ERR_UNSUPPORTED) return cst;
+    if (cst == CM_ERR_UNSUPPORTED) {
+        CM_TRY(be->conv1d_silu(cx, w->big1, w->big0, L->conv_w, w->cu, n_seq, T, conv_dim, c->lin_conv_kernel));
+        CM_TRY(be->copy2d(cx, w->q, (int64_t)nk * dk, w->big1, conv_dim, T, (int64_t)nk * dk));
+        CM_TRY(be->copy2d(cx, w->k, (int64_t)nk * dk, w->big1 + (int64_t)nk * dk, conv_dim, T, (int64_t)nk * dk));
+        CM_TRY(be->copy2d(cx, w->v, (int64_t)nv * dv, w->big1 + 2 * (int64_t)nk * dk, conv_dim, T,
+                          (int64_t)nv * dv));
+        CM_TRY(be->l2norm(cx, w->q, w->q, T * nk, dk, 1e-6f));
+        CM_TRY(be->l2norm(cx, w->k, w->k, T * nk, dk, 1e-6f));
+    }
+    CM_TRY(be->gdn_gate(cx, w->g, w->beta, w->a, w->b, L->A_log, L->dt_bias, T, nv));
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
+    if (m->cache)
+        CM_TRY(gdn_core_cached(m, li, T, n_seq));
+    else
+        CM_TRY(be->gated_delta_rule(cx, w->attn, w->q, w->k, w->v, w->g, w->beta, w->cu, n_seq, T, nk, nv, dk, dv,
+                                    1.0f / sqrtf((float)dk)));
+    CM_TRY(mark(m, &t1));
+    m->tm.gdn_core_ms += t1 - t0;
+    if (m->fused) {
+        CM_TRY(be->rmsnorm_gated_bf16(cx, w->act16, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
+        return gemm16(m, w->o, w->act16, &L->out_proj, T, D, (int64_t)nv * dv);
+    }
+    CM_TRY(be->rmsnorm_gated(cx, w->attn, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
+    return gemm(m, w->o, w->attn, &L->out_proj, T, D, (int64_t)nv * dv);
+}
+
+static cm_status forward_attention(ts_model *m, const ts_layer *L, int li, int64_t T, int n_seq) {
+    const kn_backend    *be = m->be;
+    kn_ctx              *cx = m->ctx;
+    const cm_target_cfg *c  = &m->cfg;
+    ts_ws               *w  = &m->ws;
+    const int64_t        D  = c->hidden_size;
+    const int            nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    const float         *gate = c->attn_output_gate ? w->gate : NULL;
+    if (gate) /* q_proj rows interleave [q_h | gate_h] per head */
+        CM_TRY(gemm_h(m, w->big0, &L->q_proj, T, 2 * (int64_t)nq * hd, D));
+    else
+        CM_TRY(gemm_h(m, w->q, &L->q_proj, T, (int64_t)nq * hd, D));
+    CM_TRY(gemm_h(m, w->k, &L->k_proj, T, (int64_t)nkv * hd, D));
+    CM_TRY(gemm_h(m, w->v, &L->v_proj, T, (int64_t)nkv * hd, D));
+    /* fused path: the q/gate split, q/k norms and rope in one pass; the op may refuse a shape
+     * (very wide heads), and then the chain runs */
+    cm_status cst = CM_ERR_UNSUPPORTED;
+    if (m->fused && be->qk_prep)
+        cst = be->qk_prep(cx, w->q, gate ? w->gate : NULL, w->k, gate ? w->big0 : w->q, L->q_norm, L->k_norm,
+                          w->pos, T, nq, nkv, hd, c->rotary_dim, (float)c->rope_theta, c->rms_norm_eps, 1);
+    if (cst != CM_OK && cst != CM_ERR_UNSUPPORTED) return cst;
+    if (cst == CM_ERR_UNSUPPORTED) {
+        if (gate) {
+            CM_TRY(be->copy2d(cx, w->q, hd, w->big0, 2 * (int64_t)hd, T * nq, hd));
+            CM_TRY(be->copy2d(cx, w->gate, hd, w->big0 + hd, 2 * (int64_t)hd, T * nq, hd));
+        }
+        CM_TRY(be->rmsnorm(cx, w->q, w->q, L->q_norm, T * nq, hd, c->rms_norm_eps, 1));
+        CM_TRY(be->rmsnorm(cx, w->k, w->k, L->k_norm, T * nkv, hd, c->rms_norm_eps, 1));
+        CM_TRY(be->rope(cx, w->q, w->pos, T, nq, hd, c->rotary_dim, (float)c->rope_theta));
+        CM_TRY(be->rope(cx, w->k, w->pos, T, nkv, hd, c->rotary_dim, (float)c->rope_theta));
+    }
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
+    if (m->cache) { /* the new keys and values join the cache, and the queries see all of it */
+        ts_cache *ch = m->cache;
+        CM_TRY(be->kv_cache_write(cx, ch->kc[li], ch->vc[li], w->k, w->v, ch->d_slots, ch->d_base, w->cu, n_seq, T,
+                                  nkv, hd, ch->max_len));
+        CM_TRY(be->attention_cached(cx, w->attn, w->q, ch->kc[li], ch->vc[li], gate, ch->d_slots, ch->d_base, w->cu,
+                                    n_seq, T, nq, nkv, hd, ch->max_len, 1.0f / sqrtf((float)hd)));
+    } else {
+        CM_TRY(be->attention(cx, w->attn, w->q, w->k, w->v, gate, w->cu, n_seq, T, nq, nkv, hd,
+                             1.0f / sqrtf((float)hd)));
+    }
+    CM_TRY(mark(m, &t1));
+    m->tm.attn_core_ms += t1 - t0;
+    return gemm(m, w->o, w->attn, &L->o_proj, T, D, (int64_t)nq * hd);
+}
+
+static cm_status forward_mlp(ts_model *m, const ts_layer *L, int64_t T) {
+    const cm_target_cfg *c = &m->cfg;
+    ts_ws               *w = &m->ws;
+    const int64_t        D = c->hidden_size, I = c->intermediate_size;
+    CM_TRY(gemm_h(m, w->big0, &L->gate_proj, T, I, D));
+    CM_TRY(gemm_h(m, w->big1, &L->up_proj, T, I, D));
+    if (m->fused) {
+        CM_TRY(m->be->swiglu_bf16(m->ctx, w->act16, w->big0, w->big1, T * I));
+        return gemm16(m, w->o, w->act16, &L->down_proj, T, D, I);
+    }
+    CM_TRY(m->be->swiglu(m->ctx, w->big2, w->big0, w->big1, T * I));
+    return gemm(m, w->o, w->big2, &L->down_proj, T, D, I);
+}
+
+/* The head at cap->head_rows: the final norm of x (all rows, into h), those rows gathered, then
+ * their argmax (through lm_ce, which never holds a row of logits) and/or their logits. */
+static cm_status head_rows(ts_model *m, int64_t T, const ts_capture *cap) {
+    const cm_target_cfg *c  = &m->cfg;
+    const kn_backend    *be = m->be;
+    kn_ctx              *cx = m->ctx;
+    ts_ws               *w  = &m->ws;
+    const int64_t        D = c->hidden_size, V = c->vocab_size, R = cap->n_head_rows;
+    for (int64_t r = 0; r < R; r++)
+        if (cap->head_rows[r] < 0 || cap->head_rows[r] >= T)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "head row %lld is token %d, outside the batch's %lld tokens",
+                           (long long)r, cap->head_rows[r], (long long)T);
+    const int want_logits = cap->head_logits != NULL;
+    if (R > m->head_cap || (want_logits && !m->head_has_logits)) {
+        void *old[] = {m->head_ids, m->head_am, m->head_lab, m->head_h, m->head_ce, m->head_logits};
+        for (size_t j = 0; j < sizeof old / sizeof old[0]; j++) be->free(cx, old[j]);
+        m->head_ids = m->head_am = m->head_lab = NULL;
+        m->head_h = m->head_ce = m->head_logits = NULL;
+        m->head_cap = m->head_has_logits = 0;
+        const int64_t n = R > 64 ? R : 64;
+        CM_TRY(be->alloc(cx, (void **)&m->head_ids, (size_t)n * 4));
+        CM_TRY(be->alloc(cx, (void **)&m->head_am, (size_t)n * 4));
+        CM_TRY(be->alloc(cx, (void **)&m->head_lab, (size_t)n * 4)); /* zeros: lm_ce wants labels */
+        CM_TRY(be->alloc(cx, (void **)&m->head_ce, (size_t)n * 4));
+        CM_TRY(be->alloc(cx, (void **)&m->head_h, (size_t)(n * D) * 4));
+        if (want_logits) CM_TRY(be->alloc(cx, (void **)&m->head_logits, (size_t)n * (size_t)V * 4));
+        m->head_cap = n;
+        m->head_has_logits = want_logits;
+    }
+    CM_TRY(be->rmsnorm(cx, w->h, w->x, m->final_norm, T, D, c->rms_norm_eps, 1));
+    CM_TRY(be->upload(cx, m->head_ids, cap->head_rows, (size_t)R * 4));
+    CM_TRY(be->embed(cx, m->head_h, m->head_ids, w->h, CM_DTYPE_F32, R, D)); /* a gather of rows */
+    if (cap->head_argmax) {
+        CM_TRY(be->lm_ce(cx, NULL, m->head_ce, m->head_am, m->head_h, m->head_lab, NULL, m->lm_head.data,
+                         m->lm_head.dtype, R, V, D));
+        CM_TRY(be->download(cx, cap->head_argmax, m->head_am, (size_t)R * 4));
+    }
+    if (want_logits) {
+        CM_TRY(gemm(m, m->head_logits, m->head_h, &m->lm_head, R, V, D));
+        CM_TRY(be->download(cx, cap->head_logits, m->head_logits, (size_t)R * (size_t)V * 4));
+    }
+    return CM_OK;
+}
+
+/* The forward, from scratch (m->cache NULL) or continued from m->cache at m->step. */
+static cm_status forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                             const ts_capture *cap) {
+    const cm_target_cfg *c         = &m->cfg;
+    const kn_backend    *be        = m->be;
+    kn_ctx              *cx        = m->ctx;
+    const int64_t        D         = c->hidden_size;
+    const int            rows_head = cap->n_head_rows > 0;
+    const int            want_head = cap->final_norm || cap->logits || rows_head;
+    CM_TRY(ts_batch_validate(c, ids, T, cu, n_seq));
+    for (int i = 0; i < cap->n_layers; i++)
+        if (cap->layers[i] < 0 || cap->layers[i] >= m->n_layers || (i && cap->layers[i] <= cap->layers[i - 1]))
+            return CM_FAIL(CM_ERR_INVALID_ARG, "capture layer %d is out of range [0, %d) or out of order",
+                           cap->layers[i], m->n_layers);
+    if (want_head && !m->has_head)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "final norm or logits asked for, but the lm head was not loaded");
+    if (rows_head && (cap->final_norm || cap->logits || !cap->head_rows || (!cap->head_argmax && !cap->head_logits)))
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the head at chosen rows needs head_rows and an output (argmax or logits), "
+                                           "and no final_norm or logits of every row");
+    /* a cached forward runs every layer: each one's cache must see the new tokens */
+    int last = want_head || m->cache ? m->n_layers - 1 : (cap->n_layers ? cap->layers[cap->n_layers - 1] : -1);
+
+    double tf0, ta, tb;
+    CM_TRY(mark(m, &tf0));
+    CM_TRY(ws_reserve(m, T, cap->logits != NULL));
+    ts_ws   *w   = &m->ws;
+    int32_t *pos = w->pos_host;
+    for (int s = 0; s < n_seq; s++) /* positions restart at 0 in every packed sequence (or go on from the cache) */
+        for (int32_t t = cu[s]; t < cu[s + 1]; t++) pos[t] = t - cu[s] + (m->cache ? m->step->base[s] : 0);
+    CM_TRY(be->upload(cx, w->pos, pos, (size_t)T * sizeof *pos));
+    CM_TRY(be->upload(cx, w->ids, ids, (size_t)T * sizeof *ids));
+    CM_TRY(be->upload(cx, w->cu, cu, (size_t)(n_seq + 1) * sizeof *cu));
+
+    CM_TRY(be->embed(cx, w->x, w->ids, m->embed.data, m->embed.dtype, T, D));
+    int next_cap = 0;
+    /* fused path: the MLP output still to be added to x, by the next layer's input norm */
+    const float *pending = NULL;
+    CM_TRY(mark(m, &ta));
+    m->tm.other_ms += ta - tf0;
+    for (int i = 0; i <= last; i++) {
+        const ts_layer *L   = &m->layers[i];
+        const int       gdn = L->type == CM_LAYER_TYPE_LINEAR_ATTENTION;
+        m->gemm_acc         = gdn ? &m->tm.gdn_gemm_ms : &m->tm.attn_gemm_ms;
+        if (m->fused)
+            CM_TRY(be->add_rmsnorm_bf16(cx, w->h16, w->x, pending, L->input_norm, T, D, c->rms_norm_eps, 1));
+        else
+            CM_TRY(be->rmsnorm(cx, w->h, w->x, L->input_norm, T, D, c->rms_norm_eps, 1));
+        pending = NULL;
+        if (gdn)
+            CM_TRY(forward_gdn(m, L, i, T, n_seq));
+        else
+            CM_TRY(forward_attention(m, L, i, T, n_seq));
+        if (!m->fused) CM_TRY(be->add(cx, w->x, w->o, T * D));
+        CM_TRY(mark(m, &tb));
+        *(gdn ? &m->tm.gdn_ms : &m->tm.attn_ms) += tb - ta;
+        *(gdn ? &m->tm.gdn_layers : &m->tm.attn_layers) += 1;
+        m->gemm_acc = &m->tm.mlp_gemm_ms;
+        if (m->fused) {
+            CM_TRY(be->add_rmsnorm_bf16(cx, w->h16, w->x, w->o, L->post_norm, T, D, c->rms_norm_eps, 1));
+        } else {
+            CM_TRY(be->rmsnorm(cx, w->h, w->x, L->post_norm, T, D, c->rms_norm_eps, 1));
+        }
+        CM_TRY(forward_mlp(m, L, T));
+        /* the fused path leaves the add to the next input norm, unless x is read before it */
+        const int x_read = i == last || (next_cap < cap->n_layers && cap->layers[next_cap] == i);
+        if (!m->fused || x_read)
+            CM_TRY(be->add(cx, w->x, w->o, T * D));
+        else
+            pending = w->o;
+        CM_TRY(mark(m, &ta));
+        m->tm.mlp_ms += ta - tb;
+        m->tm.mlp_layers++;
+        m->gemm_acc = NULL;
+        if (next_cap < cap->n_layers && cap->layers[next_cap] == i) {
+            if (cap->on_layer)
+                CM_TRY(cap->on_layer(cap->user, next_cap++, w->x));
+            else if (cap->layer_dev)
+                CM_TRY(be->copy2d(cx, cap->layer_dev[next_cap++], D, w->x, D, T, D));
+            else
+                CM_TRY(be->download(cx, cap->layer_out[next_cap++], w->x, (size_t)(T * D) * sizeof(float)));
+            double tc;
+            CM_TRY(mark(m, &tc));
+            m->tm.other_ms += tc - ta;
+            ta = tc;
+        }
+    }
+    if (rows_head) {
+        CM_TRY(head_rows(m, T, cap));
+    } else if (want_head) {
+        CM_TRY(be->rmsnorm(cx, w->h, w->x, m->final_norm, T, D, c->rms_norm_eps, 1));
+        if (cap->final_norm) CM_TRY(be->download(cx, cap->final_norm, w->h, (size_t)(T * D) * sizeof(float)));
+        if (cap->logits) {
+            CM_TRY(gemm(m, w->logits, w->h, &m->lm_head, T, c->vocab_size, D));
+            CM_TRY(be->download(cx, cap->logits, w->logits, (size_t)T * (size_t)c->vocab_size * sizeof(float)));
+        }
+    }
+    CM_TRY(be->sync(cx));
+    if (m->timing) {
+        double tend = 1e3 * cm_now_s();
+        m->tm.other_ms += tend - ta;
+        m->tm.total_ms += tend - tf0;
+        m->tm.forwards++;
+        const ts_timing *t = &m->tm;
+        CM_LOG_INFO("timing after %d forwards (ms per forward): total %.2f; gdn %d x %.3f (core %.3f, gemm %.3f); "
+                    "attention %d x %.3f (core %.3f, gemm %.3f); mlp %d x %.3f (gemm %.3f); other %.2f",
+                    t->forwards, t->total_ms / t->forwards, t->gdn_layers / t->forwards,
+                    t->gdn_layers ? t->gdn_ms / t->gdn_layers : 0, t->gdn_layers ? t->gdn_core_ms / t->gdn_layers : 0,
+                    t->gdn_layers ? t->gdn_gemm_ms / t->gdn_layers : 0, t->attn_layers / t->forwards,
+                    t->attn_layers ? t->attn_ms / t->attn_layers : 0,
+                    t->attn_layers ? t->attn_core_ms / t->attn_layers : 0,
+                    t->attn_layers ? t->attn_gemm_ms / t->attn_layers : 0, t->mlp_layers / t->forwards,
+                    t->mlp_layers ? t->mlp_ms / t->mlp_layers : 0, t->mlp_layers ? t->mlp_gemm_ms / t->mlp_layers : 0,
+                    t->other_ms / t->forwards);
+    }
+    return CM_OK;
+}
+
+cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                           const ts_capture *cap) {
+    m->cache = NULL;
+    m->step = NULL;
+    return forward_run(m, ids, T, cu, n_seq, cap);
+}
+
+/* The warm-up forward's capture: the last layer, looked at by nobody (the forward runs every
+ * layer only up to the last one captured). */
+static cm_status warmup_sink(void *user, int i, const float *x) {
+    (void)user;
+    (void)i;
+    (void)x;
+    return CM_OK;
+}
+
+cm_status ts_model_warmup(ts_model *m, int64_t max_tokens) {
+    if (max_tokens < 1)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "warm-up for %lld tokens: expected at least 1", (long long)max_tokens);
+    const int64_t T = max_tokens;
+    const int     n_seq = (int)((T + 63) / 64);
+    int32_t      *ids = calloc((size_t)T, sizeof *ids); /* token 0: every vocabulary has it */
+    int32_t      *cu = malloc(((size_t)n_seq + 1) * sizeof *cu);
+    cm_status     st = ids && cu ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "cannot allocate a %lld-token warm-up batch", (long long)T);
+    for (int s = 0; st == CM_OK && s <= n_seq; s++)
+        cu[s] = (int32_t)(64 * (int64_t)s < T ? 64 * (int64_t)s : T);
+    if (st == CM_OK)
+        st = ws_reserve(m, T, 0);
+    if (st == CM_OK && m->n_layers > 0) {
+        const int  last = m->n_layers - 1;
+        ts_capture cap = {.n_layers = 1, .layers = &last, .on_layer = warmup_sink};
+        int        timing = m->timing;
+        ts_timing  sums = m->tm; /* the warm-up is not one of the timed forwards */
+        m->timing = 0;
+        st = ts_model_forward(m, ids, T, cu, n_seq, &cap);
+        m->timing = timing;
+        m->tm = sums;
+    }
+    free(ids);
+    free(cu);
+    return st;
+}
