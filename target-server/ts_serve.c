@@ -28,42 +28,13 @@
 #include "cm_weights_id.h"
 #include "kn_backend.h"
 #include "ts_model.h"
+#include "ts_serve_int.h"
 #ifdef TANDEM_HAVE_NCCL
 #include "ts_nccl.h"
 #endif
 #ifdef TANDEM_HAVE_CUDA
 #include "ts_stage.h"
 #endif
-
-/* What one replica's worker thread owns: backend, context and model on its GPU. */
-typedef struct serve_state {
-    const ts_serve_args *a;
-    int               index, gpu;
-    cm_chan_job      *job; /* the job being computed (its streamed tensors' waits read it) */
-    const kn_backend *be;
-    kn_ctx           *ctx;
-    ts_model         *model;
-    int              *order;  /* request index of the k-th smallest layer id */
-    int              *layers; /* sorted layer ids */
-    float           **outs;
-    int               cap_layers;
-    float           **devs;     /* cuda answers: per request position, T·D floats in device memory */
-    float           **dev_sorted;
-    int64_t           dev_elems; /* capacity of each devs[i] */
-#ifdef TANDEM_HAVE_CUDA
-    ts_stage         *stage; /* ZeroMQ answers on cuda: rounded and checked on the GPU */
-#endif
-    atomic_int        loaded;   /* the worker has loaded the model (STATUS reads it on the loop thread) */
-    atomic_int        load_ms;
-} serve_state;
-
-/* The replicas, and what STATUS reads on the loop thread. */
-typedef struct serve_all {
-    const ts_serve_args    *a;
-    const cm_target_cfg *cfg;
-    serve_state         *reps;
-    int                  n;
-} serve_all;
 
 static cm_chan_server *stop_target; /* the server the signal handler stops */
 
@@ -87,7 +58,7 @@ static cm_status serve_init(void *user) {
                           .backend = s->be,
                           .ctx = s->ctx,
                           .n_layers = -1,
-                          .load_head = 0,
+                          .load_head = a->decode_seqs > 0, /* decoding needs the head */
                           .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16,
                           .init_random = a->init_random,
                           .seed = a->seed};
@@ -123,6 +94,7 @@ static void serve_fini(void *user) {
 #ifdef TANDEM_HAVE_CUDA
     ts_stage_destroy(&s->stage);
 #endif
+    ts_serve_decode_fini(s);
     ts_model_destroy(&s->model);
     if (s->be && s->ctx)
         s->be->ctx_destroy(&s->ctx);
@@ -280,6 +252,7 @@ static void serve_status(void *user, char *buf, size_t cap) {
     cJSON_AddNumberToObject(o, "replicas", all->n);
     cJSON_AddStringToObject(o, "precision", a->mode == KN_GEMM_MODE_BF16 ? "bf16" : "fp32");
     cJSON_AddBoolToObject(o, "loaded", loaded);
+    if (all->dec) cJSON_AddStringToObject(o, "decode_endpoint", ts_serve_decode_endpoint(all->dec));
     if (loaded)
         cJSON_AddNumberToObject(o, "load_s", load_ms / 1e3);
     char *j = cJSON_PrintUnformatted(o);
@@ -486,6 +459,7 @@ cm_status ts_serve_run(const ts_serve_args *a) {
                 (unsigned long long)sc.target_id, cm_chan_server_endpoint(srv), be->name);
     if (n > 1)
         CM_LOG_INFO("%d replicas, each with its own copy of the weights", n);
+    if (a->decode_seqs > 0) CM_TRY_GOTO(ts_serve_decode_start(&all.dec, srv, &all), st, fail);
     if (a->endpoint_file)
         CM_TRY_GOTO(write_endpoint_file(a->endpoint_file, cm_chan_server_endpoint(srv)), st, fail);
 
@@ -511,6 +485,7 @@ fail:
             (unsigned long long)ss.sessions_opened, (unsigned long long)ss.bad_frames);
     }
     stop_target = NULL;
+    ts_serve_decode_stop(&all.dec); /* its steps run on a worker: before the server goes */
     cm_chan_server_destroy(&srv);
     for (int i = 0; reps && i < n; i++) {
         serve_fini(&reps[i]); /* no-op when the worker ran fini; frees a model left by a failed start */

@@ -24,6 +24,9 @@ typedef struct ts_serve_args {
     int          init_random;
     uint64_t     seed;
     int          credits, max_tokens, max_layers;
+    /* decoding (ts_serve_decode.c): 0 sequences turns it off */
+    const char  *decode_bind;
+    int          decode_seqs, decode_max_len, decode_max_step, decode_idle_s;
     uint32_t     encodings;
     cm_dtype     dtype;
     kn_gemm_mode mode;

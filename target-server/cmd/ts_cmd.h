@@ -1,4 +1,4 @@
-/* target-server/cmd/ts_cmd.h — the target-server's commands (dump, serve, status): each turns
+/* target-server/cmd/ts_cmd.h — the target-server's commands (dump, serve, status, generate): each turns
  * its options into arguments with the shared parser (cm_args.h) and runs the model code below
  * (ts_model.h, ts_serve.h). Each returns the exit status: 0 (done, or --help), 1 for a failure
  * (one message on stderr), 2 for a usage error. */
@@ -34,6 +34,7 @@ int ts_args_target(cm_args *p, ts_target_args *t);
 int ts_dump_main(int argc, char **argv);   /* cmd/ts_dump.c */
 int ts_serve_main(int argc, char **argv);  /* cmd/ts_serve_cmd.c */
 int ts_status_main(int argc, char **argv); /* cmd/ts_status.c */
+int ts_generate_main(int argc, char **argv); /* cmd/ts_generate.c */
 
 /* The top-level usage with dump's options (cmd/ts_dump.c). */
 void ts_dump_usage(FILE *f);

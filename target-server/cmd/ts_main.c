@@ -1,5 +1,5 @@
 /* target-server/cmd/ts_main.c — the target-server command line: `target-server <command>
- * [options]` hands the options to the command (cmd/: dump, serve, status; see --help). */
+ * [options]` hands the options to the command (cmd/: dump, serve, status, generate; see --help). */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +13,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "dump") == 0) return ts_dump_main(argc - 2, argv + 2);
     if (strcmp(argv[1], "serve") == 0) return ts_serve_main(argc - 2, argv + 2);
     if (strcmp(argv[1], "status") == 0) return ts_status_main(argc - 2, argv + 2);
-    fprintf(stderr, "target-server: unknown command '%s' (commands: dump, serve, status; see --help)\n", argv[1]);
+    if (strcmp(argv[1], "generate") == 0) return ts_generate_main(argc - 2, argv + 2);
+    fprintf(stderr, "target-server: unknown command '%s' (commands: dump, serve, status, generate; see --help)\n", argv[1]);
     return 2;
 }

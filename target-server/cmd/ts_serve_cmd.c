@@ -56,6 +56,14 @@ static void usage(FILE *f) {
         "  --curve-secret-key FILE   this server's CURVE secret key (Z85 text)\n"
         "  --curve-client-keys DIR   accept only trainers whose public key is a DIR/*.pub file\n"
         "  --curve-keygen PREFIX     write a new key pair PREFIX.key (secret) and PREFIX.pub, then exit\n"
+        "  --decode-seqs N           sequences decoded at once for clients such as `drafter-trainer\n"
+        "                            eval` (default 16; 0 turns decoding off and leaves the LM head\n"
+        "                            unloaded); their caches take device memory at the first step\n"
+        "  --decode-max-len N        tokens per decoded sequence, prompt included (default 2048)\n"
+        "  --decode-max-step N       tokens verified in one step over its sequences (default 1024)\n"
+        "  --decode-bind ENDPOINT    the decoding endpoint (default: --bind's host on a free port, or\n"
+        "                            ipc://PATH-decode; clients find it through STATUS)\n"
+        "  --decode-idle-s S         a decoding client silent this long loses its sequences (default 300)\n"
         "  --log-level L             debug, info, warn, error, off (default info; env TANDEM_LOG)\n");
 }
 
@@ -121,6 +129,10 @@ int ts_serve_main(int argc, char **argv) {
                                   .credits = 4,
                                   .max_tokens = 16384,
                                   .max_layers = 8,
+                                  .decode_seqs = 16,
+                                  .decode_max_len = 2048,
+                                  .decode_max_step = 1024,
+                                  .decode_idle_s = 300,
                                   .encodings = CM_ENCODING_LOSSLESS_MASK,
                                   .dtype = CM_DTYPE_BF16};
     const char              *v = NULL;
@@ -145,7 +157,12 @@ int ts_serve_main(int argc, char **argv) {
                    cm_args_int(&p, "--max-layers", 1, 256, &a.max_layers) ||
                    cm_args_int(&p, "--heartbeat-ms", 10, 600000, &a.heartbeat_ms) ||
                    cm_args_int(&p, "--peer-timeout-ms", 20, 3600000, &a.peer_timeout_ms) ||
-                   cm_args_int(&p, "--stats-interval", 0, 86400, &a.stats_s))
+                   cm_args_int(&p, "--stats-interval", 0, 86400, &a.stats_s) ||
+                   cm_args_str(&p, "--decode-bind", &a.decode_bind) ||
+                   cm_args_int(&p, "--decode-seqs", 0, 4096, &a.decode_seqs) ||
+                   cm_args_int(&p, "--decode-max-len", 2, 1 << 22, &a.decode_max_len) ||
+                   cm_args_int(&p, "--decode-max-step", 1, 1 << 20, &a.decode_max_step) ||
+                   cm_args_int(&p, "--decode-idle-s", 1, 86400, &a.decode_idle_s))
             ;
         else if (cm_args_str(&p, "--encoding", &v)) {
             if (!p.bad && !parse_encodings(v, &a.encodings))
