@@ -22,6 +22,8 @@ void ts_dump_usage(FILE *f) {
             "  dump    run the frozen forward over one packed batch and write hidden states\n"
             "  serve   answer hidden-state requests from trainers over ZeroMQ (serve --help)\n"
             "  status  ask a running server what it serves, to whom and how fast (status --help)\n"
+            "  generate  answer a tokenized dataset's prompts with the target: regenerated responses\n"
+            "          (generate --help)\n"
             "\n"
             "dump options:\n"
             "  --model DIR              Hugging Face model directory (config.json + safetensors)\n"
