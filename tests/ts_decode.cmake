@@ -3,3 +3,7 @@
 add_unit_test(test_ts_decode test_ts_decode.c LIBS ts kn ARGS cpu TIMEOUT 300)
 add_test(NAME test_ts_decode_cuda COMMAND test_ts_decode cuda)
 set_tests_properties(test_ts_decode_cuda PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS gpu)
+# bench_ts_decode: decoding latency at real scale (not a test; bench/decode_bench.sh runs it).
+add_executable(bench_ts_decode bench_ts_decode.c)
+target_compile_options(bench_ts_decode PRIVATE ${TANDEM_C_WARNINGS})
+target_link_libraries(bench_ts_decode PRIVATE ts kn cm m)
