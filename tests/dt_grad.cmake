@@ -9,3 +9,9 @@ if(TARGET dt)
   add_unit_test(test_dt_badinput test_dt_badinput.c LIBS kn TIMEOUT 300)
   add_dependencies(test_dt_badinput drafter-trainer)
 endif()
+# τ_chain: the decoder's chain walk (drafter-trainer/model/dt_tau_chain.h) on hand-made acceptances and
+# against z-lab's decode loop, and grad's accepted / tau_chain outputs on the oracle fixtures.
+if(TARGET dt)
+  add_unit_test(test_dt_tau_chain test_dt_tau_chain.c LIBS dt TIMEOUT 300)
+  add_dependencies(test_dt_tau_chain drafter-trainer)
+endif()

@@ -4,9 +4,11 @@
  *   drafter-trainer grad --drafter DIR --batch IN.safetensors --out OUT.safetensors
  *                        [--device cpu|cuda] [--gpu N] [--target DIR]
  *                        [--loss-decay-gamma G] [--log-level L]
- * OUT holds loss and tau (F32 [1]), acc_hits and acc_count (I32 [block_size]) and
- * grad.<name> (F32, the parameter's shape) for every parameter, written atomically. Bad
- * input ends with one message and exit status 1; usage errors exit 2. */
+ * OUT holds loss and tau (F32 [1]), acc_hits and acc_count (I32 [block_size]), accepted
+ * (I32 [n_anchors]), tau_chain, chain_tokens and chain_steps when the anchors hold the chain a
+ * decoder walks (dt_tau_chain.h) and grad.<name> (F32, the parameter's shape) for every
+ * parameter, written atomically. Bad input ends with one message and exit status 1; usage
+ * errors exit 2. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include "cm_safetensors.h"
 #include "dt_cmd.h"
 #include "dt_model.h"
+#include "dt_tau_chain.h"
 #include "kn_backend.h"
 
 static void usage(FILE *f) {
@@ -32,8 +35,9 @@ static void usage(FILE *f) {
         "  --drafter DIR            drafter checkpoint (config.json + model.safetensors, serving format)\n"
         "  --batch IN.safetensors   input_ids, cu_seqlens, loss_mask, anchors (I32), target_hidden\n"
         "                           ([T, taps x hidden], BF16 or F32), optionally embed_tokens and lm_head\n"
-        "  --out OUT.safetensors    receives loss, tau (F32 [1]), acc_hits, acc_count (I32 [block]) and\n"
-        "                           grad.<parameter> (F32) for every parameter\n"
+        "  --out OUT.safetensors    receives loss, tau (F32 [1]), acc_hits, acc_count (I32 [block]),\n"
+        "                           accepted (I32 [anchors]), tau_chain (F32 [1]), chain_tokens and\n"
+        "                           chain_steps (I32 [1]) and grad.<parameter> (F32) for every parameter\n"
         "  --target DIR             target model directory: embed_tokens and lm_head come from it when\n"
         "                           the batch has none; its config is checked against the drafter's\n"
         "  --device cpu|cuda        kernel backend (default cpu)\n"
@@ -47,8 +51,12 @@ static void usage(FILE *f) {
         "  --selector-stop-grad     DFlash2: the selector's gradient stops at its own parameters\n"
         "  --log-level L            debug, info, warn, error, off (default info; env TANDEM_LOG)\n"
         "\n"
-        "A DFlash2 drafter also writes loss_unary, loss_selector, sel_tau (F32 [1]), sel_in_topk and\n"
-        "sel_hits (I32 [block]).\n");
+        "accepted[j] is the leading run of correct slots of the block at anchors[j]; tau_chain is the τ a\n"
+        "greedy decoder reports on this text, walking from each response's first token to its end over\n"
+        "those runs (docs/drafter.md): written when the anchors hold every position it walks through, as\n"
+        "every anchor candidate does. A DFlash2 drafter also writes loss_unary, loss_selector, sel_tau\n"
+        "(F32 [1]), sel_in_topk and sel_hits (I32 [block]), and the same for its selector path:\n"
+        "sel_accepted, sel_tau_chain, sel_chain_tokens, sel_chain_steps.\n");
 }
 
 typedef struct grad_args {
@@ -230,8 +238,35 @@ static cm_status find_frozen(frozen *fz, const cm_st *in, const grad_args *a, co
 // ----------------------------------------------------------------------------
 // the command
 
+/* One path's acceptance per anchor and the decoder's chain over it: path 0 the unary argmax, path 1
+ * DFlash2's selector. */
+typedef struct chain_fig {
+    int32_t     *accepted; /* [n_anchors] */
+    dt_tau_chain chain;
+} chain_fig;
+
+/* <prefix>accepted, and <prefix>tau_chain, <prefix>chain_tokens, <prefix>chain_steps when the
+ * anchors held the whole chain. */
+static cm_status add_chain(cm_st_writer *w, const char *prefix, const chain_fig *c, int64_t n_anchors) {
+    char          name[64];
+    const int64_t one = 1;
+    snprintf(name, sizeof name, "%saccepted", prefix);
+    CM_TRY(cm_st_writer_add(w, name, CM_DTYPE_I32, 1, &n_anchors, c->accepted));
+    if (c->chain.missing >= 0)
+        return CM_OK;
+    const float   tau = (float)dt_tau_chain_tau(&c->chain);
+    const int32_t tokens = (int32_t)c->chain.tokens, steps = (int32_t)c->chain.steps;
+    snprintf(name, sizeof name, "%stau_chain", prefix);
+    CM_TRY(cm_st_writer_add(w, name, CM_DTYPE_F32, 1, &one, &tau));
+    snprintf(name, sizeof name, "%schain_tokens", prefix);
+    CM_TRY(cm_st_writer_add(w, name, CM_DTYPE_I32, 1, &one, &tokens));
+    snprintf(name, sizeof name, "%schain_steps", prefix);
+    CM_TRY(cm_st_writer_add(w, name, CM_DTYPE_I32, 1, &one, &steps));
+    return CM_OK;
+}
+
 static cm_status write_out(const grad_args *a, dt_model *m, const kn_backend *be, kn_ctx *ctx,
-                           const dt_step_stats *s, float gamma) {
+                           const dt_step_stats *s, const chain_fig *fig, int64_t n_anchors, float gamma) {
     cm_status     st;
     cm_st_writer *w = NULL;
     float        *host = NULL;
@@ -254,6 +289,7 @@ static cm_status write_out(const grad_args *a, dt_model *m, const kn_backend *be
     CM_TRY_GOTO(cm_st_writer_add(w, "tau", CM_DTYPE_F32, 1, &one, &tau), st, fail);
     CM_TRY_GOTO(cm_st_writer_add(w, "acc_hits", CM_DTYPE_I32, 1, &B, hits), st, fail);
     CM_TRY_GOTO(cm_st_writer_add(w, "acc_count", CM_DTYPE_I32, 1, &B, count), st, fail);
+    CM_TRY_GOTO(add_chain(w, "", &fig[0], n_anchors), st, fail);
     if (dt_model_cfg(m)->kind == CM_DRAFTER_DFLASH2) {
         const float lu = (float)s->loss_unary, ls = (float)s->loss_selector, stau = (float)s->sel_tau;
         int32_t     in[64], sh[64];
@@ -266,6 +302,7 @@ static cm_status write_out(const grad_args *a, dt_model *m, const kn_backend *be
         CM_TRY_GOTO(cm_st_writer_add(w, "sel_tau", CM_DTYPE_F32, 1, &one, &stau), st, fail);
         CM_TRY_GOTO(cm_st_writer_add(w, "sel_in_topk", CM_DTYPE_I32, 1, &B, in), st, fail);
         CM_TRY_GOTO(cm_st_writer_add(w, "sel_hits", CM_DTYPE_I32, 1, &B, sh), st, fail);
+        CM_TRY_GOTO(add_chain(w, "sel_", &fig[1], n_anchors), st, fail);
     }
     for (int i = 0; i < dt_model_n_params(m); i++) {
         const dt_param *p = dt_model_param(m, i);
@@ -295,6 +332,7 @@ static cm_status run_grad(const grad_args *a) {
     int32_t          *ids = NULL, *cu = NULL, *mask = NULL, *anchors = NULL;
     float            *F = NULL;
     frozen            fz = {0};
+    chain_fig         fig[2] = {{0}};
     cm_drafter_cfg    cfg;
     cm_target_cfg     tcfg;
     memset(&tcfg, 0, sizeof tcfg);
@@ -380,10 +418,38 @@ static cm_status run_grad(const grad_args *a) {
     const float    gamma = a->gamma > 0 ? a->gamma : default_gamma(cfg.block_size);
     dt_step_stats  stats;
     CM_TRY_GOTO(dt_model_step(m, &b, gamma, &stats), st, fail);
-    CM_TRY_GOTO(write_out(a, m, be, ctx, &stats, gamma), st, fail);
-    CM_LOG_INFO("wrote '%s': loss %.6f, tau %.3f, %lld anchors, %lld tokens, gamma %g", a->out, stats.loss,
-                stats.tau, (long long)n_anchors, (long long)T, (double)gamma);
+    const int n_paths = cfg.kind == CM_DRAFTER_DFLASH2 ? 2 : 1;
+    for (int p = 0; p < n_paths; p++) {
+        fig[p].accepted = malloc((size_t)(n_anchors ? n_anchors : 1) * sizeof *fig[p].accepted);
+        if (!fig[p].accepted) {
+            st =
+                CM_FAIL(CM_ERR_NOMEM, "cannot allocate the acceptance of %lld anchors", (long long)n_anchors);
+            goto fail;
+        }
+        CM_TRY_GOTO(dt_model_accepted(m, p, fig[p].accepted), st, fail);
+        CM_TRY_GOTO(
+            dt_tau_chain_walk(cu, b.n_seq, mask, T, anchors, fig[p].accepted, n_anchors, NULL, &fig[p].chain),
+            st, fail);
+    }
+    CM_TRY_GOTO(write_out(a, m, be, ctx, &stats, fig, n_anchors, gamma), st, fail);
+    char figs[2][160];
+    for (int p = 0; p < n_paths; p++) {
+        const dt_tau_chain *c = &fig[p].chain;
+        const char         *pre = p ? "sel_" : "";
+        const double        tau = p ? stats.sel_tau : stats.tau;
+        if (c->missing < 0)
+            snprintf(figs[p], sizeof figs[p], "%stau %.3f, %stau_chain %.3f (%lld tokens in %lld steps)", pre,
+                     tau, pre, dt_tau_chain_tau(c), (long long)c->tokens, (long long)c->steps);
+        else
+            snprintf(figs[p], sizeof figs[p], "%stau %.3f, no %stau_chain (no anchor at %lld, where it goes)",
+                     pre, tau, pre, (long long)c->missing);
+    }
+    CM_LOG_INFO("wrote '%s': loss %.6f, %s%s%s, %lld anchors, %lld tokens, gamma %g", a->out, stats.loss,
+                figs[0], n_paths > 1 ? ", " : "", n_paths > 1 ? figs[1] : "", (long long)n_anchors,
+                (long long)T, (double)gamma);
 fail:
+    free(fig[0].accepted);
+    free(fig[1].accepted);
     dt_model_destroy(&m);
     if (be)
         be->ctx_destroy(&ctx);

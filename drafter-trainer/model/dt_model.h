@@ -160,6 +160,13 @@ cm_status dt_batch_validate(const dt_model *m, const dt_batch *b);
  * arrives and reused; results do not depend on that history. Synchronises before return. */
 cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_stats *stats);
 
+/* The acceptance of every block of the last successful step: out[j] (j < that batch's n_anchors) = the
+ * leading run of slots k = 1, 2, ... of the block at anchors[j] that have a label and predict it; path
+ * 0 the unary argmax (whose mean + 1 is stats.tau), path 1 DFlash2's greedy selector path (the label
+ * in the top-K and chosen; mean + 1 is stats.sel_tau). The chain a decoder walks over them:
+ * dt_tau_chain.h. CM_ERR_INVALID_ARG for path 1 on a DFlash drafter or another path. */
+cm_status dt_model_accepted(const dt_model *m, int path, int32_t *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,26 +10,44 @@
 // ----------------------------------------------------------------------------
 // step
 
-/* τ: the mean over blocks of 1 + the leading run of slots 1, 2, ... that have a label and predict it: the
- * unary argmax (selector 0), or DFlash2's selector with the label in the top-K and chosen (selector 1). */
-static double leading_tau(const dt_model *m, int selector) {
+/* The leading run of block j: the slots 1, 2, ... that have a label and predict it, the unary argmax
+ * (selector 0) or DFlash2's selector with the label in the top-K and chosen (selector 1). *i is the
+ * cursor into the selected rows (ascending block rows), moved on past what block j looked at. */
+static int leading_run(const dt_model *m, int selector, int64_t j, int64_t *i) {
     const dt_host *h = &m->host;
     const int      B = m->cfg.block_size;
-    double         tau_sum = 0;
-    int64_t        i = 0;
-    for (int64_t j = 0; j < m->n_anchors; j++) {
-        int run = 0, alive = 1;
-        for (int k = 1; k < B; k++) {
-            const int64_t r = j * B + k;
-            while (i < m->n_sel && h->sel_row[i] < r)
-                i++;
-            alive = alive && i < m->n_sel && h->sel_row[i] == r &&
-                    (selector ? h->lab_pos[i] >= 0 && h->choice[i] == h->lab_pos[i] : h->argmax[i] == h->labels[i]);
-            run += alive;
-        }
-        tau_sum += 1 + run;
+    int            run = 0;
+    for (int k = 1; k < B; k++) {
+        const int64_t r = j * B + k;
+        while (*i < m->n_sel && h->sel_row[*i] < r)
+            (*i)++;
+        if (!(*i < m->n_sel && h->sel_row[*i] == r &&
+              (selector ? h->lab_pos[*i] >= 0 && h->choice[*i] == h->lab_pos[*i]
+                        : h->argmax[*i] == h->labels[*i])))
+            break;
+        run++;
     }
+    return run;
+}
+
+/* τ: the mean over blocks of 1 + the leading run. */
+static double leading_tau(const dt_model *m, int selector) {
+    double  tau_sum = 0;
+    int64_t i = 0;
+    for (int64_t j = 0; j < m->n_anchors; j++)
+        tau_sum += 1 + leading_run(m, selector, j, &i);
     return m->n_anchors > 0 ? tau_sum / (double)m->n_anchors : 0.0;
+}
+
+cm_status dt_model_accepted(const dt_model *m, int path, int32_t *out) {
+    if (path != 0 && !(path == 1 && dt_model_is_v2(m)))
+        return CM_FAIL(CM_ERR_INVALID_ARG, "acceptance of path %d: a %s drafter has %s", path,
+                       dt_model_is_v2(m) ? "DFlash2" : "DFlash",
+                       dt_model_is_v2(m) ? "0 (unary argmax) and 1 (selector)" : "only 0 (unary argmax)");
+    int64_t i = 0;
+    for (int64_t j = 0; j < m->n_anchors; j++)
+        out[j] = leading_run(m, path, j, &i);
+    return CM_OK;
 }
 
 /* DFlash2: the two loss terms, recall@K and the selector's teacher-forced accuracy per slot, and τ of

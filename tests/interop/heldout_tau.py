@@ -8,14 +8,19 @@ with loss_mask[p] = 1 whose successor p + 1 is in the same document with loss_ma
 candidate rule; training draws --max-anchors of them, this takes them all). The target's taps come from
 `target-server dump` of the same target (tools/make_batches.py, F32), the frozen embedding and LM head from
 --target. The trainer's own metrics.jsonl logs τ only on the training batches it steps on (sampled anchors, the
-weights of that moment); this is the same statistic on data it never trained on.
+weights of that moment); this is the same statistic on data it never trained on. Beside it, `grad`'s τ_chain over
+the same anchors: the τ a greedy decoder reports on this text, anchoring where its last block stopped (from each
+response's first token to its end, max_new = the response's length; docs/drafter.md). It predicts the real τ when
+the responses are the target's own greedy text.
 
   heldout_tau.py --target-server BIN --drafter-trainer BIN --target DIR --valid FILE.jsonl --work DIR
                  --json OUT.json DRAFTER_DIR [DRAFTER_DIR ...]
 
 Writes OUT.json: {"anchors": N, "documents": D, "tokens": T, "drafters": {DIR: {"tau": x, "unary_tau": y,
-"acc": [...]}}} and prints one line per drafter. For a DFlash2 drafter "tau" is the τ of its greedy selector path
-(`grad`'s sel_tau: what its decoder proposes), "unary_tau" the unary argmax's; for DFlash both are the same.
+"tau_chain": z, "unary_tau_chain": w, "chain_tokens": n, "chain_steps": s, "acc": [...]}}} and prints one line per
+drafter. For a DFlash2 drafter "tau" and "tau_chain" are those of its greedy selector path (`grad`'s sel_tau and
+sel_tau_chain: what its decoder proposes; chain_tokens and chain_steps are that chain's), the "unary_" ones the
+unary argmax's; for DFlash both are the same.
 Needs numpy and safetensors (no torch). A failure of `grad` or of building the batch is an error (exit 1).
 """
 
@@ -99,13 +104,19 @@ def main():
         g = load_file(out)
         # DFlash2 decodes with its selector: the estimate is τ of the greedy selector path (teacher forced);
         # the unary argmax's τ is kept beside it
-        tau = float(g["sel_tau"][0]) if "sel_tau" in g else float(g["tau"][0])
+        sel = "sel_" if "sel_tau" in g else ""
+        if sel + "tau_chain" not in g:
+            fail(f"drafter-trainer grad wrote no {sel}tau_chain for '{d}' although every anchor was given")
+        tau, chain = float(g[sel + "tau"][0]), float(g[sel + "tau_chain"][0])
         hits, count = g["acc_hits"].astype(np.int64), g["acc_count"].astype(np.int64)
         acc = [float(h) / c if c else None for h, c in zip(hits[1:], count[1:])]
-        result["drafters"][d] = {"tau": tau, "acc": acc, "unary_tau": float(g["tau"][0])}
+        result["drafters"][d] = {"tau": tau, "acc": acc, "unary_tau": float(g["tau"][0]), "tau_chain": chain,
+                                 "unary_tau_chain": float(g["tau_chain"][0]),
+                                 "chain_tokens": int(g[sel + "chain_tokens"][0]),
+                                 "chain_steps": int(g[sel + "chain_steps"][0])}
         os.remove(out)
-        print(f"heldout_tau: {d}: teacher-forced τ {tau:.3f} over {anchors.size} anchors of {docs} held-out "
-              f"documents ({tokens} tokens)", file=sys.stderr)
+        print(f"heldout_tau: {d}: teacher-forced τ {tau:.3f}, τ_chain {chain:.3f} over {anchors.size} anchors of "
+              f"{docs} held-out documents ({tokens} tokens)", file=sys.stderr)
     with open(a.json, "w") as f:
         json.dump(result, f, indent=1)
 
