@@ -58,6 +58,10 @@ static const kn_backend cpu_backend = {
     .swiglu_typed       = kn_ref_swiglu_typed,
     .swiglu_bwd_typed   = kn_ref_swiglu_bwd_typed,
     .rmsnorm_bwd_acc    = kn_ref_rmsnorm_bwd_acc,
+    .kv_cache_write     = kn_ref_kv_cache_write,
+    .attention_cached   = kn_ref_attention_cached,
+    .conv1d_silu_cached = kn_ref_conv1d_silu_cached,
+    .gdn_cached         = kn_ref_gdn_cached,
     .sumsq_multi        = kn_ref_sumsq_multi,
     .adamw_multi        = kn_ref_adamw_multi,
 };

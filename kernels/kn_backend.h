@@ -418,6 +418,11 @@ typedef struct kn_backend {
     // distinct slots within a batch; a new sequence's slot is zeroed first (zero). "n_adv":
     // NULL leaves the state alone; else the state of slots[s] is advanced by the first n_adv[s]
     // new tokens (0 ≤ n_adv[s] ≤ len_s; 0 leaves it), as if only those had been fed.
+    // The ops are not told n_slots, so slots[s] < n_slots is the caller's to keep (a larger slot
+    // reads and writes past the arena). cpu checks every other rule of its tables (len_s ≥ 1,
+    // slots ≥ 0 and distinct, base, n_adv) with CM_ERR_INVALID_ARG naming the op and the rule;
+    // cuda cannot look at tables in device memory and gives a sequence that breaks one (bar
+    // distinctness) NaN outputs and no cache or state writes.
     /* kc[slots[s], base[s] + i] = k[cu[s] + i] and vc likewise from v, for i < len_s;
      * kc, vc [n_slots, max_len, nkv, hd]; k, v [T, nkv, hd]; base[s] + len_s ≤ max_len. */
     cm_status (*kv_cache_write)(kn_ctx *ctx, float *kc, float *vc, const float *k, const float *v,
@@ -436,15 +441,18 @@ typedef struct kn_backend {
      * them: out[cu[s] + i, c] = silu(Σ_{j<K} w[c, j] · x̃[i − (K − 1) + j, c]) with x̃[r] = state
      * row K − 1 + r for r < 0 and x[cu[s] + r] for r ≥ 0. out may be NULL (the state update
      * only). With n_adv the state becomes the last K − 1 rows of (state rows, then x rows
-     * cu[s] .. cu[s] + n_adv[s] − 1), after out is computed. x, out [T, C]; w [C, K]. */
+     * cu[s] .. cu[s] + n_adv[s] − 1), after out is computed. x, out [T, C] (out must not
+     * overlap x); w [C, K]. K = 1 has no state (state may be NULL). */
     cm_status (*conv1d_silu_cached)(kn_ctx *ctx, float *out, const float *x, const float *w, float *state,
                                     const int32_t *slots, const int32_t *n_adv, const int32_t *cu_seqlens,
                                     int n_seq, int64_t T, int64_t C, int K); /* (optional) */
     /* The gated delta rule of gated_delta_rule (its per-token recurrence, exactly) continued
      * from a state: S = state[slots[s]] [nv, dk, dv] (the v-head's dk × dv matrix; zeros for a
      * new sequence) instead of zeros, the sequence's tokens in order. out [T, nv, dv] may be
-     * NULL (then q may be too: the state update only). With n_adv the state becomes S after
-     * token n_adv[s] − 1, after out is computed. q, k [T, nk, dk]; v [T, nv, dv]; g, beta [T, nv]. */
+     * NULL (then q may be too: the state update only, which reads only the first n_adv[s]
+     * tokens). With n_adv the state becomes S after token n_adv[s] − 1; the outputs of the
+     * later tokens still come from the evolving S. q, k [T, nk, dk]; v [T, nv, dv]; g, beta
+     * [T, nv]; nv a multiple of nk. */
     cm_status (*gdn_cached)(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                             const float *g, const float *beta, float *state, const int32_t *slots,
                             const int32_t *n_adv, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,

@@ -75,6 +75,26 @@ cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const
                                   const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                   int64_t T, int nk, int nv, int dk, int dv, float scale);
 
+// ---- incremental decoding (kn_cache_ref.c): the uncached ops' arithmetic continued from the
+// cache (attention_cached and conv1d_silu_cached reproduce attention and conv1d_silu bit for bit
+// when a sequence is fed in pieces; gdn_cached is the per-token recurrence in double from the
+// F32 state, rounded once per state write). The tables (slots, base, n_adv) are validated here;
+// slots[s] < n_slots cannot be (the ops are not told n_slots).
+cm_status kn_ref_kv_cache_write(kn_ctx *ctx, float *kc, float *vc, const float *k, const float *v,
+                                const int32_t *slots, const int32_t *base, const int32_t *cu_seqlens, int n_seq,
+                                int64_t T, int nkv, int hd, int64_t max_len);
+cm_status kn_ref_attention_cached(kn_ctx *ctx, float *out, const float *q, const float *kc, const float *vc,
+                                  const float *gate, const int32_t *slots, const int32_t *base,
+                                  const int32_t *cu_seqlens, int n_seq, int64_t T, int nq, int nkv, int hd,
+                                  int64_t max_len, float scale);
+cm_status kn_ref_conv1d_silu_cached(kn_ctx *ctx, float *out, const float *x, const float *w, float *state,
+                                    const int32_t *slots, const int32_t *n_adv, const int32_t *cu_seqlens,
+                                    int n_seq, int64_t T, int64_t C, int K);
+cm_status kn_ref_gdn_cached(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v, const float *g,
+                            const float *beta, float *state, const int32_t *slots, const int32_t *n_adv,
+                            const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
+                            float scale);
+
 // ---- drafter training: backward passes and the DFlash ops (kn_gemm_ref.c, kn_norm_ref.c,
 // kn_rope_ref.c, kn_elementwise_ref.c, kn_dflash_attn_ref.c, kn_dynconv_ref.c, kn_lm_ce_ref.c,
 // kn_selector_ref.c, kn_optim_ref.c).

@@ -1,0 +1,293 @@
+/* kernels/ref/kn_cache_ref.c — reference incremental decoding (kn_backend.h, "incremental
+ * decoding"): the cache write, attention over the cache, and the GDN short conv and gated delta
+ * rule continued from a per-slot state. Each op repeats the arithmetic of its uncached
+ * neighbour, so that feeding a sequence in pieces gives what the uncached op gives on the whole:
+ * attention_cached is kn_ref_attention's two-pass double softmax over cache rows 0..p (bit for
+ * bit, the cache holding the keys' exact bits); conv1d_silu_cached is kn_ref_conv1d_silu's
+ * double sum over the taps in order (bit for bit: the state holds the earlier inputs' bits and
+ * the zeros before a start add +0); gdn_cached is the per-token recurrence of kn_backend.h in
+ * double from the F32 state, rounded once into the state (so it matches the chunked
+ * kn_ref_gated_delta_rule to the rounding of the state between pieces). The sequence tables
+ * (cu_seqlens, slots, base, n_adv) are host memory here and fully validated, except that a slot
+ * below the arena's n_slots cannot be checked (the ops are not told n_slots). Parallel under
+ * OpenMP over sequences, (token, head) or (sequence, v-head); distinct slots keep the writes
+ * apart. */
+#include "kn_ref.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The per-sequence tables of a cached op: every len_s ≥ 1, slots ≥ 0 and distinct, and, when
+ * given, 0 ≤ base[s] with base[s] + len_s ≤ max_len and 0 ≤ n_adv[s] ≤ len_s. */
+static cm_status cache_tables_check(const char *op, const int32_t *cu, int n_seq, const int32_t *slots,
+                                    const int32_t *base, int64_t max_len, const int32_t *n_adv) {
+    for (int s = 0; s < n_seq; s++) {
+        const int64_t len = (int64_t)cu[s + 1] - cu[s];
+        KN_REF_CHECK(len >= 1, "%s: sequence %d is empty (cu_seqlens[%d] = cu_seqlens[%d] = %d; len >= 1)",
+                     op, s, s, s + 1, (int)cu[s]);
+        KN_REF_CHECK(slots[s] >= 0, "%s: slots[%d]=%d must be >= 0", op, s, (int)slots[s]);
+        for (int r = 0; r < s; r++)
+            KN_REF_CHECK(slots[r] != slots[s], "%s: slots[%d]=%d repeats slots[%d] (slots must be distinct)",
+                         op, s, (int)slots[s], r);
+        if (base) {
+            KN_REF_CHECK(base[s] >= 0, "%s: base[%d]=%d must be >= 0", op, s, (int)base[s]);
+            KN_REF_CHECK(base[s] + len <= max_len, "%s: base[%d]=%d + len %lld > max_len=%lld", op, s,
+                         (int)base[s], (long long)len, (long long)max_len);
+        }
+        if (n_adv)
+            KN_REF_CHECK(n_adv[s] >= 0 && n_adv[s] <= len, "%s: n_adv[%d]=%d is out of range [0, len=%lld]",
+                         op, s, (int)n_adv[s], (long long)len);
+    }
+    return CM_OK;
+}
+
+// ----------------------------------------------------------------------------
+// attention layers: the key/value cache
+
+cm_status kn_ref_kv_cache_write(kn_ctx *ctx, float *kc, float *vc, const float *k, const float *v,
+                                const int32_t *slots, const int32_t *base, const int32_t *cu_seqlens,
+                                int n_seq, int64_t T, int nkv, int hd, int64_t max_len) {
+    KN_REF_CHECK(ctx, "kv_cache_write: ctx is NULL");
+    KN_REF_CHECK(T >= 0 && nkv > 0 && hd > 0 && max_len > 0,
+                 "kv_cache_write: bad shape T=%lld nkv=%d hd=%d max_len=%lld (T >= 0, the others > 0)",
+                 (long long)T, nkv, hd, (long long)max_len);
+    CM_TRY(kn_ref_seqlens_check("kv_cache_write", cu_seqlens, n_seq, T));
+    if (T == 0) return CM_OK;
+    KN_REF_CHECK(kc && vc && k && v && slots && base, "kv_cache_write: kc, vc, k, v, slots or base is NULL");
+    CM_TRY(cache_tables_check("kv_cache_write", cu_seqlens, n_seq, slots, base, max_len, NULL));
+
+    const int64_t row = (int64_t)nkv * hd;
+    for (int s = 0; s < n_seq; s++) {
+        const int64_t bos = cu_seqlens[s], len = cu_seqlens[s + 1] - bos;
+        const int64_t dst = ((int64_t)slots[s] * max_len + base[s]) * row;
+        memcpy(kc + dst, k + bos * row, (size_t)(len * row) * sizeof(float));
+        memcpy(vc + dst, v + bos * row, (size_t)(len * row) * sizeof(float));
+    }
+    return CM_OK;
+}
+
+/* kn_ref_attention's loop body with the keys of cache rows 0..p of the slot in place of the
+ * sequence's rows bos..t. */
+cm_status kn_ref_attention_cached(kn_ctx *ctx, float *out, const float *q, const float *kc, const float *vc,
+                                  const float *gate, const int32_t *slots, const int32_t *base,
+                                  const int32_t *cu_seqlens, int n_seq, int64_t T, int nq, int nkv, int hd,
+                                  int64_t max_len, float scale) {
+    KN_REF_CHECK(ctx, "attention_cached: ctx is NULL");
+    KN_REF_CHECK(
+        T >= 0 && nq > 0 && nkv > 0 && hd > 0 && max_len > 0,
+        "attention_cached: bad shape T=%lld nq=%d nkv=%d hd=%d max_len=%lld (T >= 0, the others > 0)",
+        (long long)T, nq, nkv, hd, (long long)max_len);
+    KN_REF_CHECK(nq % nkv == 0, "attention_cached: nq=%d must be a multiple of nkv=%d", nq, nkv);
+    CM_TRY(kn_ref_seqlens_check("attention_cached", cu_seqlens, n_seq, T));
+    if (T == 0) return CM_OK;
+    KN_REF_CHECK(out && q && kc && vc && slots && base,
+                 "attention_cached: out, q, kc, vc, slots or base is NULL");
+    CM_TRY(cache_tables_check("attention_cached", cu_seqlens, n_seq, slots, base, max_len, NULL));
+
+    int64_t n_keys = 0; /* the most keys one query sees */
+    for (int s = 0; s < n_seq; s++)
+        if (base[s] + (int64_t)cu_seqlens[s + 1] - cu_seqlens[s] > n_keys)
+            n_keys = base[s] + (int64_t)cu_seqlens[s + 1] - cu_seqlens[s];
+    const int     group   = nq / nkv;
+    const int64_t n_tasks = T * nq;
+    int           failed  = 0;
+
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        double *p   = malloc((size_t)n_keys * sizeof(double));
+        double *acc = malloc((size_t)hd * sizeof(double));
+        if (!p || !acc) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t task = 0; task < n_tasks; task++) {
+            if (!p || !acc) continue;
+            const int64_t t   = task / nq;
+            const int     h   = (int)(task % nq);
+            const int     kvh = h / group;
+            int           s   = 0;
+            while (cu_seqlens[s + 1] <= t) s++;
+            const int64_t pos = base[s] + (t - cu_seqlens[s]);
+            const float  *qr  = q + (t * nq + h) * hd;
+            const float  *kr0 = kc + (int64_t)slots[s] * max_len * nkv * hd;
+            const float  *vr0 = vc + (int64_t)slots[s] * max_len * nkv * hd;
+
+            double mx = -INFINITY;
+            for (int64_t j = 0; j <= pos; j++) {
+                const float *kr = kr0 + (j * nkv + kvh) * hd;
+                p[j]            = kn_ref_dot(qr, kr, hd) * (double)scale;
+                if (p[j] > mx) mx = p[j];
+            }
+            double sum = 0;
+            for (int64_t j = 0; j <= pos; j++) {
+                p[j] = exp(p[j] - mx);
+                sum += p[j];
+            }
+            for (int c = 0; c < hd; c++) acc[c] = 0;
+            for (int64_t j = 0; j <= pos; j++) {
+                const float *vr = vr0 + (j * nkv + kvh) * hd;
+                double       ps = p[j] / sum;
+                for (int c = 0; c < hd; c++) acc[c] += ps * (double)vr[c];
+            }
+            float       *o  = out + (t * nq + h) * hd;
+            const float *gr = gate ? gate + (t * nq + h) * hd : NULL;
+            for (int c = 0; c < hd; c++) o[c] = (float)(gr ? acc[c] * kn_ref_sigmoid(gr[c]) : acc[c]);
+        }
+        free(acc);
+        free(p);
+    }
+    if (failed)
+        return CM_FAIL(CM_ERR_NOMEM, "attention_cached: cannot allocate scratch for %lld scores",
+                       (long long)n_keys);
+    return CM_OK;
+}
+
+// ----------------------------------------------------------------------------
+// GDN layers: the short conv and the gated delta rule from a state
+
+cm_status kn_ref_conv1d_silu_cached(kn_ctx *ctx, float *out, const float *x, const float *w, float *state,
+                                    const int32_t *slots, const int32_t *n_adv, const int32_t *cu_seqlens,
+                                    int n_seq, int64_t T, int64_t C, int K) {
+    KN_REF_CHECK(ctx, "conv1d_silu_cached: ctx is NULL");
+    KN_REF_CHECK(T >= 0 && C > 0 && K > 0,
+                 "conv1d_silu_cached: bad shape T=%lld C=%lld K=%d (T >= 0, C > 0, K > 0)", (long long)T,
+                 (long long)C, K);
+    CM_TRY(kn_ref_seqlens_check("conv1d_silu_cached", cu_seqlens, n_seq, T));
+    if (T == 0) return CM_OK;
+    KN_REF_CHECK(x && w && slots && (state || K == 1), "conv1d_silu_cached: x, w, state or slots is NULL");
+    if (out) {
+        const uintptr_t o0 = (uintptr_t)out, x0 = (uintptr_t)x, bytes = (uintptr_t)(T * C) * sizeof(float);
+        KN_REF_CHECK(o0 + bytes <= x0 || x0 + bytes <= o0,
+                     "conv1d_silu_cached: out overlaps x (use a separate buffer)");
+    }
+    CM_TRY(cache_tables_check("conv1d_silu_cached", cu_seqlens, n_seq, slots, NULL, 0, n_adv));
+
+    const int H = K - 1; /* state rows per slot */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int s = 0; s < n_seq; s++) {
+        const int64_t bos = cu_seqlens[s], len = cu_seqlens[s + 1] - bos;
+        float        *st = H ? state + (int64_t)slots[s] * H * C : NULL;
+        /* x̃[r]: state row H + r before the sequence's rows (r < 0), then x row bos + r */
+#define XT(r, c) ((r) < 0 ? st[(H + (r)) * C + (c)] : x[(bos + (r)) * C + (c)])
+        if (out) {
+            for (int64_t i = 0; i < len; i++) {
+                for (int64_t c = 0; c < C; c++) {
+                    double acc = 0;
+                    for (int j = 0; j < K; j++) acc += (double)w[c * K + j] * (double)XT(i - H + j, c);
+                    out[(bos + i) * C + c] = (float)kn_ref_silu(acc);
+                }
+            }
+        }
+        if (n_adv && n_adv[s] > 0 && H > 0) {
+            /* row r ← x̃[a − H + r]: for a ≥ 1 a state row it reads is a + r > r, not written yet */
+            const int64_t a = n_adv[s];
+            for (int r = 0; r < H; r++)
+                for (int64_t c = 0; c < C; c++) st[r * C + c] = XT(a - H + r, c);
+        }
+#undef XT
+    }
+    return CM_OK;
+}
+
+/* One (sequence [bos, bos + len), v-head h) pair from its state st [dk, dv]: the recurrence of
+ * kn_backend.h per token in double, out for every token when out is given (else only the
+ * first adv tokens run), st ← S after token adv − 1 when adv > 0 (adv < 0: never). S [dk, dv]
+ * and kv [dv] are the thread's scratch. */
+static void gdn_cached_one(double *S, double *kv, float *out, const float *q, const float *k, const float *v,
+                           const float *g, const float *beta, float *st, int64_t bos, int64_t len,
+                           int64_t adv, int h, int kh, int nk, int nv, int dk, int dv, double scale) {
+    for (int64_t i = 0; i < (int64_t)dk * dv; i++) S[i] = st[i];
+    const int64_t n_run = out ? len : adv;
+    for (int64_t tok = 0; tok < n_run; tok++) {
+        const int64_t t     = bos + tok;
+        const float  *kt    = k + (t * nk + kh) * (int64_t)dk;
+        const float  *vt    = v + (t * nv + h) * (int64_t)dv;
+        const double  decay = exp((double)g[t * nv + h]), bt = beta[t * nv + h];
+        // S = e^g S; kv = Sᵀk; u = β(v − kv) (in kv); S += k uᵀ
+        for (int c = 0; c < dv; c++) kv[c] = 0;
+        for (int i = 0; i < dk; i++) {
+            double *Si = S + (int64_t)i * dv;
+            for (int c = 0; c < dv; c++) {
+                Si[c] *= decay;
+                kv[c] += Si[c] * (double)kt[i];
+            }
+        }
+        for (int c = 0; c < dv; c++) kv[c] = bt * ((double)vt[c] - kv[c]);
+        for (int i = 0; i < dk; i++) {
+            double *Si = S + (int64_t)i * dv;
+            for (int c = 0; c < dv; c++) Si[c] += (double)kt[i] * kv[c];
+        }
+        if (out) { // o = Sᵀ(q·scale), kv reused as the accumulator
+            const float *qt = q + (t * nk + kh) * (int64_t)dk;
+            for (int c = 0; c < dv; c++) kv[c] = 0;
+            for (int i = 0; i < dk; i++) {
+                const double  qi = (double)qt[i] * scale;
+                const double *Si = S + (int64_t)i * dv;
+                for (int c = 0; c < dv; c++) kv[c] += Si[c] * qi;
+            }
+            float *orow = out + (t * nv + h) * (int64_t)dv;
+            for (int c = 0; c < dv; c++) orow[c] = (float)kv[c];
+        }
+        if (tok == adv - 1)
+            for (int64_t i = 0; i < (int64_t)dk * dv; i++) st[i] = (float)S[i];
+    }
+}
+
+cm_status kn_ref_gdn_cached(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                            const float *g, const float *beta, float *state, const int32_t *slots,
+                            const int32_t *n_adv, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk,
+                            int nv, int dk, int dv, float scale) {
+    KN_REF_CHECK(ctx, "gdn_cached: ctx is NULL");
+    KN_REF_CHECK(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
+                 "gdn_cached: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d (T >= 0, the others > 0)",
+                 (long long)T, nk, nv, dk, dv);
+    KN_REF_CHECK(nv % nk == 0, "gdn_cached: nv=%d must be a multiple of nk=%d", nv, nk);
+    CM_TRY(kn_ref_seqlens_check("gdn_cached", cu_seqlens, n_seq, T));
+    if (T == 0) return CM_OK;
+    KN_REF_CHECK(k && v && g && beta && state && slots, "gdn_cached: k, v, g, beta, state or slots is NULL");
+    KN_REF_CHECK(!out || q, "gdn_cached: q is NULL but out is not (q may be NULL only without out)");
+    CM_TRY(cache_tables_check("gdn_cached", cu_seqlens, n_seq, slots, NULL, 0, n_adv));
+    if (!out && !n_adv) return CM_OK;
+
+    const int     ratio   = nv / nk;
+    const int64_t n_tasks = (int64_t)n_seq * nv;
+    int           failed  = 0;
+
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        double *S  = malloc((size_t)dk * dv * sizeof(double));
+        double *kv = malloc((size_t)dv * sizeof(double));
+        if (!S || !kv) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic)
+#endif
+        for (int64_t task = 0; task < n_tasks; task++) {
+            if (!S || !kv) continue;
+            const int     s = (int)(task / nv), h = (int)(task % nv);
+            const int64_t bos = cu_seqlens[s], len = cu_seqlens[s + 1] - bos;
+            float        *st = state + ((int64_t)slots[s] * nv + h) * dk * dv;
+            gdn_cached_one(S, kv, out, q, k, v, g, beta, st, bos, len, n_adv ? n_adv[s] : -1, h, h / ratio,
+                           nk, nv, dk, dv, (double)scale);
+        }
+        free(kv);
+        free(S);
+    }
+    if (failed) return CM_FAIL(CM_ERR_NOMEM, "gdn_cached: cannot allocate scratch for dk=%d dv=%d", dk, dv);
+    return CM_OK;
+}
