@@ -129,21 +129,30 @@ def tokenize(tok, text, spans):
     return ids, mask
 
 
-def load_tokenizer(name, chat_template=None):
+def load_tokenizer(name, chat_template=None, need_template=True):
     """A fast Hugging Face tokenizer with a chat template (chat_template: a Jinja file overriding the
-    tokenizer's); DataError with one message when transformers, the tokenizer or the template is missing."""
+    tokenizer's; need_template=False accepts one without); DataError with one message when transformers,
+    the tokenizer or the template is missing."""
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
     except ImportError:
         raise DataError("needs the transformers package (pip install transformers)")
+    loader = AutoTokenizer
+    try:  # a plain tokenizer.json (models/tandem-tiny): transformers 5's AutoTokenizer would take the class of
+        # config.json's model_type instead (Qwen3.5's, which rebuilds a BPE this file does not hold)
+        with open(os.path.join(name, "tokenizer_config.json")) as f:
+            if json.load(f).get("tokenizer_class") == "PreTrainedTokenizerFast":
+                loader = PreTrainedTokenizerFast
+    except (OSError, ValueError, AttributeError):
+        pass
     try:
-        tok = AutoTokenizer.from_pretrained(name)
+        tok = loader.from_pretrained(name)
     except Exception as e:  # noqa: BLE001 — one message, whatever the loader raised
         raise DataError(f"cannot load tokenizer '{name}': {e}")
     if chat_template:
         with open(chat_template) as f:
             tok.chat_template = f.read()
-    if not getattr(tok, "chat_template", None):
+    if need_template and not getattr(tok, "chat_template", None):
         raise DataError(f"tokenizer '{name}' has no chat template; pass --chat-template FILE")
     if not getattr(tok, "is_fast", False):
         raise DataError(f"tokenizer '{name}' is not a fast tokenizer (offsets are needed)")
