@@ -61,7 +61,10 @@ def template_ids(messages):
     """The stub's chat template with the generation prompt, in token ids."""
     ids = [BOS]
     for m in messages:
-        ids += [ASSISTANT] + words(m["content"]) + [EOS] if m["role"] == "assistant" else [USER] + words(m["content"])
+        if m["role"] == "assistant":
+            ids += [ASSISTANT] + words(m["content"]) + [EOS]
+        else:
+            ids += [USER] + words(m["content"])
     return ids + [ASSISTANT]
 
 
@@ -119,7 +122,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/v1/models":
-            self.send_json(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in self.server.models]})
+            models = [{"id": m, "object": "model"} for m in self.server.models]
+            self.send_json(200, {"object": "list", "data": models})
         else:
             self.send_json(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -287,7 +291,8 @@ def main():
     r = run(stub, ["--input", TOKENS, "--output", out, "--token-ids", "server"])
     check(r.returncode == 0 and read_bytes(out) == read_bytes(ref), f"omitted eos: {r.stderr}")
     r = run(stub, ["--input", TOKENS, "--output", out, "--token-ids", "server"])
-    check(r.returncode == 0 and "is complete" in r.stderr and read_bytes(out) == read_bytes(ref), f"rerun: {r.stderr}")
+    check(r.returncode == 0 and "is complete" in r.stderr and read_bytes(out) == read_bytes(ref),
+          f"rerun: {r.stderr}")
 
     # ---- killed midway (and a torn last line), then resumed: the same bytes as the uninterrupted run
     out = os.path.join(tmp, "killed.jsonl")
@@ -328,7 +333,8 @@ def main():
     r = run(stub, ["--input", TOKENS, "--output", os.path.join(tmp, "x.jsonl"), "--max-retries", "1"], closed)
     check(r.returncode == 1 and "cannot reach the endpoint" in r.stderr and r.stderr.count("\n") == 1, r.stderr)
     r = run(stub, ["--input", TOKENS, "--output", os.path.join(tmp, "x.jsonl"), "--model", "nope"])
-    check(r.returncode == 1 and "does not serve the model 'nope'" in r.stderr and "tandem-tiny" in r.stderr, r.stderr)
+    check(r.returncode == 1 and "does not serve the model 'nope'" in r.stderr and "tandem-tiny" in r.stderr,
+          r.stderr)
     stub.reset(models=["a", "b"])
     r = run(stub, ["--input", TOKENS, "--output", os.path.join(tmp, "x.jsonl")])
     check(r.returncode == 1 and "pick one with --model" in r.stderr, r.stderr)
@@ -351,14 +357,16 @@ def main():
     # ---- replies cut at --max-tokens: kept with "finish": "length" (no <eos> added), or skipped
     stub.reset()
     out = os.path.join(tmp, "cut.jsonl")
-    r = run(stub, ["--input", TOKENS, "--output", out, "--max-tokens", "3", "--token-ids", "server", "--limit", "10"])
+    cut = ["--input", TOKENS, "--output", out, "--max-tokens", "3", "--token-ids", "server"]
+    r = run(stub, cut + ["--limit", "10"])
     got = read_jsonl(out)
     check(r.returncode == 0 and len(got) == 10, f"cut: {r.stderr}")
     for d, src in zip(got, token_docs):
         ids, mask, finish = expect_tokens(src, 3)
         check(d["input_ids"] == ids and d["loss_mask"] == mask and d.get("finish", "stop") == finish, f"cut {d}")
-    r = run(stub, ["--input", TOKENS, "--output", out, "--max-tokens", "3", "--token-ids", "server", "--limit", "20"])
-    check(r.returncode == 0 and len(read_jsonl(out)) == 20 and "resumed at sample 10" in r.stderr, f"limit: {r.stderr}")
+    r = run(stub, cut + ["--limit", "20"])
+    check(r.returncode == 0 and len(read_jsonl(out)) == 20 and "resumed at sample 10" in r.stderr,
+          f"limit: {r.stderr}")
     out = os.path.join(tmp, "cut-skip.jsonl")
     r = run(stub, ["--input", TOKENS, "--output", out, "--max-tokens", "3", "--skip-truncated", "--limit", "10"])
     n_cut = sum(expect_tokens(d, 3)[2] == "length" for d in token_docs[:10])
@@ -384,7 +392,8 @@ def main():
             if i == 10:
                 f.write('{"messages": [\n')
             elif i % 2:
-                f.write(json.dumps({"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in c]}) + "\n")
+                conv = [{"from": names[m["role"]], "value": m["content"]} for m in c]
+                f.write(json.dumps({"conversations": conv}) + "\n")
             else:
                 f.write(json.dumps({"messages": c}) + "\n\n")
     for turns in ("all", "last"):
@@ -412,7 +421,8 @@ def main():
                    "0.9", "--seed", "100", "--limit", "3", "--max-tokens", "64"])
     b = stub.requests[-1][1]
     check(r.returncode == 0 and b["chat_template_kwargs"] == {"enable_thinking": False} and b["temperature"] == 0.7
-          and b["top_p"] == 0.9 and b["max_tokens"] == 64 and sorted(x["seed"] for _, x in stub.requests) == [100, 101, 102],
+          and b["top_p"] == 0.9 and b["max_tokens"] == 64
+          and sorted(x["seed"] for _, x in stub.requests) == [100, 101, 102],
           f"chat request {b}: {r.stderr}")
 
     # ---- the text path (needs transformers): the same documents, equal to prepare_data.py's
@@ -454,7 +464,8 @@ def main():
                         m = {"role": "assistant", "content": text_of(words(last_user["content"])[::-1])}
                     conv.append(m)
                 f.write(json.dumps({"messages": conv}) + "\n")
-        spec = importlib.util.spec_from_file_location("prepare_data", os.path.join(ROOT, "tools", "prepare_data.py"))
+        spec = importlib.util.spec_from_file_location("prepare_data",
+                                                      os.path.join(ROOT, "tools", "prepare_data.py"))
         prep = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(prep)
         out = os.path.join(tmp, "prepared.jsonl")

@@ -18,6 +18,7 @@ non-blank line, numbered from 0 across the files.
   - Tokenized samples go to /v1/completions with the prompt as token ids (no decoding: the prompt is exactly
     the dataset's tokens): the tokens before each supervised run are the prompt of that run's regenerated reply
     (--turns last: only the last run, the earlier tokens as context); the tokens after the last run are dropped.
+    A later run's prompt is the earlier tokens as they are (no template rewrites history there).
 Requests: --max-tokens, --temperature (0 = greedy), --top-p, seed = --seed + the sample's index (every turn of
 a sample uses it), the server's default stop tokens; --thinking drop sends chat_template_kwargs
 {"enable_thinking": false} (keep: the server's default). The model is --model, else the one /v1/models lists.
@@ -29,9 +30,11 @@ Output: one line per sample in input order, {"index", "source", "input_ids", "lo
 and choices[].token_ids and recent SGLang with per-choice ones): the document is the last request's prompt ids
 followed by the reply's ids (plus the end-of-turn token the template would close the turn with, when the
 server stopped on it but left it out); the mask is 1 on the replies, earlier regenerated replies found in the
-prompt ids. Otherwise ("source": "text") the conversation is rendered with --target's chat template and
-tokenized exactly as prepare_data.py does (needs transformers); --token-ids server|text forces one or the
-other.
+prompt ids. Where the template rewrote one (Qwen3 drops the reasoning of turns before the last user turn) the
+sample is rendered from text instead, or, without transformers or under --token-ids server, kept as "source":
+"server-partial" with that turn unsupervised. Otherwise ("source": "text") the conversation is rendered with
+--target's chat template and tokenized exactly as prepare_data.py does (needs transformers); --token-ids
+server|text forces one or the other.
 
 Scale: --concurrency threads, each with a keep-alive connection; connection errors, timeouts (--timeout),
 429, 408 and 5xx are retried --max-retries times with exponential backoff (--backoff doubling, at most 60 s;
@@ -41,9 +44,9 @@ a reorder buffer of --window samples (append-only, flushed as they complete), so
 prefix: rerunning the same command drops a torn last line and goes on after the last sample written, and the
 file ends byte for byte as an uninterrupted run's. OUTPUT.regen.json records the input's hash and the settings
 and a resume refuses another input or other settings; skipped samples are listed in OUTPUT.skipped (JSONL
-{"index", "kind", "reason"}). Progress: one line on stderr (redrawn on a terminal, every --log-every s elsewhere), a
-summary at the end. Exit 0 done, 1 with one message (unreachable endpoint, unknown model, ...), 2 bad usage,
-130 interrupted (resumable).
+{"index", "kind", "reason"}). Progress: one line on stderr (redrawn on a terminal, every --log-every s
+elsewhere), a summary at the end. Exit 0 done, 1 with one message (unreachable endpoint, unknown model, ...),
+2 bad usage, 130 interrupted (resumable).
 """
 import argparse
 import array
@@ -206,7 +209,8 @@ def pick_model(ep, want, opt, counters):
         raise Fatal(f"the endpoint {ep.url} lists no model (GET /models)")
     if want is None:
         if len(names) > 1:
-            raise Fatal(f"the endpoint {ep.url} serves {len(names)} models ({', '.join(names)}); pick one with --model")
+            raise Fatal(f"the endpoint {ep.url} serves {len(names)} models ({', '.join(names)}); pick one with "
+                        "--model")
         return names[0]
     if want not in names:
         raise Fatal(f"the endpoint {ep.url} does not serve the model '{want}'; it serves {', '.join(names)}")
@@ -706,7 +710,7 @@ class Writer:
                 if self.warned < 5:
                     self.warned += 1
                     self.message(f"regenerate.py: skipped sample {self.next}: {reason}"
-                                 + (" (more in OUTPUT.skipped)" if self.warned == 5 else ""))
+                                 + (f" (the rest only in '{self.a.output}.skipped')" if self.warned == 5 else ""))
             self.next += 1
         self.out.flush()
         now = time.monotonic()
@@ -776,29 +780,30 @@ class Writer:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--endpoint", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (/v1 optional)")
-    ap.add_argument("--target", required=True, help="the target's model directory (tokenizer.json, tokenizer_config.json)")
-    ap.add_argument("--input", required=True, help="JSONL file(s), comma-separated: chats or a tokenized dataset")
-    ap.add_argument("--output", required=True, help="OUT.jsonl (with sidecars OUT.jsonl.regen.json, OUT.jsonl.skipped)")
-    ap.add_argument("--model", help="the served model name (default: the one /v1/models lists)")
-    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
-    ap.add_argument("--max-tokens", type=int, default=4096)
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0, help="sample i is generated with seed SEED + i")
-    ap.add_argument("--turns", choices=["all", "last"], default="all")
-    ap.add_argument("--thinking", choices=["keep", "drop"], default="keep")
-    ap.add_argument("--token-ids", choices=["auto", "server", "text"], default="auto")
-    ap.add_argument("--chat-template", help="a Jinja chat template file overriding --target's")
-    ap.add_argument("--skip-truncated", action="store_true", help="leave out samples with a reply cut at --max-tokens")
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--window", type=int, default=0, help="reorder buffer in samples (default max(1024, 16 x concurrency))")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    ap.add_argument("--max-retries", type=int, default=8)
-    ap.add_argument("--backoff", type=float, default=1.0, help="first retry delay in seconds, doubling")
-    ap.add_argument("--on-error", choices=["stop", "skip"], default="stop", help="when a request's retries run out")
-    ap.add_argument("--limit", type=int, default=0, help="stop after the first N samples (0: all); a rerun without it goes on")
-    ap.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines off a terminal (0: none)")
+    arg = ap.add_argument
+    arg("--endpoint", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (/v1 optional)")
+    arg("--target", required=True, help="the target's model directory (tokenizer.json, tokenizer_config.json)")
+    arg("--input", required=True, help="JSONL file(s), comma-separated: chats or a tokenized dataset")
+    arg("--output", required=True, help="OUT.jsonl (sidecars OUT.jsonl.regen.json and OUT.jsonl.skipped)")
+    arg("--model", help="the served model name (default: the one /v1/models lists)")
+    arg("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
+    arg("--max-tokens", type=int, default=4096)
+    arg("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    arg("--top-p", type=float, default=1.0)
+    arg("--seed", type=int, default=0, help="sample i is generated with seed SEED + i")
+    arg("--turns", choices=["all", "last"], default="all")
+    arg("--thinking", choices=["keep", "drop"], default="keep")
+    arg("--token-ids", choices=["auto", "server", "text"], default="auto")
+    arg("--chat-template", help="a Jinja chat template file overriding --target's")
+    arg("--skip-truncated", action="store_true", help="leave out samples with a reply cut at --max-tokens")
+    arg("--concurrency", type=int, default=64)
+    arg("--window", type=int, default=0, help="reorder buffer in samples (default max(1024, 16 x concurrency))")
+    arg("--timeout", type=float, default=600.0, help="seconds a request may stay silent")
+    arg("--max-retries", type=int, default=8)
+    arg("--backoff", type=float, default=1.0, help="first retry delay in seconds, doubling")
+    arg("--on-error", choices=["stop", "skip"], default="stop", help="when a request's retries run out")
+    arg("--limit", type=int, default=0, help="only the first N samples (0: all); a rerun without it goes on")
+    arg("--log-every", type=float, default=30.0, help="seconds between progress lines off a terminal (0: none)")
     a = ap.parse_args(argv)
     for name in ("max_tokens", "concurrency"):
         if getattr(a, name) < 1:
@@ -808,6 +813,9 @@ def main(argv=None):
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     if a.temperature < 0 or not 0 < a.top_p <= 1 or a.timeout <= 0 or a.backoff < 0:
         ap.error("--temperature must be >= 0, --top-p in (0, 1], --timeout > 0 and --backoff >= 0")
+    if a.output.endswith(".safetensors"):
+        ap.error("--output is JSONL (appended as samples complete); `drafter-trainer dataset convert` makes the "
+                 "binary form from it")
     window = a.window or max(1024, 16 * a.concurrency)
     paths = a.input.split(",")
     counters = Counters()
@@ -851,7 +859,8 @@ def main(argv=None):
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
-    old_term = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
+    in_main = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, on_term) if in_main else None
     it = samples(paths, start, total)
     sent, exhausted, fatal, interrupted = start, False, None, False
     try:
