@@ -161,11 +161,13 @@ def call(ep, method, path, body, opt, counters, stop):
     for attempt in range(opt.max_retries + 1):
         if stop.is_set():
             raise Stopped()
-        wait = None
+        wait, at_once = None, False
         try:
             status, headers, payload = ep.once(method, path, body)
         except (OSError, http.client.HTTPException) as e:
             last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if attempt == 0 and isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+                at_once = True  # most often a keep-alive connection the server closed while idle
         else:
             if status == 200:
                 try:
@@ -185,7 +187,7 @@ def call(ep, method, path, body, opt, counters, stop):
         if attempt == opt.max_retries:
             break
         counters.retry()
-        delay = min(opt.backoff * 2 ** attempt, MAX_DELAY_S)
+        delay = 0.0 if at_once else min(opt.backoff * 2 ** attempt, MAX_DELAY_S)
         if wait is not None:
             delay = max(delay, min(wait, MAX_DELAY_S))
         if stop.wait(delay):
@@ -204,7 +206,8 @@ def pick_model(ep, want, opt, counters):
         raise Fatal(f"the endpoint {ep.url} does not answer GET /models as an OpenAI-compatible server: "
                     f"{e.args[-1]}")
     data = obj.get("data") if isinstance(obj, dict) else None
-    names = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+    names = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+        if isinstance(data, list) else []
     if not names:
         raise Fatal(f"the endpoint {ep.url} lists no model (GET /models)")
     if want is None:
