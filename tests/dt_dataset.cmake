@@ -14,3 +14,11 @@ if(Python3_Interpreter_FOUND AND TARGET drafter-trainer)
                    $<TARGET_FILE:drafter-trainer>)
   set_tests_properties(test_prepare_data PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS unit)
 endif()
+# tools/regenerate.py against a stub OpenAI-compatible server on 127.0.0.1 (standard library only; the
+# text path is checked too where transformers is importable); drafter-trainer must read its output.
+if(Python3_Interpreter_FOUND AND TARGET drafter-trainer)
+  add_test(NAME test_regenerate
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/test_regenerate.py
+                   $<TARGET_FILE:drafter-trainer>)
+  set_tests_properties(test_regenerate PROPERTIES TIMEOUT 120 LABELS unit)
+endif()

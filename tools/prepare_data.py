@@ -129,6 +129,46 @@ def tokenize(tok, text, spans):
     return ids, mask
 
 
+def load_tokenizer(name, chat_template=None, need_template=True):
+    """A fast Hugging Face tokenizer with a chat template (chat_template: a Jinja file overriding the
+    tokenizer's; need_template=False accepts one without); DataError with one message when transformers,
+    the tokenizer or the template is missing."""
+    try:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    except ImportError:
+        raise DataError("needs the transformers package (pip install transformers)")
+    loader = AutoTokenizer
+    try:  # a plain tokenizer.json (models/tandem-tiny): transformers 5's AutoTokenizer would take the class of
+        # config.json's model_type instead (Qwen3.5's, which rebuilds a BPE this file does not hold)
+        with open(os.path.join(name, "tokenizer_config.json")) as f:
+            if json.load(f).get("tokenizer_class") == "PreTrainedTokenizerFast":
+                loader = PreTrainedTokenizerFast
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        tok = loader.from_pretrained(name)
+    except Exception as e:  # noqa: BLE001 — one message, whatever the loader raised
+        raise DataError(f"cannot load tokenizer '{name}': {e}")
+    if chat_template:
+        with open(chat_template) as f:
+            tok.chat_template = f.read()
+    if need_template and not getattr(tok, "chat_template", None):
+        raise DataError(f"tokenizer '{name}' has no chat template; pass --chat-template FILE")
+    if not getattr(tok, "is_fast", False):
+        raise DataError(f"tokenizer '{name}' is not a fast tokenizer (offsets are needed)")
+    return tok
+
+
+def renderer(tok, thinking):
+    """render(msgs, add_generation_prompt) -> text, with enable_thinking set from --thinking keep|drop."""
+    enable = thinking == "keep"
+
+    def render(msgs, gen):
+        return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, enable_thinking=enable)
+
+    return render
+
+
 def write_binary(path, docs):
     import numpy as np
     from safetensors.numpy import save_file
@@ -167,30 +207,11 @@ def main(argv=None):
         ap.error("--max-length must be >= 0")
 
     try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        print("prepare_data.py: needs the transformers package (pip install transformers)", file=sys.stderr)
+        tok = load_tokenizer(a.tokenizer, a.chat_template)
+    except DataError as e:
+        print(f"prepare_data.py: {e}", file=sys.stderr)
         return 1
-    try:
-        tok = AutoTokenizer.from_pretrained(a.tokenizer)
-    except Exception as e:  # noqa: BLE001 — one message, whatever the loader raised
-        print(f"prepare_data.py: cannot load tokenizer '{a.tokenizer}': {e}", file=sys.stderr)
-        return 1
-    if a.chat_template:
-        with open(a.chat_template) as f:
-            tok.chat_template = f.read()
-    if not getattr(tok, "chat_template", None):
-        print(f"prepare_data.py: tokenizer '{a.tokenizer}' has no chat template; pass --chat-template FILE",
-              file=sys.stderr)
-        return 1
-    if not getattr(tok, "is_fast", False):
-        print(f"prepare_data.py: tokenizer '{a.tokenizer}' is not a fast tokenizer (offsets are needed)",
-              file=sys.stderr)
-        return 1
-    enable = a.thinking == "keep"
-
-    def render(msgs, gen):
-        return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, enable_thinking=enable)
+    render = renderer(tok, a.thinking)
 
     docs, n_conv, n_skipped, n_truncated, n_tokens, n_sup = [], 0, 0, 0, 0, 0
     try:
