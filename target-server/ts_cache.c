@@ -185,7 +185,7 @@ cm_status ts_model_forward_cached(ts_model *m, ts_cache *c, const ts_cache_step 
     c->pending = 0; /* a new step replaces whatever was kept */
     m->cache   = c;
     m->step    = st;
-    cm_status rc = ts_model_forward(m, ids, T, cu, st->n_seq, cap);
+    cm_status rc = ts_forward_run(m, ids, T, cu, st->n_seq, cap);
     m->cache = NULL;
     m->step  = NULL;
     if (rc != CM_OK) return rc;

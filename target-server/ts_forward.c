@@ -318,8 +318,7 @@ static cm_status head_rows(ts_model *m, int64_t T, const ts_capture *cap) {
     return CM_OK;
 }
 
-/* The forward, from scratch (m->cache NULL) or continued from m->cache at m->step. */
-static cm_status forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
                              const ts_capture *cap) {
     const cm_target_cfg *c         = &m->cfg;
     const kn_backend    *be        = m->be;
@@ -439,7 +438,7 @@ cm_status ts_model_forward(ts_model *m, const int32_t *ids, int64_t T, const int
                            const ts_capture *cap) {
     m->cache = NULL;
     m->step = NULL;
-    return forward_run(m, ids, T, cu, n_seq, cap);
+    return ts_forward_run(m, ids, T, cu, n_seq, cap);
 }
 
 /* The warm-up forward's capture: the last layer, looked at by nobody (the forward runs every

@@ -78,7 +78,11 @@ struct ts_cache {
 };
 
 
-/* ts_forward.c: frees the workspace (the model's destroy calls it). */
-void ts_ws_release(ts_model *m);
+/* ts_forward.c: frees the workspace (the model's destroy calls it); the forward from scratch
+ * (m->cache NULL, as ts_model_forward) or continued from m->cache at m->step (as
+ * ts_model_forward_cached, which sets them around the call). */
+void      ts_ws_release(ts_model *m);
+cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                         const ts_capture *cap);
 
 #endif /* TS_MODEL_INT_H */

@@ -4,13 +4,14 @@
  *   - exactness: sequences of odd lengths prefilled in pieces and then fed one token per step
  *     (several sequences per step, packed) give the hidden states and greedy tokens of one
  *     uncached forward over each whole sequence (captures within rel L2 1e-4 on cpu, 1e-3 on
- *     cuda; both in fp32 GEMM mode, so that greedy near-ties do not depend on the batch's shape);
+ *     cuda, 4e-3 when the answer is bf16; both backends in fp32 GEMM mode, so that greedy
+ *     near-ties do not depend on the batch's shape);
  *   - verification: blocks of drafts, some right (the target's own greedy tokens) and some
  *     wrong, accept exactly the right prefix; the output is the target's greedy output token for
  *     token, and the committed hidden states equal the uncached forward's, so the roll-back of
  *     the GDN states to the accepted prefix is exact;
  *   - sampling: at temperature 0.9 / top-k 12 with a draft in every step, the first and second
- *     generated tokens follow the target's distribution (chi-square at p = 0.001 over 1500 seeded
+ *     generated tokens follow the target's distribution (chi-square at p = 0.001 over 1200 seeded
  *     sequences), and the same test refuses the tokens a decoder that accepts drafts unchecked
  *     would emit;
  *   - refusals: a foreign or closed handle, a wrong base, a length past max_len, too many
@@ -127,14 +128,14 @@ static ts_decoder *new_decoder(int seqs, int64_t max_len, int64_t max_step, int6
 
 #define N_SEQ 3
 static const int64_t lens[N_SEQ] = {29, 1, 47}; /* prompt lengths */
-#define GEN 24
+#define GEN 16
 
 /* Prefill (in pieces of max_forward 16), then GEN target steps: one token at a time (block 0) or
  * blocks of B with drafts mixing the target's own tokens and wrong ones (B > 1). Every committed
  * row and every token is compared with the uncached forward over the final sequence. */
 static void check_decode(int B, cm_dtype dt) {
-    const double tol = on_cuda ? 1e-3 : 1e-4;
-    ts_decoder  *d   = new_decoder(4, 128, 64, 16, dt);
+    const double tol = dt == CM_DTYPE_BF16 ? 4e-3 : on_cuda ? 1e-3 : 1e-4; /* bf16 answers: their rounding */
+    ts_decoder  *d   = new_decoder(4, 128, 64, 24, dt);
     if (!d) return;
     int32_t *seq[N_SEQ];
     int64_t  len[N_SEQ];
@@ -281,7 +282,7 @@ static double chi2_ratio(const int *count, const double *p, int n) {
     return stat / crit;
 }
 
-#define N_SAMPLES 1500
+#define N_SAMPLES 1200
 #define BATCH     16
 
 static void check_sampling(void) {
