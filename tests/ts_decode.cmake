@@ -7,3 +7,6 @@ set_tests_properties(test_ts_decode_cuda PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE
 add_executable(bench_ts_decode bench_ts_decode.c)
 target_compile_options(bench_ts_decode PRIVATE ${TANDEM_C_WARNINGS})
 target_link_libraries(bench_ts_decode PRIVATE ts kn cm m)
+# target-server generate as a process: regenerated responses, kill and resume, refusals.
+add_unit_test(test_ts_generate test_ts_generate.c TIMEOUT 300)
+add_dependencies(test_ts_generate target-server)
