@@ -126,7 +126,8 @@ int main(void) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "head -n 39 '%s' > '%s' && echo '{\"input_ids\":[1,3,4,5],\"loss_mask\":[0,0,1,1]}' >> '%s'",
              DATA, data2, data2);
-    TST_CHECK(tst_sh(cmd, NULL, 0) == 0);
+    char sh_out[64];
+    TST_CHECK(tst_sh(cmd, sh_out, sizeof sh_out) == 0);
     TST_CHECK(gen(full, "48", data2, err) == 1);
     TST_CHECK(strstr(tst_slurp(err), "another input") != NULL);
     TST_CHECK(file_size(full) == before);
