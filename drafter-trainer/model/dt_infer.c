@@ -338,6 +338,10 @@ int dt_infer_block(const dt_infer *f) {
     return f->B;
 }
 
+int dt_infer_n_slots(const dt_infer *f) {
+    return f->n_slots;
+}
+
 size_t dt_infer_bytes(const dt_infer *f) {
     return f->cache_bytes + f->bytes + f->wcopy_bytes;
 }

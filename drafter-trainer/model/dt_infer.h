@@ -58,6 +58,7 @@ cm_status dt_infer_refresh(dt_infer *inf);
 void    dt_infer_reset(dt_infer *inf, int slot);
 int64_t dt_infer_len(const dt_infer *inf, int slot); /* committed rows of a slot */
 int     dt_infer_block(const dt_infer *inf);         /* B */
+int     dt_infer_n_slots(const dt_infer *inf);       /* n_slots */
 size_t  dt_infer_bytes(const dt_infer *inf);         /* backend memory held */
 
 /* Newly committed rows of several sequences, packed in the order given: sequence i's n_rows[i]
