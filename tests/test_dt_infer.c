@@ -10,8 +10,9 @@
  * bit for bit the same arithmetic), and its loss must be Σ w·(−log p)/Σ w of the drafts' returned
  * probabilities (the unary max probability for DFlash, the selector's for DFlash2; within 1e-4).
  * With a shortened block the reference is the same weights under a config of that block size.
- * Bad calls (a slot out of range or repeated, an append past max_len, a block below DFlash2's
- * kernel) are refused with their messages.
+ * The appends also go through a kv_cache_write (the cpu table with the test's own, as kn_backend.h
+ * states it) where a backend has one. Bad calls (a slot out of range or repeated, an append past
+ * max_len, a block below DFlash2's kernel) are refused with their messages.
  *
  * `test_dt_infer cuda` (label gpu; 77 without a cuda build or device) runs the same on cuda: in the
  * F32 GEMM mode at least 97 % of the drafts must equal the training forward's (both fp32 on the
@@ -338,6 +339,29 @@ static void all_scenarios(const kn_backend *be, kn_gemm_mode mode, double min_ag
     scenario("DFlash2 B8 served as B4, causal sliding W2", c, 4, 0, be, mode, min_agree, loss_tol);
 }
 
+/* kv_cache_write as kn_backend.h states it, for a cpu table that lacks it: the appends' one-call path. */
+static int       kv_calls = 0;
+static cm_status test_kv_write(kn_ctx *ctx, float *kc, float *vc, const float *k, const float *v,
+                               const int32_t *slots, const int32_t *base, const int32_t *cu, int n_seq,
+                               int64_t T, int nkv, int hd, int64_t max_len) {
+    (void)ctx;
+    kv_calls++;
+    const int64_t KV = (int64_t)nkv * hd;
+    if (cu[0] != 0 || cu[n_seq] != T)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "kv_cache_write: cu_seqlens do not span the %lld rows",
+                       (long long)T);
+    for (int s = 0; s < n_seq; s++)
+        for (int32_t i = 0; i < cu[s + 1] - cu[s]; i++) {
+            if (base[s] + i >= max_len)
+                return CM_FAIL(CM_ERR_INVALID_ARG, "kv_cache_write: row past max_len");
+            memcpy(kc + ((int64_t)slots[s] * max_len + base[s] + i) * KV, k + (cu[s] + i) * KV,
+                   (size_t)KV * 4);
+            memcpy(vc + ((int64_t)slots[s] * max_len + base[s] + i) * KV, v + (cu[s] + i) * KV,
+                   (size_t)KV * 4);
+        }
+    return CM_OK;
+}
+
 /* Refusals: bad slots, a cache past max_len, a block below DFlash2's kernel. */
 static void check_refusals(void) {
     const kn_backend *be = kn_backend_cpu();
@@ -395,6 +419,14 @@ int main(int argc, char **argv) {
         return tst_report();
     }
     all_scenarios(kn_backend_cpu(), KN_GEMM_MODE_F32, 1.0, 1e-4);
+    static kn_backend kv = {0}; /* the cpu table with a kv_cache_write: appends through it */
+    kv = *kn_backend_cpu();
+    kv.kv_cache_write = test_kv_write;
+    cm_drafter_cfg c = base_cfg(1);
+    c.layer_types[0] = CM_LAYER_TYPE_SLIDING_ATTENTION;
+    c.sliding_window = 3;
+    scenario("DFlash2 B8 through kv_cache_write, chunk 4", c, 0, 4, &kv, KN_GEMM_MODE_F32, 1.0, 1e-4);
+    TST_CHECK(kv_calls > 0);
     check_refusals();
     return tst_report();
 }

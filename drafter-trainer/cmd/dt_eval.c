@@ -234,8 +234,11 @@ static cm_status load_drafter(eval_run *r, const eval_args *a) {
     int64_t longest = 0;
     for (int64_t i = 0; i < r->n_prompts; i++)
         longest = r->prompts[i].n > longest ? r->prompts[i].n : longest;
-    const dt_infer_config ic = {
-        .n_slots = a->batch, .max_len = longest + a->max_new + DT_EVAL_MAX_BLOCK + 1, .block = a->block};
+    /* room for the longest prompt, max_new tokens and a block; a prefill's rows in passes of 512 */
+    const dt_infer_config ic = {.n_slots = a->batch,
+                                .max_len = longest + a->max_new + DT_EVAL_MAX_BLOCK + 1,
+                                .block = a->block,
+                                .chunk_rows = 512};
     CM_TRY(dt_infer_create(&r->inf, r->m, &ic));
     CM_LOG_INFO("drafter '%s' (%s, block %d of %d) on %s: %.2f GB for %d sequences of up to %lld tokens",
                 r->drafter, r->cfg.kind == CM_DRAFTER_DFLASH2 ? "DFlash2" : "DFlash", dt_infer_block(r->inf),

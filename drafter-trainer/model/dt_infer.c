@@ -60,9 +60,9 @@ struct dt_infer {
     int32_t *argmax, *topk_idx, *cand, *lab_pos, *choice;
     float   *x, *h, *hc, *q, *kb, *vb, *att, *lse, *s, *gate, *up, *delta;
     float   *hsel, *ce, *topk_val, *lab_logit, *su, *score, *sce;
-    /* context projection (backend memory), chunk rows */
+    /* context projection (backend memory), chunk rows; the chunk's segments for kv_cache_write */
     float   *F, *pre, *cx, *kt, *vt;
-    int32_t *d_cpos;
+    int32_t *d_cpos, *d_sslot, *d_sbase, *d_scu;
     /* host */
     int64_t *len;                                                 /* [n_slots] */
     float   *hF;                                                  /* [chunk, nD] */
@@ -71,6 +71,7 @@ struct dt_infer {
     int32_t *h_choice, *h_topk;                                   /* [S], [Sc, Kt] */
     float   *h_val, *h_ce, *h_lab, *h_score;                      /* [Sc], [Sc], [Sc], [S, Kt] */
     int32_t *h_seg;  /* [S, 4]: slot, chunk row, position, rows */
+    int32_t *h_sarg; /* [3 S + 1]: the segments' slots, positions and chunk rows (cu) for kv_cache_write */
     uint8_t *h_seen; /* [S] */
 };
 
@@ -110,6 +111,9 @@ static void layout(dt_infer *f, carver *c) {
     f->lab_pos = f->v2 ? CARVE_I(c, Sc) : NULL;
     f->choice = f->v2 ? CARVE_I(c, Sc) : NULL;
     f->d_cpos = CARVE_I(c, C);
+    f->d_sslot = CARVE_I(c, S);
+    f->d_sbase = CARVE_I(c, S);
+    f->d_scu = CARVE_I(c, S + 1);
     f->x = CARVE_F(c, Rc * D);
     f->h = CARVE_F(c, Rc * D);
     f->hc = f->v2 ? CARVE_F(c, Rc * D) : NULL;
@@ -279,10 +283,11 @@ cm_status dt_infer_create(dt_infer **out, const dt_model *m, const dt_infer_conf
     f->h_lab = malloc((size_t)Sc * sizeof(float));
     f->h_score = malloc((size_t)(S * f->Kt) * sizeof(float));
     f->h_seg = malloc((size_t)(4 * S) * sizeof(int32_t));
+    f->h_sarg = malloc((size_t)(3 * S + 1) * sizeof(int32_t));
     f->h_seen = calloc((size_t)S, 1);
     if (!f->lw || !f->len || !f->hF || !f->h_cpos || !f->h_ids || !f->h_pos || !f->h_anchor || !f->h_lo ||
         !f->h_gather || !f->h_pred || !f->h_choice || !f->h_topk || !f->h_val || !f->h_ce || !f->h_lab ||
-        !f->h_score || !f->h_seg || !f->h_seen) {
+        !f->h_score || !f->h_seg || !f->h_sarg || !f->h_seen) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the drafting state's host buffers");
         goto fail;
     }
@@ -316,9 +321,9 @@ void dt_infer_destroy(dt_infer **fp) {
     f->be->free(f->ctx, f->wcopy);
     f->be->free(f->ctx, f->base);
     f->be->free(f->ctx, f->cache);
-    void *host[] = {f->lw,       f->len,  f->hF,       f->h_cpos,  f->h_ids,    f->h_pos,
-                    f->h_anchor, f->h_lo, f->h_gather, f->h_pred,  f->h_choice, f->h_topk,
-                    f->h_val,    f->h_ce, f->h_lab,    f->h_score, f->h_seg,    f->h_seen};
+    void *host[] = {f->lw,    f->len,      f->hF,     f->h_cpos,   f->h_ids,  f->h_pos, f->h_anchor,
+                    f->h_lo,  f->h_gather, f->h_pred, f->h_choice, f->h_topk, f->h_val, f->h_ce,
+                    f->h_lab, f->h_score,  f->h_seg,  f->h_sarg,   f->h_seen};
     for (size_t k = 0; k < sizeof host / sizeof host[0]; k++)
         free(host[k]);
     free(f);
@@ -368,11 +373,23 @@ static cm_status check_slots(dt_infer *f, int n, const int32_t *slots, const cha
 }
 
 /* The n chunk rows in f->F (their positions in f->d_cpos) through fc and hidden_norm, then each
- * layer's k/v projections, k_norm and RoPE, into the caches at the segments h_seg[0 .. n_seg). */
+ * layer's k/v projections, k_norm and RoPE, into the caches at the segments h_seg[0 .. n_seg): one
+ * kv_cache_write per layer where the backend has it, else two copies per segment. */
 static cm_status project_chunk(dt_infer *f, int64_t n, int n_seg) {
     const kn_backend     *be = f->be;
     const cm_drafter_cfg *g = f->g;
     const dt_model       *m = f->m;
+    if (be->kv_cache_write) {
+        int32_t *sl = f->h_sarg, *ba = sl + n_seg, *cu = ba + n_seg;
+        cu[0] = 0;
+        for (int s = 0; s < n_seg; s++) {
+            sl[s] = f->h_seg[4 * s], ba[s] = f->h_seg[4 * s + 2];
+            cu[s + 1] = f->h_seg[4 * s + 1] + f->h_seg[4 * s + 3];
+        }
+        CM_TRY(be->upload(f->ctx, f->d_sslot, sl, (size_t)n_seg * sizeof(int32_t)));
+        CM_TRY(be->upload(f->ctx, f->d_sbase, ba, (size_t)n_seg * sizeof(int32_t)));
+        CM_TRY(be->upload(f->ctx, f->d_scu, cu, (size_t)(n_seg + 1) * sizeof(int32_t)));
+    }
     CM_TRY(mm(f, f->pre, f->F, f->fc, n, f->D, f->nD));
     CM_TRY(be->rmsnorm(f->ctx, f->cx, f->pre, m->params[P_HIDDEN_NORM].data, n, f->D, g->rms_norm_eps, 0));
     for (int l = 0; l < g->n_layers; l++) {
@@ -382,6 +399,12 @@ static cm_status project_chunk(dt_infer *f, int64_t n, int n_seg) {
         CM_TRY(be->rope(f->ctx, f->kt, f->d_cpos, n, g->n_kv_heads, g->head_dim, g->head_dim,
                         (float)g->rope_theta));
         CM_TRY(mm(f, f->vt, f->cx, f->lw[l].w[LP_V], n, f->KV, f->D));
+        if (be->kv_cache_write) {
+            CM_TRY(be->kv_cache_write(f->ctx, cache_k(f, l), cache_v(f, l), f->kt, f->vt, f->d_sslot,
+                                      f->d_sbase, f->d_scu, n_seg, n, g->n_kv_heads, g->head_dim,
+                                      f->max_len));
+            continue;
+        }
         for (int s = 0; s < n_seg; s++) {
             const int32_t *sg = f->h_seg + 4 * s; /* slot, chunk row, position, rows */
             const int64_t  dst = ((int64_t)sg[0] * f->max_len + sg[2]) * f->KV, src = (int64_t)sg[1] * f->KV;

@@ -20,8 +20,9 @@
  * appends and drafts allocate nothing. When the backend's GEMMs round their inputs to bf16 anyway
  * (cuda in its bf16 GEMM mode) the weight matrices are kept as bf16 copies made at create time
  * (dt_infer_refresh after the masters change), which gives the same products without a conversion
- * pass per call. The model (with its frozen embedding and LM head attached) is borrowed and must
- * outlive the dt_infer; it is only read. One thread. */
+ * pass per call. Appends write the caches with the backend's kv_cache_write where it has one. The
+ * model (with its frozen embedding and LM head attached) is borrowed and must outlive the dt_infer;
+ * it is only read. One thread. */
 #ifndef DT_INFER_H
 #define DT_INFER_H
 
