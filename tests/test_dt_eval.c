@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cm_log.h"
 #include "dt_eval.h"
 #include "dt_infer.h"
 #include "dt_model.h"
@@ -631,6 +632,7 @@ int main(void) {
         perror("mkdtemp");
         return 1;
     }
+    cm_log_set_level(CM_LOG_LEVEL_WARN); /* no line per finished prompt */
     check_prompts();
     check_eos();
     check_figures_and_json();

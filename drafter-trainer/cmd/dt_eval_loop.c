@@ -64,6 +64,7 @@ typedef struct loop {
     cm_proto_decode        rq;
     cm_proto_answer        ans;
     uint64_t               id;
+    int64_t                n, n_done; /* prompts, and those finished */
     double                 draft_s, verify_s;
 } loop;
 
@@ -271,8 +272,15 @@ static cm_status one_step(loop *L, int n_act, const dt_eval_prompt *prompts, dt_
         }
         a->base = (uint32_t)r[1];
         a->anchor = r[3];
-        if (a->done)
+        if (a->done) {
             s->t_end = done_at;
+            L->n_done++;
+            CM_LOG_INFO("%lld of %lld prompts done; prompt %lld (document %lld): %lld tokens%s in %lld "
+                        "steps, tau %.2f",
+                        (long long)L->n_done, (long long)L->n, (long long)a->p, (long long)s->doc,
+                        (long long)s->generated, s->eos ? " (EOS)" : "", (long long)s->steps,
+                        dt_eval_seq_tau(s));
+        }
     }
     return CM_OK;
 }
@@ -288,7 +296,7 @@ cm_status dt_eval_run(const dt_eval_target *t, const dt_eval_drafter *d, const d
         return CM_FAIL(CM_ERR_INVALID_ARG, "dt_eval_run: batch %d needs as many drafter slots (it has %d)",
                        o->batch, d->n_slots);
     cm_status st = CM_OK;
-    loop      L = {.t = t, .d = d, .o = o, .B = o->target_only ? 1 : d->block, .id = 1};
+    loop      L = {.t = t, .d = d, .o = o, .B = o->target_only ? 1 : d->block, .id = 1, .n = n};
     int64_t   longest = 1;
     for (int64_t i = 0; i < n; i++) {
         if (prompts[i].n < 1 || prompts[i].n > INT32_MAX / 2)
