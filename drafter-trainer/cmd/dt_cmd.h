@@ -13,6 +13,7 @@ int dt_cmd_train(int argc, char **argv); /* dt_train.c: training from batch file
 int dt_cmd_shards(int argc, char **argv); /* dt_shards.c: inspect and export shard directories */
 int dt_cmd_precompute(int argc, char **argv); /* dt_precompute.c: token batches → target-server → shards */
 int dt_cmd_dataset(int argc, char **argv);    /* dt_dataset_cli.c: convert and inspect tokenized datasets */
+int dt_cmd_eval(int argc, char **argv);       /* dt_eval.c: speculative decoding against a target-server */
 
 #ifdef __cplusplus
 }

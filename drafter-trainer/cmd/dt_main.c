@@ -12,7 +12,8 @@ static void usage(FILE *f) {
                "  grad    loss and every gradient of one batch (see drafter-trainer grad --help)\n"
                "  shards  inspect or export offline hidden-state shards (see drafter-trainer shards --help)\n"
                "  precompute  store a target-server's hidden states in shards (see drafter-trainer precompute --help)\n"
-               "  dataset convert|inspect  tokenized datasets of documents (see drafter-trainer dataset --help)\n");
+               "  dataset convert|inspect  tokenized datasets of documents (see drafter-trainer dataset --help)\n"
+               "  eval    speculative decoding with a drafter against a target-server (see drafter-trainer eval --help)\n");
 }
 
 int main(int argc, char **argv) {
@@ -25,6 +26,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "shards") == 0) return dt_cmd_shards(argc - 2, argv + 2);
     if (strcmp(argv[1], "precompute") == 0) return dt_cmd_precompute(argc - 2, argv + 2);
     if (strcmp(argv[1], "dataset") == 0) return dt_cmd_dataset(argc - 2, argv + 2);
-    fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad, shards, precompute, dataset; see --help)\n", argv[1]);
+    if (strcmp(argv[1], "eval") == 0) return dt_cmd_eval(argc - 2, argv + 2);
+    fprintf(stderr, "drafter-trainer: unknown command '%s' (commands: train, grad, shards, precompute, dataset, eval; see --help)\n", argv[1]);
     return 2;
 }

@@ -1,5 +1,6 @@
-/* drafter-trainer/model/dt_model_int.h — private to model/dt_model*.c: the dt_model struct,
- * its activation plan and the helpers the files of the drafter share.
+/* drafter-trainer/model/dt_model_int.h — private to model/dt_model*.c (and dt_infer.c, which reads the
+ * parameters and the frozen embedding and LM head): the dt_model struct, its activation plan and the
+ * helpers the files of the drafter share.
  *
  * The DFlash drafter on the kernel backend table (DFlash2's additions: dt_model_conv.c, dt_model_sel.c): parameters
  * (one allocation for the fp32 masters, one for their grads, carved per tensor in the
