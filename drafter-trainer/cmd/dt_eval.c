@@ -135,11 +135,10 @@ static cm_status set_frozen(dt_model *m, const char *target, const cm_target_cfg
     return dt_model_set_frozen(m, e, edt, h, hdt, t->vocab_size, t->hidden_size);
 }
 
-/* The decoding endpoint from the server's STATUS: "decode_endpoint", with a wildcard host (a server
- * bound to every interface: host "*" or 0.0.0.0) replaced by --server's host. */
-static cm_status find_decode_endpoint(const eval_args *a, char *out, size_t cap) {
+cm_status dt_eval_decode_endpoint(const char *server, const char *key, const char *secret, const char *hint,
+                                  char *out, size_t cap) {
     static char reply[CM_PROTO_STATUS_MAX + 1];
-    CM_TRY(cm_chan_status_query(a->server, a->key, a->secret, 10000, reply, sizeof reply));
+    CM_TRY(cm_chan_status_query(server, key, secret, 10000, reply, sizeof reply));
     cJSON       *o = cJSON_Parse(reply);
     const cJSON *ep = cJSON_GetObjectItemCaseSensitive(o, "decode_endpoint");
     if (!cJSON_IsString(ep) || !ep->valuestring[0]) {
@@ -147,11 +146,11 @@ static cm_status find_decode_endpoint(const eval_args *a, char *out, size_t cap)
         return CM_FAIL(CM_ERR_UNSUPPORTED,
                        "the target-server at '%s' offers no decoding endpoint (no \"decode_endpoint\" in its "
                        "STATUS): it is older than decoding sessions or serves hidden states only; run a "
-                       "target-server with decoding, or give --decode-server ENDPOINT",
-                       a->server);
+                       "target-server with decoding%s",
+                       server, hint ? hint : "");
     }
     const char *e = ep->valuestring, *colon = strrchr(e, ':');
-    const char *host = strstr(a->server, "://"), *hcolon = strrchr(a->server, ':');
+    const char *host = strstr(server, "://"), *hcolon = strrchr(server, ':');
     if (strncmp(e, "tcp://", 6) == 0 && colon &&
         (strncmp(e + 6, "*:", 2) == 0 || strncmp(e + 6, "0.0.0.0:", 8) == 0) && host && hcolon &&
         hcolon > host + 3)
@@ -328,7 +327,9 @@ static cm_status run_eval(const eval_args *a) {
     if (a->decode_server)
         snprintf(r.endpoint, sizeof r.endpoint, "%s", a->decode_server);
     else
-        CM_TRY_GOTO(find_decode_endpoint(a, r.endpoint, sizeof r.endpoint), st, fail);
+        CM_TRY_GOTO(dt_eval_decode_endpoint(a->server, a->key, a->secret, ", or give --decode-server ENDPOINT",
+                                            r.endpoint, sizeof r.endpoint),
+                    st, fail);
     cm_dec_client_config cc = {.endpoint = r.endpoint,
                                .curve_server_key = a->key,
                                .curve_secret_key = a->secret,

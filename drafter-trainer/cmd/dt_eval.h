@@ -132,6 +132,17 @@ cm_status dt_eval_json(const dt_eval_report *r, char **out);
 cm_status dt_eval_write_file(const char *path, const char *text);
 
 // ----------------------------------------------------------------------------
+// the decoding endpoint (dt_eval.c)
+
+/* The decoding endpoint of the target-server at server (tcp://HOST:PORT or ipc://PATH), from its STATUS
+ * ("decode_endpoint"), a wildcard host (a server bound to every interface: "*" or 0.0.0.0) replaced by
+ * server's host; key and secret: the CURVE key files as cm_chan_status_query takes them (NULL: none).
+ * CM_ERR_UNSUPPORTED when the server names none, its message ending with hint (NULL: nothing), e.g.
+ * the flag that names an endpoint instead; the STATUS query's own failures as they come. */
+cm_status dt_eval_decode_endpoint(const char *server, const char *key, const char *secret, const char *hint,
+                                  char *out, size_t cap);
+
+// ----------------------------------------------------------------------------
 // the loop (dt_eval_loop.c)
 
 /* The verifier: one DECODE step and its answer (cm_dec_client_step's contract: the answer's tensors
@@ -168,6 +179,7 @@ typedef struct dt_eval_opts {
     int64_t        hidden;
     const int32_t *eos; /* [n_eos] */
     int            n_eos;
+    int            quiet; /* each finished prompt's line at debug level (else info) */
 } dt_eval_opts;
 
 /* Decodes the n prompts (in order, up to o->batch at a time) with the drafter (NULL with

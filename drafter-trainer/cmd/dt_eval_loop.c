@@ -275,11 +275,12 @@ static cm_status one_step(loop *L, int n_act, const dt_eval_prompt *prompts, dt_
         if (a->done) {
             s->t_end = done_at;
             L->n_done++;
-            CM_LOG_INFO("%lld of %lld prompts done; prompt %lld (document %lld): %lld tokens%s in %lld "
-                        "steps, tau %.2f",
-                        (long long)L->n_done, (long long)L->n, (long long)a->p, (long long)s->doc,
-                        (long long)s->generated, s->eos ? " (EOS)" : "", (long long)s->steps,
-                        dt_eval_seq_tau(s));
+            cm_log_write(o->quiet ? CM_LOG_LEVEL_DEBUG : CM_LOG_LEVEL_INFO,
+                         "%lld of %lld prompts done; prompt %lld (document %lld): %lld tokens%s in %lld "
+                         "steps, tau %.2f",
+                         (long long)L->n_done, (long long)L->n, (long long)a->p, (long long)s->doc,
+                         (long long)s->generated, s->eos ? " (EOS)" : "", (long long)s->steps,
+                         dt_eval_seq_tau(s));
         }
     }
     return CM_OK;

@@ -49,6 +49,7 @@
 #include "dt_runcfg.h"
 #include "dt_shard_source.h"
 #include "dt_train_args.h"
+#include "dt_train_eval.h"
 #include "dt_train_rundir.h"
 
 
@@ -78,6 +79,7 @@ typedef struct run {
     FILE             *metrics;
     cm_lock          *lock;     /* RUN_DIR/trainer.lock, held for the whole run */
     cm_tb            *tb;       /* RUN_DIR/tb event file, unless --no-tensorboard */
+    dt_train_eval    *ev;       /* --eval-every (rank 0), or NULL */
     dt_progress       prog;     /* --progress display on stderr */
     int64_t           prog_end; /* the step this invocation stops at (--steps or the schedule) */
     dt_hparams        hp;
@@ -463,6 +465,45 @@ static cm_status write_metrics(run *r, int64_t step, int64_t epoch, int32_t batc
     return CM_OK;
 }
 
+/* --eval-every: the evaluator, made before the first step (rank 0 only: every rank holds the same
+ * weights). It decodes on --eval-server, else on the first live --server. */
+static cm_status open_eval(run *r) {
+    const train_args *a = &r->a;
+    if (a->eval_every <= 0)
+        return CM_OK;
+    if (a->dp_rank != 0) {
+        CM_LOG_DEBUG("rank %" PRId64 ": evaluations run on rank 0", a->dp_rank);
+        return CM_OK;
+    }
+    char server[1024];
+    snprintf(server, sizeof server, "%s", a->eval_server ? a->eval_server : a->server);
+    server[strcspn(server, ",")] = '\0';
+    const size_t               tl = strlen(a->target);
+    const dt_train_eval_config ec = {
+        .data = a->eval_data,
+        .prompts = a->eval_prompts,
+        .max_new = a->eval_max_new,
+        .batch = (int)a->eval_batch,
+        .target = tl > 5 && strcmp(a->target + tl - 5, ".json") == 0 ? NULL : a->target,
+        .server = server,
+        .curve_server_key = a->curve_server_key,
+        .curve_secret_key = a->curve_secret_key,
+        .timeout_ms = (int)a->timeout_ms,
+        .hint = a->eval_server ? "; --eval-every needs one" : "; --eval-every needs one: give --eval-server ENDPOINT"};
+    return dt_train_eval_create(&r->ev, &ec, r->m);
+}
+
+/* One evaluation at step (after that step's metrics line and checkpoint). */
+static cm_status evaluate(run *r, int64_t step) {
+    if (!r->ev)
+        return CM_OK;
+    dt_progress_break(&r->prog);
+    dt_train_eval_result res;
+    CM_TRY(dt_train_eval_run(r->ev, step, &res));
+    return dt_train_eval_report(&res, r->metrics, r->metrics_path, r->tb,
+                                r->prog.mode != DT_PROGRESS_OFF ? r->prog.out : NULL);
+}
+
 static cm_status train(run *r) {
     cm_status   st = CM_OK;
     train_args *a = &r->a;
@@ -575,6 +616,7 @@ static cm_status train(run *r) {
     r->work = malloc((size_t)max_T * sizeof *r->work);
     if (!r->order || !r->order_next || !r->anchors || !r->work)
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the step buffers");
+    CM_TRY(open_eval(r)); /* last: the training's own memory is all in place before it */
 
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", a->out);
     int64_t start = 0;
@@ -663,10 +705,14 @@ static cm_status train(run *r) {
             CM_TRY(save(r, t + 1));
             last_saved = t + 1;
         }
+        if (a->eval_every > 0 && (t + 1) % a->eval_every == 0)
+            CM_TRY(evaluate(r, t + 1));
     }
     dt_progress_release(&r->prog);
     if (last_saved != end)
         CM_TRY(save(r, end));
+    if (a->eval_every > 0 && end % a->eval_every != 0)
+        CM_TRY(evaluate(r, end));
     if (r->tb)
         CM_TRY(cm_tb_flush(r->tb));
     return CM_OK;
@@ -707,6 +753,7 @@ static cm_status dry_run(const train_args *a) {
 }
 
 static void run_release(run *r) {
+    dt_train_eval_destroy(&r->ev); /* borrows the model */
     cm_tb_destroy(&r->tb);
     if (r->metrics)
         fclose(r->metrics);

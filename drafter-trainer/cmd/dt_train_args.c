@@ -76,6 +76,18 @@ static void usage(FILE *f) {
         "  --clip X                 global grad-norm clip, 0 = off (default 1)\n"
         "  --seed N                 init, shuffle and anchor seed (default 0)\n"
         "  --save-every N           checkpoint every N steps (default 0: only at the end)\n"
+        "  --eval-every N           every N steps and at the end, decode --eval-data's prompts speculatively\n"
+        "                           with the current weights on a target-server (greedy, as `drafter-trainer\n"
+        "                           eval`; the first time also with the target alone): tau, acceptance and\n"
+        "                           tokens/s to metrics.jsonl, TensorBoard and the progress stream; the\n"
+        "                           training itself is unchanged by it (default 0: off)\n"
+        "  --eval-data FILE         held-out tokenized documents (.jsonl or .safetensors); a prompt is a\n"
+        "                           document's tokens before its first with loss_mask 1\n"
+        "  --eval-prompts K         the first K prompts of --eval-data (default 16)\n"
+        "  --eval-max-new M         tokens generated per prompt, EOS included (default 128)\n"
+        "  --eval-batch N           sequences per verify step (default 8)\n"
+        "  --eval-server EP         the target-server to decode on; its STATUS names its decoding endpoint\n"
+        "                           (default: the first --server; needed with --shards or batch files)\n"
         "  --prefetch 0|1           load the next batch (files, shards) on a thread during each step\n"
         "                           (default 1; 0 loads it between steps; live servers pipeline anyway)\n"
         "  --resume                 continue RUN_DIR from checkpoints/latest exactly, once its files\n"
@@ -177,6 +189,12 @@ static int parse_flag(cm_args *p, train_args *a) {
                cm_args_i64(p, "--max-anchors", 1, INT64_MAX, &a->max_anchors) ||
                cm_args_i64(p, "--save-every", 0, INT64_MAX, &a->save_every))
         ;
+    else if (cm_args_i64(p, "--eval-every", 0, INT64_MAX, &a->eval_every) ||
+             cm_args_i64(p, "--eval-prompts", 1, INT32_MAX, &a->eval_prompts) ||
+             cm_args_i64(p, "--eval-max-new", 1, 1 << 24, &a->eval_max_new) ||
+             cm_args_i64(p, "--eval-batch", 1, 4096, &a->eval_batch) ||
+             cm_args_str(p, "--eval-data", &a->eval_data) || cm_args_str(p, "--eval-server", &a->eval_server))
+        ;
     else if (cm_args_i64(p, "--prefetch", 0, INT64_MAX, &a->prefetch)) {
         if (!p->bad && a->prefetch > 1) {
             fprintf(stderr, CMD ": --prefetch %s: expected 0 (off) or 1 (on)\n", p->argv[p->i + 1]);
@@ -238,6 +256,9 @@ int dt_train_args_parse(int argc, char **argv, train_args *a) {
                       .prefetch = 1,
                       .timeout_ms = 300000,
                       .token_budget = 8192,
+                      .eval_prompts = 16,
+                      .eval_max_new = 128,
+                      .eval_batch = 8,
                       .dp_rank = -1,
                       .dp_size = -1,
                       .gpu = -1,
@@ -301,6 +322,18 @@ int dt_train_args_parse(int argc, char **argv, train_args *a) {
         fprintf(stderr, CMD ": --config or --init-from is required (see --help)\n");
         return 2;
     }
+    if (a->eval_every > 0 && !a->eval_data) {
+        fprintf(stderr, CMD ": --eval-every needs --eval-data FILE (the held-out prompts it decodes)\n");
+        return 2;
+    }
+    if (a->eval_every > 0 && !a->server && !a->eval_server) {
+        fprintf(stderr, CMD ": --eval-every decodes on a target-server, and this run has no live --server (its "
+                        "hidden states come from %s): give --eval-server ENDPOINT\n",
+                a->shards ? "--shards" : "the batch files");
+        return 2;
+    }
+    if (a->eval_every == 0 && (a->eval_data || a->eval_server))
+        CM_LOG_WARN("--eval-data and --eval-server are not used without --eval-every N");
     return 0;
 }
 

@@ -27,6 +27,9 @@ typedef struct train_args {
     int              dry_run, no_tensorboard;
     int64_t          plan_seq_len;
     double           plan_target_tflops, plan_drafter_tflops, plan_ratio;
+    /* --eval-every: speculative decoding of held-out prompts during training (dt_train_eval.h) */
+    int64_t     eval_every, eval_prompts, eval_max_new, eval_batch; /* eval_every 0: off */
+    const char *eval_data, *eval_server;
     /* DFlash2's selector term (dt_hparams) */
     double sel_alpha, sel_warmup_ratio, sel_ramp_ratio;
     int    sel_miss, sel_stop_grad;
