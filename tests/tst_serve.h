@@ -61,7 +61,7 @@ static inline const char *tst_field(const char *line, const char *key) {
 }
 
 /* A metrics.jsonl's "loss" and "tau" texts, "loss|tau\n" a step, into out (cap bytes), up to the
- * first line without both; their count into *n. With timed (then wait and compute) not NULL,
+ * first line without both (evaluation records, with "eval_tau", are passed over); their count into *n. With timed (then wait and compute) not NULL,
  * the lines with wait_s ≥ 0 and compute_s > 0 are counted there and those summed. 1 if there
  * was a step. */
 static inline int tst_read_losses(const char *path, char *out, size_t cap, int *n, int *timed, double *wait,
@@ -77,6 +77,8 @@ static inline int tst_read_losses(const char *path, char *out, size_t cap, int *
         *wait = *compute = 0;
     }
     while (fgets(line, sizeof line, f)) {
+        if (tst_field(line, "\"eval_tau\": ")) /* an evaluation's record (train --eval-every) */
+            continue;
         const char *l = tst_field(line, "\"loss\": "), *t = tst_field(line, "\"tau\": ");
         const char *w = tst_field(line, "\"wait_s\": "), *c = tst_field(line, "\"compute_s\": ");
         if (!l || !t)
