@@ -58,7 +58,8 @@ void cm_chan_error_text(char *dst, const char *src);
 // workers, stop); cm_chan_server_loop.c: run, the loop thread, which calls the files of its
 // concerns: _session.c (sessions and what they receive), _sched.c (tasks to workers, results
 // back), _status.c (STATUS), _zap.c (CURVE clients), _send.c (frames out, refusals);
-// cm_chan_server_work.c: the worker threads, cm_chan_server_enc.c: their answers' encoding.
+// cm_chan_server_work.c: the worker threads, cm_chan_server_enc.c: their answers' encoding;
+// cm_chan_server_call.c: other work run on a worker's thread (cm_chan_server_call).
 
 #define POOL_MAX        64  /* pooled answer buffers; beyond that an answer gets a one-off buffer */
 #define IDENT_MAX       255 /* ZeroMQ routing ids are 1..255 bytes */
@@ -99,7 +100,21 @@ typedef struct session {
 } session;
 
 enum { NCCL_NONE, NCCL_WANTED, NCCL_OPENING, NCCL_UP };
-enum { WORK_JOB, WORK_NCCL_OPEN };
+enum { WORK_JOB, WORK_NCCL_OPEN, WORK_CALL };
+
+/* A cm_chan_server_call: lives on its caller's stack, which waits (on s->call_cv) until state is
+ * CALL_DONE; queued on s->calls, then handed to its worker (work.call), then completed by the
+ * loop. state, next and the result are under s->call_mu, except while the worker runs it. */
+enum { CALL_QUEUED, CALL_RUNNING, CALL_DONE };
+typedef struct chan_call {
+    int worker;
+    cm_status (*fn)(void *user, void *arg);
+    void             *arg;
+    int               state;
+    cm_status         st;        /* fn's status, or CM_ERR_PEER_GONE when it never ran */
+    char              msg[1024]; /* its cm_last_error() */
+    struct chan_call *next;
+} chan_call;
 
 /* The worker's mailbox: one job in, one result out, under mu. */
 typedef struct work {
@@ -109,7 +124,8 @@ typedef struct work {
     cm_status       init_status;
     char            init_msg[1024];
     /* job */
-    int           kind; /* WORK_JOB or WORK_NCCL_OPEN (offer, result in peer / status) */
+    int           kind; /* WORK_JOB, WORK_NCCL_OPEN (offer, result in peer / status) or WORK_CALL */
+    chan_call    *call; /* WORK_CALL: the call to run (its result goes into it) */
     cm_proto_nccl offer;
     void         *peer;
     void         *job_peer; /* WORK_JOB: the session's NCCL peer (NULL without one) */
@@ -173,6 +189,7 @@ typedef struct worker {
     pthread_t              thread;
     int                    started;
     int                    busy;   /* loop thread: a task is handed over and not yet done */
+    int                    last_call; /* loop thread: that task (or the last one) is a call */
     uint64_t               job_id; /* loop thread: the batch of the job handed over */
     work                   w;
     /* worker thread */
@@ -211,6 +228,12 @@ struct cm_chan_server {
     uint64_t   gen_counter, hb_seq;
     /* loop thread: the REQUEST being decoded (its arrays owned, grown to fit) */
     cm_proto_request req;
+    /* cm_chan_server_call: calls queued (FIFO) while run() accepts them (calls_open), under call_mu */
+    pthread_mutex_t call_mu;
+    pthread_cond_t  call_cv;
+    chan_call      *calls;
+    int             calls_open;
+    pthread_t       loop_thread; /* run()'s thread (calls from it are refused) */
     /* warnings */
     int64_t warn_window;
     int     warn_count, warn_suppressed;
@@ -268,6 +291,18 @@ void     cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_head
  * workers that are done sent. */
 void cm_chan_schedule_(cm_chan_server *s);
 void cm_chan_handle_done_(cm_chan_server *s);
+
+/* cm_chan_server_call.c. Loop thread: open lets cm_chan_server_call queue calls (run() started
+ * the workers); close refuses new ones and fails the queued ones with CM_ERR_PEER_GONE (why: the
+ * message), and after the workers are joined also those handed over and never run; schedule
+ * hands queued calls to their idle workers (after_call 0: only to workers whose last task was not
+ * a call, so that calls and jobs alternate on a worker both want); done completes worker k's call.
+ * Worker thread: run runs worker k's call. */
+void cm_chan_calls_open_(cm_chan_server *s);
+void cm_chan_calls_close_(cm_chan_server *s, const char *why, int joined);
+void cm_chan_calls_schedule_(cm_chan_server *s, int after_call);
+void cm_chan_call_done_(cm_chan_server *s, worker *k);
+void cm_chan_call_run_(worker *k);
 
 /* cm_chan_server_status.c (loop thread): the answer to a STATUS frame. */
 void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const uint8_t *p,

@@ -133,6 +133,8 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     s->cfg = *cfg;
     s->pipe_r = s->pipe_w = -1;
     pthread_mutex_init(&s->stats_mu, NULL);
+    pthread_mutex_init(&s->call_mu, NULL);
+    pthread_cond_init(&s->call_cv, NULL);
     if (s->cfg.max_req_layers > s->cfg.n_layers)
         s->cfg.max_req_layers = s->cfg.n_layers;
     /* encoding nccl is offered exactly when the compute can send over NCCL */
@@ -291,6 +293,8 @@ void cm_chan_server_destroy(cm_chan_server **sp) {
     free(s->sessions);
     cm_chan_request_release_(&s->req);
     pthread_mutex_destroy(&s->stats_mu);
+    pthread_cond_destroy(&s->call_cv);
+    pthread_mutex_destroy(&s->call_mu);
     free(s);
     *sp = NULL;
 }

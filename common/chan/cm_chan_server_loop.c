@@ -140,6 +140,8 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         s->name, s->endpoint, (unsigned long long)s->cfg.weights_id, (unsigned long long)s->cfg.target_id,
         s->cfg.n_layers, s->cfg.hidden_size, cm_dtype_name(s->cfg.hidden_dtype), s->cfg.credits);
     cm_status st = cm_chan_server_start_(s);
+    if (st == CM_OK)
+        cm_chan_calls_open_(s);
     while (st == CM_OK) {
         if (atomic_load(&s->stop) && !s->stopping) {
             s->stopping = 1;
@@ -148,6 +150,7 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
             for (uint32_t i = 0; i < s->cfg.max_sessions; i++)
                 if (s->sessions[i].used)
                     cm_chan_drop_queue_(s, &s->sessions[i]);
+            cm_chan_calls_close_(s, "the server is stopping", 0);
         }
         if (s->stopping && !s->n_busy)
             break;
@@ -191,9 +194,11 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         cm_chan_send_bye_(s, ss->ident, ss->ident_len);
         cm_chan_end_session_(s, ss, END_STOP);
     }
+    cm_chan_calls_close_(s, "the server is stopping", 0);
     cm_chan_server_join_(s);
     if (s->n_busy) /* only after a failure: the last results are not sent */
         cm_chan_handle_done_(s);
+    cm_chan_calls_close_(s, st == CM_OK ? "the server stopped" : "the server failed", 1);
     CM_LOG_INFO("stopped serving '%s' on %s", s->name, s->endpoint);
     return st;
 }
