@@ -54,6 +54,65 @@ cm_status cm_chan_bind_check_(const char *endpoint);
 void cm_chan_error_text(char *dst, const char *src);
 
 // ----------------------------------------------------------------------------
+// what a server's socket needs, shared by cm_chan_server and cm_dec_server (cm_chan.c, _zap.c,
+// _send.c)
+
+/* A bind endpoint and its keys, checked before anything is created: cm_chan_endpoint_check, a
+ * non-loopback endpoint only with a secret key and a client key directory, the directory only
+ * with a secret key, CURVE in the linked libzmq when keys are given, cm_chan_bind_check_. */
+cm_status cm_chan_server_endpoint_check_(const char *endpoint, const char *secret_key,
+                                         const char *client_keys);
+
+/* Makes sock a CURVE server with the secret key in the file secret_key (read, used and wiped;
+ * never logged), checking clients through ZAP (domain "tandem") when zap is set, and logs the
+ * public key, prefixed by what ("" or e.g. "decoding endpoint: "). */
+cm_status cm_chan_curve_server_(void *sock, const char *secret_key, int zap, const char *what);
+
+/* Binds sock to endpoint (a failure says what to do: port in use, host name instead of an
+ * address), writes the bound endpoint with its port resolved into bound (cap bytes) and, for an
+ * ipc:// path, the socket file's inode into *ino and *dev (0 otherwise). unbind_file removes that
+ * file unless another server has bound the path since (then it is another inode); libzmq leaves
+ * it behind. */
+cm_status cm_chan_bind_(void *sock, const char *endpoint, char *bound, size_t cap, ino_t *ino, dev_t *dev);
+void      cm_chan_unbind_file_(const char *bound, ino_t ino, dev_t dev);
+
+/* The client side of CURVE: checks endpoint (a non-loopback one needs server_key), reads the
+ * server's public key and this client's key pair (secret_key NULL: a fresh pair) into k (on = 0
+ * without server_key); apply sets them on a socket before its connect. wipe clears k. */
+typedef struct cm_chan_curve_keys {
+    int  on;
+    char server[CM_CHAN_KEY_LEN + 1], pub[CM_CHAN_KEY_LEN + 1], sec[CM_CHAN_KEY_LEN + 1];
+} cm_chan_curve_keys;
+cm_status cm_chan_curve_client_keys_(cm_chan_curve_keys *k, const char *endpoint, const char *server_key,
+                                     const char *secret_key);
+cm_status cm_chan_curve_client_apply_(void *sock, const cm_chan_curve_keys *k);
+void      cm_chan_curve_keys_wipe_(cm_chan_curve_keys *k);
+
+/* The accepted client keys (*.pub files of a directory) and the ZAP handler that checks a
+ * connecting CURVE client against them: a REP socket bound at inproc://zeromq.zap.01 in the
+ * server's ZeroMQ context (one handler per context). open loads the keys and binds; handle
+ * answers the requests waiting (on the thread that polls sock), logging refusals through warn;
+ * close is NULL-safe and idempotent. */
+typedef struct cm_chan_warn cm_chan_warn;
+typedef struct cm_chan_zap {
+    void *sock;
+    uint8_t (*keys)[32];
+    int  n_keys;
+    char dir[1024];
+} cm_chan_zap;
+cm_status cm_chan_zap_open_(cm_chan_zap *z, void *ctx, const char *dir);
+void      cm_chan_zap_handle_(cm_chan_zap *z, cm_chan_warn *warn);
+void      cm_chan_zap_close_(cm_chan_zap *z);
+
+/* A rate limit on warnings about refused frames and clients: ok is 0 once WARN_BURST warnings
+ * went out in the last 10 s (those are then counted and summed up in one line). */
+struct cm_chan_warn {
+    int64_t window;
+    int     count, suppressed;
+};
+int cm_chan_warn_ok_(cm_chan_warn *w);
+
+// ----------------------------------------------------------------------------
 // server internals. cm_chan_server.c: the lifecycle (create, destroy, start and join the
 // workers, stop); cm_chan_server_loop.c: run, the loop thread, which calls the files of its
 // concerns: _session.c (sessions and what they receive), _sched.c (tasks to workers, results
@@ -213,11 +272,9 @@ struct cm_chan_server {
     dev_t                 ipc_dev;
     char                  name[CM_PROTO_NAME_MAX + 1];
     cm_proto_limits       lim;
-    void                 *ctx, *router, *zap;
-    uint8_t (*client_keys)[32];
-    int        n_client_keys;
-    char       client_keys_dir[1024];
-    atomic_int stop;
+    void                 *ctx, *router;
+    cm_chan_zap           zap; /* sock NULL without a client key directory */
+    atomic_int            stop;
     int        stopping, ran;
     int64_t    started_ms; /* run() began (STATUS uptime) */
     int        pipe_r, pipe_w;
@@ -234,9 +291,7 @@ struct cm_chan_server {
     chan_call      *calls;
     int             calls_open;
     pthread_t       loop_thread; /* run()'s thread (calls from it are refused) */
-    /* warnings */
-    int64_t warn_window;
-    int     warn_count, warn_suppressed;
+    cm_chan_warn warn;
     /* stats */
     pthread_mutex_t      stats_mu;
     cm_chan_server_stats stats;
@@ -262,8 +317,7 @@ void      cm_chan_server_join_(cm_chan_server *s);
 /* cm_chan_server_send.c (loop thread). send_to: identity + one part; CM_ERR_PEER_GONE when
  * the peer is not connected, CM_ERR_TIMEOUT when its queue is full (the frame is dropped),
  * CM_ERR_ZMQ otherwise. refuse_frame: a frame that failed cm_proto_peek, refused with ERROR
- * version or corrupt. warn_ok: 0 once WARN_BURST warnings went out in the last 10 s. */
-int       cm_chan_warn_ok_(cm_chan_server *s);
+ * version or corrupt. */
 cm_status cm_chan_send_to_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const void *frame,
                            size_t len);
 cm_status cm_chan_send_error_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, uint64_t id,
@@ -307,10 +361,6 @@ void cm_chan_call_run_(worker *k);
 /* cm_chan_server_status.c (loop thread): the answer to a STATUS frame. */
 void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const uint8_t *p,
                            size_t len);
-
-/* cm_chan_server_zap.c: the client key directory read (create); a ZAP request answered (loop). */
-cm_status cm_chan_zap_load_keys_(cm_chan_server *s, const char *dir);
-void      cm_chan_zap_handle_(cm_chan_server *s);
 
 /* cm_chan_server_work.c */
 void    *cm_chan_worker_main_(void *worker);                  /* a worker thread */

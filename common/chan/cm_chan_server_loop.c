@@ -164,9 +164,10 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         }
         if (st != CM_OK)
             break;
-        zmq_pollitem_t items[3] = {
-            {s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->pipe_r, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
-        int  n_items = s->zap ? 3 : 2;
+        zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0},
+                                   {NULL, s->pipe_r, ZMQ_POLLIN, 0},
+                                   {s->zap.sock, 0, ZMQ_POLLIN, 0}};
+        int            n_items = s->zap.sock ? 3 : 2;
         long timeout = 100; /* the stop flag is looked at this often */
         if (zmq_poll(items, n_items, timeout) < 0) {
             if (zmq_errno() == EINTR)
@@ -180,8 +181,8 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
             }
             cm_chan_handle_done_(s);
         }
-        if (s->zap && (items[2].revents & ZMQ_POLLIN))
-            cm_chan_zap_handle_(s);
+        if (s->zap.sock && (items[2].revents & ZMQ_POLLIN))
+            cm_chan_zap_handle_(&s->zap, &s->warn);
         for (int k = 0; k < RECV_BURST && handle_msg(s); k++) {
         }
         timers(s, cm_now_ms());
