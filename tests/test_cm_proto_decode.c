@@ -1,9 +1,10 @@
 /* tests/test_cm_proto_decode.c — the DECODE message of the wire format (cm_proto.h, protocol 3): a
- * round trip of STEP and CLOSE in every encoding a decoding answer may use, every corruption of a
- * good frame (a flipped bit anywhere, truncation at every length), and each field the decoder must
- * refuse, built by hand and sealed with valid checksums so the check aimed at is reached; the
- * message must name the field. The encoder refuses the same messages. (Apart from test_cm_proto.c,
- * which holds the other messages, to keep both files short.) */
+ * round trip of STEP and CLOSE in every encoding a decoding answer may use, the counts a DECODE
+ * claims (cm_proto_decode_counts), every corruption of a good frame (a flipped bit anywhere,
+ * truncation at every length), and each field the decoder must refuse, built by hand and sealed
+ * with valid checksums so the check aimed at is reached; the message must name the field. The
+ * encoder refuses the same messages. (Apart from test_cm_proto.c, which holds the other
+ * messages, to keep both files short.) */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -118,6 +119,18 @@ static void test_roundtrip(void) {
     TST_CHECK(r1[0] == 7 && r1[4] == 130 && r1[8] == 1 && r1[12] == 3 && r1[16] == 20 && t == 0.7f &&
               p == 0.95f && r1[32] == 0xef && r1[39] == 0x01);
     TST_CHECK(b[20 + 120] == (uint8_t)(151644 & 0xff) && b[20 + 120 + 44] == 31);
+}
+
+/* What a DECODE claims, read ahead of its decode (for a server's bad-request on sizes). */
+static void test_counts(void) {
+    cm_proto_decode m = make_step(CM_ENCODING_RAW);
+    size_t          len;
+    uint32_t        N = 0, T = 0, L = 0;
+    TST_CHECK(cm_proto_decode_encode(&m, frame, sizeof frame, &len) == CM_OK);
+    TST_CHECK(cm_proto_decode_counts(frame, len, &N, &T, &L) == CM_OK && N == 3 && T == 11 && L == 2);
+    TST_EXPECT_FAIL(cm_proto_decode_counts(frame, CM_PROTO_HEADER_SIZE + 19, &N, &T, &L), CM_ERR_PROTOCOL,
+                    "no body fields");
+    TST_EXPECT_FAIL(cm_proto_decode_counts(NULL, 0, &N, &T, &L), CM_ERR_PROTOCOL, "no body fields");
 }
 
 static void test_corruption(void) {
@@ -328,6 +341,7 @@ static void test_encoder(void) {
 
 int main(void) {
     test_roundtrip();
+    test_counts();
     test_corruption();
     test_fields();
     test_encoder();

@@ -429,6 +429,10 @@ cm_status cm_proto_tensor_check(const cm_proto_tensor *t, const cm_proto_limits 
  * header must have passed cm_proto_peek. CM_ERR_PROTOCOL when the frame or its body_len is
  * shorter than the body's fixed fields (the decode then fails on them). */
 cm_status cm_proto_request_counts(const void *frame, size_t len, uint32_t *n_tokens, uint32_t *n_layers);
+/* The same for a DECODE: n_seqs (body offset 8), n_tokens (12) and n_layers (16), so that a
+ * decoding endpoint refuses a step larger than it takes as bad-request. */
+cm_status cm_proto_decode_counts(const void *frame, size_t len, uint32_t *n_seqs, uint32_t *n_tokens,
+                                 uint32_t *n_layers);
 
 /* What the bytes of a frame that failed cm_proto_peek claim, for its refusal: *id is the id
  * field (0 when the frame is shorter than 24 bytes); returns 1 when the frame starts with the
