@@ -16,16 +16,22 @@
  *   corrupt      the frame fails its checks (cm_proto_decode_decode's message)
  *   version      the frame speaks another protocol version (id 0)
  *   busy         a new client while max_clients clients have state
- *   internal     the step callback failed otherwise, or its tensors could not be encoded
+ *   internal     the step callback failed otherwise, or its tensors could not be encoded (then
+ *                the step has run: the next step's base tells the client)
  *   shutdown     the server stopped with the DECODE unanswered
- * and nothing changes on the server for any of them but the callback's own failures, which the
- * callback must keep from changing anything (cm_proto.h: a failed step changes nothing).
+ * Before the callback runs nothing changes on the server; the callback must keep its own
+ * failures from changing anything (cm_proto.h: a failed step changes nothing).
  *
  * Clients. The server knows a client by its ZeroMQ routing identity and names it for the
  * callbacks: the identity itself when it is 1 to 64 bytes of [A-Za-z0-9_.-] (cm_dec_client sets
  * "dec-" and 16 hex digits, so a reconnect keeps its sequences), else '#' and its bytes in hex.
  * A client has state from its first well-formed DECODE until it has been silent (no message
- * received, no answer sent) for idle_timeout_ms: then drop is called. */
+ * received, no answer sent) for idle_timeout_ms: then drop is called.
+ *
+ * Threads. The server's thread runs step and drop, one call at a time. A step that needs a model
+ * replica owned by a cm_chan worker reaches it with cm_chan_server_call (cm_chan.h), which blocks
+ * the step until that worker is between jobs; stop the decoding endpoint before the cm_chan
+ * server is destroyed. */
 #ifndef CM_DEC_H
 #define CM_DEC_H
 
