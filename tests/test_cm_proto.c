@@ -273,6 +273,14 @@ static void test_answer_roundtrip(void) {
     cm_proto_answer o = {.tensors = ts2, .cap_tensors = 8};
     TST_CHECK(cm_proto_answer_decode(frame, len, &LIM, &o) == CM_OK);
     TST_CHECK(o.batch_id == 42 && o.n_tensors == 4);
+    /* an ANSWER of version 2 (as shard stores of version-2 builds hold) reads alike; version 1 does not */
+    memcpy(frame2, frame, len);
+    frame2[4] = CM_PROTO_ANSWER_MIN_VERSION;
+    reseal_header(frame2);
+    TST_CHECK(cm_proto_answer_decode(frame2, len, &LIM, &o) == CM_OK && o.n_tensors == 4);
+    frame2[4] = CM_PROTO_ANSWER_MIN_VERSION - 1;
+    reseal_header(frame2);
+    EXPECT_FAIL(cm_proto_answer_decode(frame2, len, &LIM, &o), CM_ERR_PROTOCOL, "protocol version 1");
     for (int i = 0; i < 4; i++) {
         TST_CHECK(strcmp(ts2[i].name, ts[i].name) == 0 && ts2[i].dtype == ts[i].dtype &&
                   ts2[i].encoding == ts[i].encoding && ts2[i].n_dims == ts[i].n_dims &&

@@ -140,7 +140,10 @@ cm_status cm_proto_peek(const void *frame, size_t len, const cm_proto_limits *li
                        CM_PROTO_MAGIC);
     cm_proto_header h;
     h.version = cm_le_get_u16(p + 4);
-    if (h.version != CM_PROTO_VERSION)
+    /* an ANSWER is laid out alike from CM_PROTO_ANSWER_MIN_VERSION on (shard stores keep them) */
+    const int answer_ok = h.version >= CM_PROTO_ANSWER_MIN_VERSION && h.version <= CM_PROTO_VERSION &&
+                          cm_le_get_u16(p + 6) == CM_PROTO_TYPE_ANSWER;
+    if (h.version != CM_PROTO_VERSION && !answer_ok)
         return CM_FAIL(CM_ERR_PROTOCOL,
                        "frame: protocol version %u is not spoken here (this build speaks %d); run matching "
                        "target-server and drafter-trainer builds",

@@ -146,6 +146,10 @@ extern "C" {
 
 #define CM_PROTO_MAGIC       0x4D444E54u /* "TNDM" */
 #define CM_PROTO_VERSION     3 /* 2: HELLO and WELCOME carry weights_id; 3: DECODE */
+/* The oldest version whose ANSWER frames are laid out as this one's: frames of versions
+ * [CM_PROTO_ANSWER_MIN_VERSION, CM_PROTO_VERSION] pass cm_proto_peek when they are ANSWERs (shard
+ * stores of earlier builds hold them); every other type must be of CM_PROTO_VERSION. */
+#define CM_PROTO_ANSWER_MIN_VERSION 2
 #define CM_PROTO_HEADER_SIZE 56
 #define CM_PROTO_NAME_MAX    64  /* bytes of a name (tensor, trainer, target) */
 #define CM_PROTO_MESSAGE_MAX 512 /* bytes of an ERROR message */
