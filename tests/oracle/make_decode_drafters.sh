@@ -31,8 +31,9 @@ say() { echo "decode-drafters: $*"; }
 die() { echo "decode-drafters: FAIL: $*" >&2; exit 1; }
 py=$venv/bin/python
 bash tests/interop/venv.sh "$venv" || die "the Python environment $venv could not be made"
-export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1
-cmds=()
+env_=(OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1)
+export "${env_[@]}"
+cmds=("export ${env_[*]}")
 if [ "${DECODE_ONLY:-0}" != 1 ]; then
     for b in "$ts" "$dt"; do [ -x "$b" ] || die "$b is not built (bash scripts/build.sh, or set BUILD_DIR)"; done
     rm -rf "$work"
