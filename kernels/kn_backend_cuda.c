@@ -59,6 +59,10 @@ static const kn_backend cuda_backend = {
     .swiglu_typed = kn_cuda_swiglu_typed,
     .swiglu_bwd_typed = kn_cuda_swiglu_bwd_typed,
     .rmsnorm_bwd_acc = kn_cuda_rmsnorm_bwd_acc,
+    .kv_cache_write = kn_cuda_kv_cache_write,
+    .attention_cached = kn_cuda_attention_cached,
+    .conv1d_silu_cached = kn_cuda_conv1d_silu_cached,
+    .gdn_cached = kn_cuda_gdn_cached,
     .sumsq_multi = kn_cuda_sumsq_multi,
     .adamw_multi = kn_cuda_adamw_multi,
 };

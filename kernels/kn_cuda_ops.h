@@ -62,6 +62,23 @@ cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, cons
                                    const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                    int64_t T, int nk, int nv, int dk, int dv, float scale);
 
+// ---- incremental decoding (kn_cache.cu). The sequence tables are device memory: a sequence
+// that breaks a rule the cpu reference refuses gets NaN outputs and no cache or state writes.
+cm_status kn_cuda_kv_cache_write(kn_ctx *ctx, float *kc, float *vc, const float *k, const float *v,
+                                 const int32_t *slots, const int32_t *base, const int32_t *cu_seqlens, int n_seq,
+                                 int64_t T, int nkv, int hd, int64_t max_len);
+cm_status kn_cuda_attention_cached(kn_ctx *ctx, float *out, const float *q, const float *kc, const float *vc,
+                                   const float *gate, const int32_t *slots, const int32_t *base,
+                                   const int32_t *cu_seqlens, int n_seq, int64_t T, int nq, int nkv, int hd,
+                                   int64_t max_len, float scale);
+cm_status kn_cuda_conv1d_silu_cached(kn_ctx *ctx, float *out, const float *x, const float *w, float *state,
+                                     const int32_t *slots, const int32_t *n_adv, const int32_t *cu_seqlens,
+                                     int n_seq, int64_t T, int64_t C, int K);
+cm_status kn_cuda_gdn_cached(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
+                             const float *g, const float *beta, float *state, const int32_t *slots,
+                             const int32_t *n_adv, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
+                             int dk, int dv, float scale);
+
 // ---- drafter training (kn_gemm_bwd.cu, kn_norm_bwd.cu, kn_rope.cu, kn_elementwise_bwd.cu,
 // kn_dflash_attn.cu, kn_lm_ce.cu, kn_optim.cu). Deterministic: no float atomics, fixed
 // reduction orders. Device-memory indices (anchors, ctx_lo, labels) are not validated on the

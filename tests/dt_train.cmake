@@ -33,12 +33,8 @@ if(TARGET dt)
 endif()
 # train --eval-every: evaluations by speculative decoding during training, in process against a verifier
 # (lossless, tau rising, the training bit-identical with and without them), the command's refusals, and
-# end to end against a real target-server's decoding endpoint where this tree has the decoding client.
+# end to end against a real target-server's decoding endpoint.
 if(TARGET dt)
   add_unit_test(test_dt_train_eval test_dt_train_eval.c LIBS dt TIMEOUT 180)
-  add_dependencies(test_dt_train_eval drafter-trainer)
-  if(DT_HAVE_DEC_CLIENT)
-    target_compile_definitions(test_dt_train_eval PRIVATE TST_HAVE_DEC_CLIENT=1)
-    add_dependencies(test_dt_train_eval target-server)
-  endif()
+  add_dependencies(test_dt_train_eval drafter-trainer target-server)
 endif()

@@ -4,7 +4,7 @@
 # once crashed (fuzz/regress/<target>/) under gcc and ASan (label unit). With -DTANDEM_FUZZ=ON
 # (clang) fuzz_<target> links libFuzzer and ctest -L fuzz runs each for TANDEM_FUZZ_SECONDS
 # over a scratch corpus in the build folder seeded from fuzz/corpus/<target>/ (never written to).
-set(TANDEM_FUZZ_TARGETS safetensors st_index cfg proto compress shard dataset runcfg)
+set(TANDEM_FUZZ_TARGETS safetensors st_index cfg proto decode compress shard dataset runcfg)
 set(TANDEM_FUZZ_SECONDS 15 CACHE STRING "seconds each fuzz target runs under ctest -L fuzz")
 set(FUZZ_SRC ${CMAKE_CURRENT_SOURCE_DIR}/fuzz)
 if(TANDEM_FUZZ)

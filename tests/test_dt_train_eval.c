@@ -16,8 +16,7 @@
  * Through the real binary: --eval-every without --eval-data, and without any server (--shards), are
  * refused with one message naming the flag.
  *
- * End to end (when this tree has the decoding client, TST_HAVE_DEC_CLIENT, and target-server is built):
- * a real `target-server serve` of models/tandem-tiny; `drafter-trainer train` of
+ * End to end (skipped when target-server or drafter-trainer is not built): a real `target-server serve` of models/tandem-tiny; `drafter-trainer train` of
  * models/tandem-tiny-drafter.json live on data/tiny/train.jsonl with --eval-every on
  * data/tiny/valid.jsonl: an eval record at every multiple of N and at the end, τ rising from the first
  * to the last, and the step records (losses, τ) byte-identical to the same run without --eval-every.
@@ -434,7 +433,6 @@ static void check_refusals(void) {
 // ----------------------------------------------------------------------------
 // end to end: a real target-server, train live with and without --eval-every
 
-#ifdef TST_HAVE_DEC_CLIENT
 #define E2E_EVERY "18"
 
 static int e2e_train(const char *run, const char *endpoint, int evaluate) {
@@ -534,11 +532,6 @@ static void check_end_to_end(void) {
     const char *e = tst_slurp(err);
     TST_CHECK(strstr(e, "eval step " E2E_EVERY ": tau ") != NULL);
 }
-#else
-static void check_end_to_end(void) {
-    printf("end to end skipped: this tree has no decoding client (common/chan implements no cm_dec client yet)\n");
-}
-#endif
 
 int main(void) {
     cm_log_set_level(CM_LOG_LEVEL_WARN);

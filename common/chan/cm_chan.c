@@ -1,8 +1,9 @@
 /* common/chan/cm_chan.c — the parts of cm_chan both ends share: ZeroMQ failure conversion, the
  * clock, CURVE key files (Z85 text; secret keys written 0600 and never logged or echoed), the
  * endpoint check behind "loopback unless CURVE" and the server's bind checks (an ipc:// path
- * held by a live server, tcp://localhost). The session logic lives in cm_chan_server.c and
- * cm_chan_client.c. */
+ * held by a live server, tcp://localhost), and what the servers' sockets (cm_chan_server's and
+ * cm_dec_server's) and clients' sockets share: CURVE on either side, the bind and its socket
+ * file. The session logic lives in cm_chan_server.c and cm_chan_client.c. */
 #include "cm_chan_int.h"
 
 #include <errno.h>
@@ -297,6 +298,119 @@ cm_status cm_chan_bind_check_(const char *ep) {
                        "bind tcp://127.0.0.1:%s",
                        ep, ep + 16);
     return CM_OK;
+}
+
+cm_status cm_chan_server_endpoint_check_(const char *endpoint, const char *secret_key,
+                                         const char *client_keys) {
+    int local;
+    CM_TRY(cm_chan_endpoint_check(endpoint, &local));
+    if (!local && (!secret_key || !client_keys))
+        return CM_FAIL(
+            CM_ERR_INVALID_ARG,
+            "refusing to bind '%s' without CURVE: a non-loopback endpoint needs "
+            "--curve-secret-key FILE and --curve-client-keys DIR; or bind tcp://127.0.0.1:PORT or ipc://PATH",
+            endpoint);
+    if (client_keys && !secret_key)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "--curve-client-keys needs --curve-secret-key (the server's own key)");
+    if (secret_key)
+        CM_TRY(cm_chan_curve_require("--curve-secret-key"));
+    return cm_chan_bind_check_(endpoint);
+}
+
+cm_status cm_chan_curve_server_(void *sock, const char *secret_key, int zap, const char *what) {
+    char secret[CM_CHAN_KEY_LEN + 1], public_key[CM_CHAN_KEY_LEN + 1];
+    CM_TRY(cm_chan_curve_read_key(secret_key, secret));
+    cm_status st = zmq_curve_public(public_key, secret) == 0
+                       ? CM_OK
+                       : CM_FAIL(CM_ERR_FORMAT, "key file '%s' does not hold a CURVE secret key", secret_key);
+    if (st == CM_OK)
+        st = cm_chan_set_int(sock, ZMQ_CURVE_SERVER, 1);
+    if (st == CM_OK)
+        st = CM_ZMQ(zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, secret, CM_CHAN_KEY_LEN + 1));
+    memset(secret, 0, sizeof secret);
+    if (st == CM_OK && zap)
+        st = CM_ZMQ(zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, "tandem", 6));
+    if (st == CM_OK)
+        CM_LOG_INFO("%sCURVE on: server public key %s, %s", what, public_key,
+                    zap ? "clients checked against the key directory" : "any client that knows it");
+    return st;
+}
+
+cm_status cm_chan_bind_(void *sock, const char *endpoint, char *bound, size_t cap, ino_t *ino, dev_t *dev) {
+    *ino = 0;
+    *dev = 0;
+    if (zmq_bind(sock, endpoint) != 0) {
+        int e = zmq_errno();
+        return CM_FAIL(CM_ERR_ZMQ, "cannot bind '%s': %s%s", endpoint, zmq_strerror(e),
+                       e == EADDRINUSE ? " (another server runs there? choose another port)"
+                       : e == ENODEV
+                           ? " (a bind takes an IP address, '*' or an interface name, not a host name)"
+                           : "");
+    }
+    size_t el = cap;
+    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, bound, &el) != 0)
+        snprintf(bound, cap, "%s", endpoint);
+    struct stat sb;
+    if (strncmp(bound, "ipc://", 6) == 0 && bound[6] != '@' && stat(bound + 6, &sb) == 0) {
+        *ino = sb.st_ino;
+        *dev = sb.st_dev;
+    }
+    return CM_OK;
+}
+
+void cm_chan_unbind_file_(const char *bound, ino_t ino, dev_t dev) {
+    struct stat sb;
+    if (ino && stat(bound + 6, &sb) == 0 && sb.st_ino == ino && sb.st_dev == dev)
+        unlink(bound + 6);
+}
+
+// ----------------------------------------------------------------------------
+// the client side of CURVE
+
+cm_status cm_chan_curve_client_keys_(cm_chan_curve_keys *k, const char *endpoint, const char *server_key,
+                                     const char *secret_key) {
+    memset(k, 0, sizeof *k);
+    int local;
+    CM_TRY(cm_chan_endpoint_check(endpoint, &local));
+    if (!local && !server_key)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "connecting to '%s' needs --curve-server-key (the server's public key): a "
+                       "target-server binds a non-loopback endpoint only with CURVE",
+                       endpoint);
+    if (secret_key && !server_key)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "a client CURVE secret key needs --curve-server-key too");
+    if (!server_key)
+        return CM_OK;
+    CM_TRY(cm_chan_curve_require("--curve-server-key"));
+    cm_status st = cm_chan_curve_read_key(server_key, k->server);
+    if (st == CM_OK && secret_key) {
+        st = cm_chan_curve_read_key(secret_key, k->sec);
+        if (st == CM_OK && zmq_curve_public(k->pub, k->sec) != 0)
+            st = CM_FAIL(CM_ERR_FORMAT, "key file '%s' does not hold a CURVE secret key", secret_key);
+    } else if (st == CM_OK) {
+        st = CM_ZMQ(zmq_curve_keypair(k->pub, k->sec));
+    }
+    if (st != CM_OK) {
+        cm_chan_curve_keys_wipe_(k);
+        return st;
+    }
+    k->on = 1;
+    return CM_OK;
+}
+
+cm_status cm_chan_curve_client_apply_(void *sock, const cm_chan_curve_keys *k) {
+    if (!k->on)
+        return CM_OK;
+    CM_TRY(CM_ZMQ(zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, k->server, CM_CHAN_KEY_LEN + 1)));
+    CM_TRY(CM_ZMQ(zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, k->pub, CM_CHAN_KEY_LEN + 1)));
+    return CM_ZMQ(zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, k->sec, CM_CHAN_KEY_LEN + 1));
+}
+
+void cm_chan_curve_keys_wipe_(cm_chan_curve_keys *k) {
+    volatile char *p = (volatile char *)k;
+    for (size_t i = 0; i < sizeof *k; i++)
+        p[i] = 0;
 }
 
 int cm_chan_default_threads(void) {

@@ -207,10 +207,17 @@ typedef struct cm_chan_server_stats {
 void cm_chan_server_get_stats(cm_chan_server *s, cm_chan_server_stats *out);
 
 /* Runs fn(user of worker `worker`, arg) on that worker's thread between its jobs and returns its
- * status (its message in the caller's cm_last_error()); blocks the calling thread (any thread but
- * the loop's) until then. Other work on the model (decoding, through cm_dec) goes this way, so that
- * a model replica stays one thread's. CM_ERR_PEER_GONE when run() is not running or is stopping,
- * CM_ERR_INVALID_ARG for a worker out of range. */
+ * status (its message in the caller's cm_last_error()); blocks the calling thread until then.
+ * Other work on the model (decoding, through cm_dec) goes this way, so that a model replica stays
+ * one thread's. The loop hands the call over as soon as the worker is idle (after its init, before
+ * its next job; a worker that has just run a call takes a waiting job first, so calls and the
+ * trainers' jobs alternate rather than starve each other); calls to one worker run in the order
+ * made. Thread-safe; any thread but run()'s and the workers' (a call from those would wait for
+ * itself: CM_ERR_INVALID_ARG). CM_ERR_PEER_GONE when run() has not started the workers yet, has
+ * returned, or is stopping: calls still waiting then are released with it, while a call already
+ * running finishes and returns fn's status; run() returns only once every call is released, and
+ * the server may be destroyed once the callers have returned. CM_ERR_INVALID_ARG for a worker
+ * out of range or a NULL fn. */
 cm_status cm_chan_server_call(cm_chan_server *s, int worker, cm_status (*fn)(void *user, void *arg), void *arg);
 
 /* Asks the server at endpoint for its status (a STATUS frame outside any session; works

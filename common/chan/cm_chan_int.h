@@ -54,11 +54,71 @@ cm_status cm_chan_bind_check_(const char *endpoint);
 void cm_chan_error_text(char *dst, const char *src);
 
 // ----------------------------------------------------------------------------
+// what a server's socket needs, shared by cm_chan_server and cm_dec_server (cm_chan.c, _zap.c,
+// _send.c)
+
+/* A bind endpoint and its keys, checked before anything is created: cm_chan_endpoint_check, a
+ * non-loopback endpoint only with a secret key and a client key directory, the directory only
+ * with a secret key, CURVE in the linked libzmq when keys are given, cm_chan_bind_check_. */
+cm_status cm_chan_server_endpoint_check_(const char *endpoint, const char *secret_key,
+                                         const char *client_keys);
+
+/* Makes sock a CURVE server with the secret key in the file secret_key (read, used and wiped;
+ * never logged), checking clients through ZAP (domain "tandem") when zap is set, and logs the
+ * public key, prefixed by what ("" or e.g. "decoding endpoint: "). */
+cm_status cm_chan_curve_server_(void *sock, const char *secret_key, int zap, const char *what);
+
+/* Binds sock to endpoint (a failure says what to do: port in use, host name instead of an
+ * address), writes the bound endpoint with its port resolved into bound (cap bytes) and, for an
+ * ipc:// path, the socket file's inode into *ino and *dev (0 otherwise). unbind_file removes that
+ * file unless another server has bound the path since (then it is another inode); libzmq leaves
+ * it behind. */
+cm_status cm_chan_bind_(void *sock, const char *endpoint, char *bound, size_t cap, ino_t *ino, dev_t *dev);
+void      cm_chan_unbind_file_(const char *bound, ino_t ino, dev_t dev);
+
+/* The client side of CURVE: checks endpoint (a non-loopback one needs server_key), reads the
+ * server's public key and this client's key pair (secret_key NULL: a fresh pair) into k (on = 0
+ * without server_key); apply sets them on a socket before its connect. wipe clears k. */
+typedef struct cm_chan_curve_keys {
+    int  on;
+    char server[CM_CHAN_KEY_LEN + 1], pub[CM_CHAN_KEY_LEN + 1], sec[CM_CHAN_KEY_LEN + 1];
+} cm_chan_curve_keys;
+cm_status cm_chan_curve_client_keys_(cm_chan_curve_keys *k, const char *endpoint, const char *server_key,
+                                     const char *secret_key);
+cm_status cm_chan_curve_client_apply_(void *sock, const cm_chan_curve_keys *k);
+void      cm_chan_curve_keys_wipe_(cm_chan_curve_keys *k);
+
+/* The accepted client keys (*.pub files of a directory) and the ZAP handler that checks a
+ * connecting CURVE client against them: a REP socket bound at inproc://zeromq.zap.01 in the
+ * server's ZeroMQ context (one handler per context). open loads the keys and binds; handle
+ * answers the requests waiting (on the thread that polls sock), logging refusals through warn;
+ * close is NULL-safe and idempotent. */
+typedef struct cm_chan_warn cm_chan_warn;
+typedef struct cm_chan_zap {
+    void *sock;
+    uint8_t (*keys)[32];
+    int  n_keys;
+    char dir[1024];
+} cm_chan_zap;
+cm_status cm_chan_zap_open_(cm_chan_zap *z, void *ctx, const char *dir);
+void      cm_chan_zap_handle_(cm_chan_zap *z, cm_chan_warn *warn);
+void      cm_chan_zap_close_(cm_chan_zap *z);
+
+/* A rate limit on warnings about refused frames and clients: ok is 0 once WARN_BURST warnings
+ * went out in the last 10 s (those are then counted and summed up in one line). */
+struct cm_chan_warn {
+    int64_t window;
+    int     count, suppressed;
+};
+int cm_chan_warn_ok_(cm_chan_warn *w);
+
+// ----------------------------------------------------------------------------
 // server internals. cm_chan_server.c: the lifecycle (create, destroy, start and join the
 // workers, stop); cm_chan_server_loop.c: run, the loop thread, which calls the files of its
 // concerns: _session.c (sessions and what they receive), _sched.c (tasks to workers, results
 // back), _status.c (STATUS), _zap.c (CURVE clients), _send.c (frames out, refusals);
-// cm_chan_server_work.c: the worker threads, cm_chan_server_enc.c: their answers' encoding.
+// cm_chan_server_work.c: the worker threads, cm_chan_server_enc.c: their answers' encoding;
+// cm_chan_server_call.c: other work run on a worker's thread (cm_chan_server_call).
 
 #define POOL_MAX        64  /* pooled answer buffers; beyond that an answer gets a one-off buffer */
 #define IDENT_MAX       255 /* ZeroMQ routing ids are 1..255 bytes */
@@ -99,7 +159,21 @@ typedef struct session {
 } session;
 
 enum { NCCL_NONE, NCCL_WANTED, NCCL_OPENING, NCCL_UP };
-enum { WORK_JOB, WORK_NCCL_OPEN };
+enum { WORK_JOB, WORK_NCCL_OPEN, WORK_CALL };
+
+/* A cm_chan_server_call: lives on its caller's stack, which waits (on s->call_cv) until state is
+ * CALL_DONE; queued on s->calls, then handed to its worker (work.call), then completed by the
+ * loop. state, next and the result are under s->call_mu, except while the worker runs it. */
+enum { CALL_QUEUED, CALL_RUNNING, CALL_DONE };
+typedef struct chan_call {
+    int worker;
+    cm_status (*fn)(void *user, void *arg);
+    void             *arg;
+    int               state;
+    cm_status         st;        /* fn's status, or CM_ERR_PEER_GONE when it never ran */
+    char              msg[1024]; /* its cm_last_error() */
+    struct chan_call *next;
+} chan_call;
 
 /* The worker's mailbox: one job in, one result out, under mu. */
 typedef struct work {
@@ -109,7 +183,8 @@ typedef struct work {
     cm_status       init_status;
     char            init_msg[1024];
     /* job */
-    int           kind; /* WORK_JOB or WORK_NCCL_OPEN (offer, result in peer / status) */
+    int           kind; /* WORK_JOB, WORK_NCCL_OPEN (offer, result in peer / status) or WORK_CALL */
+    chan_call    *call; /* WORK_CALL: the call to run (its result goes into it) */
     cm_proto_nccl offer;
     void         *peer;
     void         *job_peer; /* WORK_JOB: the session's NCCL peer (NULL without one) */
@@ -173,6 +248,7 @@ typedef struct worker {
     pthread_t              thread;
     int                    started;
     int                    busy;   /* loop thread: a task is handed over and not yet done */
+    int                    last_call; /* loop thread: that task (or the last one) is a call */
     uint64_t               job_id; /* loop thread: the batch of the job handed over */
     work                   w;
     /* worker thread */
@@ -196,11 +272,9 @@ struct cm_chan_server {
     dev_t                 ipc_dev;
     char                  name[CM_PROTO_NAME_MAX + 1];
     cm_proto_limits       lim;
-    void                 *ctx, *router, *zap;
-    uint8_t (*client_keys)[32];
-    int        n_client_keys;
-    char       client_keys_dir[1024];
-    atomic_int stop;
+    void                 *ctx, *router;
+    cm_chan_zap           zap; /* sock NULL without a client key directory */
+    atomic_int            stop;
     int        stopping, ran;
     int64_t    started_ms; /* run() began (STATUS uptime) */
     int        pipe_r, pipe_w;
@@ -211,9 +285,13 @@ struct cm_chan_server {
     uint64_t   gen_counter, hb_seq;
     /* loop thread: the REQUEST being decoded (its arrays owned, grown to fit) */
     cm_proto_request req;
-    /* warnings */
-    int64_t warn_window;
-    int     warn_count, warn_suppressed;
+    /* cm_chan_server_call: calls queued (FIFO) while run() accepts them (calls_open), under call_mu */
+    pthread_mutex_t call_mu;
+    pthread_cond_t  call_cv;
+    chan_call      *calls;
+    int             calls_open;
+    pthread_t       loop_thread; /* run()'s thread (calls from it are refused) */
+    cm_chan_warn warn;
     /* stats */
     pthread_mutex_t      stats_mu;
     cm_chan_server_stats stats;
@@ -239,8 +317,7 @@ void      cm_chan_server_join_(cm_chan_server *s);
 /* cm_chan_server_send.c (loop thread). send_to: identity + one part; CM_ERR_PEER_GONE when
  * the peer is not connected, CM_ERR_TIMEOUT when its queue is full (the frame is dropped),
  * CM_ERR_ZMQ otherwise. refuse_frame: a frame that failed cm_proto_peek, refused with ERROR
- * version or corrupt. warn_ok: 0 once WARN_BURST warnings went out in the last 10 s. */
-int       cm_chan_warn_ok_(cm_chan_server *s);
+ * version or corrupt. */
 cm_status cm_chan_send_to_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const void *frame,
                            size_t len);
 cm_status cm_chan_send_error_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, uint64_t id,
@@ -269,13 +346,21 @@ void     cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_head
 void cm_chan_schedule_(cm_chan_server *s);
 void cm_chan_handle_done_(cm_chan_server *s);
 
+/* cm_chan_server_call.c. Loop thread: open lets cm_chan_server_call queue calls (run() started
+ * the workers); close refuses new ones and fails the queued ones with CM_ERR_PEER_GONE (why: the
+ * message), and after the workers are joined also those handed over and never run; schedule
+ * hands queued calls to their idle workers (after_call 0: only to workers whose last task was not
+ * a call, so that calls and jobs alternate on a worker both want); done completes worker k's call.
+ * Worker thread: run runs worker k's call. */
+void cm_chan_calls_open_(cm_chan_server *s);
+void cm_chan_calls_close_(cm_chan_server *s, const char *why, int joined);
+void cm_chan_calls_schedule_(cm_chan_server *s, int after_call);
+void cm_chan_call_done_(cm_chan_server *s, worker *k);
+void cm_chan_call_run_(worker *k);
+
 /* cm_chan_server_status.c (loop thread): the answer to a STATUS frame. */
 void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, const uint8_t *p,
                            size_t len);
-
-/* cm_chan_server_zap.c: the client key directory read (create); a ZAP request answered (loop). */
-cm_status cm_chan_zap_load_keys_(cm_chan_server *s, const char *dir);
-void      cm_chan_zap_handle_(cm_chan_server *s);
 
 /* cm_chan_server_work.c */
 void    *cm_chan_worker_main_(void *worker);                  /* a worker thread */

@@ -5,14 +5,11 @@
  * calls) and the workers (cm_chan_server_work.c) run on what create built. */
 #include "cm_chan_int.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -50,9 +47,6 @@ static cm_status check_config(const cm_chan_server_config *c) {
                        CM_COMPRESS_MAX_THREADS);
     if (c->n_workers < 0 || c->n_workers > CM_CHAN_MAX_WORKERS)
         return CM_FAIL(CM_ERR_INVALID_ARG, "%d workers: expected 1 to %d", c->n_workers, CM_CHAN_MAX_WORKERS);
-    if (c->curve_client_keys && !c->curve_secret_key)
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "--curve-client-keys needs --curve-secret-key (the server's own key)");
     return CM_OK;
 }
 
@@ -116,23 +110,15 @@ static void workers_destroy(cm_chan_server *s) {
 cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_config *cfg) {
     *out = NULL;
     CM_TRY(check_config(cfg));
-    int local;
-    CM_TRY(cm_chan_endpoint_check(cfg->endpoint, &local));
-    if (!local && (!cfg->curve_secret_key || !cfg->curve_client_keys))
-        return CM_FAIL(
-            CM_ERR_INVALID_ARG,
-            "refusing to bind '%s' without CURVE: a non-loopback endpoint needs "
-            "--curve-secret-key FILE and --curve-client-keys DIR; or bind tcp://127.0.0.1:PORT or ipc://PATH",
-            cfg->endpoint);
-    if (cfg->curve_secret_key)
-        CM_TRY(cm_chan_curve_require("--curve-secret-key"));
-    CM_TRY(cm_chan_bind_check_(cfg->endpoint));
+    CM_TRY(cm_chan_server_endpoint_check_(cfg->endpoint, cfg->curve_secret_key, cfg->curve_client_keys));
     cm_chan_server *s = calloc(1, sizeof *s);
     if (!s)
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the server");
     s->cfg = *cfg;
     s->pipe_r = s->pipe_w = -1;
     pthread_mutex_init(&s->stats_mu, NULL);
+    pthread_mutex_init(&s->call_mu, NULL);
+    pthread_cond_init(&s->call_cv, NULL);
     if (s->cfg.max_req_layers > s->cfg.n_layers)
         s->cfg.max_req_layers = s->cfg.n_layers;
     /* encoding nccl is offered exactly when the compute can send over NCCL */
@@ -195,25 +181,8 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
         st = CM_ZMQ(-1);
         goto fail;
     }
-    char secret[CM_CHAN_KEY_LEN + 1], public_key[CM_CHAN_KEY_LEN + 1];
-    if (cfg->curve_secret_key) {
-        CM_TRY_GOTO(cm_chan_curve_read_key(cfg->curve_secret_key, secret), st, fail);
-        if (zmq_curve_public(public_key, secret) != 0) {
-            memset(secret, 0, sizeof secret);
-            st = CM_FAIL(CM_ERR_FORMAT, "key file '%s' does not hold a CURVE secret key",
-                         cfg->curve_secret_key);
-            goto fail;
-        }
-    }
-    if (cfg->curve_client_keys) {
-        CM_TRY_GOTO(cm_chan_zap_load_keys_(s, cfg->curve_client_keys), st, fail);
-        if (!(s->zap = zmq_socket(s->ctx, ZMQ_REP))) {
-            st = CM_ZMQ(-1);
-            goto fail;
-        }
-        CM_TRY_GOTO(cm_chan_set_int(s->zap, ZMQ_LINGER, 0), st, fail);
-        CM_TRY_GOTO(CM_ZMQ(zmq_bind(s->zap, "inproc://zeromq.zap.01")), st, fail);
-    }
+    if (cfg->curve_client_keys)
+        CM_TRY_GOTO(cm_chan_zap_open_(&s->zap, s->ctx, cfg->curve_client_keys), st, fail);
     if (!(s->router = zmq_socket(s->ctx, ZMQ_ROUTER))) {
         st = CM_ZMQ(-1);
         goto fail;
@@ -227,34 +196,12 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     CM_TRY_GOTO(
         cm_chan_set_i64(s->router, ZMQ_MAXMSGSIZE, CM_PROTO_HEADER_SIZE + (int64_t)s->lim.max_body_bytes), st,
         fail);
-    if (cfg->curve_secret_key) {
-        CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_CURVE_SERVER, 1), st, fail);
-        st = CM_ZMQ(zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, secret, CM_CHAN_KEY_LEN + 1));
-        memset(secret, 0, sizeof secret);
-        if (st != CM_OK)
-            goto fail;
-        if (s->zap)
-            CM_TRY_GOTO(CM_ZMQ(zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "tandem", 6)), st, fail);
-        CM_LOG_INFO("CURVE on: server public key %s, %s", public_key,
-                    s->zap ? "clients checked against the key directory" : "any client that knows it");
-    }
-    if (zmq_bind(s->router, cfg->endpoint) != 0) {
-        int e = zmq_errno();
-        st =
-            CM_FAIL(CM_ERR_ZMQ, "cannot bind '%s': %s%s", cfg->endpoint, zmq_strerror(e),
-                    e == EADDRINUSE ? " (another server runs there? choose another port)"
-                    : e == ENODEV ? " (a bind takes an IP address, '*' or an interface name, not a host name)"
-                                  : "");
-        goto fail;
-    }
-    size_t el = sizeof s->endpoint;
-    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &el) != 0)
-        snprintf(s->endpoint, sizeof s->endpoint, "%s", cfg->endpoint);
-    struct stat sb;
-    if (strncmp(s->endpoint, "ipc://", 6) == 0 && s->endpoint[6] != '@' && stat(s->endpoint + 6, &sb) == 0) {
-        s->ipc_ino = sb.st_ino;
-        s->ipc_dev = sb.st_dev;
-    }
+    if (cfg->curve_secret_key)
+        CM_TRY_GOTO(cm_chan_curve_server_(s->router, cfg->curve_secret_key, s->zap.sock != NULL, ""), st,
+                    fail);
+    CM_TRY_GOTO(
+        cm_chan_bind_(s->router, cfg->endpoint, s->endpoint, sizeof s->endpoint, &s->ipc_ino, &s->ipc_dev), st,
+        fail);
     *out = s;
     return CM_OK;
 fail:
@@ -273,24 +220,20 @@ void cm_chan_server_destroy(cm_chan_server **sp) {
     }
     if (s->router)
         zmq_close(s->router);
-    if (s->zap)
-        zmq_close(s->zap);
+    cm_chan_zap_close_(&s->zap);
     if (s->ctx)
         zmq_ctx_term(s->ctx); /* waits for queued messages (linger) and frees them */
-    /* libzmq leaves an ipc:// socket file behind; remove it unless another server has bound
-     * the path since (then the file is another inode) */
-    struct stat sb;
-    if (s->ipc_ino && stat(s->endpoint + 6, &sb) == 0 && sb.st_ino == s->ipc_ino && sb.st_dev == s->ipc_dev)
-        unlink(s->endpoint + 6);
+    cm_chan_unbind_file_(s->endpoint, s->ipc_ino, s->ipc_dev);
     if (s->pipe_r >= 0)
         close(s->pipe_r);
     if (s->pipe_w >= 0)
         close(s->pipe_w);
     workers_destroy(s);
-    free(s->client_keys);
     free(s->sessions);
     cm_chan_request_release_(&s->req);
     pthread_mutex_destroy(&s->stats_mu);
+    pthread_cond_destroy(&s->call_cv);
+    pthread_mutex_destroy(&s->call_mu);
     free(s);
     *sp = NULL;
 }

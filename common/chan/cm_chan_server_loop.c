@@ -140,6 +140,8 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         s->name, s->endpoint, (unsigned long long)s->cfg.weights_id, (unsigned long long)s->cfg.target_id,
         s->cfg.n_layers, s->cfg.hidden_size, cm_dtype_name(s->cfg.hidden_dtype), s->cfg.credits);
     cm_status st = cm_chan_server_start_(s);
+    if (st == CM_OK)
+        cm_chan_calls_open_(s);
     while (st == CM_OK) {
         if (atomic_load(&s->stop) && !s->stopping) {
             s->stopping = 1;
@@ -148,6 +150,7 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
             for (uint32_t i = 0; i < s->cfg.max_sessions; i++)
                 if (s->sessions[i].used)
                     cm_chan_drop_queue_(s, &s->sessions[i]);
+            cm_chan_calls_close_(s, "the server is stopping", 0);
         }
         if (s->stopping && !s->n_busy)
             break;
@@ -161,9 +164,10 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         }
         if (st != CM_OK)
             break;
-        zmq_pollitem_t items[3] = {
-            {s->router, 0, ZMQ_POLLIN, 0}, {NULL, s->pipe_r, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}};
-        int  n_items = s->zap ? 3 : 2;
+        zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0},
+                                   {NULL, s->pipe_r, ZMQ_POLLIN, 0},
+                                   {s->zap.sock, 0, ZMQ_POLLIN, 0}};
+        int            n_items = s->zap.sock ? 3 : 2;
         long timeout = 100; /* the stop flag is looked at this often */
         if (zmq_poll(items, n_items, timeout) < 0) {
             if (zmq_errno() == EINTR)
@@ -177,8 +181,8 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
             }
             cm_chan_handle_done_(s);
         }
-        if (s->zap && (items[2].revents & ZMQ_POLLIN))
-            cm_chan_zap_handle_(s);
+        if (s->zap.sock && (items[2].revents & ZMQ_POLLIN))
+            cm_chan_zap_handle_(&s->zap, &s->warn);
         for (int k = 0; k < RECV_BURST && handle_msg(s); k++) {
         }
         timers(s, cm_now_ms());
@@ -191,9 +195,11 @@ cm_status cm_chan_server_run(cm_chan_server *s) {
         cm_chan_send_bye_(s, ss->ident, ss->ident_len);
         cm_chan_end_session_(s, ss, END_STOP);
     }
+    cm_chan_calls_close_(s, "the server is stopping", 0);
     cm_chan_server_join_(s);
     if (s->n_busy) /* only after a failure: the last results are not sent */
         cm_chan_handle_done_(s);
+    cm_chan_calls_close_(s, st == CM_OK ? "the server stopped" : "the server failed", 1);
     CM_LOG_INFO("stopped serving '%s' on %s", s->name, s->endpoint);
     return st;
 }

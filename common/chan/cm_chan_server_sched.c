@@ -1,8 +1,8 @@
 /* common/chan/cm_chan_server_sched.c — the server's scheduler (loop thread): hands one task at a time
- * to each idle worker, NCCL joins first, then jobs round-robin over the sessions that have work
- * (a session with an NCCL communicator only to the worker that opened it), and sends each
- * result when its worker is done, DATA zero-copy (ZeroMQ hands the buffer back to the pool
- * when it is on the wire). */
+ * to each idle worker, calls (cm_chan_server_call.c) first, then NCCL joins, then jobs round-robin
+ * over the sessions that have work (a session with an NCCL communicator only to the worker that
+ * opened it), and sends each result when its worker is done, DATA zero-copy (ZeroMQ hands the
+ * buffer back to the pool when it is on the wire). */
 #include "cm_chan_int.h"
 
 #include <errno.h>
@@ -43,6 +43,7 @@ static void hand_over(cm_chan_server *s, worker *k, session *ss, int kind, qjob 
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
     k->busy = 1;
+    k->last_call = 0;
     s->n_busy++;
 }
 
@@ -68,6 +69,7 @@ static worker *idle_for_nccl(cm_chan_server *s) {
 void cm_chan_schedule_(cm_chan_server *s) {
     if (s->stopping || s->n_busy == s->n_workers)
         return;
+    cm_chan_calls_schedule_(s, 0); /* calls first, but alternating with jobs on a worker */
     uint32_t M = s->cfg.max_sessions;
     for (uint32_t i = 0; i < M; i++) { /* communicators first: their trainers wait for nothing else */
         session *ss = &s->sessions[i];
@@ -100,6 +102,7 @@ void cm_chan_schedule_(cm_chan_server *s) {
             break;
         }
     }
+    cm_chan_calls_schedule_(s, 1); /* workers that ran a call and found no job */
 }
 
 /* The worker has joined (or failed to join) a session's NCCL communicator. */
@@ -142,6 +145,10 @@ static void handle_done_one(cm_chan_server *s, worker *k) {
         return;
     k->busy = 0;
     s->n_busy--;
+    if (w->kind == WORK_CALL) {
+        cm_chan_call_done_(s, k);
+        return;
+    }
     session *ss = &s->sessions[w->sess];
     int      live = ss->used && ss->gen == w->gen;
     if (w->kind == WORK_NCCL_OPEN) {

@@ -1,7 +1,7 @@
 /* common/chan/cm_chan_server_send.c — what the server's loop thread sends outside an answer: one-part
  * frames to a routing identity (send_to maps an unreachable peer and a full queue to their own
  * statuses), ERRORs, BYE, the refusal of a frame that failed cm_proto_peek, and the rate limit
- * of the warnings about refused frames. Loop thread only. */
+ * of the warnings about refused frames (also cm_dec_server's). Loop thread only. */
 #include "cm_chan_int.h"
 
 #include <errno.h>
@@ -12,18 +12,18 @@
 
 #include "cm_log.h"
 
-int cm_chan_warn_ok_(cm_chan_server *s) {
+int cm_chan_warn_ok_(cm_chan_warn *w) {
     int64_t now = cm_now_ms();
-    if (now - s->warn_window > 10000) {
-        if (s->warn_suppressed)
-            CM_LOG_WARN("%d more refused frames in the last 10 s (not logged)", s->warn_suppressed);
-        s->warn_window = now;
-        s->warn_count = 0;
-        s->warn_suppressed = 0;
+    if (now - w->window > 10000) {
+        if (w->suppressed)
+            CM_LOG_WARN("%d more refused frames in the last 10 s (not logged)", w->suppressed);
+        w->window = now;
+        w->count = 0;
+        w->suppressed = 0;
     }
-    if (s->warn_count++ < WARN_BURST)
+    if (w->count++ < WARN_BURST)
         return 1;
-    s->warn_suppressed++;
+    w->suppressed++;
     return 0;
 }
 
@@ -74,7 +74,7 @@ cm_status cm_chan_send_bye_(cm_chan_server *s, const uint8_t *ident, size_t iden
 void cm_chan_refuse_frame_(cm_chan_server *s, session *ss, const uint8_t *ident, size_t ident_len,
                            const uint8_t *p, size_t len, const char *why) {
     STAT_ADD(s, bad_frames, 1);
-    if (cm_chan_warn_ok_(s))
+    if (cm_chan_warn_ok_(&s->warn))
         CM_LOG_WARN("refused a frame from %s (%zu bytes): %s", sess_label(ss), len, why);
     uint64_t id;
     uint16_t version;

@@ -78,7 +78,7 @@ void cm_chan_on_hello_(cm_chan_server *s, session *ss, const uint8_t *ident, siz
     cm_proto_hello h;
     if (cm_proto_hello_decode(zmq_msg_data(fr), zmq_msg_size(fr), &s->lim, &h) != CM_OK) {
         STAT_ADD(s, bad_frames, 1);
-        if (cm_chan_warn_ok_(s))
+        if (cm_chan_warn_ok_(&s->warn))
             CM_LOG_WARN("refused a HELLO: %s", cm_last_error());
         cm_chan_send_error_(s, ident, ident_len, 0, CM_PROTO_ERROR_CORRUPT, "HELLO refused: %s",
                             cm_last_error());
@@ -231,7 +231,7 @@ void cm_chan_on_request_(cm_chan_server *s, session *ss, const cm_proto_header *
     }
     if (cm_proto_request_decode(p, len, &s->lim, &s->req) != CM_OK) {
         STAT_ADD(s, bad_frames, 1);
-        if (cm_chan_warn_ok_(s))
+        if (cm_chan_warn_ok_(&s->warn))
             CM_LOG_WARN("session '%s': refused a REQUEST: %s", ss->name, cm_last_error());
         cm_chan_send_error_(s, ss->ident, ss->ident_len, h->id, CM_PROTO_ERROR_CORRUPT, "REQUEST refused: %s",
                             cm_last_error());

@@ -1,9 +1,10 @@
 /* common/chan/cm_chan_server_work.c — the server's worker threads (created and started by
  * cm_chan_server.c, fed by the scheduler, cm_chan_server_sched.c; the encoding is in
  * cm_chan_server_enc.c). Each worker (a model replica: cfg.n_workers) runs the init callback
- * once, then one job at a time: runs the compute callback on the REQUEST the loop decoded, into
- * the worker's output buffers and has the answer encoded, then posts the result to the loop
- * through a pipe. Nothing here touches the ROUTER, so the loop stays its only user. */
+ * once, then one task at a time: runs the compute callback on the REQUEST the loop decoded, into
+ * the worker's output buffers and has the answer encoded (or joins an NCCL communicator, or runs
+ * a cm_chan_server_call), then posts the result to the loop through a pipe. Nothing here
+ * touches the ROUTER, so the loop stays its only user. */
 #include "cm_chan_int.h"
 
 #include <dirent.h>
@@ -181,6 +182,8 @@ void *cm_chan_worker_main_(void *arg) {
                 w->peer = NULL;
             }
             w->is_answer = ost == CM_OK;
+        } else if (w->kind == WORK_CALL) {
+            cm_chan_call_run_(k);
         } else {
             worker_process(s, k);
         }

@@ -8,25 +8,8 @@
 
 cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_key, const char *curve_secret_key,
                                int timeout_ms, char *out, size_t cap) {
-    int local;
-    CM_TRY(cm_chan_endpoint_check(endpoint, &local));
-    if (!local && !curve_server_key)
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "asking '%s' needs --curve-server-key (the server's public key): a target-server binds a "
-                       "non-loopback endpoint only with CURVE",
-                       endpoint);
-    char server_key[CM_CHAN_KEY_LEN + 1], pub[CM_CHAN_KEY_LEN + 1], sec[CM_CHAN_KEY_LEN + 1];
-    if (curve_server_key) {
-        CM_TRY(cm_chan_curve_require("--curve-server-key"));
-        CM_TRY(cm_chan_curve_read_key(curve_server_key, server_key));
-        if (curve_secret_key) {
-            CM_TRY(cm_chan_curve_read_key(curve_secret_key, sec));
-            if (zmq_curve_public(pub, sec) != 0)
-                return CM_FAIL(CM_ERR_FORMAT, "key file '%s' does not hold a CURVE secret key", curve_secret_key);
-        } else if (zmq_curve_keypair(pub, sec) != 0) {
-            return CM_ZMQ(-1);
-        }
-    }
+    cm_chan_curve_keys keys;
+    CM_TRY(cm_chan_curve_client_keys_(&keys, endpoint, curve_server_key, curve_secret_key));
     void *ctx = zmq_ctx_new(), *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
     cm_status st = sock ? CM_OK : CM_ZMQ(-1);
     if (st == CM_OK)
@@ -35,13 +18,9 @@ cm_status cm_chan_status_query(const char *endpoint, const char *curve_server_ke
         st = cm_chan_set_int(sock, ZMQ_IPV6, 1);
     if (st == CM_OK)
         st = cm_chan_set_i64(sock, ZMQ_MAXMSGSIZE, CM_PROTO_HEADER_SIZE + 4 + CM_PROTO_STATUS_MAX);
-    if (st == CM_OK && curve_server_key) {
-        st = CM_ZMQ(zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server_key, CM_CHAN_KEY_LEN + 1));
-        if (st == CM_OK)
-            st = CM_ZMQ(zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, CM_CHAN_KEY_LEN + 1));
-        if (st == CM_OK)
-            st = CM_ZMQ(zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, CM_CHAN_KEY_LEN + 1));
-    }
+    if (st == CM_OK)
+        st = cm_chan_curve_client_apply_(sock, &keys);
+    cm_chan_curve_keys_wipe_(&keys);
     if (st == CM_OK)
         st = CM_ZMQ(zmq_connect(sock, endpoint));
     uint8_t req[CM_PROTO_HEADER_SIZE];

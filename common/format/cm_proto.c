@@ -1,10 +1,10 @@
 /* common/format/cm_proto.c — the wire format of cm_proto.h: names, the validation of names and
  * messages, the frame header (peek, seal, whole-frame checks), and the REQUEST codec. The
- * other messages are in cm_proto_session.c and cm_proto_answer.c. Encoders compute a
- * message's exact size first, check the caller's capacity, then write with no further checks.
- * Decoders read through a bounds-checked cursor (cm_proto_int.h): every field read checks the
- * bytes left, every count is checked against the limits and the remaining bytes before it is
- * used, and every failure names the message and the field. */
+ * other messages are in cm_proto_session.c, cm_proto_answer.c and cm_proto_decode.c. Encoders
+ * compute a message's exact size first, check the caller's capacity, then write with no further
+ * checks. Decoders read through a bounds-checked cursor (cm_proto_int.h): every field read
+ * checks the bytes left, every count is checked against the limits and the remaining bytes
+ * before it is used, and every failure names the message and the field. */
 #include "cm_proto_int.h"
 
 #include <string.h>
@@ -17,7 +17,7 @@
 
 const char *cm_proto_type_name(int type) {
     static const char *names[] = {"", "HELLO", "WELCOME", "REQUEST", "ANSWER", "ERROR", "HEARTBEAT", "BYE",
-                                  "NCCL_OFFER", "NCCL_READY", "STATUS"};
+                                  "NCCL_OFFER", "NCCL_READY", "STATUS", "DECODE"};
     return type >= CM_PROTO_TYPE_HELLO && type < CM_PROTO_TYPE_END ? names[type] : "unknown";
 }
 
@@ -140,7 +140,10 @@ cm_status cm_proto_peek(const void *frame, size_t len, const cm_proto_limits *li
                        CM_PROTO_MAGIC);
     cm_proto_header h;
     h.version = cm_le_get_u16(p + 4);
-    if (h.version != CM_PROTO_VERSION)
+    /* an ANSWER is laid out alike from CM_PROTO_ANSWER_MIN_VERSION on (shard stores keep them) */
+    const int answer_ok = h.version >= CM_PROTO_ANSWER_MIN_VERSION && h.version <= CM_PROTO_VERSION &&
+                          cm_le_get_u16(p + 6) == CM_PROTO_TYPE_ANSWER;
+    if (h.version != CM_PROTO_VERSION && !answer_ok)
         return CM_FAIL(CM_ERR_PROTOCOL,
                        "frame: protocol version %u is not spoken here (this build speaks %d); run matching "
                        "target-server and drafter-trainer builds",

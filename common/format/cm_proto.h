@@ -14,10 +14,11 @@
  *   off size field            meaning
  *   0   4    magic            0x4D444E54 (the bytes "TNDM")
  *   4   2    version          CM_PROTO_VERSION; any other version is refused
- *   6   2    type             cm_proto_type (HELLO .. BYE)
+ *   6   2    type             cm_proto_type (HELLO .. DECODE)
  *   8   4    flags            CM_PROTO_FLAG_* bits; unknown bits are refused
  *   12  4    n_tensors        ANSWER: tensor descriptors in the body; 0 for every other type
- *   16  8    id               REQUEST/ANSWER/ERROR: the batch id; HEARTBEAT: a sequence number;
+ *   16  8    id               REQUEST/ANSWER/ERROR: the batch id; DECODE (and its ANSWER or
+ *                             ERROR): the step's id; HEARTBEAT: a sequence number;
  *                             HELLO/WELCOME/BYE: 0 (not checked)
  *   24  4    body_len         bytes of BODY (≤ limits.max_body_bytes)
  *   28  4    reserved         0
@@ -85,26 +86,32 @@
  *     4  u8  json[n]      a JSON object: the target, its sessions and their throughput (ts_serve.c
  *                         and cm_chan_server.c document the fields); printable UTF-8, no control bytes
  *
- *   DECODE (client → the server's decoding endpoint; id = the step's id), exactly
- *   20 + 40·N + 4·(T + L) bytes
- *     0  u32 op           cm_decode_op: STEP or CLOSE
- *     4  u32 encoding     cm_encoding of the answer's hidden states (raw, zstd or zstd-byteplane)
+ *   DECODE (client → the server's decoding endpoint; id = the step's id, chosen by the client),
+ *   exactly 20 + 40·N + 4·(T + L) bytes
+ *     0  u32 op           cm_decode_op: STEP (1) or CLOSE (2)
+ *     4  u32 encoding     cm_encoding of every tensor of the answer: raw, zstd or zstd-byteplane
+ *                         (lossless only; also on CLOSE, whose answer is the "decode" tensor alone)
  *     8  u32 n_seqs       N, 1 ≤ N ≤ limits.max_seqs
- *     12 u32 n_tokens     T = Σ (n_ctx + n_draft) ≤ limits.max_tokens (0 for CLOSE)
- *     16 u32 n_layers     L ≤ limits.max_layers (0 for CLOSE)
+ *     12 u32 n_tokens     T = Σ (n_ctx + n_draft) ≤ limits.max_tokens (so T ≥ N on STEP; 0 on CLOSE)
+ *     16 u32 n_layers     L ≤ limits.max_layers (0 on CLOSE; may be 0 on STEP: no hidden states)
  *     20 N records of 40 bytes, one per sequence:
- *        u32 handle       0: a new sequence (base 0); else a handle the server returned
- *        u32 base         tokens the client believes the sequence has committed (the server checks it)
- *        u32 n_ctx        tokens committed unconditionally: a new sequence's prompt, then the token the
- *                         previous step returned; ≥ 1 on STEP, 0 on CLOSE
- *        u32 n_draft      draft tokens to verify after them (0: the target alone)
- *        u32 top_k        0: no top-k cut
- *        f32 temperature  0: greedy (argmax); > 0: sampled
- *        f32 top_p        in (0, 1]
- *        u32 flags        CM_DECODE_FLAG_* bits; unknown bits are refused
- *        u64 seed         the sequence's sampling stream (read for new sequences)
- *     .. i32 tokens[T]    per sequence in record order: its n_ctx tokens, then its n_draft tokens
- *     .. i32 layer_ids[L] distinct, < limits.max_layer_id: the hidden states returned
+ *        0  u32 handle       0: a new sequence (base 0; not on CLOSE); else a handle the server
+ *                            returned (a handle twice in one DECODE is the server's to refuse)
+ *        4  u32 base         tokens the client believes the sequence has committed (the server
+ *                            checks it; not looked at on CLOSE)
+ *        8  u32 n_ctx        tokens committed unconditionally: a new sequence's prompt, then the
+ *                            token the previous step returned; ≥ 1 on STEP, 0 on CLOSE
+ *        12 u32 n_draft      draft tokens to verify after them (0: the target alone; 0 on CLOSE)
+ *        16 u32 top_k        0: no top-k cut
+ *        20 f32 temperature  0: greedy (argmax); > 0: sampled; finite
+ *        24 f32 top_p        in (0, 1] (1: no nucleus cut)
+ *        28 u32 flags        CM_DECODE_FLAG_* bits; unknown bits are refused
+ *        32 u64 seed         the sequence's sampling stream (read for new sequences)
+ *        temperature, top_p and flags are checked on every record, CLOSE's included (whose
+ *        sampling fields are otherwise unused: write top_p 1 there)
+ *     .. i32 tokens[T]    per sequence in record order: its n_ctx tokens, then its n_draft tokens;
+ *                         each ≥ 0 (the server checks them against its vocabulary)
+ *     .. i32 layer_ids[L] distinct, 0 ≤ id < limits.max_layer_id: the hidden states returned
  *   The server answers a DECODE with an ANSWER (id = the step's id) whose first tensor is
  *   "decode", I32 [N, 4], per sequence (handle, committed tokens after the step, accepted drafts
  *   a, next token), followed on STEP by "layer_<id>" [Σ (n_ctx + a), D] in the hidden dtype for
@@ -112,9 +119,9 @@
  *   order. Verification: the target's token at position base + n_ctx − 1 + i (sampled with the
  *   sequence's settings, or its argmax) is drawn for i = 0, 1, ...; draft i is accepted while it
  *   equals that token, and the first token not matched (or the one after the last draft) is the
- *   next token. On CLOSE each record is (handle, 0, 0, −1). A failed step is an ERROR and changes
- *   nothing (bad-request: a handle not this client's, a wrong base, a length past the server's
- *   limit, too many sequences; the message says which).
+ *   next token. On CLOSE each record is (handle, 0, 0, −1). A failed step is an ERROR (id = the
+ *   step's id) and changes nothing (bad-request: a handle not this client's, a wrong base, a
+ *   length past the server's limit, too many sequences; the message says which).
  *
  * The nccl encoding: an ANSWER whose tensors have encoding nccl carries no DATA for them
  * (encoded_size 0, checksum of zero bytes); right after sending it the server sends each
@@ -139,6 +146,10 @@ extern "C" {
 
 #define CM_PROTO_MAGIC       0x4D444E54u /* "TNDM" */
 #define CM_PROTO_VERSION     3 /* 2: HELLO and WELCOME carry weights_id; 3: DECODE */
+/* The oldest version whose ANSWER frames are laid out as this one's: frames of versions
+ * [CM_PROTO_ANSWER_MIN_VERSION, CM_PROTO_VERSION] pass cm_proto_peek when they are ANSWERs (shard
+ * stores of earlier builds hold them); every other type must be of CM_PROTO_VERSION. */
+#define CM_PROTO_ANSWER_MIN_VERSION 2
 #define CM_PROTO_HEADER_SIZE 56
 #define CM_PROTO_NAME_MAX    64  /* bytes of a name (tensor, trainer, target) */
 #define CM_PROTO_MESSAGE_MAX 512 /* bytes of an ERROR message */
@@ -310,8 +321,9 @@ typedef struct cm_proto_decode_seq {
     uint64_t seed;
 } cm_proto_decode_seq;
 
-/* A DECODE. Encode reads n_* and the arrays; decode copies into the caller's arrays (room for
- * cap_* elements; a count within the limits but beyond a capacity is CM_ERR_INVALID_ARG). */
+/* A DECODE. Encode reads n_* and the arrays (and refuses what decode would refuse, with
+ * CM_ERR_INVALID_ARG); decode copies into the caller's arrays (room for cap_* elements; a count
+ * within the limits but beyond a capacity is CM_ERR_INVALID_ARG). */
 typedef struct cm_proto_decode {
     uint64_t             id;
     cm_decode_op         op;
@@ -382,10 +394,12 @@ cm_status cm_proto_nccl_offer_decode(const void *frame, size_t len, const cm_pro
                                      cm_proto_nccl *out);
 cm_status cm_proto_nccl_ready_decode(const void *frame, size_t len, const cm_proto_limits *lim,
                                      uint32_t *device);
-/* Checks everything the body says by itself: op, encoding, counts against the limits, T = Σ (n_ctx
- * + n_draft), n_ctx ≥ 1 on STEP and 0 with no tokens or layers on CLOSE, a new sequence's base 0,
+/* Checks everything the body says by itself: op, encoding (lossless), counts against the limits
+ * and the body's exact size, T = Σ (n_ctx + n_draft), n_ctx ≥ 1 on STEP, on CLOSE no tokens or
+ * layers and records with a handle ≠ 0 and n_ctx = n_draft = 0, a new sequence's base 0,
  * temperature finite and ≥ 0, top_p in (0, 1], known flags, tokens ≥ 0, layer ids distinct and
- * < max_layer_id. */
+ * < max_layer_id. What depends on the server's state (handles, bases, lengths) is its to check.
+ * seqs must be non-NULL; tokens and layer_ids may be NULL when the step has none. */
 cm_status cm_proto_decode_decode(const void *frame, size_t len, const cm_proto_limits *lim,
                                  cm_proto_decode *out);
 /* A STATUS frame: *n = 0 for a request; a reply's JSON is copied NUL-terminated into out (cap ≥ n + 1). */
@@ -419,6 +433,10 @@ cm_status cm_proto_tensor_check(const cm_proto_tensor *t, const cm_proto_limits 
  * header must have passed cm_proto_peek. CM_ERR_PROTOCOL when the frame or its body_len is
  * shorter than the body's fixed fields (the decode then fails on them). */
 cm_status cm_proto_request_counts(const void *frame, size_t len, uint32_t *n_tokens, uint32_t *n_layers);
+/* The same for a DECODE: n_seqs (body offset 8), n_tokens (12) and n_layers (16), so that a
+ * decoding endpoint refuses a step larger than it takes as bad-request. */
+cm_status cm_proto_decode_counts(const void *frame, size_t len, uint32_t *n_seqs, uint32_t *n_tokens,
+                                 uint32_t *n_layers);
 
 /* What the bytes of a frame that failed cm_proto_peek claim, for its refusal: *id is the id
  * field (0 when the frame is shorter than 24 bytes); returns 1 when the frame starts with the

@@ -1,6 +1,7 @@
 /* common/format/cm_proto_claims.c — what a frame's bytes claim before, or without, a decode (see
- * cm_proto.h): the counts of a REQUEST, read ahead of its decode, and the id and version of a
- * frame whose header was refused. The values are claims, used only to word an answer. */
+ * cm_proto.h): the counts of a REQUEST or a DECODE, read ahead of its decode, and the id and
+ * version of a frame whose header was refused. The values are claims, used only to word an
+ * answer. */
 #include "cm_proto.h"
 
 #include <string.h>
@@ -18,6 +19,17 @@ cm_status cm_proto_request_counts(const void *frame, size_t len, uint32_t *n_tok
         return CM_FAIL(CM_ERR_PROTOCOL, "REQUEST: %zu bytes hold no body fields", p ? len : 0);
     *n_tokens = claim_u32(p + CM_PROTO_HEADER_SIZE + 4);
     *n_layers = claim_u32(p + CM_PROTO_HEADER_SIZE + 12);
+    return CM_OK;
+}
+
+cm_status cm_proto_decode_counts(const void *frame, size_t len, uint32_t *n_seqs, uint32_t *n_tokens,
+                                 uint32_t *n_layers) {
+    const uint8_t *p = frame;
+    if (!p || len < CM_PROTO_HEADER_SIZE + 20 || claim_u32(p + 24) < 20)
+        return CM_FAIL(CM_ERR_PROTOCOL, "DECODE: %zu bytes hold no body fields", p ? len : 0);
+    *n_seqs = claim_u32(p + CM_PROTO_HEADER_SIZE + 8);
+    *n_tokens = claim_u32(p + CM_PROTO_HEADER_SIZE + 12);
+    *n_layers = claim_u32(p + CM_PROTO_HEADER_SIZE + 16);
     return CM_OK;
 }
 

@@ -41,6 +41,10 @@ static inline void w_u64(wr *w, uint64_t v) {
     cm_le_put_u64(w->p + w->off, v);
     w->off += 8;
 }
+static inline void w_f32(wr *w, float v) {
+    cm_le_put_f32(w->p + w->off, v);
+    w->off += 4;
+}
 static inline void w_str(wr *w, const char *s) {
     size_t n = strlen(s);
     w_u16(w, (uint16_t)n);

@@ -210,11 +210,11 @@ static cm_status index_header_decode(const uint8_t *p, const char *path, cm_shar
         return CM_FAIL(CM_ERR_FORMAT, "'%s': header size %u and entry size %u, expected %d and %d", path,
                        cm_le_get_u16(p + 6), cm_le_get_u16(p + 8), CM_SHARD_INDEX_HEADER_SIZE,
                        CM_SHARD_ENTRY_SIZE);
-    if (cm_le_get_u16(p + 10) != CM_PROTO_VERSION)
+    if (cm_le_get_u16(p + 10) < CM_PROTO_ANSWER_MIN_VERSION || cm_le_get_u16(p + 10) > CM_PROTO_VERSION)
         return CM_FAIL(CM_ERR_FORMAT,
-                       "'%s': the records hold protocol version %u frames, this build reads version "
-                       "%d: run precompute again with this build",
-                       path, cm_le_get_u16(p + 10), CM_PROTO_VERSION);
+                       "'%s': the records hold protocol version %u frames, this build reads versions "
+                       "%d to %d: run precompute again with this build",
+                       path, cm_le_get_u16(p + 10), CM_PROTO_ANSWER_MIN_VERSION, CM_PROTO_VERSION);
     memset(id, 0, sizeof *id);
     id->hidden_dtype = (cm_dtype)p[12];
     id->encoding = (cm_encoding)p[13];

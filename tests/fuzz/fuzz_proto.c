@@ -1,9 +1,10 @@
 /* tests/fuzz/fuzz_proto.c — libFuzzer target: one wire frame through cm_proto_peek and every
  * decoder of cm_proto.h, as target-server and drafter-trainer decode what arrives on their
- * sockets and what a shard record holds (NCCL_OFFER/READY and STATUS included). Input: one flag byte, then
- * the frame; with bit 0 set the frame's checksums are re-sealed first (fuzz_proto_seal), so mutations reach
- * the field checks. For a frame that decodes: encoding the decoded message and decoding that again gives the
- * same message, an ANSWER decodes alike whole and in two parts, and each of its tensors decodes with
+ * sockets and what a shard record holds (NCCL_OFFER/READY and STATUS included; DECODE has a
+ * target of its own, fuzz_decode.c). Input: one flag byte, then the frame; with bit 0 set the
+ * frame's checksums are re-sealed first (fuzz_proto_seal), so mutations reach the field checks.
+ * For a frame that decodes: encoding the decoded message and decoding that again gives the same
+ * message, an ANSWER decodes alike whole and in two parts, and each of its tensors decodes with
  * cm_compress when small enough. */
 #include <string.h>
 

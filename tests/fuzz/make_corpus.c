@@ -1,8 +1,8 @@
 /* tests/fuzz/make_corpus.c — writes the seed corpora of the fuzz targets from real fixtures and
  * real encoders: tiny copies of the safetensors fixtures (every tensor's extents cut to ≤ 2), the
  * sharded fixture's index with its shards, the config.json files, every wire message as
- * cm_proto encodes it, cm_compress streams of every encoding, and a shard store written by
- * cm_shard's writer (whole, and with a torn index tail). Run by tests/fuzz/make_corpus.sh;
+ * cm_proto encodes it (DECODE for a target of its own), cm_compress streams of every encoding,
+ * and a shard store written by cm_shard's writer (whole, and with a torn index tail). Run by tests/fuzz/make_corpus.sh;
  * usage: fuzz_make_corpus SOURCE_DIR OUT_DIR (OUT_DIR/<target>/ must exist). */
 #include <cJSON.h>
 #include <string.h>
@@ -282,11 +282,23 @@ static size_t answer_frame(uint64_t id, int64_t cols, uint8_t *buf, size_t cap) 
 static void proto_seeds(void) {
     uint8_t        b[8192];
     size_t         len;
-    cm_proto_hello h = {0x1234abcd5678ef01ull, 4, CM_ENCODING_LOSSLESS_MASK, "trainer-0"};
+    cm_proto_hello h = {.target_id = 0x1234abcd5678ef01ull,
+                        .weights_id = 0x5eed0f3e1a2b3c4dull,
+                        .credits = 4,
+                        .encodings = CM_ENCODING_LOSSLESS_MASK,
+                        .name = "trainer-0"};
     OK(cm_proto_hello_encode(&h, b, sizeof b, &len));
     seed1("proto", "hello", 1, b, len);
-    cm_proto_welcome we = {0x1234abcd5678ef01ull, CM_PROTO_VERSION, CM_DTYPE_BF16, 64, 6, 4096, 4, 7,
-                           "tiny-qwen35"};
+    cm_proto_welcome we = {.target_id = 0x1234abcd5678ef01ull,
+                           .weights_id = 0x5eed0f3e1a2b3c4dull,
+                           .version = CM_PROTO_VERSION,
+                           .hidden_dtype = CM_DTYPE_BF16,
+                           .hidden_size = 64,
+                           .n_layers = 6,
+                           .max_tokens = 4096,
+                           .credits = 4,
+                           .encodings = 7,
+                           .name = "tiny-qwen35"};
     OK(cm_proto_welcome_encode(&we, b, sizeof b, &len));
     seed1("proto", "welcome", 1, b, len);
     int32_t          tok[7] = {1, 5, 9, 2, 0, 511, 3}, cu[3] = {0, 4, 7}, lay[2] = {1, 3};
@@ -324,6 +336,39 @@ static void proto_seeds(void) {
     static const char status[] = "{\"target\": \"tiny-qwen35\", \"device\": \"cpu\", \"trainers\": []}";
     OK(cm_proto_status_encode(status, sizeof status - 1, b, sizeof b, &len));
     seed1("proto", "status_reply", 1, b, len);
+}
+
+/* DECODE frames (fuzz_decode.c): a STEP of a new sequence and two continuing ones (greedy,
+ * sampled, the target's sampling), one without layers, a CLOSE; flag bit 0 re-seals, bit 1 picks
+ * the small limits. */
+static void decode_seeds(void) {
+    uint8_t             b[4096];
+    size_t              len;
+    cm_proto_decode_seq q[3] = {{0, 0, 4, 0, 0, 0.0f, 1.0f, 0, 0},
+                                {7, 130, 1, 3, 20, 0.7f, 0.95f, 0, 0x0123456789abcdefull},
+                                {9, 17, 1, 2, 0, 1.0f, 0.5f, CM_DECODE_FLAG_TARGET_SAMPLING, 42}};
+    int32_t             tok[11] = {151644, 872, 198, 9707, 13, 100, 101, 102, 5, 6, 0}, lay[2] = {31, 1};
+    cm_proto_decode     m = {.id = 12,
+                             .op = CM_DECODE_STEP,
+                             .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
+                             .n_seqs = 3,
+                             .n_tokens = 11,
+                             .n_layers = 2,
+                             .seqs = q,
+                             .tokens = tok,
+                             .layer_ids = lay};
+    OK(cm_proto_decode_encode(&m, b, sizeof b, &len));
+    seed1("decode", "step", 1, b, len);
+    seed1("decode", "step_unsealed", 0, b, len);
+    seed1("decode", "step_small_limits", 3, b, len);
+    m.encoding = CM_ENCODING_RAW, m.n_layers = 0, m.n_seqs = 1, m.n_tokens = 4;
+    OK(cm_proto_decode_encode(&m, b, sizeof b, &len));
+    seed1("decode", "step_no_layers", 1, b, len);
+    q[0].handle = 3, q[0].n_ctx = 0;
+    q[1].n_ctx = 0, q[1].n_draft = 0;
+    cm_proto_decode c = {.id = 13, .op = CM_DECODE_CLOSE, .encoding = CM_ENCODING_ZSTD, .n_seqs = 2, .seqs = q};
+    OK(cm_proto_decode_encode(&c, b, sizeof b, &len));
+    seed1("decode", "close", 1, b, len);
 }
 
 static void compress_seeds(void) {
@@ -459,6 +504,7 @@ int main(int argc, char **argv) {
     st_index_seeds();
     cfg_seeds();
     proto_seeds();
+    decode_seeds();
     compress_seeds();
     shard_seeds();
     dataset_seeds();

@@ -5,7 +5,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${1:-$root/build}"
 cmake --build "$build" --target fuzz_make_corpus -j2 >/dev/null
-for t in safetensors st_index cfg proto compress shard dataset runcfg; do
+for t in safetensors st_index cfg proto decode compress shard dataset runcfg; do
     rm -rf "$root/tests/fuzz/corpus/$t"
     mkdir -p "$root/tests/fuzz/corpus/$t"
 done

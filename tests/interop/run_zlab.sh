@@ -3,7 +3,8 @@
 #
 # Trains drafters on the embedded tiny target with the built programs, loads each checkpoint in z-lab's package
 # and decodes with z-lab's own speculative decoder against the target run by Hugging Face Transformers:
-#   1. a virtual environment with the pinned packages below (made once, reused while the pins match);
+#   1. a virtual environment with the pinned packages of tests/interop/venv.sh (made once, reused while the pins
+#      match);
 #   2. `target-server serve` of models/tandem-tiny, `drafter-trainer precompute` of the taps of
 #      data/tiny/train.jsonl (1024-token packs) into shards, then the server stops;
 #   3. from the shards, the quickstart's training (--epochs INTEROP_EPOCHS, --lr 3e-3, --max-anchors 64) of
@@ -40,32 +41,9 @@ say() { echo "interop: $*"; }
 die() { echo "interop: FAIL: $*" >&2; exit 1; }
 for b in "$ts" "$dt"; do [ -x "$b" ] || die "$b is not built (bash scripts/build.sh, or set BUILD_DIR)"; done
 
-# ---- 1. the environment. torch 2.13.0 and transformers 5.15.0 are the versions dflash 0.1.0 pins in its
-# "local" extra; dflash itself goes in without its dependencies (tqdm, datasets, requests: its benchmark CLI's,
-# not imported by dflash.model).
-pins="torch==2.13.0 transformers==5.15.0 huggingface_hub==1.33.0 tokenizers==0.22.2 safetensors==0.8.0 numpy==2.4.6 dflash==0.1.0"
-cpu_index=https://download.pytorch.org/whl/cpu
+# ---- 1. the environment (tests/interop/venv.sh: the pins, made once and reused)
 py=$venv/bin/python
-if [ "$(cat "$venv/.interop-pins" 2>/dev/null)" != "$pins" ] || ! "$py" -c "import torch, transformers, dflash.model" 2>/dev/null; then
-    say "making the Python environment $venv ($pins)"
-    rm -rf "$venv"
-    python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
-    t0=$SECONDS
-    pip_=("$py" -m pip install -q --disable-pip-version-check)
-    if "$py" -c "import urllib.request as u; u.urlopen('$cpu_index/torch/', timeout=10)" 2>/dev/null; then
-        say "torch: the CPU-only build from $cpu_index"
-        "${pip_[@]}" --index-url "$cpu_index" torch==2.13.0
-    else
-        say "torch: $cpu_index cannot be reached; PyPI's build (CUDA libraries included, about 3 GB; runs on the CPU)"
-        "${pip_[@]}" torch==2.13.0
-    fi
-    "${pip_[@]}" transformers==5.15.0 huggingface_hub==1.33.0 tokenizers==0.22.2 safetensors==0.8.0 numpy==2.4.6
-    "${pip_[@]}" --no-deps dflash==0.1.0
-    "$py" -c "import torch, transformers, dflash.model" || die "the environment does not import torch, transformers, dflash"
-    echo "$pins" >"$venv/.interop-pins"
-    say "environment ready in $((SECONDS - t0)) s"
-fi
-"$py" -c "import torch, transformers, importlib.metadata as m; print('interop: torch', torch.__version__, '| transformers', transformers.__version__, '| dflash', m.version('dflash'))"
+bash tests/interop/venv.sh "$venv" || die "the Python environment $venv could not be made"
 
 # ---- 2. shards of the training split's taps, from a live server
 rm -rf "$out"

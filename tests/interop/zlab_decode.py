@@ -60,12 +60,13 @@ class RollbackTarget:
     """The Transformers target as dflash_generate sees it (every attribute is the target's), counting verify
     forwards and, when `rollback` is set, keeping a deep copy of the cache from before each one."""
 
-    def __init__(self, target, rollback):
+    def __init__(self, target, rollback, trace=None):
         self._target = target
         self.rollback = rollback
         self._snap = None
         self.verify_steps = 0
         self.restores = 0
+        self.trace = trace  # a list: gets (the verified block's ids, the target's argmax ids) per verify forward
 
     def __getattr__(self, name):  # device, config, get_input_embeddings, lm_head, generation_config, ...
         return getattr(self._target, name)
@@ -77,6 +78,10 @@ class RollbackTarget:
             if self.rollback:
                 self._snap = (past_key_values, past_key_values.get_seq_length(),
                               copy.deepcopy(past_key_values.layers), input_ids, position_ids)
+            out = self._target(input_ids, past_key_values=past_key_values, position_ids=position_ids, **kwargs)
+            if self.trace is not None:
+                self.trace.append((input_ids[0].tolist(), out.logits[0].argmax(-1).tolist()))
+            return out
         return self._target(input_ids, past_key_values=past_key_values, position_ids=position_ids, **kwargs)
 
     def restore(self, cache, length):
@@ -111,10 +116,12 @@ zl._crop_to = _crop_with_rollback
 zl._cuda_time = time.perf_counter  # return_stats times with torch.cuda.synchronize(); there is no GPU here
 
 
-def speculative(draft, target, prompt, max_new, eos, rollback):
-    """z-lab's dflash_generate, greedy; returns (output ids, tokens from verify steps, verify steps)."""
+def speculative(draft, target, prompt, max_new, eos, rollback, trace=None):
+    """z-lab's dflash_generate, greedy; returns (output ids, tokens from verify steps, verify steps). With a dict
+    `trace`, also fills trace["acceptance_lengths"] (dflash_generate's, per verify step) and trace["verify"] (per
+    verify forward: the block's ids, the anchor first, and the target's argmax at each of its positions)."""
     global _ACTIVE
-    wrapped = RollbackTarget(target, rollback)
+    wrapped = RollbackTarget(target, rollback, None if trace is None else trace.setdefault("verify", []))
     _ACTIVE = wrapped
     try:
         r = zl.dflash_generate(draft, wrapped, prompt, max_new, eos, temperature=0.0, return_stats=True)
@@ -122,6 +129,8 @@ def speculative(draft, target, prompt, max_new, eos, rollback):
         _ACTIVE = None
     out = r.output_ids[0].tolist()
     produced, steps = sum(r.acceptance_lengths), len(r.acceptance_lengths)
+    if trace is not None:
+        trace["acceptance_lengths"] = list(r.acceptance_lengths)
     if steps != wrapped.verify_steps or produced != len(out) - prompt.shape[1] - 1:
         raise RuntimeError(f"dflash_generate's stats disagree with the output: {steps} steps for "
                            f"{wrapped.verify_steps} verify forwards, {produced} tokens for "
