@@ -16,10 +16,14 @@
  * Through the real binary: --eval-every without --eval-data, and without any server (--shards), are
  * refused with one message naming the flag.
  *
- * End to end (skipped when target-server or drafter-trainer is not built): a real `target-server serve` of models/tandem-tiny; `drafter-trainer train` of
- * models/tandem-tiny-drafter.json live on data/tiny/train.jsonl with --eval-every on
- * data/tiny/valid.jsonl: an eval record at every multiple of N and at the end, τ rising from the first
- * to the last, and the step records (losses, τ) byte-identical to the same run without --eval-every.
+ * End to end (skipped when target-server or drafter-trainer is not built): a real `target-server serve`
+ * of models/tandem-tiny; `drafter-trainer train` of models/tandem-tiny-drafter.json live on
+ * data/tiny/train.jsonl (2 epochs of 512-token packs: 72 steps) with --eval-every 30 on 8 prompts of
+ * data/tiny/valid.jsonl, 24 new tokens each: eval records at steps 30, 60 and 72 (the end), τ rising
+ * from the first to the last, every prompt lossless, the TensorBoard scalars, and the step records
+ * (losses, τ) byte-identical to the same run without --eval-every; then `precompute` of the same packs
+ * and 24 steps from the shards with --eval-server (evaluations at 12 and 24): the live runs' first 24
+ * step records. About 50 s on 2 cores.
  * Set DT_TRAIN_EVAL_KEEP=1 to keep the work dir. */
 #include <math.h>
 #include <stdio.h>
@@ -313,7 +317,9 @@ static void train_run(int evaluate, verifier *v, trained *out, const char *promp
         dt_train_eval_destroy(&fresh);
         /* the target fails on the second call of the next evaluation: skipped, then the one after works */
         v->fail_at = v->calls + 2;
+        cm_log_set_level(CM_LOG_LEVEL_ERROR); /* its warning is expected */
         int ok = tst_ok(dt_train_eval_run(ev, STEPS + 1, &a), "evaluation with a failing target");
+        cm_log_set_level(CM_LOG_LEVEL_WARN);
         TST_CHECK(ok && !a.done);
         ok = tst_ok(dt_train_eval_run(ev, STEPS + 2, &a), "evaluation after the failure");
         TST_CHECK(ok && a.done && a.all.tau == b.all.tau && a.identical == N_PR);
@@ -433,24 +439,20 @@ static void check_refusals(void) {
 // ----------------------------------------------------------------------------
 // end to end: a real target-server, train live with and without --eval-every
 
-#define E2E_EVERY "18"
+#define E2E_EVERY "30" /* 2 epochs of 36 packs: evaluations at steps 30, 60 and 72 (the end) */
 
-static int e2e_train(const char *run, const char *endpoint, int evaluate) {
+/* train RUN: the common flags, then extra (NULL-terminated) */
+static int e2e_train(const char *run, const char *const *extra) {
     char out[256], err[256];
     snprintf(out, sizeof out, "%s/%s", tmp, run);
     snprintf(err, sizeof err, "%s/%s.err", tmp, run);
-    char *argv[48] = {DT_BIN,         "train",    "--config",   DRAFTER,        "--target",     MODEL,
-                      "--dataset",    TRAIN_SET,  "--token-budget", "1024",     "--server",     (char *)endpoint,
-                      "--out",        out,        "--epochs",   "3",            "--lr",         "3e-3",
-                      "--max-anchors", "64",      "--progress", "lines",        "--log-every",  "18",
-                      "--log-level",  "warn"};
-    int   n = 24;
-    if (evaluate) {
-        const char *x[] = {"--eval-every", E2E_EVERY, "--eval-data", VALID_SET, "--eval-prompts", "8",
-                           "--eval-max-new", "24"};
-        for (int i = 0; i < 8; i++)
-            argv[n++] = (char *)x[i];
-    }
+    char *argv[48] = {DT_BIN,          "train",     "--config",       DRAFTER, "--target",   MODEL,
+                      "--dataset",     TRAIN_SET,   "--token-budget", "512",   "--out",      out,
+                      "--epochs",      "2",         "--lr",           "1e-2",  "--max-anchors", "64",
+                      "--progress",    "lines",     "--log-every",    "1000",  "--log-level", "warn"};
+    int   n = 22;
+    for (int i = 0; extra[i] && n < 47; i++)
+        argv[n++] = (char *)extra[i];
     argv[n] = NULL;
     const int rc = tst_run(argv, err);
     if (rc != 0)
@@ -494,43 +496,76 @@ static void check_end_to_end(void) {
         printf("end to end skipped: build target-server and drafter-trainer\n");
         return;
     }
-    char bind[128], endpoint[256], path[128];
+    /* the tiny model gains nothing from threads on a small machine, and two processes' spinning
+     * threads on a busy one make every decoding step wait (as scripts/quickstart.sh says) */
+    setenv("OMP_NUM_THREADS", "1", 1);
+    char bind[128], endpoint[256], path[128], shards[128];
     snprintf(bind, sizeof bind, "ipc://%s/target.ipc", tmp);
     snprintf(path, sizeof path, "%s/serve", tmp);
-    const char *extra[] = {"--log-level", "warn", NULL};
+    snprintf(shards, sizeof shards, "%s/shards", tmp);
+    const char *sx[] = {"--log-level", "warn", NULL};
     const double t0 = cm_now_s();
-    pid_t        srv = tst_serve_start(TS_BIN, MODEL, bind, path, extra, endpoint, sizeof endpoint, 30000);
+    pid_t        srv = tst_serve_start(TS_BIN, MODEL, bind, path, sx, endpoint, sizeof endpoint, 30000);
     TST_CHECK(srv > 0);
     if (srv <= 0)
         return;
-    const int rc_eval = e2e_train("with-eval", endpoint, 1);
-    const double t1 = cm_now_s();
-    const int rc_plain = e2e_train("plain", endpoint, 0);
-    const double t2 = cm_now_s();
+    /* live, with and without evaluations */
+    const char *const with[] = {"--server",     endpoint,  "--eval-every",   E2E_EVERY, "--eval-data", VALID_SET,
+                                "--eval-prompts", "8",     "--eval-max-new", "24",      NULL};
+    const char *const plain[] = {"--server", endpoint, NULL};
+    const int         rc_eval = e2e_train("with-eval", with);
+    const double      t1 = cm_now_s();
+    const int         rc_plain = e2e_train("plain", plain);
+    const double      t2 = cm_now_s();
+    /* from precomputed shards, evaluating on the server through --eval-server: 24 steps */
+    char err[256];
+    snprintf(err, sizeof err, "%s/precompute.err", tmp);
+    char *pc[] = {DT_BIN,  "precompute", "--server", endpoint, "--dataset", TRAIN_SET, "--token-budget", "512",
+                  "--layers", "1,5",     "--out",    shards,   "--log-level", "warn",  NULL};
+    const int         rc_pc = tst_run(pc, err);
+    const char *const from_shards[] = {"--shards", shards, "--steps", "24", "--eval-server", endpoint,
+                                       "--eval-every", "12", "--eval-data", VALID_SET, "--eval-prompts", "8",
+                                       "--eval-max-new", "24", NULL};
+    const int         rc_shards = rc_pc == 0 ? e2e_train("shards", from_shards) : -1;
+    const double      t3 = cm_now_s();
     tst_stop(&srv);
-    TST_CHECK(rc_eval == 0 && rc_plain == 0);
-    static char a[1 << 17], b[1 << 17];
-    int64_t     ev_step[64], dummy_step[64];
-    double      ev_tau[64], dummy_tau[64];
-    int         n_ev = 0, n_a = 0, n_b = 0, n_none = 0;
+    TST_CHECK(rc_eval == 0 && rc_plain == 0 && rc_pc == 0 && rc_shards == 0);
+    if (rc_pc != 0)
+        fprintf(stderr, "precompute exited %d: %s\n", rc_pc, tst_slurp(err));
+
+    static char a[1 << 17], b[1 << 17], c[1 << 17];
+    int64_t     ev_step[64], sh_step[64];
+    double      ev_tau[64], sh_tau[64];
+    int         n_ev = 0, n_a = 0, n_b = 0, n_none = 0, n_sh = 0, n_c = 0;
     TST_CHECK(read_run("with-eval", a, sizeof a, ev_step, ev_tau, &n_ev, &n_a));
-    TST_CHECK(read_run("plain", b, sizeof b, dummy_step, dummy_tau, &n_none, &n_b));
+    TST_CHECK(read_run("plain", b, sizeof b, sh_step, sh_tau, &n_none, &n_b));
+    TST_CHECK(read_run("shards", c, sizeof c, sh_step, sh_tau, &n_sh, &n_c));
     printf("end to end: %d steps with --eval-every " E2E_EVERY " in %.1f s, %d without in %.1f s; eval tau", n_a,
            t1 - t0, n_b, t2 - t1);
     for (int i = 0; i < n_ev; i++)
         printf(" %.3f (step %lld)", ev_tau[i], (long long)ev_step[i]);
+    printf("\n  from shards with --eval-server: precompute and %d steps in %.1f s; eval tau", n_c, t3 - t2);
+    for (int i = 0; i < n_sh; i++)
+        printf(" %.3f (step %lld)", sh_tau[i], (long long)sh_step[i]);
     printf("\n");
-    TST_CHECK(n_a > 0 && n_a == n_b && strcmp(a, b) == 0 && n_none == 0);
+    /* the step records are the same bytes with and without evaluations */
+    TST_CHECK(n_a == 72 && n_a == n_b && strcmp(a, b) == 0 && n_none == 0);
     const int every = atoi(E2E_EVERY), want = n_a / every + (n_a % every != 0);
     TST_CHECK(n_ev == want);
-    for (int i = 0; i < n_ev; i++)
+    for (int i = 0; i < n_ev && i < want; i++)
         TST_CHECK(ev_step[i] == (i + 1 < want || n_a % every == 0 ? (int64_t)(i + 1) * every : n_a));
-    if (n_ev >= 2)
-        TST_CHECK(ev_tau[n_ev - 1] > ev_tau[0]);
-    char err[256];
+    TST_CHECK(n_ev >= 2 && ev_tau[n_ev - 1] > ev_tau[0]);
     snprintf(err, sizeof err, "%s/with-eval.err", tmp);
     const char *e = tst_slurp(err);
-    TST_CHECK(strstr(e, "eval step " E2E_EVERY ": tau ") != NULL);
+    TST_CHECK(strstr(e, "eval step " E2E_EVERY ": tau ") != NULL && strstr(e, "identical 8/8") != NULL);
+    /* from shards: the live runs' first 24 steps (the shards hold the same hidden states), and
+     * evaluations at 12 and 24 through --eval-server */
+    TST_CHECK(n_c == 24 && strncmp(a, c, strlen(c)) == 0);
+    TST_CHECK(n_sh == 2 && sh_step[0] == 12 && sh_step[1] == 24 && sh_tau[0] >= 1 && sh_tau[1] >= 1);
+    /* TensorBoard has the scalars (their tags are plain text in the event file) */
+    char cmd[600], found[64];
+    snprintf(cmd, sizeof cmd, "cat %s/with-eval/tb/events.out.tfevents.* | grep -c -a 'eval/tau'", tmp);
+    TST_CHECK(tst_sh(cmd, found, sizeof found) == 0 && atoi(found) >= 1);
 }
 
 int main(void) {

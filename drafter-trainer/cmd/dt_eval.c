@@ -141,6 +141,8 @@ cm_status dt_eval_decode_endpoint(const char *server, const char *key, const cha
     CM_TRY(cm_chan_status_query(server, key, secret, 10000, reply, sizeof reply));
     cJSON       *o = cJSON_Parse(reply);
     const cJSON *ep = cJSON_GetObjectItemCaseSensitive(o, "decode_endpoint");
+    if (!ep) /* a target-server puts it with its model, in "target" */
+        ep = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "target"), "decode_endpoint");
     if (!cJSON_IsString(ep) || !ep->valuestring[0]) {
         cJSON_Delete(o);
         return CM_FAIL(CM_ERR_UNSUPPORTED,

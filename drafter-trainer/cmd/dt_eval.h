@@ -135,7 +135,7 @@ cm_status dt_eval_write_file(const char *path, const char *text);
 // the decoding endpoint (dt_eval.c)
 
 /* The decoding endpoint of the target-server at server (tcp://HOST:PORT or ipc://PATH), from its STATUS
- * ("decode_endpoint"), a wildcard host (a server bound to every interface: "*" or 0.0.0.0) replaced by
+ * ("decode_endpoint", at the top level or in its "target" object, where target-server puts it), a wildcard host (a server bound to every interface: "*" or 0.0.0.0) replaced by
  * server's host; key and secret: the CURVE key files as cm_chan_status_query takes them (NULL: none).
  * CM_ERR_UNSUPPORTED when the server names none, its message ending with hint (NULL: nothing), e.g.
  * the flag that names an endpoint instead; the STATUS query's own failures as they come. */
