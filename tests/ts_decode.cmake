@@ -10,3 +10,6 @@ target_link_libraries(bench_ts_decode PRIVATE ts kn cm m)
 # target-server generate as a process: regenerated responses, kill and resume, refusals.
 add_unit_test(test_ts_generate test_ts_generate.c TIMEOUT 300)
 add_dependencies(test_ts_generate target-server)
+# drafter-trainer eval against z-lab's decoder (tests/fixtures/decode), through a real target-server.
+add_test(NAME test_decode_oracle COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/test_decode_oracle.py ${CMAKE_BINARY_DIR})
+set_tests_properties(test_decode_oracle PROPERTIES TIMEOUT 300 LABELS unit)

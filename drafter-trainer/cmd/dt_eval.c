@@ -69,6 +69,7 @@ static void usage(FILE *f) {
         "and\n"
         "                           whether each prompt's tokens are identical (greedy: they must be)\n"
         "  --json OUT               the report as JSON (written atomically)\n"
+        "  --trace                  the JSON also holds each prompt's tokens and per-step drafts and acceptances\n"
         "  --device cpu|cuda        the drafter's kernel backend (default cpu)\n"
         "  --gpu N                  cuda device ordinal (default 0)\n"
         "  --precision bf16|fp32    cuda GEMM inputs in bf16 (default) or true fp32\n"
@@ -83,7 +84,7 @@ typedef struct eval_args {
     const char *checkpoint, *run, *target, *server, *decode_server, *data, *json, *device, *precision;
     const char *key, *secret;
     int64_t     prompts, max_new;
-    int         block, batch, gpu, timeout_ms, top_k, target_only, compare, target_sampling;
+    int         block, batch, gpu, timeout_ms, top_k, target_only, compare, target_sampling, trace;
     double      temperature, top_p;
     uint64_t    seed;
     cm_encoding encoding;
@@ -140,9 +141,10 @@ cm_status dt_eval_decode_endpoint(const char *server, const char *key, const cha
     static char reply[CM_PROTO_STATUS_MAX + 1];
     CM_TRY(cm_chan_status_query(server, key, secret, 10000, reply, sizeof reply));
     cJSON       *o = cJSON_Parse(reply);
-    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(o, "decode_endpoint");
-    if (!ep) /* a target-server puts it with its model, in "target" */
-        ep = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "target"), "decode_endpoint");
+    const cJSON *tg = cJSON_GetObjectItemCaseSensitive(o, "target");
+    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(tg, "decode_endpoint");
+    if (!ep)
+        ep = cJSON_GetObjectItemCaseSensitive(o, "decode_endpoint");
     if (!cJSON_IsString(ep) || !ep->valuestring[0]) {
         cJSON_Delete(o);
         return CM_FAIL(CM_ERR_UNSUPPORTED,
@@ -357,7 +359,8 @@ static cm_status run_eval(const eval_args *a) {
                               .max_new = a->max_new,
                               .temperature = a->target_sampling ? -1 : a->temperature,
                               .top_p = a->top_p,
-                              .seed = a->seed};
+                              .seed = a->seed,
+                              .trace = a->trace};
     CM_TRY_GOTO(decode_all(&r, a, a->target_only, &r.spec, &rep.all), st, fail);
     rep.seqs = r.spec;
     rep.n = r.n_prompts;
@@ -469,6 +472,8 @@ int dt_cmd_eval(int argc, char **argv) {
             a.target_only = 1;
         } else if (cm_args_flag(&p, "--compare-target-only")) {
             a.compare = 1;
+        } else if (cm_args_flag(&p, "--trace")) {
+            a.trace = 1;
         } else if (cm_args_flag(&p, "--target-sampling")) {
             a.target_sampling = 1;
         } else if (cm_args_choice(&p, "--device", devices, &k)) {

@@ -64,19 +64,22 @@ typedef struct dt_eval_seq {
     int64_t  doc, prompt_len;
     int64_t  generated; /* tokens emitted, the prefill's first token included, cut at EOS and max_new */
     int64_t  steps;     /* verify steps (the prefill is not one) */
-    int64_t  verified;  /* Σ (a + 1) over the verify steps: tokens the steps produced, before any cut */
+    int64_t  verified;  /* Σ emitted over the verify steps: a + 1, cut at EOS and max_new (z-lab's count) */
     int64_t  drafted;   /* draft tokens sent */
     int64_t  hist[DT_EVAL_MAX_BLOCK];     /* steps that accepted a = 0, 1, ... drafts */
     int64_t  slot_acc[DT_EVAL_MAX_BLOCK]; /* steps whose draft k (1-based) was accepted */
     double   t_start, t_end;              /* seconds (cm_now_s): its first STEP sent, its last answer */
     int      eos;                         /* stopped at an EOS token */
     int32_t *out;                         /* [generated] the tokens (malloc'd by the loop) */
+    int32_t *trace;                       /* [2·steps] per verify step: drafts sent, drafts accepted (malloc'd
+                                             by the loop; the report's "steps" with trace) */
 } dt_eval_seq;
 
 void dt_eval_seq_release(dt_eval_seq *s); /* frees out */
 
-/* Records one verify step of s that sent n_draft drafts and had a of them accepted. */
-void dt_eval_seq_step(dt_eval_seq *s, int n_draft, int a);
+/* Records one verify step of s that sent n_draft drafts, had a of them accepted and emitted `emitted`
+ * tokens (a + 1, or fewer where an EOS token or max_new cut the step: z-lab's acceptance length). */
+void dt_eval_seq_step(dt_eval_seq *s, int n_draft, int a, int emitted);
 
 /* Figures over some prompts: sums, and τ = verified / steps (the mean tokens per verify step, bonus
  * included; 0 without steps), the acceptance by slot slot_acc[k] / steps, tokens/s = generated / wall. */
@@ -95,6 +98,7 @@ typedef struct dt_eval_meta {
     const char *drafter, *target, *data, *device, *endpoint;
     const char *kind; /* "DFlash", "DFlash2", or "none" (target only) */
     int         block, batch, top_k, target_only;
+    int         trace; /* the JSON holds each prompt's tokens and per-step drafts and acceptances */
     int64_t     max_new;
     double      temperature, top_p; /* temperature < 0: the target's generation_config.json */
     uint64_t    seed;
@@ -121,7 +125,8 @@ void dt_eval_print(FILE *f, const dt_eval_report *r);
  *   {drafter, kind, target, data, endpoint, device, target_only, block, batch, max_new, temperature, top_p,
  *    top_k, seed (a decimal string), overall: S,
  *    prompts: [{doc, prompt_tokens, generated, steps, tau, accept_hist, accept_by_slot, wall_s, tokens_per_s,
- *               eos; with compare also identical, first_diff (−1 when identical), target_only_tokens_per_s}],
+ *               eos; with compare also identical, first_diff (−1 when identical), target_only_tokens_per_s;
+ *               with trace also tokens [generated], n_draft [steps] and accepted [steps]}],
  *    with compare target_only_run: S + {identical (prompts), all_identical, speedup}}
  *   S = {prompts, generated, steps, tau, accept_hist [B] (steps with a = 0 .. B − 1), accept_by_slot [B − 1]
  *        (share of steps whose draft k = 1 .. B − 1 was accepted), drafted, eos, wall_s, tokens_per_s,
@@ -157,7 +162,8 @@ typedef struct dt_eval_target {
 typedef struct dt_eval_drafter {
     int n_slots, block;
     cm_status (*append)(void *user, const dt_infer_rows *rows);
-    cm_status (*draft)(void *user, int n, const int32_t *slots, const int32_t *anchor, int32_t *drafts);
+    /* drafts [n, block − 1] with blocks of `block` slots (2 ≤ block ≤ the drafter's block) */
+    cm_status (*draft)(void *user, int block, int n, const int32_t *slots, const int32_t *anchor, int32_t *drafts);
     void (*reset)(void *user, int slot);
     void *user;
 } dt_eval_drafter;

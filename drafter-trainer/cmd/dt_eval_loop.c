@@ -16,8 +16,9 @@
 static cm_status inf_append(void *u, const dt_infer_rows *rows) {
     return dt_infer_append(u, rows);
 }
-static cm_status inf_draft(void *u, int n, const int32_t *slots, const int32_t *anchor, int32_t *drafts) {
-    return dt_infer_draft(u, n, slots, anchor, drafts, NULL);
+static cm_status inf_draft(void *u, int block, int n, const int32_t *slots, const int32_t *anchor,
+                           int32_t *drafts) {
+    return dt_infer_draft_block(u, block, n, slots, anchor, drafts, NULL);
 }
 static void inf_reset(void *u, int slot) {
     dt_infer_reset(u, slot);
@@ -118,20 +119,35 @@ static cm_status draft_all(loop *L, int n_act, const dt_eval_seq *seqs) {
         a->draft_at = -1;
         if (!a->started || o->target_only)
             continue;
+        /* as z-lab's dflash_generate: the block ends at the last position max_new allows (a draft
+         * accepted there still emits, its bonus does not) */
         const int64_t rem = o->max_new - seqs[a->p].generated;
-        a->n_draft = (int)(rem - 1 < L->B - 1 ? rem - 1 : L->B - 1);
+        a->n_draft = (int)(rem < L->B - 1 ? rem : L->B - 1);
         if (a->n_draft <= 0) {
             a->n_draft = 0;
             continue;
         }
-        a->draft_at = nd;
-        L->dslots[nd] = a->slot;
-        L->danchor[nd++] = a->anchor;
+        a->draft_at = nd++;
     }
-    if (nd == 0)
-        return CM_OK;
+    /* one call per block length (the full one, and shorter ones near max_new, as z-lab's decoder drafts
+     * them), each call's rows put at their sequences' places in L->drafts [nd, B − 1] */
     const double t0 = cm_now_s();
-    cm_status    st = L->d->draft(L->d->user, nd, L->dslots, L->danchor, L->drafts);
+    cm_status    st = CM_OK;
+    for (int len = L->B - 1; len >= 1 && st == CM_OK; len--) {
+        int m = 0;
+        for (int i = 0; i < n_act; i++)
+            if (L->act[i].draft_at >= 0 && L->act[i].n_draft == len) {
+                L->dslots[m]    = L->act[i].slot;
+                L->danchor[m++] = L->act[i].anchor;
+            }
+        if (!m) continue;
+        int32_t *out = L->drafts + (size_t)(nd * (L->B - 1)); /* scratch past the used rows */
+        st           = L->d->draft(L->d->user, len + 1, m, L->dslots, L->danchor, out);
+        for (int i = 0, k = 0; st == CM_OK && i < n_act; i++)
+            if (L->act[i].draft_at >= 0 && L->act[i].n_draft == len)
+                memcpy(L->drafts + (size_t)L->act[i].draft_at * (size_t)(L->B - 1), out + (size_t)(k++) * len,
+                       (size_t)len * sizeof(int32_t));
+    }
     L->draft_s += cm_now_s() - t0;
     return st;
 }
@@ -263,12 +279,13 @@ static cm_status one_step(loop *L, int n_act, const dt_eval_prompt *prompts, dt_
             a->handle = (uint32_t)r[0];
             a->done = emit(s, r[3], o);
         } else {
-            dt_eval_seq_step(s, a->n_draft, r[2]);
+            const int64_t  before = s->generated;
             const int32_t *d = L->drafts + (size_t)(a->draft_at < 0 ? 0 : a->draft_at) * (size_t)(L->B - 1);
             for (int k = 0; k < r[2] && !a->done; k++)
                 a->done = emit(s, d[k], o);
             if (!a->done)
                 a->done = emit(s, r[3], o);
+            dt_eval_seq_step(s, a->n_draft, r[2], (int)(s->generated - before));
         }
         a->base = (uint32_t)r[1];
         a->anchor = r[3];
@@ -312,7 +329,7 @@ cm_status dt_eval_run(const dt_eval_target *t, const dt_eval_drafter *d, const d
     L.used = calloc((size_t)n_slots, 1);
     L.dslots = calloc((size_t)batch, sizeof(int32_t));
     L.danchor = calloc((size_t)batch, sizeof(int32_t));
-    L.drafts = calloc((size_t)batch * (size_t)B, sizeof(int32_t));
+    L.drafts = calloc(2 * (size_t)batch * (size_t)B, sizeof(int32_t)); /* the rows, then a call's scratch */
     L.n_rows = calloc((size_t)batch, sizeof(int32_t));
     L.rq.seqs = calloc((size_t)batch, sizeof *L.rq.seqs);
     L.rq.tokens = malloc((size_t)cap_tokens * sizeof(int32_t));
@@ -322,12 +339,14 @@ cm_status dt_eval_run(const dt_eval_target *t, const dt_eval_drafter *d, const d
     L.rq.cap_layers = (uint32_t)(o->n_taps > 0 ? o->n_taps : 1);
     L.ans.cap_tensors = (uint32_t)(o->n_taps + 8);
     L.ans.tensors = calloc(L.ans.cap_tensors, sizeof *L.ans.tensors);
-    for (int64_t i = 0; i < n; i++)
-        seqs[i].out = malloc((size_t)(o->max_new + DT_EVAL_MAX_BLOCK) * sizeof(int32_t));
+    for (int64_t i = 0; i < n; i++) {
+        seqs[i].out   = malloc((size_t)(o->max_new + DT_EVAL_MAX_BLOCK) * sizeof(int32_t));
+        seqs[i].trace = malloc((size_t)(2 * o->max_new + 2) * sizeof(int32_t));
+    }
     int all = L.act && L.used && L.dslots && L.danchor && L.drafts && L.n_rows && L.rq.seqs && L.rq.tokens &&
               L.rq.layer_ids && L.ans.tensors;
     for (int64_t i = 0; i < n; i++)
-        all = all && seqs[i].out;
+        all = all && seqs[i].out && seqs[i].trace;
     if (!all) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the decoding loop's buffers for %lld prompts",
                      (long long)n);

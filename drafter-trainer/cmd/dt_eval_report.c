@@ -134,12 +134,18 @@ void dt_eval_seq_release(dt_eval_seq *s) {
     if (!s)
         return;
     free(s->out);
-    s->out = NULL;
+    free(s->trace);
+    s->out   = NULL;
+    s->trace = NULL;
 }
 
-void dt_eval_seq_step(dt_eval_seq *s, int n_draft, int a) {
+void dt_eval_seq_step(dt_eval_seq *s, int n_draft, int a, int emitted) {
+    if (s->trace) { /* the loop sizes it for max_new steps: each step emits a token at least */
+        s->trace[2 * s->steps]     = n_draft;
+        s->trace[2 * s->steps + 1] = a;
+    }
     s->steps++;
-    s->verified += a + 1;
+    s->verified += emitted;
     s->drafted += n_draft;
     if (a >= 0 && a < DT_EVAL_MAX_BLOCK)
         s->hist[a]++;
@@ -333,6 +339,15 @@ cm_status dt_eval_json(const dt_eval_report *r, char **out) {
         cJSON_AddNumberToObject(p, "wall_s", seq_wall(s));
         cJSON_AddNumberToObject(p, "tokens_per_s", seq_rate(s));
         cJSON_AddBoolToObject(p, "eos", s->eos);
+        if (m->trace && s->out) {
+            cJSON *tok = cJSON_AddArrayToObject(p, "tokens"), *nd = cJSON_AddArrayToObject(p, "n_draft"),
+                  *ac = cJSON_AddArrayToObject(p, "accepted");
+            for (int64_t k = 0; k < s->generated; k++) cJSON_AddItemToArray(tok, cJSON_CreateNumber(s->out[k]));
+            for (int64_t k = 0; s->trace && k < s->steps; k++) {
+                cJSON_AddItemToArray(nd, cJSON_CreateNumber(s->trace[2 * k]));
+                cJSON_AddItemToArray(ac, cJSON_CreateNumber(s->trace[2 * k + 1]));
+            }
+        }
         if (r->compare) {
             const int64_t d = dt_eval_first_diff(s, &r->base[i]);
             cJSON_AddBoolToObject(p, "identical", d < 0);

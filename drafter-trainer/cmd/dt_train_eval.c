@@ -47,9 +47,10 @@ static cm_status drafter_append(void *user, const dt_infer_rows *rows) {
     return ev->drafter_st = dt_infer_append(ev->inf, rows);
 }
 
-static cm_status drafter_draft(void *user, int n, const int32_t *slots, const int32_t *anchor, int32_t *drafts) {
+static cm_status drafter_draft(void *user, int block, int n, const int32_t *slots, const int32_t *anchor,
+                               int32_t *drafts) {
     dt_train_eval *ev = user;
-    return ev->drafter_st = dt_infer_draft(ev->inf, n, slots, anchor, drafts, NULL);
+    return ev->drafter_st = dt_infer_draft_block(ev->inf, block, n, slots, anchor, drafts, NULL);
 }
 
 static void drafter_reset(void *user, int slot) {
@@ -249,8 +250,11 @@ cm_status dt_train_eval_run(dt_train_eval *ev, int64_t step, dt_train_eval_resul
 // ----------------------------------------------------------------------------
 // the figures out
 
-static double accept_rate(const dt_eval_summary *a) {
-    return a->drafted ? (double)(a->verified - a->steps) / (double)a->drafted : 0.0;
+static double accept_rate(const dt_eval_summary *a) { /* accepted drafts / drafts sent */
+    int64_t acc = 0;
+    for (int k = 1; k < DT_EVAL_MAX_BLOCK; k++)
+        acc += k * a->hist[k];
+    return a->drafted ? (double)acc / (double)a->drafted : 0.0;
 }
 
 static double slot_share(const dt_eval_summary *a, int k) {

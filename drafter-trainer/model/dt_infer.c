@@ -708,3 +708,15 @@ cm_status dt_infer_draft(dt_infer *f, int n, const int32_t *slots, const int32_t
         }
     return CM_OK;
 }
+
+cm_status dt_infer_draft_block(dt_infer *f, int block, int n, const int32_t *slots, const int32_t *anchor,
+                               int32_t *drafts, float *probs) {
+    if (block < 2 || block > f->B || (f->v2 && block < f->g->conv_kernel_size))
+        return CM_FAIL(CM_ERR_INVALID_ARG, "a block of %d slots: this drafter drafts blocks of 2%s to %d", block,
+                       f->v2 ? " (its conv_kernel_size)" : "", f->B);
+    const int B = f->B; /* the buffers are sized for B; a shorter block uses their start */
+    f->B        = block;
+    cm_status st = dt_infer_draft(f, n, slots, anchor, drafts, probs);
+    f->B        = B;
+    return st;
+}

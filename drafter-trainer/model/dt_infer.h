@@ -88,6 +88,11 @@ cm_status dt_infer_append(dt_infer *inf, const dt_infer_rows *rows);
  * probability of its choice. The caches are not changed. Completes before return. */
 cm_status dt_infer_draft(dt_infer *inf, int n, const int32_t *slots, const int32_t *anchor, int32_t *drafts,
                          float *probs);
+/* dt_infer_draft with a shorter block of `block` slots (2 ≤ block ≤ B; for DFlash2 at least its
+ * conv_kernel_size): drafts and probs [n, block − 1]. A decoder shortens the block where fewer
+ * tokens remain, as z-lab's does; on a non-causal drafter that changes the drafts. */
+cm_status dt_infer_draft_block(dt_infer *inf, int block, int n, const int32_t *slots, const int32_t *anchor,
+                               int32_t *drafts, float *probs);
 
 #ifdef __cplusplus
 }

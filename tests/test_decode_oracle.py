@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""tests/test_decode_oracle.py — Tandem's speculative decoder against z-lab's, step for step.
+
+Starts `target-server serve` on the embedded tiny target (real process, ipc:// socket) and runs `drafter-trainer
+eval --trace --compare-target-only` for each drafter of tests/fixtures/decode/ (DFlash and DFlash2, the checkpoints
+the oracle tests/oracle/make_decode_fixtures.py decoded with z-lab's `dflash_generate` under Transformers), on the
+same prompts with the same block size and max_new, greedy. Checks, per prompt:
+  - lossless: the speculative tokens equal the target-only run's and the oracle's output (which the oracle found
+    equal to the target's own greedy `generate` on every prompt);
+  - the same verify steps: drafts sent and drafts accepted per step equal the oracle's; a prompt may differ only
+    where the two drafters' fp32 arithmetic (PyTorch's and Tandem's CPU reference) breaks a near tie, which this
+    test allows on at most ALLOW_DIFF prompts per drafter and reports;
+  - τ (tokens per verify step, z-lab's count) within 0.01 of the oracle's.
+usage: test_decode_oracle.py BUILD_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ALLOW_DIFF = 1
+
+
+def main():
+    build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
+    ts = os.path.join(build, "target-server", "target-server")
+    dt = os.path.join(build, "drafter-trainer", "drafter-trainer")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="tandem-decode-oracle-") as tmp:
+        ep = f"ipc://{tmp}/t.ipc"
+        srv = subprocess.Popen([ts, "serve", "--model", os.path.join(ROOT, "models/tandem-tiny"), "--bind", ep,
+                                "--log-level", "warn"], env=env, stderr=open(f"{tmp}/serve.err", "w"))
+        try:
+            for _ in range(100):
+                if os.path.exists(f"{tmp}/t.ipc"):
+                    break
+                time.sleep(0.05)
+            for kind in ("dflash", "dflash2"):
+                fx = json.load(open(os.path.join(ROOT, f"tests/fixtures/decode/{kind}.json")))
+                out = f"{tmp}/{kind}.json"
+                cmd = [dt, "eval", "--checkpoint", os.path.join(ROOT, fx["checkpoint"]), "--target",
+                       os.path.join(ROOT, fx["target"]), "--server", ep, "--data", os.path.join(ROOT, fx["valid"]),
+                       "--prompts", str(fx["n_prompts"]), "--max-new", str(fx["max_new_tokens"]), "--block",
+                       str(fx["block_size"]), "--batch", "8", "--trace", "--compare-target-only", "--json", out,
+                       "--log-level", "warn"]
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+                if r.returncode != 0:
+                    failures.append(f"{kind}: eval exited {r.returncode}: {r.stderr[-2000:]}")
+                    continue
+                ours = json.load(open(out))
+                steps_same, diff = 0, []
+                for f, o in zip(fx["prompts"], ours["prompts"]):
+                    if o["tokens"] != f["output_ids"] or not o.get("identical"):
+                        failures.append(f"{kind} prompt {f['index']}: tokens differ from the oracle's or the "
+                                        f"target-only run's (first_diff {o.get('first_diff')})")
+                    nd = [v - 1 for v in f["verify_sizes"]]
+                    if o["accepted"] == f["accepted"] and o["n_draft"] == nd:
+                        steps_same += 1
+                    else:
+                        i = next((k for k, (x, y) in enumerate(zip(o["accepted"], f["accepted"])) if x != y),
+                                 min(len(o["accepted"]), len(f["accepted"])))
+                        diff.append(f"prompt {f['index']} from step {i} of {len(f['accepted'])}")
+                n = len(fx["prompts"])
+                print(f"{kind}: {n} prompts, outputs identical to the oracle's and the target's; verify steps "
+                      f"identical on {steps_same}; tau {ours['overall']['tau']:.4f} (oracle {fx['tau']:.4f})"
+                      + (f"; differing: {', '.join(diff)}" if diff else ""))
+                if len(ours["prompts"]) != n:
+                    failures.append(f"{kind}: {len(ours['prompts'])} prompts decoded, the oracle has {n}")
+                if len(diff) > ALLOW_DIFF:
+                    failures.append(f"{kind}: verify steps differ on {len(diff)} prompts (at most {ALLOW_DIFF})")
+                if abs(ours["overall"]["tau"] - fx["tau"]) > 0.01:
+                    failures.append(f"{kind}: tau {ours['overall']['tau']:.4f}, the oracle's {fx['tau']:.4f}")
+        finally:
+            srv.terminate()
+            srv.wait(timeout=30)
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
