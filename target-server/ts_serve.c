@@ -252,7 +252,11 @@ static void serve_status(void *user, char *buf, size_t cap) {
     cJSON_AddNumberToObject(o, "replicas", all->n);
     cJSON_AddStringToObject(o, "precision", a->mode == KN_GEMM_MODE_BF16 ? "bf16" : "fp32");
     cJSON_AddBoolToObject(o, "loaded", loaded);
-    if (all->dec) cJSON_AddStringToObject(o, "decode_endpoint", ts_serve_decode_endpoint(all->dec));
+    if (all->dec) {
+        cJSON_AddStringToObject(o, "decode_endpoint", ts_serve_decode_endpoint(all->dec));
+        cJSON_AddNumberToObject(o, "decode_seqs", a->decode_seqs);
+        cJSON_AddNumberToObject(o, "decode_max_len", a->decode_max_len);
+    }
     if (loaded)
         cJSON_AddNumberToObject(o, "load_s", load_ms / 1e3);
     char *j = cJSON_PrintUnformatted(o);

@@ -107,7 +107,7 @@ cm_status ts_serve_decode_start(ts_serve_decode **out, cm_chan_server *srv, serv
         cm_dec_server_config dc = {.endpoint          = sd->endpoint,
                                    .curve_secret_key  = a->curve_secret,
                                    .curve_client_keys = a->curve_clients,
-                                   .max_clients       = (uint32_t)a->decode_seqs,
+                                   .max_clients       = (uint32_t)(a->decode_seqs > 64 ? a->decode_seqs : 64),
                                    .idle_timeout_ms   = a->decode_idle_s * 1000,
                                    .n_threads         = a->threads,
                                    .zstd_level        = a->zstd_level,

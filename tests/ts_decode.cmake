@@ -13,3 +13,6 @@ add_dependencies(test_ts_generate target-server)
 # drafter-trainer eval against z-lab's decoder (tests/fixtures/decode), through a real target-server.
 add_test(NAME test_decode_oracle COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/test_decode_oracle.py ${CMAKE_BINARY_DIR})
 set_tests_properties(test_decode_oracle PROPERTIES TIMEOUT 300 LABELS unit)
+# What goes wrong around decoding (prompts, capacity, identity, a vanished client): one message each.
+add_test(NAME test_decode_badinput COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/test_decode_badinput.py ${CMAKE_BINARY_DIR})
+set_tests_properties(test_decode_badinput PROPERTIES TIMEOUT 300 LABELS unit)

@@ -17,6 +17,7 @@
 #include "cm_dec.h"
 #include "cm_log.h"
 #include "cm_safetensors.h"
+#include "cm_weights_id.h"
 #include "dt_ckpt.h"
 #include "dt_cmd.h"
 #include "dt_eval.h"
@@ -137,14 +138,19 @@ static cm_status set_frozen(dt_model *m, const char *target, const cm_target_cfg
 }
 
 cm_status dt_eval_decode_endpoint(const char *server, const char *key, const char *secret, const char *hint,
-                                  char *out, size_t cap) {
+                                  char *out, size_t cap, dt_eval_server_info *si) {
     static char reply[CM_PROTO_STATUS_MAX + 1];
     CM_TRY(cm_chan_status_query(server, key, secret, 10000, reply, sizeof reply));
     cJSON       *o = cJSON_Parse(reply);
     const cJSON *tg = cJSON_GetObjectItemCaseSensitive(o, "target");
+    const cJSON *wi = cJSON_GetObjectItemCaseSensitive(o, "weights_id");
+    const cJSON *ns = cJSON_GetObjectItemCaseSensitive(tg, "decode_seqs");
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(tg, "decode_max_len");
+    si->weights_id     = cJSON_IsString(wi) ? strtoull(wi->valuestring, NULL, 16) : 0;
+    si->decode_seqs    = cJSON_IsNumber(ns) ? (int)ns->valuedouble : 0;
+    si->decode_max_len = cJSON_IsNumber(ml) ? (int64_t)ml->valuedouble : 0;
     const cJSON *ep = cJSON_GetObjectItemCaseSensitive(tg, "decode_endpoint");
-    if (!ep)
-        ep = cJSON_GetObjectItemCaseSensitive(o, "decode_endpoint");
+    if (!ep) ep = cJSON_GetObjectItemCaseSensitive(o, "decode_endpoint");
     if (!cJSON_IsString(ep) || !ep->valuestring[0]) {
         cJSON_Delete(o);
         return CM_FAIL(CM_ERR_UNSUPPORTED,
@@ -314,6 +320,49 @@ static cm_status decode_all(eval_run *r, const eval_args *a, int target_only, dt
     return CM_OK;
 }
 
+/* The server's STATUS against the run: its weights against the drafter's training target and --target
+ * (the drafter uses --target's embedding and head), its decoding capacity against --batch and the
+ * longest prompt + --max-new. */
+static cm_status check_server(eval_run *r, const eval_args *a) {
+    dt_eval_server_info si;
+    CM_TRY(dt_eval_decode_endpoint(a->server, a->key, a->secret, ", or give --decode-server ENDPOINT", r->endpoint,
+                                   sizeof r->endpoint, &si));
+    const uint64_t trained = a->target_only ? 0 : dt_ckpt_target_weights(r->drafter);
+    if (si.weights_id && trained && trained != si.weights_id)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "the drafter '%s' was trained on the hidden states of target weights %016llx, but the "
+                       "server at '%s' serves weights %016llx: evaluate a drafter against the target it was "
+                       "trained for",
+                       r->drafter, (unsigned long long)trained, a->server, (unsigned long long)si.weights_id);
+    if (si.weights_id) {
+        cm_st             *st = NULL;
+        cm_weights_id_info wi;
+        CM_TRY(cm_st_open_dir(&st, a->target));
+        cm_status s = cm_weights_id_dir(st, a->target, CM_WEIGHTS_ID_READ_CACHE | CM_WEIGHTS_ID_WRITE_CACHE, 0, &wi);
+        cm_st_destroy(&st);
+        CM_TRY(s);
+        if (wi.id != si.weights_id)
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "--target '%s' has weights %016llx but the server at '%s' serves %016llx: give the "
+                           "served target's directory",
+                           a->target, (unsigned long long)wi.id, a->server, (unsigned long long)si.weights_id);
+    }
+    if (si.decode_seqs && a->batch > si.decode_seqs)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "--batch %d: the server at '%s' decodes at most %d sequences at once (serve "
+                       "--decode-seqs); use --batch %d, or restart the server with more",
+                       a->batch, a->server, si.decode_seqs, si.decode_seqs);
+    int64_t longest = 0;
+    for (int64_t i = 0; i < r->n_prompts; i++) longest = r->prompts[i].n > longest ? r->prompts[i].n : longest;
+    if (si.decode_max_len && longest + a->max_new + 1 > si.decode_max_len)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "the longest prompt (%lld tokens) + --max-new %lld exceeds the %lld tokens per sequence "
+                       "the server at '%s' decodes (serve --decode-max-len); lower --max-new or restart the "
+                       "server with more",
+                       (long long)longest, (long long)a->max_new, (long long)si.decode_max_len, a->server);
+    return CM_OK;
+}
+
 static cm_status run_eval(const eval_args *a) {
     cm_status st;
     eval_run  r;
@@ -331,9 +380,7 @@ static cm_status run_eval(const eval_args *a) {
     if (a->decode_server)
         snprintf(r.endpoint, sizeof r.endpoint, "%s", a->decode_server);
     else
-        CM_TRY_GOTO(dt_eval_decode_endpoint(a->server, a->key, a->secret, ", or give --decode-server ENDPOINT",
-                                            r.endpoint, sizeof r.endpoint),
-                    st, fail);
+        CM_TRY_GOTO(check_server(&r, a), st, fail);
     cm_dec_client_config cc = {.endpoint = r.endpoint,
                                .curve_server_key = a->key,
                                .curve_secret_key = a->secret,

@@ -139,13 +139,23 @@ cm_status dt_eval_write_file(const char *path, const char *text);
 // ----------------------------------------------------------------------------
 // the decoding endpoint (dt_eval.c)
 
+/* What a server's STATUS says about decoding: the weights it serves (0: not said), how many sequences
+ * it decodes at once and how long (0: not said). */
+typedef struct dt_eval_server_info {
+    uint64_t weights_id;
+    int      decode_seqs;
+    int64_t  decode_max_len;
+} dt_eval_server_info;
+
 /* The decoding endpoint of the target-server at server (tcp://HOST:PORT or ipc://PATH), from its STATUS
- * ("decode_endpoint", at the top level or in its "target" object, where target-server puts it), a wildcard host (a server bound to every interface: "*" or 0.0.0.0) replaced by
- * server's host; key and secret: the CURVE key files as cm_chan_status_query takes them (NULL: none).
+ * ("decode_endpoint" of its "target" object, where target-server puts it, or of the top level), a
+ * wildcard host (a server bound to every interface: "*" or 0.0.0.0) replaced by server's host; key and
+ * secret: the CURVE key files as cm_chan_status_query takes them (NULL: none).
  * CM_ERR_UNSUPPORTED when the server names none, its message ending with hint (NULL: nothing), e.g.
- * the flag that names an endpoint instead; the STATUS query's own failures as they come. */
+ * the flag that names an endpoint instead; the STATUS query's own failures as they come. *si: what the
+ * STATUS lists about decoding. */
 cm_status dt_eval_decode_endpoint(const char *server, const char *key, const char *secret, const char *hint,
-                                  char *out, size_t cap);
+                                  char *out, size_t cap, dt_eval_server_info *si);
 
 // ----------------------------------------------------------------------------
 // the loop (dt_eval_loop.c)

@@ -369,17 +369,8 @@ static cm_status check_resume_dp(run *r) {
 /* A run trains on one target's hidden states: a resume whose --target has other weights than
  * the checkpoint recorded would mix two targets in one drafter. */
 static cm_status check_resume_target(run *r) {
-    char path[4096 + 32];
-    snprintf(path, sizeof path, "%s/training_state.safetensors", r->resume_dir);
-    cm_st *f = NULL;
-    if (!r->weights_id || cm_st_open_file(&f, path) != CM_OK) {
-        cm_clear_error();
-        return CM_OK; /* nothing to compare here, or dt_ckpt_load reports it */
-    }
-    const char *h = cm_st_metadata(f, "target_weights");
-    uint64_t    saved = h ? strtoull(h, NULL, 16) : 0;
-    cm_st_destroy(&f);
-    if (!saved || saved == r->weights_id)
+    const uint64_t saved = r->weights_id ? dt_ckpt_target_weights(r->resume_dir) : 0;
+    if (!saved || saved == r->weights_id) /* nothing to compare, or dt_ckpt_load reports what is missing */
         return CM_OK;
     return CM_FAIL(CM_ERR_INVALID_ARG,
                    "cannot resume: '%s' was trained on the hidden states of target weights %016llx, but --target "
@@ -489,6 +480,7 @@ static cm_status open_eval(run *r) {
         .curve_server_key = a->curve_server_key,
         .curve_secret_key = a->curve_secret_key,
         .timeout_ms = (int)a->timeout_ms,
+        .weights_id = r->weights_id,
         .hint = a->eval_server ? "; --eval-every needs one" : "; --eval-every needs one: give --eval-server ENDPOINT"};
     return dt_train_eval_create(&r->ev, &ec, r->m);
 }

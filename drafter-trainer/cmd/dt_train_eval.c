@@ -97,6 +97,32 @@ static cm_status load_prompts(dt_train_eval *ev) {
     return CM_OK;
 }
 
+/* The decoding endpoint from the server's STATUS, and what it lists checked against this run: the
+ * weights it serves, the sequences it decodes at once and their length. */
+static cm_status check_server(dt_train_eval *ev, int64_t longest) {
+    const dt_train_eval_config *c = &ev->cfg;
+    dt_eval_server_info         si;
+    CM_TRY(dt_eval_decode_endpoint(c->server, c->curve_server_key, c->curve_secret_key, c->hint, ev->endpoint,
+                                   sizeof ev->endpoint, &si));
+    if (si.weights_id && c->weights_id && si.weights_id != c->weights_id)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "the target-server at '%s' serves weights %016llx but this run trains on target weights "
+                       "%016llx: evaluate on a server of the run's target",
+                       c->server, (unsigned long long)si.weights_id, (unsigned long long)c->weights_id);
+    if (si.decode_seqs && ev->batch > si.decode_seqs)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "--eval-batch %d: the target-server at '%s' decodes at most %d sequences at once (serve "
+                       "--decode-seqs); use --eval-batch %d, or restart the server with more",
+                       ev->batch, c->server, si.decode_seqs, si.decode_seqs);
+    if (si.decode_max_len && longest + c->max_new + 1 > si.decode_max_len)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "the longest --eval-data prompt (%lld tokens) + --eval-max-new %lld exceeds the %lld tokens "
+                       "per sequence the target-server at '%s' decodes (serve --decode-max-len); lower "
+                       "--eval-max-new or --eval-prompts, or restart the server with more",
+                       (long long)longest, (long long)c->max_new, (long long)si.decode_max_len, c->server);
+    return CM_OK;
+}
+
 cm_status dt_train_eval_create(dt_train_eval **out, const dt_train_eval_config *cfg, const dt_model *m) {
     if (!out || !cfg || !m || !cfg->data || cfg->max_new < 1 || cfg->batch < 1 || (!cfg->server && !cfg->verifier))
         return CM_FAIL(CM_ERR_INVALID_ARG,
@@ -126,9 +152,7 @@ cm_status dt_train_eval_create(dt_train_eval **out, const dt_train_eval_config *
         goto fail;
     }
     if (!cfg->verifier) {
-        CM_TRY_GOTO(dt_eval_decode_endpoint(cfg->server, cfg->curve_server_key, cfg->curve_secret_key, cfg->hint,
-                                            ev->endpoint, sizeof ev->endpoint),
-                    st, fail);
+        CM_TRY_GOTO(check_server(ev, longest), st, fail);
         CM_TRY_GOTO(dec_connect(ev), st, fail);
     }
     CM_LOG_INFO("evaluation: %lld prompts of '%s', up to %lld new tokens each, %d at a time, block %d, against "

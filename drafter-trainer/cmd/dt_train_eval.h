@@ -42,6 +42,7 @@ typedef struct dt_train_eval_config {
     const char *server;
     const char *curve_server_key, *curve_secret_key; /* as cm_dec_client_config; NULL: none */
     int         timeout_ms;                          /* longest wait for one step's answer */
+    uint64_t    weights_id; /* the run's target weights, checked against the server's (0: not checked) */
     const char *hint; /* ends the refusal of a server without decoding (e.g. the flag to use instead) */
     /* ... or, for tests, an in-process one (borrowed; then server is not used) */
     const dt_eval_target *verifier;
@@ -59,8 +60,9 @@ typedef struct dt_train_eval_result {
 } dt_train_eval_result;
 
 /* Reads the prompts (refusing a file without any, or a token outside the model's vocabulary), finds
- * the decoding endpoint and connects to it (CM_ERR_UNSUPPORTED when the server decodes nothing, or
- * this build has no decoding client), and makes the dt_infer over m (borrowed, read only; it must
+ * the decoding endpoint (CM_ERR_UNSUPPORTED when the server decodes nothing), checks what the server's
+ * STATUS lists (CM_ERR_INVALID_ARG naming the flag: other weights than weights_id, fewer sequences at
+ * once than batch, sequences shorter than the longest prompt + max_new), connects, and makes the dt_infer over m (borrowed, read only; it must
  * outlive the evaluator and have its frozen embedding and LM head). Caller destroys with
  * dt_train_eval_destroy. */
 cm_status dt_train_eval_create(dt_train_eval **out, const dt_train_eval_config *cfg, const dt_model *m);

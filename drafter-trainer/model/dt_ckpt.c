@@ -727,3 +727,17 @@ double dt_hparams_selector_alpha(const dt_hparams *h, int64_t steps) {
         return h->selector_alpha * (double)(steps - warm + 1) / (double)ramp;
     return h->selector_alpha;
 }
+
+uint64_t dt_ckpt_target_weights(const char *step_dir) {
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/training_state.safetensors", step_dir);
+    cm_st *f = NULL;
+    if (cm_st_open_file(&f, path) != CM_OK) {
+        cm_clear_error();
+        return 0;
+    }
+    const char *h = cm_st_metadata(f, "target_weights");
+    uint64_t    id = h ? strtoull(h, NULL, 16) : 0;
+    cm_st_destroy(&f);
+    return id;
+}

@@ -125,6 +125,10 @@ cm_status dt_ckpt_clean(const char *run_dir);
  * A checkpoint without checksums.json (saved before they existed) is resumed with a warning
  * that it cannot be verified, once its model.safetensors opens as a whole file. */
 cm_status dt_ckpt_verify(const char *step_dir);
+/* The fingerprint of the target whose hidden states trained the checkpoint in step_dir
+ * (training_state.safetensors' target_weights), or 0 when it is not known (a serving-format
+ * directory without the training state, or a run trained from batch files). */
+uint64_t  dt_ckpt_target_weights(const char *step_dir);
 
 /* Loads the training state of step_dir into the model's parameters (masters), the
  * optimizer's moments and step, and ts. Refuses (CM_ERR_INVALID_ARG, "cannot resume: ...")

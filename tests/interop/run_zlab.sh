@@ -14,7 +14,10 @@
 #      data/tiny/valid.jsonl (heldout_tau.py);
 #   5. z-lab's loader and decoder on the held-out prompts (zlab_decode.py): fails on a missing or unexpected key,
 #      on a decode that is not the target's own greedy output, or when a trained drafter's real τ is not above
-#      its untrained one's; prints the table.
+#      its untrained one's; prints the table;
+#   6. the target's greedy answers to the held-out prompts (`target-server generate`), then per drafter grad's
+#      τ_chain on that text against the τ of Tandem's own decoder (`drafter-trainer eval`) on those prompts:
+#      fails when they differ by more than 0.02.
 # About 3 minutes on 2 cores once the environment exists; making it adds 1-2 minutes (PyPI's torch with its CUDA
 # libraries, about 3 GB, where the CPU-only torch index cannot be reached). Knobs:
 #   BUILD_DIR               where target-server and drafter-trainer are built (default build)
@@ -100,4 +103,41 @@ extra=()
 "$py" tests/interop/zlab_decode.py --target models/tandem-tiny --valid data/tiny/valid.jsonl \
     --max-new-tokens "$max_new" --prompts "$n_prompts" --untrained-every "${INTEROP_UNTRAINED_EVERY:-4}" --tandem-tau "$out/heldout-tau.json" "${cases[@]}" \
     "${notes[@]}" "${extra[@]}" || die "z-lab interoperability (above)"
+# ---- 6. τ_chain against Tandem's own decoder: on the target's greedy answers to the held-out prompts
+# (`target-server generate`), grad's chain walk over teacher-forced acceptances must give the τ that
+# `drafter-trainer eval` measures decoding those prompts, for every drafter
+limit=()
+[ "$n_prompts" != 0 ] && limit=(--limit "$n_prompts")
+"$ts" generate --model models/tandem-tiny --data data/tiny/valid.jsonl --out "$out/regen.jsonl" \
+    --max-new "$max_new" "${limit[@]}" --log-level warn 2>"$out/generate.log" || die "generate failed"
+"$py" tests/interop/heldout_tau.py --target-server "$ts" --drafter-trainer "$dt" --target models/tandem-tiny \
+    --valid "$out/regen.jsonl" --work "$out/regen-heldout" --json "$out/regen-tau.json" "${ckpts[@]}" ||
+    die "τ_chain on the regenerated text could not be measured"
+endpoint="ipc://$out/decode.ipc"
+"$ts" serve --model models/tandem-tiny --bind "$endpoint" --log-level warn 2>"$out/serve-decode.log" &
+server=$!
+bg+=("$server")
+for i in $(seq 1 100); do [ -S "$out/decode.ipc" ] && break; sleep 0.1; done
+for i in "${!ckpts[@]}"; do
+    "$dt" eval --checkpoint "${ckpts[i]}" --target models/tandem-tiny --server "$endpoint" --data "$out/regen.jsonl" \
+        --max-new "$max_new" --batch 8 --json "$out/regen-eval-$i.json" --log-level warn >"$out/regen-eval-$i.log" 2>&1 ||
+        { tail -n 5 "$out/regen-eval-$i.log" >&2; die "eval of ${ckpts[i]} failed"; }
+done
+kill "$server"
+wait "$server" 2>/dev/null || true
+"$py" - "$out" "${ckpts[@]}" <<'PY' || die "τ_chain does not predict the decoder's τ (above)"
+import json, sys
+out, ckpts = sys.argv[1], sys.argv[2:]
+chain = json.load(open(f"{out}/regen-tau.json"))["drafters"]
+bad = 0
+for i, c in enumerate(ckpts):
+    ev = json.load(open(f"{out}/regen-eval-{i}.json"))
+    real, tf, tc = ev["overall"]["tau"], chain[c]["tau"], chain[c]["tau_chain"]
+    ok = abs(real - tc) <= 0.02
+    bad += not ok
+    print(f"interop: {'ok' if ok else 'FAIL'} {c}: on the target's greedy text, real τ {real:.4f} "
+          f"({ev['overall']['generated']} tokens, {ev['overall']['steps']} steps), τ_chain {tc:.4f} "
+          f"({chain[c]['chain_tokens']} tokens, {chain[c]['chain_steps']} steps), teacher-forced τ {tf:.4f}")
+sys.exit(1 if bad else 0)
+PY
 say "passed in $((SECONDS - t_start)) s (files in $out)"
