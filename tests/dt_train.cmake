@@ -35,6 +35,6 @@ endif()
 # (lossless, tau rising, the training bit-identical with and without them), the command's refusals, and
 # end to end against a real target-server's decoding endpoint.
 if(TARGET dt)
-  add_unit_test(test_dt_train_eval test_dt_train_eval.c LIBS dt TIMEOUT 180)
+  add_unit_test(test_dt_train_eval test_dt_train_eval.c LIBS dt TIMEOUT 300)
   add_dependencies(test_dt_train_eval drafter-trainer target-server)
 endif()

@@ -23,7 +23,7 @@
  * from the first to the last, every prompt lossless, the TensorBoard scalars, and the step records
  * (losses, τ) byte-identical to the same run without --eval-every; then `precompute` of the same packs
  * and 24 steps from the shards with --eval-server (evaluations at 12 and 24): the live runs' first 24
- * step records. About 50 s on 2 cores.
+ * step records. About 50 s on 2 cores (under the sanitizers, shorter runs: see TST_SANITIZED).
  * Set DT_TRAIN_EVAL_KEEP=1 to keep the work dir. */
 #include <math.h>
 #include <stdio.h>
@@ -41,6 +41,16 @@
 #include "tst_proc.h"
 #include "tst_serve.h"
 
+/* Under the sanitizers the cpu kernels run many times slower: the runs are shorter (in process 60 steps,
+ * end to end 12), and the τ trend, the loss's fall and the shards leg are left to the plain build. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TST_SANITIZED 1
+#endif
+#endif
+
 #define V       64 /* the chain's vocabulary */
 #define D       32
 #define B       4
@@ -49,8 +59,17 @@
 #define A_LEN   20 /* answer tokens */
 #define N_DOCS  4  /* documents per batch */
 #define N_BATCH 6
-#define STEPS   180
-#define EVERY   45
+#ifdef TST_SANITIZED
+#define STEPS     60
+#define EVERY     20
+#define E2E_EVERY "6"
+#define E2E_STEPS 12
+#else
+#define STEPS     180
+#define EVERY     45
+#define E2E_EVERY "30" /* 2 epochs of 36 packs: evaluations at steps 30, 60 and 72 (the end) */
+#define E2E_STEPS 72
+#endif
 #define N_EVAL  (STEPS / EVERY)
 #define N_PR    6
 #define MAXNEW  16
@@ -365,13 +384,15 @@ static void check_in_process(void) {
     for (int i = 0; i < a->n_ev; i++)
         printf(" %.3f (step %lld)", a->ev[i].all.tau, (long long)a->ev[i].step);
     printf("\n");
+#ifndef TST_SANITIZED
     if (a->n_ev == N_EVAL)
         TST_CHECK(a->ev[N_EVAL - 1].all.tau > a->ev[0].all.tau + 0.3);
+    TST_CHECK(a->loss[STEPS - 1] < 0.5 * a->loss[0]);
+#endif
     /* the training is the same bits with and without the evaluations */
     TST_CHECK(memcmp(a->loss, b->loss, sizeof a->loss) == 0);
     TST_CHECK(a->n_params == b->n_params && a->n_params > 0 &&
               memcmp(a->params, b->params, a->n_params * sizeof(float)) == 0);
-    TST_CHECK(a->loss[STEPS - 1] < 0.5 * a->loss[0]);
 
     /* the record and the line */
     if (a->n_ev == N_EVAL) {
@@ -439,7 +460,6 @@ static void check_refusals(void) {
 // ----------------------------------------------------------------------------
 // end to end: a real target-server, train live with and without --eval-every
 
-#define E2E_EVERY "30" /* 2 epochs of 36 packs: evaluations at steps 30, 60 and 72 (the end) */
 
 /* train RUN: the common flags, then extra (NULL-terminated) */
 static int e2e_train(const char *run, const char *const *extra) {
@@ -510,16 +530,22 @@ static void check_end_to_end(void) {
     if (srv <= 0)
         return;
     /* live, with and without evaluations */
-    const char *const with[] = {"--server",     endpoint,  "--eval-every",   E2E_EVERY, "--eval-data", VALID_SET,
-                                "--eval-prompts", "8",     "--eval-max-new", "24",      NULL};
-    const char *const plain[] = {"--server", endpoint, NULL};
+    char steps[16];
+    snprintf(steps, sizeof steps, "%d", E2E_STEPS);
+    const char *const with[] = {"--server",       endpoint, "--eval-every",   E2E_EVERY, "--eval-data", VALID_SET,
+                                "--eval-prompts", "8",      "--eval-max-new", "24",      "--steps",     steps,
+                                NULL};
+    const char *const plain[] = {"--server", endpoint, "--steps", steps, NULL};
     const int         rc_eval = e2e_train("with-eval", with);
     const double      t1 = cm_now_s();
     const int         rc_plain = e2e_train("plain", plain);
     const double      t2 = cm_now_s();
-    /* from precomputed shards, evaluating on the server through --eval-server: 24 steps */
     char err[256];
     snprintf(err, sizeof err, "%s/precompute.err", tmp);
+#ifdef TST_SANITIZED
+    const int rc_pc = 0, rc_shards = 0;
+#else
+    /* from precomputed shards, evaluating on the server through --eval-server: 24 steps */
     char *pc[] = {DT_BIN,  "precompute", "--server", endpoint, "--dataset", TRAIN_SET, "--token-budget", "512",
                   "--layers", "1,5",     "--out",    shards,   "--log-level", "warn",  NULL};
     const int         rc_pc = tst_run(pc, err);
@@ -527,41 +553,52 @@ static void check_end_to_end(void) {
                                        "--eval-every", "12", "--eval-data", VALID_SET, "--eval-prompts", "8",
                                        "--eval-max-new", "24", NULL};
     const int         rc_shards = rc_pc == 0 ? e2e_train("shards", from_shards) : -1;
-    const double      t3 = cm_now_s();
+#endif
+    const double t3 = cm_now_s();
     tst_stop(&srv);
     TST_CHECK(rc_eval == 0 && rc_plain == 0 && rc_pc == 0 && rc_shards == 0);
     if (rc_pc != 0)
         fprintf(stderr, "precompute exited %d: %s\n", rc_pc, tst_slurp(err));
 
-    static char a[1 << 17], b[1 << 17], c[1 << 17];
+    static char a[1 << 17], b[1 << 17];
     int64_t     ev_step[64], sh_step[64];
     double      ev_tau[64], sh_tau[64];
     int         n_ev = 0, n_a = 0, n_b = 0, n_none = 0, n_sh = 0, n_c = 0;
     TST_CHECK(read_run("with-eval", a, sizeof a, ev_step, ev_tau, &n_ev, &n_a));
     TST_CHECK(read_run("plain", b, sizeof b, sh_step, sh_tau, &n_none, &n_b));
+#ifndef TST_SANITIZED
+    static char c[1 << 17];
     TST_CHECK(read_run("shards", c, sizeof c, sh_step, sh_tau, &n_sh, &n_c));
+#endif
     printf("end to end: %d steps with --eval-every " E2E_EVERY " in %.1f s, %d without in %.1f s; eval tau", n_a,
            t1 - t0, n_b, t2 - t1);
     for (int i = 0; i < n_ev; i++)
         printf(" %.3f (step %lld)", ev_tau[i], (long long)ev_step[i]);
-    printf("\n  from shards with --eval-server: precompute and %d steps in %.1f s; eval tau", n_c, t3 - t2);
-    for (int i = 0; i < n_sh; i++)
-        printf(" %.3f (step %lld)", sh_tau[i], (long long)sh_step[i]);
     printf("\n");
+    if (n_c) {
+        printf("  from shards with --eval-server: precompute and %d steps in %.1f s; eval tau", n_c, t3 - t2);
+        for (int i = 0; i < n_sh; i++)
+            printf(" %.3f (step %lld)", sh_tau[i], (long long)sh_step[i]);
+        printf("\n");
+    }
     /* the step records are the same bytes with and without evaluations */
-    TST_CHECK(n_a == 72 && n_a == n_b && strcmp(a, b) == 0 && n_none == 0);
+    TST_CHECK(n_a == E2E_STEPS && n_a == n_b && strcmp(a, b) == 0 && n_none == 0);
     const int every = atoi(E2E_EVERY), want = n_a / every + (n_a % every != 0);
     TST_CHECK(n_ev == want);
     for (int i = 0; i < n_ev && i < want; i++)
         TST_CHECK(ev_step[i] == (i + 1 < want || n_a % every == 0 ? (int64_t)(i + 1) * every : n_a));
+#ifndef TST_SANITIZED
     TST_CHECK(n_ev >= 2 && ev_tau[n_ev - 1] > ev_tau[0]);
+#endif
     snprintf(err, sizeof err, "%s/with-eval.err", tmp);
     const char *e = tst_slurp(err);
     TST_CHECK(strstr(e, "eval step " E2E_EVERY ": tau ") != NULL && strstr(e, "identical 8/8") != NULL);
     /* from shards: the live runs' first 24 steps (the shards hold the same hidden states), and
      * evaluations at 12 and 24 through --eval-server */
+#ifndef TST_SANITIZED
     TST_CHECK(n_c == 24 && strncmp(a, c, strlen(c)) == 0);
     TST_CHECK(n_sh == 2 && sh_step[0] == 12 && sh_step[1] == 24 && sh_tau[0] >= 1 && sh_tau[1] >= 1);
+#endif
     /* TensorBoard has the scalars (their tags are plain text in the event file) */
     char cmd[600], found[64];
     snprintf(cmd, sizeof cmd, "cat %s/with-eval/tb/events.out.tfevents.* | grep -c -a 'eval/tau'", tmp);
