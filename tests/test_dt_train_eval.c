@@ -21,7 +21,8 @@
  * data/tiny/train.jsonl (2 epochs of 512-token packs: 72 steps) with --eval-every 30 on 8 prompts of
  * data/tiny/valid.jsonl, 24 new tokens each: eval records at steps 30, 60 and 72 (the end), τ rising
  * from the first to the last, every prompt lossless, the TensorBoard scalars, and the step records
- * (losses, τ) byte-identical to the same run without --eval-every; then `precompute` of the same packs
+ * (losses, τ) and the final checkpoint's files byte-identical to the same run without --eval-every;
+ * then `precompute` of the same packs
  * and 24 steps from the shards with --eval-server (evaluations at 12 and 24): the live runs' first 24
  * step records. About 50 s on 2 cores (under the sanitizers, shorter runs: see TST_SANITIZED).
  * Set DT_TRAIN_EVAL_KEEP=1 to keep the work dir. */
@@ -516,9 +517,6 @@ static void check_end_to_end(void) {
         printf("end to end skipped: build target-server and drafter-trainer\n");
         return;
     }
-    /* the tiny model gains nothing from threads on a small machine, and two processes' spinning
-     * threads on a busy one make every decoding step wait (as scripts/quickstart.sh says) */
-    setenv("OMP_NUM_THREADS", "1", 1);
     char bind[128], endpoint[256], path[128], shards[128];
     snprintf(bind, sizeof bind, "ipc://%s/target.ipc", tmp);
     snprintf(path, sizeof path, "%s/serve", tmp);
@@ -581,8 +579,15 @@ static void check_end_to_end(void) {
             printf(" %.3f (step %lld)", sh_tau[i], (long long)sh_step[i]);
         printf("\n");
     }
-    /* the step records are the same bytes with and without evaluations */
+    /* the step records and the final checkpoint are the same bytes with and without evaluations */
     TST_CHECK(n_a == E2E_STEPS && n_a == n_b && strcmp(a, b) == 0 && n_none == 0);
+    const char *files[] = {"config.json", "model.safetensors", "training_state.safetensors"};
+    for (int k = 0; k < 3; k++) {
+        char fa[600], fb[600];
+        snprintf(fa, sizeof fa, "%s/with-eval/checkpoints/step-%d/%s", tmp, E2E_STEPS, files[k]);
+        snprintf(fb, sizeof fb, "%s/plain/checkpoints/step-%d/%s", tmp, E2E_STEPS, files[k]);
+        TST_CHECK(tst_same_file(fa, fb));
+    }
     const int every = atoi(E2E_EVERY), want = n_a / every + (n_a % every != 0);
     TST_CHECK(n_ev == want);
     for (int i = 0; i < n_ev && i < want; i++)
@@ -607,6 +612,10 @@ static void check_end_to_end(void) {
 
 int main(void) {
     cm_log_set_level(CM_LOG_LEVEL_WARN);
+    /* the tiny models gain nothing from threads on a small machine, and spinning threads on a busy
+     * one (two processes end to end, or other tests) make every step wait (as scripts/quickstart.sh
+     * says); the children inherit it */
+    setenv("OMP_NUM_THREADS", "1", 1);
     snprintf(tmp, sizeof tmp, "/tmp/tandem-dtte-XXXXXX");
     if (!mkdtemp(tmp)) {
         perror("mkdtemp");
