@@ -62,26 +62,8 @@ cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float 
             const int64_t bos = cu_seqlens[seq_of(cu_seqlens, n_seq, t)];
             const float  *qr  = q + (t * nq + h) * hd;
 
-            double mx = -INFINITY;
-            for (int64_t s = bos; s <= t; s++) {
-                const float *kr = k + (s * nkv + kvh) * hd;
-                p[s - bos]      = kn_ref_dot(qr, kr, hd) * (double)scale;
-                if (p[s - bos] > mx) mx = p[s - bos];
-            }
-            double sum = 0;
-            for (int64_t s = bos; s <= t; s++) {
-                p[s - bos] = exp(p[s - bos] - mx);
-                sum += p[s - bos];
-            }
-            for (int c = 0; c < hd; c++) acc[c] = 0;
-            for (int64_t s = bos; s <= t; s++) {
-                const float *vr = v + (s * nkv + kvh) * hd;
-                double       ps = p[s - bos] / sum;
-                for (int c = 0; c < hd; c++) acc[c] += ps * (double)vr[c];
-            }
-            float       *o  = out + (t * nq + h) * hd;
-            const float *gr = gate ? gate + (t * nq + h) * hd : NULL;
-            for (int c = 0; c < hd; c++) o[c] = (float)(gr ? acc[c] * kn_ref_sigmoid(gr[c]) : acc[c]);
+            kn_ref_attend_row(out + (t * nq + h) * hd, qr, k + (bos * nkv + kvh) * hd, v + (bos * nkv + kvh) * hd,
+                              (int64_t)nkv * hd, t - bos + 1, hd, scale, gate ? gate + (t * nq + h) * hd : NULL, p, acc);
         }
         free(acc);
         free(p);

@@ -119,26 +119,8 @@ cm_status kn_ref_attention_cached(kn_ctx *ctx, float *out, const float *q, const
             const float  *kr0 = kc + (int64_t)slots[s] * max_len * nkv * hd;
             const float  *vr0 = vc + (int64_t)slots[s] * max_len * nkv * hd;
 
-            double mx = -INFINITY;
-            for (int64_t j = 0; j <= pos; j++) {
-                const float *kr = kr0 + (j * nkv + kvh) * hd;
-                p[j]            = kn_ref_dot(qr, kr, hd) * (double)scale;
-                if (p[j] > mx) mx = p[j];
-            }
-            double sum = 0;
-            for (int64_t j = 0; j <= pos; j++) {
-                p[j] = exp(p[j] - mx);
-                sum += p[j];
-            }
-            for (int c = 0; c < hd; c++) acc[c] = 0;
-            for (int64_t j = 0; j <= pos; j++) {
-                const float *vr = vr0 + (j * nkv + kvh) * hd;
-                double       ps = p[j] / sum;
-                for (int c = 0; c < hd; c++) acc[c] += ps * (double)vr[c];
-            }
-            float       *o  = out + (t * nq + h) * hd;
-            const float *gr = gate ? gate + (t * nq + h) * hd : NULL;
-            for (int c = 0; c < hd; c++) o[c] = (float)(gr ? acc[c] * kn_ref_sigmoid(gr[c]) : acc[c]);
+            kn_ref_attend_row(out + (t * nq + h) * hd, qr, kr0 + (int64_t)kvh * hd, vr0 + (int64_t)kvh * hd,
+                              (int64_t)nkv * hd, pos + 1, hd, scale, gate ? gate + (t * nq + h) * hd : NULL, p, acc);
         }
         free(acc);
         free(p);

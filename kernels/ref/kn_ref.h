@@ -226,6 +226,30 @@ static inline double kn_ref_dot(const float *a, const float *b, int64_t n) {
     return (s0 + s1) + (s2 + s3);
 }
 
+/* One query row of causal attention, the reference's arithmetic: scores q·k_j · scale over the n keys at
+ * k + j·stride (double), softmax, Σ p_j v_j (v at the same stride), times sigmoid(gate) when gate is
+ * non-NULL, written to o [hd]. p [n] and acc [hd] are the caller's scratch. */
+static inline void kn_ref_attend_row(float *o, const float *q, const float *k, const float *v, int64_t stride,
+                                     int64_t n, int hd, float scale, const float *gate, double *p, double *acc) {
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = kn_ref_dot(q, k + j * stride, hd) * (double)scale;
+        if (p[j] > mx) mx = p[j];
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = exp(p[j] - mx);
+        sum += p[j];
+    }
+    for (int c = 0; c < hd; c++) acc[c] = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const float *vr = v + j * stride;
+        const double ps = p[j] / sum;
+        for (int c = 0; c < hd; c++) acc[c] += ps * (double)vr[c];
+    }
+    for (int c = 0; c < hd; c++) o[c] = (float)(gate ? acc[c] * kn_ref_sigmoid(gate[c]) : acc[c]);
+}
+
 /* Argument validation: returns CM_ERR_INVALID_ARG with the formatted message when cond is false. */
 #define KN_REF_CHECK(cond, ...)                                                                              \
     do {                                                                                                     \
