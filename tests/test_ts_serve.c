@@ -427,10 +427,12 @@ static void test_ipc_endpoint(void) {
     proc b;
     TST_CHECK(serve_start(&b, "stale", bind, NULL));
     TST_CHECK(cm_chan_status_query(b.endpoint, NULL, NULL, 3000, status, sizeof status) == CM_OK);
-    /* the path taken away from b (removed, and a third server bound it): b's stop leaves it alone */
+    /* the path taken away from b (removed, and a third server bound it): b's stop leaves it alone (the
+     * third serves no decoding: b still holds the decoding endpoint derived from the path) */
     TST_CHECK(unlink(path) == 0);
     proc c;
-    TST_CHECK(serve_start(&c, "third", bind, NULL));
+    static const char *const no_decoding[] = {"--decode-seqs", "0", NULL};
+    TST_CHECK(serve_start(&c, "third", bind, no_decoding));
     TST_CHECK(serve_end(&b, SIGTERM) == 0);
     TST_CHECK(stat(path, &after) == 0 &&
               cm_chan_status_query(c.endpoint, NULL, NULL, 3000, status, sizeof status) == CM_OK);
