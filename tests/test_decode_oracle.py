@@ -7,9 +7,10 @@ the oracle tests/oracle/make_decode_fixtures.py decoded with z-lab's `dflash_gen
 same prompts with the same block size and max_new, greedy. Checks, per prompt:
   - lossless: the speculative tokens equal the target-only run's and the oracle's output (which the oracle found
     equal to the target's own greedy `generate` on every prompt);
-  - the same verify steps: drafts sent and drafts accepted per step equal the oracle's; a prompt may differ only
-    where the two drafters' fp32 arithmetic (PyTorch's and Tandem's CPU reference) breaks a near tie, which this
-    test allows on at most ALLOW_DIFF prompts per drafter and reports;
+  - the same verify steps: drafts sent and drafts accepted per step equal the oracle's, on every prompt but at most
+    ALLOW_DIFF per drafter (reported). One is known: DFlash prompt 1, step 25 of 31, where z-lab's drafter drafts
+    the end token (in float32 and in float64 alike) and Tandem's drafts the token its own training forward predicts
+    there, teacher forced (test_dt_infer holds the two equal), which the target accepts; not explained yet;
   - τ (tokens per verify step, z-lab's count) within 0.01 of the oracle's.
 usage: test_decode_oracle.py BUILD_DIR
 """
