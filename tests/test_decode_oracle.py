@@ -7,10 +7,10 @@ the oracle tests/oracle/make_decode_fixtures.py decoded with z-lab's `dflash_gen
 same prompts with the same block size and max_new, greedy. Checks, per prompt:
   - lossless: the speculative tokens equal the target-only run's and the oracle's output (which the oracle found
     equal to the target's own greedy `generate` on every prompt);
-  - the same verify steps: drafts sent and drafts accepted per step equal the oracle's, on every prompt but at most
-    ALLOW_DIFF per drafter (reported). One is known: DFlash prompt 1, step 25 of 31, where z-lab's drafter drafts
-    the end token (in float32 and in float64 alike) and Tandem's drafts the token its own training forward predicts
-    there, teacher forced (test_dt_infer holds the two equal), which the target accepts; not explained yet;
+  - the same verify steps: drafts sent and drafts accepted per step equal the oracle's on every prompt. The server
+    sends F32 hidden states here, as the oracle's drafter reads them: with the default BF16 answers one DFlash step
+    of one prompt differs (prompt 1, step 25), where z-lab's drafter itself puts the end token 0.004 above the
+    right token (logits 6.568 and 6.564) and the BF16 rounding of the context is enough to swap them;
   - τ (tokens per verify step, z-lab's count) within 0.01 of the oracle's.
 usage: test_decode_oracle.py BUILD_DIR
 """
@@ -22,7 +22,7 @@ import tempfile
 import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-ALLOW_DIFF = 1
+ALLOW_DIFF = 0
 
 
 def main():
@@ -33,8 +33,10 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory(prefix="tandem-decode-oracle-") as tmp:
         ep = f"ipc://{tmp}/t.ipc"
+        # F32 hidden states, as the oracle's drafter reads them (the default BF16 rounding moves drafter logits by
+        # ~1e-3: enough to flip a near tie)
         srv = subprocess.Popen([ts, "serve", "--model", os.path.join(ROOT, "models/tandem-tiny"), "--bind", ep,
-                                "--log-level", "warn"], env=env, stderr=open(f"{tmp}/serve.err", "w"))
+                                "--dtype", "f32", "--log-level", "warn"], env=env, stderr=open(f"{tmp}/serve.err", "w"))
         try:
             for _ in range(100):
                 if os.path.exists(f"{tmp}/t.ipc"):
