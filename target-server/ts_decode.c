@@ -127,8 +127,7 @@ void ts_decoder_drop(ts_decoder *d, const char *owner) {
 // ----------------------------------------------------------------------------
 // scratch
 
-static int grow(void **p, int64_t *cap_unused, size_t want_bytes) {
-    (void)cap_unused;
+static int grow(void **p, size_t want_bytes) {
     void *q = realloc(*p, want_bytes ? want_bytes : 1);
     if (!q) return 0;
     *p = q;
@@ -141,31 +140,31 @@ static cm_status reserve(ts_decoder *d, int64_t N, int64_t T, int64_t R, int L, 
     int           ok = 1;
     if (N > d->cap_n) {
         int32_t **a[] = {&d->slot_of, &d->tok_off, &d->acc, &d->nxt, &d->out_off};
-        for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) ok &= grow((void **)a[i], NULL, (size_t)N * 4);
-        ok &= grow((void **)&d->dec, NULL, (size_t)N * 16);
-        ok &= grow((void **)&d->slots, NULL, (size_t)N * 4) && grow((void **)&d->base, NULL, (size_t)N * 4);
-        ok &= grow((void **)&d->adv, NULL, (size_t)N * 4) && grow((void **)&d->cu, NULL, (size_t)(N + 1) * 4);
-        ok &= grow((void **)&d->pieces, NULL, (size_t)(N + T + 1) * sizeof(piece));
+        for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) ok &= grow((void **)a[i], (size_t)N * 4);
+        ok &= grow((void **)&d->dec, (size_t)N * 16);
+        ok &= grow((void **)&d->slots, (size_t)N * 4) && grow((void **)&d->base, (size_t)N * 4);
+        ok &= grow((void **)&d->adv, (size_t)N * 4) && grow((void **)&d->cu, (size_t)(N + 1) * 4);
+        ok &= grow((void **)&d->pieces, (size_t)(N + T + 1) * sizeof(piece));
         if (ok) d->cap_n = N;
     }
     if (ok && T > d->cap_t) {
-        ok &= grow((void **)&d->ids, NULL, (size_t)T * 4);
-        ok &= grow((void **)&d->pieces, NULL, (size_t)(N + T + 1) * sizeof(piece));
-        for (int i = 0; ok && i < d->cap_l; i++) ok &= grow((void **)&d->lay[i], NULL, (size_t)(T * D) * 4);
-        ok &= grow((void **)&d->out, NULL, (size_t)d->cap_l * (size_t)(T * D) * 4);
+        ok &= grow((void **)&d->ids, (size_t)T * 4);
+        ok &= grow((void **)&d->pieces, (size_t)(N + T + 1) * sizeof(piece));
+        for (int i = 0; ok && i < d->cap_l; i++) ok &= grow((void **)&d->lay[i], (size_t)(T * D) * 4);
+        ok &= grow((void **)&d->out, (size_t)d->cap_l * (size_t)(T * D) * 4);
         if (ok) d->cap_t = T;
     }
     if (ok && L > d->cap_l) {
-        ok &= grow((void **)&d->lay, NULL, (size_t)L * sizeof(float *));
+        ok &= grow((void **)&d->lay, (size_t)L * sizeof(float *));
         for (int i = d->cap_l; ok && i < L; i++) d->lay[i] = malloc((size_t)(d->cap_t * D) * 4 + 4);
         for (int i = d->cap_l; ok && i < L; i++) ok &= d->lay[i] != NULL;
-        ok &= grow((void **)&d->lay_ids, NULL, (size_t)L * sizeof(int));
-        ok &= grow((void **)&d->lay_pos, NULL, (size_t)L * sizeof(int));
-        ok &= grow((void **)&d->out, NULL, (size_t)L * (size_t)(d->cap_t * D) * 4 + 4);
+        ok &= grow((void **)&d->lay_ids, (size_t)L * sizeof(int));
+        ok &= grow((void **)&d->lay_pos, (size_t)L * sizeof(int));
+        ok &= grow((void **)&d->out, (size_t)L * (size_t)(d->cap_t * D) * 4 + 4);
         if (ok) d->cap_l = L;
     }
     if (ok && (R > d->cap_rows || (want_logits && !d->logits))) {
-        ok &= grow((void **)&d->rows, NULL, (size_t)R * 4) && grow((void **)&d->am, NULL, (size_t)R * 4);
+        ok &= grow((void **)&d->rows, (size_t)R * 4) && grow((void **)&d->am, (size_t)R * 4);
         free(d->logits);
         d->logits = NULL;
         if (ok && want_logits) ok &= (d->logits = malloc((size_t)R * (size_t)V * 4)) != NULL;
