@@ -60,7 +60,8 @@ trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
 
 echo "quickstart: the final drafter decoding all 100 held-out prompts of data/tiny/valid.jsonl against the server"
 "./$build/drafter-trainer/drafter-trainer" eval --run "$out/run" --target models/tandem-tiny --server "$endpoint" \
-    --data data/tiny/valid.jsonl --max-new 64 --batch 8 --json "$out/eval.json" --log-level warn > "$out/eval.txt"
+    --data data/tiny/valid.jsonl --max-new 64 --batch 8 --compare-target-only --json "$out/eval.json" \
+    --log-level warn > "$out/eval.txt"
 tail -n 4 "$out/eval.txt"
 "./$build/target-server/target-server" status --server "$endpoint"
 echo
@@ -80,7 +81,8 @@ awk 'match($0, /"eval_tau": [0-9.eE+-]+/) { t = substr($0, RSTART + 12, RLENGTH 
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
-ev = json.load(open(f"{out}/eval.json"))["overall"]
+report = json.load(open(f"{out}/eval.json"))
+ev, same = report["overall"], report["target_only_run"]["identical"]
 taus, last = {}, None
 for line in open(f"{out}/run/metrics.jsonl"):
     r = json.loads(line)
@@ -88,8 +90,9 @@ for line in open(f"{out}/run/metrics.jsonl"):
         taus.setdefault(r["epoch"], []).append(r["tau"])
         last = r["epoch"]
 tf = sum(taus[last]) / len(taus[last])
-print(f"final drafter: real τ {ev['tau']:.3f} on the 100 held-out prompts ({ev['generated']} tokens in {ev['steps']} "
-      f"verify steps, outputs the target's own), teacher-forced τ {tf:.3f} in the last epoch")
+print(f"final drafter: real τ {ev['tau']:.3f} on the {ev['prompts']} held-out prompts ({ev['generated']} tokens in "
+      f"{ev['steps']} verify steps; outputs identical to the target's own decoding on {same} of {ev['prompts']}), "
+      f"teacher-forced τ {tf:.3f} in the last epoch")
 PY
 echo
 echo "checkpoint (DFlash serving format, loadable by SGLang and vLLM): $out/run/checkpoints/$(cat "$out/run/checkpoints/latest")"

@@ -11,7 +11,9 @@ same prompts with the same block size and max_new, greedy. Checks, per prompt:
     sends F32 hidden states here, as the oracle's drafter reads them: with the default BF16 answers one DFlash step
     of one prompt differs (prompt 1, step 25), where z-lab's drafter itself puts the end token 0.004 above the
     right token (logits 6.568 and 6.564) and the BF16 rounding of the context is enough to swap them;
-  - τ (tokens per verify step, z-lab's count) within 0.01 of the oracle's.
+  - τ (tokens per verify step, z-lab's count) within 0.01 of the oracle's;
+and then, on all 100 held-out prompts of data/tiny/valid.jsonl (64 new tokens), that each drafter's output equals
+the target's own decoding (--compare-target-only) on every one.
 usage: test_decode_oracle.py BUILD_DIR
 """
 import json
@@ -77,6 +79,21 @@ def main():
                     failures.append(f"{kind}: verify steps differ on {len(diff)} prompts (at most {ALLOW_DIFF})")
                 if abs(ours["overall"]["tau"] - fx["tau"]) > 0.01:
                     failures.append(f"{kind}: tau {ours['overall']['tau']:.4f}, the oracle's {fx['tau']:.4f}")
+            # lossless on every held-out prompt, not only the oracle's: all of data/tiny/valid.jsonl, 64 new tokens
+            for kind in ("dflash", "dflash2"):
+                out = f"{tmp}/{kind}-all.json"
+                r = subprocess.run([dt, "eval", "--checkpoint", os.path.join(ROOT, f"tests/fixtures/decode/{kind}"),
+                                    "--target", os.path.join(ROOT, "models/tandem-tiny"), "--server", ep, "--data",
+                                    os.path.join(ROOT, "data/tiny/valid.jsonl"), "--max-new", "64", "--batch", "8",
+                                    "--compare-target-only", "--json", out, "--log-level", "warn"],
+                                   env=env, capture_output=True, text=True, timeout=600)
+                rep = json.load(open(out)) if r.returncode == 0 else None
+                same = rep["target_only_run"]["identical"] if rep else -1
+                n = rep["overall"]["prompts"] if rep else 0
+                print(f"{kind}: every held-out prompt: {same} of {n} identical to the target's own decoding, "
+                      f"tau {rep['overall']['tau'] if rep else 0:.3f}")
+                if not rep or same != n or n != 100:
+                    failures.append(f"{kind}: {same} of {n} held-out prompts identical ({r.stderr[-500:]})")
         finally:
             srv.terminate()
             srv.wait(timeout=30)
