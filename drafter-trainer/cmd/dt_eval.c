@@ -347,19 +347,25 @@ static cm_status check_server(eval_run *r, const eval_args *a) {
                            "served target's directory",
                            a->target, (unsigned long long)wi.id, a->server, (unsigned long long)si.weights_id);
     }
-    if (si.decode_seqs && a->batch > si.decode_seqs)
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "--batch %d: the server at '%s' decodes at most %d sequences at once (serve "
-                       "--decode-seqs); use --batch %d, or restart the server with more",
-                       a->batch, a->server, si.decode_seqs, si.decode_seqs);
     int64_t longest = 0;
     for (int64_t i = 0; i < r->n_prompts; i++) longest = r->prompts[i].n > longest ? r->prompts[i].n : longest;
-    if (si.decode_max_len && longest + a->max_new + 1 > si.decode_max_len)
+    return dt_eval_check_capacity(&si, a->server, a->batch, "--batch", longest, a->max_new, "--max-new");
+}
+
+cm_status dt_eval_check_capacity(const dt_eval_server_info *si, const char *server, int batch, const char *batch_flag,
+                                 int64_t longest, int64_t max_new, const char *max_new_flag) {
+    if (si->decode_seqs && batch > si->decode_seqs)
         return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "the longest prompt (%lld tokens) + --max-new %lld exceeds the %lld tokens per sequence "
-                       "the server at '%s' decodes (serve --decode-max-len); lower --max-new or restart the "
-                       "server with more",
-                       (long long)longest, (long long)a->max_new, (long long)si.decode_max_len, a->server);
+                       "%s %d: the target-server at '%s' decodes at most %d sequences at once (serve "
+                       "--decode-seqs); use %s %d, or restart the server with more",
+                       batch_flag, batch, server, si->decode_seqs, batch_flag, si->decode_seqs);
+    if (si->decode_max_len && longest + max_new + 1 > si->decode_max_len)
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "the longest prompt (%lld tokens) + %s %lld exceeds the %lld tokens per sequence the "
+                       "target-server at '%s' decodes (serve --decode-max-len); lower %s or restart the server "
+                       "with more",
+                       (long long)longest, max_new_flag, (long long)max_new, (long long)si->decode_max_len, server,
+                       max_new_flag);
     return CM_OK;
 }
 

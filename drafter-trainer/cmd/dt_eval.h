@@ -156,6 +156,11 @@ typedef struct dt_eval_server_info {
  * STATUS lists about decoding. */
 cm_status dt_eval_decode_endpoint(const char *server, const char *key, const char *secret, const char *hint,
                                   char *out, size_t cap, dt_eval_server_info *si);
+/* The server's decoding capacity (si, from its STATUS; 0 = not said) against batch sequences at once and
+ * prompts of up to `longest` tokens plus max_new: CM_ERR_INVALID_ARG naming the command's flags (batch_flag,
+ * max_new_flag, e.g. "--batch" and "--max-new") and the server's, and what to change. */
+cm_status dt_eval_check_capacity(const dt_eval_server_info *si, const char *server, int batch, const char *batch_flag,
+                                 int64_t longest, int64_t max_new, const char *max_new_flag);
 
 // ----------------------------------------------------------------------------
 // the loop (dt_eval_loop.c)

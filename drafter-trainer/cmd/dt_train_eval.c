@@ -109,18 +109,7 @@ static cm_status check_server(dt_train_eval *ev, int64_t longest) {
                        "the target-server at '%s' serves weights %016llx but this run trains on target weights "
                        "%016llx: evaluate on a server of the run's target",
                        c->server, (unsigned long long)si.weights_id, (unsigned long long)c->weights_id);
-    if (si.decode_seqs && ev->batch > si.decode_seqs)
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "--eval-batch %d: the target-server at '%s' decodes at most %d sequences at once (serve "
-                       "--decode-seqs); use --eval-batch %d, or restart the server with more",
-                       ev->batch, c->server, si.decode_seqs, si.decode_seqs);
-    if (si.decode_max_len && longest + c->max_new + 1 > si.decode_max_len)
-        return CM_FAIL(CM_ERR_INVALID_ARG,
-                       "the longest --eval-data prompt (%lld tokens) + --eval-max-new %lld exceeds the %lld tokens "
-                       "per sequence the target-server at '%s' decodes (serve --decode-max-len); lower "
-                       "--eval-max-new or --eval-prompts, or restart the server with more",
-                       (long long)longest, (long long)c->max_new, (long long)si.decode_max_len, c->server);
-    return CM_OK;
+    return dt_eval_check_capacity(&si, c->server, ev->batch, "--eval-batch", longest, c->max_new, "--eval-max-new");
 }
 
 cm_status dt_train_eval_create(dt_train_eval **out, const dt_train_eval_config *cfg, const dt_model *m) {
