@@ -19,6 +19,7 @@
 
 #include "cm_log.h"
 #include "cm_rng.h"
+#include "cm_time.h"
 #include "ts_sample.h"
 
 typedef struct dseq {
@@ -46,6 +47,8 @@ struct ts_decoder {
     dseq                *seqs; /* [max_seqs], indexed by cache slot */
     uint32_t             next_handle;
     ts_sampler           sampler;
+    double               commit_s; /* in ts_cache_commit */
+    int64_t              n_commits;
     /* per step, host, grown to fit */
     int64_t  cap_n, cap_t, cap_rows;
     int      cap_l;
@@ -106,6 +109,11 @@ void ts_decoder_destroy(ts_decoder **pd) {
     free(d->seqs);
     free(d);
     *pd = NULL;
+}
+
+double ts_decoder_commit_s(const ts_decoder *d, int64_t *n_commits) {
+    if (n_commits) *n_commits = d->n_commits;
+    return d->commit_s;
 }
 
 int ts_decoder_open(const ts_decoder *d) {
@@ -318,7 +326,12 @@ static cm_status run_forward(ts_decoder *d, const cm_proto_decode *rq, const pie
         d->adv[i] = (int32_t)(with_drafts ? q->n_ctx + a : p[i].n);
         copy_rows(d, (int)rq->n_layers, d->cu[i], d->adv[i], d->out_off[rec] + p[i].off);
     }
-    if (with_drafts) CM_TRY(ts_cache_commit(d->cache, d->adv));
+    if (with_drafts) {
+        const double t0 = cm_now_s();
+        CM_TRY(ts_cache_commit(d->cache, d->adv));
+        d->commit_s += cm_now_s() - t0;
+        d->n_commits++;
+    }
     for (int i = 0; i < np; i++) d->seqs[d->slot_of[p[i].rec]].len += d->adv[i];
     return CM_OK;
 }

@@ -45,6 +45,9 @@ cm_status ts_decoder_step(ts_decoder *d, const char *owner, const cm_proto_decod
 void ts_decoder_drop(ts_decoder *d, const char *owner);
 /* Sequences open now. */
 int ts_decoder_open(const ts_decoder *d);
+/* Seconds spent since creation in the commits of verified blocks (ts_cache_commit: the GDN states
+ * advanced over the accepted prefixes again, after each verification forward), and their count. */
+double ts_decoder_commit_s(const ts_decoder *d, int64_t *n_commits);
 
 #ifdef __cplusplus
 }

@@ -48,6 +48,7 @@ static int parse_list(const char *s, int *out, int cap) {
 typedef struct result {
     int    seqs, block;
     double ms, tokens_per_s; /* block 1: target-only decode; else the verification step */
+    double commit_ms;        /* of ms, the commit of the GDN states to the accepted prefix */
 } result;
 
 static cm_status one_step(ts_decoder *d, cm_proto_decode *rq, int32_t (*rows)[4]) {
@@ -124,8 +125,9 @@ int main(int argc, char **argv) {
                N * prompt / (prefill_ms / 1e3));
         for (int bi = -1; bi < n_blocks; bi++) {
             const int B = bi < 0 ? 1 : blocks[bi];
-            double    total = 0;
+            double    total = 0, commit0 = 0;
             for (int k = 0; k < steps + 2; k++) {
+                if (k == 2) commit0 = ts_decoder_commit_s(d, NULL);
                 for (int s = 0; s < N; s++) {
                     recs[s] = (cm_proto_decode_seq){.handle = (uint32_t)rows[s][0], .base = (uint32_t)rows[s][1],
                                                     .n_ctx = 1, .n_draft = (uint32_t)(B - 1), .top_p = 1};
@@ -142,10 +144,12 @@ int main(int argc, char **argv) {
             r->block        = B;
             r->ms           = 1e3 * total / steps;
             r->tokens_per_s = N / (total / steps);
+            r->commit_ms    = 1e3 * (ts_decoder_commit_s(d, NULL) - commit0) / steps;
             if (B == 1)
                 printf("    target-only decode: %.2f ms per step, %.0f tokens/s\n", r->ms, r->tokens_per_s);
             else
-                printf("    verify B = %2d: %.2f ms per step (%d tokens)\n", B, r->ms, N * B);
+                printf("    verify B = %2d: %.2f ms per step (%d tokens), of which the commit %.3f ms\n", B, r->ms,
+                       N * B, r->commit_ms);
         }
         ts_decoder_destroy(&d);
     }
@@ -156,8 +160,8 @@ int main(int argc, char **argv) {
                        "\"results\": [",
                     cfg, device, fp32 ? "fp32" : "bf16", prompt, steps);
             for (int i = 0; i < n_res; i++)
-                fprintf(f, "%s{\"seqs\": %d, \"block\": %d, \"ms\": %.4f, \"tokens_per_s\": %.2f}", i ? ", " : "",
-                        res[i].seqs, res[i].block, res[i].ms, res[i].tokens_per_s);
+                fprintf(f, "%s{\"seqs\": %d, \"block\": %d, \"ms\": %.4f, \"commit_ms\": %.4f, \"tokens_per_s\": %.2f}",
+                        i ? ", " : "", res[i].seqs, res[i].block, res[i].ms, res[i].commit_ms, res[i].tokens_per_s);
             fprintf(f, "]}\n");
             fclose(f);
         }
