@@ -470,7 +470,38 @@ typedef struct kn_backend {
      * finite. Enqueues. */
     cm_status (*adamw_multi)(kn_ctx *ctx, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks,
                              const kn_adamw_params *p, const double *sumsq, double clip); /* (optional) */
+
+    // ---- FP8 block-scaled GEMMs (--precision fp8; docs/fp8.md). An FP8 weight is W [N, K] as
+    // e4m3 bytes ("fn": no infinities, ±448 the largest) with fp32 block scales
+    // scale [ceil(N/128), kn_fp8_scale_ld(K)], row-major: entry (i, j) multiplies the 128 × 128
+    // block of rows 128i.. and columns 128j.. (the last blocks may be ragged); the padding
+    // entries of a row (ld > ceil(K/128)) are never read. w(n, k) = f32(q[n, k]) · scale[n/128, k/128].
+    /* Quantizes W [N, K] (F32 or BF16) in 128 × 128 blocks, as Transformers' Fp8Quantize:
+     * a = max(amax(|block|), 1e-12), r = 448 / a, q = e4m3(clamp(w · r, ±448)) (nearest even),
+     * scale = 1 / r (each an fp32 operation). q [N, K], scale as above (padding written 0). */
+    cm_status (*fp8_quantize_weight)(kn_ctx *ctx, uint8_t *q, float *scale, const void *w, cm_dtype wdt,
+                                     int64_t N, int64_t K); /* (optional) */
+    /* out[M, N] (F32) = the W8A8 product of inp [M, K] (F32 or BF16) and an FP8 weight. The input
+     * is quantized per row in 1 × 128 groups along K (the last one ragged), from its bf16 value
+     * a = bf16(inp) (exact for BF16): s = max(amax(|a|), 1e-10) · (1/448), qa = e4m3(clamp(a / s,
+     * ±448)); then out[m, n] = Σ_j sa[m, j] · sw[n/128, j] · Σ_{k in group j} qa[m, k] · qw[n, k].
+     * cpu: each group's sum exact, the scaled sums added in double, one rounding; cuda: cuBLASLt's
+     * block-scaled modes, fp32 accumulation. K a multiple of 16 (cuda's FP8 alignment; cpu too). */
+    cm_status (*gemm_fp8)(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
+                          const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
+    /* 1 when gemm_fp8 runs on this context; else 0 with the reason in why[0..n) (a sentence
+     * naming the device and what it lacks). */
+    int (*fp8_supported)(const kn_ctx *ctx, char *why, size_t n); /* (optional) */
 } kn_backend;
+
+#define KN_FP8_BLOCK 128
+#define KN_FP8_MAX   448.0f
+/* The row length of an FP8 weight's scale table: ceil(K / 128) rounded up to a multiple of 4
+ * (cuBLASLt's 128 × 128 scale layout wants column strides that are multiples of 4). */
+static inline int64_t kn_fp8_scale_ld(int64_t K) {
+    int64_t L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    return (L + 3) / 4 * 4;
+}
 
 const kn_backend *kn_backend_cpu(void);
 /* NULL when this build has no CUDA backend. */

@@ -94,6 +94,9 @@ void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
  * (fused path). */
 static cm_status gemm_call(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
                            int64_t M, int64_t N, int64_t K) {
+    if (w->dtype == CM_DTYPE_F8_E4M3) /* FP8 weights: the input is quantized inside (1 × 128 groups) */
+        return m->be->gemm_fp8(m->ctx, out, inp16 ? (const void *)inp16 : (const void *)inp,
+                               inp16 ? CM_DTYPE_BF16 : CM_DTYPE_F32, w->data, w->scale, M, N, K);
     if (inp16) return m->be->gemm_bf16in(m->ctx, out, inp16, w->data, w->dtype, M, N, K);
     return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
 }

@@ -27,6 +27,10 @@ typedef struct ts_model_config {
     int               n_layers;    /* load layers [0, n_layers); -1 = all */
     int               load_head;   /* load the final norm and the LM head */
     int               bf16_weights;/* store GEMM weights as BF16 (F32 checkpoints are rounded) */
+    int               fp8;         /* GEMM weights FP8 (docs/fp8.md): FP8 tensors of the checkpoint as
+                                      stored, the others quantized on load in 128 × 128 blocks; the
+                                      backend needs gemm_fp8. 0: FP8 tensors are dequantized on load
+                                      (to BF16 with bf16_weights, else F32) */
     int               init_random; /* no checkpoint: dir is a config.json (or a directory holding one)
                                       and every tensor is filled on the device from seed, with the
                                       checkpoint's shapes and scales that keep 64 layers finite */

@@ -7,8 +7,9 @@
 #include "ts_model.h"
 
 typedef struct ts_mat {
-    void    *data; /* backend memory, [rows, cols] */
-    cm_dtype dtype;
+    void    *data;  /* backend memory, [rows, cols] */
+    cm_dtype dtype; /* F32, BF16, or F8_E4M3 (then scale is set) */
+    float   *scale; /* F8_E4M3: backend memory, [ceil(rows/128), kn_fp8_scale_ld(cols)] (kn_backend.h) */
 } ts_mat;
 
 typedef struct ts_layer {
