@@ -503,6 +503,11 @@ static inline int64_t kn_fp8_scale_ld(int64_t K) {
     return (L + 3) / 4 * 4;
 }
 
+/* The CUDA rule behind fp8_supported (kn_fp8_support.c): 1 for compute capability 9.0 with
+ * cuBLASLt ≥ 12.9 (lt_version as cublasLtGetVersion, e.g. 130100), else 0 with the refusal
+ * (device, what it lacks, and --precision bf16 as the way out) in why[0..n). */
+int kn_fp8_support(int cc_major, int cc_minor, long lt_version, char *why, size_t n);
+
 const kn_backend *kn_backend_cpu(void);
 /* NULL when this build has no CUDA backend. */
 const kn_backend *kn_backend_cuda(void);
