@@ -67,6 +67,8 @@ static const kn_backend cuda_backend = {
     .adamw_multi = kn_cuda_adamw_multi,
     .fp8_quantize_weight = kn_cuda_fp8_quantize_weight,
     .gemm_fp8 = kn_cuda_gemm_fp8,
+    .fp8_quantize_rows = kn_cuda_fp8_quantize_rows,
+    .gemm_fp8q = kn_cuda_gemm_fp8q,
     .fp8_supported = kn_cuda_fp8_supported,
 };
 

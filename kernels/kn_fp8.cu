@@ -7,15 +7,13 @@
  * operations in its order (IEEE division, __nv_cvt_float_to_fp8 rounds to nearest even and
  * saturates), so their bytes and scales equal the cpu's; only the product's accumulation order
  * differs. cuBLASLt wants the token count a multiple of 4 or more: the quantized input is padded
- * with zero rows to a multiple of 16, and a ragged product goes through scratch. */
+ * with zero rows to kn_fp8_rows(M), and a ragged product goes through scratch. */
 #include "kn_cuda.h"
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
-
-#define FP8_ROW_PAD 16
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -120,16 +118,72 @@ cm_status kn_cuda_fp8_quantize_weight(kn_ctx *ctx, uint8_t *q, float *scale, con
     return CM_OK;
 }
 
+cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
+                                    int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "fp8_quantize_rows: ctx is NULL");
+    KN_CUDA_CHECK_ARG(M >= 0 && K >= 0, "fp8_quantize_rows: bad shape M=%lld K=%lld (each must be >= 0)",
+                      (long long)M, (long long)K);
+    if (idt != CM_DTYPE_F32 && idt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "fp8_quantize_rows: input dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(idt));
+    if (M == 0 || K == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(q && s && inp, "fp8_quantize_rows: q, s or inp is NULL");
+    const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK, warps = Mp * L;
+    quant_rows_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, ctx->stream>>>(q, s, inp, idt == CM_DTYPE_BF16,
+                                                                                     M, Mp, K, L);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "%s: bad shape M=%lld N=%lld K=%lld (each must be >= 0)", op,
+                      (long long)M, (long long)N, (long long)K);
+    KN_CUDA_CHECK_ARG(K % 16 == 0, "%s: K=%lld is not a multiple of 16 (FP8 GEMMs need 16-byte rows)", op,
+                      (long long)K);
+    if (N % 4)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: N=%lld is not a multiple of 4 (cuBLASLt's block-scaled FP8 needs "
+                       "it); keep this weight in bf16",
+                       op, (long long)N);
+    return CM_OK;
+}
+
+/* The product of a quantized input; a ragged M (M < Mp) is written to tmp (Mp·N floats) first. */
+static cm_status fp8q_run(kn_ctx *ctx, const char *op, float *out, const uint8_t *q, const float *s,
+                          const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K, float *tmp) {
+    const int64_t Mp = kn_fp8_rows(M);
+    float        *dst = Mp == M ? out : tmp;
+    /* outᵀ (N × Mp, ld N) = Wᵀ-op · qᵀ: A = W stored K × N (op T), B = q stored K × Mp */
+    CM_TRY(kn_cuda_lt_matmul_fp8(ctx, op, N, Mp, K, wq, wscale, q, s, dst, N));
+    if (dst != out) /* rows < M are the first M·N floats of the padded product */
+        KN_CUDA(cudaMemcpyAsync(out, dst, (size_t)(M * N) * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream));
+    return CM_OK;
+}
+
+cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                            const float *wscale, int64_t M, int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "gemm_fp8q: ctx is NULL");
+    CM_TRY(gemm_check("gemm_fp8q", M, N, K));
+    if (M == 0 || N == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out, "gemm_fp8q: out is NULL");
+    if (K == 0) {
+        KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * sizeof(float), ctx->stream));
+        return CM_OK;
+    }
+    KN_CUDA_CHECK_ARG(q && s && wq && wscale, "gemm_fp8q: q, s, wq or wscale is NULL");
+    if (kn_fp8_rows(M) != M)
+        CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)(kn_fp8_rows(M) * N) * sizeof(float)));
+    return fp8q_run(ctx, "gemm_fp8q", out, q, s, wq, wscale, M, N, K, (float *)ctx->scratch);
+}
+
 cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
                            const float *wscale, int64_t M, int64_t N, int64_t K) {
     KN_CUDA_CHECK_ARG(ctx, "gemm_fp8: ctx is NULL");
-    KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "gemm_fp8: bad shape M=%lld N=%lld K=%lld (each must be >= 0)",
-                      (long long)M, (long long)N, (long long)K);
+    CM_TRY(gemm_check("gemm_fp8", M, N, K));
     if (idt != CM_DTYPE_F32 && idt != CM_DTYPE_BF16)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "gemm_fp8: input dtype %s is not supported (use F32 or BF16)",
                        cm_dtype_name(idt));
-    KN_CUDA_CHECK_ARG(K % 16 == 0, "gemm_fp8: K=%lld is not a multiple of 16 (FP8 GEMMs need 16-byte rows)",
-                      (long long)K);
     if (M == 0 || N == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out, "gemm_fp8: out is NULL");
@@ -138,26 +192,14 @@ cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype id
         return CM_OK;
     }
     KN_CUDA_CHECK_ARG(inp && wq && wscale, "gemm_fp8: inp, wq or wscale is NULL");
-    if (N % 4)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "gemm_fp8: N=%lld is not a multiple of 4 (cuBLASLt's block-scaled FP8 "
-                       "needs it); keep this weight in bf16",
-                       (long long)N);
-    const int64_t Mp = (M + FP8_ROW_PAD - 1) / FP8_ROW_PAD * FP8_ROW_PAD, L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
     const size_t  q_bytes = round_up_256((size_t)(Mp * K)), s_bytes = round_up_256((size_t)(L * Mp) * sizeof(float));
     const size_t  o_bytes = Mp == M ? 0 : (size_t)(Mp * N) * sizeof(float);
     CM_TRY(kn_cuda_scratch_reserve(ctx, q_bytes + s_bytes + o_bytes));
     uint8_t *qa = (uint8_t *)ctx->scratch;
     float   *sa = (float *)((char *)ctx->scratch + q_bytes);
-    float   *dst = Mp == M ? out : (float *)((char *)ctx->scratch + q_bytes + s_bytes);
-    int64_t  warps = Mp * L;
-    quant_rows_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, ctx->stream>>>(qa, sa, inp, idt == CM_DTYPE_BF16,
-                                                                                     M, Mp, K, L);
-    KN_CUDA_LAUNCHED(ctx);
-    /* outᵀ (N × Mp, ld N) = Wᵀ-op · qaᵀ: A = W stored K × N (op T), B = qa stored K × Mp */
-    CM_TRY(kn_cuda_lt_matmul_fp8(ctx, "gemm_fp8", N, Mp, K, wq, wscale, qa, sa, dst, N));
-    if (dst != out) /* rows < M are the first M·N floats of the padded product */
-        KN_CUDA(cudaMemcpyAsync(out, dst, (size_t)(M * N) * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream));
-    return CM_OK;
+    CM_TRY(kn_cuda_fp8_quantize_rows(ctx, qa, sa, inp, idt, M, K));
+    return fp8q_run(ctx, "gemm_fp8", out, qa, sa, wq, wscale, M, N, K, (float *)((char *)ctx->scratch + q_bytes + s_bytes));
 }
 
 int kn_cuda_fp8_supported(const kn_ctx *ctx, char *why, size_t n) {

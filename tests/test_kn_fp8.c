@@ -116,11 +116,16 @@ static void check_gemm(long M, long N, long K, cm_dtype idt) {
             for (long k = j * B; k < K && k < (j + 1) * B; k++)
                 qa[m * K + k] = e4m3_search(clampf(tst_bf16_widen(tst_bf16_round(in_val(x, idt, m * K + k))) / sa[m * L + j]));
         }
-    uint8_t *qa_ref = tst_xcalloc((size_t)(M * K));
-    float   *sa_ref = tst_xcalloc((size_t)(M * L) * 4);
-    kn_ref_fp8_quantize_rows(qa_ref, sa_ref, x, idt, M, K);
-    for (long i = 0; i < M * K; i++) bad_q += qa[i] != qa_ref[i];
-    for (long i = 0; i < M * L; i++) bad_q += sa[i] != sa_ref[i];
+    const long Mp = kn_fp8_rows(M);
+    uint8_t   *qa_ref = tst_xcalloc((size_t)(Mp * K));
+    float     *sa_ref = tst_xcalloc((size_t)(Mp * L) * 4);
+    memset(qa_ref, 0x55, (size_t)(Mp * K));
+    for (long i = 0; i < Mp * L; i++) sa_ref[i] = NAN;
+    TST_CHECK(kn_ref_fp8_quantize_rows(ctx, qa_ref, sa_ref, x, idt, M, K) == CM_OK);
+    for (long m = 0; m < Mp; m++) {
+        for (long k = 0; k < K; k++) bad_q += qa_ref[m * K + k] != (m < M ? qa[m * K + k] : 0);
+        for (long j = 0; j < L; j++) bad_q += !(sa_ref[j * Mp + m] == (m < M ? sa[m * L + j] : 0.0f));
+    }
     TST_CHECK(bad_q == 0);
     /* the product: one double dot product of the dequantized operands */
     for (long m = 0; m < M; m++)
@@ -215,22 +220,33 @@ static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
     TST_CHECK(cpu->gemm_fp8(cctx, out.c, x.c, idt, wq.c, ws.c, M, N, K) == CM_OK);
     TST_CHECK(gpu->gemm_fp8(gctx16, out.g, x.g, idt, wq.g, ws.g, M, N, K) == CM_OK);
     float   *oc = down(&out, 0), *og = down(&out, 1);
-    uint8_t *qa = tst_xcalloc((size_t)(M * K));
-    float   *sa = tst_xcalloc((size_t)(M * L) * 4);
     double  *bound = tst_xcalloc((size_t)(M * N) * sizeof(double));
-    kn_ref_fp8_quantize_rows(qa, sa, hx, idt, M, K);
+    /* the input's quantization alone, bit for bit, and the product from it (gemm_fp8q) */
+    const long Mp = kn_fp8_rows(M);
+    dbuf       xq = dbuf_put(NULL, (size_t)(Mp * K)), xs = dbuf_put(NULL, (size_t)(Mp * L) * 4);
+    TST_CHECK(cpu->fp8_quantize_rows(cctx, xq.c, xs.c, x.c, idt, M, K) == CM_OK);
+    TST_CHECK(gpu->fp8_quantize_rows(gctx16, xq.g, xs.g, x.g, idt, M, K) == CM_OK);
+    uint8_t *xqc = down(&xq, 0), *xqg = down(&xq, 1);
+    float   *xsc = down(&xs, 0), *xsg = down(&xs, 1);
+    TST_CHECK(memcmp(xqc, xqg, (size_t)(Mp * K)) == 0 && memcmp(xsc, xsg, (size_t)(Mp * L) * 4) == 0);
+    dbuf out2 = dbuf_put(NULL, (size_t)(M * N) * 4);
+    TST_CHECK(gpu->gemm_fp8q(gctx16, out2.g, xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
+    float *og2 = down(&out2, 1);
+    TST_CHECK(memcmp(og, og2, (size_t)(M * N) * 4) == 0); /* the same plan and operands */
     for (long m = 0; m < M; m++)
         for (long n = 0; n < N; n++) {
             double mag = 0;
             for (long k = 0; k < K; k++)
-                mag += fabs((double)e4m3_value(qa[m * K + k]) * sa[m * L + k / B] * e4m3_value(qc[n * K + k]) *
+                mag += fabs((double)e4m3_value(xqc[m * K + k]) * xsc[(k / B) * Mp + m] * e4m3_value(qc[n * K + k]) *
                             sc[(n / B) * ld + k / B]);
             bound[m * N + n] = mag;
         }
     char name[96];
     snprintf(name, sizeof name, "gemm_fp8 cuda %ldx%ldx%ld %s", M, N, K, cm_dtype_name(idt));
     tst_compare_bound(name, 44, og, oc, bound, M * N, 2e-6, NULL);
-    free(hx), free(hw), free(qc), free(qg), free(sc), free(sg), free(oc), free(og), free(qa), free(sa), free(bound);
+    free(xqc), free(xqg), free(xsc), free(xsg), free(og2);
+    dbuf_free(&xq), dbuf_free(&xs), dbuf_free(&out2);
+    free(hx), free(hw), free(qc), free(qg), free(sc), free(sg), free(oc), free(og), free(bound);
     dbuf_free(&x), dbuf_free(&w), dbuf_free(&wq), dbuf_free(&ws), dbuf_free(&out);
 }
 

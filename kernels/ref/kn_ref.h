@@ -211,10 +211,11 @@ cm_status kn_ref_fp8_quantize_weight(kn_ctx *ctx, uint8_t *q, float *scale, cons
                                      int64_t N, int64_t K);
 cm_status kn_ref_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
                           const float *wscale, int64_t M, int64_t N, int64_t K);
+cm_status kn_ref_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
+                                   int64_t K);
+cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                           const float *wscale, int64_t M, int64_t N, int64_t K);
 int       kn_ref_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
-/* gemm_fp8's input quantization on the host: q [M, K] e4m3 and s [M, ceil(K/128)] (row-major)
- * from inp [M, K] in idt (F32 or BF16), exactly as kn_backend.h defines it. */
-void kn_ref_fp8_quantize_rows(uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M, int64_t K);
 
 // ---- scalar functions shared by the reference files
 static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
