@@ -68,6 +68,7 @@ static const kn_backend cpu_backend = {
     .gemm_fp8            = kn_ref_gemm_fp8,
     .fp8_quantize_rows   = kn_ref_fp8_quantize_rows,
     .gemm_fp8q           = kn_ref_gemm_fp8q,
+    .swiglu_fp8          = kn_ref_swiglu_fp8,
     .fp8_supported       = kn_ref_fp8_supported,
 };
 

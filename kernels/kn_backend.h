@@ -494,6 +494,10 @@ typedef struct kn_backend {
      * written as zeros (q 0, s 0). */
     cm_status (*fp8_quantize_rows)(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
                                    int64_t K); /* (optional) */
+    /* swiglu_bf16 and fp8_quantize_rows in one pass (the MLP's down-projection input written
+     * quantized): q, s as fp8_quantize_rows(bf16(swiglu(gate, up))) with gate, up [M, I] F32. */
+    cm_status (*swiglu_fp8)(kn_ctx *ctx, uint8_t *q, float *s, const float *gate, const float *up, int64_t M,
+                            int64_t I); /* (optional) */
     /* gemm_fp8 from an input fp8_quantize_rows wrote (the same M and K): gemm_fp8 is
      * fp8_quantize_rows then this. */
     cm_status (*gemm_fp8q)(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,

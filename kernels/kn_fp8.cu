@@ -1,7 +1,8 @@
 /* kernels/kn_fp8.cu — the FP8 block-scaled ops on CUDA (kn_backend.h, "FP8 block-scaled
  * GEMMs"; the specification is ref/kn_fp8_ref.c): the weight quantization in 128 × 128 blocks
  * (one CTA per block), the input quantization in 1 × 128 groups (one warp per group, from the
- * input's bf16 value) and the W8A8 product through cuBLASLt's block-scaled modes on sm_90
+ * input's bf16 value; swiglu_fp8 computes that input from the MLP's gate and up on the way) and
+ * the W8A8 product through cuBLASLt's block-scaled modes on sm_90
  * (kn_cuda_lt_matmul_fp8: the weight as A with 128 × 128 scales, the quantized input as B with
  * 1 × 128 scales, fp32 accumulation, F32 output). The quantizations do the reference's fp32
  * operations in its order (IEEE division, __nv_cvt_float_to_fp8 rounds to nearest even and
@@ -63,8 +64,21 @@ static __global__ void quant_weight_kernel(uint8_t *q, float *scale, const void 
  * load, one 4-byte store; K is a multiple of 16, so a ragged group is whole lanes). q [Mp, K]
  * (rows ≥ M zero), s [L, Mp] (token-contiguous, as cuBLASLt's 1 × 128 mode reads it; 0 for rows
  * ≥ M). */
-static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, int bf16, int64_t M, int64_t Mp,
-                                         int64_t K, int64_t L) {
+enum { SRC_F32 = 0, SRC_BF16, SRC_SWIGLU };
+
+static __device__ __forceinline__ float bf16r(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/* silu(g)·u as swiglu_bf16's kernel computes it (kn_elementwise.cu), so that the fused op sees
+ * the same bf16 values */
+static __device__ __forceinline__ float swiglu1(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+template <int SRC>
+static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, const float *up, int64_t M,
+                                         int64_t Mp, int64_t K, int64_t L) {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int     lane = threadIdx.x & 31;
     if (warp >= Mp * L)
@@ -75,14 +89,17 @@ static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, 
     const int64_t at = m * K + k0 + 4 * lane;
     float         v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (on && m < M) {
-        if (bf16) {
+        if (SRC == SRC_BF16) {
             uint2 raw = *(const uint2 *)((const uint16_t *)inp + at);
             v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xffff0000u);
             v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xffff0000u);
-        } else {
+        } else if (SRC == SRC_F32) {
             float4 f = *(const float4 *)((const float *)inp + at);
-            v[0] = __bfloat162float(__float2bfloat16_rn(f.x)), v[1] = __bfloat162float(__float2bfloat16_rn(f.y));
-            v[2] = __bfloat162float(__float2bfloat16_rn(f.z)), v[3] = __bfloat162float(__float2bfloat16_rn(f.w));
+            v[0] = bf16r(f.x), v[1] = bf16r(f.y), v[2] = bf16r(f.z), v[3] = bf16r(f.w);
+        } else {
+            float4 g = *(const float4 *)((const float *)inp + at), u = *(const float4 *)(up + at);
+            v[0] = bf16r(swiglu1(g.x, u.x)), v[1] = bf16r(swiglu1(g.y, u.y));
+            v[2] = bf16r(swiglu1(g.z, u.z)), v[3] = bf16r(swiglu1(g.w, u.w));
         }
     }
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
@@ -139,9 +156,30 @@ cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const voi
     KN_CUDA_CHECK_ARG(q && s && inp, "fp8_quantize_rows: q, s or inp is NULL");
     KN_CUDA_CHECK_ARG(K % 16 == 0 && ((uintptr_t)inp % 16) == 0 && ((uintptr_t)q % 16) == 0,
                       "fp8_quantize_rows: K=%lld must be a multiple of 16 and inp, q 16-byte aligned", (long long)K);
-    const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK, warps = Mp * L;
-    quant_rows_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, ctx->stream>>>(q, s, inp, idt == CM_DTYPE_BF16,
-                                                                                     M, Mp, K, L);
+    const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    const unsigned grid = (unsigned)((Mp * L * 32 + 255) / 256);
+    if (idt == CM_DTYPE_BF16)
+        quant_rows_kernel<SRC_BF16><<<grid, 256, 0, ctx->stream>>>(q, s, inp, NULL, M, Mp, K, L);
+    else
+        quant_rows_kernel<SRC_F32><<<grid, 256, 0, ctx->stream>>>(q, s, inp, NULL, M, Mp, K, L);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *gate, const float *up, int64_t M,
+                             int64_t I) {
+    KN_CUDA_CHECK_ARG(ctx, "swiglu_fp8: ctx is NULL");
+    KN_CUDA_CHECK_ARG(M >= 0 && I >= 0, "swiglu_fp8: bad shape M=%lld I=%lld (each must be >= 0)", (long long)M,
+                      (long long)I);
+    if (M == 0 || I == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(q && s && gate && up, "swiglu_fp8: q, s, gate or up is NULL");
+    KN_CUDA_CHECK_ARG(I % 16 == 0 && ((uintptr_t)gate % 16) == 0 && ((uintptr_t)up % 16) == 0 &&
+                          ((uintptr_t)q % 16) == 0,
+                      "swiglu_fp8: I=%lld must be a multiple of 16 and gate, up, q 16-byte aligned", (long long)I);
+    const int64_t Mp = kn_fp8_rows(M), L = (I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    quant_rows_kernel<SRC_SWIGLU><<<(unsigned)((Mp * L * 32 + 255) / 256), 256, 0, ctx->stream>>>(q, s, gate, up, M, Mp,
+                                                                                                 I, L);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

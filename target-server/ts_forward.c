@@ -21,7 +21,7 @@
 void ts_ws_release(ts_model *m) {
     ts_ws *w = &m->ws;
     void  *bufs[] = {w->ids, w->cu, w->pos, w->x, w->h, w->o, w->big0, w->big1, w->big2, w->q, w->k, w->v,
-                     w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits, w->h16, w->act16, w->h8, w->h8s};
+                     w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits, w->h16, w->act16, w->h8, w->h8s, w->act8, w->act8s};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(m->ctx, bufs[i]);
     free(w->pos_host);
     memset(w, 0, sizeof *w);
@@ -70,6 +70,10 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
         const int64_t Tp = kn_fp8_rows(T), L = (D + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8, (size_t)(Tp * D)));
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8s, (size_t)(Tp * L) * sizeof(float)));
+        if (m->fused && m->be->swiglu_fp8) { /* the down projection's input, written quantized */
+            CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8, (size_t)(Tp * I)));
+            CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8s, (size_t)(Tp * ((I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK)) * 4));
+        }
     }
     w->pos_host = malloc((size_t)T * sizeof *w->pos_host);
     if (!w->pos_host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate positions for %lld tokens", (long long)T);
@@ -129,24 +133,31 @@ static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_m
     return gemm_any(m, out, NULL, inp, w, M, N, K);
 }
 
+/* The FP8 product of an input already quantized (fp8_quantize_rows' layout), timed as gemm_any
+ * times (the quantization is the producer's work, not the GEMM's). */
+static cm_status gemm8q(ts_model *m, float *out, const uint8_t *q, const float *s, const ts_mat *w, int64_t M,
+                        int64_t N, int64_t K) {
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
+    CM_TRY(m->be->gemm_fp8q(m->ctx, out, q, s, w->data, w->scale, M, N, K));
+    CM_TRY(mark(m, &t1));
+    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
+    return CM_OK;
+}
+
 /* The projections' GEMM: from the bf16 normed input on the fused path, else from h. With an FP8
  * weight the normed input is quantized once (ws.h8, until the next norm rewrites it) for every
- * projection that reads it, and the product runs from there (timed with its quantization). */
+ * projection that reads it, and the product runs from there. */
 static cm_status gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
     ts_ws *ws = &m->ws;
     if (w->dtype != CM_DTYPE_F8_E4M3 || !m->be->gemm_fp8q || !ws->h8)
         return m->fused ? gemm16(m, out, ws->h16, w, M, N, K) : gemm(m, out, ws->h, w, M, N, K);
-    double t0, t1;
-    CM_TRY(mark(m, &t0));
     if (!ws->h8_valid) {
         CM_TRY(m->be->fp8_quantize_rows(m->ctx, ws->h8, ws->h8s, m->fused ? (const void *)ws->h16 : (const void *)ws->h,
                                         m->fused ? CM_DTYPE_BF16 : CM_DTYPE_F32, M, K));
         ws->h8_valid = 1;
     }
-    CM_TRY(m->be->gemm_fp8q(m->ctx, out, ws->h8, ws->h8s, w->data, w->scale, M, N, K));
-    CM_TRY(mark(m, &t1));
-    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
-    return CM_OK;
+    return gemm8q(m, out, ws->h8, ws->h8s, w, M, N, K);
 }
 
 /* Whether any GEMM weight of the loaded layers is FP8 (then the workspace holds ws.h8). */
@@ -302,6 +313,10 @@ static cm_status forward_mlp(ts_model *m, const ts_layer *L, int64_t T) {
     const int64_t        D = c->hidden_size, I = c->intermediate_size;
     CM_TRY(gemm_h(m, w->big0, &L->gate_proj, T, I, D));
     CM_TRY(gemm_h(m, w->big1, &L->up_proj, T, I, D));
+    if (m->fused && L->down_proj.dtype == CM_DTYPE_F8_E4M3 && w->act8) { /* swiglu writes it quantized */
+        CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, T, I));
+        return gemm8q(m, w->o, w->act8, w->act8s, &L->down_proj, T, D, I);
+    }
     if (m->fused) {
         CM_TRY(m->be->swiglu_bf16(m->ctx, w->act16, w->big0, w->big1, T * I));
         return gemm16(m, w->o, w->act16, &L->down_proj, T, D, I);

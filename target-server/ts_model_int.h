@@ -38,6 +38,8 @@ typedef struct ts_ws {
     uint8_t  *h8;    /* FP8 weights: the normed input quantized, [kn_fp8_rows(T), D] e4m3 */
     float    *h8s;   /* and its 1 × 128 scales [ceil(D/128), kn_fp8_rows(T)] */
     int       h8_valid; /* h8 holds the current normed input */
+    uint8_t  *act8;  /* FP8 down projections on the fused path: swiglu's output quantized, [kn_fp8_rows(T), I] */
+    float    *act8s; /* and its scales [ceil(I/128), kn_fp8_rows(T)] */
 } ts_ws;
 
 struct ts_model {

@@ -92,6 +92,20 @@ cm_status kn_ref_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void
     return CM_OK;
 }
 
+cm_status kn_ref_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *gate, const float *up, int64_t M,
+                            int64_t I) {
+    KN_REF_CHECK(ctx, "swiglu_fp8: ctx is NULL");
+    KN_REF_CHECK(M >= 0 && I >= 0, "swiglu_fp8: bad shape M=%lld I=%lld (each must be >= 0)", (long long)M,
+                 (long long)I);
+    if (M == 0 || I == 0) return CM_OK;
+    uint16_t *a = malloc((size_t)(M * I) * sizeof *a);
+    if (!a) return CM_FAIL(CM_ERR_NOMEM, "swiglu_fp8: cannot allocate %lld x %lld bf16 values", (long long)M, (long long)I);
+    cm_status st = kn_ref_swiglu_bf16(ctx, a, gate, up, M * I);
+    if (st == CM_OK) st = kn_ref_fp8_quantize_rows(ctx, q, s, a, CM_DTYPE_BF16, M, I);
+    free(a);
+    return st;
+}
+
 static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
     KN_REF_CHECK(M >= 0 && N >= 0 && K >= 0, "%s: bad shape M=%lld N=%lld K=%lld (each must be >= 0)", op,
                  (long long)M, (long long)N, (long long)K);

@@ -213,6 +213,8 @@ cm_status kn_ref_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt
                           const float *wscale, int64_t M, int64_t N, int64_t K);
 cm_status kn_ref_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
                                    int64_t K);
+cm_status kn_ref_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *gate, const float *up, int64_t M,
+                            int64_t I);
 cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
                            const float *wscale, int64_t M, int64_t N, int64_t K);
 int       kn_ref_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
