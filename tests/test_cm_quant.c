@@ -43,7 +43,7 @@ static void test_accepts(void) {
         TST_CHECK(tst_ok(parse(&q, QWEN, nested), "Qwen's FP8 config"));
         TST_CHECK(q.fp8 == 1 && q.dequantize == 0 && q.block_n == 128 && q.block_k == 128 && q.n_skip == 5);
         TST_CHECK(q.n_skip == 5 && strcmp(q.skip[4], "model.visual.*") == 0);
-        TST_CHECK(cm_quant_cfg_skips(&q, "lm_head.weight"));
+        TST_CHECK(cm_quant_cfg_skips(&q, "lm_head.weight") && strcmp(cm_quant_cfg_skips(&q, "lm_head.weight"), "lm_head") == 0);
         TST_CHECK(cm_quant_cfg_skips(&q, "model.language_model.embed_tokens.weight"));
         TST_CHECK(cm_quant_cfg_skips(&q, "model.language_model.layers.0.mlp.gate.weight"));
         TST_CHECK(!cm_quant_cfg_skips(&q, "model.language_model.layers.0.mlp.gate_proj.weight"));

@@ -50,15 +50,15 @@ int cm_quant_name_match(const char *pattern, const char *name) {
     return 0;
 }
 
-int cm_quant_cfg_skips(const cm_quant_cfg *q, const char *tensor) {
+const char *cm_quant_cfg_skips(const cm_quant_cfg *q, const char *tensor) {
     const char  *dot = strrchr(tensor, '.');
     char         module[512];
     const size_t ml = dot ? (size_t)(dot - tensor) : 0;
     snprintf(module, sizeof module, "%.*s", (int)ml, tensor);
     for (int i = 0; i < q->n_skip; i++)
         if (cm_quant_name_match(q->skip[i], tensor) || (ml && cm_quant_name_match(q->skip[i], module)))
-            return 1;
-    return 0;
+            return q->skip[i];
+    return NULL;
 }
 
 // ----------------------------------------------------------------------------

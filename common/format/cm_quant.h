@@ -43,10 +43,10 @@ void      cm_quant_cfg_release(cm_quant_cfg *q); /* frees the list; q zeroed; NU
  * ("model.visual.*"). */
 int cm_quant_name_match(const char *pattern, const char *module);
 
-/* 1 when the config keeps tensor (a checkpoint name such as "model.layers.0.mlp.gate.weight")
- * out of quantization: a pattern of the list names the tensor or its module (the name without
- * its last component). */
-int cm_quant_cfg_skips(const cm_quant_cfg *q, const char *tensor);
+/* The pattern of the list that keeps tensor (a checkpoint name such as
+ * "model.layers.0.mlp.gate.weight") out of quantization, naming the tensor or its module (the
+ * name without its last component); NULL when none does. Borrowed from q. */
+const char *cm_quant_cfg_skips(const cm_quant_cfg *q, const char *tensor);
 
 #ifdef __cplusplus
 }
