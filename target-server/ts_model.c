@@ -246,6 +246,11 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     if (ld.n_fp8_stored || ld.n_fp8_quantized || ld.n_fp8_dequantized)
         CM_LOG_INFO("FP8 weights (docs/fp8.md): %d matrices as stored, %d quantized on load, %d dequantized to %s",
                     ld.n_fp8_stored, ld.n_fp8_quantized, ld.n_fp8_dequantized, mc->bf16_weights ? "bf16" : "f32");
+    if (ld.n_fp8_quantized && !mc->init_random)
+        CM_LOG_WARN("'%s' is served with FP8 rounding of its projections, but its weights fingerprint (the identity "
+                    "trainers check) is the checkpoint's as stored: a trainer cannot tell these hidden states from "
+                    "the unquantized target's",
+                    mc->dir);
     cm_quant_cfg_release(&quant);
     /* TANDEM_TARGET_FUSED: unset = the fused path where gemm rounds its inputs anyway, 0 = never,
      * 1 = also elsewhere (on the cpu it then rounds the GEMM inputs as cuda bf16 does) */
