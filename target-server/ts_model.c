@@ -1,9 +1,11 @@
 /* target-server/ts_model.c — loading a Qwen3.5/3.6 checkpoint onto a kernel backend, and the
- * checks of a batch (docs/target.md); the forward itself is in ts_forward.c.
+ * checks of a batch (docs/target.md); the forward itself is in ts_forward.c, the FP8 weights'
+ * part of the load in ts_load_fp8.c (docs/fp8.md).
  *
  * Weights: GEMM matrices and the embedding stay BF16 when stored BF16 (or when bf16_weights
- * asks for it), else F32; every small parameter (norms, conv, A_log, dt_bias) is widened to
- * F32 at load, whatever the checkpoint stored. Activations are F32; the backend's GEMM mode
+ * asks for it), else F32; under fp8 the projections are FP8 (as stored, or quantized on load),
+ * and without it FP8 tensors are dequantized on load; every small parameter (norms, conv,
+ * A_log, dt_bias) is widened to F32 at load, whatever the checkpoint stored. Activations are F32; the backend's GEMM mode
  * decides the precision of matrix products. When the backend's gemm rounds its inputs to
  * bf16 anyway (cuda, --precision bf16) the forward takes the fused path: the producers of
  * GEMM inputs (the norms, swiglu, the gated norm) write them as bf16 themselves, the residual
@@ -24,16 +26,6 @@
 
 // ----------------------------------------------------------------------------
 // loading
-
-typedef struct loader {
-    ts_model   *m;
-    const cm_st *st;
-    const char *prefix; /* "model.language_model." or "model." */
-    const char *dir;
-    int         bf16_weights;
-    int         random; /* init_random: fill instead of read */
-    uint64_t    seed;
-} loader;
 
 /* --init random: the value range of a tensor, by name, uniform with these bounds. Matrices and
  * the embedding get std 0.02 (Hugging Face's initializer_range; bound 0.02·√3); the (1 + w)
@@ -70,7 +62,7 @@ static uint64_t tensor_seed(uint64_t seed, const char *name) {
     return h ^ (seed * 0x9E3779B97F4A7C15ull);
 }
 
-static cm_status fill_new(loader *ld, const char *name, void **dst, cm_dtype dt, size_t n) {
+static cm_status fill_new(ts_loader *ld, const char *name, void **dst, cm_dtype dt, size_t n) {
     ts_model *m = ld->m;
     float     lo, hi;
     init_range(name, &lo, &hi);
@@ -83,17 +75,26 @@ static cm_status upload_new(ts_model *m, void **dst, const void *host, size_t by
     return m->be->upload(m->ctx, *dst, host, bytes);
 }
 
-/* Loads a [rows, cols] matrix named prefix+name (or exactly name when raw). */
-static cm_status load_mat(loader *ld, const char *name, int raw, int64_t rows, int64_t cols, ts_mat *out) {
+/* Loads a [rows, cols] matrix named prefix+name (or exactly name when raw); FP8 as its role
+ * and the precision say (ts_model_int.h). */
+static cm_status load_mat(ts_loader *ld, const char *name, int raw, ts_mat_role role, int64_t rows, int64_t cols,
+                          ts_mat *out) {
     char full[256];
     snprintf(full, sizeof full, "%s%s", raw ? "" : ld->prefix, name);
+    const int quantize = ld->fp8 && role == TS_MAT_ROLE_QUANT;
     if (ld->random) {
         out->dtype = ld->bf16_weights ? CM_DTYPE_BF16 : CM_DTYPE_F32;
-        return fill_new(ld, full, &out->data, out->dtype, (size_t)rows * (size_t)cols);
+        CM_TRY(fill_new(ld, full, &out->data, out->dtype, (size_t)rows * (size_t)cols));
+        return quantize ? ts_fp8_quantize(ld, full, rows, cols, out) : CM_OK;
     }
     const int64_t       shape[2] = {rows, cols};
     const cm_st_tensor *t;
     CM_TRY(cm_st_expect(ld->st, full, 2, shape, &t));
+    char scale_name[280];
+    snprintf(scale_name, sizeof scale_name, "%s_scale_inv", full);
+    const cm_st_tensor *s = cm_st_find(ld->st, scale_name);
+    if (role == TS_MAT_ROLE_TABLE) CM_TRY(ts_fp8_refuse_table(t));
+    if (t->dtype == CM_DTYPE_F8_E4M3 || s) return ts_fp8_load_stored(ld, full, t, s, rows, cols, role, out);
     if (!cm_dtype_is_float(t->dtype))
         return CM_FAIL(CM_ERR_FORMAT, "tensor '%s' in '%s' has dtype %s; expected a float dtype (BF16, F32)",
                        full, t->file, cm_dtype_name(t->dtype));
@@ -106,16 +107,19 @@ static cm_status load_mat(loader *ld, const char *name, int raw, int64_t rows, i
     if (st == CM_OK) st = upload_new(ld->m, &out->data, host, bytes);
     free(host);
     out->dtype = dt;
+    if (st == CM_OK && quantize) st = ts_fp8_quantize(ld, full, rows, cols, out);
     return st;
 }
 
 /* Loads a small parameter of n_dims/shape as F32. */
-static cm_status load_vec(loader *ld, const char *name, int n_dims, const int64_t *shape, float **out) {
+static cm_status load_vec(ts_loader *ld, const char *name, int n_dims, const int64_t *shape, float **out) {
     char full[256];
     snprintf(full, sizeof full, "%s%s", ld->prefix, name);
     size_t n = 1;
     for (int i = 0; i < n_dims; i++) n *= (size_t)shape[i];
     if (ld->random) return fill_new(ld, full, (void **)out, CM_DTYPE_F32, n);
+    const cm_st_tensor *t = cm_st_find(ld->st, full);
+    if (t) CM_TRY(ts_fp8_refuse_table(t));
     float *host = malloc(n * sizeof(float));
     if (!host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu floats for '%s'", n, full);
     cm_status st = cm_st_read(ld->st, full, n_dims, shape, host, CM_DTYPE_F32);
@@ -124,11 +128,11 @@ static cm_status load_vec(loader *ld, const char *name, int n_dims, const int64_
     return st;
 }
 
-static cm_status load_vec1(loader *ld, const char *name, int64_t n, float **out) {
+static cm_status load_vec1(ts_loader *ld, const char *name, int64_t n, float **out) {
     return load_vec(ld, name, 1, &n, out);
 }
 
-static cm_status load_layer(loader *ld, int i, ts_layer *L) {
+static cm_status load_layer(ts_loader *ld, int i, ts_layer *L) {
     const cm_target_cfg *c = &ld->m->cfg;
     const int64_t        D = c->hidden_size, I = c->intermediate_size;
     char                 nm[128];
@@ -136,18 +140,18 @@ static cm_status load_layer(loader *ld, int i, ts_layer *L) {
     L->type = c->layer_types[i];
     CM_TRY(load_vec1(ld, LNAME("input_layernorm.weight"), D, &L->input_norm));
     CM_TRY(load_vec1(ld, LNAME("post_attention_layernorm.weight"), D, &L->post_norm));
-    CM_TRY(load_mat(ld, LNAME("mlp.gate_proj.weight"), 0, I, D, &L->gate_proj));
-    CM_TRY(load_mat(ld, LNAME("mlp.up_proj.weight"), 0, I, D, &L->up_proj));
-    CM_TRY(load_mat(ld, LNAME("mlp.down_proj.weight"), 0, D, I, &L->down_proj));
+    CM_TRY(load_mat(ld, LNAME("mlp.gate_proj.weight"), 0, TS_MAT_ROLE_QUANT, I, D, &L->gate_proj));
+    CM_TRY(load_mat(ld, LNAME("mlp.up_proj.weight"), 0, TS_MAT_ROLE_QUANT, I, D, &L->up_proj));
+    CM_TRY(load_mat(ld, LNAME("mlp.down_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, I, &L->down_proj));
     if (L->type == CM_LAYER_TYPE_LINEAR_ATTENTION) {
         const int64_t nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
         const int64_t conv_dim = 2 * nk * dk + nv * dv;
         const int64_t conv_shape[3] = {conv_dim, 1, c->lin_conv_kernel};
-        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_qkv.weight"), 0, conv_dim, D, &L->in_qkv));
-        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_z.weight"), 0, nv * dv, D, &L->in_z));
-        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_b.weight"), 0, nv, D, &L->in_b));
-        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_a.weight"), 0, nv, D, &L->in_a));
-        CM_TRY(load_mat(ld, LNAME("linear_attn.out_proj.weight"), 0, D, nv * dv, &L->out_proj));
+        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_qkv.weight"), 0, TS_MAT_ROLE_QUANT, conv_dim, D, &L->in_qkv));
+        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_z.weight"), 0, TS_MAT_ROLE_QUANT, nv * dv, D, &L->in_z));
+        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_b.weight"), 0, TS_MAT_ROLE_GEMM, nv, D, &L->in_b));
+        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_a.weight"), 0, TS_MAT_ROLE_GEMM, nv, D, &L->in_a));
+        CM_TRY(load_mat(ld, LNAME("linear_attn.out_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, nv * dv, &L->out_proj));
         CM_TRY(load_vec(ld, LNAME("linear_attn.conv1d.weight"), 3, conv_shape, &L->conv_w));
         CM_TRY(load_vec1(ld, LNAME("linear_attn.A_log"), nv, &L->A_log));
         CM_TRY(load_vec1(ld, LNAME("linear_attn.dt_bias"), nv, &L->dt_bias));
@@ -155,10 +159,10 @@ static cm_status load_layer(loader *ld, int i, ts_layer *L) {
     } else {
         const int64_t nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
         const int64_t q_rows = nq * hd * (c->attn_output_gate ? 2 : 1);
-        CM_TRY(load_mat(ld, LNAME("self_attn.q_proj.weight"), 0, q_rows, D, &L->q_proj));
-        CM_TRY(load_mat(ld, LNAME("self_attn.k_proj.weight"), 0, nkv * hd, D, &L->k_proj));
-        CM_TRY(load_mat(ld, LNAME("self_attn.v_proj.weight"), 0, nkv * hd, D, &L->v_proj));
-        CM_TRY(load_mat(ld, LNAME("self_attn.o_proj.weight"), 0, D, nq * hd, &L->o_proj));
+        CM_TRY(load_mat(ld, LNAME("self_attn.q_proj.weight"), 0, TS_MAT_ROLE_QUANT, q_rows, D, &L->q_proj));
+        CM_TRY(load_mat(ld, LNAME("self_attn.k_proj.weight"), 0, TS_MAT_ROLE_QUANT, nkv * hd, D, &L->k_proj));
+        CM_TRY(load_mat(ld, LNAME("self_attn.v_proj.weight"), 0, TS_MAT_ROLE_QUANT, nkv * hd, D, &L->v_proj));
+        CM_TRY(load_mat(ld, LNAME("self_attn.o_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, nq * hd, &L->o_proj));
         CM_TRY(load_vec1(ld, LNAME("self_attn.q_norm.weight"), hd, &L->q_norm));
         CM_TRY(load_vec1(ld, LNAME("self_attn.k_norm.weight"), hd, &L->k_norm));
     }
@@ -188,8 +192,9 @@ static cm_status detect_prefix(const cm_st *st, const char *dir, const char **pr
 cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     *out = NULL;
     cm_status st;
-    cm_st    *sts = NULL;
-    ts_model *m   = calloc(1, sizeof *m);
+    cm_st       *sts   = NULL;
+    cm_quant_cfg quant = {0};
+    ts_model    *m     = calloc(1, sizeof *m);
     if (!m) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the model");
     m->be  = mc->backend;
     m->ctx = mc->ctx;
@@ -200,8 +205,10 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
         goto fail;
     }
     m->n_layers = mc->n_layers < 0 ? c->n_layers : mc->n_layers;
-    loader ld = {.m = m, .dir = mc->dir, .bf16_weights = mc->bf16_weights, .random = mc->init_random,
-                 .seed = mc->seed, .prefix = "model.language_model."};
+    CM_TRY_GOTO(cm_quant_cfg_load(&quant, mc->dir), st, fail);
+    ts_loader ld = {.m = m, .dir = mc->dir, .bf16_weights = mc->bf16_weights, .fp8 = mc->fp8,
+                    .random = mc->init_random, .seed = mc->seed, .quant = &quant, .prefix = "model.language_model."};
+    if (mc->fp8) CM_TRY_GOTO(ts_fp8_check_backend(m), st, fail);
     if (mc->init_random) {
         if (!m->be->fill_uniform) {
             st = CM_FAIL(CM_ERR_UNSUPPORTED, "--init random needs fill_uniform, which the %s backend lacks",
@@ -212,10 +219,11 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
         CM_TRY_GOTO(cm_st_open_dir(&sts, mc->dir), st, fail);
         ld.st = sts;
         CM_TRY_GOTO(detect_prefix(sts, mc->dir, &ld.prefix), st, fail);
+        CM_TRY_GOTO(ts_fp8_scan(&ld, m->n_layers, mc->load_head && !c->tie_word_embeddings), st, fail);
     }
 
     const int64_t D = c->hidden_size, V = c->vocab_size;
-    CM_TRY_GOTO(load_mat(&ld, "embed_tokens.weight", 0, V, D, &m->embed), st, fail);
+    CM_TRY_GOTO(load_mat(&ld, "embed_tokens.weight", 0, TS_MAT_ROLE_TABLE, V, D, &m->embed), st, fail);
     m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
     if (!m->layers) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d layers", m->n_layers);
@@ -227,7 +235,7 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
         if (c->tie_word_embeddings)
             m->lm_head = m->embed;
         else
-            CM_TRY_GOTO(load_mat(&ld, "lm_head.weight", 1, V, D, &m->lm_head), st, fail);
+            CM_TRY_GOTO(load_mat(&ld, "lm_head.weight", 1, TS_MAT_ROLE_TABLE, V, D, &m->lm_head), st, fail);
         m->has_head = 1;
     }
     cm_st_destroy(&sts);
@@ -235,6 +243,15 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     CM_LOG_INFO("%s '%s': %s, %d of %d layers, hidden %d, vocab %d, backend %s%s",
                 mc->init_random ? "random weights for" : "loaded", mc->dir, c->model_type, m->n_layers, c->n_layers,
                 c->hidden_size, c->vocab_size, m->be->name, m->has_head ? ", with lm head" : "");
+    if (ld.n_fp8_stored || ld.n_fp8_quantized || ld.n_fp8_dequantized)
+        CM_LOG_INFO("FP8 weights (docs/fp8.md): %d matrices as stored, %d quantized on load, %d dequantized to %s",
+                    ld.n_fp8_stored, ld.n_fp8_quantized, ld.n_fp8_dequantized, mc->bf16_weights ? "bf16" : "f32");
+    if (ld.n_fp8_quantized && !mc->init_random)
+        CM_LOG_WARN("'%s' is served with FP8 rounding of its projections, but its weights fingerprint (the identity "
+                    "trainers check) is the checkpoint's as stored: a trainer cannot tell these hidden states from "
+                    "the unquantized target's",
+                    mc->dir);
+    cm_quant_cfg_release(&quant);
     /* TANDEM_TARGET_FUSED: unset = the fused path where gemm rounds its inputs anyway, 0 = never,
      * 1 = also elsewhere (on the cpu it then rounds the GEMM inputs as cuda bf16 does) */
     const char *fenv     = getenv("TANDEM_TARGET_FUSED");
@@ -248,6 +265,7 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     return CM_OK;
 fail:
     cm_st_destroy(&sts);
+    cm_quant_cfg_release(&quant);
     ts_model_destroy(&m);
     return st;
 }
@@ -259,19 +277,20 @@ void ts_model_destroy(ts_model **pm) {
     ts_ws_release(m);
     if (m->layers) {
         for (int i = 0; i < m->n_layers; i++) {
-            ts_layer *L    = &m->layers[i];
-            void     *p[] = {L->input_norm, L->post_norm, L->gate_proj.data, L->up_proj.data, L->down_proj.data,
-                             L->in_qkv.data, L->in_z.data, L->in_b.data, L->in_a.data, L->out_proj.data,
-                             L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->q_proj.data, L->k_proj.data,
-                             L->v_proj.data, L->o_proj.data, L->q_norm, L->k_norm};
+            ts_layer *L     = &m->layers[i];
+            void     *p[]  = {L->input_norm, L->post_norm, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm,
+                              L->q_norm, L->k_norm};
+            ts_mat   *w[]  = {&L->gate_proj, &L->up_proj, &L->down_proj, &L->in_qkv, &L->in_z, &L->in_b,
+                              &L->in_a, &L->out_proj, &L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj};
             for (size_t j = 0; j < sizeof p / sizeof p[0]; j++) be->free(m->ctx, p[j]);
+            for (size_t j = 0; j < sizeof w / sizeof w[0]; j++) ts_mat_free(m, w[j]);
         }
         free(m->layers);
     }
     void *head[] = {m->head_ids, m->head_am, m->head_lab, m->head_h, m->head_ce, m->head_logits};
     for (size_t j = 0; j < sizeof head / sizeof head[0]; j++) be->free(m->ctx, head[j]);
-    if (m->lm_head.data != m->embed.data) be->free(m->ctx, m->lm_head.data);
-    be->free(m->ctx, m->embed.data);
+    if (m->lm_head.data != m->embed.data) ts_mat_free(m, &m->lm_head);
+    ts_mat_free(m, &m->embed);
     be->free(m->ctx, m->final_norm);
     free(m);
     *pm = NULL;

@@ -1,9 +1,11 @@
 /* target-server/ts_model_int.h — what the files of the target model share (ts_model.c the loading,
- * ts_forward.c the forward, ts_cache.c the decoding cache) and nobody else needs: the model's
- * weights, its workspace and the cache's buffers. */
+ * ts_load_fp8.c its FP8 part, ts_forward.c the forward, ts_cache.c the decoding cache) and
+ * nobody else needs: the model's weights, the loader, the workspace and the cache's buffers. */
 #ifndef TS_MODEL_INT_H
 #define TS_MODEL_INT_H
 
+#include "cm_quant.h"
+#include "cm_safetensors.h"
 #include "ts_model.h"
 
 typedef struct ts_mat {
@@ -83,6 +85,54 @@ struct ts_cache {
     int32_t *pend_cu; /* host [n_slots + 1] */
 };
 
+
+// ----------------------------------------------------------------------------
+// loading (ts_model.c; the FP8 weights in ts_load_fp8.c, docs/fp8.md)
+
+/* What a matrix of the forward may be in FP8. */
+typedef enum ts_mat_role {
+    TS_MAT_ROLE_QUANT = 0, /* a projection Qwen's FP8 releases quantize (q/k/v/o_proj, in_proj_qkv,
+                              in_proj_z, out_proj, gate/up/down_proj): FP8 as stored, and under
+                              fp8 quantized on load when stored BF16 or F32 */
+    TS_MAT_ROLE_GEMM,      /* a GEMM kept bf16 by Qwen (in_proj_a, in_proj_b): FP8 only when stored so */
+    TS_MAT_ROLE_TABLE,     /* read by rows or by lm_ce (embed_tokens, lm_head): never FP8 */
+} ts_mat_role;
+
+typedef struct ts_loader {
+    ts_model           *m;
+    const cm_st        *st;
+    const cm_quant_cfg *quant;  /* the checkpoint's quantization_config (fp8 = 0 when none) */
+    const char         *prefix; /* "model.language_model." or "model." */
+    const char         *dir;
+    int                 bf16_weights;
+    int                 fp8;    /* ts_model_config.fp8 */
+    int                 random; /* init_random: fill instead of read */
+    uint64_t            seed;
+    int n_fp8_stored, n_fp8_quantized, n_fp8_dequantized; /* matrices, for the load's log line */
+} ts_loader;
+
+/* fp8: the backend runs FP8 GEMMs on this context (gemm_fp8, fp8_quantize_weight and
+ * fp8_supported present, fp8_supported says yes); else CM_ERR_UNSUPPORTED with its reason and
+ * the way out (--precision bf16). */
+cm_status ts_fp8_check_backend(const ts_model *m);
+/* The checkpoint's FP8 tensors among those the load reads (layers [0, n_layers), the
+ * embedding, the final norm and, with load_head, lm_head): every F8_E4M3 tensor has its
+ * <name>_scale_inv and is not listed as unconverted by the config, and every _scale_inv has an
+ * F8_E4M3 weight beside it. One message naming the tensor, its file and what to do. */
+cm_status ts_fp8_scan(const ts_loader *ld, int n_layers, int load_head);
+/* A matrix stored F8_E4M3 (t, shape [rows, cols] checked) with scale s (NULL: refused): under
+ * fp8 uploaded as stored (bytes and fp32 scales in kn_fp8_scale_ld rows), else dequantized on
+ * the host to BF16 (bf16_weights) or F32. name is the full tensor name. */
+cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor *t, const cm_st_tensor *s,
+                             int64_t rows, int64_t cols, ts_mat_role role, ts_mat *out);
+/* Quantizes w (BF16 or F32 in backend memory, [rows, cols]) to FP8 on the device in place of its
+ * data (the old buffer freed). */
+cm_status ts_fp8_quantize(ts_loader *ld, const char *name, int64_t rows, int64_t cols, ts_mat *w);
+/* CM_ERR_UNSUPPORTED for a tensor stored F8_E4M3 that Tandem reads as a bf16/f32 table or
+ * vector (embed_tokens, lm_head, norms, conv1d, A_log, dt_bias); CM_OK for any other dtype. */
+cm_status ts_fp8_refuse_table(const cm_st_tensor *t);
+/* Frees a matrix's data and scales (NULL-safe) and zeroes it. */
+void ts_mat_free(ts_model *m, ts_mat *w);
 
 /* ts_forward.c: frees the workspace (the model's destroy calls it); the forward from scratch
  * (m->cache NULL, as ts_model_forward) or continued from m->cache at m->step (as

@@ -60,6 +60,7 @@ static cm_status serve_init(void *user) {
                           .n_layers = -1,
                           .load_head = a->decode_seqs > 0, /* decoding needs the head */
                           .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16,
+                          .fp8 = a->fp8,
                           .init_random = a->init_random,
                           .seed = a->seed};
     const int64_t t0_ms = cm_now_ms();
@@ -250,7 +251,7 @@ static void serve_status(void *user, char *buf, size_t cap) {
             cJSON_AddItemToArray(g, cJSON_CreateNumber(all->reps[i].gpu));
     }
     cJSON_AddNumberToObject(o, "replicas", all->n);
-    cJSON_AddStringToObject(o, "precision", a->mode == KN_GEMM_MODE_BF16 ? "bf16" : "fp32");
+    cJSON_AddStringToObject(o, "precision", a->fp8 ? "fp8" : a->mode == KN_GEMM_MODE_BF16 ? "bf16" : "fp32");
     cJSON_AddBoolToObject(o, "loaded", loaded);
     if (all->dec) {
         cJSON_AddStringToObject(o, "decode_endpoint", ts_serve_decode_endpoint(all->dec));

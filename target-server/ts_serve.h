@@ -30,6 +30,7 @@ typedef struct ts_serve_args {
     uint32_t     encodings;
     cm_dtype     dtype;
     kn_gemm_mode mode;
+    int          fp8; /* FP8 weights (docs/fp8.md): ts_model_config.fp8; mode is then KN_GEMM_MODE_BF16 */
 } ts_serve_args;
 
 /* Serves until stopped by a signal; a failure to start or to serve comes back with its message

@@ -6,7 +6,9 @@
  * layers (4 sliding 2048 then 1 full), 32/8 heads x 128, MLP 17408, vocab 248320, taps
  * [1,16,31,46,61] = the default of docs/drafter.md for 64 target layers, block 16, mask 248070; and the
  * Qwen3.6-27B DFlash2 drafter's (docs/drafter.md, the DFlash2 reference notes, section 6): the same
- * backbone with 5 non-causal sliding 2048 layers, taps [5,19,33,47,61], block 8, Kc 2, G 16, R 256, K 16. */
+ * backbone with 5 non-causal sliding 2048 layers, taps [5,19,33,47,61], block 8, Kc 2, G 16, R 256, K 16;
+ * and each target-config.json through the target and quantization_config readers (the FP8 one's list of
+ * unconverted modules against Qwen's). */
 #include <cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -16,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "cm_cfg.h"
+#include "cm_quant.h"
 #include "tst.h"
 
 #define CONFIGS TANDEM_TEST_DATA "/../deploy/configs"
@@ -121,13 +124,59 @@ static void check_qwen36_27b_dflash2(const cm_drafter_cfg *c) {
     TST_CHECK(!c->tie_word_embeddings && !c->attention_bias);
 }
 
+/* A target-config.json: the target parser and the quantization_config reader accept it. The
+ * Qwen3.6-27B-FP8 one (docs/fp8.md) keeps exactly the modules Qwen keeps bf16 out of
+ * quantization: per layer the norms, the GDN's A_log, conv1d, dt_bias, in_proj_a/b and norm,
+ * the attention's q/k norms; lm_head, the embedding and the vision tower; never a projection. */
+static void check_target_config(const char *name, const char *path) {
+    cm_target_cfg t;
+    cm_quant_cfg  q;
+    cm_status     st = cm_target_cfg_load(&t, path);
+    if (st == CM_OK) st = cm_quant_cfg_load(&q, path);
+    TST_CHECK(st == CM_OK);
+    if (st != CM_OK) {
+        fprintf(stderr, "%s: %s\n", path, cm_last_error());
+        return;
+    }
+    TST_CHECK(q.fp8 == (strstr(name, "fp8") != NULL));
+    if (q.fp8) {
+        TST_CHECK(t.n_layers == 64 && q.n_skip == 64 * 2 + 48 * 6 + 16 * 2 + 3);
+        static const char *const kept[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
+                                           "linear_attn.A_log", "linear_attn.conv1d.weight",
+                                           "linear_attn.dt_bias", "linear_attn.in_proj_a.weight",
+                                           "linear_attn.in_proj_b.weight", "linear_attn.norm.weight",
+                                           "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
+        static const char *const fp8[] = {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                                          "linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
+                                          "linear_attn.out_proj.weight", "self_attn.q_proj.weight",
+                                          "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                          "self_attn.o_proj.weight"};
+        for (int l = 0; l < t.n_layers; l++) {
+            const int lin = t.layer_types[l] == CM_LAYER_TYPE_LINEAR_ATTENTION;
+            char      n[160];
+            for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+                const int mine = strncmp(kept[i], lin ? "self_attn" : "linear_attn", lin ? 9 : 11) != 0;
+                snprintf(n, sizeof n, "model.language_model.layers.%d.%s", l, kept[i]);
+                TST_CHECK((cm_quant_cfg_skips(&q, n) != NULL) == mine);
+            }
+            for (size_t i = 0; i < sizeof fp8 / sizeof fp8[0]; i++) {
+                snprintf(n, sizeof n, "model.language_model.layers.%d.%s", l, fp8[i]);
+                TST_CHECK(cm_quant_cfg_skips(&q, n) == NULL);
+            }
+        }
+        TST_CHECK(cm_quant_cfg_skips(&q, "lm_head.weight") && cm_quant_cfg_skips(&q, "model.visual.blocks.0.attn.qkv.weight"));
+        TST_CHECK(cm_quant_cfg_skips(&q, "model.language_model.embed_tokens.weight") != NULL);
+    }
+    cm_quant_cfg_release(&q);
+}
+
 int main(void) {
     TST_CHECK(read_help());
     DIR *d = opendir(CONFIGS);
     TST_CHECK(d != NULL);
     if (!d)
         return tst_report();
-    int            n_drafters = 0, n_runs = 0, saw_27b = 0, saw_27b_v2 = 0;
+    int            n_drafters = 0, n_runs = 0, n_targets = 0, saw_27b = 0, saw_27b_v2 = 0, saw_27b_fp8 = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.')
@@ -153,6 +202,12 @@ int main(void) {
             }
             n_drafters++;
         }
+        snprintf(path, sizeof path, "%s/target-config.json", dir);
+        if (stat(path, &sb) == 0) {
+            check_target_config(e->d_name, path);
+            n_targets++;
+            saw_27b_fp8 |= strcmp(e->d_name, "qwen3.6-27b-fp8") == 0;
+        }
         snprintf(path, sizeof path, "%s/run.json", dir);
         if (stat(path, &sb) == 0) {
             check_run_config(path);
@@ -160,7 +215,8 @@ int main(void) {
         }
     }
     closedir(d);
-    TST_CHECK(n_drafters >= 2 && n_runs >= 2 && saw_27b && saw_27b_v2);
-    fprintf(stderr, "deploy/configs: %d drafter configs, %d run configs\n", n_drafters, n_runs);
+    TST_CHECK(n_drafters >= 2 && n_runs >= 2 && n_targets >= 2 && saw_27b && saw_27b_v2 && saw_27b_fp8);
+    fprintf(stderr, "deploy/configs: %d drafter configs, %d run configs, %d target configs\n", n_drafters, n_runs,
+            n_targets);
     return tst_report();
 }

@@ -267,6 +267,12 @@ static void test_27b(void) {
      * Prefill runs layers 0..61 (last tap 61): 15 full + 47 GDN layers of linear parameters,
      *   15·372 244 480 + 47·383 221 760 = 23 595 089 920. */
     TST_CHECK(p.p_target == 26895998464LL);
+    /* one target GPU's weights: bf16 = 2 bytes per matrix element (embed + lm_head 2 542 796 800,
+     * the layers' matrices 24 350 556 160) + 4 per small parameter (2 640 384 + final norm 5120)
+     * = 53 797 287 936; fp8: the projections 1 byte plus fp32 scales per 128 × 128 block
+     * (rows of ceil(K/128) rounded up to 4), in_proj_a/b, embed and lm_head 2 bytes
+     * = 29 476 263 936 (27.45 GiB) */
+    TST_CHECK(p.m_target_bf16 == 53797287936.0 && p.m_target_fp8 == 29476263936.0);
     TST_CHECK(p.p_target_run == 23595089920LL && p.target_layers_run == 62);
     /* Step FLOPs: docs/goals.md estimates 138 TFLOP for C = 8192 with attention at ~29 % dense
      * density plus tile waste and the LM head over all 8192 rows; the plan counts the visible

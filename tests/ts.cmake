@@ -8,3 +8,7 @@ set_tests_properties(test_ts_dump_cuda_bf16 test_ts_dump_cuda_fp32 PROPERTIES
                      TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS gpu)
 add_unit_test(test_ts_badinput test_ts_badinput.c LIBS kn TIMEOUT 300)
 add_dependencies(test_ts_badinput target-server)
+# FP8 checkpoints (docs/fp8.md): made from the fixtures in C; loading, dequantizing, quantizing
+# on load, the default precision and every refusal through the real command line.
+add_unit_test(test_ts_fp8_load test_ts_fp8_load.c LIBS ts kn TIMEOUT 300)
+add_dependencies(test_ts_fp8_load target-server)

@@ -4,6 +4,7 @@
  * caller's struct; the first problem fails with one message naming the file, the field
  * and the fix. Stateless (cJSON trees are local to each call), so safe from any thread. */
 #include "cm_cfg.h"
+#include "cm_cfg_int.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -64,7 +65,7 @@ fail:
 }
 
 /* DIR → DIR/config.json; a file path is used as is. */
-static cm_status cfg_read(const char *path, char **text, char *file, size_t file_len) {
+cm_status cm_cfg_read_path(const char *path, char **text, char *file, size_t file_len) {
     struct stat sb;
     if (stat(path, &sb) != 0)
         return CM_FAIL(CM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
@@ -75,7 +76,7 @@ static cm_status cfg_read(const char *path, char **text, char *file, size_t file
     return cm_read_text_file(file, CFG_MAX_BYTES, text);
 }
 
-static cm_status cfg_parse_json(const char *json, const char *origin, cJSON **root) {
+cm_status cm_cfg_parse_object(const char *json, const char *origin, cJSON **root) {
     const char *end = NULL;
     *root = cJSON_ParseWithOpts(json, &end, 1);
     if (!*root)
@@ -92,19 +93,13 @@ static cm_status cfg_parse_json(const char *json, const char *origin, cJSON **ro
 // ----------------------------------------------------------------------------
 // typed field access: one object plus the dotted prefix that names it in messages
 
-typedef struct cfg_obj {
-    const char  *origin; /* the file, for messages */
-    const cJSON *obj;    /* NULL: an absent optional object (every field absent) */
-    const char  *prefix; /* "" or "text_config." or "dflash_config." ... */
-} cfg_obj;
-
 /* The member, or NULL if absent or JSON null (null means "unset" in HF configs). */
-static const cJSON *cfg_item(const cfg_obj *o, const char *key) {
+const cJSON *cm_cfg_item(const cfg_obj *o, const char *key) {
     const cJSON *it = o->obj ? cJSON_GetObjectItemCaseSensitive(o->obj, key) : NULL;
     return cJSON_IsNull(it) ? NULL : it;
 }
 
-static const char *json_kind(const cJSON *it) {
+const char *cm_cfg_json_kind(const cJSON *it) {
     if (cJSON_IsBool(it))
         return "a boolean";
     if (cJSON_IsNumber(it))
@@ -124,14 +119,14 @@ static cm_status cfg_missing(const cfg_obj *o, const char *key) {
 
 /* Reads an integer field into *out; sets *found. Non-integers and values outside int fail. */
 static cm_status cfg_int_opt(const cfg_obj *o, const char *key, int *out, int *found) {
-    const cJSON *it = cfg_item(o, key);
+    const cJSON *it = cm_cfg_item(o, key);
     *found = it != NULL;
     if (!it)
         return CM_OK;
     double d = cJSON_IsNumber(it) ? it->valuedouble : NAN;
     if (!cJSON_IsNumber(it) || !isfinite(d) || d != floor(d) || d < INT_MIN || d > INT_MAX)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be an integer, found %s", o->origin, o->prefix,
-                       key, cJSON_IsNumber(it) ? "a fraction or an out-of-range number" : json_kind(it));
+                       key, cJSON_IsNumber(it) ? "a fraction or an out-of-range number" : cm_cfg_json_kind(it));
     *out = (int)d;
     return CM_OK;
 }
@@ -150,39 +145,39 @@ static cm_status cfg_pos(const cfg_obj *o, const char *key, int required, int de
 }
 
 static cm_status cfg_double_opt(const cfg_obj *o, const char *key, double *out, int *found) {
-    const cJSON *it = cfg_item(o, key);
+    const cJSON *it = cm_cfg_item(o, key);
     *found = it != NULL;
     if (!it)
         return CM_OK;
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be a finite number, found %s", o->origin,
-                       o->prefix, key, cJSON_IsNumber(it) ? "a non-finite number" : json_kind(it));
+                       o->prefix, key, cJSON_IsNumber(it) ? "a non-finite number" : cm_cfg_json_kind(it));
     *out = it->valuedouble;
     return CM_OK;
 }
 
-static cm_status cfg_bool(const cfg_obj *o, const char *key, int def, int *out) {
-    const cJSON *it = cfg_item(o, key);
+cm_status cm_cfg_bool(const cfg_obj *o, const char *key, int def, int *out) {
+    const cJSON *it = cm_cfg_item(o, key);
     *out = def;
     if (!it)
         return CM_OK;
     if (!cJSON_IsBool(it))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be true or false, found %s", o->origin,
-                       o->prefix, key, json_kind(it));
+                       o->prefix, key, cm_cfg_json_kind(it));
     *out = cJSON_IsTrue(it) ? 1 : 0;
     return CM_OK;
 }
 
 /* A nested object (absent or null gives one with obj = NULL). */
-static cm_status cfg_sub(const cfg_obj *o, const char *key, char *prefix, size_t prefix_len, cfg_obj *sub) {
-    const cJSON *it = cfg_item(o, key);
+cm_status cm_cfg_sub(const cfg_obj *o, const char *key, char *prefix, size_t prefix_len, cfg_obj *sub) {
+    const cJSON *it = cm_cfg_item(o, key);
     snprintf(prefix, prefix_len, "%s%s.", o->prefix, key);
     *sub = (cfg_obj){o->origin, NULL, prefix};
     if (!it)
         return CM_OK;
     if (!cJSON_IsObject(it))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be an object, found %s", o->origin, o->prefix,
-                       key, json_kind(it));
+                       key, cm_cfg_json_kind(it));
     sub->obj = it;
     return CM_OK;
 }
@@ -231,12 +226,12 @@ static cm_status cfg_int_either(const cfg_obj *a, const cfg_obj *b, const char *
 static cm_status cfg_rope_type(const cfg_obj *rope) {
     static const char *keys[] = {"rope_type", "type"};
     for (int i = 0; i < 2; i++) {
-        const cJSON *it = cfg_item(rope, keys[i]);
+        const cJSON *it = cm_cfg_item(rope, keys[i]);
         if (!it)
             continue;
         if (!cJSON_IsString(it))
             return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%s%s' must be a string, found %s", rope->origin,
-                           rope->prefix, keys[i], json_kind(it));
+                           rope->prefix, keys[i], cm_cfg_json_kind(it));
         if (strcmp(it->valuestring, "default") != 0)
             return CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': %s%s '%s' is not supported (only 'default' RoPE)",
                            rope->origin, rope->prefix, keys[i], it->valuestring);
@@ -276,7 +271,7 @@ static cm_status cfg_layer_types(const cfg_obj *o, const cJSON *arr, int n, cons
                                  const cm_layer_type *types, int n_names, cm_layer_type *out) {
     if (!cJSON_IsArray(arr))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%slayer_types' must be an array of strings, found %s",
-                       o->origin, o->prefix, json_kind(arr));
+                       o->origin, o->prefix, cm_cfg_json_kind(arr));
     int len = cJSON_GetArraySize(arr);
     if (len != n)
         return CM_FAIL(CM_ERR_FORMAT,
@@ -292,7 +287,7 @@ static cm_status cfg_layer_types(const cfg_obj *o, const cJSON *arr, int n, cons
         if (k == n_names)
             return CM_FAIL(CM_ERR_FORMAT, "'%s': %slayer_types[%d] is %s%s%s; expected '%s' or '%s'",
                            o->origin, o->prefix, i, cJSON_IsString(it) ? "'" : "",
-                           cJSON_IsString(it) ? it->valuestring : json_kind(it),
+                           cJSON_IsString(it) ? it->valuestring : cm_cfg_json_kind(it),
                            cJSON_IsString(it) ? "'" : "", names[0], names[1]);
         out[i++] = types[k];
     }
@@ -300,13 +295,13 @@ static cm_status cfg_layer_types(const cfg_obj *o, const cJSON *arr, int n, cons
 }
 
 static cm_status cfg_model_type(const cfg_obj *o, const char **out) {
-    const cJSON *it = cfg_item(o, "model_type");
+    const cJSON *it = cm_cfg_item(o, "model_type");
     if (!it)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field '%smodel_type'; supported: qwen3_5, qwen3_5_text",
                        o->origin, o->prefix);
     if (!cJSON_IsString(it))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%smodel_type' must be a string, found %s", o->origin,
-                       o->prefix, json_kind(it));
+                       o->prefix, cm_cfg_json_kind(it));
     *out = it->valuestring;
     return CM_OK;
 }
@@ -329,15 +324,15 @@ static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_
     CM_TRY(cfg_pos(tx, "intermediate_size", 1, 0, &cfg->intermediate_size));
     CM_TRY(cfg_pos(tx, "vocab_size", 1, 0, &cfg->vocab_size));
     CM_TRY(cfg_eps(tx, &cfg->rms_norm_eps));
-    if (cfg_item(tx, "tie_word_embeddings"))
-        CM_TRY(cfg_bool(tx, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
+    if (cm_cfg_item(tx, "tie_word_embeddings"))
+        CM_TRY(cm_cfg_bool(tx, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
     else
-        CM_TRY(cfg_bool(root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
+        CM_TRY(cm_cfg_bool(root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
 
     // layer pattern: explicit list, else every interval-th layer is full attention
     static const char *const   names[] = {"linear_attention", "full_attention"};
     static const cm_layer_type types[] = {CM_LAYER_TYPE_LINEAR_ATTENTION, CM_LAYER_TYPE_FULL_ATTENTION};
-    const cJSON               *lt = cfg_item(tx, "layer_types");
+    const cJSON               *lt = cm_cfg_item(tx, "layer_types");
     if (lt) {
         CM_TRY(cfg_layer_types(tx, lt, cfg->n_layers, names, types, 2, cfg->layer_types));
     } else {
@@ -353,13 +348,13 @@ static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_
 
     // gated attention
     CM_TRY(cfg_heads(tx, cfg->hidden_size, &cfg->n_heads, &cfg->n_kv_heads, &cfg->head_dim));
-    CM_TRY(cfg_bool(tx, "attn_output_gate", 1, &cfg->attn_output_gate));
+    CM_TRY(cm_cfg_bool(tx, "attn_output_gate", 1, &cfg->attn_output_gate));
 
     // rope: transformers 5 keeps rope_parameters; older configs keep the keys at the top level
     char    rp_prefix[64], rs_prefix[64];
     cfg_obj rp, rs;
-    CM_TRY(cfg_sub(tx, "rope_parameters", rp_prefix, sizeof rp_prefix, &rp));
-    CM_TRY(cfg_sub(tx, "rope_scaling", rs_prefix, sizeof rs_prefix, &rs));
+    CM_TRY(cm_cfg_sub(tx, "rope_parameters", rp_prefix, sizeof rp_prefix, &rp));
+    CM_TRY(cm_cfg_sub(tx, "rope_scaling", rs_prefix, sizeof rs_prefix, &rs));
     CM_TRY(cfg_rope_type(&rp));
     CM_TRY(cfg_rope_type(&rs));
     double factor;
@@ -406,14 +401,14 @@ cm_status cm_target_cfg_parse(cm_target_cfg *cfg, const char *json, const char *
         origin = "config.json";
     cJSON    *root = NULL;
     cm_status st = CM_OK;
-    CM_TRY(cfg_parse_json(json, origin, &root));
+    CM_TRY(cm_cfg_parse_object(json, origin, &root));
     cfg_obj     top = {origin, root, ""};
     cfg_obj     tx = top;
     char        tx_prefix[32];
     const char *mt = NULL, *text_mt = NULL;
     CM_TRY_GOTO(cfg_model_type(&top, &mt), st, fail);
     if (strcmp(mt, "qwen3_5") == 0) {
-        CM_TRY_GOTO(cfg_sub(&top, "text_config", tx_prefix, sizeof tx_prefix, &tx), st, fail);
+        CM_TRY_GOTO(cm_cfg_sub(&top, "text_config", tx_prefix, sizeof tx_prefix, &tx), st, fail);
         if (!tx.obj) {
             st = CM_FAIL(CM_ERR_FORMAT,
                          "'%s': model_type 'qwen3_5' needs a 'text_config' object with the text model",
@@ -421,7 +416,7 @@ cm_status cm_target_cfg_parse(cm_target_cfg *cfg, const char *json, const char *
             goto fail;
         }
         text_mt = "qwen3_5_text";
-        if (cfg_item(&tx, "model_type"))
+        if (cm_cfg_item(&tx, "model_type"))
             CM_TRY_GOTO(cfg_model_type(&tx, &text_mt), st, fail);
         if (is_later_family(text_mt)) {
             st = CM_FAIL(CM_ERR_UNSUPPORTED,
@@ -475,7 +470,7 @@ static void default_taps(int n_target_layers, int n_taps, int *ids) {
 }
 
 static cm_status drafter_architectures(const cfg_obj *o, cm_drafter_kind *kind) {
-    const cJSON *arch = cfg_item(o, "architectures");
+    const cJSON *arch = cm_cfg_item(o, "architectures");
     if (!arch)
         return CM_FAIL(CM_ERR_FORMAT,
                        "'%s': missing field 'architectures'; a DFlash drafter config lists "
@@ -483,7 +478,7 @@ static cm_status drafter_architectures(const cfg_obj *o, cm_drafter_kind *kind) 
                        o->origin);
     if (!cJSON_IsArray(arch))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field 'architectures' must be an array of strings, found %s",
-                       o->origin, json_kind(arch));
+                       o->origin, cm_cfg_json_kind(arch));
     const cJSON *it = NULL;
     const char  *first = NULL;
     cJSON_ArrayForEach(it, arch) {
@@ -503,7 +498,7 @@ static cm_status drafter_architectures(const cfg_obj *o, cm_drafter_kind *kind) 
 }
 
 static cm_status drafter_taps(cm_drafter_cfg *cfg, const cfg_obj *dc) {
-    const cJSON *arr = cfg_item(dc, "target_layer_ids");
+    const cJSON *arr = cm_cfg_item(dc, "target_layer_ids");
     int          derived = arr == NULL;
     if (derived) {
         if (cfg->n_layers > CM_CFG_MAX_TAPS)
@@ -517,7 +512,7 @@ static cm_status drafter_taps(cm_drafter_cfg *cfg, const cfg_obj *dc) {
             return CM_FAIL(CM_ERR_FORMAT,
                            "'%s': field 'dflash_config.target_layer_ids' must be an array of integers, "
                            "found %s",
-                           dc->origin, json_kind(arr));
+                           dc->origin, cm_cfg_json_kind(arr));
         int n = cJSON_GetArraySize(arr);
         if (n < 1 || n > CM_CFG_MAX_TAPS)
             return CM_FAIL(CM_ERR_FORMAT,
@@ -530,7 +525,7 @@ static cm_status drafter_taps(cm_drafter_cfg *cfg, const cfg_obj *dc) {
             if (!(d == floor(d) && fabs(d) < 1e9))
                 return CM_FAIL(CM_ERR_FORMAT,
                                "'%s': dflash_config.target_layer_ids[%d] must be an integer, found %s",
-                               dc->origin, i, json_kind(it));
+                               dc->origin, i, cm_cfg_json_kind(it));
             cfg->target_layer_ids[i++] = (int)d;
         }
         cfg->n_taps = n;
@@ -595,9 +590,9 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     CM_TRY(drafter_architectures(top, &cfg->kind));
     char    dc_prefix[32], rp_prefix[32], rs_prefix[32];
     cfg_obj dc, rp, rs;
-    CM_TRY(cfg_sub(top, "dflash_config", dc_prefix, sizeof dc_prefix, &dc));
-    CM_TRY(cfg_sub(top, "rope_parameters", rp_prefix, sizeof rp_prefix, &rp));
-    CM_TRY(cfg_sub(top, "rope_scaling", rs_prefix, sizeof rs_prefix, &rs));
+    CM_TRY(cm_cfg_sub(top, "dflash_config", dc_prefix, sizeof dc_prefix, &dc));
+    CM_TRY(cm_cfg_sub(top, "rope_parameters", rp_prefix, sizeof rp_prefix, &rp));
+    CM_TRY(cm_cfg_sub(top, "rope_scaling", rs_prefix, sizeof rs_prefix, &rs));
 
     CM_TRY(cfg_pos(top, "hidden_size", 1, 0, &cfg->hidden_size));
     CM_TRY(cfg_pos(top, "num_hidden_layers", 1, 0, &cfg->n_layers));
@@ -614,13 +609,13 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     if (!(cfg->rope_theta > 0))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': rope_theta must be positive, found %g", origin, cfg->rope_theta);
     CM_TRY(cfg_pos(top, "max_position_embeddings", 0, 32768, &cfg->max_position_embeddings));
-    CM_TRY(cfg_bool(top, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
-    CM_TRY(cfg_bool(top, "attention_bias", 0, &cfg->attention_bias));
+    CM_TRY(cm_cfg_bool(top, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
+    CM_TRY(cm_cfg_bool(top, "attention_bias", 0, &cfg->attention_bias));
 
     // layer types: full or sliding (window W); causal within the block: is_causal, else sliding
     static const char *const   names[] = {"full_attention", "sliding_attention"};
     static const cm_layer_type types[] = {CM_LAYER_TYPE_FULL_ATTENTION, CM_LAYER_TYPE_SLIDING_ATTENTION};
-    const cJSON               *lt = cfg_item(top, "layer_types");
+    const cJSON               *lt = cm_cfg_item(top, "layer_types");
     for (int i = 0; i < cfg->n_layers; i++)
         cfg->layer_types[i] = CM_LAYER_TYPE_FULL_ATTENTION;
     if (lt)
@@ -643,7 +638,7 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
         cfg->sliding_window = window;
     }
     int causal;
-    CM_TRY(cfg_bool(top, "is_causal", -1, &causal));
+    CM_TRY(cm_cfg_bool(top, "is_causal", -1, &causal));
     cfg->is_causal = causal < 0 ? CM_CAUSAL_BY_LAYER_TYPE : causal ? CM_CAUSAL_ALL : CM_CAUSAL_NONE;
 
     // DFlash fields
@@ -665,7 +660,7 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
         return CM_FAIL(CM_ERR_FORMAT,
                        "'%s': dflash_config.mask_token_id %d is outside the vocabulary [0, %d)", origin,
                        cfg->mask_token_id, cfg->vocab_size);
-    const cJSON *mt = cfg_item(&dc, "mask_token");
+    const cJSON *mt = cm_cfg_item(&dc, "mask_token");
     if (mt) {
         if (!cJSON_IsString(mt) || !mt->valuestring[0] || strlen(mt->valuestring) >= sizeof cfg->mask_token)
             return CM_FAIL(CM_ERR_FORMAT, "'%s': dflash_config.mask_token must be a string of 1 to %d bytes", origin,
@@ -688,7 +683,7 @@ cm_status cm_drafter_cfg_parse(cm_drafter_cfg *cfg, const char *json, const char
     if (!origin)
         origin = "config.json";
     cJSON *root = NULL;
-    CM_TRY(cfg_parse_json(json, origin, &root));
+    CM_TRY(cm_cfg_parse_object(json, origin, &root));
     cfg_obj   top = {origin, root, ""};
     cm_status st = drafter_fill(cfg, &top);
     cJSON_Delete(root);
@@ -704,7 +699,7 @@ static cm_status cfg_load(void *cfg, int drafter, const char *path) {
     char *text = NULL;
     char  file[4096];
     memset(cfg, 0, drafter ? sizeof(cm_drafter_cfg) : sizeof(cm_target_cfg));
-    CM_TRY(cfg_read(path, &text, file, sizeof file));
+    CM_TRY(cm_cfg_read_path(path, &text, file, sizeof file));
     cm_status st = drafter ? cm_drafter_cfg_parse(cfg, text, file) : cm_target_cfg_parse(cfg, text, file);
     free(text);
     return st;

@@ -6,6 +6,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kn_backend.h" /* kn_fp8_scale_ld */
+
 /* The fp32 logits the fused LM head + CE holds per vocabulary chunk (kernels/kn_lm_ce.cu,
  * LMCE_CHUNK_FLOATS). */
 #define DT_PLAN_LM_FLOATS ((double)(16 << 20))
@@ -65,6 +67,29 @@ static void target_layer_params(const cm_target_cfg *t, int l, int64_t *linear, 
     }
     *linear = lin;
     *all = lin + other;
+}
+
+/* One target GPU's weight bytes as target-server keeps them (dt_plan.h: m_target_bf16/fp8). */
+static double target_weight_bytes(const cm_target_cfg *t, int fp8) {
+    const int64_t D = t->hidden_size, I = t->intermediate_size, V = t->vocab_size;
+#define MAT(N, K) (fp8 ? (double)(N) * (K) + 4.0 * (double)(((N) + 127) / 128) * (double)kn_fp8_scale_ld(K) \
+                       : 2.0 * (double)(N) * (K))
+    double b = 2.0 * (double)V * D * (t->tie_word_embeddings ? 1 : 2) + 4.0 * D; /* embed, lm_head, norm */
+    for (int l = 0; l < t->n_layers; l++) {
+        int64_t lin, all;
+        target_layer_params(t, l, &lin, &all);
+        b += 4.0 * (double)(all - lin) + 2 * MAT(I, D) + MAT(D, I); /* small parameters (fp32), MLP */
+        if (t->layer_types[l] == CM_LAYER_TYPE_LINEAR_ATTENTION) {
+            const int64_t nk = t->lin_n_k_heads, nv = t->lin_n_v_heads, dk = t->lin_k_head_dim,
+                          dv = t->lin_v_head_dim;
+            b += MAT(2 * nk * dk + nv * dv, D) + MAT(nv * dv, D) + MAT(D, nv * dv) + 2.0 * 2 * nv * D;
+        } else {
+            const int64_t H = t->n_heads, KV = t->n_kv_heads, hd = t->head_dim;
+            b += MAT(H * hd * (t->attn_output_gate ? 2 : 1), D) + 2 * MAT(KV * hd, D) + MAT(D, H * hd);
+        }
+    }
+#undef MAT
+    return b;
 }
 
 // ---- FLOPs
@@ -189,6 +214,8 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     p->m_adam = 8 * P;
     p->m_grads = 4 * P;
     p->m_frozen = 2.0 * (double)p->p_frozen;
+    p->m_target_bf16 = target_weight_bytes(t, 0);
+    p->m_target_fp8 = target_weight_bytes(t, 1);
     /* As dt_model plans it (bf16 storage; norms, RoPE and SwiGLU recomputed in the backward).
      * Per layer, saved for backward: block rows' residual in and mid (2D; not layer 0's input,
      * looked up again), q before its norm and the attention output (2Hd), gate and up (2I),
@@ -321,6 +348,11 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
         fprintf(f, "  %-40s %12s\n", mem[i].what, gib(a, sizeof a, mem[i].bytes));
     fprintf(f, "  %-40s %12s\n", "total", gib(a, sizeof a, p->m_total));
     fprintf(f, "  %-40s %12s\n\n", "host: hidden states for the credits", gib(b, sizeof b, p->m_hidden_host));
+
+    fprintf(f, "target weights per target GPU (every layer and the head; no activations or caches)\n");
+    fprintf(f, "  %-40s %12s\n", "--precision bf16", gib(a, sizeof a, p->m_target_bf16));
+    fprintf(f, "  %-40s %12s  (the default for an FP8 checkpoint)\n\n", "--precision fp8 (docs/fp8.md)",
+            gib(b, sizeof b, p->m_target_fp8));
 
     fprintf(f, "hidden states per token (taps x hidden x 2 bytes bf16)\n");
     fprintf(f, "  %-40s %12s\n", "raw", human(a, sizeof a, p->wire_raw, "B"));

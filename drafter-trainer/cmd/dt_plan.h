@@ -80,6 +80,11 @@ typedef struct dt_plan {
     double m_hidden_gpu;                                   /* this batch's and the next's hidden states */
     double m_total;                                        /* sum of the above */
     double m_hidden_host;                                  /* credits × (decoded + encoded) on the host */
+    /* one target GPU's weights (every layer and the head; activations and caches not counted):
+     * bf16 (--precision bf16: matrices 2 bytes, small parameters widened to fp32) and fp8
+     * (--precision fp8, docs/fp8.md: the projections 1 byte plus fp32 scales per 128 × 128 block,
+     * in rows of kn_fp8_scale_ld; in_proj_a/b, the embedding and lm_head bf16) */
+    double m_target_bf16, m_target_fp8;
     /* hidden states */
     double wire_raw;         /* bytes per token before encoding: n · D · 2 (bf16) */
     double wire_lo, wire_hi; /* bytes per token after encoding (range of the assumed ratio) */

@@ -21,14 +21,24 @@ typedef struct ts_target_args {
     const char  *device;      /* --device cpu|cuda */
     int          init_random; /* --init checkpoint|random */
     uint64_t     seed;        /* --seed N (of --init random) */
-    kn_gemm_mode mode;        /* --precision bf16|fp32 */
+    kn_gemm_mode mode;        /* --precision bf16|fp32|fp8: the GEMM mode (fp8: KN_GEMM_MODE_BF16) */
+    int          fp8;         /* --precision fp8: FP8 weights (ts_model_config.fp8, docs/fp8.md) */
+    int          precision;   /* 1 when --precision was given */
 } ts_target_args;
 #define TS_TARGET_ARGS_DEFAULT                                                                               \
-    { NULL, "cpu", 0, 1, KN_GEMM_MODE_BF16 }
+    { NULL, "cpu", 0, 1, KN_GEMM_MODE_BF16, 0, 0 }
 
 /* 1 when the current argument is one of ts_target_args' flags or --log-level (applied at
  * once); a bad value sets p->bad with the message printed. */
 int ts_args_target(cm_args *p, ts_target_args *t);
+
+/* After parsing: the precision the checkpoint gets when --precision was not given, from its
+ * quantization_config (docs/fp8.md): fp8 for an FP8 checkpoint (unless it asks for
+ * dequantize), else bf16; logged at info when the checkpoint is FP8. A quantization_config
+ * Tandem does not read fails here, before anything loads. */
+cm_status ts_args_precision(ts_target_args *t);
+/* "bf16", "fp32" or "fp8". */
+const char *ts_args_precision_name(const ts_target_args *t);
 
 /* The options after the command's name. */
 int ts_dump_main(int argc, char **argv);   /* cmd/ts_dump.c */

@@ -38,8 +38,10 @@ void ts_dump_usage(FILE *f) {
             "                           and with --logits, logits (F32 [T, V])\n"
             "  --device cpu|cuda        kernel backend (default cpu)\n"
             "  --gpu N                  cuda device ordinal (default 0)\n"
-            "  --precision bf16|fp32    cuda matrix products: bf16 inputs and weights with fp32\n"
-            "                           accumulation (default), or fp32 throughout\n"
+            "  --precision bf16|fp32|fp8  cuda matrix products: bf16 inputs and weights with fp32\n"
+            "                           accumulation (default), fp32 throughout, or FP8 weights and\n"
+            "                           inputs in 128-blocks (docs/fp8.md; the default for an FP8\n"
+            "                           checkpoint, which bf16 and fp32 run dequantized)\n"
             "  --layers all|i,j,...     layers to write (default all); the forward stops after the\n"
             "                           last one, and final_norm is written only when every layer ran\n"
             "  --logits                 also write logits (runs every layer)\n"
@@ -97,7 +99,7 @@ static cm_status read_i32(const cm_st *in, const char *path, const char *name, c
     return CM_OK;
 }
 
-static cm_status run_dump(const dump_args *a) {
+static cm_status run_dump(dump_args *a) {
     cm_status         st;
     const kn_backend *be  = NULL;
     kn_ctx           *ctx = NULL;
@@ -140,6 +142,7 @@ static cm_status run_dump(const dump_args *a) {
 
     cm_target_cfg cfg;
     CM_TRY_GOTO(cm_target_cfg_load(&cfg, a->t.model), st, fail);
+    CM_TRY_GOTO(ts_args_precision(&a->t), st, fail); /* an FP8 checkpoint's default */
     CM_TRY_GOTO(ts_batch_validate(&cfg, ids, T, cu, n_seq), st, fail);
     layers = malloc((size_t)cfg.n_layers * sizeof *layers);
     if (!layers) {
@@ -161,6 +164,7 @@ static cm_status run_dump(const dump_args *a) {
                             /* random weights are made bf16 on cpu too under bf16 precision: the
                                values a cuda bf16 run uses, so the two compare without weight rounding */
                             .bf16_weights = a->t.mode == KN_GEMM_MODE_BF16 && (strcmp(be->name, "cpu") != 0 || a->t.init_random),
+                            .fp8          = a->t.fp8,
                             .init_random  = a->t.init_random,
                             .seed         = a->t.seed};
     CM_TRY_GOTO(ts_model_load(&m, &mc), st, fail);
@@ -203,6 +207,7 @@ static cm_status run_dump(const dump_args *a) {
     }
     CM_TRY_GOTO(cm_st_writer_set_metadata(wr, "producer", "tandem target-server dump"), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(wr, "device", be->name), st, fail);
+    CM_TRY_GOTO(cm_st_writer_set_metadata(wr, "precision", ts_args_precision_name(&a->t)), st, fail);
     CM_TRY_GOTO(cm_st_writer_write(wr, a->out), st, fail);
     CM_LOG_INFO("wrote '%s': %d layers%s%s, %lld tokens in %d sequences", a->out, n_cap,
                 final ? ", final_norm" : "", logits ? ", logits" : "", (long long)T, n_seq);

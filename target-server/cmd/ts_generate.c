@@ -39,7 +39,7 @@ static void usage(FILE *f) {
             "response with the loss mask on the response, ready for `drafter-trainer train --dataset`.\n"
             "Killed, it resumes where it stopped when run again with the same arguments.\n"
             "\n"
-            "  --model DIR, --device cpu|cuda, --precision bf16|fp32, --init, --seed: as dump\n"
+            "  --model DIR, --device cpu|cuda, --precision bf16|fp32|fp8, --init, --seed: as dump\n"
             "  --data FILE               the tokenized dataset (JSONL, as tools/prepare_data.py writes)\n"
             "  --out FILE                the regenerated dataset (JSONL); FILE.meta.json beside it\n"
             "  --max-new N               response tokens at most (default 512)\n"
@@ -125,7 +125,7 @@ static void settings_text(const gen_args *a, const char *weights, char *buf, siz
     snprintf(buf, cap, "model=%s;max_new=%d;batch=%d;temperature=%.6g;top_p=%.6g;top_k=%d;sample_seed=%" PRIu64
                        ";limit=%d;device=%s;precision=%d",
              weights, a->max_new, a->batch, a->temperature, a->top_p, a->top_k, a->sample_seed, a->limit,
-             a->t.device, (int)a->t.mode);
+             a->t.device, a->t.fp8 ? 2 : (int)a->t.mode); /* 0 bf16, 1 fp32 (kn_gemm_mode), 2 fp8 */
 }
 
 /* Documents already in OUT (complete batches), OUT cut there; writes the meta file for a new run. */
@@ -295,6 +295,7 @@ static cm_status run(gen_args *a) {
     const kn_backend *be = NULL;
     cm_status st = read_docs(a->data, a->limit, &docs, &n_docs, &hash);
     if (st == CM_OK) st = cm_gen_cfg_load(&g.gen, a->t.model);
+    if (st == CM_OK) st = ts_args_precision(&a->t); /* before the settings: the meta names it */
     g.temp  = a->have_temp ? (float)a->temperature : g.gen.do_sample ? g.gen.temperature : 0.0f;
     g.top_p = a->have_top_p ? (float)a->top_p : g.gen.top_p;
     g.top_k = a->have_top_k ? a->top_k : g.gen.top_k;
@@ -310,7 +311,7 @@ static cm_status run(gen_args *a) {
     if (st == CM_OK) st = be->ctx_create(&ctx, &kc);
     ts_model_config mc = {.dir = a->t.model, .backend = be, .ctx = ctx, .n_layers = -1, .load_head = 1,
                           .bf16_weights = be != kn_backend_cpu() && a->t.mode == KN_GEMM_MODE_BF16,
-                          .init_random = a->t.init_random, .seed = a->t.seed};
+                          .fp8 = a->t.fp8, .init_random = a->t.init_random, .seed = a->t.seed};
     if (st == CM_OK) st = ts_model_load(&model, &mc);
     int64_t max_prompt = 1;
     for (int64_t i = 0; i < n_docs; i++) max_prompt = docs[i].prompt > max_prompt ? docs[i].prompt : max_prompt;

@@ -32,7 +32,8 @@ static void usage(FILE *f) {
         "                            behind the one endpoint (default 0)\n"
         "  --replicas N              model replicas (default: one per --gpu entry; on cuda without\n"
         "                            --gpu, GPUs 0..N-1); each answers requests on its own\n"
-        "  --precision bf16|fp32     cuda matrix products (default bf16, as dump)\n"
+        "  --precision bf16|fp32|fp8 cuda matrix products (default bf16, fp8 for an FP8 checkpoint;\n"
+        "                            as dump)\n"
         "  --bind ENDPOINT           tcp://HOST:PORT (PORT may be '*') or ipc://PATH\n"
         "                            (default tcp://127.0.0.1:5555); a non-loopback address needs\n"
         "                            --curve-secret-key and --curve-client-keys\n"
@@ -178,11 +179,19 @@ int ts_serve_main(int argc, char **argv) {
     }
     if (p.bad)
         return 2;
+    if (t.model && !a.keygen) {
+        cm_status st = ts_args_precision(&t); /* an FP8 checkpoint's default; a config Tandem cannot read */
+        if (st != CM_OK) {
+            fprintf(stderr, "target-server serve: %s: %s\n", cm_status_str(st), cm_last_error());
+            return 1;
+        }
+    }
     a.model = t.model;
     a.device = t.device;
     a.init_random = t.init_random;
     a.seed = t.seed;
     a.mode = t.mode;
+    a.fp8 = t.fp8;
     if (a.keygen) {
         cm_status st = cm_chan_curve_keygen(a.keygen);
         if (st != CM_OK) {
