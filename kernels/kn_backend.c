@@ -64,6 +64,11 @@ static const kn_backend cpu_backend = {
     .gdn_cached         = kn_ref_gdn_cached,
     .sumsq_multi        = kn_ref_sumsq_multi,
     .adamw_multi        = kn_ref_adamw_multi,
+    .fp8_quantize_weight = kn_ref_fp8_quantize_weight,
+    .gemm_fp8            = kn_ref_gemm_fp8,
+    .fp8_quantize_rows   = kn_ref_fp8_quantize_rows,
+    .gemm_fp8q           = kn_ref_gemm_fp8q,
+    .fp8_supported       = kn_ref_fp8_supported,
 };
 
 const kn_backend *kn_backend_cpu(void) { return &cpu_backend; }

@@ -489,6 +489,15 @@ typedef struct kn_backend {
      * block-scaled modes, fp32 accumulation. K a multiple of 16 (cuda's FP8 alignment; cpu too). */
     cm_status (*gemm_fp8)(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
                           const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
+    /* gemm_fp8's input quantization alone, for an input that several GEMMs read: q [Mp, K] e4m3
+     * and s [ceil(K/128), Mp] fp32 (token-contiguous), Mp = kn_fp8_rows(M); rows m ≥ M are
+     * written as zeros (q 0, s 0). */
+    cm_status (*fp8_quantize_rows)(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
+                                   int64_t K); /* (optional) */
+    /* gemm_fp8 from an input fp8_quantize_rows wrote (the same M and K): gemm_fp8 is
+     * fp8_quantize_rows then this. */
+    cm_status (*gemm_fp8q)(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                           const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
     /* 1 when gemm_fp8 runs on this context; else 0 with the reason in why[0..n) (a sentence
      * naming the device and what it lacks). */
     int (*fp8_supported)(const kn_ctx *ctx, char *why, size_t n); /* (optional) */
@@ -496,12 +505,21 @@ typedef struct kn_backend {
 
 #define KN_FP8_BLOCK 128
 #define KN_FP8_MAX   448.0f
+/* The rows of a quantized FP8 input (fp8_quantize_rows): M rounded up to a multiple of 16
+ * (cuBLASLt's FP8 products want the token count a multiple of 4 or more). */
+static inline int64_t kn_fp8_rows(int64_t M) { return (M + 15) / 16 * 16; }
+
 /* The row length of an FP8 weight's scale table: ceil(K / 128) rounded up to a multiple of 4
  * (cuBLASLt's 128 × 128 scale layout wants column strides that are multiples of 4). */
 static inline int64_t kn_fp8_scale_ld(int64_t K) {
     int64_t L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
     return (L + 3) / 4 * 4;
 }
+
+/* The CUDA rule behind fp8_supported (kn_fp8_support.c): 1 for compute capability 9.0 with
+ * cuBLASLt ≥ 12.9 (lt_version as cublasLtGetVersion, e.g. 130100), else 0 with the refusal
+ * (device, what it lacks, and --precision bf16 as the way out) in why[0..n). */
+int kn_fp8_support(int cc_major, int cc_minor, long lt_version, char *why, size_t n);
 
 const kn_backend *kn_backend_cpu(void);
 /* NULL when this build has no CUDA backend. */

@@ -65,6 +65,11 @@ static const kn_backend cuda_backend = {
     .gdn_cached = kn_cuda_gdn_cached,
     .sumsq_multi = kn_cuda_sumsq_multi,
     .adamw_multi = kn_cuda_adamw_multi,
+    .fp8_quantize_weight = kn_cuda_fp8_quantize_weight,
+    .gemm_fp8 = kn_cuda_gemm_fp8,
+    .fp8_quantize_rows = kn_cuda_fp8_quantize_rows,
+    .gemm_fp8q = kn_cuda_gemm_fp8q,
+    .fp8_supported = kn_cuda_fp8_supported,
 };
 
 const kn_backend *kn_backend_cuda(void) {

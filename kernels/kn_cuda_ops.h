@@ -138,6 +138,17 @@ cm_status kn_cuda_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *tabl
 cm_status kn_cuda_adamw_multi(kn_ctx *ctx, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks,
                               const kn_adamw_params *p, const double *sumsq, double clip);
 
+// ---- FP8 block-scaled GEMMs (kn_fp8.cu)
+cm_status kn_cuda_fp8_quantize_weight(kn_ctx *ctx, uint8_t *q, float *scale, const void *w, cm_dtype wdt,
+                                      int64_t N, int64_t K);
+cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
+                           const float *wscale, int64_t M, int64_t N, int64_t K);
+cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
+                                    int64_t K);
+cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                            const float *wscale, int64_t M, int64_t N, int64_t K);
+int       kn_cuda_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
+
 // ---- random initialisation (kn_fill.cu)
 cm_status kn_cuda_fill_uniform(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo,
                                float hi);

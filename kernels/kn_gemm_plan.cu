@@ -71,7 +71,25 @@ static cm_status lt_descs_make(lt_descs *d, const kn_lt_key *key) {
                                          (uint64_t)(key->trans_b ? k : n), key->ldb));
     KN_CUBLAS(
         cublasLtMatrixLayoutCreate(&d->c, (cudaDataType_t)key->c_type, (uint64_t)m, (uint64_t)n, key->ldc));
+    if (ab == CUDA_R_8F_E4M3) { /* block-scaled FP8 (kn_cuda_lt_matmul_fp8): A 128 × 128 blocks, B 1 × 128 */
+        cublasLtMatmulMatrixScale_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                    bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        KN_CUBLAS(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+        KN_CUBLAS(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+    }
     return CM_OK;
+}
+
+/* The scale pointers of a block-scaled FP8 product, set on its descriptor before each run (a
+ * context is used by one thread at a time, so the plan's descriptor may carry them). */
+static cm_status lt_set_scales(cublasLtMatmulDesc_t op, const float *a_scale, const float *b_scale) {
+    KN_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale));
+    KN_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale));
+    return CM_OK;
+}
+
+static const char *lt_type_name(int32_t t) {
+    return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_8F_E4M3 ? "fp8" : "f32";
 }
 
 /* The preference (workspace, alignments) for key; the caller destroys *pref either way. */
@@ -110,8 +128,7 @@ static cm_status lt_heuristic(kn_ctx *ctx, const lt_descs *d, const kn_lt_key *k
 
 static cm_status lt_no_algo(const char *opname, const kn_lt_key *key) {
     return CM_FAIL(CM_ERR_CUBLAS, "%s: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands)",
-                   opname, (long long)key->m, (long long)key->n, (long long)key->k,
-                   key->ab_type == CUDA_R_16BF ? "bf16" : "f32");
+                   opname, (long long)key->m, (long long)key->n, (long long)key->k, lt_type_name(key->ab_type));
 }
 
 /* Times the n answers on the real operands A and B into a scratch C (the caller's C is never
@@ -162,8 +179,8 @@ static int lt_time(kn_ctx *ctx, const char *opname, const lt_descs *d, const kn_
         }
     }
     CM_LOG_INFO("gemm plan %s m=%lld n=%lld k=%lld %s: heuristic #0 %.4f ms, timed choice #%d %.4f ms of %d",
-                opname, (long long)key->m, (long long)key->n, (long long)key->k,
-                key->ab_type == CUDA_R_16BF ? "bf16" : "f32", (double)first_ms, best, (double)best_ms, n);
+                opname, (long long)key->m, (long long)key->n, (long long)key->k, lt_type_name(key->ab_type),
+                (double)first_ms, best, (double)best_ms, n);
 done:
     if (e0)
         cudaEventDestroy(e0);
@@ -206,7 +223,8 @@ static int key_eq(const kn_lt_key *x, const kn_lt_key *y) {
 /* The plan of key: found, or made in the key's empty slot (A, B and beta only serve the
  * timing of a new plan). *out = NULL when the table is full. */
 static cm_status lt_plan_get(kn_ctx *ctx, const char *opname, const kn_lt_key *key, const void *A,
-                             const void *B, float beta, kn_lt_plan **out) {
+                             const void *B, float beta, const float *a_scale, const float *b_scale,
+                             kn_lt_plan **out) {
     *out = NULL;
     uint32_t    s = key_slot(key);
     kn_lt_plan *p = NULL;
@@ -229,6 +247,8 @@ static cm_status lt_plan_get(kn_ctx *ctx, const char *opname, const kn_lt_key *k
     int                             want = ctx->lt_autotune > 1 ? ctx->lt_autotune : 1, n_found = 0;
     lt_descs                        d = {0};
     cm_status                       st = lt_descs_make(&d, key);
+    if (st == CM_OK && a_scale)
+        st = lt_set_scales(d.op, a_scale, b_scale);
     if (st == CM_OK)
         st = lt_heuristic(ctx, &d, key, want, res, &n_found);
     if (st == CM_OK && n_found == 0)
@@ -265,9 +285,11 @@ void kn_cuda_lt_plans_release(kn_ctx *ctx) {
     ctx->lt_plans_used = 0;
 }
 
+/* a_scale and b_scale: the block scales of FP8 operands (ab_type CUDA_R_8F_E4M3), else NULL. */
 static cm_status lt_run(kn_ctx *ctx, const char *opname, cudaDataType_t ab_type, int trans_a, int trans_b,
                         int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
-                        int64_t ldb, float beta, void *C, cudaDataType_t c_type, int64_t ldc) {
+                        int64_t ldb, float beta, void *C, cudaDataType_t c_type, int64_t ldc,
+                        const float *a_scale, const float *b_scale) {
     KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", opname);
     kn_lt_key key;
     memset(&key, 0, sizeof key);
@@ -287,8 +309,10 @@ static cm_status lt_run(kn_ctx *ctx, const char *opname, cudaDataType_t ab_type,
     const float alpha = 1.0f;
     if (ctx->lt_plan_mode == 1) {
         kn_lt_plan *p;
-        CM_TRY(lt_plan_get(ctx, opname, &key, A, B, beta, &p));
+        CM_TRY(lt_plan_get(ctx, opname, &key, A, B, beta, a_scale, b_scale, &p));
         if (p) {
+            if (a_scale)
+                CM_TRY(lt_set_scales(p->op, a_scale, b_scale));
             KN_CUBLAS(cublasLtMatmul(ctx->lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c,
                                      &p->algo, ctx->lt_ws, ctx->lt_ws_bytes, ctx->stream));
             KN_CUDA_LAUNCHED(ctx);
@@ -300,6 +324,8 @@ static cm_status lt_run(kn_ctx *ctx, const char *opname, cudaDataType_t ab_type,
     int                             n_found = 0;
     lt_descs                        d = {0};
     cm_status                       st = lt_descs_make(&d, &key);
+    if (st == CM_OK && a_scale)
+        st = lt_set_scales(d.op, a_scale, b_scale);
     if (st == CM_OK)
         st = lt_heuristic(ctx, &d, &key, 1, &heur, &n_found);
     if (st == CM_OK && n_found == 0)
@@ -320,11 +346,17 @@ static cm_status lt_run(kn_ctx *ctx, const char *opname, cudaDataType_t ab_type,
 cm_status kn_cuda_lt_matmul(kn_ctx *ctx, const char *op, cudaDataType_t ab_type, int trans_a, int trans_b,
                             int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
                             int64_t ldb, float beta, float *C, int64_t ldc) {
-    return lt_run(ctx, op, ab_type, trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C, CUDA_R_32F, ldc);
+    return lt_run(ctx, op, ab_type, trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C, CUDA_R_32F, ldc, NULL,
+                  NULL);
 }
 
 cm_status kn_cuda_lt_matmul_ct(kn_ctx *ctx, const char *op, cudaDataType_t ab_type, int trans_a, int trans_b,
                                int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
                                int64_t ldb, float beta, void *C, cudaDataType_t c_type, int64_t ldc) {
-    return lt_run(ctx, op, ab_type, trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C, c_type, ldc);
+    return lt_run(ctx, op, ab_type, trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C, c_type, ldc, NULL, NULL);
+}
+
+cm_status kn_cuda_lt_matmul_fp8(kn_ctx *ctx, const char *op, int64_t m, int64_t n, int64_t k, const void *A,
+                                const float *a_scale, const void *B, const float *b_scale, float *C, int64_t ldc) {
+    return lt_run(ctx, op, CUDA_R_8F_E4M3, 1, 0, m, n, k, A, k, B, k, 0.0f, C, CUDA_R_32F, ldc, a_scale, b_scale);
 }

@@ -21,11 +21,13 @@
 void ts_ws_release(ts_model *m) {
     ts_ws *w = &m->ws;
     void  *bufs[] = {w->ids, w->cu, w->pos, w->x, w->h, w->o, w->big0, w->big1, w->big2, w->q, w->k, w->v,
-                     w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits, w->h16, w->act16};
+                     w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits, w->h16, w->act16, w->h8, w->h8s};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(m->ctx, bufs[i]);
     free(w->pos_host);
     memset(w, 0, sizeof *w);
 }
+
+static int has_fp8(const ts_model *m);
 
 static int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
@@ -63,6 +65,11 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
     if (m->fused) {
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h16, (size_t)(T * D) * 2));
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->act16, (size_t)(T * max3(I, nv * dv, 1)) * 2));
+    }
+    if (has_fp8(m) && m->be->fp8_quantize_rows) { /* the normed input, quantized (gemm_h) */
+        const int64_t Tp = kn_fp8_rows(T), L = (D + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+        CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8, (size_t)(Tp * D)));
+        CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8s, (size_t)(Tp * L) * sizeof(float)));
     }
     w->pos_host = malloc((size_t)T * sizeof *w->pos_host);
     if (!w->pos_host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate positions for %lld tokens", (long long)T);
@@ -122,9 +129,35 @@ static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_m
     return gemm_any(m, out, NULL, inp, w, M, N, K);
 }
 
-/* The projections' GEMM: from the bf16 normed input on the fused path, else from h. */
+/* The projections' GEMM: from the bf16 normed input on the fused path, else from h. With an FP8
+ * weight the normed input is quantized once (ws.h8, until the next norm rewrites it) for every
+ * projection that reads it, and the product runs from there (timed with its quantization). */
 static cm_status gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
-    return m->fused ? gemm16(m, out, m->ws.h16, w, M, N, K) : gemm(m, out, m->ws.h, w, M, N, K);
+    ts_ws *ws = &m->ws;
+    if (w->dtype != CM_DTYPE_F8_E4M3 || !m->be->gemm_fp8q || !ws->h8)
+        return m->fused ? gemm16(m, out, ws->h16, w, M, N, K) : gemm(m, out, ws->h, w, M, N, K);
+    double t0, t1;
+    CM_TRY(mark(m, &t0));
+    if (!ws->h8_valid) {
+        CM_TRY(m->be->fp8_quantize_rows(m->ctx, ws->h8, ws->h8s, m->fused ? (const void *)ws->h16 : (const void *)ws->h,
+                                        m->fused ? CM_DTYPE_BF16 : CM_DTYPE_F32, M, K));
+        ws->h8_valid = 1;
+    }
+    CM_TRY(m->be->gemm_fp8q(m->ctx, out, ws->h8, ws->h8s, w->data, w->scale, M, N, K));
+    CM_TRY(mark(m, &t1));
+    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
+    return CM_OK;
+}
+
+/* Whether any GEMM weight of the loaded layers is FP8 (then the workspace holds ws.h8). */
+static int has_fp8(const ts_model *m) {
+    for (int i = 0; i < m->n_layers; i++) {
+        const ts_layer *L = &m->layers[i];
+        const ts_mat   *w[] = {&L->gate_proj, &L->up_proj, &L->in_qkv, &L->in_z, &L->q_proj, &L->k_proj, &L->v_proj};
+        for (size_t j = 0; j < sizeof w / sizeof w[0]; j++)
+            if (w[j]->dtype == CM_DTYPE_F8_E4M3) return 1;
+    }
+    return 0;
 }
 
 /* The GDN short conv, the q/k/v split and the q/k l2norms, from a decoding cache: the conv
@@ -367,6 +400,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
             CM_TRY(be->add_rmsnorm_bf16(cx, w->h16, w->x, pending, L->input_norm, T, D, c->rms_norm_eps, 1));
         else
             CM_TRY(be->rmsnorm(cx, w->h, w->x, L->input_norm, T, D, c->rms_norm_eps, 1));
+        w->h8_valid = 0;
         pending = NULL;
         if (gdn)
             CM_TRY(forward_gdn(m, L, i, T, n_seq));
@@ -382,6 +416,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         } else {
             CM_TRY(be->rmsnorm(cx, w->h, w->x, L->post_norm, T, D, c->rms_norm_eps, 1));
         }
+        w->h8_valid = 0;
         CM_TRY(forward_mlp(m, L, T));
         /* the fused path leaves the add to the next input norm, unless x is read before it */
         const int x_read = i == last || (next_cap < cap->n_layers && cap->layers[next_cap] == i);

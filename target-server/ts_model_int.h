@@ -35,6 +35,9 @@ typedef struct ts_ws {
     float   *x, *h, *o, *big0, *big1, *big2, *q, *k, *v, *gate, *z, *a, *b, *g, *beta, *attn, *logits;
     uint16_t *h16;   /* fused path: bf16 [T, D], the normed input of the projections */
     uint16_t *act16; /* fused path: bf16 [T, max(I, nv·dv)], swiglu / gated-norm output */
+    uint8_t  *h8;    /* FP8 weights: the normed input quantized, [kn_fp8_rows(T), D] e4m3 */
+    float    *h8s;   /* and its 1 × 128 scales [ceil(D/128), kn_fp8_rows(T)] */
+    int       h8_valid; /* h8 holds the current normed input */
 } ts_ws;
 
 struct ts_model {

@@ -206,6 +206,17 @@ cm_status kn_ref_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *table
 cm_status kn_ref_adamw_multi(kn_ctx *ctx, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks,
                              const kn_adamw_params *p, const double *sumsq, double clip);
 
+// ---- FP8 block-scaled ops (kn_fp8_ref.c)
+cm_status kn_ref_fp8_quantize_weight(kn_ctx *ctx, uint8_t *q, float *scale, const void *w, cm_dtype wdt,
+                                     int64_t N, int64_t K);
+cm_status kn_ref_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
+                          const float *wscale, int64_t M, int64_t N, int64_t K);
+cm_status kn_ref_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
+                                   int64_t K);
+cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                           const float *wscale, int64_t M, int64_t N, int64_t K);
+int       kn_ref_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
+
 // ---- scalar functions shared by the reference files
 static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double kn_ref_silu(double x) { return x / (1.0 + exp(-x)); }

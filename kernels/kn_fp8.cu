@@ -1,0 +1,213 @@
+/* kernels/kn_fp8.cu — the FP8 block-scaled ops on CUDA (kn_backend.h, "FP8 block-scaled
+ * GEMMs"; the specification is ref/kn_fp8_ref.c): the weight quantization in 128 × 128 blocks
+ * (one CTA per block), the input quantization in 1 × 128 groups (one warp per group, from the
+ * input's bf16 value) and the W8A8 product through cuBLASLt's block-scaled modes on sm_90
+ * (kn_cuda_lt_matmul_fp8: the weight as A with 128 × 128 scales, the quantized input as B with
+ * 1 × 128 scales, fp32 accumulation, F32 output). The quantizations do the reference's fp32
+ * operations in its order (IEEE division, __nv_cvt_float_to_fp8 rounds to nearest even and
+ * saturates), so their bytes and scales equal the cpu's; only the product's accumulation order
+ * differs. cuBLASLt wants the token count a multiple of 4 or more: the quantized input is padded
+ * with zero rows to kn_fp8_rows(M), and a ragged product goes through scratch. */
+#include "kn_cuda.h"
+#include "kn_cuda_lt.h"
+#include "kn_cuda_ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+// ----------------------------------------------------------------------------
+// kernels
+
+static __device__ __forceinline__ float ld_in(const void *p, int bf16, int64_t i) {
+    return bf16 ? __uint_as_float((unsigned int)((const uint16_t *)p)[i] << 16) : ((const float *)p)[i];
+}
+
+static __device__ __forceinline__ uint8_t to_e4m3(float v) {
+    v = fminf(fmaxf(v, -KN_FP8_MAX), KN_FP8_MAX);
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+/* One CTA (256 threads) per 128 × 128 block of W [N, K]; grid (L, ceil(N/128)). */
+static __global__ void quant_weight_kernel(uint8_t *q, float *scale, const void *w, int bf16, int64_t N,
+                                           int64_t K, int64_t ld) {
+    __shared__ float red[8];
+    const int64_t    j = blockIdx.x, i = blockIdx.y;
+    const int64_t    n0 = i * KN_FP8_BLOCK, k0 = j * KN_FP8_BLOCK;
+    const int        nr = (int)min((int64_t)KN_FP8_BLOCK, N - n0), nc = (int)min((int64_t)KN_FP8_BLOCK, K - k0);
+    float            amax = 0.0f;
+    for (int e = threadIdx.x; e < nr * nc; e += blockDim.x)
+        amax = fmaxf(amax, fabsf(ld_in(w, bf16, (n0 + e / nc) * K + k0 + e % nc)));
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+    for (int t = 1; t < (int)(blockDim.x >> 5); t++)
+        amax = fmaxf(amax, red[t]);
+    const float a = amax > 1e-12f ? amax : 1e-12f;
+    const float r = __fdiv_rn(KN_FP8_MAX, a);
+    if (threadIdx.x == 0) {
+        scale[i * ld + j] = __fdiv_rn(1.0f, r);
+        if (j == gridDim.x - 1) /* the row's padding */
+            for (int64_t p = gridDim.x; p < ld; p++)
+                scale[i * ld + p] = 0.0f;
+    }
+    for (int e = threadIdx.x; e < nr * nc; e += blockDim.x) {
+        int64_t idx = (n0 + e / nc) * K + k0 + e % nc;
+        q[idx] = to_e4m3(__fmul_rn(ld_in(w, bf16, idx), r));
+    }
+}
+
+/* One warp per (row, group): 128 inputs, 4 per lane. q [Mp, K] (rows ≥ M zero), s [L, Mp]
+ * (token-contiguous, as cuBLASLt's 1 × 128 mode reads it; 0 for rows ≥ M). */
+static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, int bf16, int64_t M, int64_t Mp,
+                                         int64_t K, int64_t L) {
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int     lane = threadIdx.x & 31;
+    if (warp >= Mp * L)
+        return;
+    const int64_t m = warp / L, j = warp % L, k0 = j * KN_FP8_BLOCK;
+    const int     nc = (int)min((int64_t)KN_FP8_BLOCK, K - k0);
+    float         v[4];
+    float         amax = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        int c = lane + 32 * t;
+        v[t] = 0.0f;
+        if (m < M && c < nc)
+            v[t] = __bfloat162float(__float2bfloat16_rn(ld_in(inp, bf16, m * K + k0 + c)));
+        amax = fmaxf(amax, fabsf(v[t]));
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float sc = __fmul_rn(amax > 1e-10f ? amax : 1e-10f, 1.0f / KN_FP8_MAX);
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        int c = lane + 32 * t;
+        if (c < nc)
+            q[m * K + k0 + c] = m < M ? to_e4m3(__fdiv_rn(v[t], sc)) : (uint8_t)0;
+    }
+    if (lane == 0)
+        s[j * Mp + m] = m < M ? sc : 0.0f;
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+static size_t round_up_256(size_t x) {
+    return (x + 255) / 256 * 256;
+}
+
+cm_status kn_cuda_fp8_quantize_weight(kn_ctx *ctx, uint8_t *q, float *scale, const void *w, cm_dtype wdt,
+                                      int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "fp8_quantize_weight: ctx is NULL");
+    KN_CUDA_CHECK_ARG(N >= 0 && K >= 0, "fp8_quantize_weight: bad shape N=%lld K=%lld (each must be >= 0)",
+                      (long long)N, (long long)K);
+    if (wdt != CM_DTYPE_F32 && wdt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "fp8_quantize_weight: weight dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(wdt));
+    if (N == 0 || K == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(q && scale && w, "fp8_quantize_weight: q, scale or w is NULL");
+    const int64_t nb = (N + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK, L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    KN_CUDA_CHECK_ARG(nb < 65536, "fp8_quantize_weight: N=%lld has more than 65535 row blocks", (long long)N);
+    dim3 grid((unsigned)L, (unsigned)nb);
+    quant_weight_kernel<<<grid, 256, 0, ctx->stream>>>(q, scale, w, wdt == CM_DTYPE_BF16, N, K, kn_fp8_scale_ld(K));
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
+                                    int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "fp8_quantize_rows: ctx is NULL");
+    KN_CUDA_CHECK_ARG(M >= 0 && K >= 0, "fp8_quantize_rows: bad shape M=%lld K=%lld (each must be >= 0)",
+                      (long long)M, (long long)K);
+    if (idt != CM_DTYPE_F32 && idt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "fp8_quantize_rows: input dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(idt));
+    if (M == 0 || K == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(q && s && inp, "fp8_quantize_rows: q, s or inp is NULL");
+    const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK, warps = Mp * L;
+    quant_rows_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, ctx->stream>>>(q, s, inp, idt == CM_DTYPE_BF16,
+                                                                                     M, Mp, K, L);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "%s: bad shape M=%lld N=%lld K=%lld (each must be >= 0)", op,
+                      (long long)M, (long long)N, (long long)K);
+    KN_CUDA_CHECK_ARG(K % 16 == 0, "%s: K=%lld is not a multiple of 16 (FP8 GEMMs need 16-byte rows)", op,
+                      (long long)K);
+    if (N % 4)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: N=%lld is not a multiple of 4 (cuBLASLt's block-scaled FP8 needs "
+                       "it); keep this weight in bf16",
+                       op, (long long)N);
+    return CM_OK;
+}
+
+/* The product of a quantized input; a ragged M (M < Mp) is written to tmp (Mp·N floats) first. */
+static cm_status fp8q_run(kn_ctx *ctx, const char *op, float *out, const uint8_t *q, const float *s,
+                          const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K, float *tmp) {
+    const int64_t Mp = kn_fp8_rows(M);
+    float        *dst = Mp == M ? out : tmp;
+    /* outᵀ (N × Mp, ld N) = Wᵀ-op · qᵀ: A = W stored K × N (op T), B = q stored K × Mp */
+    CM_TRY(kn_cuda_lt_matmul_fp8(ctx, op, N, Mp, K, wq, wscale, q, s, dst, N));
+    if (dst != out) /* rows < M are the first M·N floats of the padded product */
+        KN_CUDA(cudaMemcpyAsync(out, dst, (size_t)(M * N) * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream));
+    return CM_OK;
+}
+
+cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                            const float *wscale, int64_t M, int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "gemm_fp8q: ctx is NULL");
+    CM_TRY(gemm_check("gemm_fp8q", M, N, K));
+    if (M == 0 || N == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out, "gemm_fp8q: out is NULL");
+    if (K == 0) {
+        KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * sizeof(float), ctx->stream));
+        return CM_OK;
+    }
+    KN_CUDA_CHECK_ARG(q && s && wq && wscale, "gemm_fp8q: q, s, wq or wscale is NULL");
+    if (kn_fp8_rows(M) != M)
+        CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)(kn_fp8_rows(M) * N) * sizeof(float)));
+    return fp8q_run(ctx, "gemm_fp8q", out, q, s, wq, wscale, M, N, K, (float *)ctx->scratch);
+}
+
+cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
+                           const float *wscale, int64_t M, int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "gemm_fp8: ctx is NULL");
+    CM_TRY(gemm_check("gemm_fp8", M, N, K));
+    if (idt != CM_DTYPE_F32 && idt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "gemm_fp8: input dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(idt));
+    if (M == 0 || N == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out, "gemm_fp8: out is NULL");
+    if (K == 0) {
+        KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * sizeof(float), ctx->stream));
+        return CM_OK;
+    }
+    KN_CUDA_CHECK_ARG(inp && wq && wscale, "gemm_fp8: inp, wq or wscale is NULL");
+    const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    const size_t  q_bytes = round_up_256((size_t)(Mp * K)), s_bytes = round_up_256((size_t)(L * Mp) * sizeof(float));
+    const size_t  o_bytes = Mp == M ? 0 : (size_t)(Mp * N) * sizeof(float);
+    CM_TRY(kn_cuda_scratch_reserve(ctx, q_bytes + s_bytes + o_bytes));
+    uint8_t *qa = (uint8_t *)ctx->scratch;
+    float   *sa = (float *)((char *)ctx->scratch + q_bytes);
+    CM_TRY(kn_cuda_fp8_quantize_rows(ctx, qa, sa, inp, idt, M, K));
+    return fp8q_run(ctx, "gemm_fp8", out, qa, sa, wq, wscale, M, N, K, (float *)((char *)ctx->scratch + q_bytes + s_bytes));
+}
+
+int kn_cuda_fp8_supported(const kn_ctx *ctx, char *why, size_t n) {
+    int major = 0, minor = 0;
+    if (!ctx || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx->device) != cudaSuccess) {
+        cudaGetLastError();
+        major = minor = 0;
+    }
+    return kn_fp8_support(major, minor, (long)cublasLtGetVersion(), why, n);
+}

@@ -1,0 +1,186 @@
+/* kernels/ref/kn_fp8_ref.c — the FP8 block-scaled ops (kn_backend.h, "FP8 block-scaled
+ * GEMMs"): a weight quantized in 128 × 128 blocks, an input quantized per row in 1 × 128
+ * groups, and their W8A8 product. Every scale, quotient and product of the quantization is one
+ * fp32 operation in the order the header states, so the CUDA kernels can match these bytes
+ * exactly; the product sums each group exactly (e4m3 × e4m3 products are multiples of 2^-18
+ * below 2^18, so 128 of them add exactly in double), scales it in double and adds the groups
+ * in double, with one rounding to F32 at the end. */
+#include "kn_ref.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define FP8_MB 16 /* rows of inp per tile */
+#define FP8_NB 16 /* rows of W per tile */
+
+static float in_value(const void *p, cm_dtype dt, int64_t i) {
+    return dt == CM_DTYPE_BF16 ? cm_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static float clamp448(float v) {
+    return v > KN_FP8_MAX ? KN_FP8_MAX : v < -KN_FP8_MAX ? -KN_FP8_MAX : v;
+}
+
+cm_status kn_ref_fp8_quantize_weight(kn_ctx *ctx, uint8_t *q, float *scale, const void *w, cm_dtype wdt,
+                                     int64_t N, int64_t K) {
+    KN_REF_CHECK(ctx, "fp8_quantize_weight: ctx is NULL");
+    KN_REF_CHECK(N >= 0 && K >= 0, "fp8_quantize_weight: bad shape N=%lld K=%lld (each must be >= 0)",
+                 (long long)N, (long long)K);
+    if (wdt != CM_DTYPE_F32 && wdt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "fp8_quantize_weight: weight dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(wdt));
+    if (N == 0 || K == 0) return CM_OK;
+    KN_REF_CHECK(q && scale && w, "fp8_quantize_weight: q, scale or w is NULL");
+    const int64_t B = KN_FP8_BLOCK, nb = (N + B - 1) / B, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t blk = 0; blk < nb * L; blk++) {
+        const int64_t i = blk / L, j = blk % L;
+        const int64_t n0 = i * B, n1 = n0 + B < N ? n0 + B : N, k0 = j * B, k1 = k0 + B < K ? k0 + B : K;
+        float         amax = 0;
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t k = k0; k < k1; k++) {
+                float a = fabsf(in_value(w, wdt, n * K + k));
+                amax = a > amax ? a : amax;
+            }
+        const float a = amax > 1e-12f ? amax : 1e-12f;
+        const float r = KN_FP8_MAX / a;
+        scale[i * ld + j] = 1.0f / r;
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t k = k0; k < k1; k++) q[n * K + k] = cm_f32_to_f8e4m3(clamp448(in_value(w, wdt, n * K + k) * r));
+    }
+    for (int64_t i = 0; i < nb; i++)
+        for (int64_t j = L; j < ld; j++) scale[i * ld + j] = 0;
+    return CM_OK;
+}
+
+cm_status kn_ref_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
+                                   int64_t K) {
+    KN_REF_CHECK(ctx, "fp8_quantize_rows: ctx is NULL");
+    KN_REF_CHECK(M >= 0 && K >= 0, "fp8_quantize_rows: bad shape M=%lld K=%lld (each must be >= 0)", (long long)M,
+                 (long long)K);
+    if (idt != CM_DTYPE_F32 && idt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "fp8_quantize_rows: input dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(idt));
+    if (M == 0 || K == 0) return CM_OK;
+    KN_REF_CHECK(q && s && inp, "fp8_quantize_rows: q, s or inp is NULL");
+    const int64_t B = KN_FP8_BLOCK, L = (K + B - 1) / B, Mp = kn_fp8_rows(M);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t m = 0; m < Mp; m++)
+        for (int64_t j = 0; j < L; j++) {
+            const int64_t k0 = j * B, k1 = k0 + B < K ? k0 + B : K;
+            if (m >= M) {
+                memset(q + m * K + k0, 0, (size_t)(k1 - k0));
+                s[j * Mp + m] = 0;
+                continue;
+            }
+            float amax = 0;
+            for (int64_t k = k0; k < k1; k++) {
+                float a = fabsf(cm_bf16_to_f32(cm_f32_to_bf16(in_value(inp, idt, m * K + k))));
+                amax = a > amax ? a : amax;
+            }
+            const float sc = (amax > 1e-10f ? amax : 1e-10f) * (1.0f / KN_FP8_MAX);
+            s[j * Mp + m] = sc;
+            for (int64_t k = k0; k < k1; k++) {
+                float a = cm_bf16_to_f32(cm_f32_to_bf16(in_value(inp, idt, m * K + k)));
+                q[m * K + k] = cm_f32_to_f8e4m3(clamp448(a / sc));
+            }
+        }
+    return CM_OK;
+}
+
+static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
+    KN_REF_CHECK(M >= 0 && N >= 0 && K >= 0, "%s: bad shape M=%lld N=%lld K=%lld (each must be >= 0)", op,
+                 (long long)M, (long long)N, (long long)K);
+    KN_REF_CHECK(K % 16 == 0, "%s: K=%lld is not a multiple of 16 (FP8 GEMMs need 16-byte rows)", op, (long long)K);
+    return CM_OK;
+}
+
+cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *qa, const float *sa, const uint8_t *wq,
+                           const float *wscale, int64_t M, int64_t N, int64_t K) {
+    KN_REF_CHECK(ctx, "gemm_fp8q: ctx is NULL");
+    CM_TRY(gemm_check("gemm_fp8q", M, N, K));
+    if (M == 0 || N == 0) return CM_OK;
+    KN_REF_CHECK(out && (K == 0 || (qa && sa && wq && wscale)), "gemm_fp8q: out, q, s, wq or wscale is NULL");
+    if (K == 0) {
+        memset(out, 0, (size_t)(M * N) * sizeof *out);
+        return CM_OK;
+    }
+    const int64_t B = KN_FP8_BLOCK, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K), Mp = kn_fp8_rows(M);
+    float        *fa = malloc((size_t)(M * K) * sizeof *fa);
+    if (!fa)
+        return CM_FAIL(CM_ERR_NOMEM, "gemm_fp8q: cannot widen the quantized input (%lld x %lld)", (long long)M,
+                       (long long)K);
+    float lut[256];
+    for (int b = 0; b < 256; b++) lut[b] = cm_f8e4m3_to_f32((uint8_t)b);
+    for (int64_t i = 0; i < M * K; i++) fa[i] = lut[qa[i]];
+
+    const int64_t n_mt = (M + FP8_MB - 1) / FP8_MB, n_nt = (N + FP8_NB - 1) / FP8_NB;
+    int           failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+    {
+        float *wbuf = malloc((size_t)(FP8_NB * K) * sizeof *wbuf);
+        if (!wbuf) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t tile = 0; tile < n_mt * n_nt; tile++) {
+            if (!wbuf) continue;
+            const int64_t m0 = (tile / n_nt) * FP8_MB, m1 = m0 + FP8_MB < M ? m0 + FP8_MB : M;
+            const int64_t n0 = (tile % n_nt) * FP8_NB, n1 = n0 + FP8_NB < N ? n0 + FP8_NB : N;
+            for (int64_t i = 0; i < (n1 - n0) * K; i++) wbuf[i] = lut[wq[n0 * K + i]];
+            for (int64_t m = m0; m < m1; m++)
+                for (int64_t n = n0; n < n1; n++) {
+                    const float *a = fa + m * K, *wr = wbuf + (n - n0) * K;
+                    double       acc = 0;
+                    for (int64_t j = 0; j < L; j++) {
+                        const int64_t k0 = j * B, k1 = k0 + B < K ? k0 + B : K;
+                        const double  g = kn_ref_dot(a + k0, wr + k0, k1 - k0); /* exact */
+                        acc += (double)sa[j * Mp + m] * (double)wscale[(n / B) * ld + j] * g;
+                    }
+                    out[m * N + n] = (float)acc;
+                }
+        }
+        free(wbuf);
+    }
+    free(fa);
+    if (failed)
+        return CM_FAIL(CM_ERR_NOMEM, "gemm_fp8q: cannot allocate a %d x %lld widening buffer", FP8_NB, (long long)K);
+    return CM_OK;
+}
+
+cm_status kn_ref_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
+                          const float *wscale, int64_t M, int64_t N, int64_t K) {
+    KN_REF_CHECK(ctx, "gemm_fp8: ctx is NULL");
+    CM_TRY(gemm_check("gemm_fp8", M, N, K));
+    if (idt != CM_DTYPE_F32 && idt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "gemm_fp8: input dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(idt));
+    if (M == 0 || N == 0) return CM_OK;
+    const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    uint8_t      *qa = malloc((size_t)(Mp * K) + 1);
+    float        *sa = malloc((size_t)(Mp * L + 1) * sizeof *sa);
+    cm_status     st = qa && sa ? CM_OK
+                                : CM_FAIL(CM_ERR_NOMEM, "gemm_fp8: cannot allocate the quantized input (%lld x %lld)",
+                                          (long long)M, (long long)K);
+    if (st == CM_OK) st = kn_ref_fp8_quantize_rows(ctx, qa, sa, inp, idt, M, K);
+    if (st == CM_OK) st = kn_ref_gemm_fp8q(ctx, out, qa, sa, wq, wscale, M, N, K);
+    free(qa), free(sa);
+    return st;
+}
+
+int kn_ref_fp8_supported(const kn_ctx *ctx, char *why, size_t n) {
+    (void)ctx;
+    if (why && n) why[0] = 0;
+    return 1;
+}

@@ -1,0 +1,15 @@
+# FP8 block-scaled GEMMs (kn_backend.h, "FP8 block-scaled GEMMs"): the cpu reference against
+# the header's definitions computed another way, refusals and the CUDA support rule (unit); the
+# CUDA kernels and cuBLASLt's block-scaled product against the cpu (label gpu; exits 77 without
+# a cuda device or without sm_90).
+add_unit_test(test_kn_fp8 test_kn_fp8.c LABELS unit LIBS kn ARGS cpu)
+if(TANDEM_HAVE_CUDA)
+  add_test(NAME test_kn_fp8_cuda COMMAND test_kn_fp8 cuda)
+  set_tests_properties(test_kn_fp8_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
+# bench_kn_fp8: the 27B target's GEMM shapes in bf16 and block-scaled FP8 (not a test).
+if(TANDEM_HAVE_CUDA)
+  add_executable(bench_kn_fp8 bench_kn_fp8.c)
+  target_compile_options(bench_kn_fp8 PRIVATE ${TANDEM_C_WARNINGS})
+  target_link_libraries(bench_kn_fp8 PRIVATE kn cm m)
+endif()

@@ -1,0 +1,287 @@
+/* tests/test_kn_fp8.c — the FP8 block-scaled ops (kn_backend.h "FP8 block-scaled GEMMs").
+ *   test_kn_fp8 cpu    the reference (ref/kn_fp8_ref.c) against what the header says, computed here
+ *                      another way: e4m3 rounding by a search over all 256 codes (ties to the even
+ *                      code), the block and group scales from their formulas, the product as one
+ *                      double dot product of the dequantized operands (within 1e-12 of Σ|terms|);
+ *                      ragged blocks, BF16 inputs, the refusals, and the CUDA support rule.
+ *   test_kn_fp8 cuda   kn_fp8.cu against the cpu reference on odd and 27B shapes: the quantized
+ *                      weight bytes and scales bit for bit, the product within 2e-6 of Σ|terms|
+ *                      (cuBLASLt's fp32 accumulation); label gpu, exits 77 without a cuda device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kn_backend.h"
+#include "kn_ref.h"
+#include "tst.h"
+#include "tst_kn.h"
+
+// ---- the independent pieces
+
+static float e4m3_value(int code) { /* decoded from the bit fields, not through cm_dtype */
+    int   s = code >> 7, e = (code >> 3) & 15, m = code & 7;
+    float v = e == 0 ? ldexpf((float)m / 8.0f, -6) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+    return s ? -v : v;
+}
+
+/* The nearest finite e4m3 code to v (|v| ≤ 448), ties to the code with an even mantissa. */
+static uint8_t e4m3_search(float v) {
+    int    best = -1;
+    double bd = INFINITY;
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue; /* NaN */
+        double d = fabs((double)e4m3_value(c) - (double)v);
+        if (d < bd || (d == bd && (c & 1) == 0 && (best & 1) == 1)) {
+            bd = d;
+            best = c;
+        }
+    }
+    if (e4m3_value(best) == 0.0f) best = signbit(v) ? 0x80 : 0; /* ±0 keeps the sign, as a cast does */
+    return (uint8_t)best;
+}
+
+static float clampf(float v) { return v > 448.0f ? 448.0f : v < -448.0f ? -448.0f : v; }
+
+static float in_val(const void *p, cm_dtype dt, long i) {
+    return dt == CM_DTYPE_BF16 ? tst_bf16_widen(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* Random values of mixed magnitudes (so blocks and groups have different scales and some small
+ * entries land in e4m3's subnormals), in dt. */
+static void *rand_mat(long n, cm_dtype dt) {
+    void *p = tst_xcalloc((size_t)n * 4);
+    for (long i = 0; i < n; i++) {
+        float v = (float)((2 * tst_urand() - 1) * pow(10.0, 3 * tst_urand() - 2));
+        if (dt == CM_DTYPE_BF16)
+            ((uint16_t *)p)[i] = tst_bf16_round(v);
+        else
+            ((float *)p)[i] = v;
+    }
+    return p;
+}
+
+// ---- cpu: the reference against the header
+
+static void check_weight_quant(long N, long K, cm_dtype dt) {
+    kn_ctx *ctx = NULL;
+    TST_CHECK(kn_ref_ctx_create(&ctx, NULL) == CM_OK);
+    void         *w = rand_mat(N * K, dt);
+    const long    B = 128, nb = (N + B - 1) / B, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K);
+    uint8_t      *q = tst_xcalloc((size_t)(N * K));
+    float        *s = tst_xcalloc((size_t)(nb * ld) * 4);
+    for (long i = 0; i < nb * ld; i++) s[i] = NAN;
+    TST_CHECK(kn_ref_fp8_quantize_weight(ctx, q, s, w, dt, N, K) == CM_OK);
+    long bad_q = 0, bad_s = 0, bad_pad = 0;
+    for (long i = 0; i < nb; i++) {
+        for (long j = 0; j < L; j++) {
+            float amax = 0;
+            for (long n = i * B; n < N && n < (i + 1) * B; n++)
+                for (long k = j * B; k < K && k < (j + 1) * B; k++) amax = fmaxf(amax, fabsf(in_val(w, dt, n * K + k)));
+            const float r = 448.0f / fmaxf(amax, 1e-12f);
+            if (s[i * ld + j] != 1.0f / r) bad_s++;
+            for (long n = i * B; n < N && n < (i + 1) * B; n++)
+                for (long k = j * B; k < K && k < (j + 1) * B; k++)
+                    if (q[n * K + k] != e4m3_search(clampf(in_val(w, dt, n * K + k) * r))) bad_q++;
+        }
+        for (long j = L; j < ld; j++) bad_pad += s[i * ld + j] != 0.0f;
+    }
+    printf("quantize_weight N=%-4ld K=%-4ld %s: %ld bytes and %ld scales differ, %ld pads not 0\n", N, K,
+           cm_dtype_name(dt), bad_q, bad_s, bad_pad);
+    TST_CHECK(bad_q == 0 && bad_s == 0 && bad_pad == 0);
+    free(w), free(q), free(s);
+    kn_ref_ctx_destroy(&ctx);
+}
+
+static void check_gemm(long M, long N, long K, cm_dtype idt) {
+    kn_ctx *ctx = NULL;
+    TST_CHECK(kn_ref_ctx_create(&ctx, NULL) == CM_OK);
+    const long B = 128, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K);
+    void      *x = rand_mat(M * K, idt);
+    float     *w = rand_mat(N * K, CM_DTYPE_F32);
+    uint8_t   *wq = tst_xcalloc((size_t)(N * K)), *qa = tst_xcalloc((size_t)(M * K));
+    float     *ws = tst_xcalloc((size_t)(((N + B - 1) / B) * ld) * 4), *sa = tst_xcalloc((size_t)(M * L) * 4);
+    float     *out = tst_zeros_f32(M * N), *want = tst_zeros_f32(M * N), *plain = tst_zeros_f32(M * N);
+    double    *bound = tst_xcalloc((size_t)(M * N) * sizeof(double));
+    TST_CHECK(kn_ref_fp8_quantize_weight(ctx, wq, ws, w, CM_DTYPE_F32, N, K) == CM_OK);
+    TST_CHECK(kn_ref_gemm_fp8(ctx, out, x, idt, wq, ws, M, N, K) == CM_OK);
+    /* the input's groups, here: a = bf16(x), s = max(amax, 1e-10)·(1/448), q = e4m3(a / s) */
+    long bad_q = 0;
+    for (long m = 0; m < M; m++)
+        for (long j = 0; j < L; j++) {
+            float amax = 0;
+            for (long k = j * B; k < K && k < (j + 1) * B; k++)
+                amax = fmaxf(amax, fabsf(tst_bf16_widen(tst_bf16_round(in_val(x, idt, m * K + k)))));
+            sa[m * L + j] = fmaxf(amax, 1e-10f) * (1.0f / 448.0f);
+            for (long k = j * B; k < K && k < (j + 1) * B; k++)
+                qa[m * K + k] = e4m3_search(clampf(tst_bf16_widen(tst_bf16_round(in_val(x, idt, m * K + k))) / sa[m * L + j]));
+        }
+    const long Mp = kn_fp8_rows(M);
+    uint8_t   *qa_ref = tst_xcalloc((size_t)(Mp * K));
+    float     *sa_ref = tst_xcalloc((size_t)(Mp * L) * 4);
+    memset(qa_ref, 0x55, (size_t)(Mp * K));
+    for (long i = 0; i < Mp * L; i++) sa_ref[i] = NAN;
+    TST_CHECK(kn_ref_fp8_quantize_rows(ctx, qa_ref, sa_ref, x, idt, M, K) == CM_OK);
+    for (long m = 0; m < Mp; m++) {
+        for (long k = 0; k < K; k++) bad_q += qa_ref[m * K + k] != (m < M ? qa[m * K + k] : 0);
+        for (long j = 0; j < L; j++) bad_q += !(sa_ref[j * Mp + m] == (m < M ? sa[m * L + j] : 0.0f));
+    }
+    TST_CHECK(bad_q == 0);
+    /* the product: one double dot product of the dequantized operands */
+    for (long m = 0; m < M; m++)
+        for (long n = 0; n < N; n++) {
+            double acc = 0, mag = 0, ex = 0;
+            for (long k = 0; k < K; k++) {
+                double a = (double)e4m3_value(qa[m * K + k]) * sa[m * L + k / B];
+                double b = (double)e4m3_value(wq[n * K + k]) * ws[(n / B) * ld + k / B];
+                acc += a * b;
+                mag += fabs(a * b);
+                ex += (double)in_val(x, idt, m * K + k) * (double)w[n * K + k];
+            }
+            want[m * N + n] = (float)acc;
+            plain[m * N + n] = (float)ex;
+            bound[m * N + n] = mag;
+        }
+    char name[96];
+    snprintf(name, sizeof name, "gemm_fp8 %ldx%ldx%ld %s (%ld bad q)", M, N, K, cm_dtype_name(idt), bad_q);
+    tst_compare_bound(name, 52, out, want, bound, M * N, 1e-12, NULL);
+    double d2 = 0, r2 = 0;
+    for (long i = 0; i < M * N; i++) d2 += ((double)out[i] - plain[i]) * ((double)out[i] - plain[i]), r2 += (double)plain[i] * plain[i];
+    printf("  the W8A8 product against the unquantized one: rel L2 %.4f\n", sqrt(d2 / r2));
+    TST_CHECK(sqrt(d2 / r2) < 0.1);
+    free(x), free(w), free(wq), free(qa), free(ws), free(sa), free(out), free(want), free(plain), free(bound);
+    free(qa_ref), free(sa_ref);
+    kn_ref_ctx_destroy(&ctx);
+}
+
+static void check_refusals(void) {
+    kn_ctx *ctx = NULL;
+    TST_CHECK(kn_ref_ctx_create(&ctx, NULL) == CM_OK);
+    float   x[40] = {0}, out[4];
+    uint8_t wq[160] = {0};
+    float   ws[4] = {1, 0, 0, 0};
+    TST_FAILS(kn_ref_gemm_fp8(ctx, out, x, CM_DTYPE_F32, wq, ws, 1, 4, 40), CM_ERR_INVALID_ARG, "K=40", "16");
+    TST_FAILS(kn_ref_gemm_fp8(ctx, out, x, CM_DTYPE_F16, wq, ws, 1, 4, 32), CM_ERR_UNSUPPORTED, "F16");
+    TST_FAILS(kn_ref_fp8_quantize_weight(ctx, wq, ws, x, CM_DTYPE_F8_E4M3, 4, 32), CM_ERR_UNSUPPORTED, "F8_E4M3");
+    kn_ref_ctx_destroy(&ctx);
+    char why[400];
+    TST_CHECK(kn_fp8_support(9, 0, 130100, why, sizeof why) == 1 && why[0] == 0);
+    TST_CHECK(kn_fp8_support(8, 9, 130100, why, sizeof why) == 0 && strstr(why, "compute capability 8.9") &&
+              strstr(why, "--precision bf16"));
+    printf("refusal on an Ada GPU: %s\n", why);
+    TST_CHECK(kn_fp8_support(10, 0, 130100, why, sizeof why) == 0 && strstr(why, "10.0"));
+    TST_CHECK(kn_fp8_support(9, 0, 120800, why, sizeof why) == 0 && strstr(why, "12.9"));
+}
+
+static int run_cpu(void) {
+    check_weight_quant(1, 16, CM_DTYPE_F32);
+    check_weight_quant(130, 200, CM_DTYPE_BF16);
+    check_weight_quant(256, 640, CM_DTYPE_F32);
+    check_gemm(1, 48, 64, CM_DTYPE_F32);
+    check_gemm(7, 112, 96, CM_DTYPE_BF16);
+    check_gemm(19, 136, 336, CM_DTYPE_F32);
+    check_gemm(40, 260, 512, CM_DTYPE_BF16);
+    check_refusals();
+    return tst_report();
+}
+
+// ---- cuda: kn_fp8.cu against the reference
+
+#include "tst_kn_pair.h"
+
+static void *down(const dbuf *b, int on_gpu) {
+    void *h = tst_xcalloc(b->bytes);
+    if ((on_gpu ? gpu->download(gctx16, h, b->g, b->bytes) : cpu->download(cctx, h, b->c, b->bytes)) != CM_OK) {
+        fprintf(stderr, "download failed: %s\n", cm_last_error());
+        exit(1);
+    }
+    return h;
+}
+
+static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
+    const long B = 128, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K), nb = (N + B - 1) / B;
+    void      *hx = rand_mat(M * K, idt), *hw = rand_mat(N * K, wdt);
+    dbuf       x = dbuf_put(hx, (size_t)(M * K) * cm_dtype_size(idt)), w = dbuf_put(hw, (size_t)(N * K) * cm_dtype_size(wdt));
+    dbuf       wq = dbuf_put(NULL, (size_t)(N * K)), ws = dbuf_put(NULL, (size_t)(nb * ld) * 4);
+    dbuf       out = dbuf_put(NULL, (size_t)(M * N) * 4);
+    /* the cpu quantizes into its buffers, the gpu into its own; the bytes must agree */
+    TST_CHECK(cpu->fp8_quantize_weight(cctx, wq.c, ws.c, w.c, wdt, N, K) == CM_OK);
+    TST_CHECK(gpu->fp8_quantize_weight(gctx16, wq.g, ws.g, w.g, wdt, N, K) == CM_OK);
+    uint8_t *qc = down(&wq, 0), *qg = down(&wq, 1);
+    float   *sc = down(&ws, 0), *sg = down(&ws, 1);
+    long     dq = 0, ds = 0;
+    for (long i = 0; i < N * K; i++) dq += qc[i] != qg[i];
+    for (long i = 0; i < nb * ld; i++) ds += memcmp(&sc[i], &sg[i], 4) != 0;
+    printf("quantize_weight %ldx%ld %s: %ld of %ld bytes and %ld of %ld scales differ\n", N, K, cm_dtype_name(wdt),
+           dq, N * K, ds, nb * ld);
+    TST_CHECK(dq == 0 && ds == 0);
+    /* both products from the cpu's quantized weight (uploaded to the gpu), so only the product differs */
+    TST_CHECK(gpu->upload(gctx16, wq.g, qc, (size_t)(N * K)) == CM_OK && gpu->upload(gctx16, ws.g, sc, (size_t)(nb * ld) * 4) == CM_OK);
+    TST_CHECK(cpu->gemm_fp8(cctx, out.c, x.c, idt, wq.c, ws.c, M, N, K) == CM_OK);
+    TST_CHECK(gpu->gemm_fp8(gctx16, out.g, x.g, idt, wq.g, ws.g, M, N, K) == CM_OK);
+    float   *oc = down(&out, 0), *og = down(&out, 1);
+    double  *bound = tst_xcalloc((size_t)(M * N) * sizeof(double));
+    /* the input's quantization alone, bit for bit, and the product from it (gemm_fp8q) */
+    const long Mp = kn_fp8_rows(M);
+    dbuf       xq = dbuf_put(NULL, (size_t)(Mp * K)), xs = dbuf_put(NULL, (size_t)(Mp * L) * 4);
+    TST_CHECK(cpu->fp8_quantize_rows(cctx, xq.c, xs.c, x.c, idt, M, K) == CM_OK);
+    TST_CHECK(gpu->fp8_quantize_rows(gctx16, xq.g, xs.g, x.g, idt, M, K) == CM_OK);
+    uint8_t *xqc = down(&xq, 0), *xqg = down(&xq, 1);
+    float   *xsc = down(&xs, 0), *xsg = down(&xs, 1);
+    TST_CHECK(memcmp(xqc, xqg, (size_t)(Mp * K)) == 0 && memcmp(xsc, xsg, (size_t)(Mp * L) * 4) == 0);
+    dbuf out2 = dbuf_put(NULL, (size_t)(M * N) * 4);
+    TST_CHECK(gpu->gemm_fp8q(gctx16, out2.g, xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
+    float *og2 = down(&out2, 1);
+    TST_CHECK(memcmp(og, og2, (size_t)(M * N) * 4) == 0); /* the same plan and operands */
+    for (long m = 0; m < M; m++)
+        for (long n = 0; n < N; n++) {
+            double mag = 0;
+            for (long k = 0; k < K; k++)
+                mag += fabs((double)e4m3_value(xqc[m * K + k]) * xsc[(k / B) * Mp + m] * e4m3_value(qc[n * K + k]) *
+                            sc[(n / B) * ld + k / B]);
+            bound[m * N + n] = mag;
+        }
+    char name[96];
+    snprintf(name, sizeof name, "gemm_fp8 cuda %ldx%ldx%ld %s", M, N, K, cm_dtype_name(idt));
+    tst_compare_bound(name, 44, og, oc, bound, M * N, 2e-6, NULL);
+    free(xqc), free(xqg), free(xsc), free(xsg), free(og2);
+    dbuf_free(&xq), dbuf_free(&xs), dbuf_free(&out2);
+    free(hx), free(hw), free(qc), free(qg), free(sc), free(sg), free(oc), free(og), free(bound);
+    dbuf_free(&x), dbuf_free(&w), dbuf_free(&wq), dbuf_free(&ws), dbuf_free(&out);
+}
+
+static int run_cuda(void) {
+    if (!tst_pair_open()) return tst_report();
+    char why[400];
+    if (!gpu->fp8_supported(gctx16, why, sizeof why)) {
+        printf("%s\n", why); /* the refusal is the answer on this device */
+        TST_CHECK(strstr(why, "--precision bf16") != NULL);
+        tst_pair_close();
+        TST_SKIP("no block-scaled FP8 on this device");
+    }
+    cuda_case(1, 48, 64, CM_DTYPE_BF16, CM_DTYPE_BF16);
+    cuda_case(3, 112, 96, CM_DTYPE_F32, CM_DTYPE_F32);
+    cuda_case(16, 64, 48, CM_DTYPE_BF16, CM_DTYPE_BF16);
+    cuda_case(17, 256, 128, CM_DTYPE_F32, CM_DTYPE_BF16);
+    cuda_case(33, 136, 336, CM_DTYPE_BF16, CM_DTYPE_F32);
+    cuda_case(200, 384, 1024, CM_DTYPE_BF16, CM_DTYPE_BF16);
+    cuda_case(64, 1024, 5120, CM_DTYPE_BF16, CM_DTYPE_BF16);  /* 27B: in_qkv's K */
+    cuda_case(48, 640, 17408, CM_DTYPE_BF16, CM_DTYPE_BF16);  /* 27B: down_proj's K */
+    cuda_case(256, 1536, 6144, CM_DTYPE_BF16, CM_DTYPE_BF16); /* 27B: out_proj's K */
+    /* N not a multiple of 4: refused with the way out */
+    {
+        dbuf x = dbuf_put(NULL, 64 * 4), wq = dbuf_put(NULL, 6 * 64), ws = dbuf_put(NULL, 16), out = dbuf_put(NULL, 6 * 4);
+        TST_FAILS(gpu->gemm_fp8(gctx16, out.g, x.g, CM_DTYPE_F32, wq.g, ws.g, 1, 6, 64), CM_ERR_UNSUPPORTED, "N=6",
+                  "multiple of 4");
+        dbuf_free(&x), dbuf_free(&wq), dbuf_free(&ws), dbuf_free(&out);
+    }
+    tst_pair_close();
+    return tst_report();
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "cpu") == 0) return run_cpu();
+    if (argc == 2 && strcmp(argv[1], "cuda") == 0) return run_cuda();
+    fprintf(stderr, "usage: test_kn_fp8 cpu|cuda\n");
+    return 2;
+}
