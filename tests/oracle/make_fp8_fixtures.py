@@ -138,6 +138,31 @@ def dequantize_act(q, s):
     return q.to(torch.float64) * s.to(torch.float64).repeat_interleave(BLOCK, -1)[..., :K]
 
 
+def check_casts():
+    """torch's float32 -> e4m3 cast rounds to nearest even (every midpoint between two neighbouring codes goes to
+    the even one, the float32 values either side of it to the nearer code) and saturates at +-448 (we clamp before
+    it anyway); round_bf16 equals torch's float32 -> bf16 cast on float32 values."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(F32)
+    vals = torch.unique(codes[torch.isfinite(codes) & (codes >= 0)])               # 0 .. 448, ascending
+    lo, hi = vals[:-1], vals[1:]
+    mid = ((lo.double() + hi.double()) / 2).to(F32)                                   # exact in float32
+    even = torch.arange(len(vals), dtype=torch.int64)[:-1] % 2 == 0                  # codes ascend with the value
+    want = torch.where(even, lo, hi)
+    for sign in (1.0, -1.0):
+        got = (sign * mid).to(torch.float8_e4m3fn).to(F32)
+        below = (sign * torch.nextafter(mid, lo)).to(torch.float8_e4m3fn).to(F32)
+        above = (sign * torch.nextafter(mid, hi)).to(torch.float8_e4m3fn).to(F32)
+        if not (torch.equal(got, sign * want) and torch.equal(below, sign * lo) and torch.equal(above, sign * hi)):
+            fail("torch's float32 -> float8_e4m3fn cast is not round-to-nearest-even")
+    big = torch.tensor([448.0, 463.9, 464.0, 1e30], dtype=F32).to(torch.float8_e4m3fn).to(F32)
+    if not torch.equal(big, torch.full_like(big, 448.0)):
+        fail("torch's float32 -> float8_e4m3fn cast does not saturate at 448")
+    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(5), dtype=F32) * \
+        torch.exp2(torch.randint(-30, 30, (1 << 20,), generator=torch.Generator().manual_seed(6))).to(F32)
+    if not torch.equal(round_bf16(x.double()), x.to(torch.bfloat16).double()):
+        fail("round_bf16 differs from torch's float32 -> bfloat16 cast")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Distances to rounding midpoints (the flip risk of a float32 forward)
 # --------------------------------------------------------------------------------------------------------------
@@ -599,6 +624,7 @@ def main():
     args = ap.parse_args()
 
     mt.check_environment()
+    check_casts()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     names = list(SCALE_DTYPES)
