@@ -10,7 +10,9 @@
 # ITERS (5); PRE_CMD, a command run on our GPU while the Transformers side builds its model
 # on the other (the GPU tests, say); UNFUSED=1 also runs our forward on the unfused path
 # (TANDEM_TARGET_FUSED=0: f32 GEMM inputs converted by the GEMM, separate add, conv, splits and
-# l2norms) into ours-unfused.md/.json, for the before/after of the fused bf16 path; SKIP_HF=1
+# l2norms) into ours-unfused.md/.json, for the before/after of the fused bf16 path; FP8=1 (the
+# default) also runs it with --precision fp8 (block-scaled FP8 GEMMs, docs/fp8.md) into
+# ours-fp8.md/.json, with both GEMM-only bounds, and prints fp8 / bf16; SKIP_HF=1
 # leaves the Transformers side out (its figure from an earlier run stands). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
 # /work/.library/device/README.md): install them first with pip --no-deps into a --target
 # directory on PYTHONPATH.
@@ -41,13 +43,15 @@ if [ "$hf_gpu" != skip ] && [ "$hf_gpu" != "$ours_gpu" ]; then hf & hf_pid=$!; f
 [ -n "${PRE_CMD:-}" ] && CUDA_VISIBLE_DEVICES=$ours_gpu bash -c "$PRE_CMD"
 
 timev=(); [ -x /usr/bin/time ] && timev=(/usr/bin/time -v)
-ours() { # $1: output name; the environment picks the path
+ours() { # $1: output name, then extra flags; the environment picks the path
+  local name=$1; shift
   ${timev[@]+"${timev[@]}"} "$build/tests/bench_ts_target" --config "$cfg" --tokens "$tokens" --iters "$iters" \
-    --gpu "$ours_gpu" --json "$out/$1.json" > "$out/$1.md" 2> "$out/$1.err"
-  echo "bench_ts_target exit $?" >> "$out/$1.err"
-  cat "$out/$1.md"; grep -E "exit|Maximum resident|Elapsed" "$out/$1.err"
+    --gpu "$ours_gpu" --json "$out/$name.json" "$@" > "$out/$name.md" 2> "$out/$name.err"
+  echo "bench_ts_target exit $?" >> "$out/$name.err"
+  cat "$out/$name.md"; grep -E "exit|Maximum resident|Elapsed" "$out/$name.err"
 }
 ours ours
+[ "${FP8:-1}" = 1 ] && ours ours-fp8 --precision fp8
 [ "${UNFUSED:-0}" = 1 ] && (export TANDEM_TARGET_FUSED=0; ours ours-unfused)
 
 if [ "$hf_gpu" = skip ]; then :; elif [ "$hf_gpu" != "$ours_gpu" ]; then wait "$hf_pid"; else hf; fi
@@ -61,6 +65,15 @@ try:
 except Exception as e:
     print("no ours.json:", e); sys.exit(0)
 print(f"\nours: {ours['tokens_per_s']:.0f} tok/s ({ours['forward_ms']:.1f} ms per {ours['tokens']}-token pack)")
+try:
+    f8 = json.load(open(f"{out}/ours-fp8.json"))
+    print(f"ours, fp8: {f8['tokens_per_s']:.0f} tok/s ({f8['forward_ms']:.1f} ms); fp8 / bf16 = "
+          f"{f8['tokens_per_s'] / ours['tokens_per_s']:.3f}x; GEMM-only bounds bf16 {f8['bound_bf16_ms']:.1f} ms, "
+          f"fp8 {f8['bound_fp8_ms']:.1f} ms (ceilings {f8['ceiling_tflops']:.0f} and {f8['ceiling_fp8_tflops']:.0f} "
+          f"TF/s); fp8 forward at {100 * f8['bound_fp8_ms'] / f8['forward_ms']:.0f} % of its bound, bf16 at "
+          f"{100 * ours['bound_bf16_ms'] / ours['forward_ms']:.0f} %")
+except Exception:
+    pass
 try:
     un = json.load(open(f"{out}/ours-unfused.json"))
     print(f"ours, unfused path: {un['tokens_per_s']:.0f} tok/s ({un['forward_ms']:.1f} ms); "

@@ -59,8 +59,10 @@ static __global__ void quant_weight_kernel(uint8_t *q, float *scale, const void 
     }
 }
 
-/* One warp per (row, group): 128 inputs, 4 per lane. q [Mp, K] (rows ≥ M zero), s [L, Mp]
- * (token-contiguous, as cuBLASLt's 1 × 128 mode reads it; 0 for rows ≥ M). */
+/* One warp per (row, group): lane l holds inputs 4l .. 4l + 3 of the group (one 8- or 16-byte
+ * load, one 4-byte store; K is a multiple of 16, so a ragged group is whole lanes). q [Mp, K]
+ * (rows ≥ M zero), s [L, Mp] (token-contiguous, as cuBLASLt's 1 × 128 mode reads it; 0 for rows
+ * ≥ M). */
 static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, int bf16, int64_t M, int64_t Mp,
                                          int64_t K, int64_t L) {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -69,24 +71,30 @@ static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, 
         return;
     const int64_t m = warp / L, j = warp % L, k0 = j * KN_FP8_BLOCK;
     const int     nc = (int)min((int64_t)KN_FP8_BLOCK, K - k0);
-    float         v[4];
-    float         amax = 0.0f;
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        int c = lane + 32 * t;
-        v[t] = 0.0f;
-        if (m < M && c < nc)
-            v[t] = __bfloat162float(__float2bfloat16_rn(ld_in(inp, bf16, m * K + k0 + c)));
-        amax = fmaxf(amax, fabsf(v[t]));
+    const int     on = 4 * lane < nc;
+    const int64_t at = m * K + k0 + 4 * lane;
+    float         v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (on && m < M) {
+        if (bf16) {
+            uint2 raw = *(const uint2 *)((const uint16_t *)inp + at);
+            v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xffff0000u);
+            v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xffff0000u);
+        } else {
+            float4 f = *(const float4 *)((const float *)inp + at);
+            v[0] = __bfloat162float(__float2bfloat16_rn(f.x)), v[1] = __bfloat162float(__float2bfloat16_rn(f.y));
+            v[2] = __bfloat162float(__float2bfloat16_rn(f.z)), v[3] = __bfloat162float(__float2bfloat16_rn(f.w));
+        }
     }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
     for (int o = 16; o > 0; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float sc = __fmul_rn(amax > 1e-10f ? amax : 1e-10f, 1.0f / KN_FP8_MAX);
-#pragma unroll
-    for (int t = 0; t < 4; t++) {
-        int c = lane + 32 * t;
-        if (c < nc)
-            q[m * K + k0 + c] = m < M ? to_e4m3(__fdiv_rn(v[t], sc)) : (uint8_t)0;
+    if (on) {
+        uint32_t packed = 0;
+        if (m < M)
+            for (int t = 0; t < 4; t++)
+                packed |= (uint32_t)to_e4m3(__fdiv_rn(v[t], sc)) << (8 * t);
+        *(uint32_t *)(q + at) = packed;
     }
     if (lane == 0)
         s[j * Mp + m] = m < M ? sc : 0.0f;
@@ -129,6 +137,8 @@ cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const voi
     if (M == 0 || K == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(q && s && inp, "fp8_quantize_rows: q, s or inp is NULL");
+    KN_CUDA_CHECK_ARG(K % 16 == 0 && ((uintptr_t)inp % 16) == 0 && ((uintptr_t)q % 16) == 0,
+                      "fp8_quantize_rows: K=%lld must be a multiple of 16 and inp, q 16-byte aligned", (long long)K);
     const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK, warps = Mp * L;
     quant_rows_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, ctx->stream>>>(q, s, inp, idt == CM_DTYPE_BF16,
                                                                                      M, Mp, K, L);

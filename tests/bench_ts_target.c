@@ -6,10 +6,12 @@
  *   - a timed forward's breakdown: GDN, attention and MLP blocks, their GEMMs, the kernels,
  *   - the chunked GDN and flash attention kernels alone on one 8192-token sequence and on the mix,
  *   - the elementwise ops at the model's shapes, unfused and fused (the bf16 fast path),
- *   - the cuBLASLt ceiling (8192³ bf16, fp32 accumulate) and the model's achieved TF/s,
+ *   - the cuBLASLt ceilings (8192³ bf16 and block-scaled fp8, fp32 accumulate), the GEMM-only
+ *     bounds of both precisions and the model's achieved TF/s,
  * then a table on stdout and the same numbers as JSON (--json PATH).
  *   bench_ts_target --config deploy/configs/qwen3.6-27b/target-config.json [--tokens 8192]
- *                   [--iters 5] [--seed 1] [--gpu 0] [--json OUT.json] [--mix-only OUT.json]
+ *                   [--iters 5] [--seed 1] [--gpu 0] [--precision bf16|fp8] [--json OUT.json]
+ *                   [--mix-only OUT.json]
  * --mix-only writes the pack's cu_seqlens as JSON and exits without touching the GPU (the
  * Transformers side of bench/target_bench.sh runs the same pack); --profile-only runs one
  * forward and exits (for a kernel profiler); --gdn-only 1 times the chunked GDN kernel alone and
@@ -180,7 +182,7 @@ static double time_op(op_fn f, const kn_backend *be, kn_ctx *cx, const op_bufs *
 int main(int argc, char **argv) {
     const double t_start = now_s();
     const char  *config = NULL, *json = NULL, *mix_only = NULL;
-    int          profile_only = 0, gdn_only = 0;
+    int          profile_only = 0, gdn_only = 0, fp8 = 0;
     int64_t      T = 8192;
     int          iters = 5, gpu = 0;
     uint64_t     seed = 1;
@@ -194,6 +196,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mix-only")) mix_only = argv[i + 1];
         else if (!strcmp(argv[i], "--profile-only")) profile_only = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gdn-only")) gdn_only = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--precision") && (!strcmp(argv[i + 1], "bf16") || !strcmp(argv[i + 1], "fp8")))
+            fp8 = !strcmp(argv[i + 1], "fp8");
         else {
             fprintf(stderr, "bench_ts_target: unknown option '%s'\n", argv[i]);
             return 2;
@@ -201,7 +205,7 @@ int main(int argc, char **argv) {
     }
     if (!config || T <= 0 || iters <= 0) {
         fprintf(stderr, "usage: bench_ts_target --config CONFIG.json [--tokens 8192] [--iters 5] [--seed 1] "
-                        "[--gpu 0] [--json OUT.json]\n");
+                        "[--gpu 0] [--precision bf16|fp8] [--json OUT.json]\n");
         return 2;
     }
     cm_log_set_level(CM_LOG_LEVEL_WARN);
@@ -230,7 +234,7 @@ int main(int argc, char **argv) {
 
     ts_model       *m  = NULL;
     ts_model_config mc = {.dir = config, .backend = be, .ctx = cx, .n_layers = gdn_only ? 1 : -1,
-                          .load_head = 0, .bf16_weights = 1, .init_random = 1, .seed = seed};
+                          .load_head = 0, .bf16_weights = 1, .init_random = 1, .seed = seed, .fp8 = fp8};
     CHECK(ts_model_load(&m, &mc));
     const double         t_loaded = now_s();
     const cm_target_cfg *c        = ts_model_cfg(m);
@@ -317,6 +321,8 @@ int main(int argc, char **argv) {
         att_pairs += L * (L + 1) / 2;
     }
     const double flops_gemm = 2.0 * (double)T * p_dec;
+    /* under fp8 the GDN's in_proj_a and in_proj_b stay bf16 (docs/fp8.md) */
+    const double flops_ab = 2.0 * (double)T * (2.0 * D * nv) * n_gdn;
     const double flops_attn = 4.0 * nq * hd * att_pairs * n_att;
 
     /* kernels alone: one 8192-token sequence and the mix */
@@ -427,12 +433,35 @@ int main(int argc, char **argv) {
     }
     qsort(r, 7, sizeof r[0], cmp_d);
     const double ceil_tf = 2.0 * G * G * G / r[3] / 1e12;
+    /* and the block-scaled FP8 one: 8192³, e4m3 operands (weights 128 × 128 scales, the other
+     * 1 × 128), fp32 accumulate and output; the input quantization not counted */
+    float *gs_a, *gs_b;
+    CHECK(be->alloc(cx, (void **)&gs_a, (size_t)(G / 128 * kn_fp8_scale_ld(G)) * 4));
+    CHECK(be->alloc(cx, (void **)&gs_b, (size_t)(G / 128 * G) * 4));
+    CHECK(be->fill_uniform(cx, gs_a, CM_DTYPE_F32, G / 128 * kn_fp8_scale_ld(G), 23, 0.001f, 0.002f));
+    CHECK(be->fill_uniform(cx, gs_b, CM_DTYPE_F32, G / 128 * G, 24, 0.001f, 0.002f));
+    CHECK(be->fp8_quantize_weight(cx, (uint8_t *)gb, gs_a, ga, CM_DTYPE_BF16, G, G)); /* finite e4m3 operands */
+    for (int i = 0; i < 7; i++) {
+        CHECK(be->sync(cx));
+        double s = now_s();
+        for (int j = 0; j < 5; j++)
+            CHECK(kn_cuda_lt_matmul_fp8(cx, "ceiling", G, G, G, gb, gs_a, gb, gs_b, gc, G));
+        CHECK(be->sync(cx));
+        r[i] = (now_s() - s) / 5;
+    }
+    qsort(r, 7, sizeof r[0], cmp_d);
+    const double ceil_fp8_tf = 2.0 * G * G * G / r[3] / 1e12;
+    const double bound_bf16_ms = flops_gemm / (ceil_tf * 1e12) * 1e3;
+    const double bound_fp8_ms =
+        ((flops_gemm - flops_ab) / ceil_fp8_tf + flops_ab / ceil_tf) / 1e9;
+    const double bound_ms = fp8 ? bound_fp8_ms : bound_bf16_ms;
+
 
     const double tok_s    = T / fwd_s;
     const double gemm_ms  = (tm.gdn_gemm_ms + tm.attn_gemm_ms + tm.mlp_gemm_ms) / nf;
     const double timed_ms = tm.total_ms / nf;
-    printf("\n## target forward, %s, %lld-token packs, %s path (%d sequences: ", config, (long long)T,
-           ts_model_fused(m) ? "fused bf16" : "unfused", n_seq);
+    printf("\n## target forward, %s, %s, %lld-token packs, %s path (%d sequences: ", config, fp8 ? "fp8" : "bf16",
+           (long long)T, ts_model_fused(m) ? "fused bf16" : "unfused", n_seq);
     for (int s = 0; s < n_seq; s++) printf("%s%d", s ? " " : "", cu[s + 1] - cu[s]);
     printf(")\n\n| figure | value |\n| --- | --- |\n");
     printf("| cold start: process start to weights on the GPU (--init random) | %.2f s (context %.2f s) |\n",
@@ -443,8 +472,11 @@ int main(int argc, char **argv) {
     printf("| achieved (GEMM + attention FLOPs / time) | %.0f TF/s (%.1f TFLOP per pack) |\n",
            (flops_gemm + flops_attn) / fwd_s / 1e12, (flops_gemm + flops_attn) / 1e12);
     printf("| cuBLASLt ceiling, 8192^3 bf16 | %.0f TF/s |\n", ceil_tf);
-    printf("| GEMM-only bound at the ceiling | %.0f ms = %.0f tok/s |\n", flops_gemm / (ceil_tf * 1e12) * 1e3,
-           T / (flops_gemm / (ceil_tf * 1e12)));
+    printf("| cuBLASLt ceiling, 8192^3 block-scaled fp8 | %.0f TF/s |\n", ceil_fp8_tf);
+    printf("| GEMM-only bound at the ceiling, bf16 | %.0f ms = %.0f tok/s |\n", bound_bf16_ms, T / bound_bf16_ms * 1e3);
+    printf("| GEMM-only bound at the ceilings, fp8 (in_proj_a/b bf16) | %.0f ms = %.0f tok/s |\n", bound_fp8_ms,
+           T / bound_fp8_ms * 1e3);
+    printf("| **forward / this precision's bound** | **%.0f %%** |\n", 100 * bound_ms / (fwd_s * 1e3));
     printf("| timed forward (syncs around every block and GEMM) | %.1f ms |\n", timed_ms);
     printf("| GEMMs in the timed forward | %.1f ms (%.0f %%; %.0f TF/s) |\n", gemm_ms, 100 * gemm_ms / timed_ms,
            flops_gemm / (gemm_ms * 1e-3) / 1e12);
@@ -488,14 +520,16 @@ int main(int argc, char **argv) {
             fprintf(f,
                     "{\"tokens\": %lld, \"n_seq\": %d, \"cold_load_s\": %.3f, \"cold_first_forward_s\": %.3f, "
                     "\"forward_ms\": %.3f, \"tokens_per_s\": %.1f, \"achieved_tflops\": %.1f, "
-                    "\"ceiling_tflops\": %.1f, \"gemm_ms\": %.3f, \"timed_forward_ms\": %.3f, "
+                    "\"ceiling_tflops\": %.1f, \"ceiling_fp8_tflops\": %.1f, \"precision\": \"%s\", "
+                    "\"bound_bf16_ms\": %.3f, \"bound_fp8_ms\": %.3f, \"gemm_ms\": %.3f, \"timed_forward_ms\": %.3f, "
                     "\"gdn_block_ms\": %.4f, \"gdn_core_ms\": %.4f, \"attn_block_ms\": %.4f, "
                     "\"attn_core_ms\": %.4f, \"mlp_block_ms\": %.4f, \"gdn_kernel_single_ms\": %.4f, "
                     "\"gdn_kernel_mix_ms\": %.4f, \"attn_kernel_single_ms\": %.4f, \"attn_kernel_mix_ms\": %.4f, "
                     "\"fused\": %d, \"gdn_gemm_ms\": %.4f, \"attn_gemm_ms\": %.4f, \"mlp_gemm_ms\": %.4f, "
                     "\"cu_seqlens\": [",
                     (long long)T, n_seq, t_loaded - t_start, t_first - t_start, fwd_s * 1e3, tok_s,
-                    (flops_gemm + flops_attn) / fwd_s / 1e12, ceil_tf, gemm_ms, timed_ms, tm.gdn_ms / tm.gdn_layers,
+                    (flops_gemm + flops_attn) / fwd_s / 1e12, ceil_tf, ceil_fp8_tf, fp8 ? "fp8" : "bf16", bound_bf16_ms,
+                    bound_fp8_ms, gemm_ms, timed_ms, tm.gdn_ms / tm.gdn_layers,
                     tm.gdn_core_ms / tm.gdn_layers, tm.attn_ms / tm.attn_layers, tm.attn_core_ms / tm.attn_layers,
                     tm.mlp_ms / tm.mlp_layers, t_gdn[0] * 1e3, t_gdn[1] * 1e3, t_att[0] * 1e3, t_att[1] * 1e3,
                     ts_model_fused(m), tm.gdn_gemm_ms / tm.gdn_layers, tm.attn_gemm_ms / tm.attn_layers,

@@ -5,8 +5,11 @@
  *                      double dot product of the dequantized operands (within 1e-12 of Σ|terms|);
  *                      ragged blocks, BF16 inputs, the refusals, and the CUDA support rule.
  *   test_kn_fp8 cuda   kn_fp8.cu against the cpu reference on odd and 27B shapes: the quantized
- *                      weight bytes and scales bit for bit, the product within 2e-6 of Σ|terms|
- *                      (cuBLASLt's fp32 accumulation); label gpu, exits 77 without a cuda device. */
+ *                      weight and input bytes and scales bit for bit, the product within 2e-3 of
+ *                      Σ|terms|: Hopper's FP8 tensor cores add the products of a 128-wide block with
+ *                      about 14 mantissa bits before cuBLASLt promotes the block's sum to fp32 (seen
+ *                      on an H200: up to 6.7e-4 of Σ|terms| at K = 128, 4e-5 at K = 17408, where the
+ *                      errors of many blocks average out); label gpu, exits 77 without a cuda device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -243,7 +246,7 @@ static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
         }
     char name[96];
     snprintf(name, sizeof name, "gemm_fp8 cuda %ldx%ldx%ld %s", M, N, K, cm_dtype_name(idt));
-    tst_compare_bound(name, 44, og, oc, bound, M * N, 2e-6, NULL);
+    tst_compare_bound(name, 44, og, oc, bound, M * N, 2e-3, NULL);
     free(xqc), free(xqg), free(xsc), free(xsg), free(og2);
     dbuf_free(&xq), dbuf_free(&xs), dbuf_free(&out2);
     free(hx), free(hw), free(qc), free(qg), free(sc), free(sg), free(oc), free(og), free(bound);
