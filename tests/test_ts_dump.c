@@ -3,7 +3,12 @@
  * every layer, the final norm and the logits, relative L2 error per tensor.
  *   test_ts_dump cpu          tolerance 1e-4 (unit)
  *   test_ts_dump cuda bf16    tolerance 3e-2 (gpu; exits 77 without a GPU)
- *   test_ts_dump cuda fp32    tolerance 1e-3 (gpu) */
+ *   test_ts_dump cuda fp32    tolerance 1e-3 (gpu)
+ * With precision fp8 it reads the FP8 copies instead (tests/fixtures/target_fp8, W8A8 float64 references of
+ * tests/oracle/make_fp8_fixtures.py) and prints every tensor's error, and its distance from the source fixture's
+ * unquantized reference (the FP8-vs-bf16 difference; informational):
+ *   test_ts_dump cpu fp8      tolerance 1e-4 (unit)
+ *   test_ts_dump cuda fp8     tolerance 3e-2 (gpu; exits 77 without a GPU) */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,14 +31,49 @@ static double rel_l2_f32_f64(const float *got, const void *ref_data, cm_dtype re
     return e;
 }
 
+/* Relative L2 of every tensor of the reference file ref_path against the dump got, into err[] (INFINITY where
+ * the dump lacks the tensor or its shape differs); names[] borrow from the reference, valid while it is open.
+ * Returns the number of tensors, or -1 when the reference cannot be read. */
+static int tensor_errors(const char *fix, const cm_st *got, const cm_st *ref, double *err, const char **names, int max) {
+    int n_cmp = 0;
+    for (int i = 0; i < cm_st_count(ref) && n_cmp < max; i++) {
+        const cm_st_tensor *r = cm_st_at(ref, i);
+        const cm_st_tensor *g = cm_st_find(got, r->name);
+        names[n_cmp] = r->name;
+        err[n_cmp]   = INFINITY;
+        if (!g) {
+            fprintf(stderr, "%s: dump lacks '%s'\n", fix, r->name);
+        } else if (g->dtype != CM_DTYPE_F32 || g->n_dims != r->n_dims || g->shape[0] != r->shape[0] ||
+                   g->shape[1] != r->shape[1]) {
+            fprintf(stderr, "%s: dump's '%s' is not F32 of the reference's shape\n", fix, r->name);
+        } else {
+            long   n  = (long)(r->shape[0] * r->shape[1]);
+            float *gv = malloc((size_t)n * sizeof *gv);
+            if (gv) {
+                memcpy(gv, g->data, (size_t)n * sizeof *gv);
+                err[n_cmp] = rel_l2_f32_f64(gv, r->data, r->dtype, n);
+            }
+            free(gv);
+        }
+        n_cmp++;
+    }
+    return n_cmp;
+}
+
+/* fp8: the source fixture of an FP8 copy, tests/fixtures/target/<name>, whose reference is unquantized. */
+static void source_ref_path(char *out, size_t n, const char *fix) {
+    snprintf(out, n, "%s/fixtures/target/%s/ref.safetensors", TANDEM_TEST_DATA, strrchr(fix, '/') + 1);
+}
+
 static void check_fixture(const char *fix, const char *device, const char *precision, double tol) {
-    char model[2048], input[2048], ref_path[2048], out[256], err[256];
+    char model[2048], input[2048], ref_path[2048], src_path[2048], out[256], err[256];
     snprintf(model, sizeof model, "%s/model", fix);
     snprintf(input, sizeof input, "%s/input.safetensors", fix);
     snprintf(ref_path, sizeof ref_path, "%s/ref.safetensors", fix);
     snprintf(out, sizeof out, "/tmp/tandem-dump-%d.safetensors", (int)getpid());
     snprintf(err, sizeof err, "/tmp/tandem-dump-%d.err", (int)getpid());
-    char  bin[1024];
+    const int fp8 = strcmp(precision, "fp8") == 0;
+    char      bin[1024];
     snprintf(bin, sizeof bin, "%s/target-server/target-server", TANDEM_BINARY_DIR);
     char *argv[] = {bin, "dump", "--model", model, "--input", input, "--out", out, "--device", (char *)device,
                     "--precision", (char *)precision, "--logits", "--log-level", "warn", NULL};
@@ -43,35 +83,32 @@ static void check_fixture(const char *fix, const char *device, const char *preci
         fprintf(stderr, "%s: dump exited %d:\n%s\n", fix, rc, tst_slurp(err));
         return;
     }
-    cm_st *ref = NULL, *got = NULL;
+    enum { MAX_T = 256 };
+    cm_st      *ref = NULL, *got = NULL, *src = NULL;
+    double      e[MAX_T], e_src[MAX_T];
+    const char *names[MAX_T], *src_names[MAX_T];
     TST_CHECK(cm_st_open_file(&ref, ref_path) == CM_OK);
     TST_CHECK(cm_st_open_file(&got, out) == CM_OK);
     if (!ref || !got) {
         fprintf(stderr, "%s\n", cm_last_error());
         goto done;
     }
+    int n_cmp = tensor_errors(fix, got, ref, e, names, MAX_T), n_src = 0;
+    if (fp8) { /* informational: how far W8A8 is from the unquantized model */
+        source_ref_path(src_path, sizeof src_path, fix);
+        if (cm_st_open_file(&src, src_path) == CM_OK)
+            n_src = tensor_errors(fix, got, src, e_src, src_names, MAX_T);
+        else
+            fprintf(stderr, "%s: no source reference (%s)\n", fix, cm_last_error());
+    }
     double worst = 0;
-    int    n_cmp = 0;
-    for (int i = 0; i < cm_st_count(ref); i++) {
-        const cm_st_tensor *r = cm_st_at(ref, i);
-        const cm_st_tensor *g = cm_st_find(got, r->name);
-        TST_CHECK(g != NULL);
-        if (!g) {
-            fprintf(stderr, "%s: dump lacks '%s'\n", fix, r->name);
-            continue;
-        }
-        TST_CHECK(g->dtype == CM_DTYPE_F32 && g->n_dims == r->n_dims);
-        TST_CHECK(g->shape[0] == r->shape[0] && g->shape[1] == r->shape[1]);
-        long n = (long)(r->shape[0] * r->shape[1]);
-        if (g->shape[0] * g->shape[1] != n) continue;
-        float *gv = malloc((size_t)n * sizeof *gv);
-        memcpy(gv, g->data, (size_t)n * sizeof *gv);
-        double e = rel_l2_f32_f64(gv, r->data, r->dtype, n);
-        free(gv);
-        TST_CHECK(e <= tol);
-        if (e > worst) worst = e;
-        if (e > tol) fprintf(stderr, "%s: %s relative L2 %.3e > %.1e\n", fix, r->name, e, tol);
-        n_cmp++;
+    for (int i = 0; i < n_cmp; i++) {
+        TST_CHECK(e[i] <= tol);
+        if (e[i] > worst) worst = e[i];
+        if (e[i] > tol) fprintf(stderr, "%s: %s relative L2 %.3e > %.1e\n", fix, names[i], e[i], tol);
+        if (fp8)
+            printf("  %-12s relative L2 %.3e against the fp8 reference, %.3e against the unquantized one\n",
+                   names[i], e[i], i < n_src && strcmp(src_names[i], names[i]) == 0 ? e_src[i] : NAN);
     }
     TST_CHECK(n_cmp >= 3);
     printf("%-40s %-5s %-5s %2d tensors, worst relative L2 %.3e (tolerance %.0e)\n", strrchr(fix, '/') + 1,
@@ -79,8 +116,23 @@ static void check_fixture(const char *fix, const char *device, const char *preci
 done:
     cm_st_destroy(&ref);
     cm_st_destroy(&got);
+    cm_st_destroy(&src);
     unlink(out);
     unlink(err);
+}
+
+/* Exits 77 (skipped) when the backend cannot run the block-scaled FP8 product here (cuda before sm_90 or
+ * cuBLASLt 12.9). */
+static void need_fp8(const kn_backend *be) {
+    kn_ctx       *ctx = NULL;
+    kn_ctx_config kc  = KN_CTX_CONFIG_DEFAULT;
+    char          why[400] = "the backend has no FP8 product";
+    int           ok       = 0;
+    if (be->ctx_create(&ctx, &kc) == CM_OK) {
+        ok = be->fp8_supported && be->fp8_supported(ctx, why, sizeof why);
+        be->ctx_destroy(&ctx);
+    }
+    if (!ok) TST_SKIP("%s", why);
 }
 
 int main(int argc, char **argv) {
@@ -90,9 +142,11 @@ int main(int argc, char **argv) {
     if (strcmp(device, "cuda") == 0) {
         tst_need_cuda();
         tol = strcmp(precision, "fp32") == 0 ? 1e-3 : 3e-2;
+        if (strcmp(precision, "fp8") == 0) need_fp8(kn_backend_cuda());
     }
     char root[1024];
-    snprintf(root, sizeof root, "%s/fixtures/target", TANDEM_TEST_DATA);
+    snprintf(root, sizeof root, "%s/fixtures/%s", TANDEM_TEST_DATA,
+             strcmp(precision, "fp8") == 0 ? "target_fp8" : "target");
     DIR *d = opendir(root);
     TST_CHECK(d != NULL);
     if (!d) return tst_report();

@@ -6,6 +6,11 @@ add_test(NAME test_ts_dump_cuda_bf16 COMMAND test_ts_dump cuda bf16)
 add_test(NAME test_ts_dump_cuda_fp32 COMMAND test_ts_dump cuda fp32)
 set_tests_properties(test_ts_dump_cuda_bf16 test_ts_dump_cuda_fp32 PROPERTIES
                      TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS gpu)
+# the FP8 copies of the fixtures (tests/fixtures/target_fp8, tests/oracle/make_fp8_fixtures.py)
+add_test(NAME test_ts_dump_fp8 COMMAND test_ts_dump cpu fp8)
+set_tests_properties(test_ts_dump_fp8 PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS unit)
+add_test(NAME test_ts_dump_cuda_fp8 COMMAND test_ts_dump cuda fp8)
+set_tests_properties(test_ts_dump_cuda_fp8 PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS gpu)
 add_unit_test(test_ts_badinput test_ts_badinput.c LIBS kn TIMEOUT 300)
 add_dependencies(test_ts_badinput target-server)
 # FP8 checkpoints (docs/fp8.md): made from the fixtures in C; loading, dequantizing, quantizing
