@@ -476,9 +476,10 @@ typedef struct kn_backend {
     // scale [ceil(N/128), kn_fp8_scale_ld(K)], row-major: entry (i, j) multiplies the 128 × 128
     // block of rows 128i.. and columns 128j.. (the last blocks may be ragged); the padding
     // entries of a row (ld > ceil(K/128)) are never read. w(n, k) = f32(q[n, k]) · scale[n/128, k/128].
-    /* Quantizes W [N, K] (F32 or BF16) in 128 × 128 blocks, as Transformers' Fp8Quantize:
-     * a = max(amax(|block|), 1e-12), r = 448 / a, q = e4m3(clamp(w · r, ±448)) (nearest even),
-     * scale = 1 / r (each an fp32 operation). q [N, K], scale as above (padding written 0). */
+    /* Quantizes W [N, K] (F32 or BF16) in 128 × 128 blocks, the arithmetic of Transformers'
+     * Fp8Quantize with one rounding fewer (it takes 448 · (1/a)): a = max(amax(|block|), 1e-12),
+     * r = 448 / a, q = e4m3(clamp(w · r, ±448)) (nearest even), scale = 1 / r (each an fp32
+     * operation). q [N, K], scale as above (padding written 0). */
     cm_status (*fp8_quantize_weight)(kn_ctx *ctx, uint8_t *q, float *scale, const void *w, cm_dtype wdt,
                                      int64_t N, int64_t K); /* (optional) */
     /* out[M, N] (F32) = the W8A8 product of inp [M, K] (F32 or BF16) and an FP8 weight. The input
@@ -486,7 +487,8 @@ typedef struct kn_backend {
      * a = bf16(inp) (exact for BF16): s = max(amax(|a|), 1e-10) · (1/448), qa = e4m3(clamp(a / s,
      * ±448)); then out[m, n] = Σ_j sa[m, j] · sw[n/128, j] · Σ_{k in group j} qa[m, k] · qw[n, k].
      * cpu: each group's sum exact, the scaled sums added in double, one rounding; cuda: cuBLASLt's
-     * block-scaled modes, fp32 accumulation. K a multiple of 16 (cuda's FP8 alignment; cpu too). */
+     * block-scaled modes, fp32 accumulation. cuda: K a multiple of 16 and N of 4 (cuBLASLt's FP8
+     * alignment; CM_ERR_INVALID_ARG and CM_ERR_UNSUPPORTED), the cpu takes any shape. */
     cm_status (*gemm_fp8)(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
                           const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
     /* gemm_fp8's input quantization alone, for an input that several GEMMs read: q [Mp, K] e4m3

@@ -128,14 +128,15 @@ cm_status ts_fp8_refuse_table(const cm_st_tensor *t) {
 // ----------------------------------------------------------------------------
 // loading one FP8 matrix
 
-/* The FP8 GEMM quantizes its input in 1 × 128 groups along K, and its kernels want K a multiple
- * of 16 (cuBLASLt's FP8 alignment; the cpu reference keeps the same rule). */
-static cm_status check_k(const char *name, int64_t rows, int64_t cols) {
-    if (cols % 16 == 0) return CM_OK;
+/* The FP8 GEMM quantizes its input in 1 × 128 groups along K; the cuda kernels want K a multiple
+ * of 16 (cuBLASLt's FP8 alignment; every Qwen shape is a multiple of 128), the cpu reference takes
+ * any K. */
+static cm_status check_k(const kn_backend *be, const char *name, int64_t rows, int64_t cols) {
+    if (cols % 16 == 0 || be == kn_backend_cpu()) return CM_OK;
     return CM_FAIL(CM_ERR_UNSUPPORTED,
-                   "cannot run '%s' [%lld, %lld] as an FP8 GEMM: its input width %lld is not a multiple of 16 (the "
-                   "FP8 kernels' alignment); use --precision bf16",
-                   name, (long long)rows, (long long)cols, (long long)cols);
+                   "cannot run '%s' [%lld, %lld] as an FP8 GEMM on %s: its input width %lld is not a multiple of 16 "
+                   "(the FP8 kernels' alignment); use --precision bf16",
+                   name, (long long)rows, (long long)cols, be->name, (long long)cols);
 }
 
 /* The scale table as fp32 rows of kn_fp8_scale_ld(cols) (padding 0), from s [ceil(rows/128),
@@ -195,7 +196,7 @@ cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor
         return CM_FAIL(CM_ERR_FORMAT, "tensor '%s' in '%s' (%s) and its block scales '%s%s' do not pair up: the "
                                       "checkpoint is not fine-grained FP8 (" FP8_DOC ")",
                        name, t->file, cm_dtype_name(t->dtype), name, FP8_SUFFIX);
-    if (ld->fp8) CM_TRY(check_k(name, rows, cols));
+    if (ld->fp8) CM_TRY(check_k(ld->m->be, name, rows, cols));
     float *tab = NULL;
     CM_TRY(read_scales(name, s, rows, cols, &tab));
     const size_t n = (size_t)rows * (size_t)cols;
@@ -230,7 +231,7 @@ cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor
 
 cm_status ts_fp8_quantize(ts_loader *ld, const char *name, int64_t rows, int64_t cols, ts_mat *w) {
     ts_model *m = ld->m;
-    CM_TRY(check_k(name, rows, cols));
+    CM_TRY(check_k(ld->m->be, name, rows, cols));
     const size_t tab_bytes = (size_t)cdiv(rows, KN_FP8_BLOCK) * (size_t)kn_fp8_scale_ld(cols) * sizeof(float);
     uint8_t     *q         = NULL;
     float       *tab       = NULL;
