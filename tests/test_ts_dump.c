@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cm_cfg.h"
 #include "cm_safetensors.h"
 #include "kn_backend.h"
 #include "tst.h"
