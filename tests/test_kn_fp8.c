@@ -271,6 +271,27 @@ static int run_cuda(void) {
     cuda_case(64, 1024, 5120, CM_DTYPE_BF16, CM_DTYPE_BF16);  /* 27B: in_qkv's K */
     cuda_case(48, 640, 17408, CM_DTYPE_BF16, CM_DTYPE_BF16);  /* 27B: down_proj's K */
     cuda_case(256, 1536, 6144, CM_DTYPE_BF16, CM_DTYPE_BF16); /* 27B: out_proj's K */
+    /* swiglu_fp8 fused = swiglu_bf16 then fp8_quantize_rows, on the gpu, bit for bit (M ragged) */
+    {
+        const long M = 37, I = 17408, L = I / 128, Mp = kn_fp8_rows(M);
+        float     *hg = rand_mat(M * I, CM_DTYPE_F32), *hu = rand_mat(M * I, CM_DTYPE_F32);
+        dbuf       g = dbuf_put(hg, (size_t)(M * I) * 4), u = dbuf_put(hu, (size_t)(M * I) * 4);
+        dbuf       a16 = dbuf_put(NULL, (size_t)(M * I) * 2), q1 = dbuf_put(NULL, (size_t)(Mp * I)),
+             q2 = dbuf_put(NULL, (size_t)(Mp * I)), s1 = dbuf_put(NULL, (size_t)(L * Mp) * 4),
+             s2 = dbuf_put(NULL, (size_t)(L * Mp) * 4);
+        TST_CHECK(gpu->swiglu_fp8(gctx16, q1.g, s1.g, g.g, u.g, M, I) == CM_OK);
+        TST_CHECK(gpu->swiglu_bf16(gctx16, a16.g, g.g, u.g, M * I) == CM_OK);
+        TST_CHECK(gpu->fp8_quantize_rows(gctx16, q2.g, s2.g, a16.g, CM_DTYPE_BF16, M, I) == CM_OK);
+        uint8_t *b1 = down(&q1, 1), *b2 = down(&q2, 1);
+        float   *c1 = down(&s1, 1), *c2 = down(&s2, 1);
+        long     dq = 0;
+        for (long i = 0; i < Mp * I; i++) dq += b1[i] != b2[i];
+        printf("swiglu_fp8 %ldx%ld: %ld bytes differ from swiglu_bf16 + fp8_quantize_rows, scales %s\n", M, I, dq,
+               memcmp(c1, c2, (size_t)(L * Mp) * 4) ? "DIFFER" : "equal");
+        TST_CHECK(dq == 0 && memcmp(c1, c2, (size_t)(L * Mp) * 4) == 0);
+        free(hg), free(hu), free(b1), free(b2), free(c1), free(c2);
+        dbuf_free(&g), dbuf_free(&u), dbuf_free(&a16), dbuf_free(&q1), dbuf_free(&q2), dbuf_free(&s1), dbuf_free(&s2);
+    }
     /* K not a multiple of 16, N not a multiple of 4: refused, with the way out */
     {
         dbuf x = dbuf_put(NULL, 40 * 4), wq = dbuf_put(NULL, 8 * 40), ws = dbuf_put(NULL, 16), out = dbuf_put(NULL, 8 * 4);
