@@ -268,6 +268,7 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     p->s_step = p->f_step / (r->drafter_tflops * 1e12);
     p->trainer_tok_s = T / p->s_step;
     p->target_tok_s = r->target_tflops * 1e12 / p->f_target_token;
+    p->target_tok_s_fp8 = p->target_tok_s * DT_PLAN_FP8_SPEEDUP;
     p->target_per_trainer = p->trainer_tok_s / p->target_tok_s;
     p->wire_bps_lo = p->trainer_tok_s * p->wire_lo;
     p->wire_bps_hi = p->trainer_tok_s * p->wire_hi;
@@ -379,6 +380,8 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
     fprintf(f, "  %-40s %9.3f s  (%s tok/s per trainer GPU)\n", "drafter step time", p->s_step,
             human(a, sizeof a, p->trainer_tok_s, ""));
     fprintf(f, "  %-40s %12s tok/s\n", "one target GPU produces", human(b, sizeof b, p->target_tok_s, ""));
+    fprintf(f, "  %-40s %12s tok/s  (x %.2f, the 27B's fp8/bf16 forward on an H200)\n",
+            "  at --precision fp8", human(a, sizeof a, p->target_tok_s_fp8, ""), DT_PLAN_FP8_SPEEDUP);
     fprintf(f, "  %-40s %12.2f  (%.1f for %d trainer GPU(s))\n\n", "target GPUs per trainer GPU",
             p->target_per_trainer, p->target_per_trainer * r->dp_size, r->dp_size);
 

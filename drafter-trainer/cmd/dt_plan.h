@@ -49,6 +49,9 @@ typedef struct dt_plan_run {
  * 11–13k tok/s", 55–65 % MFU; docs/goals.md asks ≥ 12.5k); drafter 430 TF/s (docs/goals.md, SpecForge's
  * measured 43.5 % MFU; the design's PyTorch step, 0.305 s for ~138 TFLOP, is ~450). */
 #define DT_PLAN_TARGET_TFLOPS  550.0
+/* The 27B target forward at --precision fp8 over bf16, measured on an H200 in one run (15447 against
+ * 10884 tokens/s, bench/results/fp8-2026-12-02.md): the plan's fp8 rate is the bf16 one times this. */
+#define DT_PLAN_FP8_SPEEDUP    1.42
 #define DT_PLAN_DRAFTER_TFLOPS 430.0
 #define DT_PLAN_RUN_DEFAULT                                                                                  \
     {                                                                                                        \
@@ -98,6 +101,7 @@ typedef struct dt_plan {
     double s_step;                   /* drafter seconds per step at drafter_tflops */
     double trainer_tok_s;            /* tokens per second one trainer GPU consumes */
     double target_tok_s;             /* tokens per second one target GPU produces */
+    double target_tok_s_fp8;         /* the same at --precision fp8 (× DT_PLAN_FP8_SPEEDUP) */
     double target_per_trainer;       /* target GPUs that keep one trainer GPU busy */
     double wire_bps_lo, wire_bps_hi; /* hidden-state bytes/s into one trainer GPU */
 } dt_plan;

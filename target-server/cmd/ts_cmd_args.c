@@ -2,8 +2,13 @@
  * default precision of a checkpoint (docs/fp8.md). */
 #include "ts_cmd.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "cm_log.h"
 #include "cm_quant.h"
+
+static cm_status precision_of_checkpoint(ts_target_args *t);
 
 int ts_args_target(cm_args *p, ts_target_args *t) {
     static const char *const  inits[] = {"checkpoint", "random", NULL};
@@ -33,9 +38,25 @@ const char *ts_args_precision_name(const ts_target_args *t) {
     return t->fp8 ? "fp8" : t->mode == KN_GEMM_MODE_F32 ? "fp32" : "bf16";
 }
 
+/* TANDEM_FP8_REST=fp32 (a comparison aid, docs/fp8.md): under fp8 the products that are not FP8
+ * run in fp32, as the cpu reference runs them, instead of bf16. */
+static void fp8_rest(ts_target_args *t) {
+    const char *e = getenv("TANDEM_FP8_REST");
+    if (t->fp8 && e && strcmp(e, "fp32") == 0) {
+        t->mode = KN_GEMM_MODE_F32;
+        CM_LOG_WARN("TANDEM_FP8_REST=fp32: the FP8 projections' products are FP8, every other product fp32 (a "
+                    "comparison aid, not a serving precision)");
+    }
+}
+
 cm_status ts_args_precision(ts_target_args *t) {
-    if (!t->model)
-        return CM_OK;
+    cm_status st = CM_OK;
+    if (t->model) st = precision_of_checkpoint(t);
+    fp8_rest(t);
+    return st;
+}
+
+static cm_status precision_of_checkpoint(ts_target_args *t) {
     cm_quant_cfg q;
     CM_TRY(cm_quant_cfg_load(&q, t->model));
     const int fp8_ckpt = q.fp8, dequantize = q.dequantize;
