@@ -113,6 +113,7 @@ static cm_status run_dump(dump_args *a) {
     int               n_cap  = 0;
 
     CM_TRY_GOTO(kn_backend_get(a->t.device, &be), st, fail);
+    CM_TRY_GOTO(ts_args_precision(&a->t), st, fail); /* an FP8 checkpoint's default: before the context's mode */
     kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
     kc.device        = a->gpu;
     kc.gemm_mode     = a->t.mode;
@@ -142,7 +143,6 @@ static cm_status run_dump(dump_args *a) {
 
     cm_target_cfg cfg;
     CM_TRY_GOTO(cm_target_cfg_load(&cfg, a->t.model), st, fail);
-    CM_TRY_GOTO(ts_args_precision(&a->t), st, fail); /* an FP8 checkpoint's default */
     CM_TRY_GOTO(ts_batch_validate(&cfg, ids, T, cu, n_seq), st, fail);
     layers = malloc((size_t)cfg.n_layers * sizeof *layers);
     if (!layers) {
