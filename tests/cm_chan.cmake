@@ -7,6 +7,8 @@ add_unit_test(test_cm_chan_call test_cm_chan_call.c LABELS unit TIMEOUT 120)
 add_unit_test(test_cm_dec test_cm_dec.c LABELS unit TIMEOUT 120)
 add_unit_test(test_ts_serve test_ts_serve.c LABELS unit TIMEOUT 240)
 add_dependencies(test_ts_serve target-server)
+add_test(NAME test_ts_serve_fp8 COMMAND test_ts_serve fp8)
+set_tests_properties(test_ts_serve_fp8 PROPERTIES LABELS unit TIMEOUT 240)
 # The benchmark: built with the tests, never run by ctest.
 add_executable(bench_cm_chan bench_cm_chan.c)
 target_compile_options(bench_cm_chan PRIVATE ${TANDEM_C_WARNINGS})

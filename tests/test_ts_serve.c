@@ -5,7 +5,8 @@
  * delivered exactly once (a ledger) and a second trainer that attached meanwhile served too;
  * SIGTERM ends the server with status 0; bad flags, a busy port and a refused non-loopback
  * bind exit with one message; an ipc:// path held by a live server is refused and tcp://[::1]
- * binds; CURVE keys through the command line. */
+ * binds; CURVE keys through the command line. `test_ts_serve fp8`: the same exactness at --precision
+ * fp8. */
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -31,7 +32,8 @@
 #define D_MODEL    64
 #define N_LAYERS   6
 
-static char bin[1024], model[1024], tmp[256];
+static char        bin[1024], model[1024], tmp[256];
+static const char *precision = "bf16"; /* of the dump references and of test_fp8's server */
 
 // ----------------------------------------------------------------------------
 // the server process
@@ -94,8 +96,8 @@ static int make_reference(void) {
             return 0;
         }
         cm_st_writer_destroy(&w);
-        char *argv[] = {bin,     "dump", "--model",     model,  "--input", in,
-                        "--out", out,    "--log-level", "warn", NULL};
+        char *argv[] = {bin,     "dump", "--model",     model,  "--input",     in,
+                        "--out", out,    "--log-level", "warn", "--precision", (char *)precision, NULL};
         if (tst_run(argv, err) != 0) {
             fprintf(stderr, "dump failed:\n%s\n", tst_slurp(err));
             return 0;
@@ -576,6 +578,35 @@ static void test_status(void) {
     printf("status: model and load state, a trainer's session and answers (text and --json), no server, bad flags\n");
 }
 
+/* `test_ts_serve fp8`: a server at --precision fp8 (the tiny model's projections quantized on load,
+ * W8A8 products on the cpu reference) answers bit-exact with `dump --precision fp8`, the hidden states
+ * on the wire as they are for bf16 (F32 raw, BF16 byteplane), and STATUS names the precision. */
+static void test_fp8(void) {
+    proc              p;
+    const char *const extra[] = {"--dtype", "f32", "--encoding", "all", "--precision", "fp8", NULL};
+    if (!serve_start(&p, "fp8", "tcp://127.0.0.1:*", extra)) {
+        TST_CHECK(0);
+        return;
+    }
+    const cm_encoding encs[] = {CM_ENCODING_RAW, CM_ENCODING_ZSTD_BYTEPLANE};
+    for (int e = 0; e < 2; e++) {
+        cm_chan_client_config cc = client_config(p.endpoint, "fp8", encs[e]);
+        cm_chan_client       *c = NULL;
+        TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+        int ledger[8] = {0};
+        int exact = run_ledger(c, 8 * (uint64_t)e, 8, ledger, NULL, NULL);
+        TST_CHECK(exact == 8);
+        printf("serve --precision fp8, %-15s: %d/8 answers bit-exact with dump --precision fp8\n",
+               cm_encoding_name(encs[e]), exact);
+        cm_chan_client_destroy(&c);
+    }
+    static char out[1 << 16];
+    char        args[512];
+    snprintf(args, sizeof args, "--server %s --json", p.endpoint);
+    TST_CHECK(run_status(args, out, sizeof out) == 0 && strstr(out, "\"precision\":\"fp8\""));
+    TST_CHECK(serve_end(&p, SIGTERM) == 0);
+}
+
 typedef struct replica_trainer {
     const char *endpoint;
     uint64_t    first;
@@ -649,9 +680,18 @@ int main(int argc, char **argv) {
     snprintf(model, sizeof model, "%s/../models/tiny-qwen35", TANDEM_TEST_DATA);
     snprintf(tmp, sizeof tmp, "/tmp/tandem-serve-%d", (int)getpid());
     mkdir(tmp, 0700);
+    const int fp8 = argc == 2 && strcmp(argv[1], "fp8") == 0; /* its own run: its own references */
+    if (fp8) precision = "fp8";
     if (!make_reference()) {
         TST_CHECK(0);
         return tst_report();
+    }
+    if (fp8) {
+        test_fp8();
+        for (int k = 0; k < N_PATTERNS; k++)
+            for (int l = 0; l < N_LAYERS; l++)
+                free(pats[k].ref[l]);
+        return tst_cleanup(tmp, tst_report());
     }
     if (want(argc, argv, "exact"))
         test_exact();
