@@ -436,7 +436,7 @@ static void test_idle_and_busy(void) {
     model_init(&m);
     cm_dec_server       *s = NULL;
     cm_dec_server_config cfg = server_config("tcp://127.0.0.1:*", &m);
-    cfg.idle_timeout_ms = 300;
+    cfg.idle_timeout_ms = 1000; /* far above a's 60 ms pace even on a loaded 2-core machine */
     cfg.max_clients = 2;
     if (!tst_ok(cm_dec_server_start(&s, &cfg), "server start"))
         return;
@@ -445,8 +445,9 @@ static void test_idle_and_busy(void) {
     seq            sa = {0}, sb = {0}, sc = {0};
     TST_CHECK(new_seq(a, &sa) == CM_OK && new_seq(b, &sb) == CM_OK);
     TST_FAILS(new_seq(c, &sc), CM_ERR_PEER_GONE, "busy", "at most 2 clients");
-    /* a steps every 60 ms and stays; b is silent and goes after 300 ms; then c gets in */
-    for (int i = 0; i < 12; i++) {
+    /* a steps every 60 ms and stays; b is silent and goes after 1000 ms; then c gets in */
+    enum { STEPS = 25 };
+    for (int i = 0; i < STEPS; i++) {
         sleep_ms(60);
         TST_CHECK(continue_seq(a, &sa) == CM_OK);
     }
@@ -456,7 +457,7 @@ static void test_idle_and_busy(void) {
     TST_CHECK(drops == 1);
     TST_CHECK(new_seq(c, &sc) == CM_OK);
     TST_FAILS(continue_seq(b, &sb), CM_ERR_PEER_GONE, "busy"); /* b is a new client now, and full */
-    TST_CHECK(continue_seq(a, &sa) == CM_OK && sa.base == 2 + 13);
+    TST_CHECK(continue_seq(a, &sa) == CM_OK && sa.base == 2 + STEPS + 1);
     cm_dec_client_destroy(&a);
     cm_dec_client_destroy(&b);
     cm_dec_client_destroy(&c);
