@@ -16,7 +16,10 @@
  *     would emit;
  *   - refusals: a foreign or closed handle, a wrong base, a length past max_len, too many
  *     sequences, a step too large, a token or layer out of range, each with its message and
- *     nothing changed. */
+ *     nothing changed.
+ * `test_ts_decode cpu fp8`: exactness and verification with the projections quantized on load
+ * (docs/fp8.md): the input quantization is per token, so a token's FP8 products do not depend on
+ * what else is in the batch, and the cached forward equals the uncached one as in fp32. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -424,12 +427,18 @@ int main(int argc, char **argv) {
     kn_ctx_config cc = KN_CTX_CONFIG_DEFAULT;
     cc.gemm_mode     = KN_GEMM_MODE_F32;
     if (be->ctx_create(&ctx, &cc) != CM_OK) TST_SKIP("no %s device: %s", name, cm_last_error());
-    ts_model_config mc = {.dir = MODEL, .backend = be, .ctx = ctx, .n_layers = -1, .load_head = 1};
+    const int       fp8 = argc > 2 && strcmp(argv[2], "fp8") == 0; /* the projections quantized on load */
+    ts_model_config mc = {.dir = MODEL, .backend = be, .ctx = ctx, .n_layers = -1, .load_head = 1, .fp8 = fp8};
     if (!tst_ok(ts_model_load(&model, &mc), "load")) return tst_report();
     D = ts_model_cfg(model)->hidden_size;
     V = ts_model_cfg(model)->vocab_size;
     check_decode(1, CM_DTYPE_F32);
     check_decode(4, CM_DTYPE_F32);
+    if (fp8) { /* the cached forward's FP8 path: exactness and verification (the rest is precision-blind) */
+        ts_model_destroy(&model);
+        be->ctx_destroy(&ctx);
+        return tst_report();
+    }
     if (!small_run()) check_decode(6, CM_DTYPE_BF16);
     check_sampling();
     check_refusals();
