@@ -103,46 +103,50 @@ void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
 
 /* The backend's GEMM from an f32 input, or from a bf16 one (inp16) written by its producer
  * (fused path). */
-static cm_status gemm_call(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
-                           int64_t M, int64_t N, int64_t K) {
-    if (w->dtype == CM_DTYPE_F8_E4M3) /* FP8 weights: the input is quantized inside (1 × 128 groups) */
-        return m->be->gemm_fp8(m->ctx, out, inp16 ? (const void *)inp16 : (const void *)inp,
-                               inp16 ? CM_DTYPE_BF16 : CM_DTYPE_F32, w->data, w->scale, M, N, K);
-    if (inp16) return m->be->gemm_bf16in(m->ctx, out, inp16, w->data, w->dtype, M, N, K);
-    return m->be->gemm(m->ctx, out, inp, w->data, w->dtype, M, N, K);
+/* A GEMM's input: exactly one of an F32 matrix, a BF16 one written by its producer (fused path),
+ * or one already quantized for FP8 weights (q8 with its scales s8, fp8_quantize_rows' layout). */
+typedef struct gemm_in {
+    const float    *f32;
+    const uint16_t *bf16;
+    const uint8_t  *q8;
+    const float    *s8;
+} gemm_in;
+
+/* The backend's GEMM for the weight's type and the input's form. FP8 weights quantize an F32 or
+ * BF16 input inside (1 × 128 groups). */
+static cm_status gemm_call(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    if (in.q8) return m->be->gemm_fp8q(m->ctx, out, in.q8, in.s8, w->data, w->scale, M, N, K);
+    if (w->dtype == CM_DTYPE_F8_E4M3)
+        return m->be->gemm_fp8(m->ctx, out, in.bf16 ? (const void *)in.bf16 : (const void *)in.f32,
+                               in.bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32, w->data, w->scale, M, N, K);
+    if (in.bf16) return m->be->gemm_bf16in(m->ctx, out, in.bf16, w->data, w->dtype, M, N, K);
+    return m->be->gemm(m->ctx, out, in.f32, w->data, w->dtype, M, N, K);
 }
 
-/* gemm_call, timed into *m->gemm_acc when timing is on. */
-static cm_status gemm_any(ts_model *m, float *out, const float *inp, const uint16_t *inp16, const ts_mat *w,
-                          int64_t M, int64_t N, int64_t K) {
-    if (!m->timing) return gemm_call(m, out, inp, inp16, w, M, N, K);
+/* gemm_call, timed into *m->gemm_acc when timing is on (an input's quantization, done before,
+ * is the producer's work, not the GEMM's). */
+static cm_status gemm_any(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    if (!m->timing) return gemm_call(m, out, in, w, M, N, K);
     double t0, t1;
     CM_TRY(mark(m, &t0));
-    CM_TRY(gemm_call(m, out, inp, inp16, w, M, N, K));
+    CM_TRY(gemm_call(m, out, in, w, M, N, K));
     CM_TRY(mark(m, &t1));
     if (m->gemm_acc) *m->gemm_acc += t1 - t0;
     return CM_OK;
 }
 
 static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
-    return gemm_any(m, out, inp, NULL, w, M, N, K);
+    return gemm_any(m, out, (gemm_in){.f32 = inp}, w, M, N, K);
 }
 
 static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_mat *w, int64_t M, int64_t N,
                         int64_t K) {
-    return gemm_any(m, out, NULL, inp, w, M, N, K);
+    return gemm_any(m, out, (gemm_in){.bf16 = inp}, w, M, N, K);
 }
 
-/* The FP8 product of an input already quantized (fp8_quantize_rows' layout), timed as gemm_any
- * times (the quantization is the producer's work, not the GEMM's). */
 static cm_status gemm8q(ts_model *m, float *out, const uint8_t *q, const float *s, const ts_mat *w, int64_t M,
                         int64_t N, int64_t K) {
-    double t0, t1;
-    CM_TRY(mark(m, &t0));
-    CM_TRY(m->be->gemm_fp8q(m->ctx, out, q, s, w->data, w->scale, M, N, K));
-    CM_TRY(mark(m, &t1));
-    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
-    return CM_OK;
+    return gemm_any(m, out, (gemm_in){.q8 = q, .s8 = s}, w, M, N, K);
 }
 
 /* The projections' GEMM: from the bf16 normed input on the fused path, else from h. With an FP8

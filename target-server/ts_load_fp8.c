@@ -22,6 +22,11 @@
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* Bytes of a [rows, cols] FP8 weight's scale table as the backend keeps it (kn_backend.h). */
+static size_t scale_table_bytes(int64_t rows, int64_t cols) {
+    return (size_t)cdiv(rows, KN_FP8_BLOCK) * (size_t)kn_fp8_scale_ld(cols) * sizeof(float);
+}
+
 void ts_mat_free(ts_model *m, ts_mat *w) {
     m->be->free(m->ctx, w->data);
     m->be->free(m->ctx, w->scale);
@@ -203,7 +208,7 @@ cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor
     const uint8_t *q = t->data;
     cm_status      st;
     if (ld->fp8) {
-        const size_t tab_bytes = (size_t)cdiv(rows, KN_FP8_BLOCK) * (size_t)kn_fp8_scale_ld(cols) * sizeof(float);
+        const size_t tab_bytes = scale_table_bytes(rows, cols);
         st = m->be->alloc(m->ctx, &out->data, n);
         if (st == CM_OK) st = m->be->upload(m->ctx, out->data, q, n);
         if (st == CM_OK) st = m->be->alloc(m->ctx, (void **)&out->scale, tab_bytes);
@@ -232,7 +237,7 @@ cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor
 cm_status ts_fp8_quantize(ts_loader *ld, const char *name, int64_t rows, int64_t cols, ts_mat *w) {
     ts_model *m = ld->m;
     CM_TRY(check_k(ld->m->be, name, rows, cols));
-    const size_t tab_bytes = (size_t)cdiv(rows, KN_FP8_BLOCK) * (size_t)kn_fp8_scale_ld(cols) * sizeof(float);
+    const size_t tab_bytes = scale_table_bytes(rows, cols);
     uint8_t     *q         = NULL;
     float       *tab       = NULL;
     cm_status    st        = m->be->alloc(m->ctx, (void **)&q, (size_t)rows * (size_t)cols);
