@@ -195,6 +195,22 @@ static int run_ledger(cm_chan_client *c, uint64_t first, int n, int *ledger, pro
 // ----------------------------------------------------------------------------
 // tests
 
+/* One client per encoding against the server at ep, 8 batches each: every answer bit-exact with
+ * the dump references (at the run's precision). */
+static void exact_per_encoding(const char *ep, const char *name, const cm_encoding *encs, int n) {
+    for (int e = 0; e < n; e++) {
+        cm_chan_client_config cc = client_config(ep, name, encs[e]);
+        cm_chan_client       *c = NULL;
+        TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+        int ledger[8] = {0};
+        int exact = run_ledger(c, 8 * (uint64_t)e, 8, ledger, NULL, NULL);
+        TST_CHECK(exact == 8);
+        printf("serve --precision %s, %-15s: %d/8 answers bit-exact with dump\n", precision, cm_encoding_name(encs[e]),
+               exact);
+        cm_chan_client_destroy(&c);
+    }
+}
+
 static void test_exact(void) {
     proc              p;
     const char *const f32[] = {"--dtype", "f32", "--encoding", "all", NULL};
@@ -203,16 +219,7 @@ static void test_exact(void) {
         return;
     }
     const cm_encoding encs[] = {CM_ENCODING_RAW, CM_ENCODING_ZSTD, CM_ENCODING_ZSTD_BYTEPLANE};
-    for (int e = 0; e < 3; e++) {
-        cm_chan_client_config cc = client_config(p.endpoint, "exact", encs[e]);
-        cm_chan_client       *c = NULL;
-        TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
-        int ledger[8] = {0};
-        int exact = run_ledger(c, 8 * (uint64_t)e, 8, ledger, NULL, NULL);
-        TST_CHECK(exact == 8);
-        printf("serve f32 %-15s: %d/8 answers bit-exact with dump\n", cm_encoding_name(encs[e]), exact);
-        cm_chan_client_destroy(&c);
-    }
+    exact_per_encoding(p.endpoint, "exact", encs, 3);
     TST_CHECK(serve_end(&p, SIGTERM) == 0);
 }
 
@@ -589,17 +596,7 @@ static void test_fp8(void) {
         return;
     }
     const cm_encoding encs[] = {CM_ENCODING_RAW, CM_ENCODING_ZSTD_BYTEPLANE};
-    for (int e = 0; e < 2; e++) {
-        cm_chan_client_config cc = client_config(p.endpoint, "fp8", encs[e]);
-        cm_chan_client       *c = NULL;
-        TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
-        int ledger[8] = {0};
-        int exact = run_ledger(c, 8 * (uint64_t)e, 8, ledger, NULL, NULL);
-        TST_CHECK(exact == 8);
-        printf("serve --precision fp8, %-15s: %d/8 answers bit-exact with dump --precision fp8\n",
-               cm_encoding_name(encs[e]), exact);
-        cm_chan_client_destroy(&c);
-    }
+    exact_per_encoding(p.endpoint, "fp8", encs, 2);
     static char out[1 << 16];
     char        args[512];
     snprintf(args, sizeof args, "--server %s --json", p.endpoint);
