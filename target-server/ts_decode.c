@@ -410,6 +410,7 @@ static cm_status open_new(ts_decoder *d, const char *owner, const cm_proto_decod
         }
         cm_rng_seed(&s->rng, q->seed);
         d->slot_of[r] = next_free;
+        CM_LOG_DEBUG("decoding: sequence %u opened for '%s' in slot %d", s->handle, owner, next_free);
         CM_TRY(ts_cache_clear(d->cache, next_free));
     }
     return CM_OK;

@@ -5,7 +5,8 @@ A real `target-server serve` of the embedded tiny target with room for 2 decodin
 and real `drafter-trainer eval` processes:
   - prompts: a token outside the vocabulary, a dataset without a prompt;
   - capacity: --batch above the server's --decode-seqs, a prompt + --max-new past --decode-max-len, and a second
-    client while the first holds every sequence (the server's "too many decoding sequences");
+    client while the first holds every sequence (the server's "too many decoding sequences"; the second starts once
+    the server's debug log shows both of the first one's sequences opened, so a slow machine cannot reorder them);
   - identity: a drafter whose training state names other target weights, a --target directory of other weights;
   - a vanished client: a client killed mid-run loses its sequences once it has been silent for the idle limit (the
     server says so), and the next client gets them.
@@ -54,7 +55,7 @@ def main():
         ep = f"ipc://{tmp}/t.ipc"
         log = open(f"{tmp}/serve.err", "w")
         srv = subprocess.Popen([ts, "serve", "--model", model, "--bind", ep, "--decode-seqs", "2", "--decode-idle-s",
-                                "2", "--log-level", "info"], env=env, stderr=log)
+                                "2", "--log-level", "debug"], env=env, stderr=log)
 
         def ev(*args, target=model, checkpoint=ckpt, timeout=120):
             cmd = [dt, "eval", "--checkpoint", checkpoint, "--target", target, "--server", ep, "--log-level", "warn",
@@ -99,7 +100,13 @@ def main():
             hog = subprocess.Popen([dt, "eval", "--checkpoint", ckpt, "--target", model, "--server", ep, "--data", valid,
                                     "--batch", "2", "--max-new", "400", "--log-level", "warn"], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(1.5)
+            # the second client goes once the server has opened both of the hog's sequences (its debug log says so)
+            for _ in range(1200):
+                if open(f"{tmp}/serve.err").read().count("opened for") >= 2 or hog.poll() is not None:
+                    break
+                time.sleep(0.05)
+            print(f"hog holds its sequences: {open(f'{tmp}/serve.err').read().count('opened for') >= 2}, "
+                  f"hog still running: {hog.poll() is None}")
             expect("a second client while the first holds every sequence", ev("--data", valid, "--prompts", "1"),
                    "too many decoding sequences")
             hog.send_signal(signal.SIGKILL)
