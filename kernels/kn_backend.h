@@ -507,7 +507,35 @@ typedef struct kn_backend {
     /* 1 when gemm_fp8 runs on this context; else 0 with the reason in why[0..n) (a sentence
      * naming the device and what it lacks). */
     int (*fp8_supported)(const kn_ctx *ctx, char *why, size_t n); /* (optional) */
+
+    // ---- mixture of experts (docs/moe.md): routing, grouping by expert, gather, weighted combine.
+    // The expert GEMMs themselves are the ordinary gemm entries over each expert's rows.
+    /* Routing of T tokens over E experts, K chosen per token (1 ≤ K ≤ E ≤ KN_MOE_MAX_EXPERTS):
+     * p = softmax(logits[t, 0:E]) in fp32 (the row's max subtracted, exp, sum, divide); the K
+     * largest p in descending order, equal p to the lower expert index first; w = p / Σ of the K
+     * chosen p when renorm, else p. idx [T, K] I32 and w [T, K] F32 written; logits [T, E] F32. */
+    cm_status (*moe_route)(kn_ctx *ctx, int32_t *idx, float *w, const float *logits, int64_t T, int E, int K,
+                           int renorm); /* (optional) */
+    /* The T·K assignments a = t·K + k grouped by expert: sorted row j runs over experts
+     * ascending and, within one expert, over a ascending (stable). offsets [E + 1] I32:
+     * offsets[e] the first sorted row of expert e, offsets[E] = T·K; src [T·K] I32: the
+     * assignment at sorted row j; dst [T·K] I32: the sorted row of assignment a (src's inverse).
+     * idx [T, K] as moe_route wrote it (every entry in [0, E)). */
+    cm_status (*moe_group)(kn_ctx *ctx, int32_t *offsets, int32_t *src, int32_t *dst, const int32_t *idx, int64_t T,
+                           int E, int K); /* (optional) */
+    /* out[j, :] = in[src[j] / K, :] for j < T·K: each token's row copied to its K sorted rows;
+     * in [T, D] and out [T·K, D] both in dt (F32 or BF16). */
+    cm_status (*moe_gather)(kn_ctx *ctx, void *out, const void *in, cm_dtype dt, const int32_t *src, int64_t T,
+                            int K, int64_t D); /* (optional) */
+    /* out[t, :] = Σ_{k = 0..K-1} w[t, k] · y[dst[t·K + k], :], added in k order in fp32, then
+     * + sigmoid(sgate[t]) · shared[t, :] when shared ≠ NULL (sgate [T], shared [T, D]); y [T·K, D],
+     * out [T, D], all F32. out aliases none of the inputs. */
+    cm_status (*moe_combine)(kn_ctx *ctx, float *out, const float *y, const int32_t *dst, const float *w,
+                             const float *shared, const float *sgate, int64_t T, int K,
+                             int64_t D); /* (optional) */
 } kn_backend;
+
+#define KN_MOE_MAX_EXPERTS 1024 /* experts a router may have (Qwen's largest: 512) */
 
 #define KN_FP8_BLOCK 128
 #define KN_FP8_MAX   448.0f
