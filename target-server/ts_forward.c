@@ -23,6 +23,7 @@ void ts_ws_release(ts_model *m) {
     void  *bufs[] = {w->ids, w->cu, w->pos, w->x, w->h, w->o, w->big0, w->big1, w->big2, w->q, w->k, w->v,
                      w->gate, w->z, w->a, w->b, w->g, w->beta, w->attn, w->logits, w->h16, w->act16, w->h8, w->h8s, w->act8, w->act8s};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(m->ctx, bufs[i]);
+    ts_moe_release(m);
     free(w->pos_host);
     memset(w, 0, sizeof *w);
 }
@@ -37,7 +38,10 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
     if (T <= w->T && (!want_logits || w->logits)) return CM_OK;
     ts_ws_release(m);
     const cm_target_cfg *c  = &m->cfg;
-    const int64_t        D  = c->hidden_size, I = c->intermediate_size;
+    const int64_t        D  = c->hidden_size;
+    /* the dense MLP's and the shared expert's hidden rows use the same buffers */
+    const int64_t I = c->intermediate_size > c->shared_expert_intermediate_size ? c->intermediate_size
+                                                                                 : c->shared_expert_intermediate_size;
     const int64_t nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
     const int64_t nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     const int64_t conv_dim = 2 * nk * dk + nv * dv;
@@ -75,6 +79,7 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
             CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8s, (size_t)(Tp * ((I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK)) * 4));
         }
     }
+    CM_TRY(ts_moe_reserve(m, T));
     w->pos_host = malloc((size_t)T * sizeof *w->pos_host);
     if (!w->pos_host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate positions for %lld tokens", (long long)T);
     w->T = T;
@@ -101,17 +106,6 @@ void ts_model_set_timing(ts_model *m, int on) {
 
 void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
 
-/* The backend's GEMM from an f32 input, or from a bf16 one (inp16) written by its producer
- * (fused path). */
-/* A GEMM's input: exactly one of an F32 matrix, a BF16 one written by its producer (fused path),
- * or one already quantized for FP8 weights (q8 with its scales s8, fp8_quantize_rows' layout). */
-typedef struct gemm_in {
-    const float    *f32;
-    const uint16_t *bf16;
-    const uint8_t  *q8;
-    const float    *s8;
-} gemm_in;
-
 /* The backend's GEMM for the weight's type and the input's form. FP8 weights quantize an F32 or
  * BF16 input inside (1 × 128 groups). */
 static cm_status gemm_call(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
@@ -125,7 +119,7 @@ static cm_status gemm_call(ts_model *m, float *out, gemm_in in, const ts_mat *w,
 
 /* gemm_call, timed into *m->gemm_acc when timing is on (an input's quantization, done before,
  * is the producer's work, not the GEMM's). */
-static cm_status gemm_any(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+cm_status ts_gemm(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
     if (!m->timing) return gemm_call(m, out, in, w, M, N, K);
     double t0, t1;
     CM_TRY(mark(m, &t0));
@@ -136,23 +130,23 @@ static cm_status gemm_any(ts_model *m, float *out, gemm_in in, const ts_mat *w, 
 }
 
 static cm_status gemm(ts_model *m, float *out, const float *inp, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
-    return gemm_any(m, out, (gemm_in){.f32 = inp}, w, M, N, K);
+    return ts_gemm(m, out, (gemm_in){.f32 = inp}, w, M, N, K);
 }
 
 static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_mat *w, int64_t M, int64_t N,
                         int64_t K) {
-    return gemm_any(m, out, (gemm_in){.bf16 = inp}, w, M, N, K);
+    return ts_gemm(m, out, (gemm_in){.bf16 = inp}, w, M, N, K);
 }
 
 static cm_status gemm8q(ts_model *m, float *out, const uint8_t *q, const float *s, const ts_mat *w, int64_t M,
                         int64_t N, int64_t K) {
-    return gemm_any(m, out, (gemm_in){.q8 = q, .s8 = s}, w, M, N, K);
+    return ts_gemm(m, out, (gemm_in){.q8 = q, .s8 = s}, w, M, N, K);
 }
 
 /* The projections' GEMM: from the bf16 normed input on the fused path, else from h. With an FP8
  * weight the normed input is quantized once (ws.h8, until the next norm rewrites it) for every
  * projection that reads it, and the product runs from there. */
-static cm_status gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+cm_status ts_gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
     ts_ws *ws = &m->ws;
     if (w->dtype != CM_DTYPE_F8_E4M3 || !m->be->gemm_fp8q || !ws->h8)
         return m->fused ? gemm16(m, out, ws->h16, w, M, N, K) : gemm(m, out, ws->h, w, M, N, K);
@@ -168,7 +162,8 @@ static cm_status gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int
 static int has_fp8(const ts_model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         const ts_layer *L = &m->layers[i];
-        const ts_mat   *w[] = {&L->gate_proj, &L->up_proj, &L->in_qkv, &L->in_z, &L->q_proj, &L->k_proj, &L->v_proj};
+        const ts_mat   *w[] = {&L->gate_proj, &L->up_proj, &L->in_qkv, &L->in_z, &L->q_proj, &L->k_proj, &L->v_proj,
+                               &L->sh_gate, &L->sh_up};
         for (size_t j = 0; j < sizeof w / sizeof w[0]; j++)
             if (w[j]->dtype == CM_DTYPE_F8_E4M3) return 1;
     }
@@ -224,10 +219,10 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, 
     const int64_t        D  = c->hidden_size;
     const int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
     const int64_t conv_dim = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
-    CM_TRY(gemm_h(m, w->big0, &L->in_qkv, T, conv_dim, D));
-    CM_TRY(gemm_h(m, w->z, &L->in_z, T, (int64_t)nv * dv, D));
-    CM_TRY(gemm_h(m, w->b, &L->in_b, T, nv, D));
-    CM_TRY(gemm_h(m, w->a, &L->in_a, T, nv, D));
+    CM_TRY(ts_gemm_h(m, w->big0, &L->in_qkv, T, conv_dim, D));
+    CM_TRY(ts_gemm_h(m, w->z, &L->in_z, T, (int64_t)nv * dv, D));
+    CM_TRY(ts_gemm_h(m, w->b, &L->in_b, T, nv, D));
+    CM_TRY(ts_gemm_h(m, w->a, &L->in_a, T, nv, D));
     /* the fused op may refuse a shape (a long conv kernel, very wide heads): then the chain */
     cm_status cst = CM_ERR_UNSUPPORTED;
     if (m->cache)
@@ -272,11 +267,11 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int li, int64
     const int            nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     const float         *gate = c->attn_output_gate ? w->gate : NULL;
     if (gate) /* q_proj rows interleave [q_h | gate_h] per head */
-        CM_TRY(gemm_h(m, w->big0, &L->q_proj, T, 2 * (int64_t)nq * hd, D));
+        CM_TRY(ts_gemm_h(m, w->big0, &L->q_proj, T, 2 * (int64_t)nq * hd, D));
     else
-        CM_TRY(gemm_h(m, w->q, &L->q_proj, T, (int64_t)nq * hd, D));
-    CM_TRY(gemm_h(m, w->k, &L->k_proj, T, (int64_t)nkv * hd, D));
-    CM_TRY(gemm_h(m, w->v, &L->v_proj, T, (int64_t)nkv * hd, D));
+        CM_TRY(ts_gemm_h(m, w->q, &L->q_proj, T, (int64_t)nq * hd, D));
+    CM_TRY(ts_gemm_h(m, w->k, &L->k_proj, T, (int64_t)nkv * hd, D));
+    CM_TRY(ts_gemm_h(m, w->v, &L->v_proj, T, (int64_t)nkv * hd, D));
     /* fused path: the q/gate split, q/k norms and rope in one pass; the op may refuse a shape
      * (very wide heads), and then the chain runs */
     cm_status cst = CM_ERR_UNSUPPORTED;
@@ -315,8 +310,8 @@ static cm_status forward_mlp(ts_model *m, const ts_layer *L, int64_t T) {
     const cm_target_cfg *c = &m->cfg;
     ts_ws               *w = &m->ws;
     const int64_t        D = c->hidden_size, I = c->intermediate_size;
-    CM_TRY(gemm_h(m, w->big0, &L->gate_proj, T, I, D));
-    CM_TRY(gemm_h(m, w->big1, &L->up_proj, T, I, D));
+    CM_TRY(ts_gemm_h(m, w->big0, &L->gate_proj, T, I, D));
+    CM_TRY(ts_gemm_h(m, w->big1, &L->up_proj, T, I, D));
     if (m->fused && L->down_proj.dtype == CM_DTYPE_F8_E4M3 && w->act8) { /* swiglu writes it quantized */
         CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, T, I));
         return gemm8q(m, w->o, w->act8, w->act8s, &L->down_proj, T, D, I);
@@ -436,7 +431,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
             CM_TRY(be->rmsnorm(cx, w->h, w->x, L->post_norm, T, D, c->rms_norm_eps, 1));
         }
         w->h8_valid = 0;
-        CM_TRY(forward_mlp(m, L, T));
+        CM_TRY(L->moe ? ts_forward_moe(m, L, i, T, cap) : forward_mlp(m, L, T));
         /* the fused path leaves the add to the next input norm, unless x is read before it */
         const int x_read = i == last || (next_cap < cap->n_layers && cap->layers[next_cap] == i);
         if (!m->fused || x_read)

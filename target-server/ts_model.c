@@ -75,10 +75,27 @@ static cm_status upload_new(ts_model *m, void **dst, const void *host, size_t by
     return m->be->upload(m->ctx, *dst, host, bytes);
 }
 
-/* Loads a [rows, cols] matrix named prefix+name (or exactly name when raw); FP8 as its role
- * and the precision say (ts_model_int.h). */
-static cm_status load_mat(ts_loader *ld, const char *name, int raw, ts_mat_role role, int64_t rows, int64_t cols,
-                          ts_mat *out) {
+cm_status ts_load_mat_host(ts_loader *ld, const char *name, const void *host, cm_dtype dt, ts_mat_role role,
+                           int64_t rows, int64_t cols, ts_mat *out) {
+    const int quantize = ld->fp8 && role == TS_MAT_ROLE_QUANT;
+    const cm_dtype want = (dt == CM_DTYPE_BF16 || ld->bf16_weights) ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+    const size_t   n    = (size_t)rows * (size_t)cols;
+    cm_status      st   = CM_OK;
+    void          *conv = NULL;
+    if (want != dt) { /* an F32 host copy stored as BF16 */
+        conv = malloc(n * cm_dtype_size(want) + 1);
+        if (!conv) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu values for '%s'", n, name);
+        st = cm_convert(conv, want, host, dt, n);
+    }
+    if (st == CM_OK) st = upload_new(ld->m, &out->data, conv ? conv : host, n * cm_dtype_size(want));
+    free(conv);
+    out->dtype = want;
+    if (st == CM_OK && quantize) st = ts_fp8_quantize(ld, name, rows, cols, out);
+    return st;
+}
+
+cm_status ts_load_mat(ts_loader *ld, const char *name, int raw, ts_mat_role role, int64_t rows, int64_t cols,
+                      ts_mat *out) {
     char full[256];
     snprintf(full, sizeof full, "%s%s", raw ? "" : ld->prefix, name);
     const int quantize = ld->fp8 && role == TS_MAT_ROLE_QUANT;
@@ -104,10 +121,8 @@ static cm_status load_mat(ts_loader *ld, const char *name, int raw, ts_mat_role 
     void    *host  = malloc(bytes ? bytes : 1);
     if (!host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes for '%s'", bytes, full);
     cm_status st = cm_st_read(ld->st, full, 2, shape, host, dt);
-    if (st == CM_OK) st = upload_new(ld->m, &out->data, host, bytes);
+    if (st == CM_OK) st = ts_load_mat_host(ld, full, host, dt, role, rows, cols, out);
     free(host);
-    out->dtype = dt;
-    if (st == CM_OK && quantize) st = ts_fp8_quantize(ld, full, rows, cols, out);
     return st;
 }
 
@@ -140,18 +155,27 @@ static cm_status load_layer(ts_loader *ld, int i, ts_layer *L) {
     L->type = c->layer_types[i];
     CM_TRY(load_vec1(ld, LNAME("input_layernorm.weight"), D, &L->input_norm));
     CM_TRY(load_vec1(ld, LNAME("post_attention_layernorm.weight"), D, &L->post_norm));
-    CM_TRY(load_mat(ld, LNAME("mlp.gate_proj.weight"), 0, TS_MAT_ROLE_QUANT, I, D, &L->gate_proj));
-    CM_TRY(load_mat(ld, LNAME("mlp.up_proj.weight"), 0, TS_MAT_ROLE_QUANT, I, D, &L->up_proj));
-    CM_TRY(load_mat(ld, LNAME("mlp.down_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, I, &L->down_proj));
+    if (cm_target_layer_moe(c, i)) {
+        CM_TRY(ts_load_moe(ld, i, L));
+    } else {
+        CM_TRY(ts_load_mat(ld, LNAME("mlp.gate_proj.weight"), 0, TS_MAT_ROLE_QUANT, I, D, &L->gate_proj));
+        CM_TRY(ts_load_mat(ld, LNAME("mlp.up_proj.weight"), 0, TS_MAT_ROLE_QUANT, I, D, &L->up_proj));
+        CM_TRY(ts_load_mat(ld, LNAME("mlp.down_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, I, &L->down_proj));
+    }
     if (L->type == CM_LAYER_TYPE_LINEAR_ATTENTION) {
         const int64_t nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
         const int64_t conv_dim = 2 * nk * dk + nv * dv;
         const int64_t conv_shape[3] = {conv_dim, 1, c->lin_conv_kernel};
-        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_qkv.weight"), 0, TS_MAT_ROLE_QUANT, conv_dim, D, &L->in_qkv));
-        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_z.weight"), 0, TS_MAT_ROLE_QUANT, nv * dv, D, &L->in_z));
-        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_b.weight"), 0, TS_MAT_ROLE_GEMM, nv, D, &L->in_b));
-        CM_TRY(load_mat(ld, LNAME("linear_attn.in_proj_a.weight"), 0, TS_MAT_ROLE_GEMM, nv, D, &L->in_a));
-        CM_TRY(load_mat(ld, LNAME("linear_attn.out_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, nv * dv, &L->out_proj));
+        if (c->family == CM_TARGET_FAMILY_QWEN3_NEXT) {
+            CM_TRY(ts_load_next_gdn(ld, i, L));
+        } else {
+            CM_TRY(ts_load_mat(ld, LNAME("linear_attn.in_proj_qkv.weight"), 0, TS_MAT_ROLE_QUANT, conv_dim, D,
+                               &L->in_qkv));
+            CM_TRY(ts_load_mat(ld, LNAME("linear_attn.in_proj_z.weight"), 0, TS_MAT_ROLE_QUANT, nv * dv, D, &L->in_z));
+            CM_TRY(ts_load_mat(ld, LNAME("linear_attn.in_proj_b.weight"), 0, TS_MAT_ROLE_GEMM, nv, D, &L->in_b));
+            CM_TRY(ts_load_mat(ld, LNAME("linear_attn.in_proj_a.weight"), 0, TS_MAT_ROLE_GEMM, nv, D, &L->in_a));
+        }
+        CM_TRY(ts_load_mat(ld, LNAME("linear_attn.out_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, nv * dv, &L->out_proj));
         CM_TRY(load_vec(ld, LNAME("linear_attn.conv1d.weight"), 3, conv_shape, &L->conv_w));
         CM_TRY(load_vec1(ld, LNAME("linear_attn.A_log"), nv, &L->A_log));
         CM_TRY(load_vec1(ld, LNAME("linear_attn.dt_bias"), nv, &L->dt_bias));
@@ -159,10 +183,10 @@ static cm_status load_layer(ts_loader *ld, int i, ts_layer *L) {
     } else {
         const int64_t nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
         const int64_t q_rows = nq * hd * (c->attn_output_gate ? 2 : 1);
-        CM_TRY(load_mat(ld, LNAME("self_attn.q_proj.weight"), 0, TS_MAT_ROLE_QUANT, q_rows, D, &L->q_proj));
-        CM_TRY(load_mat(ld, LNAME("self_attn.k_proj.weight"), 0, TS_MAT_ROLE_QUANT, nkv * hd, D, &L->k_proj));
-        CM_TRY(load_mat(ld, LNAME("self_attn.v_proj.weight"), 0, TS_MAT_ROLE_QUANT, nkv * hd, D, &L->v_proj));
-        CM_TRY(load_mat(ld, LNAME("self_attn.o_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, nq * hd, &L->o_proj));
+        CM_TRY(ts_load_mat(ld, LNAME("self_attn.q_proj.weight"), 0, TS_MAT_ROLE_QUANT, q_rows, D, &L->q_proj));
+        CM_TRY(ts_load_mat(ld, LNAME("self_attn.k_proj.weight"), 0, TS_MAT_ROLE_QUANT, nkv * hd, D, &L->k_proj));
+        CM_TRY(ts_load_mat(ld, LNAME("self_attn.v_proj.weight"), 0, TS_MAT_ROLE_QUANT, nkv * hd, D, &L->v_proj));
+        CM_TRY(ts_load_mat(ld, LNAME("self_attn.o_proj.weight"), 0, TS_MAT_ROLE_QUANT, D, nq * hd, &L->o_proj));
         CM_TRY(load_vec1(ld, LNAME("self_attn.q_norm.weight"), hd, &L->q_norm));
         CM_TRY(load_vec1(ld, LNAME("self_attn.k_norm.weight"), hd, &L->k_norm));
     }
@@ -183,9 +207,9 @@ static cm_status detect_prefix(const cm_st *st, const char *dir, const char **pr
         }
     }
     return CM_FAIL(CM_ERR_FORMAT,
-                   "missing tensor 'model.language_model.embed_tokens.weight' (Qwen3_5ForConditionalGeneration "
-                   "layout) or 'model.embed_tokens.weight' (Qwen3_5ForCausalLM layout) in '%s': is this a Qwen3.5/3.6 "
-                   "checkpoint?",
+                   "missing tensor 'model.language_model.embed_tokens.weight' (the ForConditionalGeneration "
+                   "layout) or 'model.embed_tokens.weight' (the ForCausalLM layout) in '%s': is this a Qwen3.5/3.6 or "
+                   "Qwen3-Next checkpoint?",
                    dir);
 }
 
@@ -223,7 +247,7 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     }
 
     const int64_t D = c->hidden_size, V = c->vocab_size;
-    CM_TRY_GOTO(load_mat(&ld, "embed_tokens.weight", 0, TS_MAT_ROLE_TABLE, V, D, &m->embed), st, fail);
+    CM_TRY_GOTO(ts_load_mat(&ld, "embed_tokens.weight", 0, TS_MAT_ROLE_TABLE, V, D, &m->embed), st, fail);
     m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
     if (!m->layers) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d layers", m->n_layers);
@@ -235,7 +259,7 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
         if (c->tie_word_embeddings)
             m->lm_head = m->embed;
         else
-            CM_TRY_GOTO(load_mat(&ld, "lm_head.weight", 1, TS_MAT_ROLE_TABLE, V, D, &m->lm_head), st, fail);
+            CM_TRY_GOTO(ts_load_mat(&ld, "lm_head.weight", 1, TS_MAT_ROLE_TABLE, V, D, &m->lm_head), st, fail);
         m->has_head = 1;
     }
     cm_st_destroy(&sts);
@@ -284,6 +308,7 @@ void ts_model_destroy(ts_model **pm) {
                               &L->in_a, &L->out_proj, &L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj};
             for (size_t j = 0; j < sizeof p / sizeof p[0]; j++) be->free(m->ctx, p[j]);
             for (size_t j = 0; j < sizeof w / sizeof w[0]; j++) ts_mat_free(m, w[j]);
+            ts_moe_free(m, L);
         }
         free(m->layers);
     }

@@ -83,6 +83,10 @@ typedef struct ts_capture {
     const int32_t *head_rows;
     int32_t       *head_argmax;
     float         *head_logits;
+    /* NULL, or host [loaded layers][T, K] (K = num_experts_per_tok): each sparse MoE layer i
+     * writes its tokens' chosen experts at experts + i·T·K, in descending routing weight (the
+     * rows of dense layers are left as they were). */
+    int32_t *experts;
 } ts_capture;
 
 /* Per-block times of the forwards since timing was turned on, in milliseconds, summed over

@@ -1,5 +1,6 @@
 /* target-server/ts_model_int.h — what the files of the target model share (ts_model.c the loading,
- * ts_load_fp8.c its FP8 part, ts_forward.c the forward, ts_cache.c the decoding cache) and
+ * ts_load_fp8.c its FP8 part, ts_load_moe.c the MoE and Qwen3-Next parts, ts_forward.c the
+ * forward, ts_forward_moe.c its sparse block, ts_cache.c the decoding cache) and
  * nobody else needs: the model's weights, the loader, the workspace and the cache's buffers. */
 #ifndef TS_MODEL_INT_H
 #define TS_MODEL_INT_H
@@ -28,6 +29,12 @@ typedef struct ts_layer {
     /* gated attention */
     ts_mat q_proj, k_proj, v_proj, o_proj;
     float *q_norm, *k_norm; /* [hd] */
+    /* sparse MoE block (moe; docs/moe.md), instead of gate/up/down_proj */
+    int     moe;
+    ts_mat  router;                    /* mlp.gate [E, D] */
+    ts_mat *ex_gate, *ex_up, *ex_down; /* E each: [Ie, D], [Ie, D], [D, Ie] */
+    ts_mat  sh_gate, sh_up, sh_down;   /* the shared expert: [Is, D], [Is, D], [D, Is] (absent: Is = 0) */
+    ts_mat  sh_router;                 /* shared_expert_gate [1, D] */
 } ts_layer;
 
 typedef struct ts_ws {
@@ -42,6 +49,16 @@ typedef struct ts_ws {
     int       h8_valid; /* h8 holds the current normed input */
     uint8_t  *act8;  /* FP8 down projections on the fused path: swiglu's output quantized, [kn_fp8_rows(T), I] */
     float    *act8s; /* and its scales [ceil(I/128), kn_fp8_rows(T)] */
+    /* MoE layers (ts_forward_moe.c; NULL for a dense model), with R = T·K routed rows */
+    float   *rlogits;            /* [T, E] the router's logits */
+    int32_t *ridx, *roff, *rsrc, *rdst; /* [T, K], [E + 1], [R], [R] (moe_route, moe_group) */
+    float   *rw;                 /* [T, K] the routing weights */
+    void    *xg;                 /* [R, D] the gathered inputs (bf16 on the fused path, else f32) */
+    float   *eg, *eu;            /* [R, Ie] gate and up */
+    void    *eact;               /* [R, Ie] swiglu (bf16 on the fused path, else f32) */
+    float   *ey;                 /* [R, D] the experts' outputs */
+    float   *sh, *shg;           /* [T, D] the shared expert's output, [T] its gate's logit */
+    int32_t *roff_host;          /* host [E + 1] */
 } ts_ws;
 
 struct ts_model {
@@ -134,11 +151,48 @@ cm_status ts_fp8_refuse_table(const cm_st_tensor *t);
 /* Frees a matrix's data and scales (NULL-safe) and zeroes it. */
 void ts_mat_free(ts_model *m, ts_mat *w);
 
+/* The sparse MoE block's weights of layer i (ts_load_moe.c): router, experts in either layout
+ * (fused 3-D gate_up_proj / down_proj, or per expert), shared expert and its gate. */
+cm_status ts_load_moe(ts_loader *ld, int i, ts_layer *L);
+/* Qwen3-Next's fused in_proj_qkvz / in_proj_ba of layer i un-interleaved into in_qkv, in_z,
+ * in_b, in_a (ts_load_moe.c). */
+cm_status ts_load_next_gdn(ts_loader *ld, int i, ts_layer *L);
+/* Frees layer L's MoE weights. */
+void ts_moe_free(ts_model *m, ts_layer *L);
+/* ts_model.c, shared with ts_load_moe.c: loads a [rows, cols] matrix named prefix+name (raw:
+ * exactly name) as its role and the precision say; and the same from host values already read
+ * (host [rows, cols] in dt, F32 or BF16), name naming it in messages and --init random's seed. */
+cm_status ts_load_mat(ts_loader *ld, const char *name, int raw, ts_mat_role role, int64_t rows, int64_t cols,
+                      ts_mat *out);
+cm_status ts_load_mat_host(ts_loader *ld, const char *name, const void *host, cm_dtype dt, ts_mat_role role,
+                           int64_t rows, int64_t cols, ts_mat *out);
+
 /* ts_forward.c: frees the workspace (the model's destroy calls it); the forward from scratch
  * (m->cache NULL, as ts_model_forward) or continued from m->cache at m->step (as
  * ts_model_forward_cached, which sets them around the call). */
 void      ts_ws_release(ts_model *m);
 cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
                          const ts_capture *cap);
+
+/* A GEMM's input for ts_gemm: exactly one of an F32 matrix, a BF16 one written by its producer
+ * (fused path), or one already quantized for FP8 weights (q8 with its scales s8, in
+ * fp8_quantize_rows' layout). */
+typedef struct gemm_in {
+    const float    *f32;
+    const uint16_t *bf16;
+    const uint8_t  *q8;
+    const float    *s8;
+} gemm_in;
+/* ts_forward.c: out [M, N] = in · wᵀ by the backend's GEMM for the weight's type and the
+ * input's form (timed into the running block's GEMM time); ts_gemm_h the same from the block's
+ * normed input (ws.h16 on the fused path, else ws.h; quantized once per norm for FP8 weights). */
+cm_status ts_gemm(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K);
+cm_status ts_gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K);
+/* ts_forward_moe.c: the workspace's MoE buffers for T tokens (none for a dense model), and the
+ * sparse block of layer li from the normed input into ws.o; cap->experts, when set, receives
+ * the layer's routing. */
+cm_status ts_moe_reserve(ts_model *m, int64_t T);
+void      ts_moe_release(ts_model *m);
+cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, const ts_capture *cap);
 
 #endif /* TS_MODEL_INT_H */

@@ -134,9 +134,9 @@ static void test_target_good(void) {
                              "{\"type\": \"default\", \"mrope_section\": [11, "
                              "11, 10]}"),
                         &c) == CM_OK);
-    // no rope anywhere: theta 10000, factor 1
+    // no rope anywhere: theta 10000, factor 0.25 (Transformers' defaults for these classes)
     TST_CHECK(target_of(edit(nested(), "text_config.rope_parameters", NULL), &c) == CM_OK);
-    TST_CHECK(c.rope_theta == 10000.0 && c.rotary_dim == 256);
+    TST_CHECK(c.rope_theta == 10000.0 && c.rotary_dim == 64);
     // tie_word_embeddings: the text config wins, else the top level
     TST_CHECK(target_of(edit(nested(), "text_config.tie_word_embeddings", "true"), &c) == CM_OK &&
               c.tie_word_embeddings == 1);
@@ -185,17 +185,15 @@ static void test_target_bad(void) {
     cm_target_cfg c;
     // model types
     TST_FAILS(target_of(edit(nested(), "model_type", "\"llama\""), &c), CM_ERR_UNSUPPORTED,
-              "'" ORIGIN "': unknown model_type 'llama'; supported: qwen3_5, qwen3_5_text");
-    TST_FAILS(target_of(edit(nested(), "model_type", "\"qwen3_next\""), &c), CM_ERR_UNSUPPORTED,
-              "model_type 'qwen3_next' is not supported yet");
-    TST_FAILS(target_of(edit(nested(), "model_type", "\"qwen3_5_moe\""), &c), CM_ERR_UNSUPPORTED,
-              "model_type 'qwen3_5_moe' is not supported yet");
-    TST_FAILS(target_of(edit(flat(), "model_type", "\"qwen3_5_moe_text\""), &c), CM_ERR_UNSUPPORTED,
-              "'qwen3_5_moe_text' is not supported yet");
+              "'" ORIGIN "': unknown model_type 'llama'; supported: qwen3_5, qwen3_5_text, qwen3_5_moe, "
+              "qwen3_5_moe_text, qwen3_next");
     TST_FAILS(target_of(edit(nested(), "text_config.model_type", "\"qwen3_5_moe_text\""), &c),
-              CM_ERR_UNSUPPORTED, "text_config.model_type 'qwen3_5_moe_text' is not supported yet");
+              CM_ERR_UNSUPPORTED, "text_config.model_type 'qwen3_5_moe_text' does not go with model_type 'qwen3_5'",
+              "expected 'qwen3_5_text'");
     TST_FAILS(target_of(edit(nested(), "text_config.model_type", "\"llama\""), &c), CM_ERR_UNSUPPORTED,
-              "unknown text_config.model_type 'llama'");
+              "text_config.model_type 'llama' does not go with");
+    TST_FAILS(target_of(edit(nested(), "model_type", "\"qwen3_5_moe\""), &c), CM_ERR_UNSUPPORTED,
+              "text_config.model_type 'qwen3_5_text' does not go with model_type 'qwen3_5_moe'");
     TST_FAILS(target_of(edit(nested(), "model_type", NULL), &c), CM_ERR_FORMAT, ORIGIN,
               "missing field 'model_type'");
     TST_FAILS(target_of(edit(nested(), "model_type", "5"), &c), CM_ERR_FORMAT,

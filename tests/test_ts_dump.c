@@ -4,6 +4,8 @@
  *   test_ts_dump cpu          tolerance 1e-4 (unit)
  *   test_ts_dump cuda bf16    tolerance 3e-2 (gpu; exits 77 without a GPU)
  *   test_ts_dump cuda fp32    tolerance 1e-3 (gpu)
+ * A MoE fixture's routing (experts_<i>, each token's chosen experts) must equal the oracle's on the cpu and
+ * in fp32; bf16 may flip at most 2 % of the choices.
  * With precision fp8 it reads the FP8 copies instead (tests/fixtures/target_fp8, W8A8 float64 references of
  * tests/oracle/make_fp8_fixtures.py) and prints every tensor's error, and its distance from the source fixture's
  * unquantized reference (the FP8-vs-bf16 difference; informational):
@@ -48,6 +50,7 @@ static int tensor_errors(const char *fix, const cm_st *got, const cm_st *ref, do
     for (int i = 0; i < cm_st_count(ref) && n_cmp < max; i++) {
         const cm_st_tensor *r = cm_st_at(ref, i);
         const cm_st_tensor *g = cm_st_find(got, r->name);
+        if (r->dtype == CM_DTYPE_I32) continue; /* a MoE layer's routing: routing_mismatches */
         names[n_cmp] = r->name;
         err[n_cmp]   = INFINITY;
         if (!g) {
@@ -83,6 +86,39 @@ static int cuda_fp8_widths(const char *model) {
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
         if (w[i] % 16) return 0;
     return 1;
+}
+
+/* A MoE fixture's routing: every experts_<i> of the reference (I32 [T, K], the oracle's top-k in
+ * descending weight) against the dump's; *n_rows receives the (token, layer) pairs compared and the
+ * return value those whose chosen experts differ as sets (-1 when the dump lacks a layer's). */
+static long routing_mismatches(const char *fix, const cm_st *got, const cm_st *ref, long *n_rows) {
+    long bad = 0;
+    *n_rows  = 0;
+    for (int i = 0; i < cm_st_count(ref); i++) {
+        const cm_st_tensor *r = cm_st_at(ref, i);
+        if (r->dtype != CM_DTYPE_I32) continue;
+        const cm_st_tensor *g = cm_st_find(got, r->name);
+        if (!g || g->dtype != CM_DTYPE_I32 || g->n_dims != 2 || g->shape[0] != r->shape[0] ||
+            g->shape[1] != r->shape[1]) {
+            fprintf(stderr, "%s: dump lacks '%s' as I32 of the reference's shape\n", fix, r->name);
+            return -1;
+        }
+        const int64_t T = r->shape[0], K = r->shape[1];
+        for (int64_t t = 0; t < T; t++) {
+            int32_t a[64], b[64];
+            memcpy(a, (const int32_t *)r->data + t * K, (size_t)K * sizeof *a); /* may be unaligned */
+            memcpy(b, (const int32_t *)g->data + t * K, (size_t)K * sizeof *b);
+            int same = 1;
+            for (int64_t k = 0; k < K && same; k++) {
+                int found = 0;
+                for (int64_t j = 0; j < K; j++) found |= a[k] == b[j];
+                same = found;
+            }
+            bad += !same;
+            ++*n_rows;
+        }
+    }
+    return bad;
 }
 
 /* label: what the summary line calls the run (the precision, or how it was run). */
@@ -140,6 +176,14 @@ static void check_fixture(const char *fix, const char *device, const char *preci
     TST_CHECK(n_cmp >= 3);
     printf("%-40s %-5s %-5s %2d tensors, worst relative L2 %.3e (tolerance %.0e)\n", strrchr(fix, '/') + 1,
            device, label, n_cmp, worst, tol);
+    long n_rows, bad = routing_mismatches(fix, got, ref, &n_rows);
+    if (n_rows > 0 || bad < 0) {
+        /* equal routing on the cpu and in fp32; bf16 rounding may flip a close call (at most 2 %) */
+        const int exact = strcmp(device, "cpu") == 0 || strcmp(precision, "fp32") == 0;
+        TST_CHECK(bad >= 0 && (exact ? bad == 0 : bad <= n_rows / 50));
+        printf("%-40s %-5s %-5s routing: %ld of %ld (token, layer) choices differ from the oracle's\n",
+               strrchr(fix, '/') + 1, device, label, bad, n_rows);
+    }
 done:
     cm_st_destroy(&ref);
     cm_st_destroy(&got);

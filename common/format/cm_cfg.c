@@ -118,7 +118,7 @@ static cm_status cfg_missing(const cfg_obj *o, const char *key) {
 }
 
 /* Reads an integer field into *out; sets *found. Non-integers and values outside int fail. */
-static cm_status cfg_int_opt(const cfg_obj *o, const char *key, int *out, int *found) {
+cm_status cm_cfg_int_opt(const cfg_obj *o, const char *key, int *out, int *found) {
     const cJSON *it = cm_cfg_item(o, key);
     *found = it != NULL;
     if (!it)
@@ -132,10 +132,10 @@ static cm_status cfg_int_opt(const cfg_obj *o, const char *key, int *out, int *f
 }
 
 /* An integer field, > 0. required: absent fails; else absent leaves *out = def. */
-static cm_status cfg_pos(const cfg_obj *o, const char *key, int required, int def, int *out) {
+cm_status cm_cfg_pos(const cfg_obj *o, const char *key, int required, int def, int *out) {
     int found;
     *out = def;
-    CM_TRY(cfg_int_opt(o, key, out, &found));
+    CM_TRY(cm_cfg_int_opt(o, key, out, &found));
     if (!found && required)
         return cfg_missing(o, key);
     if (found && *out <= 0)
@@ -210,8 +210,8 @@ static cm_status cfg_double_either(const cfg_obj *a, const cfg_obj *b, const cha
 
 static cm_status cfg_int_either(const cfg_obj *a, const cfg_obj *b, const char *key, int *out, int *found) {
     int va = 0, vb = 0, fa, fb;
-    CM_TRY(cfg_int_opt(a, key, &va, &fa));
-    CM_TRY(cfg_int_opt(b, key, &vb, &fb));
+    CM_TRY(cm_cfg_int_opt(a, key, &va, &fa));
+    CM_TRY(cm_cfg_int_opt(b, key, &vb, &fb));
     if (fa && fb && va != vb)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': '%s%s' (%d) and '%s%s' (%d) disagree; keep one", a->origin,
                        a->prefix, key, va, b->prefix, key, vb);
@@ -241,8 +241,8 @@ static cm_status cfg_rope_type(const cfg_obj *rope) {
 
 /* Head sizes: heads > 0, kv heads > 0 dividing heads, head_dim (default hidden/heads) > 0. */
 static cm_status cfg_heads(const cfg_obj *o, int hidden, int *n_heads, int *n_kv, int *head_dim) {
-    CM_TRY(cfg_pos(o, "num_attention_heads", 1, 0, n_heads));
-    CM_TRY(cfg_pos(o, "num_key_value_heads", 0, *n_heads, n_kv));
+    CM_TRY(cm_cfg_pos(o, "num_attention_heads", 1, 0, n_heads));
+    CM_TRY(cm_cfg_pos(o, "num_key_value_heads", 0, *n_heads, n_kv));
     if (*n_heads % *n_kv != 0)
         return CM_FAIL(
             CM_ERR_FORMAT,
@@ -250,7 +250,7 @@ static cm_status cfg_heads(const cfg_obj *o, int hidden, int *n_heads, int *n_kv
             "must be whole)",
             o->origin, o->prefix, *n_heads, o->prefix, *n_kv);
     int found;
-    CM_TRY(cfg_int_opt(o, "head_dim", head_dim, &found));
+    CM_TRY(cm_cfg_int_opt(o, "head_dim", head_dim, &found));
     if (!found) {
         if (hidden % *n_heads != 0)
             return CM_FAIL(
@@ -267,7 +267,7 @@ static cm_status cfg_heads(const cfg_obj *o, int hidden, int *n_heads, int *n_kv
 }
 
 /* layer_types: an array of n strings, each one of names[0..n_names) mapped to types[]. */
-static cm_status cfg_layer_types(const cfg_obj *o, const cJSON *arr, int n, const char *const *names,
+static cm_status cm_cfg_layer_types(const cfg_obj *o, const cJSON *arr, int n, const char *const *names,
                                  const cm_layer_type *types, int n_names, cm_layer_type *out) {
     if (!cJSON_IsArray(arr))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%slayer_types' must be an array of strings, found %s",
@@ -294,11 +294,13 @@ static cm_status cfg_layer_types(const cfg_obj *o, const cJSON *arr, int n, cons
     return CM_OK;
 }
 
+#define CFG_SUPPORTED "qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next"
+
 static cm_status cfg_model_type(const cfg_obj *o, const char **out) {
     const cJSON *it = cm_cfg_item(o, "model_type");
     if (!it)
-        return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field '%smodel_type'; supported: qwen3_5, qwen3_5_text",
-                       o->origin, o->prefix);
+        return CM_FAIL(CM_ERR_FORMAT, "'%s': missing field '%smodel_type'; supported: " CFG_SUPPORTED, o->origin,
+                       o->prefix);
     if (!cJSON_IsString(it))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': field '%smodel_type' must be a string, found %s", o->origin,
                        o->prefix, cm_cfg_json_kind(it));
@@ -306,23 +308,35 @@ static cm_status cfg_model_type(const cfg_obj *o, const char **out) {
     return CM_OK;
 }
 
-static int is_later_family(const char *mt) {
-    return strcmp(mt, "qwen3_next") == 0 || strcmp(mt, "qwen3_5_moe") == 0 ||
-           strcmp(mt, "qwen3_5_moe_text") == 0;
-}
+/* The model types Tandem reads: the top-level type, the text model's type, the family, and
+ * whether the text model is nested under text_config (the multimodal classes). */
+static const struct {
+    const char      *top, *text;
+    cm_target_family family;
+    int              nested;
+} model_types[] = {
+    {"qwen3_5", "qwen3_5_text", CM_TARGET_FAMILY_QWEN3_5, 1},
+    {"qwen3_5_text", "qwen3_5_text", CM_TARGET_FAMILY_QWEN3_5, 0},
+    {"qwen3_5_moe", "qwen3_5_moe_text", CM_TARGET_FAMILY_QWEN3_5_MOE, 1},
+    {"qwen3_5_moe_text", "qwen3_5_moe_text", CM_TARGET_FAMILY_QWEN3_5_MOE, 0},
+    {"qwen3_next", "qwen3_next", CM_TARGET_FAMILY_QWEN3_NEXT, 0},
+};
 
 // ----------------------------------------------------------------------------
 // target
 
 static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_obj *tx) {
     const char *origin = tx->origin;
-    CM_TRY(cfg_pos(tx, "hidden_size", 1, 0, &cfg->hidden_size));
-    CM_TRY(cfg_pos(tx, "num_hidden_layers", 1, 0, &cfg->n_layers));
+    CM_TRY(cm_cfg_pos(tx, "hidden_size", 1, 0, &cfg->hidden_size));
+    CM_TRY(cm_cfg_pos(tx, "num_hidden_layers", 1, 0, &cfg->n_layers));
     if (cfg->n_layers > CM_CFG_MAX_LAYERS)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': %snum_hidden_layers %d exceeds the supported maximum %d", origin,
                        tx->prefix, cfg->n_layers, CM_CFG_MAX_LAYERS);
-    CM_TRY(cfg_pos(tx, "intermediate_size", 1, 0, &cfg->intermediate_size));
-    CM_TRY(cfg_pos(tx, "vocab_size", 1, 0, &cfg->vocab_size));
+    if (cfg->family != CM_TARGET_FAMILY_QWEN3_5) CM_TRY(cm_cfg_moe_fill(cfg, tx));
+    int dense = 0; /* the dense MLP's intermediate_size is needed only where a layer has one */
+    for (int i = 0; i < cfg->n_layers; i++) dense |= !cm_target_layer_moe(cfg, i);
+    CM_TRY(cm_cfg_pos(tx, "intermediate_size", dense, 0, &cfg->intermediate_size));
+    CM_TRY(cm_cfg_pos(tx, "vocab_size", 1, 0, &cfg->vocab_size));
     CM_TRY(cfg_eps(tx, &cfg->rms_norm_eps));
     if (cm_cfg_item(tx, "tie_word_embeddings"))
         CM_TRY(cm_cfg_bool(tx, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
@@ -334,10 +348,10 @@ static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_
     static const cm_layer_type types[] = {CM_LAYER_TYPE_LINEAR_ATTENTION, CM_LAYER_TYPE_FULL_ATTENTION};
     const cJSON               *lt = cm_cfg_item(tx, "layer_types");
     if (lt) {
-        CM_TRY(cfg_layer_types(tx, lt, cfg->n_layers, names, types, 2, cfg->layer_types));
+        CM_TRY(cm_cfg_layer_types(tx, lt, cfg->n_layers, names, types, 2, cfg->layer_types));
     } else {
         int interval;
-        CM_TRY(cfg_pos(tx, "full_attention_interval", 0, 4, &interval));
+        CM_TRY(cm_cfg_pos(tx, "full_attention_interval", 0, 4, &interval));
         for (int i = 0; i < cfg->n_layers; i++)
             cfg->layer_types[i] =
                 (i + 1) % interval == 0 ? CM_LAYER_TYPE_FULL_ATTENTION : CM_LAYER_TYPE_LINEAR_ATTENTION;
@@ -359,7 +373,7 @@ static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_
     CM_TRY(cfg_rope_type(&rs));
     double factor;
     CM_TRY(cfg_double_either(&rp, tx, "rope_theta", 10000.0, &cfg->rope_theta));
-    CM_TRY(cfg_double_either(&rp, tx, "partial_rotary_factor", 1.0, &factor));
+    CM_TRY(cfg_double_either(&rp, tx, "partial_rotary_factor", 0.25, &factor)); /* Transformers' default */
     if (!(cfg->rope_theta > 0))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': rope_theta must be positive, found %g", origin, cfg->rope_theta);
     if (!(factor > 0 && factor <= 1))
@@ -378,11 +392,11 @@ static cm_status target_fill(cm_target_cfg *cfg, const cfg_obj *root, const cfg_
                        origin, cfg->head_dim, factor);
 
     // gated deltanet (required when any layer uses it)
-    CM_TRY(cfg_pos(tx, "linear_num_key_heads", has_linear, 0, &cfg->lin_n_k_heads));
-    CM_TRY(cfg_pos(tx, "linear_num_value_heads", has_linear, 0, &cfg->lin_n_v_heads));
-    CM_TRY(cfg_pos(tx, "linear_key_head_dim", has_linear, 0, &cfg->lin_k_head_dim));
-    CM_TRY(cfg_pos(tx, "linear_value_head_dim", has_linear, 0, &cfg->lin_v_head_dim));
-    CM_TRY(cfg_pos(tx, "linear_conv_kernel_dim", has_linear, 0, &cfg->lin_conv_kernel));
+    CM_TRY(cm_cfg_pos(tx, "linear_num_key_heads", has_linear, 0, &cfg->lin_n_k_heads));
+    CM_TRY(cm_cfg_pos(tx, "linear_num_value_heads", has_linear, 0, &cfg->lin_n_v_heads));
+    CM_TRY(cm_cfg_pos(tx, "linear_key_head_dim", has_linear, 0, &cfg->lin_k_head_dim));
+    CM_TRY(cm_cfg_pos(tx, "linear_value_head_dim", has_linear, 0, &cfg->lin_v_head_dim));
+    CM_TRY(cm_cfg_pos(tx, "linear_conv_kernel_dim", has_linear, 0, &cfg->lin_conv_kernel));
     if (cfg->lin_n_k_heads > 0 && cfg->lin_n_v_heads % cfg->lin_n_k_heads != 0)
         return CM_FAIL(
             CM_ERR_FORMAT,
@@ -407,44 +421,32 @@ cm_status cm_target_cfg_parse(cm_target_cfg *cfg, const char *json, const char *
     char        tx_prefix[32];
     const char *mt = NULL, *text_mt = NULL;
     CM_TRY_GOTO(cfg_model_type(&top, &mt), st, fail);
-    if (strcmp(mt, "qwen3_5") == 0) {
-        CM_TRY_GOTO(cm_cfg_sub(&top, "text_config", tx_prefix, sizeof tx_prefix, &tx), st, fail);
-        if (!tx.obj) {
-            st = CM_FAIL(CM_ERR_FORMAT,
-                         "'%s': model_type 'qwen3_5' needs a 'text_config' object with the text model",
-                         origin);
-            goto fail;
-        }
-        text_mt = "qwen3_5_text";
-        if (cm_cfg_item(&tx, "model_type"))
-            CM_TRY_GOTO(cfg_model_type(&tx, &text_mt), st, fail);
-        if (is_later_family(text_mt)) {
-            st = CM_FAIL(CM_ERR_UNSUPPORTED,
-                         "'%s': text_config.model_type '%s' is not supported yet; supported: "
-                         "qwen3_5_text",
-                         origin, text_mt);
-            goto fail;
-        }
-        if (strcmp(text_mt, "qwen3_5_text") != 0) {
-            st = CM_FAIL(CM_ERR_UNSUPPORTED,
-                         "'%s': unknown text_config.model_type '%s'; supported: qwen3_5_text", origin,
-                         text_mt);
-            goto fail;
-        }
-        cfg->nested = 1;
-    } else if (strcmp(mt, "qwen3_5_text") == 0) {
-        text_mt = mt;
-    } else if (is_later_family(mt)) {
-        st = CM_FAIL(CM_ERR_UNSUPPORTED,
-                     "'%s': model_type '%s' is not supported yet; supported: qwen3_5, qwen3_5_text", origin,
-                     mt);
-        goto fail;
-    } else {
-        st = CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': unknown model_type '%s'; supported: qwen3_5, qwen3_5_text",
-                     origin, mt);
+    size_t k = 0, n_types = sizeof model_types / sizeof model_types[0];
+    while (k < n_types && strcmp(mt, model_types[k].top) != 0) k++;
+    if (k == n_types) {
+        st = CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': unknown model_type '%s'; supported: " CFG_SUPPORTED, origin, mt);
         goto fail;
     }
-    cfg->family = CM_TARGET_FAMILY_QWEN3_5;
+    text_mt = model_types[k].text;
+    if (model_types[k].nested) {
+        CM_TRY_GOTO(cm_cfg_sub(&top, "text_config", tx_prefix, sizeof tx_prefix, &tx), st, fail);
+        if (!tx.obj) {
+            st = CM_FAIL(CM_ERR_FORMAT, "'%s': model_type '%s' needs a 'text_config' object with the text model",
+                         origin, mt);
+            goto fail;
+        }
+        if (cm_cfg_item(&tx, "model_type")) {
+            const char *got;
+            CM_TRY_GOTO(cfg_model_type(&tx, &got), st, fail);
+            if (strcmp(got, text_mt) != 0) {
+                st = CM_FAIL(CM_ERR_UNSUPPORTED, "'%s': text_config.model_type '%s' does not go with model_type "
+                             "'%s'; expected '%s'", origin, got, mt, text_mt);
+                goto fail;
+            }
+        }
+        cfg->nested = 1;
+    }
+    cfg->family = model_types[k].family;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", text_mt);
     CM_TRY_GOTO(target_fill(cfg, &top, &tx), st, fail);
     cJSON_Delete(root);
@@ -594,13 +596,13 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     CM_TRY(cm_cfg_sub(top, "rope_parameters", rp_prefix, sizeof rp_prefix, &rp));
     CM_TRY(cm_cfg_sub(top, "rope_scaling", rs_prefix, sizeof rs_prefix, &rs));
 
-    CM_TRY(cfg_pos(top, "hidden_size", 1, 0, &cfg->hidden_size));
-    CM_TRY(cfg_pos(top, "num_hidden_layers", 1, 0, &cfg->n_layers));
+    CM_TRY(cm_cfg_pos(top, "hidden_size", 1, 0, &cfg->hidden_size));
+    CM_TRY(cm_cfg_pos(top, "num_hidden_layers", 1, 0, &cfg->n_layers));
     if (cfg->n_layers > CM_CFG_MAX_LAYERS)
         return CM_FAIL(CM_ERR_FORMAT, "'%s': num_hidden_layers %d exceeds the supported maximum %d", origin,
                        cfg->n_layers, CM_CFG_MAX_LAYERS);
-    CM_TRY(cfg_pos(top, "intermediate_size", 1, 0, &cfg->intermediate_size));
-    CM_TRY(cfg_pos(top, "vocab_size", 1, 0, &cfg->vocab_size));
+    CM_TRY(cm_cfg_pos(top, "intermediate_size", 1, 0, &cfg->intermediate_size));
+    CM_TRY(cm_cfg_pos(top, "vocab_size", 1, 0, &cfg->vocab_size));
     CM_TRY(cfg_heads(top, cfg->hidden_size, &cfg->n_heads, &cfg->n_kv_heads, &cfg->head_dim));
     CM_TRY(cfg_eps(top, &cfg->rms_norm_eps));
     CM_TRY(cfg_rope_type(&rp));
@@ -608,7 +610,7 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     CM_TRY(cfg_double_either(top, &rp, "rope_theta", 10000.0, &cfg->rope_theta));
     if (!(cfg->rope_theta > 0))
         return CM_FAIL(CM_ERR_FORMAT, "'%s': rope_theta must be positive, found %g", origin, cfg->rope_theta);
-    CM_TRY(cfg_pos(top, "max_position_embeddings", 0, 32768, &cfg->max_position_embeddings));
+    CM_TRY(cm_cfg_pos(top, "max_position_embeddings", 0, 32768, &cfg->max_position_embeddings));
     CM_TRY(cm_cfg_bool(top, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
     CM_TRY(cm_cfg_bool(top, "attention_bias", 0, &cfg->attention_bias));
 
@@ -619,9 +621,9 @@ static cm_status drafter_fill(cm_drafter_cfg *cfg, const cfg_obj *top) {
     for (int i = 0; i < cfg->n_layers; i++)
         cfg->layer_types[i] = CM_LAYER_TYPE_FULL_ATTENTION;
     if (lt)
-        CM_TRY(cfg_layer_types(top, lt, cfg->n_layers, names, types, 2, cfg->layer_types));
+        CM_TRY(cm_cfg_layer_types(top, lt, cfg->n_layers, names, types, 2, cfg->layer_types));
     int window = 0, found;
-    CM_TRY(cfg_int_opt(top, "sliding_window", &window, &found));
+    CM_TRY(cm_cfg_int_opt(top, "sliding_window", &window, &found));
     for (int i = 0; i < cfg->n_layers; i++) {
         if (cfg->layer_types[i] != CM_LAYER_TYPE_SLIDING_ATTENTION)
             continue;

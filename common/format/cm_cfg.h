@@ -1,6 +1,7 @@
 /* common/format/cm_cfg.h — the model configurations Tandem reads from Hugging Face config.json:
- * the hybrid Qwen target (Qwen3.5/3.6: text model nested under "text_config" as
- * Qwen3_5ForConditionalGeneration saves it, or flat as Qwen3_5ForCausalLM saves it) and the
+ * the hybrid Qwen target (Qwen3.5/3.6 dense and MoE: text model nested under "text_config" as
+ * Qwen3_5{,Moe}ForConditionalGeneration saves it, or flat as the ForCausalLM classes save it;
+ * Qwen3-Next, flat) and the
  * DFlash drafter (docs/drafter.md). Parsing validates every field it reads and fails
  * with one message naming the file, the field and the fix. Plain structs, caller-owned. */
 #ifndef CM_CFG_H
@@ -14,6 +15,7 @@ extern "C" {
 
 #define CM_CFG_MAX_LAYERS 256
 #define CM_CFG_MAX_TAPS   64
+#define CM_CFG_MAX_EXPERTS 1024 /* a router's experts (Qwen's largest: 512); the kernels' KN_MOE_MAX_EXPERTS */
 
 typedef enum cm_layer_type {
     CM_LAYER_TYPE_LINEAR_ATTENTION = 0, /* Gated DeltaNet */
@@ -23,6 +25,9 @@ typedef enum cm_layer_type {
 
 typedef enum cm_target_family {
     CM_TARGET_FAMILY_QWEN3_5 = 0, /* qwen3_5 / qwen3_5_text: split in_proj_{qkv,z,b,a}, dense MLP */
+    CM_TARGET_FAMILY_QWEN3_5_MOE, /* qwen3_5_moe / qwen3_5_moe_text: as qwen3_5, every MLP a sparse MoE block */
+    CM_TARGET_FAMILY_QWEN3_NEXT,  /* qwen3_next: fused in_proj_qkvz / in_proj_ba (un-interleaved at load),
+                                     MoE or dense per layer (decoder_sparse_step, mlp_only_layers) */
 } cm_target_family;
 
 typedef struct cm_target_cfg {
@@ -49,7 +54,17 @@ typedef struct cm_target_cfg {
     int lin_k_head_dim;
     int lin_v_head_dim;
     int lin_conv_kernel;
+    /* mixture of experts (docs/moe.md; all 0 for a dense target) */
+    int           n_experts;           /* E, num_experts */
+    int           n_experts_per_tok;   /* K, num_experts_per_tok */
+    int           moe_intermediate_size;
+    int           shared_expert_intermediate_size; /* 0: no shared expert */
+    int           norm_topk_prob;      /* renormalise the K chosen weights (qwen3_5_moe: always) */
+    unsigned char layer_moe[CM_CFG_MAX_LAYERS]; /* 1: layer i's MLP is the sparse block, 0: dense */
 } cm_target_cfg;
+
+/* Whether layer l's MLP is the sparse MoE block. */
+static inline int cm_target_layer_moe(const cm_target_cfg *cfg, int l) { return cfg->n_experts > 0 && cfg->layer_moe[l]; }
 
 /* Reads DIR/config.json (or a file path). Unknown model_type → CM_ERR_UNSUPPORTED naming
  * the supported ones; missing or bad fields → CM_ERR_FORMAT. */

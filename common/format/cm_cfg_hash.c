@@ -46,13 +46,20 @@ size_t cm_target_cfg_canonical(const cm_target_cfg *cfg, char *buf, size_t cap) 
     put(&c, "lin_n_k_heads=%d;lin_n_v_heads=%d;lin_k_head_dim=%d;lin_v_head_dim=%d;lin_conv_kernel=%d;",
         cfg->lin_n_k_heads, cfg->lin_n_v_heads, cfg->lin_k_head_dim, cfg->lin_v_head_dim,
         cfg->lin_conv_kernel);
+    if (cfg->n_experts) { /* only MoE targets name these, so a dense target's hash is unchanged */
+        put(&c, "n_experts=%d;n_experts_per_tok=%d;moe_intermediate_size=%d;shared_expert_intermediate_size=%d;",
+            cfg->n_experts, cfg->n_experts_per_tok, cfg->moe_intermediate_size, cfg->shared_expert_intermediate_size);
+        put(&c, "norm_topk_prob=%d;layer_moe=", cfg->norm_topk_prob);
+        for (int i = 0; i < cfg->n_layers && i < CM_CFG_MAX_LAYERS; i++) put(&c, "%d", cfg->layer_moe[i]);
+        put(&c, ";");
+    }
     return c.len;
 }
 
 uint64_t cm_target_cfg_hash(const cm_target_cfg *cfg) {
     char   text[8192];
     size_t n = cm_target_cfg_canonical(cfg, text, sizeof text);
-    CM_ASSERT(n < sizeof text); /* 256 layers × 4 bytes + the fixed fields fit */
+    CM_ASSERT(n < sizeof text); /* 256 layers × 5 bytes + the fixed fields fit */
     uint64_t h = cm_xxh64(text, n, 0);
     return h ? h : 1;
 }

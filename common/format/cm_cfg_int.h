@@ -1,5 +1,5 @@
 /* common/format/cm_cfg_int.h — what the config.json readers share (private to common/format:
- * cm_cfg.c defines these, cm_quant.c uses them): reading a config file, parsing it into a cJSON
+ * cm_cfg.c defines these, cm_quant.c and cm_cfg_moe.c use them): reading a config file, parsing it into a cJSON
  * object, and typed field access that names the file and the dotted field in messages. */
 #ifndef CM_CFG_INT_H
 #define CM_CFG_INT_H
@@ -31,5 +31,16 @@ cm_status cm_cfg_bool(const cfg_obj *o, const char *key, int def, int *out);
 /* A nested object (absent or null gives one with obj = NULL); prefix [prefix_len] holds its
  * dotted name for the sub-object's messages. */
 cm_status cm_cfg_sub(const cfg_obj *o, const char *key, char *prefix, size_t prefix_len, cfg_obj *sub);
+
+/* An integer field into *out, *found set (absent leaves *out); non-integers fail naming it. */
+cm_status cm_cfg_int_opt(const cfg_obj *o, const char *key, int *out, int *found);
+/* An integer field, > 0. required: absent fails; else absent leaves *out = def. */
+cm_status cm_cfg_pos(const cfg_obj *o, const char *key, int required, int def, int *out);
+
+struct cm_target_cfg;
+/* cm_cfg_moe.c: the mixture-of-experts fields of a qwen3_5_moe or qwen3_next text config into
+ * cfg (family and n_layers already set): experts, top-k, sizes, the router's renormalisation and
+ * which layers are sparse. */
+cm_status cm_cfg_moe_fill(struct cm_target_cfg *cfg, const cfg_obj *tx);
 
 #endif /* CM_CFG_INT_H */

@@ -1,6 +1,6 @@
 /* target-server/cmd/ts_dump.c — `target-server dump --model DIR --input IN.safetensors --out
  * OUT.safetensors [options]` (docs/checks.md): runs the frozen forward over one packed batch and
- * writes layer_<i>, final_norm and logits as F32. Every failure ends with one message and exit
+ * writes layer_<i>, final_norm and logits as F32, and a MoE target's routing as experts_<i>. Every failure ends with one message and exit
  * status 1; usage errors exit 2. */
 #include "ts_cmd.h"
 
@@ -35,7 +35,9 @@ void ts_dump_usage(FILE *f) {
             "  --seed N                 seed of --init random (default 1)\n"
             "  --input IN.safetensors   input_ids (I32 [T]) and cu_seqlens (I32 [N+1])\n"
             "  --out OUT.safetensors    receives layer_<i> (F32 [T, D]), final_norm (F32 [T, D]),\n"
-            "                           and with --logits, logits (F32 [T, V])\n"
+            "                           and with --logits, logits (F32 [T, V]); a MoE target adds\n"
+            "                           experts_<i> (I32 [T, K]) for every sparse layer that ran:\n"
+            "                           each token's chosen experts, largest weight first\n"
             "  --device cpu|cuda        kernel backend (default cpu)\n"
             "  --gpu N                  cuda device ordinal (default 0)\n"
             "  --precision bf16|fp32|fp8  cuda matrix products: bf16 inputs and weights with fp32\n"
@@ -109,6 +111,7 @@ static cm_status run_dump(dump_args *a) {
     int32_t          *ids = NULL, *cu = NULL;
     float           **outs  = NULL;
     float            *final = NULL, *logits = NULL;
+    int32_t          *experts = NULL;
     int              *layers = NULL;
     int               n_cap  = 0;
 
@@ -190,7 +193,14 @@ static cm_status run_dump(dump_args *a) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate logits of %lld x %d floats", (long long)T, cfg.vocab_size);
         goto fail;
     }
-    ts_capture cap = {.n_layers = n_cap, .layers = layers, .layer_out = outs, .final_norm = final, .logits = logits};
+    const int     ran = full ? cfg.n_layers : layers[n_cap - 1] + 1; /* layers the forward runs */
+    const int64_t K   = cfg.n_experts_per_tok;
+    if (cfg.n_experts && !(experts = malloc((size_t)ran * (size_t)(T * K) * sizeof *experts))) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the routing of %d layers", ran);
+        goto fail;
+    }
+    ts_capture cap = {.n_layers = n_cap, .layers = layers, .layer_out = outs, .final_norm = final, .logits = logits,
+                      .experts = experts};
     CM_TRY_GOTO(ts_model_forward(m, ids, T, cu, n_seq, &cap), st, fail);
 
     CM_TRY_GOTO(cm_st_writer_create(&wr), st, fail);
@@ -205,6 +215,14 @@ static cm_status run_dump(dump_args *a) {
         const int64_t shape_tv[2] = {T, cfg.vocab_size};
         CM_TRY_GOTO(cm_st_writer_add(wr, "logits", CM_DTYPE_F32, 2, shape_tv, logits), st, fail);
     }
+    for (int i = 0; experts && i < ran; i++) {
+        if (!cm_target_layer_moe(&cfg, i)) continue;
+        char          name[32];
+        const int64_t shape_tk[2] = {T, K};
+        snprintf(name, sizeof name, "experts_%d", i);
+        CM_TRY_GOTO(cm_st_writer_add(wr, name, CM_DTYPE_I32, 2, shape_tk, experts + (size_t)i * (size_t)(T * K)), st,
+                    fail);
+    }
     CM_TRY_GOTO(cm_st_writer_set_metadata(wr, "producer", "tandem target-server dump"), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(wr, "device", be->name), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(wr, "precision", ts_args_precision_name(&a->t)), st, fail);
@@ -218,6 +236,7 @@ fail:
     free(outs);
     free(final);
     free(logits);
+    free(experts);
     free(layers);
     free(ids);
     free(cu);

@@ -1,0 +1,132 @@
+/* target-server/ts_forward_moe.c — the sparse MoE block of Qwen3.5-MoE and Qwen3-Next layers
+ * (docs/moe.md): from the block's normed input h [T, D] into ws.o [T, D].
+ *
+ *   router logits = h · Wrᵀ [T, E]; moe_route: softmax in fp32, top K, renormalised (always on
+ *   Qwen3.5-MoE, as norm_topk_prob says on Qwen3-Next);
+ *   moe_group sorts the T·K (token, choice) pairs by expert; moe_gather copies each token's
+ *   input to its K sorted rows; then per expert e with n_e > 0 rows, over its rows alone:
+ *   gate and up GEMMs, one swiglu over all T·K rows, the down GEMM;
+ *   the shared expert as a dense MLP of shared_expert_intermediate_size, and its gate's logit
+ *   h · w_sgᵀ [T, 1];
+ *   moe_combine: o[t] = Σ_k w[t, k] · y[row of (t, k)] + sigmoid(gate[t]) · shared[t].
+ *
+ * Every routed token is computed (no capacity limit, nothing dropped). The per-expert GEMMs
+ * need each expert's row count on the host: one small download per layer (E + 1 integers),
+ * which waits for the router. */
+#include "ts_model_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int has_moe(const ts_model *m) {
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].moe) return 1;
+    return 0;
+}
+
+void ts_moe_release(ts_model *m) {
+    ts_ws *w      = &m->ws;
+    void  *bufs[] = {w->rlogits, w->ridx, w->roff, w->rsrc, w->rdst, w->rw, w->xg, w->eg, w->eu, w->eact, w->ey,
+                     w->sh, w->shg};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) m->be->free(m->ctx, bufs[i]);
+    free(w->roff_host);
+    w->rlogits = w->rw = w->eg = w->eu = w->ey = w->sh = w->shg = NULL;
+    w->ridx = w->roff = w->rsrc = w->rdst = w->roff_host = NULL;
+    w->xg = w->eact = NULL;
+}
+
+cm_status ts_moe_reserve(ts_model *m, int64_t T) {
+    if (!has_moe(m)) return CM_OK;
+    const kn_backend    *be = m->be;
+    const cm_target_cfg *c  = &m->cfg;
+    if (!be->moe_route || !be->moe_group || !be->moe_gather || !be->moe_combine)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "the %s backend has no mixture-of-experts kernels (moe_route, moe_group, "
+                       "moe_gather, moe_combine)", be->name);
+    ts_ws        *w  = &m->ws;
+    const int64_t D = c->hidden_size, E = c->n_experts, K = c->n_experts_per_tok, Ie = c->moe_intermediate_size;
+    const int64_t R = T * K;
+    const size_t  act = m->fused ? 2 : 4; /* bf16 on the fused path */
+    struct {
+        void  **p;
+        int64_t n;
+        size_t  el;
+    } plan[] = {
+        {(void **)&w->rlogits, T * E, 4}, {(void **)&w->ridx, R, 4}, {(void **)&w->roff, E + 1, 4},
+        {(void **)&w->rsrc, R, 4},        {(void **)&w->rdst, R, 4}, {(void **)&w->rw, R, 4},
+        {&w->xg, R * D, act},             {(void **)&w->eg, R * Ie, 4}, {(void **)&w->eu, R * Ie, 4},
+        {&w->eact, R * Ie, act},          {(void **)&w->ey, R * D, 4}, {(void **)&w->sh, T * D, 4},
+        {(void **)&w->shg, T, 4},
+    };
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
+        CM_TRY(be->alloc(m->ctx, plan[i].p, (size_t)(plan[i].n > 0 ? plan[i].n : 1) * plan[i].el));
+    w->roff_host = malloc((size_t)(E + 1) * sizeof *w->roff_host);
+    if (!w->roff_host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %lld expert offsets", (long long)(E + 1));
+    return CM_OK;
+}
+
+/* The shared expert into ws.sh and its gate's logit into ws.shg (a dense MLP on the normed
+ * input, as forward_mlp, with its own sizes). */
+static cm_status shared_expert(ts_model *m, const ts_layer *L, int64_t T) {
+    const kn_backend *be = m->be;
+    ts_ws            *w  = &m->ws;
+    const int64_t     D = m->cfg.hidden_size, Is = m->cfg.shared_expert_intermediate_size;
+    CM_TRY(ts_gemm_h(m, w->big0, &L->sh_gate, T, Is, D));
+    CM_TRY(ts_gemm_h(m, w->big1, &L->sh_up, T, Is, D));
+    if (m->fused && L->sh_down.dtype == CM_DTYPE_F8_E4M3 && w->act8) {
+        CM_TRY(be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, T, Is));
+        CM_TRY(ts_gemm(m, w->sh, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->sh_down, T, D, Is));
+    } else if (m->fused) {
+        CM_TRY(be->swiglu_bf16(m->ctx, w->act16, w->big0, w->big1, T * Is));
+        CM_TRY(ts_gemm(m, w->sh, (gemm_in){.bf16 = w->act16}, &L->sh_down, T, D, Is));
+    } else {
+        CM_TRY(be->swiglu(m->ctx, w->big2, w->big0, w->big1, T * Is));
+        CM_TRY(ts_gemm(m, w->sh, (gemm_in){.f32 = w->big2}, &L->sh_down, T, D, Is));
+    }
+    return ts_gemm_h(m, w->shg, &L->sh_router, T, 1, D);
+}
+
+/* A GEMM input starting at row r of a [rows, cols] matrix that is bf16 on the fused path, else
+ * f32. */
+static gemm_in rows_at(const ts_model *m, const void *base, int64_t r, int64_t cols) {
+    if (m->fused) return (gemm_in){.bf16 = (const uint16_t *)base + r * cols};
+    return (gemm_in){.f32 = (const float *)base + r * cols};
+}
+
+cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, const ts_capture *cap) {
+    const kn_backend    *be = m->be;
+    kn_ctx              *cx = m->ctx;
+    const cm_target_cfg *c  = &m->cfg;
+    ts_ws               *w  = &m->ws;
+    const int64_t        D = c->hidden_size, Ie = c->moe_intermediate_size;
+    const int            E = c->n_experts, K = c->n_experts_per_tok;
+    const cm_dtype       adt = m->fused ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+
+    CM_TRY(ts_gemm_h(m, w->rlogits, &L->router, T, E, D));
+    CM_TRY(be->moe_route(cx, w->ridx, w->rw, w->rlogits, T, E, K, c->norm_topk_prob));
+    if (cap && cap->experts)
+        CM_TRY(be->download(cx, cap->experts + (size_t)li * (size_t)T * (size_t)K, w->ridx,
+                            (size_t)(T * K) * sizeof(int32_t)));
+    CM_TRY(be->moe_group(cx, w->roff, w->rsrc, w->rdst, w->ridx, T, E, K));
+    CM_TRY(be->moe_gather(cx, w->xg, m->fused ? (const void *)w->h16 : (const void *)w->h, adt, w->rsrc, T, K, D));
+    CM_TRY(be->download(cx, w->roff_host, w->roff, (size_t)(E + 1) * sizeof(int32_t)));
+    const int32_t *off = w->roff_host;
+    for (int e = 0; e < E; e++) {
+        const int64_t r0 = off[e], n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        CM_TRY(ts_gemm(m, w->eg + r0 * Ie, rows_at(m, w->xg, r0, D), &L->ex_gate[e], n, Ie, D));
+        CM_TRY(ts_gemm(m, w->eu + r0 * Ie, rows_at(m, w->xg, r0, D), &L->ex_up[e], n, Ie, D));
+    }
+    const int64_t R = T * K;
+    if (m->fused)
+        CM_TRY(be->swiglu_bf16(cx, (uint16_t *)w->eact, w->eg, w->eu, R * Ie));
+    else
+        CM_TRY(be->swiglu(cx, (float *)w->eact, w->eg, w->eu, R * Ie));
+    for (int e = 0; e < E; e++) {
+        const int64_t r0 = off[e], n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        CM_TRY(ts_gemm(m, w->ey + r0 * D, rows_at(m, w->eact, r0, Ie), &L->ex_down[e], n, D, Ie));
+    }
+    const int shared = c->shared_expert_intermediate_size > 0;
+    if (shared) CM_TRY(shared_expert(m, L, T));
+    return be->moe_combine(cx, w->o, w->ey, w->rdst, w->rw, shared ? w->sh : NULL, shared ? w->shg : NULL, T, K, D);
+}
