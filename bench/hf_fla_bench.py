@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """bench/hf_fla_bench.py: the Hugging Face Transformers side of bench/target_bench.sh.
 
-Builds the text model of a Qwen3.5/3.6 config (Qwen3_5TextModel: all decoder layers and the
-final norm, no LM head, as the target-server's forward) in bf16 on one GPU with random
+Builds the text model of a Qwen3.5/3.6, Qwen3.5-MoE or Qwen3-Next config (Qwen3_5TextModel,
+Qwen3_5MoeTextModel or Qwen3NextModel: all decoder layers and the final norm, no LM head, as the
+target-server's forward; MoE experts through Transformers' default experts implementation) in bf16 on one GPU with random
 weights of the same ranges as `target-server --init random`, and times its forward over the
 same packed batch as bench_ts_target (--pack: the cu_seqlens JSON of `bench_ts_target
 --mix-only`). The flash-linear-attention (FLA) wheel supplies chunk_gated_delta_rule and
@@ -31,19 +32,31 @@ def log(*a):
     print(*a, flush=True)
 
 
+# The text model of each config family Tandem serves, by the text model's model_type.
+TEXT_MODELS = {
+    "qwen3_5_text": ("qwen3_5", "Qwen3_5TextConfig", "Qwen3_5TextModel"),
+    "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeTextModel"),
+    "qwen3_next": ("qwen3_next", "Qwen3NextConfig", "Qwen3NextModel"),
+}
+
+
 def build(cfg_path, device):
+    import importlib
+
     import transformers
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
     raw = json.load(open(cfg_path))
     tc = dict(raw.get("text_config", raw))
-    tc.pop("model_type", None)
-    cfg = Qwen3_5TextConfig(**tc)
+    mt = tc.pop("model_type", None) or "qwen3_5_text"
+    mt = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}.get(mt, mt)
+    pkg, cfg_cls, model_cls = TEXT_MODELS[mt]
+    conf = importlib.import_module(f"transformers.models.{pkg}.configuration_{pkg}")
+    mq = importlib.import_module(f"transformers.models.{pkg}.modeling_{pkg}")
+    cfg = getattr(conf, cfg_cls)(**tc)
     cfg._attn_implementation = "sdpa"
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("meta"):
-        model = mq.Qwen3_5TextModel(cfg)
+        model = getattr(mq, model_cls)(cfg)
     model = model.to_empty(device=device)
     bound = 0.02 * math.sqrt(3)
     with torch.no_grad():

@@ -110,6 +110,9 @@ cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, cons
     CM_TRY(be->moe_gather(cx, w->xg, m->fused ? (const void *)w->h16 : (const void *)w->h, adt, w->rsrc, T, K, D));
     CM_TRY(be->download(cx, w->roff_host, w->roff, (size_t)(E + 1) * sizeof(int32_t)));
     const int32_t *off = w->roff_host;
+    double *const  acc    = m->gemm_acc; /* the experts' GEMMs are timed apart too */
+    const double   before = m->tm.expert_gemm_ms;
+    m->gemm_acc           = &m->tm.expert_gemm_ms;
     for (int e = 0; e < E; e++) {
         const int64_t r0 = off[e], n = off[e + 1] - off[e];
         if (n == 0) continue;
@@ -126,6 +129,8 @@ cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, cons
         if (n == 0) continue;
         CM_TRY(ts_gemm(m, w->ey + r0 * D, rows_at(m, w->eact, r0, Ie), &L->ex_down[e], n, D, Ie));
     }
+    m->gemm_acc = acc;
+    if (acc) *acc += m->tm.expert_gemm_ms - before;
     const int shared = c->shared_expert_intermediate_size > 0;
     if (shared) CM_TRY(shared_expert(m, L, T));
     return be->moe_combine(cx, w->o, w->ey, w->rdst, w->rw, shared ? w->sh : NULL, shared ? w->shg : NULL, T, K, D);

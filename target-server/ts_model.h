@@ -100,6 +100,7 @@ typedef struct ts_timing {
                                                      that opens the next block) */
     double gdn_core_ms, attn_core_ms;             /* the gated_delta_rule / attention kernels alone */
     double gdn_gemm_ms, attn_gemm_ms, mlp_gemm_ms;/* the GEMMs inside those blocks */
+    double expert_gemm_ms;                        /* of mlp_gemm_ms: a MoE block's routed experts' GEMMs */
     double other_ms;                              /* embedding, captures, final norm, head */
     double total_ms;                              /* whole forwards */
 } ts_timing;

@@ -310,9 +310,14 @@ int main(int argc, char **argv) {
     const double  p_att = (double)D * nq * hd * 2 + 2.0 * D * nkv * hd + (double)D * nq * hd;
     double        p_dec = 0, att_pairs = 0;
     int           n_gdn = 0, n_att = 0;
+    /* a sparse MoE layer's MLP: the K routed experts, the shared expert, the router and its gate */
+    const double p_moe = 3.0 * D * c->moe_intermediate_size * c->n_experts_per_tok +
+                         3.0 * D * c->shared_expert_intermediate_size + (double)D * c->n_experts + D;
+    double       p_experts = 0; /* the routed experts' part */
     for (int i = 0; i < c->n_layers; i++) {
         int g = c->layer_types[i] == CM_LAYER_TYPE_LINEAR_ATTENTION;
-        p_dec += 3.0 * D * I + (g ? p_gdn : p_att);
+        p_dec += (cm_target_layer_moe(c, i) ? p_moe : 3.0 * D * I) + (g ? p_gdn : p_att);
+        if (cm_target_layer_moe(c, i)) p_experts += 3.0 * D * c->moe_intermediate_size * c->n_experts_per_tok;
         n_gdn += g;
         n_att += !g;
     }
@@ -322,7 +327,10 @@ int main(int argc, char **argv) {
     }
     const double flops_gemm = 2.0 * (double)T * p_dec;
     /* under fp8 the GDN's in_proj_a and in_proj_b stay bf16 (docs/fp8.md) */
-    const double flops_ab = 2.0 * (double)T * (2.0 * D * nv) * n_gdn;
+    int n_moe = 0;
+    for (int i = 0; i < c->n_layers; i++) n_moe += cm_target_layer_moe(c, i);
+    /* (and a MoE layer's router and shared-expert gate) */
+    const double flops_ab = 2.0 * (double)T * ((2.0 * D * nv) * n_gdn + ((double)D * c->n_experts + D) * n_moe);
     const double flops_attn = 4.0 * nq * hd * att_pairs * n_att;
 
     /* kernels alone: one 8192-token sequence and the mix */
@@ -487,6 +495,11 @@ int main(int argc, char **argv) {
            tm.attn_gemm_ms / tm.attn_layers, tm.attn_core_ms / tm.attn_layers);
     printf("| MLP block | %.3f ms x %d (GEMMs %.3f) |\n", tm.mlp_ms / tm.mlp_layers, c->n_layers,
            tm.mlp_gemm_ms / tm.mlp_layers);
+    if (tm.expert_gemm_ms > 0)
+        printf("| routed experts' GEMMs (one per expert over its tokens) | %.1f ms per forward (%.0f %% of the timed "
+               "forward; %.0f TF/s) |\n",
+               tm.expert_gemm_ms / nf, 100 * tm.expert_gemm_ms / tm.total_ms,
+               2.0 * (double)T * p_experts / (tm.expert_gemm_ms / nf * 1e-3) / 1e12);
     printf("| elementwise per block (block − GEMMs − core) | GDN %.3f, attention %.3f, MLP %.3f ms |\n",
            (tm.gdn_ms - tm.gdn_gemm_ms - tm.gdn_core_ms) / tm.gdn_layers,
            (tm.attn_ms - tm.attn_gemm_ms - tm.attn_core_ms) / tm.attn_layers,
@@ -526,14 +539,14 @@ int main(int argc, char **argv) {
                     "\"attn_core_ms\": %.4f, \"mlp_block_ms\": %.4f, \"gdn_kernel_single_ms\": %.4f, "
                     "\"gdn_kernel_mix_ms\": %.4f, \"attn_kernel_single_ms\": %.4f, \"attn_kernel_mix_ms\": %.4f, "
                     "\"fused\": %d, \"gdn_gemm_ms\": %.4f, \"attn_gemm_ms\": %.4f, \"mlp_gemm_ms\": %.4f, "
-                    "\"cu_seqlens\": [",
+                    "\"expert_gemm_ms_per_forward\": %.4f, \"cu_seqlens\": [",
                     (long long)T, n_seq, t_loaded - t_start, t_first - t_start, fwd_s * 1e3, tok_s,
                     (flops_gemm + flops_attn) / fwd_s / 1e12, ceil_tf, ceil_fp8_tf, fp8 ? "fp8" : "bf16", bound_bf16_ms,
                     bound_fp8_ms, gemm_ms, timed_ms, tm.gdn_ms / tm.gdn_layers,
                     tm.gdn_core_ms / tm.gdn_layers, tm.attn_ms / tm.attn_layers, tm.attn_core_ms / tm.attn_layers,
                     tm.mlp_ms / tm.mlp_layers, t_gdn[0] * 1e3, t_gdn[1] * 1e3, t_att[0] * 1e3, t_att[1] * 1e3,
                     ts_model_fused(m), tm.gdn_gemm_ms / tm.gdn_layers, tm.attn_gemm_ms / tm.attn_layers,
-                    tm.mlp_gemm_ms / tm.mlp_layers);
+                    tm.mlp_gemm_ms / tm.mlp_layers, tm.expert_gemm_ms / nf);
             for (int s = 0; s <= n_seq; s++) fprintf(f, "%s%d", s ? ", " : "", cu[s]);
             fprintf(f, "]}\n");
             fclose(f);
