@@ -55,6 +55,7 @@ static __global__ void moe_route_kernel(int32_t *idx, float *w, const float *log
         for (int e = 0; e < E; e++)
             sum += p[e];
     sum = __shfl_sync(0xffffffffu, sum, 0);
+    __syncwarp(); /* lane 0's reads of p before the lanes overwrite it */
     for (int e = lane; e < E; e += 32) {
         p[e] = p[e] / sum;
         key[e] = p[e] >= 0.0f ? p[e] : -1.0f;
