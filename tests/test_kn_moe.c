@@ -363,7 +363,8 @@ static int32_t *cuda_route(long T, int E, int K, int renorm, const float *given)
 /* gather (F32 and BF16, random bits) and combine (with and without shared) from the group of idx */
 static void cuda_gather_combine(const int32_t *hidx, long T, int E, int K, long D) {
     const long n = T * K;
-    int32_t   *hs = tst_xcalloc((size_t)n * 4), *hd = tst_xcalloc((size_t)n * 4), *ho = tst_xcalloc((size_t)(E + 1) * 4);
+    int32_t   *hs = tst_xcalloc((size_t)n * 4), *hd = tst_xcalloc((size_t)n * 4);
+    int32_t   *ho = tst_xcalloc((size_t)(E + 1) * 4);
     tst_ok(cpu->moe_group(cctx, ho, hs, hd, hidx, T, E, K), "cpu moe_group"); /* host memory on the cpu */
     dbuf src = dbuf_put(hs, (size_t)n * 4), dst = dbuf_put(hd, (size_t)n * 4);
     for (int bf = 0; bf < 2; bf++) {
@@ -376,7 +377,8 @@ static void cuda_gather_combine(const int32_t *hidx, long T, int E, int K, long 
         tst_ok(gpu->moe_gather(gctx, out.g, in.g, dt, src.g, T, K, D), "cuda moe_gather");
         uint8_t *oc = down(&out, 0), *og = down(&out, 1);
         const int eq = memcmp(oc, og, out.bytes) == 0;
-        printf("moe_gather cuda T=%-5ld K=%-3d D=%-5ld %-4s: %s\n", T, K, D, cm_dtype_name(dt), eq ? "equal" : "DIFFER");
+        printf("moe_gather cuda T=%-5ld K=%-3d D=%-5ld %-4s: %s\n", T, K, D, cm_dtype_name(dt),
+               eq ? "equal" : "DIFFER");
         TST_CHECK(eq);
         free(hin), free(oc), free(og);
         dbuf_free(&in), dbuf_free(&out);
