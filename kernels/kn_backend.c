@@ -70,6 +70,10 @@ static const kn_backend cpu_backend = {
     .gemm_fp8q           = kn_ref_gemm_fp8q,
     .swiglu_fp8          = kn_ref_swiglu_fp8,
     .fp8_supported       = kn_ref_fp8_supported,
+    .moe_route           = kn_ref_moe_route,
+    .moe_group           = kn_ref_moe_group,
+    .moe_gather          = kn_ref_moe_gather,
+    .moe_combine         = kn_ref_moe_combine,
 };
 
 const kn_backend *kn_backend_cpu(void) { return &cpu_backend; }

@@ -71,6 +71,10 @@ static const kn_backend cuda_backend = {
     .gemm_fp8q = kn_cuda_gemm_fp8q,
     .swiglu_fp8 = kn_cuda_swiglu_fp8,
     .fp8_supported = kn_cuda_fp8_supported,
+    .moe_route = kn_cuda_moe_route,
+    .moe_group = kn_cuda_moe_group,
+    .moe_gather = kn_cuda_moe_gather,
+    .moe_combine = kn_cuda_moe_combine,
 };
 
 const kn_backend *kn_backend_cuda(void) {

@@ -151,6 +151,20 @@ cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const flo
                             const float *wscale, int64_t M, int64_t N, int64_t K);
 int       kn_cuda_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
 
+// ---- mixture of experts (kn_moe.cu). The index tables (idx, src, dst) are device memory and not
+// validated on the host (the cpu reference refuses bad ones); nothing reads or writes out of
+// bounds for them: moe_group counts an expert index outside [0, E) in no expert (its dst is −1
+// and offsets[E] falls short of T·K), moe_gather writes a zero row for a src outside [0, T·K),
+// moe_combine skips a dst outside it.
+cm_status kn_cuda_moe_route(kn_ctx *ctx, int32_t *idx, float *w, const float *logits, int64_t T, int E, int K,
+                            int renorm);
+cm_status kn_cuda_moe_group(kn_ctx *ctx, int32_t *offsets, int32_t *src, int32_t *dst, const int32_t *idx,
+                            int64_t T, int E, int K);
+cm_status kn_cuda_moe_gather(kn_ctx *ctx, void *out, const void *in, cm_dtype dt, const int32_t *src, int64_t T,
+                             int K, int64_t D);
+cm_status kn_cuda_moe_combine(kn_ctx *ctx, float *out, const float *y, const int32_t *dst, const float *w,
+                              const float *shared, const float *sgate, int64_t T, int K, int64_t D);
+
 // ---- random initialisation (kn_fill.cu)
 cm_status kn_cuda_fill_uniform(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo,
                                float hi);

@@ -219,6 +219,21 @@ cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const floa
                            const float *wscale, int64_t M, int64_t N, int64_t K);
 int       kn_ref_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
 
+// ---- mixture of experts (kn_moe_ref.c): fp32 in the header's order, not double (the router's
+// choice must be the one the CUDA kernel makes). route: m = max, p = expf(l − m), the sum in
+// expert order, p / sum; K rounds of selection (the first of equals wins, a NaN p ranks below
+// every number); renorm divides by the fp32 sum of the K chosen p in k order. group: a stable
+// counting sort. combine: acc = Σ_k w·y in k order from 0.0f, then + (1 / (1 + expf(−sgate)))·shared.
+// idx, src and dst are validated ([0, E) and [0, T·K)); T·K must fit I32.
+cm_status kn_ref_moe_route(kn_ctx *ctx, int32_t *idx, float *w, const float *logits, int64_t T, int E, int K,
+                           int renorm);
+cm_status kn_ref_moe_group(kn_ctx *ctx, int32_t *offsets, int32_t *src, int32_t *dst, const int32_t *idx, int64_t T,
+                           int E, int K);
+cm_status kn_ref_moe_gather(kn_ctx *ctx, void *out, const void *in, cm_dtype dt, const int32_t *src, int64_t T, int K,
+                            int64_t D);
+cm_status kn_ref_moe_combine(kn_ctx *ctx, float *out, const float *y, const int32_t *dst, const float *w,
+                             const float *shared, const float *sgate, int64_t T, int K, int64_t D);
+
 // ---- scalar functions shared by the reference files
 static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double kn_ref_silu(double x) { return x / (1.0 + exp(-x)); }

@@ -1,0 +1,152 @@
+/* kernels/ref/kn_moe_ref.c — the mixture-of-experts ops (kn_backend.h, "mixture of experts"):
+ * routing (softmax, top-K, renormalisation), grouping the T·K assignments by expert, the
+ * gather of each token's row to its sorted rows and the weighted combine. Unlike the rest of
+ * ref/, the arithmetic is fp32 in the order the header states (a router's choice must be the
+ * choice the CUDA kernel makes, so the reference does the kernel's operations, not more exact
+ * ones). The combine's products and sums are separate roundings where the compiler does not
+ * contract them into FMAs (x86-64 without -mfma); its tests allow either. The index tables (idx,
+ * src, dst) are host memory here and validated. Tokens run in parallel under OpenMP, each computed by one
+ * thread, so any thread count gives the same bits; the grouping is one serial pass. */
+#include "kn_ref.h"
+
+#include <string.h>
+
+static cm_status moe_rows_check(const char *op, int64_t T, int K) {
+    KN_REF_CHECK(T >= 0 && K >= 1, "%s: bad shape T=%lld K=%d (T must be >= 0, K >= 1)", op, (long long)T, K);
+    KN_REF_CHECK(T <= INT32_MAX / K, "%s: T=%lld x K=%d assignments do not fit the I32 tables", op, (long long)T,
+                 K);
+    return CM_OK;
+}
+
+/* a ranks above b: the larger probability; a NaN (from a NaN or infinite logit) ranks below
+ * every number, so the choice stays K distinct experts whatever the logits */
+static int moe_above(float a, float b) {
+    return !isnan(a) && (isnan(b) || a > b);
+}
+
+cm_status kn_ref_moe_route(kn_ctx *ctx, int32_t *idx, float *w, const float *logits, int64_t T, int E, int K,
+                           int renorm) {
+    KN_REF_CHECK(ctx, "moe_route: ctx is NULL");
+    KN_REF_CHECK(T >= 0, "moe_route: T=%lld must be >= 0", (long long)T);
+    KN_REF_CHECK(K >= 1 && K <= E && E <= KN_MOE_MAX_EXPERTS,
+                 "moe_route: bad experts E=%d K=%d (need 1 <= K <= E <= %d)", E, K, KN_MOE_MAX_EXPERTS);
+    if (T == 0) return CM_OK;
+    KN_REF_CHECK(idx && w && logits, "moe_route: idx, w or logits is NULL");
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        float        p[KN_MOE_MAX_EXPERTS];
+        char         taken[KN_MOE_MAX_EXPERTS] = {0};
+        float        m = l[0], sum = 0.0f;
+        for (int e = 1; e < E; e++)
+            if (l[e] > m) m = l[e];
+        for (int e = 0; e < E; e++) {
+            p[e] = expf(l[e] - m);
+            sum += p[e];
+        }
+        for (int e = 0; e < E; e++) p[e] = p[e] / sum;
+        /* K rounds of selection; the scan keeps the first of equals, so ties go to the lower index */
+        int32_t *ti = idx + t * K;
+        float   *tw = w + t * K;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (best < 0 || moe_above(p[e], p[best]))) best = e;
+            taken[best] = 1;
+            ti[k] = best;
+            tw[k] = p[best];
+        }
+        if (renorm) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) s += tw[k];
+            for (int k = 0; k < K; k++) tw[k] = tw[k] / s;
+        }
+    }
+    return CM_OK;
+}
+
+cm_status kn_ref_moe_group(kn_ctx *ctx, int32_t *offsets, int32_t *src, int32_t *dst, const int32_t *idx, int64_t T,
+                           int E, int K) {
+    KN_REF_CHECK(ctx, "moe_group: ctx is NULL");
+    CM_TRY(moe_rows_check("moe_group", T, K));
+    KN_REF_CHECK(E >= 1 && E <= KN_MOE_MAX_EXPERTS, "moe_group: E=%d experts is outside [1, %d]", E,
+                 KN_MOE_MAX_EXPERTS);
+    KN_REF_CHECK(offsets, "moe_group: offsets is NULL");
+    const int64_t n = T * K;
+    if (n > 0) KN_REF_CHECK(src && dst && idx, "moe_group: src, dst or idx is NULL");
+    for (int64_t a = 0; a < n; a++)
+        KN_REF_CHECK(idx[a] >= 0 && idx[a] < E, "moe_group: idx[%lld]=%d is outside [0, E=%d)", (long long)a,
+                     (int)idx[a], E);
+    /* a counting sort: counts, their exclusive sum, then one pass in a order (stable) */
+    int32_t next[KN_MOE_MAX_EXPERTS] = {0};
+    for (int64_t a = 0; a < n; a++) next[idx[a]]++;
+    int32_t run = 0;
+    for (int e = 0; e < E; e++) {
+        offsets[e] = run;
+        run += next[e];
+        next[e] = offsets[e];
+    }
+    offsets[E] = run;
+    for (int64_t a = 0; a < n; a++) {
+        const int32_t j = next[idx[a]]++;
+        src[j] = (int32_t)a;
+        dst[a] = j;
+    }
+    return CM_OK;
+}
+
+cm_status kn_ref_moe_gather(kn_ctx *ctx, void *out, const void *in, cm_dtype dt, const int32_t *src, int64_t T, int K,
+                            int64_t D) {
+    KN_REF_CHECK(ctx, "moe_gather: ctx is NULL");
+    CM_TRY(moe_rows_check("moe_gather", T, K));
+    KN_REF_CHECK(D >= 0, "moe_gather: D=%lld must be >= 0", (long long)D);
+    if (dt != CM_DTYPE_F32 && dt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "moe_gather: dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(dt));
+    const int64_t n = T * K;
+    if (n == 0 || D == 0) return CM_OK;
+    KN_REF_CHECK(out && in && src, "moe_gather: out, in or src is NULL");
+    for (int64_t j = 0; j < n; j++)
+        KN_REF_CHECK(src[j] >= 0 && src[j] < n, "moe_gather: src[%lld]=%d is outside [0, T*K=%lld)", (long long)j,
+                     (int)src[j], (long long)n);
+    const size_t row = (size_t)D * cm_dtype_size(dt);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t j = 0; j < n; j++)
+        memcpy((char *)out + (size_t)j * row, (const char *)in + (size_t)(src[j] / K) * row, row);
+    return CM_OK;
+}
+
+cm_status kn_ref_moe_combine(kn_ctx *ctx, float *out, const float *y, const int32_t *dst, const float *w,
+                             const float *shared, const float *sgate, int64_t T, int K, int64_t D) {
+    KN_REF_CHECK(ctx, "moe_combine: ctx is NULL");
+    CM_TRY(moe_rows_check("moe_combine", T, K));
+    KN_REF_CHECK(D >= 0, "moe_combine: D=%lld must be >= 0", (long long)D);
+    const int64_t n = T * K;
+    if (n == 0 || D == 0) return CM_OK;
+    KN_REF_CHECK(out && y && dst && w, "moe_combine: out, y, dst or w is NULL");
+    KN_REF_CHECK(!shared || sgate, "moe_combine: shared is given without sgate");
+    for (int64_t a = 0; a < n; a++)
+        KN_REF_CHECK(dst[a] >= 0 && dst[a] < n, "moe_combine: dst[%lld]=%d is outside [0, T*K=%lld)", (long long)a,
+                     (int)dst[a], (long long)n);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        float      *o = out + t * D;
+        const float g = shared ? 1.0f / (1.0f + expf(-sgate[t])) : 0.0f;
+        for (int64_t d = 0; d < D; d++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) {
+                const float term = w[t * K + k] * y[(int64_t)dst[t * K + k] * D + d];
+                acc = acc + term;
+            }
+            if (shared) acc = acc + g * shared[t * D + d];
+            o[d] = acc;
+        }
+    }
+    return CM_OK;
+}
