@@ -17,3 +17,7 @@ add_dependencies(test_ts_badinput target-server)
 # on load, the default precision and every refusal through the real command line.
 add_unit_test(test_ts_fp8_load test_ts_fp8_load.c LIBS ts kn TIMEOUT 300)
 add_dependencies(test_ts_fp8_load target-server)
+# MoE and Qwen3-Next checkpoints (docs/moe.md): every broken copy of an oracle fixture gets one
+# message naming the tensor, through the real command line.
+add_test(NAME test_ts_moe_load COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/test_ts_moe_load.py ${CMAKE_BINARY_DIR})
+set_tests_properties(test_ts_moe_load PROPERTIES TIMEOUT 300 LABELS unit)
