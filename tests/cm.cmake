@@ -1,7 +1,8 @@
-# common/ (libcm) unit tests: dtype conversions, safetensors reader/writer, config parsing (and quantization_config), locks, the worker pool.
+# common/ (libcm) unit tests: dtype conversions, safetensors reader/writer, config parsing (and quantization_config, and the MoE fields), locks, the worker pool.
 add_unit_test(test_cm_dtype       test_cm_dtype.c       LABELS unit)
 add_unit_test(test_cm_safetensors test_cm_safetensors.c LABELS unit)
 add_unit_test(test_cm_cfg         test_cm_cfg.c         LABELS unit)
+add_unit_test(test_cm_cfg_moe     test_cm_cfg_moe.c     LABELS unit)
 add_unit_test(test_cm_quant       test_cm_quant.c       LABELS unit)
 add_unit_test(test_cm_weights_id  test_cm_weights_id.c  LABELS unit)
 add_unit_test(test_cm_lock        test_cm_lock.c        LABELS unit)

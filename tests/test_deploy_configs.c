@@ -7,8 +7,11 @@
  * [1,16,31,46,61] = the default of docs/drafter.md for 64 target layers, block 16, mask 248070; and the
  * Qwen3.6-27B DFlash2 drafter's (docs/drafter.md, the DFlash2 reference notes, section 6): the same
  * backbone with 5 non-causal sliding 2048 layers, taps [5,19,33,47,61], block 8, Kc 2, G 16, R 256, K 16;
+ * the Qwen3.5-35B-A3B and -122B-A10B DFlash drafters' (z-lab's shapes, the dflash reference notes'
+ * table): 6 layers (5 sliding 4096 then 1 full), 32/8 heads x 128, block 16, mask 248077, 8 taps =
+ * the default of docs/drafter.md for 40 and 48 target layers, hidden 2048 / 3072, MLP 6144 / 9216;
  * and each target-config.json through the target and quantization_config readers (the FP8 one's list of
- * unconverted modules against Qwen's). */
+ * unconverted modules against Qwen's; the MoE ones' experts, top-k and sizes, every layer sparse). */
 #include <cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -124,6 +127,44 @@ static void check_qwen36_27b_dflash2(const cm_drafter_cfg *c) {
     TST_CHECK(!c->tie_word_embeddings && !c->attention_bias);
 }
 
+/* A Qwen3.5-MoE DFlash drafter (deploy/configs/qwen3.5-{35b-a3b,122b-a10b}/README.md). */
+static void check_qwen35_moe_drafter(const cm_drafter_cfg *c, int hidden, int mlp, int n_target,
+                                     const int *taps) {
+    TST_CHECK(c->kind == CM_DRAFTER_DFLASH);
+    TST_CHECK(c->hidden_size == hidden && c->n_layers == 6 && c->intermediate_size == mlp);
+    TST_CHECK(c->n_heads == 32 && c->n_kv_heads == 8 && c->head_dim == 128);
+    TST_CHECK(c->vocab_size == 248320 && c->mask_token_id == 248077);
+    TST_CHECK(c->block_size == 16 && c->num_target_layers == n_target && c->rope_theta == 1e7);
+    for (int l = 0; l < 5; l++)
+        TST_CHECK(c->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION && cm_drafter_layer_causal(c, l));
+    TST_CHECK(c->layer_types[5] == CM_LAYER_TYPE_FULL_ATTENTION && c->sliding_window == 4096);
+    TST_CHECK(c->n_taps == 8);
+    for (int i = 0; i < 8 && i < c->n_taps; i++) {
+        TST_CHECK(c->target_layer_ids[i] == taps[i]);
+        TST_CHECK(default_tap(i, n_target, 8) == taps[i]);
+    }
+    TST_CHECK(!c->tie_word_embeddings && !c->attention_bias);
+}
+
+/* A Qwen3.5-MoE target (fp8_moe reference notes, B4): the text model nested, every layer sparse,
+ * the router always renormalised, full attention every 4th layer. */
+static void check_qwen35_moe_target(const cm_target_cfg *t, int hidden, int n_layers, int n_heads, int lin_v,
+                                    int moe_i) {
+    TST_CHECK(t->family == CM_TARGET_FAMILY_QWEN3_5_MOE && t->nested &&
+              strcmp(t->model_type, "qwen3_5_moe_text") == 0);
+    TST_CHECK(t->hidden_size == hidden && t->n_layers == n_layers && t->vocab_size == 248320);
+    TST_CHECK(t->n_heads == n_heads && t->n_kv_heads == 2 && t->head_dim == 256 && t->rotary_dim == 64);
+    TST_CHECK(t->lin_n_k_heads == 16 && t->lin_n_v_heads == lin_v && t->lin_k_head_dim == 128);
+    TST_CHECK(t->n_experts == 256 && t->n_experts_per_tok == 8 && t->moe_intermediate_size == moe_i);
+    TST_CHECK(t->shared_expert_intermediate_size == moe_i && t->norm_topk_prob == 1);
+    TST_CHECK(t->rope_theta == 1e7 && !t->tie_word_embeddings && t->intermediate_size == 0);
+    for (int l = 0; l < n_layers; l++) {
+        TST_CHECK(cm_target_layer_moe(t, l));
+        TST_CHECK(t->layer_types[l] ==
+                  (l % 4 == 3 ? CM_LAYER_TYPE_FULL_ATTENTION : CM_LAYER_TYPE_LINEAR_ATTENTION));
+    }
+}
+
 /* A target-config.json: the target parser and the quantization_config reader accept it. The
  * Qwen3.6-27B-FP8 one (docs/fp8.md) keeps exactly the modules Qwen keeps bf16 out of
  * quantization: per layer the norms, the GDN's A_log, conv1d, dt_bias, in_proj_a/b and norm,
@@ -139,6 +180,12 @@ static void check_target_config(const char *name, const char *path) {
         return;
     }
     TST_CHECK(q.fp8 == (strstr(name, "fp8") != NULL));
+    if (strcmp(name, "qwen3.5-35b-a3b") == 0)
+        check_qwen35_moe_target(&t, 2048, 40, 16, 32, 512);
+    else if (strcmp(name, "qwen3.5-122b-a10b") == 0)
+        check_qwen35_moe_target(&t, 3072, 48, 32, 64, 1024);
+    else
+        TST_CHECK(t.n_experts == 0); /* the dense targets */
     if (q.fp8) {
         TST_CHECK(t.n_layers == 64 && q.n_skip == 64 * 2 + 48 * 6 + 16 * 2 + 3);
         static const char *const kept[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
@@ -177,6 +224,8 @@ int main(void) {
     if (!d)
         return tst_report();
     int            n_drafters = 0, n_runs = 0, n_targets = 0, saw_27b = 0, saw_27b_v2 = 0, saw_27b_fp8 = 0;
+    int            saw_35b = 0, saw_122b = 0;
+    static const int taps_35b[8] = {1, 6, 11, 16, 22, 27, 32, 37}, taps_122b[8] = {1, 7, 14, 20, 26, 32, 39, 45};
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.')
@@ -199,6 +248,12 @@ int main(void) {
             } else if (strcmp(e->d_name, "qwen3.6-27b-dflash2") == 0) {
                 check_qwen36_27b_dflash2(&c);
                 saw_27b_v2 = 1;
+            } else if (strcmp(e->d_name, "qwen3.5-35b-a3b") == 0) {
+                check_qwen35_moe_drafter(&c, 2048, 6144, 40, taps_35b);
+                saw_35b++;
+            } else if (strcmp(e->d_name, "qwen3.5-122b-a10b") == 0) {
+                check_qwen35_moe_drafter(&c, 3072, 9216, 48, taps_122b);
+                saw_122b++;
             }
             n_drafters++;
         }
@@ -207,6 +262,8 @@ int main(void) {
             check_target_config(e->d_name, path);
             n_targets++;
             saw_27b_fp8 |= strcmp(e->d_name, "qwen3.6-27b-fp8") == 0;
+            saw_35b += strcmp(e->d_name, "qwen3.5-35b-a3b") == 0;
+            saw_122b += strcmp(e->d_name, "qwen3.5-122b-a10b") == 0;
         }
         snprintf(path, sizeof path, "%s/run.json", dir);
         if (stat(path, &sb) == 0) {
@@ -215,7 +272,8 @@ int main(void) {
         }
     }
     closedir(d);
-    TST_CHECK(n_drafters >= 2 && n_runs >= 2 && n_targets >= 2 && saw_27b && saw_27b_v2 && saw_27b_fp8);
+    TST_CHECK(n_drafters >= 4 && n_runs >= 4 && n_targets >= 4 && saw_27b && saw_27b_v2 && saw_27b_fp8);
+    TST_CHECK(saw_35b == 2 && saw_122b == 2); /* each MoE folder: its drafter and its target */
     fprintf(stderr, "deploy/configs: %d drafter configs, %d run configs, %d target configs\n", n_drafters, n_runs,
             n_targets);
     return tst_report();

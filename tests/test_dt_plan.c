@@ -3,7 +3,10 @@
  * plan), the drafter parameter count against the parameters dt_model itself allocates, the
  * Qwen3.6-27B target and its DFlash drafter from the config fixtures in tests/data/cm (counts by
  * hand; step FLOPs against the independent estimate of docs/goals.md), the printed table,
- * and the refusals of impossible runs. */
+ * and the refusals of impossible runs; mixture-of-experts targets: the small target with sparse and
+ * dense layers (by hand) and the Qwen3.5-35B-A3B and -122B-A10B deploy configs (counts, weight bytes,
+ * prefill FLOPs over the active experts only, and the GPUs the weights need, each computed here
+ * tensor by tensor from the configs' numbers). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,8 +299,159 @@ static void test_27b(void) {
         dt_plan_print(stderr, &p, &t, &d);
 }
 
+/* The small target made sparse, Qwen3-Next style: layers 0, 1 and 3 MoE (E 4, top-2, expert MLP 4,
+ * shared 8), layer 2 dense (MLP 16). */
+static void test_small_moe(void) {
+    cm_target_cfg  t;
+    cm_drafter_cfg d;
+    small_cfgs(&t, &d);
+    t.n_experts = 4, t.n_experts_per_tok = 2, t.moe_intermediate_size = 4,
+    t.shared_expert_intermediate_size = 8;
+    t.norm_topk_prob = 1;
+    t.layer_moe[0] = t.layer_moe[1] = t.layer_moe[3] = 1;
+    dt_plan_run r = {16, 2, 8, 1, 2, CM_ENCODING_RAW, 0, 1, 1, 4, 1000};
+    dt_plan     p;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    /* sparse MLP: router 4·8 = 32, experts 4·3·4·8 = 384, shared 3·8·8 = 192 + its gate 8 → 616
+     * parameters, of which a token multiplies 32 + 2·96 + 192 + 8 = 424. GDN layer without MLP:
+     * 288 linear + 88 other; full layer without MLP: 256 linear + 24 other.
+     * Target: layers 0, 1 (GDN, sparse) 992 each, layer 2 (GDN, dense) 760, layer 3 (full, sparse)
+     * 896, + embed, lm_head 512 + final norm 8 = 4160. Prefill runs layers 0..2: 712 + 712 + 672 =
+     * 2096 linear parameters a token multiplies. */
+    TST_CHECK(p.p_target == 4160 && p.p_target_run == 2096 && p.target_layers_run == 3);
+    /* 2·2096 + 3·(8·4·4·2 + 2·4·16) = 5344 */
+    CLOSE(p.f_target_token, 5344);
+    /* bf16: embed + lm_head 2·512 + final norm 4·8 = 1056; small parameters 4·(3·88 + 24) = 1152;
+     * matrices 2·(288 + 616 + 288 + 616 + 672 + 256 + 616) = 6704 → 8912 */
+    CLOSE(p.m_target_bf16, 8912);
+    TST_CHECK(p.target_gpus_bf16 == 1 && p.target_gpus_fp8 == 1);
+    /* no shared expert: 192 + 8 fewer per sparse layer, in the count and in what a token multiplies */
+    t.shared_expert_intermediate_size = 0;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    TST_CHECK(p.p_target == 4160 - 3 * 200 && p.p_target_run == 2096 - 2 * 200);
+    /* every layer dense again (layer_moe cleared): the dense figures of test_small */
+    memset(t.layer_moe, 0, sizeof t.layer_moe);
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    TST_CHECK(p.p_target == 3464 && p.p_target_run == 2016);
+}
+
+/* Bytes of an [N, K] projection at --precision fp8: N·K e4m3 and fp32 scales, ceil(N/128) rows of
+ * ceil(K/128) rounded up to 4 (docs/fp8.md). */
+static double fp8_mat(double N, double K) {
+    const double L = ceil(K / 128);
+    return N * K + 4 * ceil(N / 128) * (ceil(L / 4) * 4);
+}
+
+/* A Qwen3.5-MoE deploy config (head_dim 256, GDN 16 k heads of 128, v heads of 128, conv 4, vocab
+ * 248320, untied, every layer sparse, full attention every 4th) and its drafter: the plan's target
+ * figures against the same figures computed here tensor by tensor from the config's numbers. */
+typedef struct moe_shape {
+    const char *dir;
+    int64_t     D, L, H, KV, nv, E, K, Ie, Is, last_tap;
+    int64_t     p_target; /* the total, summed once by hand (README of the folder) */
+    int         gpus_bf16, gpus_fp8;
+} moe_shape;
+
+static void test_moe_deploy(const moe_shape *m) {
+    char           tp[512], dp[512];
+    cm_target_cfg  t;
+    cm_drafter_cfg d;
+    snprintf(tp, sizeof tp, "%s/../deploy/configs/%s/target-config.json", TANDEM_TEST_DATA, m->dir);
+    snprintf(dp, sizeof dp, "%s/../deploy/configs/%s/drafter.json", TANDEM_TEST_DATA, m->dir);
+    cm_status st = cm_target_cfg_load(&t, tp);
+    if (st == CM_OK)
+        st = cm_drafter_cfg_load(&d, dp);
+    if (st != CM_OK)
+        fprintf(stderr, "  %s\n", cm_last_error());
+    TST_CHECK(st == CM_OK);
+    if (st != CM_OK)
+        return;
+    dt_plan_run r = DT_PLAN_RUN_DEFAULT; /* documents of 8192 */
+    dt_plan     p;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+
+    const double D = (double)m->D, V = 248320, hd = 256, nk = 16, dk = 128, dv = 128, nv = (double)m->nv;
+    const double H = (double)m->H, KV = (double)m->KV, E = (double)m->E, K = (double)m->K;
+    const double Ie = (double)m->Ie, Is = (double)m->Is, S = 8192;
+    const double conv = 2 * nk * dk + nv * dv;
+    /* per GDN layer: in_proj_qkv [conv, D], in_proj_z [nv·dv, D], out_proj [D, nv·dv] (quantized
+     * under fp8) and in_proj_b, in_proj_a [nv, D] (bf16); small: conv1d conv·4, dt_bias and A_log
+     * 2·nv, the gated norm dv, the two layer norms 2·D */
+    const double g_q = conv * D + nv * dv * D + D * nv * dv, g_ba = 2 * nv * D;
+    const double g_small = conv * 4 + 2 * nv + dv + 2 * D;
+    const double g_fp8 = fp8_mat(conv, D) + fp8_mat(nv * dv, D) + fp8_mat(D, nv * dv) + 2 * g_ba;
+    /* per full layer: q with its gate [2·H·hd, D], k and v [KV·hd, D], o [D, H·hd]; small: q/k norms
+     * 2·hd and the layer norms 2·D */
+    const double f_q = 2 * H * hd * D + 2 * KV * hd * D + D * H * hd, f_small = 2 * hd + 2 * D;
+    const double f_fp8 = fp8_mat(2 * H * hd, D) + 2 * fp8_mat(KV * hd, D) + fp8_mat(D, H * hd);
+    /* per sparse MLP: E experts of gate, up [Ie, D] and down [D, Ie], the shared expert's [Is, D] ×
+     * 2 and [D, Is] (quantized under fp8); the router [E, D] and the shared gate [1, D] (bf16) */
+    const double x_q = E * 3 * Ie * D + 3 * Is * D, x_bf = E * D + D;
+    const double x_act = K * 3 * Ie * D + 3 * Is * D + x_bf;
+    const double x_fp8 =
+        E * (2 * fp8_mat(Ie, D) + fp8_mat(D, Ie)) + 2 * fp8_mat(Is, D) + fp8_mat(D, Is) + 2 * x_bf;
+    const double L = (double)m->L, nf = L / 4, ng = L - nf, head = 2 * V * D;
+    const double all = head + D + ng * (g_q + g_ba + g_small) + nf * (f_q + f_small) + L * (x_q + x_bf);
+    TST_CHECK((double)p.p_target == all && p.p_target == m->p_target);
+    if (p.p_target != m->p_target)
+        fprintf(stderr, "  %s: the plan counts %lld target parameters, expected %lld\n", m->dir,
+                (long long)p.p_target, (long long)m->p_target);
+    /* prefill: layers 0..last tap, of which every 4th full attention */
+    const double run = (double)(m->last_tap + 1), nf_run = (double)((m->last_tap + 1) / 4),
+                 ng_run = run - nf_run;
+    const double act = ng_run * (g_q + g_ba) + nf_run * f_q + run * x_act;
+    TST_CHECK((double)p.p_target_run == act && p.target_layers_run == m->last_tap + 1);
+    CLOSE(p.f_target_token, 2 * act + nf_run * 2 * S * H * hd + ng_run * (8 * dk * dv * nv + 2 * 4 * conv));
+    /* all E experts would be 2·(E − K)·3·Ie·D more per layer: the active count is far below */
+    TST_CHECK(p.f_target_token < 0.2 * 2 * all);
+    /* weights: embed + lm_head bf16, small parameters fp32, matrices 2 bytes (bf16) or as above */
+    const double small = ng * g_small + nf * f_small + D;
+    const double bf16 = 2 * head + 4 * small + 2 * (ng * (g_q + g_ba) + nf * f_q + L * (x_q + x_bf));
+    const double fp8 = 2 * head + 4 * small + ng * g_fp8 + nf * f_fp8 + L * x_fp8;
+    CLOSE(p.m_target_bf16, bf16);
+    CLOSE(p.m_target_fp8, fp8);
+    const double usable = 143771.0 * 1024 * 1024 - 8.0 * 1024 * 1024 * 1024; /* an H200 less 8 GiB */
+    TST_CHECK(p.target_gpus_bf16 == (int)ceil(bf16 / usable) && p.target_gpus_bf16 == m->gpus_bf16);
+    TST_CHECK(p.target_gpus_fp8 == (int)ceil(fp8 / usable) && p.target_gpus_fp8 == m->gpus_fp8);
+    printf(
+        "%s: %lld target parameters, weights %.2f GiB bf16 (%d H200) / %.2f GiB fp8 (%d H200), prefill %.2f "
+        "GFLOP per token\n",
+        m->dir, (long long)p.p_target, p.m_target_bf16 / 1073741824.0, p.target_gpus_bf16,
+        p.m_target_fp8 / 1073741824.0, p.target_gpus_fp8, p.f_target_token / 1e9);
+
+    /* the printed plan names the experts and the GPU counts */
+    FILE *f = tmpfile();
+    dt_plan_print(f, &p, &t, &d);
+    rewind(f);
+    static char out[16384];
+    size_t      n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    char want[64];
+    snprintf(want, sizeof want, "%d / %d", m->gpus_bf16, m->gpus_fp8);
+    const char *words[] = {"mixture of experts", "experts top-8", "H200s that hold them", want, NULL};
+    for (int i = 0; words[i]; i++) {
+        TST_CHECK(strstr(out, words[i]) != NULL);
+        if (!strstr(out, words[i]))
+            fprintf(stderr, "  the plan lacks '%s'\n", words[i]);
+    }
+    TST_CHECK((strstr(out, "serve this target at --precision fp8") != NULL) == (m->gpus_bf16 > 1));
+    if (getenv("TST_VERBOSE"))
+        fputs(out, stderr);
+}
+
 int main(void) {
     test_small();
+    test_small_moe();
+    /* 35B-A3B: 40 layers (30 GDN, 10 full), 16/2 heads, GDN 16/32, 256 experts top-8, 512/512; taps
+     * to 37. 122B-A10B: 48 layers (36 GDN, 12 full), 32/2 heads, GDN 16/64, 256 top-8, 1024/1024;
+     * taps to 45. bf16 64.56 and 227.45 GiB, fp8 33.26 and 115.23 GiB: 1 / 1 and 2 / 1 H200s. */
+    static const moe_shape moe[] = {
+        {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 32, 256, 8, 512, 512, 37, 34660610688LL, 1, 1},
+        {"qwen3.5-122b-a10b", 3072, 48, 32, 2, 64, 256, 8, 1024, 1024, 45, 122111526912LL, 2, 1},
+    };
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++)
+        test_moe_deploy(&moe[i]);
     test_against_model(0);
     test_against_model(1);
     test_27b();

@@ -6,12 +6,15 @@
  * mlp_only_layers and (i + 1) % decoder_sparse_step == 0; the rest run the dense MLP of
  * intermediate_size. */
 #include <cJSON.h>
+#include <math.h>
 #include <string.h>
 
 #include "cm_cfg.h"
 #include "cm_cfg_int.h"
 
-/* mlp_only_layers: absent, null or an array of distinct layer indices in [0, n_layers). */
+/* mlp_only_layers: absent, null or an array of layer indices in [0, n_layers) (a repeated index is
+ * harmless, as in Transformers). The range is checked before the value is converted to int: a
+ * double outside int's range must not reach the cast (undefined behaviour). */
 static cm_status mlp_only_layers(const cfg_obj *tx, int n_layers, unsigned char *dense) {
     const cJSON *arr = cm_cfg_item(tx, "mlp_only_layers");
     if (!arr) return CM_OK;
@@ -22,7 +25,7 @@ static cm_status mlp_only_layers(const cfg_obj *tx, int n_layers, unsigned char 
     const cJSON *it = NULL;
     cJSON_ArrayForEach(it, arr) {
         const double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
-        if (!cJSON_IsNumber(it) || d != (double)(int)d || d < 0 || d >= n_layers)
+        if (!cJSON_IsNumber(it) || !(d >= 0 && d < n_layers) || d != floor(d))
             return CM_FAIL(CM_ERR_FORMAT, "'%s': %smlp_only_layers[%d] must be a layer index in [0, %d)", tx->origin,
                            tx->prefix, i, n_layers);
         dense[(int)d] = 1;

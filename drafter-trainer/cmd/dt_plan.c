@@ -49,36 +49,61 @@ static int64_t drafter_selector_params(const cm_drafter_cfg *d) {
     return 2 * (int64_t)d->vocab_size * d->selector_rank + (int64_t)d->selector_rank * d->hidden_size;
 }
 
-/* Linear (matrix) parameters of target layer l, and all its parameters. */
-static void target_layer_params(const cm_target_cfg *t, int l, int64_t *linear, int64_t *all) {
+/* Target layer l's parameters: linear (every matrix), active (the matrices one token multiplies)
+ * and all (with the norms, the GDN's conv1d, dt_bias, A_log and gated norm). A sparse MoE layer's
+ * MLP is its router [E, D], E experts of 3·Ie·D and the shared expert 3·Is·D with its gate [1, D]
+ * (none when Is = 0); a token multiplies the router, its K experts and the shared expert. A
+ * dense layer's MLP is 3·D·I. */
+static void target_layer_params(const cm_target_cfg *t, int l, int64_t *linear, int64_t *active,
+                                int64_t *all) {
     const int64_t D = t->hidden_size, I = t->intermediate_size;
-    int64_t       lin = 3 * D * I, other = 2 * D; /* MLP; input + post-attention norms */
+    int64_t       lin = 3 * D * I, act = lin, other = 2 * D; /* MLP; input + post-attention norms */
+    if (cm_target_layer_moe(t, l)) {
+        const int64_t E = t->n_experts, K = t->n_experts_per_tok, Ie = t->moe_intermediate_size,
+                      Is = t->shared_expert_intermediate_size;
+        const int64_t shared = Is > 0 ? 3 * D * Is + D : 0; /* shared expert + its sigmoid gate */
+        lin = E * D + E * 3 * Ie * D + shared;
+        act = E * D + K * 3 * Ie * D + shared;
+    }
     if (t->layer_types[l] == CM_LAYER_TYPE_LINEAR_ATTENTION) {
         const int64_t nk = t->lin_n_k_heads, nv = t->lin_n_v_heads, dk = t->lin_k_head_dim,
                       dv = t->lin_v_head_dim;
         const int64_t conv = 2 * nk * dk + nv * dv;
-        lin += D * conv + D * nv * dv + 2 * D * nv + nv * dv * D; /* in_proj_qkv, _z, _b, _a; out_proj */
-        other += conv * t->lin_conv_kernel + 2 * nv + dv;         /* conv1d, dt_bias + A_log, norm */
+        /* in_proj_qkv, _z, _b, _a; out_proj */
+        const int64_t gdn = D * conv + D * nv * dv + 2 * D * nv + nv * dv * D;
+        lin += gdn, act += gdn;
+        other += conv * t->lin_conv_kernel + 2 * nv + dv; /* conv1d, dt_bias + A_log, norm */
     } else {
         const int64_t H = t->n_heads, KV = t->n_kv_heads, hd = t->head_dim;
-        lin +=
+        const int64_t attn =
             D * H * hd * (t->attn_output_gate ? 2 : 1) + 2 * D * KV * hd + H * hd * D; /* q(+gate), k, v, o */
-        other += 2 * hd;                                                               /* q_norm, k_norm */
+        lin += attn, act += attn;
+        other += 2 * hd; /* q_norm, k_norm */
     }
     *linear = lin;
+    *active = act;
     *all = lin + other;
 }
 
-/* One target GPU's weight bytes as target-server keeps them (dt_plan.h: m_target_bf16/fp8). */
+/* One target GPU's weight bytes as target-server keeps them (dt_plan.h: m_target_bf16/fp8). The
+ * router and the shared expert's gate stay bf16 under fp8, as in_proj_a/b do (ts_load_moe.c). */
 static double target_weight_bytes(const cm_target_cfg *t, int fp8) {
     const int64_t D = t->hidden_size, I = t->intermediate_size, V = t->vocab_size;
 #define MAT(N, K) (fp8 ? (double)(N) * (K) + 4.0 * (double)(((N) + 127) / 128) * (double)kn_fp8_scale_ld(K) \
                        : 2.0 * (double)(N) * (K))
     double b = 2.0 * (double)V * D * (t->tie_word_embeddings ? 1 : 2) + 4.0 * D; /* embed, lm_head, norm */
     for (int l = 0; l < t->n_layers; l++) {
-        int64_t lin, all;
-        target_layer_params(t, l, &lin, &all);
-        b += 4.0 * (double)(all - lin) + 2 * MAT(I, D) + MAT(D, I); /* small parameters (fp32), MLP */
+        int64_t lin, act, all;
+        target_layer_params(t, l, &lin, &act, &all);
+        b += 4.0 * (double)(all - lin); /* small parameters (fp32) */
+        if (cm_target_layer_moe(t, l)) {
+            const int64_t E = t->n_experts, Ie = t->moe_intermediate_size,
+                          Is = t->shared_expert_intermediate_size;
+            b += 2.0 * (double)E * D + (double)E * (2 * MAT(Ie, D) + MAT(D, Ie)); /* router, experts */
+            if (Is > 0)
+                b += 2 * MAT(Is, D) + MAT(D, Is) + 2.0 * D; /* shared expert, its gate */
+        } else
+            b += 2 * MAT(I, D) + MAT(D, I); /* MLP */
         if (t->layer_types[l] == CM_LAYER_TYPE_LINEAR_ATTENTION) {
             const int64_t nk = t->lin_n_k_heads, nv = t->lin_n_v_heads, dk = t->lin_k_head_dim,
                           dv = t->lin_v_head_dim;
@@ -90,6 +115,12 @@ static double target_weight_bytes(const cm_target_cfg *t, int fp8) {
     }
 #undef MAT
     return b;
+}
+
+/* GPUs that hold one copy of weights of the given bytes, each keeping DT_PLAN_TARGET_RESERVE free. */
+static int target_gpus(double bytes) {
+    const double usable = DT_PLAN_GPU_BYTES - DT_PLAN_TARGET_RESERVE;
+    return (int)ceil(bytes / usable);
 }
 
 // ---- FLOPs
@@ -105,9 +136,9 @@ static double visible_context(double S, double W) {
 static double target_flops_token(const cm_target_cfg *t, int n_run, double S) {
     double f = 0;
     for (int l = 0; l < n_run; l++) {
-        int64_t lin, all;
-        target_layer_params(t, l, &lin, &all);
-        f += 2.0 * (double)lin;
+        int64_t lin, act, all;
+        target_layer_params(t, l, &lin, &act, &all);
+        f += 2.0 * (double)act;
         if (t->layer_types[l] == CM_LAYER_TYPE_LINEAR_ATTENTION) {
             const double conv =
                 2.0 * t->lin_n_k_heads * t->lin_k_head_dim + (double)t->lin_n_v_heads * t->lin_v_head_dim;
@@ -196,11 +227,11 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     p->p_target = (tied ? 1 : 2) * V * D + D; /* embeddings, lm_head, final norm */
     p->target_layers_run = last_tap + 1;
     for (int l = 0; l < t->n_layers; l++) {
-        int64_t lin, all;
-        target_layer_params(t, l, &lin, &all);
+        int64_t lin, act, all;
+        target_layer_params(t, l, &lin, &act, &all);
         p->p_target += all;
         if (l <= last_tap)
-            p->p_target_run += lin;
+            p->p_target_run += act;
     }
 
     /* memory: mixed precision as the CUDA path keeps it (fp32 masters and gradients, Adam m and
@@ -216,6 +247,8 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     p->m_frozen = 2.0 * (double)p->p_frozen;
     p->m_target_bf16 = target_weight_bytes(t, 0);
     p->m_target_fp8 = target_weight_bytes(t, 1);
+    p->target_gpus_bf16 = target_gpus(p->m_target_bf16);
+    p->target_gpus_fp8 = target_gpus(p->m_target_fp8);
     /* As dt_model plans it (bf16 storage; norms, RoPE and SwiGLU recomputed in the backward).
      * Per layer, saved for backward: block rows' residual in and mid (2D; not layer 0's input,
      * looked up again), q before its norm and the attention output (2Hd), gate and up (2I),
@@ -309,6 +342,16 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
     fprintf(f, "          %d taps (last %d), block %d\n", d->n_taps, p->target_layers_run - 1, d->block_size);
     fprintf(f, "target    hidden %d, %d layers, forward stops after layer %d (%d layers run)\n",
             t->hidden_size, t->n_layers, p->target_layers_run - 1, p->target_layers_run);
+    if (t->n_experts > 0) {
+        int n_sparse = 0;
+        for (int l = 0; l < t->n_layers; l++)
+            n_sparse += cm_target_layer_moe(t, l);
+        fprintf(f,
+                "          mixture of experts: %d of %d layers sparse, %d experts top-%d (expert MLP %d, "
+                "shared %d)\n",
+                n_sparse, t->n_layers, t->n_experts, t->n_experts_per_tok, t->moe_intermediate_size,
+                t->shared_expert_intermediate_size);
+    }
     fprintf(
         f,
         "run       %lld tokens per batch, %lld anchors x %d = %lld query rows, documents of %lld tokens,\n",
@@ -329,7 +372,9 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
             (long long)p->p_frozen, human(b, sizeof b, (double)p->p_frozen, ""));
     fprintf(f, "  %-40s %16lld  (%s)\n", "target", (long long)p->p_target,
             human(c, sizeof c, (double)p->p_target, ""));
-    fprintf(f, "  %-40s %16lld\n\n", "  linear, layers run in prefill", (long long)p->p_target_run);
+    fprintf(f, "  %-40s %16lld\n\n",
+            t->n_experts > 0 ? "  linear per token, layers run in prefill" : "  linear, layers run in prefill",
+            (long long)p->p_target_run);
 
     fprintf(f, "memory per trainer GPU (estimate)\n");
     const struct {
@@ -352,8 +397,16 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
 
     fprintf(f, "target weights per target GPU (every layer and the head; no activations or caches)\n");
     fprintf(f, "  %-40s %12s\n", "--precision bf16", gib(a, sizeof a, p->m_target_bf16));
-    fprintf(f, "  %-40s %12s  (the default for an FP8 checkpoint)\n\n", "--precision fp8 (docs/fp8.md)",
+    fprintf(f, "  %-40s %12s  (the default for an FP8 checkpoint)\n", "--precision fp8 (docs/fp8.md)",
             gib(b, sizeof b, p->m_target_fp8));
+    snprintf(c, sizeof c, "%d / %d", p->target_gpus_bf16, p->target_gpus_fp8);
+    fprintf(f, "  %-40s %12s  (%.1f GiB each, %.0f GiB of it kept for the workspace)\n",
+            "H200s that hold them, bf16 / fp8", c, DT_PLAN_GPU_BYTES / (1024.0 * 1024 * 1024),
+            DT_PLAN_TARGET_RESERVE / (1024.0 * 1024 * 1024));
+    if (p->target_gpus_bf16 > 1 || p->target_gpus_fp8 > 1)
+        fprintf(f, "  target-server keeps a whole replica on one GPU: serve this target at %s\n",
+                p->target_gpus_fp8 > 1 ? "neither precision (it does not fit one GPU)" : "--precision fp8");
+    fprintf(f, "\n");
 
     fprintf(f, "hidden states per token (taps x hidden x 2 bytes bf16)\n");
     fprintf(f, "  %-40s %12s\n", "raw", human(a, sizeof a, p->wire_raw, "B"));

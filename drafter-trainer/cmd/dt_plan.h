@@ -13,8 +13,10 @@
  *   drafter backward 2× the trainable linears (dX and dW), 2.5× attention (FlashAttention's
  *                    convention), 1× the frozen LM head (dX only), 1× fc (dW only; its input is
  *                    the target's hidden states);
- *   target prefill   per token 2 × the linear parameters of layers 0..last tap (the forward stops
- *                    there) + 2·S·H·hd per full-attention layer (causal: S/2 keys on average)
+ *   target prefill   per token 2 × the linear parameters of layers 0..last tap a token multiplies
+ *                    (the forward stops there; a sparse MoE layer: its router [E, D], its K routed
+ *                    experts 3·Ie·D each and the shared expert 3·Is·D + its gate [1, D], not all
+ *                    E experts) + 2·S·H·hd per full-attention layer (causal: S/2 keys on average)
  *                    + 8·dk·dv·nv per Gated DeltaNet layer (chunked delta rule) + 2·Kc·C conv.
  * docs/goals.md checks the same method against SpecForge's measured FLOPs (48 vs 45 TFLOP). */
 #ifndef DT_PLAN_H
@@ -53,6 +55,13 @@ typedef struct dt_plan_run {
  * 10884 tokens/s, bench/results/fp8-2026-12-02.md): the plan's fp8 rate is the bf16 one times this. */
 #define DT_PLAN_FP8_SPEEDUP    1.42
 #define DT_PLAN_DRAFTER_TFLOPS 430.0
+/* One H200 as nvidia-smi reports it (143771 MiB; bench/results/drafter2-step-2026-12-02.md), and
+ * what a target GPU keeps free beside the weights: the 27B server peaked 4.1 GiB above its 50.1 GiB
+ * of weights at 8192-token forwards (55555 MiB, bench/results/pipeline-2gpu-2026-11-30.md: workspace,
+ * kernel scratch, CUDA context); 8 GiB leaves room for an MoE target's routing buffers (about 1-2
+ * GiB more at 8192 tokens, ts_moe_reserve). */
+#define DT_PLAN_GPU_BYTES       (143771.0 * 1024 * 1024)
+#define DT_PLAN_TARGET_RESERVE  (8.0 * 1024 * 1024 * 1024)
 #define DT_PLAN_RUN_DEFAULT                                                                                  \
     {                                                                                                        \
         8192, 512, 0, 1, 4, CM_ENCODING_ZSTD_BYTEPLANE, 0, DT_PLAN_TARGET_TFLOPS, DT_PLAN_DRAFTER_TFLOPS,    \
@@ -71,8 +80,9 @@ typedef struct dt_plan {
     int64_t p_selector;      /* DFlash2's candidate selector (codebooks, hidden projection); 0 for DFlash */
     int64_t p_fc;            /* fc: n·D → D */
     int64_t p_frozen;        /* embed_tokens + lm_head (one matrix when the target ties them) */
-    int64_t p_target;        /* every target parameter (text model) */
-    int64_t p_target_run;    /* linear parameters of layers 0..last tap: what prefill multiplies */
+    int64_t p_target;        /* every target parameter (text model; MoE: all E experts) */
+    int64_t p_target_run;    /* linear parameters of layers 0..last tap that a token multiplies (MoE:
+                                router, K routed experts, shared expert): what prefill multiplies */
     int     target_layers_run;
     /* memory per trainer GPU (bytes) */
     double m_weights, m_master, m_adam, m_grads, m_frozen; /* 0 (no bf16 working copy), fp32, 2×fp32,
@@ -88,6 +98,9 @@ typedef struct dt_plan {
      * (--precision fp8, docs/fp8.md: the projections 1 byte plus fp32 scales per 128 × 128 block,
      * in rows of kn_fp8_scale_ld; in_proj_a/b, the embedding and lm_head bf16) */
     double m_target_bf16, m_target_fp8;
+    /* GPUs of DT_PLAN_GPU_BYTES that hold one copy of those weights, DT_PLAN_TARGET_RESERVE kept
+     * free on each (target-server keeps a whole replica on one GPU: more than 1 does not serve) */
+    int target_gpus_bf16, target_gpus_fp8;
     /* hidden states */
     double wire_raw;         /* bytes per token before encoding: n · D · 2 (bf16) */
     double wire_lo, wire_hi; /* bytes per token after encoding (range of the assumed ratio) */
