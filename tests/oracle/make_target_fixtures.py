@@ -103,6 +103,7 @@ TINY_DEFAULT = dict(
               rope_theta=1e7, tie_word_embeddings=False),
 )
 
+GENERATOR = "tests/oracle/make_target_fixtures.py"
 TOL_SELF = 1e-10      # float64 self-checks (packed vs padded, chunked vs recurrent)
 TOL_STOCK = 1e-4      # float64 promoted casts vs stock HF (fp32 internals), relative to max |ref|
 
@@ -144,13 +145,37 @@ def build_config(fx):
 
 
 def text_model(model):
-    return model.model.language_model if isinstance(model, Qwen3_5ForConditionalGeneration) else model.model
+    """The decoder stack: model.model.language_model in the multimodal layouts, model.model in the flat ones."""
+    return model.model.language_model if hasattr(model.model, "language_model") else model.model
+
+
+# The helpers below reach HF's modeling code through `hf_qwen` and name its classes with CLASS_PREFIX
+# (hf_class("RMSNorm") is Qwen3_5RMSNorm). make_moe_fixtures.py points them at modeling_qwen3_5_moe or
+# modeling_qwen3_next, which have the same structure, with family().
+CLASS_PREFIX = "Qwen3_5"
+
+
+def hf_class(suffix):
+    return getattr(hf_qwen, CLASS_PREFIX + suffix)
+
+
+@contextlib.contextmanager
+def family(module, prefix):
+    """Within the block, hf_qwen is `module` and its classes are named `prefix` + suffix."""
+    global hf_qwen, CLASS_PREFIX
+    saved = hf_qwen, CLASS_PREFIX
+    hf_qwen, CLASS_PREFIX = module, prefix
+    try:
+        yield
+    finally:
+        hf_qwen, CLASS_PREFIX = saved
 
 
 @torch.no_grad()
-def randomise(model, seed):
+def randomise(model, seed, extra=None):
     """Replace HF's near-identity init (std 0.02, zero norms) by O(1) random weights, so that every sublayer
-    moves the residual stream and every norm weight matters."""
+    moves the residual stream and every norm weight matters. extra(module, randn, rand) initialises the modules of
+    other kinds (the MoE router and experts) from the same stream and returns the parameters it set."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(shape):
@@ -168,13 +193,13 @@ def randomise(model, seed):
         elif isinstance(mod, nn.Linear):
             mod.weight.copy_(randn(mod.weight.shape) / math.sqrt(mod.in_features))
             done.add(mod.weight)
-        elif isinstance(mod, hf_qwen.Qwen3_5RMSNorm):          # zero-centred: scale is (1 + w)
+        elif isinstance(mod, hf_class("RMSNorm")):             # zero-centred: scale is (1 + w)
             mod.weight.copy_(0.1 * randn(mod.weight.shape))
             done.add(mod.weight)
-        elif isinstance(mod, hf_qwen.Qwen3_5RMSNormGated):     # plain w
+        elif isinstance(mod, hf_class("RMSNormGated")):        # plain w
             mod.weight.copy_(1.0 + 0.1 * randn(mod.weight.shape))
             done.add(mod.weight)
-        elif isinstance(mod, hf_qwen.Qwen3_5GatedDeltaNet):
+        elif isinstance(mod, hf_class("GatedDeltaNet")):
             k = mod.conv1d.weight.shape[-1]
             mod.conv1d.weight.copy_(randn(mod.conv1d.weight.shape) / math.sqrt(k))
             # A in [0.005, 4] log-uniform: some heads keep their state across many chunks, some forget fast
@@ -182,6 +207,8 @@ def randomise(model, seed):
             mod.A_log.copy_(lo + (hi - lo) * rand(mod.A_log.shape))
             mod.dt_bias.copy_(0.5 * randn(mod.dt_bias.shape))
             done.update([mod.conv1d.weight, mod.A_log, mod.dt_bias])
+        elif extra is not None:
+            done.update(extra(mod, randn, rand))
     lm = model.lm_head
     if lm.weight is not tm.embed_tokens.weight:
         lm.weight.copy_(randn(lm.weight.shape) / math.sqrt(lm.in_features))
@@ -198,7 +225,7 @@ def apply_weight_dtypes(model, policy):
     keep = {}
     if policy == "bf16+f32gdn":
         for mod in model.modules():
-            if isinstance(mod, hf_qwen.Qwen3_5GatedDeltaNet):
+            if isinstance(mod, hf_class("GatedDeltaNet")):
                 keep[mod.A_log] = mod.A_log.detach().clone()
                 keep[mod.norm.weight] = mod.norm.weight.detach().clone()
     elif policy != "bf16":
@@ -423,9 +450,22 @@ def naive_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_st
     return out.to(query.dtype), None
 
 
-def load_f64(cls, model_dir, name):
+def read_checkpoint(model_dir):
+    """{key: tensor} of every tensor in the checkpoint's files, as stored."""
+    out = {}
+    for fn in checkpoint_files(model_dir):
+        with safe_open(os.path.join(model_dir, fn), "pt") as f:
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+    return out
+
+
+def load_f64(cls, model_dir, name, load_kw=None, as_model_keys=None):
+    """load_kw: more from_pretrained arguments; as_model_keys(stored) maps the files' {key: tensor} to the model's
+    keys and layouts (our own conversion, e.g. per-expert to fused) for the check that the loaded values are the
+    files' values."""
     model, info = cls.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager",
-                                      output_loading_info=True)
+                                      output_loading_info=True, **(load_kw or {}))
     model = model.to(torch.float64).eval()
     if info.get("missing_keys"):
         fail(f"{name}: keys missing when loading the saved checkpoint: {sorted(info['missing_keys'])}")
@@ -449,19 +489,19 @@ def load_f64(cls, model_dir, name):
             fail(f"{name}: {n} is {t.dtype} after .to(float64)")
     # every loaded weight equals the file's value exactly
     sd = model.state_dict()
-    file_keys = set()
-    for fn in checkpoint_files(model_dir):
-        with safe_open(os.path.join(model_dir, fn), "pt") as f:
-            for k in f.keys():
-                file_keys.add(k)
-                if k.startswith("mtp."):
-                    if k in sd:
-                        fail(f"{name}: {k} was loaded into the model")
-                    continue
-                if k not in sd:
-                    fail(f"{name}: file key {k} has no parameter in the model")
-                if not torch.equal(sd[k], f.get_tensor(k).to(torch.float64)):
-                    fail(f"{name}: {k} differs between file and loaded float64 model")
+    stored = read_checkpoint(model_dir)
+    if as_model_keys is not None:
+        stored = as_model_keys(stored)
+    file_keys = set(stored)
+    for k, t in stored.items():
+        if k.startswith("mtp."):
+            if k in sd:
+                fail(f"{name}: {k} was loaded into the model")
+            continue
+        if k not in sd:
+            fail(f"{name}: file key {k} has no parameter in the model")
+        if not torch.equal(sd[k], t.to(torch.float64)):
+            fail(f"{name}: {k} differs between file and loaded float64 model")
     absent = sorted(k for k in sd if k not in file_keys)
     tied = model.config.get_text_config().tie_word_embeddings
     if absent != (["lm_head.weight"] if tied else []):
@@ -722,10 +762,14 @@ def main():
 
     manifest_path = os.path.join(args.out_dir, "manifest.json")
     manifest = {"fixtures": []}
-    if args.only and os.path.exists(manifest_path):
+    if os.path.exists(manifest_path):
         with open(manifest_path) as f:
             manifest = json.load(f)
-    entries = {e["name"]: e for e in manifest.get("fixtures", [])}
+    # entries that name another generator (make_moe_fixtures.py) are kept as they are, after ours
+    others = [e for e in manifest.get("fixtures", []) if e.get("generator", GENERATOR) != GENERATOR]
+    if not args.only:
+        manifest = {"fixtures": []}
+    entries = {e["name"]: e for e in manifest.get("fixtures", []) if e.get("generator", GENERATOR) == GENERATOR}
     for fx in selected:
         fdir = os.path.join(args.out_dir, fx["name"])
         if os.path.isdir(fdir):
@@ -738,7 +782,7 @@ def main():
         total = sum(os.path.getsize(os.path.join(args.model_dir, f)) for f in dir_files(args.model_dir))
         log(f"  embedded default model: {total} bytes")
         manifest["embedded_default_model"] = finish_summary(tiny, args.model_dir, REPO)
-    manifest["generator"] = "tests/oracle/make_target_fixtures.py"
+    manifest["generator"] = GENERATOR
     manifest["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__,
                             "python": platform.python_version()}
     manifest["conventions"] = {
@@ -751,7 +795,7 @@ def main():
         "tolerances": {"packed_vs_padded": TOL_SELF, "chunked_vs_recurrent": TOL_SELF,
                        "stock_hf_vs_float64": TOL_STOCK},
     }
-    manifest["fixtures"] = [entries[n] for n in names if n in entries]
+    manifest["fixtures"] = [entries[n] for n in names if n in entries] + others
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
