@@ -92,6 +92,11 @@ cm_status ts_load_moe(ts_loader *ld, int i, ts_layer *L) {
     char                 nm[160], gu[300], dn[300], e0[300];
     L->moe = 1;
     snprintf(nm, sizeof nm, "layers.%d.mlp.gate.weight", i);
+    snprintf(gu, sizeof gu, "%s%s", ld->prefix, nm);
+    const cm_st_tensor *r = ld->random ? NULL : cm_st_find(ld->st, gu);
+    if (r && r->n_dims == 2 && r->shape[1] == D && r->shape[0] != E) /* the likeliest mistake, named as such */
+        return CM_FAIL(CM_ERR_FORMAT, "the router '%s' in '%s' has %lld experts, but config.json's num_experts is %lld; "
+                       "the checkpoint and its config disagree", gu, r->file, (long long)r->shape[0], (long long)E);
     CM_TRY(ts_load_mat(ld, nm, 0, TS_MAT_ROLE_GEMM, E, D, &L->router));
     L->ex_gate = calloc((size_t)E, sizeof *L->ex_gate);
     L->ex_up   = calloc((size_t)E, sizeof *L->ex_up);

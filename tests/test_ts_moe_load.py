@@ -5,8 +5,9 @@ message naming the problem (docs/moe.md).
 Each case copies a committed oracle fixture (tests/fixtures/target/<name>/model) into a temporary directory, breaks
 one thing in its safetensors or its config.json (rewritten here with the standard library: header JSON + raw bytes,
 index.json kept consistent), and runs a real `target-server dump` process on the cpu:
-  - per-expert layout: a missing expert's matrix; an expert beyond num_experts (config says fewer); more experts in
-    the config than in the checkpoint; a layer with no experts at all;
+  - per-expert layout: a missing expert's matrix; num_experts disagreeing with the router; an expert beyond
+    num_experts (config and router say fewer); one expert short (config and router say more); a layer with no
+    experts at all;
   - fused layout: num_experts disagreeing with gate_up_proj's shape; a truncated down_proj;
   - both: a router (mlp.gate.weight) of the wrong shape; a shared expert missing;
   - Qwen3-Next: in_proj_qkvz of the wrong shape; in_proj_ba missing.
@@ -153,14 +154,31 @@ def main():
         def fewer_in_config(m, p):
             m.text()["num_experts"] -= 1
         d, _ = case(PER_EXPERT, fewer_in_config)
-        expect("an expert beyond num_experts", dump(ts, d, PER_EXPERT, out), "beyond the num_experts",
+        expect("num_experts below the router's", dump(ts, d, PER_EXPERT, out), "the router", "num_experts is",
                "disagree")
 
         def more_in_config(m, p):
             m.text()["num_experts"] += 1
         d, _ = case(PER_EXPERT, more_in_config)
+        expect("num_experts above the router's", dump(ts, d, PER_EXPERT, out), "the router", "num_experts is")
+
+        def one_beyond(m, p):  # config and routers say E - 1; the experts' tensors still hold E
+            m.text()["num_experts"] -= 1
+            for k in [k for k in m.names() if k.endswith(".mlp.gate.weight")]:
+                _, t = m.find(k)
+                m.truncate(k, t[k][1][0] - 1)
+        d, _ = case(PER_EXPERT, one_beyond)
+        expect("an expert beyond num_experts", dump(ts, d, PER_EXPERT, out), "beyond the num_experts", "disagree")
+
+        def one_short(m, p):  # config and routers say E + 1; the checkpoint holds E experts
+            m.text()["num_experts"] += 1
+            for k in [k for k in m.names() if k.endswith(".mlp.gate.weight")]:
+                f, t = m.find(k)
+                dt, shape, b = t[k]
+                t[k] = (dt, [shape[0] + 1] + shape[1:], b + b[:len(b) // shape[0]])
+        d, _ = case(PER_EXPERT, one_short)
         E = Model(os.path.join(FIX, PER_EXPERT, "model"), os.path.join(tmp, "probe")).text()["num_experts"]
-        expect("num_experts above the checkpoint's", dump(ts, d, PER_EXPERT, out), f"experts.{E}.gate_proj.weight")
+        expect("an expert missing at the end", dump(ts, d, PER_EXPERT, out), f"experts.{E}.gate_proj.weight")
 
         def no_experts(m, p):
             for k in [k for k in m.names() if k.startswith(f"{p}layers.0.mlp.experts.")]:
@@ -173,7 +191,8 @@ def main():
         def fused_count(m, p):
             m.text()["num_experts"] -= 2
         d, _ = case(FUSED, fused_count)
-        expect("num_experts against gate_up_proj's shape", dump(ts, d, FUSED, out), "mlp.gate.weight")
+        expect("num_experts against the fused checkpoint's", dump(ts, d, FUSED, out), "mlp.gate.weight",
+               "num_experts is")
 
         def fused_down(m, p):
             name = f"{p}layers.0.mlp.experts.down_proj"
