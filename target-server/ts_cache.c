@@ -82,7 +82,7 @@ cm_status ts_cache_create(ts_model *m, int n_slots, int64_t max_len, int64_t max
     if (n_slots < 1 || max_len < 1 || max_step < 1)
         return CM_FAIL(CM_ERR_INVALID_ARG, "a decoding cache needs ≥ 1 slot, length and step tokens (got %d, %lld, %lld)",
                        n_slots, (long long)max_len, (long long)max_step);
-    if (m->n_layers != cfg->n_layers || !m->has_head)
+    if (m->first_layer != 0 || m->n_layers != cfg->n_layers || !m->has_head)
         return CM_FAIL(CM_ERR_INVALID_ARG, "decoding needs every layer and the head loaded (%d of %d layers%s)",
                        m->n_layers, cfg->n_layers, m->has_head ? "" : ", no head");
     if (!be->kv_cache_write || !be->attention_cached || !be->conv1d_silu_cached || !be->gdn_cached || !be->lm_ce)

@@ -377,17 +377,24 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
     const int            rows_head = cap->n_head_rows > 0;
     const int            want_head = cap->final_norm || cap->logits || rows_head;
     CM_TRY(ts_batch_validate(c, ids, T, cu, n_seq));
+    const int first = m->first_layer;
     for (int i = 0; i < cap->n_layers; i++)
-        if (cap->layers[i] < 0 || cap->layers[i] >= m->n_layers || (i && cap->layers[i] <= cap->layers[i - 1]))
-            return CM_FAIL(CM_ERR_INVALID_ARG, "capture layer %d is out of range [0, %d) or out of order",
-                           cap->layers[i], m->n_layers);
+        if (cap->layers[i] < first || cap->layers[i] >= m->n_layers || (i && cap->layers[i] <= cap->layers[i - 1]))
+            return CM_FAIL(CM_ERR_INVALID_ARG, "capture layer %d is out of range [%d, %d) or out of order",
+                           cap->layers[i], first, m->n_layers);
+    if ((first > 0) != (cap->x_in != NULL))
+        return CM_FAIL(CM_ERR_INVALID_ARG, first > 0 ? "a stage from layer %d needs its input (x_in)"
+                                                     : "an input (x_in) given to the model's first stage (layer %d)",
+                       first);
     if (want_head && !m->has_head)
         return CM_FAIL(CM_ERR_INVALID_ARG, "final norm or logits asked for, but the lm head was not loaded");
     if (rows_head && (cap->final_norm || cap->logits || !cap->head_rows || (!cap->head_argmax && !cap->head_logits)))
         return CM_FAIL(CM_ERR_INVALID_ARG, "the head at chosen rows needs head_rows and an output (argmax or logits), "
                                            "and no final_norm or logits of every row");
     /* a cached forward runs every layer: each one's cache must see the new tokens */
-    int last = want_head || m->cache ? m->n_layers - 1 : (cap->n_layers ? cap->layers[cap->n_layers - 1] : -1);
+    /* and a stage that hands its output on runs all its layers */
+    int last = want_head || m->cache || cap->x_out ? m->n_layers - 1
+                                                   : (cap->n_layers ? cap->layers[cap->n_layers - 1] : first - 1);
 
     double tf0, ta, tb;
     CM_TRY(mark(m, &tf0));
@@ -400,13 +407,16 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
     CM_TRY(be->upload(cx, w->ids, ids, (size_t)T * sizeof *ids));
     CM_TRY(be->upload(cx, w->cu, cu, (size_t)(n_seq + 1) * sizeof *cu));
 
-    CM_TRY(be->embed(cx, w->x, w->ids, m->embed.data, m->embed.dtype, T, D));
+    if (cap->x_in)
+        CM_TRY(be->upload(cx, w->x, cap->x_in, (size_t)(T * D) * sizeof(float)));
+    else
+        CM_TRY(be->embed(cx, w->x, w->ids, m->embed.data, m->embed.dtype, T, D));
     int next_cap = 0;
     /* fused path: the MLP output still to be added to x, by the next layer's input norm */
     const float *pending = NULL;
     CM_TRY(mark(m, &ta));
     m->tm.other_ms += ta - tf0;
-    for (int i = 0; i <= last; i++) {
+    for (int i = first; i <= last; i++) {
         const ts_layer *L   = &m->layers[i];
         const int       gdn = L->type == CM_LAYER_TYPE_LINEAR_ATTENTION;
         m->gemm_acc         = gdn ? &m->tm.gdn_gemm_ms : &m->tm.attn_gemm_ms;
@@ -455,6 +465,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
             ta = tc;
         }
     }
+    if (cap->x_out) CM_TRY(be->download(cx, cap->x_out, w->x, (size_t)(T * D) * sizeof(float)));
     if (rows_head) {
         CM_TRY(head_rows(m, T, cap));
     } else if (want_head) {
@@ -514,9 +525,12 @@ cm_status ts_model_warmup(ts_model *m, int64_t max_tokens) {
         cu[s] = (int32_t)(64 * (int64_t)s < T ? 64 * (int64_t)s : T);
     if (st == CM_OK)
         st = ws_reserve(m, T, 0);
+    float *x_in = m->first_layer > 0 ? calloc((size_t)(T * m->cfg.hidden_size), sizeof *x_in) : NULL;
+    if (st == CM_OK && m->first_layer > 0 && !x_in)
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate a %lld-token warm-up input", (long long)T);
     if (st == CM_OK && m->n_layers > 0) {
         const int  last = m->n_layers - 1;
-        ts_capture cap = {.n_layers = 1, .layers = &last, .on_layer = warmup_sink};
+        ts_capture cap = {.n_layers = 1, .layers = &last, .on_layer = warmup_sink, .x_in = x_in};
         int        timing = m->timing;
         ts_timing  sums = m->tm; /* the warm-up is not one of the timed forwards */
         m->timing = 0;
@@ -524,6 +538,7 @@ cm_status ts_model_warmup(ts_model *m, int64_t max_tokens) {
         m->timing = timing;
         m->tm = sums;
     }
+    free(x_in);
     free(ids);
     free(cu);
     return st;

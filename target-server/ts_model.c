@@ -228,7 +228,13 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
         st = CM_FAIL(CM_ERR_INVALID_ARG, "%d layers asked for, but '%s' has %d", mc->n_layers, mc->dir, c->n_layers);
         goto fail;
     }
-    m->n_layers = mc->n_layers < 0 ? c->n_layers : mc->n_layers;
+    m->n_layers    = mc->n_layers < 0 ? c->n_layers : mc->n_layers;
+    m->first_layer = mc->first_layer;
+    if (m->first_layer < 0 || m->first_layer >= m->n_layers) {
+        st = CM_FAIL(CM_ERR_INVALID_ARG, "first layer %d is outside the %d layers asked for of '%s'", m->first_layer,
+                     m->n_layers, mc->dir);
+        goto fail;
+    }
     CM_TRY_GOTO(cm_quant_cfg_load(&quant, mc->dir), st, fail);
     ts_loader ld = {.m = m, .dir = mc->dir, .bf16_weights = mc->bf16_weights, .fp8 = mc->fp8,
                     .random = mc->init_random, .seed = mc->seed, .quant = &quant, .prefix = "model.language_model."};
@@ -247,13 +253,15 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     }
 
     const int64_t D = c->hidden_size, V = c->vocab_size;
-    CM_TRY_GOTO(ts_load_mat(&ld, "embed_tokens.weight", 0, TS_MAT_ROLE_TABLE, V, D, &m->embed), st, fail);
+    const int need_embed = m->first_layer == 0 || (mc->load_head && c->tie_word_embeddings); /* tied: the head */
+    if (need_embed)
+        CM_TRY_GOTO(ts_load_mat(&ld, "embed_tokens.weight", 0, TS_MAT_ROLE_TABLE, V, D, &m->embed), st, fail);
     m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
     if (!m->layers) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d layers", m->n_layers);
         goto fail;
     }
-    for (int i = 0; i < m->n_layers; i++) CM_TRY_GOTO(load_layer(&ld, i, &m->layers[i]), st, fail);
+    for (int i = m->first_layer; i < m->n_layers; i++) CM_TRY_GOTO(load_layer(&ld, i, &m->layers[i]), st, fail);
     if (mc->load_head) {
         CM_TRY_GOTO(load_vec1(&ld, "norm.weight", D, &m->final_norm), st, fail);
         if (c->tie_word_embeddings)
@@ -264,9 +272,14 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     }
     cm_st_destroy(&sts);
     if (mc->init_random) CM_TRY_GOTO(m->be->sync(m->ctx), st, fail); /* the fills ran */
-    CM_LOG_INFO("%s '%s': %s, %d of %d layers, hidden %d, vocab %d, backend %s%s",
-                mc->init_random ? "random weights for" : "loaded", mc->dir, c->model_type, m->n_layers, c->n_layers,
-                c->hidden_size, c->vocab_size, m->be->name, m->has_head ? ", with lm head" : "");
+    if (m->first_layer > 0)
+        CM_LOG_INFO("%s '%s': %s, layers %d to %d of %d, hidden %d, backend %s%s",
+                    mc->init_random ? "random weights for" : "loaded", mc->dir, c->model_type, m->first_layer,
+                    m->n_layers - 1, c->n_layers, c->hidden_size, m->be->name, m->has_head ? ", with lm head" : "");
+    else
+        CM_LOG_INFO("%s '%s': %s, %d of %d layers, hidden %d, vocab %d, backend %s%s",
+                    mc->init_random ? "random weights for" : "loaded", mc->dir, c->model_type, m->n_layers,
+                    c->n_layers, c->hidden_size, c->vocab_size, m->be->name, m->has_head ? ", with lm head" : "");
     if (ld.n_fp8_stored || ld.n_fp8_quantized || ld.n_fp8_dequantized)
         CM_LOG_INFO("FP8 weights (docs/fp8.md): %d matrices as stored, %d quantized on load, %d dequantized to %s",
                     ld.n_fp8_stored, ld.n_fp8_quantized, ld.n_fp8_dequantized, mc->bf16_weights ? "bf16" : "f32");
@@ -324,6 +337,8 @@ void ts_model_destroy(ts_model **pm) {
 const cm_target_cfg *ts_model_cfg(const ts_model *m) { return &m->cfg; }
 
 int ts_model_n_loaded_layers(const ts_model *m) { return m->n_layers; }
+
+int ts_model_first_layer(const ts_model *m) { return m->first_layer; }
 
 int ts_model_fused(const ts_model *m) { return m->fused; }
 

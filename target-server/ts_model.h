@@ -24,7 +24,10 @@ typedef struct ts_model_config {
     const char       *dir;         /* model directory: config.json + safetensors (sharded or single) */
     const kn_backend *backend;     /* borrowed */
     kn_ctx           *ctx;         /* borrowed */
-    int               n_layers;    /* load layers [0, n_layers); -1 = all */
+    int               n_layers;    /* load layers [first_layer, n_layers); -1 = all */
+    int               first_layer; /* 0, or a pipeline stage's first layer (ts_split.h): the stage starts
+                                      from the previous stage's output (ts_capture.x_in) and loads no
+                                      embedding */
     int               load_head;   /* load the final norm and the LM head */
     int               bf16_weights;/* store GEMM weights as BF16 (F32 checkpoints are rounded) */
     int               fp8;         /* GEMM weights FP8 (docs/fp8.md): FP8 tensors of the checkpoint as
@@ -46,7 +49,8 @@ typedef struct ts_model_config {
 cm_status ts_model_load(ts_model **out, const ts_model_config *cfg);
 void      ts_model_destroy(ts_model **m); /* NULL-safe */
 const cm_target_cfg *ts_model_cfg(const ts_model *m);
-int                  ts_model_n_loaded_layers(const ts_model *m);
+int                  ts_model_n_loaded_layers(const ts_model *m); /* the end of the loaded range */
+int                  ts_model_first_layer(const ts_model *m);
 
 /* Checks a packed batch against the model: 0 ≤ input_ids[t] < vocab_size, cu_seqlens[0] = 0,
  * strictly increasing, cu_seqlens[n_seq] = T. CM_ERR_INVALID_ARG with the first offending
@@ -87,6 +91,11 @@ typedef struct ts_capture {
      * writes its tokens' chosen experts at experts + i·T·K, in descending routing weight (the
      * rows of dense layers are left as they were). */
     int32_t *experts;
+    /* A pipeline stage's hand-over (ts_split.h), host memory F32 [T, D]: x_in the input of a model
+     * loaded from first_layer > 0 (instead of the embedding); x_out, when set, receives the
+     * residual stream after the model's last loaded layer (every loaded layer then runs). */
+    const float *x_in;
+    float       *x_out;
 } ts_capture;
 
 /* Per-block times of the forwards since timing was turned on, in milliseconds, summed over

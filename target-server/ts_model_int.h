@@ -65,7 +65,8 @@ struct ts_model {
     cm_target_cfg     cfg;
     const kn_backend *be;
     kn_ctx           *ctx;
-    int               n_layers; /* loaded */
+    int               n_layers;    /* layers [first_layer, n_layers) are loaded; m->layers has n_layers entries, */
+    int               first_layer; /* those below first_layer zero (a pipeline stage's, ts_split.c) */
     int               has_head;
     ts_mat            embed;
     ts_mat            lm_head;  /* aliases embed when tied */

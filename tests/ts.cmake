@@ -21,3 +21,10 @@ add_dependencies(test_ts_fp8_load target-server)
 # message naming the tensor, through the real command line.
 add_test(NAME test_ts_moe_load COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/test_ts_moe_load.py ${CMAKE_BINARY_DIR})
 set_tests_properties(test_ts_moe_load PROPERTIES TIMEOUT 300 LABELS unit)
+# a target split over pipeline stages (ts_split.h): bit-identical to one context (cpu: unit;
+# cuda, two stages on GPU 0 and, with a second GPU, on both: gpu)
+add_unit_test(test_ts_split test_ts_split.c LIBS ts kn ARGS cpu TIMEOUT 300)
+if(TANDEM_HAVE_CUDA)
+  add_test(NAME test_ts_split_cuda COMMAND test_ts_split cuda)
+  set_tests_properties(test_ts_split_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()

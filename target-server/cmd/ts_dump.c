@@ -13,6 +13,7 @@
 #include "cm_safetensors.h"
 #include "kn_backend.h"
 #include "ts_model.h"
+#include "ts_split.h"
 
 void ts_dump_usage(FILE *f) {
     fprintf(f,
@@ -39,7 +40,10 @@ void ts_dump_usage(FILE *f) {
             "                           experts_<i> (I32 [T, K]) for every sparse layer that ran:\n"
             "                           each token's chosen experts, largest weight first\n"
             "  --device cpu|cuda        kernel backend (default cpu)\n"
-            "  --gpu N                  cuda device ordinal (default 0)\n"
+            "  --gpu N[,M...]           cuda device ordinals (default 0): one, or one per --stages\n"
+            "  --stages N               split the layers over N pipeline stages (default 1), each on\n"
+            "                           its own context: the --gpu entries, or all on the one given\n"
+            "                           (on the cpu, N cpu contexts); the output is the same\n"
             "  --precision bf16|fp32|fp8  cuda matrix products: bf16 inputs and weights with fp32\n"
             "                           accumulation (default), fp32 throughout, or FP8 weights and\n"
             "                           inputs in 128-blocks (docs/fp8.md; the default for an FP8\n"
@@ -52,9 +56,25 @@ void ts_dump_usage(FILE *f) {
 
 typedef struct dump_args {
     ts_target_args t;
-    const char    *input, *out, *layers;
-    int            gpu, logits;
+    const char    *input, *out, *layers, *gpus;
+    int            logits, stages;
 } dump_args;
+
+/* --gpu "0" or "0,1,...": n ordinals into gpu[] (at most max). */
+static cm_status parse_gpus(const char *s, int *gpu, int max, int *n) {
+    *n = 0;
+    for (const char *p = s; p && *p;) {
+        char *end;
+        long  v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 1023 || (*end && *end != ',') || *n == max)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "--gpu '%s': expected up to %d device ordinals in [0, 1023], "
+                           "comma-separated", s, max);
+        gpu[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0) return CM_FAIL(CM_ERR_INVALID_ARG, "--gpu '%s' names no device", s);
+    return CM_OK;
+}
 
 /* Parses "all" or a comma list into a sorted unique list; *n = -1 for all. */
 static cm_status parse_layers(const char *s, int n_total, int *layers, int *n) {
@@ -104,8 +124,9 @@ static cm_status read_i32(const cm_st *in, const char *path, const char *name, c
 static cm_status run_dump(dump_args *a) {
     cm_status         st;
     const kn_backend *be  = NULL;
-    kn_ctx           *ctx = NULL;
-    ts_model         *m   = NULL;
+    kn_ctx           *ctxs[TS_SPLIT_MAX_STAGES] = {0};
+    ts_split         *m   = NULL;
+    int               gpu[TS_SPLIT_MAX_STAGES], n_gpu = 1;
     cm_st            *in  = NULL;
     cm_st_writer     *wr  = NULL;
     int32_t          *ids = NULL, *cu = NULL;
@@ -117,10 +138,19 @@ static cm_status run_dump(dump_args *a) {
 
     CM_TRY_GOTO(kn_backend_get(a->t.device, &be), st, fail);
     CM_TRY_GOTO(ts_args_precision(&a->t), st, fail); /* an FP8 checkpoint's default: before the context's mode */
-    kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
-    kc.device        = a->gpu;
-    kc.gemm_mode     = a->t.mode;
-    CM_TRY_GOTO(be->ctx_create(&ctx, &kc), st, fail);
+    gpu[0] = 0;
+    if (a->gpus) CM_TRY_GOTO(parse_gpus(a->gpus, gpu, TS_SPLIT_MAX_STAGES, &n_gpu), st, fail);
+    if (n_gpu > 1 && n_gpu != a->stages) {
+        st = CM_FAIL(CM_ERR_INVALID_ARG, "--gpu names %d devices for %d stages: give one, or one per stage", n_gpu,
+                     a->stages);
+        goto fail;
+    }
+    for (int i = 0; i < a->stages; i++) {
+        kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+        kc.device        = gpu[n_gpu > 1 ? i : 0];
+        kc.gemm_mode     = a->t.mode;
+        CM_TRY_GOTO(be->ctx_create(&ctxs[i], &kc), st, fail);
+    }
 
     /* The input is read first: a bad batch costs no model load. */
     CM_TRY_GOTO(cm_st_open_file(&in, a->input), st, fail);
@@ -161,7 +191,6 @@ static cm_status run_dump(dump_args *a) {
     int             full = all || a->logits || layers[n_cap - 1] == cfg.n_layers - 1;
     ts_model_config mc   = {.dir          = a->t.model,
                             .backend      = be,
-                            .ctx          = ctx,
                             .n_layers     = full ? cfg.n_layers : layers[n_cap - 1] + 1,
                             .load_head    = full,
                             /* random weights are made bf16 on cpu too under bf16 precision: the
@@ -170,7 +199,7 @@ static cm_status run_dump(dump_args *a) {
                             .fp8          = a->t.fp8,
                             .init_random  = a->t.init_random,
                             .seed         = a->t.seed};
-    CM_TRY_GOTO(ts_model_load(&m, &mc), st, fail);
+    CM_TRY_GOTO(ts_split_load(&m, &mc, a->stages, ctxs, NULL), st, fail);
 
     const size_t TD = (size_t)T * (size_t)cfg.hidden_size;
     outs            = calloc((size_t)n_cap, sizeof *outs);
@@ -201,7 +230,7 @@ static cm_status run_dump(dump_args *a) {
     }
     ts_capture cap = {.n_layers = n_cap, .layers = layers, .layer_out = outs, .final_norm = final, .logits = logits,
                       .experts = experts};
-    CM_TRY_GOTO(ts_model_forward(m, ids, T, cu, n_seq, &cap), st, fail);
+    CM_TRY_GOTO(ts_split_forward(m, ids, T, cu, n_seq, &cap), st, fail);
 
     CM_TRY_GOTO(cm_st_writer_create(&wr), st, fail);
     const int64_t shape_td[2] = {T, cfg.hidden_size};
@@ -241,13 +270,14 @@ fail:
     free(ids);
     free(cu);
     cm_st_destroy(&in);
-    ts_model_destroy(&m);
-    if (be) be->ctx_destroy(&ctx);
+    ts_split_destroy(&m);
+    for (int i = 0; be && i < TS_SPLIT_MAX_STAGES; i++)
+        if (ctxs[i]) be->ctx_destroy(&ctxs[i]);
     return st;
 }
 
 int ts_dump_main(int argc, char **argv) {
-    dump_args a = {.t = TS_TARGET_ARGS_DEFAULT, .layers = "all"};
+    dump_args a = {.t = TS_TARGET_ARGS_DEFAULT, .layers = "all", .stages = 1};
     cm_args   p;
     cm_args_init(&p, "target-server dump", argc, argv);
     while (cm_args_next(&p)) {
@@ -258,7 +288,7 @@ int ts_dump_main(int argc, char **argv) {
             a.logits = 1;
         else if (ts_args_target(&p, &a.t) || cm_args_str(&p, "--input", &a.input) ||
                  cm_args_str(&p, "--out", &a.out) || cm_args_str(&p, "--layers", &a.layers) ||
-                 cm_args_int(&p, "--gpu", 0, 1023, &a.gpu))
+                 cm_args_str(&p, "--gpu", &a.gpus) || cm_args_int(&p, "--stages", 1, TS_SPLIT_MAX_STAGES, &a.stages))
             ;
         else
             cm_args_unknown(&p);

@@ -1,0 +1,144 @@
+/* target-server/ts_split.c — a target over several contexts as pipeline stages (ts_split.h). */
+#include "ts_split.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ts_split {
+    int       n;
+    int       bounds[TS_SPLIT_MAX_STAGES + 1];
+    ts_model *stage[TS_SPLIT_MAX_STAGES];
+    float    *hx;     /* host [hx_cap]: the residual stream between two stages */
+    int64_t   hx_cap; /* floats */
+};
+
+/* A layer's weight count: its mixer and its MLP (dense or sparse), the norms left out. */
+static double layer_weights(const cm_target_cfg *c, int i) {
+    const double D = c->hidden_size;
+    double       w;
+    if (c->layer_types[i] == CM_LAYER_TYPE_LINEAR_ATTENTION) {
+        const double nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+        w = D * (2 * nk * dk + nv * dv) + D * nv * dv * 2 + 2 * D * nv;
+    } else {
+        const double nq = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+        w = D * nq * hd * (c->attn_output_gate ? 2 : 1) + 2 * D * nkv * hd + D * nq * hd;
+    }
+    if (cm_target_layer_moe(c, i))
+        w += 3 * D * c->moe_intermediate_size * (double)c->n_experts + 3 * D * c->shared_expert_intermediate_size +
+             D * c->n_experts + D;
+    else
+        w += 3 * D * c->intermediate_size;
+    return w;
+}
+
+void ts_split_even(const cm_target_cfg *cfg, int n_layers, int n, int *bounds) {
+    double total = 0, acc = 0;
+    for (int i = 0; i < n_layers; i++) total += layer_weights(cfg, i);
+    bounds[0] = 0;
+    int s = 1;
+    for (int i = 0; i < n_layers && s < n; i++) {
+        acc += layer_weights(cfg, i);
+        /* stage s starts after the layer that takes the sum past s/n of the weights, leaving every
+           later stage at least one layer */
+        if ((acc >= total * s / n && i + 1 > bounds[s - 1]) || n_layers - (i + 1) == n - s) bounds[s++] = i + 1;
+    }
+    bounds[n] = n_layers;
+}
+
+void ts_split_destroy(ts_split **ps) {
+    ts_split *s = ps ? *ps : NULL;
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) ts_model_destroy(&s->stage[i]);
+    free(s->hx);
+    free(s);
+    *ps = NULL;
+}
+
+cm_status ts_split_load(ts_split **out, const ts_model_config *base, int n, kn_ctx *const *ctxs, const int *bounds) {
+    *out = NULL;
+    cm_target_cfg cfg;
+    CM_TRY(cm_target_cfg_load(&cfg, base->dir));
+    const int end = base->n_layers < 0 ? cfg.n_layers : base->n_layers;
+    if (n < 1 || n > TS_SPLIT_MAX_STAGES || n > end)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "%d stages for %d layers of '%s': give 1 to %d stages, at most one per layer",
+                       n, end, base->dir, end < TS_SPLIT_MAX_STAGES ? end : TS_SPLIT_MAX_STAGES);
+    ts_split *s = calloc(1, sizeof *s);
+    if (!s) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a split target");
+    s->n = n;
+    if (bounds)
+        memcpy(s->bounds, bounds, (size_t)(n + 1) * sizeof *bounds);
+    else
+        ts_split_even(&cfg, end, n, s->bounds);
+    cm_status st = CM_OK;
+    for (int i = 0; i < n && st == CM_OK; i++)
+        if (s->bounds[i] >= s->bounds[i + 1])
+            st = CM_FAIL(CM_ERR_INVALID_ARG, "stage %d would hold layers [%d, %d): every stage needs at least one layer",
+                         i, s->bounds[i], s->bounds[i + 1]);
+    if (st == CM_OK && (s->bounds[0] != 0 || s->bounds[n] != end))
+        st = CM_FAIL(CM_ERR_INVALID_ARG, "the stages hold layers [%d, %d): they must cover [0, %d) exactly",
+                     s->bounds[0], s->bounds[n], end);
+    for (int i = 0; i < n && st == CM_OK; i++) {
+        ts_model_config mc = *base;
+        mc.ctx             = ctxs[i];
+        mc.first_layer     = s->bounds[i];
+        mc.n_layers        = s->bounds[i + 1];
+        mc.load_head       = base->load_head && i == n - 1;
+        st                 = ts_model_load(&s->stage[i], &mc);
+        if (st != CM_OK) {
+            char why[768];
+            snprintf(why, sizeof why, "%s", cm_last_error());
+            st = CM_FAIL(st, "stage %d of %d (layers %d to %d): %s", i, n, s->bounds[i], s->bounds[i + 1] - 1, why);
+        }
+    }
+    if (st != CM_OK) {
+        ts_split_destroy(&s);
+        return st;
+    }
+    *out = s;
+    return CM_OK;
+}
+
+int ts_split_stages(const ts_split *s) { return s->n; }
+
+int ts_split_bound(const ts_split *s, int i) { return s->bounds[i]; }
+
+cm_status ts_split_forward(ts_split *s, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                           const ts_capture *cap) {
+    if (cap->layer_dev || cap->on_layer || cap->n_head_rows || cap->x_in || cap->x_out)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "a split target gathers captures in host memory only (layer_out, "
+                       "final_norm, logits, experts)");
+    const int want_head = cap->final_norm || cap->logits;
+    const int need = want_head ? s->bounds[s->n] - 1 : cap->n_layers ? cap->layers[cap->n_layers - 1] : -1;
+    const int D    = ts_model_cfg(s->stage[0])->hidden_size;
+    if (s->n > 1 && T * D > s->hx_cap) {
+        free(s->hx);
+        s->hx_cap = 0;
+        if (!(s->hx = malloc((size_t)(T * D) * sizeof *s->hx)))
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the %lld x %d hand-over between stages", (long long)T, D);
+        s->hx_cap = T * D;
+    }
+    int next = 0; /* the caller's next capture */
+    for (int i = 0; i < s->n && s->bounds[i] <= need; i++) {
+        const int last_stage = i == s->n - 1 || s->bounds[i + 1] > need;
+        int       k          = next;
+        while (k < cap->n_layers && cap->layers[k] < s->bounds[i + 1]) k++;
+        ts_capture sc = {.n_layers  = k - next,
+                         .layers    = cap->layers + next,
+                         .layer_out = cap->layer_out ? cap->layer_out + next : NULL,
+                         .experts   = cap->experts,
+                         .x_in      = i > 0 ? s->hx : NULL,
+                         .x_out     = last_stage ? NULL : s->hx};
+        if (last_stage && i == s->n - 1) {
+            sc.final_norm = cap->final_norm;
+            sc.logits     = cap->logits;
+        }
+        CM_TRY(ts_model_forward(s->stage[i], ids, T, cu, n_seq, &sc));
+        next = k;
+        if (last_stage) break;
+    }
+    if (next != cap->n_layers)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "capture layer %d is outside the split target's layers [0, %d)",
+                       cap->layers[next], s->bounds[s->n]);
+    return CM_OK;
+}

@@ -1,0 +1,47 @@
+/* target-server/ts_split.h — one target spread over several kernel contexts as pipeline stages
+ * (docs/target.md, "A target on several GPUs"): stage s holds the layers [bounds[s], bounds[s+1])
+ * on its own context (a GPU, or a cpu context), the first stage also the embedding and the last
+ * the head. A forward runs the stages in turn; between two stages the residual stream [T, D]
+ * goes through host memory. Captures are gathered from whichever stage holds a layer, so a split
+ * forward writes exactly what one ts_model_forward writes: the stages run the same kernels on the
+ * same values in the same order, and fp32 captures are bit-identical to one context's.
+ *
+ * What is not here yet: several packs in flight (each stage idles while another works) and
+ * stage-to-stage copies that stay on the GPUs. */
+#ifndef TS_SPLIT_H
+#define TS_SPLIT_H
+
+#include "ts_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_SPLIT_MAX_STAGES 16
+
+typedef struct ts_split ts_split;
+
+/* The default boundaries of the first n_layers layers over n stages: balanced by each layer's
+ * weight bytes (GDN, attention, dense MLP and MoE layers differ), every stage at least one
+ * layer. bounds [n + 1], bounds[0] = 0, bounds[n] = n_layers. n ≤ n_layers. */
+void ts_split_even(const cm_target_cfg *cfg, int n_layers, int n, int *bounds);
+
+/* Loads base->dir (base's precision and init; its n_layers bounds the layers loaded, -1 all;
+ * its backend, ctx and first_layer are replaced) over n ≤ TS_SPLIT_MAX_STAGES stages on
+ * ctxs[0..n), with bounds [n + 1] (NULL: ts_split_even). The last stage loads the head when
+ * base->load_head. One message names the stage that failed. */
+cm_status ts_split_load(ts_split **out, const ts_model_config *base, int n, kn_ctx *const *ctxs, const int *bounds);
+void      ts_split_destroy(ts_split **s); /* NULL-safe */
+int       ts_split_stages(const ts_split *s);
+/* Stage i's first layer (i < stages) or the end of the loaded layers (i = stages). */
+int ts_split_bound(const ts_split *s, int i);
+/* ts_model_forward over the stages: layer_out, final_norm, logits and experts as there (host
+ * buffers); layer_dev, on_layer, the head at chosen rows and the stage hand-over fields are
+ * refused. Stages past the last one the capture needs do not run. */
+cm_status ts_split_forward(ts_split *s, const int32_t *input_ids, int64_t T, const int32_t *cu_seqlens, int n_seq,
+                           const ts_capture *cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TS_SPLIT_H */

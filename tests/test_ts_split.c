@@ -1,0 +1,222 @@
+/* tests/test_ts_split.c — a target split over pipeline stages (target-server/ts_split.h):
+ *   - ts_split_even: every stage at least one layer, boundaries ascending, the stages' weights
+ *     balanced to within one layer, on the 27B, the 35B-A3B MoE and the tiny configs;
+ *   - the split forward equals one context's bit for bit at fp32 (every layer's capture, the final
+ *     norm, the logits and a MoE layer's routing) for every oracle fixture (dense, MoE fused and per
+ *     expert, Qwen3-Next), at 2 and 3 stages and with boundaries given, and when the capture stops
+ *     early (stages past it not run);
+ *   - what a split cannot do is refused with one message: too many stages, bad boundaries, device
+ *     captures.
+ *   test_ts_split cpu    the stages on cpu contexts (unit)
+ *   test_ts_split cuda   on cuda contexts: all on GPU 0 (two stages on one GPU: the same code path as two
+ *                        GPUs, the hand-over through host memory either way), and on GPUs 0 and 1 when a
+ *                        second GPU is present (gpu; exits 77 without one) */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_safetensors.h"
+#include "kn_backend.h"
+#include "ts_split.h"
+#include "tst.h"
+#include "tst_kn.h"
+
+#define FIX TANDEM_TEST_DATA "/fixtures/target"
+
+static double layer_w(const cm_target_cfg *c, int i) { /* as the split weighs a layer, rebuilt here */
+    const double D = c->hidden_size;
+    double       w = c->layer_types[i] == CM_LAYER_TYPE_LINEAR_ATTENTION
+                         ? D * (2.0 * c->lin_n_k_heads * c->lin_k_head_dim + c->lin_n_v_heads * c->lin_v_head_dim) +
+                               2.0 * D * c->lin_n_v_heads * c->lin_v_head_dim + 2.0 * D * c->lin_n_v_heads
+                         : D * c->n_heads * c->head_dim * (c->attn_output_gate ? 3.0 : 2.0) +
+                               2.0 * D * c->n_kv_heads * c->head_dim;
+    return w + (cm_target_layer_moe(c, i) ? 3.0 * D * c->moe_intermediate_size * c->n_experts +
+                                                3.0 * D * c->shared_expert_intermediate_size + D * c->n_experts + D
+                                          : 3.0 * D * c->intermediate_size);
+}
+
+static void test_even(const char *config) {
+    cm_target_cfg c;
+    TST_CHECK(cm_target_cfg_load(&c, config) == CM_OK);
+    double max_w = 0, total = 0;
+    for (int i = 0; i < c.n_layers; i++) {
+        total += layer_w(&c, i);
+        max_w = layer_w(&c, i) > max_w ? layer_w(&c, i) : max_w;
+    }
+    for (int n = 1; n <= c.n_layers && n <= TS_SPLIT_MAX_STAGES; n++) {
+        int b[TS_SPLIT_MAX_STAGES + 1];
+        ts_split_even(&c, c.n_layers, n, b);
+        TST_CHECK(b[0] == 0 && b[n] == c.n_layers);
+        double worst = 0;
+        for (int s = 0; s < n; s++) {
+            TST_CHECK(b[s + 1] > b[s]);
+            double w = 0;
+            for (int i = b[s]; i < b[s + 1]; i++) w += layer_w(&c, i);
+            worst = w > worst ? w : worst;
+        }
+        /* no stage holds more than its share plus one layer (or one layer, when a layer is the share) */
+        TST_CHECK(worst <= total / n + max_w + 1e-6 * total);
+        if (n == 2 || n == 4 || n == c.n_layers)
+            printf("%s: %d stages, heaviest %.1f %% of the weights (an even share %.1f %%)\n", strrchr(config, '/') + 1,
+                   n, 100 * worst / total, 100.0 / n);
+    }
+}
+
+/* Everything a dump captures, from a split of n stages (bounds NULL: even). */
+typedef struct outputs {
+    float  **layers, *final_norm, *logits;
+    int32_t *experts;
+} outputs;
+
+static cm_status run(const kn_backend *be, const int *gpus, const char *model, int n, const int *bounds,
+                     const int32_t *ids, int64_t T, const int32_t *cu, int n_seq, int n_cap, const int *cap_layers,
+                     int head, outputs *o) {
+    cm_target_cfg c;
+    CM_TRY(cm_target_cfg_load(&c, model));
+    kn_ctx   *ctxs[TS_SPLIT_MAX_STAGES] = {0};
+    ts_split *sp                        = NULL;
+    cm_status st                        = CM_OK;
+    for (int i = 0; i < n && st == CM_OK; i++) {
+        kn_ctx_config kc = {gpus[i], KN_GEMM_MODE_F32};
+        st               = be->ctx_create(&ctxs[i], &kc);
+    }
+    ts_model_config mc = {.dir = model, .backend = be, .n_layers = -1, .load_head = head};
+    if (st == CM_OK) st = ts_split_load(&sp, &mc, n, ctxs, bounds);
+    ts_capture cap = {.n_layers = n_cap, .layers = cap_layers, .layer_out = o->layers, .experts = o->experts,
+                      .final_norm = head ? o->final_norm : NULL, .logits = head ? o->logits : NULL};
+    if (st == CM_OK) st = ts_split_forward(sp, ids, T, cu, n_seq, &cap);
+    ts_split_destroy(&sp);
+    for (int i = 0; i < n; i++) be->ctx_destroy(&ctxs[i]);
+    return st;
+}
+
+static outputs alloc_out(const cm_target_cfg *c, int64_t T) {
+    outputs o = {calloc((size_t)c->n_layers, sizeof(float *)), calloc((size_t)(T * c->hidden_size), 4),
+                 calloc((size_t)T * (size_t)c->vocab_size, 4),
+                 calloc((size_t)c->n_layers * (size_t)(T * (c->n_experts_per_tok ? c->n_experts_per_tok : 1)), 4)};
+    for (int i = 0; i < c->n_layers; i++) o.layers[i] = calloc((size_t)(T * c->hidden_size), 4);
+    return o;
+}
+
+static void free_out(const cm_target_cfg *c, outputs *o) {
+    for (int i = 0; i < c->n_layers; i++) free(o->layers[i]);
+    free(o->layers);
+    free(o->final_norm);
+    free(o->logits);
+    free(o->experts);
+}
+
+/* Bit equality of what both captured (the first n_cap layers; the head when head). */
+static int same(const cm_target_cfg *c, int64_t T, const outputs *a, const outputs *b, int n_cap, int head) {
+    const size_t TD = (size_t)(T * c->hidden_size);
+    int          eq = 1;
+    for (int i = 0; i < n_cap; i++) eq &= memcmp(a->layers[i], b->layers[i], TD * 4) == 0;
+    if (head) {
+        eq &= memcmp(a->final_norm, b->final_norm, TD * 4) == 0;
+        eq &= memcmp(a->logits, b->logits, (size_t)T * (size_t)c->vocab_size * 4) == 0;
+    }
+    if (c->n_experts)
+        eq &= memcmp(a->experts, b->experts, (size_t)c->n_layers * (size_t)(T * c->n_experts_per_tok) * 4) == 0;
+    return eq;
+}
+
+static void test_fixture(const kn_backend *be, const int *gpus, const char *name) {
+    char model[1200], input[1200];
+    snprintf(model, sizeof model, "%s/%s/model", FIX, name);
+    snprintf(input, sizeof input, "%s/%s/input.safetensors", FIX, name);
+    cm_target_cfg c;
+    cm_st        *in = NULL;
+    TST_CHECK(cm_target_cfg_load(&c, model) == CM_OK && cm_st_open_file(&in, input) == CM_OK);
+    if (!in) return;
+    const cm_st_tensor *ti = cm_st_find(in, "input_ids"), *tc = cm_st_find(in, "cu_seqlens");
+    const int64_t       T = ti->shape[0];
+    const int           n_seq = (int)tc->shape[0] - 1;
+    int32_t            *ids = malloc((size_t)T * 4), *cu = malloc((size_t)(n_seq + 1) * 4);
+    memcpy(ids, ti->data, (size_t)T * 4);
+    memcpy(cu, tc->data, (size_t)(n_seq + 1) * 4);
+    int all[CM_CFG_MAX_LAYERS];
+    for (int i = 0; i < c.n_layers; i++) all[i] = i;
+    outputs one = alloc_out(&c, T), got = alloc_out(&c, T);
+    TST_CHECK(tst_ok(run(be, gpus, model, 1, NULL, ids, T, cu, n_seq, c.n_layers, all, 1, &one), name));
+    for (int n = 2; n <= 3 && n <= c.n_layers; n++) {
+        TST_CHECK(tst_ok(run(be, gpus, model, n, NULL, ids, T, cu, n_seq, c.n_layers, all, 1, &got), name));
+        const int eq = same(&c, T, &one, &got, c.n_layers, 1);
+        TST_CHECK(eq);
+        printf("%-24s %d stages (even): every layer, final norm, logits%s bit-identical to one context: %s\n", name,
+               n, c.n_experts ? ", routing" : "", eq ? "yes" : "NO");
+    }
+    /* boundaries given: the first layer alone, then the rest */
+    const int b[3] = {0, 1, c.n_layers};
+    TST_CHECK(tst_ok(run(be, gpus, model, 2, b, ids, T, cu, n_seq, c.n_layers, all, 1, &got), name));
+    TST_CHECK(same(&c, T, &one, &got, c.n_layers, 1));
+    /* a capture that stops at layer 1: the stages after it do not run, layers 0 and 1 as before */
+    memset(got.layers[1], 0, (size_t)(T * c.hidden_size) * 4);
+    TST_CHECK(tst_ok(run(be, gpus, model, 3, NULL, ids, T, cu, n_seq, 2, all, 0, &got), name));
+    for (int i = 0; i < 2; i++) TST_CHECK(memcmp(one.layers[i], got.layers[i], (size_t)(T * c.hidden_size) * 4) == 0);
+    free_out(&c, &one);
+    free_out(&c, &got);
+    free(ids);
+    free(cu);
+    cm_st_destroy(&in);
+}
+
+static void test_refusals(const kn_backend *be, const int *gpus) {
+    const char *model = FIX "/qwen3next_flat/model";
+    int32_t     ids[4] = {1, 2, 3, 4}, cu[2] = {0, 4};
+    outputs     o      = {0};
+    const int   b_bad[3] = {0, 3, 3};
+    TST_FAILS(run(be, gpus, model, TS_SPLIT_MAX_STAGES + 1, NULL, ids, 4, cu, 1, 0, NULL, 0, &o), CM_ERR_INVALID_ARG,
+              "stages for 6 layers", "at most one per layer");
+    const int   b_short[3] = {0, 2, 5};
+    TST_FAILS(run(be, gpus, model, 2, b_bad, ids, 4, cu, 1, 0, NULL, 0, &o), CM_ERR_INVALID_ARG,
+              "stage 1 would hold layers [3, 3)", "at least one layer");
+    TST_FAILS(run(be, gpus, model, 2, b_short, ids, 4, cu, 1, 0, NULL, 0, &o), CM_ERR_INVALID_ARG,
+              "the stages hold layers [0, 5)", "cover [0, 6) exactly");
+    /* device captures stay with one context */
+    {
+        kn_ctx         *ctx = NULL;
+        kn_ctx_config   kc  = {gpus[0], KN_GEMM_MODE_F32};
+        ts_split       *sp  = NULL;
+        ts_model_config mc  = {.dir = model, .backend = be, .n_layers = -1};
+        TST_CHECK(be->ctx_create(&ctx, &kc) == CM_OK && ts_split_load(&sp, &mc, 1, &ctx, NULL) == CM_OK);
+        float     *dev[1] = {NULL};
+        const int  l0     = 0;
+        ts_capture cap    = {.n_layers = 1, .layers = &l0, .layer_dev = dev};
+        TST_FAILS(ts_split_forward(sp, ids, 4, cu, 1, &cap), CM_ERR_INVALID_ARG, "host memory only");
+        ts_split_destroy(&sp);
+        be->ctx_destroy(&ctx);
+    }
+}
+
+/* Whether a context opens on GPU 1. */
+static int second_gpu(const kn_backend *be) {
+    kn_ctx       *ctx = NULL;
+    kn_ctx_config kc  = {1, KN_GEMM_MODE_F32};
+    if (be->ctx_create(&ctx, &kc) != CM_OK) return 0;
+    be->ctx_destroy(&ctx);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char       *device = argc > 1 ? argv[1] : "cpu";
+    const kn_backend *be     = kn_backend_cpu();
+    int               gpus[TS_SPLIT_MAX_STAGES] = {0};
+    if (strcmp(device, "cuda") == 0) {
+        tst_need_cuda();
+        be = kn_backend_cuda();
+    }
+    test_even(TANDEM_TEST_DATA "/../deploy/configs/qwen3.6-27b/target-config.json");
+    test_even(TANDEM_TEST_DATA "/../deploy/configs/qwen3.5-35b-a3b/target-config.json");
+    test_even(FIX "/qwen3next_flat/model/config.json");
+    const char *fixtures[] = {"qwen35_flat_f32_tied", "qwen35_mm_sharded", "qwen36_mm_single_bf16",
+                              "qwen35moe_flat_experts", "qwen35moe_mm_fused", "qwen3next_flat"};
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) test_fixture(be, gpus, fixtures[i]);
+    if (strcmp(device, "cuda") == 0 && second_gpu(be)) { /* stage i on GPU i */
+        for (int i = 0; i < TS_SPLIT_MAX_STAGES; i++) gpus[i] = i % 2;
+        printf("two GPUs: stages alternate between GPU 0 and GPU 1\n");
+        for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) test_fixture(be, gpus, fixtures[i]);
+    }
+    test_refusals(be, gpus);
+    return tst_report();
+}
