@@ -51,9 +51,12 @@ static cm_status serve_init(void *user) {
     const ts_serve_args *a = s->a;
     const double      t0 = cm_now_s();
     kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
-    kc.device = s->gpu;
     kc.gemm_mode = a->mode;
-    CM_TRY(s->be->ctx_create(&s->ctx, &kc));
+    for (int k = 0; k < a->stages; k++) {
+        kc.device = a->gpus[s->index * a->stages + k];
+        CM_TRY(s->be->ctx_create(&s->sctx[k], &kc));
+    }
+    s->ctx = s->sctx[0];
     ts_model_config mc = {.dir = a->model,
                           .backend = s->be,
                           .ctx = s->ctx,
@@ -64,8 +67,16 @@ static cm_status serve_init(void *user) {
                           .init_random = a->init_random,
                           .seed = a->seed};
     const int64_t t0_ms = cm_now_ms();
-    CM_TRY(ts_model_load(&s->model, &mc));
-    if (s->be != kn_backend_cpu()) { /* the GPU's memory and GEMM plans are taken now, not per request */
+    if (a->stages > 1) { /* answers through host memory (serve_compute) */
+        CM_TRY(ts_split_load(&s->split, &mc, a->stages, s->sctx, NULL));
+        if (s->be != kn_backend_cpu()) CM_TRY(ts_split_warmup(s->split, a->max_tokens));
+        for (int k = 0; k < a->stages; k++)
+            CM_LOG_INFO("replica %d, stage %d: layers %d to %d on %s %d", s->index, k, ts_split_bound(s->split, k),
+                        ts_split_bound(s->split, k + 1) - 1, a->device, a->gpus[s->index * a->stages + k]);
+    } else {
+        CM_TRY(ts_model_load(&s->model, &mc));
+    }
+    if (s->model && s->be != kn_backend_cpu()) { /* the GPU's memory and GEMM plans are taken now, not per request */
         CM_TRY(ts_model_warmup(s->model, a->max_tokens));
 #ifdef TANDEM_HAVE_CUDA
         CM_TRY(ts_stage_create(&s->stage, s->ctx));
@@ -97,8 +108,10 @@ static void serve_fini(void *user) {
 #endif
     ts_serve_decode_fini(s);
     ts_model_destroy(&s->model);
-    if (s->be && s->ctx)
-        s->be->ctx_destroy(&s->ctx);
+    ts_split_destroy(&s->split);
+    for (int k = 0; s->be && k < TS_SPLIT_MAX_STAGES; k++)
+        if (s->sctx[k]) s->be->ctx_destroy(&s->sctx[k]);
+    s->ctx = NULL;
 }
 
 /* Refuses a capture with NaN/Inf or nothing but zeros (docs/architecture.md, reliability: never trained on). */
@@ -251,6 +264,7 @@ static void serve_status(void *user, char *buf, size_t cap) {
             cJSON_AddItemToArray(g, cJSON_CreateNumber(all->reps[i].gpu));
     }
     cJSON_AddNumberToObject(o, "replicas", all->n);
+    cJSON_AddNumberToObject(o, "stages", a->stages);
     cJSON_AddStringToObject(o, "precision", a->fp8 ? "fp8" : a->mode == KN_GEMM_MODE_BF16 ? "bf16" : "fp32");
     cJSON_AddBoolToObject(o, "loaded", loaded);
     if (all->dec) {
@@ -280,7 +294,7 @@ static void serve_host_unlock(void *user, void *p) {
 static cm_status serve_compute(void *user, cm_chan_job *job) {
     serve_state            *s = user;
     const cm_proto_request *r = job->req;
-    const cm_target_cfg    *cfg = ts_model_cfg(s->model);
+    const cm_target_cfg    *cfg = s->split ? ts_split_cfg(s->split) : ts_model_cfg(s->model);
     /* cm_chan decoded and checked the request (counts, cu_seqlens, layer ids < n_layers and
      * distinct); what depends on the model is the token ids against its vocabulary */
     CM_TRY(ts_tokens_validate(cfg, r->tokens, r->n_tokens));
@@ -301,14 +315,20 @@ static cm_status serve_compute(void *user, cm_chan_job *job) {
         s->layers[k] = r->layer_ids[s->order[k]];
         s->outs[k] = job->out[s->order[k]];
     }
+    if (job->nccl && s->split)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "NCCL answers come from a replica on one GPU; this server splits each "
+                       "replica over %d stages (--stages): ask for another encoding", s->a->stages);
     if (job->nccl)
         return compute_nccl(s, job);
 #ifdef TANDEM_HAVE_CUDA
-    if (s->be != kn_backend_cpu())
+    if (s->be != kn_backend_cpu() && !s->split)
         return compute_staged(s, job);
 #endif
     ts_capture cap = {.n_layers = L, .layers = s->layers, .layer_out = s->outs};
-    CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
+    if (s->split)
+        CM_TRY(ts_split_forward(s->split, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
+    else
+        CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
     const size_t n = (size_t)r->n_tokens * job->hidden_size;
     for (int k = 0; k < L; k++)
         CM_TRY(check_capture(s->outs[k], n, s->layers[k], (int)job->hidden_size, r->batch_id));
@@ -399,7 +419,7 @@ cm_status ts_serve_run(const ts_serve_args *a) {
         serve_state *r = &reps[i];
         r->a = a;
         r->index = i;
-        r->gpu = a->gpus[i];
+        r->gpu = a->gpus[i * a->stages];
         r->be = be;
         r->cap_layers = (int)a->max_layers;
         r->order = malloc((size_t)r->cap_layers * sizeof *r->order);
@@ -452,7 +472,7 @@ cm_status ts_serve_run(const ts_serve_args *a) {
     }
 #ifdef TANDEM_HAVE_NCCL
     const cm_chan_nccl_server nccl = {serve_nccl_open, serve_nccl_close, devices[0]};
-    if (strcmp(a->device, "cuda") == 0) {
+    if (strcmp(a->device, "cuda") == 0 && a->stages == 1) { /* a split replica answers through host memory */
         sc.nccl = &nccl;
         sc.nccl_devices = devices;
     }
@@ -464,6 +484,9 @@ cm_status ts_serve_run(const ts_serve_args *a) {
                 (unsigned long long)sc.target_id, cm_chan_server_endpoint(srv), be->name);
     if (n > 1)
         CM_LOG_INFO("%d replicas, each with its own copy of the weights", n);
+    if (a->stages > 1)
+        CM_LOG_INFO("each replica's layers split over %d stages (docs/target.md); answers through host memory, one "
+                    "pack at a time", a->stages);
     if (a->decode_seqs > 0) CM_TRY_GOTO(ts_serve_decode_start(&all.dec, srv, &all), st, fail);
     if (a->endpoint_file)
         CM_TRY_GOTO(write_endpoint_file(a->endpoint_file, cm_chan_server_endpoint(srv)), st, fail);

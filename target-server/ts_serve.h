@@ -18,7 +18,8 @@ extern "C" {
 
 typedef struct ts_serve_args {
     const char  *model, *device, *bind, *name, *endpoint_file, *curve_secret, *curve_clients, *keygen;
-    int          gpus[TS_MAX_REPLICAS], n_gpus, replicas;
+    int          gpus[TS_MAX_REPLICAS], n_gpus, replicas; /* gpus: replica r's stage k on gpus[r·stages + k] */
+    int          stages; /* pipeline stages per replica (ts_split.h): its layers over that many GPUs */
     int          threads, zstd_level, heartbeat_ms, peer_timeout_ms, stats_s;
     int          stream; /* cuda: compress layers while the forward runs (TANDEM_SERVE_STREAM=0: after it) */
     int          init_random;

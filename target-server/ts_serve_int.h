@@ -10,6 +10,7 @@
 #include "ts_decode.h"
 #include "ts_model.h"
 #include "ts_serve.h"
+#include "ts_split.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "ts_stage.h"
 #endif
@@ -23,7 +24,9 @@ typedef struct serve_state {
     cm_chan_job      *job; /* the job being computed (its streamed tensors' waits read it) */
     const kn_backend *be;
     kn_ctx           *ctx;
-    ts_model         *model;
+    ts_model         *model;    /* one context (--stages 1) */
+    ts_split         *split;    /* or the replica's stages (--stages N > 1; ctx is stage 0's) */
+    kn_ctx           *sctx[TS_SPLIT_MAX_STAGES];
     int              *order;  /* request index of the k-th smallest layer id */
     int              *layers; /* sorted layer ids */
     float           **outs;

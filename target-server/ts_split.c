@@ -101,6 +101,13 @@ cm_status ts_split_load(ts_split **out, const ts_model_config *base, int n, kn_c
 
 int ts_split_stages(const ts_split *s) { return s->n; }
 
+const cm_target_cfg *ts_split_cfg(const ts_split *s) { return ts_model_cfg(s->stage[0]); }
+
+cm_status ts_split_warmup(ts_split *s, int64_t max_tokens) {
+    for (int i = 0; i < s->n; i++) CM_TRY(ts_model_warmup(s->stage[i], max_tokens));
+    return CM_OK;
+}
+
 int ts_split_bound(const ts_split *s, int i) { return s->bounds[i]; }
 
 cm_status ts_split_forward(ts_split *s, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,

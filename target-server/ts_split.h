@@ -33,6 +33,9 @@ void ts_split_even(const cm_target_cfg *cfg, int n_layers, int n, int *bounds);
 cm_status ts_split_load(ts_split **out, const ts_model_config *base, int n, kn_ctx *const *ctxs, const int *bounds);
 void      ts_split_destroy(ts_split **s); /* NULL-safe */
 int       ts_split_stages(const ts_split *s);
+const cm_target_cfg *ts_split_cfg(const ts_split *s);
+/* ts_model_warmup of every stage: its workspace and plans for max_tokens, before the first request. */
+cm_status ts_split_warmup(ts_split *s, int64_t max_tokens);
 /* Stage i's first layer (i < stages) or the end of the loaded layers (i = stages). */
 int ts_split_bound(const ts_split *s, int i);
 /* ts_model_forward over the stages: layer_out, final_norm, logits and experts as there (host

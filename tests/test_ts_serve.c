@@ -5,7 +5,8 @@
  * delivered exactly once (a ledger) and a second trainer that attached meanwhile served too;
  * SIGTERM ends the server with status 0; bad flags, a busy port and a refused non-loopback
  * bind exit with one message; an ipc:// path held by a live server is refused and tcp://[::1]
- * binds; CURVE keys through the command line. `test_ts_serve fp8`: the same exactness at --precision
+ * binds; CURVE keys through the command line; replicas split over pipeline stages (--stages)
+ * answer the same bits. `test_ts_serve fp8`: the same exactness at --precision
  * fp8. */
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -223,6 +224,21 @@ static void test_exact(void) {
     TST_CHECK(serve_end(&p, SIGTERM) == 0);
 }
 
+/* Replicas split over pipeline stages (--stages, target-server/ts_split.h): the same answers, bit for bit. */
+static void test_stages(void) {
+    proc              p;
+    const char *const args[] = {"--dtype", "f32", "--encoding", "all", "--stages", "3", "--replicas", "2",
+                                "--decode-seqs", "0", NULL};
+    if (!serve_start(&p, "stages", "tcp://127.0.0.1:*", args)) {
+        TST_CHECK(0);
+        return;
+    }
+    const cm_encoding encs[] = {CM_ENCODING_RAW, CM_ENCODING_ZSTD_BYTEPLANE};
+    printf("serve --stages 3 --replicas 2 (each replica's 6 layers over 3 cpu contexts):\n");
+    exact_per_encoding(p.endpoint, "stages", encs, 2);
+    TST_CHECK(serve_end(&p, SIGTERM) == 0);
+}
+
 typedef struct killer {
     proc       *p;
     const char *bind;
@@ -374,6 +390,10 @@ static void test_bad_flags(void) {
     TST_CHECK(run_serve_args(gpus_twice, "gpustwice", &e) == 2 && strstr(e, "names GPU 1 twice"));
     const char *gpus_reps[] = {"--model", model, "--device", "cuda", "--gpu", "0,1", "--replicas", "3", NULL};
     TST_CHECK(run_serve_args(gpus_reps, "gpusreps", &e) == 2 && strstr(e, "one GPU per replica"));
+    const char *stages_dec[] = {"--model", model, "--stages", "2", NULL};
+    TST_CHECK(run_serve_args(stages_dec, "stagesdec", &e) == 2 && strstr(e, "add --decode-seqs 0"));
+    const char *stages_gpus[] = {"--model", model, "--device", "cuda", "--gpu", "0,1,2", "--stages", "2", NULL};
+    TST_CHECK(run_serve_args(stages_gpus, "stagesgpus", &e) == 2 && strstr(e, "give 2 GPUs per replica"));
     const char *slash[] = {"--model", model, "--name", "a/b", NULL};
     TST_CHECK(run_serve_args(slash, "slash", &e) == 2 && strstr(e, "--name 'a/b'") && strstr(e, "0x2f"));
     /* libzmq binds addresses, not host names: refused up front with the address to use */
@@ -390,7 +410,7 @@ static void test_bad_flags(void) {
     } else {
         TST_CHECK(0);
     }
-    printf("bad flags: missing model, bad encoding, bad number, unknown option, --gpu lists, --name a/b "
+    printf("bad flags: missing model, bad encoding, bad number, unknown option, --gpu lists, --stages, --name a/b "
            "(exit 2); non-loopback without CURVE, tcp://localhost, missing model dir, busy port (exit 1)\n");
 }
 
@@ -708,6 +728,8 @@ int main(int argc, char **argv) {
         test_status();
     if (want(argc, argv, "replicas"))
         test_replicas();
+    if (want(argc, argv, "stages"))
+        test_stages();
     for (int k = 0; k < N_PATTERNS; k++)
         for (int l = 0; l < N_LAYERS; l++)
             free(pats[k].ref[l]);

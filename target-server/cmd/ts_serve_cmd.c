@@ -10,6 +10,7 @@
 #include "cm_chan.h"
 #include "cm_log.h"
 #include "ts_serve.h"
+#include "ts_split.h"
 
 #define CMD "target-server serve"
 
@@ -30,8 +31,13 @@ static void usage(FILE *f) {
         "  --device cpu|cuda         kernel backend (default cpu)\n"
         "  --gpu LIST                cuda device ordinals, comma-separated: one model replica per GPU\n"
         "                            behind the one endpoint (default 0)\n"
-        "  --replicas N              model replicas (default: one per --gpu entry; on cuda without\n"
-        "                            --gpu, GPUs 0..N-1); each answers requests on its own\n"
+        "  --replicas N              model replicas (default: one per --gpu entry, or per --stages\n"
+        "                            entries; on cuda without --gpu, GPUs 0..N-1); each answers\n"
+        "                            requests on its own\n"
+        "  --stages N                split each replica's layers over N GPUs (default 1), for a\n"
+        "                            target larger than one GPU: --gpu lists a replica's N GPUs,\n"
+        "                            then the next replica's; answers go through host memory, one\n"
+        "                            pack at a time, and need --decode-seqs 0 (docs/target.md)\n"
         "  --precision bf16|fp32|fp8 cuda matrix products (default bf16, fp8 for an FP8 checkpoint;\n"
         "                            as dump)\n"
         "  --bind ENDPOINT           tcp://HOST:PORT (PORT may be '*') or ipc://PATH\n"
@@ -134,6 +140,7 @@ int ts_serve_main(int argc, char **argv) {
                                   .decode_max_len = 2048,
                                   .decode_max_step = 1024,
                                   .decode_idle_s = 300,
+                                  .stages = 1,
                                   .encodings = CM_ENCODING_LOSSLESS_MASK,
                                   .dtype = CM_DTYPE_BF16};
     const char              *v = NULL;
@@ -151,6 +158,7 @@ int ts_serve_main(int argc, char **argv) {
                    cm_args_str(&p, "--curve-client-keys", &a.curve_clients) ||
                    cm_args_str(&p, "--curve-keygen", &a.keygen) ||
                    cm_args_int(&p, "--replicas", 1, TS_MAX_REPLICAS, &a.replicas) ||
+                   cm_args_int(&p, "--stages", 1, TS_SPLIT_MAX_STAGES, &a.stages) ||
                    cm_args_int(&p, "--credits", 1, 1024, &a.credits) ||
                    cm_args_int(&p, "--threads", 1, 256, &a.threads) ||
                    cm_args_int(&p, "--zstd-level", -7, 22, &a.zstd_level) ||
@@ -214,10 +222,16 @@ int ts_serve_main(int argc, char **argv) {
             "target-server serve: --model DIR is required (or --init random --config FILE; see --help)\n");
         return 2;
     }
-    if (a.n_gpus && a.replicas && a.n_gpus != a.replicas) {
+    if (a.n_gpus % a.stages) {
+        fprintf(stderr, "target-server serve: --gpu names %d GPUs for replicas of %d stages each; give %d GPUs per "
+                        "replica, replica after replica\n", a.n_gpus, a.stages, a.stages);
+        return 2;
+    }
+    if (a.n_gpus && a.replicas && a.n_gpus != a.replicas * a.stages) {
         fprintf(stderr,
-                "target-server serve: --gpu names %d GPUs but --replicas is %d; give one GPU per replica\n",
-                a.n_gpus, a.replicas);
+                "target-server serve: --gpu names %d GPUs but --replicas %d of %d stages need %d; give one GPU per "
+                "replica and stage\n",
+                a.n_gpus, a.replicas, a.stages, a.replicas * a.stages);
         return 2;
     }
     if (a.n_gpus > 1 && strcmp(a.device, "cuda") != 0) {
@@ -226,11 +240,22 @@ int ts_serve_main(int argc, char **argv) {
                 a.gpus[0]);
         return 2;
     }
+    if (a.stages > 1 && a.decode_seqs > 0) {
+        fprintf(stderr, "target-server serve: decoding (--decode-seqs) runs the whole target on one GPU, but --stages "
+                        "%d splits it; add --decode-seqs 0, or serve decoding from a server with --stages 1\n",
+                a.stages);
+        return 2;
+    }
     if (!a.replicas)
-        a.replicas = a.n_gpus ? a.n_gpus : 1;
+        a.replicas = a.n_gpus ? a.n_gpus / a.stages : 1;
+    if (a.replicas * a.stages > TS_MAX_REPLICAS) {
+        fprintf(stderr, "target-server serve: %d replicas of %d stages: at most %d contexts in all\n", a.replicas,
+                a.stages, TS_MAX_REPLICAS);
+        return 2;
+    }
     const char *stream_env = getenv("TANDEM_SERVE_STREAM");
     a.stream = !stream_env || strcmp(stream_env, "0") != 0;
-    for (int i = a.n_gpus; i < a.replicas; i++) /* cuda without --gpu: 0..N-1; cpu: ignored */
+    for (int i = a.n_gpus; i < a.replicas * a.stages; i++) /* cuda without --gpu: 0..N-1; cpu: ignored */
         a.gpus[i] = strcmp(a.device, "cuda") == 0 ? i : 0;
     if (a.peer_timeout_ms <= a.heartbeat_ms) {
         fprintf(stderr, "target-server serve: --peer-timeout-ms %d must exceed --heartbeat-ms %d\n",
