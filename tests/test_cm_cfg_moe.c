@@ -15,6 +15,7 @@
 #include "cm_cfg_hash.h"
 #include "cm_hash.h"
 #include "tst.h"
+#include "tst_json.h"
 
 #define DEPLOY TANDEM_TEST_DATA "/../deploy/configs"
 #define ORIGIN "fixture/config.json"
@@ -36,18 +37,6 @@ static const char *const next_json =
     " \"router_aux_loss_coef\": 0.001, \"tie_word_embeddings\": false, \"max_position_embeddings\": 262144,"
     " \"hidden_act\": \"silu\", \"dtype\": \"bfloat16\"}";
 
-static cJSON *load_json(const char *path) {
-    char *text = NULL;
-    if (cm_read_text_file(path, 1 << 20, &text) != CM_OK) {
-        fprintf(stderr, "%s\n", cm_last_error());
-        exit(1);
-    }
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!j)
-        exit(1);
-    return j;
-}
 
 static cJSON *next(void) {
     cJSON *j = cJSON_Parse(next_json);
@@ -57,7 +46,7 @@ static cJSON *next(void) {
 }
 
 static cJSON *moe_35b(void) {
-    return load_json(DEPLOY "/qwen3.5-35b-a3b/target-config.json");
+    return tst_json_load(DEPLOY "/qwen3.5-35b-a3b/target-config.json");
 }
 
 /* The 35B's text model flat, as Qwen3_5MoeForCausalLM saves it: text_config's fields at the top. */
@@ -70,40 +59,8 @@ static cJSON *moe_35b_flat(void) {
     return tx;
 }
 
-/* Sets the member at a dotted path to the JSON value text, or deletes it when value is NULL;
- * returns the root for chaining. */
-static cJSON *edit(cJSON *root, const char *path, const char *value) {
-    char   buf[256];
-    cJSON *obj = root;
-    snprintf(buf, sizeof buf, "%s", path);
-    char *key = buf, *dot;
-    while ((dot = strchr(key, '.')) != NULL) {
-        *dot = '\0';
-        obj = cJSON_GetObjectItemCaseSensitive(obj, key);
-        if (!obj) {
-            fprintf(stderr, "edit: no object on the path '%s'\n", path);
-            exit(1);
-        }
-        key = dot + 1;
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
-    if (value) {
-        cJSON *v = cJSON_Parse(value);
-        if (!v)
-            exit(1);
-        cJSON_AddItemToObject(obj, key, v);
-    }
-    return root;
-}
 
-/* Parses an (edited) JSON tree and frees it. */
-static cm_status target_of(cJSON *j, cm_target_cfg *cfg) {
-    char     *text = cJSON_PrintUnformatted(j);
-    cm_status st = cm_target_cfg_parse(cfg, text, ORIGIN);
-    free(text);
-    cJSON_Delete(j);
-    return st;
-}
+static cm_status target_of(cJSON *j, cm_target_cfg *cfg) { return tst_json_target(j, cfg, ORIGIN); }
 
 static int n_sparse(const cm_target_cfg *c) {
     int n = 0;
@@ -151,30 +108,30 @@ static void test_qwen35_moe(void) {
     TST_CHECK(tst_ok(target_of(moe_35b_flat(), &c), "flat 35B-A3B"));
     check_qwen35_moe(&c, 0, 2048, 40, 16, 32, 512);
     // the flat text type nested under text_config is refused: it has no text_config
-    TST_FAILS(target_of(edit(moe_35b(), "model_type", "\"qwen3_5_moe_text\""), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(moe_35b(), "model_type", "\"qwen3_5_moe_text\""), &c), CM_ERR_FORMAT,
               "missing field 'hidden_size'");
 
     // Transformers' Qwen3.5-MoE reads neither norm_topk_prob, decoder_sparse_step nor mlp_only_layers:
     // always renormalised, every layer sparse, whatever the config says
-    cJSON *j = edit(moe_35b(), "text_config.norm_topk_prob", "false");
-    j = edit(j, "text_config.decoder_sparse_step", "2");
-    j = edit(j, "text_config.mlp_only_layers", "[0, 3]");
+    cJSON *j = tst_json_edit(moe_35b(), "text_config.norm_topk_prob", "false");
+    j = tst_json_edit(j, "text_config.decoder_sparse_step", "2");
+    j = tst_json_edit(j, "text_config.mlp_only_layers", "[0, 3]");
     TST_CHECK(tst_ok(target_of(j, &c), "35B-A3B with Qwen3-Next keys"));
     check_qwen35_moe(&c, 1, 2048, 40, 16, 32, 512);
     TST_CHECK(
-        tst_ok(target_of(edit(moe_35b_flat(), "decoder_sparse_step", "0"), &c), "decoder_sparse_step 0"));
+        tst_ok(target_of(tst_json_edit(moe_35b_flat(), "decoder_sparse_step", "0"), &c), "decoder_sparse_step 0"));
     TST_CHECK(n_sparse(&c) == 40 && c.norm_topk_prob == 1);
     // no shared expert
-    TST_CHECK(tst_ok(target_of(edit(moe_35b(), "text_config.shared_expert_intermediate_size", NULL), &c),
+    TST_CHECK(tst_ok(target_of(tst_json_edit(moe_35b(), "text_config.shared_expert_intermediate_size", NULL), &c),
                      "no shared expert"));
     TST_CHECK(c.shared_expert_intermediate_size == 0 && c.n_experts == 256);
-    TST_CHECK(tst_ok(target_of(edit(moe_35b(), "text_config.shared_expert_intermediate_size", "0"), &c),
+    TST_CHECK(tst_ok(target_of(tst_json_edit(moe_35b(), "text_config.shared_expert_intermediate_size", "0"), &c),
                      "shared expert 0"));
     TST_CHECK(c.shared_expert_intermediate_size == 0);
     // top-k = E and E = CM_CFG_MAX_EXPERTS are the largest allowed
-    j = edit(moe_35b(), "text_config.num_experts", "1024");
+    j = tst_json_edit(moe_35b(), "text_config.num_experts", "1024");
     TST_CHECK(
-        tst_ok(target_of(edit(j, "text_config.num_experts_per_tok", "1024"), &c), "1024 experts top-1024"));
+        tst_ok(target_of(tst_json_edit(j, "text_config.num_experts_per_tok", "1024"), &c), "1024 experts top-1024"));
     TST_CHECK(c.n_experts == CM_CFG_MAX_EXPERTS && c.n_experts_per_tok == CM_CFG_MAX_EXPERTS);
 }
 
@@ -201,21 +158,21 @@ static void test_qwen3_next(void) {
     TST_CHECK(bad == 0);
     // defaults: decoder_sparse_step 1 and norm_topk_prob true (Qwen3NextConfig's), mlp_only_layers none;
     // every layer sparse, so intermediate_size may be absent
-    cJSON *j = edit(next(), "decoder_sparse_step", NULL);
-    j = edit(edit(edit(j, "norm_topk_prob", NULL), "mlp_only_layers", NULL), "intermediate_size", NULL);
+    cJSON *j = tst_json_edit(next(), "decoder_sparse_step", NULL);
+    j = tst_json_edit(tst_json_edit(tst_json_edit(j, "norm_topk_prob", NULL), "mlp_only_layers", NULL), "intermediate_size", NULL);
     TST_CHECK(tst_ok(target_of(j, &c), "qwen3_next defaults"));
     TST_CHECK(n_sparse(&c) == 48 && c.norm_topk_prob == 1 && c.intermediate_size == 0);
     // null means unset
-    TST_CHECK(tst_ok(target_of(edit(next(), "mlp_only_layers", "null"), &c), "mlp_only_layers null"));
+    TST_CHECK(tst_ok(target_of(tst_json_edit(next(), "mlp_only_layers", "null"), &c), "mlp_only_layers null"));
     TST_CHECK(n_sparse(&c) == 48);
 
     // norm_topk_prob false: the router's top-k weights are used as the softmax gives them
-    TST_CHECK(tst_ok(target_of(edit(next(), "norm_topk_prob", "false"), &c), "norm_topk_prob false"));
+    TST_CHECK(tst_ok(target_of(tst_json_edit(next(), "norm_topk_prob", "false"), &c), "norm_topk_prob false"));
     TST_CHECK(c.norm_topk_prob == 0 && n_sparse(&c) == 48);
 
     // decoder_sparse_step 2, mlp_only_layers [0, 3]: layer i sparse iff i not listed and (i + 1) % 2 == 0,
     // so layers 1, 5, 7, 9, ..., 47 (23 of them); the others run the dense MLP of intermediate_size
-    j = edit(edit(next(), "decoder_sparse_step", "2"), "mlp_only_layers", "[0, 3]");
+    j = tst_json_edit(tst_json_edit(next(), "decoder_sparse_step", "2"), "mlp_only_layers", "[0, 3]");
     TST_CHECK(tst_ok(target_of(j, &c), "decoder_sparse_step 2, mlp_only_layers [0, 3]"));
     bad = 0;
     for (int l = 0; l < 48; l++) {
@@ -226,18 +183,18 @@ static void test_qwen3_next(void) {
     TST_CHECK(!cm_target_layer_moe(&c, 0) && cm_target_layer_moe(&c, 1) && !cm_target_layer_moe(&c, 3));
     // mlp_only_layers alone: those layers dense; a repeated index is harmless
     TST_CHECK(
-        tst_ok(target_of(edit(next(), "mlp_only_layers", "[47, 0, 47]"), &c), "mlp_only_layers [47, 0, 47]"));
+        tst_ok(target_of(tst_json_edit(next(), "mlp_only_layers", "[47, 0, 47]"), &c), "mlp_only_layers [47, 0, 47]"));
     TST_CHECK(n_sparse(&c) == 46 && !cm_target_layer_moe(&c, 0) && !cm_target_layer_moe(&c, 47));
     // a step above the layer count leaves every layer dense (the router's fields are still checked)
-    TST_CHECK(tst_ok(target_of(edit(next(), "decoder_sparse_step", "49"), &c), "decoder_sparse_step 49"));
+    TST_CHECK(tst_ok(target_of(tst_json_edit(next(), "decoder_sparse_step", "49"), &c), "decoder_sparse_step 49"));
     TST_CHECK(n_sparse(&c) == 0 && c.n_experts == 512);
 
     // dense layers need intermediate_size: absent fails naming it
-    j = edit(edit(next(), "decoder_sparse_step", "2"), "intermediate_size", NULL);
+    j = tst_json_edit(tst_json_edit(next(), "decoder_sparse_step", "2"), "intermediate_size", NULL);
     TST_FAILS(target_of(j, &c), CM_ERR_FORMAT, "'" ORIGIN "': missing field 'intermediate_size'");
-    j = edit(edit(next(), "mlp_only_layers", "[5]"), "intermediate_size", NULL);
+    j = tst_json_edit(tst_json_edit(next(), "mlp_only_layers", "[5]"), "intermediate_size", NULL);
     TST_FAILS(target_of(j, &c), CM_ERR_FORMAT, "missing field 'intermediate_size'");
-    TST_FAILS(target_of(edit(edit(next(), "mlp_only_layers", "[5]"), "intermediate_size", "0"), &c),
+    TST_FAILS(target_of(tst_json_edit(tst_json_edit(next(), "mlp_only_layers", "[5]"), "intermediate_size", "0"), &c),
               CM_ERR_FORMAT, "'intermediate_size' must be positive, found 0");
 }
 
@@ -246,55 +203,55 @@ static void test_qwen3_next(void) {
 static void test_bad(void) {
     cm_target_cfg c;
     // missing fields
-    TST_FAILS(target_of(edit(next(), "num_experts", NULL), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "num_experts", NULL), &c), CM_ERR_FORMAT,
               "'" ORIGIN "': missing field 'num_experts'");
-    TST_FAILS(target_of(edit(moe_35b(), "text_config.num_experts", NULL), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(moe_35b(), "text_config.num_experts", NULL), &c), CM_ERR_FORMAT,
               "missing field 'text_config.num_experts'");
-    TST_FAILS(target_of(edit(moe_35b_flat(), "num_experts", NULL), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(moe_35b_flat(), "num_experts", NULL), &c), CM_ERR_FORMAT,
               "missing field 'num_experts'");
-    TST_FAILS(target_of(edit(next(), "num_experts_per_tok", NULL), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "num_experts_per_tok", NULL), &c), CM_ERR_FORMAT,
               "missing field 'num_experts_per_tok'");
-    TST_FAILS(target_of(edit(moe_35b(), "text_config.moe_intermediate_size", NULL), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(moe_35b(), "text_config.moe_intermediate_size", NULL), &c), CM_ERR_FORMAT,
               "missing field 'text_config.moe_intermediate_size'");
     // values
-    TST_FAILS(target_of(edit(next(), "num_experts", "0"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "num_experts", "0"), &c), CM_ERR_FORMAT,
               "'num_experts' must be positive");
-    TST_FAILS(target_of(edit(next(), "num_experts", "\"512\""), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "num_experts", "\"512\""), &c), CM_ERR_FORMAT,
               "'num_experts' must be an integer, found a string");
-    TST_FAILS(target_of(edit(next(), "num_experts_per_tok", "600"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "num_experts_per_tok", "600"), &c), CM_ERR_FORMAT,
               "num_experts_per_tok 600 exceeds num_experts 512");
-    TST_FAILS(target_of(edit(moe_35b(), "text_config.num_experts_per_tok", "257"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(moe_35b(), "text_config.num_experts_per_tok", "257"), &c), CM_ERR_FORMAT,
               "text_config.num_experts_per_tok 257 exceeds num_experts 256");
-    TST_FAILS(target_of(edit(next(), "num_experts", "1025"), &c), CM_ERR_UNSUPPORTED,
+    TST_FAILS(target_of(tst_json_edit(next(), "num_experts", "1025"), &c), CM_ERR_UNSUPPORTED,
               "num_experts 1025 exceeds the 1024 experts Tandem routes over");
-    TST_FAILS(target_of(edit(moe_35b(), "text_config.num_experts", "4096"), &c), CM_ERR_UNSUPPORTED,
+    TST_FAILS(target_of(tst_json_edit(moe_35b(), "text_config.num_experts", "4096"), &c), CM_ERR_UNSUPPORTED,
               "text_config.num_experts 4096 exceeds the 1024 experts");
-    TST_FAILS(target_of(edit(next(), "moe_intermediate_size", "-512"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "moe_intermediate_size", "-512"), &c), CM_ERR_FORMAT,
               "'moe_intermediate_size' must be positive, found -512");
-    TST_FAILS(target_of(edit(next(), "shared_expert_intermediate_size", "-1"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "shared_expert_intermediate_size", "-1"), &c), CM_ERR_FORMAT,
               "'shared_expert_intermediate_size' must be 0 (none) or positive, found -1");
-    TST_FAILS(target_of(edit(moe_35b(), "text_config.shared_expert_intermediate_size", "-512"), &c),
+    TST_FAILS(target_of(tst_json_edit(moe_35b(), "text_config.shared_expert_intermediate_size", "-512"), &c),
               CM_ERR_FORMAT, "'text_config.shared_expert_intermediate_size' must be 0 (none) or positive");
-    TST_FAILS(target_of(edit(next(), "shared_expert_intermediate_size", "0.5"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "shared_expert_intermediate_size", "0.5"), &c), CM_ERR_FORMAT,
               "'shared_expert_intermediate_size' must be an integer");
-    TST_FAILS(target_of(edit(next(), "norm_topk_prob", "1"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "norm_topk_prob", "1"), &c), CM_ERR_FORMAT,
               "'norm_topk_prob' must be true or false, found a number");
-    TST_FAILS(target_of(edit(next(), "decoder_sparse_step", "0"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "decoder_sparse_step", "0"), &c), CM_ERR_FORMAT,
               "'decoder_sparse_step' must be positive, found 0");
     // mlp_only_layers: an array of layer indices in [0, n_layers)
-    TST_FAILS(target_of(edit(next(), "mlp_only_layers", "[0, 48]"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "mlp_only_layers", "[0, 48]"), &c), CM_ERR_FORMAT,
               "mlp_only_layers[1] must be a layer index in [0, 48)");
-    TST_FAILS(target_of(edit(next(), "mlp_only_layers", "[-1]"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "mlp_only_layers", "[-1]"), &c), CM_ERR_FORMAT,
               "mlp_only_layers[0] must be a layer index in [0, 48)");
-    TST_FAILS(target_of(edit(next(), "mlp_only_layers", "[1e20]"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "mlp_only_layers", "[1e20]"), &c), CM_ERR_FORMAT,
               "mlp_only_layers[0] must be a layer index in [0, 48)");
-    TST_FAILS(target_of(edit(next(), "mlp_only_layers", "[2.5]"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "mlp_only_layers", "[2.5]"), &c), CM_ERR_FORMAT,
               "mlp_only_layers[0] must be a layer index");
-    TST_FAILS(target_of(edit(next(), "mlp_only_layers", "[1, \"2\"]"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "mlp_only_layers", "[1, \"2\"]"), &c), CM_ERR_FORMAT,
               "mlp_only_layers[1] must be a layer index");
-    TST_FAILS(target_of(edit(next(), "mlp_only_layers", "[true]"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "mlp_only_layers", "[true]"), &c), CM_ERR_FORMAT,
               "mlp_only_layers[0] must be a layer index");
-    TST_FAILS(target_of(edit(next(), "mlp_only_layers", "3"), &c), CM_ERR_FORMAT,
+    TST_FAILS(target_of(tst_json_edit(next(), "mlp_only_layers", "3"), &c), CM_ERR_FORMAT,
               "field 'mlp_only_layers' must be an array of layer indices, found a number");
 }
 
@@ -329,7 +286,7 @@ static void test_hash(void) {
     n = cm_target_cfg_canonical(&a, text, sizeof text);
     TST_CHECK(n < sizeof text && strstr(text, "n_experts=256;n_experts_per_tok=8;") != NULL);
     TST_CHECK(strstr(text, "layer_moe=1111111111111111111111111111111111111111;") != NULL);
-    TST_CHECK(tst_ok(target_of(edit(moe_35b(), "text_config.num_experts_per_tok", "9"), &b), "top-9"));
+    TST_CHECK(tst_ok(target_of(tst_json_edit(moe_35b(), "text_config.num_experts_per_tok", "9"), &b), "top-9"));
     TST_CHECK(cm_target_cfg_hash(&a) != cm_target_cfg_hash(&b));
     TST_CHECK(tst_ok(target_of(moe_35b(), &b), "35B-A3B again"));
     TST_CHECK(cm_target_cfg_hash(&a) == cm_target_cfg_hash(&b));
@@ -338,11 +295,11 @@ static void test_hash(void) {
     TST_CHECK(cm_target_cfg_hash(&a) == cm_target_cfg_hash(&b));
     // Qwen3-Next: renormalisation and the sparse layers are part of the identity
     TST_CHECK(tst_ok(cm_target_cfg_parse(&a, next_json, ORIGIN), "qwen3_next"));
-    TST_CHECK(tst_ok(target_of(edit(next(), "norm_topk_prob", "false"), &b), "norm_topk_prob false"));
+    TST_CHECK(tst_ok(target_of(tst_json_edit(next(), "norm_topk_prob", "false"), &b), "norm_topk_prob false"));
     TST_CHECK(cm_target_cfg_hash(&a) != cm_target_cfg_hash(&b));
-    TST_CHECK(tst_ok(target_of(edit(next(), "mlp_only_layers", "[7]"), &b), "mlp_only_layers [7]"));
+    TST_CHECK(tst_ok(target_of(tst_json_edit(next(), "mlp_only_layers", "[7]"), &b), "mlp_only_layers [7]"));
     TST_CHECK(cm_target_cfg_hash(&a) != cm_target_cfg_hash(&b));
-    TST_CHECK(tst_ok(target_of(edit(next(), "shared_expert_intermediate_size", "256"), &b), "shared 256"));
+    TST_CHECK(tst_ok(target_of(tst_json_edit(next(), "shared_expert_intermediate_size", "256"), &b), "shared 256"));
     TST_CHECK(cm_target_cfg_hash(&a) != cm_target_cfg_hash(&b));
 }
 
