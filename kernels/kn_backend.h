@@ -217,6 +217,10 @@ typedef struct kn_backend {
     // ---- context and memory
     cm_status (*ctx_create)(kn_ctx **out, const kn_ctx_config *cfg);
     void (*ctx_destroy)(kn_ctx **ctx); /* NULL-safe; sets *ctx = NULL */
+    /* Makes the context's device the calling thread's current one. A thread that works with
+     * contexts on several devices (a target split over GPUs) binds each before using it: memory
+     * and launches otherwise go to the device last bound or created on that thread. cpu: absent. */
+    cm_status (*ctx_bind)(kn_ctx *ctx); /* (optional) */
     cm_status (*alloc)(kn_ctx *ctx, void **out, size_t bytes); /* zero-filled */
     void (*free)(kn_ctx *ctx, void *p);                        /* NULL-safe */
     cm_status (*upload)(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);

@@ -10,6 +10,7 @@ static const kn_backend cuda_backend = {
     .name = "cuda",
     .ctx_create = kn_cuda_ctx_create,
     .ctx_destroy = kn_cuda_ctx_destroy,
+    .ctx_bind = kn_cuda_ctx_bind,
     .alloc = kn_cuda_alloc,
     .free = kn_cuda_free,
     .upload = kn_cuda_upload,

@@ -18,6 +18,7 @@ extern "C" {
  * ordinal is out of range; CM_ERR_CUDA / CM_ERR_CUBLAS for other failures. */
 cm_status kn_cuda_ctx_create(kn_ctx **out, const kn_ctx_config *cfg);
 void      kn_cuda_ctx_destroy(kn_ctx **ctx);
+cm_status kn_cuda_ctx_bind(kn_ctx *ctx);
 cm_status kn_cuda_alloc(kn_ctx *ctx, void **out, size_t bytes);
 void      kn_cuda_free(kn_ctx *ctx, void *p);
 cm_status kn_cuda_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);

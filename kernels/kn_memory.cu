@@ -77,6 +77,11 @@ cm_status kn_cuda_ctx_create(kn_ctx **out, const kn_ctx_config *cfg) {
     return CM_OK;
 }
 
+cm_status kn_cuda_ctx_bind(kn_ctx *ctx) {
+    KN_CUDA(cudaSetDevice(ctx->device));
+    return CM_OK;
+}
+
 void kn_cuda_ctx_destroy(kn_ctx **pctx) {
     if (!pctx || !*pctx)
         return;

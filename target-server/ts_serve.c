@@ -50,16 +50,8 @@ static cm_status serve_init(void *user) {
     serve_state      *s = user;
     const ts_serve_args *a = s->a;
     const double      t0 = cm_now_s();
-    kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
-    kc.gemm_mode = a->mode;
-    for (int k = 0; k < a->stages; k++) {
-        kc.device = a->gpus[s->index * a->stages + k];
-        CM_TRY(s->be->ctx_create(&s->sctx[k], &kc));
-    }
-    s->ctx = s->sctx[0];
     ts_model_config mc = {.dir = a->model,
                           .backend = s->be,
-                          .ctx = s->ctx,
                           .n_layers = -1,
                           .load_head = a->decode_seqs > 0, /* decoding needs the head */
                           .bf16_weights = strcmp(s->be->name, "cpu") != 0 && a->mode == KN_GEMM_MODE_BF16,
@@ -67,13 +59,14 @@ static cm_status serve_init(void *user) {
                           .init_random = a->init_random,
                           .seed = a->seed};
     const int64_t t0_ms = cm_now_ms();
-    if (a->stages > 1) { /* answers through host memory (serve_compute) */
-        CM_TRY(ts_split_load(&s->split, &mc, a->stages, s->sctx, NULL));
-        if (s->be != kn_backend_cpu()) CM_TRY(ts_split_warmup(s->split, a->max_tokens));
-        for (int k = 0; k < a->stages; k++)
-            CM_LOG_INFO("replica %d, stage %d: layers %d to %d on %s %d", s->index, k, ts_split_bound(s->split, k),
-                        ts_split_bound(s->split, k + 1) - 1, a->device, a->gpus[s->index * a->stages + k]);
+    if (a->stages > 1) { /* the replica's stages, shared with its other workers (ts_serve_split.c) */
+        CM_TRY(ts_serve_split_init(s, &mc));
     } else {
+        kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+        kc.device = s->gpu;
+        kc.gemm_mode = a->mode;
+        CM_TRY(s->be->ctx_create(&s->ctx, &kc));
+        mc.ctx = s->ctx;
         CM_TRY(ts_model_load(&s->model, &mc));
     }
     if (s->model && s->be != kn_backend_cpu()) { /* the GPU's memory and GEMM plans are taken now, not per request */
@@ -86,9 +79,9 @@ static cm_status serve_init(void *user) {
     }
     atomic_store(&s->load_ms, (int)(cm_now_ms() - t0_ms));
     atomic_store(&s->loaded, 1);
-    if (s->a->replicas > 1)
-        CM_LOG_INFO("replica %d (%s %d): model ready in %lld s; answering requests", s->index, a->device, s->gpu,
-                    (long long)(cm_now_s() - t0));
+    if (a->replicas > 1 || a->stages > 1)
+        CM_LOG_INFO("replica %d%s (%s %d): model ready in %lld s; answering requests", s->replica,
+                    a->stages > 1 ? ", a worker" : "", a->device, s->gpu, (long long)(cm_now_s() - t0));
     else
         CM_LOG_INFO("model ready in %lld s; answering requests", (long long)(cm_now_s() - t0));
     return CM_OK;
@@ -108,10 +101,11 @@ static void serve_fini(void *user) {
 #endif
     ts_serve_decode_fini(s);
     ts_model_destroy(&s->model);
-    ts_split_destroy(&s->split);
-    for (int k = 0; s->be && k < TS_SPLIT_MAX_STAGES; k++)
-        if (s->sctx[k]) s->be->ctx_destroy(&s->sctx[k]);
-    s->ctx = NULL;
+    if (s->shared) {
+        ts_serve_split_fini(s);
+    } else if (s->be && s->ctx) {
+        s->be->ctx_destroy(&s->ctx);
+    }
 }
 
 /* Refuses a capture with NaN/Inf or nothing but zeros (docs/architecture.md, reliability: never trained on). */
@@ -257,13 +251,13 @@ static void serve_status(void *user, char *buf, size_t cap) {
         int ms = atomic_load(&all->reps[i].load_ms);
         load_ms = ms > load_ms ? ms : load_ms;
     }
-    if (strcmp(a->device, "cuda") == 0) {
+    if (strcmp(a->device, "cuda") == 0) { /* every replica's GPUs, stage after stage */
         cJSON_AddNumberToObject(o, "gpu", all->reps[0].gpu);
         cJSON *g = cJSON_AddArrayToObject(o, "gpus");
-        for (int i = 0; i < all->n; i++)
-            cJSON_AddItemToArray(g, cJSON_CreateNumber(all->reps[i].gpu));
+        for (int i = 0; i < a->replicas * a->stages; i++)
+            cJSON_AddItemToArray(g, cJSON_CreateNumber(a->gpus[i]));
     }
-    cJSON_AddNumberToObject(o, "replicas", all->n);
+    cJSON_AddNumberToObject(o, "replicas", a->replicas);
     cJSON_AddNumberToObject(o, "stages", a->stages);
     cJSON_AddStringToObject(o, "precision", a->fp8 ? "fp8" : a->mode == KN_GEMM_MODE_BF16 ? "bf16" : "fp32");
     cJSON_AddBoolToObject(o, "loaded", loaded);
@@ -326,7 +320,7 @@ static cm_status serve_compute(void *user, cm_chan_job *job) {
 #endif
     ts_capture cap = {.n_layers = L, .layers = s->layers, .layer_out = s->outs};
     if (s->split)
-        CM_TRY(ts_split_forward(s->split, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
+        CM_TRY(ts_serve_split_forward(s, r, &cap));
     else
         CM_TRY(ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap));
     const size_t n = (size_t)r->n_tokens * job->hidden_size;
@@ -405,7 +399,7 @@ cm_status ts_serve_run(const ts_serve_args *a) {
     char             name[CM_PROTO_NAME_MAX + 1];
     struct sigaction sa = {0}, old_term, old_int;
     int              handlers = 0;
-    const int        n = a->replicas;
+    const int        n = a->replicas * a->stages; /* workers: one per stage of each replica */
     serve_all        all = {.a = a, .cfg = &cfg, .n = n};
     CM_TRY_GOTO(kn_backend_get(a->device, &be), st, fail);
     CM_TRY_GOTO(cm_target_cfg_load(&cfg, a->model), st, fail);
@@ -415,11 +409,22 @@ cm_status ts_serve_run(const ts_serve_args *a) {
         goto fail;
     }
     all.reps = reps;
+    if (a->stages > 1 && !(all.splits = calloc((size_t)a->replicas, sizeof *all.splits))) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d split replicas", a->replicas);
+        goto fail;
+    }
+    for (int i = 0; all.splits && i < a->replicas; i++) {
+        pthread_mutex_init(&all.splits[i].mu, NULL);
+        pthread_cond_init(&all.splits[i].cv, NULL);
+        all.splits[i].replica = i;
+    }
     for (int i = 0; i < n; i++) {
         serve_state *r = &reps[i];
         r->a = a;
         r->index = i;
-        r->gpu = a->gpus[i * a->stages];
+        r->replica = i / a->stages;
+        r->shared = all.splits ? &all.splits[r->replica] : NULL;
+        r->gpu = a->gpus[r->replica * a->stages];
         r->be = be;
         r->cap_layers = (int)a->max_layers;
         r->order = malloc((size_t)r->cap_layers * sizeof *r->order);
@@ -485,8 +490,8 @@ cm_status ts_serve_run(const ts_serve_args *a) {
     if (n > 1)
         CM_LOG_INFO("%d replicas, each with its own copy of the weights", n);
     if (a->stages > 1)
-        CM_LOG_INFO("each replica's layers split over %d stages (docs/target.md); answers through host memory, one "
-                    "pack at a time", a->stages);
+        CM_LOG_INFO("each replica's layers split over %d stages (docs/target.md), with a worker per stage: up to %d "
+                    "packs in flight per replica; answers through host memory", a->stages, a->stages);
     if (a->decode_seqs > 0) CM_TRY_GOTO(ts_serve_decode_start(&all.dec, srv, &all), st, fail);
     if (a->endpoint_file)
         CM_TRY_GOTO(write_endpoint_file(a->endpoint_file, cm_chan_server_endpoint(srv)), st, fail);
@@ -522,5 +527,10 @@ fail:
         free(reps[i].outs);
     }
     free(reps);
+    for (int i = 0; all.splits && i < a->replicas; i++) {
+        pthread_mutex_destroy(&all.splits[i].mu);
+        pthread_cond_destroy(&all.splits[i].cv);
+    }
+    free(all.splits);
     return st;
 }

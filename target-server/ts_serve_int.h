@@ -3,6 +3,7 @@
 #ifndef TS_SERVE_INT_H
 #define TS_SERVE_INT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "cm_chan.h"
@@ -20,13 +21,18 @@ typedef struct ts_serve_decode ts_serve_decode;
 /* What one replica's worker thread owns: backend, context and model on its GPU. */
 typedef struct serve_state {
     const ts_serve_args *a;
-    int               index, gpu;
+    int               index, gpu; /* the worker, its (first) GPU */
+    int               replica;
     cm_chan_job      *job; /* the job being computed (its streamed tensors' waits read it) */
     const kn_backend *be;
     kn_ctx           *ctx;
     ts_model         *model;    /* one context (--stages 1) */
-    ts_split         *split;    /* or the replica's stages (--stages N > 1; ctx is stage 0's) */
-    kn_ctx           *sctx[TS_SPLIT_MAX_STAGES];
+    /* --stages N > 1: the replica's stages, shared by its N workers (ts_serve_split.c); ctx is
+     * stage 0's; hx this worker's hand-over between stages */
+    struct serve_split *shared;
+    ts_split           *split;
+    float              *hx;
+    int64_t             hx_cap;
     int              *order;  /* request index of the k-th smallest layer id */
     int              *layers; /* sorted layer ids */
     float           **outs;
@@ -42,15 +48,38 @@ typedef struct serve_state {
     ts_decoder       *decoder;  /* replica 0 with decoding on: made on the worker at its first step */
 } serve_state;
 
-/* The replicas, and what STATUS reads on the loop thread. */
+/* A replica split over stages, loaded by the first of its workers and used by all of them, so
+ * that up to one pack per stage is in flight (ts_serve_split.c). */
+typedef struct serve_split {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             state; /* 0 not loaded, 1 loading, 2 loaded, -1 failed */
+    int             users; /* workers holding it */
+    int             replica;
+    cm_status       st;
+    char            why[512];
+    ts_split       *split;
+    kn_ctx         *ctx[TS_SPLIT_MAX_STAGES];
+} serve_split;
+
+/* The workers (one per replica, or one per stage of each split replica), and what STATUS reads
+ * on the loop thread. */
 typedef struct serve_all {
     const ts_serve_args    *a;
     const cm_target_cfg *cfg;
-    serve_state         *reps;
-    int                  n;
+    serve_state         *reps; /* the workers' states */
+    int                  n;    /* workers */
+    serve_split         *splits; /* [replicas] with --stages > 1, else NULL */
     ts_serve_decode     *dec; /* the decoding endpoint, or NULL (--decode-seqs 0) */
 } serve_all;
 
+
+/* ts_serve_split.c: a split replica's worker takes its share of the replica (the first one loads
+ * it on mc's settings, the others wait for it), leaves it (the last one frees it), and answers a
+ * request through host memory with its own hand-over buffer. */
+cm_status ts_serve_split_init(serve_state *s, const ts_model_config *mc);
+void      ts_serve_split_fini(serve_state *s);
+cm_status ts_serve_split_forward(serve_state *s, const cm_proto_request *r, const ts_capture *cap);
 
 /* Starts the decoding endpoint (--decode-bind, or one derived from --bind): its steps run on
  * replica 0's worker through cm_chan_server_call, against that replica's model and decoder. */

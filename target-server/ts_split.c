@@ -1,15 +1,19 @@
 /* target-server/ts_split.c — a target over several contexts as pipeline stages (ts_split.h). */
 #include "ts_split.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct ts_split {
+    const kn_backend *be;
+    kn_ctx           *ctx[TS_SPLIT_MAX_STAGES]; /* borrowed */
     int       n;
     int       bounds[TS_SPLIT_MAX_STAGES + 1];
     ts_model *stage[TS_SPLIT_MAX_STAGES];
-    float    *hx;     /* host [hx_cap]: the residual stream between two stages */
+    pthread_mutex_t lock[TS_SPLIT_MAX_STAGES]; /* one pack in a stage at a time */
+    float    *hx;     /* host [hx_cap]: ts_split_forward's hand-over between two stages */
     int64_t   hx_cap; /* floats */
 };
 
@@ -46,10 +50,17 @@ void ts_split_even(const cm_target_cfg *cfg, int n_layers, int n, int *bounds) {
     bounds[n] = n_layers;
 }
 
+/* The stage's device current on this thread (contexts on several GPUs, one thread). */
+static cm_status bind(const kn_backend *be, kn_ctx *ctx) { return be->ctx_bind ? be->ctx_bind(ctx) : CM_OK; }
+
 void ts_split_destroy(ts_split **ps) {
     ts_split *s = ps ? *ps : NULL;
     if (!s) return;
-    for (int i = 0; i < s->n; i++) ts_model_destroy(&s->stage[i]);
+    for (int i = 0; i < s->n; i++) {
+        if (s->stage[i]) bind(s->be, s->ctx[i]);
+        ts_model_destroy(&s->stage[i]);
+        pthread_mutex_destroy(&s->lock[i]);
+    }
     free(s->hx);
     free(s);
     *ps = NULL;
@@ -65,7 +76,10 @@ cm_status ts_split_load(ts_split **out, const ts_model_config *base, int n, kn_c
                        n, end, base->dir, end < TS_SPLIT_MAX_STAGES ? end : TS_SPLIT_MAX_STAGES);
     ts_split *s = calloc(1, sizeof *s);
     if (!s) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a split target");
-    s->n = n;
+    s->n  = n;
+    s->be = base->backend;
+    for (int i = 0; i < n; i++) pthread_mutex_init(&s->lock[i], NULL);
+    memcpy(s->ctx, ctxs, (size_t)n * sizeof *ctxs);
     if (bounds)
         memcpy(s->bounds, bounds, (size_t)(n + 1) * sizeof *bounds);
     else
@@ -84,7 +98,8 @@ cm_status ts_split_load(ts_split **out, const ts_model_config *base, int n, kn_c
         mc.first_layer     = s->bounds[i];
         mc.n_layers        = s->bounds[i + 1];
         mc.load_head       = base->load_head && i == n - 1;
-        st                 = ts_model_load(&s->stage[i], &mc);
+        st                 = bind(base->backend, ctxs[i]);
+        if (st == CM_OK) st = ts_model_load(&s->stage[i], &mc);
         if (st != CM_OK) {
             char why[768];
             snprintf(why, sizeof why, "%s", cm_last_error());
@@ -104,28 +119,33 @@ int ts_split_stages(const ts_split *s) { return s->n; }
 const cm_target_cfg *ts_split_cfg(const ts_split *s) { return ts_model_cfg(s->stage[0]); }
 
 cm_status ts_split_warmup(ts_split *s, int64_t max_tokens) {
-    for (int i = 0; i < s->n; i++) CM_TRY(ts_model_warmup(s->stage[i], max_tokens));
+    for (int i = 0; i < s->n; i++) {
+        CM_TRY(bind(s->be, s->ctx[i]));
+        CM_TRY(ts_model_warmup(s->stage[i], max_tokens));
+    }
     return CM_OK;
 }
 
 int ts_split_bound(const ts_split *s, int i) { return s->bounds[i]; }
 
-cm_status ts_split_forward(ts_split *s, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
-                           const ts_capture *cap) {
+/* One stage of a pack under its lock, on its device. */
+static cm_status run_stage(ts_split *s, int i, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                           const ts_capture *sc) {
+    pthread_mutex_lock(&s->lock[i]);
+    cm_status st = bind(s->be, s->ctx[i]);
+    if (st == CM_OK) st = ts_model_forward(s->stage[i], ids, T, cu, n_seq, sc);
+    pthread_mutex_unlock(&s->lock[i]);
+    return st;
+}
+
+cm_status ts_split_forward_with(ts_split *s, float *hx, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                                const ts_capture *cap) {
     if (cap->layer_dev || cap->on_layer || cap->n_head_rows || cap->x_in || cap->x_out)
         return CM_FAIL(CM_ERR_INVALID_ARG, "a split target gathers captures in host memory only (layer_out, "
                        "final_norm, logits, experts)");
     const int want_head = cap->final_norm || cap->logits;
     const int need = want_head ? s->bounds[s->n] - 1 : cap->n_layers ? cap->layers[cap->n_layers - 1] : -1;
-    const int D    = ts_model_cfg(s->stage[0])->hidden_size;
-    if (s->n > 1 && T * D > s->hx_cap) {
-        free(s->hx);
-        s->hx_cap = 0;
-        if (!(s->hx = malloc((size_t)(T * D) * sizeof *s->hx)))
-            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the %lld x %d hand-over between stages", (long long)T, D);
-        s->hx_cap = T * D;
-    }
-    int next = 0; /* the caller's next capture */
+    int       next = 0; /* the caller's next capture */
     for (int i = 0; i < s->n && s->bounds[i] <= need; i++) {
         const int last_stage = i == s->n - 1 || s->bounds[i + 1] > need;
         int       k          = next;
@@ -134,13 +154,13 @@ cm_status ts_split_forward(ts_split *s, const int32_t *ids, int64_t T, const int
                          .layers    = cap->layers + next,
                          .layer_out = cap->layer_out ? cap->layer_out + next : NULL,
                          .experts   = cap->experts,
-                         .x_in      = i > 0 ? s->hx : NULL,
-                         .x_out     = last_stage ? NULL : s->hx};
+                         .x_in      = i > 0 ? hx : NULL,
+                         .x_out     = last_stage ? NULL : hx};
         if (last_stage && i == s->n - 1) {
             sc.final_norm = cap->final_norm;
             sc.logits     = cap->logits;
         }
-        CM_TRY(ts_model_forward(s->stage[i], ids, T, cu, n_seq, &sc));
+        CM_TRY(run_stage(s, i, ids, T, cu, n_seq, &sc));
         next = k;
         if (last_stage) break;
     }
@@ -148,4 +168,17 @@ cm_status ts_split_forward(ts_split *s, const int32_t *ids, int64_t T, const int
         return CM_FAIL(CM_ERR_INVALID_ARG, "capture layer %d is outside the split target's layers [0, %d)",
                        cap->layers[next], s->bounds[s->n]);
     return CM_OK;
+}
+
+cm_status ts_split_forward(ts_split *s, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                           const ts_capture *cap) {
+    const int D = ts_model_cfg(s->stage[0])->hidden_size;
+    if (s->n > 1 && T * D > s->hx_cap) {
+        free(s->hx);
+        s->hx_cap = 0;
+        if (!(s->hx = malloc((size_t)(T * D) * sizeof *s->hx)))
+            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the %lld x %d hand-over between stages", (long long)T, D);
+        s->hx_cap = T * D;
+    }
+    return ts_split_forward_with(s, s->hx, ids, T, cu, n_seq, cap);
 }

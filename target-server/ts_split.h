@@ -6,8 +6,8 @@
  * forward writes exactly what one ts_model_forward writes: the stages run the same kernels on the
  * same values in the same order, and fp32 captures are bit-identical to one context's.
  *
- * What is not here yet: several packs in flight (each stage idles while another works) and
- * stage-to-stage copies that stay on the GPUs. */
+ * Several packs can be in flight (ts_split_forward_with from several threads): each stage takes
+ * one pack at a time, in stage order. Not here yet: stage-to-stage copies that stay on the GPUs. */
 #ifndef TS_SPLIT_H
 #define TS_SPLIT_H
 
@@ -40,9 +40,15 @@ cm_status ts_split_warmup(ts_split *s, int64_t max_tokens);
 int ts_split_bound(const ts_split *s, int i);
 /* ts_model_forward over the stages: layer_out, final_norm, logits and experts as there (host
  * buffers); layer_dev, on_layer, the head at chosen rows and the stage hand-over fields are
- * refused. Stages past the last one the capture needs do not run. */
+ * refused. Stages past the last one the capture needs do not run. One caller at a time (the
+ * hand-over buffer is the split's own). */
 cm_status ts_split_forward(ts_split *s, const int32_t *input_ids, int64_t T, const int32_t *cu_seqlens, int n_seq,
                            const ts_capture *cap);
+/* The same with the caller's hand-over buffer hx (host, T·D floats; unused with one stage): any
+ * number of threads at once, each with its own hx. A pack takes the stages in order, one pack
+ * per stage at a time, so several packs run in the pipeline together, each stage on another. */
+cm_status ts_split_forward_with(ts_split *s, float *hx, const int32_t *input_ids, int64_t T,
+                                const int32_t *cu_seqlens, int n_seq, const ts_capture *cap);
 
 #ifdef __cplusplus
 }

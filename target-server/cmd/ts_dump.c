@@ -271,8 +271,10 @@ fail:
     free(cu);
     cm_st_destroy(&in);
     ts_split_destroy(&m);
-    for (int i = 0; be && i < TS_SPLIT_MAX_STAGES; i++)
+    for (int i = 0; be && i < TS_SPLIT_MAX_STAGES; i++) {
+        if (ctxs[i] && be->ctx_bind) be->ctx_bind(ctxs[i]); /* its device current while it goes */
         if (ctxs[i]) be->ctx_destroy(&ctxs[i]);
+    }
     return st;
 }
 
