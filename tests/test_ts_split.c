@@ -80,7 +80,8 @@ static cm_status run(const kn_backend *be, const int *gpus, const char *model, i
     kn_ctx   *ctxs[TS_SPLIT_MAX_STAGES] = {0};
     ts_split *sp                        = NULL;
     cm_status st                        = CM_OK;
-    for (int i = 0; i < n && st == CM_OK; i++) {
+    const int n_ctx = n < TS_SPLIT_MAX_STAGES ? n : TS_SPLIT_MAX_STAGES; /* n above it: refused by the load */
+    for (int i = 0; i < n_ctx && st == CM_OK; i++) {
         kn_ctx_config kc = {gpus[i], KN_GEMM_MODE_F32};
         st               = be->ctx_create(&ctxs[i], &kc);
     }
@@ -90,7 +91,7 @@ static cm_status run(const kn_backend *be, const int *gpus, const char *model, i
                       .final_norm = head ? o->final_norm : NULL, .logits = head ? o->logits : NULL};
     if (st == CM_OK) st = ts_split_forward(sp, ids, T, cu, n_seq, &cap);
     ts_split_destroy(&sp);
-    for (int i = 0; i < n; i++) be->ctx_destroy(&ctxs[i]);
+    for (int i = 0; i < n_ctx; i++) be->ctx_destroy(&ctxs[i]);
     return st;
 }
 
