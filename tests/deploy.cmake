@@ -22,3 +22,11 @@ if(TARGET dt)
            ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
   set_tests_properties(test_deploy_slurm PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS unit)
 endif()
+# The Slurm job itself: tandem.sbatch submitted with sbatch --wait to a private Slurm (munged,
+# slurmctld and two slurmd on this host) that the script starts and stops; skips (77) when not
+# root or the daemons are not installed (.ci/deps.sh installs them). About 30 s.
+if(TARGET dt)
+  add_test(NAME test_deploy_slurm_real COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_deploy_slurm_real.sh
+           ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_deploy_slurm_real PROPERTIES TIMEOUT 420 SKIP_RETURN_CODE 77 LABELS unit)
+endif()
