@@ -100,7 +100,7 @@ cm_status ts_split_load(ts_split **out, const ts_model_config *base, int n, kn_c
         mc.load_head       = base->load_head && i == n - 1;
         st                 = bind(base->backend, ctxs[i]);
         if (st == CM_OK) st = ts_model_load(&s->stage[i], &mc);
-        if (st != CM_OK) {
+        if (st != CM_OK && n > 1) { /* which stage, when there are several */
             char why[768];
             snprintf(why, sizeof why, "%s", cm_last_error());
             st = CM_FAIL(st, "stage %d of %d (layers %d to %d): %s", i, n, s->bounds[i], s->bounds[i + 1] - 1, why);
