@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A config's experts are the kernels' to route. */
+_Static_assert(CM_CFG_MAX_EXPERTS == KN_MOE_MAX_EXPERTS, "the config's and the kernels' expert limits differ");
+
 static int has_moe(const ts_model *m) {
     for (int i = 0; i < m->n_layers; i++)
         if (m->layers[i].moe) return 1;
