@@ -14,6 +14,7 @@
 set -euo pipefail
 
 src=$1
+. "$src/tests/deploy_tiny_job.sh" # tiny_job_files
 export TANDEM_BIN=$2
 
 skip() {
@@ -205,30 +206,14 @@ if ((!up)); then
 fi
 echo "slurm up: controller on port $port, nodes tandem0 and tandem1 idle ($cpus CPUs each)"
 
-# ---- the job's settings: test_deploy_slurm's tiny drafter and token lists, on the CPU
+# ---- the job's settings: the deploy tests' tiny drafter and token lists (tiny_job_files), on the CPU
 # (an enclosing Slurm job's or the caller's SLURM_*, SBATCH_* and SRUN_* variables would be read
 # by sbatch and srun as options: only SLURM_CONF stays)
 for v in $(compgen -e); do
     if [[ $v == SLURM_* && $v != SLURM_CONF || $v == SBATCH_* || $v == SRUN_* || $v == SALLOC_* ]]; then unset "$v"; fi
 done
 unset CUDA_VISIBLE_DEVICES TANDEM_STATE TANDEM_BIND_ADDR
-for d in $(seq 0 23); do
-    ids="" mask=""
-    for i in $(seq 0 $((20 + d % 9))); do
-        ids+="${ids:+, }$((100 + (d * 7 + i * (1 + d % 3)) % 64))"
-        mask+="${mask:+, }$((i >= 3))"
-    done
-    echo "{\"input_ids\": [$ids], \"loss_mask\": [$mask]}"
-done >"$tmp/data.jsonl"
-cat >"$tmp/drafter.json" <<'JSON'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
- "num_target_layers": 6, "dflash_config": {"mask_token_id": 511, "target_layer_ids": [1, 3]},
- "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
- "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu",
- "rms_norm_eps": 1e-06, "rope_theta": 10000, "attention_bias": false,
- "max_position_embeddings": 4096, "layer_types": ["full_attention"],
- "tie_word_embeddings": false, "vocab_size": 512, "dtype": "bfloat16"}
-JSON
+tiny_job_files "$tmp"
 export OMP_NUM_THREADS=1 TANDEM_DEVICE=cpu TANDEM_MODEL=$src/models/tiny-qwen35
 export TANDEM_OUT=$tmp/run TANDEM_KEYS=$tmp/keys TANDEM_READY_TIMEOUT=120
 export TANDEM_DRAFTER_CONFIG=$tmp/drafter.json TANDEM_SERVE_ARGS="--stats-interval 0"

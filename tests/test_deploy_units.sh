@@ -11,6 +11,7 @@
 set -euo pipefail
 
 src=$1 bin=$2
+. "$src/tests/deploy_tiny_job.sh" # tiny_job_files
 units=$src/deploy/systemd
 tmp=$(mktemp -d /tmp/tandem-units-XXXXXX)
 fails=0 server=""
@@ -61,23 +62,7 @@ if command -v systemd-analyze >/dev/null; then
 fi
 
 # ---- data: a tiny JSONL dataset (counting documents, 3-token prompts) and the drafter config
-for d in $(seq 0 23); do
-    ids="" mask=""
-    for i in $(seq 0 $((20 + d % 9))); do
-        ids+="${ids:+, }$((100 + (d * 7 + i * (1 + d % 3)) % 64))"
-        mask+="${mask:+, }$((i >= 3))"
-    done
-    echo "{\"input_ids\": [$ids], \"loss_mask\": [$mask]}"
-done >"$tmp/data.jsonl"
-cat >"$tmp/drafter.json" <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
- "num_target_layers": 6, "dflash_config": {"mask_token_id": 511, "target_layer_ids": [1, 3]},
- "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
- "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu",
- "rms_norm_eps": 1e-06, "rope_theta": 10000, "attention_bias": false,
- "max_position_embeddings": 4096, "layer_types": ["full_attention"],
- "tie_word_embeddings": false, "vocab_size": 512, "dtype": "bfloat16"}
-EOF
+tiny_job_files "$tmp"
 
 # ---- tandem-target-server@1
 port=$((20000 + ($$ * 7) % 30000))
