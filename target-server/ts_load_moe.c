@@ -41,7 +41,7 @@ static cm_status read_host(ts_loader *ld, const char *full, int n_dims, const in
         return CM_FAIL(CM_ERR_UNSUPPORTED, "tensor '%s' in '%s' is F8_E4M3: Tandem reads FP8 experts and Qwen3-Next "
                        "projections only per expert and unfused, as Qwen's FP8 releases store them; use the bf16 "
                        "checkpoint", full, t->file);
-    *dt = (t->dtype == CM_DTYPE_BF16 || ld->bf16_weights) ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+    *dt = ts_load_dtype(ld, t->dtype);
     size_t n = 1;
     for (int i = 0; i < n_dims; i++) n *= (size_t)shape[i];
     *host = malloc(n * cm_dtype_size(*dt) + 1);

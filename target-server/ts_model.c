@@ -75,23 +75,15 @@ static cm_status upload_new(ts_model *m, void **dst, const void *host, size_t by
     return m->be->upload(m->ctx, *dst, host, bytes);
 }
 
+cm_dtype ts_load_dtype(const ts_loader *ld, cm_dtype stored) {
+    return stored == CM_DTYPE_BF16 || ld->bf16_weights ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+}
+
 cm_status ts_load_mat_host(ts_loader *ld, const char *name, const void *host, cm_dtype dt, ts_mat_role role,
                            int64_t rows, int64_t cols, ts_mat *out) {
-    const int quantize = ld->fp8 && role == TS_MAT_ROLE_QUANT;
-    const cm_dtype want = (dt == CM_DTYPE_BF16 || ld->bf16_weights) ? CM_DTYPE_BF16 : CM_DTYPE_F32;
-    const size_t   n    = (size_t)rows * (size_t)cols;
-    cm_status      st   = CM_OK;
-    void          *conv = NULL;
-    if (want != dt) { /* an F32 host copy stored as BF16 */
-        conv = malloc(n * cm_dtype_size(want) + 1);
-        if (!conv) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu values for '%s'", n, name);
-        st = cm_convert(conv, want, host, dt, n);
-    }
-    if (st == CM_OK) st = upload_new(ld->m, &out->data, conv ? conv : host, n * cm_dtype_size(want));
-    free(conv);
-    out->dtype = want;
-    if (st == CM_OK && quantize) st = ts_fp8_quantize(ld, name, rows, cols, out);
-    return st;
+    CM_TRY(upload_new(ld->m, &out->data, host, (size_t)rows * (size_t)cols * cm_dtype_size(dt)));
+    out->dtype = dt;
+    return ld->fp8 && role == TS_MAT_ROLE_QUANT ? ts_fp8_quantize(ld, name, rows, cols, out) : CM_OK;
 }
 
 cm_status ts_load_mat(ts_loader *ld, const char *name, int raw, ts_mat_role role, int64_t rows, int64_t cols,
@@ -115,7 +107,7 @@ cm_status ts_load_mat(ts_loader *ld, const char *name, int raw, ts_mat_role role
     if (!cm_dtype_is_float(t->dtype))
         return CM_FAIL(CM_ERR_FORMAT, "tensor '%s' in '%s' has dtype %s; expected a float dtype (BF16, F32)",
                        full, t->file, cm_dtype_name(t->dtype));
-    cm_dtype dt    = (t->dtype == CM_DTYPE_BF16 || ld->bf16_weights) ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+    cm_dtype dt    = ts_load_dtype(ld, t->dtype);
     size_t   n     = (size_t)rows * (size_t)cols;
     size_t   bytes = n * cm_dtype_size(dt);
     void    *host  = malloc(bytes ? bytes : 1);

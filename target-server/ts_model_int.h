@@ -160,9 +160,11 @@ cm_status ts_load_moe(ts_loader *ld, int i, ts_layer *L);
 cm_status ts_load_next_gdn(ts_loader *ld, int i, ts_layer *L);
 /* Frees layer L's MoE weights. */
 void ts_moe_free(ts_model *m, ts_layer *L);
-/* ts_model.c, shared with ts_load_moe.c: loads a [rows, cols] matrix named prefix+name (raw:
- * exactly name) as its role and the precision say; and the same from host values already read
- * (host [rows, cols] in dt, F32 or BF16), name naming it in messages and --init random's seed. */
+/* ts_model.c, shared with ts_load_moe.c: the dtype a matrix stored as `stored` is kept in on the
+ * device (BF16 when stored so or under bf16_weights, else F32); loading a [rows, cols] matrix named
+ * prefix+name (raw: exactly name) as its role and the precision say; and the same from host values
+ * already read in ts_load_dtype's dtype dt, name naming it in messages. */
+cm_dtype  ts_load_dtype(const ts_loader *ld, cm_dtype stored);
 cm_status ts_load_mat(ts_loader *ld, const char *name, int raw, ts_mat_role role, int64_t rows, int64_t cols,
                       ts_mat *out);
 cm_status ts_load_mat_host(ts_loader *ld, const char *name, const void *host, cm_dtype dt, ts_mat_role role,
