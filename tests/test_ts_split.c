@@ -125,20 +125,48 @@ static int same(const cm_target_cfg *c, int64_t T, const outputs *a, const outpu
     return eq;
 }
 
-static void test_fixture(const kn_backend *be, const int *gpus, const char *name) {
-    char model[1200], input[1200];
-    snprintf(model, sizeof model, "%s/%s/model", FIX, name);
-    snprintf(input, sizeof input, "%s/%s/input.safetensors", FIX, name);
+/* A fixture's model directory, config and packed batch (aligned copies; free with free_fixture). 0 when
+ * it cannot be read. */
+typedef struct fixture {
+    char          model[1200];
     cm_target_cfg c;
-    cm_st        *in = NULL;
-    TST_CHECK(cm_target_cfg_load(&c, model) == CM_OK && cm_st_open_file(&in, input) == CM_OK);
-    if (!in) return;
+    int32_t      *ids, *cu;
+    int64_t       T;
+    int           n_seq;
+} fixture;
+
+static int load_fixture(const char *name, fixture *fx) {
+    char   input[1200];
+    cm_st *in = NULL;
+    memset(fx, 0, sizeof *fx);
+    snprintf(fx->model, sizeof fx->model, "%s/%s/model", FIX, name);
+    snprintf(input, sizeof input, "%s/%s/input.safetensors", FIX, name);
+    TST_CHECK(cm_target_cfg_load(&fx->c, fx->model) == CM_OK && cm_st_open_file(&in, input) == CM_OK);
+    if (!in) return 0;
     const cm_st_tensor *ti = cm_st_find(in, "input_ids"), *tc = cm_st_find(in, "cu_seqlens");
-    const int64_t       T = ti->shape[0];
-    const int           n_seq = (int)tc->shape[0] - 1;
-    int32_t            *ids = malloc((size_t)T * 4), *cu = malloc((size_t)(n_seq + 1) * 4);
-    memcpy(ids, ti->data, (size_t)T * 4);
-    memcpy(cu, tc->data, (size_t)(n_seq + 1) * 4);
+    fx->T     = ti->shape[0];
+    fx->n_seq = (int)tc->shape[0] - 1;
+    fx->ids   = malloc((size_t)fx->T * 4);
+    fx->cu    = malloc((size_t)(fx->n_seq + 1) * 4);
+    memcpy(fx->ids, ti->data, (size_t)fx->T * 4);
+    memcpy(fx->cu, tc->data, (size_t)(fx->n_seq + 1) * 4);
+    cm_st_destroy(&in);
+    return 1;
+}
+
+static void free_fixture(fixture *fx) {
+    free(fx->ids);
+    free(fx->cu);
+}
+
+static void test_fixture(const kn_backend *be, const int *gpus, const char *name) {
+    fixture fx;
+    if (!load_fixture(name, &fx)) return;
+    const cm_target_cfg c = fx.c;
+    const char         *model = fx.model;
+    const int32_t      *ids = fx.ids, *cu = fx.cu;
+    const int64_t       T = fx.T;
+    const int           n_seq = fx.n_seq;
     int all[CM_CFG_MAX_LAYERS];
     for (int i = 0; i < c.n_layers; i++) all[i] = i;
     outputs one = alloc_out(&c, T), got = alloc_out(&c, T);
@@ -160,9 +188,7 @@ static void test_fixture(const kn_backend *be, const int *gpus, const char *name
     for (int i = 0; i < 2; i++) TST_CHECK(memcmp(one.layers[i], got.layers[i], (size_t)(T * c.hidden_size) * 4) == 0);
     free_out(&c, &one);
     free_out(&c, &got);
-    free(ids);
-    free(cu);
-    cm_st_destroy(&in);
+    free_fixture(&fx);
 }
 
 static void test_refusals(const kn_backend *be, const int *gpus) {
@@ -218,21 +244,13 @@ static void *fly(void *arg) {
 
 static void test_in_flight(const kn_backend *be, const int *gpus) {
     const char *name = "qwen35moe_mm_fused";
-    char        model[1200], input[1200];
-    snprintf(model, sizeof model, "%s/%s/model", FIX, name);
-    snprintf(input, sizeof input, "%s/%s/input.safetensors", FIX, name);
-    cm_target_cfg c;
-    cm_st        *in = NULL;
-    TST_CHECK(cm_target_cfg_load(&c, model) == CM_OK && cm_st_open_file(&in, input) == CM_OK);
-    if (!in) return;
-    const cm_st_tensor *ti = cm_st_find(in, "input_ids"), *tc = cm_st_find(in, "cu_seqlens");
-    flight              f  = {.T = ti->shape[0], .n_seq = (int)tc->shape[0] - 1, .D = c.hidden_size,
-                              .V = c.vocab_size, .rounds = 3};
-    int32_t *ids = malloc((size_t)f.T * 4), *cu = malloc((size_t)(f.n_seq + 1) * 4);
-    memcpy(ids, ti->data, (size_t)f.T * 4);
-    memcpy(cu, tc->data, (size_t)(f.n_seq + 1) * 4);
-    f.ids = ids;
-    f.cu  = cu;
+    fixture     fx;
+    if (!load_fixture(name, &fx)) return;
+    const cm_target_cfg c = fx.c;
+    const char         *model = fx.model;
+    const int32_t      *ids = fx.ids, *cu = fx.cu;
+    flight f = {.ids = ids, .cu = cu, .T = fx.T, .n_seq = fx.n_seq, .D = c.hidden_size, .V = c.vocab_size,
+                .rounds = 3};
     outputs one = alloc_out(&c, f.T);
     TST_CHECK(tst_ok(run(be, gpus, model, 1, NULL, ids, f.T, cu, f.n_seq, 0, NULL, 1, &one), name));
     f.ref_logits = one.logits;
@@ -260,9 +278,7 @@ static void test_in_flight(const kn_backend *be, const int *gpus) {
     ts_split_destroy(&f.sp);
     for (int i = 0; i < 3; i++) be->ctx_destroy(&ctxs[i]);
     free_out(&c, &one);
-    free(ids);
-    free(cu);
-    cm_st_destroy(&in);
+    free_fixture(&fx);
 }
 
 /* Whether a context opens on GPU 1. */
