@@ -12,7 +12,9 @@
 # (TANDEM_TARGET_FUSED=0: f32 GEMM inputs converted by the GEMM, separate add, conv, splits and
 # l2norms) into ours-unfused.md/.json, for the before/after of the fused bf16 path; FP8=1 (the
 # default) also runs it with --precision fp8 (block-scaled FP8 GEMMs, docs/fp8.md) into
-# ours-fp8.md/.json, with both GEMM-only bounds, and prints fp8 / bf16; SKIP_HF=1
+# ours-fp8.md/.json, with both GEMM-only bounds, and prints fp8 / bf16; for a MoE config,
+# MOE_LOOP=1 (the default) also runs it with one GEMM per expert (TANDEM_MOE_GEMM=loop) into
+# ours-moe-loop.md/.json and prints grouped / per expert; SKIP_HF=1
 # leaves the Transformers side out (its figure from an earlier run stands). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
 # /work/.library/device/README.md): install them first with pip --no-deps into a --target
 # directory on PYTHONPATH.
@@ -53,6 +55,8 @@ ours() { # $1: output name, then extra flags; the environment picks the path
 ours ours
 [ "${FP8:-1}" = 1 ] && ours ours-fp8 --precision fp8
 [ "${UNFUSED:-0}" = 1 ] && (export TANDEM_TARGET_FUSED=0; ours ours-unfused)
+# a MoE target: also one GEMM per expert (TANDEM_MOE_GEMM=loop), beside the grouped moe_gemm
+grep -q '"num_experts"' "$cfg" && [ "${MOE_LOOP:-1}" = 1 ] && (export TANDEM_MOE_GEMM=loop; ours ours-moe-loop)
 
 if [ "$hf_gpu" = skip ]; then :; elif [ "$hf_gpu" != "$ours_gpu" ]; then wait "$hf_pid"; else hf; fi
 [ "$hf_gpu" != skip ] && cat "$out/hf.log"
@@ -78,6 +82,14 @@ try:
     un = json.load(open(f"{out}/ours-unfused.json"))
     print(f"ours, unfused path: {un['tokens_per_s']:.0f} tok/s ({un['forward_ms']:.1f} ms); "
           f"fused / unfused = {ours['tokens_per_s'] / un['tokens_per_s']:.3f}x")
+except Exception:
+    pass
+try:
+    lp = json.load(open(f"{out}/ours-moe-loop.json"))
+    print(f"ours, one GEMM per expert: {lp['tokens_per_s']:.0f} tok/s ({lp['forward_ms']:.1f} ms; experts' GEMMs "
+          f"{lp['expert_gemm_ms_per_forward']:.1f} ms timed); grouped / per expert = "
+          f"{ours['tokens_per_s'] / lp['tokens_per_s']:.2f}x (grouped experts' GEMMs "
+          f"{ours['expert_gemm_ms_per_forward']:.1f} ms timed)")
 except Exception:
     pass
 try:

@@ -512,8 +512,8 @@ typedef struct kn_backend {
      * naming the device and what it lacks). */
     int (*fp8_supported)(const kn_ctx *ctx, char *why, size_t n); /* (optional) */
 
-    // ---- mixture of experts (docs/moe.md): routing, grouping by expert, gather, weighted combine.
-    // The expert GEMMs themselves are the ordinary gemm entries over each expert's rows.
+    // ---- mixture of experts (docs/moe.md): routing, grouping by expert, gather, the experts'
+    // GEMMs over their rows in one call, weighted combine.
     /* Routing of T tokens over E experts, K chosen per token (1 ≤ K ≤ E ≤ KN_MOE_MAX_EXPERTS):
      * p = softmax(logits[t, 0:E]) in fp32 (the row's max subtracted, exp, sum, divide); the K
      * largest p in descending order, equal p to the lower expert index first; w = p / Σ of the K
@@ -537,6 +537,17 @@ typedef struct kn_backend {
     cm_status (*moe_combine)(kn_ctx *ctx, float *out, const float *y, const int32_t *dst, const float *w,
                              const float *shared, const float *sgate, int64_t T, int K,
                              int64_t D); /* (optional) */
+    /* The routed experts' GEMMs, all experts in one call, over rows grouped by expert as
+     * moe_group leaves them: for each expert e and each row j in [offsets[e], offsets[e + 1]),
+     * out0[j, 0:N) = inp[j, 0:K) · w0[e]ᵀ, and out1[j, :] = inp[j, :] · w1[e]ᵀ when w1 ≠ NULL (gate
+     * and up from one read of the rows). inp [R, K] BF16, 16-byte aligned, K a multiple of 8;
+     * w0 and w1 arrays of E pointers to [N, K] BF16 matrices, the arrays themselves in this
+     * backend's memory (their pointers are read there); offsets [E + 1] ascending with
+     * offsets[E] ≤ R, in this backend's memory; out0, out1 [R, N] F32, fp32 accumulation; rows
+     * past offsets[E] are not written. Reads no row count on the host: nothing waits. */
+    cm_status (*moe_gemm)(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const uint16_t *const *w0,
+                          const uint16_t *const *w1, const int32_t *offsets, int64_t R, int E, int64_t N,
+                          int64_t K); /* (optional) */
 } kn_backend;
 
 #define KN_MOE_MAX_EXPERTS 1024 /* experts a router may have (Qwen's largest: 512) */

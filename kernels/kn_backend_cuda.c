@@ -76,6 +76,7 @@ static const kn_backend cuda_backend = {
     .moe_group = kn_cuda_moe_group,
     .moe_gather = kn_cuda_moe_gather,
     .moe_combine = kn_cuda_moe_combine,
+    .moe_gemm = kn_cuda_moe_gemm,
 };
 
 const kn_backend *kn_backend_cuda(void) {

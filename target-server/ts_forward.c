@@ -88,8 +88,7 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
 
 // ---- timing (TANDEM_LAYER_TIMING / ts_model_set_timing): host clock after a device sync
 
-/* The time now once the device has finished everything queued; 0 when timing is off. */
-static cm_status mark(ts_model *m, double *t) {
+cm_status ts_mark(ts_model *m, double *t) {
     if (!m->timing) {
         *t = 0;
         return CM_OK;
@@ -122,9 +121,9 @@ static cm_status gemm_call(ts_model *m, float *out, gemm_in in, const ts_mat *w,
 cm_status ts_gemm(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
     if (!m->timing) return gemm_call(m, out, in, w, M, N, K);
     double t0, t1;
-    CM_TRY(mark(m, &t0));
+    CM_TRY(ts_mark(m, &t0));
     CM_TRY(gemm_call(m, out, in, w, M, N, K));
-    CM_TRY(mark(m, &t1));
+    CM_TRY(ts_mark(m, &t1));
     if (m->gemm_acc) *m->gemm_acc += t1 - t0;
     return CM_OK;
 }
@@ -242,13 +241,13 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, 
     }
     CM_TRY(be->gdn_gate(cx, w->g, w->beta, w->a, w->b, L->A_log, L->dt_bias, T, nv));
     double t0, t1;
-    CM_TRY(mark(m, &t0));
+    CM_TRY(ts_mark(m, &t0));
     if (m->cache)
         CM_TRY(gdn_core_cached(m, li, T, n_seq));
     else
         CM_TRY(be->gated_delta_rule(cx, w->attn, w->q, w->k, w->v, w->g, w->beta, w->cu, n_seq, T, nk, nv, dk, dv,
                                     1.0f / sqrtf((float)dk)));
-    CM_TRY(mark(m, &t1));
+    CM_TRY(ts_mark(m, &t1));
     m->tm.gdn_core_ms += t1 - t0;
     if (m->fused) {
         CM_TRY(be->rmsnorm_gated_bf16(cx, w->act16, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
@@ -290,7 +289,7 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int li, int64
         CM_TRY(be->rope(cx, w->k, w->pos, T, nkv, hd, c->rotary_dim, (float)c->rope_theta));
     }
     double t0, t1;
-    CM_TRY(mark(m, &t0));
+    CM_TRY(ts_mark(m, &t0));
     if (m->cache) { /* the new keys and values join the cache, and the queries see all of it */
         ts_cache *ch = m->cache;
         CM_TRY(be->kv_cache_write(cx, ch->kc[li], ch->vc[li], w->k, w->v, ch->d_slots, ch->d_base, w->cu, n_seq, T,
@@ -301,7 +300,7 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int li, int64
         CM_TRY(be->attention(cx, w->attn, w->q, w->k, w->v, gate, w->cu, n_seq, T, nq, nkv, hd,
                              1.0f / sqrtf((float)hd)));
     }
-    CM_TRY(mark(m, &t1));
+    CM_TRY(ts_mark(m, &t1));
     m->tm.attn_core_ms += t1 - t0;
     return gemm(m, w->o, w->attn, &L->o_proj, T, D, (int64_t)nq * hd);
 }
@@ -397,7 +396,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
                                                    : (cap->n_layers ? cap->layers[cap->n_layers - 1] : first - 1);
 
     double tf0, ta, tb;
-    CM_TRY(mark(m, &tf0));
+    CM_TRY(ts_mark(m, &tf0));
     CM_TRY(ws_reserve(m, T, cap->logits != NULL));
     ts_ws   *w   = &m->ws;
     int32_t *pos = w->pos_host;
@@ -414,7 +413,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
     int next_cap = 0;
     /* fused path: the MLP output still to be added to x, by the next layer's input norm */
     const float *pending = NULL;
-    CM_TRY(mark(m, &ta));
+    CM_TRY(ts_mark(m, &ta));
     m->tm.other_ms += ta - tf0;
     for (int i = first; i <= last; i++) {
         const ts_layer *L   = &m->layers[i];
@@ -431,7 +430,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         else
             CM_TRY(forward_attention(m, L, i, T, n_seq));
         if (!m->fused) CM_TRY(be->add(cx, w->x, w->o, T * D));
-        CM_TRY(mark(m, &tb));
+        CM_TRY(ts_mark(m, &tb));
         *(gdn ? &m->tm.gdn_ms : &m->tm.attn_ms) += tb - ta;
         *(gdn ? &m->tm.gdn_layers : &m->tm.attn_layers) += 1;
         m->gemm_acc = &m->tm.mlp_gemm_ms;
@@ -448,7 +447,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
             CM_TRY(be->add(cx, w->x, w->o, T * D));
         else
             pending = w->o;
-        CM_TRY(mark(m, &ta));
+        CM_TRY(ts_mark(m, &ta));
         m->tm.mlp_ms += ta - tb;
         m->tm.mlp_layers++;
         m->gemm_acc = NULL;
@@ -460,7 +459,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
             else
                 CM_TRY(be->download(cx, cap->layer_out[next_cap++], w->x, (size_t)(T * D) * sizeof(float)));
             double tc;
-            CM_TRY(mark(m, &tc));
+            CM_TRY(ts_mark(m, &tc));
             m->tm.other_ms += tc - ta;
             ta = tc;
         }

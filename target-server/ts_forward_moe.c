@@ -4,19 +4,24 @@
  *   router logits = h · Wrᵀ [T, E]; moe_route: softmax in fp32, top K, renormalised (always on
  *   Qwen3.5-MoE, as norm_topk_prob says on Qwen3-Next);
  *   moe_group sorts the T·K (token, choice) pairs by expert; moe_gather copies each token's
- *   input to its K sorted rows; then per expert e with n_e > 0 rows, over its rows alone:
- *   gate and up GEMMs, one swiglu over all T·K rows, the down GEMM;
+ *   input to its K sorted rows; then the experts' gate and up GEMMs over their rows, one
+ *   swiglu over all T·K rows, the down GEMMs;
  *   the shared expert as a dense MLP of shared_expert_intermediate_size, and its gate's logit
  *   h · w_sgᵀ [T, 1];
  *   moe_combine: o[t] = Σ_k w[t, k] · y[row of (t, k)] + sigmoid(gate[t]) · shared[t].
  *
- * Every routed token is computed (no capacity limit, nothing dropped). The per-expert GEMMs
- * need each expert's row count on the host: one small download per layer (E + 1 integers),
- * which waits for the router. */
+ * Every routed token is computed (no capacity limit, nothing dropped). The experts' GEMMs run
+ * grouped (moe_gemm: every expert in one launch, the row counts read on the device, nothing
+ * waits) on the fused path when the experts are BF16 and the widths multiples of 8; otherwise
+ * one GEMM per expert over its rows, which needs each expert's row count on the host: one small
+ * download per layer (E + 1 integers) that waits for the router. TANDEM_MOE_GEMM=loop forces
+ * the second, to measure one beside the other. */
 #include "ts_model_int.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "cm_log.h"
 
 /* A config's experts are the kernels' to route. */
 _Static_assert(CM_CFG_MAX_EXPERTS == KN_MOE_MAX_EXPERTS, "the config's and the kernels' expert limits differ");
@@ -95,12 +100,83 @@ static gemm_in rows_at(const ts_model *m, const void *base, int64_t r, int64_t c
     return (gemm_in){.f32 = (const float *)base + r * cols};
 }
 
+/* Whether this layer's experts run through moe_gemm. */
+static int grouped(const ts_model *m, const ts_layer *L) {
+    return m->fused && m->moe_grouped && L->ex_ptrs && m->cfg.hidden_size % 8 == 0 &&
+           m->cfg.moe_intermediate_size % 8 == 0;
+}
+
+void ts_moe_log_plan(const ts_model *m) {
+    const ts_layer *L = NULL;
+    for (int i = 0; i < m->n_layers && !L; i++)
+        if (m->layers[i].moe) L = &m->layers[i];
+    if (!L) return;
+    const char *why = grouped(m, L)           ? NULL
+                      : !m->moe_grouped       ? "TANDEM_MOE_GEMM=loop"
+                      : !m->fused             ? "not the fused bf16 path"
+                      : !L->ex_ptrs           ? "the experts are not all BF16, or the backend has no moe_gemm"
+                                              : "hidden_size or moe_intermediate_size is not a multiple of 8";
+    if (why)
+        CM_LOG_INFO("routed experts: one GEMM per expert (%s)", why);
+    else
+        CM_LOG_INFO("routed experts: grouped, every expert's GEMMs in one moe_gemm call");
+}
+
+/* be->moe_gemm timed into *m->gemm_acc as ts_gemm times a GEMM. */
+static cm_status moe_gemm(ts_model *m, float *out0, float *out1, const void *inp, void *const *w0, void *const *w1,
+                          int64_t R, int64_t N, int64_t K) {
+    double t0, t1;
+    CM_TRY(ts_mark(m, &t0));
+    CM_TRY(m->be->moe_gemm(m->ctx, out0, out1, inp, (const uint16_t *const *)w0, (const uint16_t *const *)w1,
+                           m->ws.roff, R, m->cfg.n_experts, N, K));
+    CM_TRY(ts_mark(m, &t1));
+    if (m->gemm_acc) *m->gemm_acc += t1 - t0;
+    return CM_OK;
+}
+
+/* The experts through moe_gemm: gate and up in one call, swiglu to bf16, down. */
+static cm_status experts_grouped(ts_model *m, const ts_layer *L, int64_t T) {
+    ts_ws        *w = &m->ws;
+    const int64_t D = m->cfg.hidden_size, Ie = m->cfg.moe_intermediate_size, E = m->cfg.n_experts;
+    const int64_t R = T * m->cfg.n_experts_per_tok;
+    CM_TRY(moe_gemm(m, w->eg, w->eu, w->xg, L->ex_ptrs, L->ex_ptrs + E, R, Ie, D));
+    CM_TRY(m->be->swiglu_bf16(m->ctx, (uint16_t *)w->eact, w->eg, w->eu, R * Ie));
+    return moe_gemm(m, w->ey, NULL, w->eact, L->ex_ptrs + 2 * E, NULL, R, D, Ie);
+}
+
+/* The experts one GEMM each over its rows, from the row counts downloaded to the host. */
+static cm_status experts_loop(ts_model *m, const ts_layer *L, int64_t T) {
+    const kn_backend *be = m->be;
+    kn_ctx           *cx = m->ctx;
+    ts_ws            *w  = &m->ws;
+    const int64_t     D = m->cfg.hidden_size, Ie = m->cfg.moe_intermediate_size, R = T * m->cfg.n_experts_per_tok;
+    const int         E = m->cfg.n_experts;
+    CM_TRY(be->download(cx, w->roff_host, w->roff, (size_t)(E + 1) * sizeof(int32_t)));
+    const int32_t *off = w->roff_host;
+    for (int e = 0; e < E; e++) {
+        const int64_t r0 = off[e], n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        CM_TRY(ts_gemm(m, w->eg + r0 * Ie, rows_at(m, w->xg, r0, D), &L->ex_gate[e], n, Ie, D));
+        CM_TRY(ts_gemm(m, w->eu + r0 * Ie, rows_at(m, w->xg, r0, D), &L->ex_up[e], n, Ie, D));
+    }
+    if (m->fused)
+        CM_TRY(be->swiglu_bf16(cx, (uint16_t *)w->eact, w->eg, w->eu, R * Ie));
+    else
+        CM_TRY(be->swiglu(cx, (float *)w->eact, w->eg, w->eu, R * Ie));
+    for (int e = 0; e < E; e++) {
+        const int64_t r0 = off[e], n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        CM_TRY(ts_gemm(m, w->ey + r0 * D, rows_at(m, w->eact, r0, Ie), &L->ex_down[e], n, D, Ie));
+    }
+    return CM_OK;
+}
+
 cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, const ts_capture *cap) {
     const kn_backend    *be = m->be;
     kn_ctx              *cx = m->ctx;
     const cm_target_cfg *c  = &m->cfg;
     ts_ws               *w  = &m->ws;
-    const int64_t        D = c->hidden_size, Ie = c->moe_intermediate_size;
+    const int64_t        D = c->hidden_size;
     const int            E = c->n_experts, K = c->n_experts_per_tok;
     const cm_dtype       adt = m->fused ? CM_DTYPE_BF16 : CM_DTYPE_F32;
 
@@ -111,26 +187,14 @@ cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, cons
                             (size_t)(T * K) * sizeof(int32_t)));
     CM_TRY(be->moe_group(cx, w->roff, w->rsrc, w->rdst, w->ridx, T, E, K));
     CM_TRY(be->moe_gather(cx, w->xg, m->fused ? (const void *)w->h16 : (const void *)w->h, adt, w->rsrc, T, K, D));
-    CM_TRY(be->download(cx, w->roff_host, w->roff, (size_t)(E + 1) * sizeof(int32_t)));
-    const int32_t *off = w->roff_host;
-    double *const  acc    = m->gemm_acc; /* the experts' GEMMs are timed apart too */
-    const double   before = m->tm.expert_gemm_ms;
-    m->gemm_acc           = &m->tm.expert_gemm_ms;
-    for (int e = 0; e < E; e++) {
-        const int64_t r0 = off[e], n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        CM_TRY(ts_gemm(m, w->eg + r0 * Ie, rows_at(m, w->xg, r0, D), &L->ex_gate[e], n, Ie, D));
-        CM_TRY(ts_gemm(m, w->eu + r0 * Ie, rows_at(m, w->xg, r0, D), &L->ex_up[e], n, Ie, D));
-    }
-    const int64_t R = T * K;
-    if (m->fused)
-        CM_TRY(be->swiglu_bf16(cx, (uint16_t *)w->eact, w->eg, w->eu, R * Ie));
-    else
-        CM_TRY(be->swiglu(cx, (float *)w->eact, w->eg, w->eu, R * Ie));
-    for (int e = 0; e < E; e++) {
-        const int64_t r0 = off[e], n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        CM_TRY(ts_gemm(m, w->ey + r0 * D, rows_at(m, w->eact, r0, Ie), &L->ex_down[e], n, D, Ie));
+    double *const acc    = m->gemm_acc; /* the experts' GEMMs are timed apart too */
+    const double  before = m->tm.expert_gemm_ms;
+    m->gemm_acc          = &m->tm.expert_gemm_ms;
+    const int g = grouped(m, L);
+    CM_TRY(g ? experts_grouped(m, L, T) : experts_loop(m, L, T));
+    if (m->timing) {
+        m->tm.moe_layers++;
+        m->tm.moe_grouped_layers += g;
     }
     m->gemm_acc = acc;
     if (acc) *acc += m->tm.expert_gemm_ms - before;

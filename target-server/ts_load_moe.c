@@ -27,6 +27,8 @@ void ts_moe_free(ts_model *m, ts_layer *L) {
         free(stacks[k]);
     }
     L->ex_gate = L->ex_up = L->ex_down = NULL;
+    m->be->free(m->ctx, L->ex_ptrs);
+    L->ex_ptrs = NULL;
     ts_mat *w[] = {&L->router, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router};
     for (size_t j = 0; j < sizeof w / sizeof w[0]; j++) ts_mat_free(m, w[j]);
 }
@@ -85,6 +87,29 @@ static cm_status experts_fused(ts_loader *ld, const char *gu, const char *dn, ts
     return st;
 }
 
+/* The experts' matrices as moe_gemm reads them (ts_layer.ex_ptrs), when every one is BF16 and
+ * the backend has moe_gemm; otherwise none, and the forward runs one GEMM per expert. */
+static cm_status expert_table(ts_model *m, int i, ts_layer *L) {
+    const int E = m->cfg.n_experts;
+    if (!m->be->moe_gemm) return CM_OK;
+    for (int e = 0; e < E; e++)
+        if (L->ex_gate[e].dtype != CM_DTYPE_BF16 || L->ex_up[e].dtype != CM_DTYPE_BF16 ||
+            L->ex_down[e].dtype != CM_DTYPE_BF16)
+            return CM_OK;
+    const size_t bytes = (size_t)(3 * E) * sizeof(void *);
+    void       **host  = malloc(bytes);
+    if (!host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate layer %d's table of %d experts", i, E);
+    for (int e = 0; e < E; e++) {
+        host[e]         = L->ex_gate[e].data;
+        host[E + e]     = L->ex_up[e].data;
+        host[2 * E + e] = L->ex_down[e].data;
+    }
+    cm_status st = m->be->alloc(m->ctx, (void **)&L->ex_ptrs, bytes);
+    if (st == CM_OK) st = m->be->upload(m->ctx, L->ex_ptrs, host, bytes);
+    free(host);
+    return st;
+}
+
 cm_status ts_load_moe(ts_loader *ld, int i, ts_layer *L) {
     const cm_target_cfg *c = &ld->m->cfg;
     const int64_t        E = c->n_experts, Ie = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
@@ -126,6 +151,7 @@ cm_status ts_load_moe(ts_loader *ld, int i, ts_layer *L) {
             return CM_FAIL(CM_ERR_FORMAT, "'%s' holds '%s', an expert beyond the num_experts %lld of its config.json; "
                            "the checkpoint and its config disagree", ld->dir, e0, (long long)E);
     }
+    CM_TRY(expert_table(ld->m, i, L));
     if (Is == 0) return CM_OK;
     snprintf(nm, sizeof nm, "layers.%d.mlp.shared_expert.gate_proj.weight", i);
     CM_TRY(ts_load_mat(ld, nm, 0, TS_MAT_ROLE_QUANT, Is, D, &L->sh_gate));

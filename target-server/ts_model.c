@@ -288,6 +288,13 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
                         m->be->swiglu_bf16 && m->be->gdn_conv_qkv;
     const int   rounds   = m->be->gemm_rounds_input && m->be->gemm_rounds_input(m->ctx);
     m->fused = has_ops && (fenv && strcmp(fenv, "1") == 0 ? 1 : fenv && strcmp(fenv, "0") == 0 ? 0 : rounds);
+    /* TANDEM_MOE_GEMM: unset or "grouped" = the experts' GEMMs in one moe_gemm call where it
+     * applies, "loop" = one GEMM per expert (for measuring one beside the other) */
+    const char *genv = getenv("TANDEM_MOE_GEMM");
+    m->moe_grouped   = !(genv && strcmp(genv, "loop") == 0);
+    if (genv && m->moe_grouped && strcmp(genv, "grouped") != 0)
+        CM_LOG_WARN("TANDEM_MOE_GEMM='%s' is neither 'grouped' nor 'loop'; the experts' GEMMs run grouped", genv);
+    ts_moe_log_plan(m);
     const char *tenv = getenv("TANDEM_LAYER_TIMING");
     if (tenv && strcmp(tenv, "1") == 0) ts_model_set_timing(m, 1);
     *out = m;

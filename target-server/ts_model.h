@@ -104,6 +104,8 @@ typedef struct ts_capture {
 typedef struct ts_timing {
     int    forwards;                              /* forwards timed */
     int    gdn_layers, attn_layers, mlp_layers;   /* block runs timed */
+    int    moe_layers, moe_grouped_layers;        /* of mlp_layers: MoE blocks, and those whose experts'
+                                                     GEMMs ran grouped (moe_gemm) */
     double gdn_ms, attn_ms, mlp_ms;               /* whole blocks: norm … residual add (on the fused
                                                      bf16 path a block's add runs inside the norm
                                                      that opens the next block) */

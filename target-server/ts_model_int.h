@@ -33,6 +33,8 @@ typedef struct ts_layer {
     int     moe;
     ts_mat  router;                    /* mlp.gate [E, D] */
     ts_mat *ex_gate, *ex_up, *ex_down; /* E each: [Ie, D], [Ie, D], [D, Ie] */
+    void  **ex_ptrs;                   /* backend memory: the E gate, E up and E down matrices' data for
+                                          moe_gemm when all are BF16, else NULL (one GEMM per expert) */
     ts_mat  sh_gate, sh_up, sh_down;   /* the shared expert: [Is, D], [Is, D], [D, Is] (absent: Is = 0) */
     ts_mat  sh_router;                 /* shared_expert_gate [1, D] */
 } ts_layer;
@@ -74,6 +76,7 @@ struct ts_model {
     ts_layer         *layers;
     ts_ws             ws;
     int               fused; /* the bf16 fast path (see the top of this file) */
+    int               moe_grouped; /* the experts' GEMMs in one moe_gemm call where it can (TANDEM_MOE_GEMM) */
     int               timing;
     ts_timing         tm;
     double           *gemm_acc; /* while timing: the sum the running block's GEMMs add to */
@@ -189,6 +192,8 @@ typedef struct gemm_in {
 /* ts_forward.c: out [M, N] = in · wᵀ by the backend's GEMM for the weight's type and the
  * input's form (timed into the running block's GEMM time); ts_gemm_h the same from the block's
  * normed input (ws.h16 on the fused path, else ws.h; quantized once per norm for FP8 weights). */
+/* The time now once the device has finished everything queued; 0 when timing is off. */
+cm_status ts_mark(ts_model *m, double *t);
 cm_status ts_gemm(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K);
 cm_status ts_gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K);
 /* ts_forward_moe.c: the workspace's MoE buffers for T tokens (none for a dense model), and the
@@ -197,5 +202,7 @@ cm_status ts_gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t
 cm_status ts_moe_reserve(ts_model *m, int64_t T);
 void      ts_moe_release(ts_model *m);
 cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, const ts_capture *cap);
+/* One info line on how a MoE model's experts' GEMMs run (grouped, or per expert and why). */
+void      ts_moe_log_plan(const ts_model *m);
 
 #endif /* TS_MODEL_INT_H */

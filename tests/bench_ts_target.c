@@ -496,8 +496,11 @@ int main(int argc, char **argv) {
     printf("| MLP block | %.3f ms x %d (GEMMs %.3f) |\n", tm.mlp_ms / tm.mlp_layers, c->n_layers,
            tm.mlp_gemm_ms / tm.mlp_layers);
     if (tm.expert_gemm_ms > 0)
-        printf("| routed experts' GEMMs (one per expert over its tokens) | %.1f ms per forward (%.0f %% of the timed "
+        printf("| routed experts' GEMMs (%s) | %.1f ms per forward (%.0f %% of the timed "
                "forward; %.0f TF/s) |\n",
+               tm.moe_grouped_layers == tm.moe_layers ? "grouped: one moe_gemm call for gate and up, one for down"
+               : tm.moe_grouped_layers == 0           ? "one GEMM per expert over its tokens"
+                                                      : "grouped in some layers, per expert in others",
                tm.expert_gemm_ms / nf, 100 * tm.expert_gemm_ms / tm.total_ms,
                2.0 * (double)T * p_experts / (tm.expert_gemm_ms / nf * 1e-3) / 1e12);
     printf("| elementwise per block (block − GEMMs − core) | GDN %.3f, attention %.3f, MLP %.3f ms |\n",

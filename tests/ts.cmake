@@ -28,3 +28,7 @@ if(TANDEM_HAVE_CUDA)
   add_test(NAME test_ts_split_cuda COMMAND test_ts_split cuda)
   set_tests_properties(test_ts_split_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
+# the experts' GEMMs grouped (moe_gemm) against one GEMM per expert, through the real command line
+add_test(NAME test_ts_moe_grouped COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_ts_moe_grouped.sh
+         ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+set_tests_properties(test_ts_moe_grouped PROPERTIES TIMEOUT 300 LABELS unit)

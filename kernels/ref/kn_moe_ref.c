@@ -150,3 +150,42 @@ cm_status kn_ref_moe_combine(kn_ctx *ctx, float *out, const float *y, const int3
     }
     return CM_OK;
 }
+
+cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const uint16_t *const *w0,
+                          const uint16_t *const *w1, const int32_t *offsets, int64_t R, int E, int64_t N, int64_t K) {
+    KN_REF_CHECK(ctx, "moe_gemm: ctx is NULL");
+    KN_REF_CHECK(R >= 0 && N >= 0 && K >= 0 && R <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX,
+                 "moe_gemm: bad shape R=%lld N=%lld K=%lld (each in [0, 2^31))", (long long)R, (long long)N,
+                 (long long)K);
+    KN_REF_CHECK(E >= 1 && E <= KN_MOE_MAX_EXPERTS, "moe_gemm: E=%d experts is outside [1, %d]", E,
+                 KN_MOE_MAX_EXPERTS);
+    KN_REF_CHECK(!out1 == !w1, "moe_gemm: out1 and w1 go together (both or neither)");
+    if (R == 0 || N == 0) return CM_OK;
+    KN_REF_CHECK(out0 && inp && w0 && offsets, "moe_gemm: out0, inp, w0 or offsets is NULL");
+    KN_REF_CHECK(K % 8 == 0, "moe_gemm: K=%lld must be a multiple of 8 (rows are read 16 bytes at a time); use "
+                 "gemm_bf16in per expert otherwise", (long long)K);
+    KN_REF_CHECK(offsets[0] >= 0 && offsets[E] <= R, "moe_gemm: offsets run from %d to %d, outside [0, R=%lld]",
+                 (int)offsets[0], (int)offsets[E], (long long)R);
+    for (int e = 0; e < E; e++)
+        KN_REF_CHECK(offsets[e] <= offsets[e + 1], "moe_gemm: offsets[%d]=%d > offsets[%d]=%d (not ascending)", e,
+                     (int)offsets[e], e + 1, (int)offsets[e + 1]);
+    for (int s = 0; s < (out1 ? 2 : 1); s++) {
+        float                 *out = s ? out1 : out0;
+        const uint16_t *const *w   = s ? w1 : w0;
+        for (int e = 0; e < E; e++) {
+            const int64_t r0 = offsets[e], r1 = offsets[e + 1];
+            if (r1 > r0) KN_REF_CHECK(w[e], "moe_gemm: expert %d has rows but no weights", e);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t n = 0; n < N; n++) {
+                    double acc = 0.0;
+                    for (int64_t k = 0; k < K; k++)
+                        acc += (double)cm_bf16_to_f32(inp[r * K + k]) * (double)cm_bf16_to_f32(w[e][n * K + k]);
+                    out[r * N + n] = (float)acc;
+                }
+        }
+    }
+    return CM_OK;
+}

@@ -1,0 +1,227 @@
+/* tests/test_kn_moe_gemm.c — moe_gemm (kn_backend.h), the routed experts' GEMMs in one call, against
+ * its definition computed here in double: for each expert e and row j of [offsets[e], offsets[e+1])
+ * out[j, n] = Σ_k inp[j, k]·W[e][n, k] over bf16 values, for one weight set and for two (gate and up).
+ *   test_kn_moe_gemm cpu    the reference (ref/kn_moe_ref.c): each output within 2^-23·Σ|a·b| (a double
+ *                           sum rounded once to fp32); empty experts, all rows in one expert, rows
+ *                           past offsets[E] left as they were; the refusals (K not a multiple of 8,
+ *                           offsets not ascending or past R, out1 without w1).
+ *   test_kn_moe_gemm cuda   kn_moe_gemm.cu on odd shapes (R 1 … 8192, E 1 … 256, N 1 … 2048 with odd
+ *                           N, K 8 … 2048 with K not a multiple of the 32-wide step; the cpu's
+ *                           cases plus the Qwen3.5-35B-A3B expert shapes), within (K + 8)·2^-24·Σ|a·b|
+ *                           (any fp32 summation order meets it; a wrong row, expert or column does
+ *                           not); the two-set call equal bit for bit to two one-set calls; rows
+ *                           past offsets[E] untouched. Label gpu, exits 77 without a cuda device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kn_backend.h"
+#include "tst.h"
+#include "tst_kn.h"
+
+#define U24      (1.0 / 16777216.0) /* 2^-24 */
+#define SENTINEL 12345.0f           /* what rows past offsets[E] hold before and after */
+
+/* One problem on the host: inputs, E weight matrices per set, the offsets, the exact results. */
+typedef struct prob {
+    long      R, N, K;
+    int       E, sets;
+    uint16_t *inp;    /* [R, K] */
+    uint16_t *w[2];   /* [E, N, K] each */
+    int32_t  *off;    /* [E + 1] */
+    double   *ref[2]; /* [R, N] */
+    double   *abs[2]; /* [R, N]: Σ|a·b| */
+} prob;
+
+static uint16_t *rand_bf16(long n) {
+    uint16_t *x = tst_xcalloc((size_t)n * 2);
+    for (long i = 0; i < n; i++) x[i] = tst_bf16_round((float)(2.0 * tst_urand() - 1.0));
+    return x;
+}
+
+/* Rows [0, used) split over the experts at random, some experts empty (every third is empty when
+ * skew is 1; with skew 2 the first expert takes them all). */
+static prob make(long R, int E, long N, long K, int sets, long used, int skew) {
+    prob p = {R, N, K, E, sets, rand_bf16(R * K), {NULL, NULL}, tst_xcalloc((size_t)(E + 1) * 4), {0}, {0}};
+    for (int s = 0; s < sets; s++) p.w[s] = rand_bf16((long)E * N * K);
+    long *cnt = tst_xcalloc((size_t)E * sizeof(long));
+    for (long j = 0; j < used; j++) {
+        int e = (int)(tst_urand() * E);
+        if (skew == 1 && E > 2 && e % 3 == 2) e = 0;
+        if (skew == 2) e = 0;
+        cnt[e]++;
+    }
+    for (int e = 0; e < E; e++) p.off[e + 1] = p.off[e] + (int32_t)cnt[e];
+    free(cnt);
+    for (int s = 0; s < sets; s++) {
+        p.ref[s] = tst_xcalloc((size_t)(R * N) * sizeof(double));
+        p.abs[s] = tst_xcalloc((size_t)(R * N) * sizeof(double));
+        for (int e = 0; e < E; e++)
+            for (long j = p.off[e]; j < p.off[e + 1]; j++)
+                for (long n = 0; n < N; n++) {
+                    const uint16_t *a = p.inp + j * K, *b = p.w[s] + ((long)e * N + n) * K;
+                    double          acc = 0, ab = 0;
+                    for (long k = 0; k < K; k++) {
+                        const double t = (double)tst_bf16_widen(a[k]) * (double)tst_bf16_widen(b[k]);
+                        acc += t;
+                        ab += fabs(t);
+                    }
+                    p.ref[s][j * N + n] = acc;
+                    p.abs[s][j * N + n] = ab;
+                }
+    }
+    return p;
+}
+
+static void drop(prob *p) {
+    free(p->inp);
+    free(p->off);
+    for (int s = 0; s < 2; s++) {
+        free(p->w[s]);
+        free(p->ref[s]);
+        free(p->abs[s]);
+    }
+}
+
+/* got [R, N] against the definition within tol·Σ|a·b| on the grouped rows; the SENTINEL past them. */
+static void check(const char *name, const prob *p, int s, const float *got, double tol) {
+    const long used = p->off[p->E], n = used * p->N;
+    float     *ref  = tst_zeros_f32(n);
+    for (long i = 0; i < n; i++) ref[i] = (float)p->ref[s][i];
+    tst_compare_bound(name, 52, got, ref, p->abs[s], n, tol, NULL);
+    long bad = 0;
+    for (long i = n; i < p->R * p->N; i++) bad += got[i] != SENTINEL;
+    TST_CHECK(bad == 0);
+    if (bad) fprintf(stderr, "%s: %ld values past offsets[E]=%ld were written\n", name, bad, used);
+    free(ref);
+}
+
+/* The backend's moe_gemm on p: weights as E matrices of its memory, outputs prefilled with the
+ * SENTINEL; out[s] gets set s's result (host). one_by_one: each set in its own call. */
+static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one, float *out[2]) {
+    const long  R = p->R, N = p->N, K = p->K;
+    const int   E = p->E;
+    void       *inp, *off, *o[2] = {NULL, NULL}, *tab[2] = {NULL, NULL}, **mats = tst_xcalloc((size_t)(2 * E) * 8);
+    float      *fill = tst_zeros_f32(R * N);
+    for (long i = 0; i < R * N; i++) fill[i] = SENTINEL;
+    tst_ok(be->alloc(cx, &inp, (size_t)(R * K) * 2), "alloc inp");
+    tst_ok(be->upload(cx, inp, p->inp, (size_t)(R * K) * 2), "upload inp");
+    tst_ok(be->alloc(cx, &off, (size_t)(E + 1) * 4), "alloc offsets");
+    tst_ok(be->upload(cx, off, p->off, (size_t)(E + 1) * 4), "upload offsets");
+    for (int s = 0; s < p->sets; s++) {
+        for (int e = 0; e < E; e++) {
+            const size_t b = (size_t)(N * K) * 2;
+            tst_ok(be->alloc(cx, &mats[s * E + e], b), "alloc weights");
+            tst_ok(be->upload(cx, mats[s * E + e], p->w[s] + (size_t)e * N * K, b), "upload weights");
+        }
+        tst_ok(be->alloc(cx, &tab[s], (size_t)E * sizeof(void *)), "alloc table");
+        tst_ok(be->upload(cx, tab[s], mats + s * E, (size_t)E * sizeof(void *)), "upload table");
+        tst_ok(be->alloc(cx, &o[s], (size_t)(R * N) * 4), "alloc out");
+        tst_ok(be->upload(cx, o[s], fill, (size_t)(R * N) * 4), "upload out");
+    }
+    if (p->sets == 2 && !one_by_one) {
+        tst_ok(be->moe_gemm(cx, o[0], o[1], inp, tab[0], tab[1], off, R, E, N, K), "moe_gemm (two sets)");
+    } else {
+        for (int s = 0; s < p->sets; s++)
+            tst_ok(be->moe_gemm(cx, o[s], NULL, inp, tab[s], NULL, off, R, E, N, K), "moe_gemm");
+    }
+    for (int s = 0; s < p->sets; s++) {
+        out[s] = tst_zeros_f32(R * N);
+        tst_ok(be->download(cx, out[s], o[s], (size_t)(R * N) * 4), "download out");
+        be->free(cx, o[s]);
+        be->free(cx, tab[s]);
+        for (int e = 0; e < E; e++) be->free(cx, mats[s * E + e]);
+    }
+    be->free(cx, inp);
+    be->free(cx, off);
+    free(mats);
+    free(fill);
+}
+
+static void case_on(const kn_backend *be, kn_ctx *cx, long R, int E, long N, long K, int sets, long used,
+                    int skew, double tol) {
+    prob  p = make(R, E, N, K, sets, used, skew);
+    float *got[2] = {NULL, NULL}, *one[2] = {NULL, NULL};
+    run(be, cx, &p, 0, got);
+    char name[128];
+    for (int s = 0; s < sets; s++) {
+        snprintf(name, sizeof name, "%s R=%ld used=%ld E=%d N=%ld K=%ld set %d/%d", be->name, R, used, E, N, K,
+                 s + 1, sets);
+        check(name, &p, s, got[s], tol);
+    }
+    if (sets == 2) { /* two sets in one call = each set alone, bit for bit */
+        run(be, cx, &p, 1, one);
+        for (int s = 0; s < 2; s++) {
+            TST_CHECK(memcmp(got[s], one[s], (size_t)(R * N) * 4) == 0);
+            free(one[s]);
+        }
+    }
+    for (int s = 0; s < sets; s++) free(got[s]);
+    drop(&p);
+}
+
+/* The refusals; offsets are read only by the cpu (on cuda they are device memory, not checked). */
+static void refusals(const kn_backend *be, kn_ctx *cx, int host_offsets) {
+    static uint16_t x[64] __attribute__((aligned(16))), w[64];
+    const uint16_t *tab[2] = {w, w};
+    float           out[64];
+    int32_t         bad_order[3] = {0, 5, 3}, past[3] = {0, 2, 9}, ok[3] = {0, 2, 4};
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, tab, NULL, ok, 4, 2, 1, 12), CM_ERR_INVALID_ARG, "K=12", "multiple of 8");
+    TST_FAILS(be->moe_gemm(cx, out, out, x, tab, NULL, ok, 4, 2, 1, 8), CM_ERR_INVALID_ARG, "out1 and w1");
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, tab, NULL, ok, 4, 0, 1, 8), CM_ERR_INVALID_ARG, "E=0");
+    if (!host_offsets) return;
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, tab, NULL, bad_order, 5, 2, 1, 8), CM_ERR_INVALID_ARG, "not ascending");
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, tab, NULL, past, 4, 2, 1, 8), CM_ERR_INVALID_ARG, "outside [0, R=4]");
+}
+
+static int run_cpu(void) {
+    const kn_backend *be = kn_backend_cpu();
+    kn_ctx           *cx = NULL;
+    if (!tst_ok(be->ctx_create(&cx, NULL), "cpu ctx_create")) return tst_report();
+    const double tol = 2 * U24;
+    case_on(be, cx, 1, 1, 1, 8, 1, 1, 0, tol);
+    case_on(be, cx, 9, 3, 5, 24, 2, 9, 1, tol);
+    case_on(be, cx, 40, 7, 37, 40, 2, 33, 1, tol); /* 7 rows past offsets[E] */
+    case_on(be, cx, 64, 5, 16, 64, 1, 64, 2, tol); /* every row in expert 0 */
+    case_on(be, cx, 10, 4, 3, 8, 1, 0, 0, tol);    /* no rows at all */
+    refusals(be, cx, 1);
+    be->ctx_destroy(&cx);
+    return tst_report();
+}
+
+static int run_cuda(void) {
+    tst_need_cuda();
+    const kn_backend *be = kn_backend_cuda();
+    kn_ctx           *cx = NULL;
+    kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
+    if (!tst_ok(be->ctx_create(&cx, &kc), "cuda ctx_create")) return tst_report();
+    static const struct {
+        long R;
+        int  E;
+        long N, K;
+        int  sets;
+        long used;
+        int  skew;
+    } cs[] = {
+        {1, 1, 1, 8, 1, 1, 0},          {9, 3, 5, 24, 2, 9, 1},          {40, 7, 37, 40, 2, 33, 1},
+        {64, 5, 16, 64, 1, 64, 2},      {10, 4, 3, 8, 1, 0, 0},          {300, 7, 130, 136, 2, 300, 1},
+        {1000, 64, 257, 520, 1, 999, 1}, {4099, 3, 129, 8, 2, 4000, 0},   {200, 256, 200, 2048, 2, 200, 0},
+        {1024, 256, 512, 2048, 2, 1024, 0}, /* Qwen3.5-35B-A3B: gate and up (Ie 512, D 2048) */
+        {1024, 256, 2048, 512, 1, 1024, 0}, /* and its down projection */
+        {8192, 8, 64, 256, 2, 8192, 2},     /* one expert with every row: 64 row tiles in a row */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        case_on(be, cx, cs[i].R, cs[i].E, cs[i].N, cs[i].K, cs[i].sets, cs[i].used, cs[i].skew,
+                (double)(cs[i].K + 8) * U24);
+    refusals(be, cx, 0);
+    be->ctx_destroy(&cx);
+    return tst_report();
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "cpu") == 0) return run_cpu();
+    if (argc == 2 && strcmp(argv[1], "cuda") == 0) return run_cuda();
+    fprintf(stderr, "usage: test_kn_moe_gemm cpu|cuda\n");
+    return 2;
+}
