@@ -2,10 +2,18 @@
  * (tests/oracle/make_target_fixtures.py, float64 references) on every committed fixture:
  * every layer, the final norm and the logits, relative L2 error per tensor.
  *   test_ts_dump cpu          tolerance 1e-4 (unit)
- *   test_ts_dump cuda bf16    tolerance 3e-2 (gpu; exits 77 without a GPU)
+ *   test_ts_dump cuda bf16    tolerance 3e-2, or Transformers' own bf16 error where larger (below; gpu;
+ *                             exits 77 without a GPU)
  *   test_ts_dump cuda fp32    tolerance 1e-3 (gpu)
  * A MoE fixture's routing (experts_<i>, each token's chosen experts) must equal the oracle's on the cpu and
  * in fp32; bf16 may flip at most 2 % of the choices.
+ * cuda bf16 is held to what Transformers' own bf16 forward reaches on the fixture, or better: where a fixture has
+ * hf_bf16.json (tests/oracle/bf16_baseline.py --write: Transformers' bf16 CPU forward against the same float64
+ * reference), a tensor's tolerance is the larger of 3e-2 and that tensor's Transformers error, and as many
+ * routing rows may differ as differ there when that is more than 2 %. The dense fixtures are within 3e-2 in
+ * Transformers too (2.2e-2..2.7e-2), so 3e-2 stays theirs; the MoE ones are not (5.4e-2, 8.6e-2 and 3.6e-2,
+ * 115 of 3138, 57 of 2092 and 28 of 1046 rows): bf16 rounding flips close top-k calls and a flipped expert
+ * moves that token's output, which no correct bf16 forward avoids. Transformers' figure is printed beside ours.
  * With precision fp8 it reads the FP8 copies instead (tests/fixtures/target_fp8, W8A8 float64 references of
  * tests/oracle/make_fp8_fixtures.py) and prints every tensor's error, and its distance from the source fixture's
  * unquantized reference (the FP8-vs-bf16 difference; informational):
@@ -28,6 +36,7 @@
 #include "cm_safetensors.h"
 #include "kn_backend.h"
 #include "tst.h"
+#include "tst_json.h"
 #include "tst_kn.h"
 #include "tst_proc.h"
 
@@ -121,6 +130,20 @@ static long routing_mismatches(const char *fix, const cm_st *got, const cm_st *r
     return bad;
 }
 
+/* cuda bf16: the fixture's hf_bf16.json (Transformers' own bf16 errors; see the top), NULL without it. */
+static cJSON *hf_bf16_load(const char *fix) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/hf_bf16.json", fix);
+    return access(path, R_OK) == 0 ? tst_json_load(path) : NULL;
+}
+
+/* The number member key of hf (under "tensors" when tensors), or -1 when hf or it is absent. */
+static double hf_bf16_get(const cJSON *hf, int tensors, const char *key) {
+    if (hf && tensors) hf = cJSON_GetObjectItemCaseSensitive(hf, "tensors");
+    const cJSON *v = hf ? cJSON_GetObjectItemCaseSensitive(hf, key) : NULL;
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
 /* label: what the summary line calls the run (the precision, or how it was run). */
 static void check_fixture(const char *fix, const char *device, const char *precision, const char *label, double tol) {
     char model[2048], input[2048], ref_path[2048], src_path[2048], out[256], err[256];
@@ -156,7 +179,8 @@ static void check_fixture(const char *fix, const char *device, const char *preci
         fprintf(stderr, "%s\n", cm_last_error());
         goto done;
     }
-    int n_cmp = tensor_errors(fix, got, ref, e, names, MAX_T), n_src = 0;
+    int    n_cmp = tensor_errors(fix, got, ref, e, names, MAX_T), n_src = 0;
+    cJSON *hf    = strcmp(device, "cuda") == 0 && strcmp(precision, "bf16") == 0 ? hf_bf16_load(fix) : NULL;
     if (fp8) { /* informational: how far W8A8 is from the unquantized model */
         source_ref_path(src_path, sizeof src_path, fix);
         if (cm_st_open_file(&src, src_path) == CM_OK)
@@ -164,26 +188,36 @@ static void check_fixture(const char *fix, const char *device, const char *preci
         else
             fprintf(stderr, "%s: no source reference (%s)\n", fix, cm_last_error());
     }
-    double worst = 0;
+    double worst = 0, hf_worst = 0;
     for (int i = 0; i < n_cmp; i++) {
-        TST_CHECK(e[i] <= tol);
+        const double hf_e = hf_bf16_get(hf, 1, names[i]), t = hf_e > tol ? hf_e : tol;
+        TST_CHECK(e[i] <= t);
         if (e[i] > worst) worst = e[i];
-        if (e[i] > tol) fprintf(stderr, "%s: %s relative L2 %.3e > %.1e\n", fix, names[i], e[i], tol);
+        if (hf_e > hf_worst) hf_worst = hf_e;
+        if (e[i] > t) fprintf(stderr, "%s: %s relative L2 %.3e > %.3e\n", fix, names[i], e[i], t);
         if (fp8)
             printf("  %-12s relative L2 %.3e against the fp8 reference, %.3e against the unquantized one\n",
                    names[i], e[i], i < n_src && strcmp(src_names[i], names[i]) == 0 ? e_src[i] : NAN);
     }
     TST_CHECK(n_cmp >= 3);
-    printf("%-40s %-5s %-5s %2d tensors, worst relative L2 %.3e (tolerance %.0e)\n", strrchr(fix, '/') + 1,
-           device, label, n_cmp, worst, tol);
+    char hf_note[64] = "";
+    if (hf) snprintf(hf_note, sizeof hf_note, "; Transformers' own bf16 %.3e", hf_worst);
+    printf("%-40s %-5s %-5s %2d tensors, worst relative L2 %.3e (tolerance %.0e%s)\n", strrchr(fix, '/') + 1,
+           device, label, n_cmp, worst, tol, hf_note);
     long n_rows, bad = routing_mismatches(fix, got, ref, &n_rows);
     if (n_rows > 0 || bad < 0) {
-        /* equal routing on the cpu and in fp32; bf16 rounding may flip a close call (at most 2 %) */
-        const int exact = strcmp(device, "cpu") == 0 || strcmp(precision, "fp32") == 0;
-        TST_CHECK(bad >= 0 && (exact ? bad == 0 : bad <= n_rows / 50));
-        printf("%-40s %-5s %-5s routing: %ld of %ld (token, layer) choices differ from the oracle's\n",
-               strrchr(fix, '/') + 1, device, label, bad, n_rows);
+        /* equal routing on the cpu and in fp32; bf16 rounding may flip a close call (at most 2 %, or as many
+         * as in Transformers' own bf16) */
+        const int  exact   = strcmp(device, "cpu") == 0 || strcmp(precision, "fp32") == 0;
+        const long hf_bad  = (long)hf_bf16_get(hf, 0, "routing_differ");
+        const long allowed = hf_bad > n_rows / 50 ? hf_bad : n_rows / 50;
+        TST_CHECK(bad >= 0 && (exact ? bad == 0 : bad <= allowed));
+        hf_note[0] = '\0';
+        if (hf_bad >= 0) snprintf(hf_note, sizeof hf_note, " (Transformers' own bf16: %ld)", hf_bad);
+        printf("%-40s %-5s %-5s routing: %ld of %ld (token, layer) choices differ from the oracle's%s\n",
+               strrchr(fix, '/') + 1, device, label, bad, n_rows, hf_note);
     }
+    cJSON_Delete(hf);
 done:
     cm_st_destroy(&ref);
     cm_st_destroy(&got);
