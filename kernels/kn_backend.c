@@ -75,6 +75,7 @@ static const kn_backend cpu_backend = {
     .moe_gather          = kn_ref_moe_gather,
     .moe_combine         = kn_ref_moe_combine,
     .moe_gemm            = kn_ref_moe_gemm,
+    .moe_gemm_swiglu     = kn_ref_moe_gemm_swiglu,
 };
 
 const kn_backend *kn_backend_cpu(void) { return &cpu_backend; }

@@ -548,6 +548,12 @@ typedef struct kn_backend {
     cm_status (*moe_gemm)(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const uint16_t *const *w0,
                           const uint16_t *const *w1, const int32_t *offsets, int64_t R, int E, int64_t N,
                           int64_t K); /* (optional) */
+    /* moe_gemm of gate (wg) and up (wu) followed by swiglu_bf16, in one: act [R, N] BF16 =
+     * bf16(silu(g)·u) with g and u the F32 results moe_gemm would write (the same bits as the two
+     * calls, without the F32 products in memory). The rest as moe_gemm. */
+    cm_status (*moe_gemm_swiglu)(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const uint16_t *const *wg,
+                                 const uint16_t *const *wu, const int32_t *offsets, int64_t R, int E, int64_t N,
+                                 int64_t K); /* (optional) */
 } kn_backend;
 
 #define KN_MOE_MAX_EXPERTS 1024 /* experts a router may have (Qwen's largest: 512) */

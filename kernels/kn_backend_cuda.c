@@ -77,6 +77,7 @@ static const kn_backend cuda_backend = {
     .moe_gather = kn_cuda_moe_gather,
     .moe_combine = kn_cuda_moe_combine,
     .moe_gemm = kn_cuda_moe_gemm,
+    .moe_gemm_swiglu = kn_cuda_moe_gemm_swiglu,
 };
 
 const kn_backend *kn_backend_cuda(void) {

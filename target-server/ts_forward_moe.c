@@ -122,26 +122,34 @@ void ts_moe_log_plan(const ts_model *m) {
         CM_LOG_INFO("routed experts: grouped, every expert's GEMMs in one moe_gemm call");
 }
 
-/* be->moe_gemm timed into *m->gemm_acc as ts_gemm times a GEMM. */
-static cm_status moe_gemm(ts_model *m, float *out0, float *out1, const void *inp, void *const *w0, void *const *w1,
-                          int64_t R, int64_t N, int64_t K) {
-    double t0, t1;
+/* be->moe_gemm (act: be->moe_gemm_swiglu into act from w0 and w1) timed into *m->gemm_acc as
+ * ts_gemm times a GEMM. */
+static cm_status moe_gemm(ts_model *m, float *out0, float *out1, uint16_t *act, const void *inp, void *const *w0,
+                          void *const *w1, int64_t R, int64_t N, int64_t K) {
+    const uint16_t *const *a = (const uint16_t *const *)w0, *const *b = (const uint16_t *const *)w1;
+    const int              E = m->cfg.n_experts;
+    double                 t0, t1;
     CM_TRY(ts_mark(m, &t0));
-    CM_TRY(m->be->moe_gemm(m->ctx, out0, out1, inp, (const uint16_t *const *)w0, (const uint16_t *const *)w1,
-                           m->ws.roff, R, m->cfg.n_experts, N, K));
+    CM_TRY(act ? m->be->moe_gemm_swiglu(m->ctx, act, inp, a, b, m->ws.roff, R, E, N, K)
+               : m->be->moe_gemm(m->ctx, out0, out1, inp, a, b, m->ws.roff, R, E, N, K));
     CM_TRY(ts_mark(m, &t1));
     if (m->gemm_acc) *m->gemm_acc += t1 - t0;
     return CM_OK;
 }
 
-/* The experts through moe_gemm: gate and up in one call, swiglu to bf16, down. */
+/* The experts through moe_gemm: gate, up and swiglu in one call where the backend has
+ * moe_gemm_swiglu (else gate and up in one call, then swiglu to bf16), then down. */
 static cm_status experts_grouped(ts_model *m, const ts_layer *L, int64_t T) {
     ts_ws        *w = &m->ws;
     const int64_t D = m->cfg.hidden_size, Ie = m->cfg.moe_intermediate_size, E = m->cfg.n_experts;
     const int64_t R = T * m->cfg.n_experts_per_tok;
-    CM_TRY(moe_gemm(m, w->eg, w->eu, w->xg, L->ex_ptrs, L->ex_ptrs + E, R, Ie, D));
-    CM_TRY(m->be->swiglu_bf16(m->ctx, (uint16_t *)w->eact, w->eg, w->eu, R * Ie));
-    return moe_gemm(m, w->ey, NULL, w->eact, L->ex_ptrs + 2 * E, NULL, R, D, Ie);
+    if (m->be->moe_gemm_swiglu) {
+        CM_TRY(moe_gemm(m, NULL, NULL, (uint16_t *)w->eact, w->xg, L->ex_ptrs, L->ex_ptrs + E, R, Ie, D));
+    } else {
+        CM_TRY(moe_gemm(m, w->eg, w->eu, NULL, w->xg, L->ex_ptrs, L->ex_ptrs + E, R, Ie, D));
+        CM_TRY(m->be->swiglu_bf16(m->ctx, (uint16_t *)w->eact, w->eg, w->eu, R * Ie));
+    }
+    return moe_gemm(m, w->ey, NULL, NULL, w->eact, L->ex_ptrs + 2 * E, NULL, R, D, Ie);
 }
 
 /* The experts one GEMM each over its rows, from the row counts downloaded to the host. */

@@ -10,7 +10,11 @@
  *                           cases plus the Qwen3.5-35B-A3B expert shapes), within (K + 8)·2^-24·Σ|a·b|
  *                           (any fp32 summation order meets it; a wrong row, expert or column does
  *                           not); the two-set call equal bit for bit to two one-set calls; rows
- *                           past offsets[E] untouched. Label gpu, exits 77 without a cuda device. */
+ *                           past offsets[E] untouched; the 8-warp layout (TANDEM_MOE_GEMM_WARPS=8)
+ *                           bit-identical to the default 4-warp one. Label gpu, exits 77 without a cuda
+ *                           device.
+ * Both: moe_gemm_swiglu equal bit for bit to moe_gemm of gate and up then swiglu_bf16 on the same
+ * backend, and nothing written past offsets[E]. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -98,8 +102,10 @@ static void check(const char *name, const prob *p, int s, const float *got, doub
 }
 
 /* The backend's moe_gemm on p: weights as E matrices of its memory, outputs prefilled with the
- * SENTINEL; out[s] gets set s's result (host). one_by_one: each set in its own call. */
-static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one, float *out[2]) {
+ * SENTINEL; out[s] gets set s's result (host). one_by_one: each set in its own call. act (two
+ * sets only, may be NULL): moe_gemm_swiglu's bf16 output as well, [R, N], rows past offsets[E]
+ * prefilled with 0xffff. */
+static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one, float *out[2], uint16_t **act) {
     const long  R = p->R, N = p->N, K = p->K;
     const int   E = p->E;
     void       *inp, *off, *o[2] = {NULL, NULL}, *tab[2] = {NULL, NULL}, **mats = tst_xcalloc((size_t)(2 * E) * 8);
@@ -126,6 +132,16 @@ static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one,
         for (int s = 0; s < p->sets; s++)
             tst_ok(be->moe_gemm(cx, o[s], NULL, inp, tab[s], NULL, off, R, E, N, K), "moe_gemm");
     }
+    if (act) {
+        void *a;
+        *act = tst_xcalloc((size_t)(R * N) * 2);
+        memset(*act, 0xff, (size_t)(R * N) * 2);
+        tst_ok(be->alloc(cx, &a, (size_t)(R * N) * 2), "alloc act");
+        tst_ok(be->upload(cx, a, *act, (size_t)(R * N) * 2), "upload act");
+        tst_ok(be->moe_gemm_swiglu(cx, a, inp, tab[0], tab[1], off, R, E, N, K), "moe_gemm_swiglu");
+        tst_ok(be->download(cx, *act, a, (size_t)(R * N) * 2), "download act");
+        be->free(cx, a);
+    }
     for (int s = 0; s < p->sets; s++) {
         out[s] = tst_zeros_f32(R * N);
         tst_ok(be->download(cx, out[s], o[s], (size_t)(R * N) * 4), "download out");
@@ -139,23 +155,73 @@ static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one,
     free(fill);
 }
 
+/* act against swiglu_bf16 of the same backend on its own moe_gemm results g, u: equal bit for bit
+ * on the grouped rows (the entry's definition), 0xffff left past them. */
+static void check_act(const char *name, const kn_backend *be, kn_ctx *cx, const prob *p, const float *g,
+                      const float *u, const uint16_t *act) {
+    const long used = p->off[p->E], n = used * p->N, all = p->R * p->N;
+    void      *dg, *du, *da;
+    uint16_t  *want = tst_xcalloc((size_t)(n + 1) * 2);
+    tst_ok(be->alloc(cx, &dg, (size_t)(n + 1) * 4), "alloc");
+    tst_ok(be->alloc(cx, &du, (size_t)(n + 1) * 4), "alloc");
+    tst_ok(be->alloc(cx, &da, (size_t)(n + 1) * 2), "alloc");
+    tst_ok(be->upload(cx, dg, g, (size_t)n * 4), "upload");
+    tst_ok(be->upload(cx, du, u, (size_t)n * 4), "upload");
+    tst_ok(be->swiglu_bf16(cx, da, dg, du, n), "swiglu_bf16");
+    tst_ok(be->download(cx, want, da, (size_t)n * 2), "download");
+    long diff = 0, past = 0;
+    for (long i = 0; i < n; i++) diff += act[i] != want[i];
+    for (long i = n; i < all; i++) past += act[i] != 0xffff;
+    printf("%-52s swiglu: %ld of %ld differ from moe_gemm + swiglu_bf16, %ld written past offsets[E]\n", name, diff,
+           n, past);
+    TST_CHECK(diff == 0 && past == 0);
+    be->free(cx, dg);
+    be->free(cx, du);
+    be->free(cx, da);
+    free(want);
+}
+
 static void case_on(const kn_backend *be, kn_ctx *cx, long R, int E, long N, long K, int sets, long used,
                     int skew, double tol) {
-    prob  p = make(R, E, N, K, sets, used, skew);
-    float *got[2] = {NULL, NULL}, *one[2] = {NULL, NULL};
-    run(be, cx, &p, 0, got);
+    prob      p = make(R, E, N, K, sets, used, skew);
+    float    *got[2] = {NULL, NULL}, *one[2] = {NULL, NULL};
+    uint16_t *act = NULL;
+    run(be, cx, &p, 0, got, sets == 2 ? &act : NULL);
     char name[128];
     for (int s = 0; s < sets; s++) {
         snprintf(name, sizeof name, "%s R=%ld used=%ld E=%d N=%ld K=%ld set %d/%d", be->name, R, used, E, N, K,
                  s + 1, sets);
         check(name, &p, s, got[s], tol);
     }
-    if (sets == 2) { /* two sets in one call = each set alone, bit for bit */
-        run(be, cx, &p, 1, one);
+    if (sets == 2) { /* two sets in one call = each set alone, bit for bit; swiglu = the two calls */
+        check_act(name, be, cx, &p, got[0], got[1], act);
+        free(act);
+        run(be, cx, &p, 1, one, NULL);
         for (int s = 0; s < 2; s++) {
             TST_CHECK(memcmp(got[s], one[s], (size_t)(R * N) * 4) == 0);
             free(one[s]);
         }
+    }
+    if (strcmp(be->name, "cuda") == 0) { /* 8 warps of 64 × 32: the same sums in the same order */
+        setenv("TANDEM_MOE_GEMM_WARPS", "8", 1);
+        uint16_t *act8 = NULL;
+        run(be, cx, &p, 0, one, sets == 2 ? &act8 : NULL);
+        unsetenv("TANDEM_MOE_GEMM_WARPS");
+        int same = 1;
+        for (int s = 0; s < sets; s++) {
+            same = same && memcmp(got[s], one[s], (size_t)(R * N) * 4) == 0;
+            free(one[s]);
+        }
+        if (act8) {
+            uint16_t *act4 = NULL;
+            run(be, cx, &p, 0, one, &act4);
+            same = same && memcmp(act4, act8, (size_t)(R * N) * 2) == 0;
+            for (int s = 0; s < sets; s++) free(one[s]);
+            free(act4);
+            free(act8);
+        }
+        printf("%-52s 8 warps of 64x32 vs 4 of 64x64: %s\n", name, same ? "bit-identical" : "DIFFER");
+        TST_CHECK(same);
     }
     for (int s = 0; s < sets; s++) free(got[s]);
     drop(&p);

@@ -9,6 +9,7 @@
  * thread, so any thread count gives the same bits; the grouping is one serial pass. */
 #include "kn_ref.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static cm_status moe_rows_check(const char *op, int64_t T, int K) {
@@ -188,4 +189,23 @@ cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t 
         }
     }
     return CM_OK;
+}
+
+cm_status kn_ref_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const uint16_t *const *wg,
+                                 const uint16_t *const *wu, const int32_t *offsets, int64_t R, int E, int64_t N,
+                                 int64_t K) {
+    KN_REF_CHECK(ctx, "moe_gemm_swiglu: ctx is NULL");
+    KN_REF_CHECK(R >= 0 && N >= 0 && R <= INT32_MAX && N <= INT32_MAX, "moe_gemm_swiglu: bad shape R=%lld N=%lld",
+                 (long long)R, (long long)N);
+    KN_REF_CHECK(wu || R == 0 || N == 0, "moe_gemm_swiglu: out, inp, w0, w1 or offsets is NULL (wu)");
+    if (R == 0 || N == 0) return kn_ref_moe_gemm(ctx, NULL, NULL, inp, wg, NULL, offsets, R, E, N, K);
+    const size_t n = (size_t)R * (size_t)N;
+    float       *g = malloc(n * sizeof(float)), *u = malloc(n * sizeof(float));
+    cm_status    st = g && u ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "moe_gemm_swiglu: cannot allocate 2 x %zu floats", n);
+    if (st == CM_OK) st = kn_ref_moe_gemm(ctx, g, u, inp, wg, wu, offsets, R, E, N, K);
+    /* rows past offsets[E] are not written: act there is left as it was */
+    if (st == CM_OK) st = kn_ref_swiglu_bf16(ctx, act, g, u, (int64_t)offsets[E] * N);
+    free(g);
+    free(u);
+    return st;
 }
