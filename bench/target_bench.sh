@@ -14,8 +14,9 @@
 # default) also runs it with --precision fp8 (block-scaled FP8 GEMMs, docs/fp8.md) into
 # ours-fp8.md/.json, with both GEMM-only bounds, and prints fp8 / bf16; for a MoE config,
 # MOE_LOOP=1 (the default) also runs it with one GEMM per expert (TANDEM_MOE_GEMM=loop) into
-# ours-moe-loop.md/.json and prints grouped / per expert, and MOE_WARPS8=1 (the default) with
-# the grouped kernel's 8-warp layout (TANDEM_MOE_GEMM_WARPS=8) into ours-moe-warps8; SKIP_HF=1
+# ours-moe-loop.md/.json and prints grouped / per expert, and MOE_TILES=1 (the default) with
+# the grouped kernel's other tilings (TANDEM_MOE_GEMM_TILE=128w8 and 64w4) into ours-moe-<tiling>;
+# SKIP_HF=1
 # leaves the Transformers side out (its figure from an earlier run stands). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
 # /work/.library/device/README.md): install them first with pip --no-deps into a --target
 # directory on PYTHONPATH.
@@ -58,8 +59,10 @@ ours ours
 [ "${UNFUSED:-0}" = 1 ] && (export TANDEM_TARGET_FUSED=0; ours ours-unfused)
 # a MoE target: also one GEMM per expert (TANDEM_MOE_GEMM=loop), beside the grouped moe_gemm
 grep -q '"num_experts"' "$cfg" && [ "${MOE_LOOP:-1}" = 1 ] && (export TANDEM_MOE_GEMM=loop; ours ours-moe-loop)
-# and the grouped kernel's other warp layout (8 warps of 64 x 32 instead of 4 of 64 x 64)
-grep -q '"num_experts"' "$cfg" && [ "${MOE_WARPS8:-1}" = 1 ] && (export TANDEM_MOE_GEMM_WARPS=8; ours ours-moe-warps8)
+# and the grouped kernel's other tilings (the default is 128w4: 128-row tiles, 4 warps of 64 x 64)
+if grep -q '"num_experts"' "$cfg" && [ "${MOE_TILES:-1}" = 1 ]; then
+  for t in 128w8 64w4; do (export TANDEM_MOE_GEMM_TILE=$t; ours ours-moe-$t); done
+fi
 
 if [ "$hf_gpu" = skip ]; then :; elif [ "$hf_gpu" != "$ours_gpu" ]; then wait "$hf_pid"; else hf; fi
 [ "$hf_gpu" != skip ] && cat "$out/hf.log"
@@ -96,10 +99,11 @@ try:
 except Exception:
     pass
 try:
-    w8 = json.load(open(f"{out}/ours-moe-warps8.json"))
-    print(f"ours, grouped with 8 warps of 64x32: {w8['tokens_per_s']:.0f} tok/s ({w8['forward_ms']:.1f} ms; experts' "
-          f"GEMMs {w8['expert_gemm_ms_per_forward']:.1f} ms timed) against 4 warps of 64x64: "
-          f"{ours['forward_ms']:.1f} ms, {ours['expert_gemm_ms_per_forward']:.1f} ms")
+    for t in ("128w8", "64w4"):
+        v = json.load(open(f"{out}/ours-moe-{t}.json"))
+        print(f"ours, grouped with tiling {t}: {v['tokens_per_s']:.0f} tok/s ({v['forward_ms']:.1f} ms; experts' "
+              f"GEMMs {v['expert_gemm_ms_per_forward']:.1f} ms timed) against 128w4: "
+              f"{ours['forward_ms']:.1f} ms, {ours['expert_gemm_ms_per_forward']:.1f} ms")
 except Exception:
     pass
 try:

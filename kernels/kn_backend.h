@@ -539,21 +539,23 @@ typedef struct kn_backend {
                              int64_t D); /* (optional) */
     /* The routed experts' GEMMs, all experts in one call, over rows grouped by expert as
      * moe_group leaves them: for each expert e and each row j in [offsets[e], offsets[e + 1]),
-     * out0[j, 0:N) = inp[j, 0:K) · w0[e]ᵀ, and out1[j, :] = inp[j, :] · w1[e]ᵀ when w1 ≠ NULL (gate
-     * and up from one read of the rows). inp [R, K] BF16, 16-byte aligned, K a multiple of 8;
-     * w0 and w1 arrays of E pointers to [N, K] BF16 matrices, the arrays themselves in this
-     * backend's memory (their pointers are read there); offsets [E + 1] ascending with
-     * offsets[E] ≤ R, in this backend's memory; out0, out1 [R, N] F32, fp32 accumulation; rows
-     * past offsets[E] are not written. Reads no row count on the host: nothing waits. */
-    cm_status (*moe_gemm)(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const uint16_t *const *w0,
-                          const uint16_t *const *w1, const int32_t *offsets, int64_t R, int E, int64_t N,
-                          int64_t K); /* (optional) */
+     * out0[j, 0:N) = x_j · w0[e]ᵀ, and out1[j, :] = x_j · w1[e]ᵀ when w1 ≠ NULL (gate and up from
+     * one read of the rows), with x_j = inp[j, 0:K) when src is NULL, else inp[src[j] / topk, 0:K)
+     * (moe_group's src: the gather of moe_gather done by the loads; src[j] in [0, R)). inp BF16,
+     * 16-byte aligned, K a multiple of 8; w0 and w1 arrays of E pointers to [N, K] BF16 matrices,
+     * the arrays themselves in this backend's memory (their pointers are read there); offsets
+     * [E + 1] ascending with offsets[E] ≤ R, in this backend's memory; out0, out1 [R, N] F32, fp32
+     * accumulation; rows past offsets[E] are not written. Reads no row count on the host:
+     * nothing waits. */
+    cm_status (*moe_gemm)(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const int32_t *src, int topk,
+                          const uint16_t *const *w0, const uint16_t *const *w1, const int32_t *offsets, int64_t R,
+                          int E, int64_t N, int64_t K); /* (optional) */
     /* moe_gemm of gate (wg) and up (wu) followed by swiglu_bf16, in one: act [R, N] BF16 =
      * bf16(silu(g)·u) with g and u the F32 results moe_gemm would write (the same bits as the two
      * calls, without the F32 products in memory). The rest as moe_gemm. */
-    cm_status (*moe_gemm_swiglu)(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const uint16_t *const *wg,
-                                 const uint16_t *const *wu, const int32_t *offsets, int64_t R, int E, int64_t N,
-                                 int64_t K); /* (optional) */
+    cm_status (*moe_gemm_swiglu)(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const int32_t *src, int topk,
+                                 const uint16_t *const *wg, const uint16_t *const *wu, const int32_t *offsets,
+                                 int64_t R, int E, int64_t N, int64_t K); /* (optional) */
 } kn_backend;
 
 #define KN_MOE_MAX_EXPERTS 1024 /* experts a router may have (Qwen's largest: 512) */

@@ -165,12 +165,12 @@ cm_status kn_cuda_moe_gather(kn_ctx *ctx, void *out, const void *in, cm_dtype dt
                              int K, int64_t D);
 cm_status kn_cuda_moe_combine(kn_ctx *ctx, float *out, const float *y, const int32_t *dst, const float *w,
                               const float *shared, const float *sgate, int64_t T, int K, int64_t D);
-cm_status kn_cuda_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const uint16_t *const *w0,
-                           const uint16_t *const *w1, const int32_t *offsets, int64_t R, int E, int64_t N,
-                           int64_t K); /* kn_moe_gemm.cu */
-cm_status kn_cuda_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const uint16_t *const *wg,
-                                  const uint16_t *const *wu, const int32_t *offsets, int64_t R, int E, int64_t N,
-                                  int64_t K);
+cm_status kn_cuda_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const int32_t *src, int topk,
+                           const uint16_t *const *w0, const uint16_t *const *w1, const int32_t *offsets, int64_t R,
+                           int E, int64_t N, int64_t K); /* kn_moe_gemm.cu */
+cm_status kn_cuda_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const int32_t *src, int topk,
+                                  const uint16_t *const *wg, const uint16_t *const *wu, const int32_t *offsets,
+                                  int64_t R, int E, int64_t N, int64_t K);
 
 // ---- random initialisation (kn_fill.cu)
 cm_status kn_cuda_fill_uniform(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo,

@@ -3,9 +3,10 @@
  *
  *   router logits = h · Wrᵀ [T, E]; moe_route: softmax in fp32, top K, renormalised (always on
  *   Qwen3.5-MoE, as norm_topk_prob says on Qwen3-Next);
- *   moe_group sorts the T·K (token, choice) pairs by expert; moe_gather copies each token's
- *   input to its K sorted rows; then the experts' gate and up GEMMs over their rows, one
- *   swiglu over all T·K rows, the down GEMMs;
+ *   moe_group sorts the T·K (token, choice) pairs by expert; then the experts' gate and up
+ *   GEMMs over their rows (the grouped GEMM reads each sorted row's token from h through
+ *   moe_group's src; one GEMM per expert needs moe_gather's copy first), swiglu, the down
+ *   GEMMs;
  *   the shared expert as a dense MLP of shared_expert_intermediate_size, and its gate's logit
  *   h · w_sgᵀ [T, 1];
  *   moe_combine: o[t] = Σ_k w[t, k] · y[row of (t, k)] + sigmoid(gate[t]) · shared[t].
@@ -124,32 +125,33 @@ void ts_moe_log_plan(const ts_model *m) {
 
 /* be->moe_gemm (act: be->moe_gemm_swiglu into act from w0 and w1) timed into *m->gemm_acc as
  * ts_gemm times a GEMM. */
-static cm_status moe_gemm(ts_model *m, float *out0, float *out1, uint16_t *act, const void *inp, void *const *w0,
-                          void *const *w1, int64_t R, int64_t N, int64_t K) {
+static cm_status moe_gemm(ts_model *m, float *out0, float *out1, uint16_t *act, const void *inp, const int32_t *src,
+                          void *const *w0, void *const *w1, int64_t R, int64_t N, int64_t K) {
     const uint16_t *const *a = (const uint16_t *const *)w0, *const *b = (const uint16_t *const *)w1;
-    const int              E = m->cfg.n_experts;
+    const int              E = m->cfg.n_experts, tk = m->cfg.n_experts_per_tok;
     double                 t0, t1;
     CM_TRY(ts_mark(m, &t0));
-    CM_TRY(act ? m->be->moe_gemm_swiglu(m->ctx, act, inp, a, b, m->ws.roff, R, E, N, K)
-               : m->be->moe_gemm(m->ctx, out0, out1, inp, a, b, m->ws.roff, R, E, N, K));
+    CM_TRY(act ? m->be->moe_gemm_swiglu(m->ctx, act, inp, src, tk, a, b, m->ws.roff, R, E, N, K)
+               : m->be->moe_gemm(m->ctx, out0, out1, inp, src, tk, a, b, m->ws.roff, R, E, N, K));
     CM_TRY(ts_mark(m, &t1));
     if (m->gemm_acc) *m->gemm_acc += t1 - t0;
     return CM_OK;
 }
 
-/* The experts through moe_gemm: gate, up and swiglu in one call where the backend has
- * moe_gemm_swiglu (else gate and up in one call, then swiglu to bf16), then down. */
+/* The experts through moe_gemm, reading each sorted row's token from the normed input itself
+ * (no gathered copy): gate, up and swiglu in one call where the backend has moe_gemm_swiglu
+ * (else gate and up in one call, then swiglu to bf16), then down. */
 static cm_status experts_grouped(ts_model *m, const ts_layer *L, int64_t T) {
     ts_ws        *w = &m->ws;
     const int64_t D = m->cfg.hidden_size, Ie = m->cfg.moe_intermediate_size, E = m->cfg.n_experts;
     const int64_t R = T * m->cfg.n_experts_per_tok;
     if (m->be->moe_gemm_swiglu) {
-        CM_TRY(moe_gemm(m, NULL, NULL, (uint16_t *)w->eact, w->xg, L->ex_ptrs, L->ex_ptrs + E, R, Ie, D));
+        CM_TRY(moe_gemm(m, NULL, NULL, (uint16_t *)w->eact, w->h16, w->rsrc, L->ex_ptrs, L->ex_ptrs + E, R, Ie, D));
     } else {
-        CM_TRY(moe_gemm(m, w->eg, w->eu, NULL, w->xg, L->ex_ptrs, L->ex_ptrs + E, R, Ie, D));
+        CM_TRY(moe_gemm(m, w->eg, w->eu, NULL, w->h16, w->rsrc, L->ex_ptrs, L->ex_ptrs + E, R, Ie, D));
         CM_TRY(m->be->swiglu_bf16(m->ctx, (uint16_t *)w->eact, w->eg, w->eu, R * Ie));
     }
-    return moe_gemm(m, w->ey, NULL, NULL, w->eact, L->ex_ptrs + 2 * E, NULL, R, D, Ie);
+    return moe_gemm(m, w->ey, NULL, NULL, w->eact, NULL, L->ex_ptrs + 2 * E, NULL, R, D, Ie);
 }
 
 /* The experts one GEMM each over its rows, from the row counts downloaded to the host. */
@@ -159,6 +161,8 @@ static cm_status experts_loop(ts_model *m, const ts_layer *L, int64_t T) {
     ts_ws            *w  = &m->ws;
     const int64_t     D = m->cfg.hidden_size, Ie = m->cfg.moe_intermediate_size, R = T * m->cfg.n_experts_per_tok;
     const int         E = m->cfg.n_experts;
+    CM_TRY(be->moe_gather(cx, w->xg, m->fused ? (const void *)w->h16 : (const void *)w->h,
+                          m->fused ? CM_DTYPE_BF16 : CM_DTYPE_F32, w->rsrc, T, m->cfg.n_experts_per_tok, D));
     CM_TRY(be->download(cx, w->roff_host, w->roff, (size_t)(E + 1) * sizeof(int32_t)));
     const int32_t *off = w->roff_host;
     for (int e = 0; e < E; e++) {
@@ -186,7 +190,6 @@ cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, cons
     ts_ws               *w  = &m->ws;
     const int64_t        D = c->hidden_size;
     const int            E = c->n_experts, K = c->n_experts_per_tok;
-    const cm_dtype       adt = m->fused ? CM_DTYPE_BF16 : CM_DTYPE_F32;
 
     CM_TRY(ts_gemm_h(m, w->rlogits, &L->router, T, E, D));
     CM_TRY(be->moe_route(cx, w->ridx, w->rw, w->rlogits, T, E, K, c->norm_topk_prob));
@@ -194,7 +197,6 @@ cm_status ts_forward_moe(ts_model *m, const ts_layer *L, int li, int64_t T, cons
         CM_TRY(be->download(cx, cap->experts + (size_t)li * (size_t)T * (size_t)K, w->ridx,
                             (size_t)(T * K) * sizeof(int32_t)));
     CM_TRY(be->moe_group(cx, w->roff, w->rsrc, w->rdst, w->ridx, T, E, K));
-    CM_TRY(be->moe_gather(cx, w->xg, m->fused ? (const void *)w->h16 : (const void *)w->h, adt, w->rsrc, T, K, D));
     double *const acc    = m->gemm_acc; /* the experts' GEMMs are timed apart too */
     const double  before = m->tm.expert_gemm_ms;
     m->gemm_acc          = &m->tm.expert_gemm_ms;

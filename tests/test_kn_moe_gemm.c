@@ -10,11 +10,12 @@
  *                           cases plus the Qwen3.5-35B-A3B expert shapes), within (K + 8)·2^-24·Σ|a·b|
  *                           (any fp32 summation order meets it; a wrong row, expert or column does
  *                           not); the two-set call equal bit for bit to two one-set calls; rows
- *                           past offsets[E] untouched; the 8-warp layout (TANDEM_MOE_GEMM_WARPS=8)
- *                           bit-identical to the default 4-warp one. Label gpu, exits 77 without a cuda
- *                           device.
+ *                           past offsets[E] untouched; the other tilings (TANDEM_MOE_GEMM_TILE 128w8
+ *                           and 64w4) bit-identical to the default 128w4. Label gpu, exits 77 without
+ *                           a cuda device.
  * Both: moe_gemm_swiglu equal bit for bit to moe_gemm of gate and up then swiglu_bf16 on the same
- * backend, and nothing written past offsets[E]. */
+ * backend, and nothing written past offsets[E]; rows read through src (a random permutation, topk
+ * rows per input row: the gather fused into the loads) as well as directly. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,8 +31,9 @@
 /* One problem on the host: inputs, E weight matrices per set, the offsets, the exact results. */
 typedef struct prob {
     long      R, N, K;
-    int       E, sets;
-    uint16_t *inp;    /* [R, K] */
+    int       E, sets, topk; /* topk > 0: rows read through src (the gather fused into the loads) */
+    uint16_t *inp;    /* [R, K], or [ceil(R / topk), K] with src */
+    int32_t  *src;    /* [R] a permutation of [0, R), or NULL */
     uint16_t *w[2];   /* [E, N, K] each */
     int32_t  *off;    /* [E + 1] */
     double   *ref[2]; /* [R, N] */
@@ -46,8 +48,20 @@ static uint16_t *rand_bf16(long n) {
 
 /* Rows [0, used) split over the experts at random, some experts empty (every third is empty when
  * skew is 1; with skew 2 the first expert takes them all). */
-static prob make(long R, int E, long N, long K, int sets, long used, int skew) {
-    prob p = {R, N, K, E, sets, rand_bf16(R * K), {NULL, NULL}, tst_xcalloc((size_t)(E + 1) * 4), {0}, {0}};
+static prob make(long R, int E, long N, long K, int sets, long used, int skew, int topk) {
+    const long rows = topk > 0 ? (R + topk - 1) / topk : R;
+    prob       p    = {R,   N, K, E, sets, topk, rand_bf16(rows * K), NULL, {NULL, NULL}, tst_xcalloc((size_t)(E + 1) * 4),
+                       {0}, {0}};
+    if (topk > 0) { /* src: a random permutation of [0, R) */
+        p.src = tst_xcalloc((size_t)R * 4);
+        for (long j = 0; j < R; j++) p.src[j] = (int32_t)j;
+        for (long j = R - 1; j > 0; j--) {
+            const long    i = (long)(tst_urand() * (double)(j + 1));
+            const int32_t v = p.src[i];
+            p.src[i]        = p.src[j];
+            p.src[j]        = v;
+        }
+    }
     for (int s = 0; s < sets; s++) p.w[s] = rand_bf16((long)E * N * K);
     long *cnt = tst_xcalloc((size_t)E * sizeof(long));
     for (long j = 0; j < used; j++) {
@@ -64,7 +78,7 @@ static prob make(long R, int E, long N, long K, int sets, long used, int skew) {
         for (int e = 0; e < E; e++)
             for (long j = p.off[e]; j < p.off[e + 1]; j++)
                 for (long n = 0; n < N; n++) {
-                    const uint16_t *a = p.inp + j * K, *b = p.w[s] + ((long)e * N + n) * K;
+                    const uint16_t *a = p.inp + (p.src ? p.src[j] / topk : j) * K, *b = p.w[s] + ((long)e * N + n) * K;
                     double          acc = 0, ab = 0;
                     for (long k = 0; k < K; k++) {
                         const double t = (double)tst_bf16_widen(a[k]) * (double)tst_bf16_widen(b[k]);
@@ -80,6 +94,7 @@ static prob make(long R, int E, long N, long K, int sets, long used, int skew) {
 
 static void drop(prob *p) {
     free(p->inp);
+    free(p->src);
     free(p->off);
     for (int s = 0; s < 2; s++) {
         free(p->w[s]);
@@ -108,11 +123,17 @@ static void check(const char *name, const prob *p, int s, const float *got, doub
 static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one, float *out[2], uint16_t **act) {
     const long  R = p->R, N = p->N, K = p->K;
     const int   E = p->E;
-    void       *inp, *off, *o[2] = {NULL, NULL}, *tab[2] = {NULL, NULL}, **mats = tst_xcalloc((size_t)(2 * E) * 8);
+    const long  rows = p->src ? (R + p->topk - 1) / p->topk : R;
+    void       *inp, *off, *src = NULL, *o[2] = {NULL, NULL}, *tab[2] = {NULL, NULL};
+    void      **mats = tst_xcalloc((size_t)(2 * E) * 8);
     float      *fill = tst_zeros_f32(R * N);
     for (long i = 0; i < R * N; i++) fill[i] = SENTINEL;
-    tst_ok(be->alloc(cx, &inp, (size_t)(R * K) * 2), "alloc inp");
-    tst_ok(be->upload(cx, inp, p->inp, (size_t)(R * K) * 2), "upload inp");
+    tst_ok(be->alloc(cx, &inp, (size_t)(rows * K) * 2), "alloc inp");
+    tst_ok(be->upload(cx, inp, p->inp, (size_t)(rows * K) * 2), "upload inp");
+    if (p->src) {
+        tst_ok(be->alloc(cx, &src, (size_t)R * 4), "alloc src");
+        tst_ok(be->upload(cx, src, p->src, (size_t)R * 4), "upload src");
+    }
     tst_ok(be->alloc(cx, &off, (size_t)(E + 1) * 4), "alloc offsets");
     tst_ok(be->upload(cx, off, p->off, (size_t)(E + 1) * 4), "upload offsets");
     for (int s = 0; s < p->sets; s++) {
@@ -127,10 +148,10 @@ static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one,
         tst_ok(be->upload(cx, o[s], fill, (size_t)(R * N) * 4), "upload out");
     }
     if (p->sets == 2 && !one_by_one) {
-        tst_ok(be->moe_gemm(cx, o[0], o[1], inp, tab[0], tab[1], off, R, E, N, K), "moe_gemm (two sets)");
+        tst_ok(be->moe_gemm(cx, o[0], o[1], inp, src, p->topk, tab[0], tab[1], off, R, E, N, K), "moe_gemm (two sets)");
     } else {
         for (int s = 0; s < p->sets; s++)
-            tst_ok(be->moe_gemm(cx, o[s], NULL, inp, tab[s], NULL, off, R, E, N, K), "moe_gemm");
+            tst_ok(be->moe_gemm(cx, o[s], NULL, inp, src, p->topk, tab[s], NULL, off, R, E, N, K), "moe_gemm");
     }
     if (act) {
         void *a;
@@ -138,7 +159,7 @@ static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one,
         memset(*act, 0xff, (size_t)(R * N) * 2);
         tst_ok(be->alloc(cx, &a, (size_t)(R * N) * 2), "alloc act");
         tst_ok(be->upload(cx, a, *act, (size_t)(R * N) * 2), "upload act");
-        tst_ok(be->moe_gemm_swiglu(cx, a, inp, tab[0], tab[1], off, R, E, N, K), "moe_gemm_swiglu");
+        tst_ok(be->moe_gemm_swiglu(cx, a, inp, src, p->topk, tab[0], tab[1], off, R, E, N, K), "moe_gemm_swiglu");
         tst_ok(be->download(cx, *act, a, (size_t)(R * N) * 2), "download act");
         be->free(cx, a);
     }
@@ -150,6 +171,7 @@ static void run(const kn_backend *be, kn_ctx *cx, const prob *p, int one_by_one,
         for (int e = 0; e < E; e++) be->free(cx, mats[s * E + e]);
     }
     be->free(cx, inp);
+    be->free(cx, src);
     be->free(cx, off);
     free(mats);
     free(fill);
@@ -181,64 +203,73 @@ static void check_act(const char *name, const kn_backend *be, kn_ctx *cx, const 
     free(want);
 }
 
+/* The other tilings (TANDEM_MOE_GEMM_TILE) against the default's results: the same sums in the same order. */
+static void check_tilings(const char *name, const kn_backend *be, kn_ctx *cx, const prob *p, float *const got[2],
+                          const uint16_t *act) {
+    static const char *const tilings[] = {"128w8", "64w4"};
+    for (int i = 0; i < 2; i++) {
+        float    *one[2] = {NULL, NULL};
+        uint16_t *act_t  = NULL;
+        setenv("TANDEM_MOE_GEMM_TILE", tilings[i], 1);
+        run(be, cx, p, 0, one, act ? &act_t : NULL);
+        unsetenv("TANDEM_MOE_GEMM_TILE");
+        int same = 1;
+        for (int s = 0; s < p->sets; s++) {
+            same = same && memcmp(got[s], one[s], (size_t)(p->R * p->N) * 4) == 0;
+            free(one[s]);
+        }
+        if (act) same = same && memcmp(act, act_t, (size_t)(p->R * p->N) * 2) == 0;
+        free(act_t);
+        printf("%-52s tiling %-5s against 128w4: %s\n", name, tilings[i], same ? "bit-identical" : "DIFFER");
+        TST_CHECK(same);
+    }
+}
+
 static void case_on(const kn_backend *be, kn_ctx *cx, long R, int E, long N, long K, int sets, long used,
-                    int skew, double tol) {
-    prob      p = make(R, E, N, K, sets, used, skew);
+                    int skew, int topk, double tol) {
+    prob      p = make(R, E, N, K, sets, used, skew, topk);
     float    *got[2] = {NULL, NULL}, *one[2] = {NULL, NULL};
     uint16_t *act = NULL;
     run(be, cx, &p, 0, got, sets == 2 ? &act : NULL);
     char name[128];
     for (int s = 0; s < sets; s++) {
-        snprintf(name, sizeof name, "%s R=%ld used=%ld E=%d N=%ld K=%ld set %d/%d", be->name, R, used, E, N, K,
-                 s + 1, sets);
+        snprintf(name, sizeof name, "%s R=%ld used=%ld E=%d N=%ld K=%ld%s set %d/%d", be->name, R, used, E, N, K,
+                 topk ? " src" : "", s + 1, sets);
         check(name, &p, s, got[s], tol);
     }
     if (sets == 2) { /* two sets in one call = each set alone, bit for bit; swiglu = the two calls */
         check_act(name, be, cx, &p, got[0], got[1], act);
-        free(act);
         run(be, cx, &p, 1, one, NULL);
         for (int s = 0; s < 2; s++) {
             TST_CHECK(memcmp(got[s], one[s], (size_t)(R * N) * 4) == 0);
             free(one[s]);
         }
     }
-    if (strcmp(be->name, "cuda") == 0) { /* 8 warps of 64 × 32: the same sums in the same order */
-        setenv("TANDEM_MOE_GEMM_WARPS", "8", 1);
-        uint16_t *act8 = NULL;
-        run(be, cx, &p, 0, one, sets == 2 ? &act8 : NULL);
-        unsetenv("TANDEM_MOE_GEMM_WARPS");
-        int same = 1;
-        for (int s = 0; s < sets; s++) {
-            same = same && memcmp(got[s], one[s], (size_t)(R * N) * 4) == 0;
-            free(one[s]);
-        }
-        if (act8) {
-            uint16_t *act4 = NULL;
-            run(be, cx, &p, 0, one, &act4);
-            same = same && memcmp(act4, act8, (size_t)(R * N) * 2) == 0;
-            for (int s = 0; s < sets; s++) free(one[s]);
-            free(act4);
-            free(act8);
-        }
-        printf("%-52s 8 warps of 64x32 vs 4 of 64x64: %s\n", name, same ? "bit-identical" : "DIFFER");
-        TST_CHECK(same);
-    }
+    if (strcmp(be->name, "cuda") == 0) check_tilings(name, be, cx, &p, got, act);
+    free(act);
     for (int s = 0; s < sets; s++) free(got[s]);
     drop(&p);
 }
 
-/* The refusals; offsets are read only by the cpu (on cuda they are device memory, not checked). */
-static void refusals(const kn_backend *be, kn_ctx *cx, int host_offsets) {
+/* The refusals; offsets and src are read only by the cpu (on cuda they are device memory, not checked). */
+static void refusals(const kn_backend *be, kn_ctx *cx, int host_tables) {
     static uint16_t x[64] __attribute__((aligned(16))), w[64];
     const uint16_t *tab[2] = {w, w};
     float           out[64];
-    int32_t         bad_order[3] = {0, 5, 3}, past[3] = {0, 2, 9}, ok[3] = {0, 2, 4};
-    TST_FAILS(be->moe_gemm(cx, out, NULL, x, tab, NULL, ok, 4, 2, 1, 12), CM_ERR_INVALID_ARG, "K=12", "multiple of 8");
-    TST_FAILS(be->moe_gemm(cx, out, out, x, tab, NULL, ok, 4, 2, 1, 8), CM_ERR_INVALID_ARG, "out1 and w1");
-    TST_FAILS(be->moe_gemm(cx, out, NULL, x, tab, NULL, ok, 4, 0, 1, 8), CM_ERR_INVALID_ARG, "E=0");
-    if (!host_offsets) return;
-    TST_FAILS(be->moe_gemm(cx, out, NULL, x, tab, NULL, bad_order, 5, 2, 1, 8), CM_ERR_INVALID_ARG, "not ascending");
-    TST_FAILS(be->moe_gemm(cx, out, NULL, x, tab, NULL, past, 4, 2, 1, 8), CM_ERR_INVALID_ARG, "outside [0, R=4]");
+    int32_t bad_order[3] = {0, 5, 3}, past[3] = {0, 2, 9}, ok[3] = {0, 2, 4}, src[4] = {0, 1, 2, 3}, far[4] = {0, 1, 2, 4};
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, NULL, 0, tab, NULL, ok, 4, 2, 1, 12), CM_ERR_INVALID_ARG, "K=12",
+              "multiple of 8");
+    TST_FAILS(be->moe_gemm(cx, out, out, x, NULL, 0, tab, NULL, ok, 4, 2, 1, 8), CM_ERR_INVALID_ARG, "out1 and w1");
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, NULL, 0, tab, NULL, ok, 4, 0, 1, 8), CM_ERR_INVALID_ARG, "E=0");
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, src, 0, tab, NULL, ok, 4, 2, 1, 8), CM_ERR_INVALID_ARG, "topk=0");
+    TST_FAILS(be->moe_gemm_swiglu(cx, (uint16_t *)out, x, NULL, 0, tab, NULL, ok, 4, 2, 1, 8), CM_ERR_INVALID_ARG,
+              "w1");
+    if (!host_tables) return;
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, NULL, 0, tab, NULL, bad_order, 5, 2, 1, 8), CM_ERR_INVALID_ARG,
+              "not ascending");
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, NULL, 0, tab, NULL, past, 4, 2, 1, 8), CM_ERR_INVALID_ARG,
+              "outside [0, R=4]");
+    TST_FAILS(be->moe_gemm(cx, out, NULL, x, far, 2, tab, NULL, ok, 4, 2, 1, 8), CM_ERR_INVALID_ARG, "src[3]=4");
 }
 
 static int run_cpu(void) {
@@ -246,11 +277,13 @@ static int run_cpu(void) {
     kn_ctx           *cx = NULL;
     if (!tst_ok(be->ctx_create(&cx, NULL), "cpu ctx_create")) return tst_report();
     const double tol = 2 * U24;
-    case_on(be, cx, 1, 1, 1, 8, 1, 1, 0, tol);
-    case_on(be, cx, 9, 3, 5, 24, 2, 9, 1, tol);
-    case_on(be, cx, 40, 7, 37, 40, 2, 33, 1, tol); /* 7 rows past offsets[E] */
-    case_on(be, cx, 64, 5, 16, 64, 1, 64, 2, tol); /* every row in expert 0 */
-    case_on(be, cx, 10, 4, 3, 8, 1, 0, 0, tol);    /* no rows at all */
+    case_on(be, cx, 1, 1, 1, 8, 1, 1, 0, 0, tol);
+    case_on(be, cx, 9, 3, 5, 24, 2, 9, 1, 0, tol);
+    case_on(be, cx, 40, 7, 37, 40, 2, 33, 1, 0, tol); /* 7 rows past offsets[E] */
+    case_on(be, cx, 64, 5, 16, 64, 1, 64, 2, 0, tol); /* every row in expert 0 */
+    case_on(be, cx, 10, 4, 3, 8, 1, 0, 0, 0, tol);    /* no rows at all */
+    case_on(be, cx, 40, 7, 37, 40, 2, 40, 1, 3, tol); /* rows read through src, 3 per token */
+    case_on(be, cx, 64, 5, 16, 64, 1, 60, 0, 8, tol);
     refusals(be, cx, 1);
     be->ctx_destroy(&cx);
     return tst_report();
@@ -268,17 +301,17 @@ static int run_cuda(void) {
         long N, K;
         int  sets;
         long used;
-        int  skew;
+        int  skew, topk;
     } cs[] = {
-        {1, 1, 1, 8, 1, 1, 0},          {9, 3, 5, 24, 2, 9, 1},          {40, 7, 37, 40, 2, 33, 1},
-        {64, 5, 16, 64, 1, 64, 2},      {10, 4, 3, 8, 1, 0, 0},          {300, 7, 130, 136, 2, 300, 1},
-        {1000, 64, 257, 520, 1, 999, 1}, {4099, 3, 129, 8, 2, 4000, 0},   {200, 256, 200, 2048, 2, 200, 0},
-        {1024, 256, 512, 2048, 2, 1024, 0}, /* Qwen3.5-35B-A3B: gate and up (Ie 512, D 2048) */
-        {1024, 256, 2048, 512, 1, 1024, 0}, /* and its down projection */
-        {8192, 8, 64, 256, 2, 8192, 2},     /* one expert with every row: 64 row tiles in a row */
+        {1, 1, 1, 8, 1, 1, 0, 0},           {9, 3, 5, 24, 2, 9, 1, 0},         {40, 7, 37, 40, 2, 33, 1, 3},
+        {64, 5, 16, 64, 1, 64, 2, 0},       {10, 4, 3, 8, 1, 0, 0, 0},         {300, 7, 130, 136, 2, 300, 1, 3},
+        {1000, 64, 257, 520, 1, 999, 1, 0}, {4099, 3, 129, 8, 2, 4000, 0, 1},  {200, 256, 200, 2048, 2, 200, 0, 8},
+        {1024, 256, 512, 2048, 2, 1024, 0, 8}, /* Qwen3.5-35B-A3B: gate and up (Ie 512, D 2048), 8 per token */
+        {1024, 256, 2048, 512, 1, 1024, 0, 0}, /* and its down projection */
+        {8192, 8, 64, 256, 2, 8192, 2, 0},     /* one expert with every row: 64 row tiles in a row */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
-        case_on(be, cx, cs[i].R, cs[i].E, cs[i].N, cs[i].K, cs[i].sets, cs[i].used, cs[i].skew,
+        case_on(be, cx, cs[i].R, cs[i].E, cs[i].N, cs[i].K, cs[i].sets, cs[i].used, cs[i].skew, cs[i].topk,
                 (double)(cs[i].K + 8) * U24);
     refusals(be, cx, 0);
     be->ctx_destroy(&cx);

@@ -152,8 +152,9 @@ cm_status kn_ref_moe_combine(kn_ctx *ctx, float *out, const float *y, const int3
     return CM_OK;
 }
 
-cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const uint16_t *const *w0,
-                          const uint16_t *const *w1, const int32_t *offsets, int64_t R, int E, int64_t N, int64_t K) {
+cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const int32_t *src, int topk,
+                          const uint16_t *const *w0, const uint16_t *const *w1, const int32_t *offsets, int64_t R,
+                          int E, int64_t N, int64_t K) {
     KN_REF_CHECK(ctx, "moe_gemm: ctx is NULL");
     KN_REF_CHECK(R >= 0 && N >= 0 && K >= 0 && R <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX,
                  "moe_gemm: bad shape R=%lld N=%lld K=%lld (each in [0, 2^31))", (long long)R, (long long)N,
@@ -161,6 +162,7 @@ cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t 
     KN_REF_CHECK(E >= 1 && E <= KN_MOE_MAX_EXPERTS, "moe_gemm: E=%d experts is outside [1, %d]", E,
                  KN_MOE_MAX_EXPERTS);
     KN_REF_CHECK(!out1 == !w1, "moe_gemm: out1 and w1 go together (both or neither)");
+    KN_REF_CHECK(!src || topk >= 1, "moe_gemm: topk=%d must be >= 1 with src", topk);
     if (R == 0 || N == 0) return CM_OK;
     KN_REF_CHECK(out0 && inp && w0 && offsets, "moe_gemm: out0, inp, w0 or offsets is NULL");
     KN_REF_CHECK(K % 8 == 0, "moe_gemm: K=%lld must be a multiple of 8 (rows are read 16 bytes at a time); use "
@@ -170,6 +172,9 @@ cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t 
     for (int e = 0; e < E; e++)
         KN_REF_CHECK(offsets[e] <= offsets[e + 1], "moe_gemm: offsets[%d]=%d > offsets[%d]=%d (not ascending)", e,
                      (int)offsets[e], e + 1, (int)offsets[e + 1]);
+    for (int64_t j = 0; src && j < offsets[E]; j++)
+        KN_REF_CHECK(src[j] >= 0 && src[j] < R, "moe_gemm: src[%lld]=%d is outside [0, R=%lld)", (long long)j,
+                     (int)src[j], (long long)R);
     for (int s = 0; s < (out1 ? 2 : 1); s++) {
         float                 *out = s ? out1 : out0;
         const uint16_t *const *w   = s ? w1 : w0;
@@ -181,9 +186,10 @@ cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t 
 #endif
             for (int64_t r = r0; r < r1; r++)
                 for (int64_t n = 0; n < N; n++) {
-                    double acc = 0.0;
+                    const uint16_t *x   = inp + (src ? src[r] / topk : r) * K;
+                    double          acc = 0.0;
                     for (int64_t k = 0; k < K; k++)
-                        acc += (double)cm_bf16_to_f32(inp[r * K + k]) * (double)cm_bf16_to_f32(w[e][n * K + k]);
+                        acc += (double)cm_bf16_to_f32(x[k]) * (double)cm_bf16_to_f32(w[e][n * K + k]);
                     out[r * N + n] = (float)acc;
                 }
         }
@@ -191,18 +197,18 @@ cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t 
     return CM_OK;
 }
 
-cm_status kn_ref_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const uint16_t *const *wg,
-                                 const uint16_t *const *wu, const int32_t *offsets, int64_t R, int E, int64_t N,
-                                 int64_t K) {
+cm_status kn_ref_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const int32_t *src, int topk,
+                                 const uint16_t *const *wg, const uint16_t *const *wu, const int32_t *offsets,
+                                 int64_t R, int E, int64_t N, int64_t K) {
     KN_REF_CHECK(ctx, "moe_gemm_swiglu: ctx is NULL");
     KN_REF_CHECK(R >= 0 && N >= 0 && R <= INT32_MAX && N <= INT32_MAX, "moe_gemm_swiglu: bad shape R=%lld N=%lld",
                  (long long)R, (long long)N);
     KN_REF_CHECK(wu || R == 0 || N == 0, "moe_gemm_swiglu: out, inp, w0, w1 or offsets is NULL (wu)");
-    if (R == 0 || N == 0) return kn_ref_moe_gemm(ctx, NULL, NULL, inp, wg, NULL, offsets, R, E, N, K);
+    if (R == 0 || N == 0) return kn_ref_moe_gemm(ctx, NULL, NULL, inp, src, topk, wg, NULL, offsets, R, E, N, K);
     const size_t n = (size_t)R * (size_t)N;
     float       *g = malloc(n * sizeof(float)), *u = malloc(n * sizeof(float));
     cm_status    st = g && u ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "moe_gemm_swiglu: cannot allocate 2 x %zu floats", n);
-    if (st == CM_OK) st = kn_ref_moe_gemm(ctx, g, u, inp, wg, wu, offsets, R, E, N, K);
+    if (st == CM_OK) st = kn_ref_moe_gemm(ctx, g, u, inp, src, topk, wg, wu, offsets, R, E, N, K);
     /* rows past offsets[E] are not written: act there is left as it was */
     if (st == CM_OK) st = kn_ref_swiglu_bf16(ctx, act, g, u, (int64_t)offsets[E] * N);
     free(g);

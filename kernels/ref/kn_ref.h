@@ -235,12 +235,13 @@ cm_status kn_ref_moe_combine(kn_ctx *ctx, float *out, const float *y, const int3
                              const float *shared, const float *sgate, int64_t T, int K, int64_t D);
 /* moe_gemm: each output a double sum of the bf16 products rounded once to fp32 (more exact than
  * the kernel's fp32 accumulation; tests allow the difference); offsets validated. */
-cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const uint16_t *const *w0,
-                          const uint16_t *const *w1, const int32_t *offsets, int64_t R, int E, int64_t N, int64_t K);
+cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const int32_t *src, int topk,
+                          const uint16_t *const *w0, const uint16_t *const *w1, const int32_t *offsets, int64_t R,
+                          int E, int64_t N, int64_t K);
 /* moe_gemm_swiglu: moe_gemm into two F32 buffers, then swiglu_bf16 (the composition, by definition). */
-cm_status kn_ref_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const uint16_t *const *wg,
-                                 const uint16_t *const *wu, const int32_t *offsets, int64_t R, int E, int64_t N,
-                                 int64_t K);
+cm_status kn_ref_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const int32_t *src, int topk,
+                                 const uint16_t *const *wg, const uint16_t *const *wu, const int32_t *offsets,
+                                 int64_t R, int E, int64_t N, int64_t K);
 
 // ---- scalar functions shared by the reference files
 static inline double kn_ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
