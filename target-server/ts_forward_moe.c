@@ -44,6 +44,8 @@ void ts_moe_release(ts_model *m) {
     w->xg = w->eact = NULL;
 }
 
+static int grouped(const ts_model *m, const ts_layer *L);
+
 cm_status ts_moe_reserve(ts_model *m, int64_t T) {
     if (!has_moe(m)) return CM_OK;
     const kn_backend    *be = m->be;
@@ -55,6 +57,12 @@ cm_status ts_moe_reserve(ts_model *m, int64_t T) {
     const int64_t D = c->hidden_size, E = c->n_experts, K = c->n_experts_per_tok, Ie = c->moe_intermediate_size;
     const int64_t R = T * K;
     const size_t  act = m->fused ? 2 : 4; /* bf16 on the fused path */
+    /* the gathered rows, and gate and up in f32, only where some layer needs them: one GEMM per
+     * expert reads xg and writes eg and eu; the grouped GEMMs without moe_gemm_swiglu write eg, eu */
+    int loop = 0;
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].moe && !grouped(m, &m->layers[i])) loop = 1;
+    const size_t gu = loop || !be->moe_gemm_swiglu ? 4 : 0, xg = loop ? act : 0;
     struct {
         void  **p;
         int64_t n;
@@ -62,12 +70,12 @@ cm_status ts_moe_reserve(ts_model *m, int64_t T) {
     } plan[] = {
         {(void **)&w->rlogits, T * E, 4}, {(void **)&w->ridx, R, 4}, {(void **)&w->roff, E + 1, 4},
         {(void **)&w->rsrc, R, 4},        {(void **)&w->rdst, R, 4}, {(void **)&w->rw, R, 4},
-        {&w->xg, R * D, act},             {(void **)&w->eg, R * Ie, 4}, {(void **)&w->eu, R * Ie, 4},
+        {&w->xg, R * D, xg},              {(void **)&w->eg, R * Ie, gu}, {(void **)&w->eu, R * Ie, gu},
         {&w->eact, R * Ie, act},          {(void **)&w->ey, R * D, 4}, {(void **)&w->sh, T * D, 4},
         {(void **)&w->shg, T, 4},
     };
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
-        CM_TRY(be->alloc(m->ctx, plan[i].p, (size_t)(plan[i].n > 0 ? plan[i].n : 1) * plan[i].el));
+        if (plan[i].el) CM_TRY(be->alloc(m->ctx, plan[i].p, (size_t)(plan[i].n > 0 ? plan[i].n : 1) * plan[i].el));
     w->roff_host = malloc((size_t)(E + 1) * sizeof *w->roff_host);
     if (!w->roff_host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %lld expert offsets", (long long)(E + 1));
     return CM_OK;
