@@ -58,6 +58,33 @@ template <typename T> static __device__ T block_sum(T v, T *sh) {
     return warp_sum(v);
 }
 
+/* Inclusive prefix sum of x over the threads of a block of 1024 (thread order), by shuffles
+ * within each warp and then over the warps' sums; *total gets the block's sum. sh holds 32
+ * values. */
+static __device__ int32_t block_incl_scan_1024(int32_t x, int32_t *sh, int32_t *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int32_t y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        sh[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int32_t ws = sh[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t y = __shfl_up_sync(0xffffffffu, ws, o);
+            if (lane >= o)
+                ws += y;
+        }
+        sh[lane] = ws;
+    }
+    __syncthreads();
+    *total = sh[31];
+    return x + (warp ? sh[warp - 1] : 0);
+}
+
 // ----------------------------------------------------------------------------
 // packed sequences
 

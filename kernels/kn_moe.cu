@@ -22,6 +22,7 @@
  * Every op writes its outputs (=); none accumulates. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #define MOE_ROUTE_WARPS 4    /* tokens per CTA of route */
 #define MOE_CHUNK       1024 /* least assignments per chunk of group */
@@ -111,34 +112,15 @@ static __global__ void moe_count_kernel(int32_t *cnt, const int32_t *idx, int64_
  * column e over the chunks before c, and offsets the exclusive sum of the column totals. */
 static __global__ void moe_scan_kernel(int32_t *offsets, int32_t *cnt, int64_t n_chunks, int E) {
     __shared__ int32_t wsum[32];
-    const int          e = threadIdx.x, lane = e & 31, warp = e >> 5;
-    int32_t            run = 0;
+    const int          e = threadIdx.x;
+    int32_t            run = 0, total;
     if (e < E)
         for (int64_t c = 0; c < n_chunks; c++) {
             const int32_t v = cnt[c * E + e];
             cnt[c * E + e] = run;
             run += v;
         }
-    int32_t x = run; /* inclusive scan over e: within the warp, then over the warps' sums */
-    for (int o = 1; o < 32; o <<= 1) {
-        const int32_t y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    if (lane == 31)
-        wsum[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int32_t ws = wsum[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            const int32_t y = __shfl_up_sync(0xffffffffu, ws, o);
-            if (lane >= o)
-                ws += y;
-        }
-        wsum[lane] = ws;
-    }
-    __syncthreads();
-    const int32_t incl = x + (warp ? wsum[warp - 1] : 0);
+    const int32_t incl = block_incl_scan_1024(run, wsum, &total);
     if (e < E)
         offsets[e] = incl - run;
     if (e == E - 1)

@@ -45,33 +45,14 @@ static_assert((size_t)64 * MG_CLD * sizeof(float) <= mg_smem(64), "the swiglu ti
  * for the ceil(n_e / bm) tiles of expert e, tiles[i] = (−1, 0) from the total to n_slots. */
 static __global__ void moe_tiles_kernel(int2 *tiles, int64_t n_slots, const int32_t *offsets, int E, int bm) {
     __shared__ int32_t wsum[32];
-    const int          e = threadIdx.x, lane = e & 31, warp = e >> 5;
-    int32_t            r0 = 0, cnt = 0;
+    const int          e = threadIdx.x;
+    int32_t            r0 = 0, cnt = 0, total;
     if (e < E) {
         r0 = offsets[e];
         const int32_t n = offsets[e + 1] - r0;
         cnt = n > 0 ? (n + bm - 1) / bm : 0;
     }
-    int32_t x = cnt; /* inclusive scan over e: within the warp, then over the warps' sums */
-    for (int o = 1; o < 32; o <<= 1) {
-        const int32_t y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    if (lane == 31)
-        wsum[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int32_t ws = wsum[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            const int32_t y = __shfl_up_sync(0xffffffffu, ws, o);
-            if (lane >= o)
-                ws += y;
-        }
-        wsum[lane] = ws;
-    }
-    __syncthreads();
-    const int32_t incl = x + (warp ? wsum[warp - 1] : 0), total = wsum[31];
+    const int32_t incl = block_incl_scan_1024(cnt, wsum, &total);
     for (int32_t i = 0; i < cnt && incl - cnt + i < n_slots; i++)
         tiles[incl - cnt + i] = make_int2(e, r0 + i * bm);
     for (int64_t i = total + threadIdx.x; i < n_slots; i += blockDim.x)
