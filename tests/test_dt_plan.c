@@ -325,6 +325,14 @@ static void test_small_moe(void) {
      * matrices 2·(288 + 616 + 288 + 616 + 672 + 256 + 616) = 6704 → 8912 */
     CLOSE(p.m_target_bf16, 8912);
     TST_CHECK(p.target_gpus_bf16 == 1 && p.target_gpus_fp8 == 1);
+    /* the rates: the run's own target rate, the MoE fp8 factor; without a rate, the MoE default */
+    TST_CHECK(p.target_tflops == 1 && p.fp8_speedup == DT_PLAN_FP8_SPEEDUP_MOE);
+    r.target_tflops = 0;
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    TST_CHECK(p.target_tflops == DT_PLAN_TARGET_TFLOPS_MOE);
+    CLOSE(p.target_tok_s, DT_PLAN_TARGET_TFLOPS_MOE * 1e12 / 5344);
+    CLOSE(p.target_tok_s_fp8, p.target_tok_s * DT_PLAN_FP8_SPEEDUP_MOE);
+    r.target_tflops = 1;
     /* no shared expert: 192 + 8 fewer per sparse layer, in the count and in what a token multiplies */
     t.shared_expert_intermediate_size = 0;
     TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
@@ -333,6 +341,9 @@ static void test_small_moe(void) {
     memset(t.layer_moe, 0, sizeof t.layer_moe);
     TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
     TST_CHECK(p.p_target == 3464 && p.p_target_run == 2016);
+    r.target_tflops = 0; /* and the dense defaults */
+    TST_CHECK(dt_plan_compute(&p, &t, &d, &r) == CM_OK);
+    TST_CHECK(p.target_tflops == DT_PLAN_TARGET_TFLOPS && p.fp8_speedup == DT_PLAN_FP8_SPEEDUP);
 }
 
 /* Bytes of an [N, K] projection at --precision fp8: N·K e4m3 and fp32 scales, ceil(N/128) rows of

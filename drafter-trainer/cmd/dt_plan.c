@@ -197,7 +197,7 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
                        "sequence length %lld is longer than the token budget %lld: a document must fit one "
                        "packed batch; lower --plan-seq-len or raise --token-budget",
                        (long long)r->seq_len, (long long)r->token_budget);
-    if (!(r->target_tflops > 0) || !(r->drafter_tflops > 0) || r->dp_size < 1 || r->credits < 0 ||
+    if (!(r->target_tflops >= 0) || !(r->drafter_tflops > 0) || r->dp_size < 1 || r->credits < 0 ||
         r->lm_chunk_rows < 1 || r->ratio < 0)
         return CM_FAIL(
             CM_ERR_INVALID_ARG,
@@ -300,8 +300,12 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     p->f_drafter_token = p->f_step / T;
     p->s_step = p->f_step / (r->drafter_tflops * 1e12);
     p->trainer_tok_s = T / p->s_step;
-    p->target_tok_s = r->target_tflops * 1e12 / p->f_target_token;
-    p->target_tok_s_fp8 = p->target_tok_s * DT_PLAN_FP8_SPEEDUP;
+    int moe = 0; /* a sparse layer anywhere: the MoE rates */
+    for (int l = 0; l < t->n_layers; l++) moe |= t->n_experts > 0 && t->layer_moe[l];
+    p->target_tflops = r->target_tflops > 0 ? r->target_tflops : moe ? DT_PLAN_TARGET_TFLOPS_MOE : DT_PLAN_TARGET_TFLOPS;
+    p->fp8_speedup = moe ? DT_PLAN_FP8_SPEEDUP_MOE : DT_PLAN_FP8_SPEEDUP;
+    p->target_tok_s = p->target_tflops * 1e12 / p->f_target_token;
+    p->target_tok_s_fp8 = p->target_tok_s * p->fp8_speedup;
     p->target_per_trainer = p->trainer_tok_s / p->target_tok_s;
     p->wire_bps_lo = p->trainer_tok_s * p->wire_lo;
     p->wire_bps_hi = p->trainer_tok_s * p->wire_hi;
@@ -433,8 +437,9 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
     fprintf(f, "  %-40s %9.3f s  (%s tok/s per trainer GPU)\n", "drafter step time", p->s_step,
             human(a, sizeof a, p->trainer_tok_s, ""));
     fprintf(f, "  %-40s %12s tok/s\n", "one target GPU produces", human(b, sizeof b, p->target_tok_s, ""));
-    fprintf(f, "  %-40s %12s tok/s  (x %.2f, the 27B's fp8/bf16 forward on an H200)\n",
-            "  at --precision fp8", human(a, sizeof a, p->target_tok_s_fp8, ""), DT_PLAN_FP8_SPEEDUP);
+    fprintf(f, "  %-40s %12s tok/s  (x %.2f, the %s fp8/bf16 forward on an H200)\n",
+            "  at --precision fp8", human(a, sizeof a, p->target_tok_s_fp8, ""), p->fp8_speedup,
+            p->fp8_speedup == DT_PLAN_FP8_SPEEDUP_MOE ? "35B-A3B's" : "27B's");
     fprintf(f, "  %-40s %12.2f  (%.1f for %d trainer GPU(s))\n\n", "target GPUs per trainer GPU",
             p->target_per_trainer, p->target_per_trainer * r->dp_size, r->dp_size);
 
@@ -459,8 +464,9 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
     fprintf(f, "\nassumptions\n");
     fprintf(f,
             "  achieved rates: target %g TF/s, drafter %g TF/s per GPU (--plan-target-tflops,\n"
-            "    --plan-drafter-tflops; defaults from docs/goals.md for an H200)\n",
-            r->target_tflops, r->drafter_tflops);
+            "    --plan-drafter-tflops; defaults for an H200: target 550 dense from docs/goals.md, 240 MoE\n"
+            "    as measured at the 35B-A3B shape; drafter from docs/goals.md)\n",
+            p->target_tflops, r->drafter_tflops);
     if (r->ratio > 0)
         fprintf(f, "  compression ratio %.2f as given (--plan-ratio)\n", r->ratio);
     else

@@ -41,7 +41,9 @@ typedef struct dt_plan_run {
     int         credits;        /* hidden-state requests in flight per trainer (--credits) */
     cm_encoding encoding;       /* how hidden states travel and are stored */
     double      ratio;          /* > 0: the compression ratio to assume instead of the measured range */
-    double      target_tflops;  /* achieved dense TF/s of one target GPU in prefill */
+    double      target_tflops;  /* achieved TF/s of one target GPU in prefill (of the FLOPs a token
+                                   multiplies); 0: DT_PLAN_TARGET_TFLOPS, or DT_PLAN_TARGET_TFLOPS_MOE
+                                   for a MoE target */
     double      drafter_tflops; /* achieved dense TF/s of one trainer GPU in the drafter step */
     int64_t     lm_chunk_rows;  /* rows per LM-head row tile (kn_lm_ce: 2048) */
     int64_t     dataset_tokens; /* > 0: tokens of one epoch, for the disk total; 0 = unknown */
@@ -54,6 +56,11 @@ typedef struct dt_plan_run {
 /* The 27B target forward at --precision fp8 over bf16, measured on an H200 in one run (15447 against
  * 10884 tokens/s, bench/results/fp8-2026-12-02.md): the plan's fp8 rate is the bf16 one times this. */
 #define DT_PLAN_FP8_SPEEDUP    1.42
+/* A MoE target, measured at the Qwen3.5-35B-A3B shape on an H200 (bench/results/moe35-2026-12-02.md):
+ * 42.3 TFLOP per 8192-token pack in 177.3 ms with the grouped expert GEMMs, 239 TF/s; at
+ * --precision fp8 (FP8 experts one GEMM each) 676.4 against 187.6 ms in one run, 0.28. */
+#define DT_PLAN_TARGET_TFLOPS_MOE 240.0
+#define DT_PLAN_FP8_SPEEDUP_MOE   0.28
 #define DT_PLAN_DRAFTER_TFLOPS 430.0
 /* One H200 as nvidia-smi reports it (143771 MiB; bench/results/drafter2-step-2026-12-02.md), and
  * what a target GPU keeps free beside the weights: the 27B server peaked 4.1 GiB above its 50.1 GiB
@@ -64,7 +71,7 @@ typedef struct dt_plan_run {
 #define DT_PLAN_TARGET_RESERVE  (8.0 * 1024 * 1024 * 1024)
 #define DT_PLAN_RUN_DEFAULT                                                                                  \
     {                                                                                                        \
-        8192, 512, 0, 1, 4, CM_ENCODING_ZSTD_BYTEPLANE, 0, DT_PLAN_TARGET_TFLOPS, DT_PLAN_DRAFTER_TFLOPS,    \
+        8192, 512, 0, 1, 4, CM_ENCODING_ZSTD_BYTEPLANE, 0, 0, DT_PLAN_DRAFTER_TFLOPS,                        \
             2048, 0                                                                                          \
     }
 
@@ -114,7 +121,9 @@ typedef struct dt_plan {
     double s_step;                   /* drafter seconds per step at drafter_tflops */
     double trainer_tok_s;            /* tokens per second one trainer GPU consumes */
     double target_tok_s;             /* tokens per second one target GPU produces */
-    double target_tok_s_fp8;         /* the same at --precision fp8 (× DT_PLAN_FP8_SPEEDUP) */
+    double target_tok_s_fp8;         /* the same at --precision fp8 (× fp8_speedup) */
+    double target_tflops;            /* the target rate the plan used (the run's, or the default) */
+    double fp8_speedup;              /* DT_PLAN_FP8_SPEEDUP, or DT_PLAN_FP8_SPEEDUP_MOE for a MoE target */
     double target_per_trainer;       /* target GPUs that keep one trainer GPU busy */
     double wire_bps_lo, wire_bps_hi; /* hidden-state bytes/s into one trainer GPU */
 } dt_plan;

@@ -105,7 +105,8 @@ static void usage(FILE *f) {
         "  --dry-run                print the plan (parameters, memory per GPU, bytes per token, target\n"
         "                           GPUs per trainer GPU) from the configs, and exit; needs no data\n"
         "  --plan-seq-len N         document length for the plan (default: --token-budget)\n"
-        "  --plan-target-tflops X   achieved target prefill TF/s per GPU for the plan (default 550)\n"
+        "  --plan-target-tflops X   achieved target prefill TF/s per GPU for the plan (default 550, or 240 for\n"
+        "                           a MoE target)\n"
         "  --plan-drafter-tflops X  achieved drafter TF/s per GPU for the plan (default 430)\n"
         "  --plan-ratio X           compression ratio for the plan (default: the measured range)\n");
 }
@@ -264,7 +265,7 @@ int dt_train_args_parse(int argc, char **argv, train_args *a) {
                       .gpu = -1,
                       .encoding = CM_ENCODING_ZSTD_BYTEPLANE,
                       .progress = DT_PROGRESS_AUTO,
-                      .plan_target_tflops = DT_PLAN_TARGET_TFLOPS,
+                      .plan_target_tflops = 0, /* by the target: dense or MoE (dt_plan.h) */
                       .plan_drafter_tflops = DT_PLAN_DRAFTER_TFLOPS};
     cm_args p;
     cm_args_init(&p, CMD, argc, argv);
