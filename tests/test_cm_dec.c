@@ -55,6 +55,7 @@ typedef struct model {
     uint32_t        committed[MAX_HANDLES];
     uint32_t        next_handle;
     atomic_int      delay_ms, fail_internal; /* set by the test while the server runs */
+    atomic_int      entered;                 /* steps begun (before the delay) */
     int             drops, steps;
     char            dropped[600];
     int32_t         dec[MAX_SEQS * 4];
@@ -63,6 +64,7 @@ typedef struct model {
 
 static cm_status fake_step(void *user, const char *client, const cm_proto_decode *rq, cm_proto_answer *ans) {
     model *m = user;
+    atomic_fetch_add(&m->entered, 1);
     if (atomic_load(&m->delay_ms))
         sleep_ms(atomic_load(&m->delay_ms));
     if (atomic_load(&m->fail_internal))
@@ -498,12 +500,16 @@ static void test_stop(void) {
     bg_step     a = {.c = client_new(ep, 2000)}, b = {.c = client_new(ep, 2000)};
     seq         warm = {0};
     TST_CHECK(new_seq(a.c, &warm) == CM_OK && new_seq(b.c, &warm) == CM_OK); /* both connected */
-    atomic_store(&m.delay_ms, 400);
+    /* a's step begins (the server is then inside it for 1 s), then b's request waits behind it; on
+     * a loaded machine fixed sleeps could let b go first, so a's start is observed */
+    atomic_store(&m.delay_ms, 1000);
+    const int e0 = atomic_load(&m.entered);
     pthread_t ta, tb;
     pthread_create(&ta, NULL, bg_main, &a);
-    sleep_ms(100);
+    for (int i = 0; i < 1000 && atomic_load(&m.entered) == e0; i++)
+        sleep_ms(10);
     pthread_create(&tb, NULL, bg_main, &b);
-    sleep_ms(100);
+    sleep_ms(300);
     int64_t t0 = cm_now_ms();
     cm_dec_server_stop(&s);
     int64_t stop_ms = cm_now_ms() - t0;
