@@ -15,7 +15,8 @@
 # ours-fp8.md/.json, with both GEMM-only bounds, and prints fp8 / bf16; for a MoE config,
 # MOE_LOOP=1 (the default) also runs it with one GEMM per expert (TANDEM_MOE_GEMM=loop) into
 # ours-moe-loop.md/.json and prints grouped / per expert, and MOE_TILES=1 (the default) with
-# the grouped kernel's other tilings (TANDEM_MOE_GEMM_TILE=128w8 and 64w4) into ours-moe-<tiling>;
+# the grouped kernel's other tilings (TANDEM_MOE_GEMM_TILE, the list in MOE_TILE_LIST, default
+# "128w4 wg4": the mma.sync kernel and wgmma with 4 stages) into ours-moe-<tiling>;
 # SKIP_HF=1
 # leaves the Transformers side out (its figure from an earlier run stands). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
 # /work/.library/device/README.md): install them first with pip --no-deps into a --target
@@ -59,15 +60,16 @@ ours ours
 [ "${UNFUSED:-0}" = 1 ] && (export TANDEM_TARGET_FUSED=0; ours ours-unfused)
 # a MoE target: also one GEMM per expert (TANDEM_MOE_GEMM=loop), beside the grouped moe_gemm
 grep -q '"num_experts"' "$cfg" && [ "${MOE_LOOP:-1}" = 1 ] && (export TANDEM_MOE_GEMM=loop; ours ours-moe-loop)
-# and the grouped kernel's other tilings (the default is 128w4: 128-row tiles, 4 warps of 64 x 64)
+# and the grouped kernel's other tilings (the default on an H100/H200 is wg: wgmma, 3 stages)
+moe_tiles=${MOE_TILE_LIST:-128w4 wg4}
 if grep -q '"num_experts"' "$cfg" && [ "${MOE_TILES:-1}" = 1 ]; then
-  for t in 128w8 64w4; do (export TANDEM_MOE_GEMM_TILE=$t; ours ours-moe-$t); done
+  for t in $moe_tiles; do (export TANDEM_MOE_GEMM_TILE=$t; ours ours-moe-$t); done
 fi
 
 if [ "$hf_gpu" = skip ]; then :; elif [ "$hf_gpu" != "$ours_gpu" ]; then wait "$hf_pid"; else hf; fi
 [ "$hf_gpu" != skip ] && cat "$out/hf.log"
 
-python3 - "$out" <<'PY'
+python3 - "$out" "$moe_tiles" <<'PY'
 import json, sys
 out = sys.argv[1]
 try:
@@ -99,10 +101,10 @@ try:
 except Exception:
     pass
 try:
-    for t in ("128w8", "64w4"):
+    for t in sys.argv[2].split():
         v = json.load(open(f"{out}/ours-moe-{t}.json"))
         print(f"ours, grouped with tiling {t}: {v['tokens_per_s']:.0f} tok/s ({v['forward_ms']:.1f} ms; experts' "
-              f"GEMMs {v['expert_gemm_ms_per_forward']:.1f} ms timed) against 128w4: "
+              f"GEMMs {v['expert_gemm_ms_per_forward']:.1f} ms timed) against the default: "
               f"{ours['forward_ms']:.1f} ms, {ours['expert_gemm_ms_per_forward']:.1f} ms")
 except Exception:
     pass

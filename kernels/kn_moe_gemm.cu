@@ -11,21 +11,24 @@
  *
  * The product: BM × 128 tiles of fp32 accumulators, mma.sync m16n8k16 on bf16 (kn_mma_sm80.h,
  * sm_80 and later), K in steps of 32 through a 4-stage cp.async ring in shared memory (rows
- * padded to 40 bf16 so that ldmatrix is conflict-free). Three tilings (TANDEM_MOE_GEMM_TILE, for
- * measuring one beside another; all give the same bits, since every output is the same sums in
- * the same order): "128w4" (the default) BM 128 with 4 warps of 64 × 64; "128w8" BM 128 with 8
+ * padded to 40 bf16 so that ldmatrix is conflict-free). Three mma.sync tilings (TANDEM_MOE_GEMM_TILE,
+ * for measuring one beside another; all give the same bits, since every output is the same sums in
+ * the same order): "128w4" (the default off Hopper) BM 128 with 4 warps of 64 × 64; "128w8" BM 128 with 8
  * warps of 64 × 32; "64w4" BM 64 with 4 warps of 64 × 32 (less padding in each expert's last
  * tile). Rows past the expert's last and columns past N load as zeros and are not stored. The
  * column blocks of one row tile are adjacent CTAs, so a tile's rows come from memory about once
  * and from L2 to the others. moe_gemm_swiglu computes gate and up for the same 64 columns in one
  * tile (the B tile's first 64 rows from the gate matrix, the last 64 from up) and writes
- * bf16(silu(gate)·up) through shared memory: the f32 gate and up never reach memory. */
+ * bf16(silu(gate)·up) through shared memory: the f32 gate and up never reach memory.
+ * On compute capability 9.0 the default is the same tiles on wgmma instead (kn_moe_gemm_sm90a.cu,
+ * tilings "wg" and "wg4"), equal to these within fp32 rounding, not bit for bit. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 #include "kn_mma_sm80.h"
+#include "kn_moe_gemm_int.h"
 
 #define MG_BN     128
 #define MG_BK     32
@@ -213,42 +216,53 @@ static __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 2)
 // ----------------------------------------------------------------------------
 // launchers
 
-/* The tiling: TANDEM_MOE_GEMM_TILE "128w8" or "64w4", else "128w4" (see the top). 128w4 was the
- * fastest of the two BM-128 tilings at the Qwen3.5-35B-A3B shape on an H200 (77.0 against 81.5 ms
- * of experts' GEMMs per 8192-token forward, bench/results/moe35-2026-12-02.md). */
-typedef enum { MG_128W4, MG_128W8, MG_64W4 } mg_tiling;
+/* The tiling: TANDEM_MOE_GEMM_TILE "wg" (wgmma, 3 stages: the default on compute capability 9.0
+ * when the build has architecture 90), "wg4" (wgmma, 4 stages), "128w4" (mma.sync: the default
+ * elsewhere), "128w8" or "64w4" (see the top); any other value is the default. */
+typedef enum { MG_DEFAULT, MG_WG, MG_WG4, MG_128W4, MG_128W8, MG_64W4 } mg_tiling;
 static mg_tiling mg_tile(void) {
+    static const struct {
+        const char *name;
+        mg_tiling   t;
+    } names[] = {{"wg", MG_WG}, {"wg4", MG_WG4}, {"128w4", MG_128W4}, {"128w8", MG_128W8}, {"64w4", MG_64W4}};
     const char *v = getenv("TANDEM_MOE_GEMM_TILE");
-    return v && strcmp(v, "128w8") == 0 ? MG_128W8 : v && strcmp(v, "64w4") == 0 ? MG_64W4 : MG_128W4;
+    for (size_t i = 0; v && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(v, names[i].name) == 0)
+            return names[i].t;
+    return MG_DEFAULT;
 }
 
-typedef struct mg_args {
-    void                  *out0;
-    float                 *out1;
-    const uint16_t        *inp;
-    const int32_t         *src;
-    int                    topk;
-    const uint16_t *const *w0, *const *w1;
-    const int32_t         *offsets;
-    int64_t                R, N, K;
-    int                    E;
-} mg_args;
+/* Whether this build has the wgmma kernel (kernels/CMakeLists.txt: architecture 90 in the list). */
+#ifdef TANDEM_HAVE_SM90A
+static bool mg_wgmma_built(void) { return true; }
+#else
+static bool     mg_wgmma_built(void) { return false; }
+cm_status       kn_moe_wgmma_launch(kn_ctx *, const mg_args *, bool, int) { return CM_ERR_INVALID_ARG; }
+bool            kn_moe_wgmma_available(kn_ctx *) { return false; }
+#endif
+
+cm_status kn_moe_tiles(kn_ctx *ctx, const mg_args *a, int bm, int64_t *n_slots, const void **tiles) {
+    *n_slots = a->R / bm + a->E + 1;
+    CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)*n_slots * sizeof(int2)));
+    moe_tiles_kernel<<<1, 1024, 0, ctx->stream>>>((int2 *)ctx->scratch, *n_slots, a->offsets, a->E, bm);
+    KN_CUDA_LAUNCHED(ctx);
+    *tiles = ctx->scratch;
+    return CM_OK;
+}
 
 template <int BM, int WARPS_M, int WARPS_N, bool SWIGLU> static cm_status mg_launch(kn_ctx *ctx, const mg_args *a) {
-    const int64_t cn = SWIGLU ? MG_BN / 2 : MG_BN;
-    const int64_t n_slots = a->R / BM + a->E + 1, nt = (a->N + cn - 1) / cn, n_sets = a->out1 ? 2 : 1;
+    const int64_t cn = SWIGLU ? MG_BN / 2 : MG_BN, nt = (a->N + cn - 1) / cn, n_sets = a->out1 ? 2 : 1;
+    int64_t       n_slots;
+    const void   *tiles;
+    CM_TRY(kn_moe_tiles(ctx, a, BM, &n_slots, &tiles));
     const int64_t grid = n_slots * nt * n_sets;
     KN_CUDA_CHECK_ARG(grid <= INT32_MAX, "moe_gemm: R=%lld rows x N=%lld columns need more CTAs than one launch holds; "
                       "split the rows", (long long)a->R, (long long)a->N);
-    CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)n_slots * sizeof(int2)));
-    int2 *tiles = (int2 *)ctx->scratch;
-    moe_tiles_kernel<<<1, 1024, 0, ctx->stream>>>(tiles, n_slots, a->offsets, a->E, BM);
-    KN_CUDA_LAUNCHED(ctx);
     auto kern = moe_gemm_kernel<BM, WARPS_M, WARPS_N, SWIGLU>;
     KN_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mg_smem(BM)));
     kern<<<(unsigned)grid, 32 * WARPS_M * WARPS_N, mg_smem(BM), ctx->stream>>>(
         a->out0, a->out1, (const bf16 *)a->inp, a->src, a->topk, (const bf16 *const *)a->w0,
-        (const bf16 *const *)a->w1, a->offsets, tiles, (int)nt, (int)n_sets, (int)a->N, (int)a->K);
+        (const bf16 *const *)a->w1, a->offsets, (const int2 *)tiles, (int)nt, (int)n_sets, (int)a->N, (int)a->K);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
@@ -273,7 +287,16 @@ static cm_status mg_run(kn_ctx *ctx, const char *op, const mg_args *a, bool swig
                       "%s: K=%lld must be a multiple of 8 and inp 16-byte aligned (rows are read 16 bytes at a time); "
                       "use gemm_bf16in per expert otherwise",
                       op, (long long)a->K);
-    switch (mg_tile()) {
+    mg_tiling  t = mg_tile();
+    const bool wg = mg_wgmma_built() && kn_moe_wgmma_available(ctx);
+    KN_CUDA_CHECK_ARG(wg || (t != MG_WG && t != MG_WG4),
+                      "%s: TANDEM_MOE_GEMM_TILE=%s needs a GPU of compute capability 9.0 and a build for architecture "
+                      "90; unset it or choose 128w4", op, getenv("TANDEM_MOE_GEMM_TILE"));
+    if (t == MG_DEFAULT)
+        t = wg ? MG_WG : MG_128W4;
+    switch (t) {
+    case MG_WG: return kn_moe_wgmma_launch(ctx, a, swiglu, 3);
+    case MG_WG4: return kn_moe_wgmma_launch(ctx, a, swiglu, 4);
     case MG_128W8: return swiglu ? mg_launch<128, 2, 4, true>(ctx, a) : mg_launch<128, 2, 4, false>(ctx, a);
     case MG_64W4: return swiglu ? mg_launch<64, 1, 4, true>(ctx, a) : mg_launch<64, 1, 4, false>(ctx, a);
     default: return swiglu ? mg_launch<128, 2, 2, true>(ctx, a) : mg_launch<128, 2, 2, false>(ctx, a);

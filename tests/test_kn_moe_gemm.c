@@ -10,8 +10,9 @@
  *                           cases plus the Qwen3.5-35B-A3B expert shapes), within (K + 8)·2^-24·Σ|a·b|
  *                           (any fp32 summation order meets it; a wrong row, expert or column does
  *                           not); the two-set call equal bit for bit to two one-set calls; rows
- *                           past offsets[E] untouched; the other tilings (TANDEM_MOE_GEMM_TILE 128w8
- *                           and 64w4) bit-identical to the default 128w4. Label gpu, exits 77 without
+ *                           past offsets[E] untouched; each case under TANDEM_MOE_GEMM_TILE 128w4
+ *                           and, on compute capability 9.0, the wgmma tilings wg and wg4 (the default
+ *                           there); 128w8 and 64w4 bit-identical to 128w4. Label gpu, exits 77 without
  *                           a cuda device.
  * Both: moe_gemm_swiglu equal bit for bit to moe_gemm of gate and up then swiglu_bf16 on the same
  * backend, and nothing written past offsets[E]; rows read through src (a random permutation, topk
@@ -225,30 +226,71 @@ static void check_tilings(const char *name, const kn_backend *be, kn_ctx *cx, co
     }
 }
 
+/* The tilings each case runs under on cuda (TANDEM_MOE_GEMM_TILE): 128w4 (mma.sync), then the wgmma
+ * ones where the GPU and the build have them (wgmma_tilings() finds out). */
+static const char *const base_tilings[] = {"128w4", "wg", "wg4"};
+static int               n_base_tilings = 1;
+
 static void case_on(const kn_backend *be, kn_ctx *cx, long R, int E, long N, long K, int sets, long used,
                     int skew, int topk, double tol) {
-    prob      p = make(R, E, N, K, sets, used, skew, topk);
-    float    *got[2] = {NULL, NULL}, *one[2] = {NULL, NULL};
-    uint16_t *act = NULL;
-    run(be, cx, &p, 0, got, sets == 2 ? &act : NULL);
-    char name[128];
-    for (int s = 0; s < sets; s++) {
-        snprintf(name, sizeof name, "%s R=%ld used=%ld E=%d N=%ld K=%ld%s set %d/%d", be->name, R, used, E, N, K,
-                 topk ? " src" : "", s + 1, sets);
-        check(name, &p, s, got[s], tol);
-    }
-    if (sets == 2) { /* two sets in one call = each set alone, bit for bit; swiglu = the two calls */
-        check_act(name, be, cx, &p, got[0], got[1], act);
-        run(be, cx, &p, 1, one, NULL);
-        for (int s = 0; s < 2; s++) {
-            TST_CHECK(memcmp(got[s], one[s], (size_t)(R * N) * 4) == 0);
-            free(one[s]);
+    prob      p    = make(R, E, N, K, sets, used, skew, topk);
+    const int cuda = strcmp(be->name, "cuda") == 0;
+    for (int t = 0; t < (cuda ? n_base_tilings : 1); t++) {
+        float    *got[2] = {NULL, NULL}, *one[2] = {NULL, NULL};
+        uint16_t *act = NULL;
+        if (cuda) setenv("TANDEM_MOE_GEMM_TILE", base_tilings[t], 1);
+        run(be, cx, &p, 0, got, sets == 2 ? &act : NULL);
+        char name[128];
+        for (int s = 0; s < sets; s++) {
+            snprintf(name, sizeof name, "%s%s%s R=%ld used=%ld E=%d N=%ld K=%ld%s set %d/%d", be->name,
+                     cuda ? " " : "", cuda ? base_tilings[t] : "", R, used, E, N, K, topk ? " src" : "", s + 1, sets);
+            check(name, &p, s, got[s], tol);
         }
+        if (sets == 2) { /* two sets in one call = each set alone, bit for bit; swiglu = the two calls */
+            check_act(name, be, cx, &p, got[0], got[1], act);
+            run(be, cx, &p, 1, one, NULL);
+            for (int s = 0; s < 2; s++) {
+                TST_CHECK(memcmp(got[s], one[s], (size_t)(R * N) * 4) == 0);
+                free(one[s]);
+            }
+        }
+        unsetenv("TANDEM_MOE_GEMM_TILE");
+        if (cuda && t == 0) check_tilings(name, be, cx, &p, got, act);
+        free(act);
+        for (int s = 0; s < sets; s++) free(got[s]);
     }
-    if (strcmp(be->name, "cuda") == 0) check_tilings(name, be, cx, &p, got, act);
-    free(act);
-    for (int s = 0; s < sets; s++) free(got[s]);
     drop(&p);
+}
+
+/* Whether TANDEM_MOE_GEMM_TILE=wg runs here: a GPU of compute capability 9.0 and a build for
+ * architecture 90; elsewhere the call refuses with a message naming both. */
+static int wgmma_tilings(const kn_backend *be, kn_ctx *cx) {
+    void           *x, *w, *o, *off, *tab;
+    const int32_t   offs[2] = {0, 1};
+    const void     *wp;
+    tst_ok(be->alloc(cx, &x, 16), "alloc");
+    tst_ok(be->alloc(cx, &w, 16), "alloc");
+    tst_ok(be->alloc(cx, &o, 4), "alloc");
+    tst_ok(be->alloc(cx, &off, 8), "alloc");
+    tst_ok(be->alloc(cx, &tab, 8), "alloc");
+    wp = w;
+    tst_ok(be->upload(cx, off, offs, 8), "upload");
+    tst_ok(be->upload(cx, tab, &wp, 8), "upload");
+    setenv("TANDEM_MOE_GEMM_TILE", "wg", 1);
+    const cm_status st = be->moe_gemm(cx, o, NULL, x, NULL, 0, (const uint16_t *const *)tab, NULL, off, 1, 1, 1, 8);
+    unsetenv("TANDEM_MOE_GEMM_TILE");
+    if (st != CM_OK) {
+        TST_CHECK(strstr(cm_last_error(), "compute capability 9.0") != NULL);
+        printf("wgmma tilings: not here (%s)\n", cm_last_error());
+    } else {
+        printf("wgmma tilings: wg and wg4 run here, each case under them too\n");
+    }
+    be->free(cx, x);
+    be->free(cx, w);
+    be->free(cx, o);
+    be->free(cx, off);
+    be->free(cx, tab);
+    return st == CM_OK ? 3 : 1;
 }
 
 /* The refusals; offsets and src are read only by the cpu (on cuda they are device memory, not checked). */
@@ -295,6 +337,7 @@ static int run_cuda(void) {
     kn_ctx           *cx = NULL;
     kn_ctx_config     kc = KN_CTX_CONFIG_DEFAULT;
     if (!tst_ok(be->ctx_create(&cx, &kc), "cuda ctx_create")) return tst_report();
+    n_base_tilings = wgmma_tilings(be, cx);
     static const struct {
         long R;
         int  E;

@@ -1,0 +1,216 @@
+/* kernels/kn_moe_gemm_sm90a.cu — the routed experts' GEMMs (kn_backend.h moe_gemm and
+ * moe_gemm_swiglu) on Hopper's warpgroup MMA. Compiled for sm_90a only (wgmma is an
+ * architecture-specific instruction), as its own object (kernels/CMakeLists.txt); the entries,
+ * their checks and the tile list are kn_moe_gemm.cu's, which calls in here when the GPU is
+ * compute capability 9.0 (kn_moe_gemm_int.h). The results are the mma.sync kernel's up to the
+ * order of fp32 additions inside the tensor core; the specification is kn_ref_moe_gemm.
+ *
+ * One CTA per (row tile of 128, weight set, column block), as the mma.sync kernel: two
+ * warpgroups of 64 rows × 128 columns, each one wgmma.m64n128k16 per 16 of K with fp32
+ * accumulators in registers. K goes in steps of 64 bf16 (one 128-byte row) through a ring of
+ * STAGES stages that all 256 threads fill with cp.async (rows gathered through src, rows past
+ * the expert and columns past N as zeros), stored in the 128-byte swizzle wgmma reads: 16-byte
+ * chunk c of row r at chunk c ^ (r mod 8), each 8-row group 1024 bytes and 1024-aligned.
+ * SWIGLU: the B tile's rows 0..63 are gate columns n0.., rows 64..127 up at the same columns, so
+ * each thread holds gate and up of the same outputs and writes bf16(silu(gate)·up) from
+ * registers. */
+#include "kn_moe_gemm_int.h"
+#include "kn_mma_sm80.h"
+
+#define WG_BM      128 /* two warpgroups of 64 rows */
+#define WG_BN      128
+#define WG_BK      64  /* bf16: one 128-byte swizzle row */
+#define WG_THREADS 256
+#define WG_ROWB    128 /* bytes per smem row */
+#define WG_TILEB   (WG_BM * WG_ROWB) /* one operand's stage: 16 KB (WG_BN == WG_BM) */
+
+static constexpr size_t wg_smem(int stages) { return (size_t)stages * 2 * WG_TILEB + 1024; /* + alignment */ }
+
+// ----------------------------------------------------------------------------
+// wgmma (PTX ISA 8.0, sm_90a)
+
+/* The shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: start
+ * address / 16, leading offset 1 (unused by this layout), stride 1024 bytes between 8-row
+ * groups, layout type 1 (128B swizzle). Adding 2 moves the start 32 bytes: the next 16 of K. */
+static __device__ __forceinline__ uint64_t wg_desc(const void *p) {
+    const uint64_t a = smem_u32(p);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* cp.async wrote the ring through the generic proxy; wgmma reads it through the async proxy. */
+static __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* d[64] += A (64 × 16, K-major, descriptor da) · B (128 × 16, K-major, db)ᵀ. d's layout per warp w
+ * of the warpgroup (rows 16w..16w + 15), lane g = lane / 4, t = lane % 4: d[4i + 2h + j] is row
+ * g + 8h, column 8i + 2t + j (mma.sync's C fragment for each 8 columns). */
+static __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(1));
+}
+
+// ----------------------------------------------------------------------------
+// kernel
+
+template <int STAGES, bool SWIGLU>
+static __global__ void __launch_bounds__(WG_THREADS, STAGES == 3 ? 2 : 1)
+    moe_wgmma_kernel(void *out0, float *out1, const bf16 *inp, const int32_t *src, int topk, const bf16 *const *w0,
+                     const bf16 *const *w1, const int32_t *offsets, const int2 *tiles, int nt, int n_sets, int N,
+                     int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int CN = SWIGLU ? WG_BN / 2 : WG_BN; /* output columns per CTA */
+    extern __shared__ unsigned char wg_raw[];
+    __shared__ int32_t arow[WG_BM]; /* each tile row's input row, −1 past the expert's rows */
+    const int64_t      b = blockIdx.x;
+    const int2         tl = tiles[b / (n_sets * nt)];
+    if (tl.x < 0)
+        return;
+    const int   e = tl.x, r0 = tl.y, rend = offsets[e + 1], set = (int)(b / nt) % n_sets;
+    const int   n0 = (int)(b % nt) * CN;
+    const bf16 *W = (set ? w1 : w0)[e], *Wu = SWIGLU ? w1[e] : W;
+    unsigned char *ring = (unsigned char *)(((uintptr_t)wg_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *As = ring, *Bs = ring + STAGES * WG_TILEB;
+    const int      tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
+    const int      ktiles = (K + WG_BK - 1) / WG_BK;
+    for (int i = tid; i < WG_BM; i += WG_THREADS)
+        arow[i] = r0 + i < rend ? (src ? src[r0 + i] / topk : r0 + i) : -1;
+    __syncthreads();
+
+    /* a stage: 128 rows of the input and 128 of the weights, 8 chunks of 16 bytes each */
+    auto load = [&](int stage, int kt) {
+#pragma unroll
+        for (int i = 0; i < WG_BM * 8 / WG_THREADS; i++) {
+            const int  c = tid + i * WG_THREADS, row = c >> 3, ch = c & 7, gk = kt * WG_BK + ch * 8;
+            const int  ar = arow[row];
+            const bool va = ar >= 0 && gk < K;
+            cp_async16(As + stage * WG_TILEB + row * WG_ROWB + ((ch ^ (row & 7)) << 4),
+                       va ? inp + (int64_t)ar * K + gk : inp, va);
+        }
+#pragma unroll
+        for (int i = 0; i < WG_BN * 8 / WG_THREADS; i++) {
+            const int   c = tid + i * WG_THREADS, row = c >> 3, ch = c & 7, gk = kt * WG_BK + ch * 8;
+            const int   gn = n0 + (SWIGLU ? (row & 63) : row);
+            const bf16 *Wr = SWIGLU && row >= 64 ? Wu : W;
+            const bool  vb = gn < N && gk < K;
+            cp_async16(Bs + stage * WG_TILEB + row * WG_ROWB + ((ch ^ (row & 7)) << 4),
+                       vb ? Wr + (int64_t)gn * K + gk : Wr, vb);
+        }
+    };
+
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        d[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ktiles)
+            load(s, s);
+        cp_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        cp_wait<STAGES - 2>();
+        fence_async_smem();
+        __syncthreads(); /* stage kt landed for all; every warpgroup is done with stage kt − 1 */
+        if (kt + STAGES - 1 < ktiles)
+            load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        cp_commit();
+        const int      s = kt % STAGES;
+        const uint64_t da = wg_desc(As + s * WG_TILEB + wg * 64 * WG_ROWB), db = wg_desc(Bs + s * WG_TILEB);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_BK / 16; kk++)
+            wgmma_m64n128k16(d, da + 2 * kk, db + 2 * kk);
+        wg_commit();
+        wg_wait0();
+    }
+    cp_wait<0>();
+
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + wg * 64 + wq * 16 + g + 8 * h;
+        if (r >= rend)
+            continue;
+        if (SWIGLU) {
+            bf16 *o = (bf16 *)out0 + (int64_t)r * N;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int   c = n0 + 8 * i + 2 * t;
+                const float g0 = d[4 * i + 2 * h], g1 = d[4 * i + 2 * h + 1];
+                const float u0 = d[32 + 4 * i + 2 * h], u1 = d[32 + 4 * i + 2 * h + 1];
+                const float v0 = g0 / (1.0f + expf(-g0)) * u0, v1 = g1 / (1.0f + expf(-g1)) * u1;
+                if ((N & 1) == 0 && c + 1 < N) {
+                    *(__nv_bfloat162 *)(o + c) = __floats2bfloat162_rn(v0, v1);
+                } else {
+                    if (c < N)
+                        o[c] = __float2bfloat16_rn(v0);
+                    if (c + 1 < N)
+                        o[c + 1] = __float2bfloat16_rn(v1);
+                }
+            }
+        } else {
+            float *o = (set ? out1 : (float *)out0) + (int64_t)r * N;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int   c = n0 + 8 * i + 2 * t;
+                const float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+                if ((N & 1) == 0 && c + 1 < N) {
+                    *(float2 *)(o + c) = make_float2(v0, v1);
+                } else {
+                    if (c < N)
+                        o[c] = v0;
+                    if (c + 1 < N)
+                        o[c + 1] = v1;
+                }
+            }
+        }
+    }
+#else
+    __trap(); /* built without sm_90a code: kn_moe_wgmma_available said no */
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// launcher
+
+bool kn_moe_wgmma_available(kn_ctx *ctx) {
+    int major = 0, minor = 0;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx->device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx->device) == cudaSuccess &&
+           major == 9 && minor == 0;
+}
+
+template <int STAGES, bool SWIGLU> static cm_status wg_launch(kn_ctx *ctx, const mg_args *a) {
+    const int64_t cn = SWIGLU ? WG_BN / 2 : WG_BN, nt = (a->N + cn - 1) / cn, n_sets = a->out1 ? 2 : 1;
+    int64_t       n_slots;
+    const void   *tiles;
+    CM_TRY(kn_moe_tiles(ctx, a, WG_BM, &n_slots, &tiles));
+    const int64_t grid = n_slots * nt * n_sets;
+    KN_CUDA_CHECK_ARG(grid <= INT32_MAX, "moe_gemm: R=%lld rows x N=%lld columns need more CTAs than one launch holds; "
+                      "split the rows", (long long)a->R, (long long)a->N);
+    auto kern = moe_wgmma_kernel<STAGES, SWIGLU>;
+    KN_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem(STAGES)));
+    kern<<<(unsigned)grid, WG_THREADS, wg_smem(STAGES), ctx->stream>>>(
+        a->out0, a->out1, (const bf16 *)a->inp, a->src, a->topk, (const bf16 *const *)a->w0,
+        (const bf16 *const *)a->w1, a->offsets, (const int2 *)tiles, (int)nt, (int)n_sets, (int)a->N, (int)a->K);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_moe_wgmma_launch(kn_ctx *ctx, const mg_args *a, bool swiglu, int stages) {
+    if (stages == 4)
+        return swiglu ? wg_launch<4, true>(ctx, a) : wg_launch<4, false>(ctx, a);
+    return swiglu ? wg_launch<3, true>(ctx, a) : wg_launch<3, false>(ctx, a);
+}
