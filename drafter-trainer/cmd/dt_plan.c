@@ -464,7 +464,7 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
     fprintf(f, "\nassumptions\n");
     fprintf(f,
             "  achieved rates: target %g TF/s, drafter %g TF/s per GPU (--plan-target-tflops,\n"
-            "    --plan-drafter-tflops; defaults for an H200: target 550 dense from docs/goals.md, 240 MoE\n"
+            "    --plan-drafter-tflops; defaults for an H200: target 550 dense from docs/goals.md, 275 MoE\n"
             "    as measured at the 35B-A3B shape; drafter from docs/goals.md)\n",
             p->target_tflops, r->drafter_tflops);
     if (r->ratio > 0)
