@@ -76,6 +76,7 @@ static const kn_backend cpu_backend = {
     .moe_combine         = kn_ref_moe_combine,
     .moe_gemm            = kn_ref_moe_gemm,
     .moe_gemm_swiglu     = kn_ref_moe_gemm_swiglu,
+    .moe_gemm_fp8        = kn_ref_moe_gemm_fp8,
 };
 
 const kn_backend *kn_backend_cpu(void) { return &cpu_backend; }

@@ -556,6 +556,21 @@ typedef struct kn_backend {
     cm_status (*moe_gemm_swiglu)(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const int32_t *src, int topk,
                                  const uint16_t *const *wg, const uint16_t *const *wu, const int32_t *offsets,
                                  int64_t R, int E, int64_t N, int64_t K); /* (optional) */
+    /* moe_gemm on FP8 experts (W8A8: gemm_fp8q's product): for each expert e and each row j in
+     * [offsets[e], offsets[e + 1]), out0[j, 0:N) = gemm_fp8q's row for input row r of (q, s)
+     * and expert e's FP8 weight (w0[e] with scales s0[e]), r = src[j] / topk with src, else j;
+     * out1 likewise from (w1, s1) when w1 ≠ NULL. q [Mq, K] e4m3 and s [ceil(K/128), Mq] as
+     * fp8_quantize_rows wrote them (Mq = kn_fp8_rows of its M: the caller passes it); w0[e] [N, K]
+     * e4m3 and s0[e] [ceil(N/128), kn_fp8_scale_ld(K)] (an FP8 weight, above); the arrays of E
+     * pointers in this backend's memory. cpu: exactly gemm_fp8q per expert on the gathered rows;
+     * cuda: compute capability 9.0 and a build for architecture 90 (else CM_ERR_UNSUPPORTED), K a
+     * multiple of 16, q 16-byte aligned, each 128-wide group's products added by the tensor core
+     * and promoted to fp32 (as cuBLASLt). A call with R = 0 checks only that it runs here. The rest
+     * as moe_gemm. */
+    cm_status (*moe_gemm_fp8)(kn_ctx *ctx, float *out0, float *out1, const uint8_t *q, const float *s, int64_t Mq,
+                              const int32_t *src, int topk, const uint8_t *const *w0, const float *const *s0,
+                              const uint8_t *const *w1, const float *const *s1, const int32_t *offsets, int64_t R,
+                              int E, int64_t N, int64_t K); /* (optional) */
 } kn_backend;
 
 #define KN_MOE_MAX_EXPERTS 1024 /* experts a router may have (Qwen's largest: 512) */

@@ -78,6 +78,7 @@ static const kn_backend cuda_backend = {
     .moe_combine = kn_cuda_moe_combine,
     .moe_gemm = kn_cuda_moe_gemm,
     .moe_gemm_swiglu = kn_cuda_moe_gemm_swiglu,
+    .moe_gemm_fp8 = kn_cuda_moe_gemm_fp8,
 };
 
 const kn_backend *kn_backend_cuda(void) {

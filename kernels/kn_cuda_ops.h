@@ -171,6 +171,10 @@ cm_status kn_cuda_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t
 cm_status kn_cuda_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const int32_t *src, int topk,
                                   const uint16_t *const *wg, const uint16_t *const *wu, const int32_t *offsets,
                                   int64_t R, int E, int64_t N, int64_t K);
+cm_status kn_cuda_moe_gemm_fp8(kn_ctx *ctx, float *out0, float *out1, const uint8_t *q, const float *s, int64_t Mq,
+                               const int32_t *src, int topk, const uint8_t *const *w0, const float *const *s0,
+                               const uint8_t *const *w1, const float *const *s1, const int32_t *offsets, int64_t R,
+                               int E, int64_t N, int64_t K);
 
 // ---- random initialisation (kn_fill.cu)
 cm_status kn_cuda_fill_uniform(kn_ctx *ctx, void *dst, cm_dtype dt, int64_t n, uint64_t seed, float lo,

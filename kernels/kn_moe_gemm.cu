@@ -238,6 +238,7 @@ static bool mg_wgmma_built(void) { return true; }
 #else
 static bool     mg_wgmma_built(void) { return false; }
 cm_status       kn_moe_wgmma_launch(kn_ctx *, const mg_args *, bool, int) { return CM_ERR_INVALID_ARG; }
+cm_status       kn_moe_wgmma_fp8_launch(kn_ctx *, const mg_args *, const mg_fp8 *) { return CM_ERR_INVALID_ARG; }
 bool            kn_moe_wgmma_available(kn_ctx *) { return false; }
 #endif
 
@@ -315,4 +316,31 @@ cm_status kn_cuda_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *in
                                   int64_t R, int E, int64_t N, int64_t K) {
     const mg_args a = {act, NULL, inp, src, topk, wg, wu, offsets, R, N, K, E};
     return mg_run(ctx, "moe_gemm_swiglu", &a, true);
+}
+
+cm_status kn_cuda_moe_gemm_fp8(kn_ctx *ctx, float *out0, float *out1, const uint8_t *q, const float *s, int64_t Mq,
+                               const int32_t *src, int topk, const uint8_t *const *w0, const float *const *s0,
+                               const uint8_t *const *w1, const float *const *s1, const int32_t *offsets, int64_t R,
+                               int E, int64_t N, int64_t K) {
+    const mg_args a = {out0, out1, (const uint16_t *)q, src, topk, (const uint16_t *const *)w0,
+                       (const uint16_t *const *)w1, offsets, R, N, K, E};
+    const mg_fp8  f = {s, Mq, s0, s1};
+    KN_CUDA_CHECK_ARG(ctx, "moe_gemm_fp8: ctx is NULL");
+    KN_CUDA_CHECK_ARG(R >= 0 && N >= 0 && K >= 0 && R <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
+                          Mq >= 0 && Mq <= INT32_MAX,
+                      "moe_gemm_fp8: bad shape R=%lld N=%lld K=%lld Mq=%lld (each in [0, 2^31))", (long long)R,
+                      (long long)N, (long long)K, (long long)Mq);
+    KN_CUDA_CHECK_ARG(E >= 1 && E <= KN_MOE_MAX_EXPERTS, "moe_gemm_fp8: E=%d experts is outside [1, %d]", E,
+                      KN_MOE_MAX_EXPERTS);
+    KN_CUDA_CHECK_ARG(!out1 == !w1 && !w1 == !s1, "moe_gemm_fp8: out1, w1 and s1 go together (all or none)");
+    KN_CUDA_CHECK_ARG(!src || topk >= 1, "moe_gemm_fp8: topk=%d must be >= 1 with src", topk);
+    if (!mg_wgmma_built() || !kn_moe_wgmma_available(ctx)) /* first: a call with no rows asks this alone */
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "moe_gemm_fp8: the grouped FP8 kernel needs a GPU of compute capability "
+                       "9.0 and a build for architecture 90; run the FP8 experts one gemm_fp8q each instead");
+    if (R == 0 || N == 0) return CM_OK;
+    KN_CUDA_CHECK_ARG(out0 && q && s && w0 && s0 && offsets, "moe_gemm_fp8: out0, q, s, w0, s0 or offsets is NULL");
+    KN_CUDA_CHECK_ARG(K % 16 == 0 && (uintptr_t)q % 16 == 0,
+                      "moe_gemm_fp8: K=%lld must be a multiple of 16 and q 16-byte aligned (rows are read 16 bytes "
+                      "at a time)", (long long)K);
+    return kn_moe_wgmma_fp8_launch(ctx, &a, &f);
 }

@@ -25,6 +25,14 @@ typedef struct mg_args {
     int                    E;
 } mg_args;
 
+/* The FP8 form (moe_gemm_fp8): inp is q [Mq, K] e4m3 with its scales s [ceil(K/128), Mq]; the
+ * weight tables w0/w1 hold e4m3 matrices and ws0/ws1 their scales [ceil(N/128), kn_fp8_scale_ld(K)]. */
+typedef struct mg_fp8 {
+    const float        *s;
+    int64_t             Mq;
+    const float *const *ws0, *const *ws1;
+} mg_fp8;
+
 /* The tile list of a launch with bm-row tiles, in the context's scratch: (expert, first row)
  * per slot, −1 past the last; *n_slots = R / bm + E + 1 (the worst case). Enqueued on ctx->stream. */
 cm_status kn_moe_tiles(kn_ctx *ctx, const mg_args *a, int bm, int64_t *n_slots, const void **tiles);
@@ -33,5 +41,7 @@ cm_status kn_moe_tiles(kn_ctx *ctx, const mg_args *a, int bm, int64_t *n_slots, 
  * context's GPU is compute capability 9.0; stages is 3 or 4. */
 bool      kn_moe_wgmma_available(kn_ctx *ctx);
 cm_status kn_moe_wgmma_launch(kn_ctx *ctx, const mg_args *a, bool swiglu, int stages);
+/* The FP8 one (a's inp, w0, w1 hold bytes; f the scales). */
+cm_status kn_moe_wgmma_fp8_launch(kn_ctx *ctx, const mg_args *a, const mg_fp8 *f);
 
 #endif

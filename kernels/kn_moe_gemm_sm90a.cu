@@ -13,7 +13,8 @@
  * chunk c of row r at chunk c ^ (r mod 8), each 8-row group 1024 bytes and 1024-aligned.
  * SWIGLU: the B tile's rows 0..63 are gate columns n0.., rows 64..127 up at the same columns, so
  * each thread holds gate and up of the same outputs and writes bf16(silu(gate)·up) from
- * registers. */
+ * registers. moe_gemm_fp8's kernel is the same on e4m3 (below).
+ */
 #include "kn_moe_gemm_int.h"
 #include "kn_mma_sm80.h"
 
@@ -59,6 +60,23 @@ static __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t
                    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(1));
+}
+
+/* d[64] = (acc ? d : 0) + A (64 × 32 e4m3, K-major) · B (128 × 32 e4m3, K-major)ᵀ; d's layout as above.
+ * (FP8 wgmma reads K-major operands only: no transpose operands.) */
+static __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc));
 }
 
 // ----------------------------------------------------------------------------
@@ -182,6 +200,120 @@ static __global__ void __launch_bounds__(WG_THREADS, STAGES == 3 ? 2 : 1)
 #endif
 }
 
+/* The FP8 tiles (moe_gemm_fp8): the same CTAs, rows and ring, 128 e4m3 of K per step (one
+ * 128-byte row, and exactly one scale group). Each step's four wgmma.m64n128k32 go into a fresh
+ * accumulator t, which the step then adds into d scaled by its rows' input scales and the weight
+ * block's scale (the columns of a CTA lie in one 128-row weight block): fp32 from group to group,
+ * as cuBLASLt's block-scaled product. d and t take 128 registers, so one CTA per SM. */
+template <int STAGES>
+static __global__ void __launch_bounds__(WG_THREADS, 1)
+    moe_wgmma_fp8_kernel(float *out0, float *out1, const uint8_t *inp, const float *sc, int Mq, const int32_t *src,
+                         int topk, const uint8_t *const *w0, const uint8_t *const *w1, const float *const *ws0,
+                         const float *const *ws1, const int32_t *offsets, const int2 *tiles, int nt, int n_sets, int N,
+                         int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char wg_raw[];
+    __shared__ int32_t arow[WG_BM];
+    const int64_t      b = blockIdx.x;
+    const int2         tl = tiles[b / (n_sets * nt)];
+    if (tl.x < 0)
+        return;
+    const int      e = tl.x, r0 = tl.y, rend = offsets[e + 1], set = (int)(b / nt) % n_sets;
+    const int      n0 = (int)(b % nt) * WG_BN, ldw = ((K + 127) / 128 + 3) / 4 * 4;
+    const uint8_t *W = (set ? w1 : w0)[e];
+    const float   *Ws = (set ? ws1 : ws0)[e] + (int64_t)(n0 / 128) * ldw;
+    unsigned char *ring = (unsigned char *)(((uintptr_t)wg_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *As = ring, *Bs = ring + STAGES * WG_TILEB;
+    const int      tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
+    const int      g = lane >> 2, t4 = lane & 3, ktiles = (K + 127) / 128;
+    for (int i = tid; i < WG_BM; i += WG_THREADS)
+        arow[i] = r0 + i < rend ? (src ? src[r0 + i] / topk : r0 + i) : -1;
+    __syncthreads();
+    const int ra = arow[wg * 64 + wq * 16 + g], rb = arow[wg * 64 + wq * 16 + g + 8]; /* this thread's rows */
+
+    auto load = [&](int stage, int kt) {
+#pragma unroll
+        for (int i = 0; i < WG_BM * 8 / WG_THREADS; i++) {
+            const int  c = tid + i * WG_THREADS, row = c >> 3, ch = c & 7, gk = kt * 128 + ch * 16;
+            const int  ar = arow[row];
+            const bool va = ar >= 0 && gk < K;
+            cp_async16(As + stage * WG_TILEB + row * WG_ROWB + ((ch ^ (row & 7)) << 4),
+                       va ? inp + (int64_t)ar * K + gk : inp, va);
+        }
+#pragma unroll
+        for (int i = 0; i < WG_BN * 8 / WG_THREADS; i++) {
+            const int  c = tid + i * WG_THREADS, row = c >> 3, ch = c & 7, gk = kt * 128 + ch * 16;
+            const int  gn = n0 + row;
+            const bool vb = gn < N && gk < K;
+            cp_async16(Bs + stage * WG_TILEB + row * WG_ROWB + ((ch ^ (row & 7)) << 4),
+                       vb ? W + (int64_t)gn * K + gk : W, vb);
+        }
+    };
+
+    float d[64], acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        d[i] = acc[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ktiles)
+            load(s, s);
+        cp_commit();
+    }
+    for (int kt = 0; kt < ktiles; kt++) {
+        /* this step's scales, read before the MMAs so that their latency hides behind them */
+        const float sw = Ws[kt];
+        const float fa = (ra >= 0 ? sc[(int64_t)kt * Mq + ra] : 0.0f) * sw;
+        const float fb = (rb >= 0 ? sc[(int64_t)kt * Mq + rb] : 0.0f) * sw;
+        cp_wait<STAGES - 2>();
+        fence_async_smem();
+        __syncthreads();
+        if (kt + STAGES - 1 < ktiles)
+            load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        cp_commit();
+        const int      s = kt % STAGES;
+        const uint64_t da = wg_desc(As + s * WG_TILEB + wg * 64 * WG_ROWB), db = wg_desc(Bs + s * WG_TILEB);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wgmma_m64n128k32_e4m3(acc, da + 2 * kk, db + 2 * kk, kk);
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            d[4 * i]     = fmaf(acc[4 * i], fa, d[4 * i]);
+            d[4 * i + 1] = fmaf(acc[4 * i + 1], fa, d[4 * i + 1]);
+            d[4 * i + 2] = fmaf(acc[4 * i + 2], fb, d[4 * i + 2]);
+            d[4 * i + 3] = fmaf(acc[4 * i + 3], fb, d[4 * i + 3]);
+        }
+    }
+    cp_wait<0>();
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = r0 + wg * 64 + wq * 16 + g + 8 * h;
+        if (r >= rend)
+            continue;
+        float *o = (set ? out1 : out0) + (int64_t)r * N;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int   c = n0 + 8 * i + 2 * t4;
+            const float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+            if ((N & 1) == 0 && c + 1 < N) {
+                *(float2 *)(o + c) = make_float2(v0, v1);
+            } else {
+                if (c < N)
+                    o[c] = v0;
+                if (c + 1 < N)
+                    o[c + 1] = v1;
+            }
+        }
+    }
+#else
+    __trap(); /* built without sm_90a code: kn_moe_wgmma_available said no */
+#endif
+}
+
 // ----------------------------------------------------------------------------
 // launcher
 
@@ -213,4 +345,23 @@ cm_status kn_moe_wgmma_launch(kn_ctx *ctx, const mg_args *a, bool swiglu, int st
     if (stages == 4)
         return swiglu ? wg_launch<4, true>(ctx, a) : wg_launch<4, false>(ctx, a);
     return swiglu ? wg_launch<3, true>(ctx, a) : wg_launch<3, false>(ctx, a);
+}
+
+cm_status kn_moe_wgmma_fp8_launch(kn_ctx *ctx, const mg_args *a, const mg_fp8 *f) {
+    const int64_t nt = (a->N + WG_BN - 1) / WG_BN, n_sets = a->out1 ? 2 : 1;
+    int64_t       n_slots;
+    const void   *tiles;
+    CM_TRY(kn_moe_tiles(ctx, a, WG_BM, &n_slots, &tiles));
+    const int64_t grid = n_slots * nt * n_sets;
+    KN_CUDA_CHECK_ARG(grid <= INT32_MAX, "moe_gemm_fp8: R=%lld rows x N=%lld columns need more CTAs than one launch "
+                      "holds; split the rows", (long long)a->R, (long long)a->N);
+    constexpr int STAGES = 4;
+    auto          kern   = moe_wgmma_fp8_kernel<STAGES>;
+    KN_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem(STAGES)));
+    kern<<<(unsigned)grid, WG_THREADS, wg_smem(STAGES), ctx->stream>>>(
+        (float *)a->out0, a->out1, (const uint8_t *)a->inp, f->s, (int)f->Mq, a->src, a->topk,
+        (const uint8_t *const *)a->w0, (const uint8_t *const *)a->w1, f->ws0, f->ws1, a->offsets, (const int2 *)tiles,
+        (int)nt, (int)n_sets, (int)a->N, (int)a->K);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
 }

@@ -145,15 +145,21 @@ static cm_status gemm8q(ts_model *m, float *out, const uint8_t *q, const float *
 /* The projections' GEMM: from the bf16 normed input on the fused path, else from h. With an FP8
  * weight the normed input is quantized once (ws.h8, until the next norm rewrites it) for every
  * projection that reads it, and the product runs from there. */
-cm_status ts_gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+cm_status ts_quant_h(ts_model *m, int64_t M, int64_t K) {
     ts_ws *ws = &m->ws;
-    if (w->dtype != CM_DTYPE_F8_E4M3 || !m->be->gemm_fp8q || !ws->h8)
-        return m->fused ? gemm16(m, out, ws->h16, w, M, N, K) : gemm(m, out, ws->h, w, M, N, K);
     if (!ws->h8_valid) {
         CM_TRY(m->be->fp8_quantize_rows(m->ctx, ws->h8, ws->h8s, m->fused ? (const void *)ws->h16 : (const void *)ws->h,
                                         m->fused ? CM_DTYPE_BF16 : CM_DTYPE_F32, M, K));
         ws->h8_valid = 1;
     }
+    return CM_OK;
+}
+
+cm_status ts_gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    ts_ws *ws = &m->ws;
+    if (w->dtype != CM_DTYPE_F8_E4M3 || !m->be->gemm_fp8q || !ws->h8)
+        return m->fused ? gemm16(m, out, ws->h16, w, M, N, K) : gemm(m, out, ws->h, w, M, N, K);
+    CM_TRY(ts_quant_h(m, M, K));
     return gemm8q(m, out, ws->h8, ws->h8s, w, M, N, K);
 }
 
@@ -165,6 +171,7 @@ static int has_fp8(const ts_model *m) {
                                &L->sh_gate, &L->sh_up};
         for (size_t j = 0; j < sizeof w / sizeof w[0]; j++)
             if (w[j]->dtype == CM_DTYPE_F8_E4M3) return 1;
+        if (L->moe && L->ex_fp8) return 1;
     }
     return 0;
 }

@@ -87,25 +87,29 @@ static cm_status experts_fused(ts_loader *ld, const char *gu, const char *dn, ts
     return st;
 }
 
-/* The experts' matrices as moe_gemm reads them (ts_layer.ex_ptrs), when every one is BF16 and
- * the backend has moe_gemm; otherwise none, and the forward runs one GEMM per expert. */
+/* The experts' matrices as the grouped GEMMs read them (ts_layer.ex_ptrs), when every one is BF16
+ * (moe_gemm) or every one is FP8 (moe_gemm_fp8: the 3E scale tables follow the 3E matrices) and the
+ * backend has the entry; otherwise nothing (the forward runs one GEMM per expert). */
 static cm_status expert_table(ts_model *m, int i, ts_layer *L) {
-    const int E = m->cfg.n_experts;
-    if (!m->be->moe_gemm) return CM_OK;
+    const int      E  = m->cfg.n_experts;
+    const cm_dtype dt = L->ex_gate[0].dtype;
+    const int      fp8 = dt == CM_DTYPE_F8_E4M3;
+    if (fp8 ? !m->be->moe_gemm_fp8 : dt != CM_DTYPE_BF16 || !m->be->moe_gemm) return CM_OK;
     for (int e = 0; e < E; e++)
-        if (L->ex_gate[e].dtype != CM_DTYPE_BF16 || L->ex_up[e].dtype != CM_DTYPE_BF16 ||
-            L->ex_down[e].dtype != CM_DTYPE_BF16)
-            return CM_OK;
-    const size_t bytes = (size_t)(3 * E) * sizeof(void *);
+        if (L->ex_gate[e].dtype != dt || L->ex_up[e].dtype != dt || L->ex_down[e].dtype != dt) return CM_OK;
+    const size_t bytes = (size_t)((fp8 ? 6 : 3) * E) * sizeof(void *);
     void       **host  = malloc(bytes);
     if (!host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate layer %d's table of %d experts", i, E);
     for (int e = 0; e < E; e++) {
-        host[e]         = L->ex_gate[e].data;
-        host[E + e]     = L->ex_up[e].data;
-        host[2 * E + e] = L->ex_down[e].data;
+        const ts_mat *w[3] = {&L->ex_gate[e], &L->ex_up[e], &L->ex_down[e]};
+        for (int j = 0; j < 3; j++) {
+            host[j * E + e] = w[j]->data;
+            if (fp8) host[(3 + j) * E + e] = w[j]->scale;
+        }
     }
     cm_status st = m->be->alloc(m->ctx, (void **)&L->ex_ptrs, bytes);
     if (st == CM_OK) st = m->be->upload(m->ctx, L->ex_ptrs, host, bytes);
+    L->ex_fp8 = fp8;
     free(host);
     return st;
 }

@@ -34,7 +34,10 @@ typedef struct ts_layer {
     ts_mat  router;                    /* mlp.gate [E, D] */
     ts_mat *ex_gate, *ex_up, *ex_down; /* E each: [Ie, D], [Ie, D], [D, Ie] */
     void  **ex_ptrs;                   /* backend memory: the E gate, E up and E down matrices' data for
-                                          moe_gemm when all are BF16, else NULL (one GEMM per expert) */
+                                          moe_gemm when all are BF16, or for moe_gemm_fp8 when all are
+                                          F8_E4M3 (then followed by their 3E scales), else NULL (one GEMM
+                                          per expert) */
+    int     ex_fp8;                    /* ex_ptrs holds FP8 matrices and their scales */
     ts_mat  sh_gate, sh_up, sh_down;   /* the shared expert: [Is, D], [Is, D], [D, Is] (absent: Is = 0) */
     ts_mat  sh_router;                 /* shared_expert_gate [1, D] */
 } ts_layer;
@@ -59,6 +62,8 @@ typedef struct ts_ws {
     float   *eg, *eu;            /* [R, Ie] gate and up */
     void    *eact;               /* [R, Ie] swiglu (bf16 on the fused path, else f32) */
     float   *ey;                 /* [R, D] the experts' outputs */
+    uint8_t *eact8;              /* grouped FP8 experts: swiglu quantized, [kn_fp8_rows(R), Ie] e4m3 */
+    float   *eact8s;             /* and its scales [ceil(Ie/128), kn_fp8_rows(R)] */
     float   *sh, *shg;           /* [T, D] the shared expert's output, [T] its gate's logit */
     int32_t *roff_host;          /* host [E + 1] */
 } ts_ws;
@@ -77,6 +82,7 @@ struct ts_model {
     ts_ws             ws;
     int               fused; /* the bf16 fast path (see the top of this file) */
     int               moe_grouped; /* the experts' GEMMs in one moe_gemm call where it can (TANDEM_MOE_GEMM) */
+    int               moe_fp8_loop; /* the backend turned moe_gemm_fp8 down here: FP8 experts one GEMM each */
     int               timing;
     ts_timing         tm;
     double           *gemm_acc; /* while timing: the sum the running block's GEMMs add to */
@@ -196,6 +202,8 @@ typedef struct gemm_in {
 cm_status ts_mark(ts_model *m, double *t);
 cm_status ts_gemm(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K);
 cm_status ts_gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K);
+/* The block's normed input [M, K] quantized into ws.h8 / ws.h8s (once per norm; FP8 weights). */
+cm_status ts_quant_h(ts_model *m, int64_t M, int64_t K);
 /* ts_forward_moe.c: the workspace's MoE buffers for T tokens (none for a dense model), and the
  * sparse block of layer li from the normed input into ws.o; cap->experts, when set, receives
  * the layer's routing. */

@@ -7,7 +7,8 @@ add_unit_test(test_ts_random test_ts_random.c LIBS kn ARGS cpu TIMEOUT 300)
 add_dependencies(test_ts_random target-server)
 add_test(NAME test_ts_random_cuda_bf16 COMMAND test_ts_random cuda bf16)
 add_test(NAME test_ts_random_cuda_fp32 COMMAND test_ts_random cuda fp32)
-set_tests_properties(test_ts_random_cuda_bf16 test_ts_random_cuda_fp32 PROPERTIES
+add_test(NAME test_ts_random_cuda_moe_fp8 COMMAND test_ts_random cuda moe-fp8)
+set_tests_properties(test_ts_random_cuda_bf16 test_ts_random_cuda_fp32 test_ts_random_cuda_moe_fp8 PROPERTIES
                      TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS gpu)
 # bench_ts_target: the 27B-shaped forward on one GPU (not a test; bench/target_bench.sh runs it).
 if(TANDEM_HAVE_CUDA)

@@ -14,6 +14,9 @@
  *                           and, on compute capability 9.0, the wgmma tilings wg and wg4 (the default
  *                           there); 128w8 and 64w4 bit-identical to 128w4. Label gpu, exits 77 without
  *                           a cuda device.
+ * moe_gemm_fp8 (FP8 experts): on the cpu each expert's rows equal bit for bit gemm_fp8 on its gathered
+ * bf16 rows (the forward's per-expert path); on cuda (compute capability 9.0, wgmma) within 2e-3·Σ|terms|
+ * of the cpu on odd shapes and the 35B-A3B ones, the two-set call equal to two one-set calls.
  * Both: moe_gemm_swiglu equal bit for bit to moe_gemm of gate and up then swiglu_bf16 on the same
  * backend, and nothing written past offsets[E]; rows read through src (a random permutation, topk
  * rows per input row: the gather fused into the loads) as well as directly. */
@@ -314,6 +317,197 @@ static void refusals(const kn_backend *be, kn_ctx *cx, int host_tables) {
     TST_FAILS(be->moe_gemm(cx, out, NULL, x, far, 2, tab, NULL, ok, 4, 2, 1, 8), CM_ERR_INVALID_ARG, "src[3]=4");
 }
 
+// ----------------------------------------------------------------------------
+// moe_gemm_fp8
+
+/* A problem's FP8 operands on the host, made by the cpu backend: the input quantized per row
+ * (fp8_quantize_rows), each expert's weight in 128 × 128 blocks (fp8_quantize_weight). */
+typedef struct prob8 {
+    long     rows, Mq, L, nb, ld;
+    uint8_t *q;               /* [Mq, K] */
+    float   *s;               /* [L, Mq] */
+    uint8_t *wq[2];           /* [E][N, K] */
+    float   *ws[2];           /* [E][nb, ld] */
+} prob8;
+
+static prob8 quantize8(const kn_backend *cpu, kn_ctx *cc, const prob *p) {
+    prob8 q = {0};
+    q.rows  = p->src ? (p->R + p->topk - 1) / p->topk : p->R;
+    q.Mq = kn_fp8_rows(q.rows), q.L = (p->K + 127) / 128, q.nb = (p->N + 127) / 128, q.ld = kn_fp8_scale_ld(p->K);
+    q.q = tst_xcalloc((size_t)(q.Mq * p->K) + 1);
+    q.s = tst_xcalloc((size_t)(q.Mq * q.L + 1) * 4);
+    tst_ok(cpu->fp8_quantize_rows(cc, q.q, q.s, p->inp, CM_DTYPE_BF16, q.rows, p->K), "fp8_quantize_rows");
+    for (int s = 0; s < p->sets; s++) {
+        q.wq[s] = tst_xcalloc((size_t)(p->E * p->N * p->K) + 1);
+        q.ws[s] = tst_xcalloc((size_t)(p->E * q.nb * q.ld + 1) * 4);
+        for (int e = 0; e < p->E; e++)
+            tst_ok(cpu->fp8_quantize_weight(cc, q.wq[s] + (long)e * p->N * p->K, q.ws[s] + (long)e * q.nb * q.ld,
+                                            p->w[s] + (long)e * p->N * p->K, CM_DTYPE_BF16, p->N, p->K),
+                   "fp8_quantize_weight");
+    }
+    return q;
+}
+
+static void drop8(prob8 *q) {
+    free(q->q), free(q->s);
+    for (int s = 0; s < 2; s++) free(q->wq[s]), free(q->ws[s]);
+}
+
+/* moe_gemm_fp8 on be: out[s] [R, N] (host), prefilled with the SENTINEL; one_by_one: each set in its own call. */
+static void run8(const kn_backend *be, kn_ctx *cx, const prob *p, const prob8 *q, int one_by_one, float *out[2]) {
+    const long R = p->R, N = p->N, K = p->K;
+    const int  E = p->E;
+    void      *dq, *ds, *off, *src = NULL, *o[2] = {NULL, NULL}, *tw[2] = {NULL, NULL}, *ts[2] = {NULL, NULL};
+    void      *mw[2] = {NULL, NULL}, *msc[2] = {NULL, NULL};
+    float     *fill = tst_zeros_f32(R * N);
+    for (long i = 0; i < R * N; i++) fill[i] = SENTINEL;
+    tst_ok(be->alloc(cx, &dq, (size_t)(q->Mq * K) + 16), "alloc q");
+    tst_ok(be->upload(cx, dq, q->q, (size_t)(q->Mq * K)), "upload q");
+    tst_ok(be->alloc(cx, &ds, (size_t)(q->Mq * q->L) * 4 + 4), "alloc s");
+    tst_ok(be->upload(cx, ds, q->s, (size_t)(q->Mq * q->L) * 4), "upload s");
+    if (p->src) {
+        tst_ok(be->alloc(cx, &src, (size_t)R * 4), "alloc src");
+        tst_ok(be->upload(cx, src, p->src, (size_t)R * 4), "upload src");
+    }
+    tst_ok(be->alloc(cx, &off, (size_t)(E + 1) * 4), "alloc offsets");
+    tst_ok(be->upload(cx, off, p->off, (size_t)(E + 1) * 4), "upload offsets");
+    for (int s = 0; s < p->sets; s++) {
+        const size_t wb = (size_t)(N * K), sb = (size_t)(q->nb * q->ld) * 4;
+        void       **hw = tst_xcalloc((size_t)E * 8), **hs = tst_xcalloc((size_t)E * 8);
+        tst_ok(be->alloc(cx, &mw[s], wb * (size_t)E), "alloc weights");
+        tst_ok(be->upload(cx, mw[s], q->wq[s], wb * (size_t)E), "upload weights");
+        tst_ok(be->alloc(cx, &msc[s], sb * (size_t)E), "alloc scales");
+        tst_ok(be->upload(cx, msc[s], q->ws[s], sb * (size_t)E), "upload scales");
+        for (int e = 0; e < E; e++) hw[e] = (char *)mw[s] + e * wb, hs[e] = (char *)msc[s] + e * sb;
+        tst_ok(be->alloc(cx, &tw[s], (size_t)E * 8), "alloc table");
+        tst_ok(be->upload(cx, tw[s], hw, (size_t)E * 8), "upload table");
+        tst_ok(be->alloc(cx, &ts[s], (size_t)E * 8), "alloc table");
+        tst_ok(be->upload(cx, ts[s], hs, (size_t)E * 8), "upload table");
+        free(hw), free(hs);
+        tst_ok(be->alloc(cx, &o[s], (size_t)(R * N) * 4), "alloc out");
+        tst_ok(be->upload(cx, o[s], fill, (size_t)(R * N) * 4), "upload out");
+    }
+    typedef const uint8_t *const *wtab;
+    typedef const float *const   *stab;
+    if (p->sets == 2 && !one_by_one) {
+        tst_ok(be->moe_gemm_fp8(cx, o[0], o[1], dq, ds, q->Mq, src, p->topk, (wtab)tw[0], (stab)ts[0], (wtab)tw[1],
+                                (stab)ts[1], off, R, E, N, K),
+               "moe_gemm_fp8 (two sets)");
+    } else {
+        for (int s = 0; s < p->sets; s++)
+            tst_ok(be->moe_gemm_fp8(cx, o[s], NULL, dq, ds, q->Mq, src, p->topk, (wtab)tw[s], (stab)ts[s], NULL, NULL,
+                                    off, R, E, N, K),
+                   "moe_gemm_fp8");
+    }
+    for (int s = 0; s < p->sets; s++) {
+        out[s] = tst_zeros_f32(R * N);
+        tst_ok(be->download(cx, out[s], o[s], (size_t)(R * N) * 4), "download out");
+        be->free(cx, o[s]), be->free(cx, tw[s]), be->free(cx, ts[s]), be->free(cx, mw[s]), be->free(cx, msc[s]);
+    }
+    be->free(cx, dq), be->free(cx, ds), be->free(cx, off), be->free(cx, src);
+    free(fill);
+}
+
+/* Rows past offsets[E] left as they were. */
+static void untouched8(const char *name, const prob *p, const float *got) {
+    long bad = 0;
+    for (long i = (long)p->off[p->E] * p->N; i < p->R * p->N; i++) bad += got[i] != SENTINEL;
+    TST_CHECK(bad == 0);
+    if (bad) fprintf(stderr, "%s: %ld values past offsets[E]=%d were written\n", name, bad, p->off[p->E]);
+}
+
+/* cpu: each expert's rows equal, bit for bit, the per-expert product the forward's other path runs:
+ * gemm_fp8 (which quantizes its own input) on the gathered bf16 rows with that expert's weight. */
+static void fp8_case_cpu(const kn_backend *be, kn_ctx *cx, long R, int E, long N, long K, int sets, long used,
+                         int skew, int topk) {
+    prob   p = make(R, E, N, K, sets, used, skew, topk);
+    prob8  q = quantize8(be, cx, &p);
+    float *got[2] = {NULL, NULL};
+    run8(be, cx, &p, &q, 0, got);
+    long diff = 0;
+    for (int s = 0; s < sets; s++)
+        for (int e = 0; e < E; e++) {
+            const long r0 = p.off[e], n = p.off[e + 1] - r0;
+            if (n == 0) continue;
+            uint16_t *x = tst_xcalloc((size_t)(n * K) * 2);
+            float    *y = tst_zeros_f32(n * N);
+            for (long i = 0; i < n; i++)
+                memcpy(x + i * K, p.inp + (p.src ? p.src[r0 + i] / topk : r0 + i) * K, (size_t)K * 2);
+            tst_ok(be->gemm_fp8(cx, y, x, CM_DTYPE_BF16, q.wq[s] + (long)e * N * K, q.ws[s] + (long)e * q.nb * q.ld, n,
+                                N, K),
+                   "gemm_fp8");
+            diff += memcmp(y, got[s] + r0 * N, (size_t)(n * N) * 4) != 0;
+            free(x), free(y);
+        }
+    char name[128];
+    snprintf(name, sizeof name, "cpu fp8 R=%ld used=%ld E=%d N=%ld K=%ld%s sets %d", R, used, E, N, K,
+             topk ? " src" : "", sets);
+    printf("%-56s %ld experts differ from gemm_fp8 on their gathered rows\n", name, diff);
+    TST_CHECK(diff == 0);
+    for (int s = 0; s < sets; s++) untouched8(name, &p, got[s]), free(got[s]);
+    drop8(&q);
+    drop(&p);
+}
+
+/* cuda against the cpu's moe_gemm_fp8 within 2e-3·Σ|terms| (test_kn_fp8's bound for the block-scaled
+ * product: the tensor core adds a group's products with fewer bits, then fp32); the two-set call
+ * bit-identical to two one-set calls; rows past offsets[E] untouched. */
+static void fp8_case_cuda(const kn_backend *be, kn_ctx *cx, const kn_backend *cpu, kn_ctx *cc, long R, int E, long N,
+                          long K, int sets, long used, int skew, int topk) {
+    prob   p = make(R, E, N, K, sets, used, skew, topk);
+    prob8  q = quantize8(cpu, cc, &p);
+    float *got[2] = {NULL, NULL}, *want[2] = {NULL, NULL}, *one[2] = {NULL, NULL};
+    run8(be, cx, &p, &q, 0, got);
+    run8(cpu, cc, &p, &q, 0, want);
+    char name[128];
+    for (int s = 0; s < sets; s++) {
+        snprintf(name, sizeof name, "cuda fp8 R=%ld used=%ld E=%d N=%ld K=%ld%s set %d/%d", R, used, E, N, K,
+                 topk ? " src" : "", s + 1, sets);
+        const long n = (long)p.off[E] * N;
+        double    *bound = tst_xcalloc((size_t)(n + 1) * sizeof(double));
+        for (int e = 0; e < E; e++)
+            for (long j = p.off[e]; j < p.off[e + 1]; j++) {
+                const long     r = p.src ? p.src[j] / topk : j;
+                const uint8_t *a = q.q + r * K;
+                for (long c = 0; c < N; c++) {
+                    const uint8_t *w  = q.wq[s] + ((long)e * N + c) * K;
+                    const float   *ws = q.ws[s] + (long)e * q.nb * q.ld + (c / 128) * q.ld;
+                    double         mag = 0;
+                    for (long k = 0; k < K; k++)
+                        mag += fabs((double)cm_f8e4m3_to_f32(a[k]) * q.s[(k / 128) * q.Mq + r] *
+                                    cm_f8e4m3_to_f32(w[k]) * ws[k / 128]);
+                    bound[j * N + c] = mag;
+                }
+            }
+        tst_compare_bound(name, 56, got[s], want[s], bound, n, 2e-3, NULL);
+        untouched8(name, &p, got[s]);
+        free(bound);
+    }
+    if (sets == 2) {
+        run8(be, cx, &p, &q, 1, one);
+        for (int s = 0; s < 2; s++) {
+            TST_CHECK(memcmp(got[s], one[s], (size_t)(R * N) * 4) == 0);
+            free(one[s]);
+        }
+    }
+    for (int s = 0; s < sets; s++) free(got[s]), free(want[s]);
+    drop8(&q);
+    drop(&p);
+}
+
+static void refusals8(const kn_backend *be, kn_ctx *cx) {
+    static uint8_t  x[64] __attribute__((aligned(16))), w[64];
+    static float    sx[64], sw[64];
+    const uint8_t  *tw[2] = {w, w};
+    const float    *tsc[2] = {sw, sw};
+    float           out[64];
+    int32_t         ok[3] = {0, 2, 4};
+    TST_FAILS(be->moe_gemm_fp8(cx, out, out, x, sx, 16, NULL, 0, tw, tsc, NULL, NULL, ok, 4, 2, 1, 16),
+              CM_ERR_INVALID_ARG, "out1, w1 and s1");
+    TST_FAILS(be->moe_gemm_fp8(cx, out, NULL, x, sx, 16, NULL, 0, tw, tsc, NULL, NULL, ok, 4, 0, 1, 16),
+              CM_ERR_INVALID_ARG, "E=0");
+}
+
 static int run_cpu(void) {
     const kn_backend *be = kn_backend_cpu();
     kn_ctx           *cx = NULL;
@@ -327,6 +521,12 @@ static int run_cpu(void) {
     case_on(be, cx, 40, 7, 37, 40, 2, 40, 1, 3, tol); /* rows read through src, 3 per token */
     case_on(be, cx, 64, 5, 16, 64, 1, 60, 0, 8, tol);
     refusals(be, cx, 1);
+    fp8_case_cpu(be, cx, 9, 3, 5, 24, 2, 9, 1, 0);
+    fp8_case_cpu(be, cx, 40, 7, 37, 40, 2, 33, 1, 3);   /* 7 rows past offsets[E], read through src */
+    fp8_case_cpu(be, cx, 64, 5, 16, 136, 1, 60, 0, 8);  /* K past one 128-wide group */
+    fp8_case_cpu(be, cx, 300, 4, 130, 256, 2, 300, 1, 3); /* N past one 128-row weight block */
+    fp8_case_cpu(be, cx, 10, 4, 3, 8, 1, 0, 0, 0);      /* no rows at all */
+    refusals8(be, cx);
     be->ctx_destroy(&cx);
     return tst_report();
 }
@@ -357,6 +557,29 @@ static int run_cuda(void) {
         case_on(be, cx, cs[i].R, cs[i].E, cs[i].N, cs[i].K, cs[i].sets, cs[i].used, cs[i].skew, cs[i].topk,
                 (double)(cs[i].K + 8) * U24);
     refusals(be, cx, 0);
+    /* moe_gemm_fp8, where the wgmma kernels run (a call with no rows says whether they do) */
+    if (be->moe_gemm_fp8(cx, NULL, NULL, NULL, NULL, 0, NULL, 1, NULL, NULL, NULL, NULL, NULL, 0, 1, 0, 0) != CM_OK) {
+        printf("moe_gemm_fp8: not here (%s)\n", cm_last_error());
+        TST_CHECK(n_base_tilings == 1);
+    } else {
+        const kn_backend *cpu = kn_backend_cpu();
+        kn_ctx           *cc  = NULL;
+        tst_ok(cpu->ctx_create(&cc, NULL), "cpu ctx_create");
+        fp8_case_cuda(be, cx, cpu, cc, 1, 1, 1, 16, 1, 1, 0, 0);
+        fp8_case_cuda(be, cx, cpu, cc, 40, 7, 37, 48, 2, 33, 1, 3);
+        fp8_case_cuda(be, cx, cpu, cc, 300, 7, 130, 144, 2, 300, 1, 3);
+        fp8_case_cuda(be, cx, cpu, cc, 1000, 64, 257, 528, 1, 999, 1, 0);
+        fp8_case_cuda(be, cx, cpu, cc, 10, 4, 3, 16, 1, 0, 0, 0);
+        fp8_case_cuda(be, cx, cpu, cc, 1024, 256, 512, 2048, 2, 1024, 0, 8); /* the 35B-A3B gate and up */
+        fp8_case_cuda(be, cx, cpu, cc, 1024, 256, 2048, 512, 1, 1024, 0, 0); /* and down */
+        fp8_case_cuda(be, cx, cpu, cc, 4096, 2, 128, 256, 2, 4096, 2, 0);    /* one expert, 32 row tiles */
+        refusals8(be, cx);
+        TST_FAILS(be->moe_gemm_fp8(cx, (float *)cx, NULL, (const uint8_t *)cx, (const float *)cx, 16, NULL, 0,
+                                   (const uint8_t *const *)cx, (const float *const *)cx, NULL, NULL,
+                                   (const int32_t *)cx, 4, 2, 1, 24),
+                  CM_ERR_INVALID_ARG, "multiple of 16");
+        cpu->ctx_destroy(&cc);
+    }
     be->ctx_destroy(&cx);
     return tst_report();
 }

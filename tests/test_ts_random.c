@@ -13,7 +13,14 @@
  *                               test_ts_dump, for layers 0-7, growing with depth after;
  *                               packed lengths 1, 63, 64, 65, 200, 700 so the
  *                               chunked GDN and the flash attention see chunk edges and
- *                               several key tiles. Exits 77 without a GPU. */
+ *                               several key tiles. Exits 77 without a GPU.
+ *   test_ts_random cuda moe-fp8 (gpu) a qwen3_5_moe config of the same sizes (16 experts, 4 per
+ *                               token, expert width 128, a shared expert) at --precision fp8 on
+ *                               cuda: the grouped FP8 experts (moe_gemm_fp8) against one cuBLASLt
+ *                               GEMM per expert (TANDEM_MOE_GEMM=loop) in the same served path,
+ *                               relative L2 per layer ≤ 1e-2 (the logs say which path ran), and
+ *                               against the cpu's FP8 reference ≤ 0.05 per layer of depth (see
+ *                               test_cuda_moe_fp8). Exits 77 without a GPU or block-scaled FP8. */
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -62,6 +69,28 @@ static void write_config(const char *path) {
     fclose(f);
 }
 
+/* The same sizes as a Qwen3.5-MoE text model: every layer's MLP 16 experts of width 128 (4 per
+ * token) and a shared expert of 128. */
+static void write_moe_config(const char *path) {
+    FILE *f = fopen(path, "w");
+    TST_CHECK(f != NULL);
+    if (!f) return;
+    fprintf(f, "{\"architectures\": [\"Qwen3_5MoeForCausalLM\"], \"model_type\": \"qwen3_5_moe_text\",\n"
+               " \"hidden_size\": %d, \"num_hidden_layers\": %d, \"layer_types\": [",
+            HIDDEN, n_layers);
+    for (int i = 0; i < n_layers; i++)
+        fprintf(f, "%s\"%s\"", i ? ", " : "", i % 4 == 3 ? "full_attention" : "linear_attention");
+    fprintf(f, "], \"moe_intermediate_size\": 128, \"shared_expert_intermediate_size\": 128,\n"
+               " \"num_experts\": 16, \"num_experts_per_tok\": 4, \"vocab_size\": %d, \"num_attention_heads\": 4,\n"
+               " \"num_key_value_heads\": 2, \"head_dim\": 256, \"rope_parameters\": {\"rope_type\": \"default\",\n"
+               " \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25, \"mrope_interleaved\": true,\n"
+               " \"mrope_section\": [11, 11, 10]}, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 6,\n"
+               " \"linear_key_head_dim\": 128, \"linear_value_head_dim\": 128, \"linear_conv_kernel_dim\": 4,\n"
+               " \"rms_norm_eps\": 1e-06, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false}\n",
+            VOCAB);
+    fclose(f);
+}
+
 static long write_input(const char *path, const int *lens, int n_seq) {
     int32_t cu[16];
     cu[0] = 0;
@@ -85,6 +114,9 @@ static long write_input(const char *path, const int *lens, int n_seq) {
     return T;
 }
 
+/* The dumps' --log-level; their log goes to dir/err.txt. */
+static const char *dump_log = "warn";
+
 /* Runs dump --init random; returns 1 on exit status 0. */
 static int dump(const char *cfg, const char *input, const char *out, const char *device, const char *precision,
                 const char *seed) {
@@ -93,7 +125,7 @@ static int dump(const char *cfg, const char *input, const char *out, const char 
     snprintf(err, sizeof err, "%s/err.txt", dir);
     char *argv[] = {bin, "dump", "--init", "random", "--config", (char *)cfg, "--seed", (char *)seed, "--input",
                     (char *)input, "--out", (char *)out, "--device", (char *)device, "--precision",
-                    (char *)precision, "--log-level", "warn", NULL};
+                    (char *)precision, "--log-level", (char *)dump_log, NULL};
     int rc = tst_run(argv, err);
     if (rc != 0) fprintf(stderr, "dump on %s %s exited %d:\n%s\n", device, precision, rc, tst_slurp(err));
     TST_CHECK(rc == 0);
@@ -274,6 +306,69 @@ static void test_cuda(const char *cfg, const char *precision) {
     cm_st_destroy(&sg);
 }
 
+/* Whether the last dump's log holds what. */
+static int logged(const char *what) {
+    char err[512];
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    const char *log = tst_slurp(err);
+    const int   yes = log && strstr(log, what) != NULL;
+    if (!yes) fprintf(stderr, "the dump's log does not say \"%s\":\n%s\n", what, log ? log : "(none)");
+    return yes;
+}
+
+/* The grouped FP8 experts on cuda against the per-expert path and the cpu (see the top). The
+ * cpu bound grows with depth as test_cuda's: on an H200 layer 0 is 2.3e-2 from the cpu and each
+ * layer adds 0.03-0.04 (the served path's bf16 rest and the FP8 tensor cores' sums move some
+ * inputs to the neighbouring e4m3 code, and these random O(1) weights amplify it, as in
+ * test_ts_dump's FP8 fixtures); a wrong expert product is off by O(1) at layer 0. */
+static void test_cuda_moe_fp8(const char *cfg) {
+    static const int lens[] = {1, 63, 64, 65, 200, 700};
+    char             input[512], c[512], g[512], l[512];
+    snprintf(input, sizeof input, "%s/input.safetensors", dir);
+    snprintf(c, sizeof c, "%s/cpu.safetensors", dir);
+    snprintf(g, sizeof g, "%s/grouped.safetensors", dir);
+    snprintf(l, sizeof l, "%s/loop.safetensors", dir);
+    long T = write_input(input, lens, 6), n = T * HIDDEN;
+    dump_log = "info";
+    if (!dump(cfg, input, c, "cpu", "fp8", "11") || !dump(cfg, input, g, "cuda", "fp8", "11")) return;
+    TST_CHECK(logged("routed experts: grouped, every expert's GEMMs in one moe_gemm_fp8 call"));
+    setenv("TANDEM_MOE_GEMM", "loop", 1);
+    const int ok = dump(cfg, input, l, "cuda", "fp8", "11");
+    unsetenv("TANDEM_MOE_GEMM");
+    if (!ok) return;
+    TST_CHECK(logged("routed experts: one GEMM per expert (TANDEM_MOE_GEMM=loop)"));
+    cm_st *sc = NULL, *sg = NULL, *sl = NULL;
+    TST_CHECK(cm_st_open_file(&sc, c) == CM_OK && cm_st_open_file(&sg, g) == CM_OK &&
+              cm_st_open_file(&sl, l) == CM_OK);
+    for (int i = 0; sc && sg && sl && i < n_layers; i++) {
+        float *x = layer(sc, i, n), *y = layer(sg, i, n), *z = layer(sl, i, n);
+        if (x && y && z) {
+            const double el = rel_l2(y, z, n), ec = rel_l2(y, x, n), tc = 0.05 * (i + 1);
+            printf("layer %2d (%s): cuda fp8 grouped vs per expert rel L2 %.2e (tol 1e-02), vs cpu %.2e (tol %.2f) "
+                   "%s\n", i, i % 4 == 3 ? "attention" : "gdn", el, ec, tc, el <= 1e-2 && ec <= tc ? "ok" : "FAIL");
+            TST_CHECK(el <= 1e-2 && ec <= tc);
+        }
+        free(x), free(y), free(z);
+    }
+    cm_st_destroy(&sc);
+    cm_st_destroy(&sg);
+    cm_st_destroy(&sl);
+}
+
+/* Exits 77 unless the cuda backend runs the block-scaled FP8 product here. */
+static void need_fp8(void) {
+    const kn_backend *be  = kn_backend_cuda();
+    kn_ctx           *ctx = NULL;
+    kn_ctx_config     kc  = KN_CTX_CONFIG_DEFAULT;
+    char              why[400] = "the backend has no FP8 product";
+    int               ok = be->ctx_create(&ctx, &kc) == CM_OK && be->fp8_supported && be->fp8_supported(ctx, why, sizeof why);
+    if (ctx) be->ctx_destroy(&ctx);
+    if (!ok) {
+        printf("skipped: %s\n", why);
+        exit(77);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *device = argc > 1 ? argv[1] : "cpu", *precision = argc > 2 ? argv[2] : "bf16";
     if (strcmp(device, "cuda") == 0)
@@ -284,8 +379,15 @@ int main(int argc, char **argv) {
     TST_CHECK(system(cmd) == 0);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     if (strcmp(device, "cuda") != 0) n_layers = 6;
-    write_config(cfg);
-    if (strcmp(device, "cuda") == 0) {
+    const int moe = strcmp(precision, "moe-fp8") == 0;
+    if (moe) need_fp8();
+    if (moe)
+        write_moe_config(cfg);
+    else
+        write_config(cfg);
+    if (moe) {
+        test_cuda_moe_fp8(cfg);
+    } else if (strcmp(device, "cuda") == 0) {
         test_cuda(cfg, precision);
     } else {
         test_cpu(cfg);

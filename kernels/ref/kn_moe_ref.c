@@ -152,6 +152,19 @@ cm_status kn_ref_moe_combine(kn_ctx *ctx, float *out, const float *y, const int3
     return CM_OK;
 }
 
+/* The grouping both moe_gemm entries read: offsets ascending within [0, R], src within [0, R). */
+static cm_status rows_check(const char *op, const int32_t *offsets, const int32_t *src, int64_t R, int E) {
+    KN_REF_CHECK(offsets[0] >= 0 && offsets[E] <= R, "%s: offsets run from %d to %d, outside [0, R=%lld]", op,
+                 (int)offsets[0], (int)offsets[E], (long long)R);
+    for (int e = 0; e < E; e++)
+        KN_REF_CHECK(offsets[e] <= offsets[e + 1], "%s: offsets[%d]=%d > offsets[%d]=%d (not ascending)", op, e,
+                     (int)offsets[e], e + 1, (int)offsets[e + 1]);
+    for (int64_t j = 0; src && j < offsets[E]; j++)
+        KN_REF_CHECK(src[j] >= 0 && src[j] < R, "%s: src[%lld]=%d is outside [0, R=%lld)", op, (long long)j,
+                     (int)src[j], (long long)R);
+    return CM_OK;
+}
+
 cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const int32_t *src, int topk,
                           const uint16_t *const *w0, const uint16_t *const *w1, const int32_t *offsets, int64_t R,
                           int E, int64_t N, int64_t K) {
@@ -167,14 +180,7 @@ cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t 
     KN_REF_CHECK(out0 && inp && w0 && offsets, "moe_gemm: out0, inp, w0 or offsets is NULL");
     KN_REF_CHECK(K % 8 == 0, "moe_gemm: K=%lld must be a multiple of 8 (rows are read 16 bytes at a time); use "
                  "gemm_bf16in per expert otherwise", (long long)K);
-    KN_REF_CHECK(offsets[0] >= 0 && offsets[E] <= R, "moe_gemm: offsets run from %d to %d, outside [0, R=%lld]",
-                 (int)offsets[0], (int)offsets[E], (long long)R);
-    for (int e = 0; e < E; e++)
-        KN_REF_CHECK(offsets[e] <= offsets[e + 1], "moe_gemm: offsets[%d]=%d > offsets[%d]=%d (not ascending)", e,
-                     (int)offsets[e], e + 1, (int)offsets[e + 1]);
-    for (int64_t j = 0; src && j < offsets[E]; j++)
-        KN_REF_CHECK(src[j] >= 0 && src[j] < R, "moe_gemm: src[%lld]=%d is outside [0, R=%lld)", (long long)j,
-                     (int)src[j], (long long)R);
+    CM_TRY(rows_check("moe_gemm", offsets, src, R, E));
     for (int s = 0; s < (out1 ? 2 : 1); s++) {
         float                 *out = s ? out1 : out0;
         const uint16_t *const *w   = s ? w1 : w0;
@@ -213,5 +219,54 @@ cm_status kn_ref_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp
     if (st == CM_OK) st = kn_ref_swiglu_bf16(ctx, act, g, u, (int64_t)offsets[E] * N);
     free(g);
     free(u);
+    return st;
+}
+
+cm_status kn_ref_moe_gemm_fp8(kn_ctx *ctx, float *out0, float *out1, const uint8_t *q, const float *s, int64_t Mq,
+                              const int32_t *src, int topk, const uint8_t *const *w0, const float *const *s0,
+                              const uint8_t *const *w1, const float *const *s1, const int32_t *offsets, int64_t R,
+                              int E, int64_t N, int64_t K) {
+    KN_REF_CHECK(ctx, "moe_gemm_fp8: ctx is NULL");
+    KN_REF_CHECK(R >= 0 && N >= 0 && K >= 0 && R <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX,
+                 "moe_gemm_fp8: bad shape R=%lld N=%lld K=%lld (each in [0, 2^31))", (long long)R, (long long)N,
+                 (long long)K);
+    KN_REF_CHECK(E >= 1 && E <= KN_MOE_MAX_EXPERTS, "moe_gemm_fp8: E=%d experts is outside [1, %d]", E,
+                 KN_MOE_MAX_EXPERTS);
+    KN_REF_CHECK(!out1 == !w1 && !w1 == !s1, "moe_gemm_fp8: out1, w1 and s1 go together (all or none)");
+    KN_REF_CHECK(!src || topk >= 1, "moe_gemm_fp8: topk=%d must be >= 1 with src", topk);
+    if (R == 0 || N == 0) return CM_OK;
+    KN_REF_CHECK(out0 && q && s && w0 && s0 && offsets, "moe_gemm_fp8: out0, q, s, w0, s0 or offsets is NULL");
+    CM_TRY(rows_check("moe_gemm_fp8", offsets, src, R, E));
+    const int64_t L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    for (int64_t j = 0; j < offsets[E]; j++) {
+        const int64_t r = src ? src[j] / topk : j;
+        KN_REF_CHECK(r < Mq, "moe_gemm_fp8: row %lld of the input is past its Mq=%lld quantized rows", (long long)r,
+                     (long long)Mq);
+    }
+    /* the largest expert's rows, gathered as fp8_quantize_rows would have written them */
+    int64_t most = 0;
+    for (int e = 0; e < E; e++) most = offsets[e + 1] - offsets[e] > most ? offsets[e + 1] - offsets[e] : most;
+    const int64_t mp = kn_fp8_rows(most);
+    uint8_t      *gq = malloc((size_t)(mp * K) + 1);
+    float        *gs = malloc((size_t)(mp * L + 1) * sizeof *gs);
+    cm_status     st = gq && gs ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "moe_gemm_fp8: cannot allocate %lld gathered rows",
+                                                  (long long)most);
+    for (int e = 0; e < E && st == CM_OK; e++) {
+        const int64_t r0 = offsets[e], n = offsets[e + 1] - r0, np = kn_fp8_rows(n);
+        if (n == 0) continue;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t r = src ? src[r0 + i] / topk : r0 + i;
+            memcpy(gq + i * K, q + r * K, (size_t)K);
+            for (int64_t g = 0; g < L; g++) gs[g * np + i] = s[g * Mq + r];
+        }
+        for (int set = 0; set < (out1 ? 2 : 1) && st == CM_OK; set++) {
+            const uint8_t *w  = (set ? w1 : w0)[e];
+            const float   *ws = (set ? s1 : s0)[e];
+            KN_REF_CHECK(w && ws, "moe_gemm_fp8: expert %d has rows but no weights", e);
+            st = kn_ref_gemm_fp8q(ctx, (set ? out1 : out0) + r0 * N, gq, gs, w, ws, n, N, K);
+        }
+    }
+    free(gq);
+    free(gs);
     return st;
 }

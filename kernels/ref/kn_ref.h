@@ -238,6 +238,12 @@ cm_status kn_ref_moe_combine(kn_ctx *ctx, float *out, const float *y, const int3
 cm_status kn_ref_moe_gemm(kn_ctx *ctx, float *out0, float *out1, const uint16_t *inp, const int32_t *src, int topk,
                           const uint16_t *const *w0, const uint16_t *const *w1, const int32_t *offsets, int64_t R,
                           int E, int64_t N, int64_t K);
+/* moe_gemm_fp8: each expert's rows gathered (with their scales) and put through kn_ref_gemm_fp8q, so
+ * the result is the per-expert GEMMs' bit for bit. */
+cm_status kn_ref_moe_gemm_fp8(kn_ctx *ctx, float *out0, float *out1, const uint8_t *q, const float *s, int64_t Mq,
+                              const int32_t *src, int topk, const uint8_t *const *w0, const float *const *s0,
+                              const uint8_t *const *w1, const float *const *s1, const int32_t *offsets, int64_t R,
+                              int E, int64_t N, int64_t K);
 /* moe_gemm_swiglu: moe_gemm into two F32 buffers, then swiglu_bf16 (the composition, by definition). */
 cm_status kn_ref_moe_gemm_swiglu(kn_ctx *ctx, uint16_t *act, const uint16_t *inp, const int32_t *src, int topk,
                                  const uint16_t *const *wg, const uint16_t *const *wu, const int32_t *offsets,
