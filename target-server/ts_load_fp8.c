@@ -193,20 +193,23 @@ static void dequantize(void *host, cm_dtype dt, const uint8_t *q, const float *t
         }
 }
 
-cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor *t, const cm_st_tensor *s,
-                             int64_t rows, int64_t cols, ts_mat_role role, ts_mat *out) {
-    ts_model *m = ld->m;
-    (void)role; /* every role but TABLE (refused before) may be stored FP8 */
+/* t and s pair up as a fine-grained FP8 weight [rows, cols]; its scale table (read_scales) in *tab. */
+static cm_status read_stored(ts_loader *ld, const char *name, const cm_st_tensor *t, const cm_st_tensor *s,
+                             int64_t rows, int64_t cols, float **tab) {
     if (!s || t->dtype != CM_DTYPE_F8_E4M3) /* ts_fp8_scan says which; this keeps the load safe alone */
         return CM_FAIL(CM_ERR_FORMAT, "tensor '%s' in '%s' (%s) and its block scales '%s%s' do not pair up: the "
                                       "checkpoint is not fine-grained FP8 (" FP8_DOC ")",
                        name, t->file, cm_dtype_name(t->dtype), name, FP8_SUFFIX);
     if (ld->fp8) CM_TRY(check_k(ld->m->be, name, rows, cols));
-    float *tab = NULL;
-    CM_TRY(read_scales(name, s, rows, cols, &tab));
+    return read_scales(name, s, rows, cols, tab);
+}
+
+/* q [rows, cols] e4m3 with its scale table onto the device: kept FP8 at fp8, else dequantized. */
+static cm_status put(ts_loader *ld, const char *name, const uint8_t *q, const float *tab, int64_t rows, int64_t cols,
+                     ts_mat *out) {
+    ts_model    *m = ld->m;
     const size_t n = (size_t)rows * (size_t)cols;
-    const uint8_t *q = t->data;
-    cm_status      st;
+    cm_status    st;
     if (ld->fp8) {
         const size_t tab_bytes = scale_table_bytes(rows, cols);
         st = m->be->alloc(m->ctx, &out->data, n);
@@ -214,23 +217,60 @@ cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor
         if (st == CM_OK) st = m->be->alloc(m->ctx, (void **)&out->scale, tab_bytes);
         if (st == CM_OK) st = m->be->upload(m->ctx, out->scale, tab, tab_bytes);
         out->dtype = CM_DTYPE_F8_E4M3;
-        free(tab);
         ld->n_fp8_stored += st == CM_OK;
         return st;
     }
-    const cm_dtype dt    = ld->bf16_weights ? CM_DTYPE_BF16 : CM_DTYPE_F32;
-    void          *host  = malloc(n * cm_dtype_size(dt));
-    if (!host) {
-        free(tab);
-        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes to dequantize '%s'", n * cm_dtype_size(dt), name);
-    }
+    const cm_dtype dt   = ld->bf16_weights ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+    void          *host = malloc(n * cm_dtype_size(dt));
+    if (!host) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu bytes to dequantize '%s'", n * cm_dtype_size(dt), name);
     dequantize(host, dt, q, tab, rows, cols);
-    free(tab);
     st = m->be->alloc(m->ctx, &out->data, n * cm_dtype_size(dt));
     if (st == CM_OK) st = m->be->upload(m->ctx, out->data, host, n * cm_dtype_size(dt));
     free(host);
     out->dtype = dt;
     ld->n_fp8_dequantized += st == CM_OK;
+    return st;
+}
+
+cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor *t, const cm_st_tensor *s,
+                             int64_t rows, int64_t cols, ts_mat_role role, ts_mat *out) {
+    (void)role; /* every role but TABLE (refused before) may be stored FP8 */
+    float *tab = NULL;
+    CM_TRY(read_stored(ld, name, t, s, rows, cols, &tab));
+    const cm_status st = put(ld, name, t->data, tab, rows, cols, out);
+    free(tab);
+    return st;
+}
+
+cm_status ts_fp8_load_rows(ts_loader *ld, const char *name, const cm_st_tensor *t, const cm_st_tensor *s,
+                           int64_t rows, int64_t cols, const int64_t *map, int n_pieces, const int64_t *piece_rows,
+                           ts_mat *const *out) {
+    float *tab = NULL;
+    CM_TRY(read_stored(ld, name, t, s, rows, cols, &tab));
+    const int64_t  B = KN_FP8_BLOCK, ldc = kn_fp8_scale_ld(cols);
+    const uint8_t *src = t->data;
+    cm_status      st  = CM_OK;
+    for (int p = 0, off = 0; p < n_pieces && st == CM_OK; off += (int)piece_rows[p], p++) {
+        const int64_t  n = piece_rows[p], *m = map + off;
+        uint8_t       *q  = malloc((size_t)(n * cols) + 1);
+        float         *pt = calloc((size_t)(cdiv(n, B) * ldc) + 1, sizeof *pt);
+        if (!q || !pt) st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the un-interleaved rows of '%s'", name);
+        for (int64_t j = 0; j < n && st == CM_OK; j++) {
+            if (m[j] / B != m[j - j % B] / B) /* the destination block's first row's source block */
+                st = CM_FAIL(CM_ERR_UNSUPPORTED,
+                             "tensor '%s' in '%s' is stored FP8, and un-interleaving its rows would put rows %lld "
+                             "and %lld, of different 128-row scale blocks, into one block; Tandem keeps stored FP8 "
+                             "values and scales as they are, so it cannot load this layout: use the bf16 checkpoint",
+                             name, t->file, (long long)m[j - j % B], (long long)m[j]);
+            else
+                memcpy(q + j * cols, src + m[j] * cols, (size_t)cols);
+            if (st == CM_OK && j % B == 0) memcpy(pt + (j / B) * ldc, tab + (m[j] / B) * ldc, (size_t)ldc * sizeof *pt);
+        }
+        if (st == CM_OK) st = put(ld, name, q, pt, n, cols, out[p]);
+        free(q);
+        free(pt);
+    }
+    free(tab);
     return st;
 }
 

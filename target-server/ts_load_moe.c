@@ -40,9 +40,9 @@ static cm_status read_host(ts_loader *ld, const char *full, int n_dims, const in
     const cm_st_tensor *t;
     CM_TRY(cm_st_expect(ld->st, full, n_dims, shape, &t));
     if (t->dtype == CM_DTYPE_F8_E4M3)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "tensor '%s' in '%s' is F8_E4M3: Tandem reads FP8 experts and Qwen3-Next "
-                       "projections only per expert and unfused, as Qwen's FP8 releases store them; use the bf16 "
-                       "checkpoint", full, t->file);
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "tensor '%s' in '%s' is F8_E4M3: Tandem reads FP8 experts per expert and "
+                       "Qwen3-Next's in_proj_ba in bf16, as Qwen's FP8 releases store them; use the bf16 checkpoint",
+                       full, t->file);
     *dt = ts_load_dtype(ld, t->dtype);
     size_t n = 1;
     for (int i = 0; i < n_dims; i++) n *= (size_t)shape[i];
@@ -172,12 +172,67 @@ static void rows(void *dst, int64_t to, const void *src, int64_t from, int64_t n
     memcpy((char *)dst + (size_t)(to * D) * el, (const char *)src + (size_t)(from * D) * el, (size_t)(n * D) * el);
 }
 
+/* in_proj_qkvz (full name qkvz) stored FP8: the rows of q, k, v (into in_qkv) and z (into in_z)
+ * picked out of each key-head group, moved whole with their 128-row block scales. */
+static cm_status qkvz_fp8(ts_loader *ld, const char *qkvz, const cm_st_tensor *t, const cm_st_tensor *s, ts_layer *L) {
+    const cm_target_cfg *c  = &ld->m->cfg;
+    const int64_t        nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    const int64_t        D = c->hidden_size, r = nv / nk, grp = 2 * dk + 2 * r * dv, conv_dim = 2 * nk * dk + nv * dv;
+    int64_t             *map = malloc((size_t)(nk * grp) * sizeof *map);
+    if (!map) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the row map of '%s'", qkvz);
+    for (int64_t g = 0; g < nk; g++) {
+        const int64_t b0 = g * grp;
+        for (int64_t j = 0; j < dk; j++) {
+            map[g * dk + j]           = b0 + j;      /* q_g */
+            map[nk * dk + g * dk + j] = b0 + dk + j; /* k_g */
+        }
+        for (int64_t j = 0; j < r * dv; j++) {
+            map[2 * nk * dk + g * r * dv + j] = b0 + 2 * dk + j;          /* v_g */
+            map[conv_dim + g * r * dv + j]    = b0 + 2 * dk + r * dv + j; /* z_g */
+        }
+    }
+    const int64_t   pieces[2] = {conv_dim, nv * dv};
+    ts_mat *const   outs[2]   = {&L->in_qkv, &L->in_z};
+    const cm_status st        = ts_fp8_load_rows(ld, qkvz, t, s, nk * grp, D, map, 2, pieces, outs);
+    free(map);
+    return st;
+}
+
+/* in_proj_qkvz (full name qkvz) in bf16 or f32: read, un-interleaved on the host, loaded. */
+static cm_status qkvz_float(ts_loader *ld, const char *qkvz, ts_layer *L) {
+    const cm_target_cfg *c  = &ld->m->cfg;
+    const int64_t        nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    const int64_t        D = c->hidden_size, r = nv / nk, grp = 2 * dk + 2 * r * dv, conv_dim = 2 * nk * dk + nv * dv;
+    const int64_t        shape[2] = {nk * grp, D};
+    void                *src = NULL, *qkv = NULL, *z = NULL;
+    cm_dtype             dt;
+    CM_TRY(read_host(ld, qkvz, 2, shape, &src, &dt));
+    const size_t el = cm_dtype_size(dt);
+    qkv             = malloc((size_t)(conv_dim * D) * el);
+    z               = malloc((size_t)(nv * dv * D) * el);
+    cm_status st    = CM_OK;
+    if (!qkv || !z) st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the un-interleaved '%s'", qkvz);
+    for (int64_t g = 0; g < nk && st == CM_OK; g++) {
+        const int64_t b0 = g * grp;
+        rows(qkv, g * dk, src, b0, dk, D, el);                                /* q_g */
+        rows(qkv, nk * dk + g * dk, src, b0 + dk, dk, D, el);                 /* k_g */
+        rows(qkv, 2 * nk * dk + g * r * dv, src, b0 + 2 * dk, r * dv, D, el); /* v_g */
+        rows(z, g * r * dv, src, b0 + 2 * dk + r * dv, r * dv, D, el);        /* z_g */
+    }
+    if (st == CM_OK) st = ts_load_mat_host(ld, qkvz, qkv, dt, TS_MAT_ROLE_QUANT, conv_dim, D, &L->in_qkv);
+    if (st == CM_OK) st = ts_load_mat_host(ld, qkvz, z, dt, TS_MAT_ROLE_QUANT, nv * dv, D, &L->in_z);
+    free(src);
+    free(qkv);
+    free(z);
+    return st;
+}
+
 cm_status ts_load_next_gdn(ts_loader *ld, int i, ts_layer *L) {
     const cm_target_cfg *c  = &ld->m->cfg;
     const int64_t        nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
     const int64_t        D = c->hidden_size, r = nv / nk, grp = 2 * dk + 2 * r * dv;
     const int64_t        conv_dim = 2 * nk * dk + nv * dv;
-    char                 qkvz[300], ba[300];
+    char                 qkvz[300], ba[300], scale[320];
     snprintf(qkvz, sizeof qkvz, "%slayers.%d.linear_attn.in_proj_qkvz.weight", ld->prefix, i);
     snprintf(ba, sizeof ba, "%slayers.%d.linear_attn.in_proj_ba.weight", ld->prefix, i);
     if (ld->random) { /* the un-interleaved matrices drawn directly, named after their source */
@@ -192,27 +247,17 @@ cm_status ts_load_next_gdn(ts_loader *ld, int i, ts_layer *L) {
         return ts_load_mat(ld, nm, 1, TS_MAT_ROLE_GEMM, nv, D, &L->in_a);
     }
     const int64_t qkvz_shape[2] = {nk * grp, D}, ba_shape[2] = {2 * nv, D};
-    void         *src = NULL, *qkv = NULL, *z = NULL;
-    cm_dtype      dt;
-    CM_TRY(read_host(ld, qkvz, 2, qkvz_shape, &src, &dt));
-    const size_t el = cm_dtype_size(dt);
-    qkv             = malloc((size_t)(conv_dim * D) * el);
-    z               = malloc((size_t)(nv * dv * D) * el);
-    cm_status st    = CM_OK;
-    if (!qkv || !z) st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the un-interleaved '%s'", qkvz);
-    for (int64_t g = 0; g < nk && st == CM_OK; g++) {
-        const int64_t b0 = g * grp;
-        rows(qkv, g * dk, src, b0, dk, D, el);                              /* q_g */
-        rows(qkv, nk * dk + g * dk, src, b0 + dk, dk, D, el);               /* k_g */
-        rows(qkv, 2 * nk * dk + g * r * dv, src, b0 + 2 * dk, r * dv, D, el); /* v_g */
-        rows(z, g * r * dv, src, b0 + 2 * dk + r * dv, r * dv, D, el);      /* z_g */
+    snprintf(scale, sizeof scale, "%s_scale_inv", qkvz);
+    const cm_st_tensor *tq = cm_st_find(ld->st, qkvz), *sq = cm_st_find(ld->st, scale);
+    if (tq && (tq->dtype == CM_DTYPE_F8_E4M3 || sq)) {
+        CM_TRY(cm_st_expect(ld->st, qkvz, 2, qkvz_shape, &tq));
+        CM_TRY(qkvz_fp8(ld, qkvz, tq, sq, L));
+    } else {
+        CM_TRY(qkvz_float(ld, qkvz, L));
     }
-    if (st == CM_OK) st = ts_load_mat_host(ld, qkvz, qkv, dt, TS_MAT_ROLE_QUANT, conv_dim, D, &L->in_qkv);
-    if (st == CM_OK) st = ts_load_mat_host(ld, qkvz, z, dt, TS_MAT_ROLE_QUANT, nv * dv, D, &L->in_z);
-    free(src);
-    free(qkv);
-    free(z);
-    CM_TRY(st);
+    void     *src = NULL;
+    cm_dtype  dt;
+    cm_status st = CM_OK;
     CM_TRY(read_host(ld, ba, 2, ba_shape, &src, &dt));
     const size_t elb = cm_dtype_size(dt);
     void        *b = malloc((size_t)(nv * D) * elb + 1), *a = malloc((size_t)(nv * D) * elb + 1);

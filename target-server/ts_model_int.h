@@ -154,6 +154,13 @@ cm_status ts_fp8_load_stored(ts_loader *ld, const char *name, const cm_st_tensor
                              int64_t rows, int64_t cols, ts_mat_role role, ts_mat *out);
 /* Quantizes w (BF16 or F32 in backend memory, [rows, cols]) to FP8 on the device in place of its
  * data (the old buffer freed). */
+/* A stored FP8 matrix [rows, cols] loaded as n_pieces matrices of its rows: piece p has
+ * piece_rows[p] rows, row j of the pieces (back to back) being row map[j] of t. Each destination
+ * 128-row block must take all its rows from one stored 128-row block, so that the stored scales
+ * carry over unchanged (Qwen3-Next's in_proj_qkvz); otherwise the load is refused. */
+cm_status ts_fp8_load_rows(ts_loader *ld, const char *name, const cm_st_tensor *t, const cm_st_tensor *s,
+                           int64_t rows, int64_t cols, const int64_t *map, int n_pieces, const int64_t *piece_rows,
+                           ts_mat *const *out);
 cm_status ts_fp8_quantize(ts_loader *ld, const char *name, int64_t rows, int64_t cols, ts_mat *w);
 /* CM_ERR_UNSUPPORTED for a tensor stored F8_E4M3 that Tandem reads as a bf16/f32 table or
  * vector (embed_tokens, lm_head, norms, conv1d, A_log, dt_bias); CM_OK for any other dtype. */

@@ -7,7 +7,9 @@
  *     activations' quantization differs), and a bf16 checkpoint quantized on load gives the same
  *     forward as the FP8 checkpoint made from it (F32 scales);
  *   - every bad checkpoint ends `target-server dump` with exit 1 and one line naming the tensor;
- *   - an FP8 checkpoint runs at precision fp8 unless --precision says otherwise.
+ *   - an FP8 checkpoint runs at precision fp8 unless --precision says otherwise;
+ *   - MoE experts per expert, and Qwen3-Next's fused in_proj_qkvz (rows un-interleaved at load with
+ *     their block scales), load the same way.
  * The fixture with hidden 40 is the dequantization case; fp8 GEMMs need input widths that are
  * multiples of 16, so the fp8 cases use the one with hidden 64 (ragged 128-blocks either way). */
 #include <cJSON.h>
@@ -38,7 +40,7 @@ static int quantized_name(const char *name) {
         ".gate_proj.weight",             ".up_proj.weight",            ".down_proj.weight",
         ".linear_attn.in_proj_qkv.weight", ".linear_attn.in_proj_z.weight", ".linear_attn.out_proj.weight",
         ".self_attn.q_proj.weight",      ".self_attn.k_proj.weight",   ".self_attn.v_proj.weight",
-        ".self_attn.o_proj.weight"};
+        ".self_attn.o_proj.weight",      ".linear_attn.in_proj_qkvz.weight"};
     if (strncmp(name, "model.language_model.layers.", 28) != 0 && strncmp(name, "model.layers.", 13) != 0) return 0;
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         size_t n = strlen(name), k = strlen(suffixes[i]);
@@ -522,6 +524,46 @@ static void test_moe(void) {
     free(b.cu);
 }
 
+/* Qwen3-Next's fused in_proj_qkvz stored FP8: its rows un-interleaved at load with their block
+ * scales (the fixture's 112 rows are one 128-row block). At fp8 = 0 the forward equals the
+ * dequantized checkpoint's bit for bit (every row and scale where it belongs); at fp8 = 1 it runs,
+ * the activations' quantization of the weights' order as in test_fp8. */
+static void test_next(void) {
+    const char *src   = FIX "/qwen3next_flat/model";
+    const char *input = FIX "/qwen3next_flat/input.safetensors";
+    char        q8[256], ref[256];
+    snprintf(q8, sizeof q8, "%s/next-fp8", tmp);
+    snprintf(ref, sizeof ref, "%s/next-dequant", tmp);
+    write_config(src, q8, 1, NULL);
+    write_weights(src, q8, 1, SCALE_F32);
+    write_config(src, ref, 0, NULL);
+    write_weights(src, ref, 0, SCALE_F32);
+    batch b;
+    read_batch(input, &b);
+    cm_target_cfg cfg;
+    TST_CHECK(cm_target_cfg_load(&cfg, src) == CM_OK && cfg.n_experts > 0);
+    const size_t TD = (size_t)b.T * (size_t)cfg.hidden_size, TV = (size_t)b.T * (size_t)cfg.vocab_size;
+    float *fn0 = calloc(TD, 4), *lg0 = calloc(TV, 4), *fn1 = calloc(TD, 4), *lg1 = calloc(TV, 4);
+    float *fn2 = calloc(TD, 4), *lg2 = calloc(TV, 4);
+    TST_CHECK(tst_ok(forward(kn_backend_cpu(), ref, 0, 1, &b, fn0, lg0), "the dequantized Qwen3-Next checkpoint"));
+    TST_CHECK(tst_ok(forward(kn_backend_cpu(), q8, 0, 1, &b, fn1, lg1), "the FP8 Qwen3-Next checkpoint at fp8 = 0"));
+    TST_CHECK(memcmp(fn0, fn1, TD * 4) == 0 && memcmp(lg0, lg1, TV * 4) == 0);
+    printf("Qwen3-Next, in_proj_qkvz stored FP8, fp8 = 0: forward equals the dequantized checkpoint's bit for bit: %s\n",
+           memcmp(lg0, lg1, TV * 4) == 0 ? "yes" : "NO");
+    if (fp8_ready) {
+        TST_CHECK(tst_ok(forward(kn_backend_cpu(), ref, 0, 0, &b, fn0, lg0), "the dequantized checkpoint, fp32"));
+        TST_CHECK(tst_ok(forward(kn_backend_cpu(), q8, 1, 0, &b, fn1, lg1), "the FP8 Qwen3-Next checkpoint at fp8 = 1"));
+        TST_CHECK(tst_ok(forward(kn_backend_cpu(), src, 0, 0, &b, fn2, lg2), "the bf16 Qwen3-Next checkpoint"));
+        const double e_act = rel_l2(fn1, fn0, TD), e_w = rel_l2(fn0, fn2, TD);
+        printf("Qwen3-Next, fp8 = 1: final norm within %.3g of the dequantized weights' forward; the weights' "
+               "quantization alone moves it %.3g\n", e_act, e_w);
+        TST_CHECK(e_act < 1.5 * e_w && e_w < 0.3);
+    }
+    free(fn0), free(lg0), free(fn1), free(lg1), free(fn2), free(lg2);
+    free(b.ids);
+    free(b.cu);
+}
+
 int main(void) {
     snprintf(bin, sizeof bin, "%s/target-server/target-server", TANDEM_BINARY_DIR);
     snprintf(tmp, sizeof tmp, "/tmp/tandem-fp8-XXXXXX");
@@ -532,5 +574,6 @@ int main(void) {
     test_dequantize();
     test_fp8();
     test_moe();
+    test_next();
     return tst_cleanup(tmp, tst_report());
 }
