@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests/deploy_tiny_job.sh — sourced by the deploy tests (test_deploy_units, test_deploy_slurm,
 # test_deploy_slurm_real): the tiny CPU job they all run. tiny_job_files DIR writes DIR/data.jsonl (24
 # counting documents with 3-token prompts, ids 100-163) and DIR/drafter.json (a one-layer DFlash drafter

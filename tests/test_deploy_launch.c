@@ -5,8 +5,10 @@
  * status becomes the launcher's; a server that cannot load its model stops the launch before
  * any trainer starts; a SIGKILLed launcher leaves no child behind (pdeathsig); the swap-runs
  * workflow (--servers-only, then two --trainers-only runs against it, then a precompute from it
- * and a --trainers-only --shards run that needs no server); and the --dry-run plan
- * of the seeds' layout (servers on GPUs 0-1, trainers on 2-3) and of 3 ranks on 2 servers. */
+ * and a --trainers-only --shards run that needs no server); the --dry-run plan
+ * of the seeds' layout (servers on GPUs 0-1, trainers on 2-3) and of 3 ranks on 2 servers; the
+ * split --gpus chooses from the planner's rates (bf16 and fp8 servers), and --balance-after's
+ * report of supply against demand on a real run. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -28,6 +30,7 @@
 
 #define LAUNCH  TANDEM_TEST_DATA "/../deploy/tandem-launch"
 #define MODEL   TANDEM_TEST_DATA "/../models/tiny-qwen35"
+#define CONFIGS TANDEM_TEST_DATA "/../deploy/configs/qwen3.6-27b"
 #define N_BATCH 6
 
 extern char **environ;
@@ -486,6 +489,61 @@ static void test_dry_run(void) {
     TST_CHECK(strstr(o, "trainer 1: gpu 1 ") && strstr(o, "server tcp://127.0.0.1:7001 out "));
 }
 
+/* --gpus: the split from the planner's rates (the 27B deploy configs: one trainer GPU needs 2.42
+ * target GPUs at bf16, 1.70 at fp8), printed with the plan. */
+static void test_auto_split(void) {
+    char out[512], run[512];
+    paths("split.out", "never", out, run);
+    char *eight[] = {"--gpus",           "0,1,2,3,4,5,6,7", "--model",      CONFIGS "/target-config.json",
+                     "--drafter-config", CONFIGS "/drafter.json", "--run-config", CONFIGS "/run.json",
+                     "--bin-dir",        TANDEM_BINARY_DIR, "--out",        run,
+                     "--dry-run",        NULL};
+    TST_CHECK(launch(out, eight, 20000) == 0);
+    const char *o = slurp(out);
+    TST_CHECK(strstr(o, "auto split of 8 GPU(s): 5 server(s), 3 trainer(s); the planner: one trainer GPU needs "
+                        "2.42 target GPUs at bf16") != NULL);
+    TST_CHECK(strstr(o, "server  4: gpu 4 ") && strstr(o, "trainer 0: gpu 5 ") && strstr(o, "trainer 2: gpu 7 "));
+    if (!strstr(o, "auto split of 8")) fprintf(stderr, "launcher output:\n%s\n", o);
+    /* four GPUs: 3 + 1 at bf16, 2 + 2 with the servers at fp8 */
+    char *four[] = {"--gpus",           "0,1,2,3", "--model",      CONFIGS "/target-config.json",
+                    "--drafter-config", CONFIGS "/drafter.json", "--run-config", CONFIGS "/run.json",
+                    "--bin-dir",        TANDEM_BINARY_DIR, "--out", run, "--dry-run", NULL};
+    TST_CHECK(launch(out, four, 20000) == 0);
+    TST_CHECK(strstr(slurp(out), "auto split of 4 GPU(s): 3 server(s), 1 trainer(s)") != NULL);
+    char *four8[] = {"--gpus",           "0,1,2,3", "--model",      CONFIGS "/target-config.json",
+                     "--drafter-config", CONFIGS "/drafter.json", "--run-config", CONFIGS "/run.json",
+                     "--bin-dir",        TANDEM_BINARY_DIR, "--out", run, "--server-args", "--precision fp8",
+                     "--dry-run",        NULL};
+    TST_CHECK(launch(out, four8, 20000) == 0);
+    TST_CHECK(strstr(slurp(out), "auto split of 4 GPU(s): 2 server(s), 2 trainer(s); the planner: one trainer GPU "
+                                 "needs 1.70 target GPUs at fp8") != NULL);
+    char *both[] = {"--gpus", "0,1", "--server-gpus", "0", "--model", MODEL, "--drafter-config", config,
+                    "--out",  run,   NULL};
+    TST_CHECK(launch(out, both, 20000) == 2 && strstr(slurp(out), "not both"));
+    TST_CHECK(access(run, F_OK) != 0);
+}
+
+/* --gpus and --balance-after on the cpu: one server and one trainer (two "GPUs"), and after the
+ * window the launcher reports demand, supply and the measured ratio (the figures are the cpu's). */
+static void test_balance(void) {
+    char out[512], run[512];
+    paths("balance.out", "balance", out, run);
+    char *args[] = {"--gpus", "0,1", "--balance-after", "3", "--base-port", "0", COMMON, "--out", run, "--",
+                    "--data", csv, "--steps", "40", "--max-anchors", "16", "--seed", "3", "--credits", "2", NULL};
+    int rc = launch(out, args, 120000);
+    TST_CHECK(rc == 0);
+    const char *o = slurp(out);
+    TST_CHECK(strstr(o, "auto split of 2 GPU(s): 1 server(s), 1 trainer(s)") != NULL);
+    TST_CHECK(strstr(o, "balance after 3 steps per trainer: the trainers waited ") != NULL);
+    TST_CHECK(strstr(o, "demand: 1 trainer(s) consume ") && strstr(o, "supply: 1 server(s) make "));
+    TST_CHECK(strstr(o, "target GPUs per trainer GPU, measured: ") != NULL);
+    if (!strstr(o, "measured: ")) fprintf(stderr, "launcher output:\n%s\n", o);
+    const char *b = strstr(o, "tandem-launch: balance after");
+    if (b) printf("%.*s\n", (int)(strstr(b, "stopping") ? strstr(b, "stopping") - b : (long)strlen(b)), b);
+    TST_CHECK(strstr(slurp(file_in("balance", "logs/balance.txt")), "measured: ") != NULL); /* (o is gone now) */
+    TST_CHECK(none_left(5000));
+}
+
 static void test_usage(void) {
     char out[512];
     snprintf(out, sizeof out, "%s/usage.out", tmp);
@@ -528,6 +586,7 @@ int main(void) {
     }
     time_t t0 = time(NULL);
     test_dry_run();
+    test_auto_split();
     test_usage();
     test_run();
     test_auto_resume();
@@ -536,6 +595,7 @@ int main(void) {
     test_server_fails();
     test_launcher_killed();
     test_swap_runs();
+    test_balance();
     fprintf(stderr, "launcher tests took %lld s\n", (long long)(time(NULL) - t0));
     return tst_cleanup(tmp, tst_report()); /* logs are kept for a failed run */
 }

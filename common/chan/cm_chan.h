@@ -201,6 +201,8 @@ typedef struct cm_chan_server_stats {
     uint64_t tokens;       /* tokens of the answers sent */
     uint64_t bytes_sent;   /* ANSWER bytes (HEAD + DATA) */
     uint32_t max_queue;    /* largest queue (queued + computing) seen in one session */
+    double   busy_s;       /* seconds during which at least one worker was on a request (the
+                              server's producing time: tokens / busy_s is what it makes when busy) */
 } cm_chan_server_stats;
 
 /* A snapshot of the counters; thread-safe (tests read it while run() works). */

@@ -280,6 +280,8 @@ struct cm_chan_server {
     int        pipe_r, pipe_w;
     worker    *workers;
     int        n_workers, n_busy;
+    int        n_answering; /* loop thread: workers on a request (calls left out), since busy_since */
+    double     busy_since;  /* cm_now_s() when n_answering last went from 0 to 1 */
     session   *sessions;
     uint32_t   rr;
     uint64_t   gen_counter, hb_seq;

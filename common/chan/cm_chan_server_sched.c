@@ -13,6 +13,7 @@
 #include <zmq.h>
 
 #include "cm_log.h"
+#include "cm_time.h"
 
 static void data_free(void *data, void *hint) {
     if (hint)
@@ -45,6 +46,8 @@ static void hand_over(cm_chan_server *s, worker *k, session *ss, int kind, qjob 
     k->busy = 1;
     k->last_call = 0;
     s->n_busy++;
+    if (s->n_answering++ == 0)
+        s->busy_since = cm_now_s();
 }
 
 /* The idle worker holding the fewest NCCL sessions, or NULL. */
@@ -149,6 +152,8 @@ static void handle_done_one(cm_chan_server *s, worker *k) {
         cm_chan_call_done_(s, k);
         return;
     }
+    if (--s->n_answering == 0)
+        STAT_ADD(s, busy_s, cm_now_s() - s->busy_since);
     session *ss = &s->sessions[w->sess];
     int      live = ss->used && ss->gen == w->gen;
     if (w->kind == WORK_NCCL_OPEN) {

@@ -61,6 +61,7 @@ void cm_chan_status_reply_(cm_chan_server *s, const uint8_t *ident, size_t ident
     cJSON_AddNumberToObject(tot, "errors_sent", (double)st.errors_sent);
     cJSON_AddNumberToObject(tot, "bad_frames", (double)st.bad_frames);
     cJSON_AddNumberToObject(tot, "dropped_jobs", (double)st.dropped_jobs);
+    cJSON_AddNumberToObject(tot, "busy_s", st.busy_s);
     cJSON_AddNumberToObject(tot, "tokens_per_s",
                             now > s->started_ms ? (double)st.tokens * 1e3 / (double)(now - s->started_ms)
                                                 : 0);
