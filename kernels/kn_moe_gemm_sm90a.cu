@@ -79,6 +79,25 @@ static __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uin
                  : "l"(da), "l"(db), "r"(acc));
 }
 
+/* This thread's half row h of a warp's 16 × 128 f32 result (d's layout above) into row r of out
+ * [.., N] at columns n0 + 8i + 2t, + 1: float2 stores where N is even, columns past N left alone. */
+static __device__ __forceinline__ void store_row(float *out, int r, const float (&d)[64], int h, int n0, int t, int N) {
+    float *o = out + (int64_t)r * N;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int   c = n0 + 8 * i + 2 * t;
+        const float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+        if ((N & 1) == 0 && c + 1 < N) {
+            *(float2 *)(o + c) = make_float2(v0, v1);
+        } else {
+            if (c < N)
+                o[c] = v0;
+            if (c + 1 < N)
+                o[c + 1] = v1;
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // kernel
 
@@ -179,20 +198,7 @@ static __global__ void __launch_bounds__(WG_THREADS, STAGES == 3 ? 2 : 1)
                 }
             }
         } else {
-            float *o = (set ? out1 : (float *)out0) + (int64_t)r * N;
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int   c = n0 + 8 * i + 2 * t;
-                const float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
-                if ((N & 1) == 0 && c + 1 < N) {
-                    *(float2 *)(o + c) = make_float2(v0, v1);
-                } else {
-                    if (c < N)
-                        o[c] = v0;
-                    if (c + 1 < N)
-                        o[c + 1] = v1;
-                }
-            }
+            store_row(set ? out1 : (float *)out0, r, d, h, n0, t, N);
         }
     }
 #else
@@ -294,20 +300,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         const int r = r0 + wg * 64 + wq * 16 + g + 8 * h;
         if (r >= rend)
             continue;
-        float *o = (set ? out1 : out0) + (int64_t)r * N;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const int   c = n0 + 8 * i + 2 * t4;
-            const float v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
-            if ((N & 1) == 0 && c + 1 < N) {
-                *(float2 *)(o + c) = make_float2(v0, v1);
-            } else {
-                if (c < N)
-                    o[c] = v0;
-                if (c + 1 < N)
-                    o[c + 1] = v1;
-            }
-        }
+        store_row(set ? out1 : out0, r, d, h, n0, t4, N);
     }
 #else
     __trap(); /* built without sm_90a code: kn_moe_wgmma_available said no */

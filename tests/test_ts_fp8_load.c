@@ -294,16 +294,22 @@ static void expect_fail(const char *what, const char *model, const char *input, 
 // ----------------------------------------------------------------------------
 // the cases
 
+/* TMP/<name>-fp8 (the FP8 checkpoint of src) and TMP/<name>-dequant (its weights written back
+ * dequantized) into q8 and ref. */
+static void make_pair(const char *src, const char *name, scale_kind sk, char q8[256], char ref[256]) {
+    snprintf(q8, 256, "%s/%s-fp8", tmp, name);
+    snprintf(ref, 256, "%s/%s-dequant", tmp, name);
+    write_config(src, q8, 1, NULL);
+    write_weights(src, q8, 1, sk);
+    write_config(src, ref, 0, NULL);
+    write_weights(src, ref, 0, sk);
+}
+
 /* hidden 40: dequantized on load = the dequantized checkpoint, exactly; fp8 runs on the cpu (K = 40). */
 static void test_dequantize(void) {
     const char *src = FIX "/qwen36_mm_single_bf16/model", *input = FIX "/qwen36_mm_single_bf16/input.safetensors";
     char        q8[256], ref[256];
-    snprintf(q8, sizeof q8, "%s/single-fp8", tmp);
-    snprintf(ref, sizeof ref, "%s/single-dequant", tmp);
-    write_config(src, q8, 1, NULL);
-    write_weights(src, q8, 1, SCALE_MIXED);
-    write_config(src, ref, 0, NULL);
-    write_weights(src, ref, 0, SCALE_MIXED);
+    make_pair(src, "single", SCALE_MIXED, q8, ref);
     batch b;
     read_batch(input, &b);
     cm_target_cfg cfg;
@@ -532,12 +538,7 @@ static void test_next(void) {
     const char *src   = FIX "/qwen3next_flat/model";
     const char *input = FIX "/qwen3next_flat/input.safetensors";
     char        q8[256], ref[256];
-    snprintf(q8, sizeof q8, "%s/next-fp8", tmp);
-    snprintf(ref, sizeof ref, "%s/next-dequant", tmp);
-    write_config(src, q8, 1, NULL);
-    write_weights(src, q8, 1, SCALE_F32);
-    write_config(src, ref, 0, NULL);
-    write_weights(src, ref, 0, SCALE_F32);
+    make_pair(src, "next", SCALE_F32, q8, ref);
     batch b;
     read_batch(input, &b);
     cm_target_cfg cfg;
