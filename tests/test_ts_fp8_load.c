@@ -498,12 +498,7 @@ static void test_moe(void) {
     const char *src   = FIX "/qwen35moe_flat_experts/model";
     const char *input = FIX "/qwen35moe_flat_experts/input.safetensors";
     char        q8[256], ref[256];
-    snprintf(q8, sizeof q8, "%s/moe-fp8", tmp);
-    snprintf(ref, sizeof ref, "%s/moe-dequant", tmp);
-    write_config(src, q8, 1, NULL);
-    write_weights(src, q8, 1, SCALE_F32); /* F32 scales: what quantizing on load makes */
-    write_config(src, ref, 0, NULL);
-    write_weights(src, ref, 0, SCALE_F32);
+    make_pair(src, "moe", SCALE_F32, q8, ref); /* F32 scales: what quantizing on load makes */
     batch b;
     read_batch(input, &b);
     cm_target_cfg cfg;
