@@ -9,7 +9,9 @@
  *   sum l, acc rescaled by e^{m_old − m_new}). The 4 warps' (m, l, acc) are merged through
  *   shared memory at the end. All math fp32 with expf; O(len²) work per sequence, no score
  *   matrix.
- * - KN_GEMM_MODE_BF16 (serving), head dims 64, 128 and 256: FlashAttention-2 on mma.sync
+ * - KN_GEMM_MODE_BF16 (serving) on compute capability 9.0, head dims 128 and 256, an even GQA
+ *   group: FlashAttention on Hopper's warpgroup MMA (kn_attention_sm90a.cu).
+ * - KN_GEMM_MODE_BF16, otherwise at head dims 64, 128 and 256: FlashAttention-2 on mma.sync
  *   (kn_attention_mma.cu).
  * - KN_GEMM_MODE_BF16, other head dims, or where the device's shared memory per block is too
  *   small for the form above: the first flash kernel, WMMA 16×16×16 (kn_attention_wmma.cu).
@@ -116,6 +118,14 @@ static __global__ void attention_kernel(float *out, const float *q, const float 
 // ----------------------------------------------------------------------------
 // launchers
 
+#ifndef TANDEM_HAVE_SM90A /* a build without architecture 90 (kernels/CMakeLists.txt) has no wgmma form */
+bool      kn_attention_wg_available(kn_ctx *, int) { return false; }
+cm_status kn_attention_wg(kn_ctx *, float *, const float *, const float *, const float *, const float *,
+                          const int32_t *, int, int64_t, int, int, int, float, int) {
+    return CM_ERR_UNSUPPORTED;
+}
+#endif
+
 cm_status kn_cuda_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                             const float *gate, const int32_t *cu_seqlens, int n_seq, int64_t T, int nq,
                             int nkv, int hd, float scale) {
@@ -142,17 +152,22 @@ cm_status kn_cuda_attention(kn_ctx *ctx, float *out, const float *q, const float
         optin = 0;
     }
     if (ctx->gemm_mode == KN_GEMM_MODE_BF16) {
-        /* The FlashAttention-2 kernel: head dims 64, 128, 256 (no padding), 16-byte aligned
+        /* On compute capability 9.0 the wgmma kernel (kn_attention_sm90a.cu), else the
+         * FlashAttention-2 kernel: head dims 64, 128, 256 (no padding), 16-byte aligned
          * arrays (float4 reads of q, float2 of gate and out), a work list within the grid's y
          * limit, and its 99 KB of shared memory at head dim 256 (every sm_80+ part, sm_86/89/
-         * 120 included), else the WMMA kernel. TANDEM_ATTN_KERNEL=wmma (the WMMA kernel) or
-         * fa2-2 (two heads per CTA, the group even) is a benchmark switch read at ctx_create
-         * (ctx->attn_force); fa2-1 is the default. */
+         * 120 included), else the WMMA kernel. TANDEM_ATTN_KERNEL=wmma (the WMMA kernel),
+         * fa2-2 (two heads per CTA, the group even) or fa2 (FlashAttention-2 where the wgmma
+         * kernel would run) is a benchmark switch read at ctx_create (ctx->attn_force). */
         const int64_t   n_max = (T + KN_ATT_FA2_LEVEL - 1) / KN_ATT_FA2_LEVEL + n_seq;
         const uintptr_t bits =
             (uintptr_t)out | (uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)(gate ? gate : q);
         const int aligned = bits % 16 == 0;
-        int       form = kn_attention_fa2_smem(hd, 1, 2) <= (size_t)optin; /* 1: one head per CTA, 2 stages */
+        /* the wgmma form first (compute capability 9.0, head dims 128 and 256, the group even) */
+        if (ctx->attn_force == 0 && aligned && n_max <= 65535 && (hd == 128 || hd == 256) && (nq / nkv) % 2 == 0 &&
+            kn_attention_wg_available(ctx, hd))
+            return kn_attention_wg(ctx, out, q, k, v, gate, cu_seqlens, n_seq, T, nq, nkv, hd, scale, (int)n_max);
+        int form = kn_attention_fa2_smem(hd, 1, 2) <= (size_t)optin; /* 1: one head per CTA, 2 stages */
         if (ctx->attn_force == 1)
             form = 0;
         else if (ctx->attn_force == 2 && (nq / nkv) % 2 == 0 &&

@@ -1,4 +1,4 @@
-/* kernels/kn_attention_int.h — internal to kn_cuda_attention: the two bf16 flash forms that
+/* kernels/kn_attention_int.h — internal to kn_cuda_attention: the bf16 flash forms that
  * kn_attention.cu dispatches to, each in its own file. Arguments are checked by the caller
  * (kn_cuda_attention); C++ only. */
 #ifndef KN_ATTENTION_INT_H
@@ -20,6 +20,21 @@ size_t kn_attention_fa2_smem(int hd, int hpb, int stg);
 cm_status kn_attention_fa2(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                            const float *gate, const int32_t *cu, int n_seq, int64_t T, int nq, int nkv,
                            int hd, float scale, int hpb, int n_max);
+
+/* kn_attention_mma.cu. The work list of both flash forms in the ctx scratch, after the first
+ * `head` bytes (which the caller keeps for its own copies): every 64-row tile of every sequence,
+ * longest key range first, n_max entries (ceil(T / KN_ATT_FA2_LEVEL) + n_seq); enqueued on
+ * ctx->stream. */
+cm_status kn_attention_schedule(kn_ctx *ctx, const int32_t *cu, int n_seq, int64_t T, int n_max, size_t head,
+                                int4 **tiles);
+
+/* kn_attention_sm90a.cu. The wgmma form: the GPU is compute capability 9.0, the build has
+ * architecture 90 and its shared memory fits at head dim hd (128 or 256). */
+bool kn_attention_wg_available(kn_ctx *ctx, int hd);
+
+/* The wgmma form at head dim hd (128 or 256), nq / nkv even, n_max as above (≤ 65535). */
+cm_status kn_attention_wg(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v, const float *gate,
+                          const int32_t *cu, int n_seq, int64_t T, int nq, int nkv, int hd, float scale, int n_max);
 
 /* kn_attention_wmma.cu. Shared memory of one block of the WMMA kernel at head dim hd (≤ 256). */
 size_t kn_attention_wmma_smem(int hd);

@@ -312,17 +312,10 @@ template <int HD, int HPB, int STG>
 static cm_status fm_attention_launch(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                                      const float *gate, const int32_t *cu, int n_seq, int64_t T, int nq,
                                      int nkv, float scale, int n_max) {
-    const int    L = (int)((T + KN_ATT_FA2_LEVEL - 1) / KN_ATT_FA2_LEVEL);
     const size_t kv_bytes = ((size_t)T * nkv * HD * sizeof(bf16) + 255) / 256 * 256;
-    const size_t tile_bytes = ((size_t)n_max * sizeof(int4) + 255) / 256 * 256;
-    CM_TRY(kn_cuda_scratch_reserve(ctx, 2 * kv_bytes + tile_bytes + 2 * (size_t)L * sizeof(int)));
-    char *sp = (char *)ctx->scratch;
-    bf16 *kb = (bf16 *)sp, *vb = (bf16 *)(sp + kv_bytes);
-    int4 *tiles = (int4 *)(sp + 2 * kv_bytes);
-    int  *hist = (int *)(sp + 2 * kv_bytes + tile_bytes), *cnt = hist + L;
-
-    fm_schedule_kernel<<<1, 1024, 0, ctx->stream>>>(tiles, hist, cnt, cu, n_seq, (int)T, L, n_max);
-    KN_CUDA_LAUNCHED(ctx);
+    int4        *tiles;
+    CM_TRY(kn_attention_schedule(ctx, cu, n_seq, T, n_max, 2 * kv_bytes, &tiles));
+    bf16 *kb = (bf16 *)ctx->scratch, *vb = (bf16 *)((char *)ctx->scratch + kv_bytes);
     const int64_t n4 = T * nkv * HD / 4, blocks = (n4 + 255) / 256;
     fm_kv_to_bf16<<<(unsigned int)(blocks < 8192 ? blocks : 8192), 256, 0, ctx->stream>>>(kb, vb, k, v, n4);
     KN_CUDA_LAUNCHED(ctx);
@@ -337,7 +330,21 @@ static cm_status fm_attention_launch(kn_ctx *ctx, float *out, const float *q, co
 }
 
 // ----------------------------------------------------------------------------
-// launcher (kn_attention_int.h)
+// launchers (kn_attention_int.h)
+
+cm_status kn_attention_schedule(kn_ctx *ctx, const int32_t *cu, int n_seq, int64_t T, int n_max, size_t head,
+                                int4 **tiles) {
+    const int    L = (int)((T + KN_ATT_FA2_LEVEL - 1) / KN_ATT_FA2_LEVEL);
+    const size_t tile_bytes = ((size_t)n_max * sizeof(int4) + 255) / 256 * 256;
+    head = (head + 255) / 256 * 256;
+    CM_TRY(kn_cuda_scratch_reserve(ctx, head + tile_bytes + 2 * (size_t)L * sizeof(int)));
+    char *sp = (char *)ctx->scratch;
+    *tiles = (int4 *)(sp + head);
+    int *hist = (int *)(sp + head + tile_bytes), *cnt = hist + L;
+    fm_schedule_kernel<<<1, 1024, 0, ctx->stream>>>(*tiles, hist, cnt, cu, n_seq, (int)T, L, n_max);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
 
 cm_status kn_attention_fa2(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                            const float *gate, const int32_t *cu, int n_seq, int64_t T, int nq, int nkv,

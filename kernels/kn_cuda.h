@@ -18,7 +18,9 @@
  *                                                and keeps the fastest; 0, 1: its first answer
  *   TANDEM_ATTN_KERNEL    ctx_create,            unset: 0, the dispatch of kn_attention.cu; bf16 mode only:
  *                         ctx->attn_force        "wmma": 1, the WMMA kernel; "fa2-2": 2, two q heads per
- *                                                CTA of the FlashAttention-2 kernel (group even, fits)
+ *                                                CTA of the FlashAttention-2 kernel (group even, fits);
+ *                                                "fa2": 3, FlashAttention-2 where the wgmma kernel of
+ *                                                compute capability 9.0 would run
  *
  * A test or benchmark that compares the forced kernels makes a context per setting
  * (test_kn_cuda, bench_ts_target). The target's TANDEM_TARGET_FUSED and TANDEM_LAYER_TIMING
@@ -81,7 +83,7 @@ struct kn_ctx {
      * (TANDEM_GEMM_AUTOTUNE=k). Both set by ctx_create (the table above). */
     int        lt_plan_mode;
     int        lt_autotune;
-    int        attn_force; /* TANDEM_ATTN_KERNEL: 0 the dispatch, 1 wmma, 2 fa2-2 */
+    int        attn_force; /* TANDEM_ATTN_KERNEL: 0 the dispatch, 1 wmma, 2 fa2-2, 3 fa2 */
     int        lt_plans_used;
     uint64_t   lt_plan_overflow; /* calls that found the table full and ran per call */
     kn_lt_plan lt_plans[KN_LT_PLANS];

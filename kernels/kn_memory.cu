@@ -35,7 +35,11 @@ static void ctx_switches_read(kn_ctx *ctx) {
     int         k = t ? atoi(t) : 0;
     ctx->lt_autotune = k < 0 ? 0 : k > KN_LT_TUNE_MAX ? KN_LT_TUNE_MAX : k;
     const char *a = getenv("TANDEM_ATTN_KERNEL");
-    ctx->attn_force = a && strcmp(a, "wmma") == 0 ? 1 : a && strcmp(a, "fa2-2") == 0 ? 2 : 0;
+    ctx->attn_force = !a                          ? 0
+                      : strcmp(a, "wmma") == 0  ? 1
+                      : strcmp(a, "fa2-2") == 0 ? 2
+                      : strcmp(a, "fa2") == 0   ? 3
+                                                : 0;
 }
 
 cm_status kn_cuda_ctx_create(kn_ctx **out, const kn_ctx_config *cfg) {

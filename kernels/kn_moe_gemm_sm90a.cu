@@ -16,7 +16,7 @@
  * registers. moe_gemm_fp8's kernel is the same on e4m3 (below).
  */
 #include "kn_moe_gemm_int.h"
-#include "kn_mma_sm80.h"
+#include "kn_wgmma_sm90.h"
 
 #define WG_BM      128 /* two warpgroups of 64 rows */
 #define WG_BN      128
@@ -28,21 +28,7 @@
 static constexpr size_t wg_smem(int stages) { return (size_t)stages * 2 * WG_TILEB + 1024; /* + alignment */ }
 
 // ----------------------------------------------------------------------------
-// wgmma (PTX ISA 8.0, sm_90a)
-
-/* The shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: start
- * address / 16, leading offset 1 (unused by this layout), stride 1024 bytes between 8-row
- * groups, layout type 1 (128B swizzle). Adding 2 moves the start 32 bytes: the next 16 of K. */
-static __device__ __forceinline__ uint64_t wg_desc(const void *p) {
-    const uint64_t a = smem_u32(p);
-    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/* cp.async wrote the ring through the generic proxy; wgmma reads it through the async proxy. */
-static __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// the shapes only these kernels use (the rest: kn_wgmma_sm90.h)
 
 /* d[64] += A (64 × 16, K-major, descriptor da) · B (128 × 16, K-major, db)ᵀ. d's layout per warp w
  * of the warpgroup (rows 16w..16w + 15), lane g = lane / 4, t = lane % 4: d[4i + 2h + j] is row

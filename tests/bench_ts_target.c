@@ -344,8 +344,8 @@ int main(int argc, char **argv) {
     CHECK(be->alloc(cx, (void **)&b.beta, (size_t)(T * nv) * 4));
     CHECK(be->alloc(cx, (void **)&b.cu, (size_t)(T + 1) * 4));
     int32_t one[2] = {0, (int32_t)T};
-    double  t_gdn[2], t_att[2], t_att_forced[2][2];
-    static const char *att_forced[2] = {"wmma", "fa2-2"}; /* kn_attention.cu's other kernels */
+    double  t_gdn[2], t_att[2], t_att_forced[3][2];
+    static const char *att_forced[3] = {"wmma", "fa2-2", "fa2"}; /* kn_attention.cu's other kernels */
     for (int mix = 0; mix < 2; mix++) {
         CHECK(be->upload(cx, b.cu, mix ? cu : one, (size_t)((mix ? n_seq : 1) + 1) * 4));
         CHECK(be->fill_uniform(cx, b.q, CM_DTYPE_F32, T * nk * dk, 11, -1, 1));
@@ -362,7 +362,7 @@ int main(int argc, char **argv) {
         CHECK(be->fill_uniform(cx, b.gate, CM_DTYPE_F32, T * nq * hd, 19, -3, 3));
         t_att[mix] = time_op(run_attn, be, cx, &b, mix ? n_seq : 1, T, c, 5);
         CHECK(be->sync(cx));
-        for (int f = 0; f < 2; f++) { /* the switch is read at ctx_create: one context per kernel */
+        for (int f = 0; f < 3; f++) { /* the switch is read at ctx_create: one context per kernel */
             kn_ctx *fx = NULL;
             setenv("TANDEM_ATTN_KERNEL", att_forced[f], 1);
             CHECK(be->ctx_create(&fx, &kc));
@@ -517,7 +517,7 @@ int main(int argc, char **argv) {
            t_att[0] * 1e3, 4.0 * nq * hd * (double)T * (T + 1) / 2 / t_att[0] / 1e12);
     printf("| flash attention kernel alone, the mix | %.3f ms (%.0f TF/s) |\n", t_att[1] * 1e3,
            4.0 * nq * hd * att_pairs / t_att[1] / 1e12);
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < 3; f++)
         printf("| TANDEM_ATTN_KERNEL=%s alone, 1 x %lld tokens / the mix "
                "| %.3f ms (%.0f TF/s) / %.3f ms (%.0f TF/s) |\n",
                att_forced[f], (long long)T, t_att_forced[f][0] * 1e3,

@@ -461,10 +461,18 @@ static void test_attention(void) {
     attention_case(longer, 4, 3, 1, 256, 1, 1); /* long sequences: many key tiles, tiles across boundaries */
     attention_case(packed, 5, 4, 2, 128, 1, 1); /* hd 128 */
     attention_case(target, 3, 6, 1, 256, 1, 1); /* the 27B layout: hd 256, group 6, > 2048 keys */
+    /* even groups at hd 128 and 256: the wgmma kernel on compute capability 9.0 (key tiles aligned
+     * to the batch, so sequences start inside tiles: lengths across 64) */
+    static const int odd[] = {1, 129, 63, 250, 2, 65};
+    attention_case(longer, 4, 4, 2, 256, 1, 1);
+    attention_case(packed, 5, 2, 1, 256, 0, 1);
+    attention_case(odd, 6, 8, 2, 128, 1, 1);
+    attention_case(odd, 6, 4, 1, 256, 1, 1);
     /* the kernels the dispatch would not pick here: the WMMA one (other head dims, devices with
-     * less shared memory, misaligned arrays) and two heads per CTA */
-    static const char *forced[] = {"wmma", "fa2-2", NULL};
-    for (int i = 0; i < 3; i++) { /* the switch is read at ctx_create: a bf16 context per kernel */
+     * less shared memory, misaligned arrays), two heads per CTA, and FlashAttention-2 where the
+     * wgmma kernel would run */
+    static const char *forced[] = {"wmma", "fa2-2", "fa2", NULL};
+    for (int i = 0; i < 4; i++) { /* the switch is read at ctx_create: a bf16 context per kernel */
         kn_ctx_config c16 = {0, KN_GEMM_MODE_BF16};
         if (forced[i])
             setenv("TANDEM_ATTN_KERNEL", forced[i], 1);
@@ -478,6 +486,7 @@ static void test_attention(void) {
         printf("TANDEM_ATTN_KERNEL=%s:\n", forced[i]);
         attention_case(longer, 4, 3, 1, 256, 1, 1);
         attention_case(packed, 5, 4, 2, 128, 1, 1);
+        attention_case(odd, 6, 4, 1, 256, 1, 1);
     }
 }
 
