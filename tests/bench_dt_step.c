@@ -378,7 +378,7 @@ int main(int argc, char **argv) {
                   .target_hidden = host_taps ? F : NULL,
                   .n_anchors = n_anchors,
                   .anchors = anchors,
-                  .dev_taps_dt = CM_DTYPE_BF16};
+                  .taps_dt = CM_DTYPE_BF16};
     for (int k = 0; k < d.n_taps; k++)
         b.dev_taps[k] = taps[k];
     double *sec = calloc((size_t)steps, sizeof *sec);

@@ -1,9 +1,10 @@
 /* tests/test_dt_devtaps.c — dt_model_step with the batch's taps already in backend memory
- * (dt_batch.dev_taps, the NCCL data path) against the same step with target_hidden on the
- * host, on a drafter fixture of tests/fixtures/drafter (its weights, batch, embedding and LM
- * head): F32 taps give bit-identical loss and gradients; BF16 taps give bit-identical results
- * to host target_hidden holding the same BF16 values widened. Also the refusals: a missing
- * tap, a dtype other than BF16/F32; and dt_model_grad_slab spans every gradient. The gradient
+ * (dt_batch.dev_taps, the NCCL data path) or as per-tap host arrays (dt_batch.host_taps, the
+ * ZeroMQ data path) against the same step with target_hidden on the host, on a drafter fixture
+ * of tests/fixtures/drafter (its weights, batch, embedding and LM head): F32 taps give
+ * bit-identical loss and gradients; BF16 taps give bit-identical results to host target_hidden
+ * holding the same BF16 values widened. Also the refusals: a missing tap (device or host), a
+ * dtype other than BF16/F32; and dt_model_grad_slab spans every gradient. The gradient
  * hook data parallelism reduces buckets from (dt_model_set_grad_hook) is called at
  * dt_model_grad_buckets' offsets in order, and what it sees from each offset to the slab's end
  * (downloaded in the call, after everything enqueued before it) is the step's final gradient,
@@ -125,20 +126,24 @@ int main(int argc, char **argv) {
     cm_convert(F16, CM_DTYPE_BF16, F, CM_DTYPE_F32, (size_t)(T * W));
     cm_convert(Fw, CM_DTYPE_F32, F16, CM_DTYPE_BF16, (size_t)(T * W));
 
-    /* per-tap [T, D] arrays in backend memory, F32 and BF16 */
+    /* per-tap [T, D] arrays in host memory (as a server's answer holds them) and in backend
+     * memory, F32 and BF16 */
     void     *tap32[DT_MAX_TAPS] = {0}, *tap16[DT_MAX_TAPS] = {0};
-    float    *col = malloc((size_t)(T * D) * sizeof *col);
-    uint16_t *col16 = malloc((size_t)(T * D) * sizeof *col16);
+    float    *col[DT_MAX_TAPS] = {0};
+    uint16_t *col16[DT_MAX_TAPS] = {0};
     for (int k = 0; k < cfg.n_taps; k++) {
+        col[k] = malloc((size_t)(T * D) * sizeof(float));
+        col16[k] = malloc((size_t)(T * D) * sizeof(uint16_t));
+        TST_CHECK(col[k] && col16[k]);
         for (int64_t t = 0; t < T; t++)
             for (int64_t c = 0; c < D; c++) {
-                col[t * D + c] = F[t * W + k * D + c];
-                col16[t * D + c] = F16[t * W + k * D + c];
+                col[k][t * D + c] = F[t * W + k * D + c];
+                col16[k][t * D + c] = F16[t * W + k * D + c];
             }
         TST_CHECK(be->alloc(ctx, &tap32[k], (size_t)(T * D) * sizeof(float)) == CM_OK);
         TST_CHECK(be->alloc(ctx, &tap16[k], (size_t)(T * D) * sizeof(uint16_t)) == CM_OK);
-        TST_CHECK(be->upload(ctx, tap32[k], col, (size_t)(T * D) * sizeof(float)) == CM_OK);
-        TST_CHECK(be->upload(ctx, tap16[k], col16, (size_t)(T * D) * sizeof(uint16_t)) == CM_OK);
+        TST_CHECK(be->upload(ctx, tap32[k], col[k], (size_t)(T * D) * sizeof(float)) == CM_OK);
+        TST_CHECK(be->upload(ctx, tap16[k], col16[k], (size_t)(T * D) * sizeof(uint16_t)) == CM_OK);
     }
 
     dt_batch host = {.T = T,
@@ -149,30 +154,54 @@ int main(int argc, char **argv) {
                      .target_hidden = F,
                      .n_anchors = n_anchors,
                      .anchors = anchors};
-    dt_batch dev32 = host, dev16 = host, hostw = host;
-    dev32.target_hidden = dev16.target_hidden = NULL;
+    dt_batch dev32 = host, dev16 = host, hostw = host, ht32 = host, ht16 = host;
+    dev32.target_hidden = dev16.target_hidden = ht32.target_hidden = ht16.target_hidden = NULL;
     hostw.target_hidden = Fw;
-    dev32.dev_taps_dt = CM_DTYPE_F32;
-    dev16.dev_taps_dt = CM_DTYPE_BF16;
+    dev32.taps_dt = ht32.taps_dt = CM_DTYPE_F32;
+    dev16.taps_dt = ht16.taps_dt = CM_DTYPE_BF16;
     for (int k = 0; k < cfg.n_taps; k++) {
         dev32.dev_taps[k] = tap32[k];
         dev16.dev_taps[k] = tap16[k];
+        ht32.host_taps[k] = col[k];
+        ht16.host_taps[k] = col16[k];
     }
-    double  l_host, l_dev32, l_hostw, l_dev16;
-    float  *g_host = NULL, *g_dev32 = NULL, *g_hostw = NULL, *g_dev16 = NULL;
+    double  l_host, l_dev32, l_hostw, l_dev16, l_ht32, l_ht16;
+    float  *g_host = NULL, *g_dev32 = NULL, *g_hostw = NULL, *g_dev16 = NULL, *g_ht32 = NULL, *g_ht16 = NULL;
     int64_t n = 0;
     TST_CHECK(step(m, be, ctx, &host, &l_host, &g_host, &n));
     TST_CHECK(step(m, be, ctx, &dev32, &l_dev32, &g_dev32, &n));
     TST_CHECK(step(m, be, ctx, &hostw, &l_hostw, &g_hostw, &n));
     TST_CHECK(step(m, be, ctx, &dev16, &l_dev16, &g_dev16, &n));
-    if (g_host && g_dev32 && g_hostw && g_dev16) {
-        fprintf(
-            stderr,
-            "%s: loss host F32 %.9g, device F32 taps %.9g; host BF16-valued %.9g, device BF16 taps %.9g\n",
-            device, l_host, l_dev32, l_hostw, l_dev16);
+    TST_CHECK(step(m, be, ctx, &ht32, &l_ht32, &g_ht32, &n));
+    TST_CHECK(step(m, be, ctx, &ht16, &l_ht16, &g_ht16, &n));
+    if (g_host && g_dev32 && g_hostw && g_dev16 && g_ht32 && g_ht16) {
+        fprintf(stderr,
+                "%s: loss host F32 %.9g, device F32 taps %.9g, host F32 taps %.9g; host BF16-valued %.9g, device "
+                "BF16 taps %.9g, host BF16 taps %.9g\n",
+                device, l_host, l_dev32, l_ht32, l_hostw, l_dev16, l_ht16);
         TST_CHECK(l_host == l_dev32 && same(g_host, g_dev32, n));
+        TST_CHECK(l_host == l_ht32 && same(g_host, g_ht32, n));
         TST_CHECK(l_hostw == l_dev16 && same(g_hostw, g_dev16, n));
+        TST_CHECK(l_hostw == l_ht16 && same(g_hostw, g_ht16, n));
         TST_CHECK(l_host != l_hostw); /* the BF16 rounding is visible: the comparison can fail */
+    }
+    /* BF16 activation storage: host features are kept as BF16 copies (F32 ones rounded as they
+     * land), BF16 host taps are copied as they are: every form gives the same step */
+    if (dt_model_set_act_dtype(m, CM_DTYPE_BF16) == CM_OK) {
+        double l_b[5];
+        float *g_b[5] = {0};
+        const dt_batch *forms[5] = {&host, &hostw, &ht32, &ht16, &dev16};
+        for (int i = 0; i < 5; i++)
+            TST_CHECK(step(m, be, ctx, forms[i], &l_b[i], &g_b[i], &n));
+        fprintf(stderr, "%s, bf16 storage: loss host F32 %.9g, host BF16-valued %.9g, host F32 taps %.9g, host "
+                        "BF16 taps %.9g, device BF16 taps %.9g\n", device, l_b[0], l_b[1], l_b[2], l_b[3], l_b[4]);
+        for (int i = 1; i < 5; i++)
+            TST_CHECK(g_b[0] && g_b[i] && l_b[i] == l_b[0] && same(g_b[0], g_b[i], n));
+        for (int i = 0; i < 5; i++)
+            free(g_b[i]);
+        TST_CHECK(dt_model_set_act_dtype(m, CM_DTYPE_F32) == CM_OK);
+    } else {
+        TST_CHECK(!"dt_model_set_act_dtype BF16");
     }
 
     /* refusals */
@@ -180,8 +209,12 @@ int main(int argc, char **argv) {
     bad.dev_taps[cfg.n_taps - 1] = NULL;
     TST_CHECK(dt_model_step(m, &bad, 7.0f, NULL) == CM_ERR_INVALID_ARG);
     TST_CHECK(strstr(cm_last_error(), "no target_hidden and no device tap") != NULL);
+    bad = ht16;
+    bad.host_taps[cfg.n_taps - 1] = NULL;
+    TST_CHECK(dt_model_step(m, &bad, 7.0f, NULL) == CM_ERR_INVALID_ARG);
+    TST_CHECK(strstr(cm_last_error(), "no target_hidden and no host tap") != NULL);
     bad = dev32;
-    bad.dev_taps_dt = CM_DTYPE_I32;
+    bad.taps_dt = CM_DTYPE_I32;
     TST_CHECK(dt_model_step(m, &bad, 7.0f, NULL) == CM_ERR_UNSUPPORTED);
 
     /* the gradient slab spans every parameter's gradient */
@@ -232,8 +265,10 @@ int main(int argc, char **argv) {
         be->free(ctx, tap32[k]);
         be->free(ctx, tap16[k]);
     }
-    free(g_host), free(g_dev32), free(g_hostw), free(g_dev16);
-    free(F), free(Fw), free(F16), free(col), free(col16);
+    free(g_host), free(g_dev32), free(g_hostw), free(g_dev16), free(g_ht32), free(g_ht16);
+    free(F), free(Fw), free(F16);
+    for (int k = 0; k < cfg.n_taps; k++)
+        free(col[k]), free(col16[k]);
     free(ids), free(cu), free(mask), free(anchors);
     cm_st_destroy(&st);
     dt_model_destroy(&m);

@@ -597,7 +597,7 @@ static void check_model_api(const char *root, const char *name, const char *cli_
             dt_batch host = full, dev = full;
             host.target_hidden = Fw;
             dev.target_hidden = NULL;
-            dev.dev_taps_dt = CM_DTYPE_BF16;
+            dev.taps_dt = CM_DTYPE_BF16;
             for (int64_t k = 0; k < nT; k++)
                 dev.dev_taps[k] = taps + k * T * D;
             dt_step_stats sh, sd;

@@ -11,9 +11,9 @@
  * the first step. One thread.
  * On cuda: --gpu picks the device (default LOCAL_RANK modulo the visible ones), --precision
  * the GEMM mode; with W > 1 ranks every step's gradients and statistics are all-reduced over
- * NCCL (dt_dp.h) so the ranks train one model on the global batch; --encoding nccl takes each
- * batch's taps straight into GPU memory (dt_live_get_device) instead of widening them on the
- * host. */
+ * NCCL (dt_dp.h) so the ranks train one model on the global batch. With --server each step
+ * takes its batch's taps as they arrived (dt_live_get_taps): host memory, uploaded once per tap,
+ * or with --encoding nccl already in GPU memory. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -541,7 +541,7 @@ static cm_status train(run *r) {
     CM_TRY(load_target(r));
 
     CM_TRY(open_data(r));
-    if (r->be->host_pin && r->be->host_unpin && !dt_live_on_device(r->live)) /* host-fed: DMA uploads */
+    if (r->be->host_pin && r->be->host_unpin && !r->live) /* fed from files or shards: DMA uploads */
         dt_data_set_pinning(r->data, pin_host, unpin_host, r);
     if (a->dp_size > 1 && on_cuda) {
         const char    *port = getenv("MASTER_PORT");
@@ -670,8 +670,8 @@ static cm_status train(run *r) {
         const int32_t batch = dt_data_step_batch(r->data, r->order, index);
         dt_batch      b = {0};
         CM_TRY(dt_data_load(r->data, batch, &b));
-        if (dt_live_on_device(r->live)) /* the taps, already in this GPU's memory */
-            CM_TRY(dt_live_get_device(r->live, batch, &b));
+        if (r->live) /* the taps as they arrived (host memory, or this GPU's with encoding nccl) */
+            CM_TRY(dt_live_get_taps(r->live, batch, &b));
         const double wait_s = cm_now_s() - t0; /* the batch and its hidden states (file, shards, server) */
         CM_TRY(dt_anchor_sample(b.cu_seqlens, b.n_seq, b.loss_mask, b.T, hp->max_anchors, hp->seed,
                                 (uint64_t)epoch, (uint64_t)batch, r->work, r->anchors, &b.n_anchors));

@@ -13,15 +13,6 @@ struct dt_feed {
     dt_live         *live;   /* --server: borrows data */
 };
 
-/* The live source as the data's dt_hidden_source: the data is opened before the source that
- * reads tokens from it, so its loads reach the source through the feed. */
-static cm_status live_get(void *self, int batch, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
-                          float *out) {
-    const dt_feed         *f = self;
-    const dt_hidden_source h = dt_live_hidden(f->live);
-    return h.get(h.self, batch, ids, T, cu, n_seq, out);
-}
-
 /* The dt_data over the list or the dataset, with target_hidden from src (NULL: from the batch
  * files when n_taps > 0, else token batches only). */
 static cm_status open_data(dt_feed *f, const dt_feed_config *c, int n_taps, const dt_hidden_source *src) {
@@ -46,9 +37,8 @@ static cm_status feed_open(dt_feed *f, const dt_feed_config *c) {
     const int on_device = c->live && c->live->encoding == CM_ENCODING_NCCL;
     if (on_device && !c->on_cuda)
         return CM_FAIL(CM_ERR_INVALID_ARG, "--encoding nccl puts hidden states in GPU memory; it needs --device cuda");
-    if (c->live) { /* on the device: tokens only, each step takes its taps from dt_live_get_device */
-        const dt_hidden_source hs = {.get = live_get, .self = f};
-        CM_TRY(open_data(f, c, on_device ? 0 : c->n_taps, on_device ? NULL : &hs));
+    if (c->live) { /* tokens only: each step takes its taps from dt_live_get_taps */
+        CM_TRY(open_data(f, c, 0, NULL));
         dt_live_config lc = *c->live;
         lc.layer_ids = c->layer_ids;
         lc.n_taps = c->n_taps;

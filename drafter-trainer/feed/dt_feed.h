@@ -4,8 +4,8 @@
  * from the batch files themselves, from precomputed shards (--shards, dt_shard_source.h) or live
  * from target-servers (--server, dt_live.h). A live source reads the tokens of the steps ahead
  * (its requests) from that same dt_data (dt_data_load_tokens), so every token the run sees is
- * read and checked by one reader. With encoding nccl the dt_data is token-only and each step
- * takes its taps from dt_live_get_device. The feed owns all of them. One thread. */
+ * read and checked by one reader; the dt_data is then token-only and each step takes its taps
+ * from dt_live_get_taps. The feed owns all of them. One thread. */
 #ifndef DT_FEED_H
 #define DT_FEED_H
 

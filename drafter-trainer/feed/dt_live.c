@@ -1,10 +1,12 @@
-/* drafter-trainer/feed/dt_live.c — the live dt_hidden_source of `train --server` (dt_live.h): one
+/* drafter-trainer/feed/dt_live.c — the live hidden states of `train --server` (dt_live.h): one
  * cm_chan client per server (`--server a,b,...`), each with up to `credits` requests in flight
  * for the steps after the one being trained; step s goes to server s mod n, so the servers
  * compute in parallel and the assignment, like the data order, depends on the step alone.
  * Prefetched requests sit in a ring in step order; their answers are held (lent by their
- * client) until their step's get(), which widens the taps to F32 in target_layer_ids order. Each request's token fingerprint (cm_shard_batch_hash) is compared with the tokens
- * the trainer loaded, so an answer is never used for other tokens. dt_live_connect (also used by
+ * client) until their step takes them (dt_live_get_taps: the taps as they arrived, in
+ * target_layer_ids order) and gives them back (dt_live_release). Each request's token
+ * fingerprint (cm_shard_batch_hash) is compared with the tokens the trainer loaded, so an
+ * answer is never used for other tokens. dt_live_connect (also used by
  * precompute) waits for a server's WELCOME and says every few seconds what it is waiting for. */
 #include "dt_live.h"
 
@@ -50,11 +52,11 @@ struct dt_live {
     uint64_t         seed;
     int64_t          end, next_get, next_submit;
     uint64_t         extra_id; /* ids of batches asked for outside the plan */
-    /* encoding nccl: answers in device memory, lent to the step by dt_live_get_device */
+    /* the answer lent to the step by dt_live_get_taps (device memory with encoding nccl) */
     int                 on_device;
     void               *nc[DT_LIVE_MAX_SERVERS]; /* cm_nccl_client per server */
     cm_chan_nccl_client hooks[DT_LIVE_MAX_SERVERS];
-    int                 dev_slot, dev_planned; /* the answer lent (-1: none) */
+    int                 lent_slot, lent_planned; /* the answer lent (-1: none) */
 };
 
 cm_status dt_live_connect(cm_chan_client *cl, const char *ep, int64_t timeout_ms,
@@ -167,7 +169,7 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *data) 
     s->timeout_ms = cfg->timeout_ms;
     s->order_epoch = -1;
     s->extra_id = 1ull << 62;
-    s->dev_slot = -1;
+    s->lent_slot = -1;
     /* "a,b,c": one server each, in this order */
     for (const char *p = cfg->endpoint; *p;) {
         const char *e = strchr(p, ',');
@@ -436,56 +438,32 @@ static cm_status live_done(dt_live *s, int slot, int planned, cm_status st) {
     return st;
 }
 
-static cm_status live_get(void *self, int batch, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
-                          float *out) {
-    dt_live  *s = self;
-    int       slot, planned;
-    cm_status st = live_take(s, batch, ids, T, cu, n_seq, &slot, &planned);
-    const int64_t D = s->hidden, W = (int64_t)s->n_taps * D;
-    for (int k = 0; st == CM_OK && k < s->n_taps; k++) {
-        const cm_chan_tensor *t = &s->held[slot]->tensors[k];
-        const size_t          es = cm_dtype_size(t->dtype);
-        const uint8_t        *src = t->data;
-        for (int64_t r = 0; r < T && st == CM_OK; r++)
-            st = cm_convert(out + r * W + k * D, CM_DTYPE_F32, src + (size_t)(r * D) * es, t->dtype, (size_t)D);
-    }
-    return live_done(s, slot, planned, st);
-}
-
-cm_status dt_live_get_device(dt_live *l, int batch, dt_batch *b) {
-    if (!l->on_device)
-        return CM_FAIL(CM_ERR_INVALID_ARG, "live source: device taps need encoding nccl");
-    if (l->dev_slot >= 0)
+cm_status dt_live_get_taps(dt_live *l, int batch, dt_batch *b) {
+    if (l->lent_slot >= 0)
         return CM_FAIL(CM_ERR_INVALID_ARG, "live source: the previous batch's taps were not released");
     if (l->n_taps > DT_MAX_TAPS)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "%d taps over nccl; at most %d", l->n_taps, DT_MAX_TAPS);
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%d taps; at most %d", l->n_taps, DT_MAX_TAPS);
     int       slot, planned;
     cm_status st = live_take(l, batch, b->input_ids, b->T, b->cu_seqlens, b->n_seq, &slot, &planned);
     if (st != CM_OK)
         return live_done(l, slot, planned, st);
     const cm_chan_answer *a = l->held[slot];
     b->target_hidden = NULL;
-    b->dev_taps_dt = a->tensors[0].dtype;
-    for (int k = 0; k < l->n_taps; k++)
-        b->dev_taps[k] = a->tensors[k].data;
-    l->dev_slot = slot;
-    l->dev_planned = planned;
+    b->taps_dt = a->tensors[0].dtype;
+    for (int k = 0; k < l->n_taps; k++) {
+        b->dev_taps[k] = l->on_device ? a->tensors[k].data : NULL;
+        b->host_taps[k] = l->on_device ? NULL : a->tensors[k].data;
+    }
+    l->lent_slot = slot;
+    l->lent_planned = planned;
     return CM_OK;
 }
 
 void dt_live_release(dt_live *l) {
-    if (!l || l->dev_slot < 0)
+    if (!l || l->lent_slot < 0)
         return;
-    cm_status st = live_done(l, l->dev_slot, l->dev_planned, CM_OK);
+    cm_status st = live_done(l, l->lent_slot, l->lent_planned, CM_OK);
     if (st != CM_OK) /* top_up failures surface at the next get, which retries them */
         cm_clear_error();
-    l->dev_slot = -1;
-}
-
-int dt_live_on_device(const dt_live *l) {
-    return l && l->on_device;
-}
-
-dt_hidden_source dt_live_hidden(dt_live *l) {
-    return (dt_hidden_source){.get = live_get, .self = l};
+    l->lent_slot = -1;
 }

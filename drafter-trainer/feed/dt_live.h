@@ -1,18 +1,19 @@
 /* drafter-trainer/feed/dt_live.h — live hidden states (docs/architecture.md): `train --server ENDPOINT`
- * asks a running target-server for each batch's taps while it trains. A dt_live is a
- * dt_hidden_source backed by a cm_chan client; it keeps up to `credits` requests in flight
- * AHEAD of the step being trained (the next batches of the epoch order, whose tokens it reads
- * from the training data itself with dt_data_load_tokens), so the trainer does not wait when
- * the server is fast enough. Request ids are step + 1 (unique for the run; a resume starts at
- * the cursor); a batch asked for out of the planned order gets an id from a separate counter.
- * Answers are taken in the drafter's target_layer_ids order and widened to F32 [T, n·D].
- * A lost server is the client's business (reconnect, re-send); an answer that does not come
- * within timeout_ms fails the step with a message naming the endpoint. One thread.
+ * asks a running target-server for each batch's taps while it trains. A dt_live is backed by
+ * one cm_chan client per server; it keeps up to `credits` requests in flight AHEAD of the step
+ * being trained (the next batches of the epoch order, whose tokens it reads from the training
+ * data itself with dt_data_load_tokens), so the trainer does not wait when the server is fast
+ * enough. Request ids are step + 1 (unique for the run; a resume starts at the cursor); a batch
+ * asked for out of the planned order gets an id from a separate counter. The trainer takes each
+ * batch's taps with dt_live_get_taps, as the server sent them (BF16 by default; checked for
+ * NaN/Inf and all-zero taps by the client on arrival), and gives them back with dt_live_release
+ * after its step: no widening or copy on the host, the model uploads each tap once. A lost
+ * server is the client's business (reconnect, re-send); an answer that does not come within
+ * timeout_ms fails the step with a message naming the endpoint. One thread.
  *
  * With encoding nccl (CM_ENCODING_NCCL; builds with NCCL only) the answers travel GPU to GPU
- * into the trainer's device `device` (cm_nccl_client, one device buffer per credit): no host
- * copy. Then the trainer takes each batch's taps as device pointers with dt_live_get_device
- * and gives them back with dt_live_release after its step; dt_live_hidden is not used. */
+ * into the trainer's device `device` (cm_nccl_client, one device buffer per credit) and the
+ * taps are device pointers: no host copy at all. */
 #ifndef DT_LIVE_H
 #define DT_LIVE_H
 
@@ -46,8 +47,7 @@ typedef struct dt_live_config {
     int         device;     /* encoding nccl: the cuda device the answers land on */
 } dt_live_config;
 
-/* Borrows data (must outlive the source): the training data whose dt_data_load asks this
- * source for target_hidden (or, with encoding nccl, a token-only one), with its data-parallel
+/* Borrows data (must outlive the source): the token-only training data, with its data-parallel
  * rank and size set; the requests ahead take their tokens from it (dt_data_load_tokens).
  * Connects and waits for the server's WELCOME, then checks it: weights fingerprint and config
  * hash equal to weights_id and target_id, hidden size equal to hidden, every layer id < the
@@ -72,17 +72,13 @@ void      dt_live_destroy(dt_live **l); /* NULL-safe; sets *l = NULL */
  * up) the prefetched requests. */
 void dt_live_plan(dt_live *l, uint64_t seed, int64_t start, int64_t end);
 
-/* The source for dt_data_open_source (host encodings). */
-dt_hidden_source dt_live_hidden(dt_live *l);
-
-/* Encoding nccl: batch b (loaded by the token-only training data in plan order; its ids and
- * cu_seqlens are checked against the request's) gets its taps as device pointers:
- * b->target_hidden = NULL, b->dev_taps[k] in target_layer_ids order, b->dev_taps_dt the
- * server's dtype. The answer stays held, and its device memory untouched, until
- * dt_live_release; one batch at a time. */
-cm_status dt_live_get_device(dt_live *l, int batch, dt_batch *b);
+/* Batch b (loaded by the token-only training data in plan order; its ids and cu_seqlens are
+ * checked against the request's) gets its taps: b->target_hidden = NULL, b->taps_dt the
+ * server's dtype, and per tap (target_layer_ids order) b->host_taps[k] (host memory; dev_taps
+ * NULL) or, with encoding nccl, b->dev_taps[k] (device memory; host_taps NULL). The answer stays
+ * held, its memory untouched, until dt_live_release; one batch at a time. */
+cm_status dt_live_get_taps(dt_live *l, int batch, dt_batch *b);
 void      dt_live_release(dt_live *l); /* no-op when nothing is held */
-int       dt_live_on_device(const dt_live *l); /* 1 with encoding nccl */
 
 #ifdef __cplusplus
 }

@@ -34,9 +34,11 @@ typedef struct dt_param {
 } dt_param;
 
 /* A packed batch on the host (docs/drafter.md, docs/checks.md). target_hidden is F32 [T, n_taps·D] on the
- * host; or, when it is NULL, the taps are already in backend memory (the NCCL data path, a
- * benchmark): dev_taps[k] is tap k (target_layer_ids order) [T, D] in dev_taps_dt (BF16 or
- * F32), borrowed until dt_model_step returns. */
+ * host. When it is NULL the taps come one array per tap, tap k (target_layer_ids order) [T, D] in
+ * taps_dt (BF16 or F32), borrowed until dt_model_step returns: host_taps[k] in host memory as a
+ * server answered them (the ZeroMQ data path: uploaded as they are, no widening on the host), or,
+ * when host_taps[0] is NULL, dev_taps[k] already in backend memory (the NCCL data path, a
+ * benchmark). */
 #define DT_MAX_TAPS CM_CFG_MAX_TAPS
 typedef struct dt_batch {
     int64_t        T;
@@ -47,8 +49,9 @@ typedef struct dt_batch {
     const float   *target_hidden; /* [T, n_taps·D] */
     int64_t        n_anchors;
     const int32_t *anchors;       /* [n_anchors], sorted ascending, each in [0, T) */
-    const void    *dev_taps[DT_MAX_TAPS]; /* backend memory, used when target_hidden is NULL */
-    cm_dtype       dev_taps_dt;
+    const void    *host_taps[DT_MAX_TAPS]; /* host memory, used when target_hidden is NULL */
+    const void    *dev_taps[DT_MAX_TAPS];  /* backend memory, used when both above are NULL */
+    cm_dtype       taps_dt;                /* of host_taps or dev_taps */
 } dt_batch;
 
 /* What a step measured. acc_hits[k] / acc_count[k] is the accuracy of slot k (k ≥ 1, over
@@ -119,7 +122,8 @@ const dt_param *dt_model_find_param(const dt_model *m, const char *name); /* NUL
  * backend allocation), so the training loop allocates nothing and a batch that cannot fit
  * fails before the first step. Later larger batches still grow it (dt_model_step). With BF16
  * storage, device taps are read where they are; the first step fed host features
- * (target_hidden) adds one allocation that keeps them as BF16 (T · n_taps · D · 2 bytes). */
+ * (target_hidden or host_taps) adds one allocation that keeps them as BF16 (T · n_taps · D · 2
+ * bytes). */
 cm_status dt_model_reserve(dt_model *m, int64_t T, int64_t n_anchors);
 
 /* The dtype of the activations the step saves for its backward: F32, or BF16 by default

@@ -22,14 +22,15 @@ cm_status dt_batch_validate(const dt_model *m, const dt_batch *b) {
     if (!b->cu_seqlens || !b->input_ids || !b->loss_mask)
         return CM_FAIL(CM_ERR_INVALID_ARG, "the batch lacks cu_seqlens, input_ids or loss_mask");
     if (!b->target_hidden) {
+        const int   on_host = b->host_taps[0] != NULL;
+        const char *where = on_host ? "host" : "device";
         if (m->cfg.n_taps > DT_MAX_TAPS)
-            return CM_FAIL(CM_ERR_UNSUPPORTED, "%d taps in device memory; at most %d", m->cfg.n_taps, DT_MAX_TAPS);
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "%d taps in %s memory; at most %d", m->cfg.n_taps, where, DT_MAX_TAPS);
         for (int k = 0; k < m->cfg.n_taps; k++)
-            if (!b->dev_taps[k])
-                return CM_FAIL(CM_ERR_INVALID_ARG, "the batch has no target_hidden and no device tap %d", k);
-        if (b->dev_taps_dt != CM_DTYPE_BF16 && b->dev_taps_dt != CM_DTYPE_F32)
-            return CM_FAIL(CM_ERR_UNSUPPORTED, "device taps in %s; expected BF16 or F32",
-                           cm_dtype_name(b->dev_taps_dt));
+            if (!(on_host ? b->host_taps[k] : b->dev_taps[k]))
+                return CM_FAIL(CM_ERR_INVALID_ARG, "the batch has no target_hidden and no %s tap %d", where, k);
+        if (b->taps_dt != CM_DTYPE_BF16 && b->taps_dt != CM_DTYPE_F32)
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "%s taps in %s; expected BF16 or F32", where, cm_dtype_name(b->taps_dt));
     }
     if (b->cu_seqlens[0] != 0)
         return CM_FAIL(CM_ERR_INVALID_ARG, "cu_seqlens[0] is %d; it must be 0", b->cu_seqlens[0]);
@@ -111,33 +112,79 @@ void dt_model_layout_batch(dt_model *m, const dt_batch *b, float gamma) {
     m->weight_sum = wsum;
 }
 
+/* The region the host features pass through on their way in: the larger of layer 0's span and
+ * the work region, both free until the forward. */
+static void *upload_stage(dt_model *m, size_t *bytes) {
+    dt_acts  *a = &m->acts;
+    const int in_span = a->span_bytes > a->work_bytes;
+    *bytes = in_span ? a->span_bytes : a->work_bytes;
+    return in_span ? (void *)a->layer[0].gate : (void *)a->work;
+}
+
+/* Fh, the BF16 (activation dtype) copies of host-fed taps, sized for the plan; m->tap points
+ * into it. */
+static cm_status host_tap_buffers(dt_model *m) {
+    dt_acts      *a = &m->acts;
+    const int64_t D = m->cfg.hidden_size;
+    const size_t  es = cm_dtype_size(m->adt), tap_bytes = ((size_t)(a->T_cap * D) * es + 255) / 256 * 256;
+    if (m->Fh_T < a->T_cap) { /* the first host-fed step (or a grown plan) */
+        m->be->free(m->ctx, m->Fh);
+        m->Fh = NULL;
+        m->Fh_T = 0;
+        CM_TRY(m->be->alloc(m->ctx, &m->Fh, tap_bytes * (size_t)m->cfg.n_taps));
+        m->Fh_T = a->T_cap;
+    }
+    for (int k = 0; k < m->cfg.n_taps; k++)
+        m->tap[k] = (const char *)m->Fh + tap_bytes * (size_t)k;
+    m->tap_dt = m->adt;
+    m->tap_ld = m->cfg.hidden_size;
+    return CM_OK;
+}
+
+/* Host taps [T, D] each, in b->taps_dt, into dst[k] (rows dst_ld apart, dtype dst_dt): through the
+ * stage in chunks of rows, converted by the backend as they land. */
+static cm_status upload_host_taps(dt_model *m, const dt_batch *b, void *const *dst, cm_dtype dst_dt, int64_t dst_ld) {
+    const kn_backend *be = m->be;
+    const int64_t     T = m->T, D = m->cfg.hidden_size;
+    const size_t      es_in = cm_dtype_size(b->taps_dt), es_out = cm_dtype_size(dst_dt);
+    size_t            stage_bytes;
+    void             *stage = upload_stage(m, &stage_bytes);
+    const int64_t     rows = (int64_t)(stage_bytes / ((size_t)D * es_in));
+    for (int k = 0; k < m->cfg.n_taps; k++)
+        for (int64_t r0 = 0; r0 < T; r0 += rows) {
+            const int64_t n = T - r0 < rows ? T - r0 : rows;
+            CM_TRY(be->upload(m->ctx, stage, (const char *)b->host_taps[k] + (size_t)(r0 * D) * es_in,
+                              (size_t)(n * D) * es_in));
+            CM_TRY(be->cast2d(m->ctx, (char *)dst[k] + (size_t)(r0 * dst_ld) * es_out, dst_dt, dst_ld, stage,
+                              b->taps_dt, D, n, D));
+        }
+    return CM_OK;
+}
+
 cm_status dt_model_upload_batch(dt_model *m, const dt_batch *b) {
     const kn_backend *be = m->be;
     dt_acts          *a = &m->acts;
     const int64_t     NA = m->n_anchors, R = m->R, T = m->T;
     const int64_t     D = m->cfg.hidden_size, nD = (int64_t)m->cfg.n_taps * D;
+    const int         host_taps = !b->target_hidden && b->host_taps[0];
     if (m->adt == CM_DTYPE_F32) {
         if (b->target_hidden)
             CM_TRY(be->upload(m->ctx, a->F, b->target_hidden, (size_t)T * (size_t)nD * sizeof(float)));
-        else /* taps in device memory: each into its columns of F */
+        else if (host_taps) { /* each into its columns of F */
+            void *cols[DT_MAX_TAPS];
             for (int k = 0; k < m->cfg.n_taps; k++)
-                CM_TRY(be->cast2d(m->ctx, a->F + k * D, CM_DTYPE_F32, nD, b->dev_taps[k], b->dev_taps_dt, D, T, D));
-    } else if (b->target_hidden) {
-        const size_t es = cm_dtype_size(m->adt), tap_bytes = ((size_t)(a->T_cap * D) * es + 255) / 256 * 256;
-        if (m->Fh_T < a->T_cap) { /* the first host-fed step (or a grown plan) */
-            be->free(m->ctx, m->Fh);
-            m->Fh = NULL;
-            m->Fh_T = 0;
-            CM_TRY(be->alloc(m->ctx, &m->Fh, tap_bytes * (size_t)m->cfg.n_taps));
-            m->Fh_T = a->T_cap;
+                cols[k] = a->F + k * D;
+            CM_TRY(upload_host_taps(m, b, cols, CM_DTYPE_F32, nD));
+        } else { /* taps in device memory: each into its columns of F */
+            for (int k = 0; k < m->cfg.n_taps; k++)
+                CM_TRY(be->cast2d(m->ctx, a->F + k * D, CM_DTYPE_F32, nD, b->dev_taps[k], b->taps_dt, D, T, D));
         }
-        for (int k = 0; k < m->cfg.n_taps; k++)
-            m->tap[k] = (const char *)m->Fh + tap_bytes * (size_t)k;
-        /* through the larger of layer 0's span and the work region, free until the forward, in
-         * chunks of rows rounded as they land */
-        const int     in_span = a->span_bytes > a->work_bytes;
-        float        *stage = in_span ? (float *)a->layer[0].gate : (float *)a->work;
-        const size_t  stage_bytes = in_span ? a->span_bytes : a->work_bytes;
+    } else if (b->target_hidden) {
+        CM_TRY(host_tap_buffers(m));
+        const size_t es = cm_dtype_size(m->adt);
+        size_t       stage_bytes;
+        float       *stage = upload_stage(m, &stage_bytes);
+        /* in chunks of rows rounded as they land */
         const int64_t rows = (int64_t)(stage_bytes / ((size_t)nD * sizeof(float)));
         for (int64_t r0 = 0; r0 < T; r0 += rows) {
             const int64_t n = T - r0 < rows ? T - r0 : rows;
@@ -146,12 +193,17 @@ cm_status dt_model_upload_batch(dt_model *m, const dt_batch *b) {
                 CM_TRY(be->cast2d(m->ctx, (char *)m->tap[k] + (size_t)(r0 * D) * es, m->adt, D, stage + k * D,
                                   CM_DTYPE_F32, nD, n, D));
         }
-        m->tap_dt = m->adt;
-        m->tap_ld = D;
+    } else if (host_taps) { /* as they came: one copy per tap when the dtypes agree */
+        CM_TRY(host_tap_buffers(m));
+        for (int k = 0; k < m->cfg.n_taps; k++)
+            if (b->taps_dt == m->adt)
+                CM_TRY(be->upload(m->ctx, (void *)m->tap[k], b->host_taps[k], (size_t)(T * D) * cm_dtype_size(m->adt)));
+        if (b->taps_dt != m->adt)
+            CM_TRY(upload_host_taps(m, b, (void *const *)m->tap, m->adt, D));
     } else {
         for (int k = 0; k < m->cfg.n_taps; k++)
             m->tap[k] = b->dev_taps[k];
-        m->tap_dt = b->dev_taps_dt;
+        m->tap_dt = b->taps_dt;
         m->tap_ld = D;
     }
     CM_TRY(be->upload(m->ctx, a->blk_ids, m->host.blk_ids, (size_t)R * sizeof(int32_t)));
