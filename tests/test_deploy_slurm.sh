@@ -36,7 +36,14 @@ trap cleanup EXIT
 export OMP_NUM_THREADS=1 TANDEM_DEVICE=cpu TANDEM_MODEL=$src/models/tiny-qwen35
 export TANDEM_OUT=$tmp/run TANDEM_KEYS=$tmp/keys TANDEM_STATE=$tmp/state TANDEM_READY_TIMEOUT=60
 export TANDEM_DRAFTER_CONFIG=$tmp/drafter.json TANDEM_SERVE_ARGS="--stats-interval 0"
-port=$((20000 + ($$ * 13) % 30000))
+# below the ephemeral range (32768 up), where other tests' connections take their ports, and above
+# test_deploy_slurm_real's (10000-19999); skips ports that something already uses
+used=" $(ss -Htan 2>/dev/null | awk '{ n = split($4, a, ":"); printf "%s ", a[n] }') "
+port=$((20000 + ($$ * 13) % 11990))
+for _ in $(seq 1 50); do
+    [[ $used == *" $port "* || $used == *" $((port + 1)) "* || $used == *" $((port + 2)) "* ]] || break
+    port=$((20000 + (port - 20000 + 7919) % 11990))
+done
 export TANDEM_BASE_PORT=$port
 unset CUDA_VISIBLE_DEVICES SLURM_JOB_ID SLURM_NTASKS_PER_NODE
 

@@ -47,6 +47,10 @@ uint8_t  cm_f32_to_f8e4m3(float f);
  * dst and src must not overlap. CM_ERR_INVALID_ARG for a non-float dtype. */
 cm_status cm_convert(void *dst, cm_dtype dst_dt, const void *src, cm_dtype src_dt, size_t n);
 
+/* Whether any of the n values of dt (BF16 or F32) at data is NaN or Inf (*any_bad) and whether every
+ * one is zero (*all_zero; 0 when n is 0): one vectorisable pass over the bits. */
+void cm_scan_values(cm_dtype dt, const void *data, size_t n, int *any_bad, int *all_zero);
+
 /* Writes the extents ne[0..n_dims) as "[a, b, c]" into buf (truncated to len); returns buf. */
 char *cm_shape_str(char *buf, size_t len, int n_dims, const int64_t *ne);
 

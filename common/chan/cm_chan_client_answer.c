@@ -14,35 +14,6 @@
 #include "cm_compress.h"
 #include "cm_log.h"
 
-/* Whether any value is NaN/Inf and whether every value is zero. The exponent test is
- * branch-free ((x & EXP) + EXP_LSB carries into the sign bit only for an all-ones exponent)
- * and runs in fixed blocks of 64 so the compiler vectorises it even at -O2. */
-#define SCAN_BLOCK 64
-#define SCAN_LOOP(T, EXP, LSB, SIGN)                                                                         \
-    do {                                                                                                     \
-        const T *v = data;                                                                                   \
-        T        bad = 0, nz = 0;                                                                            \
-        size_t   i = 0;                                                                                      \
-        for (; i + SCAN_BLOCK <= n; i += SCAN_BLOCK)                                                         \
-            for (int k = 0; k < SCAN_BLOCK; k++) {                                                           \
-                bad |= (T)((v[i + k] & EXP) + LSB);                                                          \
-                nz |= (T)(v[i + k] & (T)~SIGN);                                                              \
-            }                                                                                                \
-        for (; i < n; i++) {                                                                                 \
-            bad |= (T)((v[i] & EXP) + LSB);                                                                  \
-            nz |= (T)(v[i] & (T)~SIGN);                                                                      \
-        }                                                                                                    \
-        *any_bad = (bad & SIGN) != 0;                                                                        \
-        *all_zero = n > 0 && nz == 0;                                                                        \
-    } while (0)
-
-static void scan_values(cm_dtype dt, const void *data, size_t n, int *any_bad, int *all_zero) {
-    if (dt == CM_DTYPE_BF16)
-        SCAN_LOOP(uint16_t, 0x7F80u, 0x0080u, 0x8000u);
-    else
-        SCAN_LOOP(uint32_t, 0x7F800000u, 0x00800000u, 0x80000000u);
-}
-
 /* The answer's tensor i as the trainer sees it (data: where it lies, set later when NULL). */
 static void describe(cm_chan_tensor *ct, const slot *s, uint32_t i, const cm_proto_tensor *t, cm_dtype hd,
                      uint32_t D, const void *data, int on_device) {
@@ -188,7 +159,7 @@ void cm_chan_client_on_answer_(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *da
         }
         if (!why[0] && c->cfg.check_values) {
             int any_bad, zero;
-            scan_values(hd, ct->data, (size_t)s->n_tokens * D, &any_bad, &zero);
+            cm_scan_values(hd, ct->data, (size_t)s->n_tokens * D, &any_bad, &zero);
             if (any_bad || zero)
                 snprintf(why, sizeof why, "answer to batch %llu: %s holds %s", (unsigned long long)a.batch_id,
                          t->name, zero ? "only zeros" : "NaN or Inf values");

@@ -508,6 +508,36 @@ static cm_status check_hidden(const dt_data *d, int64_t T, const char *what_fmt,
     return CM_OK;
 }
 
+/* The source's taps of batch i into the current set (tap k at k · max_T · hidden floats of the
+ * hidden buffer), checked as check_hidden checks a file's, and b pointed at them. */
+static cm_status load_src(dt_data *d, int i, int64_t T, int N, dt_batch *b, const char *what_fmt, const char *name) {
+    void *taps[DT_MAX_TAPS];
+    if (d->n_taps > DT_MAX_TAPS)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%d taps from a hidden-state source; at most %d", d->n_taps, DT_MAX_TAPS);
+    for (int k = 0; k < d->n_taps; k++)
+        taps[k] = d->hidden_buf + (size_t)k * (size_t)d->max_T * (size_t)d->hidden;
+    cm_dtype dt = CM_DTYPE_F32;
+    CM_TRY(d->src.get(d->src.self, i, d->ids, T, d->cu, N, taps, &dt));
+    char what[1200];
+    snprintf(what, sizeof what, what_fmt, i, name);
+    for (int k = 0; k < d->n_taps; k++) {
+        int bad, zero;
+        cm_scan_values(dt, taps[k], (size_t)(T * d->hidden), &bad, &zero);
+        if (bad || zero)
+            return CM_FAIL(CM_ERR_FORMAT,
+                           zero ? "%s: tap %d of target_hidden is all zeros, which no target layer produces: the "
+                                  "capture is broken; make the hidden states again (target-server dump, or precompute)"
+                                : "%s: tap %d of target_hidden holds NaN or Inf values; make the hidden states again",
+                           what, k);
+    }
+    point(d, T, N, b);
+    b->target_hidden = NULL;
+    for (int k = 0; k < d->n_taps; k++)
+        b->host_taps[k] = taps[k];
+    b->taps_dt = dt;
+    return CM_OK;
+}
+
 /* Batch i's tokens into ids, cu and mask, checked: a pack of the dataset from memory (checked at
  * open), or batch file i, whose mapping stays open in *f for its target_hidden (*th) when it
  * holds one (the caller closes *f, also on failure). */
@@ -543,10 +573,8 @@ static cm_status load_now(dt_data *d, int i, dt_batch *b) {
     cm_status           st;
     CM_TRY_GOTO(read_tokens(d, i, d->ids, d->cu, d->mask, &T, &N, &f, &th), st, fail);
     if (d->ds) { /* a pack: target_hidden from the source */
-        if (d->have_src) {
-            CM_TRY(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf));
-            CM_TRY(check_hidden(d, T, "pack %d of dataset '%s'", i, dt_dataset_name(d->ds)));
-        }
+        if (d->have_src)
+            return load_src(d, i, T, N, b, "pack %d of dataset '%s'", dt_dataset_name(d->ds));
         point(d, T, N, b);
         return CM_OK;
     }
@@ -555,7 +583,7 @@ static cm_status load_now(dt_data *d, int i, dt_batch *b) {
                     fail);
     cm_st_destroy(&f); /* th->data lives in the mapping */
     if (d->have_src)
-        CM_TRY_GOTO(d->src.get(d->src.self, i, d->ids, T, d->cu, N, d->hidden_buf), st, fail);
+        return load_src(d, i, T, N, b, "batch %d, file '%s'", d->paths[i]);
     if (d->width)
         CM_TRY_GOTO(check_hidden(d, T, "batch %d, file '%s'", i, d->paths[i]), st, fail);
     point(d, T, N, b);

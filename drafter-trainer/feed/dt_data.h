@@ -52,13 +52,15 @@ typedef struct dt_data dt_data;
 cm_status dt_data_open(dt_data **out, const char *const *paths, int n_paths, int n_taps, int hidden,
                        int vocab_size);
 
-/* Where target_hidden comes from when not from the batch files (e.g. offline shards,
- * dt_precompute.h): get fills out, [T, n_taps·hidden] F32 in target_layer_ids order, for batch
- * file `batch` (its position in the list, the batch id) whose tokens and cu_seqlens are given.
- * A failure (missing or damaged record, other tokens) stops the load with its message. */
+/* Where the hidden states come from when not from the batch files (offline shards,
+ * dt_shard_source.h): get writes tap k (target_layer_ids order) [T, hidden] into taps[k] (room
+ * for T · hidden F32 values each) in the source's own dtype, BF16 or F32, which it stores in
+ * *dt, for batch file `batch` (its position in the list, the batch id) whose tokens and
+ * cu_seqlens are given. A failure (missing or damaged record, other tokens) stops the load with
+ * its message. The batch then carries the taps as they are (dt_batch.host_taps): no widening. */
 typedef struct dt_hidden_source {
     cm_status (*get)(void *self, int batch, const int32_t *input_ids, int64_t T, const int32_t *cu_seqlens,
-                     int n_seq, float *out);
+                     int n_seq, void *const *taps, cm_dtype *dt);
     void *self;
 } dt_hidden_source;
 

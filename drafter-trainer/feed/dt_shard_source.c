@@ -1,6 +1,7 @@
 /* drafter-trainer/feed/dt_shard_source.c — target_hidden of `train --shards DIR` (dt_shard_source.h):
  * the records `drafter-trainer precompute` stored, checked against the drafter and the batch's
- * tokens, decoded to F32, and verified ahead of a run on a few threads. */
+ * tokens, decoded tap by tap into the batch's own arrays on a few threads, and verified ahead of a
+ * run on a few threads. */
 #include "dt_shard_source.h"
 
 #include <pthread.h>
@@ -12,6 +13,7 @@
 
 #include "cm_time.h"
 #include "cm_cfg_hash.h"
+#include "cm_chan.h"
 #include "cm_compress.h"
 #include "cm_dtype.h"
 #include "cm_log.h"
@@ -26,8 +28,6 @@ struct dt_shard_source {
     uint32_t         n_tensors;
     cm_dtype         dtype;
     cm_proto_tensor  pt[CM_SHARD_MAX_LAYERS];
-    uint8_t         *buf; /* one decoded tensor */
-    size_t           cap;
 };
 
 void dt_shard_source_destroy(dt_shard_source **s) {
@@ -36,7 +36,6 @@ void dt_shard_source_destroy(dt_shard_source **s) {
     cm_shard_reader_destroy(&(*s)->r);
     cm_compress_destroy(&(*s)->cz);
     free((*s)->pos);
-    free((*s)->buf);
     free(*s);
     *s = NULL;
 }
@@ -106,6 +105,7 @@ cm_status dt_shard_source_open(dt_shard_source **out, const char *dir, const int
     s->n_tensors = id->n_layers;
     s->dtype = id->hidden_dtype;
     cm_compress_config cc = CM_COMPRESS_CONFIG_DEFAULT;
+    cc.n_threads = cm_chan_default_threads(); /* a 27B record is 419 MB of BF16 per step */
     CM_TRY_GOTO(cm_compress_create(&s->cz, &cc), st, fail);
     *out = s;
     return CM_OK;
@@ -115,7 +115,7 @@ fail:
 }
 
 static cm_status shard_get(void *self, int batch, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
-                           float *out) {
+                           void *const *taps, cm_dtype *dt) {
     dt_shard_source *s = self;
     const char      *dir = cm_shard_reader_dir(s->r);
     const uint64_t   h = cm_shard_batch_hash(ids, (uint32_t)T, cu, (uint32_t)n_seq);
@@ -144,35 +144,24 @@ static cm_status shard_get(void *self, int batch, const int32_t *ids, int64_t T,
         return CM_FAIL(CM_ERR_FORMAT,
                        "shard directory '%s': batch %d: the record answers batch %llu with %u tensors", dir,
                        batch, (unsigned long long)a.batch_id, a.n_tensors);
-    const int64_t D = s->hidden, W = (int64_t)s->n_taps * D;
+    const int64_t D = s->hidden;
     for (int k = 0; k < s->n_taps; k++) {
         const cm_proto_tensor *t = &a.tensors[s->pos[k]];
-        if (t->n_dims != 2 || t->shape[0] != T || t->shape[1] != D ||
+        if (t->n_dims != 2 || t->shape[0] != T || t->shape[1] != D || t->dtype != s->dtype ||
             (t->dtype != CM_DTYPE_BF16 && t->dtype != CM_DTYPE_F32))
             return CM_FAIL(
                 CM_ERR_FORMAT,
                 "shard directory '%s': batch %d: tensor '%s' is %s with %d dims, expected %s [%lld, %lld]",
                 dir, batch, t->name, cm_dtype_name(t->dtype), t->n_dims, cm_dtype_name(s->dtype),
                 (long long)T, (long long)D);
-        if (t->raw_size > s->cap) {
-            uint8_t *p = realloc(s->buf, (size_t)t->raw_size);
-            if (!p)
-                return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %llu bytes for batch %d",
-                               (unsigned long long)t->raw_size, batch);
-            s->buf = p;
-            s->cap = (size_t)t->raw_size;
-        }
-        if (cm_compress_decode_tensor(s->cz, t, s->buf, (size_t)t->raw_size) != CM_OK) {
+        if (cm_compress_decode_tensor(s->cz, t, taps[k], (size_t)t->raw_size) != CM_OK) {
             char why[512];
             snprintf(why, sizeof why, "%s", cm_last_error());
             return CM_FAIL(CM_ERR_FORMAT, "shard directory '%s': batch %d: tensor '%s' does not decode: %s",
                            dir, batch, t->name, why);
         }
-        const size_t es = cm_dtype_size(t->dtype);
-        for (int64_t r = 0; r < T; r++)
-            CM_TRY(cm_convert(out + r * W + k * D, CM_DTYPE_F32, s->buf + (size_t)(r * D) * es, t->dtype,
-                              (size_t)D));
     }
+    *dt = s->dtype;
     return CM_OK;
 }
 

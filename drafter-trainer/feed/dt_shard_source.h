@@ -28,7 +28,8 @@ cm_status dt_shard_source_open(dt_shard_source **out, const char *dir, const int
 void      dt_shard_source_destroy(dt_shard_source **s); /* NULL-safe; sets *s = NULL */
 
 /* The source's dt_hidden_source: batch i's record (batch id i, checked against the tokens'
- * hash), decoded and verified, its tensors concatenated per token in layer_ids order as F32.
+ * hash), each tap decoded straight into its array in layer_ids order, in the stored dtype
+ * (BF16 or F32), on cm_chan_default_threads() threads.
  * A missing record, a record for other tokens or a damaged one fails with CM_ERR_FORMAT or
  * CM_ERR_INVALID_ARG naming the batch: it is never trained on. */
 dt_hidden_source dt_shard_source_hidden(dt_shard_source *s);
