@@ -501,13 +501,21 @@ typedef struct kn_backend {
     cm_status (*fp8_quantize_rows)(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
                                    int64_t K); /* (optional) */
     /* swiglu_bf16 and fp8_quantize_rows in one pass (the MLP's down-projection input written
-     * quantized): q, s as fp8_quantize_rows(bf16(swiglu(gate, up))) with gate, up [M, I] F32. */
-    cm_status (*swiglu_fp8)(kn_ctx *ctx, uint8_t *q, float *s, const float *gate, const float *up, int64_t M,
-                            int64_t I); /* (optional) */
+     * quantized): q, s as fp8_quantize_rows(bf16(swiglu(gate, up))) with gate, up [M, I] in idt,
+     * F32 or BF16 (widened exactly). */
+    cm_status (*swiglu_fp8)(kn_ctx *ctx, uint8_t *q, float *s, const void *gate, const void *up, cm_dtype idt,
+                            int64_t M, int64_t I); /* (optional) */
     /* gemm_fp8 from an input fp8_quantize_rows wrote (the same M and K): gemm_fp8 is
-     * fp8_quantize_rows then this. */
-    cm_status (*gemm_fp8q)(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
-                           const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
+     * fp8_quantize_rows then this. out in odt: F32, or BF16 = the F32 result rounded to nearest
+     * even (what a serving engine's FP8 linear writes; half the bytes for the next op to read). */
+    cm_status (*gemm_fp8q)(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *q, const float *s,
+                           const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
+    /* add_rmsnorm_bf16 and fp8_quantize_rows of its output in one pass (the norm writes the
+     * quantized input of the FP8 projections that follow it): out, x as add_rmsnorm_bf16, q, s as
+     * fp8_quantize_rows(out, BF16, rows, C). CM_ERR_UNSUPPORTED (nothing written) for a shape the
+     * backend does not fuse; the caller then runs the two ops. */
+    cm_status (*add_rmsnorm_fp8)(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
+                                 const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* (optional) */
     /* 1 when gemm_fp8 runs on this context; else 0 with the reason in why[0..n) (a sentence
      * naming the device and what it lacks). */
     int (*fp8_supported)(const kn_ctx *ctx, char *why, size_t n); /* (optional) */

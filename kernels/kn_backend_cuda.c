@@ -71,6 +71,7 @@ static const kn_backend cuda_backend = {
     .fp8_quantize_rows = kn_cuda_fp8_quantize_rows,
     .gemm_fp8q = kn_cuda_gemm_fp8q,
     .swiglu_fp8 = kn_cuda_swiglu_fp8,
+    .add_rmsnorm_fp8 = kn_cuda_add_rmsnorm_fp8,
     .fp8_supported = kn_cuda_fp8_supported,
     .moe_route = kn_cuda_moe_route,
     .moe_group = kn_cuda_moe_group,

@@ -26,11 +26,13 @@ cm_status kn_cuda_lt_matmul_ct(kn_ctx *ctx, const char *op, cudaDataType_t ab_ty
                                int64_t ldb, float beta, void *C, cudaDataType_t c_type, int64_t ldc);
 
 /* The block-scaled FP8 product in the same convention (cuBLASLt on sm_90, CUDA 12.9 or later):
- * C (m×n, F32, ldc) = Aᵀ·B with A stored k×m (ld k, e4m3, 128 × 128 block scales a_scale, K-major:
- * [ceil(m/128)][kn_fp8_scale_ld(k)]) and B stored k×n (ld k, e4m3, 1 × 128 scales b_scale,
- * [ceil(k/128)][n], n-contiguous); fp32 accumulation. */
+ * C (m×n, c_type CUDA_R_32F or CUDA_R_16BF, ldc) = Aᵀ·B with A stored k×m (ld k, e4m3, 128 × 128
+ * block scales a_scale, K-major: [ceil(m/128)][kn_fp8_scale_ld(k)]) and B stored k×n (ld k,
+ * e4m3, 1 × 128 scales b_scale, [ceil(k/128)][n], n-contiguous); fp32 accumulation, a bf16 C
+ * rounded by the epilogue. */
 cm_status kn_cuda_lt_matmul_fp8(kn_ctx *ctx, const char *op, int64_t m, int64_t n, int64_t k, const void *A,
-                                const float *a_scale, const void *B, const float *b_scale, float *C, int64_t ldc);
+                                const float *a_scale, const void *B, const float *b_scale, void *C,
+                                cudaDataType_t c_type, int64_t ldc);
 
 /* dst[i] = bf16(src[i]) (nearest even) and dst[i] = f32(src[i]) (exact), on ctx's stream. */
 cm_status kn_cuda_f32_to_bf16(kn_ctx *ctx, void *dst, const float *src, int64_t n);

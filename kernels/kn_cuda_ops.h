@@ -146,10 +146,12 @@ cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype id
                            const float *wscale, int64_t M, int64_t N, int64_t K);
 cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void *inp, cm_dtype idt, int64_t M,
                                     int64_t K);
-cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *gate, const float *up, int64_t M,
-                             int64_t I);
-cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
-                            const float *wscale, int64_t M, int64_t N, int64_t K);
+cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate, const void *up, cm_dtype idt,
+                             int64_t M, int64_t I);
+cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *q, const float *s,
+                            const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K);
+cm_status kn_cuda_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
+                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus);
 int       kn_cuda_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
 
 // ---- mixture of experts (kn_moe.cu). The index tables (idx, src, dst) are device memory and not

@@ -12,20 +12,15 @@
 #include "kn_cuda.h"
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
+#include "kn_fp8_dev.h"
 
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 // ----------------------------------------------------------------------------
 // kernels
 
 static __device__ __forceinline__ float ld_in(const void *p, int bf16, int64_t i) {
     return bf16 ? __uint_as_float((unsigned int)((const uint16_t *)p)[i] << 16) : ((const float *)p)[i];
-}
-
-static __device__ __forceinline__ uint8_t to_e4m3(float v) {
-    v = fminf(fmaxf(v, -KN_FP8_MAX), KN_FP8_MAX);
-    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
 /* One CTA (256 threads) per 128 × 128 block of W [N, K]; grid (L, ceil(N/128)). */
@@ -64,10 +59,17 @@ static __global__ void quant_weight_kernel(uint8_t *q, float *scale, const void 
  * load, one 4-byte store; K is a multiple of 16, so a ragged group is whole lanes). q [Mp, K]
  * (rows ≥ M zero), s [L, Mp] (token-contiguous, as cuBLASLt's 1 × 128 mode reads it; 0 for rows
  * ≥ M). */
-enum { SRC_F32 = 0, SRC_BF16, SRC_SWIGLU };
+enum { SRC_F32 = 0, SRC_BF16, SRC_SWIGLU, SRC_SWIGLU16 };
 
 static __device__ __forceinline__ float bf16r(float v) {
     return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/* four bf16 values (8 bytes) widened exactly */
+static __device__ __forceinline__ void ld_bf16x4(const uint16_t *p, float v[4]) {
+    uint2 raw = *(const uint2 *)p;
+    v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xffff0000u);
+    v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xffff0000u);
 }
 
 /* silu(g)·u as swiglu_bf16's kernel computes it (kn_elementwise.cu), so that the fused op sees
@@ -77,7 +79,7 @@ static __device__ __forceinline__ float swiglu1(float g, float u) {
 }
 
 template <int SRC>
-static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, const float *up, int64_t M,
+static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, const void *up, int64_t M,
                                          int64_t Mp, int64_t K, int64_t L) {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int     lane = threadIdx.x & 31;
@@ -90,29 +92,26 @@ static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, 
     float         v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (on && m < M) {
         if (SRC == SRC_BF16) {
-            uint2 raw = *(const uint2 *)((const uint16_t *)inp + at);
-            v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xffff0000u);
-            v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xffff0000u);
+            ld_bf16x4((const uint16_t *)inp + at, v);
         } else if (SRC == SRC_F32) {
             float4 f = *(const float4 *)((const float *)inp + at);
             v[0] = bf16r(f.x), v[1] = bf16r(f.y), v[2] = bf16r(f.z), v[3] = bf16r(f.w);
-        } else {
-            float4 g = *(const float4 *)((const float *)inp + at), u = *(const float4 *)(up + at);
+        } else if (SRC == SRC_SWIGLU) {
+            float4 g = *(const float4 *)((const float *)inp + at), u = *(const float4 *)((const float *)up + at);
             v[0] = bf16r(swiglu1(g.x, u.x)), v[1] = bf16r(swiglu1(g.y, u.y));
             v[2] = bf16r(swiglu1(g.z, u.z)), v[3] = bf16r(swiglu1(g.w, u.w));
+        } else {
+            float g[4], u[4];
+            ld_bf16x4((const uint16_t *)inp + at, g);
+            ld_bf16x4((const uint16_t *)up + at, u);
+            for (int t = 0; t < 4; t++)
+                v[t] = bf16r(swiglu1(g[t], u[t]));
         }
     }
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float sc = __fmul_rn(amax > 1e-10f ? amax : 1e-10f, 1.0f / KN_FP8_MAX);
-    if (on) {
-        uint32_t packed = 0;
-        if (m < M)
-            for (int t = 0; t < 4; t++)
-                packed |= (uint32_t)to_e4m3(__fdiv_rn(v[t], sc)) << (8 * t);
+    float          sc;
+    const uint32_t packed = fp8_group_quant(v, on && m < M, &sc);
+    if (on)
         *(uint32_t *)(q + at) = packed;
-    }
     if (lane == 0)
         s[j * Mp + m] = m < M ? sc : 0.0f;
 }
@@ -166,20 +165,26 @@ cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const voi
     return CM_OK;
 }
 
-cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *gate, const float *up, int64_t M,
-                             int64_t I) {
+cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate, const void *up, cm_dtype idt,
+                             int64_t M, int64_t I) {
     KN_CUDA_CHECK_ARG(ctx, "swiglu_fp8: ctx is NULL");
     KN_CUDA_CHECK_ARG(M >= 0 && I >= 0, "swiglu_fp8: bad shape M=%lld I=%lld (each must be >= 0)", (long long)M,
                       (long long)I);
+    if (idt != CM_DTYPE_F32 && idt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_fp8: input dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(idt));
     if (M == 0 || I == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(q && s && gate && up, "swiglu_fp8: q, s, gate or up is NULL");
     KN_CUDA_CHECK_ARG(I % 16 == 0 && ((uintptr_t)gate % 16) == 0 && ((uintptr_t)up % 16) == 0 &&
                           ((uintptr_t)q % 16) == 0,
                       "swiglu_fp8: I=%lld must be a multiple of 16 and gate, up, q 16-byte aligned", (long long)I);
-    const int64_t Mp = kn_fp8_rows(M), L = (I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
-    quant_rows_kernel<SRC_SWIGLU><<<(unsigned)((Mp * L * 32 + 255) / 256), 256, 0, ctx->stream>>>(q, s, gate, up, M, Mp,
-                                                                                                 I, L);
+    const int64_t  Mp = kn_fp8_rows(M), L = (I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+    const unsigned grid = (unsigned)((Mp * L * 32 + 255) / 256);
+    if (idt == CM_DTYPE_BF16)
+        quant_rows_kernel<SRC_SWIGLU16><<<grid, 256, 0, ctx->stream>>>(q, s, gate, up, M, Mp, I, L);
+    else
+        quant_rows_kernel<SRC_SWIGLU><<<grid, 256, 0, ctx->stream>>>(q, s, gate, up, M, Mp, I, L);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
@@ -196,33 +201,41 @@ static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
     return CM_OK;
 }
 
-/* The product of a quantized input; a ragged M (M < Mp) is written to tmp (Mp·N floats) first. */
-static cm_status fp8q_run(kn_ctx *ctx, const char *op, float *out, const uint8_t *q, const float *s,
-                          const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K, float *tmp) {
+/* The product of a quantized input into out (elem bytes per value, C type ct); a ragged M
+ * (M < Mp) is written to tmp (Mp·N values) first. */
+static cm_status fp8q_run(kn_ctx *ctx, const char *op, void *out, cudaDataType_t ct, const uint8_t *q,
+                          const float *s, const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K,
+                          void *tmp) {
     const int64_t Mp = kn_fp8_rows(M);
-    float        *dst = Mp == M ? out : tmp;
+    const size_t  elem = ct == CUDA_R_16BF ? 2 : 4;
+    void         *dst = Mp == M ? out : tmp;
     /* outᵀ (N × Mp, ld N) = Wᵀ-op · qᵀ: A = W stored K × N (op T), B = q stored K × Mp */
-    CM_TRY(kn_cuda_lt_matmul_fp8(ctx, op, N, Mp, K, wq, wscale, q, s, dst, N));
-    if (dst != out) /* rows < M are the first M·N floats of the padded product */
-        KN_CUDA(cudaMemcpyAsync(out, dst, (size_t)(M * N) * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream));
+    CM_TRY(kn_cuda_lt_matmul_fp8(ctx, op, N, Mp, K, wq, wscale, q, s, dst, ct, N));
+    if (dst != out) /* rows < M are the first M·N values of the padded product */
+        KN_CUDA(cudaMemcpyAsync(out, dst, (size_t)(M * N) * elem, cudaMemcpyDeviceToDevice, ctx->stream));
     return CM_OK;
 }
 
-cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
-                            const float *wscale, int64_t M, int64_t N, int64_t K) {
+cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *q, const float *s,
+                            const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K) {
     KN_CUDA_CHECK_ARG(ctx, "gemm_fp8q: ctx is NULL");
     CM_TRY(gemm_check("gemm_fp8q", M, N, K));
+    if (odt != CM_DTYPE_F32 && odt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "gemm_fp8q: output dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(odt));
     if (M == 0 || N == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out, "gemm_fp8q: out is NULL");
+    const size_t elem = odt == CM_DTYPE_BF16 ? 2 : 4;
     if (K == 0) {
-        KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * sizeof(float), ctx->stream));
+        KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * elem, ctx->stream));
         return CM_OK;
     }
     KN_CUDA_CHECK_ARG(q && s && wq && wscale, "gemm_fp8q: q, s, wq or wscale is NULL");
     if (kn_fp8_rows(M) != M)
-        CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)(kn_fp8_rows(M) * N) * sizeof(float)));
-    return fp8q_run(ctx, "gemm_fp8q", out, q, s, wq, wscale, M, N, K, (float *)ctx->scratch);
+        CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)(kn_fp8_rows(M) * N) * elem));
+    return fp8q_run(ctx, "gemm_fp8q", out, odt == CM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, q, s, wq, wscale, M, N,
+                    K, ctx->scratch);
 }
 
 cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
@@ -247,7 +260,8 @@ cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype id
     uint8_t *qa = (uint8_t *)ctx->scratch;
     float   *sa = (float *)((char *)ctx->scratch + q_bytes);
     CM_TRY(kn_cuda_fp8_quantize_rows(ctx, qa, sa, inp, idt, M, K));
-    return fp8q_run(ctx, "gemm_fp8", out, qa, sa, wq, wscale, M, N, K, (float *)((char *)ctx->scratch + q_bytes + s_bytes));
+    return fp8q_run(ctx, "gemm_fp8", out, CUDA_R_32F, qa, sa, wq, wscale, M, N, K,
+                    (char *)ctx->scratch + q_bytes + s_bytes);
 }
 
 int kn_cuda_fp8_supported(const kn_ctx *ctx, char *why, size_t n) {

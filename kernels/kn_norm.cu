@@ -9,10 +9,12 @@
  * The bf16-output forms for the target's fast path: add_rmsnorm_bf16 (the residual add fused
  * into the norm that follows it; the add stays in x) and rmsnorm_gated_bf16 (a warp per row);
  * each writes the next GEMM's bf16 input with the f32 math of the kernels above, so the
- * conversion pass of gemm disappears. */
+ * conversion pass of gemm disappears; add_rmsnorm_fp8 also writes that input quantized for the
+ * FP8 projections (kn_fp8_dev.h), so their quantization pass disappears too. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
+#include "kn_fp8_dev.h"
 
 #include <cuda_bf16.h>
 
@@ -66,6 +68,25 @@ static __global__ void l2norm_kernel(float *out, const float *inp, int64_t rows,
     }
 }
 
+/* Pass 1 of the fused norms over one row of C4 float4 (16-byte aligned): x += y where y is
+ * given (stored), and this thread's sum of the squares of x. */
+static __device__ __forceinline__ float add_sumsq4(float4 *x4, const float4 *y4, int64_t C4) {
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x; c < C4; c += blockDim.x) {
+        float4 v = x4[c];
+        if (y4) {
+            float4 u = y4[c];
+            v.x += u.x;
+            v.y += u.y;
+            v.z += u.z;
+            v.w += u.w;
+            x4[c] = v;
+        }
+        s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    return s;
+}
+
 /* x += y (y may be NULL), then out = bf16(rmsnorm(x)): the residual add fused into the next
  * norm, which writes the bf16 input of the following GEMMs. One block per row; pass 1 adds,
  * stores x and sums squares (float4 when vec: C % 4 == 0 and 16-byte aligned rows), pass 2
@@ -80,20 +101,7 @@ static __global__ void add_rmsnorm_bf16_kernel(__nv_bfloat16 *out, float *xs, co
         __nv_bfloat16 *o = out + r * C;
         float          s = 0.0f;
         if (vec) {
-            float4       *x4 = (float4 *)x;
-            const float4 *y4 = (const float4 *)y;
-            for (int64_t c = threadIdx.x; c < C / 4; c += blockDim.x) {
-                float4 v = x4[c];
-                if (y4) {
-                    float4 u = y4[c];
-                    v.x += u.x;
-                    v.y += u.y;
-                    v.z += u.z;
-                    v.w += u.w;
-                    x4[c] = v;
-                }
-                s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
+            s = add_sumsq4((float4 *)x, (const float4 *)y, C / 4);
         } else {
             for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
                 float v = x[c];
@@ -126,6 +134,58 @@ static __global__ void add_rmsnorm_bf16_kernel(__nv_bfloat16 *out, float *xs, co
                 float wc = one_plus ? 1.0f + w[c] : w[c];
                 o[c] = __float2bfloat16_rn(x[c] * scale * wc);
             }
+        }
+    }
+}
+
+/* add_rmsnorm_bf16_kernel's vector path, with the bf16 output also quantized for an FP8 GEMM
+ * (fp8_quantize_rows: q [Mp, C] e4m3, s [ceil(C/128), Mp]). blockDim.x is a multiple of 32, so
+ * in pass 2 each warp's 32 float4 are one 1 × 128 group (the last one may be ragged: its
+ * missing lanes hold zeros). Rows in [rows, Mp) are the padding: zero bytes and scales. */
+static __global__ void add_rmsnorm_fp8_kernel(__nv_bfloat16 *out, uint8_t *q, float *sc, float *xs, const float *ys,
+                                              const float *w, int64_t rows, int64_t Mp, int64_t C, float eps,
+                                              int one_plus) {
+    __shared__ float sh[32];
+    const int        lane = threadIdx.x & 31;
+    const int64_t    C4 = C / 4;
+    for (int64_t r = blockIdx.x; r < Mp; r += gridDim.x) {
+        if (r >= rows) {
+            for (int64_t base = threadIdx.x - lane; base < C4; base += blockDim.x) {
+                if (base + lane < C4)
+                    ((uint32_t *)(q + r * C))[base + lane] = 0;
+                if (lane == 0)
+                    sc[(base / 32) * Mp + r] = 0.0f;
+            }
+            continue;
+        }
+        float4       *x4 = (float4 *)(xs + r * C);
+        const float4 *w4 = (const float4 *)w;
+        const float   scale = 1.0f / sqrtf(block_sum(add_sumsq4(x4, ys ? (const float4 *)(ys + r * C) : NULL, C4), sh) /
+                                         (float)C + eps);
+        for (int64_t base = threadIdx.x - lane; base < C4; base += blockDim.x) {
+            const int64_t c = base + lane;
+            const int     on = c < C4;
+            float         a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (on) {
+                float4 v = x4[c], wc = w4[c];
+                if (one_plus) {
+                    wc.x += 1.0f;
+                    wc.y += 1.0f;
+                    wc.z += 1.0f;
+                    wc.w += 1.0f;
+                }
+                __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale * wc.x, v.y * scale * wc.y);
+                __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale * wc.z, v.w * scale * wc.w);
+                ((__nv_bfloat162 *)(out + r * C))[2 * c] = lo;
+                ((__nv_bfloat162 *)(out + r * C))[2 * c + 1] = hi;
+                a[0] = __low2float(lo), a[1] = __high2float(lo), a[2] = __low2float(hi), a[3] = __high2float(hi);
+            }
+            float          g;
+            const uint32_t packed = fp8_group_quant(a, on, &g);
+            if (on)
+                ((uint32_t *)(q + r * C))[c] = packed;
+            if (lane == 0)
+                sc[(base / 32) * Mp + r] = g;
         }
     }
 }
@@ -217,6 +277,24 @@ cm_status kn_cuda_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const f
                     (uintptr_t)w % 16 == 0 && (uintptr_t)out % 8 == 0;
     add_rmsnorm_bf16_kernel<<<norm_grid(rows), norm_block(vec ? C / 4 : C), 0, ctx->stream>>>(
         (__nv_bfloat16 *)out, x, y, w, rows, C, eps, one_plus ? 1 : 0, vec);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
+                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus) {
+    CM_TRY(norm_check(ctx, "add_rmsnorm_fp8", rows, C, eps));
+    if (rows == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out && q && s && x && w, "add_rmsnorm_fp8: out, q, s, x or w is NULL");
+    if (C % 16 || (uintptr_t)x % 16 || (y && (uintptr_t)y % 16) || (uintptr_t)w % 16 || (uintptr_t)out % 8 ||
+        (uintptr_t)q % 16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "add_rmsnorm_fp8: C=%lld is not a multiple of 16 or a row is not "
+                       "16-byte aligned; run add_rmsnorm_bf16 and fp8_quantize_rows",
+                       (long long)C);
+    const int64_t Mp = kn_fp8_rows(rows);
+    add_rmsnorm_fp8_kernel<<<norm_grid(Mp), norm_block(C / 4), 0, ctx->stream>>>((__nv_bfloat16 *)out, q, s, x, y, w,
+                                                                                rows, Mp, C, eps, one_plus ? 1 : 0);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

@@ -74,7 +74,7 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
         const int64_t Tp = kn_fp8_rows(T), L = (D + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8, (size_t)(Tp * D)));
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8s, (size_t)(Tp * L) * sizeof(float)));
-        if (m->fused && m->be->swiglu_fp8) { /* the down projection's input, written quantized */
+        if (m->be->swiglu_fp8) { /* the down projection's input, written quantized */
             CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8, (size_t)(Tp * I)));
             CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8s, (size_t)(Tp * ((I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK)) * 4));
         }
@@ -107,8 +107,11 @@ void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
 
 /* The backend's GEMM for the weight's type and the input's form. FP8 weights quantize an F32 or
  * BF16 input inside (1 × 128 groups). */
-static cm_status gemm_call(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
-    if (in.q8) return m->be->gemm_fp8q(m->ctx, out, in.q8, in.s8, w->data, w->scale, M, N, K);
+static cm_status gemm_call(ts_model *m, void *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    if (in.q8)
+        return m->be->gemm_fp8q(m->ctx, out, in.out_bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32, in.q8, in.s8, w->data,
+                                w->scale, M, N, K);
+    if (in.out_bf16) return CM_FAIL(CM_ERR_INVALID_ARG, "a bf16 product is only written from a quantized input");
     if (w->dtype == CM_DTYPE_F8_E4M3)
         return m->be->gemm_fp8(m->ctx, out, in.bf16 ? (const void *)in.bf16 : (const void *)in.f32,
                                in.bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32, w->data, w->scale, M, N, K);
@@ -118,7 +121,7 @@ static cm_status gemm_call(ts_model *m, float *out, gemm_in in, const ts_mat *w,
 
 /* gemm_call, timed into *m->gemm_acc when timing is on (an input's quantization, done before,
  * is the producer's work, not the GEMM's). */
-cm_status ts_gemm(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+cm_status ts_gemm(ts_model *m, void *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
     if (!m->timing) return gemm_call(m, out, in, w, M, N, K);
     double t0, t1;
     CM_TRY(ts_mark(m, &t0));
@@ -174,6 +177,25 @@ static int has_fp8(const ts_model *m) {
         if (L->moe && L->ex_fp8) return 1;
     }
     return 0;
+}
+
+/* A block's input norm into ws.h (unfused) or ws.h16, the residual y added to x first on the
+ * fused path (the unfused one has added it). With FP8 weights the fused norm also writes ws.h8
+ * where the backend fuses it; otherwise ts_quant_h quantizes h on first use. */
+static cm_status block_norm(ts_model *m, const float *y, const float *weight, int64_t T) {
+    const cm_target_cfg *c = &m->cfg;
+    ts_ws               *w = &m->ws;
+    const int64_t        D = c->hidden_size;
+    w->h8_valid = 0;
+    if (!m->fused) return m->be->rmsnorm(m->ctx, w->h, w->x, weight, T, D, c->rms_norm_eps, 1);
+    if (w->h8 && m->be->add_rmsnorm_fp8) {
+        cm_status st = m->be->add_rmsnorm_fp8(m->ctx, w->h16, w->h8, w->h8s, w->x, y, weight, T, D, c->rms_norm_eps, 1);
+        if (st != CM_ERR_UNSUPPORTED) {
+            w->h8_valid = st == CM_OK;
+            return st;
+        }
+    }
+    return m->be->add_rmsnorm_bf16(m->ctx, w->h16, w->x, y, weight, T, D, c->rms_norm_eps, 1);
 }
 
 /* The GDN short conv, the q/k/v split and the q/k l2norms, from a decoding cache: the conv
@@ -312,14 +334,27 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int li, int64
     return gemm(m, w->o, w->attn, &L->o_proj, T, D, (int64_t)nq * hd);
 }
 
+/* The MLP. With FP8 weights the gate and up products are written in bf16, as a serving
+ * engine's FP8 linear writes them (half the bytes for SwiGLU to read), and SwiGLU writes the
+ * down projection's input quantized. */
 static cm_status forward_mlp(ts_model *m, const ts_layer *L, int64_t T) {
     const cm_target_cfg *c = &m->cfg;
     ts_ws               *w = &m->ws;
     const int64_t        D = c->hidden_size, I = c->intermediate_size;
+    const int            fp8 = L->gate_proj.dtype == CM_DTYPE_F8_E4M3 && L->up_proj.dtype == CM_DTYPE_F8_E4M3 &&
+                    L->down_proj.dtype == CM_DTYPE_F8_E4M3 && w->h8 && w->act8 && m->be->gemm_fp8q;
+    if (fp8) {
+        CM_TRY(ts_quant_h(m, T, D));
+        const gemm_in in = {.q8 = w->h8, .s8 = w->h8s, .out_bf16 = 1};
+        CM_TRY(ts_gemm(m, w->big0, in, &L->gate_proj, T, I, D));
+        CM_TRY(ts_gemm(m, w->big1, in, &L->up_proj, T, I, D));
+        CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, CM_DTYPE_BF16, T, I));
+        return gemm8q(m, w->o, w->act8, w->act8s, &L->down_proj, T, D, I);
+    }
     CM_TRY(ts_gemm_h(m, w->big0, &L->gate_proj, T, I, D));
     CM_TRY(ts_gemm_h(m, w->big1, &L->up_proj, T, I, D));
     if (m->fused && L->down_proj.dtype == CM_DTYPE_F8_E4M3 && w->act8) { /* swiglu writes it quantized */
-        CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, T, I));
+        CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, CM_DTYPE_F32, T, I));
         return gemm8q(m, w->o, w->act8, w->act8s, &L->down_proj, T, D, I);
     }
     if (m->fused) {
@@ -426,11 +461,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         const ts_layer *L   = &m->layers[i];
         const int       gdn = L->type == CM_LAYER_TYPE_LINEAR_ATTENTION;
         m->gemm_acc         = gdn ? &m->tm.gdn_gemm_ms : &m->tm.attn_gemm_ms;
-        if (m->fused)
-            CM_TRY(be->add_rmsnorm_bf16(cx, w->h16, w->x, pending, L->input_norm, T, D, c->rms_norm_eps, 1));
-        else
-            CM_TRY(be->rmsnorm(cx, w->h, w->x, L->input_norm, T, D, c->rms_norm_eps, 1));
-        w->h8_valid = 0;
+        CM_TRY(block_norm(m, pending, L->input_norm, T));
         pending = NULL;
         if (gdn)
             CM_TRY(forward_gdn(m, L, i, T, n_seq));
@@ -441,12 +472,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         *(gdn ? &m->tm.gdn_ms : &m->tm.attn_ms) += tb - ta;
         *(gdn ? &m->tm.gdn_layers : &m->tm.attn_layers) += 1;
         m->gemm_acc = &m->tm.mlp_gemm_ms;
-        if (m->fused) {
-            CM_TRY(be->add_rmsnorm_bf16(cx, w->h16, w->x, w->o, L->post_norm, T, D, c->rms_norm_eps, 1));
-        } else {
-            CM_TRY(be->rmsnorm(cx, w->h, w->x, L->post_norm, T, D, c->rms_norm_eps, 1));
-        }
-        w->h8_valid = 0;
+        CM_TRY(block_norm(m, m->fused ? w->o : NULL, L->post_norm, T));
         CM_TRY(L->moe ? ts_forward_moe(m, L, i, T, cap) : forward_mlp(m, L, T));
         /* the fused path leaves the add to the next input norm, unless x is read before it */
         const int x_read = i == last || (next_cap < cap->n_layers && cap->layers[next_cap] == i);

@@ -109,7 +109,7 @@ static cm_status shared_expert(ts_model *m, const ts_layer *L, int64_t T) {
     CM_TRY(ts_gemm_h(m, w->big0, &L->sh_gate, T, Is, D));
     CM_TRY(ts_gemm_h(m, w->big1, &L->sh_up, T, Is, D));
     if (m->fused && L->sh_down.dtype == CM_DTYPE_F8_E4M3 && w->act8) {
-        CM_TRY(be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, T, Is));
+        CM_TRY(be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, CM_DTYPE_F32, T, Is));
         CM_TRY(ts_gemm(m, w->sh, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->sh_down, T, D, Is));
     } else if (m->fused) {
         CM_TRY(be->swiglu_bf16(m->ctx, w->act16, w->big0, w->big1, T * Is));
@@ -209,7 +209,7 @@ static cm_status experts_grouped8(ts_model *m, const ts_layer *L, int64_t T) {
     const int64_t D = m->cfg.hidden_size, Ie = m->cfg.moe_intermediate_size, R = T * m->cfg.n_experts_per_tok;
     CM_TRY(ts_quant_h(m, T, D));
     CM_TRY(moe_gemm8(m, w->eg, w->eu, w->h8, w->h8s, kn_fp8_rows(T), w->rsrc, L->ex_ptrs, 0, 1, R, Ie, D));
-    CM_TRY(m->be->swiglu_fp8(m->ctx, w->eact8, w->eact8s, w->eg, w->eu, R, Ie));
+    CM_TRY(m->be->swiglu_fp8(m->ctx, w->eact8, w->eact8s, w->eg, w->eu, CM_DTYPE_F32, R, Ie));
     return moe_gemm8(m, w->ey, NULL, w->eact8, w->eact8s, kn_fp8_rows(R), NULL, L->ex_ptrs, 2, -1, R, D, Ie);
 }
 

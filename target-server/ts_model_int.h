@@ -201,13 +201,14 @@ typedef struct gemm_in {
     const uint16_t *bf16;
     const uint8_t  *q8;
     const float    *s8;
+    int             out_bf16; /* with q8: the product written BF16 (gemm_fp8q's odt) */
 } gemm_in;
 /* ts_forward.c: out [M, N] = in · wᵀ by the backend's GEMM for the weight's type and the
  * input's form (timed into the running block's GEMM time); ts_gemm_h the same from the block's
  * normed input (ws.h16 on the fused path, else ws.h; quantized once per norm for FP8 weights). */
 /* The time now once the device has finished everything queued; 0 when timing is off. */
 cm_status ts_mark(ts_model *m, double *t);
-cm_status ts_gemm(ts_model *m, float *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K);
+cm_status ts_gemm(ts_model *m, void *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K);
 cm_status ts_gemm_h(ts_model *m, float *out, const ts_mat *w, int64_t M, int64_t N, int64_t K);
 /* The block's normed input [M, K] quantized into ws.h8 / ws.h8s (once per norm; FP8 weights). */
 cm_status ts_quant_h(ts_model *m, int64_t M, int64_t K);

@@ -75,6 +75,10 @@ typedef struct op_bufs {
     float    *x, *conv_out, *conv_w, *big0, *big1, *big2, *res, *y, *norm_w, *h, *z, *gn_w, *proj_out;
     uint16_t *h16, *act16;
     void     *down_w; /* BF16 [D, I] */
+    /* --precision fp8: the quantized normed input, the FP8 gate and up weights [I, D] with
+     * their block scales, the quantized down-projection input */
+    uint8_t *h8, *gw8, *uw8, *act8;
+    float   *h8s, *gws, *uws, *act8s;
 } op_bufs;
 
 /* Median over 5 rounds of the mean time of reps calls (seconds). */
@@ -151,6 +155,42 @@ static cm_status ew_mlp_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b, 
     const int64_t I = c->intermediate_size;
     CM_TRY(be->swiglu_bf16(cx, b->act16, b->big0, b->big1, T * I));
     return be->gemm_bf16in(cx, b->proj_out, b->act16, b->down_w, CM_DTYPE_BF16, T, c->hidden_size, I);
+}
+
+/* FP8: the norm, then the quantization of its output for the projections; or the one op */
+static cm_status ew_norm8_old(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                              const cm_target_cfg *c) {
+    CM_TRY(ew_norm_new(be, cx, b, n_seq, T, c));
+    return be->fp8_quantize_rows(cx, b->h8, b->h8s, b->h16, CM_DTYPE_BF16, T, c->hidden_size);
+}
+
+static cm_status ew_norm8_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                              const cm_target_cfg *c) {
+    (void)n_seq;
+    return be->add_rmsnorm_fp8(cx, b->h16, b->h8, b->h8s, b->res, b->y, b->norm_w, T, c->hidden_size,
+                               c->rms_norm_eps, 1);
+}
+
+/* FP8: the gate and up products and SwiGLU into the quantized down input, the products in f32
+ * (before) or bf16 (now) */
+static cm_status ew_mlp8(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int64_t T, const cm_target_cfg *c,
+                         cm_dtype odt) {
+    const int64_t D = c->hidden_size, I = c->intermediate_size;
+    CM_TRY(be->gemm_fp8q(cx, b->big0, odt, b->h8, b->h8s, b->gw8, b->gws, T, I, D));
+    CM_TRY(be->gemm_fp8q(cx, b->big1, odt, b->h8, b->h8s, b->uw8, b->uws, T, I, D));
+    return be->swiglu_fp8(cx, b->act8, b->act8s, b->big0, b->big1, odt, T, I);
+}
+
+static cm_status ew_mlp8_old(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                             const cm_target_cfg *c) {
+    (void)n_seq;
+    return ew_mlp8(be, cx, b, T, c, CM_DTYPE_F32);
+}
+
+static cm_status ew_mlp8_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                             const cm_target_cfg *c) {
+    (void)n_seq;
+    return ew_mlp8(be, cx, b, T, c, CM_DTYPE_BF16);
 }
 
 static cm_status run_attn(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
@@ -402,6 +442,24 @@ int main(int argc, char **argv) {
     CHECK(be->fill_uniform(cx, b.z, CM_DTYPE_F32, T * nv * dv, 39, -3, 3));
     CHECK(be->fill_uniform(cx, b.gn_w, CM_DTYPE_F32, dv, 40, 0.9f, 1.1f));
     CHECK(be->fill_uniform(cx, b.down_w, CM_DTYPE_BF16, D * I, 41, -0.0346f, 0.0346f));
+    const int fp8_ops = fp8 && be->add_rmsnorm_fp8 && be->gemm_fp8q && be->swiglu_fp8 && be->fp8_quantize_weight;
+    if (fp8_ops) { /* random bf16 weights (in big2) quantized in 128 x 128 blocks */
+        const int64_t Tp = kn_fp8_rows(T), LD = (D + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
+        const int64_t LI = (I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK, ws = LI * kn_fp8_scale_ld(D);
+        CHECK(be->alloc(cx, (void **)&b.h8, (size_t)(Tp * D)));
+        CHECK(be->alloc(cx, (void **)&b.h8s, (size_t)(Tp * LD) * 4));
+        CHECK(be->alloc(cx, (void **)&b.act8, (size_t)(Tp * I)));
+        CHECK(be->alloc(cx, (void **)&b.act8s, (size_t)(Tp * LI) * 4));
+        CHECK(be->alloc(cx, (void **)&b.gw8, (size_t)(I * D)));
+        CHECK(be->alloc(cx, (void **)&b.uw8, (size_t)(I * D)));
+        CHECK(be->alloc(cx, (void **)&b.gws, (size_t)ws * 4));
+        CHECK(be->alloc(cx, (void **)&b.uws, (size_t)ws * 4));
+        CHECK(be->fill_uniform(cx, b.big2, CM_DTYPE_BF16, I * D, 42, -0.0242f, 0.0242f));
+        CHECK(be->fp8_quantize_weight(cx, b.gw8, b.gws, b.big2, CM_DTYPE_BF16, I, D));
+        CHECK(be->fill_uniform(cx, b.big2, CM_DTYPE_BF16, I * D, 43, -0.0242f, 0.0242f));
+        CHECK(be->fp8_quantize_weight(cx, b.uw8, b.uws, b.big2, CM_DTYPE_BF16, I, D));
+        CHECK(ew_norm8_new(be, cx, &b, n_seq, T, c));
+    }
     const struct {
         const char *name;
         op_fn       old_f, new_f;
@@ -411,9 +469,11 @@ int main(int argc, char **argv) {
         {"residual add + RMSNorm (bf16 out)", ew_norm_old, ew_norm_new, 10, 2 * c->n_layers},
         {"GDN gated RMSNorm (bf16 out)", ew_gnorm_old, ew_gnorm_new, 10, n_gdn},
         {"SwiGLU + down projection GEMM", ew_mlp_old, ew_mlp_new, 5, c->n_layers},
+        {"FP8: residual add + RMSNorm, input quantization (one op)", ew_norm8_old, ew_norm8_new, 10, 2 * c->n_layers},
+        {"FP8: gate + up GEMMs and SwiGLU, products f32 -> bf16", ew_mlp8_old, ew_mlp8_new, 5, c->n_layers},
     };
-    const int n_ew = (int)(sizeof ew / sizeof ew[0]);
-    double    t_ew[4][2];
+    const int n_ew = (int)(sizeof ew / sizeof ew[0]) - (fp8_ops ? 0 : 2);
+    double    t_ew[6][2];
     const int can_fuse = be->gdn_conv_qkv && be->add_rmsnorm_bf16 && be->rmsnorm_gated_bf16 && be->swiglu_bf16 &&
                          be->gemm_bf16in;
     for (int i = 0; i < n_ew && can_fuse; i++) {
@@ -453,7 +513,7 @@ int main(int argc, char **argv) {
         CHECK(be->sync(cx));
         double s = now_s();
         for (int j = 0; j < 5; j++)
-            CHECK(kn_cuda_lt_matmul_fp8(cx, "ceiling", G, G, G, gb, gs_a, gb, gs_b, gc, G));
+            CHECK(kn_cuda_lt_matmul_fp8(cx, "ceiling", G, G, G, gb, gs_a, gb, gs_b, gc, CUDA_R_32F, G));
         CHECK(be->sync(cx));
         r[i] = (now_s() - s) / 5;
     }

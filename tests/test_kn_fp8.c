@@ -157,6 +157,66 @@ static void check_gemm(long M, long N, long K, cm_dtype idt) {
     kn_ref_ctx_destroy(&ctx);
 }
 
+/* The fused forms against their definitions, on the cpu: gemm_fp8q's BF16 output is its F32
+ * output rounded; swiglu_fp8 from BF16 inputs is swiglu_fp8 of the widened values;
+ * add_rmsnorm_fp8 is add_rmsnorm_bf16 then fp8_quantize_rows of its output. */
+static void check_fused(long M, long N, long K) {
+    kn_ctx *ctx = NULL;
+    TST_CHECK(kn_ref_ctx_create(&ctx, NULL) == CM_OK);
+    const long B = 128, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K), Mp = kn_fp8_rows(M);
+    float     *w = rand_mat(N * K, CM_DTYPE_F32), *x = rand_mat(M * K, CM_DTYPE_F32);
+    uint8_t   *wq = tst_xcalloc((size_t)(N * K)), *qa = tst_xcalloc((size_t)(Mp * K));
+    float     *ws = tst_xcalloc((size_t)(((N + B - 1) / B) * ld) * 4), *sa = tst_xcalloc((size_t)(Mp * L) * 4);
+    float     *o32 = tst_zeros_f32(M * N);
+    uint16_t  *o16 = tst_xcalloc((size_t)(M * N) * 2);
+    TST_CHECK(kn_ref_fp8_quantize_weight(ctx, wq, ws, w, CM_DTYPE_F32, N, K) == CM_OK);
+    TST_CHECK(kn_ref_fp8_quantize_rows(ctx, qa, sa, x, CM_DTYPE_F32, M, K) == CM_OK);
+    TST_CHECK(kn_ref_gemm_fp8q(ctx, o32, CM_DTYPE_F32, qa, sa, wq, ws, M, N, K) == CM_OK);
+    TST_CHECK(kn_ref_gemm_fp8q(ctx, o16, CM_DTYPE_BF16, qa, sa, wq, ws, M, N, K) == CM_OK);
+    /* one rounding from the double sum: the f32 value rounded again, except where that f32 value
+     * sits on a bf16 midpoint (then either neighbour, by the side of the double sum) */
+    long bad = 0, mid = 0;
+    for (long i = 0; i < M * N; i++) {
+        uint32_t u;
+        memcpy(&u, &o32[i], 4);
+        if ((u & 0xffffu) == 0x8000u)
+            mid++, bad += o16[i] != (uint16_t)(u >> 16) && o16[i] != (uint16_t)((u >> 16) + 1);
+        else
+            bad += o16[i] != tst_bf16_round(o32[i]);
+    }
+    printf("gemm_fp8q %ldx%ldx%ld bf16 out: %ld of %ld values differ from the rounded f32 out (%ld f32 midpoints)\n",
+           M, N, K, bad, M * N, mid);
+    TST_CHECK(bad == 0);
+    /* swiglu_fp8: gate and up as bf16, and the same values as f32 */
+    uint16_t *g16 = rand_mat(M * K, CM_DTYPE_BF16), *u16 = rand_mat(M * K, CM_DTYPE_BF16);
+    float    *g32 = tst_zeros_f32(M * K), *u32 = tst_zeros_f32(M * K);
+    for (long i = 0; i < M * K; i++) g32[i] = tst_bf16_widen(g16[i]), u32[i] = tst_bf16_widen(u16[i]);
+    uint8_t *q1 = tst_xcalloc((size_t)(Mp * K)), *q2 = tst_xcalloc((size_t)(Mp * K));
+    float   *s1 = tst_xcalloc((size_t)(Mp * L) * 4), *s2 = tst_xcalloc((size_t)(Mp * L) * 4);
+    TST_CHECK(kn_ref_swiglu_fp8(ctx, q1, s1, g16, u16, CM_DTYPE_BF16, M, K) == CM_OK);
+    TST_CHECK(kn_ref_swiglu_fp8(ctx, q2, s2, g32, u32, CM_DTYPE_F32, M, K) == CM_OK);
+    TST_CHECK(memcmp(q1, q2, (size_t)(Mp * K)) == 0 && memcmp(s1, s2, (size_t)(Mp * L) * 4) == 0);
+    /* add_rmsnorm_fp8, with and without the residual, both norm-weight conventions */
+    for (int var = 0; var < 2; var++) {
+        float    *x1 = tst_zeros_f32(M * K), *x2 = tst_zeros_f32(M * K), *nw = rand_mat(K, CM_DTYPE_F32);
+        uint16_t *h1 = tst_xcalloc((size_t)(M * K) * 2), *h2 = tst_xcalloc((size_t)(M * K) * 2);
+        memcpy(x1, x, (size_t)(M * K) * 4), memcpy(x2, x, (size_t)(M * K) * 4);
+        const float *y = var ? g32 : NULL;
+        memset(q1, 0x55, (size_t)(Mp * K)), memset(q2, 0, (size_t)(Mp * K));
+        TST_CHECK(kn_ref_add_rmsnorm_fp8(ctx, h1, q1, s1, x1, y, nw, M, K, 1e-6f, var) == CM_OK);
+        TST_CHECK(kn_ref_add_rmsnorm_bf16(ctx, h2, x2, y, nw, M, K, 1e-6f, var) == CM_OK);
+        TST_CHECK(kn_ref_fp8_quantize_rows(ctx, q2, s2, h2, CM_DTYPE_BF16, M, K) == CM_OK);
+        TST_CHECK(memcmp(x1, x2, (size_t)(M * K) * 4) == 0 && memcmp(h1, h2, (size_t)(M * K) * 2) == 0);
+        TST_CHECK(memcmp(q1, q2, (size_t)(Mp * K)) == 0 && memcmp(s1, s2, (size_t)(Mp * L) * 4) == 0);
+        free(x1), free(x2), free(nw), free(h1), free(h2);
+    }
+    TST_FAILS(kn_ref_gemm_fp8q(ctx, o16, CM_DTYPE_F16, qa, sa, wq, ws, M, N, K), CM_ERR_UNSUPPORTED, "F16");
+    TST_FAILS(kn_ref_swiglu_fp8(ctx, q1, s1, g16, u16, CM_DTYPE_F16, M, K), CM_ERR_UNSUPPORTED, "F16");
+    free(w), free(x), free(wq), free(qa), free(ws), free(sa), free(o32), free(o16);
+    free(g16), free(u16), free(g32), free(u32), free(q1), free(q2), free(s1), free(s2);
+    kn_ref_ctx_destroy(&ctx);
+}
+
 static void check_refusals(void) {
     kn_ctx *ctx = NULL;
     TST_CHECK(kn_ref_ctx_create(&ctx, NULL) == CM_OK);
@@ -184,6 +244,8 @@ static int run_cpu(void) {
     check_gemm(7, 112, 96, CM_DTYPE_BF16);
     check_gemm(19, 136, 336, CM_DTYPE_F32);
     check_gemm(40, 260, 512, CM_DTYPE_BF16);
+    check_fused(5, 48, 64);
+    check_fused(19, 136, 336);
     check_refusals();
     return tst_report();
 }
@@ -233,9 +295,17 @@ static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
     float   *xsc = down(&xs, 0), *xsg = down(&xs, 1);
     TST_CHECK(memcmp(xqc, xqg, (size_t)(Mp * K)) == 0 && memcmp(xsc, xsg, (size_t)(Mp * L) * 4) == 0);
     dbuf out2 = dbuf_put(NULL, (size_t)(M * N) * 4);
-    TST_CHECK(gpu->gemm_fp8q(gctx16, out2.g, xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
+    TST_CHECK(gpu->gemm_fp8q(gctx16, out2.g, CM_DTYPE_F32, xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
     float *og2 = down(&out2, 1);
     TST_CHECK(memcmp(og, og2, (size_t)(M * N) * 4) == 0); /* the same plan and operands */
+    /* the bf16 output: cuBLASLt's epilogue rounds its own fp32 sum, so against the cpu's rounded
+     * value it may differ by the sums' difference plus one bf16 step */
+    dbuf out16 = dbuf_put(NULL, (size_t)(M * N) * 2);
+    TST_CHECK(gpu->gemm_fp8q(gctx16, out16.g, CM_DTYPE_BF16, xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
+    TST_CHECK(cpu->gemm_fp8q(cctx, out16.c, CM_DTYPE_BF16, xq.c, xs.c, wq.c, ws.c, M, N, K) == CM_OK);
+    uint16_t *g16 = down(&out16, 1), *c16 = down(&out16, 0);
+    float    *gw = tst_zeros_f32(M * N), *cw = tst_zeros_f32(M * N);
+    double   *bound16 = tst_xcalloc((size_t)(M * N) * sizeof(double));
     for (long m = 0; m < M; m++)
         for (long n = 0; n < N; n++) {
             double mag = 0;
@@ -247,10 +317,79 @@ static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
     char name[96];
     snprintf(name, sizeof name, "gemm_fp8 cuda %ldx%ldx%ld %s", M, N, K, cm_dtype_name(idt));
     tst_compare_bound(name, 44, og, oc, bound, M * N, 2e-3, NULL);
+    for (long i = 0; i < M * N; i++) {
+        gw[i] = tst_bf16_widen(g16[i]), cw[i] = tst_bf16_widen(c16[i]);
+        bound16[i] = 2e-3 * bound[i] + fabs((double)cw[i]) * (1.0 / 128);
+    }
+    snprintf(name, sizeof name, "gemm_fp8q cuda bf16 out %ldx%ldx%ld", M, N, K);
+    tst_compare_bound(name, 44, gw, cw, bound16, M * N, 1.0, NULL);
+    free(g16), free(c16), free(gw), free(cw), free(bound16);
+    dbuf_free(&out16);
     free(xqc), free(xqg), free(xsc), free(xsg), free(og2);
     dbuf_free(&xq), dbuf_free(&xs), dbuf_free(&out2);
     free(hx), free(hw), free(qc), free(qg), free(sc), free(sg), free(oc), free(og), free(bound);
     dbuf_free(&x), dbuf_free(&w), dbuf_free(&wq), dbuf_free(&ws), dbuf_free(&out);
+}
+
+/* The fused forms on the gpu, bit for bit against the gpu's own unfused ops: swiglu_fp8 from
+ * bf16 gate and up against swiglu_fp8 from the same values in f32; add_rmsnorm_fp8 against
+ * add_rmsnorm_bf16 then fp8_quantize_rows (x, the bf16 output, bytes and scales; padding rows
+ * included). The cpu's bytes are counted beside (its sums may round differently). */
+static void cuda_fused(long M, long C, int one_plus) {
+    const long L = (C + 127) / 128, Mp = kn_fp8_rows(M);
+    uint16_t  *hg = rand_mat(M * C, CM_DTYPE_BF16), *hu = rand_mat(M * C, CM_DTYPE_BF16);
+    float     *fg = tst_zeros_f32(M * C), *fu = tst_zeros_f32(M * C), *hx = rand_mat(M * C, CM_DTYPE_F32);
+    float     *hy = rand_mat(M * C, CM_DTYPE_F32), *hw = rand_mat(C, CM_DTYPE_F32);
+    for (long i = 0; i < M * C; i++) fg[i] = tst_bf16_widen(hg[i]), fu[i] = tst_bf16_widen(hu[i]);
+    dbuf g16 = dbuf_put(hg, (size_t)(M * C) * 2), u16 = dbuf_put(hu, (size_t)(M * C) * 2);
+    dbuf g32 = dbuf_put(fg, (size_t)(M * C) * 4), u32 = dbuf_put(fu, (size_t)(M * C) * 4);
+    dbuf q1 = dbuf_put(NULL, (size_t)(Mp * C)), q2 = dbuf_put(NULL, (size_t)(Mp * C));
+    dbuf s1 = dbuf_put(NULL, (size_t)(L * Mp) * 4), s2 = dbuf_put(NULL, (size_t)(L * Mp) * 4);
+    TST_CHECK(gpu->swiglu_fp8(gctx16, q1.g, s1.g, g16.g, u16.g, CM_DTYPE_BF16, M, C) == CM_OK);
+    TST_CHECK(gpu->swiglu_fp8(gctx16, q2.g, s2.g, g32.g, u32.g, CM_DTYPE_F32, M, C) == CM_OK);
+    uint8_t *b1 = down(&q1, 1), *b2 = down(&q2, 1);
+    float   *c1 = down(&s1, 1), *c2 = down(&s2, 1);
+    long     dq = 0;
+    for (long i = 0; i < Mp * C; i++) dq += b1[i] != b2[i];
+    printf("swiglu_fp8 bf16 in %ldx%ld: %ld bytes differ from the f32 form, scales %s\n", M, C, dq,
+           memcmp(c1, c2, (size_t)(L * Mp) * 4) ? "DIFFER" : "equal");
+    TST_CHECK(dq == 0 && memcmp(c1, c2, (size_t)(L * Mp) * 4) == 0);
+    free(b1), free(b2), free(c1), free(c2);
+    /* add_rmsnorm_fp8: q1/s1 start as garbage, so the padding rows must be written */
+    for (int with_y = 0; with_y < 2; with_y++) {
+        dbuf x1 = dbuf_put(hx, (size_t)(M * C) * 4), x2 = dbuf_put(hx, (size_t)(M * C) * 4);
+        dbuf y = dbuf_put(hy, (size_t)(M * C) * 4), w = dbuf_put(hw, (size_t)C * 4);
+        dbuf h1 = dbuf_put(NULL, (size_t)(M * C) * 2), h2 = dbuf_put(NULL, (size_t)(M * C) * 2);
+        void *junk = tst_xcalloc((size_t)(Mp * C) + (size_t)(L * Mp) * 4);
+        memset(junk, 0x7f, (size_t)(Mp * C) + (size_t)(L * Mp) * 4);
+        TST_CHECK(gpu->upload(gctx16, q1.g, junk, (size_t)(Mp * C)) == CM_OK);
+        TST_CHECK(gpu->upload(gctx16, s1.g, junk, (size_t)(L * Mp) * 4) == CM_OK);
+        free(junk);
+        TST_CHECK(gpu->add_rmsnorm_fp8(gctx16, h1.g, q1.g, s1.g, x1.g, with_y ? y.g : NULL, w.g, M, C, 1e-6f,
+                                       one_plus) == CM_OK);
+        TST_CHECK(gpu->add_rmsnorm_bf16(gctx16, h2.g, x2.g, with_y ? y.g : NULL, w.g, M, C, 1e-6f, one_plus) == CM_OK);
+        TST_CHECK(gpu->fp8_quantize_rows(gctx16, q2.g, s2.g, h2.g, CM_DTYPE_BF16, M, C) == CM_OK);
+        TST_CHECK(cpu->add_rmsnorm_fp8(cctx, h1.c, q1.c, s1.c, x1.c, with_y ? y.c : NULL, w.c, M, C, 1e-6f,
+                                       one_plus) == CM_OK);
+        void    *xa = down(&x1, 1), *xb = down(&x2, 1), *ha = down(&h1, 1), *hb = down(&h2, 1), *hc = down(&h1, 0);
+        uint8_t *qa = down(&q1, 1), *qb = down(&q2, 1), *qc = down(&q1, 0);
+        float   *sa = down(&s1, 1), *sb = down(&s2, 1);
+        long     dq2 = 0, dh = 0, dc = 0;
+        for (long i = 0; i < Mp * C; i++) dq2 += qa[i] != qb[i], dc += qa[i] != qc[i];
+        for (long i = 0; i < M * C; i++) dh += ((uint16_t *)ha)[i] != ((uint16_t *)hc)[i];
+        const int same = memcmp(xa, xb, (size_t)(M * C) * 4) == 0 && memcmp(ha, hb, (size_t)(M * C) * 2) == 0 &&
+                         memcmp(sa, sb, (size_t)(L * Mp) * 4) == 0;
+        printf("add_rmsnorm_fp8 %ldx%ld%s%s: %ld bytes differ from the two ops, x/out/scales %s; against the cpu "
+               "%ld of %ld bf16 values and %ld bytes differ\n",
+               M, C, with_y ? " +y" : "", one_plus ? " 1+w" : "", dq2, same ? "equal" : "DIFFER", dh, M * C, dc);
+        TST_CHECK(dq2 == 0 && same);
+        TST_CHECK(dh <= M * C / 100); /* the cpu's row sums round differently now and then */
+        free(xa), free(xb), free(ha), free(hb), free(hc), free(qa), free(qb), free(qc), free(sa), free(sb);
+        dbuf_free(&x1), dbuf_free(&x2), dbuf_free(&y), dbuf_free(&w), dbuf_free(&h1), dbuf_free(&h2);
+    }
+    free(hg), free(hu), free(fg), free(fu), free(hx), free(hy), free(hw);
+    dbuf_free(&g16), dbuf_free(&u16), dbuf_free(&g32), dbuf_free(&u32);
+    dbuf_free(&q1), dbuf_free(&q2), dbuf_free(&s1), dbuf_free(&s2);
 }
 
 static int run_cuda(void) {
@@ -279,7 +418,7 @@ static int run_cuda(void) {
         dbuf       a16 = dbuf_put(NULL, (size_t)(M * I) * 2), q1 = dbuf_put(NULL, (size_t)(Mp * I)),
              q2 = dbuf_put(NULL, (size_t)(Mp * I)), s1 = dbuf_put(NULL, (size_t)(L * Mp) * 4),
              s2 = dbuf_put(NULL, (size_t)(L * Mp) * 4);
-        TST_CHECK(gpu->swiglu_fp8(gctx16, q1.g, s1.g, g.g, u.g, M, I) == CM_OK);
+        TST_CHECK(gpu->swiglu_fp8(gctx16, q1.g, s1.g, g.g, u.g, CM_DTYPE_F32, M, I) == CM_OK);
         TST_CHECK(gpu->swiglu_bf16(gctx16, a16.g, g.g, u.g, M * I) == CM_OK);
         TST_CHECK(gpu->fp8_quantize_rows(gctx16, q2.g, s2.g, a16.g, CM_DTYPE_BF16, M, I) == CM_OK);
         uint8_t *b1 = down(&q1, 1), *b2 = down(&q2, 1);
@@ -292,6 +431,11 @@ static int run_cuda(void) {
         free(hg), free(hu), free(b1), free(b2), free(c1), free(c2);
         dbuf_free(&g), dbuf_free(&u), dbuf_free(&a16), dbuf_free(&q1), dbuf_free(&q2), dbuf_free(&s1), dbuf_free(&s2);
     }
+    cuda_fused(37, 17408, 0);
+    cuda_fused(37, 5120, 1);
+    cuda_fused(16, 64, 1);   /* one ragged group, no padding rows */
+    cuda_fused(5, 2064, 0);  /* a last group of 16 */
+    cuda_fused(130, 48, 1);
     /* K not a multiple of 16, N not a multiple of 4: refused, with the way out */
     {
         dbuf x = dbuf_put(NULL, 40 * 4), wq = dbuf_put(NULL, 8 * 40), ws = dbuf_put(NULL, 16), out = dbuf_put(NULL, 8 * 4);

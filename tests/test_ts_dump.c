@@ -17,7 +17,10 @@
  * With precision fp8 it reads the FP8 copies instead (tests/fixtures/target_fp8, W8A8 float64 references of
  * tests/oracle/make_fp8_fixtures.py) and prints every tensor's error, and its distance from the source fixture's
  * unquantized reference (the FP8-vs-bf16 difference; informational):
- *   test_ts_dump cpu fp8      tolerance 1e-4 (unit)
+ *   test_ts_dump cpu fp8      tolerance 1e-4, or 1.5x the oracle's own float32 run of the same W8A8
+ *                             forward where larger (manifest.json "float32_simulation": a rounding
+ *                             near-tie that any float32 forward meets, e4m3's 6 % steps and these
+ *                             O(1)-weight models amplifying it; qwen35_mm_sharded from layer 5, 3.1e-4) (unit)
  *   test_ts_dump cuda fp8     the embedded trained target models/tandem-tiny (real 128-wide blocks) against
  *                             the cpu reference's fp8 dump, with the rest in fp32 (TANDEM_FP8_REST=fp32, as the
  *                             reference): tolerance 5e-2; served (the rest bf16), and bf16 against cpu for
@@ -144,6 +147,27 @@ static double hf_bf16_get(const cJSON *hf, int tensors, const char *key) {
     return cJSON_IsNumber(v) ? v->valuedouble : -1;
 }
 
+/* cpu fp8: the oracle's own float32 run of the same W8A8 forward (tests/fixtures/target_fp8/
+ * manifest.json, "float32_simulation"), tensor key's relative L2 against the float64 reference,
+ * or -1. */
+static double f32_sim_get(const char *fix, const char *key) {
+    char path[2048];
+    snprintf(path, sizeof path, "%.*s/manifest.json", (int)(strrchr(fix, '/') - fix), fix);
+    cJSON *m = access(path, R_OK) == 0 ? tst_json_load(path) : NULL;
+    double v = -1;
+    const cJSON *f;
+    const cJSON *all = m ? cJSON_GetObjectItemCaseSensitive(m, "fixtures") : NULL;
+    cJSON_ArrayForEach(f, all) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsString(name) || strcmp(name->valuestring, strrchr(fix, '/') + 1) != 0) continue;
+        const cJSON *sim = cJSON_GetObjectItemCaseSensitive(f, "float32_simulation");
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(sim, "rel_l2"), key);
+        if (cJSON_IsNumber(e)) v = e->valuedouble;
+    }
+    cJSON_Delete(m);
+    return v;
+}
+
 /* label: what the summary line calls the run (the precision, or how it was run). */
 static void check_fixture(const char *fix, const char *device, const char *precision, const char *label, double tol) {
     char model[2048], input[2048], ref_path[2048], src_path[2048], out[256], err[256];
@@ -188,9 +212,13 @@ static void check_fixture(const char *fix, const char *device, const char *preci
         else
             fprintf(stderr, "%s: no source reference (%s)\n", fix, cm_last_error());
     }
-    double worst = 0, hf_worst = 0;
+    double worst = 0, hf_worst = 0, sim_worst = 0;
     for (int i = 0; i < n_cmp; i++) {
-        const double hf_e = hf_bf16_get(hf, 1, names[i]), t = hf_e > tol ? hf_e : tol;
+        double       hf_e = hf_bf16_get(hf, 1, names[i]);
+        const double sim = fp8 && strcmp(device, "cpu") == 0 ? f32_sim_get(fix, names[i]) : -1;
+        if (sim > sim_worst) sim_worst = sim;
+        if (1.5 * sim > hf_e) hf_e = 1.5 * sim; /* a rounding near-tie the oracle's own float32 run hits too */
+        const double t = hf_e > tol ? hf_e : tol;
         TST_CHECK(e[i] <= t);
         if (e[i] > worst) worst = e[i];
         if (hf_e > hf_worst) hf_worst = hf_e;
@@ -202,6 +230,7 @@ static void check_fixture(const char *fix, const char *device, const char *preci
     TST_CHECK(n_cmp >= 3);
     char hf_note[64] = "";
     if (hf) snprintf(hf_note, sizeof hf_note, "; Transformers' own bf16 %.3e", hf_worst);
+    if (sim_worst > 0) snprintf(hf_note, sizeof hf_note, "; the oracle's float32 run %.3e", sim_worst);
     printf("%-40s %-5s %-5s %2d tensors, worst relative L2 %.3e (tolerance %.0e%s)\n", strrchr(fix, '/') + 1,
            device, label, n_cmp, worst, tol, hf_note);
     long n_rows, bad = routing_mismatches(fix, got, ref, &n_rows);

@@ -4,7 +4,7 @@
  * fp32 operation in the order the header states, so the CUDA kernels can match these bytes
  * exactly; the product sums each group exactly (e4m3 × e4m3 products are multiples of 2^-18
  * below 2^18, so 128 of them add exactly in double), scales it in double and adds the groups
- * in double, with one rounding to F32 at the end. */
+ * in double, with one rounding to F32 (or BF16) at the end. */
 #include "kn_ref.h"
 
 #include <stdlib.h>
@@ -92,18 +92,37 @@ cm_status kn_ref_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const void
     return CM_OK;
 }
 
-cm_status kn_ref_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *gate, const float *up, int64_t M,
-                            int64_t I) {
+cm_status kn_ref_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate, const void *up, cm_dtype idt,
+                            int64_t M, int64_t I) {
     KN_REF_CHECK(ctx, "swiglu_fp8: ctx is NULL");
     KN_REF_CHECK(M >= 0 && I >= 0, "swiglu_fp8: bad shape M=%lld I=%lld (each must be >= 0)", (long long)M,
                  (long long)I);
+    if (idt != CM_DTYPE_F32 && idt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_fp8: input dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(idt));
     if (M == 0 || I == 0) return CM_OK;
-    uint16_t *a = malloc((size_t)(M * I) * sizeof *a);
-    if (!a) return CM_FAIL(CM_ERR_NOMEM, "swiglu_fp8: cannot allocate %lld x %lld bf16 values", (long long)M, (long long)I);
-    cm_status st = kn_ref_swiglu_bf16(ctx, a, gate, up, M * I);
+    const int64_t n = M * I, wide = idt == CM_DTYPE_BF16 ? 2 * n : 0;
+    uint16_t     *a = malloc((size_t)n * sizeof *a);
+    float        *f = wide ? malloc((size_t)wide * sizeof *f) : NULL; /* gate, up widened */
+    cm_status     st = a && (f || !wide) ? CM_OK
+                                         : CM_FAIL(CM_ERR_NOMEM, "swiglu_fp8: cannot allocate %lld x %lld values",
+                                                   (long long)M, (long long)I);
+    for (int64_t i = 0; st == CM_OK && i < wide / 2; i++) {
+        f[i] = in_value(gate, idt, i);
+        f[n + i] = in_value(up, idt, i);
+    }
+    if (st == CM_OK)
+        st = kn_ref_swiglu_bf16(ctx, a, wide ? f : (const float *)gate, wide ? f + n : (const float *)up, n);
     if (st == CM_OK) st = kn_ref_fp8_quantize_rows(ctx, q, s, a, CM_DTYPE_BF16, M, I);
-    free(a);
+    free(a), free(f);
     return st;
+}
+
+cm_status kn_ref_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
+                                 const float *w, int64_t rows, int64_t C, float eps, int one_plus) {
+    KN_REF_CHECK(q && s, "add_rmsnorm_fp8: q or s is NULL");
+    CM_TRY(kn_ref_add_rmsnorm_bf16(ctx, out, x, y, w, rows, C, eps, one_plus));
+    return kn_ref_fp8_quantize_rows(ctx, q, s, out, CM_DTYPE_BF16, rows, C);
 }
 
 static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
@@ -112,14 +131,38 @@ static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
     return CM_OK;
 }
 
-cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *qa, const float *sa, const uint8_t *wq,
-                           const float *wscale, int64_t M, int64_t N, int64_t K) {
+/* The product (below): each output's double sum rounded once, to F32 in out or, where o16 is
+ * given, to BF16 in o16 (out then unused). */
+static cm_status gemm_fp8q_run(float *out, uint16_t *o16, const uint8_t *qa, const float *sa, const uint8_t *wq,
+                               const float *wscale, int64_t M, int64_t N, int64_t K);
+
+/* v rounded to BF16, nearest even, in one rounding: the F32 rounding can land on a BF16
+ * midpoint that v is not on, and then it is moved one F32 step towards v first. */
+static uint16_t bf16_of_double(double v) {
+    float    f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0xffffu) == 0x8000u && (double)f != v) f = nextafterf(f, v > (double)f ? INFINITY : -INFINITY);
+    return cm_f32_to_bf16(f);
+}
+
+cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *qa, const float *sa,
+                           const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K) {
     KN_REF_CHECK(ctx, "gemm_fp8q: ctx is NULL");
     CM_TRY(gemm_check("gemm_fp8q", M, N, K));
+    if (odt != CM_DTYPE_F32 && odt != CM_DTYPE_BF16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "gemm_fp8q: output dtype %s is not supported (use F32 or BF16)",
+                       cm_dtype_name(odt));
     if (M == 0 || N == 0) return CM_OK;
     KN_REF_CHECK(out && (K == 0 || (qa && sa && wq && wscale)), "gemm_fp8q: out, q, s, wq or wscale is NULL");
+    return odt == CM_DTYPE_F32 ? gemm_fp8q_run(out, NULL, qa, sa, wq, wscale, M, N, K)
+                               : gemm_fp8q_run(NULL, out, qa, sa, wq, wscale, M, N, K);
+}
+
+static cm_status gemm_fp8q_run(float *out, uint16_t *o16, const uint8_t *qa, const float *sa, const uint8_t *wq,
+                               const float *wscale, int64_t M, int64_t N, int64_t K) {
     if (K == 0) {
-        memset(out, 0, (size_t)(M * N) * sizeof *out);
+        memset(o16 ? (void *)o16 : (void *)out, 0, (size_t)(M * N) * (o16 ? 2 : 4));
         return CM_OK;
     }
     const int64_t B = KN_FP8_BLOCK, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K), Mp = kn_fp8_rows(M);
@@ -161,7 +204,10 @@ cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, float *out, const uint8_t *qa, const flo
                         const double  g = kn_ref_dot(a + k0, wr + k0, k1 - k0); /* exact */
                         acc += (double)sa[j * Mp + m] * (double)wscale[(n / B) * ld + j] * g;
                     }
-                    out[m * N + n] = (float)acc;
+                    if (o16)
+                        o16[m * N + n] = bf16_of_double(acc);
+                    else
+                        out[m * N + n] = (float)acc;
                 }
         }
         free(wbuf);
@@ -187,7 +233,7 @@ cm_status kn_ref_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt
                                 : CM_FAIL(CM_ERR_NOMEM, "gemm_fp8: cannot allocate the quantized input (%lld x %lld)",
                                           (long long)M, (long long)K);
     if (st == CM_OK) st = kn_ref_fp8_quantize_rows(ctx, qa, sa, inp, idt, M, K);
-    if (st == CM_OK) st = kn_ref_gemm_fp8q(ctx, out, qa, sa, wq, wscale, M, N, K);
+    if (st == CM_OK) st = kn_ref_gemm_fp8q(ctx, out, CM_DTYPE_F32, qa, sa, wq, wscale, M, N, K);
     free(qa), free(sa);
     return st;
 }

@@ -263,7 +263,7 @@ cm_status kn_ref_moe_gemm_fp8(kn_ctx *ctx, float *out0, float *out1, const uint8
             const uint8_t *w  = (set ? w1 : w0)[e];
             const float   *ws = (set ? s1 : s0)[e];
             KN_REF_CHECK(w && ws, "moe_gemm_fp8: expert %d has rows but no weights", e);
-            st = kn_ref_gemm_fp8q(ctx, (set ? out1 : out0) + r0 * N, gq, gs, w, ws, n, N, K);
+            st = kn_ref_gemm_fp8q(ctx, (set ? out1 : out0) + r0 * N, CM_DTYPE_F32, gq, gs, w, ws, n, N, K);
         }
     }
     free(gq);

@@ -267,6 +267,11 @@ class FP8Audit(mt.DtypeAudit):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
+# The FP8 Linears whose products the forward writes in bf16 (then read by SwiGLU), as a serving engine's FP8
+# linear writes its output; every other product stays float64 here (the C forward keeps it in f32).
+BF16_OUT = ("mlp.gate_proj", "mlp.up_proj")
+
+
 def install_fp8_linears(model, wdeq, rec, quantize_act=True):
     """Replace the forward of every FP8 Linear: out = dequant(quant(x)) @ W_deq^T in float64 (cast to x's dtype),
     W_deq = wdeq[module name] (float64, dequantized from the saved file). quantize_act=False: out = x @ W^T in
@@ -295,7 +300,10 @@ def install_fp8_linears(model, wdeq, rec, quantize_act=True):
                 bound = torch.maximum(a.double().abs() * 2.0 ** -4,
                                       s.double().repeat_interleave(BLOCK, -1)[..., :a.shape[-1]] * 2.0 ** -10)
                 rec.worst_bound = max(rec.worst_bound, float(((xq - a.double()).abs() / bound).max()))
-                out = F.linear(xq, wdeq[_name]).to(x.dtype)
+                out = F.linear(xq, wdeq[_name])
+                if _name.endswith(BF16_OUT):  # the product written in bf16, as the C forward writes it
+                    out = round_bf16(out)
+                out = out.to(x.dtype)
             return out
 
         mod.forward = forward
