@@ -70,6 +70,7 @@ static const kn_backend cpu_backend = {
     .gemm_fp8q           = kn_ref_gemm_fp8q,
     .swiglu_fp8          = kn_ref_swiglu_fp8,
     .add_rmsnorm_fp8     = kn_ref_add_rmsnorm_fp8,
+    .rmsnorm_gated_fp8   = kn_ref_rmsnorm_gated_fp8,
     .fp8_supported       = kn_ref_fp8_supported,
     .moe_route           = kn_ref_moe_route,
     .moe_group           = kn_ref_moe_group,

@@ -516,6 +516,12 @@ typedef struct kn_backend {
      * backend does not fuse; the caller then runs the two ops. */
     cm_status (*add_rmsnorm_fp8)(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* (optional) */
+    /* rmsnorm_gated_bf16 of T·H rows of C (T tokens of H heads, the GDN output norm) written
+     * straight into the quantized input of the next FP8 GEMM: q, s as fp8_quantize_rows of those
+     * bf16 values viewed as [T, H·C]. CM_ERR_UNSUPPORTED (nothing written) for a shape the
+     * backend does not fuse (cuda: C a multiple of 128, so no group spans two heads). */
+    cm_status (*rmsnorm_gated_fp8)(kn_ctx *ctx, uint8_t *q, float *s, const float *x, const float *z,
+                                   const float *w, int64_t T, int64_t H, int64_t C, float eps); /* (optional) */
     /* 1 when gemm_fp8 runs on this context; else 0 with the reason in why[0..n) (a sentence
      * naming the device and what it lacks). */
     int (*fp8_supported)(const kn_ctx *ctx, char *why, size_t n); /* (optional) */

@@ -72,6 +72,7 @@ static const kn_backend cuda_backend = {
     .gemm_fp8q = kn_cuda_gemm_fp8q,
     .swiglu_fp8 = kn_cuda_swiglu_fp8,
     .add_rmsnorm_fp8 = kn_cuda_add_rmsnorm_fp8,
+    .rmsnorm_gated_fp8 = kn_cuda_rmsnorm_gated_fp8,
     .fp8_supported = kn_cuda_fp8_supported,
     .moe_route = kn_cuda_moe_route,
     .moe_group = kn_cuda_moe_group,

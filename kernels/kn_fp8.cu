@@ -55,10 +55,10 @@ static __global__ void quant_weight_kernel(uint8_t *q, float *scale, const void 
     }
 }
 
-/* One warp per (row, group): lane l holds inputs 4l .. 4l + 3 of the group (one 8- or 16-byte
- * load, one 4-byte store; K is a multiple of 16, so a ragged group is whole lanes). q [Mp, K]
- * (rows ≥ M zero), s [L, Mp] (token-contiguous, as cuBLASLt's 1 × 128 mode reads it; 0 for rows
- * ≥ M). */
+/* The input quantization: lane l of a warp holds inputs 4l .. 4l + 3 of each of the warp's
+ * groups (one 8- or 16-byte load, one 4-byte store; K is a multiple of 16, so a ragged group is
+ * whole lanes). q [Mp, K] (rows ≥ M zero), s [L, Mp] (token-contiguous, as cuBLASLt's 1 × 128
+ * mode reads it; 0 for rows ≥ M). */
 enum { SRC_F32 = 0, SRC_BF16, SRC_SWIGLU, SRC_SWIGLU16 };
 
 static __device__ __forceinline__ float bf16r(float v) {
@@ -78,42 +78,62 @@ static __device__ __forceinline__ float swiglu1(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
+/* lane's four inputs of the group at `at` (bf16 values as floats), by source */
+template <int SRC>
+static __device__ __forceinline__ void load_group4(const void *inp, const void *up, int64_t at, float v[4]) {
+    if (SRC == SRC_BF16) {
+        ld_bf16x4((const uint16_t *)inp + at, v);
+    } else if (SRC == SRC_F32) {
+        float4 f = *(const float4 *)((const float *)inp + at);
+        v[0] = bf16r(f.x), v[1] = bf16r(f.y), v[2] = bf16r(f.z), v[3] = bf16r(f.w);
+    } else if (SRC == SRC_SWIGLU) {
+        float4 g = *(const float4 *)((const float *)inp + at), u = *(const float4 *)((const float *)up + at);
+        v[0] = bf16r(swiglu1(g.x, u.x)), v[1] = bf16r(swiglu1(g.y, u.y));
+        v[2] = bf16r(swiglu1(g.z, u.z)), v[3] = bf16r(swiglu1(g.w, u.w));
+    } else {
+        float g[4], u[4];
+        ld_bf16x4((const uint16_t *)inp + at, g);
+        ld_bf16x4((const uint16_t *)up + at, u);
+        for (int t = 0; t < 4; t++)
+            v[t] = bf16r(swiglu1(g[t], u[t]));
+    }
+}
+
+/* A warp takes QG consecutive groups of one row (a run of QG·128 inputs) and issues all their
+ * loads before the first reduction, so that enough bytes are in flight to keep the memory busy
+ * (one group per warp left it latency-bound). */
+#define QG 4
+
 template <int SRC>
 static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, const void *up, int64_t M,
                                          int64_t Mp, int64_t K, int64_t L) {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int     lane = threadIdx.x & 31;
-    if (warp >= Mp * L)
+    const int64_t LW = (L + QG - 1) / QG; /* warps per row */
+    if (warp >= Mp * LW)
         return;
-    const int64_t m = warp / L, j = warp % L, k0 = j * KN_FP8_BLOCK;
-    const int     nc = (int)min((int64_t)KN_FP8_BLOCK, K - k0);
-    const int     on = 4 * lane < nc;
-    const int64_t at = m * K + k0 + 4 * lane;
-    float         v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (on && m < M) {
-        if (SRC == SRC_BF16) {
-            ld_bf16x4((const uint16_t *)inp + at, v);
-        } else if (SRC == SRC_F32) {
-            float4 f = *(const float4 *)((const float *)inp + at);
-            v[0] = bf16r(f.x), v[1] = bf16r(f.y), v[2] = bf16r(f.z), v[3] = bf16r(f.w);
-        } else if (SRC == SRC_SWIGLU) {
-            float4 g = *(const float4 *)((const float *)inp + at), u = *(const float4 *)((const float *)up + at);
-            v[0] = bf16r(swiglu1(g.x, u.x)), v[1] = bf16r(swiglu1(g.y, u.y));
-            v[2] = bf16r(swiglu1(g.z, u.z)), v[3] = bf16r(swiglu1(g.w, u.w));
-        } else {
-            float g[4], u[4];
-            ld_bf16x4((const uint16_t *)inp + at, g);
-            ld_bf16x4((const uint16_t *)up + at, u);
-            for (int t = 0; t < 4; t++)
-                v[t] = bf16r(swiglu1(g[t], u[t]));
-        }
+    const int64_t m = warp / LW, j0 = (warp % LW) * QG;
+    float         v[QG][4];
+    int           on[QG];
+#pragma unroll
+    for (int g = 0; g < QG; g++) {
+        const int64_t k = (j0 + g) * KN_FP8_BLOCK + 4 * lane;
+        on[g] = j0 + g < L && k < K;
+        v[g][0] = v[g][1] = v[g][2] = v[g][3] = 0.0f;
+        if (on[g] && m < M)
+            load_group4<SRC>(inp, up, m * K + k, v[g]);
     }
-    float          sc;
-    const uint32_t packed = fp8_group_quant(v, on && m < M, &sc);
-    if (on)
-        *(uint32_t *)(q + at) = packed;
-    if (lane == 0)
-        s[j * Mp + m] = m < M ? sc : 0.0f;
+#pragma unroll
+    for (int g = 0; g < QG; g++) {
+        if (j0 + g >= L) /* warp-uniform */
+            break;
+        float          sc;
+        const uint32_t packed = fp8_group_quant(v[g], on[g] && m < M, &sc);
+        if (on[g])
+            *(uint32_t *)(q + m * K + (j0 + g) * KN_FP8_BLOCK + 4 * lane) = packed;
+        if (lane == 0)
+            s[(j0 + g) * Mp + m] = m < M ? sc : 0.0f;
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -156,7 +176,7 @@ cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const voi
     KN_CUDA_CHECK_ARG(K % 16 == 0 && ((uintptr_t)inp % 16) == 0 && ((uintptr_t)q % 16) == 0,
                       "fp8_quantize_rows: K=%lld must be a multiple of 16 and inp, q 16-byte aligned", (long long)K);
     const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
-    const unsigned grid = (unsigned)((Mp * L * 32 + 255) / 256);
+    const unsigned grid = (unsigned)((Mp * ((L + QG - 1) / QG) * 32 + 255) / 256);
     if (idt == CM_DTYPE_BF16)
         quant_rows_kernel<SRC_BF16><<<grid, 256, 0, ctx->stream>>>(q, s, inp, NULL, M, Mp, K, L);
     else
@@ -180,7 +200,7 @@ cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate
                           ((uintptr_t)q % 16) == 0,
                       "swiglu_fp8: I=%lld must be a multiple of 16 and gate, up, q 16-byte aligned", (long long)I);
     const int64_t  Mp = kn_fp8_rows(M), L = (I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
-    const unsigned grid = (unsigned)((Mp * L * 32 + 255) / 256);
+    const unsigned grid = (unsigned)((Mp * ((L + QG - 1) / QG) * 32 + 255) / 256);
     if (idt == CM_DTYPE_BF16)
         quant_rows_kernel<SRC_SWIGLU16><<<grid, 256, 0, ctx->stream>>>(q, s, gate, up, M, Mp, I, L);
     else

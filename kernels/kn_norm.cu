@@ -9,8 +9,8 @@
  * The bf16-output forms for the target's fast path: add_rmsnorm_bf16 (the residual add fused
  * into the norm that follows it; the add stays in x) and rmsnorm_gated_bf16 (a warp per row);
  * each writes the next GEMM's bf16 input with the f32 math of the kernels above, so the
- * conversion pass of gemm disappears; add_rmsnorm_fp8 also writes that input quantized for the
- * FP8 projections (kn_fp8_dev.h), so their quantization pass disappears too. */
+ * conversion pass of gemm disappears; add_rmsnorm_fp8 and rmsnorm_gated_fp8 write that input
+ * quantized for FP8 projections (kn_fp8_dev.h), so their quantization pass disappears too. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
@@ -213,6 +213,56 @@ static __global__ void rmsnorm_gated_bf16_kernel(__nv_bfloat16 *out, const float
     }
 }
 
+/* rmsnorm_gated_bf16_kernel's rows quantized for an FP8 GEMM: one warp per row r = t·H + h of
+ * C (a multiple of 128) for r < Tp·H. Pass 1 sums x² in the bf16 kernel's order (so the scale,
+ * and every bf16 value, is that kernel's); pass 2 takes 128 columns at a time, lane l holding
+ * four consecutive ones, which are one group of the [T, H·C] input. Tokens t ≥ T are the
+ * padding: zero bytes and scales. */
+static __global__ void rmsnorm_gated_fp8_kernel(uint8_t *q, float *sc, const float *xs, const float *zs,
+                                                const float *w, int64_t T, int64_t Tp, int64_t H, int64_t C,
+                                                float eps) {
+    const int     lane = threadIdx.x % 32;
+    const int64_t n_warps = (int64_t)gridDim.x * (blockDim.x / 32), K = H * C, G = C / 128;
+    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < Tp * H; r += n_warps) {
+        const int64_t t = r / H, h = r % H;
+        uint8_t      *qr = q + t * K + h * C;
+        if (t >= T) {
+            for (int64_t g = 0; g < G; g++) {
+                ((uint32_t *)qr)[32 * g + lane] = 0;
+                if (lane == 0)
+                    sc[(h * G + g) * Tp + t] = 0.0f;
+            }
+            continue;
+        }
+        const float *x = xs + r * C, *z = zs + r * C;
+        /* the first group's operands are loaded with pass 1's, so that a row costs one trip to
+         * memory when C is 128 (the Qwen head) */
+        const float4 x0 = *(const float4 *)(x + 4 * lane), z0 = *(const float4 *)(z + 4 * lane);
+        const float4 w0 = *(const float4 *)(w + 4 * lane);
+        float        s = 0.0f;
+        for (int64_t c = lane; c < C; c += 32)
+            s += x[c] * x[c];
+        s = warp_sum(s);
+        const float scale = 1.0f / sqrtf(s / (float)C + eps);
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t c0 = 128 * g + 4 * lane;
+            const float4  xv = g ? *(const float4 *)(x + c0) : x0, zv = g ? *(const float4 *)(z + c0) : z0;
+            const float4  wv = g ? *(const float4 *)(w + c0) : w0;
+            const float   xa[4] = {xv.x, xv.y, xv.z, xv.w}, za[4] = {zv.x, zv.y, zv.z, zv.w};
+            const float   wa[4] = {wv.x, wv.y, wv.z, wv.w};
+            float         a[4];
+            for (int i = 0; i < 4; i++)
+                a[i] = __bfloat162float(
+                    __float2bfloat16_rn(wa[i] * (xa[i] * scale) * (za[i] / (1.0f + expf(-za[i])))));
+            float          gs;
+            const uint32_t packed = fp8_group_quant(a, 1, &gs);
+            ((uint32_t *)qr)[32 * g + lane] = packed;
+            if (lane == 0)
+                sc[(h * G + g) * Tp + t] = gs;
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -295,6 +345,25 @@ cm_status kn_cuda_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float 
     const int64_t Mp = kn_fp8_rows(rows);
     add_rmsnorm_fp8_kernel<<<norm_grid(Mp), norm_block(C / 4), 0, ctx->stream>>>((__nv_bfloat16 *)out, q, s, x, y, w,
                                                                                 rows, Mp, C, eps, one_plus ? 1 : 0);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_rmsnorm_gated_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *x, const float *z,
+                                    const float *w, int64_t T, int64_t H, int64_t C, float eps) {
+    CM_TRY(norm_check(ctx, "rmsnorm_gated_fp8", T * H, C, eps));
+    KN_CUDA_CHECK_ARG(H > 0, "rmsnorm_gated_fp8: H=%lld must be > 0", (long long)H);
+    if (T == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(q && s && x && z && w, "rmsnorm_gated_fp8: q, s, x, z or w is NULL");
+    if (C % 128 || (uintptr_t)x % 16 || (uintptr_t)z % 16 || (uintptr_t)w % 16 || (uintptr_t)q % 16)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "rmsnorm_gated_fp8: C=%lld is not a multiple of 128 or a row is not "
+                       "16-byte aligned; run rmsnorm_gated_bf16 and fp8_quantize_rows",
+                       (long long)C);
+    const int     per_block = 8; /* rows (warps) per block of 256 threads */
+    const int64_t Tp = kn_fp8_rows(T), blocks = (Tp * H + per_block - 1) / per_block;
+    rmsnorm_gated_fp8_kernel<<<(unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20)), 32 * per_block, 0,
+                               ctx->stream>>>(q, s, x, z, w, T, Tp, H, C, eps);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

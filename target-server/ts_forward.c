@@ -74,9 +74,10 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
         const int64_t Tp = kn_fp8_rows(T), L = (D + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8, (size_t)(Tp * D)));
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8s, (size_t)(Tp * L) * sizeof(float)));
-        if (m->be->swiglu_fp8) { /* the down projection's input, written quantized */
-            CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8, (size_t)(Tp * I)));
-            CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8s, (size_t)(Tp * ((I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK)) * 4));
+        if (m->be->swiglu_fp8) { /* the down projection's (and out_proj's) input, written quantized */
+            const int64_t K8 = max3(I, nv * dv, 1);
+            CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8, (size_t)(Tp * K8)));
+            CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8s, (size_t)(Tp * ((K8 + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK)) * 4));
         }
     }
     CM_TRY(ts_moe_reserve(m, T));
@@ -278,6 +279,13 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, 
                                     1.0f / sqrtf((float)dk)));
     CM_TRY(ts_mark(m, &t1));
     m->tm.gdn_core_ms += t1 - t0;
+    if (m->fused && L->out_proj.dtype == CM_DTYPE_F8_E4M3 && w->act8 && be->rmsnorm_gated_fp8 && be->gemm_fp8q) {
+        /* the norm writes out_proj's input quantized, where the backend fuses the shape */
+        cm_status st = be->rmsnorm_gated_fp8(cx, w->act8, w->act8s, w->attn, w->z, L->gdn_norm, T, nv, dv,
+                                             c->rms_norm_eps);
+        if (st == CM_OK) return gemm8q(m, w->o, w->act8, w->act8s, &L->out_proj, T, D, (int64_t)nv * dv);
+        if (st != CM_ERR_UNSUPPORTED) return st;
+    }
     if (m->fused) {
         CM_TRY(be->rmsnorm_gated_bf16(cx, w->act16, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
         return gemm16(m, w->o, w->act16, &L->out_proj, T, D, (int64_t)nv * dv);

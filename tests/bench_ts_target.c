@@ -171,6 +171,21 @@ static cm_status ew_norm8_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b
                                c->rms_norm_eps, 1);
 }
 
+/* FP8: the GDN output norm, then out_proj's input quantization; or the one op */
+static cm_status ew_gnorm8_old(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                               const cm_target_cfg *c) {
+    CM_TRY(ew_gnorm_new(be, cx, b, n_seq, T, c));
+    return be->fp8_quantize_rows(cx, b->act8, b->act8s, b->act16, CM_DTYPE_BF16, T,
+                                 (int64_t)c->lin_n_v_heads * c->lin_v_head_dim);
+}
+
+static cm_status ew_gnorm8_new(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int n_seq, int64_t T,
+                               const cm_target_cfg *c) {
+    (void)n_seq;
+    return be->rmsnorm_gated_fp8(cx, b->act8, b->act8s, b->out, b->z, b->gn_w, T, c->lin_n_v_heads,
+                                 c->lin_v_head_dim, c->rms_norm_eps);
+}
+
 /* FP8: the gate and up products and SwiGLU into the quantized down input, the products in f32
  * (before) or bf16 (now) */
 static cm_status ew_mlp8(const kn_backend *be, kn_ctx *cx, const op_bufs *b, int64_t T, const cm_target_cfg *c,
@@ -442,7 +457,8 @@ int main(int argc, char **argv) {
     CHECK(be->fill_uniform(cx, b.z, CM_DTYPE_F32, T * nv * dv, 39, -3, 3));
     CHECK(be->fill_uniform(cx, b.gn_w, CM_DTYPE_F32, dv, 40, 0.9f, 1.1f));
     CHECK(be->fill_uniform(cx, b.down_w, CM_DTYPE_BF16, D * I, 41, -0.0346f, 0.0346f));
-    const int fp8_ops = fp8 && be->add_rmsnorm_fp8 && be->gemm_fp8q && be->swiglu_fp8 && be->fp8_quantize_weight;
+    const int fp8_ops = fp8 && be->add_rmsnorm_fp8 && be->gemm_fp8q && be->swiglu_fp8 && be->fp8_quantize_weight &&
+                        be->rmsnorm_gated_fp8 && I >= nv * dv;
     if (fp8_ops) { /* random bf16 weights (in big2) quantized in 128 x 128 blocks */
         const int64_t Tp = kn_fp8_rows(T), LD = (D + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
         const int64_t LI = (I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK, ws = LI * kn_fp8_scale_ld(D);
@@ -471,9 +487,10 @@ int main(int argc, char **argv) {
         {"SwiGLU + down projection GEMM", ew_mlp_old, ew_mlp_new, 5, c->n_layers},
         {"FP8: residual add + RMSNorm, input quantization (one op)", ew_norm8_old, ew_norm8_new, 10, 2 * c->n_layers},
         {"FP8: gate + up GEMMs and SwiGLU, products f32 -> bf16", ew_mlp8_old, ew_mlp8_new, 5, c->n_layers},
+        {"FP8: GDN gated RMSNorm, out_proj input quantization (one op)", ew_gnorm8_old, ew_gnorm8_new, 10, n_gdn},
     };
-    const int n_ew = (int)(sizeof ew / sizeof ew[0]) - (fp8_ops ? 0 : 2);
-    double    t_ew[6][2];
+    const int n_ew = (int)(sizeof ew / sizeof ew[0]) - (fp8_ops ? 0 : 3);
+    double    t_ew[7][2];
     const int can_fuse = be->gdn_conv_qkv && be->add_rmsnorm_bf16 && be->rmsnorm_gated_bf16 && be->swiglu_bf16 &&
                          be->gemm_bf16in;
     for (int i = 0; i < n_ew && can_fuse; i++) {

@@ -210,6 +210,18 @@ static void check_fused(long M, long N, long K) {
         TST_CHECK(memcmp(q1, q2, (size_t)(Mp * K)) == 0 && memcmp(s1, s2, (size_t)(Mp * L) * 4) == 0);
         free(x1), free(x2), free(nw), free(h1), free(h2);
     }
+    /* rmsnorm_gated_fp8: M tokens of K/16 heads of 16 */
+    {
+        const long H = K / 16, C = 16;
+        float     *nw = rand_mat(C, CM_DTYPE_F32);
+        uint16_t  *a = tst_xcalloc((size_t)(M * K) * 2);
+        memset(q1, 0x55, (size_t)(Mp * K)), memset(q2, 0, (size_t)(Mp * K));
+        TST_CHECK(kn_ref_rmsnorm_gated_fp8(ctx, q1, s1, x, g32, nw, M, H, C, 1e-6f) == CM_OK);
+        TST_CHECK(kn_ref_rmsnorm_gated_bf16(ctx, a, x, g32, nw, M * H, C, 1e-6f) == CM_OK);
+        TST_CHECK(kn_ref_fp8_quantize_rows(ctx, q2, s2, a, CM_DTYPE_BF16, M, K) == CM_OK);
+        TST_CHECK(memcmp(q1, q2, (size_t)(Mp * K)) == 0 && memcmp(s1, s2, (size_t)(Mp * L) * 4) == 0);
+        free(nw), free(a);
+    }
     TST_FAILS(kn_ref_gemm_fp8q(ctx, o16, CM_DTYPE_F16, qa, sa, wq, ws, M, N, K), CM_ERR_UNSUPPORTED, "F16");
     TST_FAILS(kn_ref_swiglu_fp8(ctx, q1, s1, g16, u16, CM_DTYPE_F16, M, K), CM_ERR_UNSUPPORTED, "F16");
     free(w), free(x), free(wq), free(qa), free(ws), free(sa), free(o32), free(o16);
@@ -387,6 +399,33 @@ static void cuda_fused(long M, long C, int one_plus) {
         free(xa), free(xb), free(ha), free(hb), free(hc), free(qa), free(qb), free(qc), free(sa), free(sb);
         dbuf_free(&x1), dbuf_free(&x2), dbuf_free(&y), dbuf_free(&w), dbuf_free(&h1), dbuf_free(&h2);
     }
+    /* rmsnorm_gated_fp8 (heads of 128 or 256; 64 is refused): x as the core's output, y as z */
+    for (long hc = 64; hc <= 256; hc *= 2) {
+        const long H = C / hc;
+        if (H < 1 || C % hc) continue;
+        dbuf x = dbuf_put(hx, (size_t)(M * C) * 4), z = dbuf_put(hy, (size_t)(M * C) * 4);
+        dbuf w = dbuf_put(hw, (size_t)hc * 4), a = dbuf_put(NULL, (size_t)(M * C) * 2);
+        cm_status st = gpu->rmsnorm_gated_fp8(gctx16, q1.g, s1.g, x.g, z.g, w.g, M, H, hc, 1e-6f);
+        if (hc % 128) {
+            TST_CHECK(st == CM_ERR_UNSUPPORTED);
+        } else {
+            TST_CHECK(st == CM_OK);
+            TST_CHECK(gpu->rmsnorm_gated_bf16(gctx16, a.g, x.g, z.g, w.g, M * H, hc, 1e-6f) == CM_OK);
+            TST_CHECK(gpu->fp8_quantize_rows(gctx16, q2.g, s2.g, a.g, CM_DTYPE_BF16, M, C) == CM_OK);
+            TST_CHECK(cpu->rmsnorm_gated_fp8(cctx, q1.c, s1.c, x.c, z.c, w.c, M, H, hc, 1e-6f) == CM_OK);
+            uint8_t *qa = down(&q1, 1), *qb = down(&q2, 1), *qc = down(&q1, 0);
+            float   *sa = down(&s1, 1), *sb = down(&s2, 1);
+            long     d1 = 0, dc = 0;
+            for (long i = 0; i < Mp * C; i++) d1 += qa[i] != qb[i], dc += qa[i] != qc[i];
+            const int same_s = memcmp(sa, sb, (size_t)(L * Mp) * 4) == 0;
+            printf("rmsnorm_gated_fp8 %ld x %ld heads of %ld: %ld bytes differ from the two ops, scales %s; %ld "
+                   "bytes differ from the cpu\n", M, H, hc, d1, same_s ? "equal" : "DIFFER", dc);
+            TST_CHECK(d1 == 0 && same_s);
+            TST_CHECK(dc <= Mp * C / 100);
+            free(qa), free(qb), free(qc), free(sa), free(sb);
+        }
+        dbuf_free(&x), dbuf_free(&z), dbuf_free(&w), dbuf_free(&a);
+    }
     free(hg), free(hu), free(fg), free(fu), free(hx), free(hy), free(hw);
     dbuf_free(&g16), dbuf_free(&u16), dbuf_free(&g32), dbuf_free(&u32);
     dbuf_free(&q1), dbuf_free(&q2), dbuf_free(&s1), dbuf_free(&s2);
@@ -432,8 +471,9 @@ static int run_cuda(void) {
         dbuf_free(&g), dbuf_free(&u), dbuf_free(&a16), dbuf_free(&q1), dbuf_free(&q2), dbuf_free(&s1), dbuf_free(&s2);
     }
     cuda_fused(37, 17408, 0);
-    cuda_fused(37, 5120, 1);
+    cuda_fused(37, 6144, 1); /* the 27B's GDN output: 48 heads of 128 */
     cuda_fused(16, 64, 1);   /* one ragged group, no padding rows */
+    cuda_fused(5, 2304, 0);  /* a last group of 0, heads of 256 */
     cuda_fused(5, 2064, 0);  /* a last group of 16 */
     cuda_fused(130, 48, 1);
     /* K not a multiple of 16, N not a multiple of 4: refused, with the way out */

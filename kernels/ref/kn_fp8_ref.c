@@ -125,6 +125,22 @@ cm_status kn_ref_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *
     return kn_ref_fp8_quantize_rows(ctx, q, s, out, CM_DTYPE_BF16, rows, C);
 }
 
+cm_status kn_ref_rmsnorm_gated_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *x, const float *z, const float *w,
+                                   int64_t T, int64_t H, int64_t C, float eps) {
+    KN_REF_CHECK(T >= 0 && H > 0 && C > 0, "rmsnorm_gated_fp8: bad shape T=%lld H=%lld C=%lld (T >= 0, H, C > 0)",
+                 (long long)T, (long long)H, (long long)C);
+    KN_REF_CHECK(q && s, "rmsnorm_gated_fp8: q or s is NULL");
+    if (T == 0) return CM_OK;
+    uint16_t *a = malloc((size_t)(T * H * C) * sizeof *a);
+    if (!a)
+        return CM_FAIL(CM_ERR_NOMEM, "rmsnorm_gated_fp8: cannot allocate %lld x %lld bf16 values", (long long)T,
+                       (long long)(H * C));
+    cm_status st = kn_ref_rmsnorm_gated_bf16(ctx, a, x, z, w, T * H, C, eps);
+    if (st == CM_OK) st = kn_ref_fp8_quantize_rows(ctx, q, s, a, CM_DTYPE_BF16, T, H * C);
+    free(a);
+    return st;
+}
+
 static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
     KN_REF_CHECK(M >= 0 && N >= 0 && K >= 0, "%s: bad shape M=%lld N=%lld K=%lld (each must be >= 0)", op,
                  (long long)M, (long long)N, (long long)K);

@@ -219,6 +219,8 @@ cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *
                            const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K);
 cm_status kn_ref_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus);
+cm_status kn_ref_rmsnorm_gated_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *x, const float *z, const float *w,
+                                   int64_t T, int64_t H, int64_t C, float eps);
 int       kn_ref_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
 
 // ---- mixture of experts (kn_moe_ref.c): fp32 in the header's order, not double (the router's
