@@ -38,6 +38,7 @@ static float syn_value(int32_t tok, int layer, int64_t d) {
 
 typedef struct syn {
     int             delay_ms;
+    volatile int    hold; /* compute waits while this is set (the test releases it) */
     uint64_t        bad_request_id; /* compute refuses this batch with CM_ERR_INVALID_ARG */
     pthread_mutex_t mu;
     char            order[1024][CM_PROTO_NAME_MAX + 1];
@@ -56,6 +57,8 @@ static cm_status syn_compute(void *user, cm_chan_job *job) {
     pthread_mutex_unlock(&s->mu);
     if (s->delay_ms)
         sleep_ms(s->delay_ms);
+    for (int waited = 0; s->hold && waited < 5000; waited++) /* released by the test, or 5 s */
+        sleep_ms(1);
     for (uint32_t i = 0; i < r->n_layers; i++) {
         float *o = job->out[i];
         for (uint32_t t = 0; t < r->n_tokens; t++)
@@ -682,8 +685,11 @@ static void test_raw_peer_to_server(void) {
     TST_CHECK(raw_exchange(d, rf, rl, 0, &e) == CM_PROTO_TYPE_ERROR && e.code == CM_PROTO_ERROR_CORRUPT &&
               e.batch_id == 9);
     n_bad++;
-    /* credits: 2 granted; the raw peer sends 3 at once, the third is refused */
-    s.syn.delay_ms = 200;
+    /* credits: 2 granted; the raw peer sends 3 at once, the third is refused. The computes are
+     * held until the refusal has come back, so that the first cannot finish and free a credit
+     * before the server reads the third (with a 200 ms delay instead, a descheduled I/O thread on
+     * a loaded machine once let that happen). */
+    s.syn.hold = 1;
     for (int i = 0; i < 3; i++) {
         rq.batch_id = 20 + (uint64_t)i;
         cm_proto_request_encode(&rq, rf, sizeof rf, &rl);
@@ -703,6 +709,7 @@ static void test_raw_peer_to_server(void) {
         if (n > 0 && cm_proto_peek(buf, (size_t)n, &lim, &hh) == CM_OK) {
             if (hh.type == CM_PROTO_TYPE_ERROR && cm_proto_error_decode(buf, (size_t)n, &lim, &e) == CM_OK)
                 got_no_credit |= e.code == CM_PROTO_ERROR_NO_CREDIT && e.batch_id == 22;
+            if (got_no_credit) s.syn.hold = 0;
             answers += hh.type == CM_PROTO_TYPE_ANSWER;
         }
         while (more) {
@@ -711,7 +718,9 @@ static void test_raw_peer_to_server(void) {
         }
     }
     TST_CHECK(got_no_credit && answers == 2);
-    s.syn.delay_ms = 0;
+    if (!got_no_credit || answers != 2)
+        fprintf(stderr, "credits: %d answers, NO_CREDIT for batch 22 %s\n", answers, got_no_credit ? "seen" : "not seen");
+    s.syn.hold = 0;
     /* a message above ZMQ_MAXMSGSIZE: the server drops the connection without reading it */
     size_t   huge_len = 4u << 20;
     uint8_t *huge = calloc(huge_len, 1);
