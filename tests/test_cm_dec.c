@@ -6,14 +6,18 @@
  * and from the limits, internal, corrupt frames and another version sent raw over a DEALER, a
  * malformed step refused by the client before sending, the idle timeout calling drop, busy beyond
  * max_clients, ERROR shutdown to a step waiting when the server stops, a client's timeout once it
- * has stopped, a fake server whose stale, corrupt or inconsistent answers the client refuses, and
- * CURVE with an accepted and a refused key. */
+ * has stopped, a fake server whose stale, corrupt or inconsistent answers the client refuses, an
+ * answer sent just before the server closes that a stopped client still finds, and CURVE with an
+ * accepted and a refused key. */
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -592,26 +596,35 @@ static size_t fake_answer(fake *f, const cm_proto_decode *rq, int k, uint64_t id
     return len;
 }
 
+/* One DECODE from the fake's router into rq (whose arrays are static: one reader at a time); 1 on
+ * success. */
+static int fake_recv(fake *f, uint8_t ident[256], int *il, cm_proto_decode *rq) {
+    static cm_proto_decode_seq seqs[MAX_SEQS];
+    static int32_t             tok[MAX_TOK], lay[MAX_LAY];
+    static uint8_t             frame[8192];
+    cm_proto_limits            lim = CM_PROTO_LIMITS_DEFAULT;
+    *il = zmq_recv(f->router, ident, 256, 0);
+    int fl = zmq_recv(f->router, frame, sizeof frame, 0);
+    *rq = (cm_proto_decode){.seqs = seqs,
+                            .tokens = tok,
+                            .layer_ids = lay,
+                            .cap_seqs = MAX_SEQS,
+                            .cap_tokens = MAX_TOK,
+                            .cap_layers = MAX_LAY};
+    return *il > 0 && fl > 0 && cm_proto_decode_decode(frame, (size_t)fl, &lim, rq) == CM_OK;
+}
+
 static void *fake_main(void *arg) {
-    fake               *f = arg;
-    static uint8_t      buf[1 << 16];
-    cm_proto_decode_seq seqs[MAX_SEQS];
-    int32_t             tok[MAX_TOK], lay[MAX_LAY];
-    cm_proto_limits     lim = CM_PROTO_LIMITS_DEFAULT;
+    fake          *f = arg;
+    static uint8_t buf[1 << 16];
     for (int k = 0; k < FAKE_N;) {
         zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, 5000) <= 0)
             break;
-        uint8_t ident[256], frame[8192];
-        int     il = zmq_recv(f->router, ident, sizeof ident, 0),
-            fl = zmq_recv(f->router, frame, sizeof frame, 0);
-        cm_proto_decode rq = {.seqs = seqs,
-                              .tokens = tok,
-                              .layer_ids = lay,
-                              .cap_seqs = MAX_SEQS,
-                              .cap_tokens = MAX_TOK,
-                              .cap_layers = MAX_LAY};
-        if (il <= 0 || fl <= 0 || cm_proto_decode_decode(frame, (size_t)fl, &lim, &rq) != CM_OK) {
+        uint8_t         ident[256];
+        int             il;
+        cm_proto_decode rq;
+        if (!fake_recv(f, ident, &il, &rq)) {
             f->bad++;
             continue;
         }
@@ -675,6 +688,67 @@ static void test_fake_server(void) {
     cm_dec_client_destroy(&c);
     zmq_close(f.router);
     zmq_ctx_term(f.ctx);
+}
+
+/* The reply a server sends just before it closes reaches a client that had not read it yet: the
+ * client runs in a child process, stopped (SIGSTOP) from the moment its step is received until
+ * the fake server has answered, closed and gone; continued, it must find the answer that came in
+ * with the disconnect (a socket that drops unread messages on disconnect, as ZMQ_IMMEDIATE does,
+ * loses it). */
+static void test_reply_before_close(void) {
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/tandem-dec-%d-close.ipc", (int)getpid());
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        /* one CPU for all the client's threads, and the stepping thread runs only when ZeroMQ's
+         * I/O thread has nothing to do: once continued, that thread takes in the answer and the
+         * disconnect before the step can read the answer */
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+        sched_setaffinity(0, sizeof one, &one);
+        cm_dec_client      *c = client_new(ep, 5000);
+        struct sched_param  idle = {0};
+        sched_setscheduler(0, SCHED_IDLE, &idle);
+        cm_proto_decode_seq r = rec(0, 0, 2, 0);
+        int32_t             t[2] = {1, 2};
+        cm_proto_decode     rq = {.op = CM_DECODE_STEP, .n_seqs = 1, .n_tokens = 2, .seqs = &r, .tokens = t};
+        cm_proto_answer     ans = {.tensors = g_ans, .cap_tensors = MAX_LAY + 1};
+        cm_status           st = c ? cm_dec_client_step(c, &rq, &ans) : CM_ERR_IO;
+        if (st != CM_OK)
+            fprintf(stderr, "the client's step: %s\n", cm_last_error());
+        cm_dec_client_destroy(&c);
+        _exit(st == CM_OK ? 0 : 1);
+    }
+    TST_CHECK(child > 0);
+    if (child <= 0)
+        return;
+    fake f = {0};
+    f.ctx = zmq_ctx_new();
+    f.router = zmq_socket(f.ctx, ZMQ_ROUTER);
+    int linger = 2000;
+    zmq_setsockopt(f.router, ZMQ_LINGER, &linger, sizeof linger);
+    TST_CHECK(zmq_bind(f.router, ep) == 0);
+    zmq_pollitem_t  it = {f.router, 0, ZMQ_POLLIN, 0};
+    uint8_t         ident[256];
+    int             il = 0, wst = 0;
+    cm_proto_decode rq;
+    int             got = zmq_poll(&it, 1, 10000) == 1 && fake_recv(&f, ident, &il, &rq);
+    TST_CHECK(got);
+    if (got) {
+        kill(child, SIGSTOP);
+        TST_CHECK(waitpid(child, &wst, WUNTRACED) == child && WIFSTOPPED(wst));
+        static uint8_t buf[1 << 12];
+        size_t         n = fake_answer(&f, &rq, FAKE_GOOD, rq.id, buf, sizeof buf);
+        zmq_send(f.router, ident, (size_t)il, ZMQ_SNDMORE);
+        zmq_send(f.router, buf, n, 0);
+    }
+    zmq_close(f.router);
+    zmq_ctx_term(f.ctx); /* the answer is in the kernel's buffer, the connection closed */
+    kill(child, SIGCONT);
+    TST_CHECK(waitpid(child, &wst, 0) == child && WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    printf("reply before close: a stopped client found the answer sent just before the server closed\n");
 }
 
 // ----------------------------------------------------------------------------
@@ -780,6 +854,7 @@ int main(void) {
     test_idle_and_busy();
     test_stop();
     test_fake_server();
+    test_reply_before_close();
     test_curve();
     return tst_report();
 }

@@ -1,9 +1,11 @@
 /* common/chan/cm_dec_client.c — the client of the decoding endpoint (cm_dec.h): a DEALER with a
  * routing identity of its own ("dec-" and 16 random hex digits, kept across the fresh connection a
  * timeout makes, so the server keeps the client's sequences), one synchronous step at a time on
- * the owner's thread. A step is sent once (ZMQ_IMMEDIATE: only over a live connection, so nothing
- * waits in a queue to reach a server later) and its reply awaited until the deadline; replies of
- * other ids are a timed-out step's and are discarded. The ANSWER is checked (checksums, then its
+ * the owner's thread. A step is sent once, and only while a handshake with the server stands (a
+ * socket monitor tells), so a step "not sent" never reaches a server later; its reply is awaited
+ * until the deadline; replies of other ids are a timed-out step's and are discarded. ZMQ_IMMEDIATE
+ * would say the same, but it drops a reply that arrived unread when the server closes right after
+ * sending it (a stopping server, a descheduled client). The ANSWER is checked (checksums, then its
  * tensors against the request) and its tensors decoded into one 64-byte-aligned buffer the
  * client owns (grown to the largest answer, then reused). */
 #include "cm_chan_int.h"
@@ -25,6 +27,9 @@ struct cm_dec_client {
     char                 ident[32];
     cm_chan_curve_keys   keys;
     void                *ctx, *sock;
+    void                *mon;       /* PAIR: the socket's handshake and disconnect events */
+    int                  connected; /* a handshake stands, as far as the events read tell */
+    unsigned             gen;       /* sockets opened: names the monitor's inproc endpoint */
     uint64_t             next_id;
     cm_compress         *cc;
     uint8_t             *frame; /* the DECODE being sent */
@@ -34,22 +39,74 @@ struct cm_dec_client {
     size_t               buf_cap;
 };
 
-/* A fresh socket with the client's identity, connected (the connection comes up in the background). */
-static cm_status open_socket(cm_dec_client *c) {
+static void close_socket(cm_dec_client *c) {
+    if (c->mon)
+        zmq_close(c->mon);
     if (c->sock)
         zmq_close(c->sock); /* linger 0: what it still holds is dropped */
+    c->mon = c->sock = NULL;
+    c->connected = 0;
+}
+
+/* A fresh socket with the client's identity and a monitor of its handshakes, connected (the
+ * connection comes up in the background). */
+static cm_status open_socket(cm_dec_client *c) {
+    close_socket(c);
     if (!(c->sock = zmq_socket(c->ctx, ZMQ_DEALER)))
         return CM_ZMQ(-1);
     const cm_proto_limits *L = &c->cfg.limits;
     uint64_t               max = CM_PROTO_HEADER_SIZE + (uint64_t)L->max_body_bytes + L->max_data_bytes;
     CM_TRY(cm_chan_set_int(c->sock, ZMQ_LINGER, 0));
-    CM_TRY(cm_chan_set_int(c->sock, ZMQ_IMMEDIATE, 1));
     CM_TRY(CM_ZMQ(zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->ident, strlen(c->ident))));
     CM_TRY(cm_chan_set_i64(c->sock, ZMQ_MAXMSGSIZE, max > INT64_MAX ? INT64_MAX : (int64_t)max));
     if (cm_chan_endpoint_ipv6_(c->endpoint))
         CM_TRY(cm_chan_set_int(c->sock, ZMQ_IPV6, 1));
     CM_TRY(cm_chan_curve_client_apply_(c->sock, &c->keys));
+    char mep[64];
+    snprintf(mep, sizeof mep, "inproc://dec-monitor-%u", ++c->gen);
+    CM_TRY(CM_ZMQ(zmq_socket_monitor(c->sock, mep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED)));
+    if (!(c->mon = zmq_socket(c->ctx, ZMQ_PAIR)))
+        return CM_ZMQ(-1);
+    CM_TRY(cm_chan_set_int(c->mon, ZMQ_LINGER, 0));
+    CM_TRY(CM_ZMQ(zmq_connect(c->mon, mep))); /* before the socket connects: no event is missed */
     return CM_ZMQ(zmq_connect(c->sock, c->endpoint));
+}
+
+/* Reads the monitor's waiting events: two parts each, the event number then the endpoint. */
+static void read_events(cm_dec_client *c) {
+    for (;;) {
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t e = 0;
+        if (zmq_msg_size(&ev) >= sizeof e)
+            memcpy(&e, zmq_msg_data(&ev), sizeof e);
+        int more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        while (more) {
+            zmq_msg_t x;
+            zmq_msg_init(&x);
+            more = zmq_msg_recv(&x, c->mon, 0) >= 0 && zmq_msg_more(&x);
+            zmq_msg_close(&x);
+        }
+        if (e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            c->connected = 1;
+        else if (e == ZMQ_EVENT_DISCONNECTED)
+            c->connected = 0;
+    }
+}
+
+/* Waits until a handshake stands or the deadline passes; 1 when it stands. */
+static int await_connection(cm_dec_client *c, int64_t deadline) {
+    int64_t left;
+    for (read_events(c); !c->connected && (left = deadline - cm_now_ms()) > 0; read_events(c)) {
+        zmq_pollitem_t it = {c->mon, 0, ZMQ_POLLIN, 0};
+        zmq_poll(&it, 1, (long)left);
+    }
+    return c->connected;
 }
 
 cm_status cm_dec_client_create(cm_dec_client **out, const cm_dec_client_config *cfg) {
@@ -97,8 +154,7 @@ void cm_dec_client_destroy(cm_dec_client **cp) {
     if (!cp || !*cp)
         return;
     cm_dec_client *c = *cp;
-    if (c->sock)
-        zmq_close(c->sock);
+    close_socket(c);
     if (c->ctx)
         zmq_ctx_term(c->ctx);
     cm_chan_curve_keys_wipe_(&c->keys);
@@ -245,11 +301,8 @@ cm_status cm_dec_client_step(cm_dec_client *c, cm_proto_decode *rq, cm_proto_ans
     }
     CM_TRY(cm_proto_decode_encode(rq, c->frame, c->frame_cap, &len));
     int64_t        deadline = cm_now_ms() + c->cfg.timeout_ms;
-    zmq_pollitem_t out = {c->sock, 0, ZMQ_POLLOUT, 0};
     int64_t        left;
-    while ((left = deadline - cm_now_ms()) > 0 && zmq_poll(&out, 1, (long)left) <= 0) {
-    }
-    if (!(out.revents & ZMQ_POLLOUT) || zmq_send(c->sock, c->frame, len, ZMQ_DONTWAIT) < 0)
+    if (!await_connection(c, deadline) || zmq_send(c->sock, c->frame, len, ZMQ_DONTWAIT) < 0)
         return CM_FAIL(CM_ERR_TIMEOUT, "no decoding server at %s within %d ms; step %llu not sent",
                        c->endpoint, c->cfg.timeout_ms, (unsigned long long)rq->id);
     for (;;) {
