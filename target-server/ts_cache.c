@@ -82,9 +82,6 @@ cm_status ts_cache_create(ts_model *m, int n_slots, int64_t max_len, int64_t max
     if (n_slots < 1 || max_len < 1 || max_step < 1)
         return CM_FAIL(CM_ERR_INVALID_ARG, "a decoding cache needs ≥ 1 slot, length and step tokens (got %d, %lld, %lld)",
                        n_slots, (long long)max_len, (long long)max_step);
-    if (m->first_layer != 0 || m->n_layers != cfg->n_layers || !m->has_head)
-        return CM_FAIL(CM_ERR_INVALID_ARG, "decoding needs every layer and the head loaded (%d of %d layers%s)",
-                       m->n_layers, cfg->n_layers, m->has_head ? "" : ", no head");
     if (!be->kv_cache_write || !be->attention_cached || !be->conv1d_silu_cached || !be->gdn_cached || !be->lm_ce)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "the %s backend has no decoding ops (kv_cache_write, attention_cached, "
                                            "conv1d_silu_cached, gdn_cached, lm_ce)",
@@ -104,7 +101,7 @@ cm_status ts_cache_create(ts_model *m, int n_slots, int64_t max_len, int64_t max
     c->pend_cu = calloc((size_t)n_slots + 1, sizeof *c->pend_cu);
     if (st == CM_OK && !c->pend_cu) st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the cache's step table");
     const cache_sizes z = sizes_of(cfg, n_slots, max_len, max_step);
-    for (int i = 0; i < nl && st == CM_OK; i++) {
+    for (int i = m->first_layer; i < nl && st == CM_OK; i++) { /* a stage's layers only */
         if (cfg->layer_types[i] == CM_LAYER_TYPE_LINEAR_ATTENTION) {
             st = alloc_f(c, &c->conv[i], z.conv);
             if (st == CM_OK) st = alloc_f(c, &c->state[i], z.state);

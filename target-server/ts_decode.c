@@ -40,8 +40,10 @@ typedef struct piece {
 } piece;
 
 struct ts_decoder {
-    ts_model            *m;
+    ts_model            *m;      /* the target in one model, with its cache; or */
     ts_cache            *cache;
+    ts_split            *sp;     /* the target over a split's stages, with theirs */
+    ts_split_cache      *scache;
     ts_decoder_config    cfg;
     const cm_target_cfg *tc;
     dseq                *seqs; /* [max_seqs], indexed by cache slot */
@@ -67,28 +69,56 @@ size_t ts_decoder_bytes(const cm_target_cfg *c, const ts_decoder_config *cfg) {
     return ts_cache_bytes(c, cfg->max_seqs, cfg->max_len, cfg->max_step);
 }
 
-cm_status ts_decoder_create(ts_model *m, const ts_decoder_config *cfg, ts_decoder **out) {
+/* One of m and sp. */
+static cm_status create(ts_model *m, ts_split *sp, const ts_decoder_config *cfg, ts_decoder **out) {
     *out = NULL;
     if (cfg->max_seqs < 1 || cfg->max_len < 2 || cfg->max_step < 1 || cfg->max_forward < 1 ||
         (cfg->hidden_dtype != CM_DTYPE_F32 && cfg->hidden_dtype != CM_DTYPE_BF16))
         return CM_FAIL(CM_ERR_INVALID_ARG, "decoder: bad limits (%d sequences, %lld tokens, step %lld, forward %lld) "
                                            "or hidden dtype",
                        cfg->max_seqs, (long long)cfg->max_len, (long long)cfg->max_step, (long long)cfg->max_forward);
+    if (m && (ts_model_first_layer(m) != 0 || ts_model_n_loaded_layers(m) != ts_model_cfg(m)->n_layers || !ts_model_has_head(m)))
+        return CM_FAIL(CM_ERR_INVALID_ARG, "decoding needs every layer and the head loaded (layers %d to %d of %d%s)",
+                       ts_model_first_layer(m), ts_model_n_loaded_layers(m) - 1, ts_model_cfg(m)->n_layers,
+                       ts_model_has_head(m) ? "" : ", no head");
     ts_decoder *d = calloc(1, sizeof *d);
     if (!d) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a decoder");
     d->m           = m;
+    d->sp          = sp;
     d->cfg         = *cfg;
-    d->tc          = ts_model_cfg(m);
+    d->tc          = m ? ts_model_cfg(m) : ts_split_cfg(sp);
     d->next_handle = 1;
     d->seqs        = calloc((size_t)cfg->max_seqs, sizeof *d->seqs);
     cm_status st   = d->seqs ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d decoding sequences", cfg->max_seqs);
-    if (st == CM_OK) st = ts_cache_create(m, cfg->max_seqs, cfg->max_len, cfg->max_step, &d->cache);
+    if (st == CM_OK)
+        st = m ? ts_cache_create(m, cfg->max_seqs, cfg->max_len, cfg->max_step, &d->cache)
+               : ts_split_cache_create(sp, cfg->max_seqs, cfg->max_len, cfg->max_step, &d->scache);
     if (st != CM_OK) {
         ts_decoder_destroy(&d);
         return st;
     }
     *out = d;
     return CM_OK;
+}
+
+cm_status ts_decoder_create(ts_model *m, const ts_decoder_config *cfg, ts_decoder **out) {
+    return create(m, NULL, cfg, out);
+}
+
+cm_status ts_decoder_create_split(ts_split *sp, const ts_decoder_config *cfg, ts_decoder **out) {
+    return create(NULL, sp, cfg, out);
+}
+
+/* The cache's three operations, on the model or over the split's stages. */
+static cm_status forward_cached(ts_decoder *d, const ts_cache_step *cs, int64_t T, const ts_capture *cap) {
+    return d->m ? ts_model_forward_cached(d->m, d->cache, cs, d->ids, T, d->cu, cap)
+                : ts_split_forward_cached(d->scache, cs, d->ids, T, d->cu, cap);
+}
+static cm_status cache_commit(ts_decoder *d) {
+    return d->m ? ts_cache_commit(d->cache, d->adv) : ts_split_cache_commit(d->scache, d->adv);
+}
+static cm_status cache_clear(ts_decoder *d, int slot) {
+    return d->m ? ts_cache_clear(d->cache, slot) : ts_split_cache_clear(d->scache, slot);
 }
 
 static void free_step(ts_decoder *d) {
@@ -104,6 +134,7 @@ void ts_decoder_destroy(ts_decoder **pd) {
     ts_decoder *d = pd ? *pd : NULL;
     if (!d) return;
     ts_cache_destroy(&d->cache);
+    ts_split_cache_destroy(&d->scache);
     ts_sampler_free(&d->sampler);
     free_step(d);
     free(d->seqs);
@@ -296,7 +327,7 @@ static cm_status run_forward(ts_decoder *d, const cm_proto_decode *rq, const pie
         cap.head_rows   = NULL;
     }
     ts_cache_step cs = {.n_seq = np, .slots = d->slots, .base = d->base, .n_adv = with_drafts ? NULL : d->adv};
-    CM_TRY(ts_model_forward_cached(d->m, d->cache, &cs, d->ids, T, d->cu, &cap));
+    CM_TRY(forward_cached(d, &cs, T, &cap));
     /* the target's tokens, acceptance, what is committed */
     int64_t r = 0;
     for (int i = 0; i < np; i++) {
@@ -328,7 +359,7 @@ static cm_status run_forward(ts_decoder *d, const cm_proto_decode *rq, const pie
     }
     if (with_drafts) {
         const double t0 = cm_now_s();
-        CM_TRY(ts_cache_commit(d->cache, d->adv));
+        CM_TRY(cache_commit(d));
         d->commit_s += cm_now_s() - t0;
         d->n_commits++;
     }
@@ -411,7 +442,7 @@ static cm_status open_new(ts_decoder *d, const char *owner, const cm_proto_decod
         cm_rng_seed(&s->rng, q->seed);
         d->slot_of[r] = next_free;
         CM_LOG_DEBUG("decoding: sequence %u opened for '%s' in slot %d", s->handle, owner, next_free);
-        CM_TRY(ts_cache_clear(d->cache, next_free));
+        CM_TRY(cache_clear(d, next_free));
     }
     return CM_OK;
 }

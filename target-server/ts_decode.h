@@ -14,6 +14,7 @@
 #include "cm_proto.h"
 #include "cm_status.h"
 #include "ts_model.h"
+#include "ts_split.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,6 +34,9 @@ typedef struct ts_decoder_config {
 /* Bytes of backend memory a decoder of this config takes (its cache). */
 size_t    ts_decoder_bytes(const cm_target_cfg *c, const ts_decoder_config *cfg);
 cm_status ts_decoder_create(ts_model *m, const ts_decoder_config *cfg, ts_decoder **out);
+/* The same over a split target's stages (ts_split.h): the cache spread over the stages' contexts,
+ * the same steps and answers as on one model. */
+cm_status ts_decoder_create_split(ts_split *sp, const ts_decoder_config *cfg, ts_decoder **out);
 void      ts_decoder_destroy(ts_decoder **d); /* NULL-safe */
 
 /* Runs one DECODE of owner (already decoded by cm_proto_decode_decode) and fills ans (room for

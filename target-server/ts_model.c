@@ -339,6 +339,8 @@ int ts_model_n_loaded_layers(const ts_model *m) { return m->n_layers; }
 
 int ts_model_first_layer(const ts_model *m) { return m->first_layer; }
 
+int ts_model_has_head(const ts_model *m) { return m->has_head; }
+
 int ts_model_fused(const ts_model *m) { return m->fused; }
 
 // ----------------------------------------------------------------------------

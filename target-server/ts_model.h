@@ -51,6 +51,7 @@ void      ts_model_destroy(ts_model **m); /* NULL-safe */
 const cm_target_cfg *ts_model_cfg(const ts_model *m);
 int                  ts_model_n_loaded_layers(const ts_model *m); /* the end of the loaded range */
 int                  ts_model_first_layer(const ts_model *m);
+int                  ts_model_has_head(const ts_model *m); /* final norm and LM head loaded */
 
 /* Checks a packed batch against the model: 0 ≤ input_ids[t] < vocab_size, cu_seqlens[0] = 0,
  * strictly increasing, cu_seqlens[n_seq] = T. CM_ERR_INVALID_ARG with the first offending
@@ -152,8 +153,9 @@ typedef struct ts_cache ts_cache;
 /* Bytes a cache of these sizes takes in backend memory (the planner's and the session limit's
  * figure). */
 size_t    ts_cache_bytes(const cm_target_cfg *cfg, int n_slots, int64_t max_len, int64_t max_step_tokens);
-/* Allocates a cache for the model's loaded layers (all of them: decoding needs every layer and
- * the head). CM_ERR_NOMEM names the bytes asked for. */
+/* Allocates a cache for the model's loaded layers [first_layer, n_layers): decoding needs every
+ * layer and the head, in one model (ts_decoder_create checks) or over a split's stages (one
+ * cache per stage, ts_split_cache_create). CM_ERR_NOMEM names the bytes asked for. */
 cm_status ts_cache_create(ts_model *m, int n_slots, int64_t max_len, int64_t max_step_tokens, ts_cache **out);
 void      ts_cache_destroy(ts_cache **c); /* NULL-safe */
 int       ts_cache_slots(const ts_cache *c);

@@ -2,8 +2,8 @@
  * "Decoding"): DECODE steps from clients such as `drafter-trainer eval`, received by a cm_dec
  * server on its own thread and run on replica 0's worker thread between hidden-state requests
  * (cm_chan_server_call), so the model that feeds training also verifies drafts and one thread
- * keeps owning it. The decoder (its cache in the replica's device memory) is made there at the
- * first step and freed there before the model. A client that falls silent for --decode-idle-s
+ * keeps owning it. The decoder (its cache in the replica's device memory, or over its stages
+ * when the replica is split) is made there at the first step and freed there before the model. A client that falls silent for --decode-idle-s
  * loses its sequences. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,9 +38,10 @@ static cm_status ensure_decoder(ts_serve_decode *sd, serve_state *s) {
                               .max_forward  = a->max_tokens,
                               .hidden_dtype = a->dtype,
                               .gen          = sd->gen};
-    CM_TRY(ts_decoder_create(s->model, &c, &s->decoder));
-    CM_LOG_INFO("decoding: %d sequences of up to %d tokens, %.1f MB of %s memory for their state", a->decode_seqs,
-                a->decode_max_len, (double)ts_decoder_bytes(ts_model_cfg(s->model), &c) / 1e6, a->device);
+    CM_TRY(s->split ? ts_decoder_create_split(s->split, &c, &s->decoder) : ts_decoder_create(s->model, &c, &s->decoder));
+    CM_LOG_INFO("decoding: %d sequences of up to %d tokens, %.1f MB of %s memory for their state%s", a->decode_seqs,
+                a->decode_max_len, (double)ts_decoder_bytes(sd->all->cfg, &c) / 1e6, a->device,
+                s->split ? ", spread over the replica's stages" : "");
     return CM_OK;
 }
 
@@ -48,7 +49,7 @@ static cm_status ensure_decoder(ts_serve_decode *sd, serve_state *s) {
 static cm_status run_step(void *user, void *arg) {
     serve_state *s = user;
     call        *c = arg;
-    if (!s->model) return CM_FAIL(CM_ERR_PEER_GONE, "the model is not loaded yet; try again in a moment");
+    if (!s->model && !s->split) return CM_FAIL(CM_ERR_PEER_GONE, "the model is not loaded yet; try again in a moment");
     CM_TRY(ensure_decoder(c->sd, s));
     return ts_decoder_step(s->decoder, c->owner, c->rq, c->ans);
 }

@@ -15,7 +15,27 @@ struct ts_split {
     pthread_mutex_t lock[TS_SPLIT_MAX_STAGES]; /* one pack in a stage at a time */
     float    *hx;     /* host [hx_cap]: ts_split_forward's hand-over between two stages */
     int64_t   hx_cap; /* floats */
+    int       has_head;
 };
+
+struct ts_split_cache {
+    ts_split *s;
+    ts_cache *c[TS_SPLIT_MAX_STAGES]; /* stage i's, on its context */
+    float    *hx;                     /* host [hx_cap]: the hand-over between two stages */
+    int64_t   hx_cap;
+};
+
+/* Grows a host hand-over buffer to T·D floats. */
+static cm_status grow_hx(float **hx, int64_t *cap, int64_t T, int64_t D) {
+    if (T * D <= *cap) return CM_OK;
+    free(*hx);
+    *cap = 0;
+    if (!(*hx = malloc((size_t)(T * D) * sizeof **hx)))
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the %lld x %lld hand-over between stages", (long long)T,
+                       (long long)D);
+    *cap = T * D;
+    return CM_OK;
+}
 
 /* A layer's weight count: its mixer and its MLP (dense or sparse), the norms left out. */
 static double layer_weights(const cm_target_cfg *c, int i) {
@@ -76,8 +96,9 @@ cm_status ts_split_load(ts_split **out, const ts_model_config *base, int n, kn_c
                        n, end, base->dir, end < TS_SPLIT_MAX_STAGES ? end : TS_SPLIT_MAX_STAGES);
     ts_split *s = calloc(1, sizeof *s);
     if (!s) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a split target");
-    s->n  = n;
-    s->be = base->backend;
+    s->n        = n;
+    s->be       = base->backend;
+    s->has_head = base->load_head;
     for (int i = 0; i < n; i++) pthread_mutex_init(&s->lock[i], NULL);
     memcpy(s->ctx, ctxs, (size_t)n * sizeof *ctxs);
     if (bounds)
@@ -128,14 +149,46 @@ cm_status ts_split_warmup(ts_split *s, int64_t max_tokens) {
 
 int ts_split_bound(const ts_split *s, int i) { return s->bounds[i]; }
 
-/* One stage of a pack under its lock, on its device. */
-static cm_status run_stage(ts_split *s, int i, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
-                           const ts_capture *sc) {
+/* One stage of a pack under its lock, on its device; cached: over that stage's cache. */
+static cm_status run_stage(ts_split *s, int i, ts_cache *cache, const ts_cache_step *cs, const int32_t *ids, int64_t T,
+                           const int32_t *cu, int n_seq, const ts_capture *sc) {
     pthread_mutex_lock(&s->lock[i]);
     cm_status st = bind(s->be, s->ctx[i]);
-    if (st == CM_OK) st = ts_model_forward(s->stage[i], ids, T, cu, n_seq, sc);
+    if (st == CM_OK)
+        st = cache ? ts_model_forward_cached(s->stage[i], cache, cs, ids, T, cu, sc)
+                   : ts_model_forward(s->stage[i], ids, T, cu, n_seq, sc);
     pthread_mutex_unlock(&s->lock[i]);
     return st;
+}
+
+/* Stage i's part of cap: the captures of its layers, from cap->layers[*next] on (*next moves past
+ * them), the hand-over through hx, and the head when i is the split's last stage and runs last. */
+static ts_capture stage_capture(const ts_split *s, int i, const ts_capture *cap, int *next, float *hx, int runs_last) {
+    int k = *next;
+    while (k < cap->n_layers && cap->layers[k] < s->bounds[i + 1]) k++;
+    ts_capture sc = {.n_layers  = k - *next,
+                     .layers    = cap->layers + *next,
+                     .layer_out = cap->layer_out ? cap->layer_out + *next : NULL,
+                     .experts   = cap->experts,
+                     .x_in      = i > 0 ? hx : NULL,
+                     .x_out     = runs_last ? NULL : hx};
+    if (runs_last && i == s->n - 1) {
+        sc.final_norm  = cap->final_norm;
+        sc.logits      = cap->logits;
+        sc.n_head_rows = cap->n_head_rows;
+        sc.head_rows   = cap->head_rows;
+        sc.head_argmax = cap->head_argmax;
+        sc.head_logits = cap->head_logits;
+    }
+    *next = k;
+    return sc;
+}
+
+static cm_status captures_inside(const ts_split *s, const ts_capture *cap, int next) {
+    if (next != cap->n_layers)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "capture layer %d is outside the split target's layers [0, %d)",
+                       cap->layers[next], s->bounds[s->n]);
+    return CM_OK;
 }
 
 cm_status ts_split_forward_with(ts_split *s, float *hx, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
@@ -147,38 +200,96 @@ cm_status ts_split_forward_with(ts_split *s, float *hx, const int32_t *ids, int6
     const int need = want_head ? s->bounds[s->n] - 1 : cap->n_layers ? cap->layers[cap->n_layers - 1] : -1;
     int       next = 0; /* the caller's next capture */
     for (int i = 0; i < s->n && s->bounds[i] <= need; i++) {
-        const int last_stage = i == s->n - 1 || s->bounds[i + 1] > need;
-        int       k          = next;
-        while (k < cap->n_layers && cap->layers[k] < s->bounds[i + 1]) k++;
-        ts_capture sc = {.n_layers  = k - next,
-                         .layers    = cap->layers + next,
-                         .layer_out = cap->layer_out ? cap->layer_out + next : NULL,
-                         .experts   = cap->experts,
-                         .x_in      = i > 0 ? hx : NULL,
-                         .x_out     = last_stage ? NULL : hx};
-        if (last_stage && i == s->n - 1) {
-            sc.final_norm = cap->final_norm;
-            sc.logits     = cap->logits;
-        }
-        CM_TRY(run_stage(s, i, ids, T, cu, n_seq, &sc));
-        next = k;
+        const int  last_stage = i == s->n - 1 || s->bounds[i + 1] > need;
+        ts_capture sc         = stage_capture(s, i, cap, &next, hx, last_stage);
+        CM_TRY(run_stage(s, i, NULL, NULL, ids, T, cu, n_seq, &sc));
         if (last_stage) break;
     }
-    if (next != cap->n_layers)
-        return CM_FAIL(CM_ERR_INVALID_ARG, "capture layer %d is outside the split target's layers [0, %d)",
-                       cap->layers[next], s->bounds[s->n]);
-    return CM_OK;
+    return captures_inside(s, cap, next);
 }
 
 cm_status ts_split_forward(ts_split *s, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
                            const ts_capture *cap) {
-    const int D = ts_model_cfg(s->stage[0])->hidden_size;
-    if (s->n > 1 && T * D > s->hx_cap) {
-        free(s->hx);
-        s->hx_cap = 0;
-        if (!(s->hx = malloc((size_t)(T * D) * sizeof *s->hx)))
-            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the %lld x %d hand-over between stages", (long long)T, D);
-        s->hx_cap = T * D;
-    }
+    if (s->n > 1) CM_TRY(grow_hx(&s->hx, &s->hx_cap, T, ts_model_cfg(s->stage[0])->hidden_size));
     return ts_split_forward_with(s, s->hx, ids, T, cu, n_seq, cap);
+}
+
+// ----------------------------------------------------------------------------
+// decoding
+
+void ts_split_cache_destroy(ts_split_cache **pc) {
+    ts_split_cache *c = pc ? *pc : NULL;
+    if (!c) return;
+    for (int i = 0; i < c->s->n; i++)
+        if (c->c[i]) {
+            bind(c->s->be, c->s->ctx[i]);
+            ts_cache_destroy(&c->c[i]);
+        }
+    free(c->hx);
+    free(c);
+    *pc = NULL;
+}
+
+cm_status ts_split_cache_create(ts_split *s, int n_slots, int64_t max_len, int64_t max_step, ts_split_cache **out) {
+    *out = NULL;
+    const cm_target_cfg *cfg = ts_split_cfg(s);
+    if (s->bounds[s->n] != cfg->n_layers || !s->has_head)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "decoding needs every layer and the head loaded (%d of %d layers%s)",
+                       s->bounds[s->n], cfg->n_layers, s->has_head ? "" : ", no head");
+    ts_split_cache *c = calloc(1, sizeof *c);
+    if (!c) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a split decoding cache");
+    c->s         = s;
+    cm_status st = CM_OK;
+    for (int i = 0; i < s->n && st == CM_OK; i++) {
+        st = bind(s->be, s->ctx[i]);
+        if (st == CM_OK) st = ts_cache_create(s->stage[i], n_slots, max_len, max_step, &c->c[i]);
+        if (st != CM_OK && s->n > 1) {
+            char why[768];
+            snprintf(why, sizeof why, "%s", cm_last_error());
+            st = CM_FAIL(st, "stage %d of %d: %s", i, s->n, why);
+        }
+    }
+    if (st != CM_OK) {
+        ts_split_cache_destroy(&c);
+        return st;
+    }
+    *out = c;
+    return CM_OK;
+}
+
+cm_status ts_split_forward_cached(ts_split_cache *c, const ts_cache_step *cs, const int32_t *ids, int64_t T,
+                                  const int32_t *cu, const ts_capture *cap) {
+    ts_split *s = c->s;
+    if (cap->layer_dev || cap->on_layer || cap->x_in || cap->x_out)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "a split target gathers captures in host memory only (layer_out, "
+                       "final_norm, logits, the head's rows, experts)");
+    if (s->n > 1) CM_TRY(grow_hx(&c->hx, &c->hx_cap, T, ts_split_cfg(s)->hidden_size));
+    int next = 0;
+    for (int i = 0; i < s->n; i++) { /* every stage: each one's cache must see the new tokens */
+        ts_capture sc = stage_capture(s, i, cap, &next, c->hx, i == s->n - 1);
+        CM_TRY(run_stage(s, i, c->c[i], cs, ids, T, cu, cs->n_seq, &sc));
+    }
+    return captures_inside(s, cap, next);
+}
+
+cm_status ts_split_cache_commit(ts_split_cache *c, const int32_t *n_adv) {
+    for (int i = 0; i < c->s->n; i++) {
+        pthread_mutex_lock(&c->s->lock[i]);
+        cm_status st = bind(c->s->be, c->s->ctx[i]);
+        if (st == CM_OK) st = ts_cache_commit(c->c[i], n_adv);
+        pthread_mutex_unlock(&c->s->lock[i]);
+        CM_TRY(st);
+    }
+    return CM_OK;
+}
+
+cm_status ts_split_cache_clear(ts_split_cache *c, int slot) {
+    for (int i = 0; i < c->s->n; i++) {
+        pthread_mutex_lock(&c->s->lock[i]);
+        cm_status st = bind(c->s->be, c->s->ctx[i]);
+        if (st == CM_OK) st = ts_cache_clear(c->c[i], slot);
+        pthread_mutex_unlock(&c->s->lock[i]);
+        CM_TRY(st);
+    }
+    return CM_OK;
 }

@@ -7,7 +7,9 @@
  * same values in the same order, and fp32 captures are bit-identical to one context's.
  *
  * Several packs can be in flight (ts_split_forward_with from several threads): each stage takes
- * one pack at a time, in stage order. Not here yet: stage-to-stage copies that stay on the GPUs. */
+ * one pack at a time, in stage order. A split target also decodes: a ts_split_cache holds one
+ * ts_cache per stage, and a cached forward runs every stage. Not here yet: stage-to-stage copies
+ * that stay on the GPUs. */
 #ifndef TS_SPLIT_H
 #define TS_SPLIT_H
 
@@ -49,6 +51,25 @@ cm_status ts_split_forward(ts_split *s, const int32_t *input_ids, int64_t T, con
  * per stage at a time, so several packs run in the pipeline together, each stage on another. */
 cm_status ts_split_forward_with(ts_split *s, float *hx, const int32_t *input_ids, int64_t T,
                                 const int32_t *cu_seqlens, int n_seq, const ts_capture *cap);
+
+// ----------------------------------------------------------------------------
+// decoding (ts_model.h's cache, one per stage)
+
+typedef struct ts_split_cache ts_split_cache;
+
+/* A decoding cache over every stage: each stage's ts_cache on its own context. Needs every layer
+ * of the target and the head loaded (CM_ERR_INVALID_ARG otherwise). */
+cm_status ts_split_cache_create(ts_split *s, int n_slots, int64_t max_len, int64_t max_step, ts_split_cache **out);
+void      ts_split_cache_destroy(ts_split_cache **c); /* NULL-safe */
+/* ts_model_forward_cached over the stages: every stage runs (each one's cache sees the new
+ * tokens), the residual stream handed over through host memory, captures from the stage that
+ * holds each layer, the head (all rows or chosen rows) on the last. layer_dev, on_layer and the
+ * hand-over fields are refused. Takes each stage's lock like ts_split_forward_with. */
+cm_status ts_split_forward_cached(ts_split_cache *c, const ts_cache_step *st, const int32_t *input_ids, int64_t T,
+                                  const int32_t *cu_seqlens, const ts_capture *cap);
+/* ts_cache_commit and ts_cache_clear on every stage. */
+cm_status ts_split_cache_commit(ts_split_cache *c, const int32_t *n_adv);
+cm_status ts_split_cache_clear(ts_split_cache *c, int slot);
 
 #ifdef __cplusplus
 }

@@ -227,8 +227,7 @@ static void test_exact(void) {
 /* Replicas split over pipeline stages (--stages, target-server/ts_split.h): the same answers, bit for bit. */
 static void test_stages(void) {
     proc              p;
-    const char *const args[] = {"--dtype", "f32", "--encoding", "all", "--stages", "3", "--replicas", "2",
-                                "--decode-seqs", "0", NULL};
+    const char *const args[] = {"--dtype", "f32", "--encoding", "all", "--stages", "3", "--replicas", "2", NULL};
     if (!serve_start(&p, "stages", "tcp://127.0.0.1:*", args)) {
         TST_CHECK(0);
         return;
@@ -390,8 +389,6 @@ static void test_bad_flags(void) {
     TST_CHECK(run_serve_args(gpus_twice, "gpustwice", &e) == 2 && strstr(e, "names GPU 1 twice"));
     const char *gpus_reps[] = {"--model", model, "--device", "cuda", "--gpu", "0,1", "--replicas", "3", NULL};
     TST_CHECK(run_serve_args(gpus_reps, "gpusreps", &e) == 2 && strstr(e, "one GPU per replica"));
-    const char *stages_dec[] = {"--model", model, "--stages", "2", NULL};
-    TST_CHECK(run_serve_args(stages_dec, "stagesdec", &e) == 2 && strstr(e, "add --decode-seqs 0"));
     const char *stages_gpus[] = {"--model", model, "--device", "cuda", "--gpu", "0,1,2", "--stages", "2", NULL};
     TST_CHECK(run_serve_args(stages_gpus, "stagesgpus", &e) == 2 && strstr(e, "give 2 GPUs per replica"));
     const char *slash[] = {"--model", model, "--name", "a/b", NULL};

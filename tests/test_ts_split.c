@@ -7,8 +7,10 @@
  *     early (stages past it not run);
  *   - packs in flight: 4 threads at once through one 3-stage split (ts_split_forward_with, each with
  *     its own hand-over), every result bit-identical to the single-threaded one;
+ *   - decoding over 2 and 3 stages answers every step bit-identically to one context (greedy drafts
+ *     accepted in part and committed, a sampled sequence, a prompt in pieces);
  *   - what a split cannot do is refused with one message: too many stages, bad boundaries, device
- *     captures.
+ *     captures, decoding without the head or on one stage alone.
  *   test_ts_split cpu    the stages on cpu contexts (unit)
  *   test_ts_split cuda   on cuda contexts: all on GPU 0 (two stages on one GPU: the same code path as two
  *                        GPUs, the hand-over through host memory either way), and on GPUs 0 and 1 when a
@@ -21,6 +23,7 @@
 
 #include "cm_safetensors.h"
 #include "kn_backend.h"
+#include "ts_decode.h"
 #include "ts_split.h"
 #include "tst.h"
 #include "tst_kn.h"
@@ -214,6 +217,17 @@ static void test_refusals(const kn_backend *be, const int *gpus) {
         const int  l0     = 0;
         ts_capture cap    = {.n_layers = 1, .layers = &l0, .layer_dev = dev};
         TST_FAILS(ts_split_forward(sp, ids, 4, cu, 1, &cap), CM_ERR_INVALID_ARG, "host memory only");
+        /* decoding needs the head: on a split loaded without it, and on one stage alone */
+        ts_decoder_config dc = {.max_seqs = 1, .max_len = 8, .max_step = 4, .max_forward = 4,
+                                .hidden_dtype = CM_DTYPE_F32};
+        ts_decoder       *d  = NULL;
+        TST_FAILS(ts_decoder_create_split(sp, &dc, &d), CM_ERR_INVALID_ARG, "every layer and the head", "no head");
+        ts_model       *stage = NULL;
+        ts_model_config sc    = {.dir = model, .backend = be, .ctx = ctx, .first_layer = 2, .n_layers = 6,
+                                 .load_head = 1};
+        TST_CHECK(ts_model_load(&stage, &sc) == CM_OK);
+        TST_FAILS(ts_decoder_create(stage, &dc, &d), CM_ERR_INVALID_ARG, "every layer and the head", "layers 2 to 5");
+        ts_model_destroy(&stage);
         ts_split_destroy(&sp);
         be->ctx_destroy(&ctx);
     }
@@ -281,6 +295,129 @@ static void test_in_flight(const kn_backend *be, const int *gpus) {
     free_fixture(&fx);
 }
 
+// ---- decoding on a split target
+
+typedef struct dec_out {
+    cm_proto_tensor t[4];
+    cm_proto_answer ans;
+} dec_out;
+
+/* One STEP of n records (tokens back to back in toks) with the layers lay[0 .. n_lay). */
+static cm_status dec_step(ts_decoder *d, cm_proto_decode_seq *recs, int n, int32_t *toks, int32_t *lay, int n_lay,
+                          dec_out *o) {
+    uint32_t T = 0;
+    for (int i = 0; i < n; i++) T += recs[i].n_ctx + recs[i].n_draft;
+    cm_proto_decode rq = {.id = 1, .op = CM_DECODE_STEP, .encoding = CM_ENCODING_RAW, .n_seqs = (uint32_t)n,
+                          .n_tokens = T, .n_layers = (uint32_t)n_lay, .seqs = recs, .tokens = toks, .layer_ids = lay};
+    memset(o, 0, sizeof *o);
+    o->ans.tensors     = o->t;
+    o->ans.cap_tensors = 4;
+    return ts_decoder_step(d, "c", &rq, &o->ans);
+}
+
+/* Bit equality of two answers: the decode table and every layer's rows. */
+static int same_answer(const dec_out *a, const dec_out *b) {
+    if (a->ans.n_tensors != b->ans.n_tensors) return 0;
+    for (uint32_t i = 0; i < a->ans.n_tensors; i++)
+        if (a->t[i].raw_size != b->t[i].raw_size || memcmp(a->t[i].data, b->t[i].data, (size_t)a->t[i].raw_size))
+            return 0;
+    return 1;
+}
+
+static ts_decoder *new_decoder(ts_model *m, ts_split *sp) {
+    ts_decoder_config c = {.max_seqs = 4, .max_len = 64, .max_step = 32, .max_forward = 8,
+                           .hidden_dtype = CM_DTYPE_F32};
+    ts_decoder *d = NULL;
+    TST_CHECK(tst_ok(m ? ts_decoder_create(m, &c, &d) : ts_decoder_create_split(sp, &c, &d), "decoder"));
+    return d;
+}
+
+/* Decoding over n stages answers every step exactly as over one context: a greedy sequence whose
+ * drafts are the target's own continuation with a wrong token every other step (so blocks are
+ * accepted in part and committed), and a sampled one (its logits rows); prompts longer than a
+ * forward go in pieces. The continuation comes from a third decoder running ahead alone. */
+static void test_decode(const kn_backend *be, const int *gpus, const char *name, int n) {
+    fixture fx;
+    if (!load_fixture(name, &fx)) return;
+    const cm_target_cfg *c = &fx.c;
+    enum { PA = 5, PB = 11, STEPS = 5, NDR = 3, AHEAD = STEPS * (NDR + 1) + 2 };
+    int32_t prompt[PA + PB]; /* B is longer than a forward: it goes in two pieces */
+    for (int i = 0; i < PA + PB; i++) prompt[i] = (int32_t)((7 * i + 3) % c->vocab_size);
+    kn_ctx *ctxs[TS_SPLIT_MAX_STAGES + 1] = {0};
+    for (int i = 0; i <= n; i++) {
+        kn_ctx_config kc = {gpus[i % n], KN_GEMM_MODE_F32};
+        TST_CHECK(be->ctx_create(&ctxs[i], &kc) == CM_OK);
+    }
+    ts_model_config mc = {.dir = fx.model, .backend = be, .n_layers = -1, .load_head = 1, .ctx = ctxs[n]};
+    ts_model       *m  = NULL;
+    ts_split       *sp = NULL;
+    TST_CHECK(tst_ok(ts_model_load(&m, &mc), name) && tst_ok(ts_split_load(&sp, &mc, n, ctxs, NULL), name));
+    ts_decoder *d0 = m ? new_decoder(m, NULL) : NULL, *d1 = m ? new_decoder(m, NULL) : NULL,
+               *d2 = sp ? new_decoder(NULL, sp) : NULL;
+    int32_t lay[3] = {0, c->n_layers / 2, c->n_layers - 1}, n_lay = c->n_layers > 2 ? 3 : c->n_layers;
+    if (c->n_layers == 2) lay[1] = 1;
+    int steps = 0, eq = 1, accepted = 0;
+    if (d0 && d1 && d2) {
+        /* the greedy continuation of prompt A, AHEAD tokens */
+        int32_t             ahead[AHEAD + 1], toks[64];
+        cm_proto_decode_seq r = {.n_ctx = PA, .top_p = 1};
+        dec_out            *o = calloc(2, sizeof *o);
+        memcpy(toks, prompt, PA * 4);
+        TST_CHECK(dec_step(d0, &r, 1, toks, lay, 0, &o[0]) == CM_OK);
+        for (int k = 0; k < AHEAD; k++) {
+            const int32_t *dec = o[0].t[0].data;
+            ahead[k]           = dec[3];
+            r                  = (cm_proto_decode_seq){.handle = (uint32_t)dec[0], .base = (uint32_t)dec[1],
+                                                       .n_ctx = 1, .top_p = 1};
+            TST_CHECK(dec_step(d0, &r, 1, &ahead[k], lay, 0, &o[0]) == CM_OK);
+        }
+        /* A greedy, B sampled, in lockstep on one context and on the stages */
+        cm_proto_decode_seq recs[2] = {{.n_ctx = PA, .top_p = 1},
+                                       {.n_ctx = PB, .temperature = 0.8f, .top_p = 0.95f, .top_k = 20, .seed = 7}};
+        memcpy(toks, prompt, (PA + PB) * 4);
+        for (int g = 0; g <= STEPS && eq; g++) {
+            cm_status s1 = dec_step(d1, recs, 2, toks, lay, n_lay, &o[0]);
+            cm_status s2 = dec_step(d2, recs, 2, toks, lay, n_lay, &o[1]);
+            TST_CHECK(tst_ok(s1, "one context") && tst_ok(s2, "stages"));
+            eq &= s1 == CM_OK && s2 == CM_OK && same_answer(&o[0], &o[1]);
+            if (!eq) {
+                if (s1 == CM_OK && s2 == CM_OK) { /* the decode tables: handle, length, accepted, next */
+                    const int32_t *a = o[0].t[0].data, *b = o[1].t[0].data;
+                    fprintf(stderr, "step %d differs: %d %d %d %d, %d %d %d %d on one context; %d %d %d %d, %d %d %d %d "
+                            "on the stages\n", g, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], b[0], b[1], b[2], b[3],
+                            b[4], b[5], b[6], b[7]);
+                }
+                break;
+            }
+            steps++;
+            const int32_t *dec = o[0].t[0].data;
+            accepted += g ? dec[2] : 0;
+            /* A: the anchor, then the continuation's next NDR tokens, the second one wrong on odd steps */
+            const int pos = dec[1] - PA; /* A's generated tokens so far; ahead[pos] is its anchor */
+            recs[0] = (cm_proto_decode_seq){.handle = (uint32_t)dec[0], .base = (uint32_t)dec[1], .n_ctx = 1,
+                                            .n_draft = NDR, .top_p = 1};
+            toks[0] = dec[3];
+            for (int k = 0; k < NDR; k++) toks[1 + k] = ahead[pos + 1 + k];
+            if (g % 2) toks[2] = (toks[2] + 1) % c->vocab_size;
+            recs[1] = (cm_proto_decode_seq){.handle = (uint32_t)dec[4], .base = (uint32_t)dec[5], .n_ctx = 1,
+                                            .n_draft = 2, .temperature = 0.8f, .top_p = 0.95f, .top_k = 20};
+            toks[1 + NDR] = dec[7];
+            toks[2 + NDR] = toks[3 + NDR] = (dec[7] + 1) % c->vocab_size;
+        }
+        free(o);
+    }
+    TST_CHECK(eq && steps == STEPS + 1 && accepted > 0);
+    printf("%-24s decoding over %d stages: %d steps (%d drafts accepted) bit-identical to one context: %s\n", name, n,
+           steps, accepted, eq && steps == STEPS + 1 ? "yes" : "NO");
+    ts_decoder_destroy(&d0);
+    ts_decoder_destroy(&d1);
+    ts_decoder_destroy(&d2);
+    ts_split_destroy(&sp);
+    ts_model_destroy(&m);
+    for (int i = 0; i <= n; i++) be->ctx_destroy(&ctxs[i]);
+    free_fixture(&fx);
+}
+
 /* Whether a context opens on GPU 1. */
 static int second_gpu(const kn_backend *be) {
     kn_ctx       *ctx = NULL;
@@ -310,6 +447,9 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) test_fixture(be, gpus, fixtures[i]);
     }
     test_in_flight(be, gpus);
+    test_decode(be, gpus, "qwen35_mm_sharded", 2);
+    test_decode(be, gpus, "qwen35moe_mm_fused", 3);
+    test_decode(be, gpus, "qwen3next_flat", 2);
     test_refusals(be, gpus);
     return tst_report();
 }

@@ -37,8 +37,8 @@ static void usage(FILE *f) {
         "  --stages N                split each replica's layers over N GPUs (default 1), for a\n"
         "                            target larger than one GPU: --gpu lists a replica's N GPUs,\n"
         "                            then the next replica's; a worker per stage keeps up to N\n"
-        "                            packs in flight; answers go through host memory, and need\n"
-        "                            --decode-seqs 0 (docs/target.md)\n"
+        "                            packs in flight; answers go through host memory; decoding\n"
+        "                            keeps its state on the stages (docs/target.md)\n"
         "  --precision bf16|fp32|fp8 cuda matrix products (default bf16, fp8 for an FP8 checkpoint;\n"
         "                            as dump)\n"
         "  --bind ENDPOINT           tcp://HOST:PORT (PORT may be '*') or ipc://PATH\n"
@@ -239,12 +239,6 @@ int ts_serve_main(int argc, char **argv) {
         fprintf(stderr,
                 "target-server serve: --gpu %d,... needs --device cuda (use --replicas N on the cpu)\n",
                 a.gpus[0]);
-        return 2;
-    }
-    if (a.stages > 1 && a.decode_seqs > 0) {
-        fprintf(stderr, "target-server serve: decoding (--decode-seqs) runs the whole target on one GPU, but --stages "
-                        "%d splits it; add --decode-seqs 0, or serve decoding from a server with --stages 1\n",
-                a.stages);
         return 2;
     }
     if (!a.replicas)
