@@ -6,6 +6,7 @@
  *   - a run killed (SIGKILL) once some of its output exists, then run again with the same arguments,
  *     ends byte-identical to the uninterrupted run, whether the kill fell inside a batch or not (a
  *     torn last line and a partial batch are cut);
+ *   - the target split over 3 pipeline stages (--stages 3) writes the same file, byte for byte;
  *   - the same arguments with another input or other settings, and an --out that generate did not
  *     write, are refused with one message each, and the file is left alone. */
 #include <signal.h>
@@ -27,6 +28,13 @@ static char dir[256];
 static int gen(const char *out, const char *max_new, const char *data, const char *err) {
     char *argv[] = {TS, "generate", "--model", MODEL, "--data", (char *)data, "--out", (char *)out, "--limit", "24",
                     "--batch", "8", "--max-new", (char *)max_new, "--log-level", "warn", NULL};
+    return tst_run(argv, err);
+}
+
+/* The same run with the target over 3 pipeline stages (3 cpu contexts). */
+static int gen_staged(const char *out, const char *err) {
+    char *argv[] = {TS, "generate", "--model", MODEL, "--data", DATA, "--out", (char *)out, "--limit", "24", "--batch",
+                    "8", "--max-new", "40", "--stages", "3", "--log-level", "warn", NULL};
     return tst_run(argv, err);
 }
 
@@ -106,6 +114,13 @@ int main(void) {
     if (o) fclose(o);
     fprintf(stderr, "generate: %d documents regenerated, %d ended at the end token\n", n_regen, n_ended);
     TST_CHECK(n_doc == 24 && n_ended >= 8);
+
+    /* the target over 3 pipeline stages: the same file */
+    char staged[512];
+    snprintf(staged, sizeof staged, "%s/staged.jsonl", dir);
+    TST_CHECK(gen_staged(staged, err) == 0);
+    TST_CHECK(tst_same_file(staged, full));
+    fprintf(stderr, "generate --stages 3: %s\n", tst_same_file(staged, full) ? "byte-identical" : "DIFFERS");
 
     /* killed and resumed: inside the first batch's writing or later */
     long sizes[2] = {100, file_size(full) / 2};

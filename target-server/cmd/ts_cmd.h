@@ -40,6 +40,13 @@ cm_status ts_args_precision(ts_target_args *t);
 /* "bf16", "fp32" or "fp8". */
 const char *ts_args_precision_name(const ts_target_args *t);
 
+/* The contexts of a target split over stages (dump and generate --stages, --gpu): stage i on the
+ * i-th entry of gpus ("N[,M...]", NULL = "0"), or every stage on its one entry; ctxs has room for
+ * stages (≤ TS_SPLIT_MAX_STAGES) and starts zeroed. ts_args_stage_ctxs_free destroys what was
+ * made, each with its device current. */
+cm_status ts_args_stage_ctxs(const kn_backend *be, const char *gpus, int stages, kn_gemm_mode mode, kn_ctx **ctxs);
+void      ts_args_stage_ctxs_free(const kn_backend *be, kn_ctx **ctxs, int stages);
+
 /* The options after the command's name. */
 int ts_dump_main(int argc, char **argv);   /* cmd/ts_dump.c */
 int ts_serve_main(int argc, char **argv);  /* cmd/ts_serve_cmd.c */

@@ -1,5 +1,5 @@
-/* target-server/cmd/ts_cmd_args.c — the flags dump, serve and generate share (ts_cmd.h), and the
- * default precision of a checkpoint (docs/fp8.md). */
+/* target-server/cmd/ts_cmd_args.c — the flags dump, serve and generate share (ts_cmd.h), the
+ * default precision of a checkpoint (docs/fp8.md), and the contexts of a target over stages. */
 #include "ts_cmd.h"
 
 #include <stdlib.h>
@@ -7,6 +7,7 @@
 
 #include "cm_log.h"
 #include "cm_quant.h"
+#include "ts_split.h"
 
 static cm_status precision_of_checkpoint(ts_target_args *t);
 
@@ -74,4 +75,42 @@ static cm_status precision_of_checkpoint(ts_target_args *t) {
                     t->precision ? "--precision" : "its quantization_config asks for dequantize");
     }
     return CM_OK;
+}
+
+/* --gpu "0" or "0,1,...": n ordinals into gpu[] (at most max). */
+static cm_status parse_gpus(const char *s, int *gpu, int max, int *n) {
+    *n = 0;
+    for (const char *p = s; p && *p;) {
+        char *end;
+        long  v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 1023 || (*end && *end != ',') || *n == max)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "--gpu '%s': expected up to %d device ordinals in [0, 1023], "
+                           "comma-separated", s, max);
+        gpu[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0) return CM_FAIL(CM_ERR_INVALID_ARG, "--gpu '%s' names no device", s);
+    return CM_OK;
+}
+
+cm_status ts_args_stage_ctxs(const kn_backend *be, const char *gpus, int stages, kn_gemm_mode mode, kn_ctx **ctxs) {
+    int gpu[TS_SPLIT_MAX_STAGES] = {0}, n_gpu = 1;
+    if (gpus) CM_TRY(parse_gpus(gpus, gpu, TS_SPLIT_MAX_STAGES, &n_gpu));
+    if (n_gpu > 1 && n_gpu != stages)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "--gpu names %d devices for %d stages: give one, or one per stage", n_gpu,
+                       stages);
+    for (int i = 0; i < stages; i++) {
+        kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+        kc.device        = gpu[n_gpu > 1 ? i : 0];
+        kc.gemm_mode     = mode;
+        CM_TRY(be->ctx_create(&ctxs[i], &kc));
+    }
+    return CM_OK;
+}
+
+void ts_args_stage_ctxs_free(const kn_backend *be, kn_ctx **ctxs, int stages) {
+    for (int i = 0; i < stages; i++) {
+        if (ctxs[i] && be->ctx_bind) be->ctx_bind(ctxs[i]); /* its device current while it goes */
+        if (ctxs[i]) be->ctx_destroy(&ctxs[i]);
+    }
 }

@@ -60,22 +60,6 @@ typedef struct dump_args {
     int            logits, stages;
 } dump_args;
 
-/* --gpu "0" or "0,1,...": n ordinals into gpu[] (at most max). */
-static cm_status parse_gpus(const char *s, int *gpu, int max, int *n) {
-    *n = 0;
-    for (const char *p = s; p && *p;) {
-        char *end;
-        long  v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 1023 || (*end && *end != ',') || *n == max)
-            return CM_FAIL(CM_ERR_INVALID_ARG, "--gpu '%s': expected up to %d device ordinals in [0, 1023], "
-                           "comma-separated", s, max);
-        gpu[(*n)++] = (int)v;
-        p = *end ? end + 1 : end;
-    }
-    if (*n == 0) return CM_FAIL(CM_ERR_INVALID_ARG, "--gpu '%s' names no device", s);
-    return CM_OK;
-}
-
 /* Parses "all" or a comma list into a sorted unique list; *n = -1 for all. */
 static cm_status parse_layers(const char *s, int n_total, int *layers, int *n) {
     if (!s || strcmp(s, "all") == 0) {
@@ -126,7 +110,6 @@ static cm_status run_dump(dump_args *a) {
     const kn_backend *be  = NULL;
     kn_ctx           *ctxs[TS_SPLIT_MAX_STAGES] = {0};
     ts_split         *m   = NULL;
-    int               gpu[TS_SPLIT_MAX_STAGES], n_gpu = 1;
     cm_st            *in  = NULL;
     cm_st_writer     *wr  = NULL;
     int32_t          *ids = NULL, *cu = NULL;
@@ -138,19 +121,7 @@ static cm_status run_dump(dump_args *a) {
 
     CM_TRY_GOTO(kn_backend_get(a->t.device, &be), st, fail);
     CM_TRY_GOTO(ts_args_precision(&a->t), st, fail); /* an FP8 checkpoint's default: before the context's mode */
-    gpu[0] = 0;
-    if (a->gpus) CM_TRY_GOTO(parse_gpus(a->gpus, gpu, TS_SPLIT_MAX_STAGES, &n_gpu), st, fail);
-    if (n_gpu > 1 && n_gpu != a->stages) {
-        st = CM_FAIL(CM_ERR_INVALID_ARG, "--gpu names %d devices for %d stages: give one, or one per stage", n_gpu,
-                     a->stages);
-        goto fail;
-    }
-    for (int i = 0; i < a->stages; i++) {
-        kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
-        kc.device        = gpu[n_gpu > 1 ? i : 0];
-        kc.gemm_mode     = a->t.mode;
-        CM_TRY_GOTO(be->ctx_create(&ctxs[i], &kc), st, fail);
-    }
+    CM_TRY_GOTO(ts_args_stage_ctxs(be, a->gpus, a->stages, a->t.mode, ctxs), st, fail);
 
     /* The input is read first: a bad batch costs no model load. */
     CM_TRY_GOTO(cm_st_open_file(&in, a->input), st, fail);
@@ -271,10 +242,7 @@ fail:
     free(cu);
     cm_st_destroy(&in);
     ts_split_destroy(&m);
-    for (int i = 0; be && i < TS_SPLIT_MAX_STAGES; i++) {
-        if (ctxs[i] && be->ctx_bind) be->ctx_bind(ctxs[i]); /* its device current while it goes */
-        if (ctxs[i]) be->ctx_destroy(&ctxs[i]);
-    }
+    if (be) ts_args_stage_ctxs_free(be, ctxs, a->stages);
     return st;
 }
 

@@ -27,6 +27,7 @@
 #include "ts_cmd.h"
 #include "ts_decode.h"
 #include "ts_model.h"
+#include "ts_split.h"
 
 #define CMD "target-server generate"
 
@@ -40,6 +41,7 @@ static void usage(FILE *f) {
             "Killed, it resumes where it stopped when run again with the same arguments.\n"
             "\n"
             "  --model DIR, --device cpu|cuda, --precision bf16|fp32|fp8, --init, --seed: as dump\n"
+            "  --gpu N[,M...], --stages N  a target over N pipeline stages, as dump (default 1)\n"
             "  --data FILE               the tokenized dataset (JSONL, as tools/prepare_data.py writes)\n"
             "  --out FILE                the regenerated dataset (JSONL); FILE.meta.json beside it\n"
             "  --max-new N               response tokens at most (default 512)\n"
@@ -58,8 +60,8 @@ typedef struct doc {
 
 typedef struct gen_args {
     ts_target_args t;
-    const char    *data, *out;
-    int            max_new, batch, limit, top_k;
+    const char    *data, *out, *gpus;
+    int            max_new, batch, limit, top_k, stages;
     double         temperature, top_p;
     uint64_t       sample_seed;
     int            have_temp, have_top_p, have_top_k;
@@ -288,8 +290,8 @@ static cm_status run(gen_args *a) {
     doc      *docs = NULL;
     int64_t   n_docs = 0, done = 0;
     uint64_t  hash = 0;
-    kn_ctx   *ctx = NULL;
-    ts_model *model = NULL;
+    kn_ctx   *ctxs[TS_SPLIT_MAX_STAGES] = {0};
+    ts_split *model = NULL;
     FILE     *out = NULL;
     gen_run   g = {.a = a};
     const kn_backend *be = NULL;
@@ -306,18 +308,16 @@ static cm_status run(gen_args *a) {
     settings_text(a, a->t.model, settings, sizeof settings);
     if (st == CM_OK) st = resume_point(a, hash, settings, &done);
     if (st == CM_OK) st = kn_backend_get(a->t.device, &be);
-    kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
-    kc.gemm_mode     = a->t.mode;
-    if (st == CM_OK) st = be->ctx_create(&ctx, &kc);
-    ts_model_config mc = {.dir = a->t.model, .backend = be, .ctx = ctx, .n_layers = -1, .load_head = 1,
+    if (st == CM_OK) st = ts_args_stage_ctxs(be, a->gpus, a->stages, a->t.mode, ctxs);
+    ts_model_config mc = {.dir = a->t.model, .backend = be, .n_layers = -1, .load_head = 1,
                           .bf16_weights = be != kn_backend_cpu() && a->t.mode == KN_GEMM_MODE_BF16,
                           .fp8 = a->t.fp8, .init_random = a->t.init_random, .seed = a->t.seed};
-    if (st == CM_OK) st = ts_model_load(&model, &mc);
+    if (st == CM_OK) st = ts_split_load(&model, &mc, a->stages, ctxs, NULL);
     int64_t max_prompt = 1;
     for (int64_t i = 0; i < n_docs; i++) max_prompt = docs[i].prompt > max_prompt ? docs[i].prompt : max_prompt;
     ts_decoder_config dc = {.max_seqs = a->batch, .max_len = max_prompt + a->max_new + 1, .max_step = a->batch,
                             .max_forward = 16384, .hidden_dtype = CM_DTYPE_F32, .gen = g.gen};
-    if (st == CM_OK) st = ts_decoder_create(model, &dc, &g.dec);
+    if (st == CM_OK) st = ts_decoder_create_split(model, &dc, &g.dec);
     if (st == CM_OK && !(out = fopen(a->out, "ab")))
         st = CM_FAIL(CM_ERR_IO, "cannot write --out '%s': %s", a->out, strerror(errno));
     const double t0 = cm_now_s();
@@ -363,13 +363,13 @@ static cm_status run(gen_args *a) {
     for (int64_t i = 0; i < n_docs; i++) free(docs[i].ids);
     free(docs);
     ts_decoder_destroy(&g.dec);
-    ts_model_destroy(&model);
-    if (ctx) be->ctx_destroy(&ctx);
+    ts_split_destroy(&model);
+    if (be) ts_args_stage_ctxs_free(be, ctxs, a->stages);
     return st;
 }
 
 int ts_generate_main(int argc, char **argv) {
-    gen_args a = {.t = TS_TARGET_ARGS_DEFAULT, .max_new = 512, .batch = 16};
+    gen_args a = {.t = TS_TARGET_ARGS_DEFAULT, .max_new = 512, .batch = 16, .stages = 1};
     cm_args  p;
     cm_args_init(&p, CMD, argc, argv);
     while (cm_args_next(&p)) {
@@ -379,7 +379,8 @@ int ts_generate_main(int argc, char **argv) {
         } else if (ts_args_target(&p, &a.t) || cm_args_str(&p, "--data", &a.data) || cm_args_str(&p, "--out", &a.out) ||
                    cm_args_int(&p, "--max-new", 1, 1 << 20, &a.max_new) ||
                    cm_args_int(&p, "--batch", 1, 4096, &a.batch) || cm_args_int(&p, "--limit", 0, 1 << 30, &a.limit) ||
-                   cm_args_u64(&p, "--sample-seed", &a.sample_seed))
+                   cm_args_u64(&p, "--sample-seed", &a.sample_seed) || cm_args_str(&p, "--gpu", &a.gpus) ||
+                   cm_args_int(&p, "--stages", 1, TS_SPLIT_MAX_STAGES, &a.stages))
             ;
         else if (cm_args_f64(&p, "--temperature", 0, 1e3, &a.temperature))
             a.have_temp = 1;
