@@ -108,8 +108,11 @@ balance_report() {
     for ((i = 0; i < n_servers; i++)); do s1[i]=$(server_totals "$i"); done
     local metrics=()
     for ((r = 0; r < world; r++)); do metrics+=("$(trainer_out "$r")/metrics.jsonl"); done
-    G=$(printf '%s\n' "${sgpu[@]}" "${tgpu[@]}" | sort -u | wc -l)
-    local shared=$((G < n_servers + world))
+    # GPUs, not servers: a server over a group of GPUs (0+1) counts each of them
+    local sg
+    sg=$(printf '%s\n' "${sgpu[@]//+/$'\n'}" | wc -l)
+    G=$(printf '%s\n' "${sgpu[@]//+/$'\n'}" "${tgpu[@]}" | sort -u | wc -l)
+    local shared=$((G < sg + world))
     {
         for ((i = 0; i < n_servers; i++)); do echo "server ${s0[i]:-x x} ${s1[i]:-x x}"; done
         for f in "${metrics[@]}"; do
@@ -119,7 +122,7 @@ balance_report() {
                 if (match($0, /"compute_s": [0-9.eE+-]+/)) c = substr($0, RSTART + 13, RLENGTH - 13)
                 print "step", t, w, c }'
         done
-    } | awk -v n="$n" -v s="$n_servers" -v t="$world" -v G="$G" -v shared="$shared" '
+    } | awk -v n="$n" -v s="$n_servers" -v t="$world" -v G="$G" -v sg="$sg" -v shared="$shared" '
         $1 == "server" && $2 != "x" && $4 != "x" { dt += $4 - $2; db += $5 - $3 }
         $1 == "step" { tok += $2; w += $3; c += $4 }
         END {
@@ -128,9 +131,11 @@ balance_report() {
             printf "  demand: %d trainer(s) consume %.0f tok/s each when not waiting (%.0f in all)\n", t, D, t * D
             if (C > 0) {
                 printf "  supply: %d server(s) make %.0f tok/s each when busy (%.0f in all): supply / demand %.2fx\n", s, C, s * C, s * C / (t * D)
-                r = D / C
+                r = D / C * sg / s
                 printf "  target GPUs per trainer GPU, measured: %.2f\n", r
-                if (!shared && G > 1) {
+                if (sg > s) {
+                    printf "  servers over groups of GPUs (%d GPUs for %d server(s)): no other split of them to suggest\n", sg, s
+                } else if (!shared && G > 1) {
                     best = 1; bv = -1
                     for (k = 1; k < G; k++) { v = (G - k) / r; if (k < v) v = k; if (v > bv + 1e-9) { bv = v; best = k } }
                     if (best == t) printf "  the balanced split of these %d GPUs is this one: %d server(s), %d trainer(s)\n", G, s, t

@@ -5,8 +5,10 @@
  * status becomes the launcher's; a server that cannot load its model stops the launch before
  * any trainer starts; a SIGKILLed launcher leaves no child behind (pdeathsig); the swap-runs
  * workflow (--servers-only, then two --trainers-only runs against it, then a precompute from it
- * and a --trainers-only --shards run that needs no server); the --dry-run plan
- * of the seeds' layout (servers on GPUs 0-1, trainers on 2-3) and of 3 ranks on 2 servers; the
+ * and a --trainers-only --shards run that needs no server); a server over a group of GPUs
+ * (--server-gpus 0+1: one server of 2 pipeline stages) feeding a trainer; the --dry-run plan
+ * of the seeds' layout (servers on GPUs 0-1, trainers on 2-3), of 3 ranks on 2 servers and of
+ * servers over groups; the
  * split --gpus chooses from the planner's rates (bf16 and fp8 servers), and --balance-after's
  * report of supply against demand on a real run. */
 #include <dirent.h>
@@ -223,6 +225,29 @@ static void test_run(void) {
     TST_CHECK(strstr(slurp(file_in("run", "logs/server-0.log")), "served ") != NULL); /* a clean stop */
     TST_CHECK(strstr(slurp(file_in("run", "logs/trainer-0.log")), "=== ") != NULL);
     TST_CHECK(strstr(slurp(file_in("run", "logs/plan.txt")), "trainer 0: gpu 0") != NULL);
+    TST_CHECK(none_left(5000));
+}
+
+/* A server over a group of GPUs (--server-gpus 0+1): one target-server whose layers are split into
+ * 2 pipeline stages (here 2 cpu contexts), feeding a trainer as any server does. */
+static void test_run_stages(void) {
+    char out[512], run[512];
+    paths("stages.out", "stages", out, run);
+    char *args[] = {"--server-gpus", "0+1",           "--trainer-gpus", "2",  "--base-port", "0",
+                    COMMON,          "--out",         run,              "--", "--data",      csv,
+                    "--steps",       "2",             "--max-anchors",  "16", "--credits",   "2",
+                    NULL};
+    int   rc = launch(out, args, 60000);
+    TST_CHECK(rc == 0);
+    if (rc != 0) fprintf(stderr, "launcher output:\n%s\n", slurp(out));
+    /* slurp has one buffer: each file is looked at before the next is read */
+    TST_CHECK(strstr(slurp(file_in("stages", "logs/plan.txt")), "server  0: gpu 0+1 CUDA_VISIBLE_DEVICES=0,1 (2 "
+                                                                "stages) ") != NULL);
+    const char *log    = slurp(file_in("stages", "logs/server-0.log"));
+    const int   staged = strstr(log, "replica 0, stage 1: layers ") && strstr(log, "answering requests");
+    TST_CHECK(staged);
+    if (!staged) fprintf(stderr, "server log:\n%s\n", log);
+    TST_CHECK(tst_metrics_lines(tmp, "stages") == 2);
     TST_CHECK(none_left(5000));
 }
 
@@ -487,6 +512,17 @@ static void test_dry_run(void) {
     TST_CHECK(strstr(o, "trainer 2: gpu 2 CUDA_VISIBLE_DEVICES=2 RANK=2 LOCAL_RANK=2 WORLD_SIZE=3 "
                         "MASTER_ADDR=127.0.0.1 MASTER_PORT=29600 server tcp://127.0.0.1:7000 ") != NULL);
     TST_CHECK(strstr(o, "trainer 1: gpu 1 ") && strstr(o, "server tcp://127.0.0.1:7001 out "));
+
+    /* servers over groups of GPUs: each group is one server of as many stages */
+    char *groups[] = {"--server-gpus",    "0+1,2+3", "--trainer-gpus", "4",  "--model", "/m",
+                      "--drafter-config", "d.json",  "--out",          run,  "--dry-run", NULL};
+    TST_CHECK(launch(out, groups, 20000) == 0);
+    o = slurp(out);
+    TST_CHECK(strstr(o, "server  1: gpu 2+3 CUDA_VISIBLE_DEVICES=2,3 (2 stages) endpoint tcp://127.0.0.1:5556 "));
+    TST_CHECK(strstr(o, "CUDA_VISIBLE_DEVICES=2\\,3 ") && strstr(o, "--gpu 0\\,1 --stages 2 --bind tcp://127.0.0.1:5556"));
+    char *bad_group[] = {"--server-gpus", "0+", "--trainer-gpus", "4", "--model", "/m", "--drafter-config", "d.json",
+                         "--out", run, "--dry-run", NULL};
+    TST_CHECK(launch(out, bad_group, 20000) == 2 && strstr(slurp(out), "groups like 0+1,2+3"));
 }
 
 /* --gpus: the split from the planner's rates (the 27B deploy configs: one trainer GPU needs 2.42
@@ -589,6 +625,7 @@ int main(void) {
     test_auto_split();
     test_usage();
     test_run();
+    test_run_stages();
     test_auto_resume();
     test_sigterm();
     test_trainer_fails();

@@ -446,7 +446,10 @@ static void test_moe_deploy(const moe_shape *m) {
         if (!strstr(out, words[i]))
             fprintf(stderr, "  the plan lacks '%s'\n", words[i]);
     }
-    TST_CHECK((strstr(out, "serve this target at --precision fp8") != NULL) == (m->gpus_bf16 > 1));
+    char stages[96];
+    snprintf(stages, sizeof stages, "serve --stages N (tandem-launch --server-gpus 0+1+...), N = %d at bf16, %d at fp8",
+             m->gpus_bf16, m->gpus_fp8);
+    TST_CHECK((strstr(out, stages) != NULL) == (m->gpus_bf16 > 1)); /* the advice when a replica spans GPUs */
     if (getenv("TST_VERBOSE"))
         fputs(out, stderr);
 }

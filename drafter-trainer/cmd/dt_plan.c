@@ -408,8 +408,9 @@ void dt_plan_print(FILE *f, const dt_plan *p, const cm_target_cfg *t, const cm_d
             "H200s that hold them, bf16 / fp8", c, DT_PLAN_GPU_BYTES / (1024.0 * 1024 * 1024),
             DT_PLAN_TARGET_RESERVE / (1024.0 * 1024 * 1024));
     if (p->target_gpus_bf16 > 1 || p->target_gpus_fp8 > 1)
-        fprintf(f, "  target-server keeps a whole replica on one GPU: serve this target at %s\n",
-                p->target_gpus_fp8 > 1 ? "neither precision (it does not fit one GPU)" : "--precision fp8");
+        fprintf(f, "  a replica over N GPUs: target-server serve --stages N (tandem-launch --server-gpus 0+1+...), "
+                   "N = %d at bf16, %d at fp8\n",
+                p->target_gpus_bf16, p->target_gpus_fp8);
     fprintf(f, "\n");
 
     fprintf(f, "hidden states per token (taps x hidden x 2 bytes bf16)\n");

@@ -106,7 +106,7 @@ typedef struct dt_plan {
      * in rows of kn_fp8_scale_ld; in_proj_a/b, the embedding and lm_head bf16) */
     double m_target_bf16, m_target_fp8;
     /* GPUs of DT_PLAN_GPU_BYTES that hold one copy of those weights, DT_PLAN_TARGET_RESERVE kept
-     * free on each (target-server keeps a whole replica on one GPU: more than 1 does not serve) */
+     * free on each (more than 1: a replica over that many GPUs, serve --stages) */
     int target_gpus_bf16, target_gpus_fp8;
     /* hidden states */
     double wire_raw;         /* bytes per token before encoding: n · D · 2 (bf16) */
