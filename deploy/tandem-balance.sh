@@ -5,7 +5,8 @@
 # (say, warn, die_usage, alive, trainer_out, the GPU lists, endpoints, paths).
 
 # The planner's rates from `drafter-trainer train --dry-run` on stdin: "rho target_tok_s
-# trainer_tok_s fp8_factor" (rho: target GPUs per trainer GPU at bf16).
+# trainer_tok_s fp8_factor gpus_bf16 gpus_fp8" (rho: target GPUs per trainer GPU at bf16; gpus_*:
+# the GPUs one replica's weights take at each precision).
 plan_rates() {
     awk '
       function num(x,  m) { m = 1; if (x ~ /k$/) m = 1e3; else if (x ~ /M$/) m = 1e6; else if (x ~ /G$/) m = 1e9
@@ -14,13 +15,17 @@ plan_rates() {
       /one target GPU produces/ { tg = num($5) }
       /at --precision fp8/ { for (i = 1; i <= NF; i++) if ($i == "(x") { f = $(i + 1); sub(/,$/, "", f) } }
       $1 == "target" && $2 == "GPUs" && $3 == "per" && $6 ~ /^[0-9.]+$/ && rho == "" { rho = $6 }
-      END { if (rho == "" || tg == "" || tr == "") exit 1; print rho, tg, tr, (f == "" ? 1 : f) }'
+      /H200s that hold them/ { for (i = 1; i <= NF; i++) if ($i == "/" && $(i - 1) ~ /^[0-9]+$/) { gb = $(i - 1); gf = $(i + 1) } }
+      END { if (rho == "" || tg == "" || tr == "") exit 1
+            print rho, tg, tr, (f == "" ? 1 : f), (gb == "" ? 1 : gb), (gf == "" ? 1 : gf) }'
 }
 
-# Trainers t of G GPUs (the others serve) making min(t, (G - t) / rho) largest; 1 for one GPU.
+# Trainers t of G GPUs (the others serve, in replicas of K GPUs) making min(t, (G - t) / rho)
+# largest; 1 for one GPU; 0 when no t leaves a whole number of replicas.
 split_trainers() {
-    awk -v G="$1" -v r="$2" 'BEGIN { best = 1; bv = -1
-        for (t = 1; t < G; t++) { v = (G - t) / r; if (t < v) v = t; if (v > bv + 1e-9) { bv = v; best = t } }
+    awk -v G="$1" -v r="$2" -v K="${3:-1}" 'BEGIN { best = (G == 1 && K == 1) ? 1 : 0; bv = -1
+        for (t = 1; t < G; t++) { if ((G - t) % K) continue
+                                  v = (G - t) / r; if (t < v) v = t; if (v > bv + 1e-9) { bv = v; best = t } }
         print best }'
 }
 
@@ -48,26 +53,35 @@ auto_split() {
         die_usage "--gpus: the planner (drafter-trainer train --dry-run) failed on these configs"
     }
     rates=$(plan_rates <<<"$plan") || die_usage "--gpus: cannot read the planner's rates from its output"
-    local rho tg tr f prec=bf16 G t s g
-    read -r rho tg tr f <<<"$rates"
+    local rho tg tr f gb gf prec=bf16 G t s g k K
+    read -r rho tg tr f gb gf <<<"$rates"
+    K=$gb
     if servers_fp8; then
-        prec=fp8
+        prec=fp8 K=$gf
         rho=$(awk -v r="$rho" -v f="$f" 'BEGIN { printf "%.3f", r / f }')
         tg=$(awk -v x="$tg" -v f="$f" 'BEGIN { printf "%.0f", x * f }')
     fi
     IFS=, read -r -a g <<<"$gpus"
     G=${#g[@]}
-    t=$(split_trainers "$G" "$rho")
+    t=$(split_trainers "$G" "$rho" "$K")
+    ((t > 0)) || die_usage "--gpus: one replica of this target takes $K GPUs at $prec, and $G GPU(s) leave no room for a trainer beside whole replicas; give more GPUs (or --server-args \"--precision fp8\")"
     if ((G == 1)); then
         server_gpus=${g[0]} trainer_gpus=${g[0]} s=1
     else
-        s=$((G - t))
-        server_gpus=$(IFS=,; printf '%s' "${g[*]:0:s}") trainer_gpus=$(IFS=,; printf '%s' "${g[*]:s}")
+        s=$((G - t)) server_gpus=""
+        for ((k = 0; k < s; k++)); do # replicas of K GPUs: 0+1,2+3
+            server_gpus+=${g[k]}
+            if ((k + 1 < s)); then
+                if (((k + 1) % K)); then server_gpus+=+; else server_gpus+=,; fi
+            fi
+        done
+        trainer_gpus=$(IFS=,; printf '%s' "${g[*]:s}")
     fi
-    split_note=$(awk -v G="$G" -v s="$s" -v t="$t" -v r="$rho" -v tg="$tg" -v tr="$tr" -v p="$prec" -v one="$((G == 1))" 'BEGIN {
-        printf "auto split of %d GPU(s): %d server(s), %d trainer(s)%s; the planner: one trainer GPU needs %.2f target GPUs at %s " \
+    split_note=$(awk -v G="$G" -v s="$s" -v t="$t" -v r="$rho" -v tg="$tg" -v tr="$tr" -v p="$prec" -v K="$K" -v one="$((G == 1))" 'BEGIN {
+        printf "auto split of %d GPU(s): %d server(s)%s, %d trainer(s)%s; the planner: one trainer GPU needs %.2f target GPUs at %s " \
                "(%.0f tok/s per target GPU, %.0f per trainer GPU): supply %.0f tok/s against demand %.0f (%.2fx)",
-               G, s, t, one ? " sharing it" : "", r, p, tg, tr, s * tg, t * tr, (t * tr > 0 ? s * tg / (t * tr) : 0) }')
+               G, s / K, (K > 1 ? sprintf(" of %d GPUs each", K) : ""), t, one ? " sharing it" : "", r, p, tg, tr, s * tg,
+               t * tr, (t * tr > 0 ? s * tg / (t * tr) : 0) }')
 }
 
 # The "tokens busy_s" totals of server I from `target-server status`, or nothing.

@@ -32,6 +32,7 @@
 
 #define LAUNCH  TANDEM_TEST_DATA "/../deploy/tandem-launch"
 #define MODEL   TANDEM_TEST_DATA "/../models/tiny-qwen35"
+#define CONFIGS122 TANDEM_TEST_DATA "/../deploy/configs/qwen3.5-122b-a10b"
 #define CONFIGS TANDEM_TEST_DATA "/../deploy/configs/qwen3.6-27b"
 #define N_BATCH 6
 
@@ -491,18 +492,21 @@ static void test_dry_run(void) {
     TST_CHECK(strstr(o, "server  0: gpu 0 CUDA_VISIBLE_DEVICES=0 endpoint tcp://127.0.0.1:5555 ") != NULL);
     TST_CHECK(strstr(o, "server  1: gpu 1 CUDA_VISIBLE_DEVICES=1 endpoint tcp://127.0.0.1:5556 ") != NULL);
     TST_CHECK(strstr(o, "trainer 0: gpu 2 CUDA_VISIBLE_DEVICES=2 RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 "
-                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 server tcp://127.0.0.1:5555 ") != NULL);
+                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 servers tcp://127.0.0.1:5555,tcp://127.0.0.1:5556 ") !=
+              NULL);
     TST_CHECK(strstr(o, "trainer 1: gpu 3 CUDA_VISIBLE_DEVICES=3 RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 "
-                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 server tcp://127.0.0.1:5556 ") != NULL);
+                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 servers tcp://127.0.0.1:5556,tcp://127.0.0.1:5555 ") !=
+              NULL);
     /* the commands: each server on its one visible GPU, each rank with its data shard */
     TST_CHECK(strstr(o, "$ env CUDA_VISIBLE_DEVICES=1 ") && strstr(o, "serve --model /models/Qwen3.6-27B "
                                                                       "--device cuda --gpu 0 --bind "
                                                                       "tcp://127.0.0.1:5556"));
-    TST_CHECK(strstr(o, "--server tcp://127.0.0.1:5556 --out ") && strstr(o, "--dp-rank 1 --dp-size 2"));
+    TST_CHECK(strstr(o, "--server tcp://127.0.0.1:5556\\,tcp://127.0.0.1:5555 --out ") &&
+              strstr(o, "--dp-rank 1 --dp-size 2"));
     TST_CHECK(strstr(o, "--run-config ") && strstr(o, "/run.json --config "));
     TST_CHECK(access(run, F_OK) != 0); /* a dry run creates nothing */
 
-    /* 3 ranks on 2 servers: rank r talks to server r mod 2 */
+    /* 3 ranks on 2 servers: every rank uses both, rank r from server r mod 2 on */
     char *odd[] = {"--server-gpus",    "4,5",    "--trainer-gpus", "0,1,2", "--model",     "/m",
                    "--drafter-config", "d.json", "--out",          run,     "--base-port", "7000",
                    "--master-port",    "29600",  "--dry-run",      NULL};
@@ -510,8 +514,9 @@ static void test_dry_run(void) {
     o = slurp(out);
     TST_CHECK(strstr(o, "server  1: gpu 5 CUDA_VISIBLE_DEVICES=5 endpoint tcp://127.0.0.1:7001 ") != NULL);
     TST_CHECK(strstr(o, "trainer 2: gpu 2 CUDA_VISIBLE_DEVICES=2 RANK=2 LOCAL_RANK=2 WORLD_SIZE=3 "
-                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29600 server tcp://127.0.0.1:7000 ") != NULL);
-    TST_CHECK(strstr(o, "trainer 1: gpu 1 ") && strstr(o, "server tcp://127.0.0.1:7001 out "));
+                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29600 servers tcp://127.0.0.1:7000,tcp://127.0.0.1:7001 ") !=
+              NULL);
+    TST_CHECK(strstr(o, "trainer 1: gpu 1 ") && strstr(o, "servers tcp://127.0.0.1:7001,tcp://127.0.0.1:7000 out "));
 
     /* servers over groups of GPUs: each group is one server of as many stages */
     char *groups[] = {"--server-gpus",    "0+1,2+3", "--trainer-gpus", "4",  "--model", "/m",
@@ -553,6 +558,21 @@ static void test_auto_split(void) {
     TST_CHECK(launch(out, four8, 20000) == 0);
     TST_CHECK(strstr(slurp(out), "auto split of 4 GPU(s): 2 server(s), 2 trainer(s); the planner: one trainer GPU "
                                  "needs 1.70 target GPUs at fp8") != NULL);
+    /* the 122B-A10B at bf16 takes 2 H200s a replica: servers over pairs of GPUs (3.16 target GPUs per
+     * trainer GPU: 3 pairs and 2 trainers of 8), every trainer fed by every server; 2 GPUs are too few */
+    char *big[] = {"--gpus",           "0,1,2,3,4,5,6,7", "--model",      CONFIGS122 "/target-config.json",
+                   "--drafter-config", CONFIGS122 "/drafter.json", "--run-config", CONFIGS122 "/run.json",
+                   "--bin-dir",        TANDEM_BINARY_DIR, "--out", run, "--dry-run", NULL};
+    TST_CHECK(launch(out, big, 20000) == 0);
+    o = slurp(out);
+    TST_CHECK(strstr(o, "auto split of 8 GPU(s): 3 server(s) of 2 GPUs each, 2 trainer(s); the planner: one trainer "
+                        "GPU needs 3.16 target GPUs at bf16") != NULL);
+    TST_CHECK(strstr(o, "server  2: gpu 4+5 CUDA_VISIBLE_DEVICES=4,5 (2 stages) ") &&
+              strstr(o, "trainer 1: gpu 7 ") && strstr(o, "--stages 2 --bind tcp://127.0.0.1:5557"));
+    TST_CHECK(strstr(o, "servers tcp://127.0.0.1:5556,tcp://127.0.0.1:5557,tcp://127.0.0.1:5555 out "));
+    if (!strstr(o, "of 2 GPUs each")) fprintf(stderr, "launcher output:\n%s\n", o);
+    big[1] = "0,1";
+    TST_CHECK(launch(out, big, 20000) == 2 && strstr(slurp(out), "one replica of this target takes 2 GPUs at bf16"));
     char *both[] = {"--gpus", "0,1", "--server-gpus", "0", "--model", MODEL, "--drafter-config", config,
                     "--out",  run,   NULL};
     TST_CHECK(launch(out, both, 20000) == 2 && strstr(slurp(out), "not both"));

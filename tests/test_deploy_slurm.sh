@@ -86,7 +86,9 @@ for r in 0 1; do
     wait "${tpids[r]}" || st=$?
     check "trainer rank $r: exit 0" test "$st" -eq 0
     check "trainer rank $r: 2 steps in rank-$r/" test "$(wc -l <"$TANDEM_OUT/rank-$r/metrics.jsonl" 2>/dev/null)" = 2
-    check "trainer rank $r: on server $r" grep -q "rank $r of 2, server tcp://127.0.0.1:$((port + r))" \
+    # every server, from its own on: rank 0 on 0 then 1, rank 1 on 1 then 0
+    check "trainer rank $r: on both servers, server $r first" \
+        grep -q "rank $r of 2, servers tcp://127.0.0.1:$((port + r)),tcp://127.0.0.1:$((port + 1 - r))," \
         "$TANDEM_STATE/logs/trainer-$r.log"
 done
 st=0

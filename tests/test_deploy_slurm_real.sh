@@ -6,7 +6,7 @@
 # heterogeneous job whose components would share a node, so this host is two Slurm nodes, one
 # slurmd each (slurmd -N): the server node and the trainer node, as in production. Checked: the
 # job's status 0, keys made, two servers on the node's address (with CURVE keys) and ready, rank r
-# on server r mod 2 with its steps, checkpoint and log, the servers stopped cleanly after the
+# on both servers (server r mod 2 first) with its steps, checkpoint and log, the servers stopped cleanly after the
 # trainers, and Slurm's record of both components COMPLETED 0:0. Everything (munge key and
 # socket, slurm.conf, state, spool, logs, ports chosen free) is private to a temporary directory:
 # the system's munge and Slurm, and other runs of this test, are never touched. Exits 77 when
@@ -264,7 +264,8 @@ for i in 0 1; do
     check "  ... wait-servers saw it" grep -q "server $i ready at tcp://$addr:$((TANDEM_BASE_PORT + i))" "$out"
 done
 for r in 0 1; do
-    check "trainer rank $r of 2 on server $r" grep -q "rank $r of 2, server tcp://$addr:$((TANDEM_BASE_PORT + r))" \
+    check "trainer rank $r of 2 on both servers, server $r first" \
+        grep -q "rank $r of 2, servers tcp://$addr:$((TANDEM_BASE_PORT + r)),tcp://$addr:$((TANDEM_BASE_PORT + 1 - r))," \
         "$state/logs/trainer-$r.log"
     check "trainer rank $r: 3 steps in rank-$r/" test "$(wc -l <"$TANDEM_OUT/rank-$r/metrics.jsonl" 2>/dev/null)" = 3
     check "trainer rank $r: a checkpoint" test -s "$TANDEM_OUT/rank-$r/checkpoints/latest"
