@@ -44,7 +44,7 @@ plant "$tmp/t/common/format/cm_cfg.c" '#include "kn_backend.h"'
 expect "format includes kernels" 1 'common/format/cm_cfg.c: includes "kn_backend.h" from kernels' "$tmp/t"
 
 fresh
-ts=$(cd "$tmp/t" && ls target-server/*.c | head -1)
+ts=$(cd "$tmp/t" && find target-server -maxdepth 1 -name '*.c' | sort | head -1)
 dt=$(cd "$tmp/t" && find drafter-trainer -name '*.h' | head -1)
 plant "$tmp/t/$ts" "#include \"$(basename "$dt")\""
 expect "one program includes the other" 1 "the two programs never include each other" "$tmp/t"

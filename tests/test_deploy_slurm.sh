@@ -2,8 +2,9 @@
 # tests/test_deploy_slurm.sh — deploy/slurm/tandem-task, the per-task half of the Slurm job, run
 # for real on the CPU with the tiny target and the variables Slurm would give each task
 # (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS): `keys` makes the CURVE pairs once and keeps them;
-# two loopback servers bind TANDEM_BASE_PORT + SLURM_LOCALID and `wait-servers 2` sees both
-# ready; trainer ranks 0 and 1 of 2 each train on server rank mod 2 into rank-<r>/ and a rerun
+# two loopback servers bind TANDEM_BASE_PORT + SLURM_LOCALID (the second over two GPUs as two
+# pipeline stages, TANDEM_SERVER_STAGES=2) and `wait-servers 2` sees both ready; trainer ranks 0
+# and 1 of 2 each train on both servers, their own first, into rank-<r>/ and a rerun
 # (a requeued job) resumes; a server bound to a non-loopback address uses the CURVE keys, and a
 # trainer against it either connects with the keys or, while drafter-trainer lacks
 # --curve-server-key, stops with the message that says so; wait-servers fails when the server
@@ -64,16 +65,20 @@ else
     curve=0
 fi
 
-# ---- two loopback servers, as server tasks 0 and 1 of one node
-for i in 0 1; do
-    SLURM_PROCID=$i SLURM_LOCALID=$i TANDEM_BIND_ADDR=127.0.0.1 "$task" server &
-    pids+=("$!")
-done
+# ---- two loopback servers, as server tasks 0 and 1 of one node; server 1 over two "GPUs" as two
+# pipeline stages (TANDEM_SERVER_STAGES=2, the node's GPUs 0-3 in view: task 1 takes 2 and 3)
+SLURM_PROCID=0 SLURM_LOCALID=0 TANDEM_BIND_ADDR=127.0.0.1 "$task" server &
+pids+=("$!")
+SLURM_PROCID=1 SLURM_LOCALID=1 TANDEM_BIND_ADDR=127.0.0.1 TANDEM_SERVER_STAGES=2 CUDA_VISIBLE_DEVICES=0,1,2,3 \
+    "$task" server &
+pids+=("$!")
 st=0
 "$task" wait-servers 2 "${pids[0]}" >"$tmp/wait.out" 2>&1 || st=$?
 check "wait-servers: both ready" test "$st" -eq 0
 check "server 1 bound TANDEM_BASE_PORT + SLURM_LOCALID" grep -qx "tcp://127.0.0.1:$((port + 1))" \
     "$TANDEM_STATE/endpoints/server-1"
+check "server 1: its group of GPUs, 2 and 3" grep -q "CUDA_VISIBLE_DEVICES=2,3" "$TANDEM_STATE/logs/server-1.log"
+check "server 1: two stages" grep -q "replica 0, stage 1: layers" "$TANDEM_STATE/logs/server-1.log"
 
 # ---- trainer ranks 0 and 1 of 2, at once
 tpids=()
