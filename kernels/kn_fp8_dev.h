@@ -8,6 +8,7 @@
 
 #include "kn_backend.h"
 #include "kn_device.h"
+#include "kn_fp8_quot.h"
 
 #include <cuda_fp8.h>
 
@@ -20,14 +21,17 @@ static __device__ __forceinline__ uint8_t to_e4m3(float v) {
 /* One group of 128 inputs held by a whole warp, lane l holding inputs 4l .. 4l + 3 as bf16
  * values (zeros for lanes past a ragged end). Every lane gets the group's scale
  * s = max(amax, 1e-10) · (1/448) in *sc; the result is the lane's four e4m3 bytes of v / s,
- * packed low byte first (0 where valid is 0: lanes past the end, padding rows). */
+ * packed low byte first (0 where valid is 0: lanes past the end, padding rows). The bytes are
+ * those of the IEEE quotient, reached without a division per value (kn_fp8_quot.h). */
 static __device__ __forceinline__ uint32_t fp8_group_quant(const float v[4], int valid, float *sc) {
     const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
     const float s = __fmul_rn(amax > 1e-10f ? amax : 1e-10f, 1.0f / KN_FP8_MAX);
+    const float r = __frcp_rn(s); /* one rounding per group; the quotients by kn_fp8_quot */
+    const int   fin = isfinite(s);
     uint32_t    packed = 0;
     if (valid)
         for (int t = 0; t < 4; t++)
-            packed |= (uint32_t)to_e4m3(__fdiv_rn(v[t], s)) << (8 * t);
+            packed |= (uint32_t)to_e4m3(fin ? kn_fp8_quot(v[t], s, r) : __fdiv_rn(v[t], s)) << (8 * t);
     *sc = s;
     return packed;
 }

@@ -3,6 +3,10 @@
 # CUDA kernels and cuBLASLt's block-scaled product against the cpu (label gpu; exits 77 without
 # a cuda device or without sm_90).
 add_unit_test(test_kn_fp8 test_kn_fp8.c LABELS unit LIBS kn ARGS cpu)
+# the CUDA quantizers' quotient without a division per value (kn_fp8_quot.h), every bf16 case
+# (optimised and uncontracted in every build: 6e8 quotients, each op rounded on its own)
+add_unit_test(test_kn_fp8_quot test_kn_fp8_quot.c LABELS unit LIBS kn)
+target_compile_options(test_kn_fp8_quot PRIVATE -O2 -ffp-contract=off)
 if(TANDEM_HAVE_CUDA)
   add_test(NAME test_kn_fp8_cuda COMMAND test_kn_fp8 cuda)
   set_tests_properties(test_kn_fp8_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
