@@ -26,12 +26,15 @@ static __device__ __forceinline__ uint8_t to_e4m3(float v) {
 static __device__ __forceinline__ uint32_t fp8_group_quant(const float v[4], int valid, float *sc) {
     const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
     const float s = __fmul_rn(amax > 1e-10f ? amax : 1e-10f, 1.0f / KN_FP8_MAX);
-    const float r = __frcp_rn(s); /* one rounding per group; the quotients by kn_fp8_quot */
-    const int   fin = isfinite(s);
     uint32_t    packed = 0;
-    if (valid)
+    if (valid && isfinite(s)) { /* one rounded reciprocal per group, the quotients by kn_fp8_quot */
+        const float r = __frcp_rn(s);
         for (int t = 0; t < 4; t++)
-            packed |= (uint32_t)to_e4m3(fin ? kn_fp8_quot(v[t], s, r) : __fdiv_rn(v[t], s)) << (8 * t);
+            packed |= (uint32_t)to_e4m3(kn_fp8_quot(v[t], s, r)) << (8 * t);
+    } else if (valid) {
+        for (int t = 0; t < 4; t++)
+            packed |= (uint32_t)to_e4m3(__fdiv_rn(v[t], s)) << (8 * t);
+    }
     *sc = s;
     return packed;
 }
