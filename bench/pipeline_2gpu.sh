@@ -6,10 +6,11 @@
 #   usage: OUT=/tmp/pipeline-2gpu BUILD_DIR=build bench/pipeline_2gpu.sh
 #   env: SERVER_GPU (0; a list such as 0,1 runs one target replica per GPU in the one server),
 #        TRAINER_GPU (1), CREDITS (2), ENCODING (nccl; one GPU shared by both: raw over ZeroMQ,
-#        since NCCL takes one rank per GPU), STEPS (12), SERVE_ARGS (more serve flags)
+#        since NCCL takes one rank per GPU), STEPS (12), SERVE_ARGS (more serve flags), WORK (/tmp/i9: the
+#        dataset and the run; on /dev/shm the final 27 GB checkpoint is written in seconds)
 set -u
 cd "$(dirname "$0")/.."; OUT=${OUT:-/tmp/pipeline-2gpu}; mkdir -p "$OUT"
-B=${BUILD_DIR:-build}; T=/tmp/i9; rm -rf $T; mkdir -p $T
+B=${BUILD_DIR:-build}; T=${WORK:-/tmp/i9}; rm -rf $T; mkdir -p $T
 SG=${SERVER_GPU:-0}; TG=${TRAINER_GPU:-1}; ENC=${ENCODING:-nccl}; STEPS=${STEPS:-12}; CR=${CREDITS:-2}
 CFG=deploy/configs/qwen3.6-27b/target-config.json; DR=deploy/configs/qwen3.6-27b/drafter.json
 python3 -c "
