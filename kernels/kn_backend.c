@@ -16,6 +16,7 @@ static const kn_backend cpu_backend = {
     .upload           = kn_ref_upload,
     .download         = kn_ref_download,
     .sync             = kn_ref_sync,
+    .copy_peer        = kn_ref_copy_peer,
     .zero             = kn_ref_zero,
     .copy2d           = kn_ref_copy2d,
     .add              = kn_ref_add,

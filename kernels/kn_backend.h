@@ -226,6 +226,10 @@ typedef struct kn_backend {
     cm_status (*upload)(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
     cm_status (*download)(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes); /* blocks */
     cm_status (*sync)(kn_ctx *ctx);
+    /* Copies bytes from src (ctx's memory) to dst (dst_ctx's memory: the same context or another
+     * of this backend, on another device — a peer copy, GPU to GPU without the host) after the
+     * work enqueued on ctx, and returns when the copy is done. */
+    cm_status (*copy_peer)(kn_ctx *ctx, kn_ctx *dst_ctx, void *dst, const void *src, size_t bytes);
     cm_status (*zero)(kn_ctx *ctx, void *p, size_t bytes); /* enqueues a clear of bytes at p */
     /* Page-locks the host memory [p, p + bytes) so that uploads from it run at the bus's speed
      * (a DMA straight from it, no staging copy); host_unpin undoes it before the memory is

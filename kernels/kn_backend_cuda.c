@@ -16,6 +16,7 @@ static const kn_backend cuda_backend = {
     .upload = kn_cuda_upload,
     .download = kn_cuda_download,
     .sync = kn_cuda_sync,
+    .copy_peer = kn_cuda_copy_peer,
     .zero = kn_cuda_zero,
     .host_pin = kn_cuda_host_pin,
     .host_unpin = kn_cuda_host_unpin,

@@ -25,6 +25,7 @@ cm_status kn_cuda_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t by
 cm_status kn_cuda_host_pin(kn_ctx *ctx, void *p, size_t bytes);
 void      kn_cuda_host_unpin(kn_ctx *ctx, void *p);
 cm_status kn_cuda_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes);
+cm_status kn_cuda_copy_peer(kn_ctx *ctx, kn_ctx *dst_ctx, void *dst, const void *src, size_t bytes);
 cm_status kn_cuda_sync(kn_ctx *ctx);
 cm_status kn_cuda_zero(kn_ctx *ctx, void *p, size_t bytes);
 cm_status kn_cuda_copy2d(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,

@@ -195,6 +195,32 @@ cm_status kn_cuda_download(kn_ctx *ctx, void *host_dst, const void *src, size_t 
     return CM_OK;
 }
 
+/* cudaMemcpyPeerAsync on ctx's stream: a device-to-device copy on one GPU; between two, over
+ * NVLink or PCIe peer to peer where the GPUs can reach each other (enabled here the first time),
+ * otherwise staged by the driver. */
+cm_status kn_cuda_copy_peer(kn_ctx *ctx, kn_ctx *dst_ctx, void *dst, const void *src, size_t bytes) {
+    KN_CUDA_CHECK_ARG(ctx && dst_ctx, "copy_peer: ctx or dst_ctx is NULL");
+    if (bytes == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(dst && src, "copy_peer: NULL pointer for %zu bytes", bytes);
+    if (dst_ctx->device != ctx->device) {
+        int can = 0;
+        KN_CUDA(cudaDeviceCanAccessPeer(&can, ctx->device, dst_ctx->device));
+        if (can) {
+            KN_CUDA(cudaSetDevice(ctx->device));
+            cudaError_t e = cudaDeviceEnablePeerAccess(dst_ctx->device, 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled)
+                cudaGetLastError(); /* enabled before: not an error to keep */
+            else if (e != cudaSuccess)
+                return CM_FAIL(CM_ERR_CUDA, "cannot enable peer access from GPU %d to GPU %d: %s", ctx->device,
+                               dst_ctx->device, cudaGetErrorString(e));
+        }
+    }
+    KN_CUDA(cudaMemcpyPeerAsync(dst, dst_ctx->device, src, ctx->device, bytes, ctx->stream));
+    KN_CUDA(cudaStreamSynchronize(ctx->stream));
+    return CM_OK;
+}
+
 cm_status kn_cuda_sync(kn_ctx *ctx) {
     KN_CUDA_CHECK_ARG(ctx, "sync: ctx is NULL");
     KN_CUDA(cudaStreamSynchronize(ctx->stream));

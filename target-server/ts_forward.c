@@ -431,10 +431,12 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         if (cap->layers[i] < first || cap->layers[i] >= m->n_layers || (i && cap->layers[i] <= cap->layers[i - 1]))
             return CM_FAIL(CM_ERR_INVALID_ARG, "capture layer %d is out of range [%d, %d) or out of order",
                            cap->layers[i], first, m->n_layers);
-    if ((first > 0) != (cap->x_in != NULL))
-        return CM_FAIL(CM_ERR_INVALID_ARG, first > 0 ? "a stage from layer %d needs its input (x_in)"
+    if ((first > 0) != (cap->x_in || cap->x_in_dev) || (cap->x_in && cap->x_in_dev))
+        return CM_FAIL(CM_ERR_INVALID_ARG, first > 0 ? "a stage from layer %d needs one input (x_in or x_in_dev)"
                                                      : "an input (x_in) given to the model's first stage (layer %d)",
                        first);
+    if (cap->x_out_dev && !cap->x_out_ctx)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "x_out_dev needs its context (x_out_ctx)");
     if (want_head && !m->has_head)
         return CM_FAIL(CM_ERR_INVALID_ARG, "final norm or logits asked for, but the lm head was not loaded");
     if (rows_head && (cap->final_norm || cap->logits || !cap->head_rows || (!cap->head_argmax && !cap->head_logits)))
@@ -442,7 +444,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
                                            "and no final_norm or logits of every row");
     /* a cached forward runs every layer: each one's cache must see the new tokens */
     /* and a stage that hands its output on runs all its layers */
-    int last = want_head || m->cache || cap->x_out ? m->n_layers - 1
+    int last = want_head || m->cache || cap->x_out || cap->x_out_dev ? m->n_layers - 1
                                                    : (cap->n_layers ? cap->layers[cap->n_layers - 1] : first - 1);
 
     double tf0, ta, tb;
@@ -458,6 +460,8 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
 
     if (cap->x_in)
         CM_TRY(be->upload(cx, w->x, cap->x_in, (size_t)(T * D) * sizeof(float)));
+    else if (cap->x_in_dev)
+        CM_TRY(be->copy_peer(cx, cx, w->x, cap->x_in_dev, (size_t)(T * D) * sizeof(float)));
     else
         CM_TRY(be->embed(cx, w->x, w->ids, m->embed.data, m->embed.dtype, T, D));
     int next_cap = 0;
@@ -506,6 +510,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         }
     }
     if (cap->x_out) CM_TRY(be->download(cx, cap->x_out, w->x, (size_t)(T * D) * sizeof(float)));
+    if (cap->x_out_dev) CM_TRY(be->copy_peer(cx, cap->x_out_ctx, cap->x_out_dev, w->x, (size_t)(T * D) * sizeof(float)));
     if (rows_head) {
         CM_TRY(head_rows(m, T, cap));
     } else if (want_head) {

@@ -92,11 +92,16 @@ typedef struct ts_capture {
      * writes its tokens' chosen experts at experts + i·T·K, in descending routing weight (the
      * rows of dense layers are left as they were). */
     int32_t *experts;
-    /* A pipeline stage's hand-over (ts_split.h), host memory F32 [T, D]: x_in the input of a model
-     * loaded from first_layer > 0 (instead of the embedding); x_out, when set, receives the
-     * residual stream after the model's last loaded layer (every loaded layer then runs). */
+    /* A pipeline stage's hand-over (ts_split.h), F32 [T, D]: x_in the input of a model loaded
+     * from first_layer > 0 (instead of the embedding); x_out, when set, receives the residual
+     * stream after the model's last loaded layer (every loaded layer then runs). In host memory,
+     * or in backend memory: x_in_dev on this model's context, x_out_dev on x_out_ctx (another
+     * context of the backend, maybe on another GPU: a peer copy). At most one input is given. */
     const float *x_in;
     float       *x_out;
+    const float *x_in_dev;
+    float       *x_out_dev;
+    kn_ctx      *x_out_ctx;
 } ts_capture;
 
 /* Per-block times of the forwards since timing was turned on, in milliseconds, summed over

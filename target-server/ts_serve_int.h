@@ -28,11 +28,10 @@ typedef struct serve_state {
     kn_ctx           *ctx;
     ts_model         *model;    /* one context (--stages 1) */
     /* --stages N > 1: the replica's stages, shared by its N workers (ts_serve_split.c); ctx is
-     * stage 0's; hx this worker's hand-over between stages */
+     * stage 0's; ho this worker's hand-over between stages */
     struct serve_split *shared;
     ts_split           *split;
-    float              *hx;
-    int64_t             hx_cap;
+    ts_split_handover  *ho;
     int              *order;  /* request index of the k-th smallest layer id */
     int              *layers; /* sorted layer ids */
     float           **outs;

@@ -3,7 +3,7 @@
  * they share the replica's stages: while one worker's pack runs in stage 1, the next worker's
  * runs in stage 0, so up to N packs are in flight and every GPU of the replica works. The first
  * worker to start loads the replica; the others wait for it and share it; the last to stop frees
- * it. Answers go through host memory (each worker has its own hand-over buffer between stages). */
+ * it. Answers go through host memory; each worker has its own hand-over between the stages. */
 #include "ts_serve_int.h"
 
 #include <stdio.h>
@@ -70,9 +70,7 @@ cm_status ts_serve_split_init(serve_state *s, const ts_model_config *mc) {
 
 void ts_serve_split_fini(serve_state *s) {
     serve_split *sh = s->shared;
-    free(s->hx);
-    s->hx     = NULL;
-    s->hx_cap = 0;
+    ts_split_handover_destroy(&s->ho); /* while the replica is still this worker's too */
     if (!sh) return;
     pthread_mutex_lock(&sh->mu);
     if (s->split) sh->users--;
@@ -84,13 +82,6 @@ void ts_serve_split_fini(serve_state *s) {
 }
 
 cm_status ts_serve_split_forward(serve_state *s, const cm_proto_request *r, const ts_capture *cap) {
-    const int64_t TD = (int64_t)r->n_tokens * ts_split_cfg(s->split)->hidden_size;
-    if (TD > s->hx_cap) {
-        free(s->hx);
-        s->hx_cap = 0;
-        if (!(s->hx = malloc((size_t)TD * sizeof *s->hx)))
-            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the %lld-float hand-over between stages", (long long)TD);
-        s->hx_cap = TD;
-    }
-    return ts_split_forward_with(s->split, s->hx, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, cap);
+    if (!s->ho) CM_TRY(ts_split_handover_create(s->split, &s->ho));
+    return ts_split_forward_with(s->split, s->ho, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, cap);
 }

@@ -13,29 +13,21 @@ struct ts_split {
     int       bounds[TS_SPLIT_MAX_STAGES + 1];
     ts_model *stage[TS_SPLIT_MAX_STAGES];
     pthread_mutex_t lock[TS_SPLIT_MAX_STAGES]; /* one pack in a stage at a time */
-    float    *hx;     /* host [hx_cap]: ts_split_forward's hand-over between two stages */
-    int64_t   hx_cap; /* floats */
+    ts_split_handover *ho;                     /* ts_split_forward's own */
     int       has_head;
 };
 
-struct ts_split_cache {
+struct ts_split_handover {
     ts_split *s;
-    ts_cache *c[TS_SPLIT_MAX_STAGES]; /* stage i's, on its context */
-    float    *hx;                     /* host [hx_cap]: the hand-over between two stages */
-    int64_t   hx_cap;
+    float    *dx[TS_SPLIT_MAX_STAGES]; /* stage i's input (i ≥ 1) [cap], on stage i's context */
+    int64_t   cap;                     /* floats */
 };
 
-/* Grows a host hand-over buffer to T·D floats. */
-static cm_status grow_hx(float **hx, int64_t *cap, int64_t T, int64_t D) {
-    if (T * D <= *cap) return CM_OK;
-    free(*hx);
-    *cap = 0;
-    if (!(*hx = malloc((size_t)(T * D) * sizeof **hx)))
-        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the %lld x %lld hand-over between stages", (long long)T,
-                       (long long)D);
-    *cap = T * D;
-    return CM_OK;
-}
+struct ts_split_cache {
+    ts_split          *s;
+    ts_cache          *c[TS_SPLIT_MAX_STAGES]; /* stage i's, on its context */
+    ts_split_handover *ho;
+};
 
 /* A layer's weight count: its mixer and its MLP (dense or sparse), the norms left out. */
 static double layer_weights(const cm_target_cfg *c, int i) {
@@ -73,15 +65,72 @@ void ts_split_even(const cm_target_cfg *cfg, int n_layers, int n, int *bounds) {
 /* The stage's device current on this thread (contexts on several GPUs, one thread). */
 static cm_status bind(const kn_backend *be, kn_ctx *ctx) { return be->ctx_bind ? be->ctx_bind(ctx) : CM_OK; }
 
+// ----------------------------------------------------------------------------
+// hand-overs: each stage's input buffer on that stage's context, touched under the stage's lock
+// (allocating and freeing use the context, which another pack may be using)
+
+cm_status ts_split_handover_create(ts_split *s, ts_split_handover **out) {
+    if (!(*out = calloc(1, sizeof **out))) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a stage hand-over");
+    (*out)->s = s;
+    return CM_OK;
+}
+
+static void handover_free(ts_split_handover *h) {
+    ts_split *s = h->s;
+    for (int i = 1; i < s->n; i++)
+        if (h->dx[i]) {
+            pthread_mutex_lock(&s->lock[i]);
+            if (bind(s->be, s->ctx[i]) == CM_OK) s->be->free(s->ctx[i], h->dx[i]);
+            pthread_mutex_unlock(&s->lock[i]);
+            h->dx[i] = NULL;
+        }
+    h->cap = 0;
+}
+
+void ts_split_handover_destroy(ts_split_handover **ph) {
+    if (!ph || !*ph) return;
+    handover_free(*ph);
+    free(*ph);
+    *ph = NULL;
+}
+
+/* Every stage input of h holds T·D floats (allocated, zero-filled and synced before the stage
+ * before it copies in). */
+static cm_status handover_reserve(ts_split_handover *h, int64_t T) {
+    ts_split     *s  = h->s;
+    const int64_t TD = T * ts_split_cfg(s)->hidden_size;
+    if (s->n == 1 || TD <= h->cap) return CM_OK;
+    handover_free(h);
+    cm_status st = CM_OK;
+    for (int i = 1; i < s->n && st == CM_OK; i++) {
+        pthread_mutex_lock(&s->lock[i]);
+        st = bind(s->be, s->ctx[i]);
+        if (st == CM_OK) st = s->be->alloc(s->ctx[i], (void **)&h->dx[i], (size_t)TD * sizeof(float));
+        if (st == CM_OK) st = s->be->sync(s->ctx[i]);
+        pthread_mutex_unlock(&s->lock[i]);
+        if (st != CM_OK) {
+            char why[768];
+            snprintf(why, sizeof why, "%s", cm_last_error());
+            st = CM_FAIL(st, "stage %d's input of %lld tokens: %s", i, (long long)T, why);
+        }
+    }
+    if (st != CM_OK) {
+        handover_free(h);
+        return st;
+    }
+    h->cap = TD;
+    return CM_OK;
+}
+
 void ts_split_destroy(ts_split **ps) {
     ts_split *s = ps ? *ps : NULL;
     if (!s) return;
+    ts_split_handover_destroy(&s->ho);
     for (int i = 0; i < s->n; i++) {
         if (s->stage[i]) bind(s->be, s->ctx[i]);
         ts_model_destroy(&s->stage[i]);
-        pthread_mutex_destroy(&s->lock[i]);
     }
-    free(s->hx);
+    for (int i = 0; i < s->n; i++) pthread_mutex_destroy(&s->lock[i]);
     free(s);
     *ps = NULL;
 }
@@ -162,16 +211,19 @@ static cm_status run_stage(ts_split *s, int i, ts_cache *cache, const ts_cache_s
 }
 
 /* Stage i's part of cap: the captures of its layers, from cap->layers[*next] on (*next moves past
- * them), the hand-over through hx, and the head when i is the split's last stage and runs last. */
-static ts_capture stage_capture(const ts_split *s, int i, const ts_capture *cap, int *next, float *hx, int runs_last) {
+ * them), its input from h and its output into the next stage's (unless it runs last), and the
+ * head when i is the split's last stage and runs last. */
+static ts_capture stage_capture(const ts_split *s, int i, const ts_capture *cap, int *next, const ts_split_handover *h,
+                                int runs_last) {
     int k = *next;
     while (k < cap->n_layers && cap->layers[k] < s->bounds[i + 1]) k++;
     ts_capture sc = {.n_layers  = k - *next,
                      .layers    = cap->layers + *next,
                      .layer_out = cap->layer_out ? cap->layer_out + *next : NULL,
                      .experts   = cap->experts,
-                     .x_in      = i > 0 ? hx : NULL,
-                     .x_out     = runs_last ? NULL : hx};
+                     .x_in_dev  = i > 0 ? h->dx[i] : NULL,
+                     .x_out_dev = runs_last ? NULL : h->dx[i + 1],
+                     .x_out_ctx = runs_last ? NULL : s->ctx[i + 1]};
     if (runs_last && i == s->n - 1) {
         sc.final_norm  = cap->final_norm;
         sc.logits      = cap->logits;
@@ -191,17 +243,20 @@ static cm_status captures_inside(const ts_split *s, const ts_capture *cap, int n
     return CM_OK;
 }
 
-cm_status ts_split_forward_with(ts_split *s, float *hx, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
-                                const ts_capture *cap) {
-    if (cap->layer_dev || cap->on_layer || cap->n_head_rows || cap->x_in || cap->x_out)
+static int handover_given(const ts_capture *cap) { return cap->x_in || cap->x_out || cap->x_in_dev || cap->x_out_dev; }
+
+cm_status ts_split_forward_with(ts_split *s, ts_split_handover *h, const int32_t *ids, int64_t T, const int32_t *cu,
+                                int n_seq, const ts_capture *cap) {
+    if (cap->layer_dev || cap->on_layer || cap->n_head_rows || handover_given(cap))
         return CM_FAIL(CM_ERR_INVALID_ARG, "a split target gathers captures in host memory only (layer_out, "
                        "final_norm, logits, experts)");
     const int want_head = cap->final_norm || cap->logits;
     const int need = want_head ? s->bounds[s->n] - 1 : cap->n_layers ? cap->layers[cap->n_layers - 1] : -1;
     int       next = 0; /* the caller's next capture */
+    CM_TRY(handover_reserve(h, T));
     for (int i = 0; i < s->n && s->bounds[i] <= need; i++) {
         const int  last_stage = i == s->n - 1 || s->bounds[i + 1] > need;
-        ts_capture sc         = stage_capture(s, i, cap, &next, hx, last_stage);
+        ts_capture sc         = stage_capture(s, i, cap, &next, h, last_stage);
         CM_TRY(run_stage(s, i, NULL, NULL, ids, T, cu, n_seq, &sc));
         if (last_stage) break;
     }
@@ -210,8 +265,8 @@ cm_status ts_split_forward_with(ts_split *s, float *hx, const int32_t *ids, int6
 
 cm_status ts_split_forward(ts_split *s, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
                            const ts_capture *cap) {
-    if (s->n > 1) CM_TRY(grow_hx(&s->hx, &s->hx_cap, T, ts_model_cfg(s->stage[0])->hidden_size));
-    return ts_split_forward_with(s, s->hx, ids, T, cu, n_seq, cap);
+    if (!s->ho) CM_TRY(ts_split_handover_create(s, &s->ho));
+    return ts_split_forward_with(s, s->ho, ids, T, cu, n_seq, cap);
 }
 
 // ----------------------------------------------------------------------------
@@ -225,7 +280,7 @@ void ts_split_cache_destroy(ts_split_cache **pc) {
             bind(c->s->be, c->s->ctx[i]);
             ts_cache_destroy(&c->c[i]);
         }
-    free(c->hx);
+    ts_split_handover_destroy(&c->ho);
     free(c);
     *pc = NULL;
 }
@@ -239,7 +294,7 @@ cm_status ts_split_cache_create(ts_split *s, int n_slots, int64_t max_len, int64
     ts_split_cache *c = calloc(1, sizeof *c);
     if (!c) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a split decoding cache");
     c->s         = s;
-    cm_status st = CM_OK;
+    cm_status st = ts_split_handover_create(s, &c->ho);
     for (int i = 0; i < s->n && st == CM_OK; i++) {
         st = bind(s->be, s->ctx[i]);
         if (st == CM_OK) st = ts_cache_create(s->stage[i], n_slots, max_len, max_step, &c->c[i]);
@@ -260,13 +315,13 @@ cm_status ts_split_cache_create(ts_split *s, int n_slots, int64_t max_len, int64
 cm_status ts_split_forward_cached(ts_split_cache *c, const ts_cache_step *cs, const int32_t *ids, int64_t T,
                                   const int32_t *cu, const ts_capture *cap) {
     ts_split *s = c->s;
-    if (cap->layer_dev || cap->on_layer || cap->x_in || cap->x_out)
+    if (cap->layer_dev || cap->on_layer || handover_given(cap))
         return CM_FAIL(CM_ERR_INVALID_ARG, "a split target gathers captures in host memory only (layer_out, "
                        "final_norm, logits, the head's rows, experts)");
-    if (s->n > 1) CM_TRY(grow_hx(&c->hx, &c->hx_cap, T, ts_split_cfg(s)->hidden_size));
+    CM_TRY(handover_reserve(c->ho, T));
     int next = 0;
     for (int i = 0; i < s->n; i++) { /* every stage: each one's cache must see the new tokens */
-        ts_capture sc = stage_capture(s, i, cap, &next, c->hx, i == s->n - 1);
+        ts_capture sc = stage_capture(s, i, cap, &next, c->ho, i == s->n - 1);
         CM_TRY(run_stage(s, i, c->c[i], cs, ids, T, cu, cs->n_seq, &sc));
     }
     return captures_inside(s, cap, next);

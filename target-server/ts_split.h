@@ -2,14 +2,14 @@
  * (docs/target.md, "A target on several GPUs"): stage s holds the layers [bounds[s], bounds[s+1])
  * on its own context (a GPU, or a cpu context), the first stage also the embedding and the last
  * the head. A forward runs the stages in turn; between two stages the residual stream [T, D]
- * goes through host memory. Captures are gathered from whichever stage holds a layer, so a split
+ * goes from one stage's memory to the next one's (a peer copy, GPU to GPU, or a device copy on
+ * one GPU; never through the host). Captures are gathered from whichever stage holds a layer, so a split
  * forward writes exactly what one ts_model_forward writes: the stages run the same kernels on the
  * same values in the same order, and fp32 captures are bit-identical to one context's.
  *
  * Several packs can be in flight (ts_split_forward_with from several threads): each stage takes
  * one pack at a time, in stage order. A split target also decodes: a ts_split_cache holds one
- * ts_cache per stage, and a cached forward runs every stage. Not here yet: stage-to-stage copies
- * that stay on the GPUs. */
+ * ts_cache per stage, and a cached forward runs every stage. */
 #ifndef TS_SPLIT_H
 #define TS_SPLIT_H
 
@@ -21,7 +21,8 @@ extern "C" {
 
 #define TS_SPLIT_MAX_STAGES 16
 
-typedef struct ts_split ts_split;
+typedef struct ts_split          ts_split;
+typedef struct ts_split_handover ts_split_handover;
 
 /* The default boundaries of the first n_layers layers over n stages: balanced by each layer's
  * weight bytes (GDN, attention, dense MLP and MoE layers differ), every stage at least one
@@ -43,13 +44,17 @@ int ts_split_bound(const ts_split *s, int i);
 /* ts_model_forward over the stages: layer_out, final_norm, logits and experts as there (host
  * buffers); layer_dev, on_layer, the head at chosen rows and the stage hand-over fields are
  * refused. Stages past the last one the capture needs do not run. One caller at a time (the
- * hand-over buffer is the split's own). */
+ * hand-over is the split's own). */
 cm_status ts_split_forward(ts_split *s, const int32_t *input_ids, int64_t T, const int32_t *cu_seqlens, int n_seq,
                            const ts_capture *cap);
-/* The same with the caller's hand-over buffer hx (host, T·D floats; unused with one stage): any
- * number of threads at once, each with its own hx. A pack takes the stages in order, one pack
- * per stage at a time, so several packs run in the pipeline together, each stage on another. */
-cm_status ts_split_forward_with(ts_split *s, float *hx, const int32_t *input_ids, int64_t T,
+/* A caller's hand-over: each stage's input, F32 [T, D] on that stage's context (grown to the
+ * largest T seen, under the stage's lock). Destroy it before its split. */
+cm_status ts_split_handover_create(ts_split *s, ts_split_handover **out);
+void      ts_split_handover_destroy(ts_split_handover **h); /* NULL-safe */
+/* The same with the caller's hand-over h: any number of threads at once, each with its own h.
+ * A pack takes the stages in order, one pack per stage at a time, so several packs run in the
+ * pipeline together, each stage on another. */
+cm_status ts_split_forward_with(ts_split *s, ts_split_handover *h, const int32_t *input_ids, int64_t T,
                                 const int32_t *cu_seqlens, int n_seq, const ts_capture *cap);
 
 // ----------------------------------------------------------------------------
@@ -62,7 +67,7 @@ typedef struct ts_split_cache ts_split_cache;
 cm_status ts_split_cache_create(ts_split *s, int n_slots, int64_t max_len, int64_t max_step, ts_split_cache **out);
 void      ts_split_cache_destroy(ts_split_cache **c); /* NULL-safe */
 /* ts_model_forward_cached over the stages: every stage runs (each one's cache sees the new
- * tokens), the residual stream handed over through host memory, captures from the stage that
+ * tokens), the residual stream handed over stage to stage, captures from the stage that
  * holds each layer, the head (all rows or chosen rows) on the last. layer_dev, on_layer and the
  * hand-over fields are refused. Takes each stage's lock like ts_split_forward_with. */
 cm_status ts_split_forward_cached(ts_split_cache *c, const ts_cache_step *st, const int32_t *input_ids, int64_t T,

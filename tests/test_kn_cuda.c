@@ -85,6 +85,42 @@ static void test_memory(void) {
     printf("%-58s ok\n", "memory: alloc zero-fill, upload/download, alloc 0");
 }
 
+/* copy_peer: into another context on the same GPU (a device copy) and, with a second GPU, into a
+ * context on GPU 1 (a peer copy), an odd size at an odd offset; the bytes around it untouched. */
+static void test_copy_peer(void) {
+    for (int dev = 0; dev < 2; dev++) {
+        kn_ctx       *other = NULL;
+        kn_ctx_config kc    = {dev, KN_GEMM_MODE_BF16};
+        if (dev == 1 && gpu->ctx_create(&other, &kc) != CM_OK) { /* one GPU: the peer case waits for two */
+            printf("%-58s skipped (no second GPU)\n", "copy_peer GPU 0 -> GPU 1");
+            break;
+        }
+        if (dev == 0) TST_CHECK(tst_ok(gpu->ctx_create(&other, &kc), "ctx_create"));
+        if (!other) return;
+        enum { N = 100003 };
+        unsigned char *src = malloc(N), *back = malloc(N);
+        void          *a = NULL, *b = NULL;
+        for (int i = 0; i < N; i++) src[i] = (unsigned char)(i * 13 + 5);
+        TST_CHECK(tst_ok(gpu->alloc(gctx, &a, N), "alloc"));
+        TST_CHECK(tst_ok(gpu->ctx_bind(other), "bind") && tst_ok(gpu->alloc(other, &b, N + 64), "alloc other"));
+        TST_CHECK(tst_ok(gpu->ctx_bind(gctx), "bind") && tst_ok(gpu->upload(gctx, a, src, N), "upload"));
+        TST_CHECK(tst_ok(gpu->copy_peer(gctx, other, (char *)b + 33, (char *)a + 7, N - 40), "copy_peer"));
+        TST_CHECK(tst_ok(gpu->copy_peer(gctx, other, b, a, 0), "copy_peer 0 bytes"));
+        TST_CHECK(tst_ok(gpu->ctx_bind(other), "bind") && tst_ok(gpu->download(other, back, b, N), "download"));
+        int ok = 1;
+        for (int i = 0; i < N; i++)
+            ok &= back[i] == (i >= 33 && i < 33 + N - 40 ? src[i - 33 + 7] : 0);
+        TST_CHECK(ok);
+        printf("copy_peer GPU 0 -> %s%-34s %s\n", dev ? "GPU 1" : "another context on GPU 0", "", ok ? "ok" : "FAILED");
+        gpu->free(other, b);
+        TST_CHECK(tst_ok(gpu->ctx_bind(gctx), "bind"));
+        gpu->free(gctx, a);
+        gpu->ctx_destroy(&other);
+        free(src);
+        free(back);
+    }
+}
+
 static void test_copy2d(void) {
     static const long shapes[][4] = {
         {1, 1, 1, 1}, {7, 13, 29, 17}, {130, 257, 300, 263}}; /* rows cols src_ld dst_ld */
@@ -1045,6 +1081,7 @@ int main(void) {
         return tst_report();
 
     test_memory();
+    test_copy_peer();
     test_copy2d();
     test_elementwise();
     test_embed();

@@ -13,7 +13,7 @@
  *     captures, decoding without the head or on one stage alone.
  *   test_ts_split cpu    the stages on cpu contexts (unit)
  *   test_ts_split cuda   on cuda contexts: all on GPU 0 (two stages on one GPU: the same code path as two
- *                        GPUs, the hand-over through host memory either way), and on GPUs 0 and 1 when a
+ *                        GPUs, the hand-over a peer copy on one device), and on GPUs 0 and 1 when a
  *                        second GPU is present (gpu; exits 77 without one) */
 #include <dirent.h>
 #include <pthread.h>
@@ -243,15 +243,17 @@ typedef struct flight {
 } flight;
 
 static void *fly(void *arg) {
-    flight *f  = arg;
-    float  *hx = malloc((size_t)(f->T * f->D) * 4), *lg = malloc((size_t)f->T * (size_t)f->V * 4);
+    flight            *f  = arg;
+    float             *lg = malloc((size_t)f->T * (size_t)f->V * 4);
+    ts_split_handover *ho = NULL;
+    if (ts_split_handover_create(f->sp, &ho) != CM_OK) f->bad++;
     for (int r = 0; r < f->rounds; r++) {
         ts_capture cap = {.logits = lg};
-        if (!hx || !lg || ts_split_forward_with(f->sp, hx, f->ids, f->T, f->cu, f->n_seq, &cap) != CM_OK ||
+        if (!ho || !lg || ts_split_forward_with(f->sp, ho, f->ids, f->T, f->cu, f->n_seq, &cap) != CM_OK ||
             memcmp(lg, f->ref_logits, (size_t)f->T * (size_t)f->V * 4) != 0)
             f->bad++;
     }
-    free(hx);
+    ts_split_handover_destroy(&ho);
     free(lg);
     return NULL;
 }

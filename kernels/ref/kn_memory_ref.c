@@ -81,6 +81,14 @@ cm_status kn_ref_download(kn_ctx *ctx, void *host_dst, const void *src, size_t b
     return CM_OK;
 }
 
+cm_status kn_ref_copy_peer(kn_ctx *ctx, kn_ctx *dst_ctx, void *dst, const void *src, size_t bytes) {
+    KN_REF_CHECK(ctx && dst_ctx, "copy_peer: ctx or dst_ctx is NULL");
+    if (bytes == 0) return CM_OK;
+    KN_REF_CHECK(dst && src, "copy_peer: NULL pointer for %zu bytes", bytes);
+    memmove(dst, src, bytes);
+    return CM_OK;
+}
+
 cm_status kn_ref_sync(kn_ctx *ctx) {
     KN_REF_CHECK(ctx, "sync: ctx is NULL");
     return CM_OK;

@@ -24,6 +24,7 @@ cm_status kn_ref_alloc(kn_ctx *ctx, void **out, size_t bytes);
 void      kn_ref_free(kn_ctx *ctx, void *p);
 cm_status kn_ref_upload(kn_ctx *ctx, void *dst, const void *host_src, size_t bytes);
 cm_status kn_ref_download(kn_ctx *ctx, void *host_dst, const void *src, size_t bytes);
+cm_status kn_ref_copy_peer(kn_ctx *ctx, kn_ctx *dst_ctx, void *dst, const void *src, size_t bytes);
 cm_status kn_ref_sync(kn_ctx *ctx);
 cm_status kn_ref_zero(kn_ctx *ctx, void *p, size_t bytes);
 cm_status kn_ref_copy2d(kn_ctx *ctx, float *dst, int64_t dst_ld, const float *src, int64_t src_ld,
