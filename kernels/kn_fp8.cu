@@ -139,6 +139,11 @@ static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, 
 // ----------------------------------------------------------------------------
 // launchers
 
+/* quant_rows_kernel's grid: one warp per QG groups of a row, 256 threads a block */
+static unsigned rows_grid(int64_t Mp, int64_t L) {
+    return (unsigned)((Mp * ((L + QG - 1) / QG) * 32 + 255) / 256);
+}
+
 static size_t round_up_256(size_t x) {
     return (x + 255) / 256 * 256;
 }
@@ -176,7 +181,7 @@ cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const voi
     KN_CUDA_CHECK_ARG(K % 16 == 0 && ((uintptr_t)inp % 16) == 0 && ((uintptr_t)q % 16) == 0,
                       "fp8_quantize_rows: K=%lld must be a multiple of 16 and inp, q 16-byte aligned", (long long)K);
     const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
-    const unsigned grid = (unsigned)((Mp * ((L + QG - 1) / QG) * 32 + 255) / 256);
+    const unsigned grid = rows_grid(Mp, L);
     if (idt == CM_DTYPE_BF16)
         quant_rows_kernel<SRC_BF16><<<grid, 256, 0, ctx->stream>>>(q, s, inp, NULL, M, Mp, K, L);
     else
@@ -200,7 +205,7 @@ cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate
                           ((uintptr_t)q % 16) == 0,
                       "swiglu_fp8: I=%lld must be a multiple of 16 and gate, up, q 16-byte aligned", (long long)I);
     const int64_t  Mp = kn_fp8_rows(M), L = (I + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
-    const unsigned grid = (unsigned)((Mp * ((L + QG - 1) / QG) * 32 + 255) / 256);
+    const unsigned grid = rows_grid(Mp, L);
     if (idt == CM_DTYPE_BF16)
         quant_rows_kernel<SRC_SWIGLU16><<<grid, 256, 0, ctx->stream>>>(q, s, gate, up, M, Mp, I, L);
     else

@@ -82,9 +82,31 @@ static __device__ __forceinline__ float add_sumsq4(float4 *x4, const float4 *y4,
             v.w += u.w;
             x4[c] = v;
         }
-        s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        /* each square fused into the sum, written out: left to the compiler, which product of
+           x² + y² it fused changed with unrelated code around it, and with it the bits */
+        s = __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmaf_rn(v.x, v.x, s))));
     }
     return s;
+}
+
+/* Pass 2 of the fused norms: four normed values of x as bf16, scaled by w (1 + w where
+ * one_plus). One helper so that the bf16 and FP8 kernels compute the same products. */
+static __device__ __forceinline__ void norm4_bf16(float4 v, float4 wc, float scale, int one_plus, __nv_bfloat162 *lo,
+                                                  __nv_bfloat162 *hi) {
+    if (one_plus) {
+        wc.x += 1.0f;
+        wc.y += 1.0f;
+        wc.z += 1.0f;
+        wc.w += 1.0f;
+    }
+    *lo = __floats2bfloat162_rn(v.x * scale * wc.x, v.y * scale * wc.y);
+    *hi = __floats2bfloat162_rn(v.z * scale * wc.z, v.w * scale * wc.w);
+}
+
+/* One element of the gated norm, w · (x · scale) · silu(z), as bf16: shared by the bf16 and
+ * FP8 kernels, which must give the same values. */
+static __device__ __forceinline__ __nv_bfloat16 gated_bf16(float x, float z, float w, float scale) {
+    return __float2bfloat16_rn(w * (x * scale) * (z / (1.0f + expf(-z))));
 }
 
 /* x += y (y may be NULL), then out = bf16(rmsnorm(x)): the residual add fused into the next
@@ -117,15 +139,8 @@ static __global__ void add_rmsnorm_bf16_kernel(__nv_bfloat16 *out, float *xs, co
             const float4 *x4 = (const float4 *)x;
             const float4 *w4 = (const float4 *)w;
             for (int64_t c = threadIdx.x; c < C / 4; c += blockDim.x) {
-                float4 v = x4[c], wc = w4[c];
-                if (one_plus) {
-                    wc.x += 1.0f;
-                    wc.y += 1.0f;
-                    wc.z += 1.0f;
-                    wc.w += 1.0f;
-                }
-                __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale * wc.x, v.y * scale * wc.y);
-                __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale * wc.z, v.w * scale * wc.w);
+                __nv_bfloat162 lo, hi;
+                norm4_bf16(x4[c], w4[c], scale, one_plus, &lo, &hi);
                 ((__nv_bfloat162 *)o)[2 * c] = lo;
                 ((__nv_bfloat162 *)o)[2 * c + 1] = hi;
             }
@@ -167,15 +182,8 @@ static __global__ void add_rmsnorm_fp8_kernel(__nv_bfloat16 *out, uint8_t *q, fl
             const int     on = c < C4;
             float         a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (on) {
-                float4 v = x4[c], wc = w4[c];
-                if (one_plus) {
-                    wc.x += 1.0f;
-                    wc.y += 1.0f;
-                    wc.z += 1.0f;
-                    wc.w += 1.0f;
-                }
-                __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale * wc.x, v.y * scale * wc.y);
-                __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale * wc.z, v.w * scale * wc.w);
+                __nv_bfloat162 lo, hi;
+                norm4_bf16(x4[c], w4[c], scale, one_plus, &lo, &hi);
                 ((__nv_bfloat162 *)(out + r * C))[2 * c] = lo;
                 ((__nv_bfloat162 *)(out + r * C))[2 * c + 1] = hi;
                 a[0] = __low2float(lo), a[1] = __high2float(lo), a[2] = __low2float(hi), a[3] = __high2float(hi);
@@ -208,7 +216,7 @@ static __global__ void rmsnorm_gated_bf16_kernel(__nv_bfloat16 *out, const float
         float scale = 1.0f / sqrtf(s / (float)C + eps);
         for (int64_t c = lane; c < C; c += 32) {
             float zc = z[c];
-            o[c] = __float2bfloat16_rn(w[c] * (x[c] * scale) * (zc / (1.0f + expf(-zc))));
+            o[c] = gated_bf16(x[c], zc, w[c], scale);
         }
     }
 }
@@ -252,8 +260,7 @@ static __global__ void rmsnorm_gated_fp8_kernel(uint8_t *q, float *sc, const flo
             const float   wa[4] = {wv.x, wv.y, wv.z, wv.w};
             float         a[4];
             for (int i = 0; i < 4; i++)
-                a[i] = __bfloat162float(
-                    __float2bfloat16_rn(wa[i] * (xa[i] * scale) * (za[i] / (1.0f + expf(-za[i])))));
+                a[i] = __bfloat162float(gated_bf16(xa[i], za[i], wa[i], scale));
             float          gs;
             const uint32_t packed = fp8_group_quant(a, 1, &gs);
             ((uint32_t *)qr)[32 * g + lane] = packed;
@@ -311,8 +318,7 @@ static __global__ void rmsnorm_gated_fp8_c128_kernel(uint8_t *q, float *sc, cons
             float       a[4];
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                a[k] = __bfloat162float(
-                    __float2bfloat16_rn(wa[k] * (xa[k] * scale) * (za[k] / (1.0f + expf(-za[k])))));
+                a[k] = __bfloat162float(gated_bf16(xa[k], za[k], wa[k], scale));
             float          gs;
             const uint32_t packed = fp8_group_quant(a, 1, &gs);
             qr[lane] = packed;
