@@ -84,8 +84,9 @@ def load_model(name, fdir):
 def forced_forward(model, renorm, ids, seqlens, routes):
     with mt.hf_float64(), forced_routes(model, routes, renorm) as used:
         out = mt.run_packed(model, ids, seqlens)
-    if any(used[i] != routes[i].shape[0] for i in used):
-        raise SystemExit(f"forced_routing: the routers took {used} rows, the routing has {routes[next(iter(used))].shape[0]}")
+    short = {i: (used[i], routes[i].shape[0]) for i in used if used[i] != routes[i].shape[0]}
+    if short:
+        raise SystemExit(f"forced_routing: rows the routers took against rows of routing, by layer: {short}")
     return out
 
 
