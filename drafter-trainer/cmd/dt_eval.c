@@ -94,47 +94,11 @@ typedef struct eval_args {
 // ----------------------------------------------------------------------------
 // the target: frozen matrices and the decoding endpoint
 
-/* A frozen [V, D] matrix as dt_model_set_frozen takes it (F32 or BF16 in place, else widened). */
-static cm_status frozen_matrix(const cm_st *st, const cm_st_tensor *t, const void **data, cm_dtype *dt,
-                               float **owned) {
-    if (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) {
-        *data = t->data;
-        *dt = t->dtype;
-        return CM_OK;
-    }
-    const size_t n = (size_t)t->shape[0] * (size_t)t->shape[1];
-    if (!(*owned = malloc(n * sizeof **owned)))
-        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu floats for '%s'", n, t->name);
-    CM_TRY(cm_st_read(st, t->name, 2, t->shape, *owned, CM_DTYPE_F32));
-    *data = *owned;
-    *dt = CM_DTYPE_F32;
-    return CM_OK;
-}
-
 /* The target's embedding and LM head into the model (the keys train reads). */
 static cm_status set_frozen(dt_model *m, const char *target, const cm_target_cfg *t, cm_st **st,
                             float **owned) {
     CM_TRY(cm_st_open_dir(st, target));
-    const int64_t       shape[2] = {t->vocab_size, t->hidden_size};
-    const cm_st_tensor *emb = NULL, *head = NULL;
-    const char         *key = cm_st_find(*st, "model.language_model.embed_tokens.weight")
-                                  ? "model.language_model.embed_tokens.weight"
-                                  : "model.embed_tokens.weight";
-    CM_TRY(cm_st_expect(*st, key, 2, shape, &emb));
-    if (t->tie_word_embeddings && !cm_st_find(*st, "lm_head.weight"))
-        head = emb;
-    else
-        CM_TRY(cm_st_expect(*st, "lm_head.weight", 2, shape, &head));
-    const void *e, *h;
-    cm_dtype    edt, hdt;
-    CM_TRY(frozen_matrix(*st, emb, &e, &edt, &owned[0]));
-    if (head == emb) {
-        h = e;
-        hdt = edt;
-    } else {
-        CM_TRY(frozen_matrix(*st, head, &h, &hdt, &owned[1]));
-    }
-    return dt_model_set_frozen(m, e, edt, h, hdt, t->vocab_size, t->hidden_size);
+    return dt_model_set_frozen_from(m, *st, t->vocab_size, t->hidden_size, t->tie_word_embeddings, owned);
 }
 
 cm_status dt_eval_decode_endpoint(const char *server, const char *key, const char *secret, const char *hint,

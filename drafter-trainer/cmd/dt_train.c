@@ -152,24 +152,6 @@ static cm_status load_config(run *r) {
     return st;
 }
 
-/* A frozen [V, D] matrix as dt_model_set_frozen takes it: F32 or BF16 in place (borrowed
- * from the mmapped target), any other float dtype widened into *owned. */
-static cm_status frozen_matrix(const cm_st *st, const cm_st_tensor *t, const void **data, cm_dtype *dt,
-                               float **owned) {
-    if (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) {
-        *data = t->data;
-        *dt = t->dtype;
-        return CM_OK;
-    }
-    size_t n = (size_t)t->shape[0] * (size_t)t->shape[1];
-    if (!(*owned = malloc(n * sizeof **owned)))
-        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu floats for '%s'", n, t->name);
-    CM_TRY(cm_st_read(st, t->name, 2, t->shape, *owned, CM_DTYPE_F32));
-    *data = *owned;
-    *dt = CM_DTYPE_F32;
-    return CM_OK;
-}
-
 /* --target-init random: BF16 embedding and LM head drawn from (target_seed, matrix) with the
  * checkpoint's scale (std ≈ 0.02), for benchmarks against a `serve --init random` target; the
  * drafter learns nothing real from them. */
@@ -235,26 +217,8 @@ static cm_status load_target(run *r) {
             CM_LOG_INFO("target weights %016llx: %d tensors, %.2f GB hashed in %.2f s", (unsigned long long)wi.id,
                         wi.n_tensors, (double)wi.bytes / 1e9, wi.seconds);
     }
-    const int64_t       shape[2] = {t.vocab_size, t.hidden_size};
-    const cm_st_tensor *emb = NULL, *head = NULL;
-    const char         *emb_key = cm_st_find(r->target, "model.language_model.embed_tokens.weight")
-                                      ? "model.language_model.embed_tokens.weight"
-                                      : "model.embed_tokens.weight";
-    CM_TRY(cm_st_expect(r->target, emb_key, 2, shape, &emb));
-    if (t.tie_word_embeddings && !cm_st_find(r->target, "lm_head.weight"))
-        head = emb;
-    else
-        CM_TRY(cm_st_expect(r->target, "lm_head.weight", 2, shape, &head));
-    const void *e, *h;
-    cm_dtype    edt, hdt;
-    CM_TRY(frozen_matrix(r->target, emb, &e, &edt, &r->frozen_owned[0]));
-    if (head == emb) {
-        h = e;
-        hdt = edt;
-    } else {
-        CM_TRY(frozen_matrix(r->target, head, &h, &hdt, &r->frozen_owned[1]));
-    }
-    return dt_model_set_frozen(r->m, e, edt, h, hdt, t.vocab_size, t.hidden_size);
+    return dt_model_set_frozen_from(r->m, r->target, t.vocab_size, t.hidden_size, t.tie_word_embeddings,
+                                    r->frozen_owned);
 }
 
 /* The training state before step `step` (0-based count of steps taken): cursor and the

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "cm_cfg.h"
+#include "cm_safetensors.h"
 #include "cm_status.h"
 #include "kn_backend.h"
 
@@ -113,6 +114,13 @@ cm_status dt_model_load(dt_model *m, const char *dir);
  * copied to the backend). lm_head may equal embed (tied). Checks V and D against cfg. */
 cm_status dt_model_set_frozen(dt_model *m, const void *embed, cm_dtype embed_dt, const void *lm_head,
                               cm_dtype lm_head_dt, int64_t V, int64_t D);
+/* dt_model_set_frozen from a target checkpoint: the embedding under
+ * model.language_model.embed_tokens.weight or model.embed_tokens.weight, the LM head under
+ * lm_head.weight unless `tied` and absent; each [V, D]. F32 and BF16 are read in place from
+ * the open checkpoint, other float dtypes widened into owned[0] (embedding) / owned[1] (head),
+ * which the caller frees. */
+cm_status dt_model_set_frozen_from(dt_model *m, const cm_st *target, int64_t V, int64_t D, int tied,
+                                   float *owned[2]);
 
 int             dt_model_n_params(const dt_model *m);
 const dt_param *dt_model_param(const dt_model *m, int i);

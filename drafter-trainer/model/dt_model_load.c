@@ -164,3 +164,45 @@ cm_status dt_model_set_frozen(dt_model *m, const void *embed, cm_dtype embed_dt,
     m->V = V;
     return CM_OK;
 }
+
+/* A frozen [V, D] matrix as dt_model_set_frozen takes it: F32 or BF16 in place (borrowed from
+ * the mmapped checkpoint), any other float dtype widened into *owned. */
+static cm_status frozen_matrix(const cm_st *st, const cm_st_tensor *t, const void **data, cm_dtype *dt,
+                               float **owned) {
+    if (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) {
+        *data = t->data;
+        *dt = t->dtype;
+        return CM_OK;
+    }
+    const size_t n = (size_t)t->shape[0] * (size_t)t->shape[1];
+    if (!(*owned = malloc(n * sizeof **owned)))
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %zu floats for '%s'", n, t->name);
+    CM_TRY(cm_st_read(st, t->name, 2, t->shape, *owned, CM_DTYPE_F32));
+    *data = *owned;
+    *dt = CM_DTYPE_F32;
+    return CM_OK;
+}
+
+cm_status dt_model_set_frozen_from(dt_model *m, const cm_st *target, int64_t V, int64_t D, int tied,
+                                   float *owned[2]) {
+    const int64_t       shape[2] = {V, D};
+    const cm_st_tensor *emb = NULL, *head = NULL;
+    const char         *key = cm_st_find(target, "model.language_model.embed_tokens.weight")
+                                  ? "model.language_model.embed_tokens.weight"
+                                  : "model.embed_tokens.weight";
+    CM_TRY(cm_st_expect(target, key, 2, shape, &emb));
+    if (tied && !cm_st_find(target, "lm_head.weight"))
+        head = emb;
+    else
+        CM_TRY(cm_st_expect(target, "lm_head.weight", 2, shape, &head));
+    const void *e = NULL, *h = NULL;
+    cm_dtype    edt = CM_DTYPE_F32, hdt = CM_DTYPE_F32;
+    CM_TRY(frozen_matrix(target, emb, &e, &edt, &owned[0]));
+    if (head == emb) {
+        h = e;
+        hdt = edt;
+    } else {
+        CM_TRY(frozen_matrix(target, head, &h, &hdt, &owned[1]));
+    }
+    return dt_model_set_frozen(m, e, edt, h, hdt, V, D);
+}
