@@ -17,10 +17,10 @@
 # ours-moe-loop.md/.json and prints grouped / per expert, and MOE_TILES=1 (the default) with
 # the grouped kernel's other tilings (TANDEM_MOE_GEMM_TILE, the list in MOE_TILE_LIST, default
 # "128w4 wg4": the mma.sync kernel and wgmma with 4 stages) into ours-moe-<tiling>;
-# SKIP_HF=1
-# leaves the Transformers side out (its figure from an earlier run stands). FLA comes from the flash-linear-attention and fla-core wheels in .whl/ (see
-# /work/.library/device/README.md): install them first with pip --no-deps into a --target
-# directory on PYTHONPATH.
+# SKIP_HF=1 leaves the Transformers side out (its figure from an earlier run stands). FLA comes
+# from the flash-linear-attention and fla-core wheels in .whl/, for a GPU machine without network
+# (downloaded elsewhere with `pip download --no-deps`): install them first with pip --no-deps into
+# a --target directory on PYTHONPATH.
 set -uo pipefail
 build=${1:?usage: target_bench.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: target_bench.sh BUILD_DIR OUT_DIR}
