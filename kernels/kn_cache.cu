@@ -350,7 +350,7 @@ static __global__ void conv1d_silu_cached_kernel(float *out, const float *x, con
                 const int64_t r = i - (K - 1) + j;
                 acc += w[c * K + j] * (r < 0 ? st[(K - 1 + r) * C + c] : x[(bos + r) * C + c]);
             }
-            out[t * C + c] = acc / (1.0f + expf(-acc));
+            out[t * C + c] = kn_silu(acc);
         }
     }
 }

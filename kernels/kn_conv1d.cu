@@ -28,7 +28,7 @@ static __global__ void conv1d_silu_kernel(float *out, const float *x, const floa
                 if (src >= bos)
                     acc += w[c * K + j] * x[src * C + c];
             }
-            out[t * C + c] = acc / (1.0f + expf(-acc));
+            out[t * C + c] = kn_silu(acc);
         }
     }
 }
@@ -125,7 +125,7 @@ static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const f
 #pragma unroll
             for (int j = 0; j < K; j++)
                 acc += wr[j] * win[j];
-            xs[r * width + ch] = acc / (1.0f + expf(-acc));
+            xs[r * width + ch] = kn_silu(acc);
 #pragma unroll
             for (int j = 0; j < K - 1; j++)
                 win[j] = win[j + 1];

@@ -31,6 +31,21 @@ template <int N> static __device__ __forceinline__ void cp_wait() {
 }
 
 // ----------------------------------------------------------------------------
+// SiLU
+
+/* silu(x) = x / (1 + e^-x), the one form every CUDA kernel of the forward uses (SwiGLU, the
+ * MoE experts' epilogues, the GDN conv, the gated norm), so that fused and unfused forms give
+ * the same bits. The exponential is ex2.approx (__expf) and the division the reciprocal's
+ * product (__fdividef): the accurate expf and the IEEE division made SwiGLU with its FP8
+ * quantization bound by instructions, not memory (bench/results/silu-conv-2026-12-04.md). The
+ * error against the cpu reference's expf and division is __expf's, 2 + 1.2·|x| ulp where
+ * e^-x dominates, plus 2 ulp; where 1 + e^-x passes 2^126 (x < -87.3) the result is ±0
+ * instead of a value below 1e-36. */
+static __device__ __forceinline__ float kn_silu(float x) {
+    return __fdividef(x, 1.0f + __expf(-x));
+}
+
+// ----------------------------------------------------------------------------
 // reductions
 
 /* Sum over the warp by butterfly shuffles; every lane gets the total. */

@@ -49,7 +49,7 @@ static __global__ void swiglu_typed_kernel(void *out, int obf, const void *gate,
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float g = ld_f(gate, ibf, i);
-        st_f(out, obf, i, g / (1.0f + expf(-g)) * ld_f(up, ibf, i));
+        st_f(out, obf, i, kn_silu(g) * ld_f(up, ibf, i));
     }
 }
 

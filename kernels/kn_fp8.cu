@@ -75,7 +75,7 @@ static __device__ __forceinline__ void ld_bf16x4(const uint16_t *p, float v[4]) 
 /* silu(g)·u as swiglu_bf16's kernel computes it (kn_elementwise.cu), so that the fused op sees
  * the same bf16 values */
 static __device__ __forceinline__ float swiglu1(float g, float u) {
-    return g / (1.0f + expf(-g)) * u;
+    return kn_silu(g) * u;
 }
 
 /* lane's four inputs of the group at `at` (bf16 values as floats), by source */

@@ -175,7 +175,7 @@ static __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 2)
                 continue;
             const float *cr = C + row * MG_CLD;
             const float  g0 = cr[c], u0 = cr[CN + c], g1 = cr[c + 1], u1 = cr[CN + c + 1];
-            const float  v0 = g0 / (1.0f + expf(-g0)) * u0, v1 = g1 / (1.0f + expf(-g1)) * u1;
+            const float  v0 = kn_silu(g0) * u0, v1 = kn_silu(g1) * u1;
             bf16        *o = act + (int64_t)r * N + n;
             if ((N & 1) == 0) {
                 *(__nv_bfloat162 *)o = __floats2bfloat162_rn(v0, v1);

@@ -15,6 +15,7 @@
  * each thread holds gate and up of the same outputs and writes bf16(silu(gate)·up) from
  * registers. moe_gemm_fp8's kernel is the same on e4m3 (below).
  */
+#include "kn_device.h"
 #include "kn_moe_gemm_int.h"
 #include "kn_wgmma_sm90.h"
 
@@ -159,7 +160,7 @@ static __global__ void __launch_bounds__(WG_THREADS, STAGES == 3 ? 2 : 1)
                 const int   c = n0 + 8 * i + 2 * t;
                 const float g0 = d[4 * i + 2 * h], g1 = d[4 * i + 2 * h + 1];
                 const float u0 = d[32 + 4 * i + 2 * h], u1 = d[32 + 4 * i + 2 * h + 1];
-                const float v0 = g0 / (1.0f + expf(-g0)) * u0, v1 = g1 / (1.0f + expf(-g1)) * u1;
+                const float v0 = kn_silu(g0) * u0, v1 = kn_silu(g1) * u1;
                 if ((N & 1) == 0 && c + 1 < N) {
                     *(__nv_bfloat162 *)(o + c) = __floats2bfloat162_rn(v0, v1);
                 } else {

@@ -52,7 +52,7 @@ static __global__ void rmsnorm_gated_kernel(float *out, const float *xs, const f
         float        scale = 1.0f / sqrtf(row_sumsq(x, C, sh) / (float)C + eps);
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
             float zc = z[c];
-            y[c] = w[c] * (x[c] * scale) * (zc / (1.0f + expf(-zc)));
+            y[c] = w[c] * (x[c] * scale) * kn_silu(zc);
         }
     }
 }
@@ -106,7 +106,7 @@ static __device__ __forceinline__ void norm4_bf16(float4 v, float4 wc, float sca
 /* One element of the gated norm, w · (x · scale) · silu(z), as bf16: shared by the bf16 and
  * FP8 kernels, which must give the same values. */
 static __device__ __forceinline__ __nv_bfloat16 gated_bf16(float x, float z, float w, float scale) {
-    return __float2bfloat16_rn(w * (x * scale) * (z / (1.0f + expf(-z))));
+    return __float2bfloat16_rn(w * (x * scale) * kn_silu(z));
 }
 
 /* x += y (y may be NULL), then out = bf16(rmsnorm(x)): the residual add fused into the next
