@@ -7,8 +7,9 @@
  * fp32 accumulation (K is small: 4 for Qwen). out must not overlap x. Writes out (=).
  * cu_seqlens live on the device and are not validated here (the caller checks them before
  * upload); out-of-range entries are clamped so a bad table cannot cause a wild read.
- * gdn_conv_qkv (the target's bf16 fast path) fuses this conv with the q/k/v split and the
- * q/k head l2norms; its kernel walks runs of tokens per channel instead (see there). */
+ * gdn_conv_qkv (the target's fast path) fuses this conv with the q/k/v split and the q/k head
+ * l2norms: heads of at most 128 channels (a multiple of 4) take a warp per run of tokens and
+ * head (gdn_conv_warp_kernel), other shapes a block that walks runs of tokens per channel. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
@@ -151,6 +152,90 @@ static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const f
     }
 }
 
+#define GDN_WARP_RUN 8 /* tokens per warp in gdn_conv_warp_kernel */
+
+/* gdn_conv_qkv for heads of at most 128 channels, a multiple of 4, with 16-byte aligned
+ * rows (the Qwen shapes): a warp per (run of GDN_WARP_RUN tokens, group), lane l holding
+ * channels 4l .. 4l + 3. The warp issues the loads of all its K − 1 + run rows at once (one
+ * float4 per lane and row), slides the taps over them in registers, and takes a q/k head's sum
+ * of squares by shuffles, so no block-wide phases wait on each other (the block kernel above
+ * reached half the memory bandwidth). A block is 8 warps: 8 consecutive runs of one group,
+ * whose overlapping rows meet in L1. The f32 math is the block kernel's, with the sum of
+ * squares in another order. */
+template <int K>
+static __global__ void gdn_conv_warp_kernel(float *q, float *k, float *v, const float *x, const float *w,
+                                            const int32_t *cu, int n_seq, int64_t T, int nk, int nv, int dk,
+                                            int dv, float eps) {
+    const int     g = blockIdx.y, lane = threadIdx.x & 31;
+    const int64_t t0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GDN_WARP_RUN;
+    if (t0 >= T)
+        return;
+    const int64_t qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
+    int           width, norm;
+    int64_t       c0, dst_ld;
+    float        *dst;
+    if (g < 2 * nk) {
+        const int h = g < nk ? g : g - nk;
+        width = dk, norm = 1;
+        c0 = (g < nk ? 0 : qk) + (int64_t)h * dk;
+        dst = (g < nk ? q : k) + (int64_t)h * dk;
+        dst_ld = qk;
+    } else {
+        const int h = g - 2 * nk;
+        width = dv, norm = 0;
+        c0 = 2 * qk + (int64_t)h * dv;
+        dst = v + (int64_t)h * dv;
+        dst_ld = (int64_t)nv * dv;
+    }
+    const int on = 4 * lane < width; /* lanes past a narrow head only join the shuffles */
+    const int ch = on ? 4 * lane : 0;
+
+    // every row the run reads, t0 − (K − 1) .. t0 + run − 1 (before token 0 or past T: zeros)
+    float4 win[GDN_WARP_RUN + K - 1];
+#pragma unroll
+    for (int i = 0; i < GDN_WARP_RUN + K - 1; i++) {
+        const int64_t t = t0 - (K - 1) + i;
+        win[i] = on && t >= 0 && t < T ? *(const float4 *)(x + t * C + c0 + ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float wr[4][K];
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+#pragma unroll
+        for (int j = 0; j < K; j++)
+            wr[c][j] = on ? w[(c0 + ch + c) * K + j] : 0.0f;
+
+    int     s = seq_of(cu, n_seq, t0);
+    int64_t bos = cu[s], eos = cu[s + 1];
+#pragma unroll
+    for (int r = 0; r < GDN_WARP_RUN; r++) {
+        const int64_t t = t0 + r;
+        if (t >= T) /* warp-uniform */
+            break;
+        while (t >= eos && s + 1 < n_seq) { /* a sequence starts at t */
+            s++;
+            bos = eos;
+            eos = cu[s + 1];
+        }
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            if (t - (K - 1) + j >= bos) { /* taps before the sequence start read 0 */
+                const float4 xv = win[r + j];
+                acc.x += wr[0][j] * xv.x, acc.y += wr[1][j] * xv.y;
+                acc.z += wr[2][j] * xv.z, acc.w += wr[3][j] * xv.w;
+            }
+        }
+        float4 y = make_float4(kn_silu(acc.x), kn_silu(acc.y), kn_silu(acc.z), kn_silu(acc.w));
+        if (norm) {
+            const float ss = warp_sum(on ? y.x * y.x + y.y * y.y + y.z * y.z + y.w * y.w : 0.0f);
+            const float scale = 1.0f / sqrtf(ss + eps);
+            y.x *= scale, y.y *= scale, y.z *= scale, y.w *= scale;
+        }
+        if (on)
+            *(float4 *)(dst + t * dst_ld + ch) = y;
+    }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -211,8 +296,30 @@ cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const 
     KN_CUDA_CHECK_ARG(!overlaps(q, qb, x, xb) && !overlaps(k, qb, x, xb) && !overlaps(v, vb, x, xb),
                       "gdn_conv_qkv: q, k or v overlaps x (use separate buffers)");
 
+    const int vec = C % 4 == 0 && dk % 4 == 0 && dv % 4 == 0 && (uintptr_t)x % 16 == 0;
+    if (vec && width <= 128 && (uintptr_t)q % 16 == 0 && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0) {
+        const int64_t runs = (T + GDN_WARP_RUN - 1) / GDN_WARP_RUN;
+        dim3          wgrid((unsigned int)((runs + 7) / 8), (unsigned int)groups);
+#define GDN_WARP_CASE(KK)                                                                                    \
+    case KK:                                                                                                 \
+        gdn_conv_warp_kernel<KK><<<wgrid, 256, 0, ctx->stream>>>(q, k, v, x, w, cu_seqlens, n_seq, T, nk, nv, \
+                                                                 dk, dv, eps);                               \
+        break
+        switch (K) {
+            GDN_WARP_CASE(1);
+            GDN_WARP_CASE(2);
+            GDN_WARP_CASE(3);
+            GDN_WARP_CASE(4);
+            GDN_WARP_CASE(5);
+            GDN_WARP_CASE(6);
+            GDN_WARP_CASE(7);
+            GDN_WARP_CASE(8);
+        }
+#undef GDN_WARP_CASE
+        KN_CUDA_LAUNCHED(ctx);
+        return CM_OK;
+    }
     const int    run = (int)(run_fit < GDN_CONV_MAX_RUN ? run_fit : GDN_CONV_MAX_RUN);
-    const int    vec = C % 4 == 0 && dk % 4 == 0 && dv % 4 == 0 && (uintptr_t)x % 16 == 0;
     const size_t smem = (size_t)(run + K - 1) * (size_t)width * sizeof(float);
     dim3         grid((unsigned int)((T + run - 1) / run), (unsigned int)groups);
 #define GDN_CONV_CASE(KK)                                                                                    \
