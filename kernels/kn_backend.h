@@ -516,7 +516,8 @@ typedef struct kn_backend {
                            const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
     /* add_rmsnorm_bf16 and fp8_quantize_rows of its output in one pass (the norm writes the
      * quantized input of the FP8 projections that follow it): out, x as add_rmsnorm_bf16, q, s as
-     * fp8_quantize_rows(out, BF16, rows, C). CM_ERR_UNSUPPORTED (nothing written) for a shape the
+     * fp8_quantize_rows(out, BF16, rows, C); out may be NULL when nothing reads the bf16 values
+     * (they are quantized, not stored). CM_ERR_UNSUPPORTED (nothing written) for a shape the
      * backend does not fuse; the caller then runs the two ops. */
     cm_status (*add_rmsnorm_fp8)(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* (optional) */

@@ -154,7 +154,8 @@ static __global__ void add_rmsnorm_bf16_kernel(__nv_bfloat16 *out, float *xs, co
 }
 
 /* add_rmsnorm_bf16_kernel's vector path, with the bf16 output also quantized for an FP8 GEMM
- * (fp8_quantize_rows: q [Mp, C] e4m3, s [ceil(C/128), Mp]). blockDim.x is a multiple of 32, so
+ * (fp8_quantize_rows: q [Mp, C] e4m3, s [ceil(C/128), Mp]); out NULL: the bf16 values are only
+ * quantized, not stored. blockDim.x is a multiple of 32, so
  * in pass 2 each warp's 32 float4 are one 1 × 128 group (the last one may be ragged: its
  * missing lanes hold zeros). Rows in [rows, Mp) are the padding: zero bytes and scales. */
 static __global__ void add_rmsnorm_fp8_kernel(__nv_bfloat16 *out, uint8_t *q, float *sc, float *xs, const float *ys,
@@ -184,8 +185,10 @@ static __global__ void add_rmsnorm_fp8_kernel(__nv_bfloat16 *out, uint8_t *q, fl
             if (on) {
                 __nv_bfloat162 lo, hi;
                 norm4_bf16(x4[c], w4[c], scale, one_plus, &lo, &hi);
-                ((__nv_bfloat162 *)(out + r * C))[2 * c] = lo;
-                ((__nv_bfloat162 *)(out + r * C))[2 * c + 1] = hi;
+                if (out) {
+                    ((__nv_bfloat162 *)(out + r * C))[2 * c] = lo;
+                    ((__nv_bfloat162 *)(out + r * C))[2 * c + 1] = hi;
+                }
                 a[0] = __low2float(lo), a[1] = __high2float(lo), a[2] = __low2float(hi), a[3] = __high2float(hi);
             }
             float          g;
@@ -401,7 +404,7 @@ cm_status kn_cuda_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float 
     CM_TRY(norm_check(ctx, "add_rmsnorm_fp8", rows, C, eps));
     if (rows == 0)
         return CM_OK;
-    KN_CUDA_CHECK_ARG(out && q && s && x && w, "add_rmsnorm_fp8: out, q, s, x or w is NULL");
+    KN_CUDA_CHECK_ARG(q && s && x && w, "add_rmsnorm_fp8: q, s, x or w is NULL");
     if (C % 16 || (uintptr_t)x % 16 || (y && (uintptr_t)y % 16) || (uintptr_t)w % 16 || (uintptr_t)out % 8 ||
         (uintptr_t)q % 16)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "add_rmsnorm_fp8: C=%lld is not a multiple of 16 or a row is not "

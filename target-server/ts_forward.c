@@ -180,17 +180,31 @@ static int has_fp8(const ts_model *m) {
     return 0;
 }
 
+static int fp8w(const ts_mat *w) { return w->dtype == CM_DTYPE_F8_E4M3; }
+
+/* Whether the bf16 output of layer L's input norm (post = 0) or post-attention norm (post = 1)
+ * has a reader once ws.h8 holds it quantized: a projection from it that is not FP8 (ts_gemm_h),
+ * or a MoE block (its router and experts read ws.h16). */
+static int reads_h16(const ts_layer *L, int post) {
+    if (post) return L->moe || !fp8w(&L->gate_proj) || !fp8w(&L->up_proj);
+    if (L->type == CM_LAYER_TYPE_LINEAR_ATTENTION)
+        return !fp8w(&L->in_qkv) || !fp8w(&L->in_z) || !fp8w(&L->in_a) || !fp8w(&L->in_b);
+    return !fp8w(&L->q_proj) || !fp8w(&L->k_proj) || !fp8w(&L->v_proj);
+}
+
 /* A block's input norm into ws.h (unfused) or ws.h16, the residual y added to x first on the
  * fused path (the unfused one has added it). With FP8 weights the fused norm also writes ws.h8
- * where the backend fuses it; otherwise ts_quant_h quantizes h on first use. */
-static cm_status block_norm(ts_model *m, const float *y, const float *weight, int64_t T) {
+ * where the backend fuses it (and leaves ws.h16 unwritten when nothing reads it, per
+ * reads_h16); otherwise ts_quant_h quantizes h on first use. */
+static cm_status block_norm(ts_model *m, const float *y, const float *weight, int64_t T, const ts_layer *L, int post) {
     const cm_target_cfg *c = &m->cfg;
     ts_ws               *w = &m->ws;
     const int64_t        D = c->hidden_size;
     w->h8_valid = 0;
     if (!m->fused) return m->be->rmsnorm(m->ctx, w->h, w->x, weight, T, D, c->rms_norm_eps, 1);
     if (w->h8 && m->be->add_rmsnorm_fp8) {
-        cm_status st = m->be->add_rmsnorm_fp8(m->ctx, w->h16, w->h8, w->h8s, w->x, y, weight, T, D, c->rms_norm_eps, 1);
+        uint16_t *h16 = m->be->gemm_fp8q && !reads_h16(L, post) ? NULL : w->h16;
+        cm_status st = m->be->add_rmsnorm_fp8(m->ctx, h16, w->h8, w->h8s, w->x, y, weight, T, D, c->rms_norm_eps, 1);
         if (st != CM_ERR_UNSUPPORTED) {
             w->h8_valid = st == CM_OK;
             return st;
@@ -473,7 +487,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         const ts_layer *L   = &m->layers[i];
         const int       gdn = L->type == CM_LAYER_TYPE_LINEAR_ATTENTION;
         m->gemm_acc         = gdn ? &m->tm.gdn_gemm_ms : &m->tm.attn_gemm_ms;
-        CM_TRY(block_norm(m, pending, L->input_norm, T));
+        CM_TRY(block_norm(m, pending, L->input_norm, T, L, 0));
         pending = NULL;
         if (gdn)
             CM_TRY(forward_gdn(m, L, i, T, n_seq));
@@ -484,7 +498,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         *(gdn ? &m->tm.gdn_ms : &m->tm.attn_ms) += tb - ta;
         *(gdn ? &m->tm.gdn_layers : &m->tm.attn_layers) += 1;
         m->gemm_acc = &m->tm.mlp_gemm_ms;
-        CM_TRY(block_norm(m, m->fused ? w->o : NULL, L->post_norm, T));
+        CM_TRY(block_norm(m, m->fused ? w->o : NULL, L->post_norm, T, L, 1));
         CM_TRY(L->moe ? ts_forward_moe(m, L, i, T, cap) : forward_mlp(m, L, T));
         /* the fused path leaves the add to the next input norm, unless x is read before it */
         const int x_read = i == last || (next_cap < cap->n_layers && cap->layers[next_cap] == i);

@@ -208,6 +208,11 @@ static void check_fused(long M, long N, long K) {
         TST_CHECK(kn_ref_fp8_quantize_rows(ctx, q2, s2, h2, CM_DTYPE_BF16, M, K) == CM_OK);
         TST_CHECK(memcmp(x1, x2, (size_t)(M * K) * 4) == 0 && memcmp(h1, h2, (size_t)(M * K) * 2) == 0);
         TST_CHECK(memcmp(q1, q2, (size_t)(Mp * K)) == 0 && memcmp(s1, s2, (size_t)(Mp * L) * 4) == 0);
+        /* out NULL: the same x, bytes and scales, no bf16 output */
+        memcpy(x2, x, (size_t)(M * K) * 4), memset(q2, 0x55, (size_t)(Mp * K)), memset(s2, 0x55, (size_t)(Mp * L) * 4);
+        TST_CHECK(kn_ref_add_rmsnorm_fp8(ctx, NULL, q2, s2, x2, y, nw, M, K, 1e-6f, var) == CM_OK);
+        TST_CHECK(memcmp(x1, x2, (size_t)(M * K) * 4) == 0 && memcmp(q1, q2, (size_t)(Mp * K)) == 0 &&
+                  memcmp(s1, s2, (size_t)(Mp * L) * 4) == 0);
         free(x1), free(x2), free(nw), free(h1), free(h2);
     }
     /* rmsnorm_gated_fp8: M tokens of K/16 heads of 16 */
@@ -396,6 +401,22 @@ static void cuda_fused(long M, long C, int one_plus) {
                M, C, with_y ? " +y" : "", one_plus ? " 1+w" : "", dq2, same ? "equal" : "DIFFER", dh, M * C, dc);
         TST_CHECK(dq2 == 0 && same);
         TST_CHECK(dh <= M * C / 100); /* the cpu's row sums round differently now and then */
+        /* out NULL (nothing reads the bf16 values): the same x, bytes and scales */
+        {
+            dbuf x3 = dbuf_put(hx, (size_t)(M * C) * 4);
+            TST_CHECK(gpu->add_rmsnorm_fp8(gctx16, NULL, q2.g, s2.g, x3.g, with_y ? y.g : NULL, w.g, M, C, 1e-6f,
+                                           one_plus) == CM_OK);
+            void    *xn = down(&x3, 1);
+            uint8_t *qn = down(&q2, 1);
+            float   *sn = down(&s2, 1);
+            const int eq = memcmp(xn, xa, (size_t)(M * C) * 4) == 0 && memcmp(qn, qa, (size_t)(Mp * C)) == 0 &&
+                           memcmp(sn, sa, (size_t)(L * Mp) * 4) == 0;
+            printf("add_rmsnorm_fp8 %ldx%ld%s%s without the bf16 output: x/bytes/scales %s\n", M, C,
+                   with_y ? " +y" : "", one_plus ? " 1+w" : "", eq ? "equal" : "DIFFER");
+            TST_CHECK(eq);
+            free(xn), free(qn), free(sn);
+            dbuf_free(&x3);
+        }
         free(xa), free(xb), free(ha), free(hb), free(hc), free(qa), free(qb), free(qc), free(sa), free(sb);
         dbuf_free(&x1), dbuf_free(&x2), dbuf_free(&y), dbuf_free(&w), dbuf_free(&h1), dbuf_free(&h2);
     }

@@ -121,8 +121,16 @@ cm_status kn_ref_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate,
 cm_status kn_ref_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus) {
     KN_REF_CHECK(q && s, "add_rmsnorm_fp8: q or s is NULL");
-    CM_TRY(kn_ref_add_rmsnorm_bf16(ctx, out, x, y, w, rows, C, eps, one_plus));
-    return kn_ref_fp8_quantize_rows(ctx, q, s, out, CM_DTYPE_BF16, rows, C);
+    KN_REF_CHECK(rows >= 0 && C >= 0, "add_rmsnorm_fp8: bad shape rows=%lld C=%lld (each must be >= 0)",
+                 (long long)rows, (long long)C);
+    uint16_t *a = out ? out : malloc((size_t)(rows * C > 0 ? rows * C : 1) * sizeof *a); /* out NULL: not stored */
+    if (!a)
+        return CM_FAIL(CM_ERR_NOMEM, "add_rmsnorm_fp8: cannot allocate %lld x %lld bf16 values", (long long)rows,
+                       (long long)C);
+    cm_status st = kn_ref_add_rmsnorm_bf16(ctx, a, x, y, w, rows, C, eps, one_plus);
+    if (st == CM_OK) st = kn_ref_fp8_quantize_rows(ctx, q, s, a, CM_DTYPE_BF16, rows, C);
+    if (a != out) free(a);
+    return st;
 }
 
 cm_status kn_ref_rmsnorm_gated_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *x, const float *z, const float *w,
