@@ -364,6 +364,11 @@ typedef struct kn_backend {
      * gemm on the widened input. */
     cm_status (*gemm_bf16in)(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
                              int64_t M, int64_t N, int64_t K); /* (optional) */
+    /* gemm_bf16in added onto out instead of written: out[M, N] += inp · Wᵀ, each sum rounded to
+     * F32 and then added to out, as gemm_bf16in then add (cuda: cuBLASLt's beta = 1, one
+     * kernel; the block's output projection straight into the residual stream). */
+    cm_status (*gemm_bf16in_acc)(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
+                                 int64_t M, int64_t N, int64_t K); /* (optional) */
     /* The residual add fused into the next norm: x += y (as add; skipped when y is NULL), then
      * out = bf16(rmsnorm(x)) per row of C (rmsnorm's one_plus meaning). */
     cm_status (*add_rmsnorm_bf16)(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
@@ -514,6 +519,10 @@ typedef struct kn_backend {
      * even (what a serving engine's FP8 linear writes; half the bytes for the next op to read). */
     cm_status (*gemm_fp8q)(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *q, const float *s,
                            const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
+    /* gemm_fp8q's F32 product added onto out (out += product), as gemm_fp8q then add (cuda:
+     * cuBLASLt's beta = 1). */
+    cm_status (*gemm_fp8q_acc)(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                               const float *wscale, int64_t M, int64_t N, int64_t K); /* (optional) */
     /* add_rmsnorm_bf16 and fp8_quantize_rows of its output in one pass (the norm writes the
      * quantized input of the FP8 projections that follow it): out, x as add_rmsnorm_bf16, q, s as
      * fp8_quantize_rows(out, BF16, rows, C); out may be NULL when nothing reads the bf16 values

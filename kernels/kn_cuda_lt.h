@@ -31,7 +31,7 @@ cm_status kn_cuda_lt_matmul_ct(kn_ctx *ctx, const char *op, cudaDataType_t ab_ty
  * e4m3, 1 × 128 scales b_scale, [ceil(k/128)][n], n-contiguous); fp32 accumulation, a bf16 C
  * rounded by the epilogue. */
 cm_status kn_cuda_lt_matmul_fp8(kn_ctx *ctx, const char *op, int64_t m, int64_t n, int64_t k, const void *A,
-                                const float *a_scale, const void *B, const float *b_scale, void *C,
+                                const float *a_scale, const void *B, const float *b_scale, float beta, void *C,
                                 cudaDataType_t c_type, int64_t ldc);
 
 /* dst[i] = bf16(src[i]) (nearest even) and dst[i] = f32(src[i]) (exact), on ctx's stream. */

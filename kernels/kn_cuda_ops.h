@@ -113,6 +113,8 @@ cm_status kn_cuda_adamw(kn_ctx *ctx, float *param, const float *grad, float *m, 
 int       kn_cuda_gemm_rounds_input(const kn_ctx *ctx);
 cm_status kn_cuda_gemm_bf16in(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
                               int64_t M, int64_t N, int64_t K);
+cm_status kn_cuda_gemm_bf16in_acc(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
+                                  int64_t M, int64_t N, int64_t K);
 cm_status kn_cuda_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
                                    int64_t rows, int64_t C, float eps, int one_plus);
 cm_status kn_cuda_rmsnorm_gated_bf16(kn_ctx *ctx, uint16_t *out, const float *x, const float *z,
@@ -151,6 +153,8 @@ cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate
                              int64_t M, int64_t I);
 cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *q, const float *s,
                             const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K);
+cm_status kn_cuda_gemm_fp8q_acc(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                                const float *wscale, int64_t M, int64_t N, int64_t K);
 cm_status kn_cuda_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
                                   const float *w, int64_t rows, int64_t C, float eps, int one_plus);
 cm_status kn_cuda_rmsnorm_gated_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *x, const float *z, const float *w,

@@ -226,16 +226,19 @@ static cm_status gemm_check(const char *op, int64_t M, int64_t N, int64_t K) {
     return CM_OK;
 }
 
-/* The product of a quantized input into out (elem bytes per value, C type ct); a ragged M
- * (M < Mp) is written to tmp (Mp·N values) first. */
+/* The product of a quantized input into out (elem bytes per value, C type ct), or added onto it
+ * (beta 1); a ragged M (M < Mp) goes through tmp (Mp·N values), which then first receives out's
+ * rows when adding. */
 static cm_status fp8q_run(kn_ctx *ctx, const char *op, void *out, cudaDataType_t ct, const uint8_t *q,
                           const float *s, const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K,
-                          void *tmp) {
+                          void *tmp, float beta) {
     const int64_t Mp = kn_fp8_rows(M);
     const size_t  elem = ct == CUDA_R_16BF ? 2 : 4;
     void         *dst = Mp == M ? out : tmp;
+    if (dst != out && beta != 0.0f)
+        KN_CUDA(cudaMemcpyAsync(dst, out, (size_t)(M * N) * elem, cudaMemcpyDeviceToDevice, ctx->stream));
     /* outᵀ (N × Mp, ld N) = Wᵀ-op · qᵀ: A = W stored K × N (op T), B = q stored K × Mp */
-    CM_TRY(kn_cuda_lt_matmul_fp8(ctx, op, N, Mp, K, wq, wscale, q, s, dst, ct, N));
+    CM_TRY(kn_cuda_lt_matmul_fp8(ctx, op, N, Mp, K, wq, wscale, q, s, beta, dst, ct, N));
     if (dst != out) /* rows < M are the first M·N values of the padded product */
         KN_CUDA(cudaMemcpyAsync(out, dst, (size_t)(M * N) * elem, cudaMemcpyDeviceToDevice, ctx->stream));
     return CM_OK;
@@ -260,7 +263,19 @@ cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t 
     if (kn_fp8_rows(M) != M)
         CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)(kn_fp8_rows(M) * N) * elem));
     return fp8q_run(ctx, "gemm_fp8q", out, odt == CM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, q, s, wq, wscale, M, N,
-                    K, ctx->scratch);
+                    K, ctx->scratch, 0.0f);
+}
+
+cm_status kn_cuda_gemm_fp8q_acc(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                                const float *wscale, int64_t M, int64_t N, int64_t K) {
+    KN_CUDA_CHECK_ARG(ctx, "gemm_fp8q_acc: ctx is NULL");
+    CM_TRY(gemm_check("gemm_fp8q_acc", M, N, K));
+    if (M == 0 || N == 0 || K == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(out && q && s && wq && wscale, "gemm_fp8q_acc: out, q, s, wq or wscale is NULL");
+    if (kn_fp8_rows(M) != M)
+        CM_TRY(kn_cuda_scratch_reserve(ctx, (size_t)(kn_fp8_rows(M) * N) * sizeof(float)));
+    return fp8q_run(ctx, "gemm_fp8q_acc", out, CUDA_R_32F, q, s, wq, wscale, M, N, K, ctx->scratch, 1.0f);
 }
 
 cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,
@@ -286,7 +301,7 @@ cm_status kn_cuda_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype id
     float   *sa = (float *)((char *)ctx->scratch + q_bytes);
     CM_TRY(kn_cuda_fp8_quantize_rows(ctx, qa, sa, inp, idt, M, K));
     return fp8q_run(ctx, "gemm_fp8", out, CUDA_R_32F, qa, sa, wq, wscale, M, N, K,
-                    (char *)ctx->scratch + q_bytes + s_bytes);
+                    (char *)ctx->scratch + q_bytes + s_bytes, 0.0f);
 }
 
 int kn_cuda_fp8_supported(const kn_ctx *ctx, char *why, size_t n) {

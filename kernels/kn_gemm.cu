@@ -11,7 +11,8 @@
  * The product is kn_cuda_lt_matmul (kn_gemm_plan.cu): the context's plan for the shape and the
  * operands' actual alignment, made on the first call (descriptors and
  * cublasLtMatmulAlgoGetHeuristic's first answer) and reused after (no run-time compilation,
- * no on-disk cache). Writes out (beta = 0); K = 0 gives zeros. */
+ * no on-disk cache). Writes out (beta = 0; K = 0 gives zeros), or adds onto it (gemm_bf16in_acc:
+ * beta = 1). */
 #include "kn_cuda.h"
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
@@ -64,10 +65,11 @@ static size_t round_up_256(size_t x) {
     return (x + 255) / 256 * 256;
 }
 
-/* The common body of gemm and gemm_bf16in: exactly one of inp (F32) and inp16 (BF16) is set. */
+/* The common body of gemm, gemm_bf16in and gemm_bf16in_acc: exactly one of inp (F32) and inp16
+ * (BF16) is set; beta 1 adds the product onto out (cuBLASLt reads and writes out in one kernel). */
 static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *inp,
                           const __nv_bfloat16 *inp16, const void *w, cm_dtype wdt, int64_t M, int64_t N,
-                          int64_t K) {
+                          int64_t K, float beta) {
     KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", op);
     KN_CUDA_CHECK_ARG(M >= 0 && N >= 0 && K >= 0, "%s: bad shape M=%lld N=%lld K=%lld (must be >= 0)", op,
                       (long long)M, (long long)N, (long long)K);
@@ -78,7 +80,8 @@ static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *
         return CM_OK;
     KN_CUDA_CHECK_ARG(out, "%s: out is NULL", op);
     if (K == 0) {
-        KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * sizeof(float), ctx->stream));
+        if (beta == 0.0f)
+            KN_CUDA(cudaMemsetAsync(out, 0, (size_t)M * (size_t)N * sizeof(float), ctx->stream));
         return CM_OK;
     }
     KN_CUDA_CHECK_ARG((inp || inp16) && w, "%s: inp or w is NULL", op);
@@ -122,12 +125,12 @@ static cm_status gemm_run(kn_ctx *ctx, const char *op, float *out, const float *
     }
 
     /* outᵀ (N×M, ld N) = op(W)·inpᵀ: A = W stored K×N (op T), B = inp stored K×M */
-    return kn_cuda_lt_matmul(ctx, op, ab_type, 1, 0, N, M, K, w_op, K, in_op, K, 0.0f, out, N);
+    return kn_cuda_lt_matmul(ctx, op, ab_type, 1, 0, N, M, K, w_op, K, in_op, K, beta, out, N);
 }
 
 cm_status kn_cuda_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
                        int64_t N, int64_t K) {
-    return gemm_run(ctx, "gemm", out, inp, NULL, w, wdt, M, N, K);
+    return gemm_run(ctx, "gemm", out, inp, NULL, w, wdt, M, N, K, 0.0f);
 }
 
 int kn_cuda_gemm_rounds_input(const kn_ctx *ctx) {
@@ -136,5 +139,10 @@ int kn_cuda_gemm_rounds_input(const kn_ctx *ctx) {
 
 cm_status kn_cuda_gemm_bf16in(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
                               int64_t M, int64_t N, int64_t K) {
-    return gemm_run(ctx, "gemm_bf16in", out, NULL, (const __nv_bfloat16 *)inp, w, wdt, M, N, K);
+    return gemm_run(ctx, "gemm_bf16in", out, NULL, (const __nv_bfloat16 *)inp, w, wdt, M, N, K, 0.0f);
+}
+
+cm_status kn_cuda_gemm_bf16in_acc(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
+                                  int64_t M, int64_t N, int64_t K) {
+    return gemm_run(ctx, "gemm_bf16in_acc", out, NULL, (const __nv_bfloat16 *)inp, w, wdt, M, N, K, 1.0f);
 }

@@ -357,7 +357,7 @@ cm_status kn_cuda_lt_matmul_ct(kn_ctx *ctx, const char *op, cudaDataType_t ab_ty
 }
 
 cm_status kn_cuda_lt_matmul_fp8(kn_ctx *ctx, const char *op, int64_t m, int64_t n, int64_t k, const void *A,
-                                const float *a_scale, const void *B, const float *b_scale, void *C,
+                                const float *a_scale, const void *B, const float *b_scale, float beta, void *C,
                                 cudaDataType_t c_type, int64_t ldc) {
-    return lt_run(ctx, op, CUDA_R_8F_E4M3, 1, 0, m, n, k, A, k, B, k, 0.0f, C, c_type, ldc, a_scale, b_scale);
+    return lt_run(ctx, op, CUDA_R_8F_E4M3, 1, 0, m, n, k, A, k, B, k, beta, C, c_type, ldc, a_scale, b_scale);
 }

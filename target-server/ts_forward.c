@@ -109,6 +109,9 @@ void ts_model_get_timing(const ts_model *m, ts_timing *out) { *out = m->tm; }
 /* The backend's GEMM for the weight's type and the input's form. FP8 weights quantize an F32 or
  * BF16 input inside (1 × 128 groups). */
 static cm_status gemm_call(ts_model *m, void *out, gemm_in in, const ts_mat *w, int64_t M, int64_t N, int64_t K) {
+    if (in.acc && in.q8)
+        return m->be->gemm_fp8q_acc(m->ctx, out, in.q8, in.s8, w->data, w->scale, M, N, K);
+    if (in.acc) return m->be->gemm_bf16in_acc(m->ctx, out, in.bf16, w->data, w->dtype, M, N, K);
     if (in.q8)
         return m->be->gemm_fp8q(m->ctx, out, in.out_bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32, in.q8, in.s8, w->data,
                                 w->scale, M, N, K);
@@ -144,6 +147,19 @@ static cm_status gemm16(ts_model *m, float *out, const uint16_t *inp, const ts_m
 static cm_status gemm8q(ts_model *m, float *out, const uint8_t *q, const float *s, const ts_mat *w, int64_t M,
                         int64_t N, int64_t K) {
     return ts_gemm(m, out, (gemm_in){.q8 = q, .s8 = s}, w, M, N, K);
+}
+
+/* A block's output projection (out_proj, down_proj) on the fused path, from its bf16 or quantized
+ * input: added onto the residual stream x by the GEMM itself where the backend can (ws.o_added;
+ * the next norm then reads x alone), else written to ws.o for the next norm to add. */
+static cm_status out_gemm(ts_model *m, gemm_in in, const ts_mat *wt, int64_t T, int64_t N, int64_t K) {
+    ts_ws    *w   = &m->ws;
+    const int can = in.q8 ? m->be->gemm_fp8q_acc != NULL
+                          : in.bf16 && wt->dtype != CM_DTYPE_F8_E4M3 && m->be->gemm_bf16in_acc != NULL;
+    if (!m->residual_gemm || !can) return ts_gemm(m, w->o, in, wt, T, N, K);
+    in.acc     = 1;
+    w->o_added = 1;
+    return ts_gemm(m, w->x, in, wt, T, N, K);
 }
 
 /* The projections' GEMM: from the bf16 normed input on the fused path, else from h. With an FP8
@@ -297,12 +313,12 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, 
         /* the norm writes out_proj's input quantized, where the backend fuses the shape */
         cm_status st = be->rmsnorm_gated_fp8(cx, w->act8, w->act8s, w->attn, w->z, L->gdn_norm, T, nv, dv,
                                              c->rms_norm_eps);
-        if (st == CM_OK) return gemm8q(m, w->o, w->act8, w->act8s, &L->out_proj, T, D, (int64_t)nv * dv);
+        if (st == CM_OK) return out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->out_proj, T, D, (int64_t)nv * dv);
         if (st != CM_ERR_UNSUPPORTED) return st;
     }
     if (m->fused) {
         CM_TRY(be->rmsnorm_gated_bf16(cx, w->act16, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
-        return gemm16(m, w->o, w->act16, &L->out_proj, T, D, (int64_t)nv * dv);
+        return out_gemm(m, (gemm_in){.bf16 = w->act16}, &L->out_proj, T, D, (int64_t)nv * dv);
     }
     CM_TRY(be->rmsnorm_gated(cx, w->attn, w->attn, w->z, L->gdn_norm, T * nv, dv, c->rms_norm_eps));
     return gemm(m, w->o, w->attn, &L->out_proj, T, D, (int64_t)nv * dv);
@@ -371,17 +387,18 @@ static cm_status forward_mlp(ts_model *m, const ts_layer *L, int64_t T) {
         CM_TRY(ts_gemm(m, w->big0, in, &L->gate_proj, T, I, D));
         CM_TRY(ts_gemm(m, w->big1, in, &L->up_proj, T, I, D));
         CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, CM_DTYPE_BF16, T, I));
-        return gemm8q(m, w->o, w->act8, w->act8s, &L->down_proj, T, D, I);
+        return m->fused ? out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->down_proj, T, D, I)
+                        : gemm8q(m, w->o, w->act8, w->act8s, &L->down_proj, T, D, I);
     }
     CM_TRY(ts_gemm_h(m, w->big0, &L->gate_proj, T, I, D));
     CM_TRY(ts_gemm_h(m, w->big1, &L->up_proj, T, I, D));
     if (m->fused && L->down_proj.dtype == CM_DTYPE_F8_E4M3 && w->act8) { /* swiglu writes it quantized */
         CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, CM_DTYPE_F32, T, I));
-        return gemm8q(m, w->o, w->act8, w->act8s, &L->down_proj, T, D, I);
+        return out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->down_proj, T, D, I);
     }
     if (m->fused) {
         CM_TRY(m->be->swiglu_bf16(m->ctx, w->act16, w->big0, w->big1, T * I));
-        return gemm16(m, w->o, w->act16, &L->down_proj, T, D, I);
+        return out_gemm(m, (gemm_in){.bf16 = w->act16}, &L->down_proj, T, D, I);
     }
     CM_TRY(m->be->swiglu(m->ctx, w->big2, w->big0, w->big1, T * I));
     return gemm(m, w->o, w->big2, &L->down_proj, T, D, I);
@@ -488,7 +505,8 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         const int       gdn = L->type == CM_LAYER_TYPE_LINEAR_ATTENTION;
         m->gemm_acc         = gdn ? &m->tm.gdn_gemm_ms : &m->tm.attn_gemm_ms;
         CM_TRY(block_norm(m, pending, L->input_norm, T, L, 0));
-        pending = NULL;
+        pending    = NULL;
+        w->o_added = 0;
         if (gdn)
             CM_TRY(forward_gdn(m, L, i, T, n_seq));
         else
@@ -498,11 +516,15 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         *(gdn ? &m->tm.gdn_ms : &m->tm.attn_ms) += tb - ta;
         *(gdn ? &m->tm.gdn_layers : &m->tm.attn_layers) += 1;
         m->gemm_acc = &m->tm.mlp_gemm_ms;
-        CM_TRY(block_norm(m, m->fused ? w->o : NULL, L->post_norm, T, L, 1));
+        CM_TRY(block_norm(m, m->fused && !w->o_added ? w->o : NULL, L->post_norm, T, L, 1));
+        w->o_added = 0;
         CM_TRY(L->moe ? ts_forward_moe(m, L, i, T, cap) : forward_mlp(m, L, T));
-        /* the fused path leaves the add to the next input norm, unless x is read before it */
+        /* the fused path leaves the add to the next input norm, unless x is read before it (or
+         * the down projection has added itself) */
         const int x_read = i == last || (next_cap < cap->n_layers && cap->layers[next_cap] == i);
-        if (!m->fused || x_read)
+        if (w->o_added)
+            ; /* x holds the layer's output */
+        else if (!m->fused || x_read)
             CM_TRY(be->add(cx, w->x, w->o, T * D));
         else
             pending = w->o;

@@ -288,6 +288,11 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
                         m->be->swiglu_bf16 && m->be->gdn_conv_qkv;
     const int   rounds   = m->be->gemm_rounds_input && m->be->gemm_rounds_input(m->ctx);
     m->fused = has_ops && (fenv && strcmp(fenv, "1") == 0 ? 1 : fenv && strcmp(fenv, "0") == 0 ? 0 : rounds);
+    /* TANDEM_TARGET_RESIDUAL_GEMM: unset or 1 = on the fused path, the output projections add
+     * their product onto the residual stream in the GEMM (gemm_bf16in_acc, gemm_fp8q_acc) instead
+     * of writing it for the next norm to add; 0 = never (the same values: measured beside) */
+    const char *renv = getenv("TANDEM_TARGET_RESIDUAL_GEMM");
+    m->residual_gemm = m->fused && !(renv && strcmp(renv, "0") == 0);
     /* TANDEM_MOE_GEMM: unset or "grouped" = the experts' GEMMs in one moe_gemm call where it
      * applies, "loop" = one GEMM per expert (for measuring one beside the other) */
     const char *genv = getenv("TANDEM_MOE_GEMM");

@@ -52,6 +52,7 @@ typedef struct ts_ws {
     uint8_t  *h8;    /* FP8 weights: the normed input quantized, [kn_fp8_rows(T), D] e4m3 */
     float    *h8s;   /* and its 1 × 128 scales [ceil(D/128), kn_fp8_rows(T)] */
     int       h8_valid; /* h8 holds the current normed input */
+    int       o_added;  /* the block's output projection went straight onto x (ts_forward.c, out_gemm) */
     uint8_t  *act8;  /* FP8 down projections on the fused path: swiglu's output quantized, [kn_fp8_rows(T), I] */
     float    *act8s; /* and its scales [ceil(I/128), kn_fp8_rows(T)] */
     /* MoE layers (ts_forward_moe.c; NULL for a dense model), with R = T·K routed rows */
@@ -81,6 +82,7 @@ struct ts_model {
     ts_layer         *layers;
     ts_ws             ws;
     int               fused; /* the bf16 fast path (see the top of this file) */
+    int               residual_gemm; /* fused path: out_proj and down_proj add onto x (TANDEM_TARGET_RESIDUAL_GEMM) */
     int               moe_grouped; /* the experts' GEMMs in one moe_gemm call where it can (TANDEM_MOE_GEMM) */
     int               moe_fp8_loop; /* the backend turned moe_gemm_fp8 down here: FP8 experts one GEMM each */
     int               timing;
@@ -202,6 +204,7 @@ typedef struct gemm_in {
     const uint8_t  *q8;
     const float    *s8;
     int             out_bf16; /* with q8: the product written BF16 (gemm_fp8q's odt) */
+    int             acc;      /* the F32 product added onto out (gemm_bf16in_acc, gemm_fp8q_acc) */
 } gemm_in;
 /* ts_forward.c: out [M, N] = in · wᵀ by the backend's GEMM for the weight's type and the
  * input's form (timed into the running block's GEMM time); ts_gemm_h the same from the block's

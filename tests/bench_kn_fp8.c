@@ -51,7 +51,7 @@ typedef struct bufs {
 static cm_status run_once(run_kind k, const bufs *b, long M, long N, long K) {
     if (k == RUN_BF16) return be->gemm_bf16in(cx, b->out, b->x16, b->w16, CM_DTYPE_BF16, M, N, K);
     if (k == RUN_FP8) return be->gemm_fp8(cx, b->out, b->x16, CM_DTYPE_BF16, b->wq, b->ws, M, N, K);
-    return kn_cuda_lt_matmul_fp8(cx, "bench", N, M, K, b->wq, b->ws, b->xq, b->xs, b->out, CUDA_R_32F, N);
+    return kn_cuda_lt_matmul_fp8(cx, "bench", N, M, K, b->wq, b->ws, b->xq, b->xs, 0.0f, b->out, CUDA_R_32F, N);
 }
 
 static double time_ms(run_kind k, const bufs *b, long M, long N, long K, int iters) {

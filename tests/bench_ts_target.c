@@ -530,7 +530,7 @@ int main(int argc, char **argv) {
         CHECK(be->sync(cx));
         double s = now_s();
         for (int j = 0; j < 5; j++)
-            CHECK(kn_cuda_lt_matmul_fp8(cx, "ceiling", G, G, G, gb, gs_a, gb, gs_b, gc, CUDA_R_32F, G));
+            CHECK(kn_cuda_lt_matmul_fp8(cx, "ceiling", G, G, G, gb, gs_a, gb, gs_b, 0.0f, gc, CUDA_R_32F, G));
         CHECK(be->sync(cx));
         r[i] = (now_s() - s) / 5;
     }

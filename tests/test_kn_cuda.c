@@ -762,6 +762,36 @@ static void gemm_bf16in_case(long M, long N, long K) {
             snprintf(name, sizeof name, "gemm_bf16in %s-mode W=%s M=%ld N=%ld K=%ld", mode ? "BF16" : "F32",
                      wi ? "BF16" : "F32", M, N, K);
             compare_bound(name, got, ref, bound, M * N, tol);
+            /* gemm_bf16in_acc onto a base: within an ulp of the gpu's own product plus the base (its
+             * epilogue adds the fp32 sum once); the cpu's is its product then add, exactly */
+            float *base = tst_rand_f32(M * N, -4, 4), *acc = tst_zeros_f32(M * N);
+            tst_ok(gpu->upload(g, bo.g, base, (size_t)(M * N) * sizeof(float)), "upload");
+            tst_ok(gpu->gemm_bf16in_acc(g, bo.g, bin.g, wg, wdt, M, N, K), "cuda gemm_bf16in_acc");
+            tst_ok(gpu->download(g, acc, bo.g, (size_t)(M * N) * sizeof(float)), "download");
+            long far = 0, bits = 0;
+            for (long i = 0; i < M * N; i++) {
+                const float want = base[i] + got[i];
+                bits += memcmp(&acc[i], &want, 4) != 0;
+                far += fabs((double)acc[i] - want) > 2.4e-7 * (fabs((double)base[i]) + fabs((double)got[i]));
+            }
+            printf("gemm_bf16in_acc %s-mode W=%s M=%ld N=%ld K=%ld: %ld of %ld not bit-equal to the product + add "
+                   "(%ld past an ulp)\n", mode ? "BF16" : "F32", wi ? "BF16" : "F32", M, N, K, bits, M * N, far);
+            TST_CHECK(far == 0);
+            if (mode == 0) { /* the cpu, once per weight type: its product, then the add, exactly */
+                float *cacc = tst_zeros_f32(M * N);
+                tst_ok(cpu->upload(cctx, bo.c, base, (size_t)(M * N) * sizeof(float)), "upload");
+                tst_ok(cpu->gemm_bf16in_acc(cctx, bo.c, bin.c, wc, wdt, M, N, K), "cpu gemm_bf16in_acc");
+                tst_ok(cpu->download(cctx, cacc, bo.c, (size_t)(M * N) * sizeof(float)), "download");
+                long cbad = 0;
+                for (long i = 0; i < M * N; i++) {
+                    const float want = base[i] + ref[i];
+                    cbad += memcmp(&cacc[i], &want, 4) != 0;
+                }
+                TST_CHECK(cbad == 0);
+                free(cacc);
+            }
+            free(base);
+            free(acc);
         }
         free(ref);
         free(got);

@@ -315,6 +315,27 @@ static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
     TST_CHECK(gpu->gemm_fp8q(gctx16, out2.g, CM_DTYPE_F32, xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
     float *og2 = down(&out2, 1);
     TST_CHECK(memcmp(og, og2, (size_t)(M * N) * 4) == 0); /* the same plan and operands */
+    /* gemm_fp8q_acc: the product added onto out, = gemm_fp8q then the fp32 add (the cpu exactly;
+     * cuda's epilogue adds its fp32 sum to out once: within an ulp of that, counted beside) */
+    {
+        float *base = rand_mat(M * N, CM_DTYPE_F32);
+        dbuf   acc = dbuf_put(base, (size_t)(M * N) * 4);
+        TST_CHECK(gpu->gemm_fp8q_acc(gctx16, acc.g, xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
+        TST_CHECK(cpu->gemm_fp8q_acc(cctx, acc.c, xq.c, xs.c, wq.c, ws.c, M, N, K) == CM_OK);
+        float *ag = down(&acc, 1), *ac = down(&acc, 0);
+        long   bits = 0, far = 0, cpu_bad = 0;
+        for (long i = 0; i < M * N; i++) {
+            const float want = base[i] + og[i], wc = base[i] + oc[i];
+            bits += memcmp(&ag[i], &want, 4) != 0;
+            far += fabs((double)ag[i] - want) > 2.4e-7 * (fabs((double)base[i]) + fabs((double)og[i]));
+            cpu_bad += memcmp(&ac[i], &wc, 4) != 0;
+        }
+        printf("gemm_fp8q_acc %ldx%ldx%ld: cuda %ld of %ld values not bit-equal to gemm_fp8q + add (%ld past an ulp), "
+               "cpu %ld\n", M, N, K, bits, M * N, far, cpu_bad);
+        TST_CHECK(far == 0 && cpu_bad == 0);
+        free(base), free(ag), free(ac);
+        dbuf_free(&acc);
+    }
     /* the bf16 output: cuBLASLt's epilogue rounds its own fp32 sum, so against the cpu's rounded
      * value it may differ by the sums' difference plus one bf16 step */
     dbuf out16 = dbuf_put(NULL, (size_t)(M * N) * 2);

@@ -10,7 +10,10 @@
  *     equal (the fused path really ran);
  *   - the deferred residual add is the same arithmetic as the immediate one: captures at
  *     layers 1, 3, 6, 7 (each forces the add before it is read) and captures at 7 alone, or
- *     a forward that stops at layer 3, give bit-identical layers, final norm and logits. */
+ *     a forward that stops at layer 3, give bit-identical layers, final norm and logits;
+ *   - the output projections added onto the residual stream by the GEMM (gemm_bf16in_acc, the
+ *     default) and written for the next norm to add (TANDEM_TARGET_RESIDUAL_GEMM=0) give
+ *     bit-identical captures, final norm and logits. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,15 +128,19 @@ int main(void) {
     write_config(cfg_path);
 
     ts_model *m_auto = load(NULL), *m_off = load("0"), *m_on = load("1");
-    if (!m_auto || !m_off || !m_on) return tst_report();
+    setenv("TANDEM_TARGET_RESIDUAL_GEMM", "0", 1);
+    ts_model *m_on_noacc = load("1");
+    unsetenv("TANDEM_TARGET_RESIDUAL_GEMM");
+    if (!m_auto || !m_off || !m_on || !m_on_noacc) return tst_report();
     TST_CHECK(ts_model_fused(m_auto) == 0 && ts_model_fused(m_off) == 0 && ts_model_fused(m_on) == 1);
     printf("path chosen: unset on cpu %d, TANDEM_TARGET_FUSED=0 %d, =1 %d\n", ts_model_fused(m_auto),
            ts_model_fused(m_off), ts_model_fused(m_on));
 
     static const int four[] = {1, 3, 6, 7}, last[] = {7}, three[] = {3};
-    outs             ref, fus, fus_last, fus_stop;
+    outs             ref, fus, fus_last, fus_stop, fus_noacc;
     forward(m_off, four, 4, 1, &ref);
     forward(m_on, four, 4, 1, &fus);
+    forward(m_on_noacc, four, 4, 1, &fus_noacc);
     forward(m_on, last, 1, 1, &fus_last);
     forward(m_on, three, 1, 0, &fus_stop);
     const long n = (long)T * HIDDEN;
@@ -148,11 +155,20 @@ int main(void) {
     check_same("final norm, layer 7 captured alone", fus_last.final_norm, fus.final_norm, n);
     check_same("logits, layer 7 captured alone", fus_last.logits, fus.logits, (long)T * VOCAB);
     check_same("layer 3, forward stopped there", fus_stop.layer[0], fus.layer[1], n);
+    for (int i = 0; i < 4; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "layer %d, no residual GEMM", four[i]);
+        check_same(name, fus_noacc.layer[i], fus.layer[i], n);
+    }
+    check_same("final norm, no residual GEMM", fus_noacc.final_norm, fus.final_norm, n);
+    check_same("logits, no residual GEMM", fus_noacc.logits, fus.logits, (long)T * VOCAB);
 
     outs_free(&ref);
     outs_free(&fus);
     outs_free(&fus_last);
     outs_free(&fus_stop);
+    outs_free(&fus_noacc);
+    ts_model_destroy(&m_on_noacc);
     ts_model_destroy(&m_auto);
     ts_model_destroy(&m_off);
     ts_model_destroy(&m_on);

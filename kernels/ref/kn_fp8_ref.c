@@ -183,6 +183,20 @@ cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *
                                : gemm_fp8q_run(NULL, out, qa, sa, wq, wscale, M, N, K);
 }
 
+cm_status kn_ref_gemm_fp8q_acc(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                               const float *wscale, int64_t M, int64_t N, int64_t K) {
+    KN_REF_CHECK(ctx, "gemm_fp8q_acc: ctx is NULL");
+    CM_TRY(gemm_check("gemm_fp8q_acc", M, N, K));
+    if (M == 0 || N == 0) return CM_OK;
+    KN_REF_CHECK(out, "gemm_fp8q_acc: out is NULL");
+    float *y = malloc((size_t)M * (size_t)N * sizeof *y);
+    if (!y) return CM_FAIL(CM_ERR_NOMEM, "gemm_fp8q_acc: cannot allocate the %lld x %lld product", (long long)M, (long long)N);
+    cm_status st = kn_ref_gemm_fp8q(ctx, y, CM_DTYPE_F32, q, s, wq, wscale, M, N, K);
+    if (st == CM_OK) st = kn_ref_add(ctx, out, y, M * N);
+    free(y);
+    return st;
+}
+
 static cm_status gemm_fp8q_run(float *out, uint16_t *o16, const uint8_t *qa, const float *sa, const uint8_t *wq,
                                const float *wscale, int64_t M, int64_t N, int64_t K) {
     if (K == 0) {

@@ -169,6 +169,9 @@ int       kn_ref_gemm_rounds_input(const kn_ctx *ctx);
 /* Widens inp to F32 and runs kn_ref_gemm. */
 cm_status kn_ref_gemm_bf16in(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt, int64_t M,
                              int64_t N, int64_t K);
+/* kn_ref_gemm_bf16in into a temporary, then kn_ref_add onto out. */
+cm_status kn_ref_gemm_bf16in_acc(kn_ctx *ctx, float *out, const uint16_t *inp, const void *w, cm_dtype wdt,
+                                 int64_t M, int64_t N, int64_t K);
 /* kn_ref_add (when y ≠ NULL), then kn_ref_rmsnorm of each row rounded to BF16. */
 cm_status kn_ref_add_rmsnorm_bf16(kn_ctx *ctx, uint16_t *out, float *x, const float *y, const float *w,
                                   int64_t rows, int64_t C, float eps, int one_plus);
@@ -218,6 +221,9 @@ cm_status kn_ref_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate,
                             int64_t M, int64_t I);
 cm_status kn_ref_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *q, const float *s,
                            const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K);
+/* kn_ref_gemm_fp8q's F32 product into a temporary, then kn_ref_add onto out. */
+cm_status kn_ref_gemm_fp8q_acc(kn_ctx *ctx, float *out, const uint8_t *q, const float *s, const uint8_t *wq,
+                               const float *wscale, int64_t M, int64_t N, int64_t K);
 cm_status kn_ref_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *s, float *x, const float *y,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus);
 cm_status kn_ref_rmsnorm_gated_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *x, const float *z, const float *w,
