@@ -195,7 +195,9 @@ static __global__ void gdn_conv_warp_kernel(float *q, float *k, float *v, const 
 #pragma unroll
     for (int i = 0; i < GDN_WARP_RUN + K - 1; i++) {
         const int64_t t = t0 - (K - 1) + i;
-        win[i] = on && t >= 0 && t < T ? *(const float4 *)(x + t * C + c0 + ch) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        win[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (on && t >= 0 && t < T)
+            win[i] = *(const float4 *)(x + t * C + c0 + ch);
     }
     float wr[4][K];
 #pragma unroll

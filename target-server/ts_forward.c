@@ -212,7 +212,8 @@ static int reads_h16(const ts_layer *L, int post) {
  * fused path (the unfused one has added it). With FP8 weights the fused norm also writes ws.h8
  * where the backend fuses it (and leaves ws.h16 unwritten when nothing reads it, per
  * reads_h16); otherwise ts_quant_h quantizes h on first use. */
-static cm_status block_norm(ts_model *m, const float *y, const float *weight, int64_t T, const ts_layer *L, int post) {
+static cm_status block_norm(ts_model *m, const float *y, const float *weight, int64_t T, const ts_layer *L,
+                            int post) {
     const cm_target_cfg *c = &m->cfg;
     ts_ws               *w = &m->ws;
     const int64_t        D = c->hidden_size;
@@ -220,7 +221,8 @@ static cm_status block_norm(ts_model *m, const float *y, const float *weight, in
     if (!m->fused) return m->be->rmsnorm(m->ctx, w->h, w->x, weight, T, D, c->rms_norm_eps, 1);
     if (w->h8 && m->be->add_rmsnorm_fp8) {
         uint16_t *h16 = m->be->gemm_fp8q && !reads_h16(L, post) ? NULL : w->h16;
-        cm_status st = m->be->add_rmsnorm_fp8(m->ctx, h16, w->h8, w->h8s, w->x, y, weight, T, D, c->rms_norm_eps, 1);
+        cm_status st =
+            m->be->add_rmsnorm_fp8(m->ctx, h16, w->h8, w->h8s, w->x, y, weight, T, D, c->rms_norm_eps, 1);
         if (st != CM_ERR_UNSUPPORTED) {
             w->h8_valid = st == CM_OK;
             return st;
@@ -313,7 +315,8 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, 
         /* the norm writes out_proj's input quantized, where the backend fuses the shape */
         cm_status st = be->rmsnorm_gated_fp8(cx, w->act8, w->act8s, w->attn, w->z, L->gdn_norm, T, nv, dv,
                                              c->rms_norm_eps);
-        if (st == CM_OK) return out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->out_proj, T, D, (int64_t)nv * dv);
+        if (st == CM_OK)
+            return out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->out_proj, T, D, (int64_t)nv * dv);
         if (st != CM_ERR_UNSUPPORTED) return st;
     }
     if (m->fused) {

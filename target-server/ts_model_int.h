@@ -82,7 +82,7 @@ struct ts_model {
     ts_layer         *layers;
     ts_ws             ws;
     int               fused; /* the bf16 fast path (see the top of this file) */
-    int               residual_gemm; /* fused path: out_proj and down_proj add onto x (TANDEM_TARGET_RESIDUAL_GEMM) */
+    int               residual_gemm; /* fused: out_proj, down_proj add onto x (TANDEM_TARGET_RESIDUAL_GEMM) */
     int               moe_grouped; /* the experts' GEMMs in one moe_gemm call where it can (TANDEM_MOE_GEMM) */
     int               moe_fp8_loop; /* the backend turned moe_gemm_fp8 down here: FP8 experts one GEMM each */
     int               timing;

@@ -123,7 +123,8 @@ cm_status kn_ref_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *
     KN_REF_CHECK(q && s, "add_rmsnorm_fp8: q or s is NULL");
     KN_REF_CHECK(rows >= 0 && C >= 0, "add_rmsnorm_fp8: bad shape rows=%lld C=%lld (each must be >= 0)",
                  (long long)rows, (long long)C);
-    uint16_t *a = out ? out : malloc((size_t)(rows * C > 0 ? rows * C : 1) * sizeof *a); /* out NULL: not stored */
+    /* out NULL: the bf16 values are not stored, only quantized */
+    uint16_t *a = out ? out : malloc((size_t)(rows * C > 0 ? rows * C : 1) * sizeof *a);
     if (!a)
         return CM_FAIL(CM_ERR_NOMEM, "add_rmsnorm_fp8: cannot allocate %lld x %lld bf16 values", (long long)rows,
                        (long long)C);
@@ -190,7 +191,9 @@ cm_status kn_ref_gemm_fp8q_acc(kn_ctx *ctx, float *out, const uint8_t *q, const 
     if (M == 0 || N == 0) return CM_OK;
     KN_REF_CHECK(out, "gemm_fp8q_acc: out is NULL");
     float *y = malloc((size_t)M * (size_t)N * sizeof *y);
-    if (!y) return CM_FAIL(CM_ERR_NOMEM, "gemm_fp8q_acc: cannot allocate the %lld x %lld product", (long long)M, (long long)N);
+    if (!y)
+        return CM_FAIL(CM_ERR_NOMEM, "gemm_fp8q_acc: cannot allocate the %lld x %lld product", (long long)M,
+                       (long long)N);
     cm_status st = kn_ref_gemm_fp8q(ctx, y, CM_DTYPE_F32, q, s, wq, wscale, M, N, K);
     if (st == CM_OK) st = kn_ref_add(ctx, out, y, M * N);
     free(y);

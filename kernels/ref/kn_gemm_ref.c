@@ -192,7 +192,9 @@ cm_status kn_ref_gemm_bf16in_acc(kn_ctx *ctx, float *out, const uint16_t *inp, c
     if (M == 0 || N == 0) return kn_ref_gemm_bf16in(ctx, out, inp, w, wdt, M, N, K);
     KN_REF_CHECK(out, "gemm_bf16in_acc: out is NULL");
     float *y = malloc((size_t)M * (size_t)N * sizeof *y);
-    if (!y) return CM_FAIL(CM_ERR_NOMEM, "gemm_bf16in_acc: cannot allocate the %lld x %lld product", (long long)M, (long long)N);
+    if (!y)
+        return CM_FAIL(CM_ERR_NOMEM, "gemm_bf16in_acc: cannot allocate the %lld x %lld product", (long long)M,
+                       (long long)N);
     cm_status st = kn_ref_gemm_bf16in(ctx, y, inp, w, wdt, M, N, K);
     if (st == CM_OK) st = kn_ref_add(ctx, out, y, M * N);
     free(y);
