@@ -11,9 +11,10 @@
  *   - the deferred residual add is the same arithmetic as the immediate one: captures at
  *     layers 1, 3, 6, 7 (each forces the add before it is read) and captures at 7 alone, or
  *     a forward that stops at layer 3, give bit-identical layers, final norm and logits;
- *   - the output projections added onto the residual stream by the GEMM (gemm_bf16in_acc, the
- *     default) and written for the next norm to add (TANDEM_TARGET_RESIDUAL_GEMM=0) give
- *     bit-identical captures, final norm and logits. */
+ *   - the output projections added onto the residual stream by the GEMM (gemm_bf16in_acc and, with
+ *     the projections quantized to FP8 on load, gemm_fp8q_acc: the default) and written for the
+ *     next norm to add (TANDEM_TARGET_RESIDUAL_GEMM=0) give bit-identical captures, final norm and
+ *     logits. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,20 +54,23 @@ static const kn_backend *be;
 static kn_ctx           *ctx;
 static char              cfg_path[256];
 
-/* Loads the seed-7 random model with TANDEM_TARGET_FUSED set to fused ("0", "1" or NULL). */
-static ts_model *load(const char *fused) {
+/* Loads the seed-7 random model with TANDEM_TARGET_FUSED set to fused ("0", "1" or NULL), its
+ * projections quantized to FP8 on load when fp8. */
+static ts_model *load_p(const char *fused, int fp8) {
     if (fused)
         setenv("TANDEM_TARGET_FUSED", fused, 1);
     else
         unsetenv("TANDEM_TARGET_FUSED");
     ts_model       *m  = NULL;
     ts_model_config mc = {.dir = cfg_path, .backend = be, .ctx = ctx, .n_layers = -1, .load_head = 1,
-                          .bf16_weights = 1, .init_random = 1, .seed = 7};
+                          .bf16_weights = 1, .init_random = 1, .seed = 7, .fp8 = fp8};
     cm_status       st = ts_model_load(&m, &mc);
     if (st != CM_OK) fprintf(stderr, "ts_model_load: %s: %s\n", cm_status_str(st), cm_last_error());
     TST_CHECK(st == CM_OK);
     return m;
 }
+
+static ts_model *load(const char *fused) { return load_p(fused, 0); }
 
 typedef struct outs {
     float *layer[4], *final_norm, *logits;
@@ -128,10 +132,11 @@ int main(void) {
     write_config(cfg_path);
 
     ts_model *m_auto = load(NULL), *m_off = load("0"), *m_on = load("1");
+    ts_model *m_fp8 = load_p("1", 1);
     setenv("TANDEM_TARGET_RESIDUAL_GEMM", "0", 1);
-    ts_model *m_on_noacc = load("1");
+    ts_model *m_on_noacc = load("1"), *m_fp8_noacc = load_p("1", 1);
     unsetenv("TANDEM_TARGET_RESIDUAL_GEMM");
-    if (!m_auto || !m_off || !m_on || !m_on_noacc) return tst_report();
+    if (!m_auto || !m_off || !m_on || !m_on_noacc || !m_fp8 || !m_fp8_noacc) return tst_report();
     TST_CHECK(ts_model_fused(m_auto) == 0 && ts_model_fused(m_off) == 0 && ts_model_fused(m_on) == 1);
     printf("path chosen: unset on cpu %d, TANDEM_TARGET_FUSED=0 %d, =1 %d\n", ts_model_fused(m_auto),
            ts_model_fused(m_off), ts_model_fused(m_on));
@@ -162,6 +167,20 @@ int main(void) {
     }
     check_same("final norm, no residual GEMM", fus_noacc.final_norm, fus.final_norm, n);
     check_same("logits, no residual GEMM", fus_noacc.logits, fus.logits, (long)T * VOCAB);
+    outs f8, f8_noacc;
+    forward(m_fp8, four, 4, 1, &f8);
+    forward(m_fp8_noacc, four, 4, 1, &f8_noacc);
+    check_same("fp8 layer 7, no residual GEMM", f8_noacc.layer[3], f8.layer[3], n);
+    check_same("fp8 logits, no residual GEMM", f8_noacc.logits, f8.logits, (long)T * VOCAB);
+    {
+        double e = rel_l2(f8.logits, fus.logits, (long)T * VOCAB);
+        printf("%-34s fp8 vs bf16 rel L2 %.2e (must be > 0: the FP8 path ran)\n", "logits", e);
+        TST_CHECK(e > 0 && e < 0.5);
+    }
+    outs_free(&f8);
+    outs_free(&f8_noacc);
+    ts_model_destroy(&m_fp8);
+    ts_model_destroy(&m_fp8_noacc);
 
     outs_free(&ref);
     outs_free(&fus);
