@@ -34,6 +34,35 @@ static __global__ void conv1d_silu_kernel(float *out, const float *x, const floa
     }
 }
 
+/* Group g of the GDN conv's blocks: q heads 0 .. nk − 1, k heads nk .. 2nk − 1 (dk channels,
+ * l2-normalised), then v heads (dv): its width, whether it is normed, its first channel in x
+ * [T, 2·nk·dk + nv·dv], and where its rows go (dst, row stride dst_ld). */
+typedef struct gdn_group {
+    int      width, norm;
+    int64_t  c0, dst_ld;
+    float   *dst;
+} gdn_group;
+
+static __device__ __forceinline__ gdn_group gdn_group_of(int g, float *q, float *k, float *v, int nk, int nv,
+                                                         int dk, int dv) {
+    const int64_t qk = (int64_t)nk * dk;
+    gdn_group     r;
+    if (g < 2 * nk) {
+        const int h = g < nk ? g : g - nk;
+        r.width = dk, r.norm = 1;
+        r.c0 = (g < nk ? 0 : qk) + (int64_t)h * dk;
+        r.dst = (g < nk ? q : k) + (int64_t)h * dk;
+        r.dst_ld = qk;
+    } else {
+        const int h = g - 2 * nk;
+        r.width = dv, r.norm = 0;
+        r.c0 = 2 * qk + (int64_t)h * dv;
+        r.dst = v + (int64_t)h * dv;
+        r.dst_ld = (int64_t)nv * dv;
+    }
+    return r;
+}
+
 #define GDN_CONV_THREADS 128
 #define GDN_CONV_MAX_RUN 64
 #define GDN_CONV_SMEM    (48 * 1024)
@@ -56,25 +85,11 @@ static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const f
     const int               g = blockIdx.y;
     const int64_t           t0 = (int64_t)blockIdx.x * run;
     const int               nr = (int)(T - t0 < run ? T - t0 : run);
-    const int64_t           qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
-    int                     width, norm;
-    int64_t                 c0, dst_ld;
-    float                  *dst;
-    if (g < 2 * nk) {
-        const int h = g < nk ? g : g - nk;
-        width = dk;
-        norm = 1;
-        c0 = (g < nk ? 0 : qk) + (int64_t)h * dk;
-        dst = (g < nk ? q : k) + (int64_t)h * dk;
-        dst_ld = qk;
-    } else {
-        const int h = g - 2 * nk;
-        width = dv;
-        norm = 0;
-        c0 = 2 * qk + (int64_t)h * dv;
-        dst = v + (int64_t)h * dv;
-        dst_ld = (int64_t)nv * dv;
-    }
+    const int64_t           C = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
+    const gdn_group         gr = gdn_group_of(g, q, k, v, nk, nv, dk, dv);
+    const int               width = gr.width, norm = gr.norm;
+    const int64_t           c0 = gr.c0, dst_ld = gr.dst_ld;
+    float *const            dst = gr.dst;
 
     // phase 0: rows t0 − (K − 1) .. t0 + nr − 1 of the group's columns (before token 0: zeros)
     const int rows = nr + K - 1;
@@ -170,23 +185,11 @@ static __global__ void gdn_conv_warp_kernel(float *q, float *k, float *v, const 
     const int64_t t0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GDN_WARP_RUN;
     if (t0 >= T)
         return;
-    const int64_t qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
-    int           width, norm;
-    int64_t       c0, dst_ld;
-    float        *dst;
-    if (g < 2 * nk) {
-        const int h = g < nk ? g : g - nk;
-        width = dk, norm = 1;
-        c0 = (g < nk ? 0 : qk) + (int64_t)h * dk;
-        dst = (g < nk ? q : k) + (int64_t)h * dk;
-        dst_ld = qk;
-    } else {
-        const int h = g - 2 * nk;
-        width = dv, norm = 0;
-        c0 = 2 * qk + (int64_t)h * dv;
-        dst = v + (int64_t)h * dv;
-        dst_ld = (int64_t)nv * dv;
-    }
+    const int64_t   C = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
+    const gdn_group gr = gdn_group_of(g, q, k, v, nk, nv, dk, dv);
+    const int       width = gr.width, norm = gr.norm;
+    const int64_t   c0 = gr.c0, dst_ld = gr.dst_ld;
+    float *const    dst = gr.dst;
     const int on = 4 * lane < width; /* lanes past a narrow head only join the shuffles */
     const int ch = on ? 4 * lane : 0;
 

@@ -149,9 +149,10 @@ static cm_status gemm8q(ts_model *m, float *out, const uint8_t *q, const float *
     return ts_gemm(m, out, (gemm_in){.q8 = q, .s8 = s}, w, M, N, K);
 }
 
-/* A block's output projection (out_proj, down_proj) on the fused path, from its bf16 or quantized
- * input: added onto the residual stream x by the GEMM itself where the backend can (ws.o_added;
- * the next norm then reads x alone), else written to ws.o for the next norm to add. */
+/* A block's output projection (out_proj, down_proj) from its bf16 or quantized input: on the
+ * fused path added onto the residual stream x by the GEMM itself where the backend can
+ * (m->residual_gemm, which implies m->fused; ws.o_added: the next norm then reads x alone), else
+ * written to ws.o for the caller or the next norm to add. */
 static cm_status out_gemm(ts_model *m, gemm_in in, const ts_mat *wt, int64_t T, int64_t N, int64_t K) {
     ts_ws    *w   = &m->ws;
     const int can = in.q8 ? m->be->gemm_fp8q_acc != NULL
@@ -390,8 +391,7 @@ static cm_status forward_mlp(ts_model *m, const ts_layer *L, int64_t T) {
         CM_TRY(ts_gemm(m, w->big0, in, &L->gate_proj, T, I, D));
         CM_TRY(ts_gemm(m, w->big1, in, &L->up_proj, T, I, D));
         CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, CM_DTYPE_BF16, T, I));
-        return m->fused ? out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->down_proj, T, D, I)
-                        : gemm8q(m, w->o, w->act8, w->act8s, &L->down_proj, T, D, I);
+        return out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->down_proj, T, D, I);
     }
     CM_TRY(ts_gemm_h(m, w->big0, &L->gate_proj, T, I, D));
     CM_TRY(ts_gemm_h(m, w->big1, &L->up_proj, T, I, D));
