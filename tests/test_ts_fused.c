@@ -125,6 +125,20 @@ static void check_same(const char *name, const float *a, const float *b, long n)
     TST_CHECK(same);
 }
 
+/* check_same on every capture of four[], the final norm and the logits of two forwards */
+static void check_outs_same(const char *what, const int *four, const outs *a, const outs *b) {
+    const long n = (long)T * HIDDEN;
+    char       name[64];
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, "layer %d, %s", four[i], what);
+        check_same(name, a->layer[i], b->layer[i], n);
+    }
+    snprintf(name, sizeof name, "final norm, %s", what);
+    check_same(name, a->final_norm, b->final_norm, n);
+    snprintf(name, sizeof name, "logits, %s", what);
+    check_same(name, a->logits, b->logits, (long)T * VOCAB);
+}
+
 int main(void) {
     be = kn_backend_cpu();
     TST_CHECK(be->ctx_create(&ctx, NULL) == CM_OK);
@@ -160,18 +174,11 @@ int main(void) {
     check_same("final norm, layer 7 captured alone", fus_last.final_norm, fus.final_norm, n);
     check_same("logits, layer 7 captured alone", fus_last.logits, fus.logits, (long)T * VOCAB);
     check_same("layer 3, forward stopped there", fus_stop.layer[0], fus.layer[1], n);
-    for (int i = 0; i < 4; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "layer %d, no residual GEMM", four[i]);
-        check_same(name, fus_noacc.layer[i], fus.layer[i], n);
-    }
-    check_same("final norm, no residual GEMM", fus_noacc.final_norm, fus.final_norm, n);
-    check_same("logits, no residual GEMM", fus_noacc.logits, fus.logits, (long)T * VOCAB);
+    check_outs_same("no residual GEMM", four, &fus_noacc, &fus);
     outs f8, f8_noacc;
     forward(m_fp8, four, 4, 1, &f8);
     forward(m_fp8_noacc, four, 4, 1, &f8_noacc);
-    check_same("fp8 layer 7, no residual GEMM", f8_noacc.layer[3], f8.layer[3], n);
-    check_same("fp8 logits, no residual GEMM", f8_noacc.logits, f8.logits, (long)T * VOCAB);
+    check_outs_same("fp8, no residual GEMM", four, &f8_noacc, &f8);
     {
         double e = rel_l2(f8.logits, fus.logits, (long)T * VOCAB);
         printf("%-34s fp8 vs bf16 rel L2 %.2e (must be > 0: the FP8 path ran)\n", "logits", e);
