@@ -115,7 +115,15 @@ static cm_status gemm_call(ts_model *m, void *out, gemm_in in, const ts_mat *w, 
     if (in.q8)
         return m->be->gemm_fp8q(m->ctx, out, in.out_bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32, in.q8, in.s8, w->data,
                                 w->scale, M, N, K);
-    if (in.out_bf16) return CM_FAIL(CM_ERR_INVALID_ARG, "a bf16 product is only written from a quantized input");
+    if (in.out_bf16 && in.bf16 && m->be->matmul && (w->dtype == CM_DTYPE_BF16 || w->dtype == CM_DTYPE_F32)) {
+        const kn_matmul_params p = {.M = M, .N = N, .K = K, .a = in.bf16, .a_dt = CM_DTYPE_BF16, .lda = K,
+                                    .b = w->data, .b_dt = w->dtype, .ldb = K, .trans_b = 1,
+                                    .c = out, .c_dt = CM_DTYPE_BF16, .ldc = N};
+        return m->be->matmul(m->ctx, &p);
+    }
+    if (in.out_bf16)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "a bf16 product is written from a quantized input, or from a bf16 one "
+                                           "through matmul with a BF16 or F32 weight");
     if (w->dtype == CM_DTYPE_F8_E4M3)
         return m->be->gemm_fp8(m->ctx, out, in.bf16 ? (const void *)in.bf16 : (const void *)in.f32,
                                in.bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32, w->data, w->scale, M, N, K);
@@ -392,6 +400,14 @@ static cm_status forward_mlp(ts_model *m, const ts_layer *L, int64_t T) {
         CM_TRY(ts_gemm(m, w->big1, in, &L->up_proj, T, I, D));
         CM_TRY(m->be->swiglu_fp8(m->ctx, w->act8, w->act8s, w->big0, w->big1, CM_DTYPE_BF16, T, I));
         return out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->down_proj, T, D, I);
+    }
+    if (m->bf16_products && !fp8w(&L->gate_proj) && !fp8w(&L->up_proj) && !fp8w(&L->down_proj)) {
+        /* gate and up written bf16 (the rounding a bf16 Linear does), swiglu reads them at half the bytes */
+        const gemm_in in = {.bf16 = w->h16, .out_bf16 = 1};
+        CM_TRY(ts_gemm(m, w->big0, in, &L->gate_proj, T, I, D));
+        CM_TRY(ts_gemm(m, w->big1, in, &L->up_proj, T, I, D));
+        CM_TRY(m->be->swiglu_typed(m->ctx, w->act16, CM_DTYPE_BF16, w->big0, w->big1, CM_DTYPE_BF16, T * I));
+        return out_gemm(m, (gemm_in){.bf16 = w->act16}, &L->down_proj, T, D, I);
     }
     CM_TRY(ts_gemm_h(m, w->big0, &L->gate_proj, T, I, D));
     CM_TRY(ts_gemm_h(m, w->big1, &L->up_proj, T, I, D));

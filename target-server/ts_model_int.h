@@ -83,6 +83,7 @@ struct ts_model {
     ts_ws             ws;
     int               fused; /* the bf16 fast path (see the top of this file) */
     int               residual_gemm; /* fused: out_proj, down_proj add onto x (TANDEM_TARGET_RESIDUAL_GEMM) */
+    int               bf16_products; /* fused: gate/up_proj write bf16 for swiglu (TANDEM_TARGET_BF16_PRODUCTS) */
     int               moe_grouped; /* the experts' GEMMs in one moe_gemm call where it can (TANDEM_MOE_GEMM) */
     int               moe_fp8_loop; /* the backend turned moe_gemm_fp8 down here: FP8 experts one GEMM each */
     int               timing;
@@ -203,7 +204,7 @@ typedef struct gemm_in {
     const uint16_t *bf16;
     const uint8_t  *q8;
     const float    *s8;
-    int             out_bf16; /* with q8: the product written BF16 (gemm_fp8q's odt) */
+    int             out_bf16; /* the product written BF16: gemm_fp8q's odt with q8, matmul with bf16 */
     int             acc;      /* the F32 product added onto out (gemm_bf16in_acc, gemm_fp8q_acc) */
 } gemm_in;
 /* ts_forward.c: out [M, N] = in · wᵀ by the backend's GEMM for the weight's type and the
