@@ -68,14 +68,14 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
     if (want_logits) CM_TRY(m->be->alloc(m->ctx, (void **)&w->logits, (size_t)T * (size_t)c->vocab_size * 4));
     if (m->fused) {
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h16, (size_t)(T * D) * 2));
-        CM_TRY(m->be->alloc(m->ctx, (void **)&w->act16, (size_t)(T * max3(I, nv * dv, 1)) * 2));
+        CM_TRY(m->be->alloc(m->ctx, (void **)&w->act16, (size_t)(T * max3(I, odim, 1)) * 2));
     }
     if (has_fp8(m) && m->be->fp8_quantize_rows) { /* the normed input, quantized (gemm_h) */
         const int64_t Tp = kn_fp8_rows(T), L = (D + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8, (size_t)(Tp * D)));
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8s, (size_t)(Tp * L) * sizeof(float)));
         if (m->be->swiglu_fp8) { /* the down projection's (and out_proj's) input, written quantized */
-            const int64_t K8 = max3(I, nv * dv, 1);
+            const int64_t K8 = max3(I, odim, 1);
             CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8, (size_t)(Tp * K8)));
             CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8s, (size_t)(Tp * ((K8 + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK)) * 4));
         }
@@ -381,7 +381,18 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int li, int64
     }
     CM_TRY(ts_mark(m, &t1));
     m->tm.attn_core_ms += t1 - t0;
-    return gemm(m, w->o, w->attn, &L->o_proj, T, D, (int64_t)nq * hd);
+    const int64_t K = (int64_t)nq * hd;
+    if (m->residual_gemm && be->cast2d && !fp8w(&L->o_proj) && be->gemm_rounds_input && be->gemm_rounds_input(cx)) {
+        /* o_proj onto the residual stream: its input rounded to bf16 here, as gemm rounds it */
+        CM_TRY(be->cast2d(cx, w->act16, CM_DTYPE_BF16, K, w->attn, CM_DTYPE_F32, K, T, K));
+        return out_gemm(m, (gemm_in){.bf16 = w->act16}, &L->o_proj, T, D, K);
+    }
+    if (m->residual_gemm && fp8w(&L->o_proj) && w->act8 && be->fp8_quantize_rows && be->gemm_fp8q) {
+        /* quantized here, as gemm_fp8 would quantize it */
+        CM_TRY(be->fp8_quantize_rows(cx, w->act8, w->act8s, w->attn, CM_DTYPE_F32, T, K));
+        return out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->o_proj, T, D, K);
+    }
+    return gemm(m, w->o, w->attn, &L->o_proj, T, D, K);
 }
 
 /* The MLP. With FP8 weights the gate and up products are written in bf16, as a serving
