@@ -14,6 +14,8 @@
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
 
+#include <cuda_bf16.h>
+
 // ----------------------------------------------------------------------------
 // kernels
 
@@ -37,19 +39,24 @@ static __global__ void conv1d_silu_kernel(float *out, const float *x, const floa
 /* Group g of the GDN conv's blocks: q heads 0 .. nk − 1, k heads nk .. 2nk − 1 (dk channels,
  * l2-normalised), then v heads (dv): its width, whether it is normed, its first channel in x
  * [T, 2·nk·dk + nv·dv], and where its rows go (dst, row stride dst_ld). */
-typedef struct gdn_group {
-    int      width, norm;
-    int64_t  c0, dst_ld;
-    float   *dst;
-} gdn_group;
+template <typename OT> struct gdn_group {
+    int     width, norm;
+    float   mul; /* q_scale for a q head, else 1 */
+    int64_t c0, dst_ld;
+    OT     *dst;
+};
 
-static __device__ __forceinline__ gdn_group gdn_group_of(int g, float *q, float *k, float *v, int nk, int nv,
-                                                         int dk, int dv) {
+template <typename OT>
+static __device__ __forceinline__ gdn_group<OT> gdn_group_of(int g, OT *q, OT *k, OT *v, int nk, int nv, int dk,
+                                                             int dv, float q_scale) {
     const int64_t qk = (int64_t)nk * dk;
-    gdn_group     r;
+    gdn_group<OT> r;
+    r.mul = 1.0f;
     if (g < 2 * nk) {
         const int h = g < nk ? g : g - nk;
         r.width = dk, r.norm = 1;
+        if (g < nk)
+            r.mul = q_scale;
         r.c0 = (g < nk ? 0 : qk) + (int64_t)h * dk;
         r.dst = (g < nk ? q : k) + (int64_t)h * dk;
         r.dst_ld = qk;
@@ -61,6 +68,19 @@ static __device__ __forceinline__ gdn_group gdn_group_of(int g, float *q, float 
         r.dst_ld = (int64_t)nv * dv;
     }
     return r;
+}
+
+/* gdn_conv_qkv's stores: F32 as computed, or BF16 of the value times mul (q_scale on q heads;
+ * the product rounded, then rounded to bf16, as gated_delta_rule's q·scale copy rounds it). */
+static __device__ __forceinline__ void conv_st1(float *p, float v, float) { *p = v; }
+static __device__ __forceinline__ void conv_st1(__nv_bfloat16 *p, float v, float mul) {
+    *p = __float2bfloat16(v * mul);
+}
+static __device__ __forceinline__ void conv_st4(float *p, float4 v, float) { *(float4 *)p = v; }
+static __device__ __forceinline__ void conv_st4(__nv_bfloat16 *p, float4 v, float mul) {
+    __align__(8) __nv_bfloat16 b[4] = {__float2bfloat16(v.x * mul), __float2bfloat16(v.y * mul),
+                                       __float2bfloat16(v.z * mul), __float2bfloat16(v.w * mul)};
+    *(uint2 *)p = *(const uint2 *)b;
 }
 
 #define GDN_CONV_THREADS 128
@@ -77,19 +97,19 @@ static __device__ __forceinline__ gdn_group gdn_group_of(int g, float *q, float 
  * phase 2 gives a warp to each token: the head's sum of squares by shuffles, then the
  * coalesced store into q, k or v. The f32 math per output is that of conv1d_silu_kernel
  * then l2norm_kernel (the sums in another order). */
-template <int K>
-static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const float *x, const float *w,
-                                           const int32_t *cu, int n_seq, int64_t T, int nk, int nv, int dk,
-                                           int dv, int run, int vec, float eps) {
+template <int K, typename OT>
+static __global__ void gdn_conv_qkv_kernel(OT *q, OT *k, OT *v, const float *x, const float *w, const int32_t *cu,
+                                           int n_seq, int64_t T, int nk, int nv, int dk, int dv, int run, int vec,
+                                           float eps, float q_scale) {
     extern __shared__ float xs[]; /* [run + K − 1][width] */
     const int               g = blockIdx.y;
     const int64_t           t0 = (int64_t)blockIdx.x * run;
     const int               nr = (int)(T - t0 < run ? T - t0 : run);
     const int64_t           C = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
-    const gdn_group         gr = gdn_group_of(g, q, k, v, nk, nv, dk, dv);
+    const gdn_group<OT>     gr = gdn_group_of(g, q, k, v, nk, nv, dk, dv, q_scale);
     const int               width = gr.width, norm = gr.norm;
     const int64_t           c0 = gr.c0, dst_ld = gr.dst_ld;
-    float *const            dst = gr.dst;
+    OT *const               dst = gr.dst;
 
     // phase 0: rows t0 − (K − 1) .. t0 + nr − 1 of the group's columns (before token 0: zeros)
     const int rows = nr + K - 1;
@@ -161,9 +181,9 @@ static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const f
             ss = warp_sum(ss);
             scale = 1.0f / sqrtf(ss + eps);
         }
-        float *out = dst + (t0 + r) * dst_ld;
+        OT *out = dst + (t0 + r) * dst_ld;
         for (int c = lane; c < width; c += 32)
-            out[c] = norm ? y[c] * scale : y[c];
+            conv_st1(out + c, norm ? y[c] * scale : y[c], gr.mul);
     }
 }
 
@@ -177,19 +197,19 @@ static __global__ void gdn_conv_qkv_kernel(float *q, float *k, float *v, const f
  * reached half the memory bandwidth). A block is 8 warps: 8 consecutive runs of one group,
  * whose overlapping rows meet in L1. The f32 math is the block kernel's, with the sum of
  * squares in another order. */
-template <int K>
-static __global__ void gdn_conv_warp_kernel(float *q, float *k, float *v, const float *x, const float *w,
-                                            const int32_t *cu, int n_seq, int64_t T, int nk, int nv, int dk,
-                                            int dv, float eps) {
+template <int K, typename OT>
+static __global__ void gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x, const float *w, const int32_t *cu,
+                                            int n_seq, int64_t T, int nk, int nv, int dk, int dv, float eps,
+                                            float q_scale) {
     const int     g = blockIdx.y, lane = threadIdx.x & 31;
     const int64_t t0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GDN_WARP_RUN;
     if (t0 >= T)
         return;
     const int64_t   C = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
-    const gdn_group gr = gdn_group_of(g, q, k, v, nk, nv, dk, dv);
-    const int       width = gr.width, norm = gr.norm;
-    const int64_t   c0 = gr.c0, dst_ld = gr.dst_ld;
-    float *const    dst = gr.dst;
+    const gdn_group<OT> gr = gdn_group_of(g, q, k, v, nk, nv, dk, dv, q_scale);
+    const int           width = gr.width, norm = gr.norm;
+    const int64_t       c0 = gr.c0, dst_ld = gr.dst_ld;
+    OT *const           dst = gr.dst;
     const int on = 4 * lane < width; /* lanes past a narrow head only join the shuffles */
     const int ch = on ? 4 * lane : 0;
 
@@ -237,7 +257,7 @@ static __global__ void gdn_conv_warp_kernel(float *q, float *k, float *v, const 
             y.x *= scale, y.y *= scale, y.z *= scale, y.w *= scale;
         }
         if (on)
-            *(float4 *)(dst + t * dst_ld + ch) = y;
+            conv_st4(dst + t * dst_ld + ch, y, gr.mul);
     }
 }
 
@@ -272,9 +292,11 @@ static int overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes
     return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
-cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const float *x, const float *w,
-                               const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk,
-                               int dv, int K, float eps) {
+/* gdn_conv_qkv with OT outputs (float: the op; bf16: gdn_conv_qkv_bf16, q scaled by q_scale). */
+template <typename OT>
+static cm_status gdn_conv_run(kn_ctx *ctx, OT *q, OT *k, OT *v, const float *x, const float *w,
+                              const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv, int K,
+                              float eps, float q_scale) {
     KN_CUDA_CHECK_ARG(ctx, "gdn_conv_qkv: ctx is NULL");
     KN_CUDA_CHECK_ARG(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0 && K > 0,
                       "gdn_conv_qkv: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d K=%d (T >= 0, the others > 0)",
@@ -296,19 +318,20 @@ cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const 
     KN_CUDA_CHECK_ARG(q && k && v && x && w && cu_seqlens,
                       "gdn_conv_qkv: q, k, v, x, w or cu_seqlens is NULL");
     const int64_t qk = (int64_t)nk * dk, C = 2 * qk + (int64_t)nv * dv;
-    const size_t  xb = (size_t)(T * C) * sizeof(float), qb = (size_t)(T * qk) * sizeof(float),
-                 vb = (size_t)(T * nv * dv) * sizeof(float);
+    const size_t  xb = (size_t)(T * C) * sizeof(float), qb = (size_t)(T * qk) * sizeof(OT),
+                 vb = (size_t)(T * nv * dv) * sizeof(OT);
     KN_CUDA_CHECK_ARG(!overlaps(q, qb, x, xb) && !overlaps(k, qb, x, xb) && !overlaps(v, vb, x, xb),
                       "gdn_conv_qkv: q, k or v overlaps x (use separate buffers)");
 
     const int vec = C % 4 == 0 && dk % 4 == 0 && dv % 4 == 0 && (uintptr_t)x % 16 == 0;
-    if (vec && width <= 128 && (uintptr_t)q % 16 == 0 && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0) {
+    const uintptr_t oa = 4 * sizeof(OT); /* the warp form stores 4 channels at once */
+    if (vec && width <= 128 && (uintptr_t)q % oa == 0 && (uintptr_t)k % oa == 0 && (uintptr_t)v % oa == 0) {
         const int64_t runs = (T + GDN_WARP_RUN - 1) / GDN_WARP_RUN;
         dim3          wgrid((unsigned int)((runs + 7) / 8), (unsigned int)groups);
 #define GDN_WARP_CASE(KK)                                                                                    \
     case KK:                                                                                                 \
-        gdn_conv_warp_kernel<KK><<<wgrid, 256, 0, ctx->stream>>>(q, k, v, x, w, cu_seqlens, n_seq, T, nk, nv, \
-                                                                 dk, dv, eps);                               \
+        gdn_conv_warp_kernel<KK, OT><<<wgrid, 256, 0, ctx->stream>>>(q, k, v, x, w, cu_seqlens, n_seq, T, nk, nv, \
+                                                                     dk, dv, eps, q_scale);                  \
         break
         switch (K) {
             GDN_WARP_CASE(1);
@@ -329,8 +352,8 @@ cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const 
     dim3         grid((unsigned int)((T + run - 1) / run), (unsigned int)groups);
 #define GDN_CONV_CASE(KK)                                                                                    \
     case KK:                                                                                                 \
-        gdn_conv_qkv_kernel<KK><<<grid, GDN_CONV_THREADS, smem, ctx->stream>>>(                              \
-            q, k, v, x, w, cu_seqlens, n_seq, T, nk, nv, dk, dv, run, vec, eps);                             \
+        gdn_conv_qkv_kernel<KK, OT><<<grid, GDN_CONV_THREADS, smem, ctx->stream>>>(                          \
+            q, k, v, x, w, cu_seqlens, n_seq, T, nk, nv, dk, dv, run, vec, eps, q_scale);                    \
         break
     switch (K) {
         GDN_CONV_CASE(1);
@@ -345,4 +368,17 @@ cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const 
 #undef GDN_CONV_CASE
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
+}
+
+cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const float *x, const float *w,
+                               const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk,
+                               int dv, int K, float eps) {
+    return gdn_conv_run(ctx, q, k, v, x, w, cu_seqlens, n_seq, T, nk, nv, dk, dv, K, eps, 1.0f);
+}
+
+cm_status kn_cuda_gdn_conv_qkv_bf16(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x,
+                                    const float *w, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
+                                    int dk, int dv, int K, float eps, float q_scale) {
+    return gdn_conv_run(ctx, (__nv_bfloat16 *)q, (__nv_bfloat16 *)k, (__nv_bfloat16 *)v, x, w, cu_seqlens, n_seq, T,
+                        nk, nv, dk, dv, K, eps, q_scale);
 }

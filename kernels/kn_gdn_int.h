@@ -74,6 +74,12 @@ cm_status kn_gdn_chunked(kn_ctx *ctx, float *out, const float *q, const float *k
                          const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T, int nk,
                          int nv, int dk, int dv, float scale);
 
+/* The chunked form from bf16 q (q·scale already), k and v, dk 64, 128 or 256 (checked by
+ * kn_cuda_gated_delta_rule_bf16). kn_gdn_chunk.cu */
+cm_status kn_gdn_chunked_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                              const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T, int nk,
+                              int nv, int dk, int dv);
+
 /* Shared memory of the state kernel's block at padded dk DKP (64, 128: gdn_state_mma with
  * `stages` stages; 256: gdn_state, one stage). kn_gdn_state.cu */
 size_t kn_gdn_state_smem(int DKP, int stages);

@@ -68,14 +68,14 @@ static cm_status ws_reserve(ts_model *m, int64_t T, int want_logits) {
     if (want_logits) CM_TRY(m->be->alloc(m->ctx, (void **)&w->logits, (size_t)T * (size_t)c->vocab_size * 4));
     if (m->fused) {
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h16, (size_t)(T * D) * 2));
-        CM_TRY(m->be->alloc(m->ctx, (void **)&w->act16, (size_t)(T * max3(I, odim, 1)) * 2));
+        CM_TRY(m->be->alloc(m->ctx, (void **)&w->act16, (size_t)(T * max3(I, nv * dv, 1)) * 2));
     }
     if (has_fp8(m) && m->be->fp8_quantize_rows) { /* the normed input, quantized (gemm_h) */
         const int64_t Tp = kn_fp8_rows(T), L = (D + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8, (size_t)(Tp * D)));
         CM_TRY(m->be->alloc(m->ctx, (void **)&w->h8s, (size_t)(Tp * L) * sizeof(float)));
         if (m->be->swiglu_fp8) { /* the down projection's (and out_proj's) input, written quantized */
-            const int64_t K8 = max3(I, odim, 1);
+            const int64_t K8 = max3(I, nv * dv, 1);
             CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8, (size_t)(Tp * K8)));
             CM_TRY(m->be->alloc(m->ctx, (void **)&w->act8s, (size_t)(Tp * ((K8 + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK)) * 4));
         }
@@ -281,6 +281,25 @@ static cm_status gdn_core_cached(ts_model *m, int li, int64_t T, int n_seq) {
     return be->copy2d(cx, ch->sb[li], nv, w->beta, nv, T, nv);
 }
 
+/* The gated delta rule from the bf16 q (with its scale), k and v of gdn_conv_qkv_bf16; where the
+ * backend refuses the shape, from them widened to F32 (scale 1). */
+static cm_status gdn_core16(ts_model *m, int64_t T, int n_seq) {
+    const kn_backend    *be = m->be;
+    kn_ctx              *cx = m->ctx;
+    const cm_target_cfg *c  = &m->cfg;
+    ts_ws               *w  = &m->ws;
+    const int nk = c->lin_n_k_heads, nv = c->lin_n_v_heads, dk = c->lin_k_head_dim, dv = c->lin_v_head_dim;
+    const uint16_t *q = (const uint16_t *)w->q, *k = (const uint16_t *)w->k, *v = (const uint16_t *)w->v;
+    cm_status st = be->gated_delta_rule_bf16(cx, w->attn, q, k, v, w->g, w->beta, w->cu, n_seq, T, nk, nv, dk, dv);
+    if (st != CM_ERR_UNSUPPORTED) return st;
+    const int64_t qk = (int64_t)nk * dk, vd = (int64_t)nv * dv;
+    float        *qf = w->big1, *kf = w->big1 + T * qk, *vf = w->big2;
+    CM_TRY(be->cast2d(cx, qf, CM_DTYPE_F32, qk, q, CM_DTYPE_BF16, qk, T, qk));
+    CM_TRY(be->cast2d(cx, kf, CM_DTYPE_F32, qk, k, CM_DTYPE_BF16, qk, T, qk));
+    CM_TRY(be->cast2d(cx, vf, CM_DTYPE_F32, vd, v, CM_DTYPE_BF16, vd, T, vd));
+    return be->gated_delta_rule(cx, w->attn, qf, kf, vf, w->g, w->beta, w->cu, n_seq, T, nk, nv, dk, dv, 1.0f);
+}
+
 static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, int n_seq) {
     const kn_backend    *be = m->be;
     kn_ctx              *cx = m->ctx;
@@ -293,11 +312,19 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, 
     CM_TRY(ts_gemm_h(m, w->z, &L->in_z, T, (int64_t)nv * dv, D));
     CM_TRY(ts_gemm_h(m, w->b, &L->in_b, T, nv, D));
     CM_TRY(ts_gemm_h(m, w->a, &L->in_a, T, nv, D));
-    /* the fused op may refuse a shape (a long conv kernel, very wide heads): then the chain */
-    cm_status cst = CM_ERR_UNSUPPORTED;
+    /* the fused op may refuse a shape (a long conv kernel, very wide heads): then the chain. On
+     * the fused path it writes q·scale, k and v in bf16, the operands the chunked core rounds
+     * to bf16 anyway, and the core reads them so (the same bits, without its own copies) */
+    const float scale = 1.0f / sqrtf((float)dk);
+    int         qkv16 = 0;
+    cm_status   cst   = CM_ERR_UNSUPPORTED;
     if (m->cache)
         cst = gdn_conv_cached(m, L, li, T, n_seq);
-    else if (m->fused)
+    else if (m->fused && be->gdn_conv_qkv_bf16 && be->gated_delta_rule_bf16 && be->cast2d) {
+        cst   = be->gdn_conv_qkv_bf16(cx, (uint16_t *)w->q, (uint16_t *)w->k, (uint16_t *)w->v, w->big0, L->conv_w,
+                                      w->cu, n_seq, T, nk, nv, dk, dv, c->lin_conv_kernel, 1e-6f, scale);
+        qkv16 = cst == CM_OK;
+    } else if (m->fused)
         cst = be->gdn_conv_qkv(cx, w->q, w->k, w->v, w->big0, L->conv_w, w->cu, n_seq, T, nk, nv, dk, dv,
                                c->lin_conv_kernel, 1e-6f);
     if (cst != CM_OK && cst != CM_ERR_UNSUPPORTED) return cst;
@@ -315,9 +342,11 @@ static cm_status forward_gdn(ts_model *m, const ts_layer *L, int li, int64_t T, 
     CM_TRY(ts_mark(m, &t0));
     if (m->cache)
         CM_TRY(gdn_core_cached(m, li, T, n_seq));
+    else if (qkv16)
+        CM_TRY(gdn_core16(m, T, n_seq));
     else
         CM_TRY(be->gated_delta_rule(cx, w->attn, w->q, w->k, w->v, w->g, w->beta, w->cu, n_seq, T, nk, nv, dk, dv,
-                                    1.0f / sqrtf((float)dk)));
+                                    scale));
     CM_TRY(ts_mark(m, &t1));
     m->tm.gdn_core_ms += t1 - t0;
     if (m->fused && L->out_proj.dtype == CM_DTYPE_F8_E4M3 && w->act8 && be->rmsnorm_gated_fp8 && be->gemm_fp8q) {
@@ -381,18 +410,7 @@ static cm_status forward_attention(ts_model *m, const ts_layer *L, int li, int64
     }
     CM_TRY(ts_mark(m, &t1));
     m->tm.attn_core_ms += t1 - t0;
-    const int64_t K = (int64_t)nq * hd;
-    if (m->residual_gemm && be->cast2d && !fp8w(&L->o_proj) && be->gemm_rounds_input && be->gemm_rounds_input(cx)) {
-        /* o_proj onto the residual stream: its input rounded to bf16 here, as gemm rounds it */
-        CM_TRY(be->cast2d(cx, w->act16, CM_DTYPE_BF16, K, w->attn, CM_DTYPE_F32, K, T, K));
-        return out_gemm(m, (gemm_in){.bf16 = w->act16}, &L->o_proj, T, D, K);
-    }
-    if (m->residual_gemm && fp8w(&L->o_proj) && w->act8 && be->fp8_quantize_rows && be->gemm_fp8q) {
-        /* quantized here, as gemm_fp8 would quantize it */
-        CM_TRY(be->fp8_quantize_rows(cx, w->act8, w->act8s, w->attn, CM_DTYPE_F32, T, K));
-        return out_gemm(m, (gemm_in){.q8 = w->act8, .s8 = w->act8s}, &L->o_proj, T, D, K);
-    }
-    return gemm(m, w->o, w->attn, &L->o_proj, T, D, K);
+    return gemm(m, w->o, w->attn, &L->o_proj, T, D, (int64_t)nq * hd);
 }
 
 /* The MLP. With FP8 weights the gate and up products are written in bf16, as a serving
