@@ -388,17 +388,17 @@ typedef struct kn_backend {
     /* gdn_conv_qkv with bf16 outputs for gated_delta_rule_bf16: bf16(q·q_scale), bf16(k),
      * bf16(v) of gdn_conv_qkv's F32 values (q·q_scale rounded to F32 first), the operands the
      * chunked form rounds to bf16 anyway, so it need not copy them. */
-    cm_status (*gdn_conv_qkv_bf16)(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x, const float *w,
-                                   const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
-                                   int K, float eps, float q_scale); /* (optional) */
+    cm_status (*gdn_conv_qkv_bf16)(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x,
+                                   const float *w, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk,
+                                   int nv, int dk, int dv, int K, float eps, float q_scale); /* (optional) */
     /* gated_delta_rule of the widened bf16 q (which carries its scale: scale 1), k and v. cuda:
      * the chunked form in bf16 mode, dk 64, 128 or 256 only (else CM_ERR_UNSUPPORTED: widen and
      * run gated_delta_rule); the same bits as gated_delta_rule on the F32 values these came
      * from with that scale, because that form rounds exactly these operands. */
     cm_status (*gated_delta_rule_bf16)(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k,
                                        const uint16_t *v, const float *g, const float *beta,
-                                       const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk,
-                                       int dv); /* (optional) */
+                                       const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
+                                       int dk, int dv); /* (optional) */
     /* The gated attention's q/k input prep in one op: the split of the gated q_proj output,
      * the q/k head norms and partial rope, the same as (gate ≠ NULL) copy2d(q ← qg[:, :hd]) and
      * copy2d(gate ← qg[:, hd:]) over the T·nq rows of qg [T, nq, 2·hd] (per head [q_h | gate_h]),

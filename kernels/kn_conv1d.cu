@@ -47,8 +47,8 @@ template <typename OT> struct gdn_group {
 };
 
 template <typename OT>
-static __device__ __forceinline__ gdn_group<OT> gdn_group_of(int g, OT *q, OT *k, OT *v, int nk, int nv, int dk,
-                                                             int dv, float q_scale) {
+static __device__ __forceinline__ gdn_group<OT> gdn_group_of(int g, OT *q, OT *k, OT *v, int nk, int nv,
+                                                             int dk, int dv, float q_scale) {
     const int64_t qk = (int64_t)nk * dk;
     gdn_group<OT> r;
     r.mul = 1.0f;
@@ -72,11 +72,15 @@ static __device__ __forceinline__ gdn_group<OT> gdn_group_of(int g, OT *q, OT *k
 
 /* gdn_conv_qkv's stores: F32 as computed, or BF16 of the value times mul (q_scale on q heads;
  * the product rounded, then rounded to bf16, as gated_delta_rule's q·scale copy rounds it). */
-static __device__ __forceinline__ void conv_st1(float *p, float v, float) { *p = v; }
+static __device__ __forceinline__ void conv_st1(float *p, float v, float) {
+    *p = v;
+}
 static __device__ __forceinline__ void conv_st1(__nv_bfloat16 *p, float v, float mul) {
     *p = __float2bfloat16(v * mul);
 }
-static __device__ __forceinline__ void conv_st4(float *p, float4 v, float) { *(float4 *)p = v; }
+static __device__ __forceinline__ void conv_st4(float *p, float4 v, float) {
+    *(float4 *)p = v;
+}
 static __device__ __forceinline__ void conv_st4(__nv_bfloat16 *p, float4 v, float mul) {
     __align__(8) __nv_bfloat16 b[4] = {__float2bfloat16(v.x * mul), __float2bfloat16(v.y * mul),
                                        __float2bfloat16(v.z * mul), __float2bfloat16(v.w * mul)};
@@ -98,9 +102,9 @@ static __device__ __forceinline__ void conv_st4(__nv_bfloat16 *p, float4 v, floa
  * coalesced store into q, k or v. The f32 math per output is that of conv1d_silu_kernel
  * then l2norm_kernel (the sums in another order). */
 template <int K, typename OT>
-static __global__ void gdn_conv_qkv_kernel(OT *q, OT *k, OT *v, const float *x, const float *w, const int32_t *cu,
-                                           int n_seq, int64_t T, int nk, int nv, int dk, int dv, int run, int vec,
-                                           float eps, float q_scale) {
+static __global__ void gdn_conv_qkv_kernel(OT *q, OT *k, OT *v, const float *x, const float *w,
+                                           const int32_t *cu, int n_seq, int64_t T, int nk, int nv, int dk,
+                                           int dv, int run, int vec, float eps, float q_scale) {
     extern __shared__ float xs[]; /* [run + K − 1][width] */
     const int               g = blockIdx.y;
     const int64_t           t0 = (int64_t)blockIdx.x * run;
@@ -198,9 +202,9 @@ static __global__ void gdn_conv_qkv_kernel(OT *q, OT *k, OT *v, const float *x, 
  * whose overlapping rows meet in L1. The f32 math is the block kernel's, with the sum of
  * squares in another order. */
 template <int K, typename OT>
-static __global__ void gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x, const float *w, const int32_t *cu,
-                                            int n_seq, int64_t T, int nk, int nv, int dk, int dv, float eps,
-                                            float q_scale) {
+static __global__ void gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x, const float *w,
+                                            const int32_t *cu, int n_seq, int64_t T, int nk, int nv, int dk,
+                                            int dv, float eps, float q_scale) {
     const int     g = blockIdx.y, lane = threadIdx.x & 31;
     const int64_t t0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GDN_WARP_RUN;
     if (t0 >= T)
@@ -295,8 +299,8 @@ static int overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes
 /* gdn_conv_qkv with OT outputs (float: the op; bf16: gdn_conv_qkv_bf16, q scaled by q_scale). */
 template <typename OT>
 static cm_status gdn_conv_run(kn_ctx *ctx, OT *q, OT *k, OT *v, const float *x, const float *w,
-                              const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv, int K,
-                              float eps, float q_scale) {
+                              const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
+                              int K, float eps, float q_scale) {
     KN_CUDA_CHECK_ARG(ctx, "gdn_conv_qkv: ctx is NULL");
     KN_CUDA_CHECK_ARG(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0 && K > 0,
                       "gdn_conv_qkv: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d K=%d (T >= 0, the others > 0)",
@@ -330,8 +334,8 @@ static cm_status gdn_conv_run(kn_ctx *ctx, OT *q, OT *k, OT *v, const float *x, 
         dim3          wgrid((unsigned int)((runs + 7) / 8), (unsigned int)groups);
 #define GDN_WARP_CASE(KK)                                                                                    \
     case KK:                                                                                                 \
-        gdn_conv_warp_kernel<KK, OT><<<wgrid, 256, 0, ctx->stream>>>(q, k, v, x, w, cu_seqlens, n_seq, T, nk, nv, \
-                                                                     dk, dv, eps, q_scale);                  \
+        gdn_conv_warp_kernel<KK, OT><<<wgrid, 256, 0, ctx->stream>>>(q, k, v, x, w, cu_seqlens, n_seq, T,    \
+                                                                     nk, nv, dk, dv, eps, q_scale);          \
         break
         switch (K) {
             GDN_WARP_CASE(1);
@@ -377,8 +381,8 @@ cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const 
 }
 
 cm_status kn_cuda_gdn_conv_qkv_bf16(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x,
-                                    const float *w, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
-                                    int dk, int dv, int K, float eps, float q_scale) {
-    return gdn_conv_run(ctx, (__nv_bfloat16 *)q, (__nv_bfloat16 *)k, (__nv_bfloat16 *)v, x, w, cu_seqlens, n_seq, T,
-                        nk, nv, dk, dv, K, eps, q_scale);
+                                    const float *w, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk,
+                                    int nv, int dk, int dv, int K, float eps, float q_scale) {
+    return gdn_conv_run(ctx, (__nv_bfloat16 *)q, (__nv_bfloat16 *)k, (__nv_bfloat16 *)v, x, w, cu_seqlens,
+                        n_seq, T, nk, nv, dk, dv, K, eps, q_scale);
 }

@@ -124,12 +124,12 @@ cm_status kn_cuda_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const 
                                const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk,
                                int dv, int K, float eps);
 cm_status kn_cuda_gdn_conv_qkv_bf16(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x,
-                                    const float *w, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
-                                    int dk, int dv, int K, float eps, float q_scale);
+                                    const float *w, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk,
+                                    int nv, int dk, int dv, int K, float eps, float q_scale);
 cm_status kn_cuda_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k,
                                         const uint16_t *v, const float *g, const float *beta,
-                                        const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk,
-                                        int dv); /* kn_gdn.cu */
+                                        const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
+                                        int dk, int dv); /* kn_gdn.cu */
 cm_status kn_cuda_qk_prep(kn_ctx *ctx, float *q, float *gate, float *k, const float *qg, const float *q_norm,
                           const float *k_norm, const int32_t *pos, int64_t T, int nq, int nkv, int hd, int rot_dim,
                           float theta, float eps, int one_plus); /* kn_qk_prep.cu */

@@ -60,10 +60,10 @@ static __global__ void swiglu_typed_kernel(void *out, int obf, const void *gate,
 static __global__ void swiglu_bf16io_kernel(uint4 *out, const uint4 *gate, const uint4 *up, int64_t n8) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += stride) {
-        const uint4 g4 = gate[i], u4 = up[i];
+        const uint4           g4 = gate[i], u4 = up[i];
         const __nv_bfloat162 *g = (const __nv_bfloat162 *)&g4, *u = (const __nv_bfloat162 *)&u4;
-        uint4            o4;
-        __nv_bfloat162  *o = (__nv_bfloat162 *)&o4;
+        uint4                 o4;
+        __nv_bfloat162       *o = (__nv_bfloat162 *)&o4;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const float2 gf = __bfloat1622float2(g[j]), uf = __bfloat1622float2(u[j]);

@@ -155,8 +155,8 @@ cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, cons
 
 cm_status kn_cuda_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k,
                                         const uint16_t *v, const float *g, const float *beta,
-                                        const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk,
-                                        int dv) {
+                                        const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
+                                        int dk, int dv) {
     KN_CUDA_CHECK_ARG(ctx, "gated_delta_rule_bf16: ctx is NULL");
     KN_CUDA_CHECK_ARG(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
                       "gated_delta_rule_bf16: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d", (long long)T, nk, nv,
@@ -165,11 +165,13 @@ cm_status kn_cuda_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t 
     KN_CUDA_CHECK_ARG(n_seq >= 0, "gated_delta_rule_bf16: n_seq=%d must be >= 0", n_seq);
     KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "gated_delta_rule_bf16: T=%lld tokens but n_seq=0 sequences",
                       (long long)T);
-    if (ctx->gemm_mode != KN_GEMM_MODE_BF16 || (dk != 64 && dk != 128 && dk != 256) || !kn_gdn_chunked_fits(ctx, dk))
-        return CM_FAIL(CM_ERR_UNSUPPORTED,
-                       "gated_delta_rule_bf16: the chunked form on bf16 operands needs a bf16-mode context, dk 64, "
-                       "128 or 256 (dk=%d) and room for its blocks; run gated_delta_rule",
-                       dk);
+    if (ctx->gemm_mode != KN_GEMM_MODE_BF16 || (dk != 64 && dk != 128 && dk != 256) ||
+        !kn_gdn_chunked_fits(ctx, dk))
+        return CM_FAIL(
+            CM_ERR_UNSUPPORTED,
+            "gated_delta_rule_bf16: the chunked form on bf16 operands needs a bf16-mode context, dk 64, "
+            "128 or 256 (dk=%d) and room for its blocks; run gated_delta_rule",
+            dk);
     KN_CUDA_CHECK_ARG((int64_t)n_seq * nv <= INT32_MAX && dv <= 65535 * 32,
                       "gated_delta_rule_bf16: n_seq·nv=%lld or dv=%d exceeds the cuda grid limits",
                       (long long)n_seq * nv, dv);

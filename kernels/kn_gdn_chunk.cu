@@ -149,17 +149,23 @@ static __device__ __forceinline__ void gdn_frag_a_scaled(uint32_t a[4], const fl
 /* Thread tid's 32 values of v [t0 + r][h][c0 + c] for one 64-column pass: pairs (c, c + 1) at
  * r = tid / 32 + 4i, c = 2·(tid % 32), i < 16 (zero outside the chunk and past dv), loaded
  * together so that their latency overlaps. */
-static __device__ __forceinline__ float gdn_ldv(const float *p) { return __ldg(p); }
-static __device__ __forceinline__ float gdn_ldv(const bf16 *p) { return __bfloat162float(__ldg(p)); }
+static __device__ __forceinline__ float gdn_ldv(const float *p) {
+    return __ldg(p);
+}
+static __device__ __forceinline__ float gdn_ldv(const bf16 *p) {
+    return __bfloat162float(__ldg(p));
+}
 /* the pair p[0], p[1] in one load (p aligned to the pair) */
-static __device__ __forceinline__ float2 gdn_ldv2(const float *p) { return __ldg((const float2 *)p); }
+static __device__ __forceinline__ float2 gdn_ldv2(const float *p) {
+    return __ldg((const float2 *)p);
+}
 static __device__ __forceinline__ float2 gdn_ldv2(const bf16 *p) {
     return __bfloat1622float2(__ldg((const __nv_bfloat162 *)p));
 }
 
 template <typename VT>
-static __device__ __forceinline__ void gdn_vload(float (&x)[32], const VT *v, int64_t t0, int L, int nv, int h,
-                                                 int dv, int c0, int tid) {
+static __device__ __forceinline__ void gdn_vload(float (&x)[32], const VT *v, int64_t t0, int L, int nv,
+                                                 int h, int dv, int c0, int tid) {
     const int     r = tid / 32, c = c0 + 2 * (tid % 32);
     const VT     *p = v + ((t0 + r) * nv + h) * (int64_t)dv + c;
     const int64_t step = (int64_t)4 * nv * dv;
@@ -226,9 +232,9 @@ static __device__ __forceinline__ void gdn_merge(float *Ti, const float *Af, flo
  * Three blocks share a multiprocessor at dk 128 (75 KB each). */
 template <int DKP, typename VT>
 static __global__ void __launch_bounds__(GDN_PT, 3)
-    gdn_prep_mma_kernel(bf16 *Wg, bf16 *Ug, bf16 *Pg, float *Eg, const bf16 *qc, const bf16 *kc,
-                        const VT *v, const float *g, const float *beta, const int2 *chunks,
-                        const int *n_chunks, int nk, int nv, int dv, int DVP) {
+    gdn_prep_mma_kernel(bf16 *Wg, bf16 *Ug, bf16 *Pg, float *Eg, const bf16 *qc, const bf16 *kc, const VT *v,
+                        const float *g, const float *beta, const int2 *chunks, const int *n_chunks, int nk,
+                        int nv, int dv, int DVP) {
     typedef gdn_prep_mma_smem<DKP> SM;
     constexpr int                  KS = SM::KS, FS = GDN_FS, BS = GDN_BS;
     if ((int)blockIdx.x >= *n_chunks)
@@ -453,27 +459,28 @@ static cm_status gdn_chunked_launch(kn_ctx *ctx, float *out, const float *q, con
     const size_t qkb = qb ? 0 : (size_t)T * nk * DKP * 2;
     size_t       off[8], sz[7] = {qkb,
                                   qkb,
-                            (size_t)cap * nv * 64 * DKP * 2,
-                            (size_t)cap * nv * 64 * DVP * 2,
-                            (size_t)cap * nv * 64 * 64 * 2,
-                            (size_t)cap * nv * 192 * 4,
-                            (size_t)cap * sizeof(int2) + (size_t)(n_seq + 1) * sizeof(int)};
+                                  (size_t)cap * nv * 64 * DKP * 2,
+                                  (size_t)cap * nv * 64 * DVP * 2,
+                                  (size_t)cap * nv * 64 * 64 * 2,
+                                  (size_t)cap * nv * 192 * 4,
+                                  (size_t)cap * sizeof(int2) + (size_t)(n_seq + 1) * sizeof(int)};
     off[0] = 0;
     for (int i = 0; i < 7; i++)
         off[i + 1] = off[i] + (sz[i] + 255) / 256 * 256;
     CM_TRY(kn_cuda_scratch_reserve(ctx, off[7]));
-    char  *base = (char *)ctx->scratch;
+    char       *base = (char *)ctx->scratch;
     const bf16 *qc = qb ? qb : (const bf16 *)(base + off[0]), *kc = kb ? kb : (const bf16 *)(base + off[1]);
     bf16       *Wg = (bf16 *)(base + off[2]);
-    bf16  *Ug = (bf16 *)(base + off[3]), *Pg = (bf16 *)(base + off[4]);
-    float *Eg = (float *)(base + off[5]);
-    int2  *chunks = (int2 *)(base + off[6]);
-    int   *seq_first = (int *)(chunks + cap), *n_chunks = seq_first + n_seq;
+    bf16       *Ug = (bf16 *)(base + off[3]), *Pg = (bf16 *)(base + off[4]);
+    float      *Eg = (float *)(base + off[5]);
+    int2       *chunks = (int2 *)(base + off[6]);
+    int        *seq_first = (int *)(chunks + cap), *n_chunks = seq_first + n_seq;
 
     if (!qb) {
         const int64_t  nvec = T * nk * (DKP / 8);
         const unsigned cgrid = (unsigned int)((nvec + 255) / 256 < 65536 ? (nvec + 255) / 256 : 65536);
-        gdn_to_bf16_padded<<<cgrid, 256, 0, ctx->stream>>>((bf16 *)(base + off[0]), q, T * nk, dk, DKP, scale);
+        gdn_to_bf16_padded<<<cgrid, 256, 0, ctx->stream>>>((bf16 *)(base + off[0]), q, T * nk, dk, DKP,
+                                                           scale);
         KN_CUDA_LAUNCHED(ctx);
         gdn_to_bf16_padded<<<cgrid, 256, 0, ctx->stream>>>((bf16 *)(base + off[1]), k, T * nk, dk, DKP, 1.0f);
         KN_CUDA_LAUNCHED(ctx);
@@ -485,8 +492,9 @@ static cm_status gdn_chunked_launch(kn_ctx *ctx, float *out, const float *q, con
     /* blocks above 48 KB of dynamic shared memory must opt in (a host-side attribute, no sync) */
     KN_CUDA(cudaFuncSetAttribute(gdn_prep_mma_kernel<DKP, VT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)prep_smem));
-    gdn_prep_mma_kernel<DKP, VT><<<dim3((unsigned int)cap, (unsigned int)nv), GDN_PT, prep_smem, ctx->stream>>>(
-        Wg, Ug, Pg, Eg, qc, kc, v, g, beta, chunks, n_chunks, nk, nv, dv, DVP);
+    gdn_prep_mma_kernel<DKP, VT>
+        <<<dim3((unsigned int)cap, (unsigned int)nv), GDN_PT, prep_smem, ctx->stream>>>(
+            Wg, Ug, Pg, Eg, qc, kc, v, g, beta, chunks, n_chunks, nk, nv, dv, DVP);
     KN_CUDA_LAUNCHED(ctx);
 
     return kn_gdn_state(ctx, DKP, out, qc, kc, Wg, Ug, Pg, Eg, cu, seq_first, n_seq, T, nk, nv, dv, DVP);
@@ -517,21 +525,27 @@ cm_status kn_gdn_chunked(kn_ctx *ctx, float *out, const float *q, const float *k
                          const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T, int nk,
                          int nv, int dk, int dv, float scale) {
     if (dk <= 64)
-        return gdn_chunked_launch<64>(ctx, out, q, k, NULL, NULL, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale);
+        return gdn_chunked_launch<64>(ctx, out, q, k, NULL, NULL, v, g, beta, cu, n_seq, T, nk, nv, dk, dv,
+                                      scale);
     if (dk <= 128)
-        return gdn_chunked_launch<128>(ctx, out, q, k, NULL, NULL, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale);
-    return gdn_chunked_launch<256>(ctx, out, q, k, NULL, NULL, v, g, beta, cu, n_seq, T, nk, nv, dk, dv, scale);
+        return gdn_chunked_launch<128>(ctx, out, q, k, NULL, NULL, v, g, beta, cu, n_seq, T, nk, nv, dk, dv,
+                                       scale);
+    return gdn_chunked_launch<256>(ctx, out, q, k, NULL, NULL, v, g, beta, cu, n_seq, T, nk, nv, dk, dv,
+                                   scale);
 }
 
 /* The chunked form from bf16 q (carrying its scale), k and v, dk 64, 128 or 256 (the padded
  * widths, so q and k are read as they are); arguments already checked. */
-cm_status kn_gdn_chunked_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                              const float *g, const float *beta, const int32_t *cu, int n_seq, int64_t T, int nk,
-                              int nv, int dk, int dv) {
+cm_status kn_gdn_chunked_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k,
+                              const uint16_t *v, const float *g, const float *beta, const int32_t *cu,
+                              int n_seq, int64_t T, int nk, int nv, int dk, int dv) {
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     if (dk == 64)
-        return gdn_chunked_launch<64>(ctx, out, NULL, NULL, qb, kb, vb, g, beta, cu, n_seq, T, nk, nv, dk, dv, 1.0f);
+        return gdn_chunked_launch<64>(ctx, out, NULL, NULL, qb, kb, vb, g, beta, cu, n_seq, T, nk, nv, dk, dv,
+                                      1.0f);
     if (dk == 128)
-        return gdn_chunked_launch<128>(ctx, out, NULL, NULL, qb, kb, vb, g, beta, cu, n_seq, T, nk, nv, dk, dv, 1.0f);
-    return gdn_chunked_launch<256>(ctx, out, NULL, NULL, qb, kb, vb, g, beta, cu, n_seq, T, nk, nv, dk, dv, 1.0f);
+        return gdn_chunked_launch<128>(ctx, out, NULL, NULL, qb, kb, vb, g, beta, cu, n_seq, T, nk, nv, dk,
+                                       dv, 1.0f);
+    return gdn_chunked_launch<256>(ctx, out, NULL, NULL, qb, kb, vb, g, beta, cu, n_seq, T, nk, nv, dk, dv,
+                                   1.0f);
 }

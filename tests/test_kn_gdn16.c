@@ -24,7 +24,8 @@
 
 static void *host_of(const dbuf *b, int on_gpu) {
     void *h = malloc(b->bytes);
-    if (!h || (on_gpu ? gpu->download(gctx, h, b->g, b->bytes) : cpu->download(cctx, h, b->c, b->bytes)) != CM_OK) {
+    if (!h ||
+        (on_gpu ? gpu->download(gctx, h, b->g, b->bytes) : cpu->download(cctx, h, b->c, b->bytes)) != CM_OK) {
         fprintf(stderr, "download failed: %s\n", cm_last_error());
         exit(1);
     }
@@ -33,14 +34,16 @@ static void *host_of(const dbuf *b, int on_gpu) {
 
 static float *widen(const uint16_t *h, long n) {
     float *f = malloc((size_t)n * 4);
-    for (long i = 0; i < n; i++) f[i] = cm_bf16_to_f32(h[i]);
+    for (long i = 0; i < n; i++)
+        f[i] = cm_bf16_to_f32(h[i]);
     return f;
 }
 
 /* how many of n bf16 values differ from bf16(f[i]·mul) */
 static long diff16(const uint16_t *h, const float *f, float mul, long n) {
     long d = 0;
-    for (long i = 0; i < n; i++) d += h[i] != cm_f32_to_bf16(f[i] * mul);
+    for (long i = 0; i < n; i++)
+        d += h[i] != cm_f32_to_bf16(f[i] * mul);
     return d;
 }
 
@@ -56,7 +59,8 @@ static double rel_l2(const float *a, const float *b, long n) {
 
 static void one_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv, int K) {
     int32_t cu[8] = {0};
-    for (int s = 0; s < n_seq; s++) cu[s + 1] = cu[s] + lens[s];
+    for (int s = 0; s < n_seq; s++)
+        cu[s + 1] = cu[s] + lens[s];
     const long  T = cu[n_seq], qk = (long)nk * dk, vd = (long)nv * dv, C = 2 * qk + vd;
     const float scale = 1.0f / sqrtf((float)dk);
     float      *x = tst_rand_f32(T * C, -2, 2), *w = tst_rand_f32(C * K, -1, 1);
@@ -73,20 +77,23 @@ static void one_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv,
     snprintf(name, sizeof name, "T=%ld n_seq=%d nk=%d nv=%d dk=%d dv=%d K=%d", T, n_seq, nk, nv, dk, dv, K);
 
     /* the conv: F32 and bf16 outputs on the GPU, bf16 on the cpu */
-    tst_ok(gpu->gdn_conv_qkv(gctx16, q32.g, k32.g, v32.g, bx.g, bw.g, bcu.g, n_seq, T, nk, nv, dk, dv, K, 1e-6f),
-           "cuda gdn_conv_qkv");
-    tst_ok(gpu->gdn_conv_qkv_bf16(gctx16, q16.g, k16.g, v16.g, bx.g, bw.g, bcu.g, n_seq, T, nk, nv, dk, dv, K, 1e-6f,
-                                  scale),
+    tst_ok(
+        gpu->gdn_conv_qkv(gctx16, q32.g, k32.g, v32.g, bx.g, bw.g, bcu.g, n_seq, T, nk, nv, dk, dv, K, 1e-6f),
+        "cuda gdn_conv_qkv");
+    tst_ok(gpu->gdn_conv_qkv_bf16(gctx16, q16.g, k16.g, v16.g, bx.g, bw.g, bcu.g, n_seq, T, nk, nv, dk, dv, K,
+                                  1e-6f, scale),
            "cuda gdn_conv_qkv_bf16");
-    tst_ok(cpu->gdn_conv_qkv_bf16(cctx, q16.c, k16.c, v16.c, bx.c, bw.c, bcu.c, n_seq, T, nk, nv, dk, dv, K, 1e-6f,
-                                  scale),
+    tst_ok(cpu->gdn_conv_qkv_bf16(cctx, q16.c, k16.c, v16.c, bx.c, bw.c, bcu.c, n_seq, T, nk, nv, dk, dv, K,
+                                  1e-6f, scale),
            "cpu gdn_conv_qkv_bf16");
     tst_ok(gpu->sync(gctx16), "sync");
-    float    *hq = host_of(&q32, 1), *hk = host_of(&k32, 1), *hv = host_of(&v32, 1);
-    uint16_t *gq = host_of(&q16, 1), *gk = host_of(&k16, 1), *gv = host_of(&v16, 1);
-    uint16_t *cq = host_of(&q16, 0), *ck = host_of(&k16, 0), *cv = host_of(&v16, 0);
-    const long d = diff16(gq, hq, scale, T * qk) + diff16(gk, hk, 1.0f, T * qk) + diff16(gv, hv, 1.0f, T * vd);
-    printf("gdn_conv_qkv_bf16 %s: %ld of %ld values differ from the F32 op's rounded\n", name, d, 2 * T * qk + T * vd);
+    float     *hq = host_of(&q32, 1), *hk = host_of(&k32, 1), *hv = host_of(&v32, 1);
+    uint16_t  *gq = host_of(&q16, 1), *gk = host_of(&k16, 1), *gv = host_of(&v16, 1);
+    uint16_t  *cq = host_of(&q16, 0), *ck = host_of(&k16, 0), *cv = host_of(&v16, 0);
+    const long d =
+        diff16(gq, hq, scale, T * qk) + diff16(gk, hk, 1.0f, T * qk) + diff16(gv, hv, 1.0f, T * vd);
+    printf("gdn_conv_qkv_bf16 %s: %ld of %ld values differ from the F32 op's rounded\n", name, d,
+           2 * T * qk + T * vd);
     TST_CHECK(d == 0);
     float *a = widen(gq, T * qk), *b = widen(cq, T * qk);
     TST_CHECK(tst_compare("conv q·scale bf16, cuda vs cpu", 48, a, b, T * qk, 1e-6, 8e-3, NULL));
@@ -99,16 +106,18 @@ static void one_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv,
     free(a), free(b);
 
     /* the core: bf16 operands against the F32 op on the F32 conv outputs (GPU), and the cpu */
-    tst_ok(gpu->gated_delta_rule(gctx16, o32.g, q32.g, k32.g, v32.g, bg.g, bb.g, bcu.g, n_seq, T, nk, nv, dk, dv,
-                                 scale),
+    tst_ok(gpu->gated_delta_rule(gctx16, o32.g, q32.g, k32.g, v32.g, bg.g, bb.g, bcu.g, n_seq, T, nk, nv, dk,
+                                 dv, scale),
            "cuda gated_delta_rule");
-    tst_ok(gpu->gated_delta_rule_bf16(gctx16, o16.g, q16.g, k16.g, v16.g, bg.g, bb.g, bcu.g, n_seq, T, nk, nv, dk, dv),
+    tst_ok(gpu->gated_delta_rule_bf16(gctx16, o16.g, q16.g, k16.g, v16.g, bg.g, bb.g, bcu.g, n_seq, T, nk, nv,
+                                      dk, dv),
            "cuda gated_delta_rule_bf16");
-    tst_ok(cpu->gated_delta_rule_bf16(cctx, o16.c, q16.c, k16.c, v16.c, bg.c, bb.c, bcu.c, n_seq, T, nk, nv, dk, dv),
+    tst_ok(cpu->gated_delta_rule_bf16(cctx, o16.c, q16.c, k16.c, v16.c, bg.c, bb.c, bcu.c, n_seq, T, nk, nv,
+                                      dk, dv),
            "cpu gated_delta_rule_bf16");
     tst_ok(gpu->sync(gctx16), "sync");
-    float *go32 = host_of(&o32, 1), *go16 = host_of(&o16, 1), *co16 = host_of(&o16, 0);
-    const int same = memcmp(go32, go16, (size_t)(T * vd) * 4) == 0;
+    float       *go32 = host_of(&o32, 1), *go16 = host_of(&o16, 1), *co16 = host_of(&o16, 0);
+    const int    same = memcmp(go32, go16, (size_t)(T * vd) * 4) == 0;
     const double e = rel_l2(go16, co16, T * vd);
     printf("gated_delta_rule_bf16 %s: %s the F32 op's output; cuda vs cpu rel L2 %.2e (tol 1e-2)\n", name,
            same ? "bit-identical to" : "DIFFERS from", e);
@@ -117,20 +126,21 @@ static void one_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv,
     free(hq), free(hk), free(hv), free(gq), free(gk), free(gv), free(cq), free(ck), free(cv);
     free(go32), free(go16), free(co16), free(x), free(w), free(g), free(beta);
     dbuf *all[] = {&bx, &bw, &bcu, &bg, &bb, &q32, &k32, &v32, &q16, &k16, &v16, &o32, &o16};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dbuf_free(all[i]);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        dbuf_free(all[i]);
 }
 
 static void refusals(void) {
     static const int32_t cu_h[2] = {0, 8};
-    dbuf b = dbuf_put(NULL, 1 << 16), c = dbuf_put(cu_h, sizeof cu_h);
-    float *f = b.g;
-    uint16_t *h = b.g;
-    TST_FAILS(gpu->gated_delta_rule_bf16(gctx, f, h, h, h, f, f, c.g, 1, 8, 1, 1, 128, 128), CM_ERR_UNSUPPORTED,
-              "bf16-mode");
-    TST_FAILS(gpu->gated_delta_rule_bf16(gctx16, f, h, h, h, f, f, c.g, 1, 8, 1, 1, 100, 16), CM_ERR_UNSUPPORTED,
-              "dk 64, 128 or 256", "dk=100");
-    TST_FAILS(gpu->gated_delta_rule_bf16(gctx16, f, h, h, h, f, f, c.g, 1, 8, 2, 3, 64, 16), CM_ERR_INVALID_ARG,
-              "multiple");
+    dbuf                 b = dbuf_put(NULL, 1 << 16), c = dbuf_put(cu_h, sizeof cu_h);
+    float               *f = b.g;
+    uint16_t            *h = b.g;
+    TST_FAILS(gpu->gated_delta_rule_bf16(gctx, f, h, h, h, f, f, c.g, 1, 8, 1, 1, 128, 128),
+              CM_ERR_UNSUPPORTED, "bf16-mode");
+    TST_FAILS(gpu->gated_delta_rule_bf16(gctx16, f, h, h, h, f, f, c.g, 1, 8, 1, 1, 100, 16),
+              CM_ERR_UNSUPPORTED, "dk 64, 128 or 256", "dk=100");
+    TST_FAILS(gpu->gated_delta_rule_bf16(gctx16, f, h, h, h, f, f, c.g, 1, 8, 2, 3, 64, 16),
+              CM_ERR_INVALID_ARG, "multiple");
     tst_ok(cpu->gated_delta_rule_bf16(cctx, b.c, b.c, b.c, b.c, b.c, b.c, c.c, 1, 8, 1, 1, 100, 16),
            "cpu gated_delta_rule_bf16 dk=100");
     dbuf_free(&b);
@@ -138,7 +148,8 @@ static void refusals(void) {
 }
 
 int main(void) {
-    if (!tst_pair_open()) return tst_report();
+    if (!tst_pair_open())
+        return tst_report();
     static const int packed[5] = {1, 64, 65, 130, 17}, one[1] = {150};
     one_case(packed, 5, 2, 6, 128, 128, 4);
     one_case(one, 1, 1, 3, 64, 40, 3);

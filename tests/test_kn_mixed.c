@@ -443,13 +443,15 @@ static void check_cuda(const kn_backend *be) {
         uint16_t     *dg = dev_put(be, ctx, hg, (size_t)n * 2), *du = dev_put(be, ctx, hu, (size_t)n * 2);
         uint16_t     *dv = dev_put(be, ctx, NULL, (size_t)n * 2), *ds = dev_put(be, ctx, NULL, (size_t)n * 2);
         TST_CHECK(be->swiglu_typed(ctx, dv, CM_DTYPE_BF16, dg, du, CM_DTYPE_BF16, n) == CM_OK);
-        TST_CHECK(be->swiglu_typed(ctx, ds + 1, CM_DTYPE_BF16, dg + 1, du + 1, CM_DTYPE_BF16, n - 8) == CM_OK);
+        TST_CHECK(be->swiglu_typed(ctx, ds + 1, CM_DTYPE_BF16, dg + 1, du + 1, CM_DTYPE_BF16, n - 8) ==
+                  CM_OK);
         TST_CHECK(kn_ref_swiglu_typed(cpu, rout, CM_DTYPE_BF16, hg, hu, CM_DTYPE_BF16, n) == CM_OK);
         uint16_t *hv = dev_get(be, ctx, dv, (size_t)n * 2), *hs = dev_get(be, ctx, ds, (size_t)n * 2);
         long      diff = 0;
         for (int64_t i = 1; i < n - 7; i++)
             diff += hv[i] != hs[i];
-        printf("swiglu_typed bf16 vectors vs one at a time: %ld of %lld values differ\n", diff, (long long)n - 8);
+        printf("swiglu_typed bf16 vectors vs one at a time: %ld of %lld values differ\n", diff,
+               (long long)n - 8);
         TST_CHECK(diff == 0);
         float *a1 = widen(hv, CM_DTYPE_BF16, n), *a2 = widen(rout, CM_DTYPE_BF16, n);
         TST_CLOSE("cuda swiglu_typed bf16 vectors", a1, a2, (long)n, 1e-7, 8e-3);

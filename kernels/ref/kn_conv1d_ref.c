@@ -62,18 +62,22 @@ cm_status kn_ref_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const f
     return st;
 }
 
-cm_status kn_ref_gdn_conv_qkv_bf16(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x, const float *w,
-                                   const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
-                                   int K, float eps, float q_scale) {
+cm_status kn_ref_gdn_conv_qkv_bf16(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x,
+                                   const float *w, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
+                                   int dk, int dv, int K, float eps, float q_scale) {
     KN_REF_CHECK(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
-                 "gdn_conv_qkv_bf16: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d (T >= 0, the others > 0)", (long long)T,
-                 nk, nv, dk, dv);
-    if (T == 0) return kn_ref_gdn_conv_qkv(ctx, NULL, NULL, NULL, x, w, cu_seqlens, n_seq, T, nk, nv, dk, dv, K, eps);
+                 "gdn_conv_qkv_bf16: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d (T >= 0, the others > 0)",
+                 (long long)T, nk, nv, dk, dv);
+    if (T == 0)
+        return kn_ref_gdn_conv_qkv(ctx, NULL, NULL, NULL, x, w, cu_seqlens, n_seq, T, nk, nv, dk, dv, K, eps);
     KN_REF_CHECK(q && k && v, "gdn_conv_qkv_bf16: q, k or v is NULL");
     const int64_t nq = T * nk * dk, nvv = T * nv * dv;
     float        *f = malloc((size_t)(2 * nq + nvv) * sizeof(float));
-    if (!f) return CM_FAIL(CM_ERR_NOMEM, "gdn_conv_qkv_bf16: cannot allocate %lld floats of scratch", (long long)(2 * nq + nvv));
-    cm_status st = kn_ref_gdn_conv_qkv(ctx, f, f + nq, f + 2 * nq, x, w, cu_seqlens, n_seq, T, nk, nv, dk, dv, K, eps);
+    if (!f)
+        return CM_FAIL(CM_ERR_NOMEM, "gdn_conv_qkv_bf16: cannot allocate %lld floats of scratch",
+                       (long long)(2 * nq + nvv));
+    cm_status st =
+        kn_ref_gdn_conv_qkv(ctx, f, f + nq, f + 2 * nq, x, w, cu_seqlens, n_seq, T, nk, nv, dk, dv, K, eps);
     if (st == CM_OK) {
         for (int64_t i = 0; i < nq; i++) q[i] = cm_f32_to_bf16(f[i] * q_scale);
         for (int64_t i = 0; i < nq; i++) k[i] = cm_f32_to_bf16(f[nq + i]);

@@ -195,21 +195,25 @@ cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const
     return CM_OK;
 }
 
-cm_status kn_ref_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                       const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
-                                       int64_t T, int nk, int nv, int dk, int dv) {
+cm_status kn_ref_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k,
+                                       const uint16_t *v, const float *g, const float *beta, const int32_t *cu_seqlens,
+                                       int n_seq, int64_t T, int nk, int nv, int dk, int dv) {
     KN_REF_CHECK(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
                  "gated_delta_rule_bf16: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d", (long long)T, nk, nv, dk, dv);
-    if (T == 0) return kn_ref_gated_delta_rule(ctx, out, NULL, NULL, NULL, g, beta, cu_seqlens, n_seq, T, nk, nv, dk, dv, 1.0f);
+    if (T == 0)
+        return kn_ref_gated_delta_rule(ctx, out, NULL, NULL, NULL, g, beta, cu_seqlens, n_seq, T, nk, nv, dk, dv,
+                                       1.0f);
     KN_REF_CHECK(q && k && v, "gated_delta_rule_bf16: q, k or v is NULL");
     const int64_t nq = T * nk * dk, nvv = T * nv * dv;
     float        *f = malloc((size_t)(2 * nq + nvv) * sizeof(float));
-    if (!f) return CM_FAIL(CM_ERR_NOMEM, "gated_delta_rule_bf16: cannot allocate %lld floats of scratch", (long long)(2 * nq + nvv));
+    if (!f)
+        return CM_FAIL(CM_ERR_NOMEM, "gated_delta_rule_bf16: cannot allocate %lld floats of scratch",
+                       (long long)(2 * nq + nvv));
     for (int64_t i = 0; i < nq; i++) f[i] = cm_bf16_to_f32(q[i]);
     for (int64_t i = 0; i < nq; i++) f[nq + i] = cm_bf16_to_f32(k[i]);
     for (int64_t i = 0; i < nvv; i++) f[2 * nq + i] = cm_bf16_to_f32(v[i]);
-    cm_status st = kn_ref_gated_delta_rule(ctx, out, f, f + nq, f + 2 * nq, g, beta, cu_seqlens, n_seq, T, nk, nv, dk, dv,
-                                           1.0f);
+    cm_status st =
+        kn_ref_gated_delta_rule(ctx, out, f, f + nq, f + 2 * nq, g, beta, cu_seqlens, n_seq, T, nk, nv, dk, dv, 1.0f);
     free(f);
     return st;
 }

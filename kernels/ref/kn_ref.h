@@ -184,13 +184,13 @@ cm_status kn_ref_gdn_conv_qkv(kn_ctx *ctx, float *q, float *k, float *v, const f
                               const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
                               int K, float eps);
 /* kn_ref_gdn_conv_qkv into F32 scratch, then bf16(q·q_scale), bf16(k), bf16(v). */
-cm_status kn_ref_gdn_conv_qkv_bf16(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x, const float *w,
-                                   const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv, int dk, int dv,
-                                   int K, float eps, float q_scale);
+cm_status kn_ref_gdn_conv_qkv_bf16(kn_ctx *ctx, uint16_t *q, uint16_t *k, uint16_t *v, const float *x,
+                                   const float *w, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
+                                   int dk, int dv, int K, float eps, float q_scale);
 /* kn_ref_gated_delta_rule on q, k, v widened from bf16, scale 1 (q carries it). */
-cm_status kn_ref_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                       const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
-                                       int64_t T, int nk, int nv, int dk, int dv);
+cm_status kn_ref_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k,
+                                       const uint16_t *v, const float *g, const float *beta, const int32_t *cu_seqlens,
+                                       int n_seq, int64_t T, int nk, int nv, int dk, int dv);
 /* copy2d split, rmsnorm and rope of the attention's q and k in one pass per token, with the
  * arithmetic of kn_ref_copy2d, kn_ref_rmsnorm and kn_ref_rope (bit-identical to that chain). */
 cm_status kn_ref_qk_prep(kn_ctx *ctx, float *q, float *gate, float *k, const float *qg, const float *q_norm,
