@@ -104,24 +104,34 @@ static __global__ void gated_delta_rule_kernel(float *out, const float *q, const
 // ----------------------------------------------------------------------------
 // launchers
 
+/* The shape checks both entries start with; op names the call in the messages. */
+static cm_status gdr_check_shape(const kn_ctx *ctx, const char *op, int64_t T, int nk, int nv, int dk, int dv,
+                                 int n_seq) {
+    KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", op);
+    KN_CUDA_CHECK_ARG(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
+                      "%s: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d", op, (long long)T, nk, nv, dk, dv);
+    KN_CUDA_CHECK_ARG(nv % nk == 0, "%s: nv=%d must be a multiple of nk=%d", op, nv, nk);
+    KN_CUDA_CHECK_ARG(n_seq >= 0, "%s: n_seq=%d must be >= 0", op, n_seq);
+    KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "%s: T=%lld tokens but n_seq=0 sequences", op, (long long)T);
+    return CM_OK;
+}
+
+/* The grid limits of both entries' launches. */
+static cm_status gdr_check_grid(const char *op, int n_seq, int nv, int dv) {
+    KN_CUDA_CHECK_ARG((int64_t)n_seq * nv <= INT32_MAX && dv <= 65535 * 32,
+                      "%s: n_seq·nv=%lld or dv=%d exceeds the cuda grid limits", op, (long long)n_seq * nv, dv);
+    return CM_OK;
+}
+
 cm_status kn_cuda_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                                    const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                    int64_t T, int nk, int nv, int dk, int dv, float scale) {
-    KN_CUDA_CHECK_ARG(ctx, "gated_delta_rule: ctx is NULL");
-    KN_CUDA_CHECK_ARG(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
-                      "gated_delta_rule: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d", (long long)T, nk, nv, dk,
-                      dv);
-    KN_CUDA_CHECK_ARG(nv % nk == 0, "gated_delta_rule: nv=%d must be a multiple of nk=%d", nv, nk);
-    KN_CUDA_CHECK_ARG(n_seq >= 0, "gated_delta_rule: n_seq=%d must be >= 0", n_seq);
-    KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "gated_delta_rule: T=%lld tokens but n_seq=0 sequences",
-                      (long long)T);
+    CM_TRY(gdr_check_shape(ctx, "gated_delta_rule", T, nk, nv, dk, dv, n_seq));
     if (dk > GDN_MAX_DK)
         return CM_FAIL(CM_ERR_UNSUPPORTED,
                        "gated_delta_rule: dk=%d is not supported by the cuda backend (max %d)", dk,
                        GDN_MAX_DK);
-    KN_CUDA_CHECK_ARG((int64_t)n_seq * nv <= INT32_MAX && dv <= 65535 * 32,
-                      "gated_delta_rule: n_seq·nv=%lld or dv=%d exceeds the cuda grid limits",
-                      (long long)n_seq * nv, dv);
+    CM_TRY(gdr_check_grid("gated_delta_rule", n_seq, nv, dv));
     if (T == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && q && k && v && g && beta && cu_seqlens,
@@ -157,14 +167,7 @@ cm_status kn_cuda_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t 
                                         const uint16_t *v, const float *g, const float *beta,
                                         const int32_t *cu_seqlens, int n_seq, int64_t T, int nk, int nv,
                                         int dk, int dv) {
-    KN_CUDA_CHECK_ARG(ctx, "gated_delta_rule_bf16: ctx is NULL");
-    KN_CUDA_CHECK_ARG(T >= 0 && nk > 0 && nv > 0 && dk > 0 && dv > 0,
-                      "gated_delta_rule_bf16: bad shape T=%lld nk=%d nv=%d dk=%d dv=%d", (long long)T, nk, nv,
-                      dk, dv);
-    KN_CUDA_CHECK_ARG(nv % nk == 0, "gated_delta_rule_bf16: nv=%d must be a multiple of nk=%d", nv, nk);
-    KN_CUDA_CHECK_ARG(n_seq >= 0, "gated_delta_rule_bf16: n_seq=%d must be >= 0", n_seq);
-    KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "gated_delta_rule_bf16: T=%lld tokens but n_seq=0 sequences",
-                      (long long)T);
+    CM_TRY(gdr_check_shape(ctx, "gated_delta_rule_bf16", T, nk, nv, dk, dv, n_seq));
     if (ctx->gemm_mode != KN_GEMM_MODE_BF16 || (dk != 64 && dk != 128 && dk != 256) ||
         !kn_gdn_chunked_fits(ctx, dk))
         return CM_FAIL(
@@ -172,9 +175,7 @@ cm_status kn_cuda_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t 
             "gated_delta_rule_bf16: the chunked form on bf16 operands needs a bf16-mode context, dk 64, "
             "128 or 256 (dk=%d) and room for its blocks; run gated_delta_rule",
             dk);
-    KN_CUDA_CHECK_ARG((int64_t)n_seq * nv <= INT32_MAX && dv <= 65535 * 32,
-                      "gated_delta_rule_bf16: n_seq·nv=%lld or dv=%d exceeds the cuda grid limits",
-                      (long long)n_seq * nv, dv);
+    CM_TRY(gdr_check_grid("gated_delta_rule_bf16", n_seq, nv, dv));
     if (T == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && q && k && v && g && beta && cu_seqlens,
