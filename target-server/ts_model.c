@@ -296,7 +296,7 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     /* TANDEM_TARGET_BF16_PRODUCTS: unset or 1 = on the fused path, the dense MLP's gate and up
      * projections write bf16 (as a bf16 Linear does) and swiglu reads that, half the bytes of
      * their F32 products; 0 = F32 products (for measuring one beside the other) */
-    const char *penv   = getenv("TANDEM_TARGET_BF16_PRODUCTS");
+    const char *penv = getenv("TANDEM_TARGET_BF16_PRODUCTS");
     m->bf16_products = m->fused && m->be->matmul && m->be->swiglu_typed && !(penv && strcmp(penv, "0") == 0);
     /* TANDEM_MOE_GEMM: unset or "grouped" = the experts' GEMMs in one moe_gemm call where it
      * applies, "loop" = one GEMM per expert (for measuring one beside the other) */
