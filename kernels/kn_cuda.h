@@ -21,9 +21,12 @@
  *                                                CTA of the FlashAttention-2 kernel (group even, fits);
  *                                                "fa2": 3, FlashAttention-2 where the wgmma kernel of
  *                                                compute capability 9.0 would run
+ *   TANDEM_GDN_KERNEL     ctx_create,            unset: 0, the dispatch of kn_gdn_state.cu; "mma": 1, the
+ *                         ctx->gdn_force         mma.sync state kernel where the wgmma one of compute
+ *                                                capability 9.0 would run
  *
  * A test or benchmark that compares the forced kernels makes a context per setting
- * (test_kn_cuda, bench_ts_target). The target's TANDEM_TARGET_FUSED and TANDEM_LAYER_TIMING
+ * (test_kn_cuda, test_kn_gdn16, bench_ts_target). The target's TANDEM_TARGET_FUSED and TANDEM_LAYER_TIMING
  * are model choices, read in ts_model.c. */
 #ifndef KN_CUDA_H
 #define KN_CUDA_H
@@ -84,6 +87,7 @@ struct kn_ctx {
     int        lt_plan_mode;
     int        lt_autotune;
     int        attn_force; /* TANDEM_ATTN_KERNEL: 0 the dispatch, 1 wmma, 2 fa2-2, 3 fa2 */
+    int        gdn_force;  /* TANDEM_GDN_KERNEL: 0 the dispatch, 1 mma */
     int        lt_plans_used;
     uint64_t   lt_plan_overflow; /* calls that found the table full and ran per call */
     kn_lt_plan lt_plans[KN_LT_PLANS];

@@ -23,7 +23,10 @@
  *      cp.async, one block barrier per chunk: δᵀ = Uᵀ − Sᵀ Wᵀ, Oᵀ = Sᵀ Qᵀ ⊙ e^γ + δᵀ Pᵀ,
  *      Sᵀ ← e^{γ_last} Sᵀ + (δᵀ ⊙ e^{γ_last−γ}) K. 48 v-heads × 2 slices give 96 blocks of 8
  *      warps for one 8192-token sequence of the 27B shape. dk 256 (a state too large for the
- *      registers): gdn_state, the state slice S[dk, 32] in shared memory, WMMA.
+ *      registers): gdn_state, the state slice S[dk, 32] in shared memory, WMMA. On compute
+ *      capability 9.0 (dk ≤ 128) the same recurrence runs on warpgroup MMA instead
+ *      (kn_gdn_state_sm90a.cu), which reads P's blocks above the diagonal as zeros (step 3
+ *      leaves them unwritten).
  *   On an H200 at the 27B shape and 8192 tokens (one sequence) this takes 0.75–0.83 ms (the
  *   pack of mixed lengths: 0.69); ncu at its locked clocks: prep 0.37 ms, state 0.52 ms, q/k
  *   copies 0.06, chunk table 0.01. The state kernel is bound by shared memory (each 512-byte

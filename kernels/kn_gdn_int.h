@@ -1,6 +1,6 @@
 /* kernels/kn_gdn_int.h — internal to the chunked form of the gated delta rule
  * (kn_gdn_chunk.cu: operands, chunk table, the per-chunk prep, the launch; kn_gdn_state.cu: the
- * state recurrence over a sequence's chunks): the tile constants and the device helpers both
+ * state recurrence over a sequence's chunks; kn_gdn_state_sm90a.cu: its Hopper form): the tile constants and the device helpers both
  * use, and the functions one calls in the other. C++ (CUDA) only. */
 #ifndef KN_GDN_INT_H
 #define KN_GDN_INT_H
@@ -89,5 +89,14 @@ size_t kn_gdn_state_smem(int DKP, int stages);
 cm_status kn_gdn_state(kn_ctx *ctx, int DKP, float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg,
                        const bf16 *Ug, const bf16 *Pg, const float *Eg, const int32_t *cu,
                        const int *seq_first, int n_seq, int64_t T, int nk, int nv, int dv, int DVP);
+
+/* The Hopper form of kn_gdn_state for DKP 64 and 128: whether it runs here (compute capability
+ * 9.0, a build with architecture 90, the shared memory, no TANDEM_GDN_KERNEL=mma), and the
+ * launch, with kn_gdn_state's arguments. kn_gdn_state_sm90a.cu (kn_gdn_state.cu without
+ * architecture 90). */
+bool      kn_gdn_wg_available(kn_ctx *ctx, int DKP);
+cm_status kn_gdn_state_wg(kn_ctx *ctx, int DKP, float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg,
+                          const bf16 *Ug, const bf16 *Pg, const float *Eg, const int32_t *cu, const int *seq_first,
+                          int n_seq, int64_t T, int nk, int nv, int dv, int DVP);
 
 #endif /* KN_GDN_INT_H */

@@ -5,7 +5,9 @@
  * 16 rows, one per half of dk) and the chunk's operands double-buffered by cp.async, one block
  * barrier per chunk: δᵀ = Uᵀ − Sᵀ Wᵀ, Oᵀ = Sᵀ Qᵀ ⊙ e^γ + δᵀ Pᵀ, Sᵀ ← e^{γ_last} Sᵀ +
  * (δᵀ ⊙ e^{γ_last−γ}) K. dk 256 (a state too large for the registers): gdn_state, the state
- * slice S[dk, 32] in shared memory, WMMA. */
+ * slice S[dk, 32] in shared memory, WMMA. On compute capability 9.0, dk ≤ 128 runs the same
+ * recurrence on warpgroup MMA instead (kn_gdn_state_sm90a.cu; TANDEM_GDN_KERNEL=mma keeps
+ * gdn_state_mma there, for comparing the two). */
 #include "kn_cuda.h"
 #include "kn_gdn_int.h"
 #include "kn_mma_sm80.h"
@@ -505,6 +507,15 @@ size_t kn_gdn_state_smem(int DKP, int stages) {
     return gdn_state_smem<256, 1>::bytes;
 }
 
+#ifndef TANDEM_HAVE_SM90A /* a build without architecture 90 (kernels/CMakeLists.txt) has no wgmma form */
+bool      kn_gdn_wg_available(kn_ctx *, int) { return false; }
+cm_status kn_gdn_state_wg(kn_ctx *, int, float *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
+                          const bf16 *, const float *, const int32_t *, const int *, int, int64_t, int, int, int,
+                          int) {
+    return CM_ERR_UNSUPPORTED;
+}
+#endif
+
 template <int DKP>
 static cm_status gdn_state_launch(kn_ctx *ctx, float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg,
                                   const bf16 *Ug, const bf16 *Pg, const float *Eg, const int32_t *cu,
@@ -512,6 +523,9 @@ static cm_status gdn_state_launch(kn_ctx *ctx, float *out, const bf16 *qc, const
                                   int DVP) {
     constexpr bool MMA = DKP <= 128;
     if constexpr (MMA) {
+        if (kn_gdn_wg_available(ctx, DKP)) /* compute capability 9.0: warpgroup MMA */
+            return kn_gdn_state_wg(ctx, DKP, out, qc, kc, Wg, Ug, Pg, Eg, cu, seq_first, n_seq, T, nk, nv, dv,
+                                   DVP);
         /* two stages where the device's shared memory per block allows (kn_gdn_chunked_fits has
          * checked that one does) */
         if (gdn_mstage<DKP>::smem(2) <= (size_t)kn_gdn_smem_optin(ctx)) {

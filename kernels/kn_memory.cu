@@ -40,6 +40,8 @@ static void ctx_switches_read(kn_ctx *ctx) {
                       : strcmp(a, "fa2-2") == 0 ? 2
                       : strcmp(a, "fa2") == 0   ? 3
                                                 : 0;
+    const char *g = getenv("TANDEM_GDN_KERNEL");
+    ctx->gdn_force = g && strcmp(g, "mma") == 0;
 }
 
 cm_status kn_cuda_ctx_create(kn_ctx **out, const kn_ctx_config *cfg) {

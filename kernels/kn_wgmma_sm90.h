@@ -1,6 +1,6 @@
 /* kernels/kn_wgmma_sm90.h — Hopper's warpgroup MMA (PTX ISA 8.0, sm_90a only) for the kernels of
  * kn_*_sm90a.cu: the shared-memory descriptor of the 128-byte swizzle, the fence / commit / wait
- * instructions and the bf16 wgmma shapes they use. Internal to kernels/; include from
+ * instructions, the bf16 wgmma shapes they use and stmatrix. Internal to kernels/; include from
  * kn_*_sm90a.cu files only (wgmma does not exist on other architectures). Every function is
  * static, so each file gets its own copy.
  *
@@ -30,6 +30,23 @@ static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_gro
 /* Shared memory written through the generic proxy (stores, cp.async) before wgmma reads it
  * through the async proxy. */
 static __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* Four 8 × 8 bf16 matrices from registers to shared memory (sm_90): register i holds matrix i's
+ * row lane / 4, columns 2·(lane % 4) and + 1 (mma.sync's fragment), lanes 8i .. 8i + 7 give the
+ * addresses of its rows. After ldmatrix .trans of a block this stores the block transposed. */
+static __device__ __forceinline__ void stsm_x4(void *p, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(p)), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
+/* After wgmma.wait_group: ties the accumulator's registers to this point, so that the compiler
+ * does not move their reads above the wait (the asm above writes them only as far as it knows). */
+template <int N> static __device__ __forceinline__ void wg_fence_operands(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
 
 /* The byte offset of 16-byte chunk c (of 8 per row) of row r in a 128-byte swizzled tile. */
 static __device__ __forceinline__ int wg_swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
@@ -65,6 +82,17 @@ static __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
                  : WG_D32
                  : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d[32] = (acc ? d : 0) + A (64 × 16 in registers: a as mma.sync's A fragment of each warp's 16
+ * rows) · B (64 × 16, K-major, db)ᵀ. a must not change until the wgmma has been waited for. */
+static __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                                         int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
 /* d[64] = (acc ? d : 0) + A (64 × 16 in registers: a as mma.sync's A fragment of each warp's 16

@@ -234,6 +234,19 @@ static double time_op(op_fn f, const kn_backend *be, kn_ctx *cx, const op_bufs *
     return r[2];
 }
 
+/* run_gdn on a context of its own with TANDEM_GDN_KERNEL=mma (the mma.sync state kernel where the
+ * dispatch would take the wgmma one), on the same buffers */
+static double time_gdn_mma(const kn_backend *be, const kn_ctx_config *kc, const op_bufs *b, int n_seq, int64_t T,
+                           const cm_target_cfg *c) {
+    kn_ctx *fx = NULL;
+    setenv("TANDEM_GDN_KERNEL", "mma", 1); /* read at ctx_create */
+    CHECK(be->ctx_create(&fx, kc));
+    unsetenv("TANDEM_GDN_KERNEL");
+    const double t = time_op(run_gdn, be, fx, b, n_seq, T, c, 20);
+    be->ctx_destroy(&fx);
+    return t;
+}
+
 int main(int argc, char **argv) {
     const double t_start = now_s();
     const char  *config = NULL, *json = NULL, *mix_only = NULL;
@@ -325,8 +338,9 @@ int main(int argc, char **argv) {
             CHECK(be->fill_uniform(cx, b.v, CM_DTYPE_F32, T * nv * dv, 13, -1, 1));
             CHECK(be->fill_uniform(cx, b.g, CM_DTYPE_F32, T * nv, 14, -1.0f, -0.001f));
             CHECK(be->fill_uniform(cx, b.beta, CM_DTYPE_F32, T * nv, 15, 0.0f, 1.0f));
-            printf("| chunked GDN kernel alone, %s | %.3f ms |\n", mix ? "the mix" : "1 sequence",
-                   time_op(run_gdn, be, cx, &b, mix ? n_seq : 1, T, c, 20) * 1e3);
+            printf("| chunked GDN kernel alone, %s | %.3f ms (TANDEM_GDN_KERNEL=mma: %.3f ms) |\n",
+                   mix ? "the mix" : "1 sequence", time_op(run_gdn, be, cx, &b, mix ? n_seq : 1, T, c, 20) * 1e3,
+                   time_gdn_mma(be, &kc, &b, mix ? n_seq : 1, T, c) * 1e3);
         }
         return 0;
     }
@@ -399,7 +413,7 @@ int main(int argc, char **argv) {
     CHECK(be->alloc(cx, (void **)&b.beta, (size_t)(T * nv) * 4));
     CHECK(be->alloc(cx, (void **)&b.cu, (size_t)(T + 1) * 4));
     int32_t one[2] = {0, (int32_t)T};
-    double  t_gdn[2], t_att[2], t_att_forced[3][2];
+    double  t_gdn[2], t_gdn_mma[2], t_att[2], t_att_forced[3][2];
     static const char *att_forced[3] = {"wmma", "fa2-2", "fa2"}; /* kn_attention.cu's other kernels */
     for (int mix = 0; mix < 2; mix++) {
         CHECK(be->upload(cx, b.cu, mix ? cu : one, (size_t)((mix ? n_seq : 1) + 1) * 4));
@@ -411,6 +425,7 @@ int main(int argc, char **argv) {
         CHECK(be->fill_uniform(cx, b.g, CM_DTYPE_F32, T * nv, 14, -1.0f, -0.001f));
         CHECK(be->fill_uniform(cx, b.beta, CM_DTYPE_F32, T * nv, 15, 0.0f, 1.0f));
         t_gdn[mix] = time_op(run_gdn, be, cx, &b, mix ? n_seq : 1, T, c, 20);
+        t_gdn_mma[mix] = time_gdn_mma(be, &kc, &b, mix ? n_seq : 1, T, c);
         CHECK(be->fill_uniform(cx, b.q, CM_DTYPE_F32, T * nq * hd, 16, -1, 1));
         CHECK(be->fill_uniform(cx, b.k, CM_DTYPE_F32, T * nkv * hd, 17, -1, 1));
         CHECK(be->fill_uniform(cx, b.v, CM_DTYPE_F32, T * nkv * hd, 18, -1, 1));
@@ -590,6 +605,8 @@ int main(int argc, char **argv) {
     printf("| other (embedding, captures, uploads) | %.1f ms |\n", tm.other_ms / nf);
     printf("| chunked GDN kernel alone, 1 x %lld tokens | %.3f ms |\n", (long long)T, t_gdn[0] * 1e3);
     printf("| chunked GDN kernel alone, the mix | %.3f ms |\n", t_gdn[1] * 1e3);
+    printf("| TANDEM_GDN_KERNEL=mma alone, 1 x %lld tokens / the mix | %.3f ms / %.3f ms |\n", (long long)T,
+           t_gdn_mma[0] * 1e3, t_gdn_mma[1] * 1e3);
     printf("| flash attention kernel alone, 1 x %lld tokens | %.3f ms (%.0f TF/s) |\n", (long long)T,
            t_att[0] * 1e3, 4.0 * nq * hd * (double)T * (T + 1) / 2 / t_att[0] / 1e12);
     printf("| flash attention kernel alone, the mix | %.3f ms (%.0f TF/s) |\n", t_att[1] * 1e3,

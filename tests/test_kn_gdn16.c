@@ -7,7 +7,12 @@
  *   - the cpu reference of each: the conv within one bf16 step (rel 8e-3, the SiLU's exp is the
  *     device's fast one), the core within rel L2 1e-2 (test_kn_cuda's bar for the chunked form);
  *   - the refusals: an F32-mode context and dk 100 give CM_ERR_UNSUPPORTED on cuda (the caller
- *     then widens), the cpu takes any dk.
+ *     then widens), the cpu takes any dk;
+ *   - the two state kernels of the chunked form against each other and the cpu: the dispatch
+ *     (warpgroup MMA on compute capability 9.0) and TANDEM_GDN_KERNEL=mma (mma.sync), each within
+ *     rel L2 1e-2 of the cpu, and within 1e-3 of each other (the same bf16 roundings, fp32 sums in
+ *     another order), on packed and long sequences, dk 128, 64 and 100 (padded to 128), dv 128,
+ *     40 and 33.
  * Shapes: the 27B's heads (dk = dv = 128, GVA 3) on a pack of five sequences, dk 64 with dv 40,
  * dk 256 with dv 33, conv kernels 3 and 4. Label gpu; exits 77 without a cuda device. */
 #include <math.h>
@@ -147,6 +152,67 @@ static void refusals(void) {
     dbuf_free(&c);
 }
 
+static void l2_rows(float *x, long rows, int n) {
+    for (long r = 0; r < rows; r++) {
+        double s = 0;
+        for (int c = 0; c < n; c++)
+            s += (double)x[r * n + c] * x[r * n + c];
+        for (int c = 0; c < n; c++)
+            x[r * n + c] = (float)(x[r * n + c] / sqrt(s + 1e-6));
+    }
+}
+
+/* gated_delta_rule (F32 entry, bf16 mode: the chunked form) on the dispatch's state kernel and
+ * on gmma's (TANDEM_GDN_KERNEL=mma), against the cpu and each other */
+static void state_kernels(kn_ctx *gmma, const int *lens, int n_seq, int nk, int nv, int dk, int dv) {
+    int32_t cu[8] = {0};
+    for (int s = 0; s < n_seq; s++)
+        cu[s + 1] = cu[s] + lens[s];
+    const long T = cu[n_seq], qk = (long)nk * dk, vd = (long)nv * dv;
+    float     *q = tst_rand_f32(T * qk, -1, 1), *k = tst_rand_f32(T * qk, -1, 1), *v = tst_rand_f32(T * vd, -1, 1);
+    float     *g = tst_rand_f32(T * nv, -1.5, -0.001), *beta = tst_rand_f32(T * nv, 0.02, 0.98);
+    for (long i = 0; i < T * nv; i += 2) /* slow decays too: the state carries across many chunks */
+        g[i] *= 0.01f;
+    l2_rows(q, T * nk, dk);
+    l2_rows(k, T * nk, dk);
+    dbuf bq = dbuf_put(q, (size_t)(T * qk) * 4), bk = dbuf_put(k, (size_t)(T * qk) * 4);
+    dbuf bv = dbuf_put(v, (size_t)(T * vd) * 4), bg = dbuf_put(g, (size_t)(T * nv) * 4);
+    dbuf bb = dbuf_put(beta, (size_t)(T * nv) * 4), bcu = dbuf_put(cu, (size_t)(n_seq + 1) * 4);
+    dbuf o1 = dbuf_put(NULL, (size_t)(T * vd) * 4), o2 = dbuf_put(NULL, (size_t)(T * vd) * 4);
+    const float scale = 1.0f / sqrtf((float)dk);
+    tst_ok(cpu->gated_delta_rule(cctx, o1.c, bq.c, bk.c, bv.c, bg.c, bb.c, bcu.c, n_seq, T, nk, nv, dk, dv, scale),
+           "cpu gated_delta_rule");
+    tst_ok(gpu->gated_delta_rule(gctx16, o1.g, bq.g, bk.g, bv.g, bg.g, bb.g, bcu.g, n_seq, T, nk, nv, dk, dv,
+                                 scale),
+           "cuda gated_delta_rule (dispatch)");
+    tst_ok(gpu->gated_delta_rule(gmma, o2.g, bq.g, bk.g, bv.g, bg.g, bb.g, bcu.g, n_seq, T, nk, nv, dk, dv, scale),
+           "cuda gated_delta_rule (TANDEM_GDN_KERNEL=mma)");
+    tst_ok(gpu->sync(gctx16), "sync");
+    tst_ok(gpu->sync(gmma), "sync");
+    float       *ref = host_of(&o1, 0), *a = host_of(&o1, 1), *b = host_of(&o2, 1);
+    const double ea = rel_l2(a, ref, T * vd), eb = rel_l2(b, ref, T * vd), eab = rel_l2(a, b, T * vd);
+    const int    same = memcmp(a, b, (size_t)(T * vd) * 4) == 0;
+    printf("state kernels T=%ld n_seq=%d nk=%d nv=%d dk=%d dv=%d: dispatch vs cpu %.2e, mma vs cpu %.2e "
+           "(tol 1e-2), dispatch vs mma %.2e%s (tol 1e-3)\n",
+           T, n_seq, nk, nv, dk, dv, ea, eb, eab, same ? " (bit-identical: the same kernel ran)" : "");
+    TST_CHECK(ea <= 1e-2 && eb <= 1e-2 && eab <= 1e-3);
+    if (getenv("GDN_DEBUG") && eab > 1e-3) {
+        int shown = 0;
+        for (long i = 0; i < T * vd && shown < 40; i++)
+            if (fabsf(a[i] - b[i]) > 1e-2f * (fabsf(b[i]) + 1e-3f)) {
+                long tt = i / vd, hh = (i % vd) / dv, cc = i % dv;
+                int  sq = 0;
+                while (tt >= cu[sq + 1]) sq++;
+                printf("  t=%ld (seq %d, +%ld) h=%ld c=%ld: %g vs %g\n", tt, sq, tt - cu[sq], hh, cc, a[i], b[i]);
+                shown++;
+            }
+    }
+    free(ref), free(a), free(b), free(q), free(k), free(v), free(g), free(beta);
+    dbuf *all[] = {&bq, &bk, &bv, &bg, &bb, &bcu, &o1, &o2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        dbuf_free(all[i]);
+}
+
 int main(void) {
     if (!tst_pair_open())
         return tst_report();
@@ -155,6 +221,19 @@ int main(void) {
     one_case(one, 1, 1, 3, 64, 40, 3);
     one_case(packed, 5, 1, 1, 256, 33, 4);
     refusals();
+    kn_ctx       *gmma = NULL;
+    kn_ctx_config c16 = {0, KN_GEMM_MODE_BF16};
+    setenv("TANDEM_GDN_KERNEL", "mma", 1); /* read at ctx_create */
+    const int made = tst_ok(gpu->ctx_create(&gmma, &c16), "cuda ctx_create (TANDEM_GDN_KERNEL=mma)");
+    unsetenv("TANDEM_GDN_KERNEL");
+    if (made) {
+        static const int pk[5] = {1, 63, 64, 65, 200}, longer[4] = {1000, 1, 2500, 129}, odd[2] = {130, 77};
+        state_kernels(gmma, pk, 5, 2, 6, 128, 128);
+        state_kernels(gmma, longer, 4, 1, 3, 128, 128);
+        state_kernels(gmma, pk, 5, 1, 3, 64, 40);
+        state_kernels(gmma, odd, 2, 1, 2, 100, 33);
+        gpu->ctx_destroy(&gmma);
+    }
     tst_pair_close();
     return tst_report();
 }
