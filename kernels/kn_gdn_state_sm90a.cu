@@ -23,16 +23,18 @@
 
 #define GW_THREADS 128 /* one warpgroup */
 
-/* One stage (a chunk's operands), each part 1024-aligned: W and Q as DKP / 64 swizzled panels of
- * 64 token rows × 128 bytes, P (64 × 64) swizzled, K as plain rows [64][DKP + 8] (the transpose's
- * source), the U slice [64][GDN_US], E [192]. After both stages: Kᵀ, DKP rows × 64 tokens,
- * swizzled. */
+/* One stage (a chunk's operands), each part 1024-aligned: W and Q stacked as DKP / 64 swizzled
+ * panels of 128 rows × 128 bytes (W's 64 token rows, then Q's: one B operand of N = 128, so one
+ * wgmma gives both Sᵀ Wᵀ and Sᵀ Qᵀ), P (64 × 64) swizzled, K as plain rows [64][DKP + 8] (the
+ * transpose's source), the U slice [64][GDN_US], E [192]. After both stages: Kᵀ, DKP rows × 64
+ * tokens, swizzled. */
 template <int DKP> struct gw_layout {
-    static constexpr int WB = DKP / 64 * 64 * 128;
+    static constexpr int PANEL = 128 * 128;
+    static constexpr int WQ = DKP / 64 * PANEL;
     static constexpr int PB = 64 * 128;
     static constexpr int KB = (64 * (DKP + 8) * 2 + 1023) / 1024 * 1024;
     static constexpr int UB = 64 * GDN_US * 2;
-    static constexpr int STAGE = (2 * WB + PB + KB + UB + 192 * 4 + 1023) / 1024 * 1024;
+    static constexpr int STAGE = (WQ + PB + KB + UB + 192 * 4 + 1023) / 1024 * 1024;
     static constexpr int KT = DKP * 128;
     static constexpr size_t smem = 2 * (size_t)STAGE + KT + 1024; /* + the alignment of the base */
 };
@@ -62,16 +64,16 @@ static __global__ void __launch_bounds__(GW_THREADS, 1)
         const int64_t  t0 = bos + (int64_t)k * GDN_C, slot = (int64_t)(first + k) * nv + h;
         const int      L = (int)(eos - t0 < GDN_C ? eos - t0 : GDN_C);
         unsigned char *sb = base + st * Ly::STAGE;
-        unsigned char *Wb = sb, *Qb = sb + Ly::WB, *Pb = sb + 2 * Ly::WB, *Kb = Pb + Ly::PB, *Ub = Kb + Ly::KB;
+        unsigned char *Pb = sb + Ly::WQ, *Kb = Pb + Ly::PB, *Ub = Kb + Ly::KB;
         float         *Eb = (float *)(Ub + Ly::UB);
 #pragma unroll
         for (int it = 0; it < 64 * CH / GW_THREADS; it++) {
-            const int  i = tid + it * GW_THREADS, r = i / CH, c = i % CH;
-            const int  so = (c >> 3) * (64 * 128) + wg_swz(r, c & 7);
-            const bool    ok = r < L;
-            const int64_t qo = ((t0 + (ok ? r : 0)) * nk + kh) * (int64_t)DKP + c * 8;
-            cp_async16(Wb + so, Wg + (slot * 64 + r) * DKP + c * 8, true);
-            cp_async16(Qb + so, qc + qo, ok);
+            const int     i = tid + it * GW_THREADS, r = i / CH, c = i % CH;
+            unsigned char *pan = sb + (c >> 3) * Ly::PANEL;
+            const bool     ok = r < L;
+            const int64_t  qo = ((t0 + (ok ? r : 0)) * nk + kh) * (int64_t)DKP + c * 8;
+            cp_async16(pan + wg_swz(r, c & 7), Wg + (slot * 64 + r) * DKP + c * 8, true);
+            cp_async16(pan + wg_swz(64 + r, c & 7), qc + qo, ok);
             cp_async16(Kb + (r * KS + c * 8) * 2, kc + qo, ok);
         }
 #pragma unroll
@@ -104,34 +106,31 @@ static __global__ void __launch_bounds__(GW_THREADS, 1)
         cp_wait<0>();
         fence_async_smem();
         __syncthreads(); /* chunk k landed for every thread; chunk k − 1's stage and Kᵀ are free */
+        unsigned char *sb = base + (k & 1) * Ly::STAGE;
+        unsigned char *Pb = sb + Ly::WQ, *Kb = Pb + Ly::PB, *Ub8 = Kb + Ly::KB;
+        const float   *Eb = (const float *)(Ub8 + Ly::UB);
+        const uint64_t wqd = wg_desc(sb), pd = wg_desc(Pb), kd = wg_desc(Kt);
+
+        /* DO = Sᵀ [W; Q]ᵀ: columns 0 … 63 are Sᵀ Wᵀ (D), 64 … 127 Sᵀ Qᵀ (O) */
+        float DO[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++)
+            DO[i] = 0.0f;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < DKP / 16; ks++) /* descriptor units of 16 bytes */
+            wgmma_m64n128k16_rs(DO, sa[ks], wqd + (ks >> 2) * (Ly::PANEL / 16) + 2 * (ks & 3), ks > 0);
+        wg_commit();
+        float(&D)[32] = *reinterpret_cast<float(*)[32]>(DO);
+        float(&O)[32] = *reinterpret_cast<float(*)[32]>(DO + 32);
+
+        /* while it runs: the next chunk's copies, and Kᵀ from K's rows */
         if (k + 1 < nch)
             load((k + 1) & 1, k + 1);
         cp_commit();
-        unsigned char *sb = base + (k & 1) * Ly::STAGE;
-        unsigned char *Pb = sb + 2 * Ly::WB, *Kb = Pb + Ly::PB, *Ub8 = Kb + Ly::KB;
-        const bf16    *Ub = (const bf16 *)Ub8;
-        const float   *Eb = (const float *)(Ub8 + Ly::UB);
-        const uint64_t wd = wg_desc(sb), qd = wg_desc(sb + Ly::WB), pd = wg_desc(Pb), kd = wg_desc(Kt);
 
-        float D[32], O[32];
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            D[i] = O[i] = 0.0f;
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < DKP / 16; ks++) {
-            const int off = (ks >> 2) * (64 * 128 / 16) + 2 * (ks & 3); /* descriptor units of 16 bytes */
-            wgmma_m64n64k16_rs(D, sa[ks], wd + off, ks > 0);
-        }
-#pragma unroll
-        for (int ks = 0; ks < DKP / 16; ks++) {
-            const int off = (ks >> 2) * (64 * 128 / 16) + 2 * (ks & 3);
-            wgmma_m64n64k16_rs(O, sa[ks], qd + off, ks > 0);
-        }
-        wg_commit();
-
-        /* while they run: Kᵀ from K's rows, 8 × 8 blocks (tokens 8bt.., dk 8bd..), four per
-         * warp and step; lane l addresses row l % 8 of block l / 8 */
+        /* Kᵀ: 8 × 8 blocks (tokens 8bt.., dk 8bd..), four per warp and step; lane l addresses
+         * row l % 8 of block l / 8 */
 #pragma unroll
         for (int it = 0; it < 8 * (DKP / 8) / 16; it++) {
             const int b = (it * 4 + warp) * 4 + (lane >> 3), bt = b & 7, bd = b >> 3, rr = lane & 7;
@@ -139,9 +138,18 @@ static __global__ void __launch_bounds__(GW_THREADS, 1)
             ldsm_x4_t(r, (const bf16 *)Kb + (bt * 8 + rr) * KS + bd * 8);
             stsm_x4(Kt + wg_swz(bd * 8 + rr, bt), r);
         }
+        /* Uᵀ in the accumulator's layout: ldmatrix .trans of U's 8 × 8 blocks (tokens 8n.., v
+         * 16w + 8h..) gives lane (g, t) the pair Uᵀ[16w + 8h + g][8n + 2t, + 1] of D[4n + 2h] */
+        uint32_t ut[8][2];
+#pragma unroll
+        for (int n = 0; n < 8; n += 2) {
+            uint32_t r[4];
+            const int m = lane >> 3, rr = lane & 7; /* block m: n + (m >> 1), h = m & 1 */
+            ldsm_x4_t(r, (const bf16 *)Ub8 + (8 * (n + (m >> 1)) + rr) * GDN_US + 16 * warp + 8 * (m & 1));
+            ut[n][0] = r[0], ut[n][1] = r[1], ut[n + 1][0] = r[2], ut[n + 1][1] = r[3];
+        }
         wg_wait0();
-        wg_fence_operands(D);
-        wg_fence_operands(O);
+        wg_fence_operands(DO);
         const float elast = Eb[128]; /* (after the wait: ptxas would insert one for S here anyway) */
 #pragma unroll
         for (int i = 0; i < DKP / 2; i++)
@@ -154,24 +162,24 @@ static __global__ void __launch_bounds__(GW_THREADS, 1)
             float d[2][4];
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                const int n = 2 * kk + hf, tok = 8 * n + 2 * t;
-                d[hf][0] = __bfloat162float(Ub[tok * GDN_US + vr]) - D[4 * n];
-                d[hf][1] = __bfloat162float(Ub[(tok + 1) * GDN_US + vr]) - D[4 * n + 1];
-                d[hf][2] = __bfloat162float(Ub[tok * GDN_US + vr + 8]) - D[4 * n + 2];
-                d[hf][3] = __bfloat162float(Ub[(tok + 1) * GDN_US + vr + 8]) - D[4 * n + 3];
-                const float e0 = Eb[tok], e1 = Eb[tok + 1];
-                O[4 * n] *= e0, O[4 * n + 1] *= e1, O[4 * n + 2] *= e0, O[4 * n + 3] *= e1;
+                const int    n = 2 * kk + hf, tok = 8 * n + 2 * t;
+                const float2 e = *(const float2 *)(Eb + tok);
+                d[hf][0] = __uint_as_float(ut[n][0] << 16) - D[4 * n];
+                d[hf][1] = __uint_as_float(ut[n][0] & 0xffff0000u) - D[4 * n + 1];
+                d[hf][2] = __uint_as_float(ut[n][1] << 16) - D[4 * n + 2];
+                d[hf][3] = __uint_as_float(ut[n][1] & 0xffff0000u) - D[4 * n + 3];
+                O[4 * n] *= e.x, O[4 * n + 1] *= e.y, O[4 * n + 2] *= e.x, O[4 * n + 3] *= e.y;
             }
             da[kk][0] = pack_bf16(d[0][0], d[0][1]);
             da[kk][1] = pack_bf16(d[0][2], d[0][3]);
             da[kk][2] = pack_bf16(d[1][0], d[1][1]);
             da[kk][3] = pack_bf16(d[1][2], d[1][3]);
-            const int   tl = 16 * kk + 2 * t, th = tl + 8;
-            const float l0 = Eb[64 + tl], l1 = Eb[64 + tl + 1], h0 = Eb[64 + th], h1 = Eb[64 + th + 1];
-            dd[kk][0] = pack_bf16(d[0][0] * l0, d[0][1] * l1);
-            dd[kk][1] = pack_bf16(d[0][2] * l0, d[0][3] * l1);
-            dd[kk][2] = pack_bf16(d[1][0] * h0, d[1][1] * h1);
-            dd[kk][3] = pack_bf16(d[1][2] * h0, d[1][3] * h1);
+            const int    tl = 16 * kk + 2 * t;
+            const float2 l = *(const float2 *)(Eb + 64 + tl), hh = *(const float2 *)(Eb + 64 + tl + 8);
+            dd[kk][0] = pack_bf16(d[0][0] * l.x, d[0][1] * l.y);
+            dd[kk][1] = pack_bf16(d[0][2] * l.x, d[0][3] * l.y);
+            dd[kk][2] = pack_bf16(d[1][0] * hh.x, d[1][1] * hh.y);
+            dd[kk][3] = pack_bf16(d[1][2] * hh.x, d[1][3] * hh.y);
         }
         fence_async_smem();
         __syncthreads(); /* Kᵀ written by every warp */
@@ -189,7 +197,7 @@ static __global__ void __launch_bounds__(GW_THREADS, 1)
         wg_commit();
         wg_wait0();
         wg_fence_operands(S);
-        wg_fence_operands(O);
+        wg_fence_operands(DO);
 
         float *o = out + (t0 * nv + h) * (int64_t)dv;
         const int c_lo = col0 + vr, c_hi = c_lo + 8;
