@@ -27,11 +27,13 @@
  *      capability 9.0 (dk ≤ 128) the same recurrence runs on warpgroup MMA instead
  *      (kn_gdn_state_sm90a.cu), which reads P's blocks above the diagonal as zeros (step 3
  *      leaves them unwritten).
- *   On an H200 at the 27B shape and 8192 tokens (one sequence) this takes 0.75–0.83 ms (the
- *   pack of mixed lengths: 0.69); ncu at its locked clocks: prep 0.37 ms, state 0.52 ms, q/k
- *   copies 0.06, chunk table 0.01. The state kernel is bound by shared memory (each 512-byte
- *   ldmatrix feeds two mma.sync; L1 64 % busy) and latency with one block per SM; see
- *   bench/results/target-2026-11-30.md.
+ *   On an H200 at the 27B shape and 8192 tokens (one sequence) this takes 0.67–0.70 ms with the
+ *   wgmma state kernel, 0.74–0.79 with gdn_state_mma (the pack of mixed lengths: 0.59 and 0.68);
+ *   ncu with the clocks left alone: prep 0.28 ms, state 0.28 ms (wgmma) or 0.40 (mma.sync), q/k
+ *   copies 2 × 0.024, chunk table 0.009. gdn_state_mma is bound by shared memory (each 512-byte
+ *   ldmatrix feeds two mma.sync; L1 64 % busy) and latency with one block per SM
+ *   (bench/results/target-2026-11-30.md); the wgmma form by the latency of its chain of products
+ *   (bench/results/gdn-wgmma-2026-12-04.md).
  *   Rounding: q, k, v, T diag(β e^γ), T diag(β), W, U, the state and δ enter the tensor cores as
  *   bf16 (FLA rounds the same operands; the inverse's block merge runs on tf32), so outputs
  *   differ from the fp64 reference by a few 1e-3 relative (test_kn_cuda).
