@@ -1,7 +1,8 @@
 /* kernels/kn_gdn_int.h — internal to the chunked form of the gated delta rule
  * (kn_gdn_chunk.cu: operands, chunk table, the per-chunk prep, the launch; kn_gdn_state.cu: the
- * state recurrence over a sequence's chunks; kn_gdn_state_sm90a.cu: its Hopper form): the tile constants and the device helpers both
- * use, and the functions one calls in the other. C++ (CUDA) only. */
+ * state recurrence over a sequence's chunks; kn_gdn_state_sm90a.cu: its Hopper form): the tile
+ * constants and the device helpers they use, and the functions one calls in another. C++ (CUDA)
+ * only. */
 #ifndef KN_GDN_INT_H
 #define KN_GDN_INT_H
 

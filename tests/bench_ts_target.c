@@ -4,7 +4,9 @@
  *   - cold start: process start → weights on the device → first forward done (first answer),
  *   - tokens/s over timed forwards (all 64 layers, the drafter's taps copied out on the device),
  *   - a timed forward's breakdown: GDN, attention and MLP blocks, their GEMMs, the kernels,
- *   - the chunked GDN and flash attention kernels alone on one 8192-token sequence and on the mix,
+ *   - the chunked GDN and flash attention kernels alone on one 8192-token sequence and on the mix
+ *     (and beside them, each on a context of its own, the kernels the dispatch did not pick:
+ *     TANDEM_GDN_KERNEL=mma, TANDEM_ATTN_KERNEL=wmma|fa2-2|fa2),
  *   - the elementwise ops at the model's shapes, unfused and fused (the bf16 fast path),
  *   - the cuBLASLt ceilings (8192³ bf16 and block-scaled fp8, fp32 accumulate), the GEMM-only
  *     bounds of both precisions and the model's achieved TF/s,
@@ -14,8 +16,8 @@
  *                   [--mix-only OUT.json]
  * --mix-only writes the pack's cu_seqlens as JSON and exits without touching the GPU (the
  * Transformers side of bench/target_bench.sh runs the same pack); --profile-only runs one
- * forward and exits (for a kernel profiler); --gdn-only 1 times the chunked GDN kernel alone and
- * exits. TANDEM_TARGET_FUSED=0 runs the forward on the
+ * forward and exits (for a kernel profiler); --gdn-only 1 times the chunked GDN kernel alone (and
+ * with TANDEM_GDN_KERNEL=mma) and exits. TANDEM_TARGET_FUSED=0 runs the forward on the
  * unfused path (ts_model.h). */
 #include <math.h>
 #include <stdio.h>
@@ -338,9 +340,10 @@ int main(int argc, char **argv) {
             CHECK(be->fill_uniform(cx, b.v, CM_DTYPE_F32, T * nv * dv, 13, -1, 1));
             CHECK(be->fill_uniform(cx, b.g, CM_DTYPE_F32, T * nv, 14, -1.0f, -0.001f));
             CHECK(be->fill_uniform(cx, b.beta, CM_DTYPE_F32, T * nv, 15, 0.0f, 1.0f));
+            const double t_wg = time_op(run_gdn, be, cx, &b, mix ? n_seq : 1, T, c, 20);
+            const double t_mma = time_gdn_mma(be, &kc, &b, mix ? n_seq : 1, T, c);
             printf("| chunked GDN kernel alone, %s | %.3f ms (TANDEM_GDN_KERNEL=mma: %.3f ms) |\n",
-                   mix ? "the mix" : "1 sequence", time_op(run_gdn, be, cx, &b, mix ? n_seq : 1, T, c, 20) * 1e3,
-                   time_gdn_mma(be, &kc, &b, mix ? n_seq : 1, T, c) * 1e3);
+                   mix ? "the mix" : "1 sequence", t_wg * 1e3, t_mma * 1e3);
         }
         return 0;
     }
