@@ -8,15 +8,16 @@
  *
  * One CTA of one warpgroup per (sequence, v-head, 64 columns of dv), sequential over the
  * sequence's chunks. Warp w holds rows 16w … 16w + 15 of the transposed state Sᵀ [v, dk] in a
- * wgmma accumulator for the whole sequence, and every product of a chunk is one warpgroup MMA
- * with its A operand in registers:
- *   δᵀ = Uᵀ − Sᵀ Wᵀ                 (m64n64, K = dk; W K-major in shared memory)
- *   Oᵀ = (Sᵀ Qᵀ) ⊙ e^γ + δᵀ Pᵀ      (m64n64, K = dk, then K = 64 tokens; Q, P K-major)
- *   Sᵀ ← e^{γ_last} Sᵀ + (δᵀ ⊙ e^{γ_last−γ}) K   (m64n{dk}, K = 64 tokens; Kᵀ K-major)
+ * wgmma accumulator for the whole sequence, and every product of a chunk is a warpgroup MMA with
+ * its A operand in registers:
+ *   Sᵀ [W; Q]ᵀ                      (m64n128, K = dk; W and Q stacked, K-major in shared memory)
+ *   δᵀ = Uᵀ − Sᵀ Wᵀ,  Oᵀ = (Sᵀ Qᵀ) ⊙ e^γ + δᵀ Pᵀ      (m64n64, K = 64 tokens; P K-major)
+ *   Sᵀ ← e^{γ_last} Sᵀ + (δᵀ ⊙ e^{γ_last−γ}) K       (m64n{dk}, K = 64 tokens; Kᵀ K-major)
  * The accumulators of Sᵀ and δᵀ are, element for element, the A fragments of the next products
  * (as FlashAttention reuses P). The chunk's operands stream in by cp.async one chunk ahead into
- * 128-byte swizzled tiles; K arrives as rows and is transposed in shared memory (ldmatrix .trans,
- * stmatrix) while the first two products run. */
+ * 128-byte swizzled tiles, issued behind the first product; K arrives as rows and is transposed in
+ * shared memory (ldmatrix .trans, stmatrix) while that product runs, and Uᵀ is read in the
+ * accumulator's layout by ldmatrix .trans. */
 #include "kn_cuda.h"
 #include "kn_gdn_int.h"
 #include "kn_wgmma_sm90.h"
