@@ -12,7 +12,7 @@
  *     (warpgroup MMA on compute capability 9.0) and TANDEM_GDN_KERNEL=mma (mma.sync), each within
  *     rel L2 1e-2 of the cpu, and within 1e-3 of each other (the same bf16 roundings, fp32 sums in
  *     another order), on packed and long sequences, dk 128, 64 and 100 (padded to 128), dv 128,
- *     40 and 33.
+ *     40 and 33, and at the 27B's 16 / 48 heads (480 CTAs, more than the GPU's multiprocessors).
  * Shapes: the 27B's heads (dk = dv = 128, GVA 3) on a pack of five sequences, dk 64 with dv 40,
  * dk 256 with dv 33, conv kernels 3 and 4. Label gpu; exits 77 without a cuda device. */
 #include <math.h>
@@ -232,6 +232,7 @@ int main(void) {
         state_kernels(gmma, longer, 4, 1, 3, 128, 128);
         state_kernels(gmma, pk, 5, 1, 3, 64, 40);
         state_kernels(gmma, odd, 2, 1, 2, 100, 33);
+        state_kernels(gmma, pk, 5, 16, 48, 128, 128); /* the 27B's heads: 480 CTAs, more than the SMs */
         gpu->ctx_destroy(&gmma);
     }
     tst_pair_close();
