@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "kn_device.h"
+#include "kn_mma_sm80.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -59,6 +60,44 @@ static __device__ __forceinline__ void gdn_load_rows(bf16 *dst, const bf16 *src,
     for (int i = tid; i < 64 * VPR; i += nt) {
         const int r = i / VPR, c = (i % VPR) * 8;
         cp_async16_n(dst + r * (DKP + 8) + c, src + (r < L ? r : 0) * row_stride + c, r < L ? 16 : 0);
+    }
+}
+
+/* The state kernels' δᵀ for tokens 16kk … 16kk + 15 (d[hf] the C fragment of the 8-token tile
+ * 2kk + hf: rows g, g + 8, tokens 2t, 2t + 1) as bf16 A fragments, plain (da, for Pᵀ) and decayed
+ * by e^{γ_last−γ} (dd, for K), the decay read from E[64 …]. Both kernels round here, so their δ
+ * operands are the same bits. */
+static __device__ __forceinline__ void gdn_delta_frags(uint32_t da[4], uint32_t dd[4], const float (&d)[2][4],
+                                                       const float *E, int kk, int t) {
+    da[0] = pack_bf16(d[0][0], d[0][1]);
+    da[1] = pack_bf16(d[0][2], d[0][3]);
+    da[2] = pack_bf16(d[1][0], d[1][1]);
+    da[3] = pack_bf16(d[1][2], d[1][3]);
+    const int    tl = 16 * kk + 2 * t;
+    const float2 l = *(const float2 *)(E + 64 + tl), h = *(const float2 *)(E + 64 + tl + 8);
+    dd[0] = pack_bf16(d[0][0] * l.x, d[0][1] * l.y);
+    dd[1] = pack_bf16(d[0][2] * l.x, d[0][3] * l.y);
+    dd[2] = pack_bf16(d[1][0] * h.x, d[1][1] * h.y);
+    dd[3] = pack_bf16(d[1][2] * h.x, d[1][3] * h.y);
+}
+
+/* One C fragment of Oᵀ (v columns c_lo and c_lo + 8, tokens tok and tok + 1: c[0] (tok, c_lo),
+ * c[1] (tok + 1, c_lo), c[2] (tok, c_lo + 8), c[3] (tok + 1, c_lo + 8)) into out rows o (token 0 of
+ * the chunk, row stride rs), tokens < L and columns < dv only. */
+static __device__ __forceinline__ void gdn_store_c(float *o, int64_t rs, int tok, int L, int c_lo, int dv,
+                                                   const float *c) {
+    float *o0 = o + (int64_t)tok * rs, *o1 = o0 + rs;
+    if (tok < L) {
+        if (c_lo < dv)
+            o0[c_lo] = c[0];
+        if (c_lo + 8 < dv)
+            o0[c_lo + 8] = c[2];
+    }
+    if (tok + 1 < L) {
+        if (c_lo < dv)
+            o1[c_lo] = c[1];
+        if (c_lo + 8 < dv)
+            o1[c_lo + 8] = c[3];
     }
 }
 

@@ -288,7 +288,7 @@ gdn_state_warp(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const
                int vr) {
     constexpr int KS = DKP + 8, BS = GDN_BS, US = GDN_US, KH = DKP / 2, NS = KH / 8;
     const int     tid = threadIdx.x, lane = tid % 32, t = lane % 4;
-    const int     c_lo = col0 + vr, c_hi = c_lo + 8;
+    const int     c_lo = col0 + vr;
     constexpr int own[4] = {HF ? 2 : 0, HF ? 3 : 1, HF ? 4 : 6, HF ? 5 : 7}; /* my output tiles */
     constexpr int oth[4] = {HF ? 0 : 2, HF ? 1 : 3, HF ? 6 : 4, HF ? 7 : 5}; /* the partner's */
     constexpr int onp[2] = {HF ? 1 : 0, HF ? 2 : 3};                         /* as 16-token tiles */
@@ -387,16 +387,7 @@ gdn_state_warp(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const
                 d[hf][2] = __bfloat162float(Ub[tok * US + vr + 8]) - D[n][2];
                 d[hf][3] = __bfloat162float(Ub[(tok + 1) * US + vr + 8]) - D[n][3];
             }
-            da[kk][0] = pack_bf16(d[0][0], d[0][1]);
-            da[kk][1] = pack_bf16(d[0][2], d[0][3]);
-            da[kk][2] = pack_bf16(d[1][0], d[1][1]);
-            da[kk][3] = pack_bf16(d[1][2], d[1][3]);
-            const int   tl = 16 * kk + 2 * t, th = tl + 8;
-            const float l0 = Eb[64 + tl], l1 = Eb[64 + tl + 1], h0 = Eb[64 + th], h1 = Eb[64 + th + 1];
-            dd[kk][0] = pack_bf16(d[0][0] * l0, d[0][1] * l1);
-            dd[kk][1] = pack_bf16(d[0][2] * l0, d[0][3] * l1);
-            dd[kk][2] = pack_bf16(d[1][0] * h0, d[1][1] * h1);
-            dd[kk][3] = pack_bf16(d[1][2] * h0, d[1][3] * h1);
+            gdn_delta_frags(da[kk], dd[kk], d, Eb, kk, t);
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -439,22 +430,8 @@ gdn_state_warp(float *out, const bf16 *qc, const bf16 *kc, const bf16 *Wg, const
         }
         float *o = out + (t0 * nv + h) * (int64_t)dv;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int n = own[j], tok = 8 * n + 2 * t;
-            float    *o0 = o + (int64_t)tok * nv * dv, *o1 = o0 + (int64_t)nv * dv;
-            if (tok < L) {
-                if (c_lo < dv)
-                    o0[c_lo] = O[n][0];
-                if (c_hi < dv)
-                    o0[c_hi] = O[n][2];
-            }
-            if (tok + 1 < L) {
-                if (c_lo < dv)
-                    o1[c_lo] = O[n][1];
-                if (c_hi < dv)
-                    o1[c_hi] = O[n][3];
-            }
-        }
+        for (int j = 0; j < 4; j++)
+            gdn_store_c(o, (int64_t)nv * dv, 8 * own[j] + 2 * t, L, c_lo, dv, O[own[j]]);
     }
 }
 

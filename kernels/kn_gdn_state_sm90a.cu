@@ -171,16 +171,7 @@ static __global__ void __launch_bounds__(GW_THREADS, 1)
                 d[hf][3] = __uint_as_float(ut[n][1] & 0xffff0000u) - D[4 * n + 3];
                 O[4 * n] *= e.x, O[4 * n + 1] *= e.y, O[4 * n + 2] *= e.x, O[4 * n + 3] *= e.y;
             }
-            da[kk][0] = pack_bf16(d[0][0], d[0][1]);
-            da[kk][1] = pack_bf16(d[0][2], d[0][3]);
-            da[kk][2] = pack_bf16(d[1][0], d[1][1]);
-            da[kk][3] = pack_bf16(d[1][2], d[1][3]);
-            const int    tl = 16 * kk + 2 * t;
-            const float2 l = *(const float2 *)(Eb + 64 + tl), hh = *(const float2 *)(Eb + 64 + tl + 8);
-            dd[kk][0] = pack_bf16(d[0][0] * l.x, d[0][1] * l.y);
-            dd[kk][1] = pack_bf16(d[0][2] * l.x, d[0][3] * l.y);
-            dd[kk][2] = pack_bf16(d[1][0] * hh.x, d[1][1] * hh.y);
-            dd[kk][3] = pack_bf16(d[1][2] * hh.x, d[1][3] * hh.y);
+            gdn_delta_frags(da[kk], dd[kk], d, Eb, kk, t);
         }
         fence_async_smem();
         __syncthreads(); /* Kᵀ written by every warp */
@@ -201,24 +192,9 @@ static __global__ void __launch_bounds__(GW_THREADS, 1)
         wg_fence_operands(DO);
 
         float *o = out + (t0 * nv + h) * (int64_t)dv;
-        const int c_lo = col0 + vr, c_hi = c_lo + 8;
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            const int tok = 8 * n + 2 * t;
-            float    *o0 = o + (int64_t)tok * nv * dv, *o1 = o0 + (int64_t)nv * dv;
-            if (tok < L) {
-                if (c_lo < dv)
-                    o0[c_lo] = O[4 * n];
-                if (c_hi < dv)
-                    o0[c_hi] = O[4 * n + 2];
-            }
-            if (tok + 1 < L) {
-                if (c_lo < dv)
-                    o1[c_lo] = O[4 * n + 1];
-                if (c_hi < dv)
-                    o1[c_hi] = O[4 * n + 3];
-            }
-        }
+        for (int n = 0; n < 8; n++)
+            gdn_store_c(o, (int64_t)nv * dv, 8 * n + 2 * t, L, col0 + vr, dv, O + 4 * n);
 #pragma unroll
         for (int ks = 0; ks < DKP / 16; ks++) {
             sa[ks][0] = pack_bf16(S[8 * ks], S[8 * ks + 1]);

@@ -55,14 +55,6 @@ static float *bdup(const float *src, long n) {
     return p;
 }
 
-static void l2norm_rows(float *x, long rows, int d) {
-    for (long r = 0; r < rows; r++) {
-        double s = 0;
-        for (int i = 0; i < d; i++) s += (double)x[r * d + i] * x[r * d + i];
-        for (int i = 0; i < d; i++) x[r * d + i] = (float)(x[r * d + i] / sqrt(s + 1e-6));
-    }
-}
-
 // ---- the sequences, their pieces and a step's tables
 
 typedef struct seqset {
@@ -282,7 +274,7 @@ static void sop_fill(const sop *f, float *const *in, long rows) {
         return;
     }
     tst_fill(in[0], rows * f->w[0], -1, 1), tst_fill(in[1], rows * f->w[1], -1, 1);
-    l2norm_rows(in[0], rows * f->nk, f->dk), l2norm_rows(in[1], rows * f->nk, f->dk);
+    tst_l2norm_rows(in[0], rows * f->nk, f->dk), tst_l2norm_rows(in[1], rows * f->nk, f->dk);
     tst_fill(in[2], rows * f->w[2], -1, 1), tst_fill(in[3], rows * f->w[3], -0.4, 0);
     tst_fill(in[4], rows * f->w[4], 0, 1);
     if (f->strong)

@@ -589,16 +589,6 @@ static void test_gdn_gate(void) {
     }
 }
 
-static void l2normalise_rows(float *x, long rows, int C) {
-    for (long r = 0; r < rows; r++) {
-        double s = 0;
-        for (int c = 0; c < C; c++)
-            s += (double)x[r * C + c] * x[r * C + c];
-        for (int c = 0; c < C; c++)
-            x[r * C + c] = (float)(x[r * C + c] / sqrt(s + 1e-6));
-    }
-}
-
 /* chunked: the cuda call runs on the bf16 context (the chunked tensor-core form) instead of
  * the fp32 one (the per-token recurrence). */
 static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv, int chunked) {
@@ -610,8 +600,8 @@ static void gdn_case(const int *lens, int n_seq, int nk, int nv, int dk, int dv,
     if (chunked) /* also slow decays, so the state carries far across chunk boundaries */
         for (long i = 0; i < T * nv; i += 2)
             g[i] *= 0.01f;
-    l2normalise_rows(q, T * nk, dk);
-    l2normalise_rows(k, T * nk, dk);
+    tst_l2norm_rows(q, T * nk, dk);
+    tst_l2norm_rows(k, T * nk, dk);
     dbuf  bq = dbuf_put(q, (size_t)(T * nk * dk) * 4), bk = dbuf_put(k, (size_t)(T * nk * dk) * 4);
     dbuf  bv = dbuf_put(v, (size_t)(T * nv * dv) * 4), bg = dbuf_put(g, (size_t)(T * nv) * 4);
     dbuf  bb = dbuf_put(beta, (size_t)(T * nv) * 4), bc = dbuf_put(cu, (size_t)(n_seq + 1) * 4);

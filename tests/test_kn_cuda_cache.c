@@ -84,16 +84,6 @@ static void tabs_free(tabs *t) {
     dbuf_free(&t->cu), dbuf_free(&t->slots), dbuf_free(&t->base), dbuf_free(&t->adv);
 }
 
-static void l2norm_rows(float *x, long rows, int d) {
-    for (long r = 0; r < rows; r++) {
-        double s = 0;
-        for (int i = 0; i < d; i++)
-            s += (double)x[r * d + i] * x[r * d + i];
-        for (int i = 0; i < d; i++)
-            x[r * d + i] = (float)(x[r * d + i] / sqrt(s + 1e-6));
-    }
-}
-
 // ----------------------------------------------------------------------------
 // attention: kv_cache_write + attention_cached
 
@@ -291,7 +281,7 @@ static void sf_session(const sf_case *c, const int *pre) {
         if (c->gdn) {
             float *q = tst_rand_f32(T * w_qk, -1, 1), *kk = tst_rand_f32(T * w_qk, -1, 1);
             float *g = tst_rand_f32(T * c->nv, -1.5, -0.001);
-            l2norm_rows(q, T * c->nk, c->dk), l2norm_rows(kk, T * c->nk, c->dk);
+            tst_l2norm_rows(q, T * c->nk, c->dk), tst_l2norm_rows(kk, T * c->nk, c->dk);
             for (long i = 0; i < T * c->nv; i += 2) /* slow decays too: the state carries far */
                 g[i] *= 0.01f;
             in[0] = dbuf_put(q, (size_t)(T * w_qk) * 4), in[1] = dbuf_put(kk, (size_t)(T * w_qk) * 4);

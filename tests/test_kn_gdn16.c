@@ -152,16 +152,6 @@ static void refusals(void) {
     dbuf_free(&c);
 }
 
-static void l2_rows(float *x, long rows, int n) {
-    for (long r = 0; r < rows; r++) {
-        double s = 0;
-        for (int c = 0; c < n; c++)
-            s += (double)x[r * n + c] * x[r * n + c];
-        for (int c = 0; c < n; c++)
-            x[r * n + c] = (float)(x[r * n + c] / sqrt(s + 1e-6));
-    }
-}
-
 /* gated_delta_rule (F32 entry, bf16 mode: the chunked form) on the dispatch's state kernel and
  * on gmma's (TANDEM_GDN_KERNEL=mma), against the cpu and each other */
 static void state_kernels(kn_ctx *gmma, const int *lens, int n_seq, int nk, int nv, int dk, int dv) {
@@ -173,8 +163,8 @@ static void state_kernels(kn_ctx *gmma, const int *lens, int n_seq, int nk, int 
     float     *g = tst_rand_f32(T * nv, -1.5, -0.001), *beta = tst_rand_f32(T * nv, 0.02, 0.98);
     for (long i = 0; i < T * nv; i += 2) /* slow decays too: the state carries across many chunks */
         g[i] *= 0.01f;
-    l2_rows(q, T * nk, dk);
-    l2_rows(k, T * nk, dk);
+    tst_l2norm_rows(q, T * nk, dk);
+    tst_l2norm_rows(k, T * nk, dk);
     dbuf bq = dbuf_put(q, (size_t)(T * qk) * 4), bk = dbuf_put(k, (size_t)(T * qk) * 4);
     dbuf bv = dbuf_put(v, (size_t)(T * vd) * 4), bg = dbuf_put(g, (size_t)(T * nv) * 4);
     dbuf bb = dbuf_put(beta, (size_t)(T * nv) * 4), bcu = dbuf_put(cu, (size_t)(n_seq + 1) * 4);

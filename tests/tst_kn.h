@@ -68,6 +68,18 @@ static inline float *tst_rand_f32(long n, double lo, double hi) {
     return x;
 }
 
+/* Each of rows rows of n floats divided by its L2 norm (sum of squares in double, + 1e-6 under
+ * the root), as the GDN's q and k are. */
+static inline void tst_l2norm_rows(float *x, long rows, int n) {
+    for (long r = 0; r < rows; r++) {
+        double s = 0;
+        for (int i = 0; i < n; i++)
+            s += (double)x[r * n + i] * x[r * n + i];
+        for (int i = 0; i < n; i++)
+            x[r * n + i] = (float)(x[r * n + i] / sqrt(s + 1e-6));
+    }
+}
+
 /* f rounded to bf16, nearest even (finite inputs). */
 static inline uint16_t tst_bf16_round(float f) {
     uint32_t u;
