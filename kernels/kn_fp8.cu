@@ -2,9 +2,10 @@
  * GEMMs"; the specification is ref/kn_fp8_ref.c): the weight quantization in 128 × 128 blocks
  * (one CTA per block), the input quantization in 1 × 128 groups (one warp per group, from the
  * input's bf16 value; swiglu_fp8 computes that input from the MLP's gate and up on the way) and
- * the W8A8 product through cuBLASLt's block-scaled modes on sm_90
- * (kn_cuda_lt_matmul_fp8: the weight as A with 128 × 128 scales, the quantized input as B with
- * 1 × 128 scales, fp32 accumulation, F32 output). The quantizations do the reference's fp32
+ * the W8A8 product through cuBLASLt's block-scaled modes on sm_90 (kn_cuda_lt_matmul_fp8: the
+ * weight as A with 128 × 128 scales, the quantized input as B with 1 × 128 scales, fp32
+ * accumulation, F32 or BF16 output), or with TANDEM_FP8_GEMM=wgmma through Tandem's own Hopper
+ * kernel (kn_fp8_gemm_sm90a.cu: the same bits, 10-20 % slower today). The quantizations do the reference's fp32
  * operations in its order (IEEE division, __nv_cvt_float_to_fp8 rounds to nearest even and
  * saturates), so their bytes and scales equal the cpu's; only the product's accumulation order
  * differs. cuBLASLt wants the token count a multiple of 4 or more: the quantized input is padded
@@ -13,6 +14,7 @@
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"
 #include "kn_fp8_dev.h"
+#include "kn_fp8_int.h"
 
 #include <cuda_bf16.h>
 
@@ -234,6 +236,16 @@ static cm_status fp8q_run(kn_ctx *ctx, const char *op, void *out, cudaDataType_t
                           void *tmp, float beta) {
     const int64_t Mp = kn_fp8_rows(M);
     const size_t  elem = ct == CUDA_R_16BF ? 2 : 4;
+    if (ctx->fp8_wgmma && ((uintptr_t)q | (uintptr_t)s | (uintptr_t)wq) % 16 == 0 && (uintptr_t)out % 8 == 0 &&
+        kn_fp8_wg_available(ctx)) /* TANDEM_FP8_GEMM=wgmma: Tandem's kernel, no ragged copy */
+        return kn_fp8_gemm_wg(ctx, out,
+                              beta != 0.0f        ? KN_FP8_OUT_ADD
+                              : ct == CUDA_R_16BF ? KN_FP8_OUT_BF16
+                                                  : KN_FP8_OUT_F32,
+                              q, s, wq, wscale, M, N, K, 0);
+    if (ct == CUDA_R_16BF && N % 8)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: a BF16 output needs N a multiple of 8 on cuBLASLt (N=%lld); ask for F32",
+                       op, (long long)N);
     void         *dst = Mp == M ? out : tmp;
     if (dst != out && beta != 0.0f)
         KN_CUDA(cudaMemcpyAsync(dst, out, (size_t)(M * N) * elem, cudaMemcpyDeviceToDevice, ctx->stream));
@@ -243,6 +255,14 @@ static cm_status fp8q_run(kn_ctx *ctx, const char *op, void *out, cudaDataType_t
         KN_CUDA(cudaMemcpyAsync(out, dst, (size_t)(M * N) * elem, cudaMemcpyDeviceToDevice, ctx->stream));
     return CM_OK;
 }
+
+#ifndef TANDEM_HAVE_SM90A /* a build without architecture 90 (kernels/CMakeLists.txt) has no wgmma form */
+bool      kn_fp8_wg_available(kn_ctx *) { return false; }
+cm_status kn_fp8_gemm_wg(kn_ctx *, void *, int, const uint8_t *, const float *, const uint8_t *, const float *, int64_t,
+                         int64_t, int64_t, int) {
+    return CM_ERR_UNSUPPORTED;
+}
+#endif
 
 cm_status kn_cuda_gemm_fp8q(kn_ctx *ctx, void *out, cm_dtype odt, const uint8_t *q, const float *s,
                             const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K) {

@@ -42,16 +42,6 @@ static __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t
                  : "l"(da), "l"(db), "r"(1));
 }
 
-/* d[64] = (acc ? d : 0) + A (64 × 32 e4m3, K-major) · B (128 × 32 e4m3, K-major)ᵀ; d's layout as above.
- * (FP8 wgmma reads K-major operands only: no transpose operands.) */
-static __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-                 : WG_D64
-                 : "l"(da), "l"(db), "r"(acc));
-}
-
 /* This thread's half row h of a warp's 16 × 128 f32 result (d's layout above) into row r of out
  * [.., N] at columns n0 + 8i + 2t, + 1: float2 stores where N is even, columns past N left alone. */
 static __device__ __forceinline__ void store_row(float *out, int r, const float (&d)[64], int h, int n0, int t, int N) {

@@ -1,11 +1,11 @@
 /* kernels/kn_wgmma_sm90.h — Hopper's warpgroup MMA (PTX ISA 8.0, sm_90a only) for the kernels of
  * kn_*_sm90a.cu: the shared-memory descriptor of the 128-byte swizzle, the fence / commit / wait
- * instructions, the bf16 wgmma shapes they use and stmatrix. Internal to kernels/; include from
+ * instructions, the bf16 and e4m3 wgmma shapes they use and stmatrix. Internal to kernels/; include from
  * kn_*_sm90a.cu files only (wgmma does not exist on other architectures). Every function is
  * static, so each file gets its own copy.
  *
- * Operands in shared memory are K-major in the 128-byte swizzle: a row holds 64 bf16 (128 bytes)
- * of K, 16-byte chunk c of row r sits at chunk c ^ (r mod 8), each 8-row group is 1024 bytes and
+ * Operands in shared memory are K-major in the 128-byte swizzle: a row holds 64 bf16 or 128 e4m3
+ * (128 bytes) of K, 16-byte chunk c of row r sits at chunk c ^ (r mod 8), each 8-row group is 1024 bytes and
  * 1024-aligned. An accumulator d of an m64nN shape holds, per warp w of the warpgroup (rows
  * 16w .. 16w + 15), lane g = lane / 4, t = lane % 4: d[4i + 2h + j] is row g + 8h, column
  * 8i + 2t + j (mma.sync's C fragment for each 8 columns). */
@@ -27,6 +27,10 @@ static __device__ __forceinline__ uint64_t wg_desc(const void *p) {
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* Until at most N committed groups of this warpgroup are still running. */
+template <int N> static __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 /* Shared memory written through the generic proxy (stores, cp.async) before wgmma reads it
  * through the async proxy. */
 static __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -115,6 +119,16 @@ static __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], cons
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
                  : WG_D128
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d[64] = (acc ? d : 0) + A (64 × 32 e4m3, K-major) · B (128 × 32 e4m3, K-major)ᵀ; d's layout as above.
+ * (FP8 wgmma reads K-major operands only: no transpose operands.) */
+static __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+                 : WG_D64
+                 : "l"(da), "l"(db), "r"(acc));
 }
 
 #endif /* KN_WGMMA_SM90_H */

@@ -9,7 +9,10 @@
  *                      Σ|terms|: Hopper's FP8 tensor cores add the products of a 128-wide block with
  *                      about 14 mantissa bits before cuBLASLt promotes the block's sum to fp32 (seen
  *                      on an H200: up to 6.7e-4 of Σ|terms| at K = 128, 4e-5 at K = 17408, where the
- *                      errors of many blocks average out); label gpu, exits 77 without a cuda device. */
+ *                      errors of many blocks average out); cuBLASLt's product and the wgmma kernel
+ *                      (TANDEM_FP8_GEMM=wgmma, compute capability 9.0) on the same operands, each
+ *                      against the cpu and against each other, nothing written past M rows; label
+ *                      gpu, exits 77 without a cuda device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -280,6 +283,24 @@ static void *down(const dbuf *b, int on_gpu) {
     return h;
 }
 
+/* bound[m, n] = Σ_k |q[m, k] s[k / 128, m] · wq[n, k] ws[n / 128, k / 128]|: the scale of the
+ * product's rounding, from the quantized operands as fp8_quantize_rows and fp8_quantize_weight
+ * lay them out. */
+static void sum_abs_terms(double *bound, const uint8_t *xq, const float *xs, const uint8_t *wq, const float *ws, long M,
+                          long N, long K) {
+    const long Mp = kn_fp8_rows(M), ld = kn_fp8_scale_ld(K);
+    float      lut[256];
+    for (int c = 0; c < 256; c++) lut[c] = e4m3_value(c);
+    for (long m = 0; m < M; m++)
+        for (long n = 0; n < N; n++) {
+            double mag = 0;
+            for (long k = 0; k < K; k++)
+                mag += fabs((double)lut[xq[m * K + k]] * xs[(k / 128) * Mp + m] * lut[wq[n * K + k]] *
+                            ws[(n / 128) * ld + k / 128]);
+            bound[m * N + n] = mag;
+        }
+}
+
 static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
     const long B = 128, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K), nb = (N + B - 1) / B;
     void      *hx = rand_mat(M * K, idt), *hw = rand_mat(N * K, wdt);
@@ -344,14 +365,7 @@ static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
     uint16_t *g16 = down(&out16, 1), *c16 = down(&out16, 0);
     float    *gw = tst_zeros_f32(M * N), *cw = tst_zeros_f32(M * N);
     double   *bound16 = tst_xcalloc((size_t)(M * N) * sizeof(double));
-    for (long m = 0; m < M; m++)
-        for (long n = 0; n < N; n++) {
-            double mag = 0;
-            for (long k = 0; k < K; k++)
-                mag += fabs((double)e4m3_value(xqc[m * K + k]) * xsc[(k / B) * Mp + m] * e4m3_value(qc[n * K + k]) *
-                            sc[(n / B) * ld + k / B]);
-            bound[m * N + n] = mag;
-        }
+    sum_abs_terms(bound, xqc, xsc, qc, sc, M, N, K);
     char name[96];
     snprintf(name, sizeof name, "gemm_fp8 cuda %ldx%ldx%ld %s", M, N, K, cm_dtype_name(idt));
     tst_compare_bound(name, 44, og, oc, bound, M * N, 2e-3, NULL);
@@ -368,6 +382,108 @@ static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
     free(hx), free(hw), free(qc), free(qg), free(sc), free(sg), free(oc), free(og), free(bound);
     dbuf_free(&x), dbuf_free(&w), dbuf_free(&wq), dbuf_free(&ws), dbuf_free(&out);
 }
+
+#ifdef TANDEM_HAVE_CUDA
+#include "kn_fp8_int.h"
+
+/* gemm_fp8q's two CUDA forms on the same quantized operands: cuBLASLt's block-scaled product (the
+ * default, gctx16) and the wgmma kernel of compute capability 9.0 (wg, made with
+ * TANDEM_FP8_GEMM=wgmma), each against the cpu and against each other within 2e-3 of Σ|terms|,
+ * F32 and BF16 outputs and the F32 add. out has rows to spare past M, poisoned: the
+ * product must write every value of its M rows and nothing past them. Shapes with ragged row,
+ * column and K tiles, and more tiles than the GPU has SMs (the persistent walk). */
+static void forms_agree(kn_ctx *wg, long M, long N, long K) {
+    const long Mp = kn_fp8_rows(M), L = (K + 127) / 128, ld = kn_fp8_scale_ld(K), nb = (N + 127) / 128, E = 16 * N;
+    void      *hx = rand_mat(M * K, CM_DTYPE_BF16), *hw = rand_mat(N * K, CM_DTYPE_BF16);
+    dbuf x = dbuf_put(hx, (size_t)(M * K) * 2), w = dbuf_put(hw, (size_t)(N * K) * 2), wq = dbuf_put(NULL, (size_t)(N * K)),
+         ws = dbuf_put(NULL, (size_t)(nb * ld) * 4), xq = dbuf_put(NULL, (size_t)(Mp * K)),
+         xs = dbuf_put(NULL, (size_t)(Mp * L) * 4);
+    TST_CHECK(cpu->fp8_quantize_weight(cctx, wq.c, ws.c, w.c, CM_DTYPE_BF16, N, K) == CM_OK);
+    TST_CHECK(cpu->fp8_quantize_rows(cctx, xq.c, xs.c, x.c, CM_DTYPE_BF16, M, K) == CM_OK);
+    uint8_t *hwq = down(&wq, 0), *hxq = down(&xq, 0);
+    float   *hws = down(&ws, 0), *hxs = down(&xs, 0);
+    TST_CHECK(gpu->upload(gctx16, wq.g, hwq, wq.bytes) == CM_OK && gpu->upload(gctx16, ws.g, hws, ws.bytes) == CM_OK &&
+              gpu->upload(gctx16, xq.g, hxq, xq.bytes) == CM_OK && gpu->upload(gctx16, xs.g, hxs, xs.bytes) == CM_OK);
+    double *bound = tst_xcalloc((size_t)(M * N) * sizeof(double)), *bound16 = tst_xcalloc((size_t)(M * N) * sizeof(double));
+    sum_abs_terms(bound, hxq, hxs, hwq, hws, M, N, K);
+    float *ref = tst_zeros_f32(M * N), *base = rand_mat(M * N + E, CM_DTYPE_F32);
+    TST_CHECK(cpu->gemm_fp8q(cctx, ref, CM_DTYPE_F32, hxq, hxs, hwq, hws, M, N, K) == CM_OK);
+    float *got[2][3]; /* [form][F32, BF16 widened, ADD] */
+    long   spill[2] = {0, 0};
+    for (int f = 0; f < 2; f++) {
+        kn_ctx        *c = f ? wg : gctx16;
+        const cm_dtype odt[2] = {CM_DTYPE_F32, CM_DTYPE_BF16};
+        for (int o = 0; o < 3; o++) {
+            const size_t elem = o == 1 ? 2 : 4, bytes = (size_t)(M * N + E) * elem;
+            void        *h = tst_xcalloc(bytes);
+            if (o == 2)
+                memcpy(h, base, bytes);
+            else
+                memset(h, 0xFF, bytes); /* NaN in both widths */
+            void *d = NULL;
+            TST_CHECK(gpu->alloc(c, &d, bytes) == CM_OK && gpu->upload(c, d, h, bytes) == CM_OK);
+            if (o == 1 && N % 8 && (f == 0 || !kn_fp8_wg_available(gctx16)))
+                TST_FAILS(gpu->gemm_fp8q(c, d, odt[o], xq.g, xs.g, wq.g, ws.g, M, N, K), CM_ERR_UNSUPPORTED,
+                          "multiple of 8"); /* cuBLASLt's bf16 rows are 16-byte aligned: refused, values compared as ref */
+            else if (o < 2)
+                TST_CHECK(gpu->gemm_fp8q(c, d, odt[o], xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
+            else
+                TST_CHECK(gpu->gemm_fp8q_acc(c, d, xq.g, xs.g, wq.g, ws.g, M, N, K) == CM_OK);
+            void *back = tst_xcalloc(bytes);
+            TST_CHECK(gpu->download(c, back, d, bytes) == CM_OK);
+            spill[f] += memcmp((char *)back + (size_t)(M * N) * elem, (char *)h + (size_t)(M * N) * elem,
+                               (size_t)E * elem) != 0;
+            got[f][o] = tst_zeros_f32(M * N);
+            const int refused = o == 1 && N % 8 && (f == 0 || !kn_fp8_wg_available(gctx16));
+            for (long i = 0; i < M * N; i++)
+                got[f][o][i] = refused ? ref[i]
+                               : o == 1 ? tst_bf16_widen(((uint16_t *)back)[i])
+                               : o == 2 ? ((float *)back)[i] - base[i]
+                                        : ((float *)back)[i];
+            gpu->free(c, d);
+            free(h), free(back);
+        }
+    }
+    printf("gemm_fp8q %ldx%ldx%ld: rows past M changed by cuBLASLt %ld, by the wgmma kernel %ld (of 3 outputs each)\n",
+           M, N, K, spill[0], spill[1]);
+    TST_CHECK(spill[0] == 0 && spill[1] == 0);
+    static const char *form[2] = {"cublaslt", "wgmma"}, *out[3] = {"f32", "bf16", "f32 add"};
+    char               name[96];
+    for (long i = 0; i < M * N; i++) bound16[i] = 2e-3 * bound[i] + fabs((double)ref[i]) * (1.0 / 128);
+    for (int f = 0; f < 2; f++)
+        for (int o = 0; o < 3; o++) {
+            snprintf(name, sizeof name, "gemm_fp8q %s %s %ldx%ldx%ld vs cpu", form[f], out[o], M, N, K);
+            /* the add's difference carries base's rounding: an ulp of |base| more */
+            if (o == 2)
+                for (long i = 0; i < M * N; i++) bound16[i] = 2e-3 * bound[i] + 1.2e-7 * fabs((double)base[i]);
+            tst_compare_bound(name, 52, got[f][o], ref, o == 0 ? bound : bound16, M * N, o == 0 ? 2e-3 : 1.0, NULL);
+            if (o == 2)
+                for (long i = 0; i < M * N; i++) bound16[i] = 2e-3 * bound[i] + fabs((double)ref[i]) * (1.0 / 128);
+        }
+    snprintf(name, sizeof name, "gemm_fp8q wgmma vs cublaslt f32 %ldx%ldx%ld", M, N, K);
+    tst_compare_bound(name, 52, got[1][0], got[0][0], bound, M * N, 2e-3, NULL);
+    /* the wgmma kernel's other forms: the same bits as its default's (same sums, same order) */
+    if (kn_fp8_wg_available(gctx16)) {
+        float *o = NULL, *h = tst_zeros_f32(M * N);
+        TST_CHECK(gpu->alloc(gctx16, (void **)&o, (size_t)(M * N) * 4) == CM_OK);
+        for (int cfg = 1; cfg < KN_FP8_WG_CONFIGS; cfg++) {
+            TST_CHECK(gpu->fill_uniform(gctx16, o, CM_DTYPE_F32, M * N, 5, -1, 1) == CM_OK);
+            TST_CHECK(kn_fp8_gemm_wg(gctx16, o, KN_FP8_OUT_F32, xq.g, xs.g, wq.g, ws.g, M, N, K, cfg) == CM_OK);
+            TST_CHECK(gpu->download(gctx16, h, o, (size_t)(M * N) * 4) == CM_OK);
+            const int same = memcmp(h, got[1][0], (size_t)(M * N) * 4) == 0;
+            printf("gemm_fp8q wgmma form %d %ldx%ldx%ld: %s the default form's bits\n", cfg, M, N, K,
+                   same ? "equal to" : "NOT equal to");
+            TST_CHECK(same);
+        }
+        gpu->free(gctx16, o);
+        free(h);
+    }
+    for (int f = 0; f < 2; f++)
+        for (int o = 0; o < 3; o++) free(got[f][o]);
+    free(hx), free(hw), free(hwq), free(hxq), free(hws), free(hxs), free(bound), free(bound16), free(ref), free(base);
+    dbuf_free(&x), dbuf_free(&w), dbuf_free(&wq), dbuf_free(&ws), dbuf_free(&xq), dbuf_free(&xs);
+}
+#endif
 
 /* The fused forms on the gpu, bit for bit against the gpu's own unfused ops: swiglu_fp8 from
  * bf16 gate and up against swiglu_fp8 from the same values in f32; add_rmsnorm_fp8 against
@@ -491,6 +607,23 @@ static int run_cuda(void) {
     cuda_case(64, 1024, 5120, CM_DTYPE_BF16, CM_DTYPE_BF16);  /* 27B: in_qkv's K */
     cuda_case(48, 640, 17408, CM_DTYPE_BF16, CM_DTYPE_BF16);  /* 27B: down_proj's K */
     cuda_case(256, 1536, 6144, CM_DTYPE_BF16, CM_DTYPE_BF16); /* 27B: out_proj's K */
+#ifdef TANDEM_HAVE_CUDA
+    {
+        kn_ctx       *wg = NULL;
+        kn_ctx_config c16 = {0, KN_GEMM_MODE_BF16};
+        setenv("TANDEM_FP8_GEMM", "wgmma", 1); /* read at ctx_create */
+        const int made = tst_ok(gpu->ctx_create(&wg, &c16), "cuda ctx_create (TANDEM_FP8_GEMM=wgmma)");
+        unsetenv("TANDEM_FP8_GEMM");
+        if (made) {
+            forms_agree(wg, 1, 4, 16);
+            forms_agree(wg, 37, 260, 400);    /* ragged rows, columns and K */
+            forms_agree(wg, 300, 132, 128);
+            forms_agree(wg, 2000, 1284, 272); /* more tiles than SMs in both forms */
+            forms_agree(wg, 130, 1024, 5120); /* 27B: in_qkv's K */
+            gpu->ctx_destroy(&wg);
+        }
+    }
+#endif
     /* swiglu_fp8 fused = swiglu_bf16 then fp8_quantize_rows, on the gpu, bit for bit (M ragged) */
     {
         const long M = 37, I = 17408, L = I / 128, Mp = kn_fp8_rows(M);
