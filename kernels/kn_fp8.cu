@@ -5,8 +5,8 @@
  * the W8A8 product through cuBLASLt's block-scaled modes on sm_90 (kn_cuda_lt_matmul_fp8: the
  * weight as A with 128 × 128 scales, the quantized input as B with 1 × 128 scales, fp32
  * accumulation, F32 or BF16 output), or with TANDEM_FP8_GEMM=wgmma through Tandem's own Hopper
- * kernel (kn_fp8_gemm_sm90a.cu: the same bits, 10-20 % slower today). The quantizations do the reference's fp32
- * operations in its order (IEEE division, __nv_cvt_float_to_fp8 rounds to nearest even and
+ * kernel (kn_fp8_gemm_sm90a.cu: the same bits, 10-20 % slower today). The quantizations do the
+ * reference's fp32 operations in its order (IEEE division, __nv_cvt_float_to_fp8 rounds to nearest even and
  * saturates), so their bytes and scales equal the cpu's; only the product's accumulation order
  * differs. cuBLASLt wants the token count a multiple of 4 or more: the quantized input is padded
  * with zero rows to kn_fp8_rows(M), and a ragged product goes through scratch. */
@@ -244,8 +244,9 @@ static cm_status fp8q_run(kn_ctx *ctx, const char *op, void *out, cudaDataType_t
                                                   : KN_FP8_OUT_F32,
                               q, s, wq, wscale, M, N, K, 0);
     if (ct == CUDA_R_16BF && N % 8)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: a BF16 output needs N a multiple of 8 on cuBLASLt (N=%lld); ask for F32",
-                       op, (long long)N);
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "%s: a BF16 output needs N a multiple of 8 on cuBLASLt (N=%lld); ask for F32", op,
+                       (long long)N);
     void         *dst = Mp == M ? out : tmp;
     if (dst != out && beta != 0.0f)
         KN_CUDA(cudaMemcpyAsync(dst, out, (size_t)(M * N) * elem, cudaMemcpyDeviceToDevice, ctx->stream));

@@ -71,11 +71,13 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
                  : "memory");
 }
 /* The box at (x, y) (x the contiguous coordinate) of map into dst, completing on bar. */
-static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int x, int y) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];\n" ::"r"(smem_u32(dst)),
-                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(smem_u32(bar))
-                 : "memory");
+static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int x,
+                                                   int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];\n" ::"r"(smem_u32(dst)),
+        "l"((uint64_t)map), "r"(x), "r"(y), "r"(smem_u32(bar))
+        : "memory");
 }
 
 /* Tile t of the walk: FG_GROUP_M row tiles (fewer in the last group) times every column tile,
@@ -89,8 +91,8 @@ static __device__ __forceinline__ void fg_tile(int t, int mt, int nt, int &mb, i
 
 /* The four products (K 128) of warpgroup wg's 64 rows of the input tile at st and the 128 weight
  * rows at wb into a fresh accumulator a. */
-static __device__ __forceinline__ void fg_issue(float (&a)[64], const unsigned char *st, const unsigned char *wb,
-                                                int wg) {
+static __device__ __forceinline__ void fg_issue(float (&a)[64], const unsigned char *st,
+                                                const unsigned char *wb, int wg) {
     const uint64_t da = wg_desc(st + wg * 64 * FG_BK), db = wg_desc(wb);
     wg_fence();
 #pragma unroll
@@ -103,7 +105,7 @@ static __device__ __forceinline__ void fg_issue(float (&a)[64], const unsigned c
 static __device__ __forceinline__ void fg_promote(float (&d)[64], const float (&a)[64], float fa, float fb) {
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        d[4 * i]     = fmaf(a[4 * i], fa, d[4 * i]);
+        d[4 * i] = fmaf(a[4 * i], fa, d[4 * i]);
         d[4 * i + 1] = fmaf(a[4 * i + 1], fa, d[4 * i + 1]);
         d[4 * i + 2] = fmaf(a[4 * i + 2], fb, d[4 * i + 2]);
         d[4 * i + 3] = fmaf(a[4 * i + 3], fb, d[4 * i + 3]);
@@ -116,16 +118,16 @@ static __device__ __forceinline__ void fg_promote(float (&d)[64], const float (&
 template <int MODE, int BN> /* MODE: KN_FP8_OUT_F32, _BF16 or _ADD */
 static __global__ void __launch_bounds__(FG_THREADS, 1)
     fp8_gemm_wg_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
-                       const __grid_constant__ CUtensorMap tm_s, void *out, const float *ws, int M, int N, int K,
-                       int ldw, int mt, int nt) {
+                       const __grid_constant__ CUtensorMap tm_s, void *out, const float *ws, int M, int N,
+                       int K, int ldw, int mt, int nt) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using F = fg_form<BN>;
-    constexpr int  NH = BN / 128; /* column blocks of 128 per tile, each its own weight scale */
+    constexpr int NH = BN / 128; /* column blocks of 128 per tile, each its own weight scale */
     extern __shared__ unsigned char fg_raw[];
-    unsigned char *ring = (unsigned char *)(((uintptr_t)fg_raw + 1023) & ~(uintptr_t)1023);
-    uint64_t      *full = (uint64_t *)(ring + F::stages * F::stage), *empty = full + F::stages;
-    const int      tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int      kt = (K + FG_BK - 1) / FG_BK, tiles = mt * nt, wblocks = (N + 127) / 128;
+    unsigned char                  *ring = (unsigned char *)(((uintptr_t)fg_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *full = (uint64_t *)(ring + F::stages * F::stage), *empty = full + F::stages;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kt = (K + FG_BK - 1) / FG_BK, tiles = mt * nt, wblocks = (N + 127) / 128;
     if (tid == 0) {
         for (int s = 0; s < F::stages; s++) {
             mbar_init(&full[s], 1);
@@ -145,7 +147,8 @@ static __global__ void __launch_bounds__(FG_THREADS, 1)
                 fg_tile(t, mt, nt, mb, nb);
                 for (int k = 0; k < kt; k++) {
                     mbar_wait(&empty[s], ph ^ 1);
-                    mbar_expect_tx(&full[s], FG_ATILE + BN * FG_BK + FG_BM * 4); /* the bytes the three loads bring */
+                    mbar_expect_tx(&full[s],
+                                   FG_ATILE + BN * FG_BK + FG_BM * 4); /* the bytes the three loads bring */
                     unsigned char *st = ring + s * F::stage;
                     tma_load_2d(st, &tm_a, &full[s], k * FG_BK, mb * FG_BM);
                     tma_load_2d(st + FG_ATILE, &tm_b, &full[s], k * FG_BK, nb * BN);
@@ -258,12 +261,13 @@ static fg_encode_fn fg_encoder(void) {
 
 /* A row-major [rows, cols] operand of elem-byte values (row stride ld values) as a tensor map of
  * boxes box_c × box_r. */
-static cm_status fg_map(CUtensorMap *m, const void *p, CUtensorMapDataType dt, int elem, int64_t rows, int64_t cols,
-                        int64_t ld, int box_c, int box_r, CUtensorMapSwizzle swz) {
+static cm_status fg_map(CUtensorMap *m, const void *p, CUtensorMapDataType dt, int elem, int64_t rows,
+                        int64_t cols, int64_t ld, int box_c, int box_r, CUtensorMapSwizzle swz) {
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(ld * elem)};
     const cuuint32_t box[2] = {(cuuint32_t)box_c, (cuuint32_t)box_r}, one[2] = {1, 1};
-    const CUresult   r = fg_encoder()(m, dt, 2, (void *)p, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult   r =
+        fg_encoder()(m, dt, 2, (void *)p, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return CM_FAIL(CM_ERR_CUDA, "gemm_fp8q: cuTensorMapEncodeTiled failed (%d) for a %lld x %lld operand",
                        (int)r, (long long)rows, (long long)cols);
@@ -279,15 +283,16 @@ bool kn_fp8_wg_available(kn_ctx *ctx) {
         cudaGetLastError();
         return false;
     }
-    return major == 9 && minor == 0 && fg_form<256>::smem <= (size_t)optin && fg_form<128>::smem <= (size_t)optin;
+    return major == 9 && minor == 0 && fg_form<256>::smem <= (size_t)optin &&
+           fg_form<128>::smem <= (size_t)optin;
 }
 
 /* The forms built: columns per tile; kn_fp8_gemm_wg's cfg indexes this, 0 the default. */
 static const int fg_cfg[KN_FP8_WG_CONFIGS] = {256, 128};
 
 template <int MODE, int BN>
-static cm_status fg_launch(kn_ctx *ctx, const CUtensorMap *a, const CUtensorMap *b, const CUtensorMap *s, void *out,
-                           const float *ws, int M, int N, int K, int ldw, int mt, int nt) {
+static cm_status fg_launch(kn_ctx *ctx, const CUtensorMap *a, const CUtensorMap *b, const CUtensorMap *s,
+                           void *out, const float *ws, int M, int N, int K, int ldw, int mt, int nt) {
     auto kern = fp8_gemm_wg_kernel<MODE, BN>;
     int  sms = 0;
     KN_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
@@ -299,30 +304,37 @@ static cm_status fg_launch(kn_ctx *ctx, const CUtensorMap *a, const CUtensorMap 
 }
 
 template <int MODE>
-static cm_status fg_launch_cfg(kn_ctx *ctx, int bn, const CUtensorMap *a, const CUtensorMap *b, const CUtensorMap *s,
-                               void *out, const float *ws, int M, int N, int K, int ldw, int mt, int nt) {
+static cm_status fg_launch_cfg(kn_ctx *ctx, int bn, const CUtensorMap *a, const CUtensorMap *b,
+                               const CUtensorMap *s, void *out, const float *ws, int M, int N, int K, int ldw,
+                               int mt, int nt) {
     if (bn == 128)
         return fg_launch<MODE, 128>(ctx, a, b, s, out, ws, M, N, K, ldw, mt, nt);
     return fg_launch<MODE, 256>(ctx, a, b, s, out, ws, M, N, K, ldw, mt, nt);
 }
 
-cm_status kn_fp8_gemm_wg(kn_ctx *ctx, void *out, int mode, const uint8_t *q, const float *s, const uint8_t *wq,
-                         const float *wscale, int64_t M, int64_t N, int64_t K, int cfg) {
+cm_status kn_fp8_gemm_wg(kn_ctx *ctx, void *out, int mode, const uint8_t *q, const float *s,
+                         const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K, int cfg) {
     const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
     KN_CUDA_CHECK_ARG(Mp <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX,
-                      "gemm_fp8q: M=%lld N=%lld K=%lld exceed the kernel's 32-bit indices", (long long)M, (long long)N,
-                      (long long)K);
-    KN_CUDA_CHECK_ARG(cfg >= 0 && cfg < KN_FP8_WG_CONFIGS, "gemm_fp8q: no wgmma configuration %d (0..%d)", cfg,
-                      KN_FP8_WG_CONFIGS - 1);
+                      "gemm_fp8q: M=%lld N=%lld K=%lld exceed the kernel's 32-bit indices", (long long)M,
+                      (long long)N, (long long)K);
+    KN_CUDA_CHECK_ARG(cfg >= 0 && cfg < KN_FP8_WG_CONFIGS, "gemm_fp8q: no wgmma configuration %d (0..%d)",
+                      cfg, KN_FP8_WG_CONFIGS - 1);
     const int   bn = fg_cfg[cfg];
     CUtensorMap ma, mb, ms;
-    CM_TRY(fg_map(&ma, q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, Mp, K, K, FG_BK, FG_BM, CU_TENSOR_MAP_SWIZZLE_128B));
+    CM_TRY(
+        fg_map(&ma, q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, Mp, K, K, FG_BK, FG_BM, CU_TENSOR_MAP_SWIZZLE_128B));
     CM_TRY(fg_map(&mb, wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N, K, K, FG_BK, bn, CU_TENSOR_MAP_SWIZZLE_128B));
-    CM_TRY(fg_map(&ms, s, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, L, Mp, Mp, FG_BM, 1, CU_TENSOR_MAP_SWIZZLE_NONE));
-    const int mt = (int)((Mp + FG_BM - 1) / FG_BM), nt = (int)((N + bn - 1) / bn), ldw = (int)kn_fp8_scale_ld(K);
+    CM_TRY(
+        fg_map(&ms, s, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, L, Mp, Mp, FG_BM, 1, CU_TENSOR_MAP_SWIZZLE_NONE));
+    const int mt = (int)((Mp + FG_BM - 1) / FG_BM), nt = (int)((N + bn - 1) / bn),
+              ldw = (int)kn_fp8_scale_ld(K);
     if (mode == KN_FP8_OUT_BF16)
-        return fg_launch_cfg<KN_FP8_OUT_BF16>(ctx, bn, &ma, &mb, &ms, out, wscale, (int)M, (int)N, (int)K, ldw, mt, nt);
+        return fg_launch_cfg<KN_FP8_OUT_BF16>(ctx, bn, &ma, &mb, &ms, out, wscale, (int)M, (int)N, (int)K,
+                                              ldw, mt, nt);
     if (mode == KN_FP8_OUT_ADD)
-        return fg_launch_cfg<KN_FP8_OUT_ADD>(ctx, bn, &ma, &mb, &ms, out, wscale, (int)M, (int)N, (int)K, ldw, mt, nt);
-    return fg_launch_cfg<KN_FP8_OUT_F32>(ctx, bn, &ma, &mb, &ms, out, wscale, (int)M, (int)N, (int)K, ldw, mt, nt);
+        return fg_launch_cfg<KN_FP8_OUT_ADD>(ctx, bn, &ma, &mb, &ms, out, wscale, (int)M, (int)N, (int)K, ldw,
+                                             mt, nt);
+    return fg_launch_cfg<KN_FP8_OUT_F32>(ctx, bn, &ma, &mb, &ms, out, wscale, (int)M, (int)N, (int)K, ldw, mt,
+                                         nt);
 }

@@ -29,8 +29,8 @@ bool kn_fp8_wg_available(kn_ctx *ctx);
  * 16-byte aligned and out 8-byte aligned. Rows ≥ M of out are not written. cfg picks the
  * kernel's form: 0 (the default) tiles of 128 × 256, 1 tiles of 128 × 128 (kn_fp8_gemm_sm90a.cu's
  * fg_cfg); both give the same bits. */
-cm_status kn_fp8_gemm_wg(kn_ctx *ctx, void *out, int mode, const uint8_t *q, const float *s, const uint8_t *wq,
-                         const float *wscale, int64_t M, int64_t N, int64_t K, int cfg);
+cm_status kn_fp8_gemm_wg(kn_ctx *ctx, void *out, int mode, const uint8_t *q, const float *s,
+                         const uint8_t *wq, const float *wscale, int64_t M, int64_t N, int64_t K, int cfg);
 
 #ifdef __cplusplus
 }

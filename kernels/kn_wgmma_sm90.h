@@ -1,12 +1,12 @@
 /* kernels/kn_wgmma_sm90.h — Hopper's warpgroup MMA (PTX ISA 8.0, sm_90a only) for the kernels of
  * kn_*_sm90a.cu: the shared-memory descriptor of the 128-byte swizzle, the fence / commit / wait
- * instructions, the bf16 and e4m3 wgmma shapes they use and stmatrix. Internal to kernels/; include from
- * kn_*_sm90a.cu files only (wgmma does not exist on other architectures). Every function is
- * static, so each file gets its own copy.
+ * instructions, the bf16 and e4m3 wgmma shapes they use and stmatrix. Internal to kernels/;
+ * include from kn_*_sm90a.cu files only (wgmma does not exist on other architectures). Every
+ * function is static, so each file gets its own copy.
  *
  * Operands in shared memory are K-major in the 128-byte swizzle: a row holds 64 bf16 or 128 e4m3
- * (128 bytes) of K, 16-byte chunk c of row r sits at chunk c ^ (r mod 8), each 8-row group is 1024 bytes and
- * 1024-aligned. An accumulator d of an m64nN shape holds, per warp w of the warpgroup (rows
+ * (128 bytes) of K, 16-byte chunk c of row r sits at chunk c ^ (r mod 8), each 8-row group is
+ * 1024 bytes and 1024-aligned. An accumulator d of an m64nN shape holds, per warp w of the warpgroup (rows
  * 16w .. 16w + 15), lane g = lane / 4, t = lane % 4: d[4i + 2h + j] is row g + 8h, column
  * 8i + 2t + j (mma.sync's C fragment for each 8 columns). */
 #ifndef KN_WGMMA_SM90_H

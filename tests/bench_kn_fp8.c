@@ -44,7 +44,7 @@ static kn_ctx           *cx;
 
 typedef enum { RUN_BF16, RUN_FP8, RUN_FP8_MM, RUN_FP8_WG, N_RUNS, RUN_WG_CFG = N_RUNS } run_kind;
 
-static int wg_cfg; /* RUN_WG_CFG: the wgmma kernel's cluster shape */
+static int wg_cfg; /* RUN_WG_CFG: the wgmma kernel's form (kn_fp8_int.h) */
 
 typedef struct bufs {
     uint16_t *x16;
@@ -57,7 +57,8 @@ static cm_status run_once(run_kind k, const bufs *b, long M, long N, long K) {
     if (k == RUN_BF16) return be->gemm_bf16in(cx, b->out, b->x16, b->w16, CM_DTYPE_BF16, M, N, K);
     if (k == RUN_FP8) return be->gemm_fp8(cx, b->out, b->x16, CM_DTYPE_BF16, b->wq, b->ws, M, N, K);
     if ((k == RUN_FP8_WG || k == RUN_WG_CFG) && kn_fp8_wg_available(cx))
-        return kn_fp8_gemm_wg(cx, b->out, KN_FP8_OUT_F32, b->xq, b->xs, b->wq, b->ws, M, N, K, k == RUN_WG_CFG ? wg_cfg : 0);
+        return kn_fp8_gemm_wg(cx, b->out, KN_FP8_OUT_F32, b->xq, b->xs, b->wq, b->ws, M, N, K,
+                              k == RUN_WG_CFG ? wg_cfg : 0);
     return kn_cuda_lt_matmul_fp8(cx, "bench", N, M, K, b->wq, b->ws, b->xq, b->xs, 0.0f, b->out, CUDA_R_32F, N);
 }
 

@@ -654,7 +654,8 @@ int main(int argc, char **argv) {
             fprintf(f,
                     "{\"tokens\": %lld, \"n_seq\": %d, \"cold_load_s\": %.3f, \"cold_first_forward_s\": %.3f, "
                     "\"forward_ms\": %.3f, \"tokens_per_s\": %.1f, \"achieved_tflops\": %.1f, "
-                    "\"ceiling_tflops\": %.1f, \"ceiling_fp8_tflops\": %.1f, \"gemm_fp8q_tflops\": %.1f, \"precision\": \"%s\", "
+                    "\"ceiling_tflops\": %.1f, \"ceiling_fp8_tflops\": %.1f, \"wgmma_fp8_tflops\": %.1f, "
+                    "\"precision\": \"%s\", "
                     "\"bound_bf16_ms\": %.3f, \"bound_fp8_ms\": %.3f, \"gemm_ms\": %.3f, \"timed_forward_ms\": %.3f, "
                     "\"gdn_block_ms\": %.4f, \"gdn_core_ms\": %.4f, \"attn_block_ms\": %.4f, "
                     "\"attn_core_ms\": %.4f, \"mlp_block_ms\": %.4f, \"gdn_kernel_single_ms\": %.4f, "

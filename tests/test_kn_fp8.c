@@ -395,17 +395,17 @@ static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
 static void forms_agree(kn_ctx *wg, long M, long N, long K) {
     const long Mp = kn_fp8_rows(M), L = (K + 127) / 128, ld = kn_fp8_scale_ld(K), nb = (N + 127) / 128, E = 16 * N;
     void      *hx = rand_mat(M * K, CM_DTYPE_BF16), *hw = rand_mat(N * K, CM_DTYPE_BF16);
-    dbuf x = dbuf_put(hx, (size_t)(M * K) * 2), w = dbuf_put(hw, (size_t)(N * K) * 2), wq = dbuf_put(NULL, (size_t)(N * K)),
-         ws = dbuf_put(NULL, (size_t)(nb * ld) * 4), xq = dbuf_put(NULL, (size_t)(Mp * K)),
-         xs = dbuf_put(NULL, (size_t)(Mp * L) * 4);
+    dbuf x = dbuf_put(hx, (size_t)(M * K) * 2), w = dbuf_put(hw, (size_t)(N * K) * 2),
+         wq = dbuf_put(NULL, (size_t)(N * K)), ws = dbuf_put(NULL, (size_t)(nb * ld) * 4),
+         xq = dbuf_put(NULL, (size_t)(Mp * K)), xs = dbuf_put(NULL, (size_t)(Mp * L) * 4);
     TST_CHECK(cpu->fp8_quantize_weight(cctx, wq.c, ws.c, w.c, CM_DTYPE_BF16, N, K) == CM_OK);
     TST_CHECK(cpu->fp8_quantize_rows(cctx, xq.c, xs.c, x.c, CM_DTYPE_BF16, M, K) == CM_OK);
     uint8_t *hwq = down(&wq, 0), *hxq = down(&xq, 0);
     float   *hws = down(&ws, 0), *hxs = down(&xs, 0);
     TST_CHECK(gpu->upload(gctx16, wq.g, hwq, wq.bytes) == CM_OK && gpu->upload(gctx16, ws.g, hws, ws.bytes) == CM_OK &&
               gpu->upload(gctx16, xq.g, hxq, xq.bytes) == CM_OK && gpu->upload(gctx16, xs.g, hxs, xs.bytes) == CM_OK);
-    double *bound = tst_xcalloc((size_t)(M * N) * sizeof(double)), *bound16 = tst_xcalloc((size_t)(M * N) * sizeof(double)),
-           *badd = tst_xcalloc((size_t)(M * N) * sizeof(double));
+    const size_t nd = (size_t)(M * N) * sizeof(double);
+    double      *bound = tst_xcalloc(nd), *bound16 = tst_xcalloc(nd), *badd = tst_xcalloc(nd);
     sum_abs_terms(bound, hxq, hxs, hwq, hws, M, N, K);
     float *ref = tst_zeros_f32(M * N), *base = rand_mat(M * N + E, CM_DTYPE_F32);
     TST_CHECK(cpu->gemm_fp8q(cctx, ref, CM_DTYPE_F32, hxq, hxs, hwq, hws, M, N, K) == CM_OK);
