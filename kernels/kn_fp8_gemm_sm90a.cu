@@ -101,17 +101,6 @@ static __device__ __forceinline__ void fg_issue(float (&a)[64], const unsigned c
     wg_commit();
 }
 
-/* d += a scaled: rows g (d[4i], d[4i + 1]) by fa, rows g + 8 by fb. */
-static __device__ __forceinline__ void fg_promote(float (&d)[64], const float (&a)[64], float fa, float fb) {
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        d[4 * i] = fmaf(a[4 * i], fa, d[4 * i]);
-        d[4 * i + 1] = fmaf(a[4 * i + 1], fa, d[4 * i + 1]);
-        d[4 * i + 2] = fmaf(a[4 * i + 2], fb, d[4 * i + 2]);
-        d[4 * i + 3] = fmaf(a[4 * i + 3], fb, d[4 * i + 3]);
-    }
-}
-
 // ----------------------------------------------------------------------------
 // kernel
 
@@ -200,7 +189,7 @@ static __global__ void __launch_bounds__(FG_THREADS, 1)
                     if (lane == 0)
                         mbar_arrive(&empty[s]);
                 }
-                fg_promote(d[h], acc, fa * sw[h], fb * sw[h]);
+                wg_scale_add(d[h], acc, fa * sw[h], fb * sw[h]);
             }
             if (++s == F::stages) {
                 s = 0;

@@ -248,13 +248,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             wgmma_m64n128k32_e4m3(acc, da + 2 * kk, db + 2 * kk, kk);
         wg_commit();
         wg_wait0();
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            d[4 * i]     = fmaf(acc[4 * i], fa, d[4 * i]);
-            d[4 * i + 1] = fmaf(acc[4 * i + 1], fa, d[4 * i + 1]);
-            d[4 * i + 2] = fmaf(acc[4 * i + 2], fb, d[4 * i + 2]);
-            d[4 * i + 3] = fmaf(acc[4 * i + 3], fb, d[4 * i + 3]);
-        }
+        wg_scale_add(d, acc, fa, fb);
     }
     cp_wait<0>();
 

@@ -131,4 +131,18 @@ static __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uin
                  : "l"(da), "l"(db), "r"(acc));
 }
 
+/* d += a with its rows scaled: rows g (d[4i], d[4i + 1]) by fa, rows g + 8 (d[4i + 2], d[4i + 3])
+ * by fb, one fmaf each. The promotion of a block-scaled FP8 group's m64n128 products into the fp32
+ * sums (the MoE and the dense FP8 kernels). */
+static __device__ __forceinline__ void wg_scale_add(float (&d)[64], const float (&a)[64], float fa,
+                                                    float fb) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        d[4 * i]     = fmaf(a[4 * i], fa, d[4 * i]);
+        d[4 * i + 1] = fmaf(a[4 * i + 1], fa, d[4 * i + 1]);
+        d[4 * i + 2] = fmaf(a[4 * i + 2], fb, d[4 * i + 2]);
+        d[4 * i + 3] = fmaf(a[4 * i + 3], fb, d[4 * i + 3]);
+    }
+}
+
 #endif /* KN_WGMMA_SM90_H */
