@@ -237,6 +237,39 @@ static double time_op(op_fn f, const kn_backend *be, kn_ctx *cx, const op_bufs *
     return r[2];
 }
 
+/* The 8192³ ceilings: bf16 operands through cuBLASLt, and block-scaled e4m3 operands (the weight's
+ * 128 × 128 scales gs_a, the input's 1 × 128 scales gs_b) through cuBLASLt or Tandem's wgmma
+ * kernel; fp32 accumulate and output into gc. */
+typedef enum { CEIL_BF16, CEIL_FP8_LT, CEIL_FP8_WG } ceil_kind;
+typedef struct ceil_ops {
+    void  *ga, *gb;
+    float *gc, *gs_a, *gs_b;
+} ceil_ops;
+
+/* Seconds per product: the median of 7 runs of 5 back-to-back products of kind k. */
+static double ceil_s(const kn_backend *be, kn_ctx *cx, ceil_kind k, const ceil_ops *o, int64_t G) {
+    double r[7];
+    for (int i = 0; i < 7; i++) {
+        CHECK(be->sync(cx));
+        double s = now_s();
+        for (int j = 0; j < 5; j++) {
+            if (k == CEIL_BF16)
+                CHECK(kn_cuda_lt_matmul(cx, "ceiling", CUDA_R_16BF, 1, 0, G, G, G, o->ga, G, o->gb, G, 0.0f, o->gc,
+                                        G));
+            else if (k == CEIL_FP8_LT)
+                CHECK(kn_cuda_lt_matmul_fp8(cx, "ceiling", G, G, G, o->gb, o->gs_a, o->gb, o->gs_b, 0.0f, o->gc,
+                                            CUDA_R_32F, G));
+            else
+                CHECK(kn_fp8_gemm_wg(cx, o->gc, KN_FP8_OUT_F32, (const uint8_t *)o->gb, o->gs_b,
+                                     (const uint8_t *)o->gb, o->gs_a, G, G, G, 0));
+        }
+        CHECK(be->sync(cx));
+        r[i] = (now_s() - s) / 5;
+    }
+    qsort(r, 7, sizeof r[0], cmp_d);
+    return r[3];
+}
+
 /* run_gdn on a context of its own with TANDEM_GDN_KERNEL=mma (the mma.sync state kernel where the
  * dispatch would take the wgmma one), on the same buffers */
 static double time_gdn_mma(const kn_backend *be, const kn_ctx_config *kc, const op_bufs *b, int n_seq, int64_t T,
@@ -526,17 +559,8 @@ int main(int argc, char **argv) {
     CHECK(be->alloc(cx, (void **)&gc, (size_t)(G * G) * 4));
     CHECK(be->fill_uniform(cx, ga, CM_DTYPE_BF16, G * G, 21, -1, 1));
     CHECK(be->fill_uniform(cx, gb, CM_DTYPE_BF16, G * G, 22, -1, 1));
-    double r[7];
-    for (int i = 0; i < 7; i++) {
-        CHECK(be->sync(cx));
-        double s = now_s();
-        for (int j = 0; j < 5; j++)
-            CHECK(kn_cuda_lt_matmul(cx, "ceiling", CUDA_R_16BF, 1, 0, G, G, G, ga, G, gb, G, 0.0f, gc, G));
-        CHECK(be->sync(cx));
-        r[i] = (now_s() - s) / 5;
-    }
-    qsort(r, 7, sizeof r[0], cmp_d);
-    const double ceil_tf = 2.0 * G * G * G / r[3] / 1e12;
+    ceil_ops     co = {ga, gb, gc, NULL, NULL};
+    const double ceil_tf = 2.0 * G * G * G / ceil_s(be, cx, CEIL_BF16, &co, G) / 1e12;
     /* and the block-scaled FP8 one: 8192³, e4m3 operands (weights 128 × 128 scales, the other
      * 1 × 128), fp32 accumulate and output; the input quantization not counted */
     float *gs_a, *gs_b;
@@ -545,30 +569,11 @@ int main(int argc, char **argv) {
     CHECK(be->fill_uniform(cx, gs_a, CM_DTYPE_F32, G / 128 * kn_fp8_scale_ld(G), 23, 0.001f, 0.002f));
     CHECK(be->fill_uniform(cx, gs_b, CM_DTYPE_F32, G / 128 * G, 24, 0.001f, 0.002f));
     CHECK(be->fp8_quantize_weight(cx, (uint8_t *)gb, gs_a, ga, CM_DTYPE_BF16, G, G)); /* finite e4m3 operands */
-    for (int i = 0; i < 7; i++) {
-        CHECK(be->sync(cx));
-        double s = now_s();
-        for (int j = 0; j < 5; j++)
-            CHECK(kn_cuda_lt_matmul_fp8(cx, "ceiling", G, G, G, gb, gs_a, gb, gs_b, 0.0f, gc, CUDA_R_32F, G));
-        CHECK(be->sync(cx));
-        r[i] = (now_s() - s) / 5;
-    }
-    qsort(r, 7, sizeof r[0], cmp_d);
-    const double ceil_fp8_tf = 2.0 * G * G * G / r[3] / 1e12;
+    co.gs_a = gs_a, co.gs_b = gs_b;
+    const double ceil_fp8_tf = 2.0 * G * G * G / ceil_s(be, cx, CEIL_FP8_LT, &co, G) / 1e12;
     /* the same product on Tandem's wgmma kernel (TANDEM_FP8_GEMM=wgmma), where it runs */
-    const int wg_fp8 = kn_fp8_wg_available(cx);
-    for (int i = 0; i < 7 && wg_fp8; i++) {
-        CHECK(be->sync(cx));
-        double s = now_s();
-        for (int j = 0; j < 5; j++)
-            CHECK(kn_fp8_gemm_wg(cx, gc, KN_FP8_OUT_F32, (const uint8_t *)gb, gs_b, (const uint8_t *)gb, gs_a, G, G, G,
-                                 0));
-        CHECK(be->sync(cx));
-        r[i] = (now_s() - s) / 5;
-    }
-    if (wg_fp8)
-        qsort(r, 7, sizeof r[0], cmp_d);
-    const double wg_fp8_tf = wg_fp8 ? 2.0 * G * G * G / r[3] / 1e12 : 0.0;
+    const int    wg_fp8 = kn_fp8_wg_available(cx);
+    const double wg_fp8_tf = wg_fp8 ? 2.0 * G * G * G / ceil_s(be, cx, CEIL_FP8_WG, &co, G) / 1e12 : 0.0;
     /* the FP8 bound at the faster of the two */
     const double best_fp8_tf = wg_fp8_tf > ceil_fp8_tf ? wg_fp8_tf : ceil_fp8_tf;
     const double bound_bf16_ms = flops_gemm / (ceil_tf * 1e12) * 1e3;

@@ -616,12 +616,8 @@ static int run_cuda(void) {
     cuda_case(256, 1536, 6144, CM_DTYPE_BF16, CM_DTYPE_BF16); /* 27B: out_proj's K */
 #ifdef TANDEM_HAVE_CUDA
     {
-        kn_ctx       *wg = NULL;
-        kn_ctx_config c16 = {0, KN_GEMM_MODE_BF16};
-        setenv("TANDEM_FP8_GEMM", "wgmma", 1); /* read at ctx_create */
-        const int made = tst_ok(gpu->ctx_create(&wg, &c16), "cuda ctx_create (TANDEM_FP8_GEMM=wgmma)");
-        unsetenv("TANDEM_FP8_GEMM");
-        if (made) {
+        kn_ctx *wg = NULL;
+        if (tst_gpu_ctx_env(&wg, "TANDEM_FP8_GEMM", "wgmma")) {
             forms_agree(wg, 1, 4, 16);
             forms_agree(wg, 37, 260, 400);    /* ragged rows, columns and K */
             forms_agree(wg, 300, 132, 128);

@@ -211,12 +211,8 @@ int main(void) {
     one_case(one, 1, 1, 3, 64, 40, 3);
     one_case(packed, 5, 1, 1, 256, 33, 4);
     refusals();
-    kn_ctx       *gmma = NULL;
-    kn_ctx_config c16 = {0, KN_GEMM_MODE_BF16};
-    setenv("TANDEM_GDN_KERNEL", "mma", 1); /* read at ctx_create */
-    const int made = tst_ok(gpu->ctx_create(&gmma, &c16), "cuda ctx_create (TANDEM_GDN_KERNEL=mma)");
-    unsetenv("TANDEM_GDN_KERNEL");
-    if (made) {
+    kn_ctx *gmma = NULL;
+    if (tst_gpu_ctx_env(&gmma, "TANDEM_GDN_KERNEL", "mma")) {
         static const int pk[5] = {1, 63, 64, 65, 200}, longer[4] = {1000, 1, 2500, 129}, odd[2] = {130, 77};
         state_kernels(gmma, pk, 5, 2, 6, 128, 128);
         state_kernels(gmma, longer, 4, 1, 3, 128, 128);

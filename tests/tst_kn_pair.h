@@ -1,8 +1,8 @@
 /* tests/tst_kn_pair.h — the cuda backend against the cpu reference, through the kn_backend
  * tables: the two backends and their contexts (cctx on cpu; on cuda gctx in F32 GEMM mode and
  * gctx16 in BF16 GEMM mode), opened with a skip (exit 77) where there is no cuda backend or
- * device, and host arrays mirrored on both backends. Header-only; include once, after
- * tst_kn.h. */
+ * device, a further context with a run-time switch set, and host arrays mirrored on both
+ * backends. Header-only; include once, after tst_kn.h. */
 #ifndef TST_KN_PAIR_H
 #define TST_KN_PAIR_H
 
@@ -37,6 +37,19 @@ static inline int tst_pair_open(void) {
     cfg.gemm_mode = KN_GEMM_MODE_BF16;
     return tst_ok(gpu->ctx_create(&gctx16, &cfg), "cuda ctx_create (bf16 gemm mode)") &&
            tst_ok(cpu->ctx_create(&cctx, NULL), "cpu ctx_create");
+}
+
+/* A second cuda context in bf16 GEMM mode made with the run-time switch var=val (kn_cuda.h: read at
+ * ctx_create, unset again after), to run a kernel the dispatch would not pick beside gctx16.
+ * Returns tst_ok's verdict; *out is NULL on failure. */
+static inline int tst_gpu_ctx_env(kn_ctx **out, const char *var, const char *val) {
+    kn_ctx_config c16 = {0, KN_GEMM_MODE_BF16};
+    char          what[96];
+    snprintf(what, sizeof what, "cuda ctx_create (%s=%s)", var, val);
+    setenv(var, val, 1);
+    const int made = tst_ok(gpu->ctx_create(out, &c16), what);
+    unsetenv(var);
+    return made;
 }
 
 static inline void tst_pair_close(void) {
