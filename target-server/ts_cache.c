@@ -57,6 +57,7 @@ void ts_cache_destroy(ts_cache **pc) {
     if (!c) return;
     const kn_backend *be = c->m->be;
     kn_ctx           *cx = c->m->ctx;
+    ts_model_bind(c->m); /* frees on the model's device */
     float **per[] = {c->kc, c->vc, c->conv, c->state, c->sx, c->sk, c->sv, c->sg, c->sb};
     for (size_t j = 0; j < sizeof per / sizeof per[0]; j++) {
         if (!per[j]) continue;
@@ -82,6 +83,7 @@ cm_status ts_cache_create(ts_model *m, int n_slots, int64_t max_len, int64_t max
     if (n_slots < 1 || max_len < 1 || max_step < 1)
         return CM_FAIL(CM_ERR_INVALID_ARG, "a decoding cache needs ≥ 1 slot, length and step tokens (got %d, %lld, %lld)",
                        n_slots, (long long)max_len, (long long)max_step);
+    CM_TRY(ts_model_bind(m));
     if (!be->kv_cache_write || !be->attention_cached || !be->conv1d_silu_cached || !be->gdn_cached || !be->lm_ce)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "the %s backend has no decoding ops (kv_cache_write, attention_cached, "
                                            "conv1d_silu_cached, gdn_cached, lm_ce)",
@@ -133,6 +135,7 @@ cm_status ts_cache_create(ts_model *m, int n_slots, int64_t max_len, int64_t max
 cm_status ts_cache_clear(ts_cache *c, int slot) {
     if (slot < 0 || slot >= c->n_slots)
         return CM_FAIL(CM_ERR_INVALID_ARG, "cache slot %d is outside [0, %d)", slot, c->n_slots);
+    CM_TRY(ts_model_bind(c->m));
     const cm_target_cfg *cfg = &c->m->cfg;
     const cache_sizes    z   = sizes_of(cfg, 1, c->max_len, c->max_step);
     for (int i = 0; i < c->m->n_layers; i++)
@@ -173,6 +176,7 @@ cm_status ts_model_forward_cached(ts_model *m, ts_cache *c, const ts_cache_step 
     if (c->m != m) return CM_FAIL(CM_ERR_INVALID_ARG, "the decoding cache belongs to another model");
     CM_TRY(ts_batch_validate(&m->cfg, ids, T, cu, st->n_seq));
     CM_TRY(step_check(c, st, T, cu));
+    CM_TRY(ts_model_bind(m));
     const kn_backend *be = m->be;
     const size_t      n4 = (size_t)st->n_seq * 4;
     CM_TRY(be->upload(m->ctx, c->d_slots, st->slots, n4));
@@ -199,6 +203,7 @@ cm_status ts_cache_commit(ts_cache *c, const int32_t *n_adv) {
     if (!c->pending)
         return CM_FAIL(CM_ERR_INVALID_ARG, "nothing to commit: the last cached forward advanced its states itself, or "
                                            "was committed already");
+    CM_TRY(ts_model_bind(c->m));
     const int n_seq = c->pend_n_seq;
     for (int s = 0; s < n_seq; s++)
         if (n_adv[s] < 0 || n_adv[s] > c->pend_cu[s + 1] - c->pend_cu[s])

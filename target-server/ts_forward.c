@@ -505,6 +505,7 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
     const int            rows_head = cap->n_head_rows > 0;
     const int            want_head = cap->final_norm || cap->logits || rows_head;
     CM_TRY(ts_batch_validate(c, ids, T, cu, n_seq));
+    CM_TRY(ts_model_bind(m)); /* this thread may have run another GPU's context last */
     const int first = m->first_layer;
     for (int i = 0; i < cap->n_layers; i++)
         if (cap->layers[i] < first || cap->layers[i] >= m->n_layers || (i && cap->layers[i] <= cap->layers[i - 1]))
@@ -652,6 +653,7 @@ cm_status ts_model_warmup(ts_model *m, int64_t max_tokens) {
     cm_status     st = ids && cu ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "cannot allocate a %lld-token warm-up batch", (long long)T);
     for (int s = 0; st == CM_OK && s <= n_seq; s++)
         cu[s] = (int32_t)(64 * (int64_t)s < T ? 64 * (int64_t)s : T);
+    if (st == CM_OK) st = ts_model_bind(m);
     if (st == CM_OK)
         st = ws_reserve(m, T, 0);
     float *x_in = m->first_layer > 0 ? calloc((size_t)(T * m->cfg.hidden_size), sizeof *x_in) : NULL;

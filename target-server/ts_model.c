@@ -214,6 +214,7 @@ cm_status ts_model_load(ts_model **out, const ts_model_config *mc) {
     if (!m) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate the model");
     m->be  = mc->backend;
     m->ctx = mc->ctx;
+    CM_TRY_GOTO(ts_model_bind(m), st, fail);
     CM_TRY_GOTO(cm_target_cfg_load(&m->cfg, mc->dir), st, fail);
     const cm_target_cfg *c = &m->cfg;
     if (mc->n_layers > c->n_layers) {
@@ -320,6 +321,7 @@ void ts_model_destroy(ts_model **pm) {
     ts_model *m = pm ? *pm : NULL;
     if (!m) return;
     const kn_backend *be = m->be;
+    ts_model_bind(m); /* frees on the model's device */
     ts_ws_release(m);
     if (m->layers) {
         for (int i = 0; i < m->n_layers; i++) {
@@ -350,6 +352,8 @@ int ts_model_n_loaded_layers(const ts_model *m) { return m->n_layers; }
 int ts_model_first_layer(const ts_model *m) { return m->first_layer; }
 
 int ts_model_has_head(const ts_model *m) { return m->has_head; }
+
+cm_status ts_model_bind(const ts_model *m) { return m->ctx && m->be->ctx_bind ? m->be->ctx_bind(m->ctx) : CM_OK; }
 
 int ts_model_fused(const ts_model *m) { return m->fused; }
 

@@ -52,6 +52,9 @@ const cm_target_cfg *ts_model_cfg(const ts_model *m);
 int                  ts_model_n_loaded_layers(const ts_model *m); /* the end of the loaded range */
 int                  ts_model_first_layer(const ts_model *m);
 int                  ts_model_has_head(const ts_model *m); /* final norm and LM head loaded */
+/* Makes the model's device current on the calling thread (contexts on several GPUs in one
+ * process). The forward, the cache and the decoder call it on entry. */
+cm_status ts_model_bind(const ts_model *m);
 
 /* Checks a packed batch against the model: 0 ≤ input_ids[t] < vocab_size, cu_seqlens[0] = 0,
  * strictly increasing, cu_seqlens[n_seq] = T. CM_ERR_INVALID_ARG with the first offending
