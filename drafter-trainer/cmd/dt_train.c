@@ -29,7 +29,6 @@
 #include "cm_cfg.h"
 #include "cm_cfg_hash.h"
 #include "cm_dtype.h"
-#include "cm_rng.h"
 #include "cm_lock.h"
 #include "cm_log.h"
 #include "cm_tb.h"
@@ -50,6 +49,7 @@
 #include "dt_shard_source.h"
 #include "dt_train_args.h"
 #include "dt_train_eval.h"
+#include "dt_train_random.h"
 #include "dt_train_rundir.h"
 
 
@@ -152,22 +152,13 @@ static cm_status load_config(run *r) {
     return st;
 }
 
-/* --target-init random: BF16 embedding and LM head drawn from (target_seed, matrix) with the
- * checkpoint's scale (std ≈ 0.02), for benchmarks against a `serve --init random` target; the
- * drafter learns nothing real from them. */
+/* --target-init random: the frozen matrices of a `serve --init random` target's scale, for
+ * benchmarks; the drafter learns nothing real from them. */
 static cm_status random_frozen(run *r, int64_t V, int64_t D) {
-    const size_t n = (size_t)V * (size_t)D;
-    for (int k = 0; k < 2; k++) {
-        uint16_t *m = malloc(n * sizeof *m);
-        if (!m)
-            return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a random [%lld, %lld] frozen matrix", (long long)V,
-                           (long long)D);
-        cm_rng g;
-        cm_rng_seed_stream(&g, r->a.target_seed ^ 0x66726f7a656eull, (uint64_t)k, 0); /* "frozen" */
-        for (size_t i = 0; i < n; i++)
-            m[i] = cm_f32_to_bf16(0.0346f * (2.0f * (float)cm_rng_uniform(&g) - 1.0f)); /* std 0.02 */
-        r->frozen_owned[k] = (float *)m;
-    }
+    uint16_t *m[2];
+    CM_TRY(dt_random_frozen(r->a.target_seed, V, D, m));
+    r->frozen_owned[0] = (float *)m[0];
+    r->frozen_owned[1] = (float *)m[1];
     return dt_model_set_frozen(r->m, r->frozen_owned[0], CM_DTYPE_BF16, r->frozen_owned[1], CM_DTYPE_BF16, V, D);
 }
 
