@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct pool_worker {
     cm_pool  *pool;
@@ -174,4 +175,9 @@ cm_status cm_pool_create(cm_pool **out, int n_threads, const char *what) {
 fail:
     cm_pool_destroy(&p);
     return st;
+}
+
+int cm_pool_cpu_threads(int cap) {
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c < 1 ? 1 : c > cap ? (cap < 1 ? 1 : cap) : (int)c;
 }

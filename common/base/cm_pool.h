@@ -30,6 +30,9 @@ void      cm_pool_destroy(cm_pool **pool); /* NULL-safe: stops and joins the thr
  * *failed set to the worker that ran it. */
 cm_status cm_pool_run(cm_pool *pool, cm_pool_fn fn, void *ctx, int64_t n, int *failed);
 
+/* The host's online CPUs, within [1, cap]: a pool size for work that scales with cores. */
+int cm_pool_cpu_threads(int cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,8 +26,7 @@ int cm_weights_id_covers(const char *name) {
 static int default_threads(int n) {
     if (n > 0)
         return n < MAX_THREADS ? n : MAX_THREADS;
-    long c = sysconf(_SC_NPROCESSORS_ONLN);
-    return c < 1 ? 1 : c > MAX_THREADS ? MAX_THREADS : (int)c;
+    return cm_pool_cpu_threads(MAX_THREADS);
 }
 
 // ----------------------------------------------------------------------------

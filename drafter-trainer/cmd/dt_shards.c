@@ -14,11 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cm_args.h"
 #include "cm_compress.h"
 #include "cm_log.h"
+#include "cm_pool.h"
 #include "cm_proto.h"
 #include "cm_safetensors.h"
 #include "cm_shard.h"
@@ -302,8 +302,7 @@ fail:
 
 int dt_cmd_shards(int argc, char **argv) {
     shards_args a = {0};
-    long        cores = sysconf(_SC_NPROCESSORS_ONLN);
-    a.threads = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
+    a.threads = cm_pool_cpu_threads(16);
     if (argc >= 1 && (strcmp(argv[0], "-h") == 0 || strcmp(argv[0], "--help") == 0)) {
         usage(stdout);
         return 0;

@@ -4,7 +4,6 @@
 #include "dt_train_random.h"
 
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "cm_dtype.h"
 #include "cm_log.h"
@@ -43,10 +42,9 @@ cm_status dt_random_frozen(uint64_t seed, int64_t V, int64_t D, uint16_t *out[2]
             return CM_FAIL(CM_ERR_NOMEM, "cannot allocate a random [%lld, %lld] frozen matrix", (long long)V,
                            (long long)D);
         }
-    long      cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int       nt   = cpus < 1 ? 1 : cpus > 32 ? 32 : (int)cpus, failed = 0;
-    cm_pool  *pool = NULL;
-    cm_status st   = cm_pool_create(&pool, nt, "the random frozen matrices");
+    int       failed = 0;
+    cm_pool  *pool   = NULL;
+    cm_status st     = cm_pool_create(&pool, cm_pool_cpu_threads(32), "the random frozen matrices");
     if (st == CM_OK) st = cm_pool_run(pool, draw_block, &d, 2 * d.n_blocks, &failed);
     cm_pool_destroy(&pool);
     if (st != CM_OK) {

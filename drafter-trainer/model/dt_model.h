@@ -100,11 +100,12 @@ cm_status dt_model_set_selector(dt_model *m, const dt_selector_opts *o);
 void      dt_model_destroy(dt_model **m); /* NULL-safe */
 const cm_drafter_cfg *dt_model_cfg(const dt_model *m);
 
-/* Hugging Face Qwen3 initialisation: every weight matrix ~ normal(0, 0.02) from one cm_rng
- * stream seeded with seed, drawn over the parameters in order (deterministic across
- * machines), every norm weight 1. DFlash2's convolutions start as the identity (base tap 0 = 1,
- * the other taps and the kernel projection 0, drawing nothing from the stream), so an untrained
- * DFlash2 computes what a DFlash does; its codebooks and hidden projection are weight matrices. */
+/* Hugging Face Qwen3 initialisation: every weight matrix ~ normal(0, 0.02), each block of 2^20
+ * values from its own cm_rng stream of (seed, parameter, block), drawn on the host's cores (the
+ * same values for any thread count and on every machine), every norm weight 1. DFlash2's
+ * convolutions start as the identity (base tap 0 = 1, the other taps and the kernel projection
+ * 0), so an untrained DFlash2 computes what a DFlash does; its codebooks and hidden projection
+ * are weight matrices. */
 cm_status dt_model_init_random(dt_model *m, uint64_t seed);
 /* Loads the parameters from a serving checkpoint directory (config.json must match cfg;
  * model.safetensors with every key, optionally "model."-prefixed, any float dtype; extra keys
