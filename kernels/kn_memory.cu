@@ -167,7 +167,7 @@ cm_status kn_cuda_host_pin(kn_ctx *ctx, void *p, size_t bytes) {
     KN_CUDA_CHECK_ARG(ctx && p, "host_pin: ctx or p is NULL");
     if (bytes == 0)
         return CM_OK;
-    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable); /* any thread, any device */
     if (e != cudaSuccess) {
         cudaGetLastError();
         return CM_FAIL(CM_ERR_CUDA,

@@ -227,6 +227,24 @@ static int run_batches(cm_chan_client *c, uint64_t first_id, int n, uint32_t T, 
 // ----------------------------------------------------------------------------
 // round trips, credits
 
+/* host_lock hooks that count: every buffer locked is unlocked once, by the client's end; fail
+ * makes each lock fail (the answers must come all the same, from pageable memory). */
+typedef struct lock_count {
+    int   locks, unlocks, fail;
+    void *last;
+} lock_count;
+static cm_status count_lock(void *user, void *p, size_t bytes) {
+    lock_count *l = user;
+    if (l->fail) return CM_FAIL(CM_ERR_CUDA, "locking %zu bytes refused by the test", bytes);
+    l->locks++;
+    l->last = p;
+    return CM_OK;
+}
+static void count_unlock(void *user, void *p) {
+    lock_count *l = user;
+    l->unlocks += p != NULL;
+}
+
 static void test_round_trip(const char *ep_in, cm_dtype dt) {
     server                s = {.syn = {.mu = PTHREAD_MUTEX_INITIALIZER}};
     cm_chan_server_config cfg = server_config(ep_in, &s);
@@ -241,6 +259,10 @@ static void test_round_trip(const char *ep_in, cm_dtype dt) {
         cc.encoding = (cm_encoding)e;
         cc.accept = 0;
         cc.target_id = 0x1234abcdull;
+        lock_count lk = {.fail = e == CM_ENCODING_ZSTD};
+        cc.host_lock = count_lock;
+        cc.host_unlock = count_unlock;
+        cc.host_user = &lk;
         cm_chan_client *c = NULL;
         TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
         cm_proto_welcome w;
@@ -254,6 +276,11 @@ static void test_round_trip(const char *ep_in, cm_dtype dt) {
         cm_chan_client_get_stats(c, &st);
         TST_CHECK(st.protocol_errors == 0 && st.resends == 0 && st.answers == 12);
         cm_chan_client_destroy(&c);
+        /* decoded answers sit in locked buffers (one per credit at most, grown rarely); a raw
+           answer lent zero-copy needs none */
+        TST_CHECK(lk.unlocks == lk.locks && lk.locks <= 8 && (lk.fail || e == CM_ENCODING_RAW || lk.locks >= 1));
+        printf("  answer buffers page-locked %d time(s), unlocked %d%s\n", lk.locks, lk.unlocks,
+               lk.fail ? " (every lock refused: pageable)" : "");
     }
     /* keep_frames: the ANSWER as received decodes to exactly the tensors the client lent */
     {

@@ -274,6 +274,13 @@ typedef struct cm_chan_client_config {
                                        shards without encoding again); 0 (default): freed once decoded */
     const cm_chan_nccl_client *nccl; /* required for encoding nccl (then accept must be 0: the
                                         answers land in GPU memory, not host memory) */
+    /* Optional: page-locks (host_unlock releases) each buffer the client decodes answers into,
+     * one per credit, grown to the largest answer and then reused, so that uploads from the
+     * answers run at the bus's speed. Called on the client's thread with host_user. A failure is
+     * logged once and the buffer stays pageable. Raw answers lent zero-copy are not locked. */
+    cm_status (*host_lock)(void *user, void *p, size_t bytes);
+    void (*host_unlock)(void *user, void *p);
+    void *host_user;
 } cm_chan_client_config;
 /* The default number of (de)compression threads: half the online CPUs, within [2, 16] (a
  * 27B-shape answer is ~280 MB compressed; two threads need ~0.35 s for it). */
@@ -282,7 +289,7 @@ int cm_chan_default_threads(void);
 #define CM_CHAN_CLIENT_CONFIG_DEFAULT                                                                        \
     {                                                                                                        \
         NULL, "trainer", 4, CM_ENCODING_ZSTD_BYTEPLANE, CM_ENCODING_LOSSLESS_MASK, 0, 0, 1000, 5000, 60000,  \
-            200, 5, 2, 1, 8ull << 30, NULL, NULL, 0, NULL                                                    \
+            200, 5, 2, 1, 8ull << 30, NULL, NULL, 0, NULL, NULL, NULL, NULL                                  \
     }
 
 /* One decoded tensor of an answer: layer `layer` of the request, [n_tokens, hidden] of dtype. */

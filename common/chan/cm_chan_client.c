@@ -417,7 +417,7 @@ void cm_chan_client_destroy(cm_chan_client **cp) {
             free(s->layers);
             free(s->frame);
             free(s->tensors);
-            free(s->buf);
+            cm_chan_client_buf_free_(c, s);
         }
     if (c->wake_r >= 0)
         close(c->wake_r);

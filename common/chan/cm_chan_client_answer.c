@@ -14,6 +14,14 @@
 #include "cm_compress.h"
 #include "cm_log.h"
 
+void cm_chan_client_buf_free_(cm_chan_client *c, slot *s) {
+    if (s->buf_locked && c->cfg.host_unlock) c->cfg.host_unlock(c->cfg.host_user, s->buf);
+    free(s->buf);
+    s->buf        = NULL;
+    s->buf_cap    = 0;
+    s->buf_locked = 0;
+}
+
 /* The answer's tensor i as the trainer sees it (data: where it lies, set later when NULL). */
 static void describe(cm_chan_tensor *ct, const slot *s, uint32_t i, const cm_proto_tensor *t, cm_dtype hd,
                      uint32_t D, const void *data, int on_device) {
@@ -134,11 +142,18 @@ void cm_chan_client_on_answer_(cm_chan_client *c, zmq_msg_t *head, zmq_msg_t *da
     for (uint32_t i = 0; i < a.n_tensors && zero_copy; i++)
         zero_copy = (uintptr_t)a.tensors[i].data % cm_dtype_size(hd) == 0;
     if (!why[0] && !zero_copy && total > s->buf_cap) {
-        free(s->buf);
+        cm_chan_client_buf_free_(c, s);
         s->buf = malloc(total);
         s->buf_cap = s->buf ? total : 0;
         if (!s->buf)
             snprintf(why, sizeof why, "cannot allocate %llu bytes for an answer", (unsigned long long)total);
+        else if (c->cfg.host_lock) {
+            s->buf_locked = c->cfg.host_lock(c->cfg.host_user, s->buf, total) == CM_OK;
+            if (!s->buf_locked && !c->lock_warned++)
+                CM_LOG_WARN("client '%s': answers stay in pageable memory (uploads from them are slower): %s",
+                            c->name, cm_last_error());
+            cm_clear_error();
+        }
     }
     uint64_t off = 0;
     for (uint32_t i = 0; i < a.n_tensors && !why[0]; i++) {

@@ -400,6 +400,7 @@ typedef struct slot {
     cm_chan_tensor *tensors;
     uint8_t        *buf; /* decoded tensors */
     size_t          buf_cap;
+    int             buf_locked; /* buf page-locked through the config's host_lock */
     zmq_msg_t       raw; /* DATA of a raw answer, lent zero-copy */
     int             has_raw;
     zmq_msg_t       head_raw; /* HEAD of the answer, kept with cfg.keep_frames (then DATA is in raw) */
@@ -441,6 +442,7 @@ struct cm_chan_client {
     uint32_t         granted, in_flight;
     int64_t          last_recv, last_send, hello_at, reconnect_at;
     uint64_t         hb_seq;
+    int              lock_warned; /* cfg.host_lock failed once (said once) */
 };
 
 void *cm_chan_client_io_main_(void *client); /* the I/O thread */
@@ -466,6 +468,8 @@ void  cm_chan_client_retry_(cm_chan_client *c, slot *s, cm_status give_up, const
                             int delay_ms);
 void  cm_chan_client_protocol_error_(cm_chan_client *c, const char *why, uint64_t id, int is_answer, int64_t now);
 void  cm_chan_client_lose_session_(cm_chan_client *c, const char *why, int64_t now);
+/* Frees a slot's decoded-answer buffer, unlocked first through cfg.host_unlock if it was locked. */
+void cm_chan_client_buf_free_(cm_chan_client *c, slot *s);
 
 /* cm_chan_client_session.c: a WELCOME, an NCCL_READY (I/O thread). */
 void cm_chan_client_on_welcome_(cm_chan_client *c, const uint8_t *p, size_t len, int64_t now);

@@ -244,7 +244,8 @@ static cm_status verify_shards(run *r, int64_t start, int64_t end) {
     return st;
 }
 
-/* dt_data_set_pinning's callbacks: the batch buffers page-locked through the backend. */
+/* dt_data_set_pinning's and the live clients' callbacks: the batch buffers, or the answers,
+ * page-locked through the backend. */
 static cm_status pin_host(void *user, void *p, size_t bytes) {
     run *r = user;
     return r->be->host_pin(r->ctx, p, bytes);
@@ -266,7 +267,10 @@ static cm_status open_data(run *r) {
                                .timeout_ms = (int)a->timeout_ms,
                                .curve_server_key = a->curve_server_key,
                                .curve_secret_key = a->curve_secret_key,
-                               .device = r->device};
+                               .device = r->device,
+                               .host_lock = r->be->host_pin && r->be->host_unpin ? pin_host : NULL,
+                               .host_unlock = unpin_host,
+                               .host_user = r};
     const dt_feed_config fc = {.data = a->data,
                                .data_dir = a->data_dir,
                                .dataset = a->dataset,

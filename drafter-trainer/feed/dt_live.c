@@ -224,6 +224,9 @@ cm_status dt_live_open(dt_live **out, const dt_live_config *cfg, dt_data *data) 
         cc.n_threads = cm_chan_default_threads(); /* decompression keeps up with a 27B answer per step */
         cc.curve_server_key = cfg->curve_server_key;
         cc.curve_secret_key = cfg->curve_secret_key;
+        cc.host_lock = cfg->host_lock;
+        cc.host_unlock = cfg->host_unlock;
+        cc.host_user = cfg->host_user;
         cc.target_id = 0; /* checked below with a message naming --target; a returning server with
                              another identity is refused by the client itself */
         if (cfg->encoding == CM_ENCODING_NCCL) {

@@ -45,6 +45,11 @@ typedef struct dt_live_config {
     uint64_t    weights_id; /* its weights fingerprint (cm_weights_id; 0: not checked) */
     const char *curve_server_key, *curve_secret_key; /* CURVE key files (NULL: loopback, or a fresh pair) */
     int         device;     /* encoding nccl: the cuda device the answers land on */
+    /* Optional: page-lock the clients' answer buffers (cm_chan_client_config's host_lock), so
+     * that a step's upload of its taps runs at the bus's speed. */
+    cm_status (*host_lock)(void *user, void *p, size_t bytes);
+    void (*host_unlock)(void *user, void *p);
+    void *host_user;
 } dt_live_config;
 
 /* Borrows data (must outlive the source): the token-only training data, with its data-parallel
