@@ -75,12 +75,22 @@ void      cm_st_writer_destroy(cm_st_writer **w); /* NULL-safe */
  * unique (CM_ERR_INVALID_ARG otherwise). */
 cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape,
                            const void *data);
+/* Adds a tensor whose bytes the caller gives only while the file is written (cm_st_writer_write_with):
+ * nothing is copied or held, so a file larger than the memory at hand can be written. */
+cm_status cm_st_writer_add_later(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape);
 cm_status cm_st_writer_set_metadata(cm_st_writer *w, const char *key, const char *value);
 /* Writes the file atomically: path.tmp, fsync, rename. The header JSON lists tensors in
  * insertion order and is padded with spaces to a multiple of 8 bytes; the data is contiguous
  * (the safetensors library rejects gaps between tensors), ordered by element size 8, 4, 2, 1
- * (insertion order within a size), so every tensor is aligned to its element size. */
+ * (insertion order within a size), so every tensor is aligned to its element size. A tensor
+ * added later is CM_ERR_INVALID_ARG here: use cm_st_writer_write_with. */
 cm_status cm_st_writer_write(cm_st_writer *w, const char *path);
+/* The bytes of the tensor added `entry`-th (0-based, over every add) for a writer that is writing:
+ * *data points to its nbytes, valid until the next call or the end of the write. */
+typedef cm_status (*cm_st_fill_fn)(void *user, int entry, const void **data);
+/* cm_st_writer_write, asking fill for each tensor added later just before writing it; a failed
+ * fill leaves no file (its status and message are returned). */
+cm_status cm_st_writer_write_with(cm_st_writer *w, const char *path, cm_st_fill_fn fill, void *user);
 
 #ifdef __cplusplus
 }

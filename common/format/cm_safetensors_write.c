@@ -1,5 +1,5 @@
 /* common/format/cm_safetensors_write.c — the atomic safetensors writer of cm_safetensors.h. It
- * copies what it is given and writes data contiguously (what the safetensors library and HF
+ * copies what it is given (or asks for a later tensor's bytes as it writes) and writes data contiguously (what the safetensors library and HF
  * loaders require: no gaps), largest element size first, so each tensor is naturally
  * aligned; the file is written to path.tmp, synced and renamed. */
 #include "cm_safetensors.h"
@@ -25,7 +25,7 @@ typedef struct st_entry {
     cm_dtype dtype;
     int      n_dims;
     int64_t  shape[CM_ST_MAX_DIMS];
-    void    *data;
+    void    *data; /* NULL: added later, given by the fill at write time */
     size_t   nbytes;
     uint64_t offset; /* in the data area, set by write */
 } st_entry;
@@ -62,8 +62,8 @@ void cm_st_writer_destroy(cm_st_writer **pw) {
     *pw = NULL;
 }
 
-cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape,
-                           const void *data) {
+static cm_status add_entry(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape,
+                           const void *data, int later) {
     if (!name || !name[0] || strcmp(name, "__metadata__") == 0)
         return CM_FAIL(CM_ERR_INVALID_ARG, "bad tensor name '%s' for a safetensors file",
                        name ? name : "(null)");
@@ -82,7 +82,7 @@ cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n
     overflow |= __builtin_mul_overflow(numel, (uint64_t)cm_dtype_size(dt), &nbytes);
     if (overflow || nbytes > (uint64_t)SIZE_MAX / 2)
         return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': shape too large", name);
-    if (nbytes > 0 && !data)
+    if (nbytes > 0 && !data && !later)
         return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s': no data", name);
     for (int i = 0; i < w->n; i++)
         if (strcmp(w->entries[i].name, name) == 0)
@@ -98,14 +98,14 @@ cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n
     st_entry *e = &w->entries[w->n];
     memset(e, 0, sizeof *e);
     e->name = strdup(name);
-    e->data = malloc(nbytes ? (size_t)nbytes : 1);
-    if (!e->name || !e->data) {
+    e->data = later ? NULL : malloc(nbytes ? (size_t)nbytes : 1);
+    if (!e->name || (!later && !e->data)) {
         free(e->name);
         free(e->data);
         return CM_FAIL(CM_ERR_NOMEM, "cannot copy tensor '%s' (%llu bytes)", name,
                        (unsigned long long)nbytes);
     }
-    if (nbytes)
+    if (nbytes && !later)
         memcpy(e->data, data, (size_t)nbytes);
     e->dtype = dt;
     e->n_dims = n_dims;
@@ -114,6 +114,15 @@ cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n
     e->nbytes = (size_t)nbytes;
     w->n++;
     return CM_OK;
+}
+
+cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape,
+                           const void *data) {
+    return add_entry(w, name, dt, n_dims, shape, data, 0);
+}
+
+cm_status cm_st_writer_add_later(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape) {
+    return add_entry(w, name, dt, n_dims, shape, NULL, 1);
 }
 
 cm_status cm_st_writer_set_metadata(cm_st_writer *w, const char *key, const char *value) {
@@ -199,7 +208,13 @@ static int write_all(int fd, const void *buf, size_t len) {
     return 0;
 }
 
-cm_status cm_st_writer_write(cm_st_writer *w, const char *path) {
+cm_status cm_st_writer_write(cm_st_writer *w, const char *path) { return cm_st_writer_write_with(w, path, NULL, NULL); }
+
+cm_status cm_st_writer_write_with(cm_st_writer *w, const char *path, cm_st_fill_fn fill, void *user) {
+    for (int i = 0; i < w->n && !fill; i++)
+        if (!w->entries[i].data)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s' of '%s' was added later and nothing gives its bytes",
+                           w->entries[i].name, path);
     // data order: element size 8, 4, 2, 1 (stable), so every tensor is naturally aligned
     uint64_t off = 0;
     for (size_t size = 8; size >= 1; size /= 2) {
@@ -229,9 +244,14 @@ cm_status cm_st_writer_write(cm_st_writer *w, const char *path) {
     }
     int bad = write_all(fd, len8, 8) || write_all(fd, hdr, hlen) || write_all(fd, spaces, padded - hlen);
     for (size_t size = 8; size >= 1 && !bad; size /= 2)
-        for (int i = 0; i < w->n && !bad; i++)
-            if (cm_dtype_size(w->entries[i].dtype) == size)
-                bad = write_all(fd, w->entries[i].data, w->entries[i].nbytes);
+        for (int i = 0; i < w->n && !bad; i++) {
+            if (cm_dtype_size(w->entries[i].dtype) != size)
+                continue;
+            const void *data = w->entries[i].data;
+            if (!data && (st = fill(user, i, &data)) != CM_OK)
+                goto fail;
+            bad = write_all(fd, data, w->entries[i].nbytes);
+        }
     if (bad || fsync(fd) != 0) {
         st = CM_FAIL(CM_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
         goto fail;

@@ -19,6 +19,7 @@
 
 #include "cm_dtype.h"
 #include "cm_log.h"
+#include "cm_time.h"
 #include "cm_safetensors.h"
 #include "dt_ckpt_sum.h"
 
@@ -255,17 +256,56 @@ static void fault_kill_in_checkpoint(int64_t step) {
 
 // ---- serving format
 
-static cm_status download_param(const kn_backend *be, kn_ctx *ctx, const float *src, int64_t n,
-                                float **host) {
-    *host = malloc((size_t)n * sizeof **host);
-    if (!*host)
-        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %lld floats for a checkpoint", (long long)n);
-    cm_status st = be->download(ctx, *host, src, (size_t)n * sizeof **host);
-    if (st != CM_OK) {
-        free(*host);
-        *host = NULL;
+/* The parameters' bytes while a file is written (cm_st_fill_fn): each one downloaded into one
+ * staging buffer, page-locked where the backend can (a DMA rather than a copy through the
+ * driver), and for the serving format rounded to BF16 into a second one. Nothing else is held:
+ * the host memory a save takes is the largest parameter's, not the state's. */
+typedef struct param_fill {
+    const kn_backend *be;
+    kn_ctx           *ctx;
+    const float     **src;   /* [entries] the device data of each tensor added later (else NULL) */
+    int64_t          *numel; /* [entries] */
+    float            *stage; /* the largest tensor's floats */
+    uint16_t         *bf;    /* the BF16 copy (serving format), else NULL */
+    int               pinned;
+} param_fill;
+
+static cm_status fill_create(param_fill *f, const kn_backend *be, kn_ctx *ctx, int n_entries, int64_t max_numel,
+                             int bf16) {
+    memset(f, 0, sizeof *f);
+    f->be    = be;
+    f->ctx   = ctx;
+    f->src   = calloc((size_t)n_entries, sizeof *f->src);
+    f->numel = calloc((size_t)n_entries, sizeof *f->numel);
+    f->stage = malloc((size_t)max_numel * sizeof *f->stage);
+    f->bf    = bf16 ? malloc((size_t)max_numel * sizeof *f->bf) : NULL;
+    if (!f->src || !f->numel || !f->stage || (bf16 && !f->bf))
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %lld floats to stage a checkpoint", (long long)max_numel);
+    if (be->host_pin && be->host_unpin) {
+        f->pinned = be->host_pin(ctx, f->stage, (size_t)max_numel * sizeof *f->stage) == CM_OK;
+        if (!f->pinned) {
+            CM_LOG_DEBUG("checkpoint staging stays pageable: %s", cm_last_error());
+            cm_clear_error();
+        }
     }
-    return st;
+    return CM_OK;
+}
+
+static void fill_destroy(param_fill *f) {
+    if (f->pinned) f->be->host_unpin(f->ctx, f->stage);
+    free(f->src);
+    free(f->numel);
+    free(f->stage);
+    free(f->bf);
+}
+
+static cm_status fill_param(void *user, int entry, const void **data) {
+    param_fill *f = user;
+    const size_t n = (size_t)f->numel[entry];
+    CM_TRY(f->be->download(f->ctx, f->stage, f->src[entry], n * sizeof *f->stage));
+    if (f->bf) CM_TRY(cm_convert(f->bf, CM_DTYPE_BF16, f->stage, CM_DTYPE_F32, n));
+    *data = f->bf ? (const void *)f->bf : (const void *)f->stage;
+    return CM_OK;
 }
 
 /* model.safetensors.index.json naming model.safetensors for every tensor: vLLM and SGLang read every
@@ -297,35 +337,29 @@ cm_status dt_ckpt_write_model(const char *dir, const dt_model *m, const kn_backe
     cm_status     st = CM_OK;
     char         *json = NULL;
     cm_st_writer *w = NULL;
-    float        *host = NULL;
-    uint16_t     *bf = NULL;
+    param_fill    f = {0};
     char          path[4096];
+    int64_t       widest = 1;
+    for (int i = 0; i < dt_model_n_params(m); i++)
+        if (dt_model_param(m, i)->numel > widest) widest = dt_model_param(m, i)->numel;
     CM_TRY_GOTO(dt_ckpt_config_json(dt_model_cfg(m), &json), st, fail);
     CM_TRY_GOTO(join(path, sizeof path, dir, "config.json"), st, fail);
     CM_TRY_GOTO(write_file_atomic(path, json, strlen(json)), st, fail);
 
+    CM_TRY_GOTO(fill_create(&f, be, ctx, dt_model_n_params(m), widest, 1), st, fail);
     CM_TRY_GOTO(cm_st_writer_create(&w), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "format", "pt"), st, fail);
     for (int i = 0; i < dt_model_n_params(m); i++) {
         const dt_param *p = dt_model_param(m, i);
-        CM_TRY_GOTO(download_param(be, ctx, p->data, p->numel, &host), st, fail);
-        if (!(bf = malloc((size_t)p->numel * sizeof *bf))) {
-            st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate a bf16 copy of '%s'", p->name);
-            goto fail;
-        }
-        CM_TRY_GOTO(cm_convert(bf, CM_DTYPE_BF16, host, CM_DTYPE_F32, (size_t)p->numel), st, fail);
-        CM_TRY_GOTO(cm_st_writer_add(w, p->name, CM_DTYPE_BF16, p->n_dims, p->shape, bf), st, fail);
-        free(bf);
-        free(host);
-        bf = NULL;
-        host = NULL;
+        f.src[i]          = p->data;
+        f.numel[i]        = p->numel;
+        CM_TRY_GOTO(cm_st_writer_add_later(w, p->name, CM_DTYPE_BF16, p->n_dims, p->shape), st, fail);
     }
     CM_TRY_GOTO(join(path, sizeof path, dir, "model.safetensors"), st, fail);
-    CM_TRY_GOTO(cm_st_writer_write(w, path), st, fail);
+    CM_TRY_GOTO(cm_st_writer_write_with(w, path, fill_param, &f), st, fail);
     CM_TRY_GOTO(write_index(dir, m), st, fail);
 fail:
-    free(bf);
-    free(host);
+    fill_destroy(&f);
     cm_st_writer_destroy(&w);
     free(json);
     return st;
@@ -359,9 +393,14 @@ static cm_status write_state(const char *path, const dt_optim *o, const kn_backe
                              const dt_hparams *hp, const dt_train_state *ts) {
     cm_status     st = CM_OK;
     cm_st_writer *w = NULL;
-    float        *host = NULL;
     char         *hj = NULL;
     char          name[512], hash[32];
+    param_fill    f = {0};
+    const int     n = dt_optim_n_params(o);
+    int64_t       widest = 1;
+    for (int i = 0; i < n; i++)
+        if (dt_optim_param(o, i)->numel > widest) widest = dt_optim_param(o, i)->numel;
+    CM_TRY_GOTO(fill_create(&f, be, ctx, 3 * n + 3, widest, 0), st, fail);
     CM_TRY_GOTO(cm_st_writer_create(&w), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "format", DT_CKPT_FORMAT), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "version", DT_CKPT_VERSION), st, fail);
@@ -374,15 +413,13 @@ static cm_status write_state(const char *path, const dt_optim *o, const kn_backe
         CM_TRY_GOTO(cm_st_writer_set_metadata(w, "target_weights", hash), st, fail);
     }
     static const char *const kinds[3] = {"master", "adam_m", "adam_v"};
-    for (int k = 0; k < 3; k++)
-        for (int i = 0; i < dt_optim_n_params(o); i++) {
+    for (int k = 0; k < 3; k++) /* entry k·n + i */
+        for (int i = 0; i < n; i++) {
             const dt_param *p = dt_optim_param(o, i);
-            const float    *src = k == 0 ? p->data : k == 1 ? dt_optim_m(o, i) : dt_optim_v(o, i);
+            f.src[k * n + i]   = k == 0 ? p->data : k == 1 ? dt_optim_m(o, i) : dt_optim_v(o, i);
+            f.numel[k * n + i] = p->numel;
             snprintf(name, sizeof name, "%s.%s", kinds[k], p->name);
-            CM_TRY_GOTO(download_param(be, ctx, src, p->numel, &host), st, fail);
-            CM_TRY_GOTO(cm_st_writer_add(w, name, CM_DTYPE_F32, p->n_dims, p->shape, host), st, fail);
-            free(host);
-            host = NULL;
+            CM_TRY_GOTO(cm_st_writer_add_later(w, name, CM_DTYPE_F32, p->n_dims, p->shape), st, fail);
         }
     int64_t one = 1, two = 2, four = 4;
     int64_t step[1] = {ts->step}, cursor[2] = {ts->epoch, ts->index}, rng[4];
@@ -391,9 +428,9 @@ static cm_status write_state(const char *path, const dt_optim *o, const kn_backe
     CM_TRY_GOTO(cm_st_writer_add(w, "step", CM_DTYPE_I64, 1, &one, step), st, fail);
     CM_TRY_GOTO(cm_st_writer_add(w, "cursor", CM_DTYPE_I64, 1, &two, cursor), st, fail);
     CM_TRY_GOTO(cm_st_writer_add(w, "rng", CM_DTYPE_I64, 1, &four, rng), st, fail);
-    CM_TRY_GOTO(cm_st_writer_write(w, path), st, fail);
+    CM_TRY_GOTO(cm_st_writer_write_with(w, path, fill_param, &f), st, fail);
 fail:
-    free(host);
+    fill_destroy(&f);
     free(hj);
     cm_st_writer_destroy(&w);
     return st;
@@ -427,11 +464,15 @@ cm_status dt_ckpt_save(const char *run_dir, const dt_model *m, const dt_optim *o
     CM_TRY(make_dir(tmp));
     /* a failed save (a full disk) takes its step-<N>.tmp/ with it rather than leave it to the
      * next save of step N, which may never come */
-    cm_status st = CM_OK;
+    cm_status    st = CM_OK;
+    const double t0 = cm_now_s();
     CM_TRY_GOTO(dt_ckpt_write_model(tmp, m, be, ctx), st, fail);
+    const double t1 = cm_now_s();
     CM_TRY_GOTO(join(path, sizeof path, tmp, "training_state.safetensors"), st, fail);
     CM_TRY_GOTO(write_state(path, o, be, ctx, hp, ts), st, fail);
+    const double t2 = cm_now_s();
     CM_TRY_GOTO(write_sums(tmp), st, fail); /* last: it hashes the files as written */
+    const double t3 = cm_now_s();
     CM_TRY_GOTO(fsync_path(tmp), st, fail);
     fault_kill_in_checkpoint(ts->step);
     /* a step-<N> left by a crash between its rename and the latest update is stale: the run
@@ -448,6 +489,9 @@ cm_status dt_ckpt_save(const char *run_dir, const dt_model *m, const dt_optim *o
     CM_TRY(join(path, sizeof path, ckdir, "latest"));
     CM_TRY(write_file_atomic(path, line, (size_t)n));
     CM_TRY(fsync_path(ckdir));
+    const double t4 = cm_now_s();
+    CM_LOG_INFO("checkpoint %s written in %.1f s: model %.1f s, training state %.1f s, checksums %.1f s, syncs %.1f s",
+                name, t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3);
     if (step_dir && cap)
         snprintf(step_dir, cap, "%s", fin);
     return CM_OK;
