@@ -1,7 +1,8 @@
 /* drafter-trainer/model/dt_ckpt_sum.c — checksums.json of a checkpoint (format in dt_ckpt_sum.h):
  * one pass per file that builds the entry when saving and compares it while verifying, so the
  * two can never disagree on what is hashed. Safetensors data is hashed in the reader's mmap
- * (cm_safetensors.h), the header and config.json through pread. */
+ * (cm_safetensors.h), the tensors on a pool of the host's cores, the header and config.json
+ * through pread. */
 #include "dt_ckpt_sum.h"
 
 #include <cjson/cJSON.h>
@@ -18,6 +19,7 @@
 
 #include "cm_time.h"
 #include "cm_hash.h"
+#include "cm_pool.h"
 #include "cm_safetensors.h"
 
 static const char *const SUM_FILES[3] = {"config.json", "model.safetensors", "training_state.safetensors"};
@@ -70,6 +72,34 @@ static cm_status hash_fd(int fd, const char *path, int64_t len, uint64_t *h, sum
     return CM_OK;
 }
 
+/* Every tensor's XXH64 of a safetensors file, on a pool of the host's cores (each tensor has its
+ * own hash, so the order of the work does not matter). */
+typedef struct tensor_sums {
+    const cm_st *f;
+    uint64_t    *h;
+} tensor_sums;
+
+static cm_status sum_tensor(void *ctx, int worker, int64_t i) {
+    (void)worker;
+    const tensor_sums  *ts = ctx;
+    const cm_st_tensor *t  = cm_st_at(ts->f, (int)i);
+    ts->h[i]               = cm_xxh64(t->data, t->nbytes, 0);
+    return CM_OK;
+}
+
+static cm_status sum_tensors(const cm_st *f, uint64_t **out) {
+    const int n = cm_st_count(f);
+    *out        = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
+    if (!*out) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d tensor checksums", n);
+    tensor_sums ts   = {f, *out};
+    cm_pool    *pool = NULL;
+    int         failed;
+    cm_status   st = cm_pool_create(&pool, cm_pool_cpu_threads(16), "checkpoint checksums");
+    if (st == CM_OK) st = cm_pool_run(pool, sum_tensor, &ts, n, &failed);
+    cm_pool_destroy(&pool);
+    return st;
+}
+
 /* One file of the checkpoint: builds its entry into got (saving) or compares it with want
  * (verifying; exactly one of the two is non-NULL). A mismatch is CM_ERR_FORMAT with c->why. */
 static cm_status sum_file(sum_ctx *c, const char *name, const cJSON *want, cJSON *got) {
@@ -88,7 +118,7 @@ static cm_status sum_file(sum_ctx *c, const char *name, const cJSON *want, cJSON
     cm_status   st = CM_OK;
     cm_st      *f = NULL;
     struct stat sb;
-    uint64_t    h = 0;
+    uint64_t    h = 0, *th = NULL;
     char        hx[17];
     if (fstat(fd, &sb) != 0) {
         st = CM_FAIL(CM_ERR_IO, "cannot stat '%s': %s", path, strerror(errno));
@@ -158,9 +188,10 @@ static cm_status sum_file(sum_ctx *c, const char *name, const cJSON *want, cJSON
         st = CM_FAIL(CM_ERR_NOMEM, "cannot build %s", DT_CKPT_SUM_NAME);
         goto done;
     }
+    CM_TRY_GOTO(sum_tensors(f, &th), st, done);
     for (int i = 0; i < cm_st_count(f); i++) {
         const cm_st_tensor *t = cm_st_at(f, i);
-        hex64(hx, cm_xxh64(t->data, t->nbytes, 0));
+        hex64(hx, th[i]);
         c->stats.bytes += (int64_t)t->nbytes;
         if (gt) {
             cJSON_AddStringToObject(gt, t->name, hx);
@@ -180,6 +211,7 @@ static cm_status sum_file(sum_ctx *c, const char *name, const cJSON *want, cJSON
         }
     }
 done:
+    free(th);
     cm_st_destroy(&f);
     close(fd);
     return st;
