@@ -584,6 +584,9 @@ cm_status ts_forward_run(ts_model *m, const int32_t *ids, int64_t T, const int32
         if (next_cap < cap->n_layers && cap->layers[next_cap] == i) {
             if (cap->on_layer)
                 CM_TRY(cap->on_layer(cap->user, next_cap++, w->x));
+            else if (cap->layer_dev && cap->layer_dev_ctx && cap->layer_dev_ctx != cx)
+                CM_TRY(be->copy_peer(cx, cap->layer_dev_ctx, cap->layer_dev[next_cap++], w->x,
+                                     (size_t)(T * D) * sizeof(float)));
             else if (cap->layer_dev)
                 CM_TRY(be->copy2d(cx, cap->layer_dev[next_cap++], D, w->x, D, T, D));
             else

@@ -42,7 +42,9 @@ cm_status ts_split_warmup(ts_split *s, int64_t max_tokens);
 /* Stage i's first layer (i < stages) or the end of the loaded layers (i = stages). */
 int ts_split_bound(const ts_split *s, int i);
 /* ts_model_forward over the stages: layer_out, final_norm, logits and experts as there (host
- * buffers); layer_dev, on_layer, the head at chosen rows and the stage hand-over fields are
+ * buffers), or the layers gathered in one context's memory (layer_dev with layer_dev_ctx: a
+ * stage's or any other context of the backend; each stage copies its layers there, a peer copy
+ * from another GPU); on_layer, the head at chosen rows and the stage hand-over fields are
  * refused. Stages past the last one the capture needs do not run. One caller at a time (the
  * hand-over is the split's own). */
 cm_status ts_split_forward(ts_split *s, const int32_t *input_ids, int64_t T, const int32_t *cu_seqlens, int n_seq,

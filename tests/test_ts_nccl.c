@@ -4,7 +4,8 @@
  * batches; the NCCL answers, received into GPU 1's memory, equal the ZeroMQ ones bit for bit.
  * Then the server is killed with SIGKILL mid-run and restarted: the NCCL trainer makes a new
  * communicator by itself and every batch id is delivered exactly once (a ledger), all exact.
- * Prints the NCCL receive time per answer. */
+ * Last, a server whose replica is split over two stages answers over NCCL, equal to the same
+ * ZeroMQ answers. Prints the NCCL receive time per answer. */
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <stdio.h>
@@ -33,14 +34,15 @@ typedef struct proc {
     char  endpoint[320], log[512], epfile[512];
 } proc;
 
-static int serve_start(proc *p, const char *tag, const char *bind) {
+/* stages: "1", or "2" for one replica split over two stages (both on GPU 0) */
+static int serve_start(proc *p, const char *tag, const char *bind, const char *stages) {
     snprintf(p->log, sizeof p->log, "%s/%s.log", tmp, tag);
     snprintf(p->epfile, sizeof p->epfile, "%s/%s.ep", tmp, tag);
     unlink(p->epfile);
     char *argv[] = {bin,         "serve",        "--model",       model,    "--device", "cuda", "--gpu", "0",
                     "--bind",    (char *)bind,   "--endpoint-file", p->epfile, "--encoding", "raw",
                     "--credits", "4",            "--heartbeat-ms", "200",  "--peer-timeout-ms", "3000",
-                    NULL};
+                    "--stages",  (char *)stages, NULL};
     setenv("ASAN_OPTIONS", "exitcode=86", 1);
     pid_t pid = fork();
     if (pid == 0) {
@@ -153,7 +155,7 @@ static void test_nccl(void) {
     proc p;
     char bind[300];
     snprintf(bind, sizeof bind, "ipc://%s/serve.ipc", tmp);
-    if (!serve_start(&p, "serve-1", bind)) {
+    if (!serve_start(&p, "serve-1", bind, "1")) {
         TST_CHECK(0);
         return;
     }
@@ -195,7 +197,7 @@ static void test_nccl(void) {
         if (++done == 20) {
             killed = serve_end(&p, SIGKILL) == 128 + SIGKILL;
             tst_sleep_ms(300);
-            restarted = serve_start(&p, "serve-2", p.endpoint);
+            restarted = serve_start(&p, "serve-2", p.endpoint, "1");
         }
     }
     int once = 1;
@@ -220,6 +222,48 @@ static void test_nccl(void) {
         fprintf(stderr, "serve log:\n%s\n", tst_slurp(p.log));
 }
 
+/* A replica split over two stages sends NCCL answers too: each stage copies its layers to the
+ * first stage's GPU, which sends them. The answers equal the unsplit server's ZeroMQ ones. */
+static void test_nccl_split(void) {
+    proc p;
+    char bind[300];
+    snprintf(bind, sizeof bind, "ipc://%s/split.ipc", tmp);
+    if (!serve_start(&p, "serve-split", bind, "2")) {
+        TST_CHECK(0);
+        return;
+    }
+    cm_nccl_client *nc = NULL;
+    TST_CHECK(cm_nccl_client_create(&nc, 1, 4, 60000) == CM_OK);
+    cm_chan_nccl_client hooks;
+    cm_nccl_client_hooks(nc, &hooks);
+    cm_chan_client_config cc = client_config(p.endpoint, "nccl-split", CM_ENCODING_NCCL);
+    cc.nccl    = &hooks;
+    cc.credits = 4;
+    cm_chan_client *c = NULL;
+    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    int       exact = 0, done = 0, next = 0;
+    cm_status st = cm_chan_client_wait_ready(c, 60000, NULL);
+    TST_CHECK(st == CM_OK);
+    enum { N = 15 };
+    int64_t end = (int64_t)time(NULL) + 120;
+    while (st == CM_OK && done < N && time(NULL) < end) {
+        while (next < N && submit(c, 300 + (uint64_t)next) == CM_OK) next++;
+        cm_chan_answer *a;
+        if (cm_chan_client_recv(c, 200, &a) != CM_OK) continue;
+        exact += answer_exact(a);
+        cm_chan_client_release(c, &a);
+        done++;
+    }
+    TST_CHECK(done == N && exact == N);
+    printf("nccl from a replica split over 2 stages: %d/%d answers bit-exact with the unsplit server's ZeroMQ ones\n",
+           exact, N);
+    cm_chan_client_destroy(&c);
+    cm_nccl_client_destroy(&nc);
+    int rc = serve_end(&p, SIGTERM);
+    TST_CHECK(rc == 0);
+    if (rc != 0 || exact != N) fprintf(stderr, "serve log:\n%s\n", tst_slurp(p.log));
+}
+
 int main(int argc, char **argv) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 2) {
@@ -238,6 +282,7 @@ int main(int argc, char **argv) {
         cm_log_set_level(CM_LOG_LEVEL_WARN);
     make_patterns();
     test_nccl();
+    test_nccl_split();
     tst_rmdir(tmp);
     return tst_report();
 }
