@@ -656,7 +656,8 @@ cm_status ts_model_warmup(ts_model *m, int64_t max_tokens) {
     cm_status     st = ids && cu ? CM_OK : CM_FAIL(CM_ERR_NOMEM, "cannot allocate a %lld-token warm-up batch", (long long)T);
     for (int s = 0; st == CM_OK && s <= n_seq; s++)
         cu[s] = (int32_t)(64 * (int64_t)s < T ? 64 * (int64_t)s : T);
-    if (st == CM_OK) st = ts_model_bind(m);
+    if (st == CM_OK)
+        st = ts_model_bind(m);
     if (st == CM_OK)
         st = ws_reserve(m, T, 0);
     float *x_in = m->first_layer > 0 ? calloc((size_t)(T * m->cfg.hidden_size), sizeof *x_in) : NULL;

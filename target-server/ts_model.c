@@ -353,7 +353,9 @@ int ts_model_first_layer(const ts_model *m) { return m->first_layer; }
 
 int ts_model_has_head(const ts_model *m) { return m->has_head; }
 
-cm_status ts_model_bind(const ts_model *m) { return m->ctx && m->be->ctx_bind ? m->be->ctx_bind(m->ctx) : CM_OK; }
+cm_status ts_model_bind(const ts_model *m) {
+    return m->ctx && m->be->ctx_bind ? m->be->ctx_bind(m->ctx) : CM_OK;
+}
 
 int ts_model_fused(const ts_model *m) { return m->fused; }
 

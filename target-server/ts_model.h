@@ -74,8 +74,8 @@ typedef struct ts_capture {
     float **layer_out;   /* n_layers host buffers of T·D floats */
     float **layer_dev;   /* NULL, or n_layers buffers of T·D floats in the backend's memory: the
                             layers are copied there on the device and layer_out is not used */
-    kn_ctx *layer_dev_ctx; /* NULL: layer_dev is on this model's context; else the context it is on
-                              (another GPU: a peer copy per layer, as for x_out_dev) */
+    kn_ctx    *layer_dev_ctx; /* NULL: layer_dev is on this model's context; else the context it is on
+                                 (another GPU: a peer copy per layer, as for x_out_dev) */
     float  *final_norm;  /* NULL or T·D floats */
     float  *logits;      /* NULL or T·V floats */
     /* NULL, or called instead of filling layer_out/layer_dev as the forward passes layers[i]:

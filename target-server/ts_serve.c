@@ -89,7 +89,8 @@ static cm_status serve_init(void *user) {
 
 static void serve_fini(void *user) {
     serve_state *s = user;
-    if (s->devs && s->be->ctx_bind) s->be->ctx_bind(s->ctx); /* the buffers' device current while they go */
+    if (s->devs && s->be->ctx_bind)
+        s->be->ctx_bind(s->ctx); /* the buffers' device current while they go */
     for (int i = 0; s->devs && i < s->cap_layers; i++)
         if (s->devs[i])
             s->be->free(s->ctx, s->devs[i]);
@@ -139,7 +140,8 @@ static cm_status capture_on_device(serve_state *s, const cm_chan_job *job) {
     const cm_proto_request *r = job->req;
     const int               L = (int)r->n_layers;
     const int64_t           TD = (int64_t)r->n_tokens * job->hidden_size;
-    if (s->be->ctx_bind) CM_TRY(s->be->ctx_bind(s->ctx)); /* a split's last stage may be current */
+    if (s->be->ctx_bind)
+        CM_TRY(s->be->ctx_bind(s->ctx)); /* a split's last stage may be current */
     if (!s->devs) {
         s->devs = calloc((size_t)s->cap_layers, sizeof *s->devs);
         s->dev_sorted = calloc((size_t)s->cap_layers, sizeof *s->dev_sorted);
@@ -159,7 +161,8 @@ static cm_status capture_on_device(serve_state *s, const cm_chan_job *job) {
     }
     for (int k = 0; k < L; k++)
         s->dev_sorted[k] = s->devs[s->order[k]];
-    ts_capture cap = {.n_layers = L, .layers = s->layers, .layer_dev = s->dev_sorted, .layer_dev_ctx = s->ctx};
+    ts_capture cap = {
+        .n_layers = L, .layers = s->layers, .layer_dev = s->dev_sorted, .layer_dev_ctx = s->ctx};
     if (s->split) /* every stage copies its layers into this worker's buffers on the first stage's GPU */
         return ts_serve_split_forward(s, r, &cap);
     return ts_model_forward(s->model, r->tokens, r->n_tokens, r->cu_seqlens, (int)r->n_seqs, &cap);

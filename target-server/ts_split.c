@@ -217,13 +217,13 @@ static ts_capture stage_capture(const ts_split *s, int i, const ts_capture *cap,
                                 int runs_last) {
     int k = *next;
     while (k < cap->n_layers && cap->layers[k] < s->bounds[i + 1]) k++;
-    ts_capture sc = {.n_layers      = k - *next,
-                     .layers        = cap->layers + *next,
-                     .layer_out     = cap->layer_out ? cap->layer_out + *next : NULL,
-                     .layer_dev     = cap->layer_dev ? cap->layer_dev + *next : NULL,
+    ts_capture sc = {.n_layers = k - *next,
+                     .layers = cap->layers + *next,
+                     .layer_out = cap->layer_out ? cap->layer_out + *next : NULL,
+                     .layer_dev = cap->layer_dev ? cap->layer_dev + *next : NULL,
                      .layer_dev_ctx = cap->layer_dev_ctx,
-                     .experts   = cap->experts,
-                     .x_in_dev  = i > 0 ? h->dx[i] : NULL,
+                     .experts = cap->experts,
+                     .x_in_dev = i > 0 ? h->dx[i] : NULL,
                      .x_out_dev = runs_last ? NULL : h->dx[i + 1],
                      .x_out_ctx = runs_last ? NULL : s->ctx[i + 1]};
     if (runs_last && i == s->n - 1) {
@@ -250,7 +250,8 @@ static int handover_given(const ts_capture *cap) { return cap->x_in || cap->x_ou
 cm_status ts_split_forward_with(ts_split *s, ts_split_handover *h, const int32_t *ids, int64_t T, const int32_t *cu,
                                 int n_seq, const ts_capture *cap) {
     if (cap->on_layer || cap->n_head_rows || handover_given(cap) || (cap->layer_dev && !cap->layer_dev_ctx))
-        return CM_FAIL(CM_ERR_INVALID_ARG, "a split target gathers captures in host memory (layer_out, final_norm, "
+        return CM_FAIL(CM_ERR_INVALID_ARG,
+                       "a split target gathers captures in host memory (layer_out, final_norm, "
                        "logits, experts) or in the memory of one context (layer_dev with layer_dev_ctx)");
     const int want_head = cap->final_norm || cap->logits;
     const int need = want_head ? s->bounds[s->n] - 1 : cap->n_layers ? cap->layers[cap->n_layers - 1] : -1;

@@ -60,7 +60,8 @@ int main(int argc, char **argv) {
     const kn_backend *be = kn_backend_cpu();
     kn_ctx           *ctx = NULL;
     for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--device") == 0 && kn_backend_get(argv[i + 1], &be) != CM_OK) return 1;
+        if (strcmp(argv[i], "--device") == 0 && kn_backend_get(argv[i + 1], &be) != CM_OK)
+            return 1;
     if (T < 1 || D < 1 || taps < 1 || reps < 1 || be->ctx_create(&ctx, NULL) != CM_OK) {
         fprintf(stderr, "bench_dt_feed: bad arguments or no %s context\n", be->name);
         return 1;
@@ -108,16 +109,19 @@ int main(int argc, char **argv) {
     double pinned = -1;
     if (be->host_pin && be->host_unpin) {
         int locked = 1;
-        for (int k = 0; k < taps; k++) locked &= be->host_pin(ctx, ans[k], (size_t)(T * D) * 2) == CM_OK;
+        for (int k = 0; k < taps; k++)
+            locked &= be->host_pin(ctx, ans[k], (size_t)(T * D) * 2) == CM_OK;
         for (int r = 0; r < reps && locked; r++) {
             double t0 = cm_now_s();
             for (int k = 0; k < taps; k++)
-                bad |= be->upload(ctx, (char *)dev16 + (size_t)(k * T * D) * 2, ans[k], (size_t)(T * D) * 2) != CM_OK;
+                bad |= be->upload(ctx, (char *)dev16 + (size_t)(k * T * D) * 2, ans[k],
+                                  (size_t)(T * D) * 2) != CM_OK;
             double t = cm_now_s() - t0;
-            pinned   = pinned < 0 || t < pinned ? t : pinned;
+            pinned = pinned < 0 || t < pinned ? t : pinned;
         }
         bad |= !locked;
-        for (int k = 0; k < taps; k++) be->host_unpin(ctx, ans[k]);
+        for (int k = 0; k < taps; k++)
+            be->host_unpin(ctx, ans[k]);
     }
     /* the shard path: one encoded record per tap */
     cm_compress       *c1 = NULL, *cn = NULL;
@@ -163,16 +167,18 @@ int main(int argc, char **argv) {
         sbest[1] = t2 - t1 < sbest[1] ? t2 - t1 : sbest[1];
     }
     const double mb = (double)(T * W) * 2 / 1e6;
-    printf("## trainer host work per live answer: %lld tokens x %d taps x %lld (BF16 answer %.0f MB), best of %d, %s\n\n",
+    printf("## trainer host work per live answer: %lld tokens x %d taps x %lld (BF16 answer %.0f MB), best "
+           "of %d, %s\n\n",
            (long long)T, taps, (long long)D, mb, reps, be->name);
     printf("| form | ms per step | host bytes moved | uploaded |\n| --- | ---: | ---: | ---: |\n");
     printf("| widened to F32, scanned, uploaded F32 (before) | %.1f | %.0f MB | %.0f MB |\n", best[0] * 1e3,
            mb + 2 * mb + 2 * mb + 2 * mb, 2 * mb);
     printf("| as sent: one upload per tap | %.1f | %.0f MB | %.0f MB |\n", best[1] * 1e3, mb, mb);
     if (pinned >= 0)
-        printf("| as sent, from page-locked answers (now, %s) | %.1f | %.0f MB | %.0f MB |\n", be->name, pinned * 1e3,
-               mb, mb);
-    printf("\nratio %.1fx (before / as sent)%s\n", best[0] / best[1], pinned >= 0 ? "" : "; no page-locking on this backend");
+        printf("| as sent, from page-locked answers (now, %s) | %.1f | %.0f MB | %.0f MB |\n", be->name,
+               pinned * 1e3, mb, mb);
+    printf("\nratio %.1fx (before / as sent)%s\n", best[0] / best[1],
+           pinned >= 0 ? "" : "; no page-locking on this backend");
     printf("\n## a shard record of the same taps (zstd-byteplane, %.0f MB stored): the loader thread's work\n\n",
            (double)enc_total / 1e6);
     printf("| form | ms per step | decode threads |\n| --- | ---: | ---: |\n");

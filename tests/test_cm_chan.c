@@ -235,7 +235,8 @@ typedef struct lock_count {
 } lock_count;
 static cm_status count_lock(void *user, void *p, size_t bytes) {
     lock_count *l = user;
-    if (l->fail) return CM_FAIL(CM_ERR_CUDA, "locking %zu bytes refused by the test", bytes);
+    if (l->fail)
+        return CM_FAIL(CM_ERR_CUDA, "locking %zu bytes refused by the test", bytes);
     l->locks++;
     l->last = p;
     return CM_OK;
@@ -278,7 +279,8 @@ static void test_round_trip(const char *ep_in, cm_dtype dt) {
         cm_chan_client_destroy(&c);
         /* decoded answers sit in locked buffers (one per credit at most, grown rarely); a raw
            answer lent zero-copy needs none */
-        TST_CHECK(lk.unlocks == lk.locks && lk.locks <= 8 && (lk.fail || e == CM_ENCODING_RAW || lk.locks >= 1));
+        TST_CHECK(lk.unlocks == lk.locks && lk.locks <= 8 &&
+                  (lk.fail || e == CM_ENCODING_RAW || lk.locks >= 1));
         printf("  answer buffers page-locked %d time(s), unlocked %d%s\n", lk.locks, lk.unlocks,
                lk.fail ? " (every lock refused: pageable)" : "");
     }

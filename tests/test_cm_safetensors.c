@@ -230,13 +230,15 @@ typedef struct later_src {
 static cm_status give_later(void *user, int entry, const void **out) {
     later_src *l = user;
     l->calls++;
-    if (entry == l->fail_at) return CM_FAIL(CM_ERR_IO, "the test's source of tensor %d failed", entry);
+    if (entry == l->fail_at)
+        return CM_FAIL(CM_ERR_IO, "the test's source of tensor %d failed", entry);
     *out = l->data[entry];
     return CM_OK;
 }
 static uint8_t *slurp_file(const char *path, long *len) {
     FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
+    if (!fp)
+        return NULL;
     fseek(fp, 0, SEEK_END);
     *len = ftell(fp);
     fseek(fp, 0, SEEK_SET);
@@ -256,13 +258,15 @@ static void test_write_later(void) {
     int n_later = 0;
     for (int i = 0; i < N_SPECS; i++) {
         spec_fill(&specs[i], 3 * i + 1, data[i]);
-        TST_CHECK(cm_st_writer_add(w1, specs[i].name, specs[i].dt, specs[i].n_dims, specs[i].shape, data[i]) == CM_OK);
+        TST_CHECK(cm_st_writer_add(w1, specs[i].name, specs[i].dt, specs[i].n_dims, specs[i].shape,
+                                   data[i]) == CM_OK);
         if (i % 2) { /* every other one later */
-            TST_CHECK(cm_st_writer_add_later(w2, specs[i].name, specs[i].dt, specs[i].n_dims, specs[i].shape) == CM_OK);
+            TST_CHECK(cm_st_writer_add_later(w2, specs[i].name, specs[i].dt, specs[i].n_dims,
+                                             specs[i].shape) == CM_OK);
             n_later++;
         } else
-            TST_CHECK(cm_st_writer_add(w2, specs[i].name, specs[i].dt, specs[i].n_dims, specs[i].shape, data[i]) ==
-                      CM_OK);
+            TST_CHECK(cm_st_writer_add(w2, specs[i].name, specs[i].dt, specs[i].n_dims, specs[i].shape,
+                                       data[i]) == CM_OK);
     }
     tmp_path(a, "copies.safetensors");
     tmp_path(b, "later.safetensors");
@@ -279,7 +283,8 @@ static void test_write_later(void) {
     long     la = 0, lb = 0;
     uint8_t *fa = slurp_file(a, &la), *fb = slurp_file(b, &lb);
     TST_CHECK(fa && fb && la == lb && memcmp(fa, fb, (size_t)la) == 0);
-    printf("tensors added later: %d given while writing, the file equal to the one written from copies (%ld bytes)\n",
+    printf("tensors added later: %d given while writing, the file equal to the one written from copies (%ld "
+           "bytes)\n",
            n_later, lb);
     free(fa);
     free(fb);

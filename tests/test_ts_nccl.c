@@ -39,10 +39,29 @@ static int serve_start(proc *p, const char *tag, const char *bind, const char *s
     snprintf(p->log, sizeof p->log, "%s/%s.log", tmp, tag);
     snprintf(p->epfile, sizeof p->epfile, "%s/%s.ep", tmp, tag);
     unlink(p->epfile);
-    char *argv[] = {bin,         "serve",        "--model",       model,    "--device", "cuda", "--gpu", "0",
-                    "--bind",    (char *)bind,   "--endpoint-file", p->epfile, "--encoding", "raw",
-                    "--credits", "4",            "--heartbeat-ms", "200",  "--peer-timeout-ms", "3000",
-                    "--stages",  (char *)stages, NULL};
+    char *argv[] = {bin,
+                    "serve",
+                    "--model",
+                    model,
+                    "--device",
+                    "cuda",
+                    "--gpu",
+                    "0",
+                    "--bind",
+                    (char *)bind,
+                    "--endpoint-file",
+                    p->epfile,
+                    "--encoding",
+                    "raw",
+                    "--credits",
+                    "4",
+                    "--heartbeat-ms",
+                    "200",
+                    "--peer-timeout-ms",
+                    "3000",
+                    "--stages",
+                    (char *)stages,
+                    NULL};
     setenv("ASAN_OPTIONS", "exitcode=86", 1);
     pid_t pid = fork();
     if (pid == 0) {
@@ -237,7 +256,7 @@ static void test_nccl_split(void) {
     cm_chan_nccl_client hooks;
     cm_nccl_client_hooks(nc, &hooks);
     cm_chan_client_config cc = client_config(p.endpoint, "nccl-split", CM_ENCODING_NCCL);
-    cc.nccl    = &hooks;
+    cc.nccl = &hooks;
     cc.credits = 4;
     cm_chan_client *c = NULL;
     TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
@@ -247,21 +266,25 @@ static void test_nccl_split(void) {
     enum { N = 15 };
     int64_t end = (int64_t)time(NULL) + 120;
     while (st == CM_OK && done < N && time(NULL) < end) {
-        while (next < N && submit(c, 300 + (uint64_t)next) == CM_OK) next++;
+        while (next < N && submit(c, 300 + (uint64_t)next) == CM_OK)
+            next++;
         cm_chan_answer *a;
-        if (cm_chan_client_recv(c, 200, &a) != CM_OK) continue;
+        if (cm_chan_client_recv(c, 200, &a) != CM_OK)
+            continue;
         exact += answer_exact(a);
         cm_chan_client_release(c, &a);
         done++;
     }
     TST_CHECK(done == N && exact == N);
-    printf("nccl from a replica split over 2 stages: %d/%d answers bit-exact with the unsplit server's ZeroMQ ones\n",
+    printf("nccl from a replica split over 2 stages: %d/%d answers bit-exact with the unsplit server's "
+           "ZeroMQ ones\n",
            exact, N);
     cm_chan_client_destroy(&c);
     cm_nccl_client_destroy(&nc);
     int rc = serve_end(&p, SIGTERM);
     TST_CHECK(rc == 0);
-    if (rc != 0 || exact != N) fprintf(stderr, "serve log:\n%s\n", tst_slurp(p.log));
+    if (rc != 0 || exact != N)
+        fprintf(stderr, "serve log:\n%s\n", tst_slurp(p.log));
 }
 
 int main(int argc, char **argv) {

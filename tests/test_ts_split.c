@@ -78,8 +78,8 @@ typedef struct outputs {
 /* on_device: the layers gathered in the first stage's memory (layer_dev, layer_dev_ctx), as a
  * server sends them over NCCL, then downloaded into o. */
 static cm_status run(const kn_backend *be, const int *gpus, int on_device, const char *model, int n,
-                     const int *bounds, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq, int n_cap,
-                     const int *cap_layers, int head, outputs *o) {
+                     const int *bounds, const int32_t *ids, int64_t T, const int32_t *cu, int n_seq,
+                     int n_cap, const int *cap_layers, int head, outputs *o) {
     cm_target_cfg c;
     CM_TRY(cm_target_cfg_load(&c, model));
     kn_ctx   *ctxs[TS_SPLIT_MAX_STAGES] = {0};
@@ -94,18 +94,22 @@ static cm_status run(const kn_backend *be, const int *gpus, int on_device, const
     if (st == CM_OK) st = ts_split_load(&sp, &mc, n, ctxs, bounds);
     ts_capture cap = {.n_layers = n_cap, .layers = cap_layers, .layer_out = o->layers, .experts = o->experts,
                       .final_norm = head ? o->final_norm : NULL, .logits = head ? o->logits : NULL};
-    float     *dev[CM_CFG_MAX_LAYERS] = {0};
+    float       *dev[CM_CFG_MAX_LAYERS] = {0};
     const size_t bytes = (size_t)(T * c.hidden_size) * sizeof(float);
     if (on_device && st == CM_OK) {
-        for (int i = 0; i < n_cap && st == CM_OK; i++) st = be->alloc(ctxs[0], (void **)&dev[i], bytes);
-        cap.layer_dev     = dev;
+        for (int i = 0; i < n_cap && st == CM_OK; i++)
+            st = be->alloc(ctxs[0], (void **)&dev[i], bytes);
+        cap.layer_dev = dev;
         cap.layer_dev_ctx = ctxs[0];
     }
     if (st == CM_OK) st = ts_split_forward(sp, ids, T, cu, n_seq, &cap);
-    if (on_device && st == CM_OK && be->ctx_bind) st = be->ctx_bind(ctxs[0]);
-    for (int i = 0; on_device && i < n_cap && st == CM_OK; i++) st = be->download(ctxs[0], o->layers[i], dev[i], bytes);
+    if (on_device && st == CM_OK && be->ctx_bind)
+        st = be->ctx_bind(ctxs[0]);
+    for (int i = 0; on_device && i < n_cap && st == CM_OK; i++)
+        st = be->download(ctxs[0], o->layers[i], dev[i], bytes);
     for (int i = 0; on_device && i < n_cap && ctxs[0]; i++)
-        if (dev[i]) be->free(ctxs[0], dev[i]);
+        if (dev[i])
+            be->free(ctxs[0], dev[i]);
     ts_split_destroy(&sp);
     for (int i = 0; i < n_ctx; i++) be->ctx_destroy(&ctxs[i]);
     return st;
@@ -188,18 +192,22 @@ static void test_fixture(const kn_backend *be, const int *gpus, const char *name
     outputs one = alloc_out(&c, T), got = alloc_out(&c, T);
     TST_CHECK(tst_ok(run(be, gpus, 0, model, 1, NULL, ids, T, cu, n_seq, c.n_layers, all, 1, &one), name));
     for (int n = 2; n <= 3 && n <= c.n_layers; n++) {
-        TST_CHECK(tst_ok(run(be, gpus, 0, model, n, NULL, ids, T, cu, n_seq, c.n_layers, all, 1, &got), name));
+        TST_CHECK(
+            tst_ok(run(be, gpus, 0, model, n, NULL, ids, T, cu, n_seq, c.n_layers, all, 1, &got), name));
         const int eq = same(&c, T, &one, &got, c.n_layers, 1);
         TST_CHECK(eq);
         printf("%-24s %d stages (even): every layer, final norm, logits%s bit-identical to one context: %s\n", name,
                n, c.n_experts ? ", routing" : "", eq ? "yes" : "NO");
         /* the layers gathered in the first stage's memory instead (what NCCL answers send) */
-        for (int i = 0; i < c.n_layers; i++) memset(got.layers[i], 0xff, (size_t)(T * c.hidden_size) * 4);
-        TST_CHECK(tst_ok(run(be, gpus, 1, model, n, NULL, ids, T, cu, n_seq, c.n_layers, all, 0, &got), name));
+        for (int i = 0; i < c.n_layers; i++)
+            memset(got.layers[i], 0xff, (size_t)(T * c.hidden_size) * 4);
+        TST_CHECK(
+            tst_ok(run(be, gpus, 1, model, n, NULL, ids, T, cu, n_seq, c.n_layers, all, 0, &got), name));
         const int eq_dev = same(&c, T, &one, &got, c.n_layers, 0);
         TST_CHECK(eq_dev);
-        printf("%-24s %d stages (even): every layer gathered on the first stage's device, bit-identical: %s\n", name, n,
-               eq_dev ? "yes" : "NO");
+        printf(
+            "%-24s %d stages (even): every layer gathered on the first stage's device, bit-identical: %s\n",
+            name, n, eq_dev ? "yes" : "NO");
     }
     /* boundaries given: the first layer alone, then the rest */
     const int b[3] = {0, 1, c.n_layers};
@@ -219,8 +227,8 @@ static void test_refusals(const kn_backend *be, const int *gpus) {
     int32_t     ids[4] = {1, 2, 3, 4}, cu[2] = {0, 4};
     outputs     o      = {0};
     const int   b_bad[3] = {0, 3, 3};
-    TST_FAILS(run(be, gpus, 0, model, TS_SPLIT_MAX_STAGES + 1, NULL, ids, 4, cu, 1, 0, NULL, 0, &o), CM_ERR_INVALID_ARG,
-              "stages for 6 layers", "at most one per layer");
+    TST_FAILS(run(be, gpus, 0, model, TS_SPLIT_MAX_STAGES + 1, NULL, ids, 4, cu, 1, 0, NULL, 0, &o),
+              CM_ERR_INVALID_ARG, "stages for 6 layers", "at most one per layer");
     const int   b_short[3] = {0, 2, 5};
     TST_FAILS(run(be, gpus, 0, model, 2, b_bad, ids, 4, cu, 1, 0, NULL, 0, &o), CM_ERR_INVALID_ARG,
               "stage 1 would hold layers [3, 3)", "at least one layer");
@@ -236,7 +244,8 @@ static void test_refusals(const kn_backend *be, const int *gpus) {
         float     *dev[1] = {NULL};
         const int  l0     = 0;
         ts_capture cap    = {.n_layers = 1, .layers = &l0, .layer_dev = dev};
-        TST_FAILS(ts_split_forward(sp, ids, 4, cu, 1, &cap), CM_ERR_INVALID_ARG, "layer_dev with layer_dev_ctx");
+        TST_FAILS(ts_split_forward(sp, ids, 4, cu, 1, &cap), CM_ERR_INVALID_ARG,
+                  "layer_dev with layer_dev_ctx");
         /* decoding needs the head: on a split loaded without it, and on one stage alone */
         ts_decoder_config dc = {.max_seqs = 1, .max_len = 8, .max_step = 4, .max_forward = 4,
                                 .hidden_dtype = CM_DTYPE_F32};

@@ -15,10 +15,11 @@
 #include "cm_log.h"
 
 void cm_chan_client_buf_free_(cm_chan_client *c, slot *s) {
-    if (s->buf_locked && c->cfg.host_unlock) c->cfg.host_unlock(c->cfg.host_user, s->buf);
+    if (s->buf_locked && c->cfg.host_unlock)
+        c->cfg.host_unlock(c->cfg.host_user, s->buf);
     free(s->buf);
-    s->buf        = NULL;
-    s->buf_cap    = 0;
+    s->buf = NULL;
+    s->buf_cap = 0;
     s->buf_locked = 0;
 }
 

@@ -77,7 +77,8 @@ cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n
                            const void *data);
 /* Adds a tensor whose bytes the caller gives only while the file is written (cm_st_writer_write_with):
  * nothing is copied or held, so a file larger than the memory at hand can be written. */
-cm_status cm_st_writer_add_later(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape);
+cm_status cm_st_writer_add_later(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims,
+                                 const int64_t *shape);
 cm_status cm_st_writer_set_metadata(cm_st_writer *w, const char *key, const char *value);
 /* Writes the file atomically: path.tmp, fsync, rename. The header JSON lists tensors in
  * insertion order and is padded with spaces to a multiple of 8 bytes; the data is contiguous

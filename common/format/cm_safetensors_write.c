@@ -1,7 +1,7 @@
 /* common/format/cm_safetensors_write.c — the atomic safetensors writer of cm_safetensors.h. It
- * copies what it is given (or asks for a later tensor's bytes as it writes) and writes data contiguously (what the safetensors library and HF
- * loaders require: no gaps), largest element size first, so each tensor is naturally
- * aligned; the file is written to path.tmp, synced and renamed. */
+ * copies what it is given (or asks for a later tensor's bytes as it writes) and writes data contiguously
+ * (what the safetensors library and HF loaders require: no gaps), largest element size first, so each tensor
+ * is naturally aligned; the file is written to path.tmp, synced and renamed. */
 #include "cm_safetensors.h"
 
 #include <cJSON.h>
@@ -121,7 +121,8 @@ cm_status cm_st_writer_add(cm_st_writer *w, const char *name, cm_dtype dt, int n
     return add_entry(w, name, dt, n_dims, shape, data, 0);
 }
 
-cm_status cm_st_writer_add_later(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims, const int64_t *shape) {
+cm_status cm_st_writer_add_later(cm_st_writer *w, const char *name, cm_dtype dt, int n_dims,
+                                 const int64_t *shape) {
     return add_entry(w, name, dt, n_dims, shape, NULL, 1);
 }
 
@@ -208,12 +209,15 @@ static int write_all(int fd, const void *buf, size_t len) {
     return 0;
 }
 
-cm_status cm_st_writer_write(cm_st_writer *w, const char *path) { return cm_st_writer_write_with(w, path, NULL, NULL); }
+cm_status cm_st_writer_write(cm_st_writer *w, const char *path) {
+    return cm_st_writer_write_with(w, path, NULL, NULL);
+}
 
 cm_status cm_st_writer_write_with(cm_st_writer *w, const char *path, cm_st_fill_fn fill, void *user) {
     for (int i = 0; i < w->n && !fill; i++)
         if (!w->entries[i].data)
-            return CM_FAIL(CM_ERR_INVALID_ARG, "tensor '%s' of '%s' was added later and nothing gives its bytes",
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "tensor '%s' of '%s' was added later and nothing gives its bytes",
                            w->entries[i].name, path);
     // data order: element size 8, 4, 2, 1 (stable), so every tensor is naturally aligned
     uint64_t off = 0;

@@ -24,22 +24,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cm_time.h"
 #include "cm_args.h"
 #include "cm_cfg.h"
 #include "cm_cfg_hash.h"
 #include "cm_dtype.h"
 #include "cm_lock.h"
 #include "cm_log.h"
-#include "cm_tb.h"
 #include "cm_safetensors.h"
+#include "cm_tb.h"
+#include "cm_time.h"
 #include "cm_weights_id.h"
 #include "dt_anchor.h"
 #include "dt_ckpt.h"
 #include "dt_cmd.h"
 #include "dt_data.h"
-#include "dt_feed.h"
 #include "dt_dp.h"
+#include "dt_feed.h"
 #include "dt_live.h"
 #include "dt_model.h"
 #include "dt_optim.h"
@@ -51,8 +51,6 @@
 #include "dt_train_eval.h"
 #include "dt_train_random.h"
 #include "dt_train_rundir.h"
-
-
 
 // ---- pieces of the run
 

@@ -20,9 +20,9 @@ typedef struct draw {
 
 static cm_status draw_block(void *ctx, int worker, int64_t item) {
     (void)worker;
-    const draw   *d  = ctx;
-    const int     k  = (int)(item / d->n_blocks);
-    const int64_t b  = item % d->n_blocks;
+    const draw   *d = ctx;
+    const int     k = (int)(item / d->n_blocks);
+    const int64_t b = item % d->n_blocks;
     const int64_t r0 = b * BLOCK_ROWS, r1 = r0 + BLOCK_ROWS < d->V ? r0 + BLOCK_ROWS : d->V;
     cm_rng        g;
     cm_rng_seed_stream(&g, d->seed ^ 0x66726f7a656eull, (uint64_t)k, (uint64_t)b); /* "frozen" */
@@ -43,9 +43,10 @@ cm_status dt_random_frozen(uint64_t seed, int64_t V, int64_t D, uint16_t *out[2]
                            (long long)D);
         }
     int       failed = 0;
-    cm_pool  *pool   = NULL;
-    cm_status st     = cm_pool_create(&pool, cm_pool_cpu_threads(32), "the random frozen matrices");
-    if (st == CM_OK) st = cm_pool_run(pool, draw_block, &d, 2 * d.n_blocks, &failed);
+    cm_pool  *pool = NULL;
+    cm_status st = cm_pool_create(&pool, cm_pool_cpu_threads(32), "the random frozen matrices");
+    if (st == CM_OK)
+        st = cm_pool_run(pool, draw_block, &d, 2 * d.n_blocks, &failed);
     cm_pool_destroy(&pool);
     if (st != CM_OK) {
         free(d.m[0]);

@@ -19,8 +19,8 @@
 
 #include "cm_dtype.h"
 #include "cm_log.h"
-#include "cm_time.h"
 #include "cm_safetensors.h"
+#include "cm_time.h"
 #include "dt_ckpt_sum.h"
 
 // ---- text building
@@ -270,17 +270,18 @@ typedef struct param_fill {
     int               pinned;
 } param_fill;
 
-static cm_status fill_create(param_fill *f, const kn_backend *be, kn_ctx *ctx, int n_entries, int64_t max_numel,
-                             int bf16) {
+static cm_status fill_create(param_fill *f, const kn_backend *be, kn_ctx *ctx, int n_entries,
+                             int64_t max_numel, int bf16) {
     memset(f, 0, sizeof *f);
-    f->be    = be;
-    f->ctx   = ctx;
-    f->src   = calloc((size_t)n_entries, sizeof *f->src);
+    f->be = be;
+    f->ctx = ctx;
+    f->src = calloc((size_t)n_entries, sizeof *f->src);
     f->numel = calloc((size_t)n_entries, sizeof *f->numel);
     f->stage = malloc((size_t)max_numel * sizeof *f->stage);
-    f->bf    = bf16 ? malloc((size_t)max_numel * sizeof *f->bf) : NULL;
+    f->bf = bf16 ? malloc((size_t)max_numel * sizeof *f->bf) : NULL;
     if (!f->src || !f->numel || !f->stage || (bf16 && !f->bf))
-        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %lld floats to stage a checkpoint", (long long)max_numel);
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %lld floats to stage a checkpoint",
+                       (long long)max_numel);
     if (be->host_pin && be->host_unpin) {
         f->pinned = be->host_pin(ctx, f->stage, (size_t)max_numel * sizeof *f->stage) == CM_OK;
         if (!f->pinned) {
@@ -292,7 +293,8 @@ static cm_status fill_create(param_fill *f, const kn_backend *be, kn_ctx *ctx, i
 }
 
 static void fill_destroy(param_fill *f) {
-    if (f->pinned) f->be->host_unpin(f->ctx, f->stage);
+    if (f->pinned)
+        f->be->host_unpin(f->ctx, f->stage);
     free(f->src);
     free(f->numel);
     free(f->stage);
@@ -300,10 +302,11 @@ static void fill_destroy(param_fill *f) {
 }
 
 static cm_status fill_param(void *user, int entry, const void **data) {
-    param_fill *f = user;
+    param_fill  *f = user;
     const size_t n = (size_t)f->numel[entry];
     CM_TRY(f->be->download(f->ctx, f->stage, f->src[entry], n * sizeof *f->stage));
-    if (f->bf) CM_TRY(cm_convert(f->bf, CM_DTYPE_BF16, f->stage, CM_DTYPE_F32, n));
+    if (f->bf)
+        CM_TRY(cm_convert(f->bf, CM_DTYPE_BF16, f->stage, CM_DTYPE_F32, n));
     *data = f->bf ? (const void *)f->bf : (const void *)f->stage;
     return CM_OK;
 }
@@ -341,7 +344,8 @@ cm_status dt_ckpt_write_model(const char *dir, const dt_model *m, const kn_backe
     char          path[4096];
     int64_t       widest = 1;
     for (int i = 0; i < dt_model_n_params(m); i++)
-        if (dt_model_param(m, i)->numel > widest) widest = dt_model_param(m, i)->numel;
+        if (dt_model_param(m, i)->numel > widest)
+            widest = dt_model_param(m, i)->numel;
     CM_TRY_GOTO(dt_ckpt_config_json(dt_model_cfg(m), &json), st, fail);
     CM_TRY_GOTO(join(path, sizeof path, dir, "config.json"), st, fail);
     CM_TRY_GOTO(write_file_atomic(path, json, strlen(json)), st, fail);
@@ -351,8 +355,8 @@ cm_status dt_ckpt_write_model(const char *dir, const dt_model *m, const kn_backe
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "format", "pt"), st, fail);
     for (int i = 0; i < dt_model_n_params(m); i++) {
         const dt_param *p = dt_model_param(m, i);
-        f.src[i]          = p->data;
-        f.numel[i]        = p->numel;
+        f.src[i] = p->data;
+        f.numel[i] = p->numel;
         CM_TRY_GOTO(cm_st_writer_add_later(w, p->name, CM_DTYPE_BF16, p->n_dims, p->shape), st, fail);
     }
     CM_TRY_GOTO(join(path, sizeof path, dir, "model.safetensors"), st, fail);
@@ -399,7 +403,8 @@ static cm_status write_state(const char *path, const dt_optim *o, const kn_backe
     const int     n = dt_optim_n_params(o);
     int64_t       widest = 1;
     for (int i = 0; i < n; i++)
-        if (dt_optim_param(o, i)->numel > widest) widest = dt_optim_param(o, i)->numel;
+        if (dt_optim_param(o, i)->numel > widest)
+            widest = dt_optim_param(o, i)->numel;
     CM_TRY_GOTO(fill_create(&f, be, ctx, 3 * n + 3, widest, 0), st, fail);
     CM_TRY_GOTO(cm_st_writer_create(&w), st, fail);
     CM_TRY_GOTO(cm_st_writer_set_metadata(w, "format", DT_CKPT_FORMAT), st, fail);
@@ -416,7 +421,7 @@ static cm_status write_state(const char *path, const dt_optim *o, const kn_backe
     for (int k = 0; k < 3; k++) /* entry k·n + i */
         for (int i = 0; i < n; i++) {
             const dt_param *p = dt_optim_param(o, i);
-            f.src[k * n + i]   = k == 0 ? p->data : k == 1 ? dt_optim_m(o, i) : dt_optim_v(o, i);
+            f.src[k * n + i] = k == 0 ? p->data : k == 1 ? dt_optim_m(o, i) : dt_optim_v(o, i);
             f.numel[k * n + i] = p->numel;
             snprintf(name, sizeof name, "%s.%s", kinds[k], p->name);
             CM_TRY_GOTO(cm_st_writer_add_later(w, name, CM_DTYPE_F32, p->n_dims, p->shape), st, fail);
@@ -490,7 +495,8 @@ cm_status dt_ckpt_save(const char *run_dir, const dt_model *m, const dt_optim *o
     CM_TRY(write_file_atomic(path, line, (size_t)n));
     CM_TRY(fsync_path(ckdir));
     const double t4 = cm_now_s();
-    CM_LOG_INFO("checkpoint %s written in %.1f s: model %.1f s, training state %.1f s, checksums %.1f s, syncs %.1f s",
+    CM_LOG_INFO("checkpoint %s written in %.1f s: model %.1f s, training state %.1f s, checksums %.1f s, "
+                "syncs %.1f s",
                 name, t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3);
     if (step_dir && cap)
         snprintf(step_dir, cap, "%s", fin);

@@ -17,10 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cm_time.h"
 #include "cm_hash.h"
 #include "cm_pool.h"
 #include "cm_safetensors.h"
+#include "cm_time.h"
 
 static const char *const SUM_FILES[3] = {"config.json", "model.safetensors", "training_state.safetensors"};
 
@@ -82,20 +82,22 @@ typedef struct tensor_sums {
 static cm_status sum_tensor(void *ctx, int worker, int64_t i) {
     (void)worker;
     const tensor_sums  *ts = ctx;
-    const cm_st_tensor *t  = cm_st_at(ts->f, (int)i);
-    ts->h[i]               = cm_xxh64(t->data, t->nbytes, 0);
+    const cm_st_tensor *t = cm_st_at(ts->f, (int)i);
+    ts->h[i] = cm_xxh64(t->data, t->nbytes, 0);
     return CM_OK;
 }
 
 static cm_status sum_tensors(const cm_st *f, uint64_t **out) {
     const int n = cm_st_count(f);
-    *out        = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
-    if (!*out) return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d tensor checksums", n);
-    tensor_sums ts   = {f, *out};
+    *out = malloc((size_t)(n > 0 ? n : 1) * sizeof **out);
+    if (!*out)
+        return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d tensor checksums", n);
+    tensor_sums ts = {f, *out};
     cm_pool    *pool = NULL;
     int         failed;
     cm_status   st = cm_pool_create(&pool, cm_pool_cpu_threads(16), "checkpoint checksums");
-    if (st == CM_OK) st = cm_pool_run(pool, sum_tensor, &ts, n, &failed);
+    if (st == CM_OK)
+        st = cm_pool_run(pool, sum_tensor, &ts, n, &failed);
     cm_pool_destroy(&pool);
     return st;
 }

@@ -28,21 +28,25 @@ typedef struct init_job {
 static cm_status init_block(void *ctx, int worker, int64_t b) {
     (void)worker;
     const init_job *jb = ctx;
-    const dt_param *p  = &jb->m->params[jb->i];
-    const int       j  = jb->i >= P_LAYER0 && jb->i < jb->m->p_norm ? (jb->i - P_LAYER0) % jb->m->n_lp : -1;
+    const dt_param *p = &jb->m->params[jb->i];
+    const int       j = jb->i >= P_LAYER0 && jb->i < jb->m->p_norm ? (jb->i - P_LAYER0) % jb->m->n_lp : -1;
     const int64_t   e0 = b * INIT_BLOCK, e1 = e0 + INIT_BLOCK < p->numel ? e0 + INIT_BLOCK : p->numel;
-    float          *h  = jb->host;
+    float          *h = jb->host;
     if (j == LP_ACONV_BASE || j == LP_MCONV_BASE) { /* identity: tap 0 = 1 on both sides */
         const int64_t Kc = p->shape[1], D = p->shape[2];
-        for (int64_t e = e0; e < e1; e++) h[e] = (e / D) % Kc == 0 ? 1.0f : 0.0f;
+        for (int64_t e = e0; e < e1; e++)
+            h[e] = (e / D) % Kc == 0 ? 1.0f : 0.0f;
     } else if (j == LP_ACONV_PROJ || j == LP_MCONV_PROJ) { /* so an untrained DFlash2 is a DFlash */
-        for (int64_t e = e0; e < e1; e++) h[e] = 0.0f;
+        for (int64_t e = e0; e < e1; e++)
+            h[e] = 0.0f;
     } else if (p->n_dims != 2) {
-        for (int64_t e = e0; e < e1; e++) h[e] = 1.0f;
+        for (int64_t e = e0; e < e1; e++)
+            h[e] = 1.0f;
     } else {
         cm_rng rng;
         cm_rng_seed_stream(&rng, jb->seed, (uint64_t)jb->i, (uint64_t)b);
-        for (int64_t e = e0; e < e1; e++) h[e] = (float)(0.02 * cm_rng_normal(&rng));
+        for (int64_t e = e0; e < e1; e++)
+            h[e] = (float)(0.02 * cm_rng_normal(&rng));
     }
     return CM_OK;
 }
@@ -60,9 +64,10 @@ cm_status dt_model_init_random(dt_model *m, uint64_t seed) {
     cm_status st = cm_pool_create(&pool, cm_pool_cpu_threads(32), "the drafter's initialisation");
     for (int i = 0; i < m->n_params && st == CM_OK; i++) {
         const dt_param *p = &m->params[i];
-        jb.i              = i;
-        st                = cm_pool_run(pool, init_block, &jb, (p->numel + INIT_BLOCK - 1) / INIT_BLOCK, &failed);
-        if (st == CM_OK) st = m->be->upload(m->ctx, p->data, jb.host, (size_t)p->numel * sizeof(float));
+        jb.i = i;
+        st = cm_pool_run(pool, init_block, &jb, (p->numel + INIT_BLOCK - 1) / INIT_BLOCK, &failed);
+        if (st == CM_OK)
+            st = m->be->upload(m->ctx, p->data, jb.host, (size_t)p->numel * sizeof(float));
     }
     cm_pool_destroy(&pool);
     free(jb.host);
