@@ -481,7 +481,7 @@ cm_status ts_serve_run(const ts_serve_args *a) {
     }
 #ifdef TANDEM_HAVE_NCCL
     const cm_chan_nccl_server nccl = {serve_nccl_open, serve_nccl_close, devices[0]};
-    if (strcmp(a->device, "cuda") == 0 && a->stages == 1) { /* a split replica answers through host memory */
+    if (strcmp(a->device, "cuda") == 0) { /* a split replica sends from its first stage's GPU */
         sc.nccl = &nccl;
         sc.nccl_devices = devices;
     }
@@ -495,7 +495,8 @@ cm_status ts_serve_run(const ts_serve_args *a) {
         CM_LOG_INFO("%d replicas, each with its own copy of the weights", n);
     if (a->stages > 1)
         CM_LOG_INFO("each replica's layers split over %d stages (docs/target.md), with a worker per stage: up to %d "
-                    "packs in flight per replica; answers through host memory", a->stages, a->stages);
+                    "packs in flight per replica; NCCL answers leave from each replica's first GPU", a->stages,
+                    a->stages);
     if (a->decode_seqs > 0) CM_TRY_GOTO(ts_serve_decode_start(&all.dec, srv, &all), st, fail);
     if (a->endpoint_file)
         CM_TRY_GOTO(write_endpoint_file(a->endpoint_file, cm_chan_server_endpoint(srv)), st, fail);

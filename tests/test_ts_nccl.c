@@ -34,34 +34,16 @@ typedef struct proc {
     char  endpoint[320], log[512], epfile[512];
 } proc;
 
-/* stages: "1", or "2" for one replica split over two stages (both on GPU 0) */
-static int serve_start(proc *p, const char *tag, const char *bind, const char *stages) {
+/* gpus: serve's --gpu; stages: "1", or "2" for one replica split over two stages (stage k on the
+ * k-th GPU of gpus, or both on the one given) */
+static int serve_start(proc *p, const char *tag, const char *bind, const char *gpus, const char *stages) {
     snprintf(p->log, sizeof p->log, "%s/%s.log", tmp, tag);
     snprintf(p->epfile, sizeof p->epfile, "%s/%s.ep", tmp, tag);
     unlink(p->epfile);
-    char *argv[] = {bin,
-                    "serve",
-                    "--model",
-                    model,
-                    "--device",
-                    "cuda",
-                    "--gpu",
-                    "0",
-                    "--bind",
-                    (char *)bind,
-                    "--endpoint-file",
-                    p->epfile,
-                    "--encoding",
-                    "raw",
-                    "--credits",
-                    "4",
-                    "--heartbeat-ms",
-                    "200",
-                    "--peer-timeout-ms",
-                    "3000",
-                    "--stages",
-                    (char *)stages,
-                    NULL};
+    char *argv[] = {bin,         "serve",        "--model",         model,     "--device",   "cuda", "--gpu",
+                    (char *)gpus, "--bind",      (char *)bind,      "--endpoint-file", p->epfile, "--encoding",
+                    "raw",       "--credits",    "4",               "--heartbeat-ms", "200", "--peer-timeout-ms",
+                    "3000",      "--stages",     (char *)stages,    NULL};
     setenv("ASAN_OPTIONS", "exitcode=86", 1);
     pid_t pid = fork();
     if (pid == 0) {
@@ -174,7 +156,7 @@ static void test_nccl(void) {
     proc p;
     char bind[300];
     snprintf(bind, sizeof bind, "ipc://%s/serve.ipc", tmp);
-    if (!serve_start(&p, "serve-1", bind, "1")) {
+    if (!serve_start(&p, "serve-1", bind, "0", "1")) {
         TST_CHECK(0);
         return;
     }
@@ -216,7 +198,7 @@ static void test_nccl(void) {
         if (++done == 20) {
             killed = serve_end(&p, SIGKILL) == 128 + SIGKILL;
             tst_sleep_ms(300);
-            restarted = serve_start(&p, "serve-2", p.endpoint, "1");
+            restarted = serve_start(&p, "serve-2", p.endpoint, "0", "1");
         }
     }
     int once = 1;
@@ -241,13 +223,14 @@ static void test_nccl(void) {
         fprintf(stderr, "serve log:\n%s\n", tst_slurp(p.log));
 }
 
-/* A replica split over two stages sends NCCL answers too: each stage copies its layers to the
- * first stage's GPU, which sends them. The answers equal the unsplit server's ZeroMQ ones. */
+/* A replica split over two stages (stage 0 on GPU 0, stage 1 on GPU 1) sends NCCL answers too:
+ * stage 1 copies its layers to GPU 0 over peer to peer, and GPU 0 sends the answer to the trainer
+ * on GPU 1. The answers equal the unsplit server's ZeroMQ ones. */
 static void test_nccl_split(void) {
     proc p;
     char bind[300];
     snprintf(bind, sizeof bind, "ipc://%s/split.ipc", tmp);
-    if (!serve_start(&p, "serve-split", bind, "2")) {
+    if (!serve_start(&p, "serve-split", bind, "0,1", "2")) {
         TST_CHECK(0);
         return;
     }
