@@ -102,6 +102,17 @@ static cm_status submit(cm_chan_client *c, uint64_t id) {
     return cm_chan_client_submit(c, id, p->tokens, (uint32_t)p->T, p->cu, (uint32_t)p->N, want_layers, N_REQ);
 }
 
+/* A trainer's NCCL client on GPU 1 (4 credits) for the server at ep; hooks must outlive it. */
+static cm_status nccl_client(const char *ep, const char *name, cm_nccl_client **nc, cm_chan_nccl_client *hooks,
+                             cm_chan_client **c) {
+    CM_TRY(cm_nccl_client_create(nc, 1, 4, 60000));
+    cm_nccl_client_hooks(*nc, hooks);
+    cm_chan_client_config cc = client_config(ep, name, CM_ENCODING_NCCL);
+    cc.nccl = hooks;
+    cc.credits = 4;
+    return cm_chan_client_create(c, &cc);
+}
+
 /* Reference answers from ZeroMQ (raw BF16). */
 static int reference(const char *ep) {
     cm_chan_client_config cc = client_config(ep, "zmq-ref", CM_ENCODING_RAW);
@@ -161,15 +172,10 @@ static void test_nccl(void) {
         return;
     }
     TST_CHECK(reference(p.endpoint));
-    cm_nccl_client *nc = NULL;
-    TST_CHECK(cm_nccl_client_create(&nc, 1, 4, 60000) == CM_OK);
+    cm_nccl_client     *nc = NULL;
     cm_chan_nccl_client hooks;
-    cm_nccl_client_hooks(nc, &hooks);
-    cm_chan_client_config cc = client_config(p.endpoint, "nccl", CM_ENCODING_NCCL);
-    cc.nccl = &hooks;
-    cc.credits = 4;
-    cm_chan_client *c = NULL;
-    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    cm_chan_client     *c = NULL;
+    TST_CHECK(nccl_client(p.endpoint, "nccl", &nc, &hooks, &c) == CM_OK);
     cm_proto_welcome w;
     cm_status        st = cm_chan_client_wait_ready(c, 60000, &w);
     TST_CHECK(st == CM_OK);
@@ -234,15 +240,10 @@ static void test_nccl_split(void) {
         TST_CHECK(0);
         return;
     }
-    cm_nccl_client *nc = NULL;
-    TST_CHECK(cm_nccl_client_create(&nc, 1, 4, 60000) == CM_OK);
+    cm_nccl_client     *nc = NULL;
     cm_chan_nccl_client hooks;
-    cm_nccl_client_hooks(nc, &hooks);
-    cm_chan_client_config cc = client_config(p.endpoint, "nccl-split", CM_ENCODING_NCCL);
-    cc.nccl = &hooks;
-    cc.credits = 4;
-    cm_chan_client *c = NULL;
-    TST_CHECK(cm_chan_client_create(&c, &cc) == CM_OK);
+    cm_chan_client     *c = NULL;
+    TST_CHECK(nccl_client(p.endpoint, "nccl-split", &nc, &hooks, &c) == CM_OK);
     int       exact = 0, done = 0, next = 0;
     cm_status st = cm_chan_client_wait_ready(c, 60000, NULL);
     TST_CHECK(st == CM_OK);

@@ -30,6 +30,7 @@
 #include "cm_dtype.h"
 #include "cm_lock.h"
 #include "cm_log.h"
+#include "cm_pool.h"
 #include "cm_safetensors.h"
 #include "cm_tb.h"
 #include "cm_time.h"
@@ -226,7 +227,6 @@ static void set_next_rng(run *r, int64_t step) {
  * in the epochs' orders), before the first of them. */
 static cm_status verify_shards(run *r, int64_t start, int64_t end) {
     const int      n = dt_data_count(r->data);
-    const long     cores = sysconf(_SC_NPROCESSORS_ONLN);
     uint8_t       *reads = calloc((size_t)n, 1);
     if (!reads)
         return CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d batch marks", n);
@@ -237,7 +237,7 @@ static cm_status verify_shards(run *r, int64_t start, int64_t end) {
         }
         reads[dt_data_step_batch(r->data, r->order, t % r->hp.n_batches)] = 1;
     }
-    cm_status st = dt_shard_source_verify(r->shards, reads, n, cores < 1 ? 1 : cores > 8 ? 8 : (int)cores);
+    cm_status st = dt_shard_source_verify(r->shards, reads, n, cm_pool_cpu_threads(8));
     free(reads);
     return st;
 }
