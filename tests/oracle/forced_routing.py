@@ -2,10 +2,11 @@
 """tests/oracle/forced_routing.py — a dump of a MoE fixture against the float64 oracle made to route as the dump
 did: the error of the numbers alone, apart from the top-k calls that bf16 rounding flips.
 
-A bf16 forward of these tiny random MoE models chooses another expert for a few (token, layer) rows, where the
-K-th and (K+1)-th router probabilities are close (74 of 3138 rows for qwen35moe_mm_fused on CUDA, 115 for
-Transformers' own bf16), and a flipped expert moves that token's output and, through attention and the GDN
-state, the tokens after it: the free-running relative L2 then measures the flips as much as the arithmetic.
+On an input with close calls, a bf16 forward of these tiny random MoE models chooses another expert for a few
+(token, layer) rows, where the K-th and (K+1)-th router logits are close (with uniform random tokens: 74 of 3138
+rows for qwen35moe_mm_fused on CUDA, 115 for Transformers' own bf16; the committed inputs are chosen to leave no
+such call, make_moe_fixtures.py's decisive_input), and a flipped expert moves that token's output and, through
+attention and the GDN state, the tokens after it: the free-running relative L2 then measures the flips as much as the arithmetic.
 Here the float64 reference is computed again with every MoE layer's router forced to the dump's experts
 (experts_<i>, I32 [T, K]): each router call keeps its float64 logits and softmax, and its top-k is replaced by
 the dump's choice, with the weights those experts get from the same softmax (renormalised where the model

@@ -3,9 +3,9 @@
 
 Builds tiny random Qwen3.5-MoE (qwen3_5_moe multimodal, qwen3_5_moe_text flat) and Qwen3-Next (qwen3_next) models
 with Transformers (seeded), saves them in the real Hugging Face layouts (experts fused as the BF16 Hub checkpoints
-hold them, or per expert as the FP8 and Qwen3-Next checkpoints do), loads each SAVED checkpoint back, runs it in
-float64 one packed sequence at a time on the pure-torch paths and writes float64 references plus the router's
-choices: tests/fixtures/target/<name>/{model/, input.safetensors, ref.safetensors}, appended to manifest.json.
+hold them, or per expert as the FP8 and Qwen3-Next checkpoints do), loads each SAVED checkpoint back, chooses
+input tokens that leave every router a clear top-k (decisive_input), runs it in float64 one packed sequence at
+a time on the pure-torch paths and writes float64 references plus the router's choices: tests/fixtures/target/<name>/{model/, input.safetensors, ref.safetensors}, appended to manifest.json.
 It imports make_target_fixtures.py for everything that is not MoE (randomising, dtype policies, loading and its
 checks, the float64 promotion of HF's float32 casts, the dtype audit, the packed and padded runs, the gated delta
 rule checks). See tests/oracle/README.md for how to run it and what each fixture covers.
@@ -113,6 +113,10 @@ FIXTURES = [
 
 ROUTER_SCALE = 3.0    # router logits ~ N(0, 3^2): softmax top-k well separated (the gaps are checked)
 MIN_GAP = 1e-6        # smallest allowed (p_K - p_K+1) / p_K, and between consecutive chosen experts
+# Every (token, MoE layer) of the input: the K-th largest router logit exceeds the (K+1)-th by at least this
+# (logit units; the logits' spread is ROUTER_SCALE). The input's tokens are chosen for it (decisive_input).
+# A bf16 forward moves these logits by a few 1e-2 here, so no close call is left for it to flip.
+MIN_LOGIT_GAP = 0.25
 TOL_SELF = mt.TOL_SELF
 TOL_STOCK = mt.TOL_STOCK
 TOL_F32 = 1e-3        # float32 model (HF's grouped_mm experts) vs the float64 reference, relative to max |ref|
@@ -317,6 +321,50 @@ def routing_gaps(routes, k):
     return kth, order
 
 
+def min_logit_gap(routes, k):
+    """Smallest (l_K - l_K+1) over every token and MoE layer, l the router's logits in descending order."""
+    gap = math.inf
+    for logits, _ in routes.values():
+        lg = logits.double().sort(-1, descending=True).values
+        gap = min(gap, float((lg[:, k - 1] - lg[:, k]).min()))
+    return gap
+
+
+@torch.no_grad()
+def decisive_input(model, fx, top_k):
+    """input_ids and cu_seqlens for fx's sequence lengths, the tokens chosen one position at a time (seeded)
+    so that every MoE router's top-k is decided by at least MIN_LOGIT_GAP: at position t every token of the
+    vocabulary is tried after the sequence's t tokens so far (one batched float64 forward), in a seeded random
+    order, and the first whose routing clears the gap at every MoE layer is kept. Causal, so the choices made
+    stay valid. Fails when some position has no such token (then lower the gap or change the seed)."""
+    gen = torch.Generator().manual_seed(fx["seed"] + 1)
+    V = fx["text"]["vocab_size"]
+    ids, tried = [], 0
+    for L in fx["seqlens"]:
+        seq = torch.zeros(0, dtype=torch.long)
+        for t in range(L):
+            order = torch.randperm(V, generator=gen)
+            x = torch.cat([seq.repeat(V, 1), order[:, None]], 1)
+            with mt.hf_float64(), route_capture(model) as calls:
+                model(input_ids=x, use_cache=False)
+            gaps = torch.full((V,), math.inf, dtype=torch.float64)
+            for (logits, _), in calls.values():
+                lg = logits.reshape(V, t + 1, -1)[:, -1].double().sort(-1, descending=True).values
+                gaps = torch.minimum(gaps, lg[:, top_k - 1] - lg[:, top_k])
+            ok = (gaps >= MIN_LOGIT_GAP).nonzero().flatten()
+            if len(ok) == 0:
+                fail(f"{fx['name']}: no token clears a router logit gap of {MIN_LOGIT_GAP} at position {t} of a "
+                     f"sequence of {L} (best {float(gaps.max()):.3f})")
+            tried += int(ok[0]) + 1
+            seq = torch.cat([seq, order[ok[0]].reshape(1)])
+        ids.append(seq)
+    ids = torch.cat(ids).to(torch.int32)
+    cu = torch.tensor([0] + list(torch.tensor(fx["seqlens"]).cumsum(0)), dtype=torch.int32)
+    log(f"    input: {len(ids)} tokens chosen for router logit gaps >= {MIN_LOGIT_GAP}, "
+        f"{tried / len(ids):.2f} tried per position")
+    return ids, cu
+
+
 def same_routes(a, b):
     return all(torch.equal(a[i][1], b[i][1]) for i in a)
 
@@ -417,8 +465,6 @@ def make_fixture(fx, fdir):
     expert_shapes = check_expert_layout(fx, model_dir, built)
     log(f"    experts as saved: " + ", ".join(f"{k} {v}" for k, v in expert_shapes.items()))
 
-    ids, cu = mt.make_input(fx)
-    save_file({"input_ids": ids, "cu_seqlens": cu}, os.path.join(fdir, "input.safetensors"))
     seqlens = fx["seqlens"]
     as_model = fuse_experts if fx["experts"] == "per-expert" else None
 
@@ -441,6 +487,8 @@ def make_fixture(fx, fdir):
         elif moe != list(range(cfg.num_hidden_layers)):
             fail(f"{name}: every qwen3_5_moe layer should be MoE, got {moe}")
         dense = [i for i in range(cfg.num_hidden_layers) if i not in moe]
+        ids, cu = decisive_input(model, fx, top_k)
+        save_file({"input_ids": ids, "cu_seqlens": cu}, os.path.join(fdir, "input.safetensors"))
 
         audit = mt.DtypeAudit()
         with mt.hf_float64(), route_capture(model) as calls:
@@ -454,6 +502,10 @@ def make_fixture(fx, fdir):
             f"between chosen experts {order['gap']:.3e}")
         if not kth["gap"] >= MIN_GAP or not order["gap"] >= MIN_GAP:
             fail(f"{name}: routing near a tie (gap < {MIN_GAP:.0e}); change the seed")
+        logit_gap = min_logit_gap(routes, top_k)
+        log(f"    routing: smallest router logit gap l_K - l_K+1 = {logit_gap:.3f} (wanted >= {MIN_LOGIT_GAP})")
+        if not logit_gap >= MIN_LOGIT_GAP * (1 - 1e-9):
+            fail(f"{name}: the packed run's smallest router logit gap {logit_gap:.3f} < {MIN_LOGIT_GAP}")
 
         nl = cfg.num_hidden_layers
         want = [f"layer_{i}" for i in range(nl)] + ["final_norm", "logits"]
@@ -542,7 +594,11 @@ def make_fixture(fx, fdir):
         routing=dict(min_rel_gap_kth=float(f"{kth['gap']:.3e}"), min_rel_gap_kth_at=dict(layer=kth["layer"],
                      token=kth["token"]), min_rel_gap_within_topk=float(f"{order['gap']:.3e}"),
                      **{"kth_gaps_below_1e-3": kth["below_1e3"], "within_topk_gaps_below_1e-3": order["below_1e3"]},
-                     required_min_gap=MIN_GAP, **routing, tokens_per_expert=load),
+                     required_min_gap=MIN_GAP, min_logit_gap_kth=float(f"{logit_gap:.4f}"),
+                     required_min_logit_gap=MIN_LOGIT_GAP,
+                     input="tokens chosen position by position so that every router logit gap l_K - l_K+1 >= "
+                           "required_min_logit_gap (make_moe_fixtures.py decisive_input)",
+                     **routing, tokens_per_expert=load),
         self_checks_max_rel=checks,
         versions={"torch": torch.__version__, "transformers": transformers.__version__,
                   "python": platform.python_version()},
