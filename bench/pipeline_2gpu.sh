@@ -7,7 +7,9 @@
 #   env: SERVER_GPU (0; a list such as 0,1 runs one target replica per GPU in the one server),
 #        TRAINER_GPU (1), CREDITS (2), ENCODING (nccl; one GPU shared by both: raw over ZeroMQ,
 #        since NCCL takes one rank per GPU), STEPS (12), SERVE_ARGS (more serve flags), WORK (/tmp/i9: the
-#        dataset and the run; on /dev/shm the final 27 GB checkpoint is written in seconds)
+#        dataset and the run; on /dev/shm the final 27 GB checkpoint is written in seconds),
+#        SERVER_ENV / TRAINER_ENV (VAR=value words put in that process's environment, e.g.
+#        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60 under an MPS daemon)
 set -u
 cd "$(dirname "$0")/.."; OUT=${OUT:-/tmp/pipeline-2gpu}; mkdir -p "$OUT"
 B=${BUILD_DIR:-build}; T=${WORK:-/tmp/i9}; rm -rf $T; mkdir -p $T
@@ -22,13 +24,13 @@ with open('$T/d.jsonl','w') as f:
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > $OUT/smi.csv &
 smi=$!
 t0=$(date +%s.%N)
-$B/target-server/target-server serve --init random --config $CFG --seed 1 --device cuda --gpu $SG ${SERVE_ARGS:-} \
+env ${SERVER_ENV:-} $B/target-server/target-server serve --init random --config $CFG --seed 1 --device cuda --gpu $SG ${SERVE_ARGS:-} \
   --bind ipc://$T/s.ipc --max-tokens 8192 --max-layers 5 --credits $CR --stats-interval 0 > $OUT/serve.log 2>&1 &
 srv=$!
 for i in $(seq 1 300); do $B/target-server/target-server status --server ipc://$T/s.ipc --json 2>/dev/null | grep -q '"loaded":true' && break; sleep 0.2; done
 echo "server loaded after $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" > $OUT/summary.txt
 t1=$(date +%s.%N)
-timeout 300 $B/drafter-trainer/drafter-trainer train --device cuda --gpu $TG --precision bf16 --config $DR \
+timeout 300 env ${TRAINER_ENV:-} $B/drafter-trainer/drafter-trainer train --device cuda --gpu $TG --precision bf16 --config $DR \
   --target $CFG --target-init random --target-seed 1 --dataset $T/d.jsonl --token-budget 8192 \
   --server ipc://$T/s.ipc --encoding $ENC --credits $CR --steps $STEPS --max-anchors 512 --out $T/run \
   --progress lines --log-every 1 --no-tensorboard > $OUT/train.log 2>&1
