@@ -530,6 +530,40 @@ static void test_dry_run(void) {
     TST_CHECK(launch(out, bad_group, 20000) == 2 && strstr(slurp(out), "groups like 0+1,2+3"));
 }
 
+/* --mps: a GPU that a server and a trainer share runs them under CUDA MPS when
+ * nvidia-cuda-mps-control is there (TANDEM_MPS_CONTROL names it here; a dry run only looks for
+ * it: the daemon itself ran on an H200, bench/results/pipeline-shared-mps-2026-12-04.md), is
+ * time-sliced without it or with --mps off, and --mps on refuses to start without it. */
+static void test_mps(void) {
+    char out[512], run[512];
+    paths("mps.out", "never", out, run);
+    char *shared[] = {"--server-gpus",    "0",    "--trainer-gpus", "0,1", "--model", "/m",
+                      "--drafter-config", "d.json", "--out",        run,   "--dry-run", NULL, NULL, NULL};
+    setenv("TANDEM_MPS_CONTROL", "/nonexistent/nvidia-cuda-mps-control", 1);
+    TST_CHECK(launch(out, shared, 20000) == 0);
+    TST_CHECK(strstr(slurp(out), "GPU(s) 0 shared by several processes, time-sliced: nvidia-cuda-mps-control is "
+                                 "not installed") != NULL);
+    TST_CHECK(strstr(slurp(out), "CUDA_MPS_PIPE_DIRECTORY") == NULL);
+    shared[11] = "--mps", shared[12] = "on";
+    TST_CHECK(launch(out, shared, 20000) == 2 && strstr(slurp(out), "--mps on: GPU(s) 0 are shared"));
+    setenv("TANDEM_MPS_CONTROL", "/bin/true", 1); /* present; a dry run never starts it */
+    TST_CHECK(launch(out, shared, 20000) == 0);
+    const char *o = slurp(out);
+    TST_CHECK(strstr(o, "GPU(s) 0 shared by several processes: they run under CUDA MPS") != NULL);
+    /* the server and rank 0 (GPU 0) are MPS clients, rank 1 (GPU 1 alone) is not */
+    TST_CHECK(strstr(o, "$ env CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY=/tmp/tandem-mps.") != NULL);
+    TST_CHECK(strstr(o, "MASTER_PORT=29500 CUDA_MPS_PIPE_DIRECTORY=/tmp/tandem-mps.") != NULL);
+    TST_CHECK(strstr(o, "$ env CUDA_VISIBLE_DEVICES=1 RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 "
+                        "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 /") != NULL);
+    shared[12] = "off";
+    TST_CHECK(launch(out, shared, 20000) == 0 && strstr(slurp(out), "time-sliced (--mps off)") &&
+              !strstr(slurp(out), "CUDA_MPS_PIPE_DIRECTORY"));
+    shared[12] = "sometimes";
+    TST_CHECK(launch(out, shared, 20000) == 2 && strstr(slurp(out), "--mps 'sometimes'"));
+    unsetenv("TANDEM_MPS_CONTROL");
+    TST_CHECK(access(run, F_OK) != 0);
+}
+
 /* --gpus: the split from the planner's rates (the 27B deploy configs: one trainer GPU needs 2.42
  * target GPUs at bf16, 1.70 at fp8), printed with the plan. */
 static void test_auto_split(void) {
@@ -642,6 +676,7 @@ int main(void) {
     }
     time_t t0 = time(NULL);
     test_dry_run();
+    test_mps();
     test_auto_split();
     test_usage();
     test_run();
