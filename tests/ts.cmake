@@ -32,3 +32,8 @@ endif()
 add_test(NAME test_ts_moe_grouped COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_ts_moe_grouped.sh
          ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
 set_tests_properties(test_ts_moe_grouped PROPERTIES TIMEOUT 300 LABELS unit)
+# a drafter trained live from a Qwen3.5-MoE target served by a real target-server (cpu): losses fall, the real
+# tau rises, the decodes stay the target's own
+add_test(NAME test_moe_live COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_moe_live.sh ${PROJECT_SOURCE_DIR}
+         ${CMAKE_BINARY_DIR})
+set_tests_properties(test_moe_live PROPERTIES TIMEOUT 900 LABELS unit)
