@@ -63,8 +63,10 @@ static __global__ void quant_weight_kernel(uint8_t *q, float *scale, const void 
  * mode reads it; 0 for rows ≥ M). */
 enum { SRC_F32 = 0, SRC_BF16, SRC_SWIGLU, SRC_SWIGLU16 };
 
-static __device__ __forceinline__ float bf16r(float v) {
-    return __bfloat162float(__float2bfloat16_rn(v));
+/* a and b rounded to bf16 (each as __float2bfloat16_rn would) in one paired conversion */
+static __device__ __forceinline__ void bf16r2(float a, float b, float *ra, float *rb) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    *ra = __low2float(p), *rb = __high2float(p);
 }
 
 /* four bf16 values (8 bytes) widened exactly */
@@ -87,17 +89,18 @@ static __device__ __forceinline__ void load_group4(const void *inp, const void *
         ld_bf16x4((const uint16_t *)inp + at, v);
     } else if (SRC == SRC_F32) {
         float4 f = *(const float4 *)((const float *)inp + at);
-        v[0] = bf16r(f.x), v[1] = bf16r(f.y), v[2] = bf16r(f.z), v[3] = bf16r(f.w);
+        bf16r2(f.x, f.y, &v[0], &v[1]);
+        bf16r2(f.z, f.w, &v[2], &v[3]);
     } else if (SRC == SRC_SWIGLU) {
         float4 g = *(const float4 *)((const float *)inp + at), u = *(const float4 *)((const float *)up + at);
-        v[0] = bf16r(swiglu1(g.x, u.x)), v[1] = bf16r(swiglu1(g.y, u.y));
-        v[2] = bf16r(swiglu1(g.z, u.z)), v[3] = bf16r(swiglu1(g.w, u.w));
+        bf16r2(swiglu1(g.x, u.x), swiglu1(g.y, u.y), &v[0], &v[1]);
+        bf16r2(swiglu1(g.z, u.z), swiglu1(g.w, u.w), &v[2], &v[3]);
     } else {
         float g[4], u[4];
         ld_bf16x4((const uint16_t *)inp + at, g);
         ld_bf16x4((const uint16_t *)up + at, u);
-        for (int t = 0; t < 4; t++)
-            v[t] = bf16r(swiglu1(g[t], u[t]));
+        bf16r2(swiglu1(g[0], u[0]), swiglu1(g[1], u[1]), &v[0], &v[1]);
+        bf16r2(swiglu1(g[2], u[2]), swiglu1(g[3], u[3]), &v[2], &v[3]);
     }
 }
 
