@@ -533,7 +533,9 @@ static void test_dry_run(void) {
 /* --mps: a GPU that a server and a trainer share runs them under CUDA MPS when
  * nvidia-cuda-mps-control is there (TANDEM_MPS_CONTROL names it here; a dry run only looks for
  * it: the daemon itself ran on an H200, bench/results/pipeline-shared-mps-2026-12-04.md), is
- * time-sliced without it or with --mps off, and --mps on refuses to start without it. */
+ * time-sliced without it or with --mps off, and --mps on refuses to start without it. A start
+ * whose daemon exits at once (/bin/false) stops with one message before any server, and
+ * removes the pipe directory its plan named. */
 static void test_mps(void) {
     char out[512], run[512];
     paths("mps.out", "never", out, run);
@@ -560,8 +562,26 @@ static void test_mps(void) {
               !strstr(slurp(out), "CUDA_MPS_PIPE_DIRECTORY"));
     shared[12] = "sometimes";
     TST_CHECK(launch(out, shared, 20000) == 2 && strstr(slurp(out), "--mps 'sometimes'"));
-    unsetenv("TANDEM_MPS_CONTROL");
     TST_CHECK(access(run, F_OK) != 0);
+    /* a real start whose control daemon does not come up: one message, status 1, nothing started */
+    setenv("TANDEM_MPS_CONTROL", "/bin/false", 1);
+    char run2[512];
+    paths("mps.out", "mps-run", out, run2);
+    char *start[] = {
+        "--server-gpus", "0",         "--trainer-gpus",  "0",     "--model", MODEL, "--drafter-config",
+        config,          "--bin-dir", TANDEM_BINARY_DIR, "--out", run2,      NULL};
+    TST_CHECK(launch(out, start, 20000) == 1);
+    o = slurp(out);
+    TST_CHECK(strstr(o, "the MPS control daemon did not start") != NULL);
+    TST_CHECK(strstr(o, "server 0 started") == NULL &&
+              strstr(o, "CUDA_MPS_PIPE_DIRECTORY=/tmp/tandem-mps.") != NULL &&
+              strstr(o, "XXXXXX") == NULL); /* the plan names the pipe directory it made */
+    const char *pipe = strstr(o, "CUDA_MPS_PIPE_DIRECTORY=");
+    char        dir[64] = "";
+    if (pipe)
+        sscanf(pipe + strlen("CUDA_MPS_PIPE_DIRECTORY="), "%63[^ \n]", dir);
+    TST_CHECK(dir[0] && access(dir, F_OK) != 0); /* removed on the way out */
+    unsetenv("TANDEM_MPS_CONTROL");
 }
 
 /* --gpus: the split from the planner's rates (the 27B deploy configs: one trainer GPU needs 2.42
