@@ -8,8 +8,9 @@
  * kernel (kn_fp8_gemm_sm90a.cu: the same bits, 10-24 % slower today). The quantizations do the
  * reference's fp32 operations in its order (IEEE division; the e4m3 conversion, two values at a
  * time, rounds to nearest even and saturates), so their bytes and scales equal the cpu's; only
- * the product's accumulation order differs. cuBLASLt wants the token count a multiple of 4 or more: the quantized input is padded
- * with zero rows to kn_fp8_rows(M), and a ragged product goes through scratch. */
+ * the product's accumulation order differs. cuBLASLt wants the token count a multiple of 4 or
+ * more: the quantized input is padded with zero rows to kn_fp8_rows(M), and a ragged product
+ * goes through scratch. */
 #include "kn_cuda.h"
 #include "kn_cuda_lt.h"
 #include "kn_cuda_ops.h"

@@ -5,7 +5,8 @@ Builds tiny random Qwen3.5-MoE (qwen3_5_moe multimodal, qwen3_5_moe_text flat) a
 with Transformers (seeded), saves them in the real Hugging Face layouts (experts fused as the BF16 Hub checkpoints
 hold them, or per expert as the FP8 and Qwen3-Next checkpoints do), loads each SAVED checkpoint back, chooses
 input tokens that leave every router a clear top-k (decisive_input), runs it in float64 one packed sequence at
-a time on the pure-torch paths and writes float64 references plus the router's choices: tests/fixtures/target/<name>/{model/, input.safetensors, ref.safetensors}, appended to manifest.json.
+a time on the pure-torch paths and writes float64 references plus the router's choices:
+tests/fixtures/target/<name>/{model/, input.safetensors, ref.safetensors}, appended to manifest.json.
 It imports make_target_fixtures.py for everything that is not MoE (randomising, dtype policies, loading and its
 checks, the float64 promotion of HF's float32 casts, the dtype audit, the packed and padded runs, the gated delta
 rule checks). See tests/oracle/README.md for how to run it and what each fixture covers.
@@ -321,13 +322,15 @@ def routing_gaps(routes, k):
     return kth, order
 
 
+def kth_logit_gaps(logits, k):
+    """Per row of router logits [N, E]: l_K - l_K+1, l in descending order."""
+    lg = logits.double().sort(-1, descending=True).values
+    return lg[:, k - 1] - lg[:, k]
+
+
 def min_logit_gap(routes, k):
-    """Smallest (l_K - l_K+1) over every token and MoE layer, l the router's logits in descending order."""
-    gap = math.inf
-    for logits, _ in routes.values():
-        lg = logits.double().sort(-1, descending=True).values
-        gap = min(gap, float((lg[:, k - 1] - lg[:, k]).min()))
-    return gap
+    """Smallest l_K - l_K+1 over every token and MoE layer."""
+    return min(float(kth_logit_gaps(logits, k).min()) for logits, _ in routes.values())
 
 
 @torch.no_grad()
@@ -349,8 +352,7 @@ def decisive_input(model, fx, top_k):
                 model(input_ids=x, use_cache=False)
             gaps = torch.full((V,), math.inf, dtype=torch.float64)
             for (logits, _), in calls.values():
-                lg = logits.reshape(V, t + 1, -1)[:, -1].double().sort(-1, descending=True).values
-                gaps = torch.minimum(gaps, lg[:, top_k - 1] - lg[:, top_k])
+                gaps = torch.minimum(gaps, kth_logit_gaps(logits.reshape(V, t + 1, -1)[:, -1], top_k))
             ok = (gaps >= MIN_LOGIT_GAP).nonzero().flatten()
             if len(ok) == 0:
                 fail(f"{fx['name']}: no token clears a router logit gap of {MIN_LOGIT_GAP} at position {t} of a "
@@ -358,8 +360,7 @@ def decisive_input(model, fx, top_k):
             tried += int(ok[0]) + 1
             seq = torch.cat([seq, order[ok[0]].reshape(1)])
         ids.append(seq)
-    ids = torch.cat(ids).to(torch.int32)
-    cu = torch.tensor([0] + list(torch.tensor(fx["seqlens"]).cumsum(0)), dtype=torch.int32)
+    ids, cu = torch.cat(ids).to(torch.int32), mt.cu_seqlens(fx["seqlens"])
     log(f"    input: {len(ids)} tokens chosen for router logit gaps >= {MIN_LOGIT_GAP}, "
         f"{tried / len(ids):.2f} tried per position")
     return ids, cu

@@ -594,12 +594,16 @@ def compare(tag, got, ref, tol):
 # Fixtures
 # --------------------------------------------------------------------------------------------------------------
 
+def cu_seqlens(seqlens):
+    """I32 [N + 1]: 0 and the running sums of the sequence lengths."""
+    return torch.tensor([0] + list(torch.tensor(seqlens).cumsum(0)), dtype=torch.int32)
+
+
 def make_input(fx):
     gen = torch.Generator().manual_seed(fx["seed"] + 1)
     T = sum(fx["seqlens"])
     ids = torch.randint(0, fx["text"]["vocab_size"], (T,), generator=gen, dtype=torch.int64).to(torch.int32)
-    cu = torch.tensor([0] + list(torch.tensor(fx["seqlens"]).cumsum(0)), dtype=torch.int32)
-    return ids, cu
+    return ids, cu_seqlens(fx["seqlens"])
 
 
 def sha256(path):
