@@ -708,14 +708,17 @@ def check_environment():
         fail(f"transformers {transformers.__version__} has no working Qwen3.5 classes; install >= 5.2")
 
 
+NOT_GENERATED = ("hf_bf16.json", ".tandem-fingerprint")
+
+
 def verify(committed_root, fresh_root, names):
     """Compare a fresh build with the committed one: weights and inputs bitwise, references to 1e-12.
-    hf_bf16.json is bf16_baseline.py's, not a generator's, so the committed one is not compared."""
+    Files no generator writes are left out: hf_bf16.json (bf16_baseline.py's) and .tandem-fingerprint (the
+    weights fingerprint cache target-server leaves beside a checkpoint it has loaded; git ignores it)."""
     bad = []
     for n in names:
         a, b = os.path.join(committed_root, n), os.path.join(fresh_root, n)
-        fa = [f for f in dir_files(a) if f != "hf_bf16.json"]
-        fb = dir_files(b)
+        fa, fb = ([f for f in dir_files(d) if os.path.basename(f) not in NOT_GENERATED] for d in (a, b))
         if fa != fb:
             bad.append(f"{n}: file lists differ: {sorted(set(fa) ^ set(fb))}")
             continue
