@@ -199,15 +199,17 @@ static __global__ void gdn_conv_qkv_kernel(OT *q, OT *k, OT *v, const float *x, 
  * float4 per lane and row), slides the taps over them in registers, and takes a q/k head's sum
  * of squares by shuffles, so no block-wide phases wait on each other (the block kernel above
  * reached half the memory bandwidth). A block is 8 warps: 8 consecutive runs of one group,
- * whose overlapping rows meet in L1. The f32 math is the block kernel's, with the sum of
- * squares in another order. */
+ * whose overlapping rows meet in L1. Token indices are 32-bit (cu_seqlens are) and three
+ * blocks share a multiprocessor (at most 85 registers a thread; with 88 only two did: 208 µs
+ * against 167 at the 27B shape, ncu). The f32 math is the block
+ * kernel's, with the sum of squares in another order. */
 template <int K, typename OT>
-static __global__ void gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x, const float *w,
-                                            const int32_t *cu, int n_seq, int64_t T, int nk, int nv, int dk,
-                                            int dv, float eps, float q_scale) {
+static __global__ void __launch_bounds__(256, 3)
+    gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x, const float *w, const int32_t *cu, int n_seq,
+                         int64_t T, int nk, int nv, int dk, int dv, float eps, float q_scale) {
     const int     g = blockIdx.y, lane = threadIdx.x & 31;
-    const int64_t t0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GDN_WARP_RUN;
-    if (t0 >= T)
+    const int     t0 = (int)(blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GDN_WARP_RUN, Ti = (int)T;
+    if (t0 >= Ti)
         return;
     const int64_t   C = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
     const gdn_group<OT> gr = gdn_group_of(g, q, k, v, nk, nv, dk, dv, q_scale);
@@ -221,10 +223,10 @@ static __global__ void gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x,
     float4 win[GDN_WARP_RUN + K - 1];
 #pragma unroll
     for (int i = 0; i < GDN_WARP_RUN + K - 1; i++) {
-        const int64_t t = t0 - (K - 1) + i;
+        const int t = t0 - (K - 1) + i;
         win[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (on && t >= 0 && t < T)
-            win[i] = *(const float4 *)(x + t * C + c0 + ch);
+        if (on && t >= 0 && t < Ti)
+            win[i] = *(const float4 *)(x + (int64_t)t * C + c0 + ch);
     }
     float wr[4][K];
 #pragma unroll
@@ -234,11 +236,11 @@ static __global__ void gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x,
             wr[c][j] = on ? w[(c0 + ch + c) * K + j] : 0.0f;
 
     int     s = seq_of(cu, n_seq, t0);
-    int64_t bos = cu[s], eos = cu[s + 1];
+    int     bos = cu[s], eos = cu[s + 1];
 #pragma unroll
     for (int r = 0; r < GDN_WARP_RUN; r++) {
-        const int64_t t = t0 + r;
-        if (t >= T) /* warp-uniform */
+        const int t = t0 + r;
+        if (t >= Ti) /* warp-uniform */
             break;
         while (t >= eos && s + 1 < n_seq) { /* a sequence starts at t */
             s++;
@@ -261,7 +263,7 @@ static __global__ void gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x,
             y.x *= scale, y.y *= scale, y.z *= scale, y.w *= scale;
         }
         if (on)
-            conv_st4(dst + t * dst_ld + ch, y, gr.mul);
+            conv_st4(dst + (int64_t)t * dst_ld + ch, y, gr.mul);
     }
 }
 
@@ -310,6 +312,8 @@ static cm_status gdn_conv_run(kn_ctx *ctx, OT *q, OT *k, OT *v, const float *x, 
     KN_CUDA_CHECK_ARG(T == 0 || n_seq > 0, "gdn_conv_qkv: T=%lld tokens but n_seq=0 sequences", (long long)T);
     if (K > 8)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "gdn_conv_qkv: K=%d taps (at most 8; use conv1d_silu)", K);
+    KN_CUDA_CHECK_ARG(T < INT32_MAX, "gdn_conv_qkv: T=%lld tokens is too many (cu_seqlens are int32)",
+                      (long long)T);
     const int64_t groups = 2 * (int64_t)nk + nv, width = dk > dv ? dk : dv;
     const int64_t run_fit = GDN_CONV_SMEM / (int64_t)(width * sizeof(float)) - (K - 1);
     if (run_fit < 1 || groups > 65535)

@@ -1,6 +1,6 @@
 /* kernels/kn_fp8.cu — the FP8 block-scaled ops on CUDA (kn_backend.h, "FP8 block-scaled
  * GEMMs"; the specification is ref/kn_fp8_ref.c): the weight quantization in 128 × 128 blocks
- * (one CTA per block), the input quantization in 1 × 128 groups (one warp per group, from the
+ * (one CTA per block), the input quantization in 1 × 128 groups (one half warp per group, from the
  * input's bf16 value; swiglu_fp8 computes that input from the MLP's gate and up on the way) and
  * the W8A8 product through cuBLASLt's block-scaled modes on sm_90 (kn_cuda_lt_matmul_fp8: the
  * weight as A with 128 × 128 scales, the quantized input as B with 1 × 128 scales, fp32
@@ -58,10 +58,10 @@ static __global__ void quant_weight_kernel(uint8_t *q, float *scale, const void 
     }
 }
 
-/* The input quantization: lane l of a warp holds inputs 4l .. 4l + 3 of each of the warp's
- * groups (one 8- or 16-byte load, one 4-byte store; K is a multiple of 16, so a ragged group is
- * whole lanes). q [Mp, K] (rows ≥ M zero), s [L, Mp] (token-contiguous, as cuBLASLt's 1 × 128
- * mode reads it; 0 for rows ≥ M). */
+/* The input quantization: each half warp takes one 1 × 128 group, lane l holding inputs
+ * 8(l mod 16) .. 8(l mod 16) + 7 of it (one 16- or 32-byte load per source, one 8-byte store;
+ * K is a multiple of 16, so a ragged group is whole lanes). q [Mp, K] (rows ≥ M zero), s [L, Mp]
+ * (token-contiguous, as cuBLASLt's 1 × 128 mode reads it; 0 for rows ≥ M). */
 enum { SRC_F32 = 0, SRC_BF16, SRC_SWIGLU, SRC_SWIGLU16 };
 
 /* a and b rounded to bf16 (each as __float2bfloat16_rn would) in one paired conversion */
@@ -70,11 +70,19 @@ static __device__ __forceinline__ void bf16r2(float a, float b, float *ra, float
     *ra = __low2float(p), *rb = __high2float(p);
 }
 
-/* four bf16 values (8 bytes) widened exactly */
-static __device__ __forceinline__ void ld_bf16x4(const uint16_t *p, float v[4]) {
-    uint2 raw = *(const uint2 *)p;
-    v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xffff0000u);
-    v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xffff0000u);
+/* eight bf16 values (16 bytes) widened exactly */
+static __device__ __forceinline__ void ld_bf16x8(const uint16_t *p, float v[8]) {
+    const uint4    raw = *(const uint4 *)p;
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+
+/* eight f32 values (32 bytes) */
+static __device__ __forceinline__ void ld_f32x8(const float *p, float v[8]) {
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
 /* silu(g)·u as swiglu_bf16's kernel computes it (kn_elementwise.cu), so that the fused op sees
@@ -83,71 +91,83 @@ static __device__ __forceinline__ float swiglu1(float g, float u) {
     return kn_silu(g) * u;
 }
 
-/* lane's four inputs of the group at `at` (bf16 values as floats), by source */
+/* lane's eight raw inputs at `at` (gate and up for SwiGLU): loaded first, so that every load
+ * of a warp's run is in flight before the first value is worked on */
+struct raw8 {
+    float a[8], b[8];
+};
+
 template <int SRC>
-static __device__ __forceinline__ void load_group4(const void *inp, const void *up, int64_t at, float v[4]) {
-    if (SRC == SRC_BF16) {
-        ld_bf16x4((const uint16_t *)inp + at, v);
-    } else if (SRC == SRC_F32) {
-        float4 f = *(const float4 *)((const float *)inp + at);
-        bf16r2(f.x, f.y, &v[0], &v[1]);
-        bf16r2(f.z, f.w, &v[2], &v[3]);
-    } else if (SRC == SRC_SWIGLU) {
-        float4 g = *(const float4 *)((const float *)inp + at), u = *(const float4 *)((const float *)up + at);
-        bf16r2(swiglu1(g.x, u.x), swiglu1(g.y, u.y), &v[0], &v[1]);
-        bf16r2(swiglu1(g.z, u.z), swiglu1(g.w, u.w), &v[2], &v[3]);
-    } else {
-        float g[4], u[4];
-        ld_bf16x4((const uint16_t *)inp + at, g);
-        ld_bf16x4((const uint16_t *)up + at, u);
-        bf16r2(swiglu1(g[0], u[0]), swiglu1(g[1], u[1]), &v[0], &v[1]);
-        bf16r2(swiglu1(g[2], u[2]), swiglu1(g[3], u[3]), &v[2], &v[3]);
+static __device__ __forceinline__ void load8(const void *inp, const void *up, int64_t at, raw8 *r) {
+    if (SRC == SRC_BF16 || SRC == SRC_SWIGLU16)
+        ld_bf16x8((const uint16_t *)inp + at, r->a);
+    else
+        ld_f32x8((const float *)inp + at, r->a);
+    if (SRC == SRC_SWIGLU16)
+        ld_bf16x8((const uint16_t *)up + at, r->b);
+    else if (SRC == SRC_SWIGLU)
+        ld_f32x8((const float *)up + at, r->b);
+}
+
+/* the bf16 values (as floats) the quantization reads, from the raw inputs */
+template <int SRC> static __device__ __forceinline__ void values8(const raw8 &r, float v[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+        if (SRC == SRC_BF16)
+            v[i] = r.a[i], v[i + 1] = r.a[i + 1];
+        else if (SRC == SRC_F32)
+            bf16r2(r.a[i], r.a[i + 1], &v[i], &v[i + 1]);
+        else
+            bf16r2(swiglu1(r.a[i], r.b[i]), swiglu1(r.a[i + 1], r.b[i + 1]), &v[i], &v[i + 1]);
     }
 }
 
-/* A warp takes QG consecutive groups of one row (a run of QG·128 inputs) and issues all their
- * loads before the first reduction, so that enough bytes are in flight to keep the memory busy
- * (one group per warp left it latency-bound). */
-#define QG 4
+/* A warp takes QP consecutive pairs of groups of one row (a run of QP·256 inputs) and issues all
+ * their loads before the first reduction, so that enough bytes are in flight to keep the memory
+ * busy (one group per warp left it latency-bound). Index arithmetic within a row is 32-bit. */
+#define QP 2
 
 template <int SRC>
 static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, const void *up, int64_t M,
                                          int64_t Mp, int64_t K, int64_t L) {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int     lane = threadIdx.x & 31;
-    const int64_t LW = (L + QG - 1) / QG; /* warps per row */
+    const int     lane = threadIdx.x & 31, half = lane >> 4;
+    const int     LP = (int)((L + 1) / 2), LW = (LP + QP - 1) / QP; /* pairs, warps per row */
     if (warp >= Mp * LW)
         return;
-    const int64_t m = warp / LW, j0 = (warp % LW) * QG;
-    float         v[QG][4];
-    int           on[QG];
+    const int64_t m = warp / LW, row = m * K;
+    const int     j0 = (int)(warp % LW) * QP * 2 + half, k_lane = 8 * (lane & 15), Ki = (int)K;
+    raw8          raw[QP];
 #pragma unroll
-    for (int g = 0; g < QG; g++) {
-        const int64_t k = (j0 + g) * KN_FP8_BLOCK + 4 * lane;
-        on[g] = j0 + g < L && k < K;
-        v[g][0] = v[g][1] = v[g][2] = v[g][3] = 0.0f;
-        if (on[g] && m < M)
-            load_group4<SRC>(inp, up, m * K + k, v[g]);
+    for (int p = 0; p < QP; p++) {
+        const int k = (j0 + 2 * p) * KN_FP8_BLOCK + k_lane;
+        if (m < M && k < Ki)
+            load8<SRC>(inp, up, row + k, &raw[p]);
     }
 #pragma unroll
-    for (int g = 0; g < QG; g++) {
-        if (j0 + g >= L) /* warp-uniform */
+    for (int p = 0; p < QP; p++) {
+        const int j = j0 + 2 * p, k = j * KN_FP8_BLOCK + k_lane, on = j < L && k < Ki;
+        if (j - half >= L) /* warp-uniform: the pair starts past the row */
             break;
-        float          sc;
-        const uint32_t packed = fp8_group_quant(v[g], on[g] && m < M, &sc);
-        if (on[g])
-            *(uint32_t *)(q + m * K + (j0 + g) * KN_FP8_BLOCK + 4 * lane) = packed;
-        if (lane == 0)
-            s[(j0 + g) * Mp + m] = m < M ? sc : 0.0f;
+        float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (on && m < M)
+            values8<SRC>(raw[p], v);
+        float       sc;
+        const uint2 packed = fp8_group_quant8(v, on && m < M, &sc);
+        if (on)
+            *(uint2 *)(q + row + k) = packed;
+        if ((lane & 15) == 0 && j < L)
+            s[(int64_t)j * Mp + m] = m < M ? sc : 0.0f;
     }
 }
 
 // ----------------------------------------------------------------------------
 // launchers
 
-/* quant_rows_kernel's grid: one warp per QG groups of a row, 256 threads a block */
+/* quant_rows_kernel's grid: one warp per QP pairs of groups of a row, 256 threads a block */
 static unsigned rows_grid(int64_t Mp, int64_t L) {
-    return (unsigned)((Mp * ((L + QG - 1) / QG) * 32 + 255) / 256);
+    const int64_t LP = (L + 1) / 2;
+    return (unsigned)((Mp * ((LP + QP - 1) / QP) * 32 + 255) / 256);
 }
 
 static size_t round_up_256(size_t x) {
@@ -184,6 +204,8 @@ cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const voi
     if (M == 0 || K == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(q && s && inp, "fp8_quantize_rows: q, s or inp is NULL");
+    KN_CUDA_CHECK_ARG(K < INT32_MAX, "fp8_quantize_rows: K=%lld is too large (at most 2^31 - 1)",
+                      (long long)K);
     KN_CUDA_CHECK_ARG(K % 16 == 0 && ((uintptr_t)inp % 16) == 0 && ((uintptr_t)q % 16) == 0,
                       "fp8_quantize_rows: K=%lld must be a multiple of 16 and inp, q 16-byte aligned", (long long)K);
     const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
@@ -207,6 +229,7 @@ cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate
     if (M == 0 || I == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(q && s && gate && up, "swiglu_fp8: q, s, gate or up is NULL");
+    KN_CUDA_CHECK_ARG(I < INT32_MAX, "swiglu_fp8: I=%lld is too large (at most 2^31 - 1)", (long long)I);
     KN_CUDA_CHECK_ARG(I % 16 == 0 && ((uintptr_t)gate % 16) == 0 && ((uintptr_t)up % 16) == 0 &&
                           ((uintptr_t)q % 16) == 0,
                       "swiglu_fp8: I=%lld must be a multiple of 16 and gate, up, q 16-byte aligned", (long long)I);
