@@ -301,6 +301,38 @@ static void sum_abs_terms(double *bound, const uint8_t *xq, const float *xs, con
         }
 }
 
+/* fp8_quantize_rows of bf16 rows holding a NaN, a −NaN and a +inf (K = 272: three groups, the last
+ * ragged): the scales equal the cpu's bit for bit (inf where the group holds the inf), and so do
+ * the bytes, except that a NaN's byte only has to be a NaN code on both sides (the cpu keeps the
+ * sign, the conversion on the gpu gives 0x7f). */
+static void cuda_nan_rows(void) {
+    const long M = 3, K = 272, L = (K + 127) / 128, Mp = kn_fp8_rows(M);
+    uint16_t  *hx = rand_mat(M * K, CM_DTYPE_BF16);
+    hx[1 * K + 5] = 0x7fc0, hx[2 * K + 130] = 0xffc0, hx[0 * K + 200] = 0x7f80;
+    dbuf x = dbuf_put(hx, (size_t)(M * K) * 2), q = dbuf_put(NULL, (size_t)(Mp * K)),
+         s = dbuf_put(NULL, (size_t)(Mp * L) * 4);
+    TST_CHECK(cpu->fp8_quantize_rows(cctx, q.c, s.c, x.c, CM_DTYPE_BF16, M, K) == CM_OK);
+    TST_CHECK(gpu->fp8_quantize_rows(gctx16, q.g, s.g, x.g, CM_DTYPE_BF16, M, K) == CM_OK);
+    uint8_t *qc = down(&q, 0), *qg = down(&q, 1);
+    float   *sc = down(&s, 0), *sg = down(&s, 1);
+    long     dq = 0, ds = 0, nan = 0;
+    for (long i = 0; i < Mp * K; i++) {
+        if ((qc[i] & 0x7f) == 0x7f) {
+            nan++;
+            dq += (qg[i] & 0x7f) != 0x7f;
+        } else {
+            dq += qc[i] != qg[i];
+        }
+    }
+    for (long i = 0; i < Mp * L; i++) ds += memcmp(&sc[i], &sg[i], 4) != 0;
+    printf("fp8_quantize_rows with NaN and inf inputs: %ld NaN codes, %ld bytes and %ld scales differ\n", nan, dq,
+           ds);
+    TST_CHECK(nan >= 3 && dq == 0 && ds == 0);
+    TST_CHECK(isinf(sc[1 * Mp + 0]));
+    free(hx), free(qc), free(qg), free(sc), free(sg);
+    dbuf_free(&x), dbuf_free(&q), dbuf_free(&s);
+}
+
 static void cuda_case(long M, long N, long K, cm_dtype idt, cm_dtype wdt) {
     const long B = 128, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K), nb = (N + B - 1) / B;
     void      *hx = rand_mat(M * K, idt), *hw = rand_mat(N * K, wdt);
@@ -614,6 +646,7 @@ static int run_cuda(void) {
     cuda_case(64, 1024, 5120, CM_DTYPE_BF16, CM_DTYPE_BF16);  /* 27B: in_qkv's K */
     cuda_case(48, 640, 17408, CM_DTYPE_BF16, CM_DTYPE_BF16);  /* 27B: down_proj's K */
     cuda_case(256, 1536, 6144, CM_DTYPE_BF16, CM_DTYPE_BF16); /* 27B: out_proj's K */
+    cuda_nan_rows();
 #ifdef TANDEM_HAVE_CUDA
     {
         kn_ctx *wg = NULL;
