@@ -200,9 +200,9 @@ static __global__ void gdn_conv_qkv_kernel(OT *q, OT *k, OT *v, const float *x, 
  * of squares by shuffles, so no block-wide phases wait on each other (the block kernel above
  * reached half the memory bandwidth). A block is 8 warps: 8 consecutive runs of one group,
  * whose overlapping rows meet in L1. Token indices are 32-bit (cu_seqlens are) and three
- * blocks share a multiprocessor (at most 85 registers a thread; with 88 only two did: 208 µs
- * against 167 at the 27B shape, ncu). The f32 math is the block
- * kernel's, with the sum of squares in another order. */
+ * blocks share a multiprocessor (at most 85 registers a thread; at 88 only two did: 208 µs
+ * against 167 at the 27B shape, ncu). The f32 math is the block kernel's, with the sum of
+ * squares in another order. */
 template <int K, typename OT>
 static __global__ void __launch_bounds__(256, 3)
     gdn_conv_warp_kernel(OT *q, OT *k, OT *v, const float *x, const float *w, const int32_t *cu, int n_seq,

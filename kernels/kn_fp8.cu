@@ -124,7 +124,8 @@ template <int SRC> static __device__ __forceinline__ void values8(const raw8 &r,
 
 /* A warp takes QP consecutive pairs of groups of one row (a run of QP·256 inputs) and issues all
  * their loads before the first reduction, so that enough bytes are in flight to keep the memory
- * busy (one group per warp left it latency-bound). Index arithmetic within a row is 32-bit. */
+ * busy (one group per warp left it latency-bound). Index arithmetic within a row is 32-bit (K at
+ * most 2^30, checked). */
 #define QP 2
 
 template <int SRC>
@@ -204,8 +205,7 @@ cm_status kn_cuda_fp8_quantize_rows(kn_ctx *ctx, uint8_t *q, float *s, const voi
     if (M == 0 || K == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(q && s && inp, "fp8_quantize_rows: q, s or inp is NULL");
-    KN_CUDA_CHECK_ARG(K < INT32_MAX, "fp8_quantize_rows: K=%lld is too large (at most 2^31 - 1)",
-                      (long long)K);
+    KN_CUDA_CHECK_ARG(K <= (1 << 30), "fp8_quantize_rows: K=%lld is too large (at most 2^30)", (long long)K);
     KN_CUDA_CHECK_ARG(K % 16 == 0 && ((uintptr_t)inp % 16) == 0 && ((uintptr_t)q % 16) == 0,
                       "fp8_quantize_rows: K=%lld must be a multiple of 16 and inp, q 16-byte aligned", (long long)K);
     const int64_t Mp = kn_fp8_rows(M), L = (K + KN_FP8_BLOCK - 1) / KN_FP8_BLOCK;
@@ -229,7 +229,7 @@ cm_status kn_cuda_swiglu_fp8(kn_ctx *ctx, uint8_t *q, float *s, const void *gate
     if (M == 0 || I == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(q && s && gate && up, "swiglu_fp8: q, s, gate or up is NULL");
-    KN_CUDA_CHECK_ARG(I < INT32_MAX, "swiglu_fp8: I=%lld is too large (at most 2^31 - 1)", (long long)I);
+    KN_CUDA_CHECK_ARG(I <= (1 << 30), "swiglu_fp8: I=%lld is too large (at most 2^30)", (long long)I);
     KN_CUDA_CHECK_ARG(I % 16 == 0 && ((uintptr_t)gate % 16) == 0 && ((uintptr_t)up % 16) == 0 &&
                           ((uintptr_t)q % 16) == 0,
                       "swiglu_fp8: I=%lld must be a multiple of 16 and gate, up, q 16-byte aligned", (long long)I);

@@ -1,9 +1,8 @@
 /* kernels/kn_fp8_dev.h — the device side of the 1 × 128 input quantization (kn_backend.h,
  * "FP8 block-scaled GEMMs"), shared by the kernels that write an FP8 GEMM's input: the e4m3
  * byte of a value and the quantization of one group by a warp (4 values a lane) or a half warp
- * (8 a lane). The fp32 operations are the cpu
- * reference's, in its order (ref/kn_fp8_ref.c), so bytes and scales equal the cpu's. Internal
- * to kernels/; include from .cu files only. */
+ * (8 a lane). The fp32 operations are the cpu reference's, in its order (ref/kn_fp8_ref.c), so
+ * bytes and scales equal the cpu's. Internal to kernels/; include from .cu files only. */
 #ifndef KN_FP8_DEV_H
 #define KN_FP8_DEV_H
 
@@ -25,8 +24,8 @@ static __device__ __forceinline__ uint32_t to_e4m3x2(float lo, float hi) {
     return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
-/* The e4m3 bytes of v[0 .. 2n) / s, packed low byte first: with r = 1/s rounded once, each
- * quotient by kn_fp8_quot where s is finite, else by division. */
+/* The e4m3 bytes of v[0 .. 4·N2) / s, four to a word, low byte first: with r = 1/s rounded
+ * once, each quotient by kn_fp8_quot where s is finite, else by division. */
 template <int N2>
 static __device__ __forceinline__ void fp8_quot_pack(const float *v, float s, uint32_t *out) {
     if (isfinite(s)) {
