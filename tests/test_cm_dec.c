@@ -531,13 +531,23 @@ static void test_stop(void) {
     char path[128];
     snprintf(path, sizeof path, "/tmp/tandem-dec-%d-stop.ipc", (int)getpid());
     TST_CHECK(access(path, F_OK) != 0); /* the socket file is gone with the server */
+    /* The next step times out. Whether it was sent depends on whether the client's socket monitor has
+     * reported the closed connection yet (ZeroMQ's I/O thread, asynchronous): if so, "not sent";
+     * if not, it went into the dead connection and the client says it may or may not have run. A
+     * loaded machine (CI on two cores) sees the second. Either is the client's contract. */
     int64_t t1 = cm_now_ms();
-    TST_FAILS(new_seq(b.c, &warm), CM_ERR_TIMEOUT, "not sent");
-    int64_t waited = cm_now_ms() - t1;
+    cm_clear_error();
+    const cm_status late = new_seq(b.c, &warm);
+    int64_t         waited = cm_now_ms() - t1;
+    const int       unsent = strstr(cm_last_error(), "not sent") != NULL;
+    const int ok = late == CM_ERR_TIMEOUT && (unsent || strstr(cm_last_error(), "may or may not have run"));
+    TST_CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "the step after the stop: %s: %s\n", cm_status_str(late), cm_last_error());
     printf("stop: took %lld ms (the step in progress finished), the waiting step got shutdown; then a step "
-           "timed "
-           "out after %lld ms\n",
-           (long long)stop_ms, (long long)waited);
+           "timed out after %lld ms (%s)\n",
+           (long long)stop_ms, (long long)waited,
+           unsent ? "not sent" : "sent before the client saw the close");
     TST_CHECK(waited >= 4900 && waited < 8000);
     cm_dec_client_destroy(&a.c);
     cm_dec_client_destroy(&b.c);
