@@ -128,12 +128,17 @@ template <int SRC> static __device__ __forceinline__ void values8(const raw8 &r,
  * most 2^30, checked). */
 #define QP 2
 
+/* warps per row of L groups (QP pairs a warp), for the kernel and its grid */
+static __host__ __device__ __forceinline__ int64_t rows_warps(int64_t L) {
+    return ((L + 1) / 2 + QP - 1) / QP;
+}
+
 template <int SRC>
 static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, const void *up, int64_t M,
                                          int64_t Mp, int64_t K, int64_t L) {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int     lane = threadIdx.x & 31, half = lane >> 4;
-    const int     LP = (int)((L + 1) / 2), LW = (LP + QP - 1) / QP; /* pairs, warps per row */
+    const int     LW = (int)rows_warps(L);
     if (warp >= Mp * LW)
         return;
     const int64_t m = warp / LW, row = m * K;
@@ -167,8 +172,7 @@ static __global__ void quant_rows_kernel(uint8_t *q, float *s, const void *inp, 
 
 /* quant_rows_kernel's grid: one warp per QP pairs of groups of a row, 256 threads a block */
 static unsigned rows_grid(int64_t Mp, int64_t L) {
-    const int64_t LP = (L + 1) / 2;
-    return (unsigned)((Mp * ((LP + QP - 1) / QP) * 32 + 255) / 256);
+    return (unsigned)((Mp * rows_warps(L) * 32 + 255) / 256);
 }
 
 static size_t round_up_256(size_t x) {

@@ -44,6 +44,11 @@ static __device__ __forceinline__ void fp8_quot_pack(const float *v, float s, ui
     }
 }
 
+/* A group's scale from its amax, as the reference makes it: max(amax, 1e-10) · (1/448). */
+static __device__ __forceinline__ float fp8_group_scale(float amax) {
+    return __fmul_rn(amax > 1e-10f ? amax : 1e-10f, 1.0f / KN_FP8_MAX);
+}
+
 /* One group of 128 inputs held by a whole warp, lane l holding inputs 4l .. 4l + 3 as bf16
  * values (zeros for lanes past a ragged end). Every lane gets the group's scale
  * s = max(amax, 1e-10) · (1/448) in *sc; the result is the lane's four e4m3 bytes of v / s,
@@ -51,7 +56,7 @@ static __device__ __forceinline__ void fp8_quot_pack(const float *v, float s, ui
  * those of the IEEE quotient, reached without a division per value (kn_fp8_quot.h). */
 static __device__ __forceinline__ uint32_t fp8_group_quant(const float v[4], int valid, float *sc) {
     const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-    const float s = __fmul_rn(amax > 1e-10f ? amax : 1e-10f, 1.0f / KN_FP8_MAX);
+    const float s = fp8_group_scale(amax);
     uint32_t    packed = 0;
     if (valid)
         fp8_quot_pack<1>(v, s, &packed);
@@ -70,7 +75,7 @@ static __device__ __forceinline__ uint2 fp8_group_quant8(const float v[8], int v
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1)
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float s = __fmul_rn(m > 1e-10f ? m : 1e-10f, 1.0f / KN_FP8_MAX);
+    const float s = fp8_group_scale(m);
     uint32_t    packed[2] = {0, 0};
     if (valid)
         fp8_quot_pack<2>(v, s, packed);
