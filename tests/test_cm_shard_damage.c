@@ -198,7 +198,7 @@ static void test_weights(void) {
         fclose(f);
     h[4] = 1;
     memset(h + 352, 0, 8);
-    put64le(h + 376, cm_xxh64(h, 376, 0));
+    tst_put64(h + 376, cm_xxh64(h, 376, 0));
     patch(idx, 0, h, sizeof h);
     TST_CHECK(cm_shard_reader_open(&r, dir, NULL) == CM_OK);
     if (r) {
@@ -210,7 +210,7 @@ static void test_weights(void) {
     EXPECT_FAIL(cm_shard_writer_create(&w, dir, &id, &SMALL), CM_ERR_FORMAT,
                 "is shard format version 1 (written before the target's weights fingerprint");
     h[355] = 1; /* a version-1 store has no fingerprint there */
-    put64le(h + 376, cm_xxh64(h, 376, 0));
+    tst_put64(h + 376, cm_xxh64(h, 376, 0));
     patch(idx, 0, h, sizeof h);
     EXPECT_FAIL(cm_shard_reader_open(&r, dir, NULL), CM_ERR_FORMAT, "reserved or padding bytes");
 }
@@ -327,17 +327,17 @@ static void test_identity(void) {
     uint8_t v[CM_SHARD_INDEX_HEADER_SIZE];
     memcpy(v, h, sizeof v);
     v[4] = 3;
-    put64le(v + 376, cm_xxh64(v, 376, 0));
+    tst_put64(v + 376, cm_xxh64(v, 376, 0));
     patch(idx, 0, v, sizeof v);
     EXPECT_FAIL(cm_shard_reader_open(&r, dir, NULL), CM_ERR_FORMAT, "shard format version 3");
     memcpy(v, h, sizeof v);
     v[10] = 9;
-    put64le(v + 376, cm_xxh64(v, 376, 0));
+    tst_put64(v + 376, cm_xxh64(v, 376, 0));
     patch(idx, 0, v, sizeof v);
     EXPECT_FAIL(cm_shard_reader_open(&r, dir, NULL), CM_ERR_FORMAT, "protocol version 9 frames");
     memcpy(v, h, sizeof v);
     v[100] = 1; /* an unused layer slot */
-    put64le(v + 376, cm_xxh64(v, 376, 0));
+    tst_put64(v + 376, cm_xxh64(v, 376, 0));
     patch(idx, 0, v, sizeof v);
     EXPECT_FAIL(cm_shard_reader_open(&r, dir, NULL), CM_ERR_FORMAT, "layer id 1 appears twice");
     patch(idx, 0, h, sizeof h);

@@ -295,11 +295,6 @@ static void test_bad_usage(void) {
                "/nonexistent-dir/x.safetensors");
 }
 
-static void put64le(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
 /* Reads len bytes at off of path into buf, or writes them (w = 1). */
 static void file_io(const char *path, long off, void *buf, size_t len, int w) {
     FILE *f = fopen(path, w ? "r+b" : "rb");
@@ -350,13 +345,13 @@ static void test_corrupt(void) {
     uint64_t sum = cm_xxh64(payload, e.length, 0);
     free(payload);
     file_io(shard, (long)e.offset, h, sizeof h, 0);
-    put64le(h + 24, sum);
-    put64le(h + 40, cm_xxh64(h, 40, 0));
+    tst_put64(h + 24, sum);
+    tst_put64(h + 40, cm_xxh64(h, 40, 0));
     file_io(shard, (long)e.offset, h, sizeof h, 1);
     long en_at = (long)(CM_SHARD_INDEX_HEADER_SIZE + i * CM_SHARD_ENTRY_SIZE);
     file_io(idx, en_at, en, sizeof en, 0);
-    put64le(en + 32, sum);
-    put64le(en + 56, cm_xxh64(en, 56, 0));
+    tst_put64(en + 32, sum);
+    tst_put64(en + 56, cm_xxh64(en, 56, 0));
     file_io(idx, en_at, en, sizeof en, 1);
     snprintf(want, sizeof want, "(batch 10): the ANSWER frame is bad");
     EXPECT_RUN(1, "", want, "shards", "inspect", store, "--verify");

@@ -217,15 +217,8 @@ static inline void mk(char *dst, const char *name) {
     rm_dir(dst);
 }
 
-/* Rewrites index entry i of dir through fn, with a valid checksum. */
-static inline void put64le(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void put32le(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
+/* Rewrites field (a byte offset; 8 is the 32-bit shard) of index entry i of dir to v, with a valid
+ * checksum. */
 static inline void rewrite_entry(const char *dir, long i, int field, uint64_t v) {
     char    path[512];
     uint8_t e[CM_SHARD_ENTRY_SIZE];
@@ -238,10 +231,10 @@ static inline void rewrite_entry(const char *dir, long i, int field, uint64_t v)
     TST_CHECK(fread(e, 1, sizeof e, f) == sizeof e);
     fclose(f);
     if (field == 8)
-        put32le(e + 8, (uint32_t)v); /* shard */
+        tst_put32(e + 8, (uint32_t)v); /* shard */
     else
-        put64le(e + field, v); /* 0 batch_id, 16 offset, 24 length, 48 batch_hash */
-    put64le(e + 56, cm_xxh64(e, 56, 0));
+        tst_put64(e + field, v); /* 0 batch_id, 16 offset, 24 length, 48 batch_hash */
+    tst_put64(e + 56, cm_xxh64(e, 56, 0));
     patch(path, CM_SHARD_INDEX_HEADER_SIZE + i * CM_SHARD_ENTRY_SIZE, e, sizeof e);
 }
 
