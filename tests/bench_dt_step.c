@@ -127,6 +127,10 @@ static cm_status w_rmsnorm_bwd(kn_ctx *ctx, float *di, float *dw, const float *d
                                const float *w, int64_t r, int64_t C, float e, int op) {
     PROF(P_NORM, 0, cuda->rmsnorm_bwd(ctx, di, dw, d, i, w, r, C, e, op));
 }
+static cm_status w_rmsnorm_bwd_acc(kn_ctx *ctx, float *di, float *dw, const float *d, const float *i,
+                                   const float *w, int64_t r, int64_t C, float e, int op) {
+    PROF(P_NORM, 0, cuda->rmsnorm_bwd_acc(ctx, di, dw, d, i, w, r, C, e, op));
+}
 static cm_status w_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int nh, int hd, int rd,
                         float th) {
     PROF(P_ROPE, 0, cuda->rope(ctx, x, pos, T, nh, hd, rd, th));
@@ -148,6 +152,10 @@ static cm_status w_add(kn_ctx *ctx, float *x, const float *y, int64_t n) {
 static cm_status w_copy2d(kn_ctx *ctx, float *d, int64_t dl, const float *s, int64_t sl, int64_t r,
                           int64_t c) {
     PROF(P_ELEM, 0, cuda->copy2d(ctx, d, dl, s, sl, r, c));
+}
+static cm_status w_embed(kn_ctx *ctx, float *o, const int32_t *ids, const void *t, cm_dtype td, int64_t T,
+                         int64_t C) {
+    PROF(P_ELEM, 0, cuda->embed(ctx, o, ids, t, td, T, C));
 }
 static cm_status w_zero(kn_ctx *ctx, void *p, size_t b) {
     PROF(P_ELEM, 0, cuda->zero(ctx, p, b));
@@ -207,6 +215,7 @@ static const kn_backend *profiled(void) {
     prof.add = w_add;
     prof.copy2d = w_copy2d;
     prof.zero = w_zero;
+    prof.embed = w_embed;
     prof.sumsq = w_sumsq;
     prof.adamw = w_adamw;
     if (cuda->matmul)
@@ -217,6 +226,8 @@ static const kn_backend *profiled(void) {
         prof.swiglu_typed = w_swiglu_typed;
     if (cuda->swiglu_bwd_typed)
         prof.swiglu_bwd_typed = w_swiglu_bwd_typed;
+    if (cuda->rmsnorm_bwd_acc)
+        prof.rmsnorm_bwd_acc = w_rmsnorm_bwd_acc;
     if (cuda->sumsq_multi)
         prof.sumsq_multi = w_sumsq_multi;
     if (cuda->adamw_multi)
