@@ -175,14 +175,19 @@ static inline void append_bytes(const char *path, const void *p, size_t n) {
     fclose(f);
 }
 
+/* Removes dir and everything under it (directories recursively, everything else unlinked). */
 static inline void rm_dir(const char *dir) {
     DIR *d = opendir(dir);
     for (struct dirent *de; d && (de = readdir(d));) {
-        char p[512];
+        char        p[512];
+        struct stat st;
         if (de->d_name[0] == '.')
             continue;
         path_of(p, dir, de->d_name);
-        unlink(p);
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            rm_dir(p);
+        else
+            unlink(p);
     }
     if (d)
         closedir(d);
@@ -294,19 +299,8 @@ static inline int shard_setup(const char *name) {
 /* The report; on success the temporary directory is removed. */
 static inline int shard_finish(void) {
     int rc = tst_report();
-    if (rc == 0) {
-        DIR *d = opendir(tmp);
-        for (struct dirent *de; d && (de = readdir(d));) {
-            char p[512];
-            if (de->d_name[0] == '.')
-                continue;
-            path_of(p, tmp, de->d_name);
-            rm_dir(p);
-        }
-        if (d)
-            closedir(d);
-        rmdir(tmp);
-    }
+    if (rc == 0)
+        rm_dir(tmp);
     return rc;
 }
 
