@@ -1,5 +1,16 @@
-# bench/drafter_bench_lib.sh — helpers shared by bench/drafter_bench.sh (DFlash) and bench/drafter2_bench.sh
-# (DFlash2); sourced, not run. The caller sets $out (the output folder) and $gpu (the device index).
+# bench/drafter_bench_lib.sh — helpers shared by the drafter benchmarks (bench/drafter_bench.sh, DFlash;
+# bench/drafter2_bench.sh, DFlash2; bench/speed_bench.sh and bench/pipeline_2gpu.sh); sourced, not run. The
+# caller sets $out (the output folder) and $gpu (the device index) for sampled and gpu_info.
+
+# a training dataset of 64 documents of 2048 random token ids (seed 1) into the JSONL file $1
+random_docs() {
+    python3 -c "
+import json, random, sys
+random.seed(1)
+with open(sys.argv[1], 'w') as f:
+    for i in range(64):
+        f.write(json.dumps({'input_ids': [random.randrange(1000, 240000) for _ in range(2048)]}) + '\\n')" "$1"
+}
 
 # sample GPU memory while "$@" runs; the peak MiB goes to $out/$name.smi
 sampled() {

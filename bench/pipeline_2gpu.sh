@@ -15,12 +15,9 @@ cd "$(dirname "$0")/.."; OUT=${OUT:-/tmp/pipeline-2gpu}; mkdir -p "$OUT"
 B=${BUILD_DIR:-build}; T=${WORK:-/tmp/i9}; rm -rf $T; mkdir -p $T
 SG=${SERVER_GPU:-0}; TG=${TRAINER_GPU:-1}; ENC=${ENCODING:-nccl}; STEPS=${STEPS:-12}; CR=${CREDITS:-2}
 CFG=deploy/configs/qwen3.6-27b/target-config.json; DR=deploy/configs/qwen3.6-27b/drafter.json
-python3 -c "
-import json,random
-random.seed(1)
-with open('$T/d.jsonl','w') as f:
-    for i in range(64): f.write(json.dumps({'input_ids':[random.randrange(1000,240000) for _ in range(2048)]})+'\n')
-"
+# shellcheck source=bench/drafter_bench_lib.sh
+source bench/drafter_bench_lib.sh # random_docs
+random_docs "$T/d.jsonl"
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 200 > $OUT/smi.csv &
 smi=$!
 t0=$(date +%s.%N)

@@ -29,7 +29,7 @@ parts=" ${PARTS:-target drafter pipeline} "
 gpu=0
 mkdir -p "$out"
 # shellcheck source=bench/drafter_bench_lib.sh
-source "$here/drafter_bench_lib.sh" # sampled, gpu_info
+source "$here/drafter_bench_lib.sh" # sampled, gpu_info, random_docs
 gpu_info
 has() { [[ $parts == *" $1 "* ]]; }
 
@@ -67,12 +67,7 @@ if has pipeline; then
     rm -rf "$work" "$out/pipeline"
     mkdir -p "$work" "$out/pipeline"
     echo "$gpus" >"$out/pipeline/gpus.txt"
-    python3 -c "
-import json, random
-random.seed(1)
-with open('$work/d.jsonl', 'w') as f:
-    for i in range(64):
-        f.write(json.dumps({'input_ids': [random.randrange(1000, 240000) for _ in range(2048)]}) + '\n')"
+    random_docs "$work/d.jsonl"
     echo "== pipeline: tandem-launch --gpus $gpus" >&2
     timeout "${PIPELINE_TIMEOUT:-420}" "$root/deploy/tandem-launch" --gpus "$gpus" --bin-dir "$build" \
         --model "$cfgdir/target-config.json" --drafter-config "$cfgdir/drafter.json" \
