@@ -285,25 +285,8 @@ static __global__ void __launch_bounds__(128 * HPB, (HD == 256 ? 2 : 4) / HPB)
         mma_tile_kn<NT, FM_KT>(o, s, vt, LD);
     }
     cp_wait<0>(); /* nothing in flight at exit */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float lr = quad_sum(l[r]);
-        const int   row = wr0 + gq + 8 * r;
-        if (row >= r_end)
-            continue;
-        const float   inv = 1.0f / lr;
-        const int64_t base = ((int64_t)row * nq + h) * HD + 2 * tq;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float2 y = make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
-            if (gate) {
-                const float2 gt = *reinterpret_cast<const float2 *>(gate + base + nt * 8);
-                y.x *= 1.0f / (1.0f + __expf(-gt.x));
-                y.y *= 1.0f / (1.0f + __expf(-gt.y));
-            }
-            *reinterpret_cast<float2 *>(out + base + nt * 8) = y;
-        }
-    }
+    attn_store_rows<HD>(out, gate, reinterpret_cast<const float(&)[HD / 2]>(o), l, wr0 + gq, r_end, nq, h,
+                        tq);
 }
 
 /* The flash-2 path: the schedule, the bf16 K/V copies, the kernel. HPB: q heads per CTA,

@@ -101,8 +101,9 @@ static __global__ void __launch_bounds__(WA_THREADS, 1)
             load_kv(s, kt0 + s);
         cp_commit();
     }
-    /* Q of both heads, rounded from fp32 (zeros at and past r_end) */
-#pragma unroll 4
+    /* Q of both heads, rounded from fp32 (zeros at and past r_end), every load in flight at once
+     * (nothing else holds registers yet) */
+#pragma unroll
     for (int it = 0; it < 2 * WA_ROWS * CH / WA_THREADS; it++) {
         const int i = tid + it * WA_THREADS, hh = i / (WA_ROWS * CH), r = (i / CH) % WA_ROWS, c = i % CH;
         const int t = r0 + r;
@@ -206,25 +207,7 @@ static __global__ void __launch_bounds__(WA_THREADS, 1)
     }
     cp_wait<0>(); /* nothing in flight at exit */
 
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float lr = quad_sum(l[r]);
-        const int   row = wr0 + 8 * r;
-        if (row >= r_end)
-            continue;
-        const float   inv = 1.0f / lr;
-        const int64_t base = ((int64_t)row * nq + h) * HD + 2 * tq;
-#pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
-            float2 y = make_float2(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
-            if (gate) {
-                const float2 gt = *reinterpret_cast<const float2 *>(gate + base + 8 * i);
-                y.x *= 1.0f / (1.0f + __expf(-gt.x));
-                y.y *= 1.0f / (1.0f + __expf(-gt.y));
-            }
-            *reinterpret_cast<float2 *>(out + base + 8 * i) = y;
-        }
-    }
+    attn_store_rows<HD>(out, gate, o, l, wr0, r_end, nq, h, tq);
 #else
     __trap(); /* built without sm_90a code: kn_attention_wg_available said no */
 #endif
