@@ -51,8 +51,11 @@ static __global__ void __launch_bounds__(GW_THREADS, 1)
     extern __shared__ unsigned char gw_raw[];
     unsigned char *base = (unsigned char *)(((uintptr_t)gw_raw + 1023) & ~(uintptr_t)1023);
     unsigned char *Kt = base + 2 * Ly::STAGE;
-    const int      seq = blockIdx.x / nv, h = blockIdx.x % nv, kh = h / (nv / nk);
-    const int      col0 = blockIdx.y * GDN_MV;
+    /* the dv slices of one (sequence, v-head) are neighbours in the grid, so they run at the same
+     * time and the second reads W, Q, K and P from L2 */
+    const int      nsl = DVP / GDN_MV, sh = blockIdx.x / nsl;
+    const int      seq = sh / nv, h = sh % nv, kh = h / (nv / nk);
+    const int      col0 = blockIdx.x % nsl * GDN_MV;
     const int      tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
     int64_t        bos = cu[seq], eos = cu[seq + 1];
     bos = bos < 0 ? 0 : (bos > T ? T : bos);
@@ -230,8 +233,13 @@ static cm_status gw_launch(kn_ctx *ctx, float *out, const bf16 *qc, const bf16 *
                            int64_t T, int nk, int nv, int dv, int DVP) {
     const size_t smem = gw_layout<DKP>::smem;
     KN_CUDA(cudaFuncSetAttribute(gw_state_kernel<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    gw_state_kernel<DKP><<<dim3((unsigned int)(n_seq * nv), (unsigned int)(DVP / GDN_MV)), GW_THREADS, smem,
-                           ctx->stream>>>(out, qc, kc, Wg, Ug, Pg, Eg, cu, seq_first, T, nk, nv, dv, DVP);
+    const int64_t ctas = (int64_t)n_seq * nv * (DVP / GDN_MV);
+    KN_CUDA_CHECK_ARG(
+        ctas < INT32_MAX,
+        "gated_delta_rule: %lld sequences x %d v-heads exceed one grid; pass fewer sequences per call",
+        (long long)n_seq, nv);
+    gw_state_kernel<DKP><<<(unsigned int)ctas, GW_THREADS, smem, ctx->stream>>>(
+        out, qc, kc, Wg, Ug, Pg, Eg, cu, seq_first, T, nk, nv, dv, DVP);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
