@@ -216,6 +216,31 @@ static __device__ __forceinline__ void gdn_vload(gdn_vregs<VT> &x, const VT *v, 
     }
 }
 
+/* The bf16 pairs a warp holds of 16 rows of a chunk output (pairs[n][h]: row gq + 8h, columns 8n + 2tq
+ * and + 1, n < NT) to global rows dst (row stride ld), columns below ncols (a multiple of 8): the
+ * pairs go through 16 rows of shared memory that only this warp uses (stage, row stride ss bf16, a
+ * multiple of 8), then each row leaves in whole 16-byte chunks. Stored from the fragments directly,
+ * each 4-byte store half-filled its sectors: ncu counted 40 % of the prep's global sectors as
+ * excess at the 27B shape. */
+template <int NT>
+static __device__ __forceinline__ void gdn_store16(bf16 *dst, int64_t ld, const uint32_t (&pairs)[NT][2],
+                                                   bf16 *stage, int ss, int ncols, int lane) {
+    const int gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+        if (8 * n < ncols) {
+            *(uint32_t *)(stage + gq * ss + 8 * n + 2 * tq) = pairs[n][0];
+            *(uint32_t *)(stage + (gq + 8) * ss + 8 * n + 2 * tq) = pairs[n][1];
+        }
+    __syncwarp();
+    const int cpr = ncols / 8; /* 16-byte chunks per row */
+    for (int i = lane; i < 16 * cpr; i += 32) {
+        const int r = i / cpr, c = i % cpr;
+        *(uint4 *)(dst + r * ld + 8 * c) = *(const uint4 *)(stage + r * ss + 8 * c);
+    }
+    __syncwarp(); /* the stage may be written again */
+}
+
 template <int DKP> struct gdn_prep_mma_smem {
     static constexpr int    KS = DKP + 8;
     static constexpr size_t kq = (size_t)64 * KS * 2; /* Kb, Qb; Vb [64][GDN_BS] reuses Qb */
@@ -259,7 +284,9 @@ static __device__ __forceinline__ void gdn_merge(float *Ti, const float *Af, flo
  *   one column each), then the block rows by the merge T_ij = −T_ii Σ A_im T_mj, three levels
  *   (j = i−1, i−2, i−3) on tf32 mma with a barrier between levels;
  *   W = (T diag(β e^γ)) K and U = (T diag(β)) V with the A fragments read off T and scaled as
- *   they are built. Row blocks above the diagonal of P are not written (never read).
+ *   they are built. Row blocks above the diagonal of P are not written (never read). P, W and U
+ *   leave through the warp's own 16 rows of Q (P) or of A (W, U), once nothing reads them, in whole
+ *   16-byte chunks (gdn_store16).
  * Three blocks share a multiprocessor at dk 128 (75 KB each). */
 template <int DKP, typename VT>
 static __global__ void __launch_bounds__(GDN_PT, 3)
@@ -329,7 +356,7 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
         }
         // P = (Q Kᵀ ⊙ e^{γ_r−γ_j})[j ≤ r < L] to global, A = β_r e^{γ_r−γ_j} k_r·k_j [j < r < L] to Af
         // (the exponent is masked before the exp, so it only ever sees γ_r − γ_j ≤ 0)
-        bf16 *P = Pg + slot * 64 * 64;
+        uint32_t pp[8][2];
 #pragma unroll
         for (int n = 0; n < 8; n++)
             if (n < 2 * w + 2)
@@ -341,11 +368,13 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
                     const float e1 = j + 1 <= r ? __expf(gr - gam[j + 1]) : 0.0f;
                     const float p0 = r < L ? qk[n][2 * hf] * e0 : 0.0f,
                                 p1 = r < L ? qk[n][2 * hf + 1] * e1 : 0.0f;
-                    *(uint32_t *)(P + r * 64 + j) = pack_bf16(p0, p1);
+                    pp[n][hf] = pack_bf16(p0, p1);
                     *(float2 *)(Af + r * FS + j) =
                         make_float2(j < r ? br * e0 * kk[n][2 * hf] : 0.0f,
                                     j + 1 < r ? br * e1 * kk[n][2 * hf + 1] : 0.0f);
                 }
+        /* through this warp's own rows of Q, which only it read */
+        gdn_store16<8>(Pg + (slot * 64 + r0) * 64, 64, pp, Qb + r0 * KS, KS, 16 * w + 16, lane);
     }
 
     gdn_vregs<VT> vr; /* v of the first 64 columns, in flight during the inverse */
@@ -408,12 +437,14 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
                 mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
             }
         }
+        uint32_t pw[WC / 8][2];
 #pragma unroll
         for (int n = 0; n < WC / 8; n++) {
-            const int c = c0 + 8 * n + 2 * tq;
-            *(uint32_t *)(W + (r0 + gq) * DKP + c) = pack_bf16(acc[n][0], acc[n][1]);
-            *(uint32_t *)(W + (r0 + gq + 8) * DKP + c) = pack_bf16(acc[n][2], acc[n][3]);
+            pw[n][0] = pack_bf16(acc[n][0], acc[n][1]);
+            pw[n][1] = pack_bf16(acc[n][2], acc[n][3]);
         }
+        /* through this warp's own rows of A, free once its merges are done */
+        gdn_store16<WC / 8>(W + r0 * DKP + c0, DKP, pw, (bf16 *)(Af + r0 * FS), 2 * FS, WC, lane);
     }
 
     // U = T diag(β) V, 64 columns a pass (DVP is a multiple of 32: the last pass may have 32)
@@ -448,13 +479,13 @@ static __global__ void __launch_bounds__(GDN_PT, 3)
                     mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
                 }
         }
+        uint32_t pu[8][2];
 #pragma unroll
-        for (int n = 0; n < 8; n++)
-            if (8 * n < nc) {
-                const int c = c0 + 8 * n + 2 * tq;
-                *(uint32_t *)(U + (r0 + gq) * (int64_t)DVP + c) = pack_bf16(acc[n][0], acc[n][1]);
-                *(uint32_t *)(U + (r0 + gq + 8) * (int64_t)DVP + c) = pack_bf16(acc[n][2], acc[n][3]);
-            }
+        for (int n = 0; n < 8; n++) {
+            pu[n][0] = pack_bf16(acc[n][0], acc[n][1]);
+            pu[n][1] = pack_bf16(acc[n][2], acc[n][3]);
+        }
+        gdn_store16<8>(U + r0 * (int64_t)DVP + c0, DVP, pu, (bf16 *)(Af + r0 * FS), 2 * FS, nc, lane);
     }
 }
 
