@@ -215,15 +215,14 @@ float    *dt_model_slot_ptr(const dt_model *m, int l, int s);
 float    *dt_model_fc_slot(const dt_model *m, int s);
 cm_status dt_model_ensure_capacity(dt_model *m, int64_t T, int64_t R);
 /* typed helpers of both passes (dt_model_ops.c) */
-cm_status dt_model_save_act(dt_model *m, void *dst, float *src, int64_t n);
-cm_status dt_model_round_x(dt_model *m, float *x, int64_t n);
 cm_status dt_model_dx_op(dt_model *m, const void **op);
-cm_status dt_model_f32_op(dt_model *m, const void **op, const float *src, int64_t n);
-float    *dt_model_h_buf(dt_model *m);
+cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w, int64_t rows,
+                             float *h32, void *hb);
+cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, const float *w, int64_t rows);
+cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x, cm_dtype x_dt,
+                            const float *w, int64_t rows, int acc, int next_op);
 cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n);
 cm_status dt_model_act_f32(dt_model *m, const float **out, const void *src, float *buf, int64_t n);
-cm_status dt_model_norm_op(dt_model *m, const void **hop, float *h32, const float *inp, const float *w,
-                           int64_t rows);
 cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt, const float *w,
                           int64_t M, int64_t N, int64_t K);
 cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt,
@@ -232,8 +231,9 @@ cm_status dt_model_mm_dw(dt_model *m, float *dw, const void *dout, cm_dtype ddt,
                          cm_dtype idt, int64_t M, int64_t N, int64_t K);
 /* forward (dt_model_fwd.c) */
 kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l);
-cm_status             dt_model_k_post(dt_model *m, int l, float *k, int64_t rows, const int32_t *pos);
-cm_status             dt_model_q_post(dt_model *m, int l, float *q);
+cm_status             dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows,
+                                      const int32_t *pos);
+cm_status             dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre);
 cm_status             dt_model_forward(dt_model *m);
 /* backward (dt_model_bwd.c) */
 cm_status dt_model_backward(dt_model *m);
