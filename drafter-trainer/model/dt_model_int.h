@@ -2,10 +2,10 @@
  * parameters and the frozen embedding and LM head): the dt_model struct, its activation plan and the
  * helpers the files of the drafter share.
  *
- * The DFlash drafter on the kernel backend table (DFlash2's additions: dt_model_conv.c, dt_model_sel.c): parameters
- * (one allocation for the fp32 masters, one for their grads, carved per tensor in the
- * serving-key order), the borrowed frozen embedding and LM head, and one training step
- * (docs/drafter.md): host-side block layout, labels and weights, then forward, loss and backward.
+ * The DFlash drafter on the kernel backend table (DFlash2's additions: dt_model_conv.c, dt_model_sel.c):
+ * parameters (one allocation for the fp32 masters, one for their grads, carved per tensor in the serving-key
+ * order), the borrowed frozen embedding and LM head, and one training step (docs/drafter.md): host-side block
+ * layout, labels and weights, then forward, loss and backward.
  *
  * Activations the backward needs are saved per layer in one backend allocation, planned
  * for the largest batch seen and reused. They are stored in the activation dtype: F32, or
@@ -19,9 +19,14 @@
  * gate/up. Each layer's gate/up span is also the attention scratch of that layer (the
  * forward's attention runs before the MLP writes it, the backward's after the MLP backward
  * has consumed it); what does not fit there, and the other phases' temporaries, share one
- * work region. Context rows pass only through fc, hidden_norm and each layer's k/v
- * projections, so their key and value gradients from every layer sum into one dctx. One
- * thread; every op is CM_TRY'd. */
+ * work region. The passes over saved rows are fused where they meet: the q/k/v projections
+ * write their saved outputs straight from the GEMM; one pass rounds, saves and norms the residual
+ * stream (rmsnorm_typed); the q/k norms and RoPE read the saved projections where they are
+ * (head_norm_rope) and their backward rotates and norms in one (head_norm_rope_bwd); every norm
+ * backward reads its saved input as stored and, with BF16 storage, writes the bf16 dx the next
+ * layer half's first GEMMs take (dt_model_dx_op). Context rows pass only through fc, hidden_norm and each
+ * layer's k/v projections, so their key and value gradients from every layer sum into one dctx. One thread;
+ * every op is CM_TRY'd. */
 #ifndef DT_MODEL_INT_H
 #define DT_MODEL_INT_H
 
