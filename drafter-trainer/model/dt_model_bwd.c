@@ -63,19 +63,16 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     CM_TRY(dt_model_mm_dw(m, down->grad, dxop, t, a->work, t, R, D, I));
     CM_TRY(dt_model_mm_dx(m, a->work, t, dxop, t, down->data, R, D, I, 0));
     CM_TRY(be->swiglu_bwd_typed(m->ctx, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
-    const float *x_mid = NULL;
-    if (dt_model_is_v2(m)) { /* h2' (the convolved h2), recomputed (over dxop) from x_mid in F32 */
-        CM_TRY(dt_model_act_f32(m, &x_mid, A->x_mid, a->xw, R * D));
-        CM_TRY(dt_model_conv_in_recompute(m, l, 1, x_mid, &hop));
-    } else { /* h2, recomputed (over dxop) from the saved x_mid as it is */
+    if (dt_model_is_v2(m)) /* h2' (the convolved h2), recomputed (over dxop) from the saved x_mid */
+        CM_TRY(dt_model_conv_in_recompute(m, l, 1, A->x_mid, t, &hop));
+    else /* h2, recomputed (over dxop) from the saved x_mid */
         CM_TRY(dt_model_norm_saved(m, &hop, A->x_mid, ln->data, R));
-    }
     CM_TRY(dt_model_mm_dw(m, gate->grad, A->gate, t, hop, t, R, I, D));
     CM_TRY(dt_model_mm_dw(m, up->grad, A->up, t, hop, t, R, I, D));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->gate, t, gate->data, R, I, D, 0));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up->data, R, I, D, 1));
     if (dt_model_is_v2(m))
-        return dt_model_conv_in_bwd(m, l, 1, x_mid);
+        return dt_model_conv_in_bwd(m, l, 1, A->x_mid, t);
     return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, A->x_mid, t, ln->data, R, 1, 1);
 }
 
@@ -147,19 +144,15 @@ static cm_status attn_bwd(dt_model *m, int l) {
     } else if (!dt_model_is_v2(m)) {
         CM_TRY(dt_model_norm_saved(m, &hop, A->x, ln->data, R));
     }
-    const float *x32 = x_dt == CM_DTYPE_F32 ? x : NULL;
-    if (dt_model_is_v2(m)) { /* h' (the convolved h), recomputed from x in F32 */
-        if (!x32)
-            CM_TRY(dt_model_act_f32(m, &x32, A->x, a->xw, R * D));
-        CM_TRY(dt_model_conv_in_recompute(m, l, 0, x32, &hop));
-    }
+    if (dt_model_is_v2(m)) /* h' (the convolved h), recomputed */
+        CM_TRY(dt_model_conv_in_recompute(m, l, 0, x, x_dt, &hop));
     CM_TRY(dt_model_mm_dw(m, wq->grad, o, CM_DTYPE_F32, hop, m->adt, R, Q, D));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, CM_DTYPE_F32, wq->data, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
     CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, vb, a->dh, 1));
     CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx, l != g->n_layers - 1));
     if (dt_model_is_v2(m))
-        return dt_model_conv_in_bwd(m, l, 0, x32);
+        return dt_model_conv_in_bwd(m, l, 0, x, x_dt);
     return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, x, x_dt, ln->data, R, 1, l > 0);
 }
 

@@ -227,7 +227,6 @@ cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, cons
 cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x, cm_dtype x_dt,
                             const float *w, int64_t rows, int acc, int next_op);
 cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n);
-cm_status dt_model_act_f32(dt_model *m, const float **out, const void *src, float *buf, int64_t n);
 cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt, const float *w,
                           int64_t M, int64_t N, int64_t K);
 cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt,
@@ -246,8 +245,9 @@ cm_status dt_model_backward(dt_model *m);
 cm_status dt_model_conv_in_fwd(dt_model *m, int l, int mod, const void **hop);
 cm_status dt_model_conv_out_fwd(dt_model *m, int l, int mod);
 cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod, const void **dop);
-cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const float *x, const void **hop);
-cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const float *x);
+cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const void *x, cm_dtype x_dt,
+                                     const void **hop);
+cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const void *x, cm_dtype x_dt);
 /* DFlash2's selector term (dt_model_sel.c): after the unary LM-head pass over hsel [n_sel, D], adds its
  * gradient into dhsel and the selector parameters' grads; fills the host figures */
 cm_status dt_model_selector(dt_model *m, const float *hsel, float *dhsel);

@@ -69,17 +69,6 @@ cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n)
     return m->be->cast2d(m->ctx, dst, CM_DTYPE_F32, n, src, m->adt, n, 1, n);
 }
 
-/* The saved activation src [n] as F32: itself when adt is F32, else widened into buf. */
-cm_status dt_model_act_f32(dt_model *m, const float **out, const void *src, float *buf, int64_t n) {
-    if (m->adt == CM_DTYPE_F32) {
-        *out = src;
-        return CM_OK;
-    }
-    CM_TRY(dt_model_load_act(m, buf, src, n));
-    *out = buf;
-    return CM_OK;
-}
-
 /* The three GEMMs with typed activations against the F32 master W; the F32 cases go through
  * gemm, gemm_dx and gemm_dw (the same cuBLASLt call on cuda, the tiled reference on cpu). */
 /* out[M, N] (odt) = inp[M, K] (idt) · W[N, K]ᵀ */
