@@ -485,11 +485,13 @@ typedef struct kn_backend {
                                 const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta,
                                 float eps); /* (optional) */
     /* Its backward: dout [T, nh, hd] (F32, ∂/∂out) is rotated back in place (rope_bwd), then
-     * dinp (F32, written) and dw (+=) as rmsnorm_bwd with x in x_dt: the values of rope_bwd, widen
-     * and rmsnorm_bwd. dinp overlaps neither dout nor x. */
-    cm_status (*head_norm_rope_bwd)(kn_ctx *ctx, float *dinp, float *dw, float *dout, const void *x, cm_dtype x_dt,
-                                    const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim,
-                                    float theta, float eps); /* (optional) */
+     * dinp (written, in dinp_dt: F32, or BF16 rounded from the F32 value as cast2d rounds, for a GEMM
+     * that rounds its operands anyway) and dw (+=) as rmsnorm_bwd with x in x_dt: the values of
+     * rope_bwd, widen, rmsnorm_bwd (and cast2d). dinp overlaps neither dout nor x. */
+    cm_status (*head_norm_rope_bwd)(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, float *dw, float *dout,
+                                    const void *x, cm_dtype x_dt, const float *w, const int32_t *pos,
+                                    int64_t T, int nh, int hd, int rot_dim, float theta,
+                                    float eps); /* (optional) */
 
     // ---- incremental decoding (target-server's decoding sessions, docs/target.md). A cache holds,
     // per sequence slot, what the forward over a sequence's earlier tokens left behind: the

@@ -9,6 +9,7 @@
  * row before it writes.
  * head_norm_rope_bwd: per head row, the gradient rotated back (sin negated) and stored back in
  * place, then rmsnorm's backward dx in double as kernel 1 of kn_norm_bwd.cu (the row's r kept),
+ * stored as F32 or rounded once more to bf16 (the operand of the GEMMs that follow),
  * then dw by kn_norm_bwd.cu's deterministic chunked pass (kn_norm_int.h) over the T·nh rows: the
  * chain rope_bwd, widen, rmsnorm_bwd in two passes instead of four. Limits: hd ≤ 1024 (shared
  * memory ≤ 40 KiB); beyond, CM_ERR_UNSUPPORTED. */
@@ -75,10 +76,12 @@ static __global__ void head_norm_rope_kernel(float *out, const void *x, int xbf,
     }
 }
 
-/* dout rotated back in place and dinp = rmsnorm_bwd's dx per head row; rstd [T·nh] kept. */
-static __global__ void head_norm_rope_bwd_kernel(float *dinp, double *rstd, float *dout, const void *x, int xbf,
-                                                 const float *w, const int32_t *pos, int64_t T, int nh, int hd,
-                                                 int half, float eps, const kn_rope_freqs freqs) {
+/* dout rotated back in place and dinp = rmsnorm_bwd's dx per head row, F32 or (dbf) its bf16; rstd
+ * [T·nh] kept. */
+static __global__ void head_norm_rope_bwd_kernel(void *dinp, int dbf, double *rstd, float *dout,
+                                                 const void *x, int xbf, const float *w, const int32_t *pos,
+                                                 int64_t T, int nh, int hd, int half, float eps,
+                                                 const kn_rope_freqs freqs) {
     extern __shared__ double hn_sm[];
     double                  *cs = hn_sm, *sn = hn_sm + half;
     const int                lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -112,7 +115,8 @@ static __global__ void head_norm_rope_bwd_kernel(float *dinp, double *rstd, floa
             const double rs = 1.0 / sqrt(ss / (double)hd + (double)eps);
             const double k = rs * rs * rs / (double)hd * g;
             for (int c = lane; c < hd; c += 32)
-                dinp[o + c] = (float)(rs * (double)w[c] * (double)buf[c] - (double)ld_f(x, xbf, o + c) * k);
+                st_f(dinp, dbf, o + c,
+                     (float)(rs * (double)w[c] * (double)buf[c] - (double)ld_f(x, xbf, o + c) * k));
             if (lane == 0)
                 rstd[t * nh + h] = rs;
             __syncwarp();
@@ -164,14 +168,18 @@ cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, float *out, const void *x, cm_dtyp
     return CM_OK;
 }
 
-cm_status kn_cuda_head_norm_rope_bwd(kn_ctx *ctx, float *dinp, float *dw, float *dout, const void *x, cm_dtype x_dt,
-                                     const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim,
-                                     float theta, float eps) {
+cm_status kn_cuda_head_norm_rope_bwd(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, float *dw, float *dout,
+                                     const void *x, cm_dtype x_dt, const float *w, const int32_t *pos,
+                                     int64_t T, int nh, int hd, int rot_dim, float theta, float eps) {
     CM_TRY(head_check(ctx, "head_norm_rope_bwd", x_dt, T, nh, hd, rot_dim, theta, eps));
+    KN_CUDA_CHECK_ARG(dinp_dt == CM_DTYPE_F32 || dinp_dt == CM_DTYPE_BF16,
+                      "head_norm_rope_bwd: dinp in %s is not supported (F32 or BF16)",
+                      cm_dtype_name(dinp_dt));
     if (T == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(dinp && dw && dout && x && w && pos, "head_norm_rope_bwd: dinp, dw, dout, x, w or pos is NULL");
-    KN_CUDA_CHECK_ARG(dinp != dout && (const void *)dinp != x, "head_norm_rope_bwd: dinp may not alias dout or x");
+    KN_CUDA_CHECK_ARG(dinp != (void *)dout && (const void *)dinp != x,
+                      "head_norm_rope_bwd: dinp may not alias dout or x");
     const int64_t rows = T * nh;
     double       *rstd, *partial;
     CM_TRY(kn_cuda_norm_bwd_scratch(ctx, "head_norm_rope_bwd", rows, hd, &rstd, &partial));
@@ -179,8 +187,9 @@ cm_status kn_cuda_head_norm_rope_bwd(kn_ctx *ctx, float *dinp, float *dw, float 
     kn_rope_freqs freqs;
     kn_rope_freqs_fill(&freqs, rot_dim, theta);
     const int64_t blocks = T < (1 << 20) ? T : (1 << 20);
-    head_norm_rope_bwd_kernel<<<(unsigned int)blocks, 32 * head_warps(nh), head_smem(nh, hd, half), ctx->stream>>>(
-        dinp, rstd, dout, x, xbf, w, pos, T, nh, hd, half, eps, freqs);
+    head_norm_rope_bwd_kernel<<<(unsigned int)blocks, 32 * head_warps(nh), head_smem(nh, hd, half),
+                                ctx->stream>>>(dinp, dinp_dt == CM_DTYPE_BF16, rstd, dout, x, xbf, w, pos, T,
+                                               nh, hd, half, eps, freqs);
     KN_CUDA_LAUNCHED(ctx);
     return kn_cuda_norm_bwd_dw(ctx, dw, rstd, partial, dout, x, xbf, rows, hd);
 }

@@ -151,10 +151,10 @@ static cm_status w_head_norm_rope(kn_ctx *ctx, float *o, const void *x, cm_dtype
                                   const int32_t *pos, int64_t T, int nh, int hd, int rd, float th, float e) {
     PROF(P_HEAD, 0, cuda->head_norm_rope(ctx, o, x, xd, w, pos, T, nh, hd, rd, th, e));
 }
-static cm_status w_head_norm_rope_bwd(kn_ctx *ctx, float *di, float *dw, float *d, const void *x, cm_dtype xd,
-                                      const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rd,
-                                      float th, float e) {
-    PROF(P_HEAD, 0, cuda->head_norm_rope_bwd(ctx, di, dw, d, x, xd, w, pos, T, nh, hd, rd, th, e));
+static cm_status w_head_norm_rope_bwd(kn_ctx *ctx, void *di, cm_dtype dd, float *dw, float *d, const void *x,
+                                      cm_dtype xd, const float *w, const int32_t *pos, int64_t T, int nh,
+                                      int hd, int rd, float th, float e) {
+    PROF(P_HEAD, 0, cuda->head_norm_rope_bwd(ctx, di, dd, dw, d, x, xd, w, pos, T, nh, hd, rd, th, e));
 }
 static cm_status w_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int nh, int hd, int rd,
                         float th) {

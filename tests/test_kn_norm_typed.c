@@ -5,11 +5,12 @@
  *         odd shapes, F32 and BF16 inputs, with and without rounding, accumulation and the bf16 copy
  *         (rmsnorm_typed = cast2d round trip, rmsnorm, cast2d; rmsnorm_bwd_typed = widen,
  *         rmsnorm_bwd or rmsnorm_bwd_acc, cast2d; head_norm_rope = widen, rmsnorm per head, rope with
- *         a full and a partial rot_dim; head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd); bad
+ *         a full and a partial rot_dim; head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd (, cast2d)); bad
  *         arguments refused with their messages.
  *   cuda: (label gpu; 77 without a device) every op against the reference on odd shapes: the
  *         rounded x and its bf16 copy bit-exact, F32 outputs within 1e-5, bf16 outputs within one
- *         bf16 ulp, dw within 1e-5; head_norm_rope in place = out of place bit for bit; a head
+ *         bf16 ulp, dw within 1e-5; head_norm_rope in place = out of place bit for bit;
+ *         head_norm_rope_bwd's bf16 dinp the rounding of its F32 one, bit for bit; a head
  *         wider than the kernels take refused as unsupported. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -154,13 +155,21 @@ static void ref_head_norm_rope(kn_ctx *c) {
             float *dy = rnd(n, 1), *dy_c = dup_f(dy, n), *dinp = tst_zeros_f32(n), *dinp_c = tst_zeros_f32(n);
             float *dw = rnd(hd, 1), *dw_c = dup_f(dw, hd);
             float *xin = widen(xb, n);
-            TST_CHECK(kn_ref_head_norm_rope_bwd(c, dinp, dw, dy, xb, CM_DTYPE_BF16, w, pos, T, nh, hd, rot,
-                                                1e4f, 1e-6f) == CM_OK);
+            float    *dy2 = dup_f(dy, n), *dw2 = dup_f(dw, hd);
+            uint16_t *db = tst_xcalloc((size_t)n * 2), *db_c = tst_xcalloc((size_t)n * 2);
+            TST_CHECK(kn_ref_head_norm_rope_bwd(c, dinp, CM_DTYPE_F32, dw, dy, xb, CM_DTYPE_BF16, w, pos, T,
+                                                nh, hd, rot, 1e4f, 1e-6f) == CM_OK);
+            TST_CHECK(kn_ref_head_norm_rope_bwd(c, db, CM_DTYPE_BF16, dw2, dy2, xb, CM_DTYPE_BF16, w, pos, T,
+                                                nh, hd, rot, 1e4f, 1e-6f) == CM_OK);
             TST_CHECK(kn_ref_rope_bwd(c, dy_c, pos, T, nh, hd, rot, 1e4f) == CM_OK);
             TST_CHECK(kn_ref_rmsnorm_bwd(c, dinp_c, dw_c, dy_c, xin, w, T * nh, hd, 1e-6f, 0) == CM_OK);
+            TST_CHECK(kn_ref_cast2d(c, db_c, CM_DTYPE_BF16, n, dinp_c, CM_DTYPE_F32, n, 1, n) == CM_OK);
             TST_CHECK(memcmp(dinp, dinp_c, (size_t)n * 4) == 0 && memcmp(dw, dw_c, (size_t)hd * 4) == 0 &&
                       memcmp(dy, dy_c, (size_t)n * 4) == 0);
+            TST_CHECK(memcmp(db, db_c, (size_t)n * 2) == 0 && memcmp(dw2, dw_c, (size_t)hd * 4) == 0 &&
+                      memcmp(dy2, dy_c, (size_t)n * 4) == 0);
             free(dy), free(dy_c), free(dinp), free(dinp_c), free(dw), free(dw_c), free(xin);
+            free(dy2), free(dw2), free(db), free(db_c);
             free(x), free(w), free(out), free(chain), free(xb);
         }
     printf(
@@ -187,9 +196,9 @@ static void ref_bad_args(kn_ctx *c) {
     TST_CHECK(tst_fails_with(kn_ref_rmsnorm_bwd_typed(c, &b), CM_ERR_INVALID_ARG, alias_words));
     TST_CHECK(tst_fails_with(kn_ref_head_norm_rope(c, y, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 5, 1e4f, 1e-6f),
                              CM_ERR_INVALID_ARG, rot_words));
-    TST_CHECK(tst_fails_with(
-        kn_ref_head_norm_rope_bwd(c, y, dw, y, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 4, 1e4f, 1e-6f),
-        CM_ERR_INVALID_ARG, alias_words));
+    TST_CHECK(tst_fails_with(kn_ref_head_norm_rope_bwd(c, y, CM_DTYPE_F32, dw, y, x, CM_DTYPE_F32, w, pos, 2,
+                                                       1, 4, 4, 1e4f, 1e-6f),
+                             CM_ERR_INVALID_ARG, alias_words));
     printf("cpu: bad arguments refused (round on BF16, no output, I32, aliases, odd rot_dim)\n");
 }
 
@@ -324,17 +333,27 @@ static void cuda_heads(const kn_backend *be, kn_ctx *ctx, kn_ctx *cpu, int64_t T
     TST_CHECK(memcmp(h1, h2, (size_t)n * 4) == 0);
     free(h1), free(h2);
     /* backward */
-    TST_CHECK(kn_ref_head_norm_rope_bwd(cpu, dinp, dw_ref, dy_ref, xb, CM_DTYPE_BF16, w, pos, T, nh, hd, rot,
-                                        1e6f, 1e-6f) == CM_OK);
-    TST_CHECK(be->head_norm_rope_bwd(ctx, gdinp, gdw, gdy, gxb, CM_DTYPE_BF16, gw, gpos, T, nh, hd, rot, 1e6f,
-                                     1e-6f) == CM_OK);
+    TST_CHECK(kn_ref_head_norm_rope_bwd(cpu, dinp, CM_DTYPE_F32, dw_ref, dy_ref, xb, CM_DTYPE_BF16, w, pos, T,
+                                        nh, hd, rot, 1e6f, 1e-6f) == CM_OK);
+    uint16_t *ref_b = to_bf(dinp, n);
+    float    *gdy2 = dev_put(be, ctx, dy, (size_t)n * 4), *gdw2 = dev_put(be, ctx, dw, (size_t)hd * 4);
+    uint16_t *gdb = dev_put(be, ctx, NULL, (size_t)n * 2);
+    TST_CHECK(be->head_norm_rope_bwd(ctx, gdinp, CM_DTYPE_F32, gdw, gdy, gxb, CM_DTYPE_BF16, gw, gpos, T, nh,
+                                     hd, rot, 1e6f, 1e-6f) == CM_OK);
+    TST_CHECK(be->head_norm_rope_bwd(ctx, gdb, CM_DTYPE_BF16, gdw2, gdy2, gxb, CM_DTYPE_BF16, gw, gpos, T, nh,
+                                     hd, rot, 1e6f, 1e-6f) == CM_OK);
     float *hd_ = dev_get(be, ctx, gdinp, (size_t)n * 4), *hdw = dev_get(be, ctx, gdw, (size_t)hd * 4),
-          *hdy = dev_get(be, ctx, gdy, (size_t)n * 4);
+          *hdy = dev_get(be, ctx, gdy, (size_t)n * 4), *hdw2 = dev_get(be, ctx, gdw2, (size_t)hd * 4);
+    uint16_t *hdb = dev_get(be, ctx, gdb, (size_t)n * 2), *hdb_c = to_bf(hd_, n);
     snprintf(name, sizeof name, "cuda head_norm_rope_bwd nh=%d hd=%d", nh, hd);
     tst_compare(name, 36, hd_, dinp, (long)n, 1e-5, 1e-5, NULL);
     tst_compare("cuda head_norm_rope_bwd dw", 36, hdw, dw_ref, (long)hd, 1e-5, 1e-5, NULL);
     tst_compare("cuda head_norm_rope_bwd dout rotated", 36, hdy, dy_ref, (long)n, 1e-6, 1e-6, NULL);
-    free(hd_), free(hdw), free(hdy);
+    close_bf("cuda head_norm_rope_bwd bf16 dinp", hdb, ref_b, n);
+    /* the bf16 output is the rounding of the F32 one, and dw the same bits */
+    TST_CHECK(memcmp(hdb, hdb_c, (size_t)n * 2) == 0 && memcmp(hdw, hdw2, (size_t)hd * 4) == 0);
+    free(hd_), free(hdw), free(hdy), free(hdw2), free(hdb), free(hdb_c), free(ref_b);
+    be->free(ctx, gdy2), be->free(ctx, gdw2), be->free(ctx, gdb);
     free(pos), free(x), free(w), free(out), free(dy), free(dinp), free(dw), free(dy_ref), free(dw_ref),
         free(xb);
     be->free(ctx, gpos), be->free(ctx, gx), be->free(ctx, gw), be->free(ctx, gout), be->free(ctx, gdy);

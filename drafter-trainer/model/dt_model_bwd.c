@@ -77,18 +77,22 @@ static cm_status mlp_bwd(dt_model *m, int l) {
 }
 
 /* Backward of kv_fwd given dk (after RoPE and k_norm; rotated back in place) and dv: the k/v
- * weight grads and the input gradient into dinp (= or += as accumulate says). dk_pre a free slot. */
-static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, const void *k_pre_s,
-                        float *dk, const float *dv, float *dk_pre, float *dinp, int accumulate) {
+ * weight grads and the input gradient into dinp (= or += as accumulate says). dk_pre a free slot
+ * (it holds ∂/∂k_pre in dt_model_gemm_op_dt, the GEMMs' operand). */
+static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos,
+                        const void *k_pre_s, float *dk, const float *dv, void *dk_pre, float *dinp,
+                        int accumulate) {
     const kn_backend     *be = m->be;
     const cm_drafter_cfg *g = &m->cfg;
     const int64_t         D = g->hidden_size, KV = (int64_t)g->n_kv_heads * g->head_dim;
+    const cm_dtype        gdt = dt_model_gemm_op_dt(m);
     dt_param *wk = dt_model_lp(m, l, LP_K), *wv = dt_model_lp(m, l, LP_V), *kn = dt_model_lp(m, l, LP_K_NORM);
-    CM_TRY(be->head_norm_rope_bwd(m->ctx, dk_pre, kn->grad, dk, k_pre_s, m->adt, kn->data, pos, rows, g->n_kv_heads,
-                                  g->head_dim, g->head_dim, (float)g->rope_theta, g->rms_norm_eps));
-    CM_TRY(dt_model_mm_dw(m, wk->grad, dk_pre, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
+    CM_TRY(be->head_norm_rope_bwd(m->ctx, dk_pre, gdt, kn->grad, dk, k_pre_s, m->adt, kn->data, pos, rows,
+                                  g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
+                                  g->rms_norm_eps));
+    CM_TRY(dt_model_mm_dw(m, wk->grad, dk_pre, gdt, inp, m->adt, rows, KV, D));
     CM_TRY(dt_model_mm_dw(m, wv->grad, dv, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
-    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, CM_DTYPE_F32, wk->data, rows, KV, D, accumulate));
+    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, gdt, wk->data, rows, KV, D, accumulate));
     CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dv, CM_DTYPE_F32, wv->data, rows, KV, D, 1));
     return CM_OK;
 }
@@ -130,9 +134,11 @@ static cm_status attn_bwd(dt_model *m, int l) {
     p.dk_blk = dt_model_slot_ptr(m, l, AS_DKB);
     p.dv_blk = dt_model_slot_ptr(m, l, AS_DVB);
     CM_TRY(be->dflash_attn_bwd(m->ctx, &p));
-    /* queries: dq rotated back and through q_norm into o (dq_pre) */
-    CM_TRY(be->head_norm_rope_bwd(m->ctx, o, qn->grad, p.dq, A->q_pre, m->adt, qn->data, a->blk_pos, R, g->n_heads,
-                                  g->head_dim, g->head_dim, (float)g->rope_theta, g->rms_norm_eps));
+    /* queries: dq rotated back and through q_norm into o (dq_pre, in the GEMMs' operand dtype) */
+    const cm_dtype gdt = dt_model_gemm_op_dt(m);
+    CM_TRY(be->head_norm_rope_bwd(m->ctx, o, gdt, qn->grad, p.dq, A->q_pre, m->adt, qn->data, a->blk_pos, R,
+                                  g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
+                                  g->rms_norm_eps));
     /* the layer input x: saved (adt), or (layer 0 with BF16 storage) the embedding again in xw,
      * rounded as the forward rounded it, and h = its norm recomputed (DFlash: as the GEMM input) */
     const void *x = A->x, *hop = NULL;
@@ -146,8 +152,8 @@ static cm_status attn_bwd(dt_model *m, int l) {
     }
     if (dt_model_is_v2(m)) /* h' (the convolved h), recomputed */
         CM_TRY(dt_model_conv_in_recompute(m, l, 0, x, x_dt, &hop));
-    CM_TRY(dt_model_mm_dw(m, wq->grad, o, CM_DTYPE_F32, hop, m->adt, R, Q, D));
-    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, CM_DTYPE_F32, wq->data, R, Q, D, 0));
+    CM_TRY(dt_model_mm_dw(m, wq->grad, o, gdt, hop, m->adt, R, Q, D));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, gdt, wq->data, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
     CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, vb, a->dh, 1));
     CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx, l != g->n_layers - 1));

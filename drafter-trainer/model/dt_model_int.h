@@ -207,6 +207,14 @@ static inline int dt_model_is_v2(const dt_model *m) {
     return m->cfg.kind == CM_DRAFTER_DFLASH2;
 }
 
+/* The dtype for a gradient that only feeds GEMMs: BF16 where the backend's GEMMs round their F32
+ * operands to bf16 anyway (the same values, without the conversion each GEMM would make), else F32. */
+static inline cm_dtype dt_model_gemm_op_dt(dt_model *m) {
+    return m->adt == CM_DTYPE_BF16 && m->be->gemm_rounds_input && m->be->gemm_rounds_input(m->ctx)
+               ? CM_DTYPE_BF16
+               : CM_DTYPE_F32;
+}
+
 /* parameters (dt_model.c) */
 dt_param *dt_model_lp(dt_model *m, int l, int j);
 cm_status dt_model_dev_zero(dt_model *m, float *p, int64_t n);

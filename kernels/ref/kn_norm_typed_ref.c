@@ -1,7 +1,7 @@
 /* kernels/ref/kn_norm_typed_ref.c — the drafter's norms on typed storage, as compositions of the
  * references they fuse: rmsnorm_typed = (round: cast2d to BF16 and back,) widen, rmsnorm, cast2d;
  * rmsnorm_bwd_typed = widen, rmsnorm_bwd or rmsnorm_bwd_acc, cast2d; head_norm_rope = widen,
- * rmsnorm per head row, rope; head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd. Each runs those
+ * rmsnorm per head row, rope; head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd (, cast2d). Each runs those
  * very functions on F32 temporaries, so it gives the bits of the chain it stands for. */
 #include "kn_ref.h"
 
@@ -111,26 +111,35 @@ cm_status kn_ref_head_norm_rope(kn_ctx *ctx, float *out, const void *x, cm_dtype
     return kn_ref_rope(ctx, out, pos, T, nh, hd, rot_dim, theta);
 }
 
-cm_status kn_ref_head_norm_rope_bwd(kn_ctx *ctx, float *dinp, float *dw, float *dout, const void *x, cm_dtype x_dt,
-                                    const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim,
-                                    float theta, float eps) {
+cm_status kn_ref_head_norm_rope_bwd(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, float *dw, float *dout,
+                                    const void *x, cm_dtype x_dt, const float *w, const int32_t *pos,
+                                    int64_t T, int nh, int hd, int rot_dim, float theta, float eps) {
     KN_REF_CHECK(ctx, "head_norm_rope_bwd: ctx is NULL");
-    if (!typed_ok(x_dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "head_norm_rope_bwd: x in %s is not supported (F32 or BF16)",
-                       cm_dtype_name(x_dt));
+    if (!typed_ok(x_dt) || !typed_ok(dinp_dt))
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "head_norm_rope_bwd: x in %s or dinp in %s is not supported (F32 or BF16)",
+                       cm_dtype_name(x_dt), cm_dtype_name(dinp_dt));
     KN_REF_CHECK(T >= 0 && nh > 0 && hd > 0, "head_norm_rope_bwd: bad shape T=%lld nh=%d hd=%d", (long long)T, nh,
                  hd);
     KN_REF_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= hd && theta > 0 && isfinite(theta) && eps >= 0,
                  "head_norm_rope_bwd: rot_dim=%d (even, <= hd=%d), theta=%g (> 0) or eps=%g (>= 0) out of range",
                  rot_dim, hd, (double)theta, (double)eps);
     if (T == 0) return CM_OK;
-    KN_REF_CHECK(dinp && dout && x && dinp != dout && (const void *)dinp != x,
+    KN_REF_CHECK(dinp && dout && x && dinp != (void *)dout && (const void *)dinp != x,
                  "head_norm_rope_bwd: dinp, dout or x is NULL, or dinp aliases dout or x");
+    const int64_t n = T * nh * (int64_t)hd;
     CM_TRY(kn_ref_rope_bwd(ctx, dout, pos, T, nh, hd, rot_dim, theta));
     const float *xf = NULL;
-    float       *xt = NULL;
-    CM_TRY(widen("head_norm_rope_bwd", x, x_dt, T * nh * (int64_t)hd, &xf, &xt));
-    cm_status st = kn_ref_rmsnorm_bwd(ctx, dinp, dw, dout, xf, w, T * nh, hd, eps, 0);
+    float       *xt = NULL, *dt = dinp_dt == CM_DTYPE_F32 ? dinp : malloc((size_t)n * sizeof *dt);
+    cm_status    st =
+        dt ? widen("head_norm_rope_bwd", x, x_dt, n, &xf, &xt)
+              : CM_FAIL(CM_ERR_NOMEM, "head_norm_rope_bwd: cannot allocate %lld floats", (long long)n);
+    if (st == CM_OK)
+        st = kn_ref_rmsnorm_bwd(ctx, dt, dw, dout, xf, w, T * nh, hd, eps, 0);
+    if (st == CM_OK && dinp_dt != CM_DTYPE_F32)
+        to_bf16(dinp, dt, n);
+    if (dt != dinp)
+        free(dt);
     free(xt);
     return st;
 }
