@@ -39,7 +39,7 @@ static cm_status loss_fwd_bwd(dt_model *m) {
     CM_TRY(dt_model_dev_zero(m, dhsel + n * D, D)); /* the row unselected block rows read */
     CM_TRY(be->embed(m->ctx, a->dh, a->inv, dhsel, CM_DTYPE_F32, m->R, D));
     return dt_model_norm_bwd(m, a->dx, norm->grad, a->dh, a->xw, CM_DTYPE_F32, norm->data, m->R, 0,
-                             !dt_model_is_v2(m));
+                             dt_model_is_v2(m) ? NULL : dt_model_dx_op_out(m));
 }
 
 /* acts.dx holds ∂/∂x_next on entry and ∂/∂x_mid on return. */
@@ -73,7 +73,7 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up->data, R, I, D, 1));
     if (dt_model_is_v2(m))
         return dt_model_conv_in_bwd(m, l, 1, A->x_mid, t);
-    return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, A->x_mid, t, ln->data, R, 1, 1);
+    return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, A->x_mid, t, ln->data, R, 1, dt_model_dx_op_out(m));
 }
 
 /* Backward of kv_fwd given dk (after RoPE and k_norm; rotated back in place) and dv: the k/v
@@ -159,7 +159,8 @@ static cm_status attn_bwd(dt_model *m, int l) {
     CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx, l != g->n_layers - 1));
     if (dt_model_is_v2(m))
         return dt_model_conv_in_bwd(m, l, 0, x, x_dt);
-    return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, x, x_dt, ln->data, R, 1, l > 0);
+    return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, x, x_dt, ln->data, R, 1,
+                             l > 0 ? dt_model_dx_op_out(m) : NULL);
 }
 
 cm_status dt_model_backward(dt_model *m) {
@@ -176,15 +177,32 @@ cm_status dt_model_backward(dt_model *m) {
     }
     /* acts.dx now holds the gradient of the (frozen) embedding output: dropped. */
     dt_param *hn = &m->params[P_HIDDEN_NORM], *fc = &m->params[P_FC];
-    float    *dpre = dt_model_fc_slot(m, FS_OUT);
-    CM_TRY(dt_model_norm_bwd(m, dpre, hn->grad, a->dctx, a->ctx_pre, m->adt, hn->data, T, 0, 0));
+    /* dpre in F32, and for the tap GEMMs in their operand dtype (bf16 into the free FS_PRE slot where
+     * they round their operands anyway) */
+    float         *dpre = dt_model_fc_slot(m, FS_OUT);
+    const cm_dtype gdt = dt_model_gemm_op_dt(m);
+    const void    *dpre_op =
+        gdt == CM_DTYPE_F32 ? (const void *)dpre : (const void *)dt_model_fc_slot(m, FS_PRE);
+    CM_TRY(dt_model_norm_bwd(m, dpre, hn->grad, a->dctx, a->ctx_pre, m->adt, hn->data, T, 0,
+                             gdt == CM_DTYPE_F32 ? NULL : (void *)dpre_op));
     if (m->adt == CM_DTYPE_F32)
         CM_TRY(dt_model_mm_dw(m, fc->grad, dpre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, T, D, nD));
     else
         for (int k = 0; k < g->n_taps; k++) {
-            kn_matmul_params p = {.M = D, .N = D, .K = T, .a = dpre, .a_dt = CM_DTYPE_F32, .lda = D, .trans_a = 1,
-                                  .b = m->tap[k], .b_dt = m->tap_dt, .ldb = m->tap_ld, .c = fc->grad + k * D,
-                                  .c_dt = CM_DTYPE_F32, .ldc = nD, .accumulate = 1};
+            kn_matmul_params p = {.M = D,
+                                  .N = D,
+                                  .K = T,
+                                  .a = dpre_op,
+                                  .a_dt = gdt,
+                                  .lda = D,
+                                  .trans_a = 1,
+                                  .b = m->tap[k],
+                                  .b_dt = m->tap_dt,
+                                  .ldb = m->tap_ld,
+                                  .c = fc->grad + k * D,
+                                  .c_dt = CM_DTYPE_F32,
+                                  .ldc = nD,
+                                  .accumulate = 1};
             CM_TRY(be->matmul(m->ctx, &p));
         }
     return dt_model_grads_final_from(m, 0); /* fc and hidden_norm: all of them */

@@ -232,8 +232,9 @@ cm_status dt_model_dx_op(dt_model *m, const void **op);
 cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w, int64_t rows,
                              float *h32, void *hb);
 cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, const float *w, int64_t rows);
-cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x, cm_dtype x_dt,
-                            const float *w, int64_t rows, int acc, int next_op);
+cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x,
+                            cm_dtype x_dt, const float *w, int64_t rows, int acc, void *dinp_bf16);
+void     *dt_model_dx_op_out(dt_model *m);
 cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n);
 cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt, const float *w,
                           int64_t M, int64_t N, int64_t K);

@@ -10,8 +10,8 @@
 // typed helpers: saved activations in adt, temporaries in F32
 
 /* acts.dx as the GEMM operand that starts a layer half's backward (DFlash): itself (F32 storage),
- * or acts.H, where the norm backward that finished acts.dx wrote its bf16 (dt_model_norm_bwd with
- * next_op), so no GEMM rounds it on its own. */
+ * or acts.H, where the norm backward that finished acts.dx wrote its bf16 (dt_model_norm_bwd into
+ * dt_model_dx_op_out), so no GEMM rounds it on its own. */
 cm_status dt_model_dx_op(dt_model *m, const void **op) {
     *op = m->adt == CM_DTYPE_F32 ? (const void *)m->acts.dx : m->acts.H;
     return CM_OK;
@@ -53,15 +53,29 @@ cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, cons
 }
 
 /* dinp [rows, D] (= or += when acc) the norm backward of dout through the norm with w of x (x_dt: a
- * saved row in adt, or F32), dw +=. With BF16 storage and next_op, dinp's bf16 goes into acts.H in
- * the same pass: the operand dt_model_dx_op gives the next layer half. */
-cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x, cm_dtype x_dt,
-                            const float *w, int64_t rows, int acc, int next_op) {
+ * saved row in adt, or F32), dw +=; dinp_bf16 (NULL: none) gets the bf16 of dinp's final value in the
+ * same pass, for GEMMs that take it next (acts.H: the operand dt_model_dx_op gives the next layer
+ * half). */
+cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x,
+                            cm_dtype x_dt, const float *w, int64_t rows, int acc, void *dinp_bf16) {
     const cm_drafter_cfg          *g = &m->cfg;
-    const kn_norm_bwd_typed_params p = {.rows = rows, .C = g->hidden_size, .eps = g->rms_norm_eps, .w = w, .dw = dw,
-                                        .x = x, .x_dt = x_dt, .dout = dout, .dinp = dinp, .accumulate = acc,
-                                        .dinp_bf16 = next_op && m->adt != CM_DTYPE_F32 ? m->acts.H : NULL};
+    const kn_norm_bwd_typed_params p = {.rows = rows,
+                                        .C = g->hidden_size,
+                                        .eps = g->rms_norm_eps,
+                                        .w = w,
+                                        .dw = dw,
+                                        .x = x,
+                                        .x_dt = x_dt,
+                                        .dout = dout,
+                                        .dinp = dinp,
+                                        .accumulate = acc,
+                                        .dinp_bf16 = dinp_bf16};
     return m->be->rmsnorm_bwd_typed(m->ctx, &p);
+}
+
+/* acts.H where BF16 storage makes it the next layer half's dx operand (dt_model_dx_op), else NULL. */
+void *dt_model_dx_op_out(dt_model *m) {
+    return m->adt == CM_DTYPE_F32 ? NULL : m->acts.H;
 }
 
 /* dst (F32) = src [n] (adt). */
