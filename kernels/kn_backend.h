@@ -211,6 +211,44 @@ typedef struct kn_matmul_params {
     int         accumulate; /* C += (F32 C only) */
 } kn_matmul_params;
 
+/* The drafter's row norms on typed storage (kn_backend rmsnorm_typed): rmsnorm of x [rows, C] in
+ * x_dt (F32 or BF16) with w, eps and one_plus as rmsnorm, in one pass:
+ *   round (x_dt F32 only): x is first rounded in place to its BF16 values and the norm runs on
+ *     them (the forward goes on with what it saves);
+ *   x_bf16 (optional; needs round): those BF16 values, the saved copy;
+ *   out (optional, F32) and out_bf16 (optional): the normed rows; out_bf16 = bf16(out).
+ * At least one of out and out_bf16. Neither output may overlap x. */
+typedef struct kn_norm_typed_params {
+    int64_t      rows, C;
+    float        eps;
+    int          one_plus;
+    const float *w; /* [C] */
+    void        *x; /* written only when round */
+    cm_dtype     x_dt;
+    int          round;
+    uint16_t    *x_bf16;
+    float       *out;
+    uint16_t    *out_bf16;
+} kn_norm_typed_params;
+
+/* rmsnorm's backward on typed storage (kn_backend rmsnorm_bwd_typed): x (the forward's input) in
+ * x_dt (F32 or BF16), dout F32; dinp (F32) = ∂/∂x, or += when accumulate (rmsnorm_bwd_acc's F32
+ * sum); dinp_bf16 (optional) = bf16 of dinp's final value (the next GEMM's operand); dw += ∂/∂w.
+ * dinp and dinp_bf16 overlap neither dout nor x. */
+typedef struct kn_norm_bwd_typed_params {
+    int64_t      rows, C;
+    float        eps;
+    int          one_plus;
+    const float *w;
+    float       *dw;
+    const void  *x;
+    cm_dtype     x_dt;
+    const float *dout;
+    float       *dinp;
+    int          accumulate;
+    uint16_t    *dinp_bf16;
+} kn_norm_bwd_typed_params;
+
 typedef struct kn_backend {
     const char *name; /* "cpu", "cuda" */
 
@@ -435,6 +473,25 @@ typedef struct kn_backend {
      * of rmsnorm_bwd into a temporary and add); dw += as there. dinp aliases neither dout nor inp. */
     cm_status (*rmsnorm_bwd_acc)(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* (optional) */
+    /* See kn_norm_typed_params and kn_norm_bwd_typed_params: the values of widen, rmsnorm and
+     * cast2d (forward; round: cast2d to BF16 and back first), and of widen, rmsnorm_bwd (or
+     * rmsnorm_bwd_acc) and cast2d (backward). */
+    cm_status (*rmsnorm_typed)(kn_ctx *ctx, const kn_norm_typed_params *p);         /* (optional) */
+    cm_status (*rmsnorm_bwd_typed)(kn_ctx *ctx, const kn_norm_bwd_typed_params *p); /* (optional) */
+    /* The drafter's q/k prep on typed storage: out [T, nh, hd] (F32) = rope(rmsnorm(x)) with the
+     * norm per head row of hd (plain w [hd], eps) and rope's pos, rot_dim and theta, x [T, nh, hd]
+     * in x_dt (F32 or BF16): the values of widen, rmsnorm and rope. out may equal x (F32). */
+    cm_status (*head_norm_rope)(kn_ctx *ctx, float *out, const void *x, cm_dtype x_dt, const float *w,
+                                const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta,
+                                float eps); /* (optional) */
+    /* Its backward: dout [T, nh, hd] (F32, ∂/∂out) is rotated back in place (rope_bwd), then
+     * dinp (written, in dinp_dt: F32, or BF16 rounded from the F32 value as cast2d rounds, for a GEMM
+     * that rounds its operands anyway) and dw (+=) as rmsnorm_bwd with x in x_dt: the values of
+     * rope_bwd, widen, rmsnorm_bwd (and cast2d). dinp overlaps neither dout nor x. */
+    cm_status (*head_norm_rope_bwd)(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, float *dw, float *dout,
+                                    const void *x, cm_dtype x_dt, const float *w, const int32_t *pos,
+                                    int64_t T, int nh, int hd, int rot_dim, float theta,
+                                    float eps); /* (optional) */
 
     // ---- incremental decoding (target-server's decoding sessions, docs/target.md). A cache holds,
     // per sequence slot, what the forward over a sequence's earlier tokens left behind: the

@@ -144,6 +144,14 @@ cm_status kn_cuda_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const vo
                                    const void *up, cm_dtype dt, int64_t n);
 cm_status kn_cuda_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
                                   const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* kn_norm_bwd.cu */
+cm_status kn_cuda_rmsnorm_bwd_typed(kn_ctx *ctx, const kn_norm_bwd_typed_params *p); /* kn_norm_bwd.cu */
+cm_status kn_cuda_rmsnorm_typed(kn_ctx *ctx, const kn_norm_typed_params *p);         /* kn_norm.cu */
+cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, float *out, const void *x, cm_dtype x_dt, const float *w,
+                                 const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta, float eps);
+cm_status kn_cuda_head_norm_rope_bwd(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, float *dw, float *dout,
+                                     const void *x, cm_dtype x_dt, const float *w, const int32_t *pos,
+                                     int64_t T, int nh, int hd, int rot_dim, float theta,
+                                     float eps); /* kn_head_norm.cu */
 // ---- the multi-tensor optimizer step (kn_optim.cu)
 cm_status kn_cuda_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks);
 cm_status kn_cuda_adamw_multi(kn_ctx *ctx, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks,

@@ -5,7 +5,7 @@
  *   logits = h·W[v0:v0+Vc]ᵀ (cuBLASLt), then one block per row merges the chunk into the
  *     row's running max, Σexp (double) and argmax (lowest index on ties: a later chunk wins
  *     only with a strictly larger logit) and picks up the label's logit;
- *   when dh is asked for: the chunk becomes exp(logit − m_ref) (m_ref: a per-row shift,
+ *   when dh is asked for: the same kernel then turns the row into exp(logit − m_ref) (m_ref: a per-row shift,
  *     moved to the chunk's max only when that exceeds it by more than LMCE_SHIFT, so the
  *     coefficients stay ≤ e^LMCE_SHIFT and rows rarely need rescaling), the rows whose shift
  *     moved have their dh sum rescaled by exp(m_old − m_new), and dh (+)= coef · W[v0:v0+Vc]
@@ -190,17 +190,21 @@ static __device__ void topk_merge(float (&lv)[KMAX], int32_t (&li)[KMAX], int K,
 }
 
 /* One block per row of the tile: merges logits[r, 0:nc] (columns v0 + c) into st[r]. */
-/* alpha[r] (when not NULL): the factor dh's running sum of row r takes before this chunk
- * is added (1 unless the row's shift moved). KMAX > 0 (lm_ce_topk, K ≤ KMAX): the chunk also
- * goes into the row's running top-K (tk). */
+/* alpha[r] (when not NULL, that is when dh is asked for): the factor dh's running sum of row r
+ * takes before this chunk is added (1 unless the row's shift moved); then the row's coefficients
+ * exp(logit − mref) are written, into coef16 (bf16) when it is not NULL, else over the logits, by
+ * a last pass over the row this block has just read (it is in L1/L2: no separate kernel reads the
+ * chunk from DRAM again). KMAX > 0 (lm_ce_topk, K ≤ KMAX): the chunk also goes into the row's
+ * running top-K (tk). */
 template <int KMAX>
-static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float *logits, int64_t ld,
-                                         int64_t nc, int64_t v0, const int32_t *labels, lmce_topk tk) {
+static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, float *logits, uint16_t *coef16,
+                                         int64_t ld, int64_t nc, int64_t v0, const int32_t *labels,
+                                         lmce_topk tk) {
     __shared__ float   smax[LMCE_THREADS / 32];
     __shared__ int64_t sidx[LMCE_THREADS / 32];
     __shared__ double  ssum[LMCE_THREADS / 32];
     const int64_t      r = blockIdx.x;
-    const float       *lg = logits + r * ld;
+    float             *lg = logits + r * ld;
     const int          lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     /* top-K: this thread's best KMAX columns among those that beat the row's K-th entry (the
      * empty slot (−inf, TOPK_NONE) until the row has K), read before any barrier, that is
@@ -287,6 +291,19 @@ static __global__ void lmce_stats_kernel(lmce_row *st, float *alpha, const float
     }
     if constexpr (KMAX > 0)
         topk_merge<KMAX>(lv, li, tk.K, n_old, tk.val + r * tk.K, tk.idx + r * tk.K, &st[r].tk_n);
+    if (!alpha)
+        return;
+    __syncthreads(); /* thread 0 has moved the shift and read the label's logit */
+    const float mref = st[r].mref;
+    for (int64_t c = threadIdx.x; c < nc; c += LMCE_THREADS) {
+        const float cf = expf(lg[c] - mref);
+        if (coef16) {
+            __nv_bfloat16 b = __float2bfloat16_rn(cf);
+            coef16[r * ld + c] = *(uint16_t *)&b;
+        } else {
+            lg[c] = cf;
+        }
+    }
 }
 
 /* With tk.K > 0 also the label logit, and (−1, NaN) in the top-K slots no logit filled (only
@@ -305,23 +322,6 @@ static __global__ void lmce_finish_kernel(float *ce, int32_t *argmax, float *lse
                 tk.val[i * tk.K + k] = __int_as_float(0x7fc00000);
                 tk.idx[i * tk.K + k] = -1;
             }
-        }
-    }
-}
-
-/* logits[r, c] → exp(logit − mref[r]), in place (F32) or into coef16 (bf16) when it is not
- * NULL. */
-static __global__ void lmce_coef_kernel(float *logits, uint16_t *coef16, int64_t ld, int64_t rows, int64_t nc,
-                                        const lmce_row *st) {
-    const int64_t n = rows * nc, stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const int64_t r = i / nc, c = i % nc;
-        const float   cf = expf(logits[r * ld + c] - st[r].mref);
-        if (coef16) {
-            __nv_bfloat16 b = __float2bfloat16_rn(cf);
-            coef16[r * ld + c] = *(uint16_t *)&b;
-        } else {
-            logits[r * ld + c] = cf;
         }
     }
 }
@@ -369,22 +369,28 @@ static unsigned int grid_for(int64_t n, int threads) {
 }
 
 /* The stats kernel with the list size that K needs (KMAX 0: lm_ce). */
-static cm_status lmce_stats(kn_ctx *ctx, int64_t nr, lmce_row *st, float *alpha, const float *logits,
-                            int64_t ld, int64_t nc, int64_t v0, const int32_t *labels, lmce_topk tk) {
+static cm_status lmce_stats(kn_ctx *ctx, int64_t nr, lmce_row *st, float *alpha, float *logits,
+                            uint16_t *coef16, int64_t ld, int64_t nc, int64_t v0, const int32_t *labels,
+                            lmce_topk tk) {
     const unsigned int g = (unsigned int)nr;
     if (tk.K == 0)
-        lmce_stats_kernel<0><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+        lmce_stats_kernel<0>
+            <<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, coef16, ld, nc, v0, labels, tk);
     else if (tk.K <= 4)
-        lmce_stats_kernel<4><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+        lmce_stats_kernel<4>
+            <<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, coef16, ld, nc, v0, labels, tk);
     else if (tk.K <= 8)
-        lmce_stats_kernel<8><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+        lmce_stats_kernel<8>
+            <<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, coef16, ld, nc, v0, labels, tk);
     else if (tk.K <= 16)
-        lmce_stats_kernel<16><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+        lmce_stats_kernel<16>
+            <<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, coef16, ld, nc, v0, labels, tk);
     else if (tk.K <= 32)
-        lmce_stats_kernel<32><<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+        lmce_stats_kernel<32>
+            <<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, coef16, ld, nc, v0, labels, tk);
     else
         lmce_stats_kernel<KN_TOPK_MAX>
-            <<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, ld, nc, v0, labels, tk);
+            <<<g, LMCE_THREADS, 0, ctx->stream>>>(st, alpha, logits, coef16, ld, nc, v0, labels, tk);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
@@ -466,11 +472,9 @@ static cm_status lmce_run(const char *op, kn_ctx *ctx, const kn_lm_topk_params *
             }
             /* logitsᵀ (nc×nr col-major, ld Vc) = W_chunk (stored D×nc, op T) · hᵀ (D×nr) */
             CM_TRY(kn_cuda_lt_matmul(ctx, op, ab, 1, 0, nc, nr, D, w_op, D, h_op, D, 0.0f, logits, Vc));
-            CM_TRY(lmce_stats(ctx, nr, st, alpha, logits, Vc, nc, v0, labels + r0, tk));
+            CM_TRY(lmce_stats(ctx, nr, st, alpha, logits, coef16, Vc, nc, v0, labels + r0, tk));
             if (!dh)
                 continue;
-            lmce_coef_kernel<<<grid_for(nr * nc, 256), 256, 0, ctx->stream>>>(logits, coef16, Vc, nr, nc, st);
-            KN_CUDA_LAUNCHED(ctx);
             if (v0 > 0) {
                 lmce_rescale_kernel<<<(unsigned int)nr, 256, 0, ctx->stream>>>(dh + r0 * D, D, alpha);
                 KN_CUDA_LAUNCHED(ctx);

@@ -10,7 +10,9 @@
  * into the norm that follows it; the add stays in x) and rmsnorm_gated_bf16 (a warp per row);
  * each writes the next GEMM's bf16 input with the f32 math of the kernels above, so the
  * conversion pass of gemm disappears; add_rmsnorm_fp8 and rmsnorm_gated_fp8 write that input
- * quantized for FP8 projections (kn_fp8_dev.h), so their quantization pass disappears too. */
+ * quantized for FP8 projections (kn_fp8_dev.h), so their quantization pass disappears too.
+ * rmsnorm_typed is the drafter's norm on BF16 storage: the residual stream rounded and saved,
+ * or a saved BF16 row read as it is, and the next GEMM's bf16 input written, in one pass. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
@@ -333,6 +335,37 @@ static __global__ void rmsnorm_gated_fp8_c128_kernel(uint8_t *q, float *sc, cons
     }
 }
 
+/* The drafter's rmsnorm on typed storage (kn_norm_typed_params): x in F32 or BF16 (xbf); with round
+ * the F32 x is first rounded to bf16 in place (and saved to x_bf16), pass 2 re-reading the value
+ * this thread wrote; the normed rows go to out and/or out_bf16. The f32 math of rmsnorm_kernel. */
+static __global__ void rmsnorm_typed_kernel(const kn_norm_typed_params p, int xbf) {
+    __shared__ float sh[32];
+    for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+        const int64_t o = r * p.C;
+        float         s = 0.0f;
+        for (int64_t c = threadIdx.x; c < p.C; c += blockDim.x) {
+            float v = ld_f(p.x, xbf, o + c);
+            if (p.round) {
+                const __nv_bfloat16 b = __float2bfloat16_rn(v);
+                v = __bfloat162float(b);
+                ((float *)p.x)[o + c] = v;
+                if (p.x_bf16)
+                    ((__nv_bfloat16 *)p.x_bf16)[o + c] = b;
+            }
+            s += v * v;
+        }
+        const float scale = 1.0f / sqrtf(block_sum(s, sh) / (float)p.C + p.eps);
+        for (int64_t c = threadIdx.x; c < p.C; c += blockDim.x) {
+            const float wc = p.one_plus ? 1.0f + p.w[c] : p.w[c];
+            const float y = ld_f(p.x, xbf, o + c) * scale * wc;
+            if (p.out)
+                p.out[o + c] = y;
+            if (p.out_bf16)
+                ((__nv_bfloat16 *)p.out_bf16)[o + c] = __float2bfloat16_rn(y);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -455,6 +488,22 @@ cm_status kn_cuda_rmsnorm_gated_bf16(kn_ctx *ctx, uint16_t *out, const float *x,
     const int64_t blocks = (rows + per_block - 1) / per_block;
     rmsnorm_gated_bf16_kernel<<<(unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20)), 32 * per_block, 0,
                                 ctx->stream>>>((__nv_bfloat16 *)out, x, z, w, rows, C, eps);
+    KN_CUDA_LAUNCHED(ctx);
+    return CM_OK;
+}
+
+cm_status kn_cuda_rmsnorm_typed(kn_ctx *ctx, const kn_norm_typed_params *p) {
+    KN_CUDA_CHECK_ARG(p, "rmsnorm_typed: params is NULL");
+    CM_TRY(norm_check(ctx, "rmsnorm_typed", p->rows, p->C, p->eps));
+    KN_CUDA_CHECK_ARG(p->x_dt == CM_DTYPE_F32 || p->x_dt == CM_DTYPE_BF16,
+                      "rmsnorm_typed: x in %s is not supported (F32 or BF16)", cm_dtype_name(p->x_dt));
+    KN_CUDA_CHECK_ARG(!p->round || p->x_dt == CM_DTYPE_F32, "rmsnorm_typed: round needs x in F32");
+    KN_CUDA_CHECK_ARG(!p->x_bf16 || p->round, "rmsnorm_typed: x_bf16 is written only with round");
+    KN_CUDA_CHECK_ARG(p->out || p->out_bf16, "rmsnorm_typed: no output (out or out_bf16)");
+    if (p->rows == 0)
+        return CM_OK;
+    KN_CUDA_CHECK_ARG(p->x && p->w, "rmsnorm_typed: x or w is NULL");
+    rmsnorm_typed_kernel<<<norm_grid(p->rows), norm_block(p->C), 0, ctx->stream>>>(*p, p->x_dt == CM_DTYPE_BF16);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

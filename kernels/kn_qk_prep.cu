@@ -18,22 +18,17 @@
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
 
-#include <math.h>
+#include "kn_rope_int.h"
 
-#define QK_MAX_HD   1024
-#define QK_MAX_HALF 512 /* the frequency table travels as a 2 KiB kernel argument, as in kn_rope.cu */
-#define QK_WARPS    8
-
-typedef struct qk_freqs {
-    float inv[QK_MAX_HALF];
-} qk_freqs;
+#define QK_MAX_HD 1024
+#define QK_WARPS  8
 
 // ----------------------------------------------------------------------------
 // kernel
 
 static __global__ void qk_prep_kernel(float *q, float *gate, float *k, const float *qg, const float *q_norm,
                                       const float *k_norm, const int32_t *pos, int64_t T, int nq, int nkv,
-                                      int hd, int half, float eps, int one_plus, const qk_freqs freqs) {
+                                      int hd, int half, float eps, int one_plus, const kn_rope_freqs freqs) {
     extern __shared__ double qk_sm[];
     double                  *cs = qk_sm, *sn = qk_sm + half;
     const int                lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -103,7 +98,7 @@ cm_status kn_cuda_qk_prep(kn_ctx *ctx, float *q, float *gate, float *k, const fl
     KN_CUDA_CHECK_ARG(theta > 0 && isfinite(theta), "qk_prep: theta=%g must be finite and > 0",
                       (double)theta);
     KN_CUDA_CHECK_ARG(eps >= 0.0f, "qk_prep: eps=%g must be >= 0", (double)eps);
-    if (hd > QK_MAX_HD || rot_dim / 2 > QK_MAX_HALF)
+    if (hd > QK_MAX_HD || rot_dim / 2 > KN_ROPE_MAX_HALF)
         return CM_FAIL(CM_ERR_UNSUPPORTED,
                        "qk_prep: head_dim=%d is not supported by the cuda backend (max %d)", hd, QK_MAX_HD);
     if (T == 0)
@@ -117,11 +112,8 @@ cm_status kn_cuda_qk_prep(kn_ctx *ctx, float *q, float *gate, float *k, const fl
                       "qk_prep: qg overlaps q, gate or k (only an ungated q may equal qg)");
 
     const int half = rot_dim / 2;
-    qk_freqs  freqs;
-    for (int i = 0; i < half; i++) {
-        float expo = (float)(2 * i) / (float)rot_dim;
-        freqs.inv[i] = 1.0f / powf(theta, expo);
-    }
+    kn_rope_freqs freqs;
+    kn_rope_freqs_fill(&freqs, rot_dim, theta);
     const int     warps = nq + nkv < QK_WARPS ? nq + nkv : QK_WARPS;
     const size_t  smem = (size_t)half * 2 * sizeof(double) + (size_t)warps * (size_t)hd * sizeof(float);
     const int64_t blocks = T < (1 << 20) ? T : (1 << 20);

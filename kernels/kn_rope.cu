@@ -10,13 +10,7 @@
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 
-#include <math.h>
-
-#define KN_ROPE_MAX_HALF 512 /* rot_dim <= 1024: the frequency table travels as a 2 KiB kernel argument */
-
-typedef struct rope_freqs {
-    float inv[KN_ROPE_MAX_HALF];
-} rope_freqs;
+#include "kn_rope_int.h"
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -24,7 +18,7 @@ typedef struct rope_freqs {
 /* BWD: the backward (sin negated); the forward's code has no trace of it. */
 template <bool BWD>
 static __global__ void rope_kernel(float *x, const int32_t *pos, int64_t T, int n_heads, int head_dim,
-                                   int half, const rope_freqs freqs) {
+                                   int half, const kn_rope_freqs freqs) {
     int64_t n = T * half;
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {
@@ -64,12 +58,9 @@ static cm_status rope_run(kn_ctx *ctx, const char *op, const char *xname, float 
         return CM_OK;
     KN_CUDA_CHECK_ARG(x && pos, "%s: %s or pos is NULL", op, xname);
 
-    const int  half = rot_dim / 2;
-    rope_freqs freqs;
-    for (int i = 0; i < half; i++) {
-        float expo = (float)(2 * i) / (float)rot_dim;
-        freqs.inv[i] = 1.0f / powf(theta, expo);
-    }
+    const int     half = rot_dim / 2;
+    kn_rope_freqs freqs;
+    kn_rope_freqs_fill(&freqs, rot_dim, theta);
     int64_t n = T * half;
     int64_t blocks = (n + 255) / 256;
     rope_kernel<BWD><<<(unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20)), 256, 0, ctx->stream>>>(

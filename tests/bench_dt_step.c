@@ -55,16 +55,26 @@ enum {
     P_LM_CE,
     P_NORM,
     P_ROPE,
+    P_HEAD,
     P_ELEM,
     P_OPTIM,
     P_DYNCONV,
     P_SEL,
     P_COUNT
 };
-static const char *const p_name[P_COUNT] = {
-    "gemm (fwd)",    "gemm_dx",         "gemm_dw",      "dflash_attn_fwd",    "dflash_attn_bwd",
-    "lm_ce (fused)", "rmsnorm fwd+bwd", "rope fwd+bwd", "elementwise/copies", "sumsq+adamw",
-    "dynconv fwd+bwd (DFlash2)", "selector fwd+bwd (DFlash2)"};
+static const char *const p_name[P_COUNT] = {"gemm (fwd)",
+                                            "gemm_dx",
+                                            "gemm_dw",
+                                            "dflash_attn_fwd",
+                                            "dflash_attn_bwd",
+                                            "lm_ce (fused)",
+                                            "rmsnorm fwd+bwd",
+                                            "rope fwd+bwd",
+                                            "q/k norm+rope fused",
+                                            "elementwise/copies",
+                                            "sumsq+adamw",
+                                            "dynconv fwd+bwd (DFlash2)",
+                                            "selector fwd+bwd (DFlash2)"};
 static double            p_sec[P_COUNT], p_flop[P_COUNT];
 static long              p_calls[P_COUNT];
 static const kn_backend *cuda;
@@ -130,6 +140,21 @@ static cm_status w_rmsnorm_bwd(kn_ctx *ctx, float *di, float *dw, const float *d
 static cm_status w_rmsnorm_bwd_acc(kn_ctx *ctx, float *di, float *dw, const float *d, const float *i,
                                    const float *w, int64_t r, int64_t C, float e, int op) {
     PROF(P_NORM, 0, cuda->rmsnorm_bwd_acc(ctx, di, dw, d, i, w, r, C, e, op));
+}
+static cm_status w_rmsnorm_typed(kn_ctx *ctx, const kn_norm_typed_params *p) {
+    PROF(P_NORM, 0, cuda->rmsnorm_typed(ctx, p));
+}
+static cm_status w_rmsnorm_bwd_typed(kn_ctx *ctx, const kn_norm_bwd_typed_params *p) {
+    PROF(P_NORM, 0, cuda->rmsnorm_bwd_typed(ctx, p));
+}
+static cm_status w_head_norm_rope(kn_ctx *ctx, float *o, const void *x, cm_dtype xd, const float *w,
+                                  const int32_t *pos, int64_t T, int nh, int hd, int rd, float th, float e) {
+    PROF(P_HEAD, 0, cuda->head_norm_rope(ctx, o, x, xd, w, pos, T, nh, hd, rd, th, e));
+}
+static cm_status w_head_norm_rope_bwd(kn_ctx *ctx, void *di, cm_dtype dd, float *dw, float *d, const void *x,
+                                      cm_dtype xd, const float *w, const int32_t *pos, int64_t T, int nh,
+                                      int hd, int rd, float th, float e) {
+    PROF(P_HEAD, 0, cuda->head_norm_rope_bwd(ctx, di, dd, dw, d, x, xd, w, pos, T, nh, hd, rd, th, e));
 }
 static cm_status w_rope(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T, int nh, int hd, int rd,
                         float th) {
@@ -228,6 +253,14 @@ static const kn_backend *profiled(void) {
         prof.swiglu_bwd_typed = w_swiglu_bwd_typed;
     if (cuda->rmsnorm_bwd_acc)
         prof.rmsnorm_bwd_acc = w_rmsnorm_bwd_acc;
+    if (cuda->rmsnorm_typed)
+        prof.rmsnorm_typed = w_rmsnorm_typed;
+    if (cuda->rmsnorm_bwd_typed)
+        prof.rmsnorm_bwd_typed = w_rmsnorm_bwd_typed;
+    if (cuda->head_norm_rope)
+        prof.head_norm_rope = w_head_norm_rope;
+    if (cuda->head_norm_rope_bwd)
+        prof.head_norm_rope_bwd = w_head_norm_rope_bwd;
     if (cuda->sumsq_multi)
         prof.sumsq_multi = w_sumsq_multi;
     if (cuda->adamw_multi)

@@ -38,9 +38,8 @@ static cm_status loss_fwd_bwd(dt_model *m) {
         CM_TRY(dt_model_selector(m, hsel, dhsel));
     CM_TRY(dt_model_dev_zero(m, dhsel + n * D, D)); /* the row unselected block rows read */
     CM_TRY(be->embed(m->ctx, a->dh, a->inv, dhsel, CM_DTYPE_F32, m->R, D));
-    CM_TRY(be->rmsnorm_bwd(m->ctx, a->dx, norm->grad, a->dh, a->xw, norm->data, m->R, D, m->cfg.rms_norm_eps,
-                           0));
-    return CM_OK;
+    return dt_model_norm_bwd(m, a->dx, norm->grad, a->dh, a->xw, CM_DTYPE_F32, norm->data, m->R, 0,
+                             dt_model_is_v2(m) ? NULL : dt_model_dx_op_out(m));
 }
 
 /* acts.dx holds ∂/∂x_next on entry and ∂/∂x_mid on return. */
@@ -53,8 +52,7 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     const cm_dtype        t = m->adt;
     dt_param             *gate = dt_model_lp(m, l, LP_GATE), *up = dt_model_lp(m, l, LP_UP),
              *down = dt_model_lp(m, l, LP_DOWN), *ln = dt_model_lp(m, l, LP_POST_LN);
-    const float *x_mid;
-    const void  *hop, *dxop;
+    const void *hop, *dxop;
     if (dt_model_is_v2(m)) { /* ∂/∂(down's output) through the output-side convolution, in dh */
         CM_TRY(dt_model_conv_out_bwd(m, l, 1, &dxop));
     } else {
@@ -65,37 +63,36 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     CM_TRY(dt_model_mm_dw(m, down->grad, dxop, t, a->work, t, R, D, I));
     CM_TRY(dt_model_mm_dx(m, a->work, t, dxop, t, down->data, R, D, I, 0));
     CM_TRY(be->swiglu_bwd_typed(m->ctx, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
-    CM_TRY(dt_model_act_f32(m, &x_mid, A->x_mid, a->xw, R * D));
-    if (dt_model_is_v2(m)) /* h2' (the convolved h2), recomputed (over dxop) */
-        CM_TRY(dt_model_conv_in_recompute(m, l, 1, x_mid, &hop));
-    else /* h2, recomputed (over dxop) */
-        CM_TRY(dt_model_norm_op(m, &hop, dt_model_h_buf(m), x_mid, ln->data, R));
+    if (dt_model_is_v2(m)) /* h2' (the convolved h2), recomputed (over dxop) from the saved x_mid */
+        CM_TRY(dt_model_conv_in_recompute(m, l, 1, A->x_mid, t, &hop));
+    else /* h2, recomputed (over dxop) from the saved x_mid */
+        CM_TRY(dt_model_norm_saved(m, &hop, A->x_mid, ln->data, R));
     CM_TRY(dt_model_mm_dw(m, gate->grad, A->gate, t, hop, t, R, I, D));
     CM_TRY(dt_model_mm_dw(m, up->grad, A->up, t, hop, t, R, I, D));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->gate, t, gate->data, R, I, D, 0));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up->data, R, I, D, 1));
     if (dt_model_is_v2(m))
-        return dt_model_conv_in_bwd(m, l, 1, x_mid);
-    return be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x_mid, ln->data, R, D, g->rms_norm_eps, 0);
+        return dt_model_conv_in_bwd(m, l, 1, A->x_mid, t);
+    return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, A->x_mid, t, ln->data, R, 1, dt_model_dx_op_out(m));
 }
 
-/* Backward of kv_fwd given dk (after RoPE and k_norm; rotated in place) and dv: the k/v
- * weight grads and the input gradient into dinp (= or += as accumulate says). k is the
- * attention slot that held the keys (it gets k_pre back), dk_pre a free slot. */
-static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, const void *k_pre_s,
-                        float *k, float *dk, const float *dv, float *dk_pre, float *dinp, int accumulate) {
+/* Backward of kv_fwd given dk (after RoPE and k_norm; rotated back in place) and dv: the k/v
+ * weight grads and the input gradient into dinp (= or += as accumulate says). dk_pre a free slot
+ * (it holds ∂/∂k_pre in dt_model_gemm_op_dt, the GEMMs' operand). */
+static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos,
+                        const void *k_pre_s, float *dk, const float *dv, void *dk_pre, float *dinp,
+                        int accumulate) {
     const kn_backend     *be = m->be;
     const cm_drafter_cfg *g = &m->cfg;
     const int64_t         D = g->hidden_size, KV = (int64_t)g->n_kv_heads * g->head_dim;
+    const cm_dtype        gdt = dt_model_gemm_op_dt(m);
     dt_param *wk = dt_model_lp(m, l, LP_K), *wv = dt_model_lp(m, l, LP_V), *kn = dt_model_lp(m, l, LP_K_NORM);
-    CM_TRY(
-        be->rope_bwd(m->ctx, dk, pos, rows, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
-    CM_TRY(dt_model_load_act(m, k, k_pre_s, rows * KV));
-    CM_TRY(be->rmsnorm_bwd(m->ctx, dk_pre, kn->grad, dk, k, kn->data, rows * g->n_kv_heads, g->head_dim,
-                           g->rms_norm_eps, 0));
-    CM_TRY(dt_model_mm_dw(m, wk->grad, dk_pre, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
+    CM_TRY(be->head_norm_rope_bwd(m->ctx, dk_pre, gdt, kn->grad, dk, k_pre_s, m->adt, kn->data, pos, rows,
+                                  g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
+                                  g->rms_norm_eps));
+    CM_TRY(dt_model_mm_dw(m, wk->grad, dk_pre, gdt, inp, m->adt, rows, KV, D));
     CM_TRY(dt_model_mm_dw(m, wv->grad, dv, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
-    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, CM_DTYPE_F32, wk->data, rows, KV, D, accumulate));
+    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, gdt, wk->data, rows, KV, D, accumulate));
     CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dv, CM_DTYPE_F32, wv->data, rows, KV, D, 1));
     return CM_OK;
 }
@@ -125,13 +122,10 @@ static cm_status attn_bwd(dt_model *m, int l) {
     p.dout = dt_model_slot_ptr(m, l, AS_DO);
     CM_TRY(dt_model_mm_dx(m, (float *)p.dout, CM_DTYPE_F32, dxop, m->adt, wo->data, R, D, Q, 0));
     /* the attention's inputs and output again: q and k through their norms and RoPE */
-    CM_TRY(dt_model_load_act(m, q, A->q_pre, R * Q));
-    CM_TRY(dt_model_q_post(m, l, q));
-    CM_TRY(dt_model_load_act(m, kc, A->kc_pre, T * KV));
-    CM_TRY(dt_model_k_post(m, l, kc, T, a->ctx_pos));
+    CM_TRY(dt_model_q_post(m, l, q, A->q_pre));
+    CM_TRY(dt_model_k_post(m, l, kc, A->kc_pre, T, a->ctx_pos));
     CM_TRY(dt_model_load_act(m, vc, A->vc, T * KV));
-    CM_TRY(dt_model_load_act(m, kb, A->kb_pre, R * KV));
-    CM_TRY(dt_model_k_post(m, l, kb, R, a->blk_pos));
+    CM_TRY(dt_model_k_post(m, l, kb, A->kb_pre, R, a->blk_pos));
     CM_TRY(dt_model_load_act(m, vb, A->vb, R * KV));
     CM_TRY(dt_model_load_act(m, o, A->attn, R * Q));
     p.dq = dt_model_slot_ptr(m, l, AS_DQ);
@@ -140,33 +134,33 @@ static cm_status attn_bwd(dt_model *m, int l) {
     p.dk_blk = dt_model_slot_ptr(m, l, AS_DKB);
     p.dv_blk = dt_model_slot_ptr(m, l, AS_DVB);
     CM_TRY(be->dflash_attn_bwd(m->ctx, &p));
-    /* queries: q gets q_pre back, o takes dq_pre */
-    CM_TRY(be->rope_bwd(m->ctx, p.dq, a->blk_pos, R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
-    CM_TRY(dt_model_load_act(m, q, A->q_pre, R * Q));
-    CM_TRY(be->rmsnorm_bwd(m->ctx, o, qn->grad, p.dq, q, qn->data, R * g->n_heads, g->head_dim,
-                           g->rms_norm_eps, 0));
-    const float *x;
-    const void  *hop;
-    if (A->x)
-        CM_TRY(dt_model_act_f32(m, &x, A->x, a->xw, R * D));
-    else { /* layer 0 with BF16 storage: the embedding again, rounded as the forward rounded it */
+    /* queries: dq rotated back and through q_norm into o (dq_pre, in the GEMMs' operand dtype) */
+    const cm_dtype gdt = dt_model_gemm_op_dt(m);
+    CM_TRY(be->head_norm_rope_bwd(m->ctx, o, gdt, qn->grad, p.dq, A->q_pre, m->adt, qn->data, a->blk_pos, R,
+                                  g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
+                                  g->rms_norm_eps));
+    /* the layer input x: saved (adt), or (layer 0 with BF16 storage) the embedding again in xw,
+     * rounded as the forward rounded it, and h = its norm recomputed (DFlash: as the GEMM input) */
+    const void *x = A->x, *hop = NULL;
+    cm_dtype    x_dt = m->adt;
+    if (!A->x) {
         CM_TRY(be->embed(m->ctx, a->xw, a->blk_ids, m->embed, m->embed_dt, R, D));
-        CM_TRY(dt_model_round_x(m, a->xw, R * D));
-        x = a->xw;
+        CM_TRY(dt_model_save_norm(m, &hop, NULL, a->xw, ln->data, R, NULL, a->H));
+        x = a->xw, x_dt = CM_DTYPE_F32;
+    } else if (!dt_model_is_v2(m)) {
+        CM_TRY(dt_model_norm_saved(m, &hop, A->x, ln->data, R));
     }
     if (dt_model_is_v2(m)) /* h' (the convolved h), recomputed */
-        CM_TRY(dt_model_conv_in_recompute(m, l, 0, x, &hop));
-    else /* h, recomputed */
-        CM_TRY(dt_model_norm_op(m, &hop, dt_model_h_buf(m), x, ln->data, R));
-    CM_TRY(dt_model_mm_dw(m, wq->grad, o, CM_DTYPE_F32, hop, m->adt, R, Q, D));
-    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, CM_DTYPE_F32, wq->data, R, Q, D, 0));
+        CM_TRY(dt_model_conv_in_recompute(m, l, 0, x, x_dt, &hop));
+    CM_TRY(dt_model_mm_dw(m, wq->grad, o, gdt, hop, m->adt, R, Q, D));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, gdt, wq->data, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
-    CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, kb, p.dk_blk, p.dv_blk, vb, a->dh, 1));
-    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, kc, p.dk_ctx, p.dv_ctx, vc, a->dctx,
-                  l != g->n_layers - 1));
+    CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, vb, a->dh, 1));
+    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx, l != g->n_layers - 1));
     if (dt_model_is_v2(m))
-        return dt_model_conv_in_bwd(m, l, 0, x);
-    return be->rmsnorm_bwd_acc(m->ctx, a->dx, ln->grad, a->dh, x, ln->data, R, D, g->rms_norm_eps, 0);
+        return dt_model_conv_in_bwd(m, l, 0, x, x_dt);
+    return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, x, x_dt, ln->data, R, 1,
+                             l > 0 ? dt_model_dx_op_out(m) : NULL);
 }
 
 cm_status dt_model_backward(dt_model *m) {
@@ -183,16 +177,32 @@ cm_status dt_model_backward(dt_model *m) {
     }
     /* acts.dx now holds the gradient of the (frozen) embedding output: dropped. */
     dt_param *hn = &m->params[P_HIDDEN_NORM], *fc = &m->params[P_FC];
-    float    *pre = dt_model_fc_slot(m, FS_PRE), *dpre = dt_model_fc_slot(m, FS_OUT);
-    CM_TRY(dt_model_load_act(m, pre, a->ctx_pre, T * D));
-    CM_TRY(be->rmsnorm_bwd(m->ctx, dpre, hn->grad, a->dctx, pre, hn->data, T, D, g->rms_norm_eps, 0));
+    /* dpre in F32, and for the tap GEMMs in their operand dtype (bf16 into the free FS_PRE slot where
+     * they round their operands anyway) */
+    float         *dpre = dt_model_fc_slot(m, FS_OUT);
+    const cm_dtype gdt = dt_model_gemm_op_dt(m);
+    const void    *dpre_op =
+        gdt == CM_DTYPE_F32 ? (const void *)dpre : (const void *)dt_model_fc_slot(m, FS_PRE);
+    CM_TRY(dt_model_norm_bwd(m, dpre, hn->grad, a->dctx, a->ctx_pre, m->adt, hn->data, T, 0,
+                             gdt == CM_DTYPE_F32 ? NULL : (void *)dpre_op));
     if (m->adt == CM_DTYPE_F32)
         CM_TRY(dt_model_mm_dw(m, fc->grad, dpre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, T, D, nD));
     else
         for (int k = 0; k < g->n_taps; k++) {
-            kn_matmul_params p = {.M = D, .N = D, .K = T, .a = dpre, .a_dt = CM_DTYPE_F32, .lda = D, .trans_a = 1,
-                                  .b = m->tap[k], .b_dt = m->tap_dt, .ldb = m->tap_ld, .c = fc->grad + k * D,
-                                  .c_dt = CM_DTYPE_F32, .ldc = nD, .accumulate = 1};
+            kn_matmul_params p = {.M = D,
+                                  .N = D,
+                                  .K = T,
+                                  .a = dpre_op,
+                                  .a_dt = gdt,
+                                  .lda = D,
+                                  .trans_a = 1,
+                                  .b = m->tap[k],
+                                  .b_dt = m->tap_dt,
+                                  .ldb = m->tap_ld,
+                                  .c = fc->grad + k * D,
+                                  .c_dt = CM_DTYPE_F32,
+                                  .ldc = nD,
+                                  .accumulate = 1};
             CM_TRY(be->matmul(m->ctx, &p));
         }
     return dt_model_grads_final_from(m, 0); /* fc and hidden_norm: all of them */

@@ -4,8 +4,8 @@
  * both sides; the input side turns u into u' = conv(u), the sublayer runs on u', and the output side
  * convolves its output s into the residual stream. Saved per module: δ (F32) and s (adt, written by
  * the sublayer's last GEMM and read by the convolution in both passes as it is); u and u' are
- * recomputed in the backward from the saved residual stream. The convolutions write the next GEMM's
- * bf16 operand themselves (no conversion pass) and add into the residual stream. Scratch: acts.cu (u),
+ * recomputed in the backward from the saved residual stream, read as stored. The convolutions write the next
+ * GEMM's bf16 operand themselves (no conversion pass) and add into the residual stream. Scratch: acts.cu (u),
  * acts.cup (u', then ∂/∂u), acts.cdd (∂/∂δ of both sides), acts.dh (∂/∂s on the way down). The
  * design: dt_model_int.h. */
 #include "dt_model_int.h"
@@ -85,18 +85,26 @@ cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod, const void **dop) {
     return m->be->dynconv_bwd(m->ctx, &p);
 }
 
-/* The forward's u' again from the module's input x (F32): u = its norm into acts.cu, u' into
- * acts.cup, *hop = u' as a GEMM operand. */
-cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const float *x, const void **hop) {
-    const cm_drafter_cfg *g = &m->cfg;
-    const int64_t         R = m->R;
-    CM_TRY(m->be->rmsnorm(m->ctx, m->acts.cu, x, conv_ln(m, l, mod), R, g->hidden_size, g->rms_norm_eps, 0));
+/* The forward's u' again from the module's input x (x_dt: a saved row in adt, or F32) read as stored:
+ * u = its norm into acts.cu, u' into acts.cup, *hop = u' as a GEMM operand. */
+cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const void *x, cm_dtype x_dt,
+                                     const void **hop) {
+    const cm_drafter_cfg      *g = &m->cfg;
+    const kn_norm_typed_params p = {.rows = m->R,
+                                    .C = g->hidden_size,
+                                    .eps = g->rms_norm_eps,
+                                    .w = conv_ln(m, l, mod),
+                                    .x = (void *)x,
+                                    .x_dt = x_dt,
+                                    .out = m->acts.cu};
+    CM_TRY(m->be->rmsnorm_typed(m->ctx, &p));
     return conv_in(m, l, mod, m->acts.cu, hop);
 }
 
 /* acts.dh holds ∂/∂u' (u and u' as dt_model_conv_in_recompute left them): through the input-side
- * convolution and the kernel projection to ∂/∂u, then the norm's backward adds ∂/∂x into acts.dx. */
-cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const float *x) {
+ * convolution and the kernel projection to ∂/∂u, then the norm's backward adds ∂/∂x into acts.dx
+ * (x as dt_model_conv_in_recompute read it). */
+cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const void *x, cm_dtype x_dt) {
     const cm_drafter_cfg *g = &m->cfg;
     const int64_t         D = g->hidden_size, R = m->R, NP = conv_np(m);
     dt_param             *wp = dt_model_lp(m, l, mod ? LP_MCONV_PROJ : LP_ACONV_PROJ);
@@ -111,5 +119,5 @@ cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const float *x) {
     /* δ = u · Wpᵀ: both sides' ∂/∂δ back into u and Wp */
     CM_TRY(dt_model_mm_dx(m, m->acts.cup, CM_DTYPE_F32, m->acts.cdd, CM_DTYPE_F32, wp->data, R, NP, D, 1));
     CM_TRY(dt_model_mm_dw(m, wp->grad, m->acts.cdd, CM_DTYPE_F32, m->acts.cu, CM_DTYPE_F32, R, NP, D));
-    return m->be->rmsnorm_bwd_acc(m->ctx, m->acts.dx, ln->grad, m->acts.cup, x, ln->data, R, D, g->rms_norm_eps, 0);
+    return dt_model_norm_bwd(m, m->acts.dx, ln->grad, m->acts.cup, x, x_dt, ln->data, R, 1, NULL);
 }

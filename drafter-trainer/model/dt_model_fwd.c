@@ -48,34 +48,30 @@ static cm_status residual_add(dt_model *m, const void *inp, const float *w, int6
     return m->be->matmul(m->ctx, &p);
 }
 
-/* k_norm per head and RoPE, in place on k [rows, nkv·hd] (F32). */
-cm_status dt_model_k_post(dt_model *m, int l, float *k, int64_t rows, const int32_t *pos) {
+/* k [rows, nkv·hd] (F32) = RoPE(k_norm per head(k_pre)), k_pre the saved k_proj output (adt). */
+cm_status dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows, const int32_t *pos) {
     const cm_drafter_cfg *g = &m->cfg;
-    CM_TRY(m->be->rmsnorm(m->ctx, k, k, dt_model_lp(m, l, LP_K_NORM)->data, rows * g->n_kv_heads, g->head_dim,
-                          g->rms_norm_eps, 0));
-    return m->be->rope(m->ctx, k, pos, rows, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta);
+    return m->be->head_norm_rope(m->ctx, k, k_pre, m->adt, dt_model_lp(m, l, LP_K_NORM)->data, pos, rows,
+                                 g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta, g->rms_norm_eps);
 }
 
-/* q_norm per head and RoPE, in place on q [R, nq·hd] (F32). */
-cm_status dt_model_q_post(dt_model *m, int l, float *q) {
+/* q [R, nq·hd] (F32) = RoPE(q_norm per head(q_pre)), q_pre the saved q_proj output (adt). */
+cm_status dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre) {
     const cm_drafter_cfg *g = &m->cfg;
-    CM_TRY(m->be->rmsnorm(m->ctx, q, q, dt_model_lp(m, l, LP_Q_NORM)->data, m->R * g->n_heads, g->head_dim,
-                          g->rms_norm_eps, 0));
-    return m->be->rope(m->ctx, q, m->acts.blk_pos, m->R, g->n_heads, g->head_dim, g->head_dim,
-                       (float)g->rope_theta);
+    return m->be->head_norm_rope(m->ctx, q, q_pre, m->adt, dt_model_lp(m, l, LP_Q_NORM)->data, m->acts.blk_pos,
+                                 m->R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta, g->rms_norm_eps);
 }
 
-/* Keys and values of `rows` rows of inp [rows, D] (adt) at positions pos through layer l's
- * k_proj (saved, then k_norm and RoPE into k) and v_proj (saved, and into v). */
+/* Keys and values of `rows` rows of inp [rows, D] (adt) at positions pos: k_proj's output saved
+ * (written there by the GEMM, in adt), then k_norm and RoPE from it into k; v_proj's saved, and
+ * widened into v. */
 static cm_status kv_fwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, void *k_pre_s,
                         float *k, void *v_s, float *v) {
     const int64_t D = m->cfg.hidden_size, KV = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
-    CM_TRY(dt_model_mm_fwd(m, k, CM_DTYPE_F32, inp, m->adt, dt_model_lp(m, l, LP_K)->data, rows, KV, D));
-    CM_TRY(dt_model_save_act(m, k_pre_s, k, rows * KV));
-    CM_TRY(dt_model_k_post(m, l, k, rows, pos));
-    CM_TRY(dt_model_mm_fwd(m, v, CM_DTYPE_F32, inp, m->adt, dt_model_lp(m, l, LP_V)->data, rows, KV, D));
-    CM_TRY(dt_model_save_act(m, v_s, v, rows * KV));
-    return CM_OK;
+    CM_TRY(dt_model_mm_fwd(m, k_pre_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_K)->data, rows, KV, D));
+    CM_TRY(dt_model_k_post(m, l, k, k_pre_s, rows, pos));
+    CM_TRY(dt_model_mm_fwd(m, v_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_V)->data, rows, KV, D));
+    return dt_model_load_act(m, v, v_s, rows * KV);
 }
 
 /* acts.xw: x on entry (saved as A->x), x_mid = x + o_proj(attention(q from the block rows;
@@ -87,17 +83,14 @@ static cm_status attn_fwd(dt_model *m, int l) {
     dt_layer_acts        *A = &a->layer[l];
     const int64_t         D = g->hidden_size, Q = (int64_t)g->n_heads * g->head_dim, R = m->R;
     const void           *hop;
-    if (A->x)
-        CM_TRY(dt_model_save_act(m, A->x, a->xw, R * D));
-    else
-        CM_TRY(dt_model_round_x(m, a->xw, R * D));
-    CM_TRY(dt_model_norm_op(m, &hop, a->dx, a->xw, dt_model_lp(m, l, LP_INPUT_LN)->data, R));
+    /* x saved (layer 0 with BF16 storage: only rounded) and normed; DFlash2's convolution reads the
+     * normed rows in F32 from dx */
+    CM_TRY(dt_model_save_norm(m, &hop, A->x, a->xw, dt_model_lp(m, l, LP_INPUT_LN)->data, R,
+                              m->adt == CM_DTYPE_F32 || dt_model_is_v2(m) ? a->dx : NULL, a->H));
     if (dt_model_is_v2(m))
         CM_TRY(dt_model_conv_in_fwd(m, l, 0, &hop));
-    float *q = dt_model_slot_ptr(m, l, AS_Q);
-    CM_TRY(dt_model_mm_fwd(m, q, CM_DTYPE_F32, hop, m->adt, dt_model_lp(m, l, LP_Q)->data, R, Q, D));
-    CM_TRY(dt_model_save_act(m, A->q_pre, q, R * Q));
-    CM_TRY(dt_model_q_post(m, l, q));
+    CM_TRY(dt_model_mm_fwd(m, A->q_pre, m->adt, hop, m->adt, dt_model_lp(m, l, LP_Q)->data, R, Q, D));
+    CM_TRY(dt_model_q_post(m, l, dt_model_slot_ptr(m, l, AS_Q), A->q_pre));
     CM_TRY(kv_fwd(m, l, a->ctx, m->T, a->ctx_pos, A->kc_pre, dt_model_slot_ptr(m, l, AS_KC), A->vc,
                   dt_model_slot_ptr(m, l, AS_VC)));
     CM_TRY(kv_fwd(m, l, hop, R, a->blk_pos, A->kb_pre, dt_model_slot_ptr(m, l, AS_KB), A->vb,
@@ -111,12 +104,11 @@ static cm_status attn_fwd(dt_model *m, int l) {
     } else {
         CM_TRY(residual_add(m, A->attn, dt_model_lp(m, l, LP_O)->data, D, Q));
     }
-    CM_TRY(dt_model_save_act(m, A->x_mid, a->xw, R * D));
     return CM_OK;
 }
 
-/* acts.xw: x_mid on entry, x_next = x_mid + down(silu(gate(h2)) · up(h2)) on return,
- * h2 = post_attention_layernorm(x_mid). */
+/* acts.xw: x_mid on entry (saved as A->x_mid), x_next = x_mid + down(silu(gate(h2)) · up(h2)) on
+ * return, h2 = post_attention_layernorm(x_mid). */
 static cm_status mlp_fwd(dt_model *m, int l) {
     const kn_backend     *be = m->be;
     const cm_drafter_cfg *g = &m->cfg;
@@ -124,7 +116,8 @@ static cm_status mlp_fwd(dt_model *m, int l) {
     dt_layer_acts        *A = &a->layer[l];
     const int64_t         D = g->hidden_size, I = g->intermediate_size, R = m->R;
     const void           *hop;
-    CM_TRY(dt_model_norm_op(m, &hop, a->dx, a->xw, dt_model_lp(m, l, LP_POST_LN)->data, R));
+    CM_TRY(dt_model_save_norm(m, &hop, A->x_mid, a->xw, dt_model_lp(m, l, LP_POST_LN)->data, R,
+                              m->adt == CM_DTYPE_F32 || dt_model_is_v2(m) ? a->dx : NULL, a->H));
     if (dt_model_is_v2(m))
         CM_TRY(dt_model_conv_in_fwd(m, l, 1, &hop));
     CM_TRY(dt_model_mm_fwd(m, A->gate, m->adt, hop, m->adt, dt_model_lp(m, l, LP_GATE)->data, R, I, D));
@@ -142,7 +135,7 @@ cm_status dt_model_forward(dt_model *m) {
     dt_acts              *a = &m->acts;
     const int64_t         D = g->hidden_size, nD = (int64_t)g->n_taps * D, T = m->T;
     /* ctx = hidden_norm(F · fcᵀ), shared by every layer */
-    float *pre = dt_model_fc_slot(m, FS_PRE), *out = dt_model_fc_slot(m, FS_OUT);
+    float *pre = dt_model_fc_slot(m, FS_PRE);
     if (m->adt == CM_DTYPE_F32)
         CM_TRY(dt_model_mm_fwd(m, pre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, m->params[P_FC].data, T, D, nD));
     else
@@ -152,9 +145,9 @@ cm_status dt_model_forward(dt_model *m) {
                                   .c = pre, .c_dt = CM_DTYPE_F32, .ldc = D, .accumulate = k > 0};
             CM_TRY(be->matmul(m->ctx, &p));
         }
-    CM_TRY(dt_model_save_act(m, a->ctx_pre, pre, T * D));
-    CM_TRY(be->rmsnorm(m->ctx, out, pre, m->params[P_HIDDEN_NORM].data, T, D, g->rms_norm_eps, 0));
-    CM_TRY(be->cast2d(m->ctx, a->ctx, m->adt, T * D, out, CM_DTYPE_F32, T * D, 1, T * D));
+    const void *ctx_op; /* = a->ctx */
+    CM_TRY(dt_model_save_norm(m, &ctx_op, a->ctx_pre, pre, m->params[P_HIDDEN_NORM].data, T,
+                              m->adt == CM_DTYPE_F32 ? (float *)a->ctx : NULL, a->ctx));
     CM_TRY(be->embed(m->ctx, a->xw, a->blk_ids, m->embed, m->embed_dt, m->R, D));
     for (int l = 0; l < g->n_layers; l++) {
         CM_TRY(attn_fwd(m, l));

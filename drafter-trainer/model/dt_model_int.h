@@ -2,10 +2,10 @@
  * parameters and the frozen embedding and LM head): the dt_model struct, its activation plan and the
  * helpers the files of the drafter share.
  *
- * The DFlash drafter on the kernel backend table (DFlash2's additions: dt_model_conv.c, dt_model_sel.c): parameters
- * (one allocation for the fp32 masters, one for their grads, carved per tensor in the
- * serving-key order), the borrowed frozen embedding and LM head, and one training step
- * (docs/drafter.md): host-side block layout, labels and weights, then forward, loss and backward.
+ * The DFlash drafter on the kernel backend table (DFlash2's additions: dt_model_conv.c, dt_model_sel.c):
+ * parameters (one allocation for the fp32 masters, one for their grads, carved per tensor in the serving-key
+ * order), the borrowed frozen embedding and LM head, and one training step (docs/drafter.md): host-side block
+ * layout, labels and weights, then forward, loss and backward.
  *
  * Activations the backward needs are saved per layer in one backend allocation, planned
  * for the largest batch seen and reused. They are stored in the activation dtype: F32, or
@@ -19,9 +19,14 @@
  * gate/up. Each layer's gate/up span is also the attention scratch of that layer (the
  * forward's attention runs before the MLP writes it, the backward's after the MLP backward
  * has consumed it); what does not fit there, and the other phases' temporaries, share one
- * work region. Context rows pass only through fc, hidden_norm and each layer's k/v
- * projections, so their key and value gradients from every layer sum into one dctx. One
- * thread; every op is CM_TRY'd. */
+ * work region. The passes over saved rows are fused where they meet: the q/k/v projections
+ * write their saved outputs straight from the GEMM; one pass rounds, saves and norms the residual
+ * stream (rmsnorm_typed); the q/k norms and RoPE read the saved projections where they are
+ * (head_norm_rope) and their backward rotates and norms in one (head_norm_rope_bwd); every norm
+ * backward reads its saved input as stored and, with BF16 storage, writes the bf16 dx the next
+ * layer half's first GEMMs take (dt_model_dx_op). Context rows pass only through fc, hidden_norm and each
+ * layer's k/v projections, so their key and value gradients from every layer sum into one dctx. One thread;
+ * every op is CM_TRY'd. */
 #ifndef DT_MODEL_INT_H
 #define DT_MODEL_INT_H
 
@@ -202,6 +207,14 @@ static inline int dt_model_is_v2(const dt_model *m) {
     return m->cfg.kind == CM_DRAFTER_DFLASH2;
 }
 
+/* The dtype for a gradient that only feeds GEMMs: BF16 where the backend's GEMMs round their F32
+ * operands to bf16 anyway (the same values, without the conversion each GEMM would make), else F32. */
+static inline cm_dtype dt_model_gemm_op_dt(dt_model *m) {
+    return m->adt == CM_DTYPE_BF16 && m->be->gemm_rounds_input && m->be->gemm_rounds_input(m->ctx)
+               ? CM_DTYPE_BF16
+               : CM_DTYPE_F32;
+}
+
 /* parameters (dt_model.c) */
 dt_param *dt_model_lp(dt_model *m, int l, int j);
 cm_status dt_model_dev_zero(dt_model *m, float *p, int64_t n);
@@ -215,15 +228,14 @@ float    *dt_model_slot_ptr(const dt_model *m, int l, int s);
 float    *dt_model_fc_slot(const dt_model *m, int s);
 cm_status dt_model_ensure_capacity(dt_model *m, int64_t T, int64_t R);
 /* typed helpers of both passes (dt_model_ops.c) */
-cm_status dt_model_save_act(dt_model *m, void *dst, float *src, int64_t n);
-cm_status dt_model_round_x(dt_model *m, float *x, int64_t n);
 cm_status dt_model_dx_op(dt_model *m, const void **op);
-cm_status dt_model_f32_op(dt_model *m, const void **op, const float *src, int64_t n);
-float    *dt_model_h_buf(dt_model *m);
+cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w, int64_t rows,
+                             float *h32, void *hb);
+cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, const float *w, int64_t rows);
+cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x,
+                            cm_dtype x_dt, const float *w, int64_t rows, int acc, void *dinp_bf16);
+void     *dt_model_dx_op_out(dt_model *m);
 cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n);
-cm_status dt_model_act_f32(dt_model *m, const float **out, const void *src, float *buf, int64_t n);
-cm_status dt_model_norm_op(dt_model *m, const void **hop, float *h32, const float *inp, const float *w,
-                           int64_t rows);
 cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt, const float *w,
                           int64_t M, int64_t N, int64_t K);
 cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt,
@@ -232,8 +244,9 @@ cm_status dt_model_mm_dw(dt_model *m, float *dw, const void *dout, cm_dtype ddt,
                          cm_dtype idt, int64_t M, int64_t N, int64_t K);
 /* forward (dt_model_fwd.c) */
 kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l);
-cm_status             dt_model_k_post(dt_model *m, int l, float *k, int64_t rows, const int32_t *pos);
-cm_status             dt_model_q_post(dt_model *m, int l, float *q);
+cm_status             dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows,
+                                      const int32_t *pos);
+cm_status             dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre);
 cm_status             dt_model_forward(dt_model *m);
 /* backward (dt_model_bwd.c) */
 cm_status dt_model_backward(dt_model *m);
@@ -241,8 +254,9 @@ cm_status dt_model_backward(dt_model *m);
 cm_status dt_model_conv_in_fwd(dt_model *m, int l, int mod, const void **hop);
 cm_status dt_model_conv_out_fwd(dt_model *m, int l, int mod);
 cm_status dt_model_conv_out_bwd(dt_model *m, int l, int mod, const void **dop);
-cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const float *x, const void **hop);
-cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const float *x);
+cm_status dt_model_conv_in_recompute(dt_model *m, int l, int mod, const void *x, cm_dtype x_dt,
+                                     const void **hop);
+cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const void *x, cm_dtype x_dt);
 /* DFlash2's selector term (dt_model_sel.c): after the unary LM-head pass over hsel [n_sel, D], adds its
  * gradient into dhsel and the selector parameters' grads; fills the host figures */
 cm_status dt_model_selector(dt_model *m, const float *hsel, float *dhsel);

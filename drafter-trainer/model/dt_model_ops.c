@@ -9,77 +9,78 @@
 // ----------------------------------------------------------------------------
 // typed helpers: saved activations in adt, temporaries in F32
 
-/* dst (adt) = src [n] (F32). With BF16 storage src is rounded in place to the stored values,
- * so the forward goes on with exactly what the backward will read. */
-cm_status dt_model_save_act(dt_model *m, void *dst, float *src, int64_t n) {
-    CM_TRY(m->be->cast2d(m->ctx, dst, m->adt, n, src, CM_DTYPE_F32, n, 1, n));
-    if (m->adt != CM_DTYPE_F32)
-        CM_TRY(m->be->cast2d(m->ctx, src, CM_DTYPE_F32, n, dst, m->adt, n, 1, n));
-    return CM_OK;
-}
-
-/* x [n] (F32, R·D) rounded in place to its BF16 values through acts.H, as save_act would
- * leave it, for the layer input that is not saved. */
-cm_status dt_model_round_x(dt_model *m, float *x, int64_t n) {
-    if (m->adt == CM_DTYPE_F32)
-        return CM_OK;
-    CM_TRY(m->be->cast2d(m->ctx, m->acts.H, m->adt, n, x, CM_DTYPE_F32, n, 1, n));
-    return m->be->cast2d(m->ctx, x, CM_DTYPE_F32, n, m->acts.H, m->adt, n, 1, n);
-}
-
-/* acts.dx as a GEMM operand: itself (F32 storage), or rounded once into acts.H (BF16), which
- * every GEMM would otherwise do on its own, in its own scratch. H is free until the layer's
- * normed rows are recomputed. */
+/* acts.dx as the GEMM operand that starts a layer half's backward (DFlash): itself (F32 storage),
+ * or acts.H, where the norm backward that finished acts.dx wrote its bf16 (dt_model_norm_bwd into
+ * dt_model_dx_op_out), so no GEMM rounds it on its own. */
 cm_status dt_model_dx_op(dt_model *m, const void **op) {
-    return dt_model_f32_op(m, op, m->acts.dx, m->R * m->cfg.hidden_size);
-}
-
-/* src [n ≤ R·D] (F32) as a GEMM operand: itself (F32 storage), or rounded once into acts.H. */
-cm_status dt_model_f32_op(dt_model *m, const void **op, const float *src, int64_t n) {
-    *op = src;
-    if (m->adt == CM_DTYPE_F32)
-        return CM_OK;
-    CM_TRY(m->be->cast2d(m->ctx, m->acts.H, m->adt, n, src, CM_DTYPE_F32, n, 1, n));
-    *op = m->acts.H;
+    *op = m->adt == CM_DTYPE_F32 ? (const void *)m->acts.dx : m->acts.H;
     return CM_OK;
 }
 
-/* Where the backward recomputes normed rows in F32: xw when the saved inputs are F32 (xw is
- * free then, and the rows serve as the GEMM input until the layer is done), else dh (only
- * until their BF16 copy in acts.H is made; dh is free until the layer's first dx GEMM). */
-float *dt_model_h_buf(dt_model *m) {
-    return m->adt == CM_DTYPE_F32 ? m->acts.xw : m->acts.dh;
+/* x [rows, D] (F32) saved into save (adt; NULL: not saved) and normed with w, *hop the normed rows
+ * as a GEMM input. F32 storage: a copy, and rmsnorm into h32 (*hop = h32). BF16 storage: one pass
+ * rounds x in place to the values it saves (the forward goes on with them, so the backward's
+ * recomputations see them exactly), and writes the normed rows' bf16 into hb (*hop = hb) and, when
+ * h32 is given, their F32 into h32. */
+cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w, int64_t rows,
+                             float *h32, void *hb) {
+    const cm_drafter_cfg *g = &m->cfg;
+    const int64_t         n = rows * g->hidden_size;
+    if (m->adt == CM_DTYPE_F32) {
+        if (save)
+            CM_TRY(m->be->cast2d(m->ctx, save, CM_DTYPE_F32, n, x, CM_DTYPE_F32, n, 1, n));
+        *hop = h32;
+        return m->be->rmsnorm(m->ctx, h32, x, w, rows, g->hidden_size, g->rms_norm_eps, 0);
+    }
+    const kn_norm_typed_params p = {.rows = rows, .C = g->hidden_size, .eps = g->rms_norm_eps, .w = w, .x = x,
+                                    .x_dt = CM_DTYPE_F32, .round = 1, .x_bf16 = save, .out = h32, .out_bf16 = hb};
+    *hop = hb;
+    return m->be->rmsnorm_typed(m->ctx, &p);
+}
+
+/* The normed rows of a saved x [rows, D] (adt) as a GEMM input *hop: F32 storage norms into acts.xw
+ * (free in the backward), BF16 storage writes their bf16 into acts.H straight from the saved rows. */
+cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, const float *w, int64_t rows) {
+    const cm_drafter_cfg *g = &m->cfg;
+    if (m->adt == CM_DTYPE_F32) {
+        *hop = m->acts.xw;
+        return m->be->rmsnorm(m->ctx, m->acts.xw, x, w, rows, g->hidden_size, g->rms_norm_eps, 0);
+    }
+    const kn_norm_typed_params p = {.rows = rows, .C = g->hidden_size, .eps = g->rms_norm_eps, .w = w,
+                                    .x = (void *)x, .x_dt = m->adt, .out_bf16 = m->acts.H};
+    *hop = m->acts.H;
+    return m->be->rmsnorm_typed(m->ctx, &p);
+}
+
+/* dinp [rows, D] (= or += when acc) the norm backward of dout through the norm with w of x (x_dt: a
+ * saved row in adt, or F32), dw +=; dinp_bf16 (NULL: none) gets the bf16 of dinp's final value in the
+ * same pass, for GEMMs that take it next (acts.H: the operand dt_model_dx_op gives the next layer
+ * half). */
+cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x,
+                            cm_dtype x_dt, const float *w, int64_t rows, int acc, void *dinp_bf16) {
+    const cm_drafter_cfg          *g = &m->cfg;
+    const kn_norm_bwd_typed_params p = {.rows = rows,
+                                        .C = g->hidden_size,
+                                        .eps = g->rms_norm_eps,
+                                        .w = w,
+                                        .dw = dw,
+                                        .x = x,
+                                        .x_dt = x_dt,
+                                        .dout = dout,
+                                        .dinp = dinp,
+                                        .accumulate = acc,
+                                        .dinp_bf16 = dinp_bf16};
+    return m->be->rmsnorm_bwd_typed(m->ctx, &p);
+}
+
+/* acts.H where BF16 storage makes it the next layer half's dx operand (dt_model_dx_op), else NULL. */
+void *dt_model_dx_op_out(dt_model *m) {
+    return m->adt == CM_DTYPE_F32 ? NULL : m->acts.H;
 }
 
 /* dst (F32) = src [n] (adt). */
 cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n) {
     return m->be->cast2d(m->ctx, dst, CM_DTYPE_F32, n, src, m->adt, n, 1, n);
-}
-
-/* The saved activation src [n] as F32: itself when adt is F32, else widened into buf. */
-cm_status dt_model_act_f32(dt_model *m, const float **out, const void *src, float *buf, int64_t n) {
-    if (m->adt == CM_DTYPE_F32) {
-        *out = src;
-        return CM_OK;
-    }
-    CM_TRY(dt_model_load_act(m, buf, src, n));
-    *out = buf;
-    return CM_OK;
-}
-
-/* rows × C of inp normed with w into h32 (F32), and as a GEMM input (adt): h32 itself, or its
- * BF16 rounding in acts.H. */
-cm_status dt_model_norm_op(dt_model *m, const void **hop, float *h32, const float *inp, const float *w,
-                           int64_t rows) {
-    const cm_drafter_cfg *g = &m->cfg;
-    CM_TRY(m->be->rmsnorm(m->ctx, h32, inp, w, rows, g->hidden_size, g->rms_norm_eps, 0));
-    *hop = h32;
-    if (m->adt != CM_DTYPE_F32) {
-        const int64_t n = rows * g->hidden_size;
-        CM_TRY(m->be->cast2d(m->ctx, m->acts.H, m->adt, n, h32, CM_DTYPE_F32, n, 1, n));
-        *hop = m->acts.H;
-    }
-    return CM_OK;
 }
 
 /* The three GEMMs with typed activations against the F32 master W; the F32 cases go through

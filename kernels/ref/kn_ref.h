@@ -212,6 +212,15 @@ cm_status kn_ref_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const voi
 /* kn_ref_rmsnorm_bwd into a temporary, then kn_ref_add into dinp. */
 cm_status kn_ref_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus);
+// ---- the drafter's norms on typed storage (kn_norm_typed_ref.c): compositions of the references
+// above (widen, rmsnorm / rmsnorm_bwd, rope / rope_bwd, cast2d), bit-identical to those chains.
+cm_status kn_ref_rmsnorm_typed(kn_ctx *ctx, const kn_norm_typed_params *p);
+cm_status kn_ref_rmsnorm_bwd_typed(kn_ctx *ctx, const kn_norm_bwd_typed_params *p);
+cm_status kn_ref_head_norm_rope(kn_ctx *ctx, float *out, const void *x, cm_dtype x_dt, const float *w,
+                                const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta, float eps);
+cm_status kn_ref_head_norm_rope_bwd(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, float *dw, float *dout,
+                                    const void *x, cm_dtype x_dt, const float *w, const int32_t *pos,
+                                    int64_t T, int nh, int hd, int rot_dim, float theta, float eps);
 // ---- the multi-tensor optimizer step (kn_optim_multi_ref.c): kn_ref_sumsq of each tensor summed
 // in table order; kn_ref_adamw of each with grad_scale = float(the clip factor).
 cm_status kn_ref_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks);
