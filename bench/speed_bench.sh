@@ -68,9 +68,11 @@ if has pipeline; then
     mkdir -p "$work" "$out/pipeline"
     echo "$gpus" >"$out/pipeline/gpus.txt"
     random_docs "$work/d.jsonl"
+    mkdir -p "$work/model" # tandem-launch takes a model directory; random weights need only its config.json
+    cp "$cfgdir/target-config.json" "$work/model/config.json"
     echo "== pipeline: tandem-launch --gpus $gpus" >&2
     timeout "${PIPELINE_TIMEOUT:-420}" "$root/deploy/tandem-launch" --gpus "$gpus" --bin-dir "$build" \
-        --model "$cfgdir/target-config.json" --drafter-config "$cfgdir/drafter.json" \
+        --model "$work/model" --drafter-config "$cfgdir/drafter.json" \
         --server-args "--init random --seed 1 --precision fp8" --balance-after "$((${STEPS:-20} / 2))" \
         --out "$work/run" -- --target-init random --target-seed 1 --dataset "$work/d.jsonl" --token-budget 8192 \
         --steps "${STEPS:-20}" --max-anchors 512 --precision bf16 --progress lines --log-every 1 \
