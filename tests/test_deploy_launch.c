@@ -539,8 +539,8 @@ static void test_dry_run(void) {
 static void test_mps(void) {
     char out[512], run[512];
     paths("mps.out", "never", out, run);
-    char *shared[] = {"--server-gpus",    "0",    "--trainer-gpus", "0,1", "--model", "/m",
-                      "--drafter-config", "d.json", "--out",        run,   "--dry-run", NULL, NULL, NULL};
+    char *shared[16] = {"--server-gpus",    "0",      "--trainer-gpus", "0,1", "--model",  "/m",
+                        "--drafter-config", "d.json", "--out",          run,   "--dry-run"}; /* NULLs after */
     setenv("TANDEM_MPS_CONTROL", "/nonexistent/nvidia-cuda-mps-control", 1);
     TST_CHECK(launch(out, shared, 20000) == 0);
     TST_CHECK(strstr(slurp(out), "GPU(s) 0 shared by several processes, time-sliced: nvidia-cuda-mps-control is "
@@ -557,7 +557,20 @@ static void test_mps(void) {
     TST_CHECK(strstr(o, "MASTER_PORT=29500 CUDA_MPS_PIPE_DIRECTORY=/tmp/tandem-mps.") != NULL);
     TST_CHECK(strstr(o, "$ env CUDA_VISIBLE_DEVICES=1 RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 "
                         "MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 /") != NULL);
-    shared[12] = "off";
+    /* rank 0 shares GPU 0 at client priority below normal, the server at the normal one */
+    TST_CHECK(strstr(o, "trainers there at MPS client priority below normal") != NULL);
+    const char *prio = strstr(o, "CUDA_MPS_CLIENT_PRIORITY=1 /"), *rank0 = strstr(o, "$ env CUDA_VISIBLE_DEVICES=0 RANK=0 ");
+    TST_CHECK(prio && rank0 && prio > rank0 && !memchr(rank0, '\n', (size_t)(prio - rank0)));
+    TST_CHECK(prio && !strstr(prio + 1, "CUDA_MPS_CLIENT_PRIORITY"));
+    shared[13] = "--mps-trainer-priority", shared[14] = "normal";
+    TST_CHECK(launch(out, shared, 20000) == 0);
+    o = slurp(out);
+    TST_CHECK(strstr(o, "CUDA_MPS_PIPE_DIRECTORY") && !strstr(o, "CUDA_MPS_CLIENT_PRIORITY") &&
+              !strstr(o, "priority below normal"));
+    shared[14] = "low";
+    TST_CHECK(launch(out, shared, 20000) == 2 &&
+              strstr(slurp(out), "--mps-trainer-priority 'low': expected below or normal"));
+    shared[13] = NULL, shared[12] = "off";
     TST_CHECK(launch(out, shared, 20000) == 0 && strstr(slurp(out), "time-sliced (--mps off)") &&
               !strstr(slurp(out), "CUDA_MPS_PIPE_DIRECTORY"));
     shared[12] = "sometimes";
