@@ -133,6 +133,17 @@ static __global__ void dfm_delta_kernel(float *delta, bf16 *dob, const float *do
 // ----------------------------------------------------------------------------
 // tiles
 
+/* The CTA's (x, kv head) from a one-dimensional grid of n·nkv CTAs, kv heads fastest, x walked
+ * from the end when `reverse`. CTAs start in index order, so the order decides what is left for
+ * the last wave: the forward and dq take blocks from the last (in anchor order, the longest
+ * contexts of a document come last), the context dk/dv key tiles from the first (the keys that
+ * most blocks see open a document). Which CTA computes an output does not change with it. */
+static __device__ __forceinline__ void cta_item(int nkv, int64_t n, int reverse, int64_t *x, int *g) {
+    const int64_t i = blockIdx.x, k = i / nkv;
+    *g = (int)(i - k * nkv);
+    *x = reverse ? n - 1 - k : k;
+}
+
 /* Tile t of block j's key loop: context tiles [lo + t·KT, …) first, then the block's rows.
  * row0 is the tile's first row in the joint K/V array, base its first key (context row, or
  * block slot), nk its valid rows. */
@@ -245,8 +256,10 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
     bf16          *q_s = reinterpret_cast<bf16 *>(dfm_sm); /* [n_units·16, LD] */
     bf16          *k_s = q_s + n_units * 16 * LD;          /* [2][KT, LD] */
     bf16          *v_s = k_s + 2 * KT * LD;                /* [2][KT, LD] */
-    const int64_t  j = blockIdx.x;
-    const int      g = blockIdx.y, lane = threadIdx.x % 32, u = threadIdx.x / 32;
+    int64_t                                       j;
+    int                                           g;
+    cta_item(p.nkv, p.n_blocks, 1, &j, &g);
+    const int      lane = threadIdx.x % 32, u = threadIdx.x / 32;
     const int      gq = lane / 4, tq = lane % 4;
     const int      h = g * (p.nq / p.nkv) + u / MT, s0 = (u % MT) * 16; /* this warp's head and slots */
     const df_range rg = block_range(p, j);
@@ -357,8 +370,10 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
     bf16          *do_s = q_s + n_units * 16 * LD;         /* [n_units·16, LD] */
     bf16          *k_s = do_s + n_units * 16 * LD;         /* [2][KT, LD] */
     bf16          *v_s = k_s + 2 * KT * LD;                /* [2][KT, LD] */
-    const int64_t  j = blockIdx.x;
-    const int      g = blockIdx.y, lane = threadIdx.x % 32, u = threadIdx.x / 32;
+    int64_t                                       j;
+    int                                           g;
+    cta_item(p.nkv, p.n_blocks, 1, &j, &g);
+    const int      lane = threadIdx.x % 32, u = threadIdx.x / 32;
     const int      gq = lane / 4, tq = lane % 4;
     const int      h = g * (p.nq / p.nkv) + u / MT, s0 = (u % MT) * 16;
     const df_range rg = block_range(p, j);
@@ -493,19 +508,20 @@ static __global__ void __launch_bounds__(128)
     bf16       *do_s = q_s + 2 * QR * LD;                              /* [2][QR, LD] */
     float      *lse_s = reinterpret_cast<float *>(do_s + 2 * QR * LD); /* [2][QR] */
     float      *dl_s = lse_s + 2 * QR;                                 /* [2][QR] */
-    const int   g = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const int                                     lane = threadIdx.x % 32, w = threadIdx.x / 32;
     const int   gq = lane / 4, tq = lane % 4;
     const float sc = p.scale * DFM_LOG2E;
-    int64_t     key0, row0, j_begin, j_end;
-    int         nk;
+    int64_t                                       x, key0, row0, j_begin, j_end;
+    int                                           nk, g;
+    cta_item(p.nkv, blk_mode ? p.n_blocks : (p.T + DFM_DKV_KEYS - 1) / DFM_DKV_KEYS, 0, &x, &g);
     if (!blk_mode) {
-        key0 = row0 = (int64_t)blockIdx.x * DFM_DKV_KEYS;
+        key0 = row0 = x * DFM_DKV_KEYS;
         nk = p.T - key0 < DFM_DKV_KEYS ? (int)(p.T - key0) : DFM_DKV_KEYS;
         j_begin = 0;
         j_end = p.n_blocks;
     } else {
         key0 = 0;
-        j_begin = blockIdx.x;
+        j_begin = x;
         j_end = j_begin + 1;
         row0 = p.T + j_begin * B;
         nk = B;
@@ -671,6 +687,15 @@ static cm_status make_bufs(kn_ctx *ctx, const df_params *p, int bwd, dfm_bufs *b
     return CM_OK;
 }
 
+/* The one-dimensional grid of cta_item: n·nkv CTAs. */
+static cm_status grid_of(int64_t n, int nkv, unsigned int *grid) {
+    KN_CUDA_CHECK_ARG(n * nkv <= INT32_MAX,
+                      "dflash_attn: %lld blocks or key tiles x %d kv heads are too many CTAs", (long long)n,
+                      nkv);
+    *grid = (unsigned int)(n * nkv);
+    return CM_OK;
+}
+
 static cm_status opt_in(kn_ctx *ctx, const void *kernel, size_t smem) {
     KN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     return CM_OK;
@@ -681,7 +706,8 @@ template <int HD, int KT> static cm_status mma_fwd(kn_ctx *ctx, const df_params 
     CM_TRY(make_bufs(ctx, p, 0, &b));
     const size_t smem = fwd_smem(p);
     CM_TRY(opt_in(ctx, (const void *)dfm_fwd_kernel<HD, KT>, smem));
-    dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nkv);
+    unsigned int grid = 0;
+    CM_TRY(grid_of(p->n_blocks, p->nkv, &grid));
     dfm_fwd_kernel<HD, KT><<<grid, 32 * units_of(p), smem, ctx->stream>>>(*p, b.q, b.k, b.v);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
@@ -700,7 +726,8 @@ template <int HD, int KT> static cm_status mma_bwd(kn_ctx *ctx, const df_params 
         KN_CUDA_LAUNCHED(ctx);
         const size_t smem = dq_smem(p);
         CM_TRY(opt_in(ctx, (const void *)dfm_dq_kernel<HD, KT>, smem));
-        dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nkv);
+        unsigned int grid = 0;
+        CM_TRY(grid_of(p->n_blocks, p->nkv, &grid));
         dfm_dq_kernel<HD, KT>
             <<<grid, 32 * units_of(p), smem, ctx->stream>>>(*p, b.q, b.k, b.v, b.dout, b.delta);
         KN_CUDA_LAUNCHED(ctx);
@@ -708,12 +735,14 @@ template <int HD, int KT> static cm_status mma_bwd(kn_ctx *ctx, const df_params 
     const size_t smem = dkv_smem(p);
     CM_TRY(opt_in(ctx, (const void *)dfm_dkv_kernel<HD, DFM_QR>, smem));
     if (p->T > 0) { /* every context row is written, zero where no block sees it */
-        dim3 grid((unsigned int)((p->T + DFM_DKV_KEYS - 1) / DFM_DKV_KEYS), (unsigned int)p->nkv);
+        unsigned int grid = 0;
+        CM_TRY(grid_of((p->T + DFM_DKV_KEYS - 1) / DFM_DKV_KEYS, p->nkv, &grid));
         dfm_dkv_kernel<HD, DFM_QR><<<grid, 128, smem, ctx->stream>>>(*p, b.q, b.k, b.v, b.dout, b.delta, 0);
         KN_CUDA_LAUNCHED(ctx);
     }
     if (p->n_blocks > 0) {
-        dim3 grid((unsigned int)p->n_blocks, (unsigned int)p->nkv);
+        unsigned int grid = 0;
+        CM_TRY(grid_of(p->n_blocks, p->nkv, &grid));
         dfm_dkv_kernel<HD, DFM_QR><<<grid, 128, smem, ctx->stream>>>(*p, b.q, b.k, b.v, b.dout, b.delta, 1);
         KN_CUDA_LAUNCHED(ctx);
     }
