@@ -4,7 +4,9 @@
 # the same call:
 #   target:   the bf16 forward on 8192-token packs (bench_ts_target): tokens/s, the GEMM-only bound at the
 #             cuBLASLt ceiling measured in the same run, the GDN core in the forward and the GDN and attention
-#             kernels alone; with REF_BUILD_DIR the same from that build (the "before");
+#             kernels alone; then the fp8 forward (--precision fp8: random bf16 weights quantized on load)
+#             against its FP8 GEMM-only bound and the bf16 forward (issue 19's figures); with REF_BUILD_DIR
+#             the same from that build (the "before");
 #   drafter:  the DFlash drafter step (bench_dt_step, bf16) and bench/drafter_flex.py on the same batch layout,
 #             peak memory (each program's own figure and nvidia-smi's), a --profile run, and the step against
 #             its GEMMs' time at the ceiling the target part measured;
@@ -16,7 +18,7 @@
 #   env: PARTS (default "target drafter pipeline"), STEPS (pipeline trainer steps, default 20), WORK (the
 #        pipeline's dataset and run directory, default /dev/shm/tandem-speed: its final 27 GB checkpoint is
 #        written in seconds there), PIPELINE_TIMEOUT (seconds, default 420)
-# About 2 minutes for the target, 3 for the drafter and 4–5 for the pipeline on one H200: all three fit a
+# About 3 minutes for the target, 3 for the drafter and 4–5 for the pipeline on one H200: all three fit a
 # 10-minute call only just; PARTS splits them over two.
 set -uo pipefail
 build=${1:?usage: speed_bench.sh BUILD_DIR OUT_DIR [REF_BUILD_DIR]}
@@ -35,12 +37,15 @@ has() { [[ $parts == *" $1 "* ]]; }
 
 if has target; then
     for b in "$build" ${ref:+"$ref"}; do
-        name=target
-        [[ $b == "$build" ]] || name=target-ref
-        echo "== $name ($b)" >&2
-        "$b/tests/bench_ts_target" --config "$cfgdir/target-config.json" --tokens 8192 --iters 5 --gpu "$gpu" \
-            --json "$out/$name.json" >"$out/$name.md" 2>"$out/$name.err" ||
-            echo "$name failed: $(tail -3 "$out/$name.err")" >&2
+        for prec in bf16 fp8; do
+            name=target
+            [[ $b == "$build" ]] || name=target-ref
+            [[ $prec == bf16 ]] || name+=-fp8
+            echo "== $name ($b)" >&2
+            "$b/tests/bench_ts_target" --config "$cfgdir/target-config.json" --tokens 8192 --iters 5 \
+                --gpu "$gpu" --precision "$prec" --json "$out/$name.json" >"$out/$name.md" 2>"$out/$name.err" ||
+                echo "$name failed: $(tail -3 "$out/$name.err")" >&2
+        done
     done
 fi
 

@@ -4,7 +4,8 @@
     speed_report.py OUT_DIR   (writes OUT_DIR/speed.md and prints it)
 
 Reads what speed_bench.sh left in OUT_DIR: target.json / target.md (bench_ts_target, this build), target-ref.json /
-target-ref.md (the reference build, when given), step.json (bench_dt_step), flex.json (bench/drafter_flex.py),
+target-ref.md (the reference build, when given), target-fp8.json and target-ref-fp8.json (the same at --precision
+fp8), step.json (bench_dt_step), flex.json (bench/drafter_flex.py),
 *.smi (peak MiB sampled by nvidia-smi), profile.txt (bench_dt_step --profile), pipeline/metrics-*.jsonl (one per
 trainer rank) and pipeline/balance.txt (tandem-launch's supply-and-demand report). A part that did not run or failed
 is said so; every goal line shows the figure beside its goal, each measured in this call."""
@@ -80,6 +81,37 @@ def target_part(out, L, goals):
                   f"{t['gdn_core_ms']:.3f} ms in the forward, {t['gdn_kernel_single_ms']:.3f} ms alone",
                   verdict(t["gdn_core_ms"] <= 0.40)))
     return t
+
+
+def fp8_part(out, L, goals):
+    """Issue 19's figures: each build's fp8 forward against its FP8 GEMM-only bound and its bf16 forward."""
+    L += ["## Target forward at --precision fp8 (bench_ts_target, the same packs; issue 19)", ""]
+    rows = [(name, load_json(out, f"{stem}-fp8.json"), load_json(out, f"{stem}.json"))
+            for name, stem in (("this build", "target"), ("reference build", "target-ref"))]
+    rows = [r for r in rows if r[1] or r[0] == "this build"]
+    if not rows[0][1]:
+        L += ["Did not run or failed: see target-fp8.err.", ""]
+        return
+    L += ["| build | fp8 forward | tokens/s | FP8 GEMM-only bound | forward / bound | bf16 forward | fp8 speed-up |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, j, b in rows:
+        if not j:
+            L.append(f"| {name} | failed | | | | | |")
+            continue
+        up = f"{b['forward_ms'] / j['forward_ms']:.3f}x" if b else "n/a"
+        L.append(f"| {name} | {j['forward_ms']:.1f} ms | {j['tokens_per_s']:.0f} | {j['bound_fp8_ms']:.0f} ms | "
+                 f"{100 * j['bound_fp8_ms'] / j['forward_ms']:.1f} % | "
+                 + (f"{b['forward_ms']:.1f} ms" if b else "n/a") + f" | {up} |")
+    j, b = rows[0][1], rows[0][2]
+    L += ["", f"cuBLASLt's block-scaled fp8 8192^3 ceiling in the fp8 run: {j['ceiling_fp8_tflops']:.0f} TF/s, "
+          f"Tandem's wgmma FP8 kernel {j['wgmma_fp8_tflops']:.0f} TF/s (the bound takes the faster one; "
+          "in_proj_a/b stay bf16). Each forward is its own process, one after the other.", ""]
+    if b:
+        up = b["forward_ms"] / j["forward_ms"]
+        goals.append(("fp8 forward >= 1.5x the bf16 forward in the same call (issue 19)",
+                      f"{up:.3f}x ({j['forward_ms']:.1f} against {b['forward_ms']:.1f} ms)", verdict(up >= 1.5)))
+    pct = 100 * j["bound_fp8_ms"] / j["forward_ms"]
+    goals.append(("fp8 forward >= 85 % of its FP8 GEMM-only bound (issue 19)", f"{pct:.1f} %", verdict(pct >= 85)))
 
 
 def drafter_part(out, L, goals, t):
@@ -167,10 +199,12 @@ def main():
         sys.exit("usage: speed_report.py OUT_DIR")
     out = sys.argv[1]
     gpu = (read(out, "gpu.txt") or "unknown").strip()
-    L = ["# Issue 21's figures in one call", "", f"GPU: {gpu}. Shapes: deploy/configs/qwen3.6-27b (the 27B target, "
+    L = ["# Issue 21's figures (and issue 19's fp8 forward) in one call", "", f"GPU: {gpu}. Shapes: deploy/configs/qwen3.6-27b (the 27B target, "
          "random weights; its DFlash drafter, 8192-token packs in 4 documents, 512 anchors x 16).", ""]
     goals = []
     t = target_part(out, L, goals)
+    if t:
+        fp8_part(out, L, goals)
     drafter_part(out, L, goals, t)
     pipeline_part(out, L, goals)
     L += ["## Against the goals", "", "| goal | figure in this call | met? |", "|---|---|---|"]
