@@ -199,7 +199,8 @@ def main():
         sys.exit("usage: speed_report.py OUT_DIR")
     out = sys.argv[1]
     gpu = (read(out, "gpu.txt") or "unknown").strip()
-    L = ["# Issue 21's figures (and issue 19's fp8 forward) in one call", "", f"GPU: {gpu}. Shapes: deploy/configs/qwen3.6-27b (the 27B target, "
+    L = ["# Issue 21's figures (and issue 19's fp8 forward) in one call", "",
+         f"GPU: {gpu}. Shapes: deploy/configs/qwen3.6-27b (the 27B target, "
          "random weights; its DFlash drafter, 8192-token packs in 4 documents, 512 anchors x 16).", ""]
     goals = []
     t = target_part(out, L, goals)
