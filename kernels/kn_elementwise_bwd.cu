@@ -10,7 +10,8 @@
  * backward may write dgate over gate and dup over up (each thread reads its element's three
  * inputs before writing), which lets the MLP backward reuse the saved gate/up buffers.
  * BF16 to BF16 with n a multiple of 8 and aligned buffers (the target's fused MLP) moves 16
- * bytes per load (swiglu_bf16io_kernel), the same bits. */
+ * bytes per load (swiglu_bf16io_kernel), the same bits; its backward in BF16 with n a multiple
+ * of 4 moves 8 bytes per access (swiglu_bwd_bf16_kernel), the same bits. */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
@@ -84,6 +85,38 @@ static __global__ void swiglu_bwd_typed_kernel(void *dgate, void *dup, const voi
     }
 }
 
+/* swiglu_bwd_typed_kernel for BF16 with n % 4 == 0 and 8-byte aligned buffers (the drafter's
+ * MLP backward): four values per 8-byte load and store, the same double arithmetic per value.
+ * The scalar kernel's 2-byte accesses left it at a fraction of the DRAM bandwidth. */
+static __global__ void swiglu_bwd_bf16_kernel(uint2 *dgate, uint2 *dup, const uint2 *dout, const uint2 *gate,
+                                              const uint2 *up, int64_t n4) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const uint2           d4 = dout[i], g4 = gate[i], u4 = up[i];
+        const __nv_bfloat162 *d2 = (const __nv_bfloat162 *)&d4, *g2 = (const __nv_bfloat162 *)&g4,
+                             *u2 = (const __nv_bfloat162 *)&u4;
+        uint2           dg4, du4;
+        __nv_bfloat162 *dg2 = (__nv_bfloat162 *)&dg4, *du2 = (__nv_bfloat162 *)&du4;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float2 df = __bfloat1622float2(d2[j]), gf = __bfloat1622float2(g2[j]),
+                         uf = __bfloat1622float2(u2[j]);
+            float rg[2], ru[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const double d = e ? df.y : df.x, g = e ? gf.y : gf.x, u = e ? uf.y : uf.x;
+                const double sg = 1.0 / (1.0 + exp(-g));
+                ru[e] = (float)(d * (g / (1.0 + exp(-g))));
+                rg[e] = (float)(d * u * sg * (1.0 + g * (1.0 - sg)));
+            }
+            du2[j] = __floats2bfloat162_rn(ru[0], ru[1]);
+            dg2[j] = __floats2bfloat162_rn(rg[0], rg[1]);
+        }
+        dup[i] = du4;
+        dgate[i] = dg4;
+    }
+}
+
 static unsigned int typed_grid(int64_t n) {
     int64_t blocks = (n + 255) / 256;
     return (unsigned int)(blocks < (1 << 20) ? blocks : (1 << 20));
@@ -128,6 +161,13 @@ cm_status kn_cuda_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const vo
     KN_CUDA_CHECK_ARG(dgate && dup && dout && gate && up,
                       "swiglu_bwd_typed: dgate, dup, dout, gate or up is NULL");
     KN_CUDA_CHECK_ARG(dgate != dup, "swiglu_bwd_typed: dgate and dup must be different buffers");
+    if (dt == CM_DTYPE_BF16 && n % 4 == 0 &&
+        (((uintptr_t)dgate | (uintptr_t)dup | (uintptr_t)dout | (uintptr_t)gate | (uintptr_t)up) & 7) == 0) {
+        swiglu_bwd_bf16_kernel<<<typed_grid(n / 4), 256, 0, ctx->stream>>>(
+            (uint2 *)dgate, (uint2 *)dup, (const uint2 *)dout, (const uint2 *)gate, (const uint2 *)up, n / 4);
+        KN_CUDA_LAUNCHED(ctx);
+        return CM_OK;
+    }
     swiglu_bwd_typed_kernel<<<typed_grid(n), 256, 0, ctx->stream>>>(dgate, dup, dout, gate, up,
                                                                     dt == CM_DTYPE_BF16, n);
     KN_CUDA_LAUNCHED(ctx);

@@ -9,7 +9,8 @@
  *   cuda: (label gpu; 77 without a device) every op on odd shapes against the reference: cast2d
  *         bit-exact, matmul in F32 mode within 1e-5 and bit-identical to gemm/gemm_dx/gemm_dw on
  *         the packed F32 cases, in BF16 mode within 1e-5 of the reference on bf16-rounded
- *         operands (1 bf16 ulp for a BF16 C), the SwiGLU pair within 1e-6 (1 ulp in BF16); the
+ *         operands (1 bf16 ulp for a BF16 C), the SwiGLU pair within 1e-6 (1 ulp in BF16), its
+ *         BF16 vector kernels bit-identical to the same op one value at a time; the
  *         multi-tensor optimizer step (sumsq_multi, adamw_multi) within 1e-12 / 1e-6 of the
  *         reference, bit-identical when repeated, and writing nothing after a non-finite norm;
  *         rmsnorm_bwd_acc = cuda rmsnorm_bwd + add bit for bit, and within 1e-5 of the reference.
@@ -457,6 +458,56 @@ static void check_cuda(const kn_backend *be) {
         TST_CLOSE("cuda swiglu_typed bf16 vectors", a1, a2, (long)n, 1e-7, 8e-3);
         free(a1), free(a2), free(hv), free(hs), free(g), free(u), free(hg), free(hu), free(rout);
         be->free(ctx, dg), be->free(ctx, du), be->free(ctx, dv), be->free(ctx, ds);
+    }
+    /* cast2d of packed arrays, four elements per access (n a multiple of 4, aligned) and one at a
+     * time (one element in), both ways: the reference's bits */
+    {
+        const int64_t n = 4 * 30011;
+        float        *src = rand_f(n, 5), *rf = malloc((size_t)n * 4);
+        uint16_t     *rm = malloc((size_t)n * 2);
+        float        *ds = dev_put(be, ctx, src, (size_t)n * 4), *df = dev_put(be, ctx, NULL, (size_t)n * 4);
+        uint16_t *dm = dev_put(be, ctx, NULL, (size_t)n * 2), *dm1 = dev_put(be, ctx, NULL, (size_t)n * 2);
+        TST_CHECK(kn_ref_cast2d(cpu, rm, CM_DTYPE_BF16, n, src, CM_DTYPE_F32, n, 1, n) == CM_OK);
+        TST_CHECK(kn_ref_cast2d(cpu, rf, CM_DTYPE_F32, n, rm, CM_DTYPE_BF16, n, 1, n) == CM_OK);
+        TST_CHECK(be->cast2d(ctx, dm, CM_DTYPE_BF16, n, ds, CM_DTYPE_F32, n, 1, n) == CM_OK);
+        TST_CHECK(be->cast2d(ctx, dm1 + 1, CM_DTYPE_BF16, n - 4, ds + 1, CM_DTYPE_F32, n - 4, 1, n - 4) ==
+                  CM_OK);
+        TST_CHECK(be->cast2d(ctx, df, CM_DTYPE_F32, n, dm, CM_DTYPE_BF16, n, 1, n) == CM_OK);
+        uint16_t *hm = dev_get(be, ctx, dm, (size_t)n * 2), *hm1 = dev_get(be, ctx, dm1, (size_t)n * 2);
+        float    *hf = dev_get(be, ctx, df, (size_t)n * 4);
+        TST_CHECK(memcmp(hm, rm, (size_t)n * 2) == 0 && memcmp(hf, rf, (size_t)n * 4) == 0);
+        TST_CHECK(memcmp(hm1 + 1, rm + 1, (size_t)(n - 4) * 2) == 0);
+        free(src), free(rf), free(rm), free(hm), free(hm1), free(hf);
+        be->free(ctx, ds), be->free(ctx, df), be->free(ctx, dm), be->free(ctx, dm1);
+    }
+    /* swiglu_bwd_typed BF16 on 8-byte vectors (n a multiple of 4, aligned buffers, in place over
+     * gate and up) against the same op one value at a time (one element in: unaligned) and the cpu */
+    {
+        const int64_t n = 4 * 25001;
+        const size_t  b = (size_t)n * 2;
+        float        *g = rand_f(n, 5), *u = rand_f(n, 2), *d = rand_f(n, 1);
+        uint16_t     *hg = to_bf(g, n), *hu = to_bf(u, n), *hd = to_bf(d, n);
+        uint16_t *vg = dev_put(be, ctx, hg, b), *vu = dev_put(be, ctx, hu, b), *vd = dev_put(be, ctx, hd, b);
+        uint16_t *sg = dev_put(be, ctx, hg, b), *su = dev_put(be, ctx, hu, b);
+        TST_CHECK(be->swiglu_bwd_typed(ctx, vg, vu, vd, vg, vu, CM_DTYPE_BF16, n) == CM_OK);
+        TST_CHECK(be->swiglu_bwd_typed(ctx, sg + 1, su + 1, vd + 1, sg + 1, su + 1, CM_DTYPE_BF16, n - 4) ==
+                  CM_OK);
+        TST_CHECK(kn_ref_swiglu_bwd_typed(cpu, hg, hu, hd, hg, hu, CM_DTYPE_BF16, n) == CM_OK);
+        uint16_t *ag = dev_get(be, ctx, vg, b), *au = dev_get(be, ctx, vu, b);
+        uint16_t *bg = dev_get(be, ctx, sg, b), *bu = dev_get(be, ctx, su, b);
+        long      diff = 0;
+        for (int64_t i = 1; i < n - 3; i++)
+            diff += (ag[i] != bg[i]) + (au[i] != bu[i]);
+        printf("swiglu_bwd_typed bf16 vectors vs one at a time: %ld of %lld values differ\n", diff,
+               2 * ((long long)n - 4));
+        TST_CHECK(diff == 0);
+        float *a1 = widen(ag, CM_DTYPE_BF16, n), *a2 = widen(hg, CM_DTYPE_BF16, n);
+        float *c1 = widen(au, CM_DTYPE_BF16, n), *c2 = widen(hu, CM_DTYPE_BF16, n);
+        TST_CLOSE("cuda dgate bf16 vectors", a1, a2, (long)n, 1e-7, 8e-3);
+        TST_CLOSE("cuda dup bf16 vectors", c1, c2, (long)n, 1e-7, 8e-3);
+        free(a1), free(a2), free(c1), free(c2), free(ag), free(au), free(bg), free(bu);
+        free(g), free(u), free(d), free(hg), free(hu), free(hd);
+        be->free(ctx, vg), be->free(ctx, vu), be->free(ctx, vd), be->free(ctx, sg), be->free(ctx, su);
     }
     /* the multi-tensor optimizer step */
     {
