@@ -18,14 +18,23 @@
 
 #include <cuda_bf16.h>
 
+/* SwiGLU's backward for one element, in double and rounded once (the header's formulas): every
+ * kernel below evaluates it through this, so they agree bit for bit. */
+static __device__ __forceinline__ void swiglu_bwd_val(double d, double g, double u, float *dgate,
+                                                      float *dup) {
+    const double sg = 1.0 / (1.0 + exp(-g));
+    *dup = (float)(d * (g / (1.0 + exp(-g))));
+    *dgate = (float)(d * u * sg * (1.0 + g * (1.0 - sg)));
+}
+
 static __global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dout, const float *gate,
                                          const float *up, int64_t n) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const double d = dout[i], g = gate[i], u = up[i];
-        const double sg = 1.0 / (1.0 + exp(-g));
-        dup[i] = (float)(d * (g / (1.0 + exp(-g))));
-        dgate[i] = (float)(d * u * sg * (1.0 + g * (1.0 - sg)));
+        float dg, du;
+        swiglu_bwd_val(dout[i], gate[i], up[i], &dg, &du);
+        dup[i] = du;
+        dgate[i] = dg;
     }
 }
 
@@ -78,10 +87,10 @@ static __global__ void swiglu_bwd_typed_kernel(void *dgate, void *dup, const voi
                                                const void *up, int bf, int64_t n) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const double d = ld_f(dout, bf, i), g = ld_f(gate, bf, i), u = ld_f(up, bf, i);
-        const double sg = 1.0 / (1.0 + exp(-g));
-        st_f(dup, bf, i, (float)(d * (g / (1.0 + exp(-g)))));
-        st_f(dgate, bf, i, (float)(d * u * sg * (1.0 + g * (1.0 - sg))));
+        float dg, du;
+        swiglu_bwd_val(ld_f(dout, bf, i), ld_f(gate, bf, i), ld_f(up, bf, i), &dg, &du);
+        st_f(dup, bf, i, du);
+        st_f(dgate, bf, i, dg);
     }
 }
 
@@ -102,13 +111,8 @@ static __global__ void swiglu_bwd_bf16_kernel(uint2 *dgate, uint2 *dup, const ui
             const float2 df = __bfloat1622float2(d2[j]), gf = __bfloat1622float2(g2[j]),
                          uf = __bfloat1622float2(u2[j]);
             float rg[2], ru[2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const double d = e ? df.y : df.x, g = e ? gf.y : gf.x, u = e ? uf.y : uf.x;
-                const double sg = 1.0 / (1.0 + exp(-g));
-                ru[e] = (float)(d * (g / (1.0 + exp(-g))));
-                rg[e] = (float)(d * u * sg * (1.0 + g * (1.0 - sg)));
-            }
+            swiglu_bwd_val(df.x, gf.x, uf.x, &rg[0], &ru[0]);
+            swiglu_bwd_val(df.y, gf.y, uf.y, &rg[1], &ru[1]);
             du2[j] = __floats2bfloat162_rn(ru[0], ru[1]);
             dg2[j] = __floats2bfloat162_rn(rg[0], rg[1]);
         }
