@@ -1,7 +1,8 @@
 /* kernels/kn_device.h — the device helpers that several kernel files share: cp.async copies
  * global → shared (sm_80+), warp and block sums, the sequence lookup in a cu_seqlens table, and
- * fp32/bf16 loads and stores of typed storage. Internal to kernels/; include from .cu files
- * only. Every function is static (or a template), so each file gets its own inlined copy and
+ * fp32/bf16 loads and stores of typed storage, one element or four at a time. Internal to
+ * kernels/; include from .cu files only. Every function is static (or a template), so each
+ * file gets its own inlined copy and
  * the generated code is the code of the place that calls it. */
 #ifndef KN_DEVICE_H
 #define KN_DEVICE_H
@@ -157,5 +158,50 @@ static __device__ __forceinline__ void st_f(void *p, int bf, int64_t i, float v)
     else
         ((float *)p)[i] = v;
 }
+
+// ----------------------------------------------------------------------------
+// packed bf16: two in a 32-bit word, four in 8 bytes, in memory order
+
+/* lo and hi rounded to bf16 (nearest even), lo in the low half (the lower address). */
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Four bf16 as loaded from 8 bytes, widened exactly. */
+static __device__ __forceinline__ float4 bf16x4_to_f4(uint2 u) {
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+/* Four floats each rounded once to bf16, ready for one 8-byte store. */
+static __device__ __forceinline__ uint2 f4_to_bf16x4(float4 v) {
+    return make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+}
+
+/* Group i of four elements (bytes 8i.. of BF16 storage), widened; and four values stored there. */
+static __device__ __forceinline__ float4 ld_bf16x4(const void *p, int64_t i) {
+    return bf16x4_to_f4(((const uint2 *)p)[i]);
+}
+static __device__ __forceinline__ void st_bf16x4(void *p, int64_t i, float4 v) {
+    ((uint2 *)p)[i] = f4_to_bf16x4(v);
+}
+
+/* Four consecutive elements of F32 (BF false) or BF16 storage held in registers as loaded: the
+ * bf16 kept packed (half the registers while a row is held) and widened where used; set stores
+ * a value's bf16 rounding in the BF16 form. Group i is bytes 16i.. (F32) or 8i.. (BF16). */
+template <bool BF> struct kn_typed4;
+template <> struct kn_typed4<false> {
+    float4                            v;
+    __device__ __forceinline__ void   load(const void *p, int64_t i) { v = ((const float4 *)p)[i]; }
+    __device__ __forceinline__ float4 get() const { return v; }
+    __device__ __forceinline__ void   set(float4 f) { v = f; }
+};
+template <> struct kn_typed4<true> {
+    uint2                             v;
+    __device__ __forceinline__ void   load(const void *p, int64_t i) { v = ((const uint2 *)p)[i]; }
+    __device__ __forceinline__ float4 get() const { return bf16x4_to_f4(v); }
+    __device__ __forceinline__ void   set(float4 f) { v = f4_to_bf16x4(f); }
+};
 
 #endif /* KN_DEVICE_H */

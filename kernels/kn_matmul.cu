@@ -36,20 +36,11 @@ static __global__ void cast2d_kernel(void *dst, int dbf, int64_t dld, const void
 template <int SBF, int DBF> static __global__ void cast_vec4_kernel(void *dst, const void *src, int64_t n4) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
-        float4 v;
-        if (SBF) {
-            const uint2 u = ((const uint2 *)src)[i];
-            v = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                            __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-        } else {
-            v = ((const float4 *)src)[i];
-        }
-        if (DBF) {
-            const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-            ((uint2 *)dst)[i] = make_uint2(*(const unsigned int *)&a, *(const unsigned int *)&b);
-        } else {
+        const float4 v = SBF ? ld_bf16x4(src, i) : ((const float4 *)src)[i];
+        if (DBF)
+            st_bf16x4(dst, i, v);
+        else
             ((float4 *)dst)[i] = v;
-        }
     }
 }
 

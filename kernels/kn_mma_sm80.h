@@ -70,11 +70,6 @@ static __device__ __forceinline__ void frag_b_kn(uint32_t r[4], const bf16 *M, i
     frag_b_kn_l(r, M, ld, k0, n0, threadIdx.x % 32);
 }
 
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
 /* The C accumulators of two adjacent 16×8 tiles (columns 0..7 and 8..15 of a k16 step) as
  * the A fragment of the next product: P·V, dS·K, Pᵀ·dO, dSᵀ·Q. */
 static __device__ __forceinline__ void c_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {

@@ -56,6 +56,7 @@ enum {
     P_NORM,
     P_ROPE,
     P_HEAD,
+    P_SWIGLU,
     P_ELEM,
     P_OPTIM,
     P_DYNCONV,
@@ -71,7 +72,8 @@ static const char *const p_name[P_COUNT] = {"gemm (fwd)",
                                             "rmsnorm fwd+bwd",
                                             "rope fwd+bwd",
                                             "q/k norm+rope fused",
-                                            "elementwise/copies",
+                                            "swiglu fwd+bwd",
+                                            "copies/casts/gathers",
                                             "sumsq+adamw",
                                             "dynconv fwd+bwd (DFlash2)",
                                             "selector fwd+bwd (DFlash2)"};
@@ -165,11 +167,11 @@ static cm_status w_rope_bwd(kn_ctx *ctx, float *x, const int32_t *pos, int64_t T
     PROF(P_ROPE, 0, cuda->rope_bwd(ctx, x, pos, T, nh, hd, rd, th));
 }
 static cm_status w_swiglu(kn_ctx *ctx, float *o, const float *g, const float *u, int64_t n) {
-    PROF(P_ELEM, 0, cuda->swiglu(ctx, o, g, u, n));
+    PROF(P_SWIGLU, 0, cuda->swiglu(ctx, o, g, u, n));
 }
 static cm_status w_swiglu_bwd(kn_ctx *ctx, float *dg, float *du, const float *d, const float *g,
                               const float *u, int64_t n) {
-    PROF(P_ELEM, 0, cuda->swiglu_bwd(ctx, dg, du, d, g, u, n));
+    PROF(P_SWIGLU, 0, cuda->swiglu_bwd(ctx, dg, du, d, g, u, n));
 }
 static cm_status w_add(kn_ctx *ctx, float *x, const float *y, int64_t n) {
     PROF(P_ELEM, 0, cuda->add(ctx, x, y, n));
@@ -204,11 +206,11 @@ static cm_status w_cast2d(kn_ctx *ctx, void *d, cm_dtype dd, int64_t dl, const v
 }
 static cm_status w_swiglu_typed(kn_ctx *ctx, void *o, cm_dtype od, const void *g, const void *u, cm_dtype id,
                                 int64_t n) {
-    PROF(P_ELEM, 0, cuda->swiglu_typed(ctx, o, od, g, u, id, n));
+    PROF(P_SWIGLU, 0, cuda->swiglu_typed(ctx, o, od, g, u, id, n));
 }
 static cm_status w_swiglu_bwd_typed(kn_ctx *ctx, void *dg, void *du, const void *d, const void *g, const void *u,
                                     cm_dtype dt, int64_t n) {
-    PROF(P_ELEM, 0, cuda->swiglu_bwd_typed(ctx, dg, du, d, g, u, dt, n));
+    PROF(P_SWIGLU, 0, cuda->swiglu_bwd_typed(ctx, dg, du, d, g, u, dt, n));
 }
 static cm_status w_sumsq_multi(kn_ctx *ctx, double *o, const kn_mt_tensor *t, int n, int64_t c) {
     PROF(P_OPTIM, 0, cuda->sumsq_multi(ctx, o, t, n, c));

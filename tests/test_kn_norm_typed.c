@@ -7,7 +7,10 @@
  *         rmsnorm_bwd or rmsnorm_bwd_acc, cast2d; head_norm_rope = widen, rmsnorm per head, rope with
  *         a full and a partial rot_dim; head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd (, cast2d)); bad
  *         arguments refused with their messages.
- *   cuda: (label gpu; 77 without a device) every op against the reference on odd shapes: the
+ *   cuda: (label gpu; 77 without a device) every op against the reference on odd shapes, through
+ *         each launch path (rows of C % 4 != 0: the scalar kernels; C = 260 and 5120: the vector
+ *         ones with one and four groups of four a thread; heads of hd = rot_dim = 128: the
+ *         warp-per-token path, nh = 5 leaving a partial group of rows; hd 72, rot 40: the general one): the
  *         rounded x and its bf16 copy bit-exact, F32 outputs within 1e-5, bf16 outputs within one
  *         bf16 ulp, dw within 1e-5; head_norm_rope in place = out of place bit for bit;
  *         head_norm_rope_bwd's bf16 dinp the rounding of its F32 one, bit for bit; a head
@@ -368,8 +371,9 @@ static void check_cuda(void) {
     TST_CHECK(be->ctx_create(&ctx, &kc) == CM_OK && kn_ref_ctx_create(&cpu, NULL) == CM_OK);
     if (!ctx || !cpu)
         return;
-    cuda_norms(be, ctx, cpu, 301, 517);
-    cuda_norms(be, ctx, cpu, 33, 5120);
+    cuda_norms(be, ctx, cpu, 301, 517); /* C % 4 != 0: the scalar kernels */
+    cuda_norms(be, ctx, cpu, 19, 260);  /* the vector kernels with one group of four a thread */
+    cuda_norms(be, ctx, cpu, 33, 5120); /* four groups a thread (the drafter's rows) */
     cuda_heads(be, ctx, cpu, 37, 5, 128, 128);
     cuda_heads(be, ctx, cpu, 29, 12, 72, 40);
     float x[4] = {0};
