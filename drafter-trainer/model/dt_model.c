@@ -54,7 +54,7 @@ static void params_define(dt_model *m) {
         }
         if (m->n_lp == LP_COUNT)
             continue;
-        const int64_t Kc = c->conv_kernel_size, proj = 2 * Kc * m->ng;
+        const int64_t            Kc = c->conv_kernel_size, proj = 2 * Kc * m->ng;
         static const char *const conv[2] = {"attention_conv", "mlp_conv"};
         for (int k = 0; k < 2; k++) {
             snprintf(name, sizeof name, "layers.%d.%s.base_kernel", l, conv[k]);
@@ -76,7 +76,8 @@ const char *const dt_selector_miss_names[3] = {"inject", "drop", NULL};
 
 cm_status dt_model_set_selector(dt_model *m, const dt_selector_opts *o) {
     if (!(o->alpha >= 0) || !isfinite(o->alpha))
-        return CM_FAIL(CM_ERR_INVALID_ARG, "the selector loss weight alpha %g must be finite and >= 0", o->alpha);
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the selector loss weight alpha %g must be finite and >= 0",
+                       o->alpha);
     if (o->miss != KN_SEL_INJECT && o->miss != KN_SEL_DROP)
         return CM_FAIL(CM_ERR_INVALID_ARG, "unknown selector miss policy %d", (int)o->miss);
     m->sel = *o;
@@ -86,15 +87,15 @@ cm_status dt_model_set_selector(dt_model *m, const dt_selector_opts *o) {
 static cm_status check_cfg(const cm_drafter_cfg *c) {
     if (c->kind == CM_DRAFTER_DFLASH2) {
         if (c->selector_top_k < 1 || c->selector_top_k > KN_TOPK_MAX)
-            return CM_FAIL(CM_ERR_UNSUPPORTED, "selector_top_k %d is not supported (1 to %d)", c->selector_top_k,
-                           KN_TOPK_MAX);
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "selector_top_k %d is not supported (1 to %d)",
+                           c->selector_top_k, KN_TOPK_MAX);
         if (c->conv_kernel_size < 1 || c->conv_kernel_size > c->block_size || c->conv_group_size < 1 ||
             c->hidden_size % c->conv_group_size != 0 || c->selector_rank < 1)
-            return CM_FAIL(CM_ERR_INVALID_ARG,
-                           "DFlash2 config: conv_kernel_size %d (1 to block_size %d), conv_group_size %d (must "
-                           "divide hidden_size %d), selector_rank %d (>= 1)",
-                           c->conv_kernel_size, c->block_size, c->conv_group_size, c->hidden_size,
-                           c->selector_rank);
+            return CM_FAIL(
+                CM_ERR_INVALID_ARG,
+                "DFlash2 config: conv_kernel_size %d (1 to block_size %d), conv_group_size %d (must "
+                "divide hidden_size %d), selector_rank %d (>= 1)",
+                c->conv_kernel_size, c->block_size, c->conv_group_size, c->hidden_size, c->selector_rank);
     }
     if (c->block_size < 2 || c->block_size > DT_MAX_BLOCK)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "block_size %d is not supported (2 to %d)", c->block_size,
@@ -193,7 +194,8 @@ cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_ba
     m->sel = (dt_selector_opts)DT_SELECTOR_OPTS_DEFAULT;
     m->params = calloc((size_t)m->n_params, sizeof *m->params);
     m->names = calloc((size_t)m->n_params, sizeof *m->names);
-    if (!m->params || !m->names) {
+    m->grad_unset = calloc((size_t)m->n_params, 1);
+    if (!m->params || !m->names || !m->grad_unset) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate %d parameter descriptors", m->n_params);
         goto fail;
     }
@@ -208,6 +210,8 @@ cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_ba
         m->params[i].grad = m->grad_base + off;
         off += align_floats((size_t)m->params[i].numel);
     }
+    /* once: the alignment padding is never written after this, and dt_dp reduces the whole slab */
+    CM_TRY_GOTO(dt_model_dev_zero(m, m->grad_base, (int64_t)m->n_slab), st, fail);
     *out = m;
     return CM_OK;
 fail:
@@ -223,9 +227,9 @@ void dt_model_acts_release(dt_model *m) {
     m->Fh_T = 0;
     free(m->acts.layer);
     dt_host *h = &m->host;
-    void    *host[] = {h->blk_ids, h->blk_pos, h->ctx_pos, h->ctx_lo, h->sel_row, h->labels, h->argmax,
-                       h->weight,  h->gscale,  h->ce,      h->inv,    h->pred,    h->lab_pos, h->choice,
-                       h->sce,     h->sgs};
+    void    *host[] = {h->blk_ids, h->blk_pos, h->ctx_pos, h->ctx_lo, h->sel_row, h->labels,
+                       h->argmax,  h->weight,  h->gscale,  h->ce,     h->inv,     h->pred,
+                       h->lab_pos, h->choice,  h->sce,     h->sgs};
     for (size_t k = 0; k < sizeof host / sizeof host[0]; k++)
         free(host[k]);
     memset(&m->acts, 0, sizeof m->acts);
@@ -246,6 +250,7 @@ void dt_model_destroy(dt_model **mp) {
     }
     free(m->params);
     free(m->names);
+    free(m->grad_unset);
     free(m);
     *mp = NULL;
 }
@@ -307,8 +312,63 @@ int dt_model_grad_buckets(const dt_model *m, size_t *off, int cap) {
     return n;
 }
 
+// ----------------------------------------------------------------------------
+// the gradients of a step
+
+/* Is parameter i's gradient made by dW matmuls only, every one through dt_model_mm_dw or a
+ * caller of dt_model_grad_first (the attention and MLP projections, fc)? Those are all but the
+ * norms' ~60 K of the Qwen3.6-27B drafter's 1.73 B; the step does not zero them (6.9 GB of
+ * stores, ~2 ms on an H100) but lets the first product write them. The norms' weights (their
+ * kernels add into dw, k_norm's twice) and DFlash2's convolutions and selector keep the zeroing. */
+static int grad_by_matmul(const dt_model *m, int i) {
+    if (i == P_FC)
+        return 1;
+    if (i < P_LAYER0 || i >= m->p_norm)
+        return 0;
+    const int j = (i - P_LAYER0) % m->n_lp;
+    return j == LP_Q || j == LP_K || j == LP_V || j == LP_O || j == LP_GATE || j == LP_UP || j == LP_DOWN;
+}
+
+/* The start of a step's gradients: every other parameter's grad zeroed (runs of neighbours, with
+ * their padding, in one call), the matmul-made ones marked unset. */
+cm_status dt_model_grads_begin(dt_model *m) {
+    for (int i = 0; i < m->n_params;) {
+        if (grad_by_matmul(m, i)) {
+            m->grad_unset[i++] = 1;
+            continue;
+        }
+        int j = i + 1;
+        while (j < m->n_params && !grad_by_matmul(m, j))
+            j++;
+        const float *end = j < m->n_params ? m->params[j].grad : m->grad_base + m->n_slab;
+        CM_TRY(dt_model_dev_zero(m, m->params[i].grad, (int64_t)(end - m->params[i].grad)));
+        i = j;
+    }
+    return CM_OK;
+}
+
+/* 1 (and marks it set) when p's grad is unset: the caller's product must write it, not add. */
+int dt_model_grad_first(dt_model *m, const dt_param *p) {
+    const ptrdiff_t i = p - m->params;
+    const int       first = m->grad_unset[i];
+    m->grad_unset[i] = 0;
+    return first;
+}
+
+/* Zeroes the grads of parameters from..n_params-1 that no product wrote this step (a batch with
+ * no selected row runs no backward), so that every gradient read afterwards is this step's. */
+cm_status dt_model_grads_settle(dt_model *m, int from) {
+    for (int i = from; i < m->n_params; i++)
+        if (m->grad_unset[i]) {
+            CM_TRY(dt_model_dev_zero(m, m->params[i].grad, m->params[i].numel));
+            m->grad_unset[i] = 0;
+        }
+    return CM_OK;
+}
+
 /* Tells the hook that the gradients of parameter i and every later one are final. */
 cm_status dt_model_grads_final_from(dt_model *m, int i) {
+    CM_TRY(dt_model_grads_settle(m, i));
     if (!m->grad_hook)
         return CM_OK;
     return m->grad_hook(m->grad_hook_user, (size_t)(m->params[i].grad - m->grad_base), m->weight_sum);

@@ -31,7 +31,7 @@ typedef struct dt_param {
     int64_t     shape[3];
     int64_t     numel;
     float      *data;     /* backend memory, fp32 master */
-    float      *grad;     /* backend memory, fp32, zeroed at the start of every step */
+    float      *grad;     /* backend memory, fp32, this step's after every dt_model_step */
 } dt_param;
 
 /* A packed batch on the host (docs/drafter.md, docs/checks.md). target_hidden is F32 [T, n_taps·D] on the

@@ -22,15 +22,25 @@ static cm_status loss_fwd_bwd(dt_model *m) {
      * copy per run of selected rows (~1000 at 512 anchors) */
     CM_TRY(be->embed(m->ctx, hsel, a->sel, a->dh, CM_DTYPE_F32, n, D));
     if (dt_model_is_v2(m)) { /* the unary pass also takes each row's top-K for the selector */
-        const kn_lm_topk_params p = {.R = n, .V = m->V, .D = D, .K = m->cfg.selector_top_k, .h = hsel,
-                                     .labels = a->labels, .gscale = a->gscale, .w = m->lm_head,
-                                     .wdt = m->lm_head_dt, .dh = dhsel, .ce = a->ce, .argmax = a->argmax,
-                                     .topk_idx = a->topk_idx, .topk_val = a->topk_val,
+        const kn_lm_topk_params p = {.R = n,
+                                     .V = m->V,
+                                     .D = D,
+                                     .K = m->cfg.selector_top_k,
+                                     .h = hsel,
+                                     .labels = a->labels,
+                                     .gscale = a->gscale,
+                                     .w = m->lm_head,
+                                     .wdt = m->lm_head_dt,
+                                     .dh = dhsel,
+                                     .ce = a->ce,
+                                     .argmax = a->argmax,
+                                     .topk_idx = a->topk_idx,
+                                     .topk_val = a->topk_val,
                                      .label_logit = a->lab_logit};
         CM_TRY(be->lm_ce_topk(m->ctx, &p));
     } else {
-        CM_TRY(be->lm_ce(m->ctx, dhsel, a->ce, a->argmax, hsel, a->labels, a->gscale, m->lm_head, m->lm_head_dt,
-                         n, m->V, D));
+        CM_TRY(be->lm_ce(m->ctx, dhsel, a->ce, a->argmax, hsel, a->labels, a->gscale, m->lm_head,
+                         m->lm_head_dt, n, m->V, D));
     }
     CM_TRY(be->download(m->ctx, m->host.ce, a->ce, (size_t)n * sizeof(float)));
     CM_TRY(be->download(m->ctx, m->host.argmax, a->argmax, (size_t)n * sizeof(int32_t)));
@@ -60,15 +70,15 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     }
     /* the SwiGLU product, recomputed, then its gradient in the same place */
     CM_TRY(be->swiglu_typed(m->ctx, a->work, t, A->gate, A->up, t, R * I));
-    CM_TRY(dt_model_mm_dw(m, down->grad, dxop, t, a->work, t, R, D, I));
+    CM_TRY(dt_model_mm_dw(m, down, dxop, t, a->work, t, R, D, I));
     CM_TRY(dt_model_mm_dx(m, a->work, t, dxop, t, down->data, R, D, I, 0));
     CM_TRY(be->swiglu_bwd_typed(m->ctx, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
     if (dt_model_is_v2(m)) /* h2' (the convolved h2), recomputed (over dxop) from the saved x_mid */
         CM_TRY(dt_model_conv_in_recompute(m, l, 1, A->x_mid, t, &hop));
     else /* h2, recomputed (over dxop) from the saved x_mid */
         CM_TRY(dt_model_norm_saved(m, &hop, A->x_mid, ln->data, R));
-    CM_TRY(dt_model_mm_dw(m, gate->grad, A->gate, t, hop, t, R, I, D));
-    CM_TRY(dt_model_mm_dw(m, up->grad, A->up, t, hop, t, R, I, D));
+    CM_TRY(dt_model_mm_dw(m, gate, A->gate, t, hop, t, R, I, D));
+    CM_TRY(dt_model_mm_dw(m, up, A->up, t, hop, t, R, I, D));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->gate, t, gate->data, R, I, D, 0));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up->data, R, I, D, 1));
     if (dt_model_is_v2(m))
@@ -90,8 +100,8 @@ static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const
     CM_TRY(be->head_norm_rope_bwd(m->ctx, dk_pre, gdt, kn->grad, dk, k_pre_s, m->adt, kn->data, pos, rows,
                                   g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
                                   g->rms_norm_eps));
-    CM_TRY(dt_model_mm_dw(m, wk->grad, dk_pre, gdt, inp, m->adt, rows, KV, D));
-    CM_TRY(dt_model_mm_dw(m, wv->grad, dv, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
+    CM_TRY(dt_model_mm_dw(m, wk, dk_pre, gdt, inp, m->adt, rows, KV, D));
+    CM_TRY(dt_model_mm_dw(m, wv, dv, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
     CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, gdt, wk->data, rows, KV, D, accumulate));
     CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dv, CM_DTYPE_F32, wv->data, rows, KV, D, 1));
     return CM_OK;
@@ -118,7 +128,7 @@ static cm_status attn_bwd(dt_model *m, int l) {
     } else {
         CM_TRY(dt_model_dx_op(m, &dxop));
     }
-    CM_TRY(dt_model_mm_dw(m, wo->grad, dxop, m->adt, A->attn, m->adt, R, D, Q));
+    CM_TRY(dt_model_mm_dw(m, wo, dxop, m->adt, A->attn, m->adt, R, D, Q));
     p.dout = dt_model_slot_ptr(m, l, AS_DO);
     CM_TRY(dt_model_mm_dx(m, (float *)p.dout, CM_DTYPE_F32, dxop, m->adt, wo->data, R, D, Q, 0));
     /* the attention's inputs and output again: q and k through their norms and RoPE */
@@ -152,11 +162,12 @@ static cm_status attn_bwd(dt_model *m, int l) {
     }
     if (dt_model_is_v2(m)) /* h' (the convolved h), recomputed */
         CM_TRY(dt_model_conv_in_recompute(m, l, 0, x, x_dt, &hop));
-    CM_TRY(dt_model_mm_dw(m, wq->grad, o, gdt, hop, m->adt, R, Q, D));
+    CM_TRY(dt_model_mm_dw(m, wq, o, gdt, hop, m->adt, R, Q, D));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, gdt, wq->data, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
     CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, vb, a->dh, 1));
-    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx, l != g->n_layers - 1));
+    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx,
+                  l != g->n_layers - 1));
     if (dt_model_is_v2(m))
         return dt_model_conv_in_bwd(m, l, 0, x, x_dt);
     return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, x, x_dt, ln->data, R, 1,
@@ -185,9 +196,10 @@ cm_status dt_model_backward(dt_model *m) {
         gdt == CM_DTYPE_F32 ? (const void *)dpre : (const void *)dt_model_fc_slot(m, FS_PRE);
     CM_TRY(dt_model_norm_bwd(m, dpre, hn->grad, a->dctx, a->ctx_pre, m->adt, hn->data, T, 0,
                              gdt == CM_DTYPE_F32 ? NULL : (void *)dpre_op));
-    if (m->adt == CM_DTYPE_F32)
-        CM_TRY(dt_model_mm_dw(m, fc->grad, dpre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, T, D, nD));
-    else
+    if (m->adt == CM_DTYPE_F32) {
+        CM_TRY(dt_model_mm_dw(m, fc, dpre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, T, D, nD));
+    } else {
+        const int acc = !dt_model_grad_first(m, fc); /* one product per tap, each its own column block */
         for (int k = 0; k < g->n_taps; k++) {
             kn_matmul_params p = {.M = D,
                                   .N = D,
@@ -202,8 +214,9 @@ cm_status dt_model_backward(dt_model *m) {
                                   .c = fc->grad + k * D,
                                   .c_dt = CM_DTYPE_F32,
                                   .ldc = nD,
-                                  .accumulate = 1};
+                                  .accumulate = acc};
             CM_TRY(be->matmul(m->ctx, &p));
         }
+    }
     return dt_model_grads_final_from(m, 0); /* fc and hidden_norm: all of them */
 }

@@ -118,6 +118,6 @@ cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const void *x, cm_dt
     CM_TRY(m->be->dynconv_bwd(m->ctx, &p));
     /* δ = u · Wpᵀ: both sides' ∂/∂δ back into u and Wp */
     CM_TRY(dt_model_mm_dx(m, m->acts.cup, CM_DTYPE_F32, m->acts.cdd, CM_DTYPE_F32, wp->data, R, NP, D, 1));
-    CM_TRY(dt_model_mm_dw(m, wp->grad, m->acts.cdd, CM_DTYPE_F32, m->acts.cu, CM_DTYPE_F32, R, NP, D));
+    CM_TRY(dt_model_mm_dw(m, wp, m->acts.cdd, CM_DTYPE_F32, m->acts.cu, CM_DTYPE_F32, R, NP, D));
     return dt_model_norm_bwd(m, m->acts.dx, ln->grad, m->acts.cup, x, x_dt, ln->data, R, 1, NULL);
 }

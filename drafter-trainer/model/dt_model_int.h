@@ -51,7 +51,7 @@ enum {
     LP_GATE,
     LP_UP,
     LP_DOWN,
-    LP_COUNT, /* DFlash's per-layer count; DFlash2 adds the two convolutions: */
+    LP_COUNT,                 /* DFlash's per-layer count; DFlash2 adds the two convolutions: */
     LP_ACONV_BASE = LP_COUNT, /* attention_conv.base_kernel [2, Kc, D] */
     LP_ACONV_PROJ,            /* attention_conv.kernel_projection.weight [2·Kc·n_g, D] */
     LP_MCONV_BASE,            /* mlp_conv.base_kernel */
@@ -130,19 +130,19 @@ typedef struct dt_acts {
      * rows (F32 storage); dx its gradient (the forward's normed rows and the selected rows of
      * the loss before that); dh the gradient of a norm's output (the forward's o_proj/down
      * outputs, the final norm's output, the backward's normed rows before their BF16 copy) */
-    float  *xw, *dx, *dh;
-    void   *H;    /* [R, D] BF16: normed rows as GEMM input (adt BF16 only) */
-    float  *dctx; /* [T, D] */
-    /* DFlash2 only: F32 [R, D] the sublayer input u, its convolved u' (then ∂/∂u); [R, 2·Kc·n_g] ∂/∂δ. The selector over the n_sel rows: the unary
-     * top-K, label logits, predecessors, u = h·W_hᵀ and its gradient [R, Rk], and selector_fwd's
-     * outputs. */
+    float *xw, *dx, *dh;
+    void  *H;    /* [R, D] BF16: normed rows as GEMM input (adt BF16 only) */
+    float *dctx; /* [T, D] */
+    /* DFlash2 only: F32 [R, D] the sublayer input u, its convolved u' (then ∂/∂u); [R, 2·Kc·n_g] ∂/∂δ. The
+     * selector over the n_sel rows: the unary top-K, label logits, predecessors, u = h·W_hᵀ and its gradient
+     * [R, Rk], and selector_fwd's outputs. */
     float   *cu, *cup, *cdd;
     int32_t *topk_idx, *pred, *cand, *lab_pos, *choice; /* [R, K], [R], [R, K], [R], [R] */
     float   *topk_val, *lab_logit, *score, *sce, *sgs;  /* [R, K], [R], [R, K], [R], [R] */
     float   *su, *sdu;                                  /* [R, Rk] */
-    void   *work; /* the work region (see dt_slot) */
-    size_t  span_bytes, work_bytes;
-    dt_slot as[AS_COUNT], fs[FS_COUNT];
+    void    *work;                                      /* the work region (see dt_slot) */
+    size_t   span_bytes, work_bytes;
+    dt_slot  as[AS_COUNT], fs[FS_COUNT];
 } dt_acts;
 
 /* Host-side layout of the current batch (grown with the plan). */
@@ -174,6 +174,10 @@ struct dt_model {
     dt_grad_hook grad_hook;             /* dt_model_set_grad_hook, or NULL */
     void        *grad_hook_user;
     size_t       n_slab; /* floats in each slab (with alignment padding) */
+    /* [n_params]: 1 while a parameter whose gradient only dW matmuls make (grad_by_matmul in
+     * dt_model.c) still holds the last step's values; its first matmul of the step writes it
+     * (dt_model_grad_first), and dt_model_grads_settle zeroes it if none did */
+    unsigned char *grad_unset;
     /* frozen target embedding and LM head, [V, D] */
     void    *embed, *lm_head;
     cm_dtype embed_dt, lm_head_dt;
@@ -220,6 +224,9 @@ dt_param *dt_model_lp(dt_model *m, int l, int j);
 cm_status dt_model_dev_zero(dt_model *m, float *p, int64_t n);
 void      dt_model_acts_release(dt_model *m);
 cm_status dt_model_grads_final_from(dt_model *m, int i);
+cm_status dt_model_grads_begin(dt_model *m);
+cm_status dt_model_grads_settle(dt_model *m, int from);
+int       dt_model_grad_first(dt_model *m, const dt_param *p);
 /* the batch (dt_model_batch.c) */
 void      dt_model_layout_batch(dt_model *m, const dt_batch *b, float gamma);
 cm_status dt_model_upload_batch(dt_model *m, const dt_batch *b);
@@ -229,8 +236,8 @@ float    *dt_model_fc_slot(const dt_model *m, int s);
 cm_status dt_model_ensure_capacity(dt_model *m, int64_t T, int64_t R);
 /* typed helpers of both passes (dt_model_ops.c) */
 cm_status dt_model_dx_op(dt_model *m, const void **op);
-cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w, int64_t rows,
-                             float *h32, void *hb);
+cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w,
+                             int64_t rows, float *h32, void *hb);
 cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, const float *w, int64_t rows);
 cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x,
                             cm_dtype x_dt, const float *w, int64_t rows, int acc, void *dinp_bf16);
@@ -240,14 +247,13 @@ cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp,
                           int64_t M, int64_t N, int64_t K);
 cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt,
                          const float *w, int64_t M, int64_t N, int64_t K, int acc);
-cm_status dt_model_mm_dw(dt_model *m, float *dw, const void *dout, cm_dtype ddt, const void *inp,
+cm_status dt_model_mm_dw(dt_model *m, dt_param *w, const void *dout, cm_dtype ddt, const void *inp,
                          cm_dtype idt, int64_t M, int64_t N, int64_t K);
 /* forward (dt_model_fwd.c) */
 kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l);
-cm_status             dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows,
-                                      const int32_t *pos);
-cm_status             dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre);
-cm_status             dt_model_forward(dt_model *m);
+cm_status dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows, const int32_t *pos);
+cm_status dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre);
+cm_status dt_model_forward(dt_model *m);
 /* backward (dt_model_bwd.c) */
 cm_status dt_model_backward(dt_model *m);
 /* DFlash2's convolutions (dt_model_conv.c): module 0 around attention, 1 around the MLP */

@@ -49,7 +49,7 @@ cm_status dt_model_selector(dt_model *m, const float *hsel, float *dhsel) {
     sp.dP = P->grad;
     sp.dS = S->grad;
     CM_TRY(be->selector_bwd(m->ctx, &sp));
-    CM_TRY(dt_model_mm_dw(m, Wh->grad, a->sdu, CM_DTYPE_F32, hsel, CM_DTYPE_F32, n, Rk, D));
+    CM_TRY(dt_model_mm_dw(m, Wh, a->sdu, CM_DTYPE_F32, hsel, CM_DTYPE_F32, n, Rk, D));
     if (!m->sel.stop_grad)
         CM_TRY(dt_model_mm_dx(m, dhsel, CM_DTYPE_F32, a->sdu, CM_DTYPE_F32, Wh->data, n, Rk, D, 1));
     return CM_OK;

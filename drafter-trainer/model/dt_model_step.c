@@ -97,7 +97,7 @@ cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_sta
         return CM_FAIL(CM_ERR_INVALID_ARG,
                        "the drafter has no frozen embedding and LM head (dt_model_set_frozen)");
     CM_TRY(dt_batch_validate(m, b));
-    CM_TRY(dt_model_dev_zero(m, m->grad_base, (int64_t)m->n_slab));
+    CM_TRY(dt_model_grads_begin(m));
     m->T = b->T;
     m->n_anchors = b->n_anchors;
     m->R = b->n_anchors * m->cfg.block_size;
@@ -112,8 +112,10 @@ cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_sta
         CM_TRY(dt_model_upload_batch(m, b));
         CM_TRY(dt_model_forward(m));
         CM_TRY(dt_model_backward(m));
-        CM_TRY(m->be->sync(m->ctx));
     }
+    CM_TRY(dt_model_grads_settle(m, 0));
+    if (m->n_sel > 0)
+        CM_TRY(m->be->sync(m->ctx));
     if (stats)
         fill_stats(m, stats);
     return CM_OK;
