@@ -37,8 +37,12 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
-#define LMCE_ROWS         2048
-#define LMCE_CHUNK_FLOATS ((int64_t)16 << 20) /* 64 MiB of logits per chunk */
+/* At the Qwen3.6-27B drafter's 7680 selected rows on an H100 (bench_kn_drafter, one call):
+ * 4096 rows and 128 MiB of logits 60.9-61.1 ms; 2048 rows (then tiled 2048, 2048, 2048, 1536)
+ * and 64 MiB 61.2-62.7 ms; 4096 and 64 MiB 64.0-64.3 ms; 2048 tiled equally (4 x 1920) and
+ * 64 MiB 67.5 ms. The bigger chunk costs 77 MB of scratch. */
+#define LMCE_ROWS         4096
+#define LMCE_CHUNK_FLOATS ((int64_t)32 << 20) /* 128 MiB of logits per chunk */
 #define LMCE_THREADS      256
 #define LMCE_SHIFT        8.0f /* the coefficient shift moves when a chunk's max exceeds it by this */
 
@@ -424,7 +428,9 @@ static cm_status lmce_run(const char *op, kn_ctx *ctx, const kn_lm_topk_params *
     const int32_t *const labels = p->labels;
 
     const int     bf16 = ctx->gemm_mode == KN_GEMM_MODE_BF16;
-    const int64_t Rt = R < LMCE_ROWS ? R : LMCE_ROWS;
+    /* the fewest tiles of at most LMCE_ROWS, equal to within a row (7680 rows: two of 3840, not
+     * three of 2048 and one of 1536), so that no tile is a GEMM of a few waves' tail */
+    const int64_t n_tiles = (R + LMCE_ROWS - 1) / LMCE_ROWS, Rt = (R + n_tiles - 1) / n_tiles;
     int64_t       Vc = LMCE_CHUNK_FLOATS / Rt;
     Vc =
         Vc < V ? Vc / 8 * 8 : V; /* whole chunks of 8 keep the chunk pointers 16-byte aligned when D allows */

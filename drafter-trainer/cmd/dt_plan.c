@@ -10,7 +10,7 @@
 
 /* The fp32 logits the fused LM head + CE holds per vocabulary chunk (kernels/kn_lm_ce.cu,
  * LMCE_CHUNK_FLOATS). */
-#define DT_PLAN_LM_FLOATS ((double)(16 << 20))
+#define DT_PLAN_LM_FLOATS ((double)(32 << 20))
 
 void dt_plan_ratio_range(cm_encoding enc, double *lo, double *hi) {
     switch (enc) {

@@ -45,7 +45,7 @@ typedef struct dt_plan_run {
                                    multiplies); 0: DT_PLAN_TARGET_TFLOPS, or DT_PLAN_TARGET_TFLOPS_MOE
                                    for a MoE target */
     double      drafter_tflops; /* achieved dense TF/s of one trainer GPU in the drafter step */
-    int64_t     lm_chunk_rows;  /* rows per LM-head row tile (kn_lm_ce: 2048) */
+    int64_t     lm_chunk_rows;  /* rows per LM-head row tile (kn_lm_ce: at most 4096) */
     int64_t     dataset_tokens; /* > 0: tokens of one epoch, for the disk total; 0 = unknown */
 } dt_plan_run;
 
@@ -72,7 +72,7 @@ typedef struct dt_plan_run {
 #define DT_PLAN_RUN_DEFAULT                                                                                  \
     {                                                                                                        \
         8192, 512, 0, 1, 4, CM_ENCODING_ZSTD_BYTEPLANE, 0, 0, DT_PLAN_DRAFTER_TFLOPS,                        \
-            2048, 0                                                                                          \
+            4096, 0                                                                                          \
     }
 
 /* Lossless ratios measured on BF16 hidden states (bench/results/compress-2026-11-30.md): zstd
