@@ -58,8 +58,8 @@ static __device__ __forceinline__ void token_angles(double *cs, double *sn, int 
 }
 
 static __global__ void head_norm_rope_kernel(float *out, const void *x, int xbf, const float *w,
-                                             const int32_t *pos, int64_t T, int nh, int hd, int half,
-                                             float eps, const kn_rope_freqs freqs) {
+                                             const int32_t *pos, int64_t T, int nh, int hd, int half, float eps,
+                                             const kn_rope_freqs freqs) {
     extern __shared__ double hn_sm[];
     double                  *cs = hn_sm, *sn = hn_sm + half;
     const int                lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -333,17 +333,15 @@ static __global__ void __launch_bounds__(32 * HN_FAST_WARPS)
 static cm_status head_check(const kn_ctx *ctx, const char *op, cm_dtype x_dt, int64_t T, int nh, int hd,
                             int rot_dim, float theta, float eps) {
     KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", op);
-    KN_CUDA_CHECK_ARG(x_dt == CM_DTYPE_F32 || x_dt == CM_DTYPE_BF16,
-                      "%s: x in %s is not supported (F32 or BF16)", op, cm_dtype_name(x_dt));
-    KN_CUDA_CHECK_ARG(T >= 0 && nh > 0 && hd > 0, "%s: bad shape T=%lld nh=%d hd=%d", op, (long long)T, nh,
-                      hd);
-    KN_CUDA_CHECK_ARG(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= hd && theta > 0 && isfinite(theta) &&
-                          eps >= 0,
-                      "%s: rot_dim=%d (even, <= hd=%d), theta=%g (> 0) or eps=%g (>= 0) out of range", op,
-                      rot_dim, hd, (double)theta, (double)eps);
+    KN_CUDA_CHECK_ARG(x_dt == CM_DTYPE_F32 || x_dt == CM_DTYPE_BF16, "%s: x in %s is not supported (F32 or BF16)", op,
+                      cm_dtype_name(x_dt));
+    KN_CUDA_CHECK_ARG(T >= 0 && nh > 0 && hd > 0, "%s: bad shape T=%lld nh=%d hd=%d", op, (long long)T, nh, hd);
+    KN_CUDA_CHECK_ARG(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= hd && theta > 0 && isfinite(theta) && eps >= 0,
+                      "%s: rot_dim=%d (even, <= hd=%d), theta=%g (> 0) or eps=%g (>= 0) out of range", op, rot_dim, hd,
+                      (double)theta, (double)eps);
     if (hd > HN_MAX_HD)
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: head_dim=%d is not supported by the cuda backend (max %d)",
-                       op, hd, HN_MAX_HD);
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: head_dim=%d is not supported by the cuda backend (max %d)", op, hd,
+                       HN_MAX_HD);
     return CM_OK;
 }
 
@@ -373,8 +371,7 @@ static unsigned int fast_blocks(int64_t T) {
 }
 
 cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, float *out, const void *x, cm_dtype x_dt, const float *w,
-                                 const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta,
-                                 float eps) {
+                                 const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta, float eps) {
     CM_TRY(head_check(ctx, "head_norm_rope", x_dt, T, nh, hd, rot_dim, theta, eps));
     if (T == 0)
         return CM_OK;
@@ -394,8 +391,8 @@ cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, float *out, const void *x, cm_dtyp
         return CM_OK;
     }
     const int64_t blocks = T < (1 << 20) ? T : (1 << 20);
-    head_norm_rope_kernel<<<(unsigned int)blocks, 32 * head_warps(nh), head_smem(nh, hd, half),
-                            ctx->stream>>>(out, x, xbf, w, pos, T, nh, hd, half, eps, freqs);
+    head_norm_rope_kernel<<<(unsigned int)blocks, 32 * head_warps(nh), head_smem(nh, hd, half), ctx->stream>>>(
+        out, x, xbf, w, pos, T, nh, hd, half, eps, freqs);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
@@ -409,8 +406,7 @@ cm_status kn_cuda_head_norm_rope_bwd(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, 
                       cm_dtype_name(dinp_dt));
     if (T == 0)
         return CM_OK;
-    KN_CUDA_CHECK_ARG(dinp && dw && dout && x && w && pos,
-                      "head_norm_rope_bwd: dinp, dw, dout, x, w or pos is NULL");
+    KN_CUDA_CHECK_ARG(dinp && dw && dout && x && w && pos, "head_norm_rope_bwd: dinp, dw, dout, x, w or pos is NULL");
     KN_CUDA_CHECK_ARG(dinp != (void *)dout && (const void *)dinp != x,
                       "head_norm_rope_bwd: dinp may not alias dout or x");
     const int64_t rows = T * nh;

@@ -200,16 +200,16 @@ static cm_status w_matmul(kn_ctx *ctx, const kn_matmul_params *p) {
     const int cat = p->trans_a ? P_GEMM_DW : p->trans_b ? P_GEMM : P_GEMM_DX;
     PROF(cat, 2.0 * p->M * p->N * p->K, cuda->matmul(ctx, p));
 }
-static cm_status w_cast2d(kn_ctx *ctx, void *d, cm_dtype dd, int64_t dl, const void *s, cm_dtype sd,
-                          int64_t sl, int64_t r, int64_t c) {
+static cm_status w_cast2d(kn_ctx *ctx, void *d, cm_dtype dd, int64_t dl, const void *s, cm_dtype sd, int64_t sl,
+                          int64_t r, int64_t c) {
     PROF(P_ELEM, 0, cuda->cast2d(ctx, d, dd, dl, s, sd, sl, r, c));
 }
 static cm_status w_swiglu_typed(kn_ctx *ctx, void *o, cm_dtype od, const void *g, const void *u, cm_dtype id,
                                 int64_t n) {
     PROF(P_SWIGLU, 0, cuda->swiglu_typed(ctx, o, od, g, u, id, n));
 }
-static cm_status w_swiglu_bwd_typed(kn_ctx *ctx, void *dg, void *du, const void *d, const void *g,
-                                    const void *u, cm_dtype dt, int64_t n) {
+static cm_status w_swiglu_bwd_typed(kn_ctx *ctx, void *dg, void *du, const void *d, const void *g, const void *u,
+                                    cm_dtype dt, int64_t n) {
     PROF(P_SWIGLU, 0, cuda->swiglu_bwd_typed(ctx, dg, du, d, g, u, dt, n));
 }
 static cm_status w_sumsq_multi(kn_ctx *ctx, double *o, const kn_mt_tensor *t, int n, int64_t c) {
@@ -466,12 +466,11 @@ int main(int argc, char **argv) {
            "\"tflop_lm\": %.3f, \"tflops\": %.1f, \"mem_used_gb\": %.3f, \"ctx_gb\": %.3f, \"params\": %lld, "
            "\"act_gb\": %.3f, \"act_dtype\": \"%s\", \"plan_act_gb\": %.3f, "
            "\"loss_first\": %.6f, \"loss_last\": %.6f, \"setup_s\": %.1f}\n",
-           precision, host_taps, pinned, profile, (long long)T, docs, (long long)n_anchors, d.block_size,
-           steps, med, mean, sec[0], sec[steps - 1], pl.f_step / 1e12, pl.f_step_attn / 1e12,
-           pl.f_step_lm / 1e12, pl.f_step / med / 1e12, (double)(total - free1) / 1e9,
-           (double)(total - free0) / 1e9, (long long)pl.p_drafter, (double)dt_model_act_bytes(m) / 1e9,
-           cm_dtype_name(dt_model_act_dtype(m)), (pl.m_act + pl.m_act_transient) / 1e9, loss0, loss1,
-           setup_s);
+           precision, host_taps, pinned, profile, (long long)T, docs, (long long)n_anchors, d.block_size, steps, med,
+           mean, sec[0], sec[steps - 1], pl.f_step / 1e12, pl.f_step_attn / 1e12, pl.f_step_lm / 1e12,
+           pl.f_step / med / 1e12, (double)(total - free1) / 1e9, (double)(total - free0) / 1e9,
+           (long long)pl.p_drafter, (double)dt_model_act_bytes(m) / 1e9, cm_dtype_name(dt_model_act_dtype(m)),
+           (pl.m_act + pl.m_act_transient) / 1e9, loss0, loss1, setup_s);
     if (profile) {
         double all = 0;
         for (int c = 0; c < P_COUNT; c++)

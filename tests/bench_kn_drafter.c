@@ -27,10 +27,10 @@ static double now_s(void) {
 
 static uint64_t rs = 0x243f6a8885a308d3ull;
 static double   urand(void) {
-      rs ^= rs << 13;
-      rs ^= rs >> 7;
-      rs ^= rs << 17;
-      return (double)(rs >> 11) / 9007199254740992.0;
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (double)(rs >> 11) / 9007199254740992.0;
 }
 
 static void die(const char *what) {
@@ -91,8 +91,7 @@ static void bench_attn(int nq, int nkv, int hd, int B, int n_docs, int doc_len, 
     }
     void *da = NULL, *dl = NULL;
     if (gpu->alloc(g32, &da, (size_t)nb * 4) != CM_OK || gpu->alloc(g32, &dl, (size_t)nb * 4) != CM_OK ||
-        gpu->upload(g32, da, anchors, (size_t)nb * 4) != CM_OK ||
-        gpu->upload(g32, dl, lo, (size_t)nb * 4) != CM_OK)
+        gpu->upload(g32, da, anchors, (size_t)nb * 4) != CM_OK || gpu->upload(g32, dl, lo, (size_t)nb * 4) != CM_OK)
         die("alloc");
     kn_dflash_attn_params p = {0};
     p.T = T;
@@ -122,29 +121,14 @@ static void bench_attn(int nq, int nkv, int hd, int B, int n_docs, int doc_len, 
     const double ff = 4.0 * hd * pairs * nq, fb = 10.0 * hd * pairs * nq;
     for (int mode = 0; mode < 2; mode++) { /* F32: fp32 CUDA-core kernels; BF16: tensor cores */
         kn_ctx      *ctx = mode ? g16 : g32;
-        const double tf = time_attn(ctx, gpu->dflash_attn_fwd, &p),
-                     tb = time_attn(ctx, gpu->dflash_attn_bwd, &p);
-        printf("dflash %s nq=%d nkv=%d hd=%d B=%d T=%lld (%d docs) blocks=%lld W=%d: %.3g Mpairs/head; fwd "
-               "%.3f ms "
+        const double tf = time_attn(ctx, gpu->dflash_attn_fwd, &p), tb = time_attn(ctx, gpu->dflash_attn_bwd, &p);
+        printf("dflash %s nq=%d nkv=%d hd=%d B=%d T=%lld (%d docs) blocks=%lld W=%d: %.3g Mpairs/head; fwd %.3f ms "
                "(%.1f TFLOP/s), bwd %.3f ms (%.1f TFLOP/s)\n",
-               mode ? "BF16" : "F32 ", nq, nkv, hd, B, (long long)T, n_docs, (long long)nb, W, pairs / 1e6,
-               tf * 1e3, ff / tf / 1e12, tb * 1e3, fb / tb / 1e12);
+               mode ? "BF16" : "F32 ", nq, nkv, hd, B, (long long)T, n_docs, (long long)nb, W, pairs / 1e6, tf * 1e3,
+               ff / tf / 1e12, tb * 1e3, fb / tb / 1e12);
     }
-    void *bufs[] = {da,
-                    dl,
-                    (void *)p.q,
-                    (void *)p.k_ctx,
-                    (void *)p.v_ctx,
-                    (void *)p.k_blk,
-                    (void *)p.v_blk,
-                    (void *)p.dout,
-                    p.out,
-                    p.lse,
-                    p.dq,
-                    p.dk_ctx,
-                    p.dv_ctx,
-                    p.dk_blk,
-                    p.dv_blk};
+    void *bufs[] = {da,       dl,       (void *)p.q,  (void *)p.k_ctx,  (void *)p.v_ctx,  (void *)p.k_blk,
+                    (void *)p.v_blk, (void *)p.dout, p.out, p.lse, p.dq, p.dk_ctx, p.dv_ctx, p.dk_blk, p.dv_blk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         gpu->free(g32, bufs[i]);
     free(anchors);
@@ -158,10 +142,8 @@ static void bench_lm_ce(kn_ctx *ctx, const char *mode, int64_t R, int64_t V, int
     void    *w = NULL;
     for (int64_t r = 0; r < R; r++)
         lab[r] = (int32_t)(urand() * (double)V);
-    if (gpu->alloc(ctx, (void **)&dlab, (size_t)R * 4) != CM_OK ||
-        gpu->alloc(ctx, (void **)&am, (size_t)R * 4) != CM_OK ||
-        gpu->upload(ctx, dlab, lab, (size_t)R * 4) != CM_OK ||
-        gpu->alloc(ctx, &w, (size_t)(V * D) * 2) != CM_OK ||
+    if (gpu->alloc(ctx, (void **)&dlab, (size_t)R * 4) != CM_OK || gpu->alloc(ctx, (void **)&am, (size_t)R * 4) != CM_OK ||
+        gpu->upload(ctx, dlab, lab, (size_t)R * 4) != CM_OK || gpu->alloc(ctx, &w, (size_t)(V * D) * 2) != CM_OK ||
         gpu->fill_uniform(ctx, w, CM_DTYPE_BF16, V * D, 2, 0.0078f, 0.0156f) != CM_OK)
         die("alloc");
     double t[REPS];

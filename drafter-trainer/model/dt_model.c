@@ -54,7 +54,7 @@ static void params_define(dt_model *m) {
         }
         if (m->n_lp == LP_COUNT)
             continue;
-        const int64_t            Kc = c->conv_kernel_size, proj = 2 * Kc * m->ng;
+        const int64_t Kc = c->conv_kernel_size, proj = 2 * Kc * m->ng;
         static const char *const conv[2] = {"attention_conv", "mlp_conv"};
         for (int k = 0; k < 2; k++) {
             snprintf(name, sizeof name, "layers.%d.%s.base_kernel", l, conv[k]);
@@ -76,8 +76,7 @@ const char *const dt_selector_miss_names[3] = {"inject", "drop", NULL};
 
 cm_status dt_model_set_selector(dt_model *m, const dt_selector_opts *o) {
     if (!(o->alpha >= 0) || !isfinite(o->alpha))
-        return CM_FAIL(CM_ERR_INVALID_ARG, "the selector loss weight alpha %g must be finite and >= 0",
-                       o->alpha);
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the selector loss weight alpha %g must be finite and >= 0", o->alpha);
     if (o->miss != KN_SEL_INJECT && o->miss != KN_SEL_DROP)
         return CM_FAIL(CM_ERR_INVALID_ARG, "unknown selector miss policy %d", (int)o->miss);
     m->sel = *o;
@@ -87,15 +86,15 @@ cm_status dt_model_set_selector(dt_model *m, const dt_selector_opts *o) {
 static cm_status check_cfg(const cm_drafter_cfg *c) {
     if (c->kind == CM_DRAFTER_DFLASH2) {
         if (c->selector_top_k < 1 || c->selector_top_k > KN_TOPK_MAX)
-            return CM_FAIL(CM_ERR_UNSUPPORTED, "selector_top_k %d is not supported (1 to %d)",
-                           c->selector_top_k, KN_TOPK_MAX);
+            return CM_FAIL(CM_ERR_UNSUPPORTED, "selector_top_k %d is not supported (1 to %d)", c->selector_top_k,
+                           KN_TOPK_MAX);
         if (c->conv_kernel_size < 1 || c->conv_kernel_size > c->block_size || c->conv_group_size < 1 ||
             c->hidden_size % c->conv_group_size != 0 || c->selector_rank < 1)
-            return CM_FAIL(
-                CM_ERR_INVALID_ARG,
-                "DFlash2 config: conv_kernel_size %d (1 to block_size %d), conv_group_size %d (must "
-                "divide hidden_size %d), selector_rank %d (>= 1)",
-                c->conv_kernel_size, c->block_size, c->conv_group_size, c->hidden_size, c->selector_rank);
+            return CM_FAIL(CM_ERR_INVALID_ARG,
+                           "DFlash2 config: conv_kernel_size %d (1 to block_size %d), conv_group_size %d (must "
+                           "divide hidden_size %d), selector_rank %d (>= 1)",
+                           c->conv_kernel_size, c->block_size, c->conv_group_size, c->hidden_size,
+                           c->selector_rank);
     }
     if (c->block_size < 2 || c->block_size > DT_MAX_BLOCK)
         return CM_FAIL(CM_ERR_UNSUPPORTED, "block_size %d is not supported (2 to %d)", c->block_size,
@@ -227,9 +226,9 @@ void dt_model_acts_release(dt_model *m) {
     m->Fh_T = 0;
     free(m->acts.layer);
     dt_host *h = &m->host;
-    void    *host[] = {h->blk_ids, h->blk_pos, h->ctx_pos, h->ctx_lo, h->sel_row, h->labels,
-                       h->argmax,  h->weight,  h->gscale,  h->ce,     h->inv,     h->pred,
-                       h->lab_pos, h->choice,  h->sce,     h->sgs};
+    void    *host[] = {h->blk_ids, h->blk_pos, h->ctx_pos, h->ctx_lo, h->sel_row, h->labels, h->argmax,
+                       h->weight,  h->gscale,  h->ce,      h->inv,    h->pred,    h->lab_pos, h->choice,
+                       h->sce,     h->sgs};
     for (size_t k = 0; k < sizeof host / sizeof host[0]; k++)
         free(host[k]);
     memset(&m->acts, 0, sizeof m->acts);

@@ -22,25 +22,15 @@ static cm_status loss_fwd_bwd(dt_model *m) {
      * copy per run of selected rows (~1000 at 512 anchors) */
     CM_TRY(be->embed(m->ctx, hsel, a->sel, a->dh, CM_DTYPE_F32, n, D));
     if (dt_model_is_v2(m)) { /* the unary pass also takes each row's top-K for the selector */
-        const kn_lm_topk_params p = {.R = n,
-                                     .V = m->V,
-                                     .D = D,
-                                     .K = m->cfg.selector_top_k,
-                                     .h = hsel,
-                                     .labels = a->labels,
-                                     .gscale = a->gscale,
-                                     .w = m->lm_head,
-                                     .wdt = m->lm_head_dt,
-                                     .dh = dhsel,
-                                     .ce = a->ce,
-                                     .argmax = a->argmax,
-                                     .topk_idx = a->topk_idx,
-                                     .topk_val = a->topk_val,
+        const kn_lm_topk_params p = {.R = n, .V = m->V, .D = D, .K = m->cfg.selector_top_k, .h = hsel,
+                                     .labels = a->labels, .gscale = a->gscale, .w = m->lm_head,
+                                     .wdt = m->lm_head_dt, .dh = dhsel, .ce = a->ce, .argmax = a->argmax,
+                                     .topk_idx = a->topk_idx, .topk_val = a->topk_val,
                                      .label_logit = a->lab_logit};
         CM_TRY(be->lm_ce_topk(m->ctx, &p));
     } else {
-        CM_TRY(be->lm_ce(m->ctx, dhsel, a->ce, a->argmax, hsel, a->labels, a->gscale, m->lm_head,
-                         m->lm_head_dt, n, m->V, D));
+        CM_TRY(be->lm_ce(m->ctx, dhsel, a->ce, a->argmax, hsel, a->labels, a->gscale, m->lm_head, m->lm_head_dt,
+                         n, m->V, D));
     }
     CM_TRY(be->download(m->ctx, m->host.ce, a->ce, (size_t)n * sizeof(float)));
     CM_TRY(be->download(m->ctx, m->host.argmax, a->argmax, (size_t)n * sizeof(int32_t)));
@@ -166,8 +156,7 @@ static cm_status attn_bwd(dt_model *m, int l) {
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, gdt, wq->data, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
     CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, vb, a->dh, 1));
-    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx,
-                  l != g->n_layers - 1));
+    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx, l != g->n_layers - 1));
     if (dt_model_is_v2(m))
         return dt_model_conv_in_bwd(m, l, 0, x, x_dt);
     return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, x, x_dt, ln->data, R, 1,

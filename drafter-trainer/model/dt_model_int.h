@@ -51,7 +51,7 @@ enum {
     LP_GATE,
     LP_UP,
     LP_DOWN,
-    LP_COUNT,                 /* DFlash's per-layer count; DFlash2 adds the two convolutions: */
+    LP_COUNT, /* DFlash's per-layer count; DFlash2 adds the two convolutions: */
     LP_ACONV_BASE = LP_COUNT, /* attention_conv.base_kernel [2, Kc, D] */
     LP_ACONV_PROJ,            /* attention_conv.kernel_projection.weight [2·Kc·n_g, D] */
     LP_MCONV_BASE,            /* mlp_conv.base_kernel */
@@ -130,19 +130,19 @@ typedef struct dt_acts {
      * rows (F32 storage); dx its gradient (the forward's normed rows and the selected rows of
      * the loss before that); dh the gradient of a norm's output (the forward's o_proj/down
      * outputs, the final norm's output, the backward's normed rows before their BF16 copy) */
-    float *xw, *dx, *dh;
-    void  *H;    /* [R, D] BF16: normed rows as GEMM input (adt BF16 only) */
-    float *dctx; /* [T, D] */
-    /* DFlash2 only: F32 [R, D] the sublayer input u, its convolved u' (then ∂/∂u); [R, 2·Kc·n_g] ∂/∂δ. The
-     * selector over the n_sel rows: the unary top-K, label logits, predecessors, u = h·W_hᵀ and its gradient
-     * [R, Rk], and selector_fwd's outputs. */
+    float  *xw, *dx, *dh;
+    void   *H;    /* [R, D] BF16: normed rows as GEMM input (adt BF16 only) */
+    float  *dctx; /* [T, D] */
+    /* DFlash2 only: F32 [R, D] the sublayer input u, its convolved u' (then ∂/∂u); [R, 2·Kc·n_g] ∂/∂δ. The selector over the n_sel rows: the unary
+     * top-K, label logits, predecessors, u = h·W_hᵀ and its gradient [R, Rk], and selector_fwd's
+     * outputs. */
     float   *cu, *cup, *cdd;
     int32_t *topk_idx, *pred, *cand, *lab_pos, *choice; /* [R, K], [R], [R, K], [R], [R] */
     float   *topk_val, *lab_logit, *score, *sce, *sgs;  /* [R, K], [R], [R, K], [R], [R] */
     float   *su, *sdu;                                  /* [R, Rk] */
-    void    *work;                                      /* the work region (see dt_slot) */
-    size_t   span_bytes, work_bytes;
-    dt_slot  as[AS_COUNT], fs[FS_COUNT];
+    void   *work; /* the work region (see dt_slot) */
+    size_t  span_bytes, work_bytes;
+    dt_slot as[AS_COUNT], fs[FS_COUNT];
 } dt_acts;
 
 /* Host-side layout of the current batch (grown with the plan). */
@@ -236,8 +236,8 @@ float    *dt_model_fc_slot(const dt_model *m, int s);
 cm_status dt_model_ensure_capacity(dt_model *m, int64_t T, int64_t R);
 /* typed helpers of both passes (dt_model_ops.c) */
 cm_status dt_model_dx_op(dt_model *m, const void **op);
-cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w,
-                             int64_t rows, float *h32, void *hb);
+cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w, int64_t rows,
+                             float *h32, void *hb);
 cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, const float *w, int64_t rows);
 cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x,
                             cm_dtype x_dt, const float *w, int64_t rows, int acc, void *dinp_bf16);
@@ -251,9 +251,10 @@ cm_status dt_model_mm_dw(dt_model *m, dt_param *w, const void *dout, cm_dtype dd
                          cm_dtype idt, int64_t M, int64_t N, int64_t K);
 /* forward (dt_model_fwd.c) */
 kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l);
-cm_status dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows, const int32_t *pos);
-cm_status dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre);
-cm_status dt_model_forward(dt_model *m);
+cm_status             dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows,
+                                      const int32_t *pos);
+cm_status             dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre);
+cm_status             dt_model_forward(dt_model *m);
 /* backward (dt_model_bwd.c) */
 cm_status dt_model_backward(dt_model *m);
 /* DFlash2's convolutions (dt_model_conv.c): module 0 around attention, 1 around the MLP */

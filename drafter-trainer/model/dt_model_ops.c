@@ -22,8 +22,8 @@ cm_status dt_model_dx_op(dt_model *m, const void **op) {
  * rounds x in place to the values it saves (the forward goes on with them, so the backward's
  * recomputations see them exactly), and writes the normed rows' bf16 into hb (*hop = hb) and, when
  * h32 is given, their F32 into h32. */
-cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w,
-                             int64_t rows, float *h32, void *hb) {
+cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x, const float *w, int64_t rows,
+                             float *h32, void *hb) {
     const cm_drafter_cfg *g = &m->cfg;
     const int64_t         n = rows * g->hidden_size;
     if (m->adt == CM_DTYPE_F32) {
@@ -32,16 +32,8 @@ cm_status dt_model_save_norm(dt_model *m, const void **hop, void *save, float *x
         *hop = h32;
         return m->be->rmsnorm(m->ctx, h32, x, w, rows, g->hidden_size, g->rms_norm_eps, 0);
     }
-    const kn_norm_typed_params p = {.rows = rows,
-                                    .C = g->hidden_size,
-                                    .eps = g->rms_norm_eps,
-                                    .w = w,
-                                    .x = x,
-                                    .x_dt = CM_DTYPE_F32,
-                                    .round = 1,
-                                    .x_bf16 = save,
-                                    .out = h32,
-                                    .out_bf16 = hb};
+    const kn_norm_typed_params p = {.rows = rows, .C = g->hidden_size, .eps = g->rms_norm_eps, .w = w, .x = x,
+                                    .x_dt = CM_DTYPE_F32, .round = 1, .x_bf16 = save, .out = h32, .out_bf16 = hb};
     *hop = hb;
     return m->be->rmsnorm_typed(m->ctx, &p);
 }
@@ -54,13 +46,8 @@ cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, cons
         *hop = m->acts.xw;
         return m->be->rmsnorm(m->ctx, m->acts.xw, x, w, rows, g->hidden_size, g->rms_norm_eps, 0);
     }
-    const kn_norm_typed_params p = {.rows = rows,
-                                    .C = g->hidden_size,
-                                    .eps = g->rms_norm_eps,
-                                    .w = w,
-                                    .x = (void *)x,
-                                    .x_dt = m->adt,
-                                    .out_bf16 = m->acts.H};
+    const kn_norm_typed_params p = {.rows = rows, .C = g->hidden_size, .eps = g->rms_norm_eps, .w = w,
+                                    .x = (void *)x, .x_dt = m->adt, .out_bf16 = m->acts.H};
     *hop = m->acts.H;
     return m->be->rmsnorm_typed(m->ctx, &p);
 }
@@ -103,19 +90,8 @@ cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp,
                           int64_t M, int64_t N, int64_t K) {
     if (odt == CM_DTYPE_F32 && idt == CM_DTYPE_F32)
         return m->be->gemm(m->ctx, out, inp, w, CM_DTYPE_F32, M, N, K);
-    kn_matmul_params p = {.M = M,
-                          .N = N,
-                          .K = K,
-                          .a = inp,
-                          .a_dt = idt,
-                          .lda = K,
-                          .b = w,
-                          .b_dt = CM_DTYPE_F32,
-                          .ldb = K,
-                          .trans_b = 1,
-                          .c = out,
-                          .c_dt = odt,
-                          .ldc = N};
+    kn_matmul_params p = {.M = M, .N = N, .K = K, .a = inp, .a_dt = idt, .lda = K, .b = w, .b_dt = CM_DTYPE_F32,
+                          .ldb = K, .trans_b = 1, .c = out, .c_dt = odt, .ldc = N};
     return m->be->matmul(m->ctx, &p);
 }
 
@@ -124,19 +100,8 @@ cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout
                          const float *w, int64_t M, int64_t N, int64_t K, int acc) {
     if (odt == CM_DTYPE_F32 && ddt == CM_DTYPE_F32)
         return m->be->gemm_dx(m->ctx, dinp, dout, w, CM_DTYPE_F32, M, N, K, acc);
-    kn_matmul_params p = {.M = M,
-                          .N = K,
-                          .K = N,
-                          .a = dout,
-                          .a_dt = ddt,
-                          .lda = N,
-                          .b = w,
-                          .b_dt = CM_DTYPE_F32,
-                          .ldb = K,
-                          .c = dinp,
-                          .c_dt = odt,
-                          .ldc = K,
-                          .accumulate = acc};
+    kn_matmul_params p = {.M = M, .N = K, .K = N, .a = dout, .a_dt = ddt, .lda = N, .b = w, .b_dt = CM_DTYPE_F32,
+                          .ldb = K, .c = dinp, .c_dt = odt, .ldc = K, .accumulate = acc};
     return m->be->matmul(m->ctx, &p);
 }
 
@@ -151,19 +116,7 @@ cm_status dt_model_mm_dw(dt_model *m, dt_param *w, const void *dout, cm_dtype dd
             CM_TRY(dt_model_dev_zero(m, w->grad, N * K));
         return m->be->gemm_dw(m->ctx, w->grad, dout, inp, M, N, K);
     }
-    kn_matmul_params p = {.M = N,
-                          .N = K,
-                          .K = M,
-                          .a = dout,
-                          .a_dt = ddt,
-                          .lda = N,
-                          .trans_a = 1,
-                          .b = inp,
-                          .b_dt = idt,
-                          .ldb = K,
-                          .c = w->grad,
-                          .c_dt = CM_DTYPE_F32,
-                          .ldc = K,
-                          .accumulate = acc};
+    kn_matmul_params p = {.M = N, .N = K, .K = M, .a = dout, .a_dt = ddt, .lda = N, .trans_a = 1, .b = inp,
+                          .b_dt = idt, .ldb = K, .c = w->grad, .c_dt = CM_DTYPE_F32, .ldc = K, .accumulate = acc};
     return m->be->matmul(m->ctx, &p);
 }
