@@ -111,11 +111,11 @@ cm_status dt_model_step(dt_model *m, const dt_batch *b, float gamma, dt_step_sta
     if (m->n_sel > 0) {
         CM_TRY(dt_model_upload_batch(m, b));
         CM_TRY(dt_model_forward(m));
-        CM_TRY(dt_model_backward(m));
-    }
-    CM_TRY(dt_model_grads_settle(m, 0));
-    if (m->n_sel > 0)
+        CM_TRY(dt_model_backward(m)); /* which settles every gradient as it declares them final */
         CM_TRY(m->be->sync(m->ctx));
+    } else { /* no backward: the gradients no product wrote are zero */
+        CM_TRY(dt_model_grads_settle(m, 0));
+    }
     if (stats)
         fill_stats(m, stats);
     return CM_OK;
