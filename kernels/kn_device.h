@@ -187,6 +187,12 @@ static __device__ __forceinline__ void st_bf16x4(void *p, int64_t i, float4 v) {
     ((uint2 *)p)[i] = f4_to_bf16x4(v);
 }
 
+/* Group i of four elements of F32 (bf == 0: bytes 16i..) or BF16 storage (bytes 8i..), as fp32:
+ * ld_f four at a time. */
+static __device__ __forceinline__ float4 ld_f4(const void *p, int bf, int64_t i) {
+    return bf ? ld_bf16x4(p, i) : ((const float4 *)p)[i];
+}
+
 /* Four consecutive elements of F32 (BF false) or BF16 storage held in registers as loaded: the
  * bf16 kept packed (half the registers while a row is held) and widened where used; set stores
  * a value's bf16 rounding in the BF16 form. Group i is bytes 16i.. (F32) or 8i.. (BF16). */

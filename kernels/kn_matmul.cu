@@ -36,7 +36,7 @@ static __global__ void cast2d_kernel(void *dst, int dbf, int64_t dld, const void
 template <int SBF, int DBF> static __global__ void cast_vec4_kernel(void *dst, const void *src, int64_t n4) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
-        const float4 v = SBF ? ld_bf16x4(src, i) : ((const float4 *)src)[i];
+        const float4 v = ld_f4(src, SBF, i);
         if (DBF)
             st_bf16x4(dst, i, v);
         else

@@ -23,6 +23,7 @@
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
 #include "kn_fp8_dev.h"
+#include "kn_norm_int.h"
 
 #include <cuda_bf16.h>
 
@@ -573,14 +574,13 @@ cm_status kn_cuda_rmsnorm_typed(kn_ctx *ctx, const kn_norm_typed_params *p) {
     if (p->C % 4 == 0 && C4 <= 4 * NORM_VEC_THREADS && (uintptr_t)p->x % (xbf ? 8 : 16) == 0 &&
         ((uintptr_t)p->w | (uintptr_t)p->out) % 16 == 0 &&
         ((uintptr_t)p->x_bf16 | (uintptr_t)p->out_bf16) % 8 == 0) {
-        /* four groups a thread from C = 512 up (5120: 320 threads, 10 warps, a row of 20 KB in F32 in
-         * flight per block), one below, where four would leave most of a warp idle */
+        /* kn_norm_vec_shape: at 5120, a row of 20 KB in F32 in flight per block */
         const unsigned int grid = norm_grid(p->rows);
-        const int64_t      nt = C4 > 128 ? (C4 + 3) / 4 : C4;
-        const int          block = (int)((nt + 31) / 32 * 32);
-        if (C4 > 128 && xbf)
+        int                block = 0;
+        const int          per = kn_norm_vec_shape(C4, &block);
+        if (per == 4 && xbf)
             rmsnorm_typed_vec_kernel<4, true><<<grid, block, 0, ctx->stream>>>(*p);
-        else if (C4 > 128)
+        else if (per == 4)
             rmsnorm_typed_vec_kernel<4, false><<<grid, block, 0, ctx->stream>>>(*p);
         else if (xbf)
             rmsnorm_typed_vec_kernel<1, true><<<grid, block, 0, ctx->stream>>>(*p);

@@ -213,7 +213,7 @@ static __global__ void rmsnorm_bwd_dw_partial_kernel(double *partial, const doub
 #pragma unroll
         for (int u = 0; u < DW_UNROLL; u++) {
             dy[u] = ((const float4 *)dout)[(r + u) * C4 + c];
-            x[u] = xbf ? ld_bf16x4(inp, (r + u) * C4 + c) : ((const float4 *)inp)[(r + u) * C4 + c];
+            x[u] = ld_f4(inp, xbf, (r + u) * C4 + c);
         }
 #pragma unroll
         for (int u = 0; u < DW_UNROLL; u++) {
@@ -224,7 +224,7 @@ static __global__ void rmsnorm_bwd_dw_partial_kernel(double *partial, const doub
     }
     for (; r < r1; r++) {
         const float4 dy = ((const float4 *)dout)[r * C4 + c];
-        const float4 x = xbf ? ld_bf16x4(inp, r * C4 + c) : ((const float4 *)inp)[r * C4 + c];
+        const float4 x = ld_f4(inp, xbf, r * C4 + c);
         const double rs = rstd[r];
         acc[0] = dw_term(acc[0], dy.x, x.x, rs), acc[1] = dw_term(acc[1], dy.y, x.y, rs);
         acc[2] = dw_term(acc[2], dy.z, x.z, rs), acc[3] = dw_term(acc[3], dy.w, x.w, rs);
@@ -303,12 +303,11 @@ static cm_status rmsnorm_bwd_launch(kn_ctx *ctx, const char *op, const kn_norm_b
     if (C % 4 == 0 && C4 <= 4 * NORM_BWD_VEC &&
         ((uintptr_t)p->dinp | (uintptr_t)p->dout | (uintptr_t)p->w) % 16 == 0 && (uintptr_t)db % 8 == 0 &&
         (uintptr_t)p->x % (xbf ? 8 : 16) == 0) {
-        /* as rmsnorm_typed: four groups a thread from C = 512 (5120: 320 threads), one below */
-        const int64_t nt = C4 > 128 ? (C4 + 3) / 4 : C4;
-        const int     block = (int)((nt + 31) / 32 * 32);
-        if (C4 > 128 && xbf)
+        int       block = 0;
+        const int per = kn_norm_vec_shape(C4, &block);
+        if (per == 4 && xbf)
             dx_vec_launch<4, true>(ctx, grid, block, p, rstd);
-        else if (C4 > 128)
+        else if (per == 4)
             dx_vec_launch<4, false>(ctx, grid, block, p, rstd);
         else if (xbf)
             dx_vec_launch<1, true>(ctx, grid, block, p, rstd);
