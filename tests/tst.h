@@ -123,6 +123,7 @@ static inline void tst_put64(uint8_t *p, uint64_t v) {
     } while (0)
 
 static inline int tst_report(void) {
+    fflush(stdout); /* a log of both streams: the buffered output first, so this line is not cut into it */
     fprintf(stderr, "%d checks, %d failed\n", tst_checks, tst_failures);
     return tst_failures ? 1 : 0;
 }
