@@ -359,6 +359,27 @@ cm_status cm_chan_bind_(void *sock, const char *endpoint, char *bound, size_t ca
     return CM_OK;
 }
 
+cm_status cm_chan_listen_(const cm_chan_listen *l, void **ctx, void **router, cm_chan_zap *zap, char *bound,
+                          size_t cap, ino_t *ino, dev_t *dev) {
+    if (!(*ctx = zmq_ctx_new()))
+        return CM_ZMQ(-1);
+    if (l->curve_client_keys)
+        CM_TRY(cm_chan_zap_open_(zap, *ctx, l->curve_client_keys));
+    if (!(*router = zmq_socket(*ctx, ZMQ_ROUTER)))
+        return CM_ZMQ(-1);
+    CM_TRY(cm_chan_set_int(*router, ZMQ_ROUTER_MANDATORY, 1));
+    CM_TRY(cm_chan_set_int(*router, ZMQ_ROUTER_HANDOVER, 1));
+    CM_TRY(cm_chan_set_int(*router, ZMQ_LINGER, l->linger_ms));
+    if (cm_chan_endpoint_ipv6_(l->endpoint))
+        CM_TRY(cm_chan_set_int(*router, ZMQ_IPV6, 1));
+    if (l->sndhwm > 0)
+        CM_TRY(cm_chan_set_int(*router, ZMQ_SNDHWM, l->sndhwm));
+    CM_TRY(cm_chan_set_i64(*router, ZMQ_MAXMSGSIZE, l->max_msg));
+    if (l->curve_secret_key)
+        CM_TRY(cm_chan_curve_server_(*router, l->curve_secret_key, zap->sock != NULL, l->what));
+    return cm_chan_bind_(*router, l->endpoint, bound, cap, ino, dev);
+}
+
 void cm_chan_unbind_file_(const char *bound, ino_t ino, dev_t dev) {
     struct stat sb;
     if (ino && stat(bound + 6, &sb) == 0 && sb.st_ino == ino && sb.st_dev == dev)

@@ -104,6 +104,22 @@ cm_status cm_chan_zap_open_(cm_chan_zap *z, void *ctx, const char *dir);
 void      cm_chan_zap_handle_(cm_chan_zap *z, cm_chan_warn *warn);
 void      cm_chan_zap_close_(cm_chan_zap *z);
 
+/* What a server's listening ROUTER is: its endpoint, the CURVE keys (either may be NULL), the
+ * prefix of its log lines ("" or e.g. "decoding endpoint: "), its linger, its send high-water
+ * mark (0: libzmq's) and the largest message it takes. */
+typedef struct cm_chan_listen {
+    const char *endpoint, *curve_secret_key, *curve_client_keys, *what;
+    int         linger_ms, sndhwm;
+    int64_t     max_msg;
+} cm_chan_listen;
+
+/* A server's ZeroMQ context (*ctx), the ZAP handler of the client key directory (zap, when
+ * curve_client_keys is set), and its ROUTER (*router): mandatory routing, handover, ZMQ_IPV6 for
+ * a bracketed IPv6 endpoint, CURVE with the secret key, then bound as cm_chan_bind_ says. On
+ * failure what was made is left in *ctx, *router and zap for the caller's destroy. */
+cm_status cm_chan_listen_(const cm_chan_listen *l, void **ctx, void **router, cm_chan_zap *zap, char *bound,
+                          size_t cap, ino_t *ino, dev_t *dev);
+
 /* A rate limit on warnings about refused frames and clients: ok is 0 once WARN_BURST warnings
  * went out in the last 10 s (those are then counted and summed up in one line). */
 struct cm_chan_warn {

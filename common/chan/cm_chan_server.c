@@ -177,31 +177,16 @@ cm_status cm_chan_server_create(cm_chan_server **out, const cm_chan_server_confi
     }
     CM_TRY_GOTO(cm_chan_pipe_(&s->pipe_r, &s->pipe_w, "the worker pipe"), st, fail);
 
-    if (!(s->ctx = zmq_ctx_new())) {
-        st = CM_ZMQ(-1);
-        goto fail;
-    }
-    if (cfg->curve_client_keys)
-        CM_TRY_GOTO(cm_chan_zap_open_(&s->zap, s->ctx, cfg->curve_client_keys), st, fail);
-    if (!(s->router = zmq_socket(s->ctx, ZMQ_ROUTER))) {
-        st = CM_ZMQ(-1);
-        goto fail;
-    }
-    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_ROUTER_MANDATORY, 1), st, fail);
-    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_ROUTER_HANDOVER, 1), st, fail);
-    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_LINGER, 2000), st, fail);
-    if (cm_chan_endpoint_ipv6_(cfg->endpoint))
-        CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_IPV6, 1), st, fail);
-    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_SNDHWM, (int)(4 * s->cfg.credits + 64)), st, fail);
-    CM_TRY_GOTO(
-        cm_chan_set_i64(s->router, ZMQ_MAXMSGSIZE, CM_PROTO_HEADER_SIZE + (int64_t)s->lim.max_body_bytes), st,
-        fail);
-    if (cfg->curve_secret_key)
-        CM_TRY_GOTO(cm_chan_curve_server_(s->router, cfg->curve_secret_key, s->zap.sock != NULL, ""), st,
-                    fail);
-    CM_TRY_GOTO(
-        cm_chan_bind_(s->router, cfg->endpoint, s->endpoint, sizeof s->endpoint, &s->ipc_ino, &s->ipc_dev), st,
-        fail);
+    const cm_chan_listen l = {.endpoint = cfg->endpoint,
+                              .curve_secret_key = cfg->curve_secret_key,
+                              .curve_client_keys = cfg->curve_client_keys,
+                              .what = "",
+                              .linger_ms = 2000,
+                              .sndhwm = (int)(4 * s->cfg.credits + 64),
+                              .max_msg = CM_PROTO_HEADER_SIZE + (int64_t)s->lim.max_body_bytes};
+    CM_TRY_GOTO(cm_chan_listen_(&l, &s->ctx, &s->router, &s->zap, s->endpoint, sizeof s->endpoint, &s->ipc_ino,
+                                &s->ipc_dev),
+                st, fail);
     *out = s;
     return CM_OK;
 fail:

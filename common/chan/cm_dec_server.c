@@ -470,32 +470,18 @@ cm_status cm_dec_server_start(cm_dec_server **out, const cm_dec_server_config *c
     cc.level = cfg->zstd_level;
     CM_TRY_GOTO(cm_compress_create(&s->cc, &cc), st, fail);
     CM_TRY_GOTO(cm_chan_pipe_(&s->pipe_r, &s->pipe_w, "the decoding endpoint's pipe"), st, fail);
-    if (!(s->ctx = zmq_ctx_new())) {
-        st = CM_ZMQ(-1);
-        goto fail;
-    }
-    if (cfg->curve_client_keys)
-        CM_TRY_GOTO(cm_chan_zap_open_(&s->zap, s->ctx, cfg->curve_client_keys), st, fail);
-    if (!(s->router = zmq_socket(s->ctx, ZMQ_ROUTER))) {
-        st = CM_ZMQ(-1);
-        goto fail;
-    }
-    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_ROUTER_MANDATORY, 1), st, fail);
-    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_ROUTER_HANDOVER, 1), st, fail);
-    CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_LINGER, 1000), st, fail);
-    if (cm_chan_endpoint_ipv6_(cfg->endpoint))
-        CM_TRY_GOTO(cm_chan_set_int(s->router, ZMQ_IPV6, 1), st, fail);
-    /* twice the largest DECODE, so that a step somewhat past the limits gets its bad-request; a
-     * larger message makes ZeroMQ drop the connection (the client's step then times out) */
-    CM_TRY_GOTO(cm_chan_set_i64(s->router, ZMQ_MAXMSGSIZE, (int64_t)(CM_PROTO_HEADER_SIZE + 2 * body)), st,
-                fail);
-    if (cfg->curve_secret_key)
-        CM_TRY_GOTO(cm_chan_curve_server_(s->router, cfg->curve_secret_key, s->zap.sock != NULL,
-                                          "decoding endpoint: "),
-                    st, fail);
-    CM_TRY_GOTO(
-        cm_chan_bind_(s->router, cfg->endpoint, s->endpoint, sizeof s->endpoint, &s->ipc_ino, &s->ipc_dev),
-        st, fail);
+    /* the largest message: twice the largest DECODE, so that a step somewhat past the limits gets
+     * its bad-request; a larger message makes ZeroMQ drop the connection (the client's step then
+     * times out) */
+    const cm_chan_listen l = {.endpoint = cfg->endpoint,
+                              .curve_secret_key = cfg->curve_secret_key,
+                              .curve_client_keys = cfg->curve_client_keys,
+                              .what = "decoding endpoint: ",
+                              .linger_ms = 1000,
+                              .max_msg = (int64_t)(CM_PROTO_HEADER_SIZE + 2 * body)};
+    CM_TRY_GOTO(cm_chan_listen_(&l, &s->ctx, &s->router, &s->zap, s->endpoint, sizeof s->endpoint, &s->ipc_ino,
+                                &s->ipc_dev),
+                st, fail);
     if (pthread_create(&s->thread, NULL, server_main, s) != 0) {
         st = CM_FAIL(CM_ERR_NOMEM, "cannot start the decoding endpoint's thread");
         goto fail;
