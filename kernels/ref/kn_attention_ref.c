@@ -21,6 +21,25 @@ static int seq_of(const int32_t *cu, int n_seq, int64_t t) {
     return lo;
 }
 
+typedef struct att_args {
+    float         *out;
+    const float   *q, *k, *v, *gate;
+    const int32_t *cu_seqlens;
+    int            n_seq, nq, nkv, hd;
+    float          scale;
+} att_args;
+
+/* Row task = t·nq + h: token t against its sequence's keys bos..t. */
+static void att_row(int64_t task, double *p, double *acc, const void *user) {
+    const att_args *a   = user;
+    const int64_t   t   = task / a->nq;
+    const int       h   = (int)(task % a->nq), kvh = h / (a->nq / a->nkv), hd = a->hd;
+    const int64_t   bos = a->cu_seqlens[seq_of(a->cu_seqlens, a->n_seq, t)];
+    kn_ref_attend_row(a->out + task * hd, a->q + task * hd, a->k + (bos * a->nkv + kvh) * hd,
+                      a->v + (bos * a->nkv + kvh) * hd, (int64_t)a->nkv * hd, t - bos + 1, hd, a->scale,
+                      a->gate ? a->gate + task * hd : NULL, p, acc);
+}
+
 cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                            const float *gate, const int32_t *cu_seqlens, int n_seq, int64_t T, int nq,
                            int nkv, int hd, float scale) {
@@ -35,15 +54,18 @@ cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float 
     int64_t max_len = 0;
     for (int s = 0; s < n_seq; s++)
         if (cu_seqlens[s + 1] - cu_seqlens[s] > max_len) max_len = cu_seqlens[s + 1] - cu_seqlens[s];
-    const int     group   = nq / nkv;
-    const int64_t n_tasks = T * nq;
-    int           failed  = 0;
+    const att_args a = {out, q, k, v, gate, cu_seqlens, n_seq, nq, nkv, hd, scale};
+    return kn_ref_attend_rows("attention", T * nq, max_len, hd, att_row, &a);
+}
 
+cm_status kn_ref_attend_rows(const char *op, int64_t n_tasks, int64_t n_keys, int hd, kn_ref_attend_fn row,
+                             const void *user) {
+    int failed = 0;
 #ifdef _OPENMP
 #pragma omp parallel
 #endif
     {
-        double *p   = malloc((size_t)max_len * sizeof(double));
+        double *p   = malloc((size_t)(n_keys > 0 ? n_keys : 1) * sizeof(double));
         double *acc = malloc((size_t)hd * sizeof(double));
         if (!p || !acc) {
 #ifdef _OPENMP
@@ -56,20 +78,12 @@ cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float 
 #endif
         for (int64_t task = 0; task < n_tasks; task++) {
             if (!p || !acc) continue;
-            const int64_t t   = task / nq;
-            const int     h   = (int)(task % nq);
-            const int     kvh = h / group;
-            const int64_t bos = cu_seqlens[seq_of(cu_seqlens, n_seq, t)];
-            const float  *qr  = q + (t * nq + h) * hd;
-
-            kn_ref_attend_row(out + (t * nq + h) * hd, qr, k + (bos * nkv + kvh) * hd, v + (bos * nkv + kvh) * hd,
-                              (int64_t)nkv * hd, t - bos + 1, hd, scale, gate ? gate + (t * nq + h) * hd : NULL, p, acc);
+            row(task, p, acc, user);
         }
         free(acc);
         free(p);
     }
     if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "attention: cannot allocate scratch for %lld scores",
-                       (long long)max_len);
+        return CM_FAIL(CM_ERR_NOMEM, "%s: cannot allocate scratch for %lld scores", op, (long long)n_keys);
     return CM_OK;
 }

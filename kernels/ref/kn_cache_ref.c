@@ -66,6 +66,28 @@ cm_status kn_ref_kv_cache_write(kn_ctx *ctx, float *kc, float *vc, const float *
     return CM_OK;
 }
 
+typedef struct cache_att_args {
+    float         *out;
+    const float   *q, *kc, *vc, *gate;
+    const int32_t *slots, *base, *cu_seqlens;
+    int            nq, nkv, hd;
+    int64_t        max_len;
+    float          scale;
+} cache_att_args;
+
+/* Row task = t·nq + h: token t at position pos of its slot against the slot's cache rows 0..pos. */
+static void cache_att_row(int64_t task, double *p, double *acc, const void *user) {
+    const cache_att_args *a = user;
+    const int64_t         t = task / a->nq;
+    const int             h = (int)(task % a->nq), kvh = h / (a->nq / a->nkv), hd = a->hd;
+    int                   s = 0;
+    while (a->cu_seqlens[s + 1] <= t) s++;
+    const int64_t pos = a->base[s] + (t - a->cu_seqlens[s]);
+    const int64_t row = (int64_t)a->slots[s] * a->max_len * a->nkv * hd + (int64_t)kvh * hd;
+    kn_ref_attend_row(a->out + task * hd, a->q + task * hd, a->kc + row, a->vc + row, (int64_t)a->nkv * hd,
+                      pos + 1, hd, a->scale, a->gate ? a->gate + task * hd : NULL, p, acc);
+}
+
 /* kn_ref_attention's loop body with the keys of cache rows 0..p of the slot in place of the
  * sequence's rows bos..t. */
 cm_status kn_ref_attention_cached(kn_ctx *ctx, float *out, const float *q, const float *kc, const float *vc,
@@ -88,47 +110,8 @@ cm_status kn_ref_attention_cached(kn_ctx *ctx, float *out, const float *q, const
     for (int s = 0; s < n_seq; s++)
         if (base[s] + (int64_t)cu_seqlens[s + 1] - cu_seqlens[s] > n_keys)
             n_keys = base[s] + (int64_t)cu_seqlens[s + 1] - cu_seqlens[s];
-    const int     group   = nq / nkv;
-    const int64_t n_tasks = T * nq;
-    int           failed  = 0;
-
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        double *p   = malloc((size_t)n_keys * sizeof(double));
-        double *acc = malloc((size_t)hd * sizeof(double));
-        if (!p || !acc) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t task = 0; task < n_tasks; task++) {
-            if (!p || !acc) continue;
-            const int64_t t   = task / nq;
-            const int     h   = (int)(task % nq);
-            const int     kvh = h / group;
-            int           s   = 0;
-            while (cu_seqlens[s + 1] <= t) s++;
-            const int64_t pos = base[s] + (t - cu_seqlens[s]);
-            const float  *qr  = q + (t * nq + h) * hd;
-            const float  *kr0 = kc + (int64_t)slots[s] * max_len * nkv * hd;
-            const float  *vr0 = vc + (int64_t)slots[s] * max_len * nkv * hd;
-
-            kn_ref_attend_row(out + (t * nq + h) * hd, qr, kr0 + (int64_t)kvh * hd, vr0 + (int64_t)kvh * hd,
-                              (int64_t)nkv * hd, pos + 1, hd, scale, gate ? gate + (t * nq + h) * hd : NULL, p, acc);
-        }
-        free(acc);
-        free(p);
-    }
-    if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "attention_cached: cannot allocate scratch for %lld scores",
-                       (long long)n_keys);
-    return CM_OK;
+    const cache_att_args a = {out, q, kc, vc, gate, slots, base, cu_seqlens, nq, nkv, hd, max_len, scale};
+    return kn_ref_attend_rows("attention_cached", T * nq, n_keys, hd, cache_att_row, &a);
 }
 
 // ----------------------------------------------------------------------------

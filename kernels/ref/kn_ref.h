@@ -321,6 +321,13 @@ static inline void kn_ref_attend_row(float *o, const float *q, const float *k, c
     for (int c = 0; c < hd; c++) o[c] = (float)(gate ? acc[c] * kn_ref_sigmoid(gate[c]) : acc[c]);
 }
 
+/* The (token, q head) rows of a reference attention: row(task, p, acc, user) for every task < n_tasks,
+ * in parallel under OpenMP, each thread with scratch p [n_keys] and acc [hd] doubles for
+ * kn_ref_attend_row (kn_attention_ref.c). CM_ERR_NOMEM naming op when the scratch cannot be had. */
+typedef void (*kn_ref_attend_fn)(int64_t task, double *p, double *acc, const void *user);
+cm_status kn_ref_attend_rows(const char *op, int64_t n_tasks, int64_t n_keys, int hd, kn_ref_attend_fn row,
+                             const void *user);
+
 /* Argument validation: returns CM_ERR_INVALID_ARG with the formatted message when cond is false. */
 #define KN_REF_CHECK(cond, ...)                                                                              \
     do {                                                                                                     \
