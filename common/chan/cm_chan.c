@@ -380,6 +380,43 @@ cm_status cm_chan_listen_(const cm_chan_listen *l, void **ctx, void **router, cm
     return cm_chan_bind_(*router, l->endpoint, bound, cap, ino, dev);
 }
 
+int cm_chan_recv_msg_(void *router, zmq_msg_t *fr, uint8_t *ident, size_t *ident_len, int *parts) {
+    zmq_msg_t idm;
+    zmq_msg_init(&idm);
+    zmq_msg_init(fr);
+    if (zmq_msg_recv(&idm, router, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&idm);
+        zmq_msg_close(fr);
+        return 0;
+    }
+    int more = zmq_msg_more(&idm);
+    *parts = 0;
+    if (more && zmq_msg_recv(fr, router, 0) >= 0) {
+        *parts = 1;
+        more = zmq_msg_more(fr);
+    }
+    while (more) { /* drain extra parts: a peer sends one frame per message */
+        zmq_msg_t x;
+        zmq_msg_init(&x);
+        more = zmq_msg_recv(&x, router, 0) >= 0 && zmq_msg_more(&x);
+        zmq_msg_close(&x);
+        (*parts)++;
+    }
+    *ident_len = zmq_msg_size(&idm) <= IDENT_MAX ? zmq_msg_size(&idm) : IDENT_MAX;
+    memcpy(ident, zmq_msg_data(&idm), *ident_len);
+    zmq_msg_close(&idm);
+    return 1;
+}
+
+cm_status cm_chan_error_frame_(uint8_t *buf, size_t cap, size_t *len, uint64_t id, cm_proto_error_code code,
+                               const char *fmt, va_list ap) {
+    cm_proto_error e = {.batch_id = id, .code = code};
+    char           text[1024];
+    vsnprintf(text, sizeof text, fmt, ap);
+    cm_chan_error_text(e.message, text);
+    return cm_proto_error_encode(&e, buf, cap, len);
+}
+
 void cm_chan_unbind_file_(const char *bound, ino_t ino, dev_t dev) {
     struct stat sb;
     if (ino && stat(bound + 6, &sb) == 0 && sb.st_ino == ino && sb.st_dev == dev)

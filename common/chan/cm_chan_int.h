@@ -6,6 +6,7 @@
 #define CM_CHAN_INT_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -119,6 +120,17 @@ typedef struct cm_chan_listen {
  * failure what was made is left in *ctx, *router and zap for the caller's destroy. */
 cm_status cm_chan_listen_(const cm_chan_listen *l, void **ctx, void **router, cm_chan_zap *zap, char *bound,
                           size_t cap, ino_t *ino, dev_t *dev);
+
+/* One message from a server's ROUTER, without waiting: the routing id into ident (at most
+ * IDENT_MAX bytes; *ident_len), the first frame after it into fr (initialised here, closed by the
+ * caller), and into *parts the number of frames after the id (those past the first received and
+ * dropped). Returns 0, with fr closed, when no message was waiting. */
+int cm_chan_recv_msg_(void *router, zmq_msg_t *fr, uint8_t *ident, size_t *ident_len, int *parts);
+
+/* An ERROR frame (code, batch id, the formatted message cut to the wire's field) into buf (cap
+ * bytes; *len its size). */
+cm_status cm_chan_error_frame_(uint8_t *buf, size_t cap, size_t *len, uint64_t id, cm_proto_error_code code,
+                               const char *fmt, va_list ap);
 
 /* A rate limit on warnings about refused frames and clients: ok is 0 once WARN_BURST warnings
  * went out in the last 10 s (those are then counted and summed up in one line). */

@@ -19,34 +19,12 @@
 
 /* Reads one message from the ROUTER; 0 when none was waiting. */
 static int handle_msg(cm_chan_server *s) {
-    zmq_msg_t idm, fr;
-    zmq_msg_init(&idm);
-    zmq_msg_init(&fr);
-    if (zmq_msg_recv(&idm, s->router, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&idm);
-        zmq_msg_close(&fr);
+    zmq_msg_t fr;
+    uint8_t   ident[IDENT_MAX];
+    size_t    ident_len;
+    int       parts;
+    if (!cm_chan_recv_msg_(s->router, &fr, ident, &ident_len, &parts))
         return 0;
-    }
-    int parts = 0;
-    int more = zmq_msg_more(&idm);
-    if (more && zmq_msg_recv(&fr, s->router, 0) >= 0) {
-        parts = 1;
-        more = zmq_msg_more(&fr);
-    }
-    while (more) { /* drain extra parts: a trainer sends one part per frame */
-        zmq_msg_t x;
-        zmq_msg_init(&x);
-        if (zmq_msg_recv(&x, s->router, 0) < 0)
-            more = 0;
-        else
-            more = zmq_msg_more(&x);
-        zmq_msg_close(&x);
-        parts++;
-    }
-    uint8_t ident[IDENT_MAX];
-    size_t  ident_len = zmq_msg_size(&idm) <= IDENT_MAX ? zmq_msg_size(&idm) : IDENT_MAX;
-    memcpy(ident, zmq_msg_data(&idm), ident_len);
-    zmq_msg_close(&idm);
     session       *ss = ident_len ? cm_chan_find_session_(s, ident, ident_len) : NULL;
     const uint8_t *p = zmq_msg_data(&fr);
     size_t         len = zmq_msg_size(&fr);

@@ -47,16 +47,13 @@ cm_status cm_chan_send_to_(cm_chan_server *s, const uint8_t *ident, size_t ident
 
 cm_status cm_chan_send_error_(cm_chan_server *s, const uint8_t *ident, size_t ident_len, uint64_t id,
                               cm_proto_error_code code, const char *fmt, ...) {
-    cm_proto_error e = {.batch_id = id, .code = code};
-    char           text[1024];
-    va_list        ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    cm_chan_error_text(e.message, text);
     uint8_t buf[CM_PROTO_SMALL_FRAME_MAX];
     size_t  len;
-    CM_TRY(cm_proto_error_encode(&e, buf, sizeof buf, &len));
+    va_list ap;
+    va_start(ap, fmt);
+    cm_status st = cm_chan_error_frame_(buf, sizeof buf, &len, id, code, fmt, ap);
+    va_end(ap);
+    CM_TRY(st);
     STAT_ADD(s, errors_sent, 1);
     return cm_chan_send_to_(s, ident, ident_len, buf, len);
 }

@@ -142,16 +142,13 @@ static void send_error(cm_dec_server *s, const uint8_t *ident, size_t ident_len,
     ;
 static void send_error(cm_dec_server *s, const uint8_t *ident, size_t ident_len, uint64_t id,
                        cm_proto_error_code code, const char *fmt, ...) {
-    cm_proto_error e = {.batch_id = id, .code = code};
-    char           text[1024];
-    va_list        ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    cm_chan_error_text(e.message, text);
     uint8_t buf[CM_PROTO_SMALL_FRAME_MAX];
     size_t  len;
-    if (cm_proto_error_encode(&e, buf, sizeof buf, &len) == CM_OK)
+    va_list ap;
+    va_start(ap, fmt);
+    const cm_status st = cm_chan_error_frame_(buf, sizeof buf, &len, id, code, fmt, ap);
+    va_end(ap);
+    if (st == CM_OK)
         send_reply(s, ident, ident_len, buf, len);
 }
 
@@ -300,30 +297,12 @@ static void on_decode(cm_dec_server *s, dec_client *c, const uint8_t *ident, siz
 
 /* Reads one message; 0 when none was waiting. stopping: DECODEs get ERROR shutdown. */
 static int handle_msg(cm_dec_server *s, int stopping) {
-    zmq_msg_t idm, fr;
-    zmq_msg_init(&idm);
-    zmq_msg_init(&fr);
-    if (zmq_msg_recv(&idm, s->router, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&idm);
-        zmq_msg_close(&fr);
+    zmq_msg_t fr;
+    uint8_t   ident[IDENT_MAX];
+    size_t    ident_len;
+    int       parts;
+    if (!cm_chan_recv_msg_(s->router, &fr, ident, &ident_len, &parts))
         return 0;
-    }
-    int parts = 0, more = zmq_msg_more(&idm);
-    if (more && zmq_msg_recv(&fr, s->router, 0) >= 0) {
-        parts = 1;
-        more = zmq_msg_more(&fr);
-    }
-    while (more) { /* drain extra parts: a client sends one part per frame */
-        zmq_msg_t x;
-        zmq_msg_init(&x);
-        more = zmq_msg_recv(&x, s->router, 0) >= 0 && zmq_msg_more(&x);
-        zmq_msg_close(&x);
-        parts++;
-    }
-    uint8_t ident[IDENT_MAX];
-    size_t  ident_len = zmq_msg_size(&idm) <= IDENT_MAX ? zmq_msg_size(&idm) : IDENT_MAX;
-    memcpy(ident, zmq_msg_data(&idm), ident_len);
-    zmq_msg_close(&idm);
     const uint8_t  *p = zmq_msg_data(&fr);
     size_t          len = zmq_msg_size(&fr);
     dec_client     *c = ident_len ? find_client(s, ident, ident_len) : NULL;
