@@ -546,16 +546,7 @@ static cm_status layer_fwd(dt_infer *f, int l, int n, int64_t T) {
     CM_TRY(
         be->rope(f->ctx, f->kb, f->d_pos, R, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta));
     CM_TRY(mm(f, f->vb, op, w->w[LP_V], R, f->KV, f->D));
-    kn_dflash_attn_params p = {0};
-    p.T = T;
-    p.n_blocks = n;
-    p.B = f->B;
-    p.nq = g->n_heads;
-    p.nkv = g->n_kv_heads;
-    p.hd = g->head_dim;
-    p.window = g->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION ? g->sliding_window : 0;
-    p.causal = cm_drafter_layer_causal(g, l);
-    p.scale = (float)(1.0 / sqrt((double)g->head_dim));
+    kn_dflash_attn_params p = dt_attn_shape(g, l, T, n, f->B);
     p.anchors = f->d_anchor;
     p.ctx_lo = f->d_lo;
     p.q = f->q;

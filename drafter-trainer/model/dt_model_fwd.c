@@ -10,18 +10,22 @@
 // ----------------------------------------------------------------------------
 // forward
 
-kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l) {
-    const cm_drafter_cfg *g = &m->cfg;
+kn_dflash_attn_params dt_attn_shape(const cm_drafter_cfg *g, int l, int64_t T, int64_t n_blocks, int B) {
     kn_dflash_attn_params p = {0};
-    p.T = m->T;
-    p.n_blocks = m->n_anchors;
-    p.B = g->block_size;
+    p.T = T;
+    p.n_blocks = n_blocks;
+    p.B = B;
     p.nq = g->n_heads;
     p.nkv = g->n_kv_heads;
     p.hd = g->head_dim;
     p.window = g->layer_types[l] == CM_LAYER_TYPE_SLIDING_ATTENTION ? g->sliding_window : 0;
     p.causal = cm_drafter_layer_causal(g, l);
     p.scale = (float)(1.0 / sqrt((double)g->head_dim));
+    return p;
+}
+
+kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l) {
+    kn_dflash_attn_params p = dt_attn_shape(&m->cfg, l, m->T, m->n_anchors, m->cfg.block_size);
     p.anchors = m->acts.anchors;
     p.ctx_lo = m->acts.ctx_lo;
     p.q = dt_model_slot_ptr(m, l, AS_Q);

@@ -251,6 +251,9 @@ cm_status dt_model_mm_dw(dt_model *m, dt_param *w, const void *dout, cm_dtype dd
                          cm_dtype idt, int64_t M, int64_t N, int64_t K);
 /* forward (dt_model_fwd.c) */
 kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l);
+/* The shape of layer l's DFlash attention (heads, window, causality, scale) over T context rows and
+ * n_blocks blocks of B, no arrays: what training and dt_infer share. */
+kn_dflash_attn_params dt_attn_shape(const cm_drafter_cfg *g, int l, int64_t T, int64_t n_blocks, int B);
 cm_status             dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows,
                                       const int32_t *pos);
 cm_status             dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre);
