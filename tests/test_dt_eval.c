@@ -22,6 +22,7 @@
 #include "kn_backend.h"
 #include "tst.h"
 #include "tst_proc.h"
+#include "tst_proto.h"
 
 #define FV     97 /* the fake target's vocabulary */
 #define FD     8  /* its hidden size */
@@ -204,18 +205,6 @@ static float tap_value(int64_t pos, int k) { /* exact in bf16 */
     return (float)(pos % 64 + 64 * k);
 }
 
-static void put_tensor(cm_proto_tensor *t, const char *name, cm_dtype dt, int64_t rows, int64_t cols,
-                       const void *d) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = dt;
-    t->n_dims = 2;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    t->raw_size = (uint64_t)(rows * cols) * cm_dtype_size(dt);
-    t->data = d;
-}
-
 static cm_status fake_step(void *u, cm_proto_decode *rq, cm_proto_answer *ans) {
     fake_target   *f = u;
     const int32_t *tok = rq->tokens;
@@ -269,7 +258,7 @@ static cm_status fake_step(void *u, cm_proto_decode *rq, cm_proto_answer *ans) {
         tok += r->n_ctx + r->n_draft;
     }
     f->errors += T != rq->n_tokens;
-    put_tensor(&f->t[0], "decode", CM_DTYPE_I32, rq->n_seqs, 4, f->decode);
+    tst_put_tensor(&f->t[0], "decode", CM_DTYPE_I32, rq->n_seqs, 4, f->decode);
     ans->n_tensors = 1;
     if (rq->op == CM_DECODE_STEP) {
         f->errors += rq->n_layers != 0 && (int)rq->n_layers != f->n_taps;
@@ -280,7 +269,7 @@ static cm_status fake_step(void *u, cm_proto_decode *rq, cm_proto_answer *ans) {
                                                    : (const void *)(f->rows_f + k * 4096 * FD);
             if (f->bad == 2 && k == 1)
                 continue;
-            put_tensor(&f->t[ans->n_tensors++], name, f->dt, rows + (f->bad == 3), FD, d);
+            tst_put_tensor(&f->t[ans->n_tensors++], name, f->dt, rows + (f->bad == 3), FD, d);
         }
     }
     memcpy(ans->tensors, f->t, ans->n_tensors * sizeof *f->t);

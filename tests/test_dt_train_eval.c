@@ -40,6 +40,7 @@
 #include "kn_backend.h"
 #include "tst.h"
 #include "tst_proc.h"
+#include "tst_proto.h"
 #include "tst_serve.h"
 
 /* Under the sanitizers the cpu kernels run many times slower: the runs are shorter (in process 60 steps,
@@ -109,18 +110,6 @@ typedef struct verifier {
     float          *rows; /* [N_TAPS][4096][D] */
 } verifier;
 
-static void put_tensor(cm_proto_tensor *t, const char *name, cm_dtype dt, int64_t rows, int64_t cols,
-                       const void *d) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = dt;
-    t->n_dims = 2;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    t->raw_size = (uint64_t)(rows * cols) * cm_dtype_size(dt);
-    t->data = d;
-}
-
 static cm_status v_step(void *u, cm_proto_decode *rq, cm_proto_answer *ans) {
     verifier *f = u;
     if (++f->calls == f->fail_at)
@@ -162,13 +151,13 @@ static cm_status v_step(void *u, cm_proto_decode *rq, cm_proto_answer *ans) {
         d[0] = (int32_t)h, d[1] = (int32_t)s->committed, d[2] = a, d[3] = chain(s->last);
         tok += r->n_ctx + r->n_draft;
     }
-    put_tensor(&f->t[0], "decode", CM_DTYPE_I32, rq->n_seqs, 4, f->decode);
+    tst_put_tensor(&f->t[0], "decode", CM_DTYPE_I32, rq->n_seqs, 4, f->decode);
     ans->n_tensors = 1;
     for (uint32_t k = 0; rq->op == CM_DECODE_STEP && k < rq->n_layers && k < N_TAPS; k++) {
         char name[32];
         snprintf(name, sizeof name, "layer_%d", rq->layer_ids[k]);
         f->errors += rq->layer_ids[k] != layers[k];
-        put_tensor(&f->t[ans->n_tensors++], name, CM_DTYPE_F32, rows, D, f->rows + (int64_t)k * 4096 * D);
+        tst_put_tensor(&f->t[ans->n_tensors++], name, CM_DTYPE_F32, rows, D, f->rows + (int64_t)k * 4096 * D);
     }
     memcpy(ans->tensors, f->t, ans->n_tensors * sizeof *f->t);
     return CM_OK;

@@ -1,12 +1,13 @@
 /* tests/tst_proto.h — hand-built wire frames for the cm_proto tests: a little-endian body builder,
  * a sealer that writes a header with valid checksums (so a malformed body reaches the field check
  * it aims at), and corrupt_all, which flips a bit of every byte and truncates at every length of a
- * good frame and expects every decode to be refused. Header-only, after tst.h; one test executable
- * includes it once. */
+ * good frame and expects every decode to be refused; and tst_put_tensor, which describes one tensor
+ * of an answer. Header-only, after tst.h; one test executable includes it once. */
 #ifndef TST_PROTO_H
 #define TST_PROTO_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "cm_hash.h"
@@ -14,6 +15,19 @@
 #include "tst.h"
 
 // ---- hand-built frames
+
+/* t describes the [rows, cols] tensor name of dtype dt at d (raw encoding, everything else zero). */
+static inline void tst_put_tensor(cm_proto_tensor *t, const char *name, cm_dtype dt, int64_t rows, int64_t cols,
+                                  const void *d) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dt;
+    t->n_dims = 2;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+    t->raw_size = (uint64_t)(rows * cols) * cm_dtype_size(dt);
+    t->data = d;
+}
 
 typedef struct bld {
     uint8_t b[1 << 16];
