@@ -15,7 +15,6 @@
  *                       the same fixtures with issue 7's limits: loss ≤ 1e-2 relative, every
  *                       gradient ≤ 5e-2 relative L2 (tau and the accuracy counts still equal).
  * The cpu against cuda on a larger random drafter is test_dt_cuda_random. */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -658,30 +657,6 @@ done:
 
 // ---- cuda: a larger random drafter through the dt_model API, cpu against cuda
 
-/* The fixtures under root (those with a ref.safetensors), sorted for a stable report; at most 64. */
-static int list_fixtures(const char *root, char **names) {
-    DIR *d = opendir(root);
-    int  n = 0;
-    if (!d)
-        return 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        char ref[2048];
-        snprintf(ref, sizeof ref, "%s/%s/ref.safetensors", root, e->d_name);
-        if (e->d_name[0] != '.' && access(ref, R_OK) == 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (strcmp(names[j], names[i]) < 0) {
-                char *t = names[i];
-                names[i] = names[j];
-                names[j] = t;
-            }
-    return n;
-}
-
 int main(int argc, char **argv) {
     const char *device = argc > 1 ? argv[1] : "cpu";
     double      loss_tol = 1e-5, grad_tol = 1e-4;
@@ -697,7 +672,7 @@ int main(int argc, char **argv) {
     snprintf(root, sizeof root, "%s/fixtures/drafter", TANDEM_TEST_DATA);
     snprintf(root2, sizeof root2, "%s/fixtures/drafter2", TANDEM_TEST_DATA);
     char *names[64], *names2[64];
-    int   n = list_fixtures(root, names), n2 = list_fixtures(root2, names2);
+    int   n = tst_dt_fixtures(root, names), n2 = tst_dt_fixtures(root2, names2);
     TST_CHECK(n >= 3 && n2 >= 3);
     for (int i = 0; i < n; i++)
         check_fixture(root, names[i], device, loss_tol, grad_tol);

@@ -14,11 +14,9 @@
  *    candidate, tau_chain, chain_tokens and chain_steps equal the loop of 2 walked here over the reported
  *    accepted, and each reported acceptance equals τ − 1 of a step of that anchor alone (dt_model API),
  *    for DFlash2 also for the selector path (sel_accepted, sel_tau_chain, sel_tau). */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cm_rng.h"
 #include "cm_safetensors.h"
@@ -26,6 +24,7 @@
 #include "dt_tau_chain.h"
 #include "kn_backend.h"
 #include "tst.h"
+#include "tst_dt.h"
 #include "tst_proc.h"
 
 static char bin[1024];
@@ -525,22 +524,6 @@ done:
     cm_st_destroy(&ref);
 }
 
-static int list_fixtures(const char *root, char **names) {
-    DIR *d = opendir(root);
-    int  n = 0;
-    if (!d)
-        return 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        char ref[2048];
-        snprintf(ref, sizeof ref, "%s/%s/ref.safetensors", root, e->d_name);
-        if (e->d_name[0] != '.' && access(ref, R_OK) == 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    return n;
-}
-
 int main(void) {
     test_hand_made();
     test_against_zlab();
@@ -551,7 +534,7 @@ int main(void) {
     for (int r = 0; r < 2; r++) {
         char root[1024], *names[64];
         snprintf(root, sizeof root, "%s/fixtures/%s", TANDEM_TEST_DATA, roots[r]);
-        const int n = list_fixtures(root, names);
+        const int n = tst_dt_fixtures(root, names);
         TST_CHECK(n >= 3);
         for (int i = 0; i < n; i++) {
             check_fixture(root, names[i]);

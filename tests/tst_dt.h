@@ -1,9 +1,13 @@
-/* tests/tst_dt.h — what the drafter-model tests share: every gradient of a dt_model in one host array.
- * Header-only; include after tst.h. */
+/* tests/tst_dt.h — what the drafter-model tests share: every gradient of a dt_model in one host array,
+ * and the oracle fixtures found under a directory. Header-only; include after tst.h. */
 #ifndef TST_DT_H
 #define TST_DT_H
 
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "dt_model.h"
 #include "tst.h"
@@ -22,6 +26,31 @@ static inline float *tst_dt_grads(const dt_model *m, const kn_backend *be, kn_ct
         off += p->numel;
     }
     return g;
+}
+
+/* The fixtures under root (the directories holding a ref.safetensors), names strdup'd into names
+ * (at most 64) and sorted, for a stable report; returns how many. */
+static inline int tst_dt_fixtures(const char *root, char **names) {
+    DIR *d = opendir(root);
+    int  n = 0;
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        char ref[2048];
+        snprintf(ref, sizeof ref, "%s/%s/ref.safetensors", root, e->d_name);
+        if (e->d_name[0] != '.' && access(ref, R_OK) == 0)
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(names[j], names[i]) < 0) {
+                char *t = names[i];
+                names[i] = names[j];
+                names[j] = t;
+            }
+    return n;
 }
 
 #endif /* TST_DT_H */
