@@ -2,8 +2,9 @@
  * clock, CURVE key files (Z85 text; secret keys written 0600 and never logged or echoed), the
  * endpoint check behind "loopback unless CURVE" and the server's bind checks (an ipc:// path
  * held by a live server, tcp://localhost), and what the servers' sockets (cm_chan_server's and
- * cm_dec_server's) and clients' sockets share: CURVE on either side, the bind and its socket
- * file. The session logic lives in cm_chan_server.c and cm_chan_client.c. */
+ * cm_dec_server's) and clients' sockets share: CURVE on either side, the listening ROUTER, its
+ * bind and socket file, a message read off it and an ERROR frame. The session logic lives in
+ * cm_chan_server.c and cm_chan_client.c. */
 #include "cm_chan_int.h"
 
 #include <errno.h>
