@@ -17,9 +17,7 @@
 
 #include "cm_chan.h"
 #include "cm_dec.h"
-#include "cm_hash.h"
 #include "cm_log.h"
-#include "cm_time.h"
 #include "tst.h"
 #include "tst_dec.h"
 
