@@ -25,6 +25,8 @@
  *   item loading while this one is multiplied: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO,
  *   dK += dSᵀ·Q. Each output element is owned by one lane and summed in one order: no
  *   atomics, the same bits every run.
+ * On compute capability 9.0 the three run on wgmma instead at head_dim 64 and 128
+ * (kn_dflash_attn_sm90a.cu), from the same bf16 copies.
  * Shapes: head_dim 16, 32, 64 or 128 (template instances), B ≤ 64, (nq/nkv)·ceil(B/16) ≤ 8,
  * and the shared memory the device allows (kn_dflash_mma_supported); kn_dflash_attn.cu runs
  * the fp32 kernels otherwise. */
@@ -133,58 +135,6 @@ static __global__ void dfm_delta_kernel(float *delta, bf16 *dob, const float *do
 // ----------------------------------------------------------------------------
 // tiles
 
-/* The CTA's (x, kv head) from a one-dimensional grid of n·nkv CTAs, kv heads fastest, x walked
- * from the end when `reverse`. CTAs start in index order, so the order decides what is left for
- * the last wave: the forward and dq take blocks from the last (in anchor order, the longest
- * contexts of a document come last), the context dk/dv key tiles from the first (the keys that
- * most blocks see open a document). Which CTA computes an output does not change with it. */
-static __device__ __forceinline__ void cta_item(int nkv, int64_t n, int reverse, int64_t *x, int *g) {
-    const int64_t i = blockIdx.x, k = i / nkv;
-    *g = (int)(i - k * nkv);
-    *x = reverse ? n - 1 - k : k;
-}
-
-/* Tile t of block j's key loop: context tiles [lo + t·KT, …) first, then the block's rows.
- * row0 is the tile's first row in the joint K/V array, base its first key (context row, or
- * block slot), nk its valid rows. */
-typedef struct dfm_tile {
-    bool    is_ctx;
-    int64_t base, row0;
-    int     nk;
-} dfm_tile;
-
-template <int KT>
-static __device__ __forceinline__ dfm_tile tile_of(const df_params &p, const df_range &rg, int64_t j,
-                                                   int n_ct, int t) {
-    dfm_tile tl;
-    tl.is_ctx = t < n_ct;
-    if (tl.is_ctx) {
-        tl.base = rg.lo + (int64_t)t * KT;
-        tl.row0 = tl.base;
-        const int64_t left = rg.hi - tl.base;
-        tl.nk = left < KT ? (int)left : KT;
-    } else {
-        tl.base = (int64_t)(t - n_ct) * KT;
-        tl.row0 = p.T + j * p.B + tl.base;
-        const int64_t left = p.B - tl.base;
-        tl.nk = left < KT ? (int)left : KT;
-    }
-    return tl;
-}
-
-/* Does every slot of the block see every key of the tile? Then the mask can be skipped. */
-template <int KT>
-static __device__ __forceinline__ bool tile_full(const df_params &p, const df_range &rg, const dfm_tile &tl) {
-    if (tl.nk != KT || p.B % 16 != 0)
-        return false;
-    if (!tl.is_ctx)
-        return blk_all_visible(p);
-    if (tl.base < rg.doc_lo)
-        return false;
-    /* slot B − 1 has the tightest lower bound on a sliding layer */
-    return p.window <= 0 || tl.base >= rg.hi + (p.B - 1) - (p.window - 1);
-}
-
 /* Streams rows [row0, row0 + nk) of kv head g of K and V into the stage's k_s, v_s (row
  * stride LD), zero-filling up to KT rows. */
 template <int HD, int KT>
@@ -233,15 +183,6 @@ static __device__ __forceinline__ void load_q_rows(const df_params &p, const bf1
         const int64_t off = ok ? ((j * p.B + slot) * p.nq + h) * (int64_t)HD + c * 8 : 0;
         cp_async16(dst + row * LD + c * 8, src + off, ok);
     }
-}
-
-/* Is element (slot row, key) of tile tl visible? */
-static __device__ __forceinline__ bool visible(const df_params &p, const df_range &rg, const dfm_tile &tl,
-                                               int row, int ki) {
-    if (row >= p.B || ki >= tl.nk)
-        return false;
-    const int64_t key = tl.base + ki;
-    return tl.is_ctx ? ctx_visible(p, rg, row, key) : blk_visible(p, row, key);
 }
 
 // ----------------------------------------------------------------------------
@@ -316,12 +257,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
                 mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
             }
         float corr[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const float m_new = fmaxf(m[r], quad_max(mx[r]));
-            corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new); /* 0 when m was -inf */
-            mx[r] = m_new;
-        }
+        softmax_new_max(m, mx, corr);
 #pragma unroll
         for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
@@ -330,11 +266,7 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
                 s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - mx[r]);
                 sum[r] += s[nt][e];
             }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            l[r] = l[r] * corr[r] + quad_sum(sum[r]);
-            m[r] = mx[r];
-        }
+        softmax_fold(m, l, mx, sum, corr);
         scale_rows<NT>(o, corr);
         mma_tile_kn<NT, KT>(o, s, vt, LD);
         __syncthreads(); /* this stage is consumed before tile t + 2 overwrites it */
@@ -437,37 +369,6 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
 // ----------------------------------------------------------------------------
 // backward: dk, dv
 
-/* The next item at or after (j, c) for a dkv CTA: block j's query rows [c·QR, c·QR + QR).
- * blk_mode visits only block j_begin; otherwise every block whose range meets the CTA's keys
- * [key0, key0 + nk). Returns j = j_end when there is none. Called by whole warps, uniformly:
- * each warp looks at 32 blocks per step (anchors need not be sorted, so the blocks that see
- * a tile are found by looking, not by searching). */
-static __device__ __forceinline__ void dkv_next(const df_params &p, int blk_mode, int64_t key0, int nk,
-                                                int64_t j_end, int n_chunks, int64_t *j, int *c) {
-    if (*c < n_chunks)
-        return;
-    *c = 0;
-    if (blk_mode) {
-        *j += 1;
-        return;
-    }
-    const int lane = threadIdx.x % 32;
-    for (int64_t base = *j + 1; base < j_end; base += 32) {
-        const int64_t jj = base + lane;
-        bool          vis = false;
-        if (jj < j_end) {
-            const df_range rg = block_range(p, jj);
-            vis = key0 < rg.hi && key0 + nk > rg.lo;
-        }
-        const unsigned m = __ballot_sync(DFM_FULL, vis);
-        if (m) {
-            *j = base + __ffs(m) - 1;
-            return;
-        }
-    }
-    *j = j_end;
-}
-
 /* Streams item (j, c)'s query rows of Q and dO, and their lse (log2 units) and Δ. Virtual
  * row r of block j is q head g·group + r / SP, slot r % SP (SP = MT·16). */
 template <int HD, int QR>
@@ -511,21 +412,9 @@ static __global__ void __launch_bounds__(128)
     const int                                     lane = threadIdx.x % 32, w = threadIdx.x / 32;
     const int   gq = lane / 4, tq = lane % 4;
     const float sc = p.scale * DFM_LOG2E;
-    int64_t                                       x, key0, row0, j_begin, j_end;
-    int                                           nk, g;
-    cta_item(p.nkv, blk_mode ? p.n_blocks : (p.T + DFM_DKV_KEYS - 1) / DFM_DKV_KEYS, 0, &x, &g);
-    if (!blk_mode) {
-        key0 = row0 = x * DFM_DKV_KEYS;
-        nk = p.T - key0 < DFM_DKV_KEYS ? (int)(p.T - key0) : DFM_DKV_KEYS;
-        j_begin = 0;
-        j_end = p.n_blocks;
-    } else {
-        key0 = 0;
-        j_begin = x;
-        j_end = j_begin + 1;
-        row0 = p.T + j_begin * B;
-        nk = B;
-    }
+    const dkv_span sp = dkv_span_of(p, blk_mode, DFM_DKV_KEYS);
+    const int64_t  key0 = sp.key0, row0 = sp.row0, j_begin = sp.j_begin, j_end = sp.j_end;
+    const int      nk = sp.nk, g = sp.g;
     load_kv_tile<HD, DFM_DKV_KEYS>(p, kb, vb, g, row0, nk, k_s, v_s);
 
     /* the first item: block j_begin − 1's "last chunk" advanced */
@@ -556,16 +445,7 @@ static __global__ void __launch_bounds__(128)
         const bf16    *qt = q_s + st * QR * LD, *dt = do_s + st * QR * LD;
         const float   *lt = lse_s + st * QR, *dlt = dl_s + st * QR;
         const df_range rg = block_range(p, j);
-        /* every (key, row) of the item visible? (all rows real slots, every key inside every
-         * slot's range) */
-        bool full = nk == DFM_DKV_KEYS && B % 16 == 0 && (c + 1) * QR <= group * SP;
-        if (full) {
-            if (blk_mode)
-                full = blk_all_visible(p);
-            else
-                full = key0 >= rg.doc_lo && key0 + DFM_DKV_KEYS <= rg.hi &&
-                       (p.window <= 0 || key0 >= rg.hi + (B - 1) - (p.window - 1));
-        }
+        const bool     full = dkv_item_full(p, sp, blk_mode, rg, c, QR, DFM_DKV_KEYS);
 #pragma unroll
         for (int sub = 0; sub < QR / 32; sub++) {
             /* Sᵀ and dPᵀ: this warp's 16 keys × 32 query rows */
@@ -576,16 +456,7 @@ static __global__ void __launch_bounds__(128)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int kr = w * 16 + gq + (e >= 2 ? 8 : 0), r = sub * 32 + nt * 8 + 2 * tq + (e & 1);
-                    bool      vis = full;
-                    if (!vis) {
-                        const int vr = c * QR + r, slot = vr % SP;
-                        vis = kr < nk && vr < group * SP && slot < B;
-                        if (vis) {
-                            const int64_t key = key0 + kr;
-                            vis = blk_mode ? blk_visible(p, slot, key)
-                                           : key < rg.hi && ctx_visible(p, rg, slot, key);
-                        }
-                    }
+                    const bool vis = full || dkv_visible(p, sp, blk_mode, rg, kr, c * QR + r);
                     const float pr = vis ? exp2f(sT[nt][e] * sc - lt[r]) : 0.0f;
                     sT[nt][e] = pr;
                     dpT[nt][e] = pr * (dpT[nt][e] - dlt[r]); /* dSᵀ */
@@ -615,18 +486,8 @@ static __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int kr = w * 16 + gq + 8 * r;
-        if (kr >= nk)
-            continue;
-        const int64_t row = blk_mode ? j_begin * B + kr : key0 + kr;
-        float        *dko = (blk_mode ? p.dk_blk : p.dk_ctx) + (row * p.nkv + g) * (int64_t)HD;
-        float        *dvo = (blk_mode ? p.dv_blk : p.dv_ctx) + (row * p.nkv + g) * (int64_t)HD;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            *reinterpret_cast<float2 *>(dko + nt * 8 + 2 * tq) =
-                make_float2(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
-            *reinterpret_cast<float2 *>(dvo + nt * 8 + 2 * tq) =
-                make_float2(dv[nt][2 * r], dv[nt][2 * r + 1]);
-        }
+        if (kr < nk)
+            dkv_store<HD>(p, sp, blk_mode, kr, r, &dk[0][0], &dv[0][0]);
     }
 }
 
@@ -704,6 +565,8 @@ static cm_status opt_in(kn_ctx *ctx, const void *kernel, size_t smem) {
 template <int HD, int KT> static cm_status mma_fwd(kn_ctx *ctx, const df_params *p) {
     dfm_bufs b;
     CM_TRY(make_bufs(ctx, p, 0, &b));
+    if (kn_dflash_wg_supported(ctx, p)) /* the wgmma form (kn_dflash_attn_sm90a.cu) */
+        return kn_dflash_wg_fwd(ctx, p, b.q, b.k, b.v);
     const size_t smem = fwd_smem(p);
     CM_TRY(opt_in(ctx, (const void *)dfm_fwd_kernel<HD, KT>, smem));
     unsigned int grid = 0;
@@ -724,6 +587,10 @@ template <int HD, int KT> static cm_status mma_bwd(kn_ctx *ctx, const df_params 
         dfm_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(b.delta, b.dout, p->dout, p->out, n_q,
                                                                         HD);
         KN_CUDA_LAUNCHED(ctx);
+    }
+    if (kn_dflash_wg_supported(ctx, p)) /* dq and dk/dv on wgmma (kn_dflash_attn_sm90a.cu) */
+        return kn_dflash_wg_bwd(ctx, p, b.q, b.k, b.v, b.dout, b.delta);
+    if (n_q > 0) {
         const size_t smem = dq_smem(p);
         CM_TRY(opt_in(ctx, (const void *)dfm_dq_kernel<HD, KT>, smem));
         unsigned int grid = 0;
@@ -748,6 +615,19 @@ template <int HD, int KT> static cm_status mma_bwd(kn_ctx *ctx, const df_params 
     }
     return CM_OK;
 }
+
+#ifndef TANDEM_HAVE_SM90A /* a build without architecture 90 (kernels/CMakeLists.txt) has no wgmma pass */
+int kn_dflash_wg_supported(kn_ctx *, const df_params *) {
+    return 0;
+}
+cm_status kn_dflash_wg_fwd(kn_ctx *, const df_params *, const bf16 *, const bf16 *, const bf16 *) {
+    return CM_ERR_UNSUPPORTED;
+}
+cm_status kn_dflash_wg_bwd(kn_ctx *, const df_params *, const bf16 *, const bf16 *, const bf16 *,
+                           const bf16 *, const float *) {
+    return CM_ERR_UNSUPPORTED;
+}
+#endif
 
 #define DFM_DISPATCH(fn, ctx, p)                                                                             \
     do {                                                                                                     \

@@ -8,6 +8,7 @@
 #define KN_MMA_SM80_H
 
 #include <cuda_bf16.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "kn_device.h"
@@ -118,6 +119,29 @@ static __device__ __forceinline__ float quad_max(float v) {
 static __device__ __forceinline__ float quad_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* The online softmax of a tile over this lane's two rows (base 2; quads share a row): mx holds
+ * the lane's maxima of the tile's scores and becomes the rows' new running maxima; corr gets the
+ * factor for what was summed before (1 while a row has seen nothing but -inf). */
+static __device__ __forceinline__ void softmax_new_max(const float m[2], float mx[2], float corr[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float m_new = fmaxf(m[r], quad_max(mx[r]));
+        corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new); /* 0 when m was -inf */
+        mx[r] = m_new;
+    }
+}
+
+/* ... and once the tile's exponents (relative to mx) are summed per lane in sum: l rescaled and
+ * added to, m moved to the new maxima. */
+static __device__ __forceinline__ void softmax_fold(float m[2], float l[2], const float mx[2], const float sum[2],
+                                                    const float corr[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] = l[r] * corr[r] + quad_sum(sum[r]);
+        m[r] = mx[r];
+    }
 }
 
 #endif /* KN_MMA_SM80_H */

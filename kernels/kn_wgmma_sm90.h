@@ -24,6 +24,17 @@ static __device__ __forceinline__ uint64_t wg_desc(const void *p) {
     return ((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+/* The descriptor of an MN-major operand (the transpose-B forms, 16-bit types only) in the same
+ * 128-byte swizzle: rows of the tile run along K, each holding 64 bf16 of N; 8-row groups 1024
+ * bytes apart, and 64-wide blocks of N `lbo` bytes apart. So a [k][n] tile stored like a K-major
+ * one is read transposed: Q and dO [row][d], the B of S = K·Qᵀ, are also the B of dK = dSᵀ·Q.
+ * Adding 128 moves the start 16 rows of K. */
+static __device__ __forceinline__ uint64_t wg_desc_mn(const void *p, uint32_t lbo) {
+    const uint64_t a = smem_u32(p);
+    return ((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
@@ -89,25 +100,34 @@ static __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64
 }
 
 /* d[32] = (acc ? d : 0) + A (64 × 16 in registers: a as mma.sync's A fragment of each warp's 16
- * rows) · B (64 × 16, K-major, db)ᵀ. a must not change until the wgmma has been waited for. */
+ * rows) · B (64 × 16, K-major, db)ᵀ. a must not change until the wgmma has been waited for.
+ * TB = 1 reads B MN-major instead (db from wg_desc_mn: B is 16 × 64, stored k-row by k-row). */
+template <int TB = 0>
 static __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
-                                                         int acc) {
+                                                          int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
+                 "1, 1, %38;\n}\n"
                  : WG_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
 }
 
 /* d[64] = (acc ? d : 0) + A (64 × 16 in registers: a as mma.sync's A fragment of each warp's 16
- * rows) · B (128 × 16, K-major, db)ᵀ. a must not change until the wgmma has been waited for. */
-static __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
-                                                          int acc) {
+ * rows) · B (128 × 16, K-major, db)ᵀ. a must not change until the wgmma has been waited for.
+ * TB = 1 reads B MN-major instead (db from wg_desc_mn). */
+template <int TB = 0>
+static __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                           uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+                 "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+                 "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
                  : WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
 }
 
 /* d[128] = (acc ? d : 0) + A (64 × 16 in registers: a as mma.sync's A fragment of each warp's 16
