@@ -32,7 +32,7 @@
  *                                                (kn_fp8_gemm_sm90a.cu; same bits, slower today)
  *
  * A test or benchmark that compares the forced kernels makes a context per setting
- * (test_kn_cuda, test_kn_gdn16, test_kn_fp8, test_kn_cuda_drafter, bench_ts_target, bench_kn_fp8,
+ * (test_kn_cuda_seq, test_kn_gdn16, test_kn_fp8, test_kn_cuda_drafter, bench_ts_target, bench_kn_fp8,
  * bench_kn_drafter). The target's TANDEM_TARGET_FUSED and TANDEM_LAYER_TIMING are model choices,
  * read in ts_model.c. */
 #ifndef KN_CUDA_H

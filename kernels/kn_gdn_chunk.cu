@@ -36,7 +36,7 @@
  *   (bench/results/gdn-wgmma-2026-12-04.md).
  *   Rounding: q, k, v, T diag(β e^γ), T diag(β), W, U, the state and δ enter the tensor cores as
  *   bf16 (FLA rounds the same operands; the inverse's block merge runs on tf32), so outputs
- *   differ from the fp64 reference by a few 1e-3 relative (test_kn_cuda).
+ *   differ from the fp64 reference by a few 1e-3 relative (test_kn_cuda_seq).
  *   dk is zero-padded to 64, 128 or 256 (zero columns change no dot product); dv is any size.
  *   gdn_state_mma at dk 128 takes 188 KB of shared memory with its two stages, 118 KB with one
  *   (A100: 163 KB per block); where a device's shared memory per block is too small even for
