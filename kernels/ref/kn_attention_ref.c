@@ -6,8 +6,6 @@
  * (scores for the longest sequence, an accumulator of hd doubles). */
 #include "kn_ref.h"
 
-#include <stdlib.h>
-
 /* Index of the sequence holding token t: the last s with cu[s] <= t and cu[s+1] > t. */
 static int seq_of(const int32_t *cu, int n_seq, int64_t t) {
     int lo = 0, hi = n_seq - 1;
@@ -58,32 +56,21 @@ cm_status kn_ref_attention(kn_ctx *ctx, float *out, const float *q, const float 
     return kn_ref_attend_rows("attention", T * nq, max_len, hd, att_row, &a);
 }
 
+typedef struct {
+    kn_ref_attend_fn row;
+    const void      *user;
+    int64_t          n_keys;
+} attend_rows;
+
+static void attend_task(int64_t task, void *scratch, const void *user) {
+    const attend_rows *a = user;
+    double            *p = scratch;
+    a->row(task, p, p + (a->n_keys > 0 ? a->n_keys : 1), a->user);
+}
+
 cm_status kn_ref_attend_rows(const char *op, int64_t n_tasks, int64_t n_keys, int hd, kn_ref_attend_fn row,
                              const void *user) {
-    int failed = 0;
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        double *p   = malloc((size_t)(n_keys > 0 ? n_keys : 1) * sizeof(double));
-        double *acc = malloc((size_t)hd * sizeof(double));
-        if (!p || !acc) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t task = 0; task < n_tasks; task++) {
-            if (!p || !acc) continue;
-            row(task, p, acc, user);
-        }
-        free(acc);
-        free(p);
-    }
-    if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "%s: cannot allocate scratch for %lld scores", op, (long long)n_keys);
-    return CM_OK;
+    const attend_rows a = {row, user, n_keys};
+    return kn_ref_parallel(op, n_tasks, 1, (size_t)((n_keys > 0 ? n_keys : 1) + hd) * sizeof(double),
+                           attend_task, &a);
 }

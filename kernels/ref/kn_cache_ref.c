@@ -14,7 +14,6 @@
  * apart. */
 #include "kn_ref.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* The per-sequence tables of a cached op: every len_s ≥ 1, slots ≥ 0 and distinct, and, when
@@ -207,6 +206,27 @@ static void gdn_cached_one(double *S, double *kv, float *out, const float *q, co
     }
 }
 
+/* One gdn_cached call's operands. */
+typedef struct {
+    float         *out;
+    const float   *q, *k, *v, *g, *beta;
+    float         *state;
+    const int32_t *slots, *n_adv, *cu;
+    int            nk, nv, dk, dv;
+    double         scale;
+} gdn_cached_args;
+
+/* Task s·nv + h: sequence s, v-head h, with scratch S [dk·dv] and kv [dv] doubles. */
+static void gdn_cached_task(int64_t task, void *scratch, const void *user) {
+    const gdn_cached_args *a = user;
+    const int              s = (int)(task / a->nv), h = (int)(task % a->nv), dk = a->dk, dv = a->dv;
+    const int64_t          bos = a->cu[s], len = a->cu[s + 1] - bos;
+    float                 *st = a->state + ((int64_t)a->slots[s] * a->nv + h) * dk * dv;
+    double                *S = scratch;
+    gdn_cached_one(S, S + (size_t)dk * dv, a->out, a->q, a->k, a->v, a->g, a->beta, st, bos, len,
+                   a->n_adv ? a->n_adv[s] : -1, h, h / (a->nv / a->nk), a->nk, a->nv, dk, dv, a->scale);
+}
+
 cm_status kn_ref_gdn_cached(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                             const float *g, const float *beta, float *state, const int32_t *slots,
                             const int32_t *n_adv, const int32_t *cu_seqlens, int n_seq, int64_t T, int nk,
@@ -223,36 +243,8 @@ cm_status kn_ref_gdn_cached(kn_ctx *ctx, float *out, const float *q, const float
     CM_TRY(cache_tables_check("gdn_cached", cu_seqlens, n_seq, slots, NULL, 0, n_adv));
     if (!out && !n_adv) return CM_OK;
 
-    const int     ratio   = nv / nk;
-    const int64_t n_tasks = (int64_t)n_seq * nv;
-    int           failed  = 0;
-
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        double *S  = malloc((size_t)dk * dv * sizeof(double));
-        double *kv = malloc((size_t)dv * sizeof(double));
-        if (!S || !kv) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic)
-#endif
-        for (int64_t task = 0; task < n_tasks; task++) {
-            if (!S || !kv) continue;
-            const int     s = (int)(task / nv), h = (int)(task % nv);
-            const int64_t bos = cu_seqlens[s], len = cu_seqlens[s + 1] - bos;
-            float        *st = state + ((int64_t)slots[s] * nv + h) * dk * dv;
-            gdn_cached_one(S, kv, out, q, k, v, g, beta, st, bos, len, n_adv ? n_adv[s] : -1, h, h / ratio,
-                           nk, nv, dk, dv, (double)scale);
-        }
-        free(kv);
-        free(S);
-    }
-    if (failed) return CM_FAIL(CM_ERR_NOMEM, "gdn_cached: cannot allocate scratch for dk=%d dv=%d", dk, dv);
-    return CM_OK;
+    const gdn_cached_args a = {out,   q,          k,  v,  g,  beta, state,        slots,
+                               n_adv, cu_seqlens, nk, nv, dk, dv,   (double)scale};
+    return kn_ref_parallel("gdn_cached", (int64_t)n_seq * nv, 1, ((size_t)dk * dv + dv) * sizeof(double),
+                           gdn_cached_task, &a);
 }

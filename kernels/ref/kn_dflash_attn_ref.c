@@ -110,54 +110,46 @@ static const float *key_row(const kn_dflash_attn_params *p, const float *ctx_t, 
 
 // ---- forward
 
-cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
-    int64_t max_keys = 0;
-    CM_TRY(check_params("dflash_attn_fwd", ctx, p, 0, &max_keys));
-    const int64_t n_tasks = p->n_blocks * p->B * p->nq;
-    const int     group = p->nq / p->nkv, hd = p->hd;
-    int           failed = 0;
+/* What the tasks of one call share: the parameters and the longest key list. */
+typedef struct {
+    const kn_dflash_attn_params *p;
+    int64_t                      max_keys;
+    double                      *delta; /* the backward's Δ per query task */
+} dflash_run;
 
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        double *sc  = malloc((size_t)max_keys * sizeof(double));
-        double *acc = malloc((size_t)hd * sizeof(double));
-        if (!sc || !acc) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 16)
-#endif
-        for (int64_t task = 0; task < n_tasks; task++) {
-            if (!sc || !acc) continue;
-            const int64_t qi = task / p->nq, j = qi / p->B;
-            const int     h = (int)(task % p->nq), k = (int)(qi % p->B), g = h / group;
-            const float  *qr = p->q + task * hd;
-            const int64_t n  = scores(p, qr, j, k, g, sc);
-            double        mx = -INFINITY, sum = 0;
-            for (int64_t i = 0; i < n; i++) mx = sc[i] > mx ? sc[i] : mx;
-            for (int c = 0; c < hd; c++) acc[c] = 0;
-            for (int64_t i = 0; i < n; i++) {
-                const double e  = exp(sc[i] - mx);
-                const float *vr = key_row(p, p->v_ctx, p->v_blk, j, k, g, i);
-                sum += e;
-                for (int c = 0; c < hd; c++) acc[c] += e * (double)vr[c];
-            }
-            float *o = p->out + task * hd;
-            for (int c = 0; c < hd; c++) o[c] = (float)(acc[c] / sum);
-            p->lse[task] = (float)(mx + log(sum));
-        }
-        free(acc);
-        free(sc);
+/* Query task (row qi, head h): out and lse; scratch holds max_keys scores, then hd accumulators. */
+static void fwd_task(int64_t task, void *scratch, const void *user) {
+    const dflash_run            *r = user;
+    const kn_dflash_attn_params *p = r->p;
+    const int                    hd = p->hd, group = p->nq / p->nkv;
+    double                      *sc = scratch, *acc = sc + r->max_keys;
+    const int64_t                qi = task / p->nq, j = qi / p->B;
+    const int                    h = (int)(task % p->nq), k = (int)(qi % p->B), g = h / group;
+    const float                 *qr = p->q + task * hd;
+    const int64_t                n = scores(p, qr, j, k, g, sc);
+    double                       mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < n; i++)
+        mx = sc[i] > mx ? sc[i] : mx;
+    for (int c = 0; c < hd; c++)
+        acc[c] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = exp(sc[i] - mx);
+        const float *vr = key_row(p, p->v_ctx, p->v_blk, j, k, g, i);
+        sum += e;
+        for (int c = 0; c < hd; c++)
+            acc[c] += e * (double)vr[c];
     }
-    if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "dflash_attn_fwd: cannot allocate scratch for %lld scores",
-                       (long long)max_keys);
-    return CM_OK;
+    float *o = p->out + task * hd;
+    for (int c = 0; c < hd; c++)
+        o[c] = (float)(acc[c] / sum);
+    p->lse[task] = (float)(mx + log(sum));
+}
+
+cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
+    dflash_run r = {p, 0, NULL};
+    CM_TRY(check_params("dflash_attn_fwd", ctx, p, 0, &r.max_keys));
+    return kn_ref_parallel("dflash_attn_fwd", p->n_blocks * p->B * p->nq, 16,
+                           (size_t)(r.max_keys + p->hd) * sizeof(double), fwd_task, &r);
 }
 
 // ---- backward
@@ -241,46 +233,33 @@ static void bwd_key(const kn_dflash_attn_params *p, const double *delta, int64_t
     }
 }
 
-cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
-    int64_t max_keys = 0;
-    CM_TRY(check_params("dflash_attn_bwd", ctx, p, 1, &max_keys));
-    const int64_t n_q    = p->n_blocks * p->B * p->nq;
-    const int64_t n_k    = (p->T + p->n_blocks * p->B) * p->nkv;
-    const int     hd     = p->hd;
-    int           failed = 0;
-    double       *delta  = malloc((size_t)(n_q > 0 ? n_q : 1) * sizeof(double));
-    if (!delta)
-        return CM_FAIL(CM_ERR_NOMEM, "dflash_attn_bwd: cannot allocate %lld row sums", (long long)n_q);
+/* Pass 1, query task: dq and Δ; scratch holds two rows of max_keys, then hd accumulators. */
+static void bwd_query_task(int64_t task, void *scratch, const void *user) {
+    const dflash_run *r = user;
+    double           *sc = scratch;
+    bwd_query(r->p, task, sc, sc + r->max_keys, sc + 2 * r->max_keys, r->delta);
+}
 
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        double *sc  = malloc((size_t)2 * max_keys * sizeof(double));
-        double *acc = malloc((size_t)2 * hd * sizeof(double));
-        if (!sc || !acc) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 16)
-#endif
-        for (int64_t task = 0; task < n_q; task++)
-            if (sc && acc) bwd_query(p, task, sc, sc + max_keys, acc, delta);
-                /* the implicit barrier of the loop above orders every Δ before pass 2 reads it */
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 4)
-#endif
-        for (int64_t task = 0; task < n_k; task++)
-            if (sc && acc) bwd_key(p, delta, task / p->nkv, (int)(task % p->nkv), acc, acc + hd);
-        free(acc);
-        free(sc);
-    }
-    free(delta);
-    if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "dflash_attn_bwd: cannot allocate scratch for %lld scores",
-                       (long long)max_keys);
-    return CM_OK;
+/* Pass 2, key task (key row, kv head): dk and dv; scratch holds 2·hd accumulators. */
+static void bwd_key_task(int64_t task, void *scratch, const void *user) {
+    const dflash_run *r = user;
+    double           *acc = scratch;
+    bwd_key(r->p, r->delta, task / r->p->nkv, (int)(task % r->p->nkv), acc, acc + r->p->hd);
+}
+
+cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
+    dflash_run r = {p, 0, NULL};
+    CM_TRY(check_params("dflash_attn_bwd", ctx, p, 1, &r.max_keys));
+    const int64_t n_q = p->n_blocks * p->B * p->nq;
+    const int64_t n_k = (p->T + p->n_blocks * p->B) * p->nkv;
+    r.delta = malloc((size_t)(n_q > 0 ? n_q : 1) * sizeof(double));
+    if (!r.delta)
+        return CM_FAIL(CM_ERR_NOMEM, "dflash_attn_bwd: cannot allocate %lld row sums", (long long)n_q);
+    /* pass 1 writes every Δ before pass 2 reads them: two parallel regions */
+    cm_status st = kn_ref_parallel("dflash_attn_bwd", n_q, 16,
+                                   (size_t)(2 * r.max_keys + p->hd) * sizeof(double), bwd_query_task, &r);
+    if (st == CM_OK)
+        st = kn_ref_parallel("dflash_attn_bwd", n_k, 4, (size_t)2 * p->hd * sizeof(double), bwd_key_task, &r);
+    free(r.delta);
+    return st;
 }

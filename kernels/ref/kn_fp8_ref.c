@@ -200,13 +200,48 @@ cm_status kn_ref_gemm_fp8q_acc(kn_ctx *ctx, float *out, const uint8_t *q, const 
     return st;
 }
 
+/* One gemm_fp8q: the widened input, the scales, the e4m3 table and the number of W-row tiles. */
+typedef struct {
+    float         *out;
+    uint16_t      *o16;
+    const float   *fa, *sa;
+    const uint8_t *wq;
+    const float   *wscale, *lut;
+    int64_t        M, N, K, ld, Mp, n_nt;
+} fp8_tiles;
+
+/* Tile `tile` (FP8_MB rows × FP8_NB W rows) of the product; wbuf holds FP8_NB × K widened weights. */
+static void fp8_tile(int64_t tile, void *scratch, const void *user) {
+    const fp8_tiles *g = user;
+    const int64_t    B = KN_FP8_BLOCK, M = g->M, N = g->N, K = g->K, L = (K + B - 1) / B;
+    const int64_t    m0 = (tile / g->n_nt) * FP8_MB, m1 = m0 + FP8_MB < M ? m0 + FP8_MB : M;
+    const int64_t    n0 = (tile % g->n_nt) * FP8_NB, n1 = n0 + FP8_NB < N ? n0 + FP8_NB : N;
+    float           *wbuf = scratch;
+    for (int64_t i = 0; i < (n1 - n0) * K; i++)
+        wbuf[i] = g->lut[g->wq[n0 * K + i]];
+    for (int64_t m = m0; m < m1; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            const float *a = g->fa + m * K, *wr = wbuf + (n - n0) * K;
+            double       acc = 0;
+            for (int64_t j = 0; j < L; j++) {
+                const int64_t k0 = j * B, k1 = k0 + B < K ? k0 + B : K;
+                const double  s = kn_ref_dot(a + k0, wr + k0, k1 - k0); /* exact */
+                acc += (double)g->sa[j * g->Mp + m] * (double)g->wscale[(n / B) * g->ld + j] * s;
+            }
+            if (g->o16)
+                g->o16[m * N + n] = bf16_of_double(acc);
+            else
+                g->out[m * N + n] = (float)acc;
+        }
+}
+
 static cm_status gemm_fp8q_run(float *out, uint16_t *o16, const uint8_t *qa, const float *sa, const uint8_t *wq,
                                const float *wscale, int64_t M, int64_t N, int64_t K) {
     if (K == 0) {
         memset(o16 ? (void *)o16 : (void *)out, 0, (size_t)(M * N) * (o16 ? 2 : 4));
         return CM_OK;
     }
-    const int64_t B = KN_FP8_BLOCK, L = (K + B - 1) / B, ld = kn_fp8_scale_ld(K), Mp = kn_fp8_rows(M);
+    const int64_t ld = kn_fp8_scale_ld(K), Mp = kn_fp8_rows(M);
     float        *fa = malloc((size_t)(M * K) * sizeof *fa);
     if (!fa)
         return CM_FAIL(CM_ERR_NOMEM, "gemm_fp8q: cannot widen the quantized input (%lld x %lld)", (long long)M,
@@ -215,48 +250,11 @@ static cm_status gemm_fp8q_run(float *out, uint16_t *o16, const uint8_t *qa, con
     for (int b = 0; b < 256; b++) lut[b] = cm_f8e4m3_to_f32((uint8_t)b);
     for (int64_t i = 0; i < M * K; i++) fa[i] = lut[qa[i]];
 
-    const int64_t n_mt = (M + FP8_MB - 1) / FP8_MB, n_nt = (N + FP8_NB - 1) / FP8_NB;
-    int           failed = 0;
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        float *wbuf = malloc((size_t)(FP8_NB * K) * sizeof *wbuf);
-        if (!wbuf) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t tile = 0; tile < n_mt * n_nt; tile++) {
-            if (!wbuf) continue;
-            const int64_t m0 = (tile / n_nt) * FP8_MB, m1 = m0 + FP8_MB < M ? m0 + FP8_MB : M;
-            const int64_t n0 = (tile % n_nt) * FP8_NB, n1 = n0 + FP8_NB < N ? n0 + FP8_NB : N;
-            for (int64_t i = 0; i < (n1 - n0) * K; i++) wbuf[i] = lut[wq[n0 * K + i]];
-            for (int64_t m = m0; m < m1; m++)
-                for (int64_t n = n0; n < n1; n++) {
-                    const float *a = fa + m * K, *wr = wbuf + (n - n0) * K;
-                    double       acc = 0;
-                    for (int64_t j = 0; j < L; j++) {
-                        const int64_t k0 = j * B, k1 = k0 + B < K ? k0 + B : K;
-                        const double  g = kn_ref_dot(a + k0, wr + k0, k1 - k0); /* exact */
-                        acc += (double)sa[j * Mp + m] * (double)wscale[(n / B) * ld + j] * g;
-                    }
-                    if (o16)
-                        o16[m * N + n] = bf16_of_double(acc);
-                    else
-                        out[m * N + n] = (float)acc;
-                }
-        }
-        free(wbuf);
-    }
+    const fp8_tiles g = {out, o16, fa, sa, wq, wscale, lut, M, N, K, ld, Mp, (N + FP8_NB - 1) / FP8_NB};
+    const cm_status st = kn_ref_parallel("gemm_fp8q", (M + FP8_MB - 1) / FP8_MB * g.n_nt, 1,
+                                         (size_t)(FP8_NB * K) * sizeof(float), fp8_tile, &g);
     free(fa);
-    if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "gemm_fp8q: cannot allocate a %d x %lld widening buffer", FP8_NB, (long long)K);
-    return CM_OK;
+    return st;
 }
 
 cm_status kn_ref_gemm_fp8(kn_ctx *ctx, float *out, const void *inp, cm_dtype idt, const uint8_t *wq,

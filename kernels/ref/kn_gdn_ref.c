@@ -45,23 +45,19 @@ typedef struct gdn_scratch {
     double  gam[CH], bet[CH];
 } gdn_scratch;
 
-static void scratch_free(gdn_scratch *sc) {
-    free(sc->S);
-    free(sc->A);
-    free(sc->Ti);
-    free(sc->U);
-    free(sc->W);
-    free(sc->D);
+/* The scratch's doubles for head sizes dk, dv (S, A, Ti, U, W and D, in that order). */
+static size_t scratch_doubles(int dk, int dv) {
+    return (size_t)dk * dv + 2 * (size_t)CH * CH + (size_t)CH * (2 * (size_t)dv + dk);
 }
 
-static int scratch_alloc(gdn_scratch *sc, int dk, int dv) {
-    sc->S  = malloc((size_t)dk * dv * sizeof(double));
-    sc->A  = malloc((size_t)CH * CH * sizeof(double));
-    sc->Ti = malloc((size_t)CH * CH * sizeof(double));
-    sc->U  = malloc((size_t)CH * dv * sizeof(double));
-    sc->W  = malloc((size_t)CH * dk * sizeof(double));
-    sc->D  = malloc((size_t)CH * dv * sizeof(double));
-    return sc->S && sc->A && sc->Ti && sc->U && sc->W && sc->D;
+/* sc's arrays laid over p (scratch_doubles(dk, dv) doubles). */
+static void scratch_view(gdn_scratch *sc, double *p, int dk, int dv) {
+    sc->S = p;
+    sc->A = sc->S + (size_t)dk * dv;
+    sc->Ti = sc->A + (size_t)CH * CH;
+    sc->U = sc->Ti + (size_t)CH * CH;
+    sc->W = sc->U + (size_t)CH * dv;
+    sc->D = sc->W + (size_t)CH * dk;
 }
 
 /* One (sequence [bos, eos), v-head h) pair. Strides: q, k rows are nk·dk floats per token,
@@ -152,6 +148,25 @@ static void gdn_one(gdn_scratch *sc, float *out, const float *q, const float *k,
 #undef VROW
 }
 
+/* One gated_delta_rule call's operands. */
+typedef struct {
+    float         *out;
+    const float   *q, *k, *v, *g, *beta;
+    const int32_t *cu;
+    int            nk, nv, dk, dv;
+    double         scale;
+} gdn_args;
+
+/* Task s·nv + h: sequence s, v-head h. */
+static void gdn_task(int64_t task, void *scratch, const void *user) {
+    const gdn_args *a = user;
+    const int       s = (int)(task / a->nv), h = (int)(task % a->nv);
+    gdn_scratch     sc;
+    scratch_view(&sc, scratch, a->dk, a->dv);
+    gdn_one(&sc, a->out, a->q, a->k, a->v, a->g, a->beta, a->cu[s], a->cu[s + 1], h, h / (a->nv / a->nk),
+            a->nk, a->nv, a->dk, a->dv, a->scale);
+}
+
 cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const float *k, const float *v,
                                   const float *g, const float *beta, const int32_t *cu_seqlens, int n_seq,
                                   int64_t T, int nk, int nv, int dk, int dv, float scale) {
@@ -163,36 +178,9 @@ cm_status kn_ref_gated_delta_rule(kn_ctx *ctx, float *out, const float *q, const
     if (T == 0) return CM_OK;
     KN_REF_CHECK(out && q && k && v && g && beta, "gated_delta_rule: out, q, k, v, g or beta is NULL");
 
-    const int     ratio   = nv / nk;
-    const int64_t n_tasks = (int64_t)n_seq * nv;
-    int           failed  = 0;
-
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        gdn_scratch sc;
-        int         ok = scratch_alloc(&sc, dk, dv);
-        if (!ok) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic)
-#endif
-        for (int64_t task = 0; task < n_tasks; task++) {
-            if (!ok) continue;
-            const int s = (int)(task / nv), h = (int)(task % nv);
-            gdn_one(&sc, out, q, k, v, g, beta, cu_seqlens[s], cu_seqlens[s + 1], h, h / ratio, nk, nv, dk,
-                    dv, (double)scale);
-        }
-        scratch_free(&sc);
-    }
-    if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "gated_delta_rule: cannot allocate scratch for dk=%d dv=%d", dk, dv);
-    return CM_OK;
+    const gdn_args a = {out, q, k, v, g, beta, cu_seqlens, nk, nv, dk, dv, (double)scale};
+    return kn_ref_parallel("gated_delta_rule", (int64_t)n_seq * nv, 1,
+                           scratch_doubles(dk, dv) * sizeof(double), gdn_task, &a);
 }
 
 cm_status kn_ref_gated_delta_rule_bf16(kn_ctx *ctx, float *out, const uint16_t *q, const uint16_t *k,

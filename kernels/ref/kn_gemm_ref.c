@@ -14,6 +14,38 @@
 #define GEMM_MB 16
 #define GEMM_NB 16
 
+/* One gemm: its operands and the number of W-row tiles. */
+typedef struct {
+    float       *out;
+    const float *inp;
+    const void  *w;
+    int64_t      M, N, K, n_nt;
+    int          widen; /* W is BF16: each tile widened into the scratch */
+} gemm_tiles;
+
+/* Tile `tile` (GEMM_MB inp rows × GEMM_NB W rows) of out; wbuf holds GEMM_NB × K floats when widening. */
+static void gemm_tile(int64_t tile, void *wbuf, const void *user) {
+    const gemm_tiles *g = user;
+    const int64_t     M = g->M, N = g->N, K = g->K;
+    const int64_t     m0 = (tile / g->n_nt) * GEMM_MB, m1 = m0 + GEMM_MB < M ? m0 + GEMM_MB : M;
+    const int64_t     n0 = (tile % g->n_nt) * GEMM_NB, n1 = n0 + GEMM_NB < N ? n0 + GEMM_NB : N;
+    const float      *wt;
+    if (g->widen) {
+        const uint16_t *src = (const uint16_t *)g->w + n0 * K;
+        float          *dst = wbuf;
+        for (int64_t i = 0; i < (n1 - n0) * K; i++)
+            dst[i] = cm_bf16_to_f32(src[i]);
+        wt = dst;
+    } else {
+        wt = (const float *)g->w + n0 * K;
+    }
+    for (int64_t m = m0; m < m1; m++) {
+        const float *a = g->inp + m * K;
+        for (int64_t n = n0; n < n1; n++)
+            g->out[m * N + n] = (float)kn_ref_dot(a, wt + (n - n0) * K, K);
+    }
+}
+
 cm_status kn_ref_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, cm_dtype wdt, int64_t M,
                       int64_t N, int64_t K) {
     KN_REF_CHECK(ctx, "gemm: ctx is NULL");
@@ -25,52 +57,10 @@ cm_status kn_ref_gemm(kn_ctx *ctx, float *out, const float *inp, const void *w, 
     if (M == 0 || N == 0) return CM_OK;
     KN_REF_CHECK(out && inp && (w || K == 0), "gemm: out, inp or w is NULL");
 
-    const int64_t n_mt    = (M + GEMM_MB - 1) / GEMM_MB;
-    const int64_t n_nt    = (N + GEMM_NB - 1) / GEMM_NB;
-    const int64_t n_tiles = n_mt * n_nt;
-    const int     widen   = wdt == CM_DTYPE_BF16;
-    int           failed  = 0;
-
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        float *wbuf = NULL;
-        if (widen) {
-            wbuf = malloc((size_t)GEMM_NB * (size_t)(K > 0 ? K : 1) * sizeof(float));
-            if (!wbuf) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-                failed = 1;
-            }
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t tile = 0; tile < n_tiles; tile++) {
-            if (widen && !wbuf) continue;
-            const int64_t m0 = (tile / n_nt) * GEMM_MB, m1 = m0 + GEMM_MB < M ? m0 + GEMM_MB : M;
-            const int64_t n0 = (tile % n_nt) * GEMM_NB, n1 = n0 + GEMM_NB < N ? n0 + GEMM_NB : N;
-            const float  *wt;
-            if (widen) {
-                const uint16_t *src = (const uint16_t *)w + n0 * K;
-                for (int64_t i = 0; i < (n1 - n0) * K; i++) wbuf[i] = cm_bf16_to_f32(src[i]);
-                wt = wbuf;
-            } else {
-                wt = (const float *)w + n0 * K;
-            }
-            for (int64_t m = m0; m < m1; m++) {
-                const float *a = inp + m * K;
-                for (int64_t n = n0; n < n1; n++) out[m * N + n] = (float)kn_ref_dot(a, wt + (n - n0) * K, K);
-            }
-        }
-        free(wbuf);
-    }
-    if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "gemm: cannot allocate a %d x %lld widening buffer", GEMM_NB,
-                       (long long)K);
-    return CM_OK;
+    const gemm_tiles g = {out, inp, w, M, N, K, (N + GEMM_NB - 1) / GEMM_NB, wdt == CM_DTYPE_BF16};
+    const int64_t    n_tiles = (M + GEMM_MB - 1) / GEMM_MB * g.n_nt;
+    return kn_ref_parallel("gemm", n_tiles, 1, g.widen ? (size_t)GEMM_NB * (size_t)K * sizeof(float) : 0,
+                           gemm_tile, &g);
 }
 
 // ---- backward: gemm_dx and gemm_dw

@@ -10,8 +10,6 @@
  * is computed by one thread in a fixed order, so results do not depend on the thread count. */
 #include "kn_ref.h"
 
-#include <stdlib.h>
-
 typedef struct lm_ce_scratch {
     double *logits; /* [KN_REF_LM_CE_ROWS, V] */
     double *acc;    /* [KN_REF_LM_CE_ROWS, D] */
@@ -93,6 +91,17 @@ static void lm_ce_chunk(const kn_lm_topk_params *p, int64_t r0, int64_t nr, cons
         for (int64_t d = 0; d < D; d++) p->dh[(r0 + i) * D + d] = (float)s->acc[i * D + d];
 }
 
+/* Chunk `chunk` of KN_REF_LM_CE_ROWS rows, its scratch laid out as lm_ce_run sizes it. */
+static void lm_ce_task(int64_t chunk, void *scratch, const void *user) {
+    const kn_lm_topk_params *p = user;
+    const int64_t            r0 = chunk * KN_REF_LM_CE_ROWS;
+    const int64_t            nr = p->R - r0 < KN_REF_LM_CE_ROWS ? p->R - r0 : KN_REF_LM_CE_ROWS;
+    double                  *logits = scratch, *acc = logits + (size_t)KN_REF_LM_CE_ROWS * p->V;
+    const lm_ce_scratch      s = {logits, p->dh ? acc : NULL,
+                                  (float *)(acc + (p->dh ? (size_t)KN_REF_LM_CE_ROWS * p->D : 0))};
+    lm_ce_chunk(p, r0, nr, &s);
+}
+
 /* Validates what lm_ce and lm_ce_topk share (op names the entry in messages), then runs the
  * chunks in parallel. The caller has checked p->K and the top-K pointers. */
 static cm_status lm_ce_run(const char *op, const kn_lm_topk_params *p) {
@@ -105,41 +114,10 @@ static cm_status lm_ce_run(const char *op, const kn_lm_topk_params *p) {
         KN_REF_CHECK(p->labels[r] >= 0 && p->labels[r] < V, "%s: label %d of row %lld is outside [0, V=%lld)",
                      op, (int)p->labels[r], (long long)r, (long long)V);
 
-    const int64_t n_chunks = (R + KN_REF_LM_CE_ROWS - 1) / KN_REF_LM_CE_ROWS;
-    int           failed   = 0;
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-    {
-        lm_ce_scratch s = {
-            malloc((size_t)KN_REF_LM_CE_ROWS * (size_t)V * sizeof(double)),
-            p->dh ? malloc((size_t)KN_REF_LM_CE_ROWS * (size_t)D * sizeof(double)) : NULL,
-            p->wdt == CM_DTYPE_BF16 ? malloc((size_t)D * sizeof(float)) : NULL,
-        };
-        const int ok = s.logits && (!p->dh || s.acc) && (p->wdt != CM_DTYPE_BF16 || s.wrow);
-        if (!ok) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-        for (int64_t chunk = 0; chunk < n_chunks; chunk++) {
-            if (!ok) continue;
-            const int64_t r0 = chunk * KN_REF_LM_CE_ROWS;
-            const int64_t nr = R - r0 < KN_REF_LM_CE_ROWS ? R - r0 : KN_REF_LM_CE_ROWS;
-            lm_ce_chunk(p, r0, nr, &s);
-        }
-        free(s.wrow);
-        free(s.acc);
-        free(s.logits);
-    }
-    if (failed)
-        return CM_FAIL(CM_ERR_NOMEM, "%s: cannot allocate scratch for %d x %lld logits", op,
-                       KN_REF_LM_CE_ROWS, (long long)V);
-    return CM_OK;
+    /* per thread: logits, then the dh accumulators when dh is wanted, then a widened BF16 row of W */
+    const size_t bytes = (size_t)KN_REF_LM_CE_ROWS * (size_t)(V + (p->dh ? D : 0)) * sizeof(double) +
+                         (p->wdt == CM_DTYPE_BF16 ? (size_t)D * sizeof(float) : 0);
+    return kn_ref_parallel(op, (R + KN_REF_LM_CE_ROWS - 1) / KN_REF_LM_CE_ROWS, 1, bytes, lm_ce_task, p);
 }
 
 /* The checks that come before R = 0 returns: context, shape, dtype. */

@@ -321,6 +321,14 @@ static inline void kn_ref_attend_row(float *o, const float *q, const float *k, c
     for (int c = 0; c < hd; c++) o[c] = (float)(gate ? acc[c] * kn_ref_sigmoid(gate[c]) : acc[c]);
 }
 
+/* fn(task, scratch, user) for every task < n_tasks, in parallel under OpenMP (a dynamic schedule,
+ * chunk tasks at a time), each thread with its own scratch of scratch_bytes (malloc's alignment)
+ * for all its tasks. Tasks must write disjoint outputs. CM_ERR_NOMEM naming op when a thread's
+ * scratch cannot be had (kn_parallel_ref.c). */
+typedef void (*kn_ref_task_fn)(int64_t task, void *scratch, const void *user);
+cm_status kn_ref_parallel(const char *op, int64_t n_tasks, int chunk, size_t scratch_bytes, kn_ref_task_fn fn,
+                          const void *user);
+
 /* The (token, q head) rows of a reference attention: row(task, p, acc, user) for every task < n_tasks,
  * in parallel under OpenMP, each thread with scratch p [n_keys] and acc [hd] doubles for
  * kn_ref_attend_row (kn_attention_ref.c). CM_ERR_NOMEM naming op when the scratch cannot be had. */
