@@ -24,9 +24,9 @@
  *   TANDEM_GDN_KERNEL     ctx_create,            unset: 0, the dispatch of kn_gdn_state.cu; "mma": 1, the
  *                         ctx->gdn_force         mma.sync state kernel where the wgmma one of compute
  *                                                capability 9.0 would run
- *   TANDEM_DFLASH_KERNEL  ctx_create,            unset: 0, the dispatch of kn_dflash_attn_mma.cu; "mma": 1,
- *                         ctx->dflash_force      the mma.sync dk/dv pass where the wgmma one of compute
- *                                                capability 9.0 would run (kn_dflash_attn_sm90a.cu)
+ *   TANDEM_DFLASH_KERNEL  ctx_create,            unset: 0, the mma.sync kernels of kn_dflash_attn_mma.cu;
+ *                         ctx->dflash_wgmma      "wgmma": 1, the wgmma ones on compute capability 9.0
+ *                                                (kn_dflash_attn_sm90a.cu; same masks, slower today)
  *   TANDEM_FP8_GEMM       ctx_create,            unset: 0, cuBLASLt's block-scaled FP8 product; "wgmma": 1,
  *                         ctx->fp8_wgmma         Tandem's own kernel on compute capability 9.0
  *                                                (kn_fp8_gemm_sm90a.cu; same bits, slower today)
@@ -98,7 +98,7 @@ struct kn_ctx {
     int        lt_autotune;
     int        attn_force; /* TANDEM_ATTN_KERNEL: 0 the dispatch, 1 wmma, 2 fa2-2, 3 fa2 */
     int        gdn_force;  /* TANDEM_GDN_KERNEL: 0 the dispatch, 1 mma */
-    int        dflash_force; /* TANDEM_DFLASH_KERNEL: 0 the dispatch, 1 mma */
+    int        dflash_wgmma; /* TANDEM_DFLASH_KERNEL: 0 mma.sync, 1 the wgmma kernels */
     int        fp8_wgmma;  /* TANDEM_FP8_GEMM: 0 cuBLASLt, 1 the wgmma kernel */
     int        lt_plans_used;
     uint64_t   lt_plan_overflow; /* calls that found the table full and ran per call */

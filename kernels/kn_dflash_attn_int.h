@@ -244,7 +244,7 @@ cm_status kn_dflash_mma_bwd(kn_ctx *ctx, const df_params *p);
 
 /* The same kernels on Hopper's warpgroup MMA (kn_dflash_attn_sm90a.cu), for kn_dflash_mma_fwd
  * and _bwd: supported when this build has sm_90a code, the GPU is compute capability 9.0, head_dim
- * is 64 or 128 (B ≤ 64) and TANDEM_DFLASH_KERNEL does not force mma.sync. They take the bf16 copies
+ * is 64 or 128 (B ≤ 64) and TANDEM_DFLASH_KERNEL=wgmma asks for them. They take the bf16 copies
  * and Δ those made (Q, dO [R, nq, hd]; K, V [T + R, nkv, hd]); the backward runs dq and dk/dv. */
 int       kn_dflash_wg_supported(kn_ctx *ctx, const df_params *p);
 cm_status kn_dflash_wg_fwd(kn_ctx *ctx, const df_params *p, const __nv_bfloat16 *qb, const __nv_bfloat16 *kb,

@@ -43,7 +43,7 @@ static void ctx_switches_read(kn_ctx *ctx) {
     const char *g = getenv("TANDEM_GDN_KERNEL");
     ctx->gdn_force = g && strcmp(g, "mma") == 0;
     const char *d = getenv("TANDEM_DFLASH_KERNEL");
-    ctx->dflash_force = d && strcmp(d, "mma") == 0;
+    ctx->dflash_wgmma = d && strcmp(d, "wgmma") == 0;
     const char *f = getenv("TANDEM_FP8_GEMM");
     ctx->fp8_wgmma = f && strcmp(f, "wgmma") == 0;
 }

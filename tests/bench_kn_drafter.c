@@ -4,8 +4,8 @@
  * attention's rate counts 4·hd flops per visible (query, key) pair and head for the forward
  * (scores and P·V) and 10·hd for the backward (scores, dp, dq, dk, dv), the LM head 2·R·V·D
  * per GEMM (the logits; with dh also dh = coef·W; W is frozen, so there is no third). The
- * attention runs in F32 mode, in BF16 mode, and in BF16 mode with TANDEM_DFLASH_KERNEL=mma (the
- * dk/dv pass on mma.sync where compute capability 9.0 would run it on wgmma), one context each.
+ * attention runs in F32 mode, in BF16 mode (mma.sync), and in BF16 mode with
+ * TANDEM_DFLASH_KERNEL=wgmma (the wgmma kernels on compute capability 9.0), one context each.
  *   bench_kn_drafter            (needs a cuda device; exits 77 without one) */
 #include <math.h>
 #include <stdint.h>
@@ -19,7 +19,7 @@
 #define REPS 5
 
 static const kn_backend *gpu;
-static kn_ctx           *g32, *g16, *g16m; /* g16m: bf16 with TANDEM_DFLASH_KERNEL=mma */
+static kn_ctx           *g32, *g16, *g16w; /* g16w: bf16 with TANDEM_DFLASH_KERNEL=wgmma */
 
 static double now_s(void) {
     struct timespec ts;
@@ -121,11 +121,11 @@ static void bench_attn(int nq, int nkv, int hd, int B, int n_docs, int doc_len, 
     p.dk_blk = dev_rand(g32, (size_t)(R * nkv * hd), 0, 0);
     p.dv_blk = dev_rand(g32, (size_t)(R * nkv * hd), 0, 0);
     const double ff = 4.0 * hd * pairs * nq, fb = 10.0 * hd * pairs * nq;
-    /* F32: fp32 CUDA-core kernels; BF16: tensor cores (the dk/dv pass on wgmma on compute
-     * capability 9.0); then BF16 with TANDEM_DFLASH_KERNEL=mma (the mma.sync dk/dv pass) */
-    static const char *modes[3] = {"F32 ", "BF16", "BF16 dkv=mma"};
+    /* F32: fp32 CUDA-core kernels; BF16: tensor cores (mma.sync); then BF16 with
+     * TANDEM_DFLASH_KERNEL=wgmma (the wgmma kernels on compute capability 9.0) */
+    static const char *modes[3] = {"F32 ", "BF16", "BF16 wgmma"};
     for (int mode = 0; mode < 3; mode++) {
-        kn_ctx      *ctx = mode == 0 ? g32 : mode == 1 ? g16 : g16m;
+        kn_ctx      *ctx = mode == 0 ? g32 : mode == 1 ? g16 : g16w;
         const double tf = time_attn(ctx, gpu->dflash_attn_fwd, &p), tb = time_attn(ctx, gpu->dflash_attn_bwd, &p);
         printf("dflash %s nq=%d nkv=%d hd=%d B=%d T=%lld (%d docs) blocks=%lld W=%d: %.3g Mpairs/head; fwd "
                "%.3f ms "
@@ -190,8 +190,8 @@ int main(void) {
     c.gemm_mode = KN_GEMM_MODE_BF16;
     if (gpu->ctx_create(&g16, &c) != CM_OK)
         die("ctx_create");
-    setenv("TANDEM_DFLASH_KERNEL", "mma", 1); /* read at ctx_create */
-    if (gpu->ctx_create(&g16m, &c) != CM_OK)
+    setenv("TANDEM_DFLASH_KERNEL", "wgmma", 1); /* read at ctx_create */
+    if (gpu->ctx_create(&g16w, &c) != CM_OK)
         die("ctx_create");
     unsetenv("TANDEM_DFLASH_KERNEL");
     /* the test_dt_grad random drafter's layer, then Qwen3-8B-class drafter layers at 8k tokens */
@@ -203,7 +203,7 @@ int main(void) {
     bench_lm_ce(g16, "BF16", 4096, 151936, 4096, 1);
     bench_lm_ce(g16, "BF16", 4096, 151936, 4096, 0);
     bench_lm_ce(g16, "BF16", 7680, 248320, 5120, 1); /* the Qwen3.6-27B drafter step's selected rows */
-    gpu->ctx_destroy(&g16m);
+    gpu->ctx_destroy(&g16w);
     gpu->ctx_destroy(&g16);
     gpu->ctx_destroy(&g32);
     return 0;

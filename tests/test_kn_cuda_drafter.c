@@ -25,8 +25,8 @@
  *   else the fp32 fallback): Q, K, V, dO, P and dS are rounded to bf16 (2^-9 relative) with
  *   fp32 sums, so every output within 3e-2 of its tensor's scale (+3e-2 relative; lse 3e-2
  *   absolute) and each tensor's relative L2 error ≤ 2e-2.
- * On compute capability 9.0 the BF16 backward runs its dk/dv pass on wgmma at head_dim 64 and 128;
- * those shapes run again with TANDEM_DFLASH_KERNEL=mma (the mma.sync pass), to the same tolerances.
+ * Head_dim 64 and 128 run again with TANDEM_DFLASH_KERNEL=wgmma (the wgmma kernels on compute
+ * capability 9.0, mma.sync elsewhere), to the same tolerances.
  * The backward is also run twice and must give the same bits (no atomics). Label gpu: exits
  * 77 when the build has no cuda backend or the machine has no cuda device. */
 #include <math.h>
@@ -446,7 +446,7 @@ typedef struct attn_case {
     int         windows[3]; /* tried in turn; 0 = full attention; -1 ends */
 } attn_case;
 
-static kn_ctx *gctx_dkv_mma; /* bf16 mode with TANDEM_DFLASH_KERNEL=mma, or NULL */
+static kn_ctx *gctx_wgmma; /* bf16 mode with TANDEM_DFLASH_KERNEL=wgmma, or NULL */
 
 static void attn_run(const attn_case *ac, int window, int causal) {
     int32_t starts[8];
@@ -488,17 +488,17 @@ static void attn_run(const attn_case *ac, int window, int causal) {
     const char *names[7] = {"out", "lse", "dq", "dk_ctx", "dv_ctx", "dk_blk", "dv_blk"};
     /* the tensor-core kernels take these shapes in BF16 mode (kn_dflash_attn_mma.cu) */
     const int mma = (hd == 16 || hd == 32 || hd == 64 || hd == 128) && B <= 64 && (nq / nkv) * ((B + 15) / 16) <= 8;
-    /* mode 2: the mma.sync dk/dv pass forced where the wgmma one runs (compute capability 9.0) */
-    const int n_modes = gctx_dkv_mma && mma && (hd == 64 || hd == 128) ? 3 : 2;
+    /* mode 2: the wgmma kernels asked for (they run on compute capability 9.0) */
+    const int n_modes = gctx_wgmma && mma && (hd == 64 || hd == 128) ? 3 : 2;
     for (int mode = 0; mode < n_modes; mode++) {
-        kn_ctx *g = mode == 0 ? gctx : mode == 1 ? gctx16 : gctx_dkv_mma;
+        kn_ctx *g = mode == 0 ? gctx : mode == 1 ? gctx16 : gctx_wgmma;
         char    label[160], name[224];
         snprintf(label, sizeof label, "%s T=%ld blocks=%ld B=%ld nq=%ld nkv=%ld hd=%ld W=%d%s%s", ac->what, T,
                  nb, B, nq, nkv, hd, window, causal ? " causal" : "",
                  mode == 0   ? ""
                  : !mma      ? " BF16 (fp32 fallback)"
                  : mode == 1 ? " BF16 mma"
-                             : " BF16 mma dkv=mma");
+                             : " BF16 wgmma");
         tst_ok(gpu->dflash_attn_fwd(g, &pg), "cuda dflash_attn_fwd");
         tst_ok(gpu->dflash_attn_bwd(g, &pg), "cuda dflash_attn_bwd");
         float *first[7] = {0};
@@ -574,16 +574,16 @@ static void test_dflash(void) {
         {"gqa8 hd32", 2, {129, 200}, 8, 16, 8, 1, 32, {0, 9, -1}},
         {"B20 hd64", 3, {1, 90, 77}, 6, 20, 2, 2, 64, {0, 30, -1}},
     };
-    /* the dk/dv pass on mma.sync as well, where compute capability 9.0 runs the wgmma one
-     * (head_dim 64 and 128): both against the cpu */
-    tst_gpu_ctx_env(&gctx_dkv_mma, "TANDEM_DFLASH_KERNEL", "mma");
+    /* the wgmma kernels as well (head_dim 64 and 128 on compute capability 9.0): both forms
+     * against the cpu */
+    tst_gpu_ctx_env(&gctx_wgmma, "TANDEM_DFLASH_KERNEL", "wgmma");
     /* every window causal and not (non-causal sliding layers; is_causal true on a full layer);
      * windows below B cut block slots too, in both directions when not causal */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int w = 0; w < 3 && cases[c].windows[w] >= 0; w++)
             for (int causal = 0; causal < 2; causal++)
                 attn_run(&cases[c], cases[c].windows[w], causal);
-    gpu->ctx_destroy(&gctx_dkv_mma);
+    gpu->ctx_destroy(&gctx_wgmma);
 }
 
 // ----------------------------------------------------------------------------
