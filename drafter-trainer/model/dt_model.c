@@ -211,6 +211,7 @@ cm_status dt_model_create(dt_model **out, const cm_drafter_cfg *cfg, const kn_ba
     }
     /* once: the alignment padding is never written after this, and dt_dp reduces the whole slab */
     CM_TRY_GOTO(dt_model_dev_zero(m, m->grad_base, (int64_t)m->n_slab), st, fail);
+    CM_TRY_GOTO(dt_model_w16_plan(m), st, fail);
     *out = m;
     return CM_OK;
 fail:
@@ -250,6 +251,7 @@ void dt_model_destroy(dt_model **mp) {
     free(m->params);
     free(m->names);
     free(m->grad_unset);
+    dt_model_w16_release(m);
     free(m);
     *mp = NULL;
 }
@@ -331,6 +333,7 @@ static int grad_by_matmul(const dt_model *m, int i) {
 /* The start of a step's gradients: every other parameter's grad zeroed (runs of neighbours, with
  * their padding, in one call), the matmul-made ones marked unset. */
 cm_status dt_model_grads_begin(dt_model *m) {
+    dt_model_w16_begin(m); /* the copies live in matmul-made gradients: made again this step */
     for (int i = 0; i < m->n_params;) {
         if (grad_by_matmul(m, i)) {
             m->grad_unset[i++] = 1;

@@ -61,7 +61,7 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     /* the SwiGLU product, recomputed, then its gradient in the same place */
     CM_TRY(be->swiglu_typed(m->ctx, a->work, t, A->gate, A->up, t, R * I));
     CM_TRY(dt_model_mm_dw(m, down, dxop, t, a->work, t, R, D, I));
-    CM_TRY(dt_model_mm_dx(m, a->work, t, dxop, t, down->data, R, D, I, 0));
+    CM_TRY(dt_model_mm_dx(m, a->work, t, dxop, t, down, R, D, I, 0));
     CM_TRY(be->swiglu_bwd_typed(m->ctx, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
     if (dt_model_is_v2(m)) /* h2' (the convolved h2), recomputed (over dxop) from the saved x_mid */
         CM_TRY(dt_model_conv_in_recompute(m, l, 1, A->x_mid, t, &hop));
@@ -69,8 +69,8 @@ static cm_status mlp_bwd(dt_model *m, int l) {
         CM_TRY(dt_model_norm_saved(m, &hop, A->x_mid, ln->data, R));
     CM_TRY(dt_model_mm_dw(m, gate, A->gate, t, hop, t, R, I, D));
     CM_TRY(dt_model_mm_dw(m, up, A->up, t, hop, t, R, I, D));
-    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->gate, t, gate->data, R, I, D, 0));
-    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up->data, R, I, D, 1));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->gate, t, gate, R, I, D, 0));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, A->up, t, up, R, I, D, 1));
     if (dt_model_is_v2(m))
         return dt_model_conv_in_bwd(m, l, 1, A->x_mid, t);
     return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, A->x_mid, t, ln->data, R, 1, dt_model_dx_op_out(m));
@@ -92,8 +92,8 @@ static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const
                                   g->rms_norm_eps));
     CM_TRY(dt_model_mm_dw(m, wk, dk_pre, gdt, inp, m->adt, rows, KV, D));
     CM_TRY(dt_model_mm_dw(m, wv, dv, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
-    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, gdt, wk->data, rows, KV, D, accumulate));
-    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dv, CM_DTYPE_F32, wv->data, rows, KV, D, 1));
+    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, gdt, wk, rows, KV, D, accumulate));
+    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dv, CM_DTYPE_F32, wv, rows, KV, D, 1));
     return CM_OK;
 }
 
@@ -120,7 +120,7 @@ static cm_status attn_bwd(dt_model *m, int l) {
     }
     CM_TRY(dt_model_mm_dw(m, wo, dxop, m->adt, A->attn, m->adt, R, D, Q));
     p.dout = dt_model_slot_ptr(m, l, AS_DO);
-    CM_TRY(dt_model_mm_dx(m, (float *)p.dout, CM_DTYPE_F32, dxop, m->adt, wo->data, R, D, Q, 0));
+    CM_TRY(dt_model_mm_dx(m, (float *)p.dout, CM_DTYPE_F32, dxop, m->adt, wo, R, D, Q, 0));
     /* the attention's inputs and output again: q and k through their norms and RoPE */
     CM_TRY(dt_model_q_post(m, l, q, A->q_pre));
     CM_TRY(dt_model_k_post(m, l, kc, A->kc_pre, T, a->ctx_pos));
@@ -153,7 +153,7 @@ static cm_status attn_bwd(dt_model *m, int l) {
     if (dt_model_is_v2(m)) /* h' (the convolved h), recomputed */
         CM_TRY(dt_model_conv_in_recompute(m, l, 0, x, x_dt, &hop));
     CM_TRY(dt_model_mm_dw(m, wq, o, gdt, hop, m->adt, R, Q, D));
-    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, gdt, wq->data, R, Q, D, 0));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, gdt, wq, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
     CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, vb, a->dh, 1));
     CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx, l != g->n_layers - 1));

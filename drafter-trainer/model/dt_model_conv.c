@@ -51,7 +51,7 @@ static cm_status conv_in(dt_model *m, int l, int mod, const float *u, const void
  * convolution of u into acts.cup, and *hop becomes u' as a GEMM operand. */
 cm_status dt_model_conv_in_fwd(dt_model *m, int l, int mod, const void **hop) {
     const int64_t D = m->cfg.hidden_size, R = m->R;
-    const float  *wp = dt_model_lp(m, l, mod ? LP_MCONV_PROJ : LP_ACONV_PROJ)->data;
+    const dt_param *wp = dt_model_lp(m, l, mod ? LP_MCONV_PROJ : LP_ACONV_PROJ);
     CM_TRY(dt_model_mm_fwd(m, conv_delta(m, l, mod), CM_DTYPE_F32, *hop, m->adt, wp, R, conv_np(m), D));
     return conv_in(m, l, mod, m->acts.dx, hop);
 }
@@ -117,7 +117,7 @@ cm_status dt_model_conv_in_bwd(dt_model *m, int l, int mod, const void *x, cm_dt
     p.ddelta = m->acts.cdd;
     CM_TRY(m->be->dynconv_bwd(m->ctx, &p));
     /* δ = u · Wpᵀ: both sides' ∂/∂δ back into u and Wp */
-    CM_TRY(dt_model_mm_dx(m, m->acts.cup, CM_DTYPE_F32, m->acts.cdd, CM_DTYPE_F32, wp->data, R, NP, D, 1));
+    CM_TRY(dt_model_mm_dx(m, m->acts.cup, CM_DTYPE_F32, m->acts.cdd, CM_DTYPE_F32, wp, R, NP, D, 1));
     CM_TRY(dt_model_mm_dw(m, wp, m->acts.cdd, CM_DTYPE_F32, m->acts.cu, CM_DTYPE_F32, R, NP, D));
     return dt_model_norm_bwd(m, m->acts.dx, ln->grad, m->acts.cup, x, x_dt, ln->data, R, 1, NULL);
 }

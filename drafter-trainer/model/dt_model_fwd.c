@@ -41,13 +41,16 @@ kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l) {
 /* acts.xw += inp [R, K] (adt) · W[N = D, K]ᵀ: with BF16 storage one GEMM adding into the
  * residual (cuBLASLt's beta = 1: the fp32 sum the add kernel would make); with F32 storage
  * gemm into acts.dh and add, as always. */
-static cm_status residual_add(dt_model *m, const void *inp, const float *w, int64_t N, int64_t K) {
+static cm_status residual_add(dt_model *m, const void *inp, const dt_param *w, int64_t N, int64_t K) {
     if (m->adt == CM_DTYPE_F32) {
         CM_TRY(dt_model_mm_fwd(m, m->acts.dh, CM_DTYPE_F32, inp, CM_DTYPE_F32, w, m->R, N, K));
         return m->be->add(m->ctx, m->acts.xw, m->acts.dh, m->R * N);
     }
-    kn_matmul_params p = {.M = m->R, .N = N, .K = K, .a = inp, .a_dt = m->adt, .lda = K, .b = w,
-                          .b_dt = CM_DTYPE_F32, .ldb = K, .trans_b = 1, .c = m->acts.xw, .c_dt = CM_DTYPE_F32,
+    const void *wp;
+    cm_dtype    wdt;
+    CM_TRY(dt_model_weight(m, w, &wp, &wdt));
+    kn_matmul_params p = {.M = m->R, .N = N, .K = K, .a = inp, .a_dt = m->adt, .lda = K, .b = wp,
+                          .b_dt = wdt, .ldb = K, .trans_b = 1, .c = m->acts.xw, .c_dt = CM_DTYPE_F32,
                           .ldc = N, .accumulate = 1};
     return m->be->matmul(m->ctx, &p);
 }
@@ -72,9 +75,9 @@ cm_status dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre) {
 static cm_status kv_fwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, void *k_pre_s,
                         float *k, void *v_s, float *v) {
     const int64_t D = m->cfg.hidden_size, KV = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
-    CM_TRY(dt_model_mm_fwd(m, k_pre_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_K)->data, rows, KV, D));
+    CM_TRY(dt_model_mm_fwd(m, k_pre_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_K), rows, KV, D));
     CM_TRY(dt_model_k_post(m, l, k, k_pre_s, rows, pos));
-    CM_TRY(dt_model_mm_fwd(m, v_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_V)->data, rows, KV, D));
+    CM_TRY(dt_model_mm_fwd(m, v_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_V), rows, KV, D));
     return dt_model_load_act(m, v, v_s, rows * KV);
 }
 
@@ -93,7 +96,7 @@ static cm_status attn_fwd(dt_model *m, int l) {
                               m->adt == CM_DTYPE_F32 || dt_model_is_v2(m) ? a->dx : NULL, a->H));
     if (dt_model_is_v2(m))
         CM_TRY(dt_model_conv_in_fwd(m, l, 0, &hop));
-    CM_TRY(dt_model_mm_fwd(m, A->q_pre, m->adt, hop, m->adt, dt_model_lp(m, l, LP_Q)->data, R, Q, D));
+    CM_TRY(dt_model_mm_fwd(m, A->q_pre, m->adt, hop, m->adt, dt_model_lp(m, l, LP_Q), R, Q, D));
     CM_TRY(dt_model_q_post(m, l, dt_model_slot_ptr(m, l, AS_Q), A->q_pre));
     CM_TRY(kv_fwd(m, l, a->ctx, m->T, a->ctx_pos, A->kc_pre, dt_model_slot_ptr(m, l, AS_KC), A->vc,
                   dt_model_slot_ptr(m, l, AS_VC)));
@@ -103,10 +106,10 @@ static cm_status attn_fwd(dt_model *m, int l) {
     CM_TRY(be->dflash_attn_fwd(m->ctx, &p));
     CM_TRY(be->cast2d(m->ctx, A->attn, m->adt, R * Q, p.out, CM_DTYPE_F32, R * Q, 1, R * Q));
     if (dt_model_is_v2(m)) { /* o_proj's output s, then the output-side convolution of s */
-        CM_TRY(dt_model_mm_fwd(m, A->sA, m->adt, A->attn, m->adt, dt_model_lp(m, l, LP_O)->data, R, D, Q));
+        CM_TRY(dt_model_mm_fwd(m, A->sA, m->adt, A->attn, m->adt, dt_model_lp(m, l, LP_O), R, D, Q));
         CM_TRY(dt_model_conv_out_fwd(m, l, 0));
     } else {
-        CM_TRY(residual_add(m, A->attn, dt_model_lp(m, l, LP_O)->data, D, Q));
+        CM_TRY(residual_add(m, A->attn, dt_model_lp(m, l, LP_O), D, Q));
     }
     return CM_OK;
 }
@@ -124,12 +127,12 @@ static cm_status mlp_fwd(dt_model *m, int l) {
                               m->adt == CM_DTYPE_F32 || dt_model_is_v2(m) ? a->dx : NULL, a->H));
     if (dt_model_is_v2(m))
         CM_TRY(dt_model_conv_in_fwd(m, l, 1, &hop));
-    CM_TRY(dt_model_mm_fwd(m, A->gate, m->adt, hop, m->adt, dt_model_lp(m, l, LP_GATE)->data, R, I, D));
-    CM_TRY(dt_model_mm_fwd(m, A->up, m->adt, hop, m->adt, dt_model_lp(m, l, LP_UP)->data, R, I, D));
+    CM_TRY(dt_model_mm_fwd(m, A->gate, m->adt, hop, m->adt, dt_model_lp(m, l, LP_GATE), R, I, D));
+    CM_TRY(dt_model_mm_fwd(m, A->up, m->adt, hop, m->adt, dt_model_lp(m, l, LP_UP), R, I, D));
     CM_TRY(be->swiglu_typed(m->ctx, a->work, m->adt, A->gate, A->up, m->adt, R * I));
     if (!dt_model_is_v2(m))
-        return residual_add(m, a->work, dt_model_lp(m, l, LP_DOWN)->data, D, I);
-    CM_TRY(dt_model_mm_fwd(m, A->sM, m->adt, a->work, m->adt, dt_model_lp(m, l, LP_DOWN)->data, R, D, I));
+        return residual_add(m, a->work, dt_model_lp(m, l, LP_DOWN), D, I);
+    CM_TRY(dt_model_mm_fwd(m, A->sM, m->adt, a->work, m->adt, dt_model_lp(m, l, LP_DOWN), R, D, I));
     return dt_model_conv_out_fwd(m, l, 1);
 }
 
@@ -141,7 +144,7 @@ cm_status dt_model_forward(dt_model *m) {
     /* ctx = hidden_norm(F · fcᵀ), shared by every layer */
     float *pre = dt_model_fc_slot(m, FS_PRE);
     if (m->adt == CM_DTYPE_F32)
-        CM_TRY(dt_model_mm_fwd(m, pre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, m->params[P_FC].data, T, D, nD));
+        CM_TRY(dt_model_mm_fwd(m, pre, CM_DTYPE_F32, a->F, CM_DTYPE_F32, &m->params[P_FC], T, D, nD));
     else
         for (int k = 0; k < g->n_taps; k++) {
             kn_matmul_params p = {.M = T, .N = D, .K = D, .a = m->tap[k], .a_dt = m->tap_dt, .lda = m->tap_ld,

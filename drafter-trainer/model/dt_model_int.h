@@ -24,7 +24,9 @@
  * stream (rmsnorm_typed); the q/k norms and RoPE read the saved projections where they are
  * (head_norm_rope) and their backward rotates and norms in one (head_norm_rope_bwd); every norm
  * backward reads its saved input as stored and, with BF16 storage, writes the bf16 dx the next
- * layer half's first GEMMs take (dt_model_dx_op). Context rows pass only through fc, hidden_norm and each
+ * layer half's first GEMMs take (dt_model_dx_op). With BF16 GEMMs each layer projection is rounded to bf16
+ * once a step, into a copy that lives in an earlier layer's not-yet-written gradient (dt_model_w16.c), and
+ * every GEMM of the step reads that. Context rows pass only through fc, hidden_norm and each
  * layer's k/v projections, so their key and value gradients from every layer sum into one dctx. One thread;
  * every op is CM_TRY'd. */
 #ifndef DT_MODEL_INT_H
@@ -178,6 +180,11 @@ struct dt_model {
      * dt_model.c) still holds the last step's values; its first matmul of the step writes it
      * (dt_model_grad_first), and dt_model_grads_settle zeroes it if none did */
     unsigned char *grad_unset;
+    /* [n_params] each: where parameter i's bf16 copy lives this step (in the gradient of parameter
+     * w16_host[i]; dt_model_w16.c), or NULL where its GEMMs round it per call; 1 once made */
+    void         **w16;
+    int           *w16_host;
+    unsigned char *w16_made;
     /* frozen target embedding and LM head, [V, D] */
     void    *embed, *lm_head;
     cm_dtype embed_dt, lm_head_dt;
@@ -227,6 +234,12 @@ cm_status dt_model_grads_final_from(dt_model *m, int i);
 cm_status dt_model_grads_begin(dt_model *m);
 cm_status dt_model_grads_settle(dt_model *m, int from);
 int       dt_model_grad_first(dt_model *m, const dt_param *p);
+/* the bf16 weight copies (dt_model_w16.c): planned at create, reset at each step's start; the GEMM
+ * operand of parameter p, its copy (made on first use) or the F32 master */
+cm_status dt_model_w16_plan(dt_model *m);
+void      dt_model_w16_release(dt_model *m);
+void      dt_model_w16_begin(dt_model *m);
+cm_status dt_model_weight(dt_model *m, const dt_param *p, const void **w, cm_dtype *dt);
 /* the batch (dt_model_batch.c) */
 void      dt_model_layout_batch(dt_model *m, const dt_batch *b, float gamma);
 cm_status dt_model_upload_batch(dt_model *m, const dt_batch *b);
@@ -243,10 +256,10 @@ cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *do
                             cm_dtype x_dt, const float *w, int64_t rows, int acc, void *dinp_bf16);
 void     *dt_model_dx_op_out(dt_model *m);
 cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n);
-cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt, const float *w,
-                          int64_t M, int64_t N, int64_t K);
+cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt,
+                          const dt_param *w, int64_t M, int64_t N, int64_t K);
 cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt,
-                         const float *w, int64_t M, int64_t N, int64_t K, int acc);
+                         const dt_param *w, int64_t M, int64_t N, int64_t K, int acc);
 cm_status dt_model_mm_dw(dt_model *m, dt_param *w, const void *dout, cm_dtype ddt, const void *inp,
                          cm_dtype idt, int64_t M, int64_t N, int64_t K);
 /* forward (dt_model_fwd.c) */

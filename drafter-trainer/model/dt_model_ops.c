@@ -83,24 +83,31 @@ cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n)
     return m->be->cast2d(m->ctx, dst, CM_DTYPE_F32, n, src, m->adt, n, 1, n);
 }
 
-/* The three GEMMs with typed activations against the F32 master W; the F32 cases go through
- * gemm, gemm_dx and gemm_dw (the same cuBLASLt call on cuda, the tiled reference on cpu). */
+/* The three GEMMs with typed activations against W: its bf16 copy where it has one
+ * (dt_model_weight), else the F32 master. The all-F32 cases go through gemm, gemm_dx and gemm_dw
+ * (the same cuBLASLt call on cuda, the tiled reference on cpu). */
 /* out[M, N] (odt) = inp[M, K] (idt) · W[N, K]ᵀ */
-cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt, const float *w,
-                          int64_t M, int64_t N, int64_t K) {
-    if (odt == CM_DTYPE_F32 && idt == CM_DTYPE_F32)
-        return m->be->gemm(m->ctx, out, inp, w, CM_DTYPE_F32, M, N, K);
-    kn_matmul_params p = {.M = M, .N = N, .K = K, .a = inp, .a_dt = idt, .lda = K, .b = w, .b_dt = CM_DTYPE_F32,
+cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt,
+                          const dt_param *w, int64_t M, int64_t N, int64_t K) {
+    const void *wp;
+    cm_dtype    wdt;
+    CM_TRY(dt_model_weight(m, w, &wp, &wdt));
+    if (odt == CM_DTYPE_F32 && idt == CM_DTYPE_F32 && wdt == CM_DTYPE_F32)
+        return m->be->gemm(m->ctx, out, inp, (const float *)wp, CM_DTYPE_F32, M, N, K);
+    kn_matmul_params p = {.M = M, .N = N, .K = K, .a = inp, .a_dt = idt, .lda = K, .b = wp, .b_dt = wdt,
                           .ldb = K, .trans_b = 1, .c = out, .c_dt = odt, .ldc = N};
     return m->be->matmul(m->ctx, &p);
 }
 
 /* dinp[M, K] (odt; = or += when acc) = dout[M, N] (ddt) · W[N, K] */
 cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt,
-                         const float *w, int64_t M, int64_t N, int64_t K, int acc) {
-    if (odt == CM_DTYPE_F32 && ddt == CM_DTYPE_F32)
-        return m->be->gemm_dx(m->ctx, dinp, dout, w, CM_DTYPE_F32, M, N, K, acc);
-    kn_matmul_params p = {.M = M, .N = K, .K = N, .a = dout, .a_dt = ddt, .lda = N, .b = w, .b_dt = CM_DTYPE_F32,
+                         const dt_param *w, int64_t M, int64_t N, int64_t K, int acc) {
+    const void *wp;
+    cm_dtype    wdt;
+    CM_TRY(dt_model_weight(m, w, &wp, &wdt));
+    if (odt == CM_DTYPE_F32 && ddt == CM_DTYPE_F32 && wdt == CM_DTYPE_F32)
+        return m->be->gemm_dx(m->ctx, dinp, dout, (const float *)wp, CM_DTYPE_F32, M, N, K, acc);
+    kn_matmul_params p = {.M = M, .N = K, .K = N, .a = dout, .a_dt = ddt, .lda = N, .b = wp, .b_dt = wdt,
                           .ldb = K, .c = dinp, .c_dt = odt, .ldc = K, .accumulate = acc};
     return m->be->matmul(m->ctx, &p);
 }

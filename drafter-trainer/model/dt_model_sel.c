@@ -18,7 +18,7 @@ cm_status dt_model_selector(dt_model *m, const float *hsel, float *dhsel) {
     const int64_t         n = m->n_sel, D = g->hidden_size, Rk = g->selector_rank;
     dt_param *P = &m->params[m->p_sel + SP_PRED], *S = &m->params[m->p_sel + SP_SUCC];
     dt_param *Wh = &m->params[m->p_sel + SP_HPROJ];
-    CM_TRY(dt_model_mm_fwd(m, a->su, CM_DTYPE_F32, hsel, CM_DTYPE_F32, Wh->data, n, Rk, D)); /* u = h·W_hᵀ */
+    CM_TRY(dt_model_mm_fwd(m, a->su, CM_DTYPE_F32, hsel, CM_DTYPE_F32, Wh, n, Rk, D)); /* u = h·W_hᵀ */
     kn_selector_params sp = {.n = n, .V = m->V, .K = g->selector_top_k, .Rk = (int)Rk, .D = (int)D,
                              .miss = m->sel.miss, .topk_idx = a->topk_idx, .topk_val = a->topk_val,
                              .label_logit = a->lab_logit, .labels = a->labels, .pred = a->pred, .u = a->su,
@@ -51,6 +51,6 @@ cm_status dt_model_selector(dt_model *m, const float *hsel, float *dhsel) {
     CM_TRY(be->selector_bwd(m->ctx, &sp));
     CM_TRY(dt_model_mm_dw(m, Wh, a->sdu, CM_DTYPE_F32, hsel, CM_DTYPE_F32, n, Rk, D));
     if (!m->sel.stop_grad)
-        CM_TRY(dt_model_mm_dx(m, dhsel, CM_DTYPE_F32, a->sdu, CM_DTYPE_F32, Wh->data, n, Rk, D, 1));
+        CM_TRY(dt_model_mm_dx(m, dhsel, CM_DTYPE_F32, a->sdu, CM_DTYPE_F32, Wh, n, Rk, D, 1));
     return CM_OK;
 }
