@@ -235,7 +235,8 @@ cm_status dt_plan_compute(dt_plan *p, const cm_target_cfg *t, const cm_drafter_c
     }
 
     /* memory: mixed precision as the CUDA path keeps it (fp32 masters and gradients, Adam m and
-     * v in fp32; no bf16 working copy: the GEMMs round the masters as they read them);
+     * v in fp32; no bf16 working copy of its own: a step's bf16 copies of the layer weights live in
+     * gradients not yet written, drafter-trainer/model/dt_model_w16.c);
      * activations in bf16 */
     const double P = (double)p->p_drafter, T = (double)r->token_budget, A = (double)r->max_anchors;
     const double B = d->block_size, Q = A * B, K = T + Q, Hd = (double)d->n_heads * d->head_dim;
