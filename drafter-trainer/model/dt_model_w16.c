@@ -94,7 +94,7 @@ void dt_model_w16_begin(dt_model *m) {
 
 cm_status dt_model_weight(dt_model *m, const dt_param *p, const void **w, cm_dtype *dt) {
     const ptrdiff_t i = p - m->params;
-    if (!m->w16[i]) {
+    if (!m->w16[i] || dt_model_gemm_op_dt(m) != CM_DTYPE_BF16) { /* none, or F32 storage set since */
         *w = p->data;
         *dt = CM_DTYPE_F32;
         return CM_OK;
