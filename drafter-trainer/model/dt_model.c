@@ -326,8 +326,7 @@ static int grad_by_matmul(const dt_model *m, int i) {
         return 1;
     if (i < P_LAYER0 || i >= m->p_norm)
         return 0;
-    const int j = (i - P_LAYER0) % m->n_lp;
-    return j == LP_Q || j == LP_K || j == LP_V || j == LP_O || j == LP_GATE || j == LP_UP || j == LP_DOWN;
+    return dt_lp_is_projection((i - P_LAYER0) % m->n_lp);
 }
 
 /* The start of a step's gradients: every other parameter's grad zeroed (runs of neighbours, with

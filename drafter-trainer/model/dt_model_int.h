@@ -218,6 +218,12 @@ static inline int dt_model_is_v2(const dt_model *m) {
     return m->cfg.kind == CM_DRAFTER_DFLASH2;
 }
 
+/* Is per-layer parameter j one of the layer's projections (q, k, v, o, gate, up, down), the matrices
+ * whose gradients only dW matmuls make and whose GEMMs take bf16 copies? */
+static inline int dt_lp_is_projection(int j) {
+    return j == LP_Q || j == LP_K || j == LP_V || j == LP_O || j == LP_GATE || j == LP_UP || j == LP_DOWN;
+}
+
 /* The dtype for a gradient that only feeds GEMMs: BF16 where the backend's GEMMs round their F32
  * operands to bf16 anyway (the same values, without the conversion each GEMM would make), else F32. */
 static inline cm_dtype dt_model_gemm_op_dt(dt_model *m) {

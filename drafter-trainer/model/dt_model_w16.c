@@ -19,12 +19,9 @@
 #include "dt_model_int.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define W16_ALIGN 256 /* bytes: every copy starts on this boundary inside its host */
-
-static int is_projection(int j) {
-    return j == LP_Q || j == LP_K || j == LP_V || j == LP_O || j == LP_GATE || j == LP_UP || j == LP_DOWN;
-}
 
 /* Places the copies of layer l's projections into the gradients of hosts[0 .. n_h − 1], largest
  * first, each into the first host with room. */
@@ -32,7 +29,7 @@ static void place_layer(dt_model *m, int l, const int *hosts, int n_h) {
     size_t used[LP_COUNT2] = {0};
     int    items[LP_COUNT2], n_i = 0;
     for (int j = 0; j < m->n_lp; j++)
-        if (is_projection(j))
+        if (dt_lp_is_projection(j))
             items[n_i++] = P_LAYER0 + l * m->n_lp + j;
     for (int a = 1; a < n_i; a++) /* by size, descending; stable */
         for (int b = a; b > 0 && m->params[items[b]].numel > m->params[items[b - 1]].numel; b--) {
@@ -70,7 +67,7 @@ cm_status dt_model_w16_plan(dt_model *m) {
             hosts[n_h++] = P_FC;
         } else {
             for (int j = 0; j < m->n_lp; j++)
-                if (is_projection(j))
+                if (dt_lp_is_projection(j))
                     hosts[n_h++] = P_LAYER0 + (l - 1) * m->n_lp + j;
         }
         place_layer(m, l, hosts, n_h);
@@ -88,8 +85,7 @@ void dt_model_w16_release(dt_model *m) {
 }
 
 void dt_model_w16_begin(dt_model *m) {
-    for (int i = 0; i < m->n_params; i++)
-        m->w16_made[i] = 0;
+    memset(m->w16_made, 0, (size_t)m->n_params);
 }
 
 cm_status dt_model_weight(dt_model *m, const dt_param *p, const void **w, cm_dtype *dt) {
