@@ -177,7 +177,10 @@ typedef struct kn_adamw_params {
 
 /* One tensor of a multi-tensor optimizer table (sumsq_multi, adamw_multi), the table itself in
  * backend memory. chunk0 = Σ over the earlier tensors of ceil(n / KN_MT_CHUNK): where this
- * tensor's chunks start in the launch; n_chunks is the sum over all of them. */
+ * tensor's chunks start in the launch; n_chunks is the sum over all of them. w16, when not
+ * NULL, receives the updated parameter rounded to bf16 (nearest even, as gemm rounds an F32
+ * operand): the weight copy a bf16 GEMM reads, written by adamw_multi where it writes param
+ * (an update that skips itself writes neither). */
 #define KN_MT_CHUNK 65536
 typedef struct kn_mt_tensor {
     float       *param;
@@ -185,6 +188,7 @@ typedef struct kn_mt_tensor {
     float       *m, *v;
     int64_t      n;
     int64_t      chunk0;
+    uint16_t    *w16;
 } kn_mt_tensor;
 
 /* A general matmul in row-major terms (kn_backend matmul): C[M, N] (= or +=) op(A)·op(B) with

@@ -23,9 +23,12 @@
  *   thread issues several 16-byte loads before it does any arithmetic (sumsq_multi four groups,
  *   adamw_multi two groups of its four arrays), so that enough bytes are in flight per SM to
  *   run at DRAM bandwidth; gradients are read with the evict-first hint (read once, or twice
- *   with a whole pass between), and the updated arrays stored with it. */
+ *   with a whole pass between), and the updated arrays stored with it. A tensor with a w16
+ *   copy also gets its new values rounded to bf16 there (2 bytes a parameter more), read by
+ *   the next step's GEMMs (plain stores: it is read soon). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
+#include "kn_device.h"
 
 #include <math.h>
 
@@ -86,15 +89,18 @@ static __device__ __forceinline__ void adamw_val(float &p, float &m, float &v, f
     v = (float)vi;
 }
 
-/* One AdamW element update (adamw and adamw_multi's unaligned and tail elements). */
+/* One AdamW element update (adamw and adamw_multi's unaligned and tail elements); w16, when not
+ * NULL, takes the new value rounded to bf16. */
 static __device__ __forceinline__ void adamw_elem(float *param, const float *grad, float *m, float *v,
-                                                  int64_t i, double lr, double b1, double b2, double eps,
-                                                  double wd, double gs, double bc1, double bc2) {
+                                                  uint16_t *w16, int64_t i, double lr, double b1, double b2,
+                                                  double eps, double wd, double gs, double bc1, double bc2) {
     float p = param[i], mm = m[i], vv = v[i];
     adamw_val(p, mm, vv, grad[i], lr, b1, b2, eps, wd, gs, bc1, bc2);
     param[i] = p;
     m[i] = mm;
     v[i] = vv;
+    if (w16)
+        w16[i] = __bfloat16_as_ushort(__float2bfloat16_rn(p));
 }
 
 static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, int64_t n, double lr,
@@ -102,7 +108,7 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
                                     double bc2) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        adamw_elem(param, grad, m, v, i, lr, b1, b2, eps, wd, gs, bc1, bc2);
+        adamw_elem(param, grad, m, v, NULL, i, lr, b1, b2, eps, wd, gs, bc1, bc2);
     }
 }
 
@@ -223,13 +229,15 @@ static __global__ void __launch_bounds__(MT_THREADS)
     const int     t = mt_find(tab, n_t, b);
     float        *param = tab[t].param, *m = tab[t].m, *v = tab[t].v;
     const float  *grad = tab[t].grad;
+    uint16_t     *w16 = tab[t].w16;
     const int64_t i0 = (b - tab[t].chunk0) * KN_MT_CHUNK;
     const int64_t i1 = i0 + KN_MT_CHUNK < tab[t].n ? i0 + KN_MT_CHUNK : tab[t].n;
     int64_t       i = i0;
     const uintptr_t align = (uintptr_t)(param + i0) | (uintptr_t)(grad + i0) | (uintptr_t)(m + i0) |
-                            (uintptr_t)(v + i0);
-    if (align % 16 == 0) { /* four elements per load and store, two groups' loads in flight before the
-                            * arithmetic: the same update on each element */
+                            (uintptr_t)(v + i0) | (w16 && (uintptr_t)(w16 + i0) % 8 != 0);
+    /* four elements per load and store (four copies per 8-byte store), two groups' loads in flight
+     * before the arithmetic: the same update on each element */
+    if (align % 16 == 0) {
         const int64_t n4 = (i1 - i0) / 4;
         float4 *p4 = (float4 *)(param + i0), *m4 = (float4 *)(m + i0), *v4 = (float4 *)(v + i0);
         const float4 *g4 = (const float4 *)(grad + i0);
@@ -248,16 +256,20 @@ static __global__ void __launch_bounds__(MT_THREADS)
             __stcs(p4 + q, P[0]);
             __stcs(m4 + q, M[0]);
             __stcs(v4 + q, V[0]);
+            if (w16)
+                reinterpret_cast<uint2 *>(w16 + i0)[q] = f4_to_bf16x4(P[0]);
             if (two) {
                 __stcs(p4 + q2, P[1]);
                 __stcs(m4 + q2, M[1]);
                 __stcs(v4 + q2, V[1]);
+                if (w16)
+                    reinterpret_cast<uint2 *>(w16 + i0)[q2] = f4_to_bf16x4(P[1]);
             }
         }
         i = i0 + n4 * 4;
     }
     for (i += threadIdx.x; i < i1; i += MT_THREADS)
-        adamw_elem(param, grad, m, v, i, lr, b1, b2, eps, wd, gs, bc1, bc2);
+        adamw_elem(param, grad, m, v, w16, i, lr, b1, b2, eps, wd, gs, bc1, bc2);
 }
 
 cm_status kn_cuda_sumsq_multi(kn_ctx *ctx, double *out, const kn_mt_tensor *table, int n_tensors,

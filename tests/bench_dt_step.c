@@ -287,6 +287,7 @@ static int cmp_d(const void *a, const void *b) {
 int main(int argc, char **argv) {
     const char *dcfg = NULL, *tcfg = NULL, *layout = NULL, *precision = "bf16";
     int         steps = 5, warmup = 2, gpu = 0, docs = 4, profile = 0, host_taps = 0, pageable = 0;
+    int         optim_copies = 1;
     int64_t     T = 8192, A = 512;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
@@ -317,12 +318,14 @@ int main(int argc, char **argv) {
             docs = atoi(v);
         else if (!strcmp(f, "--anchors"))
             A = atoll(v);
+        else if (!strcmp(f, "--optim-copies"))
+            optim_copies = atoi(v);
         else {
             fprintf(stderr, "usage: bench_dt_step --drafter-config F --target-config F [--precision "
                             "bf16|fp32] [--steps N]\n"
                             "       [--warmup N] [--gpu N] [--tokens T] [--docs N] [--anchors A] [--layout "
                             "OUT] [--profile]\n"
-                            "       [--host-taps [--pageable]]\n");
+                            "       [--host-taps [--pageable]] [--optim-copies 0|1]\n");
             return 2;
         }
     }
@@ -414,6 +417,8 @@ int main(int argc, char **argv) {
     dt_optim_config oc = DT_OPTIM_CONFIG_DEFAULT;
     oc.total_steps = 1000000;
     DIE(dt_optim_create(&o, be, ctx, params, np, &oc));
+    if (optim_copies) /* as drafter-trainer runs: AdamW writes the next step's bf16 weights */
+        DIE(dt_optim_copies_of_model(o, m));
     const double setup_s = now_s() - t0;
 
     dt_batch b = {.T = T,
@@ -436,7 +441,10 @@ int main(int argc, char **argv) {
         dt_step_stats ss;
         double        a0 = now_s();
         DIE(dt_model_step(m, &b, 7.0f, &ss));
-        DIE(dt_optim_step(o, NULL));
+        dt_optim_stats os;
+        DIE(dt_optim_step(o, &os));
+        if (os.copies)
+            dt_model_w16_written(m);
         DIE(cuda->sync(ctx));
         if (i >= warmup)
             sec[i - warmup] = now_s() - a0;
@@ -459,18 +467,19 @@ int main(int argc, char **argv) {
     dt_plan pl;
     DIE(dt_plan_compute(&pl, &t, &d, &pr));
     printf("{\"impl\": \"tandem\", \"precision\": \"%s\", \"host_taps\": %d, \"pinned\": %d, "
-           "\"profile\": %d, \"tokens\": "
+           "\"optim_copies\": %d, \"profile\": %d, \"tokens\": "
            "%lld, \"docs\": %d, "
            "\"anchors\": %lld, \"block\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"step_s_mean\": %.6f, "
            "\"step_s_min\": %.6f, \"step_s_max\": %.6f, \"tflop_per_step\": %.3f, \"tflop_attn\": %.3f, "
            "\"tflop_lm\": %.3f, \"tflops\": %.1f, \"mem_used_gb\": %.3f, \"ctx_gb\": %.3f, \"params\": %lld, "
            "\"act_gb\": %.3f, \"act_dtype\": \"%s\", \"plan_act_gb\": %.3f, "
            "\"loss_first\": %.6f, \"loss_last\": %.6f, \"setup_s\": %.1f}\n",
-           precision, host_taps, pinned, profile, (long long)T, docs, (long long)n_anchors, d.block_size, steps, med,
-           mean, sec[0], sec[steps - 1], pl.f_step / 1e12, pl.f_step_attn / 1e12, pl.f_step_lm / 1e12,
-           pl.f_step / med / 1e12, (double)(total - free1) / 1e9, (double)(total - free0) / 1e9,
-           (long long)pl.p_drafter, (double)dt_model_act_bytes(m) / 1e9, cm_dtype_name(dt_model_act_dtype(m)),
-           (pl.m_act + pl.m_act_transient) / 1e9, loss0, loss1, setup_s);
+           precision, host_taps, pinned, optim_copies, profile, (long long)T, docs, (long long)n_anchors,
+           d.block_size, steps, med, mean, sec[0], sec[steps - 1], pl.f_step / 1e12, pl.f_step_attn / 1e12,
+           pl.f_step_lm / 1e12, pl.f_step / med / 1e12, (double)(total - free1) / 1e9,
+           (double)(total - free0) / 1e9, (long long)pl.p_drafter, (double)dt_model_act_bytes(m) / 1e9,
+           cm_dtype_name(dt_model_act_dtype(m)), (pl.m_act + pl.m_act_transient) / 1e9, loss0, loss1,
+           setup_s);
     if (profile) {
         double all = 0;
         for (int c = 0; c < P_COUNT; c++)

@@ -5,7 +5,9 @@
  * cuda in the F32 GEMM mode (as grad runs it) within 1e-4 of the cpu's loss and 1e-3 relative L2 of
  * every gradient (both fp32 with the same op order; cuda sums in fp32 where the cpu sums in double),
  * a repeated cuda step bit-identical, the accuracy counts (and DFlash2's candidate sets and choices)
- * equal; the BF16 GEMM mode's distance from the cpu is printed for information (loss within 3e-2).
+ * equal; the BF16 GEMM mode's distance from the cpu is printed for information (loss within 3e-2);
+ * and in the BF16 mode three steps with AdamW writing the bf16 weight copies bit-identical to three
+ * without.
  * Label gpu; exits 77 without a cuda build or device. */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include <time.h>
 
 #include "dt_model.h"
+#include "dt_optim.h"
 #include "kn_backend.h"
 #include "tst.h"
 #include "tst_dt.h"
@@ -68,6 +71,71 @@ static int big_step(const cm_drafter_cfg *cfg, const kn_backend *be, kn_gemm_mod
     dt_model_destroy(&m);
     be->ctx_destroy(&ctx);
     return ok;
+}
+
+/* Three training steps (dt_model_step, then AdamW) on cuda in the BF16 GEMM mode, with the update
+ * writing the next step's bf16 weight copies (dt_optim_copies_of_model) or not: the losses and the
+ * final parameters bit for bit the same, since a written copy is the rounding the forward would make. */
+static void optim_copies_check(const char *tag, const cm_drafter_cfg *cfg, const dt_batch *b,
+                               const float *embed, const uint16_t *head) {
+    const kn_backend *be = kn_backend_cuda();
+    float            *vals[2] = {NULL, NULL};
+    double            loss[2][3] = {{0}};
+    int64_t           n[2] = {0, 0};
+    int               n_copies = 0, written = 0;
+    for (int k = 0; k < 2; k++) {
+        kn_ctx       *ctx = NULL;
+        dt_model     *m = NULL;
+        dt_optim     *o = NULL;
+        kn_ctx_config kc = KN_CTX_CONFIG_DEFAULT;
+        kc.gemm_mode = KN_GEMM_MODE_BF16;
+        dt_optim_config oc = DT_OPTIM_CONFIG_DEFAULT;
+        oc.total_steps = 10;
+        int ok = be->ctx_create(&ctx, &kc) == CM_OK && dt_model_create(&m, cfg, be, ctx) == CM_OK &&
+                 dt_model_init_random(m, 20261206) == CM_OK &&
+                 dt_model_set_frozen(m, embed, CM_DTYPE_F32, head, CM_DTYPE_BF16, cfg->vocab_size,
+                                     cfg->hidden_size) == CM_OK;
+        const dt_param **pp = ok ? malloc((size_t)dt_model_n_params(m) * sizeof *pp) : NULL;
+        for (int i = 0; pp && i < dt_model_n_params(m); i++)
+            pp[i] = dt_model_param(m, i);
+        ok = ok && pp && dt_optim_create(&o, be, ctx, pp, dt_model_n_params(m), &oc) == CM_OK;
+        if (ok && k == 0) {
+            uint16_t **dst = calloc((size_t)dt_model_n_params(m), sizeof *dst);
+            int       *grp = calloc((size_t)dt_model_n_params(m), sizeof *grp);
+            n_copies = dst && grp ? dt_model_w16_targets(m, dst, grp) : 0;
+            free(dst), free(grp);
+            ok = dt_optim_copies_of_model(o, m) == CM_OK;
+        }
+        for (int s = 0; ok && s < 3; s++) {
+            dt_step_stats  ss;
+            dt_optim_stats os;
+            memset(&os, 0, sizeof os);
+            ok = dt_model_step(m, b, 7.0f, &ss) == CM_OK && dt_optim_step(o, &os) == CM_OK;
+            loss[k][s] = ss.loss;
+            if (ok && os.copies) {
+                dt_model_w16_written(m);
+                written++;
+            }
+        }
+        if (!ok)
+            fprintf(stderr, "%s: training steps failed: %s\n", tag, cm_last_error());
+        TST_CHECK(ok);
+        if (ok)
+            vals[k] = tst_dt_download(m, be, ctx, &n[k], 1);
+        free(pp);
+        dt_optim_destroy(&o);
+        dt_model_destroy(&m);
+        be->ctx_destroy(&ctx);
+    }
+    const int same = vals[0] && vals[1] && n[0] == n[1] &&
+                     memcmp(vals[0], vals[1], (size_t)n[0] * sizeof *vals[0]) == 0 &&
+                     memcmp(loss[0], loss[1], sizeof loss[0]) == 0;
+    TST_CHECK(n_copies > 0 && written == 3 && same);
+    printf("%-30s 3 steps with %d bf16 weight copies written by AdamW: losses %.6f %.6f %.6f, parameters %s "
+           "the steps without\n",
+           tag, n_copies, loss[0][0], loss[0][1], loss[0][2], same ? "bit-identical to" : "DIFFER from");
+    free(vals[0]);
+    free(vals[1]);
 }
 
 /* Worst relative L2 over the parameters of got against ref; prints it. */
@@ -208,6 +276,7 @@ static void check_large_random(int v2) {
         snprintf(what, sizeof what, "%s cuda BF16", tag);
         if (big_step(&cfg, kn_backend_cuda(), KN_GEMM_MODE_BF16, &b, embed, head, 0, &r_bf16, &unused))
             big_compare(what, &cfg, &r_cpu, &r_bf16, 3e-2, 1.0, 1);
+        optim_copies_check(what, &cfg, &b, embed, head);
         if (v2) /* the selector's figures: the same candidate sets and choices as the cpu's */
             TST_CHECK(memcmp(r_cpu.s.sel_in_topk, r_f32.s.sel_in_topk, sizeof r_cpu.s.sel_in_topk) == 0 &&
                       memcmp(r_cpu.s.sel_hits, r_f32.s.sel_hits, sizeof r_cpu.s.sel_hits) == 0);

@@ -4,7 +4,8 @@
  * AdamW steps through the cpu table against hand math in double (clipped and unclipped,
  * bias correction at steps 1 and 2, weight decay), plus a non-finite gradient and bad configs;
  * the multi-tensor step (sumsq_multi + adamw_multi over the table) against the per-tensor one
- * on the cpu table, bit for bit, with tensors that span several chunks. */
+ * on the cpu table, bit for bit, with tensors that span several chunks; and the bf16 copies the
+ * update can write into earlier groups' gradients (dt_optim_set_copies). */
 #include <math.h>
 #include <string.h>
 
@@ -285,9 +286,115 @@ static void test_multi(void) {
            same ? "bit-identical to" : "DIFFERS from");
 }
 
+/* bf16 copies written by the update (dt_optim_set_copies) on the cpu table: P1's copy lies in P0's
+ * gradient and P2's in P1's, as the drafter's weight copies do. Over a clipped, an unclipped and a
+ * non-finite step: parameters, moments and stats bit-identical to the same steps without copies,
+ * each copy the RNE rounding of its parameter after a step (stats.copies set), untouched by the
+ * non-finite one; memory clashes and bad groups refused with their names. */
+static void test_copies(void) {
+    enum { NT = 4 };
+    static const int64_t sizes[NT] = {KN_MT_CHUNK + 4464, 20000, 30000, 5};
+    static const int     group[NT] = {0, 1, 2, 0};
+    const kn_backend    *be = kn_backend_cpu();
+    kn_ctx              *ctx = NULL;
+    TST_CHECK(be->ctx_create(&ctx, NULL) == CM_OK);
+    dt_param        ps[2][NT];
+    const dt_param *pp[2][NT];
+    dt_optim       *o[2] = {NULL, NULL};
+    cm_rng          r[2];
+    dt_optim_config c = DT_OPTIM_CONFIG_DEFAULT;
+    c.lr = 1e-2;
+    c.weight_decay = 0.01;
+    c.total_steps = 10;
+    for (int k = 0; k < 2; k++) { /* k = 0 with copies, 1 without */
+        cm_rng_seed(&r[k], 5);
+        for (int i = 0; i < NT; i++) {
+            ps[k][i] = (dt_param){"p", 1, {sizes[i], 0}, sizes[i], NULL, NULL};
+            pp[k][i] = &ps[k][i];
+            be->alloc(ctx, (void **)&ps[k][i].data, (size_t)sizes[i] * sizeof(float));
+            be->alloc(ctx, (void **)&ps[k][i].grad, (size_t)sizes[i] * sizeof(float));
+            for (int64_t j = 0; j < sizes[i]; j++)
+                ps[k][i].data[j] = (float)(0.1 * cm_rng_normal(&r[k]));
+        }
+        TST_CHECK(dt_optim_create(&o[k], be, ctx, pp[k], NT, &c) == CM_OK);
+    }
+    ps[0][0].name = "p0", ps[0][1].name = "p1", ps[0][2].name = "p2";
+    uint16_t *dst[NT] = {NULL, (uint16_t *)(ps[0][0].grad + 100), (uint16_t *)ps[0][1].grad, NULL};
+    /* refused: a copy over a gradient of its own group or a later one, over values, over another
+     * copy, and a negative group */
+    uint16_t *bad[NT] = {NULL, (uint16_t *)ps[0][2].grad, NULL, NULL};
+    TST_CHECK(dt_optim_set_copies(o[0], bad, group) == CM_ERR_INVALID_ARG);
+    TST_CHECK(strstr(cm_last_error(), "p1") && strstr(cm_last_error(), "gradient"));
+    bad[1] = (uint16_t *)ps[0][1].grad;
+    TST_CHECK(dt_optim_set_copies(o[0], bad, group) == CM_ERR_INVALID_ARG);
+    bad[1] = (uint16_t *)(ps[0][0].data + 7);
+    TST_CHECK(dt_optim_set_copies(o[0], bad, group) == CM_ERR_INVALID_ARG);
+    TST_CHECK(strstr(cm_last_error(), "values") != NULL);
+    bad[1] = dst[1];
+    bad[2] = dst[1] + 1000;
+    TST_CHECK(dt_optim_set_copies(o[0], bad, group) == CM_ERR_INVALID_ARG);
+    const int neg[NT] = {0, 1, -1, 0};
+    TST_CHECK(dt_optim_set_copies(o[0], dst, neg) == CM_ERR_INVALID_ARG);
+    kn_backend per = *be;
+    per.sumsq_multi = NULL;
+    per.adamw_multi = NULL;
+    dt_optim *op = NULL;
+    TST_CHECK(dt_optim_create(&op, &per, ctx, pp[1], NT, &c) == CM_OK);
+    TST_CHECK(op && dt_optim_set_copies(op, dst, group) == CM_ERR_UNSUPPORTED);
+    dt_optim_destroy(&op);
+    TST_CHECK(dt_optim_set_copies(o[0], dst, group) == CM_OK);
+
+    long           wrong = 0;
+    int            same = 1;
+    dt_optim_stats st[2];
+    cm_status      rc[2][3];
+    uint16_t      *keep = malloc((size_t)sizes[2] * sizeof *keep);
+    for (int s = 0; o[0] && o[1] && s < 3; s++) {
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < NT; i++)
+                for (int64_t j = 0; j < sizes[i]; j++)
+                    ps[k][i].grad[j] = (float)((s == 0 ? 0.05 : 1e-4) * cm_rng_normal(&r[k]));
+            if (s == 2) {
+                ps[k][1].grad[77] = INFINITY;
+                memcpy(keep, dst[2], (size_t)sizes[2] * sizeof *keep); /* the copy before */
+            }
+            memset(&st[k], 0, sizeof st[k]);
+            rc[k][s] = dt_optim_step(o[k], &st[k]);
+        }
+        for (int i = 0; i < NT; i++)
+            same = same && memcmp(ps[0][i].data, ps[1][i].data, (size_t)sizes[i] * sizeof(float)) == 0 &&
+                   memcmp(dt_optim_m(o[0], i), dt_optim_m(o[1], i), (size_t)sizes[i] * sizeof(float)) == 0 &&
+                   memcmp(dt_optim_v(o[0], i), dt_optim_v(o[1], i), (size_t)sizes[i] * sizeof(float)) == 0;
+        same = same && st[0].grad_norm == st[1].grad_norm && st[0].grad_scale == st[1].grad_scale;
+        if (s < 2) {
+            TST_CHECK(rc[0][s] == CM_OK && st[0].copies == 1 && st[1].copies == 0);
+            for (int i = 1; i < 3; i++)
+                for (int64_t j = 0; j < sizes[i]; j++)
+                    wrong += dst[i][j] != cm_f32_to_bf16(ps[0][i].data[j]);
+        } else {
+            TST_CHECK(rc[0][2] == CM_ERR_INVALID_ARG && rc[1][2] == CM_ERR_INVALID_ARG);
+            TST_CHECK(memcmp(keep, dst[2], (size_t)sizes[2] * sizeof *keep) == 0);
+        }
+    }
+    TST_CHECK(same && wrong == 0);
+    printf("bf16 copies in earlier groups' gradients: update %s the one without copies over 3 steps; %ld "
+           "copy values differ from the rounded parameters\n",
+           same ? "bit-identical to" : "DIFFERS from", wrong);
+    free(keep);
+    for (int k = 0; k < 2; k++) {
+        dt_optim_destroy(&o[k]);
+        for (int i = 0; i < NT; i++) {
+            be->free(ctx, ps[k][i].data);
+            be->free(ctx, ps[k][i].grad);
+        }
+    }
+    be->ctx_destroy(&ctx);
+}
+
 int main(void) {
     test_schedule();
     test_adamw();
     test_multi();
+    test_copies();
     return tst_report();
 }

@@ -12,7 +12,9 @@
  *         operands (1 bf16 ulp for a BF16 C), the SwiGLU pair within 1e-6 (1 ulp in BF16), its
  *         BF16 vector kernels bit-identical to the same op one value at a time; the
  *         multi-tensor optimizer step (sumsq_multi, adamw_multi) within 1e-12 / 1e-6 of the
- *         reference, bit-identical when repeated, and writing nothing after a non-finite norm;
+ *         reference, bit-identical when repeated, its bf16 copies (aligned and not; both
+ *         backends) the RNE rounding of the updated values bit for bit, and writing nothing
+ *         (copies included) after a non-finite norm;
  *         rmsnorm_bwd_acc = cuda rmsnorm_bwd + add bit for bit, and within 1e-5 of the reference.
  * Both: rmsnorm_bwd_acc is rmsnorm_bwd into a temporary plus add, bit for bit. */
 #include <stdint.h>
@@ -521,15 +523,24 @@ static void check_cuda(const kn_backend *be) {
                 host[i][k] = rand_f(sizes[i], k == 0 ? 0.1f : k == 1 ? 0.05f : k == 2 ? 1e-3f : 1e-6f);
             for (int64_t j = 0; j < sizes[i]; j++) /* v ≥ 0 */
                 host[i][3][j] = fabsf(host[i][3][j]);
-            ht[i] = (kn_mt_tensor){host[i][0], host[i][1], host[i][2], host[i][3], sizes[i], chunks};
+            ht[i] = (kn_mt_tensor){host[i][0], host[i][1], host[i][2], host[i][3], sizes[i], chunks, NULL};
             dt_[i] = (kn_mt_tensor){dev_put(be, ctx, host[i][0], sizes[i] * 4),
                                     dev_put(be, ctx, host[i][1], sizes[i] * 4),
                                     dev_put(be, ctx, host[i][2], sizes[i] * 4),
                                     dev_put(be, ctx, host[i][3], sizes[i] * 4),
                                     sizes[i],
-                                    chunks};
+                                    chunks,
+                                    NULL};
             chunks += (sizes[i] + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
         }
+        /* bf16 copies of tensors 0 (aligned: the four-wide stores) and 2 (one element off: the
+         * one-at-a-time path), on the device and in the reference */
+        uint16_t *w16buf = dev_put(be, ctx, NULL, (size_t)(sizes[0] + sizes[2] + 8) * 2);
+        dt_[0].w16 = w16buf;
+        dt_[2].w16 = w16buf + sizes[0] + 5;
+        uint16_t *hw16[2] = {calloc((size_t)sizes[0], 2), calloc((size_t)sizes[2], 2)};
+        ht[0].w16 = hw16[0];
+        ht[2].w16 = hw16[1];
         kn_mt_tensor   *dtab = dev_put(be, ctx, dt_, sizeof dt_);
         double         *dsum = dev_put(be, ctx, NULL, sizeof(double));
         double          s_ref = 0, s1 = 0, s2 = 0;
@@ -553,15 +564,33 @@ static void check_cuda(const kn_backend *be) {
                 TST_CLOSE("cuda adamw_multi", got, host[i][k], (long)sizes[i], 1e-12, 1e-6);
                 free(got);
             }
+        long w16_bad = 0, w16_ref_bad = 0;
+        for (int c = 0; c < 2; c++) { /* each copy is its own updated values rounded, bit for bit */
+            const int t = c ? 2 : 0;
+            float    *got = dev_get(be, ctx, dt_[t].param, sizes[t] * 4);
+            uint16_t *w = dev_get(be, ctx, dt_[t].w16, sizes[t] * 2);
+            for (int64_t j = 0; j < sizes[t]; j++) {
+                w16_bad += w[j] != cm_f32_to_bf16(got[j]);
+                w16_ref_bad += hw16[c][j] != cm_f32_to_bf16(host[t][0][j]);
+            }
+            free(got), free(w);
+        }
+        printf("adamw_multi bf16 copies: %ld (cuda) and %ld (cpu) of %lld differ from the rounded update\n",
+               w16_bad, w16_ref_bad, (long long)(sizes[0] + sizes[2]));
+        TST_CHECK(w16_bad == 0 && w16_ref_bad == 0);
+        uint16_t *w_before = dev_get(be, ctx, dt_[2].w16, sizes[2] * 2);
         /* a non-finite gradient: the norm is not finite and nothing is written */
         float *before = dev_get(be, ctx, dt_[2].param, sizes[2] * 4), nan = NAN;
         TST_CHECK(be->upload(ctx, (float *)dt_[2].grad + KN_MT_CHUNK + 3, &nan, 4) == CM_OK);
         TST_CHECK(be->sumsq_multi(ctx, dsum, dtab, NT, chunks) == CM_OK);
         TST_CHECK(be->adamw_multi(ctx, dtab, NT, chunks, &ap, dsum, 1.0) == CM_OK);
         TST_CHECK(be->download(ctx, &s1, dsum, sizeof s1) == CM_OK);
-        float *after = dev_get(be, ctx, dt_[2].param, sizes[2] * 4);
+        float    *after = dev_get(be, ctx, dt_[2].param, sizes[2] * 4);
+        uint16_t *w_after = dev_get(be, ctx, dt_[2].w16, sizes[2] * 2);
         TST_CHECK(isnan(s1) && memcmp(before, after, (size_t)sizes[2] * 4) == 0);
-        free(before), free(after);
+        TST_CHECK(memcmp(w_before, w_after, (size_t)sizes[2] * 2) == 0);
+        free(before), free(after), free(w_before), free(w_after), free(hw16[0]), free(hw16[1]);
+        be->free(ctx, w16buf);
         for (int i = 0; i < NT; i++) {
             be->free(ctx, dt_[i].param), be->free(ctx, (void *)dt_[i].grad), be->free(ctx, dt_[i].m);
             be->free(ctx, dt_[i].v);

@@ -12,9 +12,10 @@
 #include "dt_model.h"
 #include "tst.h"
 
-/* Every parameter's gradient, in parameter order, downloaded into one malloc'd array of *total floats
- * (caller frees). */
-static inline float *tst_dt_grads(const dt_model *m, const kn_backend *be, kn_ctx *ctx, int64_t *total) {
+/* Every parameter's gradient (values: its values), in parameter order, downloaded into one malloc'd
+ * array of *total floats (caller frees). */
+static inline float *tst_dt_download(const dt_model *m, const kn_backend *be, kn_ctx *ctx, int64_t *total,
+                                     int values) {
     *total = 0;
     for (int i = 0; i < dt_model_n_params(m); i++)
         *total += dt_model_param(m, i)->numel;
@@ -22,10 +23,14 @@ static inline float *tst_dt_grads(const dt_model *m, const kn_backend *be, kn_ct
     int64_t off = 0;
     for (int i = 0; g && i < dt_model_n_params(m); i++) {
         const dt_param *p = dt_model_param(m, i);
-        TST_CHECK(be->download(ctx, g + off, p->grad, (size_t)p->numel * sizeof *g) == CM_OK);
+        TST_CHECK(be->download(ctx, g + off, values ? p->data : p->grad, (size_t)p->numel * sizeof *g) ==
+                  CM_OK);
         off += p->numel;
     }
     return g;
+}
+static inline float *tst_dt_grads(const dt_model *m, const kn_backend *be, kn_ctx *ctx, int64_t *total) {
+    return tst_dt_download(m, be, ctx, total, 0);
 }
 
 /* The fixtures under root (the directories holding a ref.safetensors), names strdup'd into names

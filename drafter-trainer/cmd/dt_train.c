@@ -555,6 +555,7 @@ static cm_status train(run *r) {
     st = dt_optim_create(&r->o, r->be, r->ctx, params, np, &oc);
     free(params);
     CM_TRY(st);
+    CM_TRY(dt_optim_copies_of_model(r->o, r->m)); /* the update writes the next step's bf16 weights */
 
     const int64_t max_T = dt_data_max_tokens(r->data);
     /* every activation buffer now, for the largest batch: nothing is allocated in the loop */
@@ -648,6 +649,8 @@ static cm_status train(run *r) {
             CM_TRY(dt_dp_reduce(r->dp, &ss));
         dt_optim_stats os;
         CM_TRY(dt_optim_step(r->o, &os));
+        if (os.copies)
+            dt_model_w16_written(r->m);
         CM_TRY(write_metrics(r, t + 1, epoch, batch, &b, &ss, &os, cm_now_s() - t0, wait_s));
         if (a->save_every > 0 && (t + 1) % a->save_every == 0) {
             dt_progress_break(&r->prog);

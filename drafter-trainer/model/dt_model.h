@@ -146,6 +146,16 @@ cm_dtype  dt_model_act_dtype(const dt_model *m);
 /* Bytes of backend memory the activation plan holds now (0 before the first reserve/step). */
 size_t dt_model_act_bytes(const dt_model *m);
 
+/* The bf16 weight copies an optimizer can write for the next step (dt_optim_set_copies; the
+ * placement: dt_model_w16.c): for the parameters in model order, dst[i] (NULL where parameter i
+ * has none: F32 GEMMs, the cpu, a copy that finds no room) and group[i], the launch group that
+ * keeps every copy off gradients the update has not read yet. Returns how many copies there are. */
+int dt_model_w16_targets(const dt_model *m, uint16_t **dst, int *group);
+/* An optimizer step has just written every copy dt_model_w16_targets names from the parameters
+ * as they now are: the next step's forward reads them instead of rounding its weights again.
+ * Call it right after that update; dt_model_init_random and dt_model_load forget it. */
+void dt_model_w16_written(dt_model *m);
+
 /* Every gradient as one backend array of n floats, in parameter order (alignment padding
  * between tensors is zeroed with them): what a data-parallel all-reduce takes at once. */
 void dt_model_grad_slab(const dt_model *m, float **grad, size_t *n);

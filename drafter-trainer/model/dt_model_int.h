@@ -185,6 +185,7 @@ struct dt_model {
     void         **w16;
     int           *w16_host;
     unsigned char *w16_made;
+    int            w16_written; /* dt_model_w16_written since the last step began */
     /* frozen target embedding and LM head, [V, D] */
     void    *embed, *lm_head;
     cm_dtype embed_dt, lm_head_dt;
@@ -240,8 +241,9 @@ cm_status dt_model_grads_final_from(dt_model *m, int i);
 cm_status dt_model_grads_begin(dt_model *m);
 cm_status dt_model_grads_settle(dt_model *m, int from);
 int       dt_model_grad_first(dt_model *m, const dt_param *p);
-/* the bf16 weight copies (dt_model_w16.c): planned at create, reset at each step's start; the GEMM
- * operand of parameter p, its copy (made on first use) or the F32 master */
+/* the bf16 weight copies (dt_model_w16.c): planned at create, reset at each step's start (kept
+ * when an optimizer wrote them); the GEMM operand of parameter p, its copy (made on first use
+ * unless written) or the F32 master */
 cm_status dt_model_w16_plan(dt_model *m);
 void      dt_model_w16_release(dt_model *m);
 void      dt_model_w16_begin(dt_model *m);

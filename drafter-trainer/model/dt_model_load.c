@@ -52,6 +52,7 @@ static cm_status init_block(void *ctx, int worker, int64_t b) {
 }
 
 cm_status dt_model_init_random(dt_model *m, uint64_t seed) {
+    m->w16_written = 0; /* new weights: no copy of the old ones is current */
     int64_t widest = 0;
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].numel > widest)
@@ -121,6 +122,7 @@ static cm_status cfg_agrees(const cm_drafter_cfg *want, const cm_drafter_cfg *go
 }
 
 cm_status dt_model_load(dt_model *m, const char *dir) {
+    m->w16_written = 0;
     cm_drafter_cfg file_cfg;
     CM_TRY(cm_drafter_cfg_load(&file_cfg, dir));
     CM_TRY(cfg_agrees(&m->cfg, &file_cfg, dir));

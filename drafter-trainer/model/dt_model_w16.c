@@ -15,7 +15,14 @@
  * A copy is the same nearest-even rounding the GEMM makes of an F32 operand (cast2d), so the products
  * and their bits do not change. dt_model_weight checks that the host's gradient is still unwritten
  * before it hands a copy out, so a change in the order of the backward is an error, never a silent
- * read of gradients as weights. */
+ * read of gradients as weights.
+ *
+ * The optimizer can write the copies instead (dt_optim_set_copies): its update produces the new
+ * weights, and rounding them there costs 2 bytes a parameter against the forward's 6 (read 4,
+ * write 2). The hosts are free then too: the update has read a gradient once it has updated that
+ * parameter. So the update runs layer by layer, fc and everything without a copy first (group
+ * 0), then layer l's projections (group l + 1), whose copies go into gradients of group l. The
+ * next step's start keeps them (dt_model_w16_written) where it would otherwise forget them. */
 #include "dt_model_int.h"
 
 #include <stdlib.h>
@@ -85,7 +92,23 @@ void dt_model_w16_release(dt_model *m) {
 }
 
 void dt_model_w16_begin(dt_model *m) {
-    memset(m->w16_made, 0, (size_t)m->n_params);
+    for (int i = 0; i < m->n_params; i++)
+        m->w16_made[i] = m->w16_written && m->w16[i];
+    m->w16_written = 0; /* the hosts hold gradients again after this step's backward */
+}
+
+int dt_model_w16_targets(const dt_model *m, uint16_t **dst, int *group) {
+    int n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        dst[i] = m->w16[i];
+        group[i] = m->w16[i] ? 1 + (i - P_LAYER0) / m->n_lp : 0; /* only layer projections have copies */
+        n += m->w16[i] != NULL;
+    }
+    return n;
+}
+
+void dt_model_w16_written(dt_model *m) {
+    m->w16_written = 1;
 }
 
 cm_status dt_model_weight(dt_model *m, const dt_param *p, const void **w, cm_dtype *dt) {

@@ -26,6 +26,11 @@ struct dt_optim {
     kn_mt_tensor *table;    /* backend memory, [n_params] */
     double       *sumsq;    /* backend memory, 1: the last squared norm */
     int64_t       n_chunks; /* of KN_MT_CHUNK elements, over the table */
+    /* with bf16 copies (dt_optim_set_copies): the update's tables, one per group in order */
+    kn_mt_tensor *gtab;     /* backend memory, [n_params]: the groups' tables one after another */
+    int           n_groups; /* 0: no copies, the update goes over table */
+    int          *g_first;  /* [n_groups + 1]: group k's entries are gtab[g_first[k] .. g_first[k + 1]) */
+    int64_t      *g_chunks; /* [n_groups] */
 };
 
 int64_t dt_optim_warmup_steps(int64_t total_steps, double warmup_ratio) {
@@ -107,8 +112,12 @@ cm_status dt_optim_create(dt_optim **out, const kn_backend *be, kn_ctx *ctx, con
             goto fail;
         }
         for (int i = 0; i < n_params; i++) {
-            host[i] = (kn_mt_tensor){params[i]->data,     params[i]->grad,  o->m + o->offset[i],
-                                     o->v + o->offset[i], params[i]->numel, o->n_chunks};
+            host[i] = (kn_mt_tensor){.param = params[i]->data,
+                                     .grad = params[i]->grad,
+                                     .m = o->m + o->offset[i],
+                                     .v = o->v + o->offset[i],
+                                     .n = params[i]->numel,
+                                     .chunk0 = o->n_chunks};
             o->n_chunks += (params[i]->numel + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
         }
         st = be->alloc(ctx, (void **)&o->table, (size_t)n_params * sizeof *host);
@@ -131,15 +140,124 @@ void dt_optim_destroy(dt_optim **o) {
         return;
     dt_optim *x = *o;
     if (x->be) {
+        x->be->free(x->ctx, x->gtab);
         x->be->free(x->ctx, x->sumsq);
         x->be->free(x->ctx, x->table);
         x->be->free(x->ctx, x->v);
         x->be->free(x->ctx, x->m);
     }
+    free(x->g_first);
+    free(x->g_chunks);
     free(x->offset);
     free(x->params);
     free(x);
     *o = NULL;
+}
+
+static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    const char *x = a, *y = b;
+    return an > 0 && bn > 0 && x < y + bn && y < x + an;
+}
+
+/* Where copy i (2·numel bytes at dst[i]) clashes with the memory of parameter j, or NULL. */
+static const char *copy_clash(const dt_optim *o, uint16_t *const *dst, const int *group, int i, int j) {
+    const dt_param *q = o->params[j];
+    const size_t cn = (size_t)o->params[i]->numel * sizeof(uint16_t), fn = (size_t)q->numel * sizeof(float);
+    if (overlaps(dst[i], cn, q->data, fn))
+        return "the parameter's values";
+    if (overlaps(dst[i], cn, o->m + o->offset[j], fn) || overlaps(dst[i], cn, o->v + o->offset[j], fn))
+        return "its Adam moments";
+    if (j != i && dst[j] && overlaps(dst[i], cn, dst[j], (size_t)q->numel * sizeof(uint16_t)))
+        return "its bf16 copy";
+    if (overlaps(dst[i], cn, q->grad, fn) && group[j] >= group[i])
+        return "its gradient, which is read in the same group or a later one";
+    return NULL;
+}
+
+cm_status dt_optim_set_copies(dt_optim *o, uint16_t *const *dst, const int *group) {
+    if (!o->table)
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "bf16 copies need the %s backend's multi-tensor optimizer entries",
+                       o->be->name);
+    int max_g = -1;
+    for (int i = 0; i < o->n_params; i++) {
+        if (group[i] < 0)
+            return CM_FAIL(CM_ERR_INVALID_ARG, "parameter %s has launch group %d; groups are >= 0",
+                           o->params[i]->name, group[i]);
+        max_g = group[i] > max_g ? group[i] : max_g;
+        for (int j = 0; dst[i] && j < o->n_params; j++) {
+            const char *why = copy_clash(o, dst, group, i, j);
+            if (why)
+                return CM_FAIL(CM_ERR_INVALID_ARG,
+                               "the bf16 copy of %s (group %d) overlaps %s of %s (group %d)",
+                               o->params[i]->name, group[i], why, o->params[j]->name, group[j]);
+        }
+    }
+    const size_t  n_g = (size_t)(max_g < 0 ? 0 : max_g) + 1; /* group values 0 .. max_g */
+    const size_t  n_p = (size_t)(o->n_params > 0 ? o->n_params : 1);
+    cm_status     st = CM_OK;
+    kn_mt_tensor *host = calloc(n_p, sizeof *host);
+    int          *first = calloc(n_g + 1, sizeof *first);
+    int64_t      *chunks = calloc(n_g, sizeof *chunks);
+    int           n = 0, k = 0;
+    if (!host || !first || !chunks) {
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the optimizer's group tables");
+        goto done;
+    }
+    /* the groups that have members, in order; their members in parameter order */
+    for (int g = 0; g <= max_g; g++) {
+        first[k] = n;
+        chunks[k] = 0;
+        for (int i = 0; i < o->n_params; i++) {
+            if (group[i] != g)
+                continue;
+            const dt_param *q = o->params[i];
+            host[n++] = (kn_mt_tensor){.param = q->data,
+                                       .grad = q->grad,
+                                       .m = o->m + o->offset[i],
+                                       .v = o->v + o->offset[i],
+                                       .n = q->numel,
+                                       .chunk0 = chunks[k],
+                                       .w16 = dst[i]};
+            chunks[k] += (q->numel + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
+        }
+        k += n > first[k];
+    }
+    first[k] = n;
+    if (!o->gtab)
+        CM_TRY_GOTO(o->be->alloc(o->ctx, (void **)&o->gtab, n_p * sizeof *host), st, done);
+    CM_TRY_GOTO(o->be->upload(o->ctx, o->gtab, host, n_p * sizeof *host), st, done);
+    free(o->g_first);
+    free(o->g_chunks);
+    o->g_first = first;
+    o->g_chunks = chunks;
+    o->n_groups = k;
+    first = NULL;
+    chunks = NULL;
+done:
+    free(host);
+    free(first);
+    free(chunks);
+    return st;
+}
+
+cm_status dt_optim_copies_of_model(dt_optim *o, const dt_model *m) {
+    const int n = dt_model_n_params(m);
+    if (n != o->n_params)
+        return CM_FAIL(CM_ERR_INVALID_ARG, "the optimizer has %d parameters, the model %d", o->n_params, n);
+    for (int i = 0; i < n; i++)
+        if (o->params[i] != dt_model_param(m, i))
+            return CM_FAIL(CM_ERR_INVALID_ARG, "optimizer parameter %d is not the model's %s", i,
+                           dt_model_param(m, i)->name);
+    uint16_t **dst = calloc((size_t)n, sizeof *dst);
+    int       *group = calloc((size_t)n, sizeof *group);
+    cm_status  st = CM_OK;
+    if (!dst || !group)
+        st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the weight-copy table");
+    else if (dt_model_w16_targets(m, dst, group) > 0)
+        st = dt_optim_set_copies(o, dst, group);
+    free(dst);
+    free(group);
+    return st;
 }
 
 cm_status dt_optim_grad_norm(dt_optim *o, double *norm) {
@@ -181,7 +299,11 @@ cm_status dt_optim_step(dt_optim *o, dt_optim_stats *stats) {
     if (o->table) { /* the norm, the clip factor and the update without leaving the device */
         double sumsq = 0;
         CM_TRY(o->be->sumsq_multi(o->ctx, o->sumsq, o->table, o->n_params, o->n_chunks));
-        CM_TRY(o->be->adamw_multi(o->ctx, o->table, o->n_params, o->n_chunks, &p, o->sumsq, o->cfg.clip));
+        if (o->n_groups == 0)
+            CM_TRY(o->be->adamw_multi(o->ctx, o->table, o->n_params, o->n_chunks, &p, o->sumsq, o->cfg.clip));
+        for (int k = 0; k < o->n_groups; k++) /* in order: a group's copies overwrite earlier groups' grads */
+            CM_TRY(o->be->adamw_multi(o->ctx, o->gtab + o->g_first[k], o->g_first[k + 1] - o->g_first[k],
+                                      o->g_chunks[k], &p, o->sumsq, o->cfg.clip));
         CM_TRY(o->be->download(o->ctx, &sumsq, o->sumsq, sizeof sumsq));
         norm = sqrt(sumsq);
         if (!isfinite(norm))
@@ -204,6 +326,7 @@ cm_status dt_optim_step(dt_optim *o, dt_optim_stats *stats) {
         stats->lr = lr;
         stats->grad_norm = norm;
         stats->grad_scale = scale;
+        stats->copies = o->n_groups > 0;
     }
     return CM_OK;
 }

@@ -55,6 +55,7 @@ typedef struct dt_optim_stats {
     double  lr;         /* lr(step − 1) */
     double  grad_norm;  /* global norm before clipping */
     double  grad_scale; /* clip factor applied */
+    int     copies;     /* 1: the update wrote the bf16 copies (dt_optim_set_copies) */
 } dt_optim_stats;
 
 /* Checks cfg (lr ≥ 0, betas in [0, 1), eps ≥ 0, weight_decay ≥ 0, 0 ≤ W ≤ N, N ≥ 1) and that
@@ -63,6 +64,19 @@ typedef struct dt_optim_stats {
 cm_status dt_optim_create(dt_optim **out, const kn_backend *be, kn_ctx *ctx, const dt_param *const *params,
                           int n_params, const dt_optim_config *cfg);
 void      dt_optim_destroy(dt_optim **o); /* NULL-safe; sets *o = NULL */
+
+/* bf16 copies written by the update (kn_mt_tensor.w16): after each step's AdamW, parameter i's
+ * new values rounded to bf16 go to dst[i] (NULL: none; dt_model_w16.c places the drafter's weight
+ * copies). A copy may lie in memory that holds another parameter's gradient, so the update runs
+ * in groups, in increasing group[i] ≥ 0, and a copy of group k may overlap only the gradients of
+ * groups below k, which that step has read by then; it may overlap no parameter, moment or
+ * other copy. Both arrays are in parameter order and copied. Needs the backend's multi-tensor
+ * entries. Fails with CM_ERR_INVALID_ARG naming the parameters whose memory clashes. */
+cm_status dt_optim_set_copies(dt_optim *o, uint16_t *const *dst, const int *group);
+/* dt_optim_set_copies with the drafter's weight copies (dt_model_w16_targets) for an optimizer
+ * made over the model's parameters in model order; nothing to do where the model has none. A
+ * step that wrote them reports stats.copies: pass that on with dt_model_w16_written. */
+cm_status dt_optim_copies_of_model(dt_optim *o, const dt_model *m);
 
 /* Global gradient norm over every parameter's grad (sums of squares in parameter order). */
 cm_status dt_optim_grad_norm(dt_optim *o, double *norm);

@@ -3,7 +3,8 @@
  * taken from that norm. Specified through kn_ref_sumsq and kn_ref_adamw, so the cpu optimizer
  * computes exactly what its per-tensor calls did: each tensor's sum of squares (fixed chunks),
  * added in table order; the clip factor min(1, clip / (norm + 1e-6)) in double, rounded to
- * F32 as kn_adamw_params.grad_scale. The table is host memory like every cpu buffer. */
+ * F32 as kn_adamw_params.grad_scale; a tensor's w16 copy, the updated values rounded to bf16.
+ * The table is host memory like every cpu buffer. */
 #include "kn_ref.h"
 
 static cm_status table_check(const char *op, const kn_mt_tensor *table, int n_tensors, int64_t n_chunks) {
@@ -49,7 +50,11 @@ cm_status kn_ref_adamw_multi(kn_ctx *ctx, const kn_mt_tensor *table, int n_tenso
     }
     kn_adamw_params q = *p;
     q.grad_scale = (float)scale;
-    for (int t = 0; t < n_tensors; t++)
+    for (int t = 0; t < n_tensors; t++) {
         CM_TRY(kn_ref_adamw(ctx, table[t].param, table[t].grad, table[t].m, table[t].v, table[t].n, &q));
+        if (table[t].w16)
+            for (int64_t i = 0; i < table[t].n; i++)
+                table[t].w16[i] = cm_f32_to_bf16(table[t].param[i]);
+    }
     return CM_OK;
 }
