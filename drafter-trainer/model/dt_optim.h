@@ -74,7 +74,8 @@ void      dt_optim_destroy(dt_optim **o); /* NULL-safe; sets *o = NULL */
  * entries. Fails with CM_ERR_INVALID_ARG naming the parameters whose memory clashes. */
 cm_status dt_optim_set_copies(dt_optim *o, uint16_t *const *dst, const int *group);
 /* dt_optim_set_copies with the drafter's weight copies (dt_model_w16_targets) for an optimizer
- * made over the model's parameters in model order; nothing to do where the model has none. A
+ * made over the model's parameters in model order; nothing to do where the model has none or the
+ * backend lacks the multi-tensor entries (the forward then rounds its weights itself). A
  * step that wrote them reports stats.copies: pass that on with dt_model_w16_written. */
 cm_status dt_optim_copies_of_model(dt_optim *o, const dt_model *m);
 
