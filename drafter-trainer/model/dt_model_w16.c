@@ -26,7 +26,6 @@
 #include "dt_model_int.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #define W16_ALIGN 256 /* bytes: every copy starts on this boundary inside its host */
 
