@@ -6,7 +6,9 @@
  * it, and one download of the norm for the stats and the finiteness check (the update has
  * skipped itself when it is not finite). Otherwise the norm is the double sum of
  * per-parameter sums of squares in parameter order and AdamW runs per parameter. Either way
- * the reduction order is fixed, so a step is deterministic. */
+ * the reduction order is fixed, so a step is deterministic. With bf16 copies
+ * (dt_optim_set_copies) the update is one launch per group, in group order, over tables
+ * uploaded when the copies are set; the norm is still one launch over the whole table. */
 #include "dt_optim.h"
 
 #include <math.h>
