@@ -75,12 +75,14 @@ static int big_step(const cm_drafter_cfg *cfg, const kn_backend *be, kn_gemm_mod
 
 /* Three training steps (dt_model_step, then AdamW) on cuda in the BF16 GEMM mode, with the update
  * writing the next step's bf16 weight copies (dt_optim_copies_of_model) or not: the losses and the
- * final parameters bit for bit the same, since a written copy is the rounding the forward would make. */
+ * final parameters bit for bit the same, since a written copy is the rounding the forward would make.
+ * Then new random weights and one more step: the same loss both ways (the copies of the old weights,
+ * written by the last update, are forgotten). */
 static void optim_copies_check(const char *tag, const cm_drafter_cfg *cfg, const dt_batch *b,
                                const float *embed, const uint16_t *head) {
     const kn_backend *be = kn_backend_cuda();
     float            *vals[2] = {NULL, NULL};
-    double            loss[2][3] = {{0}};
+    double            loss[2][3] = {{0}}, reinit[2] = {0, 0};
     int64_t           n[2] = {0, 0};
     int               n_copies = 0, written = 0;
     for (int k = 0; k < 2; k++) {
@@ -122,6 +124,11 @@ static void optim_copies_check(const char *tag, const cm_drafter_cfg *cfg, const
         TST_CHECK(ok);
         if (ok)
             vals[k] = tst_dt_download(m, be, ctx, &n[k], 1);
+        /* new weights after the update wrote its copies: the next step must not read those */
+        dt_step_stats sr;
+        ok = ok && dt_model_init_random(m, 7) == CM_OK && dt_model_step(m, b, 7.0f, &sr) == CM_OK;
+        TST_CHECK(ok);
+        reinit[k] = ok ? sr.loss : -1.0;
         free(pp);
         dt_optim_destroy(&o);
         dt_model_destroy(&m);
@@ -131,9 +138,11 @@ static void optim_copies_check(const char *tag, const cm_drafter_cfg *cfg, const
                      memcmp(vals[0], vals[1], (size_t)n[0] * sizeof *vals[0]) == 0 &&
                      memcmp(loss[0], loss[1], sizeof loss[0]) == 0;
     TST_CHECK(n_copies > 0 && written == 3 && same);
+    TST_CHECK(reinit[0] == reinit[1] && reinit[0] > 0);
     printf("%-30s 3 steps with %d bf16 weight copies written by AdamW: losses %.6f %.6f %.6f, parameters %s "
-           "the steps without\n",
-           tag, n_copies, loss[0][0], loss[0][1], loss[0][2], same ? "bit-identical to" : "DIFFER from");
+           "the steps without; after dt_model_init_random, loss %.6f against %.6f without copies\n",
+           tag, n_copies, loss[0][0], loss[0][1], loss[0][2], same ? "bit-identical to" : "DIFFER from",
+           reinit[0], reinit[1]);
     free(vals[0]);
     free(vals[1]);
 }
