@@ -3,6 +3,9 @@
 # CUDA kernels and cuBLASLt's block-scaled product against the cpu (label gpu; exits 77 without
 # a cuda device or without sm_90).
 add_unit_test(test_kn_fp8 test_kn_fp8.c LABELS unit LIBS kn ARGS cpu)
+# the model of an FP8 tensor core's accumulation that the reference can run for diagnosis
+# (TANDEM_FP8_REF_TC, kernels/ref/kn_fp8_tc_ref.c): parsing, hand-made groups, random groups, the product
+add_unit_test(test_kn_fp8_tc test_kn_fp8_tc.c LABELS unit LIBS kn)
 # the CUDA quantizers' quotient without a division per value (kn_fp8_quot.h), every bf16 case
 # (optimised and uncontracted in every build: 6e8 quotients, each op rounded on its own)
 add_unit_test(test_kn_fp8_quot test_kn_fp8_quot.c LABELS unit LIBS kn)

@@ -4,7 +4,8 @@
  * fp32 operation in the order the header states, so the CUDA kernels can match these bytes
  * exactly; the product sums each group exactly (e4m3 × e4m3 products are multiples of 2^-18
  * below 2^18, so 128 of them add exactly in double), scales it in double and adds the groups
- * in double, with one rounding to F32 (or BF16) at the end. */
+ * in double, with one rounding to F32 (or BF16) at the end. TANDEM_FP8_REF_TC replaces the exact
+ * group sums with a model of a tensor core's (kn_fp8_tc_ref.c), for diagnosis only. */
 #include "kn_ref.h"
 
 #include <stdlib.h>
@@ -208,6 +209,7 @@ typedef struct {
     const uint8_t *wq;
     const float   *wscale, *lut;
     int64_t        M, N, K, ld, Mp, n_nt;
+    kn_fp8_tc_model tc; /* bits 0: each group's sum exact */
 } fp8_tiles;
 
 /* Tile `tile` (FP8_MB rows × FP8_NB W rows) of the product; wbuf holds FP8_NB × K widened weights. */
@@ -225,7 +227,8 @@ static void fp8_tile(int64_t tile, void *scratch, const void *user) {
             double       acc = 0;
             for (int64_t j = 0; j < L; j++) {
                 const int64_t k0 = j * B, k1 = k0 + B < K ? k0 + B : K;
-                const double  s = kn_ref_dot(a + k0, wr + k0, k1 - k0); /* exact */
+                const double  s = g->tc.bits ? kn_ref_fp8_tc_dot(a + k0, wr + k0, k1 - k0, &g->tc)
+                                             : kn_ref_dot(a + k0, wr + k0, k1 - k0); /* exact */
                 acc += (double)g->sa[j * g->Mp + m] * (double)g->wscale[(n / B) * g->ld + j] * s;
             }
             if (g->o16)
@@ -241,8 +244,10 @@ static cm_status gemm_fp8q_run(float *out, uint16_t *o16, const uint8_t *qa, con
         memset(o16 ? (void *)o16 : (void *)out, 0, (size_t)(M * N) * (o16 ? 2 : 4));
         return CM_OK;
     }
-    const int64_t ld = kn_fp8_scale_ld(K), Mp = kn_fp8_rows(M);
-    float        *fa = malloc((size_t)(M * K) * sizeof *fa);
+    const int64_t   ld = kn_fp8_scale_ld(K), Mp = kn_fp8_rows(M);
+    kn_fp8_tc_model tc;
+    CM_TRY(kn_ref_fp8_tc_model(&tc));
+    float *fa = malloc((size_t)(M * K) * sizeof *fa);
     if (!fa)
         return CM_FAIL(CM_ERR_NOMEM, "gemm_fp8q: cannot widen the quantized input (%lld x %lld)", (long long)M,
                        (long long)K);
@@ -250,7 +255,7 @@ static cm_status gemm_fp8q_run(float *out, uint16_t *o16, const uint8_t *qa, con
     for (int b = 0; b < 256; b++) lut[b] = cm_f8e4m3_to_f32((uint8_t)b);
     for (int64_t i = 0; i < M * K; i++) fa[i] = lut[qa[i]];
 
-    const fp8_tiles g = {out, o16, fa, sa, wq, wscale, lut, M, N, K, ld, Mp, (N + FP8_NB - 1) / FP8_NB};
+    const fp8_tiles g = {out, o16, fa, sa, wq, wscale, lut, M, N, K, ld, Mp, (N + FP8_NB - 1) / FP8_NB, tc};
     const cm_status st = kn_ref_parallel("gemm_fp8q", (M + FP8_MB - 1) / FP8_MB * g.n_nt, 1,
                                          (size_t)(FP8_NB * K) * sizeof(float), fp8_tile, &g);
     free(fa);

@@ -246,6 +246,14 @@ cm_status kn_ref_add_rmsnorm_fp8(kn_ctx *ctx, uint16_t *out, uint8_t *q, float *
 cm_status kn_ref_rmsnorm_gated_fp8(kn_ctx *ctx, uint8_t *q, float *s, const float *x, const float *z, const float *w,
                                    int64_t T, int64_t H, int64_t C, float eps);
 int       kn_ref_fp8_supported(const kn_ctx *ctx, char *why, size_t n);
+/* A model of an FP8 tensor core's limited-width accumulation (kn_fp8_tc_ref.c), for diagnosis: bits
+ * 0 is the exact reference. kn_ref_fp8_tc_model reads TANDEM_FP8_REF_TC (unset: bits 0) and
+ * refuses a malformed value; kn_ref_fp8_tc_dot sums a group's n products a[i]·w[i] by the model. */
+typedef struct kn_fp8_tc_model {
+    int bits, chunk, promote;
+} kn_fp8_tc_model;
+cm_status kn_ref_fp8_tc_model(kn_fp8_tc_model *m);
+double    kn_ref_fp8_tc_dot(const float *a, const float *w, int64_t n, const kn_fp8_tc_model *m);
 
 // ---- mixture of experts (kn_moe_ref.c): fp32 in the header's order, not double (the router's
 // choice must be the one the CUDA kernel makes). route: m = max, p = expf(l − m), the sum in
