@@ -141,12 +141,15 @@ template <int HD, int KT>
 static __device__ __forceinline__ void load_kv_tile(const df_params &p, const bf16 *kb, const bf16 *vb, int g,
                                                     int64_t row0, int nk, bf16 *k_s, bf16 *v_s) {
     constexpr int LD = HD + 8, CH = HD / 8;
-    for (int i = threadIdx.x; i < KT * CH; i += blockDim.x) {
-        const int     r = i / CH, c = i % CH;
-        const bool    ok = r < nk;
-        const int64_t off = ok ? ((row0 + r) * p.nkv + g) * (int64_t)HD + c * 8 : 0;
-        cp_async16(k_s + r * LD + c * 8, kb + off, ok);
-        cp_async16(v_s + r * LD + c * 8, vb + off, ok);
+    /* CH (≤ 16) divides blockDim.x (a multiple of 32): each thread keeps one 16-byte column c and
+     * walks rows r0, r0 + rs, ..., so its addresses advance by a constant per row it takes */
+    const int     c = threadIdx.x % CH, rs = blockDim.x / CH;
+    const int64_t step = (int64_t)rs * p.nkv * HD;
+    int64_t       off = ((row0 + threadIdx.x / CH) * p.nkv + g) * (int64_t)HD + c * 8;
+    for (int r = threadIdx.x / CH; r < KT; r += rs, off += step) {
+        const bool ok = r < nk;
+        cp_async16(k_s + r * LD + c * 8, kb + (ok ? off : 0), ok);
+        cp_async16(v_s + r * LD + c * 8, vb + (ok ? off : 0), ok);
     }
 }
 
@@ -247,15 +250,25 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
                 mma_bf16(s[2 * np + 1], qf[ks], b[2], b[3]);
             }
         float mx[2] = {-INFINITY, -INFINITY};
+        if (full) { /* CTA-uniform: the unmasked tiles take a path without a test per element */
 #pragma unroll
-        for (int nt = 0; nt < KT / 8; nt++)
+            for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const bool vis =
-                    full || visible(p, rg, tl, s0 + gq + (e >= 2 ? 8 : 0), nt * 8 + 2 * tq + (e & 1));
-                s[nt][e] = vis ? s[nt][e] * sc : -INFINITY;
-                mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-            }
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] *= sc;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < KT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const bool vis =
+                        visible(p, rg, tl, s0 + gq + (e >= 2 ? 8 : 0), nt * 8 + 2 * tq + (e & 1));
+                    s[nt][e] = vis ? s[nt][e] * sc : -INFINITY;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+                }
+        }
         float corr[2], sum[2] = {0.0f, 0.0f};
         softmax_new_max(m, mx, corr);
 #pragma unroll
@@ -267,7 +280,9 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
                 sum[r] += s[nt][e];
             }
         softmax_fold(m, l, mx, sum, corr);
-        scale_rows<NT>(o, corr);
+        if (__any_sync(DFM_FULL,
+                       corr[0] != 1.0f || corr[1] != 1.0f)) /* o · 1 is o: skip it once the maxima settle */
+            scale_rows<NT>(o, corr);
         mma_tile_kn<NT, KT>(o, s, vt, LD);
         __syncthreads(); /* this stage is consumed before tile t + 2 overwrites it */
     }
@@ -341,15 +356,26 @@ static __global__ void __launch_bounds__(32 * DFM_MAX_UNITS)
 
         float s[KT / 8][4], dp[KT / 8][4];
         mma_pair_nt<HD, KT / 8>(s, dp, q_s, do_s, u * 16, kt, vt, 0);
+        if (full) { /* CTA-uniform, as in the forward */
 #pragma unroll
-        for (int nt = 0; nt < KT / 8; nt++)
+            for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int   r = e >> 1;
-                const bool  vis = full || visible(p, rg, tl, s0 + gq + 8 * r, nt * 8 + 2 * tq + (e & 1));
-                const float pr = vis ? exp2f(s[nt][e] * sc - lse2[r]) : 0.0f;
-                s[nt][e] = pr * (dp[nt][e] - dl[r]); /* dS */
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int   r = e >> 1;
+                    const float pr = exp2f(s[nt][e] * sc - lse2[r]);
+                    s[nt][e] = pr * (dp[nt][e] - dl[r]); /* dS */
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < KT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int   r = e >> 1;
+                    const bool  vis = visible(p, rg, tl, s0 + gq + 8 * r, nt * 8 + 2 * tq + (e & 1));
+                    const float pr = vis ? exp2f(s[nt][e] * sc - lse2[r]) : 0.0f;
+                    s[nt][e] = pr * (dp[nt][e] - dl[r]);
+                }
+        }
         mma_tile_kn<NT, KT>(dq, s, kt, LD);
         __syncthreads();
     }
@@ -377,13 +403,17 @@ static __device__ __forceinline__ void load_dkv_item(const df_params &p, const b
                                                      bf16 *do_s, float *lse_s, float *dl_s) {
     constexpr int LD = HD + 8, CH = HD / 8;
     const int     group = p.nq / p.nkv, SP = (p.B + 15) / 16 * 16;
-    for (int i = threadIdx.x; i < QR * CH; i += blockDim.x) {
-        const int     r = i / CH, cc = i % CH, vr = c * QR + r;
-        const int     h = g * group + vr / SP, slot = vr % SP;
+    /* as in load_kv_tile: a fixed column cc, rows r0, r0 + rs, ...; the (head, slot) of a row
+     * advanced by rs slots rather than divided out per row */
+    const int cc = threadIdx.x % CH, rs = blockDim.x / CH, r0 = threadIdx.x / CH;
+    int       h = g * group + (c * QR + r0) / SP, slot = (c * QR + r0) % SP;
+    for (int r = r0, vr = c * QR + r0; r < QR; r += rs, vr += rs) {
         const bool    ok = vr < group * SP && slot < p.B;
         const int64_t off = ok ? ((j * p.B + slot) * p.nq + h) * (int64_t)HD + cc * 8 : 0;
         cp_async16(q_s + r * LD + cc * 8, qb + off, ok);
         cp_async16(do_s + r * LD + cc * 8, dob + off, ok);
+        for (slot += rs; slot >= SP; slot -= SP)
+            h++;
     }
     for (int r = threadIdx.x; r < QR; r += blockDim.x) {
         const int  vr = c * QR + r, h = g * group + vr / SP, slot = vr % SP;
@@ -451,16 +481,29 @@ static __global__ void __launch_bounds__(128)
             /* Sᵀ and dPᵀ: this warp's 16 keys × 32 query rows */
             float sT[4][4], dpT[4][4];
             mma_pair_nt<HD, 4>(sT, dpT, k_s, v_s, w * 16, qt, dt, sub * 32);
+            if (full) { /* CTA-uniform, as in the forward */
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+                for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int kr = w * 16 + gq + (e >= 2 ? 8 : 0), r = sub * 32 + nt * 8 + 2 * tq + (e & 1);
-                    const bool vis = full || dkv_visible(p, sp, blk_mode, rg, kr, c * QR + r);
-                    const float pr = vis ? exp2f(sT[nt][e] * sc - lt[r]) : 0.0f;
-                    sT[nt][e] = pr;
-                    dpT[nt][e] = pr * (dpT[nt][e] - dlt[r]); /* dSᵀ */
-                }
+                    for (int e = 0; e < 4; e++) {
+                        const int   r = sub * 32 + nt * 8 + 2 * tq + (e & 1);
+                        const float pr = exp2f(sT[nt][e] * sc - lt[r]);
+                        sT[nt][e] = pr;
+                        dpT[nt][e] = pr * (dpT[nt][e] - dlt[r]); /* dSᵀ */
+                    }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int kr = w * 16 + gq + (e >= 2 ? 8 : 0),
+                                  r = sub * 32 + nt * 8 + 2 * tq + (e & 1);
+                        const bool  vis = dkv_visible(p, sp, blk_mode, rg, kr, c * QR + r);
+                        const float pr = vis ? exp2f(sT[nt][e] * sc - lt[r]) : 0.0f;
+                        sT[nt][e] = pr;
+                        dpT[nt][e] = pr * (dpT[nt][e] - dlt[r]);
+                    }
+            }
 #pragma unroll
             for (int kk = 0; kk < 2; kk++) {
                 uint32_t ap[4], ads[4];

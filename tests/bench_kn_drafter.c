@@ -6,7 +6,9 @@
  * per GEMM (the logits; with dh also dh = coef·W; W is frozen, so there is no third). The
  * attention runs in F32 mode, in BF16 mode (mma.sync), and in BF16 mode with
  * TANDEM_DFLASH_KERNEL=wgmma (the wgmma kernels on compute capability 9.0), one context each.
- *   bench_kn_drafter            (needs a cuda device; exits 77 without one) */
+ *   bench_kn_drafter            (needs a cuda device; exits 77 without one)
+ *   bench_kn_drafter attn27b    the Qwen3.6-27B drafter's sliding layer only, bf16 modes only (for a
+ *                               profiler: fewer launches to skip) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +22,7 @@
 
 static const kn_backend *gpu;
 static kn_ctx           *g32, *g16, *g16w; /* g16w: bf16 with TANDEM_DFLASH_KERNEL=wgmma */
+static int               first_mode;       /* 1: skip the F32 kernels */
 
 static double now_s(void) {
     struct timespec ts;
@@ -124,7 +127,7 @@ static void bench_attn(int nq, int nkv, int hd, int B, int n_docs, int doc_len, 
     /* F32: fp32 CUDA-core kernels; BF16: tensor cores (mma.sync); then BF16 with
      * TANDEM_DFLASH_KERNEL=wgmma (the wgmma kernels on compute capability 9.0) */
     static const char *modes[3] = {"F32 ", "BF16", "BF16 wgmma"};
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = first_mode; mode < 3; mode++) {
         kn_ctx      *ctx = mode == 0 ? g32 : mode == 1 ? g16 : g16w;
         const double tf = time_attn(ctx, gpu->dflash_attn_fwd, &p), tb = time_attn(ctx, gpu->dflash_attn_bwd, &p);
         printf("dflash %s nq=%d nkv=%d hd=%d B=%d T=%lld (%d docs) blocks=%lld W=%d: %.3g Mpairs/head; fwd "
@@ -176,7 +179,7 @@ static void bench_lm_ce(kn_ctx *ctx, const char *mode, int64_t R, int64_t V, int
     free(lab);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     gpu = kn_backend_cuda();
     if (!gpu) {
         fprintf(stderr, "skipped: this build has no cuda backend\n");
@@ -194,6 +197,11 @@ int main(void) {
     if (gpu->ctx_create(&g16w, &c) != CM_OK)
         die("ctx_create");
     unsetenv("TANDEM_DFLASH_KERNEL");
+    if (argc > 1 && strcmp(argv[1], "attn27b") == 0) {
+        first_mode = 1;
+        bench_attn(32, 8, 128, 16, 4, 2048, 128, 2048);
+        return 0;
+    }
     /* the test_dt_grad random drafter's layer, then Qwen3-8B-class drafter layers at 8k tokens */
     bench_attn(8, 2, 64, 16, 5, 300, 13, 0);
     bench_attn(32, 8, 128, 16, 4, 2048, 128, 0);
