@@ -112,6 +112,15 @@ static __device__ __forceinline__ void mma_tile_kn(float (&acc)[NT][4], const fl
     }
 }
 
+/* 2^x on the special-function unit alone (ex2.approx.ftz): where exp2f would return a subnormal
+ * (x < -126) this returns 0, and 2^-inf is 0. Softmax weights are summed with a 1 (the row's
+ * maximum), so the difference lies far below any fp32 or bf16 step of what they feed. */
+static __device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 static __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
