@@ -263,14 +263,14 @@ static __global__ void __launch_bounds__(128 * HPB, (HD == 256 ? 2 : 4) / HPB)
             /* every row sees its sequence's first key in tile 0, so m_new is finite; the guard
              * keeps a row that saw none at exact zeros instead of NaN */
             mb[r] = m_new == -INFINITY ? 0.0f : m_new;
-            corr[r] = ex2_ftz(m[r] - mb[r]); /* 0 when m was -inf */
+            corr[r] = exp2f(m[r] - mb[r]); /* 0 when m was -inf */
             m[r] = m_new;
         }
 #pragma unroll
         for (int nt = 0; nt < FM_KT / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                s[nt][e] = ex2_ftz(s[nt][e] - mb[e >> 1]); /* exp2(-inf) = 0 for masked keys */
+                s[nt][e] = exp2f(s[nt][e] - mb[e >> 1]); /* exp2(-inf) = 0 for masked keys */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float sum = 0.0f;
