@@ -286,8 +286,8 @@ static __global__ void DFM_NREG dfm_fwd_kernel(const df_params p, const bf16 *qb
                 sum[r] += s[nt][e];
             }
         softmax_fold(m, l, mx, sum, corr);
-        if (__any_sync(DFM_FULL,
-                       corr[0] != 1.0f || corr[1] != 1.0f)) /* o · 1 is o: skip it once the maxima settle */
+        /* o · 1 is o: once every row's maximum has settled the rescale is skipped */
+        if (__any_sync(DFM_FULL, corr[0] != 1.0f || corr[1] != 1.0f))
             scale_rows<NT>(o, corr);
         mma_tile_kn<NT, KT>(o, s, vt, LD);
         __syncthreads(); /* this stage is consumed before tile t + 2 overwrites it */

@@ -25,7 +25,10 @@
  *                             relative at these K), the next quantization then rounds some inputs to the
  *                             neighbouring e4m3 code (6 % apart), and these random O(1)-weight models grow such
  *                             flips through the layers (their FP8 references are 0.20-0.23 from the unquantized
- *                             ones). (gpu; exits 77 without a GPU or without block-scaled FP8) */
+ *                             ones). The cpu reference with a 13-15-bit model of that sum
+ *                             (TANDEM_FP8_REF_TC, bench/fp8_accum_model.sh) lands as far from
+ *                             the exact dump as the GPU does. (gpu; exits 77 without a GPU or
+ *                             without block-scaled FP8) */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
