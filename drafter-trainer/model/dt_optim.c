@@ -76,6 +76,21 @@ static cm_status check_cfg(const dt_optim_config *c) {
     return CM_OK;
 }
 
+/* Parameter i's entry of a multi-tensor table whose chunks so far number *chunks (advanced past
+ * this tensor's), with bf16 copy w16 (NULL: none). */
+static kn_mt_tensor mt_entry(const dt_optim *o, int i, int64_t *chunks, uint16_t *w16) {
+    const dt_param    *q = o->params[i];
+    const kn_mt_tensor t = {.param = q->data,
+                            .grad = q->grad,
+                            .m = o->m + o->offset[i],
+                            .v = o->v + o->offset[i],
+                            .n = q->numel,
+                            .chunk0 = *chunks,
+                            .w16 = w16};
+    *chunks += (q->numel + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
+    return t;
+}
+
 cm_status dt_optim_create(dt_optim **out, const kn_backend *be, kn_ctx *ctx, const dt_param *const *params,
                           int n_params, const dt_optim_config *cfg) {
     *out = NULL;
@@ -113,15 +128,8 @@ cm_status dt_optim_create(dt_optim **out, const kn_backend *be, kn_ctx *ctx, con
             st = CM_FAIL(CM_ERR_NOMEM, "cannot allocate the optimizer's tensor table");
             goto fail;
         }
-        for (int i = 0; i < n_params; i++) {
-            host[i] = (kn_mt_tensor){.param = params[i]->data,
-                                     .grad = params[i]->grad,
-                                     .m = o->m + o->offset[i],
-                                     .v = o->v + o->offset[i],
-                                     .n = params[i]->numel,
-                                     .chunk0 = o->n_chunks};
-            o->n_chunks += (params[i]->numel + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
-        }
+        for (int i = 0; i < n_params; i++)
+            host[i] = mt_entry(o, i, &o->n_chunks, NULL);
         st = be->alloc(ctx, (void **)&o->table, (size_t)n_params * sizeof *host);
         if (st == CM_OK)
             st = be->upload(ctx, o->table, host, (size_t)n_params * sizeof *host);
@@ -212,15 +220,7 @@ cm_status dt_optim_set_copies(dt_optim *o, uint16_t *const *dst, const int *grou
         for (int i = 0; i < o->n_params; i++) {
             if (group[i] != g)
                 continue;
-            const dt_param *q = o->params[i];
-            host[n++] = (kn_mt_tensor){.param = q->data,
-                                       .grad = q->grad,
-                                       .m = o->m + o->offset[i],
-                                       .v = o->v + o->offset[i],
-                                       .n = q->numel,
-                                       .chunk0 = chunks[k],
-                                       .w16 = dst[i]};
-            chunks[k] += (q->numel + KN_MT_CHUNK - 1) / KN_MT_CHUNK;
+            host[n++] = mt_entry(o, i, &chunks[k], dst[i]);
         }
         k += n > first[k];
     }
