@@ -61,6 +61,7 @@ static const kn_backend cpu_backend = {
     .matmul             = kn_ref_matmul,
     .swiglu_typed       = kn_ref_swiglu_typed,
     .swiglu_bwd_typed   = kn_ref_swiglu_bwd_typed,
+    .swiglu_fwd_bwd_typed = kn_ref_swiglu_fwd_bwd_typed,
     .rmsnorm_bwd_acc    = kn_ref_rmsnorm_bwd_acc,
     .rmsnorm_typed      = kn_ref_rmsnorm_typed,
     .rmsnorm_bwd_typed  = kn_ref_rmsnorm_bwd_typed,

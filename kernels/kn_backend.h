@@ -472,6 +472,13 @@ typedef struct kn_backend {
      * either may alias dout; dgate ≠ dup. With F32 the values of swiglu_bwd. */
     cm_status (*swiglu_bwd_typed)(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
                                   const void *up, cm_dtype dt, int64_t n); /* (optional) */
+    /* swiglu_typed (odt = idt = dt) into h and swiglu_bwd_typed in one pass, each with its values:
+     * the backward's recomputed product and the gradient from one read of gate and up. h may
+     * alias dout, dgate gate and dup up (each element is read before it is written); the three
+     * outputs are distinct buffers. */
+    cm_status (*swiglu_fwd_bwd_typed)(kn_ctx *ctx, void *h, void *dgate, void *dup, const void *dout,
+                                      const void *gate, const void *up, cm_dtype dt,
+                                      int64_t n); /* (optional) */
 
     /* rmsnorm_bwd adding its input gradient to dinp: dinp[i] += float(∂/∂inp[i]) (the F32 sum
      * of rmsnorm_bwd into a temporary and add); dw += as there. dinp aliases neither dout nor inp. */

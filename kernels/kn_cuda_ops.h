@@ -142,6 +142,8 @@ cm_status kn_cuda_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void 
                                int64_t n);
 cm_status kn_cuda_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
                                    const void *up, cm_dtype dt, int64_t n);
+cm_status kn_cuda_swiglu_fwd_bwd_typed(kn_ctx *ctx, void *h, void *dgate, void *dup, const void *dout,
+                                       const void *gate, const void *up, cm_dtype dt, int64_t n);
 cm_status kn_cuda_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
                                   const float *w, int64_t rows, int64_t C, float eps, int one_plus); /* kn_norm_bwd.cu */
 cm_status kn_cuda_rmsnorm_bwd_typed(kn_ctx *ctx, const kn_norm_bwd_typed_params *p); /* kn_norm_bwd.cu */

@@ -212,6 +212,10 @@ static cm_status w_swiglu_bwd_typed(kn_ctx *ctx, void *dg, void *du, const void 
                                     cm_dtype dt, int64_t n) {
     PROF(P_SWIGLU, 0, cuda->swiglu_bwd_typed(ctx, dg, du, d, g, u, dt, n));
 }
+static cm_status w_swiglu_fwd_bwd_typed(kn_ctx *ctx, void *h, void *dg, void *du, const void *d,
+                                        const void *g, const void *u, cm_dtype dt, int64_t n) {
+    PROF(P_SWIGLU, 0, cuda->swiglu_fwd_bwd_typed(ctx, h, dg, du, d, g, u, dt, n));
+}
 static cm_status w_sumsq_multi(kn_ctx *ctx, double *o, const kn_mt_tensor *t, int n, int64_t c) {
     PROF(P_OPTIM, 0, cuda->sumsq_multi(ctx, o, t, n, c));
 }
@@ -253,6 +257,8 @@ static const kn_backend *profiled(void) {
         prof.swiglu_typed = w_swiglu_typed;
     if (cuda->swiglu_bwd_typed)
         prof.swiglu_bwd_typed = w_swiglu_bwd_typed;
+    if (cuda->swiglu_fwd_bwd_typed)
+        prof.swiglu_fwd_bwd_typed = w_swiglu_fwd_bwd_typed;
     if (cuda->rmsnorm_bwd_acc)
         prof.rmsnorm_bwd_acc = w_rmsnorm_bwd_acc;
     if (cuda->rmsnorm_typed)

@@ -262,6 +262,30 @@ static void check_ref(void) {
         free(g), free(u), free(d), free(o1), free(o2), free(dg1), free(du1), free(g2), free(u2);
         free(gb), free(ub), free(db), free(ob), free(gw), free(uw), free(dw);
     }
+    /* swiglu_fwd_bwd_typed = swiglu_typed and swiglu_bwd_typed, bit for bit, over its inputs as the
+     * MLP backward calls it (h over dout, the gradient over gate and up) and into separate buffers */
+    for (int bf = 0; bf < 2; bf++) {
+        const cm_dtype dt = bf ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+        const int64_t  n = 1003;
+        const size_t   b = (size_t)n * esz(dt);
+        float         *g = rand_f(n, 4), *u = rand_f(n, 2), *d = rand_f(n, 1);
+        void          *hg = bf ? (void *)to_bf(g, n) : g, *hu = bf ? (void *)to_bf(u, n) : u;
+        void          *hd = bf ? (void *)to_bf(d, n) : d;
+        void          *h1 = malloc(b), *dg1 = malloc(b), *du1 = malloc(b), *h2 = malloc(b), *dg2 = malloc(b),
+             *du2 = malloc(b);
+        TST_CHECK(kn_ref_swiglu_typed(ctx, h1, dt, hg, hu, dt, n) == CM_OK);
+        TST_CHECK(kn_ref_swiglu_bwd_typed(ctx, dg1, du1, hd, hg, hu, dt, n) == CM_OK);
+        TST_CHECK(kn_ref_swiglu_fwd_bwd_typed(ctx, h2, dg2, du2, hd, hg, hu, dt, n) == CM_OK);
+        TST_CHECK(memcmp(h1, h2, b) == 0 && memcmp(dg1, dg2, b) == 0 && memcmp(du1, du2, b) == 0);
+        TST_CHECK(kn_ref_swiglu_fwd_bwd_typed(ctx, hd, hg, hu, hd, hg, hu, dt, n) == CM_OK); /* in place */
+        TST_CHECK(memcmp(h1, hd, b) == 0 && memcmp(dg1, hg, b) == 0 && memcmp(du1, hu, b) == 0);
+        TST_CHECK(kn_ref_swiglu_fwd_bwd_typed(ctx, h2, h2, du2, hd, hg, hu, dt, n) == CM_ERR_INVALID_ARG);
+        TST_CHECK(kn_ref_swiglu_fwd_bwd_typed(ctx, h2, dg2, du2, hd, hg, hu, CM_DTYPE_I32, n) ==
+                  CM_ERR_UNSUPPORTED);
+        if (bf)
+            free(hg), free(hu), free(hd);
+        free(g), free(u), free(d), free(h1), free(dg1), free(du1), free(h2), free(dg2), free(du2);
+    }
     /* rmsnorm_bwd_acc: rmsnorm_bwd into a temporary, then add */
     {
         const int64_t rows = 13, C = 37;
@@ -436,6 +460,42 @@ static void check_cuda(const kn_backend *be) {
             free(hg), free(hu), free(hd);
         free(g), free(u), free(d);
         be->free(ctx, dg), be->free(ctx, du), be->free(ctx, dd), be->free(ctx, dout);
+    }
+    /* swiglu_fwd_bwd_typed on the device: the bits of swiglu_typed and swiglu_bwd_typed there, in
+     * place as the MLP backward calls it, on 8-byte vectors (BF16, n a multiple of 4, aligned) and
+     * one element at a time (F32; BF16 one element in) */
+    for (int c = 0; c < 3; c++) {
+        const int      bf = c > 0, off = c == 2;
+        const cm_dtype dt = bf ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+        const int64_t  n = 4 * 25013 - off, es = esz(dt);
+        const size_t   b = (size_t)(n + off) * es;
+        float         *g = rand_f(n + off, 5), *u = rand_f(n + off, 2), *d = rand_f(n + off, 1);
+        void          *hg = bf ? (void *)to_bf(g, n + off) : g, *hu = bf ? (void *)to_bf(u, n + off) : u;
+        void          *hd = bf ? (void *)to_bf(d, n + off) : d;
+        char *dg = dev_put(be, ctx, hg, b), *du = dev_put(be, ctx, hu, b), *dd = dev_put(be, ctx, hd, b);
+        char *sh = dev_put(be, ctx, NULL, b), *sg = dev_put(be, ctx, NULL, b),
+             *su = dev_put(be, ctx, NULL, b);
+        const int64_t o = off * es;
+        TST_CHECK(be->swiglu_typed(ctx, sh + o, dt, dg + o, du + o, dt, n) == CM_OK);
+        TST_CHECK(be->swiglu_bwd_typed(ctx, sg + o, su + o, dd + o, dg + o, du + o, dt, n) == CM_OK);
+        TST_CHECK(be->swiglu_fwd_bwd_typed(ctx, dd + o, dg + o, du + o, dd + o, dg + o, du + o, dt, n) ==
+                  CM_OK);
+        char *a[3] = {dev_get(be, ctx, sh, b), dev_get(be, ctx, sg, b), dev_get(be, ctx, su, b)};
+        char *f[3] = {dev_get(be, ctx, dd, b), dev_get(be, ctx, dg, b), dev_get(be, ctx, du, b)};
+        int   same = 1;
+        for (int k = 0; k < 3; k++)
+            same = same && memcmp(a[k] + o, f[k] + o, (size_t)n * es) == 0;
+        printf("swiglu_fwd_bwd_typed %s%s: the bits of the pair: %s\n", bf ? "bf16" : "f32",
+               off ? " (unaligned)" : "", same ? "yes" : "no");
+        TST_CHECK(same);
+        TST_CHECK(be->swiglu_fwd_bwd_typed(ctx, sh, sh, su, dd, dg, du, dt, n) == CM_ERR_INVALID_ARG);
+        for (int k = 0; k < 3; k++)
+            free(a[k]), free(f[k]);
+        if (bf)
+            free(hg), free(hu), free(hd);
+        free(g), free(u), free(d);
+        be->free(ctx, dg), be->free(ctx, du), be->free(ctx, dd), be->free(ctx, sh), be->free(ctx, sg),
+            be->free(ctx, su);
     }
     /* swiglu_typed BF16 → BF16 on 16-byte vectors (n a multiple of 8, aligned buffers) against
      * the same op one value at a time (the buffers one element in: unaligned) and the cpu */

@@ -140,7 +140,7 @@ static cm_status check_backend(const kn_backend *be, int v2) {
         DT_NEED(alloc),    DT_NEED(free),       DT_NEED(upload),  DT_NEED(download),        DT_NEED(sync),
         DT_NEED(zero),
         DT_NEED(cast2d),   DT_NEED(add),        DT_NEED(swiglu_typed), DT_NEED(embed),      DT_NEED(gemm),
-        DT_NEED(rmsnorm),  DT_NEED(rope), DT_NEED(gemm_dx), DT_NEED(gemm_dw), DT_NEED(swiglu_bwd_typed), DT_NEED(lm_ce),
+        DT_NEED(rmsnorm),  DT_NEED(rope), DT_NEED(gemm_dx), DT_NEED(gemm_dw), DT_NEED(swiglu_fwd_bwd_typed), DT_NEED(lm_ce),
         DT_NEED(dflash_attn_fwd), DT_NEED(dflash_attn_bwd), DT_NEED(matmul),
         DT_NEED(rmsnorm_typed), DT_NEED(rmsnorm_bwd_typed), DT_NEED(head_norm_rope), DT_NEED(head_norm_rope_bwd),
     };

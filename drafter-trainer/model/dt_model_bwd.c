@@ -58,11 +58,11 @@ static cm_status mlp_bwd(dt_model *m, int l) {
     } else {
         CM_TRY(dt_model_dx_op(m, &dxop));
     }
-    /* the SwiGLU product, recomputed, then its gradient in the same place */
-    CM_TRY(be->swiglu_typed(m->ctx, a->work, t, A->gate, A->up, t, R * I));
-    CM_TRY(dt_model_mm_dw(m, down, dxop, t, a->work, t, R, D, I));
+    /* ∂/∂h into work; then one pass recomputes the SwiGLU product h over it (down's weight
+     * gradient needs h) and writes h's gradient over the saved gate and up */
     CM_TRY(dt_model_mm_dx(m, a->work, t, dxop, t, down, R, D, I, 0));
-    CM_TRY(be->swiglu_bwd_typed(m->ctx, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
+    CM_TRY(be->swiglu_fwd_bwd_typed(m->ctx, a->work, A->gate, A->up, a->work, A->gate, A->up, t, R * I));
+    CM_TRY(dt_model_mm_dw(m, down, dxop, t, a->work, t, R, D, I));
     if (dt_model_is_v2(m)) /* h2' (the convolved h2), recomputed (over dxop) from the saved x_mid */
         CM_TRY(dt_model_conv_in_recompute(m, l, 1, A->x_mid, t, &hop));
     else /* h2, recomputed (over dxop) from the saved x_mid */

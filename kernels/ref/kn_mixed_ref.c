@@ -108,6 +108,32 @@ cm_status kn_ref_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const voi
     return CM_OK;
 }
 
+cm_status kn_ref_swiglu_fwd_bwd_typed(kn_ctx *ctx, void *h, void *dgate, void *dup, const void *dout,
+                                      const void *gate, const void *up, cm_dtype dt, int64_t n) {
+    KN_REF_CHECK(ctx, "swiglu_fwd_bwd_typed: ctx is NULL");
+    if (!typed_ok(dt))
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_fwd_bwd_typed: %s is not supported (F32 or BF16)",
+                       cm_dtype_name(dt));
+    KN_REF_CHECK(n >= 0, "swiglu_fwd_bwd_typed: n=%lld must be >= 0", (long long)n);
+    if (n == 0)
+        return CM_OK;
+    KN_REF_CHECK(h && dgate && dup && dout && gate && up,
+                 "swiglu_fwd_bwd_typed: h, dgate, dup, dout, gate or up is NULL");
+    KN_REF_CHECK(h != dgate && h != dup && dgate != dup,
+                 "swiglu_fwd_bwd_typed: h, dgate and dup must be different buffers");
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t i = 0; i < n; i++) { /* swiglu_typed's and swiglu_bwd_typed's expressions */
+        const double d = ld_el(dout, dt, i), g = ld_el(gate, dt, i), u = ld_el(up, dt, i);
+        const double sg = kn_ref_sigmoid(g);
+        st_el(h, dt, i, kn_ref_silu(g) * u);
+        st_el(dup, dt, i, d * kn_ref_silu(g));
+        st_el(dgate, dt, i, d * u * sg * (1.0 + g * (1.0 - sg)));
+    }
+    return CM_OK;
+}
+
 cm_status kn_ref_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus) {
     KN_REF_CHECK(ctx, "rmsnorm_bwd_acc: ctx is NULL");

@@ -209,6 +209,8 @@ cm_status kn_ref_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void *
                               int64_t n);
 cm_status kn_ref_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
                                   const void *up, cm_dtype dt, int64_t n);
+cm_status kn_ref_swiglu_fwd_bwd_typed(kn_ctx *ctx, void *h, void *dgate, void *dup, const void *dout,
+                                      const void *gate, const void *up, cm_dtype dt, int64_t n);
 /* kn_ref_rmsnorm_bwd into a temporary, then kn_ref_add into dinp. */
 cm_status kn_ref_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
                                  const float *w, int64_t rows, int64_t C, float eps, int one_plus);
