@@ -146,8 +146,9 @@ static void test_elementwise(void) {
 }
 
 static void test_embed(void) {
-    static const long shapes[][3] = {{1, 1, 1}, {7, 33, 50}, {130, 257, 1000}}; /* T C V */
-    for (int s = 0; s < 3; s++) {
+    /* T C V; C % 4 == 0 takes the four-column kernel */
+    static const long shapes[][3] = {{1, 1, 1}, {7, 33, 50}, {130, 257, 1000}, {9, 4, 40}, {70, 5120, 300}};
+    for (int s = 0; s < 5; s++) {
         long      T = shapes[s][0], C = shapes[s][1], V = shapes[s][2];
         float    *tab = tst_rand_f32(V * C, -2, 2);
         uint16_t *tab16 = malloc((size_t)(V * C) * sizeof(uint16_t));
