@@ -44,6 +44,23 @@ template <int SBF, int DBF> static __global__ void cast_vec4_kernel(void *dst, c
     }
 }
 
+/* cast2d with cols and both leading dimensions multiples of 4 (aligned rows): four elements per
+ * thread as above, a block row per matrix row. The fc projection's per-tap slices of its F32
+ * weight (5120 × 5120 inside rows of 25600) went at 1.1 TB/s one element a thread. */
+template <int SBF, int DBF>
+static __global__ void cast2d_vec4_kernel(void *dst, int64_t dld4, const void *src, int64_t sld4,
+                                          int64_t rows, int64_t cols4) {
+    const int64_t cstride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols4; c += cstride) {
+            const float4 v = ld_f4(src, SBF, r * sld4 + c);
+            if (DBF)
+                st_bf16x4(dst, r * dld4 + c, v);
+            else
+                ((float4 *)dst)[r * dld4 + c] = v;
+        }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -78,6 +95,25 @@ static cm_status cast2d_launch(kn_ctx *ctx, void *dst, cm_dtype ddt, int64_t dld
             cast_vec4_kernel<0, 1><<<g, 256, 0, ctx->stream>>>(dst, src, n4);
         else
             cast_vec4_kernel<0, 0><<<g, 256, 0, ctx->stream>>>(dst, src, n4);
+        KN_CUDA_LAUNCHED(ctx);
+        return CM_OK;
+    }
+    if (cols % 4 == 0 && dld % 4 == 0 && sld % 4 == 0 && (uintptr_t)src % (sbf ? 8 : 16) == 0 &&
+        (uintptr_t)dst % (dbf ? 8 : 16) == 0) {
+        const int64_t gx = (cols / 4 + 255) / 256;
+        dim3 grid((unsigned int)(gx < 65535 ? gx : 65535), (unsigned int)(rows < 65535 ? rows : 65535));
+        if (sbf && dbf)
+            cast2d_vec4_kernel<1, 1>
+                <<<grid, 256, 0, ctx->stream>>>(dst, dld / 4, src, sld / 4, rows, cols / 4);
+        else if (sbf)
+            cast2d_vec4_kernel<1, 0>
+                <<<grid, 256, 0, ctx->stream>>>(dst, dld / 4, src, sld / 4, rows, cols / 4);
+        else if (dbf)
+            cast2d_vec4_kernel<0, 1>
+                <<<grid, 256, 0, ctx->stream>>>(dst, dld / 4, src, sld / 4, rows, cols / 4);
+        else
+            cast2d_vec4_kernel<0, 0>
+                <<<grid, 256, 0, ctx->stream>>>(dst, dld / 4, src, sld / 4, rows, cols / 4);
         KN_CUDA_LAUNCHED(ctx);
         return CM_OK;
     }

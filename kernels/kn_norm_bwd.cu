@@ -300,8 +300,8 @@ cm_status kn_cuda_norm_bwd_dw(kn_ctx *ctx, float *dw, const double *rstd, double
     dim3          pg((unsigned int)((nt + block - 1) / block), (unsigned int)n_chunks);
     rmsnorm_bwd_dw_partial_kernel<<<pg, block, 0, ctx->stream>>>(partial, rstd, dout, x, xbf, rows, C, vec);
     KN_CUDA_LAUNCHED(ctx);
-    rmsnorm_bwd_dw_reduce_kernel<<<(unsigned int)((C + DWR_COLS - 1) / DWR_COLS), DWR_THREADS, 0, ctx->stream>>>(
-        dw, partial, n_chunks, C);
+    rmsnorm_bwd_dw_reduce_kernel<<<(unsigned int)((C + DWR_COLS - 1) / DWR_COLS), DWR_THREADS, 0,
+                                   ctx->stream>>>(dw, partial, n_chunks, C);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
