@@ -6,8 +6,8 @@
  *     row's running max, Σexp (double) and argmax (lowest index on ties: a later chunk wins
  *     only with a strictly larger logit) and picks up the label's logit; the block stages its
  *     row in shared memory when it fits (all its loads in flight at once, five blocks an SM;
- *     in registers it held three, and reading global memory on each pass it was latency bound
- *     at 1.7 TB/s);
+ *     reading global memory on each pass it was latency bound at 1.7 TB/s, and holding the row
+ *     in registers left two blocks an SM);
  *   when dh is asked for: the same kernel then turns the row into exp(logit − m_ref) (m_ref: a per-row shift,
  *     moved to the chunk's max only when that exceeds it by more than LMCE_SHIFT, so the
  *     coefficients stay ≤ e^LMCE_SHIFT and rows rarely need rescaling), the rows whose shift
@@ -205,7 +205,7 @@ static __device__ void topk_merge(float (&lv)[KMAX], int32_t (&li)[KMAX], int K,
  * chunk from DRAM again). KMAX > 0 (lm_ce_topk, K ≤ KMAX): the chunk also goes into the row's
  * running top-K (tk). */
 template <int KMAX, bool SM>
-static __global__ void __launch_bounds__(LMCE_THREADS, SM &&KMAX == 0 ? 5 : 1)
+static __global__ void __launch_bounds__(LMCE_THREADS, (SM && KMAX == 0) ? 5 : 1)
     lmce_stats_kernel(lmce_row *st, float *alpha, float *logits, uint16_t *coef16, int64_t ld, int64_t nc,
                       int64_t v0, const int32_t *labels, lmce_topk tk) {
     extern __shared__ float4 lmce_row_smem[]; /* SM: the row, nc floats */
