@@ -87,66 +87,29 @@ static __global__ void swiglu_bf16io_kernel(uint4 *out, const uint4 *gate, const
     }
 }
 
-static __global__ void swiglu_bwd_typed_kernel(void *dgate, void *dup, const void *dout, const void *gate,
-                                               const void *up, int bf, int64_t n) {
+/* swiglu_bwd_typed's kernel; with H (swiglu_fwd_bwd_typed) it also writes the product h, with
+ * swiglu_typed_kernel's value. Each element's inputs are loaded before any of its stores. */
+template <bool H>
+static __global__ void swiglu_bwd_typed_kernel(void *h, void *dgate, void *dup, const void *dout,
+                                               const void *gate, const void *up, int bf, int64_t n) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float dg, du;
-        swiglu_bwd_val(ld_f(dout, bf, i), ld_f(gate, bf, i), ld_f(up, bf, i), &dg, &du);
+        const float g = ld_f(gate, bf, i), u = ld_f(up, bf, i);
+        float       dg, du;
+        swiglu_bwd_val(ld_f(dout, bf, i), g, u, &dg, &du);
+        if (H)
+            st_f(h, bf, i, kn_silu(g) * u);
         st_f(dup, bf, i, du);
         st_f(dgate, bf, i, dg);
     }
 }
 
 /* swiglu_bwd_typed_kernel for BF16 with n % 4 == 0 and 8-byte aligned buffers (the drafter's
- * MLP backward): four values per 8-byte load and store, the same double arithmetic per value.
- * The scalar kernel's 2-byte accesses left it at a fraction of the DRAM bandwidth. */
-static __global__ void swiglu_bwd_bf16_kernel(uint2 *dgate, uint2 *dup, const uint2 *dout, const uint2 *gate,
-                                              const uint2 *up, int64_t n4) {
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
-        const uint2           d4 = dout[i], g4 = gate[i], u4 = up[i];
-        const __nv_bfloat162 *d2 = (const __nv_bfloat162 *)&d4, *g2 = (const __nv_bfloat162 *)&g4,
-                             *u2 = (const __nv_bfloat162 *)&u4;
-        uint2           dg4, du4;
-        __nv_bfloat162 *dg2 = (__nv_bfloat162 *)&dg4, *du2 = (__nv_bfloat162 *)&du4;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const float2 df = __bfloat1622float2(d2[j]), gf = __bfloat1622float2(g2[j]),
-                         uf = __bfloat1622float2(u2[j]);
-            float rg[2], ru[2];
-            swiglu_bwd_val(df.x, gf.x, uf.x, &rg[0], &ru[0]);
-            swiglu_bwd_val(df.y, gf.y, uf.y, &rg[1], &ru[1]);
-            du2[j] = __floats2bfloat162_rn(ru[0], ru[1]);
-            dg2[j] = __floats2bfloat162_rn(rg[0], rg[1]);
-        }
-        dup[i] = du4;
-        dgate[i] = dg4;
-    }
-}
-
-/* The product and the gradient of one element, as swiglu_typed_kernel and swiglu_bwd_val give them. */
-static __device__ __forceinline__ void swiglu_fwd_bwd_val(float d, float g, float u, float *h, float *dgate,
-                                                          float *dup) {
-    *h = kn_silu(g) * u;
-    swiglu_bwd_val(d, g, u, dgate, dup);
-}
-
-static __global__ void swiglu_fwd_bwd_typed_kernel(void *h, void *dgate, void *dup, const void *dout,
-                                                   const void *gate, const void *up, int bf, int64_t n) {
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float hv, dg, du;
-        swiglu_fwd_bwd_val(ld_f(dout, bf, i), ld_f(gate, bf, i), ld_f(up, bf, i), &hv, &dg, &du);
-        st_f(h, bf, i, hv);
-        st_f(dup, bf, i, du);
-        st_f(dgate, bf, i, dg);
-    }
-}
-
-/* swiglu_fwd_bwd_typed_kernel for BF16 with n % 4 == 0 and 8-byte aligned buffers. */
-static __global__ void swiglu_fwd_bwd_bf16_kernel(uint2 *h, uint2 *dgate, uint2 *dup, const uint2 *dout,
-                                                  const uint2 *gate, const uint2 *up, int64_t n4) {
+ * MLP backward): four values per 8-byte load and store, the same arithmetic per value. The
+ * scalar kernel's 2-byte accesses left it at a fraction of the DRAM bandwidth. */
+template <bool H>
+static __global__ void swiglu_bwd_bf16_kernel(uint2 *h, uint2 *dgate, uint2 *dup, const uint2 *dout,
+                                              const uint2 *gate, const uint2 *up, int64_t n4) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
         const uint2           d4 = dout[i], g4 = gate[i], u4 = up[i];
@@ -159,14 +122,16 @@ static __global__ void swiglu_fwd_bwd_bf16_kernel(uint2 *h, uint2 *dgate, uint2 
         for (int j = 0; j < 2; j++) {
             const float2 df = __bfloat1622float2(d2[j]), gf = __bfloat1622float2(g2[j]),
                          uf = __bfloat1622float2(u2[j]);
-            float rh[2], rg[2], ru[2];
-            swiglu_fwd_bwd_val(df.x, gf.x, uf.x, &rh[0], &rg[0], &ru[0]);
-            swiglu_fwd_bwd_val(df.y, gf.y, uf.y, &rh[1], &rg[1], &ru[1]);
-            h2[j] = __floats2bfloat162_rn(rh[0], rh[1]);
+            float rg[2], ru[2];
+            swiglu_bwd_val(df.x, gf.x, uf.x, &rg[0], &ru[0]);
+            swiglu_bwd_val(df.y, gf.y, uf.y, &rg[1], &ru[1]);
+            if (H)
+                h2[j] = __floats2bfloat162_rn(kn_silu(gf.x) * uf.x, kn_silu(gf.y) * uf.y);
             du2[j] = __floats2bfloat162_rn(ru[0], ru[1]);
             dg2[j] = __floats2bfloat162_rn(rg[0], rg[1]);
         }
-        h[i] = h4;
+        if (H)
+            h[i] = h4;
         dup[i] = du4;
         dgate[i] = dg4;
     }
@@ -204,55 +169,41 @@ cm_status kn_cuda_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void 
     return CM_OK;
 }
 
-cm_status kn_cuda_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
-                                   const void *up, cm_dtype dt, int64_t n) {
-    KN_CUDA_CHECK_ARG(ctx, "swiglu_bwd_typed: ctx is NULL");
+/* swiglu_bwd_typed, and with H swiglu_fwd_bwd_typed (op names the entry in messages). */
+template <bool H>
+static cm_status swiglu_bwd_launch(const char *op, kn_ctx *ctx, void *h, void *dgate, void *dup,
+                                   const void *dout, const void *gate, const void *up, cm_dtype dt,
+                                   int64_t n) {
+    KN_CUDA_CHECK_ARG(ctx, "%s: ctx is NULL", op);
     if (!typed_ok(dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_bwd_typed: %s is not supported (F32 or BF16)",
-                       cm_dtype_name(dt));
-    KN_CUDA_CHECK_ARG(n >= 0, "swiglu_bwd_typed: n=%lld must be >= 0", (long long)n);
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: %s is not supported (F32 or BF16)", op, cm_dtype_name(dt));
+    KN_CUDA_CHECK_ARG(n >= 0, "%s: n=%lld must be >= 0", op, (long long)n);
     if (n == 0)
         return CM_OK;
-    KN_CUDA_CHECK_ARG(dgate && dup && dout && gate && up,
-                      "swiglu_bwd_typed: dgate, dup, dout, gate or up is NULL");
-    KN_CUDA_CHECK_ARG(dgate != dup, "swiglu_bwd_typed: dgate and dup must be different buffers");
+    KN_CUDA_CHECK_ARG((h || !H) && dgate && dup && dout && gate && up,
+                      "%s: %sdgate, dup, dout, gate or up is NULL", op, H ? "h, " : "");
+    KN_CUDA_CHECK_ARG(dgate != dup && (!H || (h != dgate && h != dup)),
+                      "%s: %sdgate and dup must be different buffers", op, H ? "h, " : "");
     if (dt == CM_DTYPE_BF16 && n % 4 == 0 &&
-        (((uintptr_t)dgate | (uintptr_t)dup | (uintptr_t)dout | (uintptr_t)gate | (uintptr_t)up) & 7) == 0) {
-        swiglu_bwd_bf16_kernel<<<typed_grid(n / 4), 256, 0, ctx->stream>>>(
-            (uint2 *)dgate, (uint2 *)dup, (const uint2 *)dout, (const uint2 *)gate, (const uint2 *)up, n / 4);
-        KN_CUDA_LAUNCHED(ctx);
-        return CM_OK;
-    }
-    swiglu_bwd_typed_kernel<<<typed_grid(n), 256, 0, ctx->stream>>>(dgate, dup, dout, gate, up,
-                                                                    dt == CM_DTYPE_BF16, n);
+        (((uintptr_t)h | (uintptr_t)dgate | (uintptr_t)dup | (uintptr_t)dout | (uintptr_t)gate |
+          (uintptr_t)up) &
+         7) == 0)
+        swiglu_bwd_bf16_kernel<H><<<typed_grid(n / 4), 256, 0, ctx->stream>>>(
+            (uint2 *)h, (uint2 *)dgate, (uint2 *)dup, (const uint2 *)dout, (const uint2 *)gate,
+            (const uint2 *)up, n / 4);
+    else
+        swiglu_bwd_typed_kernel<H>
+            <<<typed_grid(n), 256, 0, ctx->stream>>>(h, dgate, dup, dout, gate, up, dt == CM_DTYPE_BF16, n);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }
 
+cm_status kn_cuda_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
+                                   const void *up, cm_dtype dt, int64_t n) {
+    return swiglu_bwd_launch<false>("swiglu_bwd_typed", ctx, NULL, dgate, dup, dout, gate, up, dt, n);
+}
+
 cm_status kn_cuda_swiglu_fwd_bwd_typed(kn_ctx *ctx, void *h, void *dgate, void *dup, const void *dout,
                                        const void *gate, const void *up, cm_dtype dt, int64_t n) {
-    KN_CUDA_CHECK_ARG(ctx, "swiglu_fwd_bwd_typed: ctx is NULL");
-    if (!typed_ok(dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_fwd_bwd_typed: %s is not supported (F32 or BF16)",
-                       cm_dtype_name(dt));
-    KN_CUDA_CHECK_ARG(n >= 0, "swiglu_fwd_bwd_typed: n=%lld must be >= 0", (long long)n);
-    if (n == 0)
-        return CM_OK;
-    KN_CUDA_CHECK_ARG(h && dgate && dup && dout && gate && up,
-                      "swiglu_fwd_bwd_typed: h, dgate, dup, dout, gate or up is NULL");
-    KN_CUDA_CHECK_ARG(h != dgate && h != dup && dgate != dup,
-                      "swiglu_fwd_bwd_typed: h, dgate and dup must be different buffers");
-    if (dt == CM_DTYPE_BF16 && n % 4 == 0 &&
-        (((uintptr_t)h | (uintptr_t)dgate | (uintptr_t)dup | (uintptr_t)dout | (uintptr_t)gate |
-          (uintptr_t)up) &
-         7) == 0) {
-        swiglu_fwd_bwd_bf16_kernel<<<typed_grid(n / 4), 256, 0, ctx->stream>>>(
-            (uint2 *)h, (uint2 *)dgate, (uint2 *)dup, (const uint2 *)dout, (const uint2 *)gate,
-            (const uint2 *)up, n / 4);
-    } else {
-        swiglu_fwd_bwd_typed_kernel<<<typed_grid(n), 256, 0, ctx->stream>>>(h, dgate, dup, dout, gate, up,
-                                                                            dt == CM_DTYPE_BF16, n);
-    }
-    KN_CUDA_LAUNCHED(ctx);
-    return CM_OK;
+    return swiglu_bwd_launch<true>("swiglu_fwd_bwd_typed", ctx, h, dgate, dup, dout, gate, up, dt, n);
 }

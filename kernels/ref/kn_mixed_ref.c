@@ -87,51 +87,40 @@ cm_status kn_ref_swiglu_typed(kn_ctx *ctx, void *out, cm_dtype odt, const void *
     return CM_OK;
 }
 
-cm_status kn_ref_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
-                                  const void *up, cm_dtype dt, int64_t n) {
-    KN_REF_CHECK(ctx, "swiglu_bwd_typed: ctx is NULL");
+/* swiglu_bwd_typed, and with_h swiglu_fwd_bwd_typed: the product h as swiglu_typed writes it
+ * (op names the entry in messages). Each element's inputs are read before any of its writes. */
+static cm_status swiglu_bwd_ref(const char *op, int with_h, kn_ctx *ctx, void *h, void *dgate, void *dup,
+                                const void *dout, const void *gate, const void *up, cm_dtype dt, int64_t n) {
+    KN_REF_CHECK(ctx, "%s: ctx is NULL", op);
     if (!typed_ok(dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_bwd_typed: %s is not supported (F32 or BF16)", cm_dtype_name(dt));
-    KN_REF_CHECK(n >= 0, "swiglu_bwd_typed: n=%lld must be >= 0", (long long)n);
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "%s: %s is not supported (F32 or BF16)", op, cm_dtype_name(dt));
+    KN_REF_CHECK(n >= 0, "%s: n=%lld must be >= 0", op, (long long)n);
     if (n == 0) return CM_OK;
-    KN_REF_CHECK(dgate && dup && dout && gate && up, "swiglu_bwd_typed: dgate, dup, dout, gate or up is NULL");
-    KN_REF_CHECK(dgate != dup, "swiglu_bwd_typed: dgate and dup must be different buffers");
+    KN_REF_CHECK((h || !with_h) && dgate && dup && dout && gate && up, "%s: %sdgate, dup, dout, gate or up is NULL",
+                 op, with_h ? "h, " : "");
+    KN_REF_CHECK(dgate != dup && (!with_h || (h != dgate && h != dup)), "%s: %sdgate and dup must be different buffers",
+                 op, with_h ? "h, " : "");
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
 #endif
     for (int64_t i = 0; i < n; i++) {
         const double d = ld_el(dout, dt, i), g = ld_el(gate, dt, i), u = ld_el(up, dt, i);
         const double sg = kn_ref_sigmoid(g);
+        if (with_h) st_el(h, dt, i, kn_ref_silu(g) * u);
         st_el(dup, dt, i, d * kn_ref_silu(g));
         st_el(dgate, dt, i, d * u * sg * (1.0 + g * (1.0 - sg)));
     }
     return CM_OK;
 }
 
+cm_status kn_ref_swiglu_bwd_typed(kn_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
+                                  const void *up, cm_dtype dt, int64_t n) {
+    return swiglu_bwd_ref("swiglu_bwd_typed", 0, ctx, NULL, dgate, dup, dout, gate, up, dt, n);
+}
+
 cm_status kn_ref_swiglu_fwd_bwd_typed(kn_ctx *ctx, void *h, void *dgate, void *dup, const void *dout,
                                       const void *gate, const void *up, cm_dtype dt, int64_t n) {
-    KN_REF_CHECK(ctx, "swiglu_fwd_bwd_typed: ctx is NULL");
-    if (!typed_ok(dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "swiglu_fwd_bwd_typed: %s is not supported (F32 or BF16)",
-                       cm_dtype_name(dt));
-    KN_REF_CHECK(n >= 0, "swiglu_fwd_bwd_typed: n=%lld must be >= 0", (long long)n);
-    if (n == 0)
-        return CM_OK;
-    KN_REF_CHECK(h && dgate && dup && dout && gate && up,
-                 "swiglu_fwd_bwd_typed: h, dgate, dup, dout, gate or up is NULL");
-    KN_REF_CHECK(h != dgate && h != dup && dgate != dup,
-                 "swiglu_fwd_bwd_typed: h, dgate and dup must be different buffers");
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (int64_t i = 0; i < n; i++) { /* swiglu_typed's and swiglu_bwd_typed's expressions */
-        const double d = ld_el(dout, dt, i), g = ld_el(gate, dt, i), u = ld_el(up, dt, i);
-        const double sg = kn_ref_sigmoid(g);
-        st_el(h, dt, i, kn_ref_silu(g) * u);
-        st_el(dup, dt, i, d * kn_ref_silu(g));
-        st_el(dgate, dt, i, d * u * sg * (1.0 + g * (1.0 - sg)));
-    }
-    return CM_OK;
+    return swiglu_bwd_ref("swiglu_fwd_bwd_typed", 1, ctx, h, dgate, dup, dout, gate, up, dt, n);
 }
 
 cm_status kn_ref_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const float *dout, const float *inp,
