@@ -52,7 +52,11 @@ typedef struct kn_ctx_config {
  * Shapes: q, out, dout, dq [n_blocks·B, nq, hd]; k_ctx, v_ctx [T, nkv, hd];
  * k_blk, v_blk [n_blocks·B, nkv, hd]; lse [n_blocks·B, nq] (natural log, written by fwd,
  * read by bwd; −inf for a query that sees nothing). anchors, ctx_lo: I32 [n_blocks] in
- * backend memory. */
+ * backend memory. io_dt BF16: q, k, v and out hold bf16 (the attention's operands as the
+ * tensor-core kernels take them, made where their producers write); the values are those of the
+ * F32 op on the widened inputs, out rounded once to nearest even. With BF16 storage a k_blk that
+ * follows k_ctx in memory (k_blk = k_ctx + T·nkv·hd), and likewise v, is read in place by the
+ * tensor-core kernels as one [T + n_blocks·B] array; otherwise they copy it. */
 typedef struct kn_dflash_attn_params {
     int64_t T;          /* context rows */
     int64_t n_blocks;
@@ -62,8 +66,10 @@ typedef struct kn_dflash_attn_params {
     int     causal;     /* 1: slot k sees block slots ≤ k; 0: all slots of its block (within the window) */
     float   scale;      /* usually hd^-0.5 */
     const int32_t *anchors, *ctx_lo;
-    const float   *q, *k_ctx, *v_ctx, *k_blk, *v_blk;
-    float         *out, *lse;                          /* fwd outputs; bwd reads them */
+    cm_dtype       io_dt; /* of q, k_ctx, v_ctx, k_blk, v_blk and out: F32 (0, the default) or BF16 */
+    const void    *q, *k_ctx, *v_ctx, *k_blk, *v_blk;
+    void          *out;                                /* fwd output; the cuda bwd reads it */
+    float         *lse;                                /* fwd output; bwd reads it */
     const float   *dout;                               /* bwd input */
     float         *dq, *dk_ctx, *dv_ctx, *dk_blk, *dv_blk; /* bwd outputs */
 } kn_dflash_attn_params;
@@ -489,12 +495,13 @@ typedef struct kn_backend {
      * rmsnorm_bwd_acc) and cast2d (backward). */
     cm_status (*rmsnorm_typed)(kn_ctx *ctx, const kn_norm_typed_params *p);         /* (optional) */
     cm_status (*rmsnorm_bwd_typed)(kn_ctx *ctx, const kn_norm_bwd_typed_params *p); /* (optional) */
-    /* The drafter's q/k prep on typed storage: out [T, nh, hd] (F32) = rope(rmsnorm(x)) with the
-     * norm per head row of hd (plain w [hd], eps) and rope's pos, rot_dim and theta, x [T, nh, hd]
-     * in x_dt (F32 or BF16): the values of widen, rmsnorm and rope. out may equal x (F32). */
-    cm_status (*head_norm_rope)(kn_ctx *ctx, float *out, const void *x, cm_dtype x_dt, const float *w,
-                                const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta,
-                                float eps); /* (optional) */
+    /* The drafter's q/k prep on typed storage: out [T, nh, hd] = rope(rmsnorm(x)) with the norm per
+     * head row of hd (plain w [hd], eps) and rope's pos, rot_dim and theta, x [T, nh, hd] in x_dt and
+     * out in out_dt (each F32 or BF16): the values of widen, rmsnorm, rope (and, for a BF16 out,
+     * cast2d). out may equal x when the two dtypes are the same. */
+    cm_status (*head_norm_rope)(kn_ctx *ctx, void *out, cm_dtype out_dt, const void *x, cm_dtype x_dt,
+                                const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim,
+                                float theta, float eps); /* (optional) */
     /* Its backward: dout [T, nh, hd] (F32, ∂/∂out) is rotated back in place (rope_bwd), then
      * dinp (written, in dinp_dt: F32, or BF16 rounded from the F32 value as cast2d rounds, for a GEMM
      * that rounds its operands anyway) and dw (+=) as rmsnorm_bwd with x in x_dt: the values of

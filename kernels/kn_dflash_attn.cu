@@ -27,8 +27,8 @@
  *    every head of the kv group, and every slot that sees the key: lane k recomputes P and
  *    dS of slot k, and the warp accumulates dk += dS·q, dv += P·dout. Each output element is
  *    owned by one lane and summed in one order, so dk/dv have the same bits every run.
- * All math is fp32 (inputs are fp32 activations); exp is expf. The backward reads out and
- * lse from the forward. These kernels are the F32 GEMM mode's and the fallback for every
+ * All math is fp32 (the inputs F32 or, io_dt BF16, widened as loaded; out stored in io_dt); exp is
+ * expf. The backward reads out and lse from the forward. These kernels are the F32 GEMM mode's and the fallback for every
  * shape; in BF16 mode the launchers hand the shapes the tensor-core kernels take (head_dim
  * 16/32/64/128, B ≤ 64) to kn_dflash_attn_mma.cu. Shared memory grows with B·hd; the launchers report the largest
  * supported shape for the device (hd ≤ 256). A simple, correct kernel: no tensor cores yet.
@@ -106,7 +106,7 @@ static __global__ void dflash_fwd_kernel(const df_params p) {
 
     for (int i = threadIdx.x; i < B * hd; i += blockDim.x) {
         const int r = i / hd, d = i % hd;
-        q_s[i] = p.q[((j * B + r) * p.nq + h) * (int64_t)hd + d];
+        q_s[i] = df_ld(p, p.q, ((j * B + r) * p.nq + h) * (int64_t)hd + d);
         o_s[i] = 0.0f;
     }
     for (int r = threadIdx.x; r < B; r += blockDim.x) {
@@ -153,7 +153,7 @@ static __global__ void dflash_fwd_kernel(const df_params p) {
     for (int i = threadIdx.x; i < B * hd; i += blockDim.x) {
         const int     r = i / hd, d = i % hd;
         const int64_t task = (j * B + r) * p.nq + h;
-        p.out[task * hd + d] = o_s[i] / l_s[r];
+        df_st(p, p.out, task * hd + d, o_s[i] / l_s[r]);
     }
     for (int r = threadIdx.x; r < B; r += blockDim.x)
         p.lse[(j * B + r) * p.nq + h] = m_s[r] + logf(l_s[r]);
@@ -163,7 +163,7 @@ static __global__ void dflash_fwd_kernel(const df_params p) {
 // backward
 
 /* Δ[task] = Σ_d dout·out for every (query row, q head); one warp per task. */
-static __global__ void dflash_delta_kernel(float *delta, const float *dout, const float *out, int64_t n_tasks,
+static __global__ void dflash_delta_kernel(float *delta, const float *dout, const df_params p, int64_t n_tasks,
                                            int hd) {
     const int64_t task = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int     lane = threadIdx.x % 32;
@@ -171,7 +171,7 @@ static __global__ void dflash_delta_kernel(float *delta, const float *dout, cons
         return; /* whole warps leave together: blockDim is a multiple of 32 */
     float s = 0.0f;
     for (int d = lane; d < hd; d += 32)
-        s += dout[task * hd + d] * out[task * hd + d];
+        s += dout[task * hd + d] * df_ld(p, p.out, task * hd + d);
     s = warp_sum(s);
     if (lane == 0)
         delta[task] = s;
@@ -195,7 +195,7 @@ static __global__ void dflash_dq_kernel(const df_params p, const float *delta) {
     for (int i = threadIdx.x; i < B * hd; i += blockDim.x) {
         const int     r = i / hd, d = i % hd;
         const int64_t off = ((j * B + r) * p.nq + h) * (int64_t)hd + d;
-        q_s[i] = p.q[off];
+        q_s[i] = df_ld(p, p.q, off);
         do_s[i] = p.dout[off];
         dq_s[i] = 0.0f;
     }
@@ -282,7 +282,7 @@ static __global__ void dflash_dkv_kernel(const df_params p, const float *delta, 
             for (int i = threadIdx.x; i < B * hd; i += blockDim.x) {
                 const int     r = i / hd, d = i % hd;
                 const int64_t off = ((j * B + r) * p.nq + h) * (int64_t)hd + d;
-                q_s[r * hdp + d] = p.q[off];
+                q_s[r * hdp + d] = df_ld(p, p.q, off);
                 do_s[r * hdp + d] = p.dout[off];
             }
             for (int r = threadIdx.x; r < B; r += blockDim.x) {
@@ -371,6 +371,8 @@ static cm_status check_params(const char *op, kn_ctx *ctx, const df_params *p, i
     KN_CUDA_CHECK_ARG(p->nq % p->nkv == 0, "%s: nq=%d must be a multiple of nkv=%d", op, p->nq, p->nkv);
     KN_CUDA_CHECK_ARG(p->window >= 0, "%s: window=%d must be >= 0 (0 = full attention)", op, p->window);
     KN_CUDA_CHECK_ARG(isfinite(p->scale), "%s: scale=%g must be finite", op, (double)p->scale);
+    KN_CUDA_CHECK_ARG(p->io_dt == CM_DTYPE_F32 || p->io_dt == CM_DTYPE_BF16,
+                      "%s: q, k, v and out in %s are not supported (F32 or BF16)", op, cm_dtype_name(p->io_dt));
     const int64_t row_elems = (int64_t)p->nq * p->hd;
     KN_CUDA_CHECK_ARG(p->n_blocks <= INT64_MAX / p->B / row_elems && p->T <= INT64_MAX / row_elems,
                       "%s: shape T=%lld n_blocks=%lld B=%d overflows", op, (long long)p->T, (long long)p->n_blocks,
@@ -443,7 +445,7 @@ cm_status kn_cuda_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
         delta = (float *)ctx->scratch;
         const int64_t threads = n_q * 32, blocks = (threads + 255) / 256;
         KN_CUDA_CHECK_ARG(blocks <= INT32_MAX, "dflash_attn_bwd: %lld query rows are too many", (long long)n_q);
-        dflash_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(delta, p->dout, p->out, n_q, p->hd);
+        dflash_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(delta, p->dout, *p, n_q, p->hd);
         KN_CUDA_LAUNCHED(ctx);
     }
     if (n_q > 0) {

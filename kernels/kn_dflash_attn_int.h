@@ -12,6 +12,27 @@
 
 typedef kn_dflash_attn_params df_params;
 
+/* Element i of one of the typed arrays (q, k, v, out: io_dt F32 or BF16) as fp32, and v stored
+ * there (BF16: rounded to nearest even). */
+static __device__ __forceinline__ float df_ld(const df_params &p, const void *a, int64_t i) {
+    return p.io_dt == CM_DTYPE_BF16 ? __uint_as_float((unsigned int)((const uint16_t *)a)[i] << 16)
+                                    : ((const float *)a)[i];
+}
+static __device__ __forceinline__ void df_st(const df_params &p, void *a, int64_t i, float v) {
+    if (p.io_dt == CM_DTYPE_BF16)
+        ((__nv_bfloat16 *)a)[i] = __float2bfloat16_rn(v);
+    else
+        ((float *)a)[i] = v;
+}
+
+/* Two adjacent outputs a, b at element i (even) of out: one 8-byte F32 or 4-byte BF16 store. */
+static __device__ __forceinline__ void df_st_out2(const df_params &p, int64_t i, float a, float b) {
+    if (p.io_dt == CM_DTYPE_BF16)
+        *reinterpret_cast<__nv_bfloat162 *>((__nv_bfloat16 *)p.out + i) = __floats2bfloat162_rn(a, b);
+    else
+        *reinterpret_cast<float2 *>((float *)p.out + i) = make_float2(a, b);
+}
+
 /* Block j's context bounds, clamped into [0, T]: doc_lo = ctx_lo[j], hi = a_j, and lo =
  * the union of its slots' lower bounds (what the tile loops visit). Clamping keeps a bad
  * anchor (device memory, not checked on the host) from reading out of bounds. */
@@ -65,8 +86,8 @@ static __device__ void load_kv_rows(const df_params &p, bool is_ctx, int64_t j, 
         if (kk < nk) {
             const int64_t row = is_ctx ? base + kk : j * p.B + base + kk;
             const int64_t off = (row * p.nkv + g) * (int64_t)hd + d;
-            kv = is_ctx ? p.k_ctx[off] : p.k_blk[off];
-            vv = is_ctx ? p.v_ctx[off] : p.v_blk[off];
+            kv = df_ld(p, is_ctx ? p.k_ctx : p.k_blk, off);
+            vv = df_ld(p, is_ctx ? p.v_ctx : p.v_blk, off);
         }
         ks[kk * ks_ld + d] = kv;
         vs[kk * vs_ld + d] = vv;

@@ -3,13 +3,14 @@
  * the fp32 kernels in kn_dflash_attn.cu, laid out the way FlashAttention-2 lays out its
  * kernels (sm_80 and later: Ampere, Hopper, Blackwell RTX; no wgmma, so one code path).
  *
- * Inputs are fp32 activations. One pass per call rounds Q, K, V (and dO in the backward) to
- * bf16 copies in the ctx's scratch, context and block rows of K and V in one array (block j's
- * row s is row T + j·B + s), so that every tile afterwards is a 16-byte cp.async stream into
- * shared memory, double-buffered (the next tile loads while this one is multiplied), and every
- * mma.sync.m16n8k16 fragment is one ldmatrix (.trans for the operands stored k-major).
+ * F32 inputs are rounded to bf16 copies in the ctx's scratch, one pass each per call (and dO in
+ * the backward), context and block rows of K and V in one array (block j's row s is row
+ * T + j·B + s); BF16 inputs (io_dt) are read where they are when aligned and K's (V's) block rows
+ * follow its context rows, and copied so otherwise. Every tile is then a 16-byte cp.async
+ * stream into shared memory, double-buffered (the next tile loads while this one is multiplied),
+ * and every mma.sync.m16n8k16 fragment is one ldmatrix (.trans for the operands stored k-major).
  * Products take bf16 operands (Q, K, V, dO, P, dS) and sum in fp32; the online softmax, lse,
- * Δ and the outputs are fp32. Softmax exponents are taken base 2 with log2(e) folded into the
+ * Δ and the outputs are fp32 (out stored in io_dt). Softmax exponents are taken base 2 with log2(e) folded into the
  * scale. Tiles that lie wholly inside every slot's visible range skip the mask.
  *
  * - forward: one CTA per (block j, kv head g); warp u takes q head g·group + u / MT and slots
@@ -118,8 +119,8 @@ static cm_status to_bf16(kn_ctx *ctx, bf16 *dst, const float *src, int64_t n) {
     return CM_OK;
 }
 
-/* Δ[task] = Σ_d dout·out and dob = bf16(dout), one warp per (query row, q head). */
-static __global__ void dfm_delta_kernel(float *delta, bf16 *dob, const float *dout, const float *out,
+/* Δ[task] = Σ_d dout·out (out in io_dt) and dob = bf16(dout), one warp per (query row, q head). */
+static __global__ void dfm_delta_kernel(float *delta, bf16 *dob, const float *dout, const void *out, int obf,
                                         int64_t n_tasks, int hd) {
     const int64_t task = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int     lane = threadIdx.x % 32;
@@ -128,7 +129,13 @@ static __global__ void dfm_delta_kernel(float *delta, bf16 *dob, const float *do
     float s = 0.0f;
     for (int d = 2 * lane; d < hd; d += 64) { /* hd is even */
         const float2 a = *reinterpret_cast<const float2 *>(dout + task * hd + d);
-        const float2 b = *reinterpret_cast<const float2 *>(out + task * hd + d);
+        float2 b;
+        if (obf) {
+            const uint32_t u = *reinterpret_cast<const uint32_t *>((const bf16 *)out + task * hd + d);
+            b = make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+        } else {
+            b = *reinterpret_cast<const float2 *>((const float *)out + task * hd + d);
+        }
         s += a.x * b.x + a.y * b.y;
         *reinterpret_cast<uint32_t *>(dob + task * hd + d) = pack_bf16(a.x, a.y);
     }
@@ -299,11 +306,9 @@ static __global__ void DFM_NREG dfm_fwd_kernel(const df_params p, const bf16 *qb
             continue;
         const int64_t task = (j * B + slot) * p.nq + h;
         const float   inv = 1.0f / l[r];
-        float        *dst = p.out + task * HD;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            *reinterpret_cast<float2 *>(dst + nt * 8 + 2 * tq) =
-                make_float2(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+            df_st_out2(p, task * HD + nt * 8 + 2 * tq, o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
         if (tq == 0)
             p.lse[task] = (m[r] + log2f(l[r])) * DFM_LN2;
     }
@@ -578,6 +583,9 @@ int kn_dflash_mma_supported(const kn_ctx *ctx, const df_params *p) {
     if (!((p->hd == 16 || p->hd == 32 || p->hd == 64 || p->hd == 128) && p->B <= 64 &&
           units_of(p) <= DFM_MAX_UNITS))
         return 0;
+    /* out is stored two elements at a time (and read so by the backward's Δ) */
+    if (((uintptr_t)p->out & (p->io_dt == CM_DTYPE_BF16 ? 3u : 7u)) != 0)
+        return 0;
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device) != cudaSuccess)
         return 0;
@@ -587,29 +595,72 @@ int kn_dflash_mma_supported(const kn_ctx *ctx, const df_params *p) {
     return need <= (size_t)optin;
 }
 
-/* The bf16 copies in the ctx's scratch: Q [R, nq, hd], K and V [T + R, nkv, hd] (context rows,
- * then block rows), and in the backward dO [R, nq, hd] and Δ [R, nq] (fp32). */
+/* The kernels' bf16 operands: Q [R, nq, hd], K and V [T + R, nkv, hd] (context rows, then block
+ * rows), and in the backward dO [R, nq, hd] and Δ [R, nq] (fp32). F32 inputs are rounded into
+ * copies in the ctx's scratch; BF16 ones are read in place where 16-byte aligned (K and V: where
+ * the block rows follow the context rows) and copied there otherwise. */
 typedef struct dfm_bufs {
-    bf16  *q, *k, *v, *dout;
-    float *delta;
+    const bf16 *q, *k, *v;
+    bf16       *dout;
+    float      *delta;
 } dfm_bufs;
+
+static int aligned16(const void *a) {
+    return ((uintptr_t)a & 15u) == 0;
+}
+
+/* A BF16 input's joint [T + R] array where it can be read in place, else NULL. */
+static const bf16 *joint_in(const df_params *p, const void *ctx_rows, const void *blk_rows) {
+    const int64_t ctx_el = p->T * p->nkv * p->hd;
+    const bf16   *base = (const bf16 *)(p->T > 0 ? ctx_rows : blk_rows);
+    if (!aligned16(base) || (p->T > 0 && p->n_blocks > 0 && (const bf16 *)blk_rows != base + ctx_el))
+        return NULL;
+    return base;
+}
+
+/* The joint array of one of K, V into dst: rounded from F32, or copied from BF16. */
+static cm_status joint_copy(kn_ctx *ctx, const df_params *p, bf16 *dst, const void *ctx_rows,
+                            const void *blk_rows) {
+    const int64_t ctx_el = p->T * p->nkv * p->hd, blk_el = p->n_blocks * p->B * p->nkv * p->hd;
+    if (p->io_dt == CM_DTYPE_F32) {
+        CM_TRY(to_bf16(ctx, dst, (const float *)ctx_rows, ctx_el));
+        return to_bf16(ctx, dst + ctx_el, (const float *)blk_rows, blk_el);
+    }
+    if (ctx_el > 0)
+        KN_CUDA(cudaMemcpyAsync(dst, ctx_rows, sizeof(bf16) * (size_t)ctx_el, cudaMemcpyDeviceToDevice, ctx->stream));
+    if (blk_el > 0)
+        KN_CUDA(cudaMemcpyAsync(dst + ctx_el, blk_rows, sizeof(bf16) * (size_t)blk_el, cudaMemcpyDeviceToDevice,
+                                ctx->stream));
+    return CM_OK;
+}
 
 static cm_status make_bufs(kn_ctx *ctx, const df_params *p, int bwd, dfm_bufs *b) {
     const int64_t R = p->n_blocks * p->B, nq_el = R * p->nq * p->hd, kv_el = (p->T + R) * p->nkv * p->hd;
-    const size_t  bytes = sizeof(bf16) * (size_t)(nq_el * (bwd ? 2 : 1) + 2 * kv_el) +
-                         (bwd ? sizeof(float) * (size_t)(R * p->nq) : 0);
-    CM_TRY(kn_cuda_scratch_reserve(ctx, bytes));
-    b->q = (bf16 *)ctx->scratch; /* every piece a multiple of 16 bytes: hd is a multiple of 8 */
-    b->k = b->q + nq_el;
-    b->v = b->k + kv_el;
-    b->dout = bwd ? b->v + kv_el : NULL;
-    b->delta = bwd ? (float *)(b->dout + nq_el) : NULL;
-    const int64_t ctx_el = p->T * p->nkv * p->hd;
-    CM_TRY(to_bf16(ctx, b->q, p->q, nq_el));
-    CM_TRY(to_bf16(ctx, b->k, p->k_ctx, ctx_el));
-    CM_TRY(to_bf16(ctx, b->k + ctx_el, p->k_blk, kv_el - ctx_el));
-    CM_TRY(to_bf16(ctx, b->v, p->v_ctx, ctx_el));
-    CM_TRY(to_bf16(ctx, b->v + ctx_el, p->v_blk, kv_el - ctx_el));
+    const int     bf = p->io_dt == CM_DTYPE_BF16;
+    const bf16   *q_in = bf && aligned16(p->q) ? (const bf16 *)p->q : NULL;
+    const bf16   *k_in = bf ? joint_in(p, p->k_ctx, p->k_blk) : NULL, *v_in = bf ? joint_in(p, p->v_ctx, p->v_blk) : NULL;
+    *b = dfm_bufs{};
+    const int64_t n16 = (q_in ? 0 : nq_el) + (k_in ? 0 : kv_el) + (v_in ? 0 : kv_el) + (bwd ? nq_el : 0);
+    CM_TRY(kn_cuda_scratch_reserve(ctx, sizeof(bf16) * (size_t)n16 + (bwd ? sizeof(float) * (size_t)(R * p->nq) : 0)));
+    bf16 *at = (bf16 *)ctx->scratch; /* every piece a multiple of 16 bytes: hd is a multiple of 8 */
+    if (!q_in) {
+        if (bf)
+            KN_CUDA(cudaMemcpyAsync(at, p->q, sizeof(bf16) * (size_t)nq_el, cudaMemcpyDeviceToDevice, ctx->stream));
+        else
+            CM_TRY(to_bf16(ctx, at, (const float *)p->q, nq_el));
+        q_in = at, at += nq_el;
+    }
+    if (!k_in) {
+        CM_TRY(joint_copy(ctx, p, at, p->k_ctx, p->k_blk));
+        k_in = at, at += kv_el;
+    }
+    if (!v_in) {
+        CM_TRY(joint_copy(ctx, p, at, p->v_ctx, p->v_blk));
+        v_in = at, at += kv_el;
+    }
+    b->q = q_in, b->k = k_in, b->v = v_in;
+    b->dout = bwd ? at : NULL;
+    b->delta = bwd ? (float *)(at + nq_el) : NULL;
     return CM_OK;
 }
 
@@ -649,8 +700,8 @@ template <int HD, int KT> static cm_status mma_bwd(kn_ctx *ctx, const df_params 
         const int64_t blocks = (n_q * 32 + 255) / 256;
         KN_CUDA_CHECK_ARG(blocks <= INT32_MAX, "dflash_attn_bwd: %lld query rows are too many",
                           (long long)n_q);
-        dfm_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(b.delta, b.dout, p->dout, p->out, n_q,
-                                                                        HD);
+        dfm_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(
+            b.delta, b.dout, p->dout, p->out, p->io_dt == CM_DTYPE_BF16, n_q, HD);
         KN_CUDA_LAUNCHED(ctx);
     }
     if (kn_dflash_wg_supported(ctx, p)) /* dq and dk/dv on wgmma (kn_dflash_attn_sm90a.cu) */

@@ -299,11 +299,9 @@ static __global__ void __launch_bounds__(DFW_THREADS, 2)
         if (task < 0)
             continue;
         const float inv = 1.0f / l[hh];
-        float      *dst = p.out + task * HD;
 #pragma unroll
         for (int i = 0; i < HD / 8; i++)
-            *reinterpret_cast<float2 *>(dst + 8 * i + 2 * tq) =
-                make_float2(o[4 * i + 2 * hh] * inv, o[4 * i + 2 * hh + 1] * inv);
+            df_st_out2(p, task * HD + 8 * i + 2 * tq, o[4 * i + 2 * hh] * inv, o[4 * i + 2 * hh + 1] * inv);
         if (tq == 0)
             p.lse[task] = (m[hh] + log2f(l[hh])) * DFW_LN2;
     }

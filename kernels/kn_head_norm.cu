@@ -1,12 +1,13 @@
 /* kernels/kn_head_norm.cu — the drafter's q/k prep on typed storage and its backward.
  * head_norm_rope: every head row of x [T, nh, hd] (F32 or BF16) rmsnorm'ed with the plain w [hd]
- * and rotated by the NeoX rope into out (F32): the chain widen, rmsnorm, rope in one pass, reading
- * the saved BF16 projection where it is. One block per token (grid-stride): its threads put the
+ * and rotated by the NeoX rope into out (F32, or BF16 rounded once from that F32 value, as the
+ * attention's operand): the chain widen, rmsnorm, rope (, cast2d) in one pass, reading the saved
+ * BF16 projection where it is. One block per token (grid-stride): its threads put the
  * token's cos/sin into shared memory, then each warp takes one head row at a time through a shared
  * row buffer, as kn_qk_prep.cu does, with its numerics: the sum of squares, 1/sqrt and the scaled
  * output in double rounded once, the angle one float32 product (__fmul_rn), cos, sin and the
- * rotation in double with explicit _rn operations. out may equal x (F32): a warp reads its whole
- * row before it writes.
+ * rotation in double with explicit _rn operations. out may equal x (same dtype): a warp reads its
+ * whole row before it writes.
  * head_norm_rope_bwd: per head row, the gradient rotated back (sin negated) and stored back in
  * place, then rmsnorm's backward dx in double as kernel 1 of kn_norm_bwd.cu (the row's r kept),
  * stored as F32 or rounded once more to bf16 (the operand of the GEMMs that follow),
@@ -57,7 +58,7 @@ static __device__ __forceinline__ void token_angles(double *cs, double *sn, int 
     }
 }
 
-static __global__ void head_norm_rope_kernel(float *out, const void *x, int xbf, const float *w,
+static __global__ void head_norm_rope_kernel(void *out, int obf, const void *x, int xbf, const float *w,
                                              const int32_t *pos, int64_t T, int nh, int hd, int half, float eps,
                                              const kn_rope_freqs freqs) {
     extern __shared__ double hn_sm[];
@@ -70,7 +71,6 @@ static __global__ void head_norm_rope_kernel(float *out, const void *x, int xbf,
         __syncthreads();
         for (int h = warp; h < nh; h += nw) {
             const int64_t o = (t * nh + h) * (int64_t)hd;
-            float        *y = out + o;
             double        ss = 0;
             for (int c = lane; c < hd; c += 32) {
                 const float v = ld_f(x, xbf, o + c);
@@ -85,10 +85,10 @@ static __global__ void head_norm_rope_kernel(float *out, const void *x, int xbf,
             for (int c = lane; c < hd; c += 32) {
                 if (c < half) {
                     const double x1 = buf[c], x2 = buf[c + half];
-                    y[c] = (float)__dsub_rn(__dmul_rn(x1, cs[c]), __dmul_rn(x2, sn[c]));
-                    y[c + half] = (float)__dadd_rn(__dmul_rn(x2, cs[c]), __dmul_rn(x1, sn[c]));
+                    st_f(out, obf, o + c, (float)__dsub_rn(__dmul_rn(x1, cs[c]), __dmul_rn(x2, sn[c])));
+                    st_f(out, obf, o + c + half, (float)__dadd_rn(__dmul_rn(x2, cs[c]), __dmul_rn(x1, sn[c])));
                 } else if (c >= 2 * half) {
-                    y[c] = buf[c];
+                    st_f(out, obf, o + c, buf[c]);
                 }
             }
             __syncwarp(); /* the buffer is reused by this warp's next row */
@@ -224,8 +224,8 @@ static __device__ __forceinline__ void fast_rows(const float *w, const int32_t *
 
 template <bool XBF>
 static __global__ void __launch_bounds__(32 * HN_FAST_WARPS)
-    head_norm_rope_fast_kernel(float *out, const void *x, const float *w, const int32_t *pos, int64_t T,
-                               int nh, float eps, const kn_rope_freqs freqs) {
+    head_norm_rope_fast_kernel(void *out, int obf, const void *x, const float *w, const int32_t *pos,
+                               int64_t T, int nh, float eps, const kn_rope_freqs freqs) {
     const int lane = threadIdx.x & 31;
     fast_rows(w, pos, T, nh, freqs, 0,
               [&](int64_t row0, int nr, const double *cs, const double *sn, const double *wd) {
@@ -260,8 +260,8 @@ static __global__ void __launch_bounds__(32 * HN_FAST_WARPS)
                           y[2 + j] = (float)__dadd_rn(__dmul_rn(n[2 + j], cs[j]), __dmul_rn(n[j], sn[j]));
                       }
                       if (r < nr) {
-                          st2(out, 0, o + r * HN_FAST_HD, y[0], y[1]);
-                          st2(out, 0, o + r * HN_FAST_HD + HN_FAST_HD / 2, y[2], y[3]);
+                          st2(out, obf, o + r * HN_FAST_HD, y[0], y[1]);
+                          st2(out, obf, o + r * HN_FAST_HD + HN_FAST_HD / 2, y[2], y[3]);
                       }
                   }
               });
@@ -370,29 +370,32 @@ static unsigned int fast_blocks(int64_t T) {
     return (unsigned int)(b < (1 << 20) ? b : (1 << 20));
 }
 
-cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, float *out, const void *x, cm_dtype x_dt, const float *w,
+cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, void *out, cm_dtype out_dt, const void *x, cm_dtype x_dt, const float *w,
                                  const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta, float eps) {
     CM_TRY(head_check(ctx, "head_norm_rope", x_dt, T, nh, hd, rot_dim, theta, eps));
+    KN_CUDA_CHECK_ARG(out_dt == CM_DTYPE_F32 || out_dt == CM_DTYPE_BF16,
+                      "head_norm_rope: out in %s is not supported (F32 or BF16)", cm_dtype_name(out_dt));
     if (T == 0)
         return CM_OK;
     KN_CUDA_CHECK_ARG(out && x && w && pos, "head_norm_rope: out, x, w or pos is NULL");
+    KN_CUDA_CHECK_ARG(out != x || out_dt == x_dt, "head_norm_rope: out may equal x only in the same dtype");
     const int     half = rot_dim / 2;
     kn_rope_freqs freqs;
     kn_rope_freqs_fill(&freqs, rot_dim, theta);
-    const int xbf = x_dt == CM_DTYPE_BF16;
-    if (head_fast(hd, rot_dim) && vec_aligned(out, 0) && vec_aligned(x, xbf)) {
+    const int xbf = x_dt == CM_DTYPE_BF16, obf = out_dt == CM_DTYPE_BF16;
+    if (head_fast(hd, rot_dim) && vec_aligned(out, obf) && vec_aligned(x, xbf)) {
         if (xbf)
             head_norm_rope_fast_kernel<true>
-                <<<fast_blocks(T), 32 * HN_FAST_WARPS, 0, ctx->stream>>>(out, x, w, pos, T, nh, eps, freqs);
+                <<<fast_blocks(T), 32 * HN_FAST_WARPS, 0, ctx->stream>>>(out, obf, x, w, pos, T, nh, eps, freqs);
         else
             head_norm_rope_fast_kernel<false>
-                <<<fast_blocks(T), 32 * HN_FAST_WARPS, 0, ctx->stream>>>(out, x, w, pos, T, nh, eps, freqs);
+                <<<fast_blocks(T), 32 * HN_FAST_WARPS, 0, ctx->stream>>>(out, obf, x, w, pos, T, nh, eps, freqs);
         KN_CUDA_LAUNCHED(ctx);
         return CM_OK;
     }
     const int64_t blocks = T < (1 << 20) ? T : (1 << 20);
     head_norm_rope_kernel<<<(unsigned int)blocks, 32 * head_warps(nh), head_smem(nh, hd, half), ctx->stream>>>(
-        out, x, xbf, w, pos, T, nh, hd, half, eps, freqs);
+        out, obf, x, xbf, w, pos, T, nh, hd, half, eps, freqs);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

@@ -8,6 +8,11 @@ if(TANDEM_HAVE_CUDA)
   target_compile_options(bench_kn_drafter PRIVATE ${TANDEM_C_WARNINGS})
   target_link_libraries(bench_kn_drafter PRIVATE kn cm m)
 endif()
+# The DFlash attention on BF16 storage (io_dt) on the cpu and every cuda form: the bits of the F32 op
+# on the widened inputs, K and V joint or separate (label gpu).
+if(TANDEM_HAVE_CUDA)
+  add_unit_test(test_kn_cuda_attn_io test_kn_cuda_attn_io.c LABELS gpu LIBS kn TIMEOUT 300)
+endif()
 # The CUDA grouped dynamic causal convolution of DFlash2 against the cpu reference (label gpu).
 if(TANDEM_HAVE_CUDA)
   add_unit_test(test_kn_cuda_dynconv test_kn_cuda_dynconv.c LABELS gpu LIBS kn TIMEOUT 120)

@@ -476,10 +476,10 @@ static void attn_run(const attn_case *ac, int window, int causal) {
     dbuf   bdvc = dbuf_put(NULL, (size_t)(T * nkv * hd) * 4), bdkb = dbuf_put(NULL, (size_t)(R * nkv * hd) * 4);
     dbuf   bdvb = dbuf_put(NULL, (size_t)(R * nkv * hd) * 4);
     kn_dflash_attn_params pc = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, causal, (float)(1.0 / sqrt((double)hd)),
-                                ba.c, bl.c, bq.c, bkc.c, bvc.c, bkb.c, bvb.c, bo.c, blse.c, bdo.c, bdq.c, bdkc.c,
+                                ba.c, bl.c, CM_DTYPE_F32, bq.c, bkc.c, bvc.c, bkb.c, bvb.c, bo.c, blse.c, bdo.c, bdq.c, bdkc.c,
                                 bdvc.c, bdkb.c, bdvb.c};
     kn_dflash_attn_params pg = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, causal, (float)(1.0 / sqrt((double)hd)),
-                                ba.g, bl.g, bq.g, bkc.g, bvc.g, bkb.g, bvb.g, bo.g, blse.g, bdo.g, bdq.g, bdkc.g,
+                                ba.g, bl.g, CM_DTYPE_F32, bq.g, bkc.g, bvc.g, bkb.g, bvb.g, bo.g, blse.g, bdo.g, bdq.g, bdkc.g,
                                 bdvc.g, bdkb.g, bdvb.g};
     tst_ok(cpu->dflash_attn_fwd(cctx, &pc), "cpu dflash_attn_fwd");
     tst_ok(cpu->dflash_attn_bwd(cctx, &pc), "cpu dflash_attn_bwd");

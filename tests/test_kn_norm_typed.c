@@ -142,16 +142,30 @@ static void ref_head_norm_rope(kn_ctx *c) {
             const int64_t n = T * nh * hd;
             float        *x = rnd(n, 2), *w = rnd(hd, 1), *out = tst_zeros_f32(n), *chain;
             uint16_t     *xb = to_bf(x, n);
-            TST_CHECK(kn_ref_head_norm_rope(c, out, xbf ? (const void *)xb : (const void *)x,
-                                            xbf ? CM_DTYPE_BF16 : CM_DTYPE_F32, w, pos, T, nh, hd, rot, 1e4f,
+            const void    *xin_t = xbf ? (const void *)xb : (const void *)x;
+            const cm_dtype xdt = xbf ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+            TST_CHECK(kn_ref_head_norm_rope(c, out, CM_DTYPE_F32, xin_t, xdt, w, pos, T, nh, hd, rot, 1e4f,
                                             1e-6f) == CM_OK);
             chain = xbf ? widen(xb, n) : dup_f(x, n);
             TST_CHECK(kn_ref_rmsnorm(c, chain, chain, w, T * nh, hd, 1e-6f, 0) == CM_OK);
             TST_CHECK(kn_ref_rope(c, chain, pos, T, nh, hd, rot, 1e4f) == CM_OK);
             TST_CHECK(memcmp(out, chain, (size_t)n * 4) == 0);
+            /* a BF16 out: the chain's value rounded once (cast2d) */
+            uint16_t *ob = tst_xcalloc((size_t)n * 2), *ob_c = to_bf(chain, n);
+            TST_CHECK(kn_ref_head_norm_rope(c, ob, CM_DTYPE_BF16, xin_t, xdt, w, pos, T, nh, hd, rot, 1e4f,
+                                            1e-6f) == CM_OK);
+            TST_CHECK(memcmp(ob, ob_c, (size_t)n * 2) == 0);
+            if (xbf) { /* in place on BF16 */
+                uint16_t *xb2 = to_bf(x, n);
+                TST_CHECK(kn_ref_head_norm_rope(c, xb2, CM_DTYPE_BF16, xb2, CM_DTYPE_BF16, w, pos, T, nh, hd, rot,
+                                                1e4f, 1e-6f) == CM_OK);
+                TST_CHECK(memcmp(xb2, ob_c, (size_t)n * 2) == 0);
+                free(xb2);
+            }
+            free(ob), free(ob_c);
             if (!xbf) { /* in place */
-                TST_CHECK(kn_ref_head_norm_rope(c, x, x, CM_DTYPE_F32, w, pos, T, nh, hd, rot, 1e4f, 1e-6f) ==
-                          CM_OK);
+                TST_CHECK(kn_ref_head_norm_rope(c, x, CM_DTYPE_F32, x, CM_DTYPE_F32, w, pos, T, nh, hd, rot, 1e4f,
+                                                1e-6f) == CM_OK);
                 TST_CHECK(memcmp(x, chain, (size_t)n * 4) == 0);
             }
             /* the backward */
@@ -176,8 +190,8 @@ static void ref_head_norm_rope(kn_ctx *c) {
             free(x), free(w), free(out), free(chain), free(xb);
         }
     printf(
-        "cpu: head_norm_rope = widen + rmsnorm + rope, head_norm_rope_bwd = rope_bwd + widen + rmsnorm_bwd, "
-        "bit for bit (rot_dim 6 and 10 of 10, in place)\n");
+        "cpu: head_norm_rope = widen + rmsnorm + rope (+ cast2d into BF16), head_norm_rope_bwd = rope_bwd + "
+        "widen + rmsnorm_bwd, bit for bit (rot_dim 6 and 10 of 10, in place)\n");
 }
 
 static void ref_bad_args(kn_ctx *c) {
@@ -197,12 +211,18 @@ static void ref_bad_args(kn_ctx *c) {
     kn_norm_bwd_typed_params b = {
         .rows = 2, .C = 4, .w = w, .dw = dw, .x = x, .x_dt = CM_DTYPE_F32, .dout = y, .dinp = y};
     TST_CHECK(tst_fails_with(kn_ref_rmsnorm_bwd_typed(c, &b), CM_ERR_INVALID_ARG, alias_words));
-    TST_CHECK(tst_fails_with(kn_ref_head_norm_rope(c, y, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 5, 1e4f, 1e-6f),
-                             CM_ERR_INVALID_ARG, rot_words));
+    TST_CHECK(tst_fails_with(
+                  kn_ref_head_norm_rope(c, y, CM_DTYPE_F32, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 5, 1e4f, 1e-6f),
+                  CM_ERR_INVALID_ARG, rot_words));
+    static const char *const same_words[] = {"same dtype", NULL};
+    TST_CHECK(tst_fails_with(
+                  kn_ref_head_norm_rope(c, x, CM_DTYPE_BF16, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 4, 1e4f, 1e-6f),
+                  CM_ERR_INVALID_ARG, same_words));
     TST_CHECK(tst_fails_with(kn_ref_head_norm_rope_bwd(c, y, CM_DTYPE_F32, dw, y, x, CM_DTYPE_F32, w, pos, 2,
                                                        1, 4, 4, 1e4f, 1e-6f),
                              CM_ERR_INVALID_ARG, alias_words));
-    printf("cpu: bad arguments refused (round on BF16, no output, I32, aliases, odd rot_dim)\n");
+    printf("cpu: bad arguments refused (round on BF16, no output, I32, aliases, odd rot_dim, in place across "
+           "dtypes)\n");
 }
 
 // ----------------------------------------------------------------------------
@@ -321,18 +341,39 @@ static void cuda_heads(const kn_backend *be, kn_ctx *ctx, kn_ctx *cpu, int64_t T
     uint16_t *gxb = dev_put(be, ctx, xb, (size_t)n * 2);
     char      name[96];
     /* forward from BF16 and in place on F32 */
-    TST_CHECK(kn_ref_head_norm_rope(cpu, out, xb, CM_DTYPE_BF16, w, pos, T, nh, hd, rot, 1e6f, 1e-6f) ==
-              CM_OK);
-    TST_CHECK(be->head_norm_rope(ctx, gout, gxb, CM_DTYPE_BF16, gw, gpos, T, nh, hd, rot, 1e6f, 1e-6f) ==
-              CM_OK);
+    TST_CHECK(kn_ref_head_norm_rope(cpu, out, CM_DTYPE_F32, xb, CM_DTYPE_BF16, w, pos, T, nh, hd, rot, 1e6f,
+                                    1e-6f) == CM_OK);
+    TST_CHECK(be->head_norm_rope(ctx, gout, CM_DTYPE_F32, gxb, CM_DTYPE_BF16, gw, gpos, T, nh, hd, rot, 1e6f,
+                                 1e-6f) == CM_OK);
     float *h = dev_get(be, ctx, gout, (size_t)n * 4);
     snprintf(name, sizeof name, "cuda head_norm_rope nh=%d hd=%d rot=%d", nh, hd, rot);
     tst_compare(name, 36, h, out, (long)n, 1e-5, 1e-5, NULL);
-    free(h);
-    TST_CHECK(be->head_norm_rope(ctx, gout, gx, CM_DTYPE_F32, gw, gpos, T, nh, hd, rot, 1e6f, 1e-6f) ==
-              CM_OK);
-    TST_CHECK(be->head_norm_rope(ctx, gx, gx, CM_DTYPE_F32, gw, gpos, T, nh, hd, rot, 1e6f, 1e-6f) == CM_OK);
-    float *h1 = dev_get(be, ctx, gout, (size_t)n * 4), *h2 = dev_get(be, ctx, gx, (size_t)n * 4);
+    /* a BF16 out is the F32 out rounded once, bit for bit; in place on BF16 too */
+    uint16_t *hb_c = to_bf(h, n), *gob = dev_put(be, ctx, NULL, (size_t)n * 2);
+    TST_CHECK(be->head_norm_rope(ctx, gob, CM_DTYPE_BF16, gxb, CM_DTYPE_BF16, gw, gpos, T, nh, hd, rot, 1e6f,
+                                 1e-6f) == CM_OK);
+    uint16_t *hb = dev_get(be, ctx, gob, (size_t)n * 2);
+    TST_CHECK(memcmp(hb, hb_c, (size_t)n * 2) == 0);
+    free(hb);
+    uint16_t *gxb2 = dev_put(be, ctx, xb, (size_t)n * 2);
+    TST_CHECK(be->head_norm_rope(ctx, gxb2, CM_DTYPE_BF16, gxb2, CM_DTYPE_BF16, gw, gpos, T, nh, hd, rot, 1e6f,
+                                 1e-6f) == CM_OK);
+    hb = dev_get(be, ctx, gxb2, (size_t)n * 2);
+    TST_CHECK(memcmp(hb, hb_c, (size_t)n * 2) == 0);
+    free(hb), free(hb_c), free(h);
+    TST_CHECK(be->head_norm_rope(ctx, gout, CM_DTYPE_F32, gx, CM_DTYPE_F32, gw, gpos, T, nh, hd, rot, 1e6f,
+                                 1e-6f) == CM_OK);
+    float *h1 = dev_get(be, ctx, gout, (size_t)n * 4);
+    hb_c = to_bf(h1, n);
+    TST_CHECK(be->head_norm_rope(ctx, gob, CM_DTYPE_BF16, gx, CM_DTYPE_F32, gw, gpos, T, nh, hd, rot, 1e6f,
+                                 1e-6f) == CM_OK);
+    hb = dev_get(be, ctx, gob, (size_t)n * 2);
+    TST_CHECK(memcmp(hb, hb_c, (size_t)n * 2) == 0);
+    free(hb), free(hb_c);
+    be->free(ctx, gob), be->free(ctx, gxb2);
+    TST_CHECK(be->head_norm_rope(ctx, gx, CM_DTYPE_F32, gx, CM_DTYPE_F32, gw, gpos, T, nh, hd, rot, 1e6f,
+                                 1e-6f) == CM_OK);
+    float *h2 = dev_get(be, ctx, gx, (size_t)n * 4);
     TST_CHECK(memcmp(h1, h2, (size_t)n * 4) == 0);
     free(h1), free(h2);
     /* backward */
@@ -377,8 +418,10 @@ static void check_cuda(void) {
     cuda_heads(be, ctx, cpu, 37, 5, 128, 128);
     cuda_heads(be, ctx, cpu, 29, 12, 72, 40);
     float x[4] = {0};
-    TST_CHECK(be->head_norm_rope(ctx, x, x, CM_DTYPE_F32, x, NULL, 1, 1, 1026, 1026, 1e4f, 1e-6f) ==
+    TST_CHECK(be->head_norm_rope(ctx, x, CM_DTYPE_F32, x, CM_DTYPE_F32, x, NULL, 1, 1, 1026, 1026, 1e4f, 1e-6f) ==
               CM_ERR_UNSUPPORTED);
+    TST_CHECK(be->head_norm_rope(ctx, x, CM_DTYPE_I32, x, CM_DTYPE_F32, x, NULL, 1, 1, 4, 4, 1e4f, 1e-6f) ==
+              CM_ERR_INVALID_ARG);
     be->ctx_destroy(&ctx);
     kn_ref_ctx_destroy(&cpu);
 }

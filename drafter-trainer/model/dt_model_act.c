@@ -74,9 +74,9 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
         A->x = l > 0 || m->adt == CM_DTYPE_F32 ? CARVE_A(c, R * D) : NULL;
         A->q_pre = CARVE_A(c, R * Q);
         A->kc_pre = CARVE_A(c, T * KV);
-        A->vc = CARVE_A(c, T * KV);
         A->kb_pre = CARVE_A(c, R * KV);
-        A->vb = CARVE_A(c, R * KV);
+        A->vc = CARVE_A(c, (T + R) * KV); /* v_proj's output: the context rows, then the block rows */
+        A->vb = A->vc ? (char *)A->vc + (size_t)(T * KV) * es : NULL;
         A->attn = CARVE_A(c, R * Q);
         A->lse = CARVE_F(c, R * g->n_heads);
         A->x_mid = CARVE_A(c, R * D);
@@ -115,7 +115,8 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
     /* the work region: the largest of the phases' needs beyond the spans */
     a->span_bytes = 2 * align_bytes((size_t)(R * I) * es);
     const size_t qb = (size_t)(R * Q) * 4, kcb = (size_t)(T * KV) * 4, kbb = (size_t)(R * KV) * 4;
-    const size_t as_bytes[AS_COUNT] = {qb, qb, qb, qb, kcb, kcb, kbb, kbb, kcb, kcb, kbb, kbb};
+    const size_t kb = (size_t)((T + R) * KV) * es;
+    const size_t as_bytes[AS_COUNT] = {qb, qb, qb, qb, kb, kcb, kbb, kcb, kcb, kbb, kbb};
     const size_t fs_bytes[FS_COUNT] = {(size_t)(T * D) * 4, (size_t)(T * D) * 4};
     size_t       work = slots_place(a->as, as_bytes, AS_COUNT, a->span_bytes);
     work = max_sz(work, slots_place(a->fs, fs_bytes, FS_COUNT, a->span_bytes));
@@ -126,7 +127,7 @@ static void acts_layout(dt_model *m, carver *c, int64_t T, int64_t R) {
     a->work_bytes = work;
 }
 
-/* Layer l's attention slot s (F32). */
+/* Layer l's attention slot s (F32, or as its comment in dt_model_int.h says). */
 float *dt_model_slot_ptr(const dt_model *m, int l, int s) {
     const dt_acts *a = &m->acts;
     const dt_slot *t = &a->as[s];

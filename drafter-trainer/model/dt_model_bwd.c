@@ -106,13 +106,11 @@ static cm_status attn_bwd(dt_model *m, int l) {
     dt_acts              *a = &m->acts;
     const dt_layer_acts  *A = &a->layer[l];
     const int64_t         D = g->hidden_size, Q = (int64_t)g->n_heads * g->head_dim, R = m->R, T = m->T;
-    const int64_t         KV = (int64_t)g->n_kv_heads * g->head_dim;
     dt_param *wq = dt_model_lp(m, l, LP_Q), *wo = dt_model_lp(m, l, LP_O), *qn = dt_model_lp(m, l, LP_Q_NORM),
              *ln = dt_model_lp(m, l, LP_INPUT_LN);
     kn_dflash_attn_params p = dt_model_attn_params(m, l);
-    float *q = (float *)p.q, *kc = (float *)p.k_ctx, *vc = (float *)p.v_ctx, *kb = (float *)p.k_blk,
-          *vb = (float *)p.v_blk, *o = p.out;
-    const void *dxop;
+    void                 *dq_pre = dt_model_slot_ptr(m, l, AS_O);
+    const void           *dxop;
     if (dt_model_is_v2(m)) { /* ∂/∂(o_proj's output) through the output-side convolution, in dh */
         CM_TRY(dt_model_conv_out_bwd(m, l, 0, &dxop));
     } else {
@@ -121,22 +119,19 @@ static cm_status attn_bwd(dt_model *m, int l) {
     CM_TRY(dt_model_mm_dw(m, wo, dxop, m->adt, A->attn, m->adt, R, D, Q));
     p.dout = dt_model_slot_ptr(m, l, AS_DO);
     CM_TRY(dt_model_mm_dx(m, (float *)p.dout, CM_DTYPE_F32, dxop, m->adt, wo, R, D, Q, 0));
-    /* the attention's inputs and output again: q and k through their norms and RoPE */
-    CM_TRY(dt_model_q_post(m, l, q, A->q_pre));
-    CM_TRY(dt_model_k_post(m, l, kc, A->kc_pre, T, a->ctx_pos));
-    CM_TRY(dt_model_load_act(m, vc, A->vc, T * KV));
-    CM_TRY(dt_model_k_post(m, l, kb, A->kb_pre, R, a->blk_pos));
-    CM_TRY(dt_model_load_act(m, vb, A->vb, R * KV));
-    CM_TRY(dt_model_load_act(m, o, A->attn, R * Q));
+    /* the attention's inputs again: q and k through their norms and RoPE (v and out are saved) */
+    CM_TRY(dt_model_q_post(m, l, (void *)p.q, A->q_pre));
+    CM_TRY(dt_model_k_post(m, l, (void *)p.k_ctx, A->kc_pre, T, a->ctx_pos));
+    CM_TRY(dt_model_k_post(m, l, (void *)p.k_blk, A->kb_pre, R, a->blk_pos));
     p.dq = dt_model_slot_ptr(m, l, AS_DQ);
     p.dk_ctx = dt_model_slot_ptr(m, l, AS_DKC);
     p.dv_ctx = dt_model_slot_ptr(m, l, AS_DVC);
     p.dk_blk = dt_model_slot_ptr(m, l, AS_DKB);
     p.dv_blk = dt_model_slot_ptr(m, l, AS_DVB);
     CM_TRY(be->dflash_attn_bwd(m->ctx, &p));
-    /* queries: dq rotated back and through q_norm into o (dq_pre, in the GEMMs' operand dtype) */
+    /* queries: dq rotated back and through q_norm into dq_pre (in the GEMMs' operand dtype) */
     const cm_dtype gdt = dt_model_gemm_op_dt(m);
-    CM_TRY(be->head_norm_rope_bwd(m->ctx, o, gdt, qn->grad, p.dq, A->q_pre, m->adt, qn->data, a->blk_pos, R,
+    CM_TRY(be->head_norm_rope_bwd(m->ctx, dq_pre, gdt, qn->grad, p.dq, A->q_pre, m->adt, qn->data, a->blk_pos, R,
                                   g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
                                   g->rms_norm_eps));
     /* the layer input x: saved (adt), or (layer 0 with BF16 storage) the embedding again in xw,
@@ -152,11 +147,13 @@ static cm_status attn_bwd(dt_model *m, int l) {
     }
     if (dt_model_is_v2(m)) /* h' (the convolved h), recomputed */
         CM_TRY(dt_model_conv_in_recompute(m, l, 0, x, x_dt, &hop));
-    CM_TRY(dt_model_mm_dw(m, wq, o, gdt, hop, m->adt, R, Q, D));
-    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, o, gdt, wq, R, Q, D, 0));
+    CM_TRY(dt_model_mm_dw(m, wq, dq_pre, gdt, hop, m->adt, R, Q, D));
+    CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, dq_pre, gdt, wq, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
-    CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, vb, a->dh, 1));
-    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, vc, a->dctx, l != g->n_layers - 1));
+    CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, dt_model_slot_ptr(m, l, AS_DKPB), a->dh,
+                  1));
+    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, dt_model_slot_ptr(m, l, AS_DKPC),
+                  a->dctx, l != g->n_layers - 1));
     if (dt_model_is_v2(m))
         return dt_model_conv_in_bwd(m, l, 0, x, x_dt);
     return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, x, x_dt, ln->data, R, 1,

@@ -24,17 +24,22 @@ kn_dflash_attn_params dt_attn_shape(const cm_drafter_cfg *g, int l, int64_t T, i
     return p;
 }
 
+/* Layer l's attention on the saved activations' dtype: q and the joint k from their slots, v and
+ * the output the saved activations themselves. */
 kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l) {
+    const dt_layer_acts  *A = &m->acts.layer[l];
     kn_dflash_attn_params p = dt_attn_shape(&m->cfg, l, m->T, m->n_anchors, m->cfg.block_size);
+    const int64_t         KV = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
     p.anchors = m->acts.anchors;
     p.ctx_lo = m->acts.ctx_lo;
+    p.io_dt = m->adt;
     p.q = dt_model_slot_ptr(m, l, AS_Q);
-    p.k_ctx = dt_model_slot_ptr(m, l, AS_KC);
-    p.v_ctx = dt_model_slot_ptr(m, l, AS_VC);
-    p.k_blk = dt_model_slot_ptr(m, l, AS_KB);
-    p.v_blk = dt_model_slot_ptr(m, l, AS_VB);
-    p.out = dt_model_slot_ptr(m, l, AS_O);
-    p.lse = m->acts.layer[l].lse;
+    p.k_ctx = dt_model_slot_ptr(m, l, AS_K);
+    p.k_blk = (const char *)p.k_ctx + (size_t)(m->T * KV) * cm_dtype_size(m->adt);
+    p.v_ctx = A->vc;
+    p.v_blk = A->vb;
+    p.out = A->attn;
+    p.lse = A->lse;
     return p;
 }
 
@@ -55,30 +60,30 @@ static cm_status residual_add(dt_model *m, const void *inp, const dt_param *w, i
     return m->be->matmul(m->ctx, &p);
 }
 
-/* k [rows, nkv·hd] (F32) = RoPE(k_norm per head(k_pre)), k_pre the saved k_proj output (adt). */
-cm_status dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows, const int32_t *pos) {
+/* k [rows, nkv·hd] (adt) = RoPE(k_norm per head(k_pre)), k_pre the saved k_proj output (adt). */
+cm_status dt_model_k_post(dt_model *m, int l, void *k, const void *k_pre, int64_t rows, const int32_t *pos) {
     const cm_drafter_cfg *g = &m->cfg;
-    return m->be->head_norm_rope(m->ctx, k, k_pre, m->adt, dt_model_lp(m, l, LP_K_NORM)->data, pos, rows,
+    return m->be->head_norm_rope(m->ctx, k, m->adt, k_pre, m->adt, dt_model_lp(m, l, LP_K_NORM)->data, pos, rows,
                                  g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta, g->rms_norm_eps);
 }
 
-/* q [R, nq·hd] (F32) = RoPE(q_norm per head(q_pre)), q_pre the saved q_proj output (adt). */
-cm_status dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre) {
+/* q [R, nq·hd] (adt) = RoPE(q_norm per head(q_pre)), q_pre the saved q_proj output (adt). */
+cm_status dt_model_q_post(dt_model *m, int l, void *q, const void *q_pre) {
     const cm_drafter_cfg *g = &m->cfg;
-    return m->be->head_norm_rope(m->ctx, q, q_pre, m->adt, dt_model_lp(m, l, LP_Q_NORM)->data, m->acts.blk_pos,
-                                 m->R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta, g->rms_norm_eps);
+    return m->be->head_norm_rope(m->ctx, q, m->adt, q_pre, m->adt, dt_model_lp(m, l, LP_Q_NORM)->data,
+                                 m->acts.blk_pos, m->R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
+                                 g->rms_norm_eps);
 }
 
 /* Keys and values of `rows` rows of inp [rows, D] (adt) at positions pos: k_proj's output saved
- * (written there by the GEMM, in adt), then k_norm and RoPE from it into k; v_proj's saved, and
- * widened into v. */
+ * (written there by the GEMM, in adt), then k_norm and RoPE from it into k (adt); v_proj's saved
+ * in v_s, which the attention reads. */
 static cm_status kv_fwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos, void *k_pre_s,
-                        float *k, void *v_s, float *v) {
+                        void *k, void *v_s) {
     const int64_t D = m->cfg.hidden_size, KV = (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim;
     CM_TRY(dt_model_mm_fwd(m, k_pre_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_K), rows, KV, D));
     CM_TRY(dt_model_k_post(m, l, k, k_pre_s, rows, pos));
-    CM_TRY(dt_model_mm_fwd(m, v_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_V), rows, KV, D));
-    return dt_model_load_act(m, v, v_s, rows * KV);
+    return dt_model_mm_fwd(m, v_s, m->adt, inp, m->adt, dt_model_lp(m, l, LP_V), rows, KV, D);
 }
 
 /* acts.xw: x on entry (saved as A->x), x_mid = x + o_proj(attention(q from the block rows;
@@ -96,15 +101,12 @@ static cm_status attn_fwd(dt_model *m, int l) {
                               m->adt == CM_DTYPE_F32 || dt_model_is_v2(m) ? a->dx : NULL, a->H));
     if (dt_model_is_v2(m))
         CM_TRY(dt_model_conv_in_fwd(m, l, 0, &hop));
-    CM_TRY(dt_model_mm_fwd(m, A->q_pre, m->adt, hop, m->adt, dt_model_lp(m, l, LP_Q), R, Q, D));
-    CM_TRY(dt_model_q_post(m, l, dt_model_slot_ptr(m, l, AS_Q), A->q_pre));
-    CM_TRY(kv_fwd(m, l, a->ctx, m->T, a->ctx_pos, A->kc_pre, dt_model_slot_ptr(m, l, AS_KC), A->vc,
-                  dt_model_slot_ptr(m, l, AS_VC)));
-    CM_TRY(kv_fwd(m, l, hop, R, a->blk_pos, A->kb_pre, dt_model_slot_ptr(m, l, AS_KB), A->vb,
-                  dt_model_slot_ptr(m, l, AS_VB)));
     kn_dflash_attn_params p = dt_model_attn_params(m, l);
-    CM_TRY(be->dflash_attn_fwd(m->ctx, &p));
-    CM_TRY(be->cast2d(m->ctx, A->attn, m->adt, R * Q, p.out, CM_DTYPE_F32, R * Q, 1, R * Q));
+    CM_TRY(dt_model_mm_fwd(m, A->q_pre, m->adt, hop, m->adt, dt_model_lp(m, l, LP_Q), R, Q, D));
+    CM_TRY(dt_model_q_post(m, l, (void *)p.q, A->q_pre));
+    CM_TRY(kv_fwd(m, l, a->ctx, m->T, a->ctx_pos, A->kc_pre, (void *)p.k_ctx, A->vc));
+    CM_TRY(kv_fwd(m, l, hop, R, a->blk_pos, A->kb_pre, (void *)p.k_blk, A->vb));
+    CM_TRY(be->dflash_attn_fwd(m->ctx, &p)); /* into A->attn */
     if (dt_model_is_v2(m)) { /* o_proj's output s, then the output-side convolution of s */
         CM_TRY(dt_model_mm_fwd(m, A->sA, m->adt, A->attn, m->adt, dt_model_lp(m, l, LP_O), R, D, Q));
         CM_TRY(dt_model_conv_out_fwd(m, l, 0));

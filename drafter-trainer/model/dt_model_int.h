@@ -72,7 +72,7 @@ typedef struct dt_layer_acts {
     void  *x;           /* [R, D] residual stream into the layer */
     void  *q_pre;       /* [R, nq·hd] q_proj(input_layernorm(x)) */
     void  *kc_pre, *vc; /* [T, nkv·hd] context: k_proj(ctx), v_proj(ctx) */
-    void  *kb_pre, *vb; /* [R, nkv·hd] the same for the block rows */
+    void  *kb_pre, *vb; /* [R, nkv·hd] the same for the block rows; vb follows vc in memory */
     void  *attn;        /* [R, nq·hd] attention output */
     float *lse;         /* [R, nq] */
     void  *x_mid;       /* [R, D] x + o_proj(attn) */
@@ -84,23 +84,23 @@ typedef struct dt_layer_acts {
     void  *sA, *sM;
 } dt_layer_acts;
 
-/* The F32 temporaries of the attention of one layer (forward: q, k, v after their norms and
- * RoPE and the output; backward: those again, the output gradient and the five input
- * gradients, later the pre-norm q/k and their gradients), placed first-fit in the layer's
- * gate/up span, the rest in the work region. */
+/* The temporaries of the attention of one layer (forward: q and k after their norms and RoPE,
+ * in the saved activations' dtype, the attention's operands; backward: those again, the output
+ * gradient, the five input gradients and the pre-norm q/k gradients), placed first-fit in the
+ * layer's gate/up span, the rest in the work region. v and the output are the saved A->vc/vb and
+ * A->attn themselves. */
 enum {
-    AS_Q = 0, /* [R, Q] q; then q_pre (backward) */
-    AS_O,     /* [R, Q] attention output; then dq_pre */
-    AS_DO,    /* [R, Q] dattn */
-    AS_DQ,    /* [R, Q] */
-    AS_KC,    /* [T, KV] k of the context rows; then kc_pre */
-    AS_VC,    /* [T, KV] v; then dkc_pre */
-    AS_KB,    /* [R, KV] k of the block rows; then kb_pre */
-    AS_VB,    /* [R, KV] v; then dkb_pre */
+    AS_Q = 0, /* [R, Q] q (adt) */
+    AS_O,     /* [R, Q] dq_pre (the GEMMs' operand dtype) */
+    AS_DO,    /* [R, Q] dattn (F32) */
+    AS_DQ,    /* [R, Q] (F32) */
+    AS_K,     /* [T + R, KV] k (adt): the context rows, then the block rows */
+    AS_DKPC,  /* [T, KV] dkc_pre (the GEMMs' operand dtype) */
+    AS_DKPB,  /* [R, KV] dkb_pre */
     AS_DKC,
-    AS_DVC, /* [T, KV] */
+    AS_DVC, /* [T, KV] (F32) */
     AS_DKB,
-    AS_DVB, /* [R, KV] */
+    AS_DVB, /* [R, KV] (F32) */
     AS_COUNT
 };
 /* The fc/hidden_norm temporaries (forward start, backward end), in layer 0's span or the
@@ -275,9 +275,9 @@ kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l);
 /* The shape of layer l's DFlash attention (heads, window, causality, scale) over T context rows and
  * n_blocks blocks of B, no arrays: what training and dt_infer share. */
 kn_dflash_attn_params dt_attn_shape(const cm_drafter_cfg *g, int l, int64_t T, int64_t n_blocks, int B);
-cm_status             dt_model_k_post(dt_model *m, int l, float *k, const void *k_pre, int64_t rows,
+cm_status             dt_model_k_post(dt_model *m, int l, void *k, const void *k_pre, int64_t rows,
                                       const int32_t *pos);
-cm_status             dt_model_q_post(dt_model *m, int l, float *q, const void *q_pre);
+cm_status             dt_model_q_post(dt_model *m, int l, void *q, const void *q_pre);
 cm_status             dt_model_forward(dt_model *m);
 /* backward (dt_model_bwd.c) */
 cm_status dt_model_backward(dt_model *m);

@@ -9,7 +9,8 @@
  * probabilities from the saved lse: pass 1 (parallel over query rows × heads) gives dq and
  * Δ = Σ p·dp; pass 2 (parallel over key rows × kv heads) gives dk and dv by looping the
  * blocks, slots and group heads that see the key in a fixed order, so results are
- * bit-identical for any thread count and no output is shared between threads. */
+ * bit-identical for any thread count and no output is shared between threads. With BF16
+ * storage (io_dt) the same passes run on F32 widenings of q, k and v, and out is rounded once. */
 #include "kn_ref.h"
 
 #include <stdlib.h>
@@ -37,17 +38,21 @@ static int slot_sees(const kn_dflash_attn_params *p, int k, int s) {
     return p->window <= 0 || (s > k ? s - k : k - s) < p->window;
 }
 
+/* Rows of the inputs, which the passes below read as F32 (BF16 ones are widened first). */
 static const float *kctx_row(const kn_dflash_attn_params *p, int64_t row, int g) {
-    return p->k_ctx + (row * p->nkv + g) * p->hd;
+    return (const float *)p->k_ctx + (row * p->nkv + g) * p->hd;
 }
 static const float *vctx_row(const kn_dflash_attn_params *p, int64_t row, int g) {
-    return p->v_ctx + (row * p->nkv + g) * p->hd;
+    return (const float *)p->v_ctx + (row * p->nkv + g) * p->hd;
 }
 static const float *kblk_row(const kn_dflash_attn_params *p, int64_t row, int g) {
-    return p->k_blk + (row * p->nkv + g) * p->hd;
+    return (const float *)p->k_blk + (row * p->nkv + g) * p->hd;
 }
 static const float *vblk_row(const kn_dflash_attn_params *p, int64_t row, int g) {
-    return p->v_blk + (row * p->nkv + g) * p->hd;
+    return (const float *)p->v_blk + (row * p->nkv + g) * p->hd;
+}
+static const float *q_row(const kn_dflash_attn_params *p, int64_t task) {
+    return (const float *)p->q + task * p->hd;
 }
 
 /* Validates the shapes, the pointers the pass needs and every block's context range.
@@ -61,6 +66,8 @@ static cm_status check_params(const char *op, kn_ctx *ctx, const kn_dflash_attn_
     KN_REF_CHECK(p->nq % p->nkv == 0, "%s: nq=%d must be a multiple of nkv=%d", op, p->nq, p->nkv);
     KN_REF_CHECK(p->window >= 0, "%s: window=%d must be >= 0 (0 = full attention)", op, p->window);
     KN_REF_CHECK(isfinite(p->scale), "%s: scale=%g must be finite", op, (double)p->scale);
+    KN_REF_CHECK(p->io_dt == CM_DTYPE_F32 || p->io_dt == CM_DTYPE_BF16, "%s: q, k, v and out in %s are not supported (F32 or BF16)", op,
+                 cm_dtype_name(p->io_dt));
     const int64_t row_elems = (int64_t)p->nq * p->hd;
     KN_REF_CHECK(p->n_blocks <= INT64_MAX / p->B / row_elems && p->T <= INT64_MAX / row_elems,
                  "%s: shape T=%lld n_blocks=%lld B=%d overflows", op, (long long)p->T, (long long)p->n_blocks,
@@ -125,7 +132,7 @@ static void fwd_task(int64_t task, void *scratch, const void *user) {
     double                      *sc = scratch, *acc = sc + r->max_keys;
     const int64_t                qi = task / p->nq, j = qi / p->B;
     const int                    h = (int)(task % p->nq), k = (int)(qi % p->B), g = h / group;
-    const float                 *qr = p->q + task * hd;
+    const float                 *qr = q_row(p, task);
     const int64_t                n = scores(p, qr, j, k, g, sc);
     double                       mx = -INFINITY, sum = 0;
     for (int64_t i = 0; i < n; i++)
@@ -139,17 +146,65 @@ static void fwd_task(int64_t task, void *scratch, const void *user) {
         for (int c = 0; c < hd; c++)
             acc[c] += e * (double)vr[c];
     }
-    float *o = p->out + task * hd;
+    float *o = (float *)p->out + task * hd;
     for (int c = 0; c < hd; c++)
         o[c] = (float)(acc[c] / sum);
     p->lse[task] = (float)(mx + log(sum));
 }
 
-cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
+static cm_status fwd_f32(kn_ctx *ctx, const kn_dflash_attn_params *p) {
     dflash_run r = {p, 0, NULL};
     CM_TRY(check_params("dflash_attn_fwd", ctx, p, 0, &r.max_keys));
     return kn_ref_parallel("dflash_attn_fwd", p->n_blocks * p->B * p->nq, 16,
                            (size_t)(r.max_keys + p->hd) * sizeof(double), fwd_task, &r);
+}
+
+// ---- BF16 storage: the F32 passes on the widened inputs, out rounded once
+
+/* n bf16 at src widened into *at (advanced), or NULL for a NULL src. */
+static const float *widen_into(float **at, const void *src, int64_t n) {
+    if (!src) return NULL;
+    float          *dst = *at;
+    const uint16_t *b = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = cm_bf16_to_f32(b[i]);
+    *at += n;
+    return dst;
+}
+
+/* *f = p with F32 copies of q, k and v (and, fwd, an F32 out) in *buf, which the caller frees. */
+static cm_status f32_view(const char *op, kn_ctx *ctx, const kn_dflash_attn_params *p, int fwd, kn_dflash_attn_params *f,
+                          float **buf) {
+    int64_t max_keys;
+    CM_TRY(check_params(op, ctx, p, !fwd, &max_keys));
+    const int64_t R = p->n_blocks * p->B, nq_el = R * p->nq * p->hd;
+    const int64_t ctx_el = p->T * p->nkv * p->hd, blk_el = R * p->nkv * p->hd;
+    const int64_t n = nq_el * (fwd ? 2 : 1) + 2 * (ctx_el + blk_el);
+    float        *at = *buf = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!at) return CM_FAIL(CM_ERR_NOMEM, "%s: cannot allocate %lld floats for the widened inputs", op, (long long)n);
+    *f = *p;
+    f->io_dt = CM_DTYPE_F32;
+    f->q = widen_into(&at, p->q, nq_el);
+    f->k_ctx = widen_into(&at, p->k_ctx, ctx_el);
+    f->v_ctx = widen_into(&at, p->v_ctx, ctx_el);
+    f->k_blk = widen_into(&at, p->k_blk, blk_el);
+    f->v_blk = widen_into(&at, p->v_blk, blk_el);
+    if (fwd) f->out = p->out ? at : NULL;
+    return CM_OK;
+}
+
+cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
+    if (!ctx || !p || p->io_dt != CM_DTYPE_BF16) return fwd_f32(ctx, p);
+    kn_dflash_attn_params f;
+    float                *buf;
+    CM_TRY(f32_view("dflash_attn_fwd", ctx, p, 1, &f, &buf));
+    cm_status st = fwd_f32(ctx, &f);
+    if (st == CM_OK && f.out) {
+        const float *o = f.out;
+        uint16_t    *ob = p->out;
+        for (int64_t i = 0, n = p->n_blocks * p->B * p->nq * p->hd; i < n; i++) ob[i] = cm_f32_to_bf16(o[i]);
+    }
+    free(buf);
+    return st;
 }
 
 // ---- backward
@@ -162,7 +217,7 @@ static void bwd_query(const kn_dflash_attn_params *p, int64_t task, double *pr, 
     const int     hd = p->hd, group = p->nq / p->nkv;
     const int64_t qi = task / p->nq, j = qi / p->B;
     const int     h = (int)(task % p->nq), k = (int)(qi % p->B), g = h / group;
-    const float  *qr = p->q + task * hd, *dor = p->dout + task * hd;
+    const float  *qr = q_row(p, task), *dor = p->dout + task * hd;
     const double  lse = p->lse[task];
     const int64_t n   = scores(p, qr, j, k, g, pr);
     double        d   = 0;
@@ -187,7 +242,7 @@ static void bwd_pair(const kn_dflash_attn_params *p, const double *delta, int64_
                      const float *vr, double *dk, double *dv) {
     const int     hd   = p->hd;
     const int64_t task = qi * p->nq + h;
-    const float  *qr = p->q + task * hd, *dor = p->dout + task * hd;
+    const float  *qr = q_row(p, task), *dor = p->dout + task * hd;
     const double  pr = exp(kn_ref_dot(qr, kr, hd) * (double)p->scale - (double)p->lse[task]);
     const double  ds = pr * (kn_ref_dot(dor, vr, hd) - delta[task]);
     for (int c = 0; c < hd; c++) {
@@ -247,7 +302,7 @@ static void bwd_key_task(int64_t task, void *scratch, const void *user) {
     bwd_key(r->p, r->delta, task / r->p->nkv, (int)(task % r->p->nkv), acc, acc + r->p->hd);
 }
 
-cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
+static cm_status bwd_f32(kn_ctx *ctx, const kn_dflash_attn_params *p) {
     dflash_run r = {p, 0, NULL};
     CM_TRY(check_params("dflash_attn_bwd", ctx, p, 1, &r.max_keys));
     const int64_t n_q = p->n_blocks * p->B * p->nq;
@@ -261,5 +316,15 @@ cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
     if (st == CM_OK)
         st = kn_ref_parallel("dflash_attn_bwd", n_k, 4, (size_t)2 * p->hd * sizeof(double), bwd_key_task, &r);
     free(r.delta);
+    return st;
+}
+
+cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
+    if (!ctx || !p || p->io_dt != CM_DTYPE_BF16) return bwd_f32(ctx, p);
+    kn_dflash_attn_params f;
+    float                *buf;
+    CM_TRY(f32_view("dflash_attn_bwd", ctx, p, 0, &f, &buf));
+    const cm_status st = bwd_f32(ctx, &f);
+    free(buf);
     return st;
 }

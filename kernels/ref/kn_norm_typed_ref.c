@@ -1,7 +1,7 @@
 /* kernels/ref/kn_norm_typed_ref.c — the drafter's norms on typed storage, as compositions of the
  * references they fuse: rmsnorm_typed = (round: cast2d to BF16 and back,) widen, rmsnorm, cast2d;
  * rmsnorm_bwd_typed = widen, rmsnorm_bwd or rmsnorm_bwd_acc, cast2d; head_norm_rope = widen,
- * rmsnorm per head row, rope; head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd (, cast2d). Each runs those
+ * rmsnorm per head row, rope (, cast2d); head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd (, cast2d). Each runs those
  * very functions on F32 temporaries, so it gives the bits of the chain it stands for. */
 #include "kn_ref.h"
 
@@ -88,27 +88,34 @@ cm_status kn_ref_rmsnorm_bwd_typed(kn_ctx *ctx, const kn_norm_bwd_typed_params *
     return st;
 }
 
-cm_status kn_ref_head_norm_rope(kn_ctx *ctx, float *out, const void *x, cm_dtype x_dt, const float *w,
-                                const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta, float eps) {
+cm_status kn_ref_head_norm_rope(kn_ctx *ctx, void *out, cm_dtype out_dt, const void *x, cm_dtype x_dt,
+                                const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta,
+                                float eps) {
     KN_REF_CHECK(ctx, "head_norm_rope: ctx is NULL");
-    if (!typed_ok(x_dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "head_norm_rope: x in %s is not supported (F32 or BF16)",
-                       cm_dtype_name(x_dt));
+    if (!typed_ok(x_dt) || !typed_ok(out_dt))
+        return CM_FAIL(CM_ERR_UNSUPPORTED, "head_norm_rope: x in %s or out in %s is not supported (F32 or BF16)",
+                       cm_dtype_name(x_dt), cm_dtype_name(out_dt));
     KN_REF_CHECK(T >= 0 && nh > 0 && hd > 0, "head_norm_rope: bad shape T=%lld nh=%d hd=%d", (long long)T, nh, hd);
     KN_REF_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= hd && theta > 0 && isfinite(theta) && eps >= 0,
                  "head_norm_rope: rot_dim=%d (even, <= hd=%d), theta=%g (> 0) or eps=%g (>= 0) out of range", rot_dim,
                  hd, (double)theta, (double)eps);
     if (T == 0) return CM_OK;
     KN_REF_CHECK(out && x, "head_norm_rope: out or x is NULL");
+    KN_REF_CHECK(out != x || out_dt == x_dt, "head_norm_rope: out may equal x only in the same dtype");
     const int64_t n = T * nh * (int64_t)hd;
+    float        *y = out_dt == CM_DTYPE_F32 ? out : malloc((size_t)n * sizeof *y);
+    if (!y) return CM_FAIL(CM_ERR_NOMEM, "head_norm_rope: cannot allocate %lld floats", (long long)n);
     if (x_dt == CM_DTYPE_F32) {
-        if (out != x) memmove(out, x, (size_t)n * sizeof *out);
+        if ((const void *)y != x) memmove(y, x, (size_t)n * sizeof *y);
     } else {
         const uint16_t *b = x;
-        for (int64_t i = 0; i < n; i++) out[i] = cm_bf16_to_f32(b[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = cm_bf16_to_f32(b[i]);
     }
-    CM_TRY(kn_ref_rmsnorm(ctx, out, out, w, T * nh, hd, eps, 0));
-    return kn_ref_rope(ctx, out, pos, T, nh, hd, rot_dim, theta);
+    cm_status st = kn_ref_rmsnorm(ctx, y, y, w, T * nh, hd, eps, 0);
+    if (st == CM_OK) st = kn_ref_rope(ctx, y, pos, T, nh, hd, rot_dim, theta);
+    if (st == CM_OK && out_dt != CM_DTYPE_F32) to_bf16(out, y, n);
+    if ((void *)y != out) free(y);
+    return st;
 }
 
 cm_status kn_ref_head_norm_rope_bwd(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, float *dw, float *dout,
