@@ -78,7 +78,8 @@ static cm_status mlp_bwd(dt_model *m, int l) {
 
 /* Backward of kv_fwd given dk (after RoPE and k_norm; rotated back in place) and dv: the k/v
  * weight grads and the input gradient into dinp (= or += as accumulate says). dk_pre a free slot
- * (it holds ∂/∂k_pre in dt_model_gemm_op_dt, the GEMMs' operand). */
+ * sized for [rows, KV] in F32: it holds ∂/∂k_pre in dt_model_gemm_op_dt, the GEMMs' operand, and
+ * when that is BF16 dv rounded once for both of v's GEMMs in its second half. */
 static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const int32_t *pos,
                         const void *k_pre_s, float *dk, const float *dv, void *dk_pre, float *dinp,
                         int accumulate) {
@@ -90,10 +91,16 @@ static cm_status kv_bwd(dt_model *m, int l, const void *inp, int64_t rows, const
     CM_TRY(be->head_norm_rope_bwd(m->ctx, dk_pre, gdt, kn->grad, dk, k_pre_s, m->adt, kn->data, pos, rows,
                                   g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
                                   g->rms_norm_eps));
+    const void *dv_op = dv;
+    if (gdt != CM_DTYPE_F32) {
+        void *dvr = (char *)dk_pre + (size_t)(rows * KV) * cm_dtype_size(gdt);
+        CM_TRY(be->cast2d(m->ctx, dvr, gdt, rows * KV, dv, CM_DTYPE_F32, rows * KV, 1, rows * KV));
+        dv_op = dvr;
+    }
     CM_TRY(dt_model_mm_dw(m, wk, dk_pre, gdt, inp, m->adt, rows, KV, D));
-    CM_TRY(dt_model_mm_dw(m, wv, dv, CM_DTYPE_F32, inp, m->adt, rows, KV, D));
+    CM_TRY(dt_model_mm_dw(m, wv, dv_op, gdt, inp, m->adt, rows, KV, D));
     CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dk_pre, gdt, wk, rows, KV, D, accumulate));
-    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dv, CM_DTYPE_F32, wv, rows, KV, D, 1));
+    CM_TRY(dt_model_mm_dx(m, dinp, CM_DTYPE_F32, dv_op, gdt, wv, rows, KV, D, 1));
     return CM_OK;
 }
 

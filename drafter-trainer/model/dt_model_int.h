@@ -95,8 +95,8 @@ enum {
     AS_DO,    /* [R, Q] dattn (F32) */
     AS_DQ,    /* [R, Q] (F32) */
     AS_K,     /* [T + R, KV] k (adt): the context rows, then the block rows */
-    AS_DKPC,  /* [T, KV] dkc_pre (the GEMMs' operand dtype) */
-    AS_DKPB,  /* [R, KV] dkb_pre */
+    AS_DKPC,  /* [T, KV] dkc_pre (the GEMMs' operand dtype; BF16: then dvc rounded, in the second half) */
+    AS_DKPB,  /* [R, KV] dkb_pre (likewise dvb) */
     AS_DKC,
     AS_DVC, /* [T, KV] (F32) */
     AS_DKB,
