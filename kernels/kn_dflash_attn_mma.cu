@@ -136,7 +136,7 @@ static __global__ void dfm_delta_kernel(float *delta, bf16 *dob, const float *do
         } else {
             b = *reinterpret_cast<const float2 *>((const float *)out + task * hd + d);
         }
-        s += a.x * b.x + a.y * b.y;
+        s += __fmaf_rn(a.x, b.x, __fmul_rn(a.y, b.y)); /* one contraction, whatever the loads before */
         *reinterpret_cast<uint32_t *>(dob + task * hd + d) = pack_bf16(a.x, a.y);
     }
     for (int o = 16; o > 0; o >>= 1)
