@@ -48,15 +48,14 @@ typedef struct kn_ctx_config {
  * the anchor's document); block slots s of its own block only, all B of them, or s ≤ k when
  * causal. On a sliding layer (window W > 0) the window bounds every key by position: context
  * rows only p ≥ a_j + k − (W − 1), block slots only k − s < W and, when not causal, s − k < W
- * (both directions, as z-lab's, vLLM's and SGLang's masks apply it). GQA: q head h uses kv head h / (nq / nkv). A query that sees nothing outputs 0.
- * Shapes: q, out, dout, dq [n_blocks·B, nq, hd]; k_ctx, v_ctx [T, nkv, hd];
- * k_blk, v_blk [n_blocks·B, nkv, hd]; lse [n_blocks·B, nq] (natural log, written by fwd,
- * read by bwd; −inf for a query that sees nothing). anchors, ctx_lo: I32 [n_blocks] in
- * backend memory. io_dt BF16: q, k, v and out hold bf16 (the attention's operands as the
- * tensor-core kernels take them, made where their producers write); the values are those of the
- * F32 op on the widened inputs, out rounded once to nearest even. With BF16 storage a k_blk that
- * follows k_ctx in memory (k_blk = k_ctx + T·nkv·hd), and likewise v, is read in place by the
- * tensor-core kernels as one [T + n_blocks·B] array; otherwise they copy it. */
+ * (both directions, as z-lab's, vLLM's and SGLang's masks apply it). GQA: q head h uses kv head h / (nq /
+ * nkv). A query that sees nothing outputs 0. Shapes: q, out, dout, dq [n_blocks·B, nq, hd]; k_ctx, v_ctx [T,
+ * nkv, hd]; k_blk, v_blk [n_blocks·B, nkv, hd]; lse [n_blocks·B, nq] (natural log, written by fwd, read by
+ * bwd; −inf for a query that sees nothing). anchors, ctx_lo: I32 [n_blocks] in backend memory. io_dt BF16: q,
+ * k, v and out hold bf16 (the attention's operands as the tensor-core kernels take them, made where their
+ * producers write); the values are those of the F32 op on the widened inputs, out rounded once to nearest
+ * even. With BF16 storage a k_blk that follows k_ctx in memory (k_blk = k_ctx + T·nkv·hd), and likewise v, is
+ * read in place by the tensor-core kernels as one [T + n_blocks·B] array; otherwise they copy it. */
 typedef struct kn_dflash_attn_params {
     int64_t T;          /* context rows */
     int64_t n_blocks;

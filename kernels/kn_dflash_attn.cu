@@ -28,12 +28,12 @@
  *    dS of slot k, and the warp accumulates dk += dS·q, dv += P·dout. Each output element is
  *    owned by one lane and summed in one order, so dk/dv have the same bits every run.
  * All math is fp32 (the inputs F32 or, io_dt BF16, widened as loaded; out stored in io_dt); exp is
- * expf. The backward reads out and lse from the forward. These kernels are the F32 GEMM mode's and the fallback for every
- * shape; in BF16 mode the launchers hand the shapes the tensor-core kernels take (head_dim
- * 16/32/64/128, B ≤ 64) to kn_dflash_attn_mma.cu. Shared memory grows with B·hd; the launchers report the largest
- * supported shape for the device (hd ≤ 256). A simple, correct kernel: no tensor cores yet.
- * anchors and ctx_lo are device memory and cannot be checked on the host: the kernels clamp
- * them into [0, T] so a bad value cannot read out of bounds (the cpu reference refuses it). */
+ * expf. The backward reads out and lse from the forward. These kernels are the F32 GEMM mode's and the
+ * fallback for every shape; in BF16 mode the launchers hand the shapes the tensor-core kernels take (head_dim
+ * 16/32/64/128, B ≤ 64) to kn_dflash_attn_mma.cu. Shared memory grows with B·hd; the launchers report the
+ * largest supported shape for the device (hd ≤ 256). A simple, correct kernel: no tensor cores yet. anchors
+ * and ctx_lo are device memory and cannot be checked on the host: the kernels clamp them into [0, T] so a bad
+ * value cannot read out of bounds (the cpu reference refuses it). */
 #include "kn_cuda.h"
 #include "kn_cuda_ops.h"
 #include "kn_device.h"
@@ -163,8 +163,8 @@ static __global__ void dflash_fwd_kernel(const df_params p) {
 // backward
 
 /* Δ[task] = Σ_d dout·out for every (query row, q head); one warp per task. */
-static __global__ void dflash_delta_kernel(float *delta, const float *dout, const df_params p, int64_t n_tasks,
-                                           int hd) {
+static __global__ void dflash_delta_kernel(float *delta, const float *dout, const df_params p,
+                                           int64_t n_tasks, int hd) {
     const int64_t task = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int     lane = threadIdx.x % 32;
     if (task >= n_tasks)
@@ -372,7 +372,8 @@ static cm_status check_params(const char *op, kn_ctx *ctx, const df_params *p, i
     KN_CUDA_CHECK_ARG(p->window >= 0, "%s: window=%d must be >= 0 (0 = full attention)", op, p->window);
     KN_CUDA_CHECK_ARG(isfinite(p->scale), "%s: scale=%g must be finite", op, (double)p->scale);
     KN_CUDA_CHECK_ARG(p->io_dt == CM_DTYPE_F32 || p->io_dt == CM_DTYPE_BF16,
-                      "%s: q, k, v and out in %s are not supported (F32 or BF16)", op, cm_dtype_name(p->io_dt));
+                      "%s: q, k, v and out in %s are not supported (F32 or BF16)", op,
+                      cm_dtype_name(p->io_dt));
     const int64_t row_elems = (int64_t)p->nq * p->hd;
     KN_CUDA_CHECK_ARG(p->n_blocks <= INT64_MAX / p->B / row_elems && p->T <= INT64_MAX / row_elems,
                       "%s: shape T=%lld n_blocks=%lld B=%d overflows", op, (long long)p->T, (long long)p->n_blocks,

@@ -10,8 +10,8 @@
  * stream into shared memory, double-buffered (the next tile loads while this one is multiplied),
  * and every mma.sync.m16n8k16 fragment is one ldmatrix (.trans for the operands stored k-major).
  * Products take bf16 operands (Q, K, V, dO, P, dS) and sum in fp32; the online softmax, lse,
- * Δ and the outputs are fp32 (out stored in io_dt). Softmax exponents are taken base 2 with log2(e) folded into the
- * scale. Tiles that lie wholly inside every slot's visible range skip the mask.
+ * Δ and the outputs are fp32 (out stored in io_dt). Softmax exponents are taken base 2 with log2(e) folded
+ * into the scale. Tiles that lie wholly inside every slot's visible range skip the mask.
  *
  * - forward: one CTA per (block j, kv head g); warp u takes q head g·group + u / MT and slots
  *   (u % MT)·16 … + 15, so the group's heads share each K/V tile (GQA without reloads). Per
@@ -129,7 +129,7 @@ static __global__ void dfm_delta_kernel(float *delta, bf16 *dob, const float *do
     float s = 0.0f;
     for (int d = 2 * lane; d < hd; d += 64) { /* hd is even */
         const float2 a = *reinterpret_cast<const float2 *>(dout + task * hd + d);
-        float2 b;
+        float2       b;
         if (obf) {
             const uint32_t u = *reinterpret_cast<const uint32_t *>((const bf16 *)out + task * hd + d);
             b = make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
@@ -627,10 +627,11 @@ static cm_status joint_copy(kn_ctx *ctx, const df_params *p, bf16 *dst, const vo
         return to_bf16(ctx, dst + ctx_el, (const float *)blk_rows, blk_el);
     }
     if (ctx_el > 0)
-        KN_CUDA(cudaMemcpyAsync(dst, ctx_rows, sizeof(bf16) * (size_t)ctx_el, cudaMemcpyDeviceToDevice, ctx->stream));
-    if (blk_el > 0)
-        KN_CUDA(cudaMemcpyAsync(dst + ctx_el, blk_rows, sizeof(bf16) * (size_t)blk_el, cudaMemcpyDeviceToDevice,
+        KN_CUDA(cudaMemcpyAsync(dst, ctx_rows, sizeof(bf16) * (size_t)ctx_el, cudaMemcpyDeviceToDevice,
                                 ctx->stream));
+    if (blk_el > 0)
+        KN_CUDA(cudaMemcpyAsync(dst + ctx_el, blk_rows, sizeof(bf16) * (size_t)blk_el,
+                                cudaMemcpyDeviceToDevice, ctx->stream));
     return CM_OK;
 }
 
@@ -638,14 +639,17 @@ static cm_status make_bufs(kn_ctx *ctx, const df_params *p, int bwd, dfm_bufs *b
     const int64_t R = p->n_blocks * p->B, nq_el = R * p->nq * p->hd, kv_el = (p->T + R) * p->nkv * p->hd;
     const int     bf = p->io_dt == CM_DTYPE_BF16;
     const bf16   *q_in = bf && aligned16(p->q) ? (const bf16 *)p->q : NULL;
-    const bf16   *k_in = bf ? joint_in(p, p->k_ctx, p->k_blk) : NULL, *v_in = bf ? joint_in(p, p->v_ctx, p->v_blk) : NULL;
+    const bf16   *k_in = bf ? joint_in(p, p->k_ctx, p->k_blk) : NULL;
+    const bf16   *v_in = bf ? joint_in(p, p->v_ctx, p->v_blk) : NULL;
     *b = dfm_bufs{};
     const int64_t n16 = (q_in ? 0 : nq_el) + (k_in ? 0 : kv_el) + (v_in ? 0 : kv_el) + (bwd ? nq_el : 0);
-    CM_TRY(kn_cuda_scratch_reserve(ctx, sizeof(bf16) * (size_t)n16 + (bwd ? sizeof(float) * (size_t)(R * p->nq) : 0)));
+    CM_TRY(kn_cuda_scratch_reserve(ctx, sizeof(bf16) * (size_t)n16 +
+                                            (bwd ? sizeof(float) * (size_t)(R * p->nq) : 0)));
     bf16 *at = (bf16 *)ctx->scratch; /* every piece a multiple of 16 bytes: hd is a multiple of 8 */
     if (!q_in) {
         if (bf)
-            KN_CUDA(cudaMemcpyAsync(at, p->q, sizeof(bf16) * (size_t)nq_el, cudaMemcpyDeviceToDevice, ctx->stream));
+            KN_CUDA(cudaMemcpyAsync(at, p->q, sizeof(bf16) * (size_t)nq_el, cudaMemcpyDeviceToDevice,
+                                    ctx->stream));
         else
             CM_TRY(to_bf16(ctx, at, (const float *)p->q, nq_el));
         q_in = at, at += nq_el;
@@ -700,8 +704,8 @@ template <int HD, int KT> static cm_status mma_bwd(kn_ctx *ctx, const df_params 
         const int64_t blocks = (n_q * 32 + 255) / 256;
         KN_CUDA_CHECK_ARG(blocks <= INT32_MAX, "dflash_attn_bwd: %lld query rows are too many",
                           (long long)n_q);
-        dfm_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(
-            b.delta, b.dout, p->dout, p->out, p->io_dt == CM_DTYPE_BF16, n_q, HD);
+        dfm_delta_kernel<<<(unsigned int)blocks, 256, 0, ctx->stream>>>(b.delta, b.dout, p->dout, p->out,
+                                                                        p->io_dt == CM_DTYPE_BF16, n_q, HD);
         KN_CUDA_LAUNCHED(ctx);
     }
     if (kn_dflash_wg_supported(ctx, p)) /* dq and dk/dv on wgmma (kn_dflash_attn_sm90a.cu) */

@@ -59,8 +59,8 @@ static __device__ __forceinline__ void token_angles(double *cs, double *sn, int 
 }
 
 static __global__ void head_norm_rope_kernel(void *out, int obf, const void *x, int xbf, const float *w,
-                                             const int32_t *pos, int64_t T, int nh, int hd, int half, float eps,
-                                             const kn_rope_freqs freqs) {
+                                             const int32_t *pos, int64_t T, int nh, int hd, int half,
+                                             float eps, const kn_rope_freqs freqs) {
     extern __shared__ double hn_sm[];
     double                  *cs = hn_sm, *sn = hn_sm + half;
     const int                lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -86,7 +86,8 @@ static __global__ void head_norm_rope_kernel(void *out, int obf, const void *x, 
                 if (c < half) {
                     const double x1 = buf[c], x2 = buf[c + half];
                     st_f(out, obf, o + c, (float)__dsub_rn(__dmul_rn(x1, cs[c]), __dmul_rn(x2, sn[c])));
-                    st_f(out, obf, o + c + half, (float)__dadd_rn(__dmul_rn(x2, cs[c]), __dmul_rn(x1, sn[c])));
+                    st_f(out, obf, o + c + half,
+                         (float)__dadd_rn(__dmul_rn(x2, cs[c]), __dmul_rn(x1, sn[c])));
                 } else if (c >= 2 * half) {
                     st_f(out, obf, o + c, buf[c]);
                 }
@@ -370,8 +371,9 @@ static unsigned int fast_blocks(int64_t T) {
     return (unsigned int)(b < (1 << 20) ? b : (1 << 20));
 }
 
-cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, void *out, cm_dtype out_dt, const void *x, cm_dtype x_dt, const float *w,
-                                 const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta, float eps) {
+cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, void *out, cm_dtype out_dt, const void *x, cm_dtype x_dt,
+                                 const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim,
+                                 float theta, float eps) {
     CM_TRY(head_check(ctx, "head_norm_rope", x_dt, T, nh, hd, rot_dim, theta, eps));
     KN_CUDA_CHECK_ARG(out_dt == CM_DTYPE_F32 || out_dt == CM_DTYPE_BF16,
                       "head_norm_rope: out in %s is not supported (F32 or BF16)", cm_dtype_name(out_dt));
@@ -385,17 +387,17 @@ cm_status kn_cuda_head_norm_rope(kn_ctx *ctx, void *out, cm_dtype out_dt, const 
     const int xbf = x_dt == CM_DTYPE_BF16, obf = out_dt == CM_DTYPE_BF16;
     if (head_fast(hd, rot_dim) && vec_aligned(out, obf) && vec_aligned(x, xbf)) {
         if (xbf)
-            head_norm_rope_fast_kernel<true>
-                <<<fast_blocks(T), 32 * HN_FAST_WARPS, 0, ctx->stream>>>(out, obf, x, w, pos, T, nh, eps, freqs);
+            head_norm_rope_fast_kernel<true><<<fast_blocks(T), 32 * HN_FAST_WARPS, 0, ctx->stream>>>(
+                out, obf, x, w, pos, T, nh, eps, freqs);
         else
-            head_norm_rope_fast_kernel<false>
-                <<<fast_blocks(T), 32 * HN_FAST_WARPS, 0, ctx->stream>>>(out, obf, x, w, pos, T, nh, eps, freqs);
+            head_norm_rope_fast_kernel<false><<<fast_blocks(T), 32 * HN_FAST_WARPS, 0, ctx->stream>>>(
+                out, obf, x, w, pos, T, nh, eps, freqs);
         KN_CUDA_LAUNCHED(ctx);
         return CM_OK;
     }
     const int64_t blocks = T < (1 << 20) ? T : (1 << 20);
-    head_norm_rope_kernel<<<(unsigned int)blocks, 32 * head_warps(nh), head_smem(nh, hd, half), ctx->stream>>>(
-        out, obf, x, xbf, w, pos, T, nh, hd, half, eps, freqs);
+    head_norm_rope_kernel<<<(unsigned int)blocks, 32 * head_warps(nh), head_smem(nh, hd, half),
+                            ctx->stream>>>(out, obf, x, xbf, w, pos, T, nh, hd, half, eps, freqs);
     KN_CUDA_LAUNCHED(ctx);
     return CM_OK;
 }

@@ -149,8 +149,9 @@ static cm_status w_rmsnorm_typed(kn_ctx *ctx, const kn_norm_typed_params *p) {
 static cm_status w_rmsnorm_bwd_typed(kn_ctx *ctx, const kn_norm_bwd_typed_params *p) {
     PROF(P_NORM, 0, cuda->rmsnorm_bwd_typed(ctx, p));
 }
-static cm_status w_head_norm_rope(kn_ctx *ctx, void *o, cm_dtype od, const void *x, cm_dtype xd, const float *w,
-                                  const int32_t *pos, int64_t T, int nh, int hd, int rd, float th, float e) {
+static cm_status w_head_norm_rope(kn_ctx *ctx, void *o, cm_dtype od, const void *x, cm_dtype xd,
+                                  const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rd,
+                                  float th, float e) {
     PROF(P_HEAD, 0, cuda->head_norm_rope(ctx, o, od, x, xd, w, pos, T, nh, hd, rd, th, e));
 }
 static cm_status w_head_norm_rope_bwd(kn_ctx *ctx, void *di, cm_dtype dd, float *dw, float *d, const void *x,

@@ -91,8 +91,9 @@ static io_inputs make_inputs(const io_case *ic) {
         in.anchors[j] = starts[d] + off;
         in.ctx_lo[j] = starts[d];
     }
-    float *x[5] = {tst_rand_f32(in.nq_el, -2, 2), tst_rand_f32(in.ctx_el, -1, 1), tst_rand_f32(in.ctx_el, -1, 1),
-                   tst_rand_f32(in.blk_el, -1, 1), tst_rand_f32(in.blk_el, -1, 1)};
+    float     *x[5] = {tst_rand_f32(in.nq_el, -2, 2), tst_rand_f32(in.ctx_el, -1, 1),
+                       tst_rand_f32(in.ctx_el, -1, 1), tst_rand_f32(in.blk_el, -1, 1),
+                       tst_rand_f32(in.blk_el, -1, 1)};
     const long n[5] = {in.nq_el, in.ctx_el, in.ctx_el, in.blk_el, in.blk_el};
     uint16_t **b[5] = {&in.q, &in.kc, &in.vc, &in.kb, &in.vb};
     for (int i = 0; i < 5; i++) {
@@ -122,12 +123,19 @@ static void free_outputs(io_outputs *o) {
 
 /* One case on one backend context: the F32 op on the widened inputs (its out rounded and handed
  * back before the backward), then the BF16 op in two layouts; every output compared bit for bit. */
-static void run_ctx(const io_case *ic, const io_inputs *in, const kn_backend *be, kn_ctx *c, const char *impl) {
-    const long   T = in->T, R = in->R, nq_el = in->nq_el, ctx_el = in->ctx_el, blk_el = in->blk_el;
-    const long   n_lse = R * ic->nq, n_g[5] = {nq_el, ctx_el, ctx_el, blk_el, blk_el};
-    const size_t lse_b = (size_t)n_lse * 4;
-    kn_dflash_attn_params p = {.T = T, .n_blocks = ic->n_blocks, .B = ic->B, .nq = ic->nq, .nkv = ic->nkv,
-                               .hd = ic->hd, .window = ic->window, .causal = ic->causal,
+static void run_ctx(const io_case *ic, const io_inputs *in, const kn_backend *be, kn_ctx *c,
+                    const char *impl) {
+    const long            T = in->T, R = in->R, nq_el = in->nq_el, ctx_el = in->ctx_el, blk_el = in->blk_el;
+    const long            n_lse = R * ic->nq, n_g[5] = {nq_el, ctx_el, ctx_el, blk_el, blk_el};
+    const size_t          lse_b = (size_t)n_lse * 4;
+    kn_dflash_attn_params p = {.T = T,
+                               .n_blocks = ic->n_blocks,
+                               .B = ic->B,
+                               .nq = ic->nq,
+                               .nkv = ic->nkv,
+                               .hd = ic->hd,
+                               .window = ic->window,
+                               .causal = ic->causal,
                                .scale = (float)(1.0 / sqrt((double)ic->hd))};
     p.anchors = put(be, c, in->anchors, (size_t)ic->n_blocks * 4);
     p.ctx_lo = put(be, c, in->ctx_lo, (size_t)ic->n_blocks * 4);
@@ -164,7 +172,8 @@ static void run_ctx(const io_case *ic, const io_inputs *in, const kn_backend *be
 
     /* BF16: layout 0 joint K and V with q aligned; layout 1 separate arrays with q one element off */
     for (int layout = 0; layout < 2; layout++) {
-        uint16_t *kj = tst_xcalloc((size_t)(ctx_el + blk_el) * 2), *vj = tst_xcalloc((size_t)(ctx_el + blk_el) * 2);
+        uint16_t *kj = tst_xcalloc((size_t)(ctx_el + blk_el) * 2),
+                 *vj = tst_xcalloc((size_t)(ctx_el + blk_el) * 2);
         memcpy(kj, in->kc, (size_t)ctx_el * 2), memcpy(kj + ctx_el, in->kb, (size_t)blk_el * 2);
         memcpy(vj, in->vc, (size_t)ctx_el * 2), memcpy(vj + ctx_el, in->vb, (size_t)blk_el * 2);
         uint16_t *qh = tst_xcalloc((size_t)(nq_el + 1) * 2);
@@ -173,7 +182,8 @@ static void run_ctx(const io_case *ic, const io_inputs *in, const kn_backend *be
         p.io_dt = CM_DTYPE_BF16;
         p.q = (const uint16_t *)dq + layout;
         if (layout == 0) {
-            dk = put(be, c, kj, (size_t)(ctx_el + blk_el) * 2), dv = put(be, c, vj, (size_t)(ctx_el + blk_el) * 2);
+            dk = put(be, c, kj, (size_t)(ctx_el + blk_el) * 2),
+            dv = put(be, c, vj, (size_t)(ctx_el + blk_el) * 2);
             p.k_ctx = dk, p.k_blk = (const uint16_t *)dk + ctx_el;
             p.v_ctx = dv, p.v_blk = (const uint16_t *)dv + ctx_el;
         } else {
@@ -183,7 +193,8 @@ static void run_ctx(const io_case *ic, const io_inputs *in, const kn_backend *be
         }
         p.out = put(be, c, NULL, (size_t)nq_el * 2);
         char what[200];
-        snprintf(what, sizeof what, "%s %s W=%d%s %s", impl, ic->what, ic->window, ic->causal ? " causal" : "",
+        snprintf(what, sizeof what, "%s %s W=%d%s %s", impl, ic->what, ic->window,
+                 ic->causal ? " causal" : "",
                  layout == 0 ? "joint K/V, q aligned" : "separate K/V, q unaligned");
         TST_CHECK(tst_ok(be->dflash_attn_fwd(c, &p), "BF16 dflash_attn_fwd"));
         TST_CHECK(tst_ok(be->dflash_attn_bwd(c, &p), "BF16 dflash_attn_bwd"));
@@ -205,7 +216,8 @@ static void run_ctx(const io_case *ic, const io_inputs *in, const kn_backend *be
     free_outputs(&ref);
     for (int i = 0; i < 5; i++)
         be->free(c, f32_in[i]), be->free(c, *grads[i]);
-    be->free(c, (void *)p.anchors), be->free(c, (void *)p.ctx_lo), be->free(c, (void *)p.dout), be->free(c, p.lse);
+    be->free(c, (void *)p.anchors), be->free(c, (void *)p.ctx_lo), be->free(c, (void *)p.dout),
+        be->free(c, p.lse);
 }
 
 static void test_cases(void) {

@@ -475,12 +475,16 @@ static void attn_run(const attn_case *ac, int window, int causal) {
     dbuf   bdq = dbuf_put(NULL, (size_t)(R * nq * hd) * 4), bdkc = dbuf_put(NULL, (size_t)(T * nkv * hd) * 4);
     dbuf   bdvc = dbuf_put(NULL, (size_t)(T * nkv * hd) * 4), bdkb = dbuf_put(NULL, (size_t)(R * nkv * hd) * 4);
     dbuf   bdvb = dbuf_put(NULL, (size_t)(R * nkv * hd) * 4);
-    kn_dflash_attn_params pc = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, causal, (float)(1.0 / sqrt((double)hd)),
-                                ba.c, bl.c, CM_DTYPE_F32, bq.c, bkc.c, bvc.c, bkb.c, bvb.c, bo.c, blse.c, bdo.c, bdq.c, bdkc.c,
-                                bdvc.c, bdkb.c, bdvb.c};
-    kn_dflash_attn_params pg = {T, nb, (int)B, (int)nq, (int)nkv, (int)hd, window, causal, (float)(1.0 / sqrt((double)hd)),
-                                ba.g, bl.g, CM_DTYPE_F32, bq.g, bkc.g, bvc.g, bkb.g, bvb.g, bo.g, blse.g, bdo.g, bdq.g, bdkc.g,
-                                bdvc.g, bdkb.g, bdvb.g};
+    kn_dflash_attn_params pc = {.T = T, .n_blocks = nb, .B = (int)B, .nq = (int)nq, .nkv = (int)nkv,
+                                .hd = (int)hd, .window = window, .causal = causal,
+                                .scale = (float)(1.0 / sqrt((double)hd))};
+    kn_dflash_attn_params pg = pc;
+    pc.anchors = ba.c, pc.ctx_lo = bl.c, pc.q = bq.c, pc.k_ctx = bkc.c, pc.v_ctx = bvc.c, pc.k_blk = bkb.c;
+    pc.v_blk = bvb.c, pc.out = bo.c, pc.lse = blse.c, pc.dout = bdo.c, pc.dq = bdq.c, pc.dk_ctx = bdkc.c;
+    pc.dv_ctx = bdvc.c, pc.dk_blk = bdkb.c, pc.dv_blk = bdvb.c;
+    pg.anchors = ba.g, pg.ctx_lo = bl.g, pg.q = bq.g, pg.k_ctx = bkc.g, pg.v_ctx = bvc.g, pg.k_blk = bkb.g;
+    pg.v_blk = bvb.g, pg.out = bo.g, pg.lse = blse.g, pg.dout = bdo.g, pg.dq = bdq.g, pg.dk_ctx = bdkc.g;
+    pg.dv_ctx = bdvc.g, pg.dk_blk = bdkb.g, pg.dv_blk = bdvb.g;
     tst_ok(cpu->dflash_attn_fwd(cctx, &pc), "cpu dflash_attn_fwd");
     tst_ok(cpu->dflash_attn_bwd(cctx, &pc), "cpu dflash_attn_bwd");
     const long  sizes[7] = {R * nq * hd, R * nq, R * nq * hd, T * nkv * hd, T * nkv * hd, R * nkv * hd, R * nkv * hd};

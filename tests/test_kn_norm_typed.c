@@ -157,15 +157,15 @@ static void ref_head_norm_rope(kn_ctx *c) {
             TST_CHECK(memcmp(ob, ob_c, (size_t)n * 2) == 0);
             if (xbf) { /* in place on BF16 */
                 uint16_t *xb2 = to_bf(x, n);
-                TST_CHECK(kn_ref_head_norm_rope(c, xb2, CM_DTYPE_BF16, xb2, CM_DTYPE_BF16, w, pos, T, nh, hd, rot,
-                                                1e4f, 1e-6f) == CM_OK);
+                TST_CHECK(kn_ref_head_norm_rope(c, xb2, CM_DTYPE_BF16, xb2, CM_DTYPE_BF16, w, pos, T, nh, hd,
+                                                rot, 1e4f, 1e-6f) == CM_OK);
                 TST_CHECK(memcmp(xb2, ob_c, (size_t)n * 2) == 0);
                 free(xb2);
             }
             free(ob), free(ob_c);
             if (!xbf) { /* in place */
-                TST_CHECK(kn_ref_head_norm_rope(c, x, CM_DTYPE_F32, x, CM_DTYPE_F32, w, pos, T, nh, hd, rot, 1e4f,
-                                                1e-6f) == CM_OK);
+                TST_CHECK(kn_ref_head_norm_rope(c, x, CM_DTYPE_F32, x, CM_DTYPE_F32, w, pos, T, nh, hd, rot,
+                                                1e4f, 1e-6f) == CM_OK);
                 TST_CHECK(memcmp(x, chain, (size_t)n * 4) == 0);
             }
             /* the backward */
@@ -212,12 +212,12 @@ static void ref_bad_args(kn_ctx *c) {
         .rows = 2, .C = 4, .w = w, .dw = dw, .x = x, .x_dt = CM_DTYPE_F32, .dout = y, .dinp = y};
     TST_CHECK(tst_fails_with(kn_ref_rmsnorm_bwd_typed(c, &b), CM_ERR_INVALID_ARG, alias_words));
     TST_CHECK(tst_fails_with(
-                  kn_ref_head_norm_rope(c, y, CM_DTYPE_F32, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 5, 1e4f, 1e-6f),
-                  CM_ERR_INVALID_ARG, rot_words));
+        kn_ref_head_norm_rope(c, y, CM_DTYPE_F32, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 5, 1e4f, 1e-6f),
+        CM_ERR_INVALID_ARG, rot_words));
     static const char *const same_words[] = {"same dtype", NULL};
     TST_CHECK(tst_fails_with(
-                  kn_ref_head_norm_rope(c, x, CM_DTYPE_BF16, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 4, 1e4f, 1e-6f),
-                  CM_ERR_INVALID_ARG, same_words));
+        kn_ref_head_norm_rope(c, x, CM_DTYPE_BF16, x, CM_DTYPE_F32, w, pos, 2, 1, 4, 4, 1e4f, 1e-6f),
+        CM_ERR_INVALID_ARG, same_words));
     TST_CHECK(tst_fails_with(kn_ref_head_norm_rope_bwd(c, y, CM_DTYPE_F32, dw, y, x, CM_DTYPE_F32, w, pos, 2,
                                                        1, 4, 4, 1e4f, 1e-6f),
                              CM_ERR_INVALID_ARG, alias_words));
@@ -356,8 +356,8 @@ static void cuda_heads(const kn_backend *be, kn_ctx *ctx, kn_ctx *cpu, int64_t T
     TST_CHECK(memcmp(hb, hb_c, (size_t)n * 2) == 0);
     free(hb);
     uint16_t *gxb2 = dev_put(be, ctx, xb, (size_t)n * 2);
-    TST_CHECK(be->head_norm_rope(ctx, gxb2, CM_DTYPE_BF16, gxb2, CM_DTYPE_BF16, gw, gpos, T, nh, hd, rot, 1e6f,
-                                 1e-6f) == CM_OK);
+    TST_CHECK(be->head_norm_rope(ctx, gxb2, CM_DTYPE_BF16, gxb2, CM_DTYPE_BF16, gw, gpos, T, nh, hd, rot,
+                                 1e6f, 1e-6f) == CM_OK);
     hb = dev_get(be, ctx, gxb2, (size_t)n * 2);
     TST_CHECK(memcmp(hb, hb_c, (size_t)n * 2) == 0);
     free(hb), free(hb_c), free(h);
@@ -418,8 +418,8 @@ static void check_cuda(void) {
     cuda_heads(be, ctx, cpu, 37, 5, 128, 128);
     cuda_heads(be, ctx, cpu, 29, 12, 72, 40);
     float x[4] = {0};
-    TST_CHECK(be->head_norm_rope(ctx, x, CM_DTYPE_F32, x, CM_DTYPE_F32, x, NULL, 1, 1, 1026, 1026, 1e4f, 1e-6f) ==
-              CM_ERR_UNSUPPORTED);
+    TST_CHECK(be->head_norm_rope(ctx, x, CM_DTYPE_F32, x, CM_DTYPE_F32, x, NULL, 1, 1, 1026, 1026, 1e4f,
+                                 1e-6f) == CM_ERR_UNSUPPORTED);
     TST_CHECK(be->head_norm_rope(ctx, x, CM_DTYPE_I32, x, CM_DTYPE_F32, x, NULL, 1, 1, 4, 4, 1e4f, 1e-6f) ==
               CM_ERR_INVALID_ARG);
     be->ctx_destroy(&ctx);

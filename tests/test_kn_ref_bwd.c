@@ -351,7 +351,7 @@ static void dflash_dense_check(dflash_st *s) {
             for (int h = 0; h < c->nq; h++) {
                 const int64_t qrow = ((int64_t)j * c->B + k) * c->nq + h;
                 const int     g    = h / (c->nq / c->nkv);
-                const float  *qv   = (const float *)p->q + qrow * c->hd;
+                const float  *qv = (const float *)p->q + qrow * c->hd;
                 double        mx   = -INFINITY;
                 for (int64_t key = 0; key < nkeys; key++) {
                     const float *kv = key < T ? (const float *)p->k_ctx + (key * c->nkv + g) * c->hd
@@ -367,8 +367,9 @@ static void dflash_dense_check(dflash_st *s) {
                     double o = 0;
                     for (int64_t key = 0; key < nkeys; key++) {
                         if (sc[key] == -INFINITY) continue;
-                        const float *vv = key < T ? (const float *)p->v_ctx + (key * c->nkv + g) * c->hd
-                                                  : (const float *)p->v_blk + ((key - T) * c->nkv + g) * c->hd;
+                        const float *vv = key < T
+                                              ? (const float *)p->v_ctx + (key * c->nkv + g) * c->hd
+                                              : (const float *)p->v_blk + ((key - T) * c->nkv + g) * c->hd;
                         o += exp(sc[key] - mx) / sum * vv[e];
                     }
                     out_ref[qrow * c->hd + e] = (float)o;

@@ -138,8 +138,8 @@ static cm_status attn_bwd(dt_model *m, int l) {
     CM_TRY(be->dflash_attn_bwd(m->ctx, &p));
     /* queries: dq rotated back and through q_norm into dq_pre (in the GEMMs' operand dtype) */
     const cm_dtype gdt = dt_model_gemm_op_dt(m);
-    CM_TRY(be->head_norm_rope_bwd(m->ctx, dq_pre, gdt, qn->grad, p.dq, A->q_pre, m->adt, qn->data, a->blk_pos, R,
-                                  g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
+    CM_TRY(be->head_norm_rope_bwd(m->ctx, dq_pre, gdt, qn->grad, p.dq, A->q_pre, m->adt, qn->data, a->blk_pos,
+                                  R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
                                   g->rms_norm_eps));
     /* the layer input x: saved (adt), or (layer 0 with BF16 storage) the embedding again in xw,
      * rounded as the forward rounded it, and h = its norm recomputed (DFlash: as the GEMM input) */
@@ -157,10 +157,10 @@ static cm_status attn_bwd(dt_model *m, int l) {
     CM_TRY(dt_model_mm_dw(m, wq, dq_pre, gdt, hop, m->adt, R, Q, D));
     CM_TRY(dt_model_mm_dx(m, a->dh, CM_DTYPE_F32, dq_pre, gdt, wq, R, Q, D, 0));
     /* block keys and values feed dh; context keys and values feed dctx */
-    CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, dt_model_slot_ptr(m, l, AS_DKPB), a->dh,
-                  1));
-    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx, dt_model_slot_ptr(m, l, AS_DKPC),
-                  a->dctx, l != g->n_layers - 1));
+    CM_TRY(kv_bwd(m, l, hop, R, a->blk_pos, A->kb_pre, p.dk_blk, p.dv_blk, dt_model_slot_ptr(m, l, AS_DKPB),
+                  a->dh, 1));
+    CM_TRY(kv_bwd(m, l, a->ctx, T, a->ctx_pos, A->kc_pre, p.dk_ctx, p.dv_ctx,
+                  dt_model_slot_ptr(m, l, AS_DKPC), a->dctx, l != g->n_layers - 1));
     if (dt_model_is_v2(m))
         return dt_model_conv_in_bwd(m, l, 0, x, x_dt);
     return dt_model_norm_bwd(m, a->dx, ln->grad, a->dh, x, x_dt, ln->data, R, 1,

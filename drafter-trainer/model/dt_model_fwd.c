@@ -63,16 +63,17 @@ static cm_status residual_add(dt_model *m, const void *inp, const dt_param *w, i
 /* k [rows, nkv·hd] (adt) = RoPE(k_norm per head(k_pre)), k_pre the saved k_proj output (adt). */
 cm_status dt_model_k_post(dt_model *m, int l, void *k, const void *k_pre, int64_t rows, const int32_t *pos) {
     const cm_drafter_cfg *g = &m->cfg;
-    return m->be->head_norm_rope(m->ctx, k, m->adt, k_pre, m->adt, dt_model_lp(m, l, LP_K_NORM)->data, pos, rows,
-                                 g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta, g->rms_norm_eps);
+    return m->be->head_norm_rope(m->ctx, k, m->adt, k_pre, m->adt, dt_model_lp(m, l, LP_K_NORM)->data, pos,
+                                 rows, g->n_kv_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
+                                 g->rms_norm_eps);
 }
 
 /* q [R, nq·hd] (adt) = RoPE(q_norm per head(q_pre)), q_pre the saved q_proj output (adt). */
 cm_status dt_model_q_post(dt_model *m, int l, void *q, const void *q_pre) {
     const cm_drafter_cfg *g = &m->cfg;
     return m->be->head_norm_rope(m->ctx, q, m->adt, q_pre, m->adt, dt_model_lp(m, l, LP_Q_NORM)->data,
-                                 m->acts.blk_pos, m->R, g->n_heads, g->head_dim, g->head_dim, (float)g->rope_theta,
-                                 g->rms_norm_eps);
+                                 m->acts.blk_pos, m->R, g->n_heads, g->head_dim, g->head_dim,
+                                 (float)g->rope_theta, g->rms_norm_eps);
 }
 
 /* Keys and values of `rows` rows of inp [rows, D] (adt) at positions pos: k_proj's output saved

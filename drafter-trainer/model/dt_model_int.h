@@ -275,9 +275,8 @@ kn_dflash_attn_params dt_model_attn_params(const dt_model *m, int l);
 /* The shape of layer l's DFlash attention (heads, window, causality, scale) over T context rows and
  * n_blocks blocks of B, no arrays: what training and dt_infer share. */
 kn_dflash_attn_params dt_attn_shape(const cm_drafter_cfg *g, int l, int64_t T, int64_t n_blocks, int B);
-cm_status             dt_model_k_post(dt_model *m, int l, void *k, const void *k_pre, int64_t rows,
-                                      const int32_t *pos);
-cm_status             dt_model_q_post(dt_model *m, int l, void *q, const void *q_pre);
+cm_status dt_model_k_post(dt_model *m, int l, void *k, const void *k_pre, int64_t rows, const int32_t *pos);
+cm_status dt_model_q_post(dt_model *m, int l, void *q, const void *q_pre);
 cm_status             dt_model_forward(dt_model *m);
 /* backward (dt_model_bwd.c) */
 cm_status dt_model_backward(dt_model *m);

@@ -66,8 +66,8 @@ static cm_status check_params(const char *op, kn_ctx *ctx, const kn_dflash_attn_
     KN_REF_CHECK(p->nq % p->nkv == 0, "%s: nq=%d must be a multiple of nkv=%d", op, p->nq, p->nkv);
     KN_REF_CHECK(p->window >= 0, "%s: window=%d must be >= 0 (0 = full attention)", op, p->window);
     KN_REF_CHECK(isfinite(p->scale), "%s: scale=%g must be finite", op, (double)p->scale);
-    KN_REF_CHECK(p->io_dt == CM_DTYPE_F32 || p->io_dt == CM_DTYPE_BF16, "%s: q, k, v and out in %s are not supported (F32 or BF16)", op,
-                 cm_dtype_name(p->io_dt));
+    KN_REF_CHECK(p->io_dt == CM_DTYPE_F32 || p->io_dt == CM_DTYPE_BF16,
+                 "%s: q, k, v and out in %s are not supported (F32 or BF16)", op, cm_dtype_name(p->io_dt));
     const int64_t row_elems = (int64_t)p->nq * p->hd;
     KN_REF_CHECK(p->n_blocks <= INT64_MAX / p->B / row_elems && p->T <= INT64_MAX / row_elems,
                  "%s: shape T=%lld n_blocks=%lld B=%d overflows", op, (long long)p->T, (long long)p->n_blocks,
@@ -163,24 +163,28 @@ static cm_status fwd_f32(kn_ctx *ctx, const kn_dflash_attn_params *p) {
 
 /* n bf16 at src widened into *at (advanced), or NULL for a NULL src. */
 static const float *widen_into(float **at, const void *src, int64_t n) {
-    if (!src) return NULL;
+    if (!src)
+        return NULL;
     float          *dst = *at;
     const uint16_t *b = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = cm_bf16_to_f32(b[i]);
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = cm_bf16_to_f32(b[i]);
     *at += n;
     return dst;
 }
 
 /* *f = p with F32 copies of q, k and v (and, fwd, an F32 out) in *buf, which the caller frees. */
-static cm_status f32_view(const char *op, kn_ctx *ctx, const kn_dflash_attn_params *p, int fwd, kn_dflash_attn_params *f,
-                          float **buf) {
+static cm_status f32_view(const char *op, kn_ctx *ctx, const kn_dflash_attn_params *p, int fwd,
+                          kn_dflash_attn_params *f, float **buf) {
     int64_t max_keys;
     CM_TRY(check_params(op, ctx, p, !fwd, &max_keys));
     const int64_t R = p->n_blocks * p->B, nq_el = R * p->nq * p->hd;
     const int64_t ctx_el = p->T * p->nkv * p->hd, blk_el = R * p->nkv * p->hd;
     const int64_t n = nq_el * (fwd ? 2 : 1) + 2 * (ctx_el + blk_el);
     float        *at = *buf = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    if (!at) return CM_FAIL(CM_ERR_NOMEM, "%s: cannot allocate %lld floats for the widened inputs", op, (long long)n);
+    if (!at)
+        return CM_FAIL(CM_ERR_NOMEM, "%s: cannot allocate %lld floats for the widened inputs", op,
+                       (long long)n);
     *f = *p;
     f->io_dt = CM_DTYPE_F32;
     f->q = widen_into(&at, p->q, nq_el);
@@ -188,12 +192,14 @@ static cm_status f32_view(const char *op, kn_ctx *ctx, const kn_dflash_attn_para
     f->v_ctx = widen_into(&at, p->v_ctx, ctx_el);
     f->k_blk = widen_into(&at, p->k_blk, blk_el);
     f->v_blk = widen_into(&at, p->v_blk, blk_el);
-    if (fwd) f->out = p->out ? at : NULL;
+    if (fwd)
+        f->out = p->out ? at : NULL;
     return CM_OK;
 }
 
 cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
-    if (!ctx || !p || p->io_dt != CM_DTYPE_BF16) return fwd_f32(ctx, p);
+    if (!ctx || !p || p->io_dt != CM_DTYPE_BF16)
+        return fwd_f32(ctx, p);
     kn_dflash_attn_params f;
     float                *buf;
     CM_TRY(f32_view("dflash_attn_fwd", ctx, p, 1, &f, &buf));
@@ -201,7 +207,8 @@ cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
     if (st == CM_OK && f.out) {
         const float *o = f.out;
         uint16_t    *ob = p->out;
-        for (int64_t i = 0, n = p->n_blocks * p->B * p->nq * p->hd; i < n; i++) ob[i] = cm_f32_to_bf16(o[i]);
+        for (int64_t i = 0, n = p->n_blocks * p->B * p->nq * p->hd; i < n; i++)
+            ob[i] = cm_f32_to_bf16(o[i]);
     }
     free(buf);
     return st;
@@ -320,7 +327,8 @@ static cm_status bwd_f32(kn_ctx *ctx, const kn_dflash_attn_params *p) {
 }
 
 cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
-    if (!ctx || !p || p->io_dt != CM_DTYPE_BF16) return bwd_f32(ctx, p);
+    if (!ctx || !p || p->io_dt != CM_DTYPE_BF16)
+        return bwd_f32(ctx, p);
     kn_dflash_attn_params f;
     float                *buf;
     CM_TRY(f32_view("dflash_attn_bwd", ctx, p, 0, &f, &buf));

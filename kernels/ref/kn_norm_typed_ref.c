@@ -1,8 +1,8 @@
 /* kernels/ref/kn_norm_typed_ref.c — the drafter's norms on typed storage, as compositions of the
  * references they fuse: rmsnorm_typed = (round: cast2d to BF16 and back,) widen, rmsnorm, cast2d;
  * rmsnorm_bwd_typed = widen, rmsnorm_bwd or rmsnorm_bwd_acc, cast2d; head_norm_rope = widen,
- * rmsnorm per head row, rope (, cast2d); head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd (, cast2d). Each runs those
- * very functions on F32 temporaries, so it gives the bits of the chain it stands for. */
+ * rmsnorm per head row, rope (, cast2d); head_norm_rope_bwd = rope_bwd, widen, rmsnorm_bwd (, cast2d). Each
+ * runs those very functions on F32 temporaries, so it gives the bits of the chain it stands for. */
 #include "kn_ref.h"
 
 #include <stdlib.h>
@@ -89,11 +89,12 @@ cm_status kn_ref_rmsnorm_bwd_typed(kn_ctx *ctx, const kn_norm_bwd_typed_params *
 }
 
 cm_status kn_ref_head_norm_rope(kn_ctx *ctx, void *out, cm_dtype out_dt, const void *x, cm_dtype x_dt,
-                                const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta,
-                                float eps) {
+                                const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim,
+                                float theta, float eps) {
     KN_REF_CHECK(ctx, "head_norm_rope: ctx is NULL");
     if (!typed_ok(x_dt) || !typed_ok(out_dt))
-        return CM_FAIL(CM_ERR_UNSUPPORTED, "head_norm_rope: x in %s or out in %s is not supported (F32 or BF16)",
+        return CM_FAIL(CM_ERR_UNSUPPORTED,
+                       "head_norm_rope: x in %s or out in %s is not supported (F32 or BF16)",
                        cm_dtype_name(x_dt), cm_dtype_name(out_dt));
     KN_REF_CHECK(T >= 0 && nh > 0 && hd > 0, "head_norm_rope: bad shape T=%lld nh=%d hd=%d", (long long)T, nh, hd);
     KN_REF_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= hd && theta > 0 && isfinite(theta) && eps >= 0,
@@ -104,17 +105,23 @@ cm_status kn_ref_head_norm_rope(kn_ctx *ctx, void *out, cm_dtype out_dt, const v
     KN_REF_CHECK(out != x || out_dt == x_dt, "head_norm_rope: out may equal x only in the same dtype");
     const int64_t n = T * nh * (int64_t)hd;
     float        *y = out_dt == CM_DTYPE_F32 ? out : malloc((size_t)n * sizeof *y);
-    if (!y) return CM_FAIL(CM_ERR_NOMEM, "head_norm_rope: cannot allocate %lld floats", (long long)n);
+    if (!y)
+        return CM_FAIL(CM_ERR_NOMEM, "head_norm_rope: cannot allocate %lld floats", (long long)n);
     if (x_dt == CM_DTYPE_F32) {
-        if ((const void *)y != x) memmove(y, x, (size_t)n * sizeof *y);
+        if ((const void *)y != x)
+            memmove(y, x, (size_t)n * sizeof *y);
     } else {
         const uint16_t *b = x;
-        for (int64_t i = 0; i < n; i++) y[i] = cm_bf16_to_f32(b[i]);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = cm_bf16_to_f32(b[i]);
     }
     cm_status st = kn_ref_rmsnorm(ctx, y, y, w, T * nh, hd, eps, 0);
-    if (st == CM_OK) st = kn_ref_rope(ctx, y, pos, T, nh, hd, rot_dim, theta);
-    if (st == CM_OK && out_dt != CM_DTYPE_F32) to_bf16(out, y, n);
-    if ((void *)y != out) free(y);
+    if (st == CM_OK)
+        st = kn_ref_rope(ctx, y, pos, T, nh, hd, rot_dim, theta);
+    if (st == CM_OK && out_dt != CM_DTYPE_F32)
+        to_bf16(out, y, n);
+    if ((void *)y != out)
+        free(y);
     return st;
 }
 

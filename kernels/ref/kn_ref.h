@@ -219,8 +219,8 @@ cm_status kn_ref_rmsnorm_bwd_acc(kn_ctx *ctx, float *dinp, float *dw, const floa
 cm_status kn_ref_rmsnorm_typed(kn_ctx *ctx, const kn_norm_typed_params *p);
 cm_status kn_ref_rmsnorm_bwd_typed(kn_ctx *ctx, const kn_norm_bwd_typed_params *p);
 cm_status kn_ref_head_norm_rope(kn_ctx *ctx, void *out, cm_dtype out_dt, const void *x, cm_dtype x_dt,
-                                const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim, float theta,
-                                float eps);
+                                const float *w, const int32_t *pos, int64_t T, int nh, int hd, int rot_dim,
+                                float theta, float eps);
 cm_status kn_ref_head_norm_rope_bwd(kn_ctx *ctx, void *dinp, cm_dtype dinp_dt, float *dw, float *dout,
                                     const void *x, cm_dtype x_dt, const float *w, const int32_t *pos,
                                     int64_t T, int nh, int hd, int rot_dim, float theta, float eps);
