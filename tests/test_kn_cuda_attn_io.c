@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cm_dtype.h"
 #include "kn_backend.h"
 #include "tst.h"
 #include "tst_kn.h"
@@ -47,20 +46,6 @@ static void *get(const kn_backend *be, kn_ctx *c, const void *d, size_t n) {
         exit(1);
     }
     return h;
-}
-
-static uint16_t *round_bf(const float *x, long n) {
-    uint16_t *b = tst_xcalloc((size_t)n * 2);
-    for (long i = 0; i < n; i++)
-        b[i] = cm_f32_to_bf16(x[i]);
-    return b;
-}
-
-static float *widen_bf(const uint16_t *b, long n) {
-    float *x = tst_xcalloc((size_t)n * 4);
-    for (long i = 0; i < n; i++)
-        x[i] = cm_bf16_to_f32(b[i]);
-    return x;
 }
 
 /* The host inputs of one case: the bf16 roundings of q, k and v (ctx rows, block rows), dout. */
@@ -97,7 +82,7 @@ static io_inputs make_inputs(const io_case *ic) {
     const long n[5] = {in.nq_el, in.ctx_el, in.ctx_el, in.blk_el, in.blk_el};
     uint16_t **b[5] = {&in.q, &in.kc, &in.vc, &in.kb, &in.vb};
     for (int i = 0; i < 5; i++) {
-        *b[i] = round_bf(x[i], n[i]);
+        *b[i] = tst_bf16_round_n(x[i], n[i]);
         free(x[i]);
     }
     in.dout = tst_rand_f32(in.nq_el, -1, 1);
@@ -150,7 +135,7 @@ static void run_ctx(const io_case *ic, const io_inputs *in, const kn_backend *be
     const long      n_src[5] = {nq_el, ctx_el, ctx_el, blk_el, blk_el};
     void           *f32_in[5];
     for (int i = 0; i < 5; i++) {
-        float *w = widen_bf(src[i], n_src[i]);
+        float *w = tst_bf16_widen_n(src[i], n_src[i]);
         f32_in[i] = put(be, c, w, (size_t)n_src[i] * 4);
         free(w);
     }
@@ -160,8 +145,8 @@ static void run_ctx(const io_case *ic, const io_inputs *in, const kn_backend *be
     TST_CHECK(tst_ok(be->dflash_attn_fwd(c, &p), "F32 dflash_attn_fwd"));
     io_outputs ref = {0};
     float     *o32 = get(be, c, p.out, (size_t)nq_el * 4);
-    uint16_t  *o16 = round_bf(o32, nq_el);
-    float     *o32r = widen_bf(o16, nq_el);
+    uint16_t  *o16 = tst_bf16_round_n(o32, nq_el);
+    float     *o32r = tst_bf16_widen_n(o16, nq_el);
     ref.lse = get(be, c, p.lse, lse_b);
     TST_CHECK(be->upload(c, p.out, o32r, (size_t)nq_el * 4) == CM_OK);
     TST_CHECK(tst_ok(be->dflash_attn_bwd(c, &p), "F32 dflash_attn_bwd"));

@@ -28,20 +28,6 @@ static float *rnd(int64_t n, double s) {
     return tst_rand_f32((long)n, -s, s);
 }
 
-static uint16_t *to_bf(const float *x, int64_t n) {
-    uint16_t *y = tst_xcalloc((size_t)n * 2);
-    for (int64_t i = 0; i < n; i++)
-        y[i] = tst_bf16_round(x[i]);
-    return y;
-}
-
-static float *widen(const uint16_t *x, int64_t n) {
-    float *y = tst_xcalloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++)
-        y[i] = tst_bf16_widen(x[i]);
-    return y;
-}
-
 static float *dup_f(const float *x, int64_t n) {
     float *y = tst_xcalloc((size_t)n * 4);
     memcpy(y, x, (size_t)n * 4);
@@ -58,7 +44,7 @@ static void ref_rmsnorm_typed(kn_ctx *c) {
             for (int one_plus = 0; one_plus < 2; one_plus++) {
                 float    *x = rnd(n, 3), *w = rnd(C, 1), *xc = dup_f(x, n), *y = tst_zeros_f32(n);
                 float    *out = tst_zeros_f32(n), *y_chain = tst_zeros_f32(n);
-                uint16_t *xb = to_bf(x, n), *sb = tst_xcalloc((size_t)n * 2),
+                uint16_t *xb = tst_bf16_round_n(x, n), *sb = tst_xcalloc((size_t)n * 2),
                          *ob = tst_xcalloc((size_t)n * 2);
                 uint16_t *sb_chain = tst_xcalloc((size_t)n * 2), *ob_chain = tst_xcalloc((size_t)n * 2);
                 kn_norm_typed_params p = {.rows = rows,
@@ -74,7 +60,7 @@ static void ref_rmsnorm_typed(kn_ctx *c) {
                                           .out_bf16 = ob};
                 TST_CHECK(kn_ref_rmsnorm_typed(c, &p) == CM_OK);
                 /* the chain */
-                float *xin = xbf ? widen(xb, n) : xc;
+                float *xin = xbf ? tst_bf16_widen_n(xb, n) : xc;
                 if (round) {
                     TST_CHECK(kn_ref_cast2d(c, sb_chain, CM_DTYPE_BF16, n, xc, CM_DTYPE_F32, n, 1, n) ==
                               CM_OK);
@@ -105,7 +91,8 @@ static void ref_rmsnorm_bwd_typed(kn_ctx *c) {
         for (int acc = 0; acc < 2; acc++) {
             float    *x = rnd(n, 2), *dy = rnd(n, 1), *w = rnd(C, 1), *d0 = rnd(n, 1), *dw0 = rnd(C, 1);
             float    *dinp = dup_f(d0, n), *dw = dup_f(dw0, C), *dinp_c = dup_f(d0, n), *dw_c = dup_f(dw0, C);
-            uint16_t *xb = to_bf(x, n), *db = tst_xcalloc((size_t)n * 2), *db_c = tst_xcalloc((size_t)n * 2);
+            uint16_t *xb = tst_bf16_round_n(x, n), *db = tst_xcalloc((size_t)n * 2),
+                     *db_c = tst_xcalloc((size_t)n * 2);
             kn_norm_bwd_typed_params p = {.rows = rows,
                                           .C = C,
                                           .eps = 1e-6f,
@@ -119,7 +106,7 @@ static void ref_rmsnorm_bwd_typed(kn_ctx *c) {
                                           .accumulate = acc,
                                           .dinp_bf16 = db};
             TST_CHECK(kn_ref_rmsnorm_bwd_typed(c, &p) == CM_OK);
-            float *xin = xbf ? widen(xb, n) : x;
+            float *xin = xbf ? tst_bf16_widen_n(xb, n) : x;
             TST_CHECK((acc ? kn_ref_rmsnorm_bwd_acc(c, dinp_c, dw_c, dy, xin, w, rows, C, 1e-6f, acc)
                            : kn_ref_rmsnorm_bwd(c, dinp_c, dw_c, dy, xin, w, rows, C, 1e-6f, acc)) == CM_OK);
             TST_CHECK(kn_ref_cast2d(c, db_c, CM_DTYPE_BF16, n, dinp_c, CM_DTYPE_F32, n, 1, n) == CM_OK);
@@ -141,22 +128,22 @@ static void ref_head_norm_rope(kn_ctx *c) {
         for (int rot = 6; rot <= hd; rot += hd - 6) {
             const int64_t n = T * nh * hd;
             float        *x = rnd(n, 2), *w = rnd(hd, 1), *out = tst_zeros_f32(n), *chain;
-            uint16_t     *xb = to_bf(x, n);
+            uint16_t      *xb = tst_bf16_round_n(x, n);
             const void    *xin_t = xbf ? (const void *)xb : (const void *)x;
             const cm_dtype xdt = xbf ? CM_DTYPE_BF16 : CM_DTYPE_F32;
             TST_CHECK(kn_ref_head_norm_rope(c, out, CM_DTYPE_F32, xin_t, xdt, w, pos, T, nh, hd, rot, 1e4f,
                                             1e-6f) == CM_OK);
-            chain = xbf ? widen(xb, n) : dup_f(x, n);
+            chain = xbf ? tst_bf16_widen_n(xb, n) : dup_f(x, n);
             TST_CHECK(kn_ref_rmsnorm(c, chain, chain, w, T * nh, hd, 1e-6f, 0) == CM_OK);
             TST_CHECK(kn_ref_rope(c, chain, pos, T, nh, hd, rot, 1e4f) == CM_OK);
             TST_CHECK(memcmp(out, chain, (size_t)n * 4) == 0);
             /* a BF16 out: the chain's value rounded once (cast2d) */
-            uint16_t *ob = tst_xcalloc((size_t)n * 2), *ob_c = to_bf(chain, n);
+            uint16_t *ob = tst_xcalloc((size_t)n * 2), *ob_c = tst_bf16_round_n(chain, n);
             TST_CHECK(kn_ref_head_norm_rope(c, ob, CM_DTYPE_BF16, xin_t, xdt, w, pos, T, nh, hd, rot, 1e4f,
                                             1e-6f) == CM_OK);
             TST_CHECK(memcmp(ob, ob_c, (size_t)n * 2) == 0);
             if (xbf) { /* in place on BF16 */
-                uint16_t *xb2 = to_bf(x, n);
+                uint16_t *xb2 = tst_bf16_round_n(x, n);
                 TST_CHECK(kn_ref_head_norm_rope(c, xb2, CM_DTYPE_BF16, xb2, CM_DTYPE_BF16, w, pos, T, nh, hd,
                                                 rot, 1e4f, 1e-6f) == CM_OK);
                 TST_CHECK(memcmp(xb2, ob_c, (size_t)n * 2) == 0);
@@ -171,7 +158,7 @@ static void ref_head_norm_rope(kn_ctx *c) {
             /* the backward */
             float *dy = rnd(n, 1), *dy_c = dup_f(dy, n), *dinp = tst_zeros_f32(n), *dinp_c = tst_zeros_f32(n);
             float *dw = rnd(hd, 1), *dw_c = dup_f(dw, hd);
-            float *xin = widen(xb, n);
+            float    *xin = tst_bf16_widen_n(xb, n);
             float    *dy2 = dup_f(dy, n), *dw2 = dup_f(dw, hd);
             uint16_t *db = tst_xcalloc((size_t)n * 2), *db_c = tst_xcalloc((size_t)n * 2);
             TST_CHECK(kn_ref_head_norm_rope_bwd(c, dinp, CM_DTYPE_F32, dw, dy, xb, CM_DTYPE_BF16, w, pos, T,
@@ -244,7 +231,7 @@ static void *dev_get(const kn_backend *be, kn_ctx *ctx, const void *dev, size_t 
 
 /* bf16 arrays compared as floats within one bf16 ulp (2^-8 relative) */
 static void close_bf(const char *name, const uint16_t *got, const uint16_t *ref, int64_t n) {
-    float *a = widen(got, n), *b = widen(ref, n);
+    float *a = tst_bf16_widen_n(got, n), *b = tst_bf16_widen_n(ref, n);
     tst_compare(name, 36, a, b, (long)n, 1e-6, 8e-3, NULL);
     free(a), free(b);
 }
@@ -333,7 +320,7 @@ static void cuda_heads(const kn_backend *be, kn_ctx *ctx, kn_ctx *cpu, int64_t T
         pos[t] = (int32_t)((t * 977) % 40000);
     float *x = rnd(n, 2), *w = rnd(hd, 1), *out = tst_zeros_f32(n), *dy = rnd(n, 1), *dinp = tst_zeros_f32(n);
     float *dw = rnd(hd, 1), *dy_ref = dup_f(dy, n), *dw_ref = dup_f(dw, hd);
-    uint16_t *xb = to_bf(x, n);
+    uint16_t *xb = tst_bf16_round_n(x, n);
     int32_t  *gpos = dev_put(be, ctx, pos, (size_t)T * 4);
     float    *gx = dev_put(be, ctx, x, (size_t)n * 4), *gw = dev_put(be, ctx, w, (size_t)hd * 4);
     float    *gout = dev_put(be, ctx, NULL, (size_t)n * 4), *gdy = dev_put(be, ctx, dy, (size_t)n * 4);
@@ -349,7 +336,7 @@ static void cuda_heads(const kn_backend *be, kn_ctx *ctx, kn_ctx *cpu, int64_t T
     snprintf(name, sizeof name, "cuda head_norm_rope nh=%d hd=%d rot=%d", nh, hd, rot);
     tst_compare(name, 36, h, out, (long)n, 1e-5, 1e-5, NULL);
     /* a BF16 out is the F32 out rounded once, bit for bit; in place on BF16 too */
-    uint16_t *hb_c = to_bf(h, n), *gob = dev_put(be, ctx, NULL, (size_t)n * 2);
+    uint16_t *hb_c = tst_bf16_round_n(h, n), *gob = dev_put(be, ctx, NULL, (size_t)n * 2);
     TST_CHECK(be->head_norm_rope(ctx, gob, CM_DTYPE_BF16, gxb, CM_DTYPE_BF16, gw, gpos, T, nh, hd, rot, 1e6f,
                                  1e-6f) == CM_OK);
     uint16_t *hb = dev_get(be, ctx, gob, (size_t)n * 2);
@@ -364,7 +351,7 @@ static void cuda_heads(const kn_backend *be, kn_ctx *ctx, kn_ctx *cpu, int64_t T
     TST_CHECK(be->head_norm_rope(ctx, gout, CM_DTYPE_F32, gx, CM_DTYPE_F32, gw, gpos, T, nh, hd, rot, 1e6f,
                                  1e-6f) == CM_OK);
     float *h1 = dev_get(be, ctx, gout, (size_t)n * 4);
-    hb_c = to_bf(h1, n);
+    hb_c = tst_bf16_round_n(h1, n);
     TST_CHECK(be->head_norm_rope(ctx, gob, CM_DTYPE_BF16, gx, CM_DTYPE_F32, gw, gpos, T, nh, hd, rot, 1e6f,
                                  1e-6f) == CM_OK);
     hb = dev_get(be, ctx, gob, (size_t)n * 2);
@@ -379,7 +366,7 @@ static void cuda_heads(const kn_backend *be, kn_ctx *ctx, kn_ctx *cpu, int64_t T
     /* backward */
     TST_CHECK(kn_ref_head_norm_rope_bwd(cpu, dinp, CM_DTYPE_F32, dw_ref, dy_ref, xb, CM_DTYPE_BF16, w, pos, T,
                                         nh, hd, rot, 1e6f, 1e-6f) == CM_OK);
-    uint16_t *ref_b = to_bf(dinp, n);
+    uint16_t *ref_b = tst_bf16_round_n(dinp, n);
     float    *gdy2 = dev_put(be, ctx, dy, (size_t)n * 4), *gdw2 = dev_put(be, ctx, dw, (size_t)hd * 4);
     uint16_t *gdb = dev_put(be, ctx, NULL, (size_t)n * 2);
     TST_CHECK(be->head_norm_rope_bwd(ctx, gdinp, CM_DTYPE_F32, gdw, gdy, gxb, CM_DTYPE_BF16, gw, gpos, T, nh,
@@ -388,7 +375,7 @@ static void cuda_heads(const kn_backend *be, kn_ctx *ctx, kn_ctx *cpu, int64_t T
                                      hd, rot, 1e6f, 1e-6f) == CM_OK);
     float *hd_ = dev_get(be, ctx, gdinp, (size_t)n * 4), *hdw = dev_get(be, ctx, gdw, (size_t)hd * 4),
           *hdy = dev_get(be, ctx, gdy, (size_t)n * 4), *hdw2 = dev_get(be, ctx, gdw2, (size_t)hd * 4);
-    uint16_t *hdb = dev_get(be, ctx, gdb, (size_t)n * 2), *hdb_c = to_bf(hd_, n);
+    uint16_t *hdb = dev_get(be, ctx, gdb, (size_t)n * 2), *hdb_c = tst_bf16_round_n(hd_, n);
     snprintf(name, sizeof name, "cuda head_norm_rope_bwd nh=%d hd=%d", nh, hd);
     tst_compare(name, 36, hd_, dinp, (long)n, 1e-5, 1e-5, NULL);
     tst_compare("cuda head_norm_rope_bwd dw", 36, hdw, dw_ref, (long)hd, 1e-5, 1e-5, NULL);

@@ -95,6 +95,21 @@ static inline float tst_bf16_widen(uint16_t h) {
     return f;
 }
 
+/* New arrays: x [n] each rounded to bf16, and h [n] widened. */
+static inline uint16_t *tst_bf16_round_n(const float *x, long n) {
+    uint16_t *y = tst_xcalloc((size_t)n * 2);
+    for (long i = 0; i < n; i++)
+        y[i] = tst_bf16_round(x[i]);
+    return y;
+}
+
+static inline float *tst_bf16_widen_n(const uint16_t *h, long n) {
+    float *y = tst_xcalloc((size_t)n * 4);
+    for (long i = 0; i < n; i++)
+        y[i] = tst_bf16_widen(h[i]);
+    return y;
+}
+
 /* The largest |x[i]| (0 for n = 0). */
 static inline double tst_max_abs(const float *x, long n) {
     double m = 0;
