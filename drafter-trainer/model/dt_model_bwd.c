@@ -116,7 +116,7 @@ static cm_status attn_bwd(dt_model *m, int l) {
     dt_param *wq = dt_model_lp(m, l, LP_Q), *wo = dt_model_lp(m, l, LP_O), *qn = dt_model_lp(m, l, LP_Q_NORM),
              *ln = dt_model_lp(m, l, LP_INPUT_LN);
     kn_dflash_attn_params p = dt_model_attn_params(m, l);
-    void                 *dq_pre = dt_model_slot_ptr(m, l, AS_O);
+    void                 *dq_pre = dt_model_slot_ptr(m, l, AS_DQP);
     const void           *dxop;
     if (dt_model_is_v2(m)) { /* ∂/∂(o_proj's output) through the output-side convolution, in dh */
         CM_TRY(dt_model_conv_out_bwd(m, l, 0, &dxop));

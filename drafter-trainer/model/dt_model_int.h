@@ -91,7 +91,7 @@ typedef struct dt_layer_acts {
  * A->attn themselves. */
 enum {
     AS_Q = 0, /* [R, Q] q (adt) */
-    AS_O,     /* [R, Q] dq_pre (the GEMMs' operand dtype) */
+    AS_DQP,   /* [R, Q] dq_pre (the GEMMs' operand dtype) */
     AS_DO,    /* [R, Q] dattn (F32) */
     AS_DQ,    /* [R, Q] (F32) */
     AS_K,     /* [T + R, KV] k (adt): the context rows, then the block rows */
@@ -263,7 +263,6 @@ cm_status dt_model_norm_saved(dt_model *m, const void **hop, const void *x, cons
 cm_status dt_model_norm_bwd(dt_model *m, float *dinp, float *dw, const float *dout, const void *x,
                             cm_dtype x_dt, const float *w, int64_t rows, int acc, void *dinp_bf16);
 void     *dt_model_dx_op_out(dt_model *m);
-cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n);
 cm_status dt_model_mm_fwd(dt_model *m, void *out, cm_dtype odt, const void *inp, cm_dtype idt,
                           const dt_param *w, int64_t M, int64_t N, int64_t K);
 cm_status dt_model_mm_dx(dt_model *m, void *dinp, cm_dtype odt, const void *dout, cm_dtype ddt,

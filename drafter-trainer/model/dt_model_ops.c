@@ -78,11 +78,6 @@ void *dt_model_dx_op_out(dt_model *m) {
     return m->adt == CM_DTYPE_F32 ? NULL : m->acts.H;
 }
 
-/* dst (F32) = src [n] (adt). */
-cm_status dt_model_load_act(dt_model *m, float *dst, const void *src, int64_t n) {
-    return m->be->cast2d(m->ctx, dst, CM_DTYPE_F32, n, src, m->adt, n, 1, n);
-}
-
 /* The three GEMMs with typed activations against W: its bf16 copy where it has one
  * (dt_model_weight), else the F32 master. The all-F32 cases go through gemm, gemm_dx and gemm_dw
  * (the same cuBLASLt call on cuda, the tiled reference on cpu). */

@@ -161,57 +161,55 @@ static cm_status fwd_f32(kn_ctx *ctx, const kn_dflash_attn_params *p) {
 
 // ---- BF16 storage: the F32 passes on the widened inputs, out rounded once
 
-/* n bf16 at src widened into *at (advanced), or NULL for a NULL src. */
-static const float *widen_into(float **at, const void *src, int64_t n) {
+/* n elements of a BF16 input widened (cast2d) into *at, which advances: *out; NULL for a NULL src. */
+static cm_status widen_into(kn_ctx *ctx, float **at, const void *src, int64_t n, const void **out) {
+    *out = NULL;
     if (!src)
-        return NULL;
-    float          *dst = *at;
-    const uint16_t *b = src;
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = cm_bf16_to_f32(b[i]);
+        return CM_OK;
+    float *dst = *at;
     *at += n;
-    return dst;
+    *out = dst;
+    return kn_ref_cast2d(ctx, dst, CM_DTYPE_F32, n, src, CM_DTYPE_BF16, n, 1, n);
 }
 
-/* *f = p with F32 copies of q, k and v (and, fwd, an F32 out) in *buf, which the caller frees. */
-static cm_status f32_view(const char *op, kn_ctx *ctx, const kn_dflash_attn_params *p, int fwd,
-                          kn_dflash_attn_params *f, float **buf) {
+/* io_dt BF16: pass (fwd_f32 or bwd_f32) on a copy of p whose q, k and v are F32 widenings (and, fwd,
+ * whose out is F32), then the F32 out rounded once into p's. */
+static cm_status typed_pass(const char *op, kn_ctx *ctx, const kn_dflash_attn_params *p, int fwd,
+                            cm_status (*pass)(kn_ctx *, const kn_dflash_attn_params *)) {
     int64_t max_keys;
     CM_TRY(check_params(op, ctx, p, !fwd, &max_keys));
     const int64_t R = p->n_blocks * p->B, nq_el = R * p->nq * p->hd;
     const int64_t ctx_el = p->T * p->nkv * p->hd, blk_el = R * p->nkv * p->hd;
     const int64_t n = nq_el * (fwd ? 2 : 1) + 2 * (ctx_el + blk_el);
-    float        *at = *buf = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    if (!at)
+    float        *buf = malloc((size_t)(n > 0 ? n : 1) * sizeof(float)), *at = buf;
+    if (!buf)
         return CM_FAIL(CM_ERR_NOMEM, "%s: cannot allocate %lld floats for the widened inputs", op,
                        (long long)n);
-    *f = *p;
-    f->io_dt = CM_DTYPE_F32;
-    f->q = widen_into(&at, p->q, nq_el);
-    f->k_ctx = widen_into(&at, p->k_ctx, ctx_el);
-    f->v_ctx = widen_into(&at, p->v_ctx, ctx_el);
-    f->k_blk = widen_into(&at, p->k_blk, blk_el);
-    f->v_blk = widen_into(&at, p->v_blk, blk_el);
+    kn_dflash_attn_params f = *p;
+    f.io_dt = CM_DTYPE_F32;
+    cm_status st = widen_into(ctx, &at, p->q, nq_el, &f.q);
+    if (st == CM_OK)
+        st = widen_into(ctx, &at, p->k_ctx, ctx_el, &f.k_ctx);
+    if (st == CM_OK)
+        st = widen_into(ctx, &at, p->v_ctx, ctx_el, &f.v_ctx);
+    if (st == CM_OK)
+        st = widen_into(ctx, &at, p->k_blk, blk_el, &f.k_blk);
+    if (st == CM_OK)
+        st = widen_into(ctx, &at, p->v_blk, blk_el, &f.v_blk);
     if (fwd)
-        f->out = p->out ? at : NULL;
-    return CM_OK;
+        f.out = p->out ? at : NULL;
+    if (st == CM_OK)
+        st = pass(ctx, &f);
+    if (st == CM_OK && fwd && f.out)
+        st = kn_ref_cast2d(ctx, p->out, CM_DTYPE_BF16, nq_el, f.out, CM_DTYPE_F32, nq_el, 1, nq_el);
+    free(buf);
+    return st;
 }
 
 cm_status kn_ref_dflash_attn_fwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
     if (!ctx || !p || p->io_dt != CM_DTYPE_BF16)
         return fwd_f32(ctx, p);
-    kn_dflash_attn_params f;
-    float                *buf;
-    CM_TRY(f32_view("dflash_attn_fwd", ctx, p, 1, &f, &buf));
-    cm_status st = fwd_f32(ctx, &f);
-    if (st == CM_OK && f.out) {
-        const float *o = f.out;
-        uint16_t    *ob = p->out;
-        for (int64_t i = 0, n = p->n_blocks * p->B * p->nq * p->hd; i < n; i++)
-            ob[i] = cm_f32_to_bf16(o[i]);
-    }
-    free(buf);
-    return st;
+    return typed_pass("dflash_attn_fwd", ctx, p, 1, fwd_f32);
 }
 
 // ---- backward
@@ -329,10 +327,5 @@ static cm_status bwd_f32(kn_ctx *ctx, const kn_dflash_attn_params *p) {
 cm_status kn_ref_dflash_attn_bwd(kn_ctx *ctx, const kn_dflash_attn_params *p) {
     if (!ctx || !p || p->io_dt != CM_DTYPE_BF16)
         return bwd_f32(ctx, p);
-    kn_dflash_attn_params f;
-    float                *buf;
-    CM_TRY(f32_view("dflash_attn_bwd", ctx, p, 0, &f, &buf));
-    const cm_status st = bwd_f32(ctx, &f);
-    free(buf);
-    return st;
+    return typed_pass("dflash_attn_bwd", ctx, p, 0, bwd_f32);
 }
